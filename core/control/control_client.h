@@ -1,0 +1,99 @@
+// The node side of the control plane: every server and worker holds one
+// ControlClient, connected over TCP (Boost.Asio) to the job's scheduler.
+//
+// What it does
+// - connect(): TCP connect with retries until the deadline, then mutual
+//   challenge-response on the job token (HMAC-SHA256; the token never crosses
+//   the wire), then registration (role, data address, hostname, pid). Returns
+//   once the scheduler has every node and sends the address book.
+// - Heartbeats every Options::heartbeatInterval on the client's own io thread.
+// - declare(): the scheduler gathers every worker's declaration of a tensor
+//   and answers all of them with the same key, or fails all of them with a
+//   message naming the workers and the values that differ.
+// - barrier(): returns when every node of the given group has entered it.
+// - finish(): a worker says it is done; when all workers are done the
+//   scheduler sends shutdown to every node, and waitShutdown() returns.
+//
+// Threads and errors
+// - Methods are thread-safe and block up to their Deadline; a passed
+//   deadline throws Error(kTimeout) naming the operation and the scheduler.
+// - The failure callback runs on the client's io thread when the scheduler
+//   reports a dead node (Status kPeerDead, message names role, rank, host and
+//   address), aborts the job (kMismatch etc.), or becomes unreachable
+//   (kPeerDead naming the scheduler). After a failure every blocking call
+//   throws that Status as an Error.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/common/deadline.h"
+#include "core/common/dtype.h"
+#include "core/common/error.h"
+#include "core/common/node.h"
+
+namespace cortado::control {
+
+struct ClientOptions {
+  std::string schedulerHost = "127.0.0.1";
+  int schedulerPort = 0;
+  std::string token;          // job token shared by every node of the job
+  Role role = Role::kWorker;
+  int requestedRank = -1;     // -1: the scheduler assigns ranks in arrival order
+  std::string dataAddress;    // what this node's Transport::listen() returned
+  std::string hostname;       // defaults to gethostname()
+  Millis connectTimeout{30000};
+  Millis heartbeatInterval{1000};
+};
+
+// Everyone in the job, as the scheduler sent it after registration.
+struct AddressBook {
+  std::vector<NodeInfo> servers;  // index == rank
+  std::vector<NodeInfo> workers;  // index == rank
+};
+
+struct TensorDecl {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  uint64_t numElements = 0;
+  std::string codec;  // "" = uncompressed; else a codec spec such as "topk:ratio=0.01"
+  bool operator==(const TensorDecl&) const = default;
+};
+
+enum class Group { kAll, kWorkers, kServers };
+
+class ControlClient {
+ public:
+  using FailureCallback = std::function<void(const Status&)>;
+
+  static std::unique_ptr<ControlClient> create(ClientOptions opts);
+  virtual ~ControlClient() = default;
+
+  // Set before connect(). Called at most once.
+  virtual void setFailureCallback(FailureCallback cb) = 0;
+
+  // Authenticates, registers and waits for the address book.
+  virtual AddressBook connect(Deadline deadline) = 0;
+  virtual NodeId self() const = 0;  // valid after connect()
+
+  // Returns the job-wide key of the tensor (the same on every worker).
+  virtual uint64_t declare(const TensorDecl& decl, Deadline deadline) = 0;
+
+  virtual void barrier(Group group, const std::string& name, Deadline deadline) = 0;
+
+  // Workers: this worker is done. Non-blocking.
+  virtual void finish() = 0;
+  // True once the scheduler has told this node to shut down.
+  virtual bool waitShutdown(Deadline deadline) = 0;
+
+  // The first failure seen, or OK.
+  virtual Status failure() const = 0;
+
+  // Closes the connection; the scheduler treats a close after finish() as
+  // orderly, and any other close as the death of this node.
+  virtual void close() = 0;
+};
+
+}  // namespace cortado::control

@@ -1,0 +1,73 @@
+// The data-plane transport interface. Workers and servers exchange Messages
+// through a Transport and never know which backend carries them (ZeroMQ, UCX
+// or the in-process one used by tests).
+//
+// Contract
+// - Identity: every Transport belongs to one node (NodeId). A received
+//   Message names its sender in `from`. Messages from one sender to one
+//   receiver arrive in the order they were sent.
+// - Ownership: send() takes the Message; the transport keeps each part's
+//   Buffer alive until the bytes have left (zero-copy where the backend can).
+//   A received Message owns its parts; the receiver may keep them.
+// - Threads: all methods are thread-safe. The receive and error callbacks run
+//   on the transport's own loop thread, one at a time, never while the
+//   transport holds a lock that a method takes, so a callback may call send().
+//   A callback must not block for long: it delays every other message.
+// - Errors: listen() throws cortado::Error (kUnavailable, naming the address,
+//   e.g. a port in use). send() never blocks on the network and never throws
+//   for a peer fault: when a message cannot be delivered, or a connected peer
+//   goes away, the error callback receives the peer and a Status whose
+//   message names the peer and its address. send() after close() throws
+//   Error(kClosed). Zero-length parts and zero-part messages are allowed.
+// - Lifetime: close() stops the loop thread; no callback runs after it
+//   returns. The destructor calls close().
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/common/buffer.h"
+#include "core/common/error.h"
+#include "core/common/node.h"
+
+namespace cortado::transport {
+
+struct Message {
+  NodeId from;                // filled in on receive
+  std::vector<Buffer> parts;  // each part arrives as one Buffer
+};
+
+class Transport {
+ public:
+  using RecvCallback = std::function<void(Message&&)>;
+  using ErrorCallback = std::function<void(const NodeId& peer, const Status& status)>;
+
+  virtual ~Transport() = default;
+
+  // "zmq", "ucx" or "inproc".
+  virtual std::string name() const = 0;
+  virtual NodeId self() const = 0;
+
+  // Callbacks must be set before listen()/connect().
+  virtual void setCallbacks(RecvCallback onRecv, ErrorCallback onError) = 0;
+
+  // Binds and starts receiving. `address` is backend-specific, e.g.
+  // "tcp://127.0.0.1:0" (port 0: pick a free one). Returns the address that
+  // peers pass to connect(), with the real port.
+  virtual std::string listen(const std::string& address) = 0;
+
+  // Makes `peer` reachable at `address` (as returned by its listen()).
+  // Asynchronous: messages sent before the connection is up are queued.
+  virtual void connect(const NodeId& peer, const std::string& address) = 0;
+
+  virtual void send(const NodeId& peer, Message msg) = 0;
+
+  // Forgets `peer`: pending sends to it are dropped without an error.
+  virtual void disconnect(const NodeId& peer) = 0;
+
+  virtual void close() = 0;
+};
+
+}  // namespace cortado::transport

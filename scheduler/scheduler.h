@@ -1,0 +1,44 @@
+// The scheduler role: the job's control-plane service (Boost.Asio, one io
+// thread). It authenticates every connection with the job token, registers
+// nodes and assigns ranks, sends the address book, runs barriers, checks
+// tensor declarations across workers, watches heartbeats, and tells everyone
+// when a node dies or when the job is over.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/common/deadline.h"
+#include "core/common/error.h"
+
+namespace cortado::scheduler {
+
+struct SchedulerOptions {
+  std::string bindHost = "0.0.0.0";
+  int port = 0;  // 0: pick a free port (see Scheduler::port())
+  std::string token;
+  int numWorkers = 1;
+  int numServers = 1;
+  Millis heartbeatTimeout{10000};     // a node silent this long is dead
+  Millis registrationTimeout{60000};  // every node must register within this
+};
+
+class Scheduler {
+ public:
+  // Binds the port; throws Error(kUnavailable) naming the address when it is
+  // in use, Error(kInvalidArgument) for bad options (e.g. an empty token).
+  static std::unique_ptr<Scheduler> create(SchedulerOptions opts);
+  virtual ~Scheduler() = default;
+
+  virtual int port() const = 0;
+
+  // Serves until the job ends. OK when every worker finished and every node
+  // was told to shut down; otherwise the reason (a dead node, a registration
+  // deadline, a declaration mismatch), after every live node was told.
+  virtual Status run() = 0;
+
+  // Thread-safe: ends run() early with Status kClosed; nodes are told.
+  virtual void stop() = 0;
+};
+
+}  // namespace cortado::scheduler
