@@ -33,6 +33,8 @@ class Buffer {
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
+  // True when no other Buffer (and no transport) refers to this memory.
+  bool unique() const { return owner_.use_count() == 1; }
   template <typename T>
   T* as() const {
     return reinterpret_cast<T*>(data_);

@@ -1,0 +1,93 @@
+#include "core/wire/data_message.h"
+
+#include <cstring>
+
+namespace cortado::wire {
+namespace {
+
+// Fixed layout, little-endian (every platform we build for is).
+struct RawHeader {  // naturally aligned: no padding
+  uint32_t magic;
+  uint8_t version;
+  uint8_t op;
+  uint8_t dtype;
+  uint8_t flags;
+  uint32_t requestId;
+  uint32_t reserved;
+  uint64_t key;
+  uint64_t round;
+  uint64_t numElements;
+  uint64_t bodyBytes;
+};
+static_assert(sizeof(RawHeader) == kHeaderBytes);
+
+}  // namespace
+
+const char* opName(Op op) {
+  switch (op) {
+    case Op::kPush: return "PUSH";
+    case Op::kPull: return "PULL";
+    case Op::kPullResponse: return "PULL_RESPONSE";
+    case Op::kPushAck: return "PUSH_ACK";
+    case Op::kError: return "ERROR";
+  }
+  return "INVALID";
+}
+
+Buffer encodeHeader(const DataHeader& h) {
+  RawHeader r{};
+  r.magic = kMagic;
+  r.version = kVersion;
+  r.op = static_cast<uint8_t>(h.op);
+  r.dtype = static_cast<uint8_t>(h.dtype);
+  r.flags = h.flags;
+  r.requestId = h.requestId;
+  r.key = h.key;
+  r.round = h.round;
+  r.numElements = h.numElements;
+  r.bodyBytes = h.bodyBytes;
+  return Buffer::copyOf(&r, sizeof(r));
+}
+
+DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
+  CORTADO_ENFORCE(header.size() == kHeaderBytes, ErrorCode::kProtocol,
+                  "data message header is {} bytes, expected {}", header.size(), kHeaderBytes);
+  RawHeader r;
+  std::memcpy(&r, header.data(), sizeof(r));
+  CORTADO_ENFORCE(r.magic == kMagic, ErrorCode::kProtocol,
+                  "data message has bad magic 0x{:08x} (expected 0x{:08x}): not a Cortado peer?",
+                  r.magic, kMagic);
+  CORTADO_ENFORCE(r.version == kVersion, ErrorCode::kProtocol,
+                  "data message version {} is not supported (this build speaks {})", r.version,
+                  kVersion);
+  CORTADO_ENFORCE(r.op >= 1 && r.op <= 5, ErrorCode::kProtocol, "data message has unknown op {}",
+                  r.op);
+  CORTADO_ENFORCE(isValidDType(r.dtype), ErrorCode::kProtocol,
+                  "data message has unknown dtype {}", r.dtype);
+  CORTADO_ENFORCE((r.flags & ~uint8_t(kFlagAsync | kFlagCompressed)) == 0, ErrorCode::kProtocol,
+                  "data message has unknown flags 0x{:02x}", r.flags);
+  CORTADO_ENFORCE(r.bodyBytes == bodySize, ErrorCode::kProtocol,
+                  "data message for key {} promises a {}-byte body but carries {} bytes", r.key,
+                  r.bodyBytes, bodySize);
+  DataHeader h;
+  h.op = static_cast<Op>(r.op);
+  h.dtype = static_cast<DType>(r.dtype);
+  h.flags = r.flags;
+  h.requestId = r.requestId;
+  h.key = r.key;
+  h.round = r.round;
+  h.numElements = r.numElements;
+  h.bodyBytes = r.bodyBytes;
+  // A dense body must be exactly the elements it claims; guards the overflow
+  // of numElements * size too.
+  if ((h.op == Op::kPush || h.op == Op::kPullResponse) && !(h.flags & kFlagCompressed)) {
+    CORTADO_ENFORCE(h.numElements <= (uint64_t(1) << 40) && h.denseBytes() == h.bodyBytes,
+                    ErrorCode::kProtocol,
+                    "data message {} for key {}: {} elements of {} need {} bytes, body has {}",
+                    opName(h.op), h.key, h.numElements, dtypeName(h.dtype),
+                    h.numElements * dtypeSize(h.dtype), h.bodyBytes);
+  }
+  return h;
+}
+
+}  // namespace cortado::wire

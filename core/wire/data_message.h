@@ -1,0 +1,66 @@
+// The data-plane wire format between workers and servers.
+//
+// Every message has two parts: a fixed 48-byte little-endian header, then a
+// body (tensor bytes for PUSH and PULL_RESPONSE, UTF-8 text for ERROR, empty
+// otherwise). decode() checks the magic, the version, the op, the dtype and
+// that the body length matches what the header promises before anyone reads
+// the body, so a malformed message is rejected with a reason, never read past
+// its end.
+//
+// Flow (sync mode): for each key and round a worker sends PUSH then PULL; the
+// server sums the PUSHes of all workers for that round and answers each PULL
+// with the round's sum once all have arrived. Async mode: each PUSH is added
+// to the stored value at once and acknowledged with PUSH_ACK; PULL returns the
+// stored value as it is.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/common/buffer.h"
+#include "core/common/dtype.h"
+#include "core/common/error.h"
+
+namespace cortado::wire {
+
+inline constexpr uint32_t kMagic = 0x54524f43;  // "CORT"
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 48;
+
+enum class Op : uint8_t {
+  kPush = 1,
+  kPull = 2,
+  kPullResponse = 3,
+  kPushAck = 4,
+  kError = 5,
+};
+const char* opName(Op op);
+
+enum Flags : uint8_t {
+  kFlagNone = 0,
+  kFlagAsync = 1,       // async mode push/pull
+  kFlagCompressed = 2,  // body is a codec payload, not raw dtype elements
+};
+
+struct DataHeader {
+  Op op = Op::kPush;
+  DType dtype = DType::kFloat32;
+  uint8_t flags = kFlagNone;
+  uint32_t requestId = 0;   // echoed in the answer
+  uint64_t key = 0;         // chunk key
+  uint64_t round = 0;       // iteration of this key, from 0
+  uint64_t numElements = 0;
+  uint64_t bodyBytes = 0;   // must equal the body part's size
+
+  // Raw (uncompressed) body size implied by dtype and numElements.
+  uint64_t denseBytes() const { return numElements * dtypeSize(dtype); }
+};
+
+// Serializes `h` into a new 48-byte Buffer.
+Buffer encodeHeader(const DataHeader& h);
+
+// Parses and validates a header part against its body part size. Throws
+// Error(kProtocol) that says which field was wrong and its value.
+DataHeader decodeHeader(const Buffer& header, size_t bodySize);
+
+}  // namespace cortado::wire
