@@ -1,0 +1,48 @@
+// Vectorized building blocks of the CPU codecs. Each has an AVX2 version
+// (chosen at run time) and a portable one; both follow the summation order of
+// format.h, so their results are bit-identical to each other and to CUDA.
+// Ranges passed here start on a multiple of format::kSumChunk (sums) or of 8
+// (bit arrays): the callers split work across threads on those boundaries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace cortado {
+class ThreadPool;
+}
+
+namespace cortado::compressor::cpu {
+
+bool hasAvx2();
+
+// onebit: bits (1 = x < 0) for x[0..n), the per-chunk float sums of the
+// negatives and of the non-negatives, and the count of negatives.
+void oneBitScan(const float* x, size_t n, uint8_t* bits, float* negChunks, float* posChunks,
+                uint64_t* negCount);
+// Sign bits (1 = x < 0) and per-chunk sums of |x|.
+void absSumBits(const float* x, size_t n, uint8_t* bits, float* absChunks);
+// Sign bits only.
+void signBits(const float* x, size_t n, uint8_t* bits);
+// Per-chunk sums of x*x (product rounded, then added: no fused multiply-add).
+void sqSumChunks(const float* x, size_t n, float* chunks);
+// Per-chunk sums of |x| and the maximum |x| (TernGrad).
+float maxAbs(const float* x, size_t n);
+
+// Combines chunk sums in the fixed order of format.h.
+double combineChunks(const float* chunks, size_t nChunks);
+
+// out[i] = alpha * (bit(i) ? neg : pos), or out[i] += that when add.
+void expandBits(const uint8_t* bits, size_t n, float neg, float pos, float alpha, bool add,
+                float* out);
+
+// fp32 -> bf16 with round-to-nearest-even, NaN kept quiet.
+void floatToBf16(const float* in, uint16_t* out, size_t n);
+
+// Runs fn(begin, end) over [0, n) in pieces whose starts are multiples of
+// `align`, on the pool when there is one and the work is big enough.
+void parallelAligned(ThreadPool* pool, size_t n, size_t align,
+                     const std::function<void(size_t, size_t)>& fn);
+
+}  // namespace cortado::compressor::cpu

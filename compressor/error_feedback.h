@@ -1,0 +1,64 @@
+// Error feedback around any codec, with per-tensor residual state, and DGC's
+// momentum correction. Lives on the worker that encodes; servers never keep
+// residuals (re-compression on a server is plain encode).
+//
+// Without momentum (m = 0), for each tensor key:
+//   p = g + e;  payload = encode(p);  e = p - decode(payload)
+// so decode(payload) + e_new == g + e_old (up to one rounding per element;
+// exactly for sparse codecs, whose sent elements leave a zero residual).
+// With momentum m > 0 (DGC, Lin et al. 2018), u and v per key:
+//   u = m u + g;  v = v + u;  payload = encode(v);  v = v - decode(payload);
+//   u = 0 where the payload sent something (sparse codecs).
+//
+// Threads: encode() for different keys may run concurrently; calls for the
+// same key must not overlap (a tensor's pipeline runs one round at a time).
+// CPU codecs only; compressor/cuda has the device-memory counterpart.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "compressor/codec.h"
+
+namespace cortado::compressor {
+
+class ErrorFeedback {
+ public:
+  // momentum < 0: take the codec's momentumCorrection() (DGC's m, else 0).
+  explicit ErrorFeedback(CodecPtr codec, float momentum = -1.0f);
+
+  const Codec& codec() const { return *codec_; }
+  float momentum() const { return momentum_; }
+  // Bytes the payload of an n-element tensor needs (the codec's payloadBytes).
+  size_t payloadBytes(size_t n) const { return codec_->payloadBytes(n); }
+
+  // Encodes grad with the key's residual folded in; updates the state. The
+  // first call for a key starts from zero state; n must not change after.
+  size_t encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
+                const EncodeContext& ctx = {});
+
+  // The key's residual e (or v with momentum) and momentum u; empty when the
+  // key has no state yet. Valid until the next encode or reset of that key.
+  std::span<const float> residual(uint64_t key) const;
+  std::span<const float> velocity(uint64_t key) const;
+  void reset(uint64_t key);
+  void clear();
+
+ private:
+  struct State {
+    std::vector<float> residual;
+    std::vector<float> velocity;  // DGC's u; empty without momentum
+  };
+  State& state(uint64_t key, size_t n);
+
+  CodecPtr codec_;
+  float momentum_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<State>> states_;
+};
+
+}  // namespace cortado::compressor
