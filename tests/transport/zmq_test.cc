@@ -1,0 +1,47 @@
+// The conformance suite on the ZeroMQ transport, over TCP and over Unix sockets.
+#include <unistd.h>
+
+#include <atomic>
+
+#include "core/common/deadline.h"
+#include "core/transport/zmq/factory.h"
+#include "tests/transport/transport_test.h"
+
+namespace cortado::transport::testing {
+namespace {
+
+zmq::ZmqOptions testOptions() {
+  zmq::ZmqOptions o;
+  o.connectTimeout = Millis(1500);
+  o.heartbeatInterval = Millis(500);
+  o.heartbeatTimeout = Millis(3000);
+  return o;
+}
+
+TransportFactory zmqTcpFactory() {
+  return {"zmq_tcp", [] {
+            return TransportEnv{
+                [](const NodeId& self) { return zmq::create(self, testOptions()); },
+                [] { return std::string("tcp://127.0.0.1:0"); },
+                // Port 1 (tcpmux) is privileged and unused: connections are refused.
+                "tcp://127.0.0.1:1",
+            };
+          }};
+}
+
+TransportFactory zmqIpcFactory() {
+  return {"zmq_ipc", [] {
+            auto counter = std::make_shared<std::atomic<int>>(0);
+            std::string prefix = fmt::format("/tmp/cortado-transport-test-{}", ::getpid());
+            return TransportEnv{
+                [](const NodeId& self) { return zmq::create(self, testOptions()); },
+                [counter, prefix] { return fmt::format("ipc://{}-{}.sock", prefix, (*counter)++); },
+                fmt::format("ipc://{}-nobody.sock", prefix),
+            };
+          }};
+}
+
+CORTADO_TRANSPORT_CONFORMANCE(Zmq, zmqTcpFactory(), zmqIpcFactory());
+
+}  // namespace
+}  // namespace cortado::transport::testing
