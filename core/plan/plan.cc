@@ -1,0 +1,342 @@
+#include "core/plan/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <utility>
+
+#include "core/common/error.h"
+
+namespace cortado::plan {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::array<std::pair<Device, std::string_view>, 2> kDevices{{
+    {Device::kGpu, "gpu"},
+    {Device::kCpu, "cpu"},
+}};
+constexpr std::array<std::pair<Scope, std::string_view>, 3> kScopes{{
+    {Scope::kFlat, "flat"},
+    {Scope::kIntra, "intra"},
+    {Scope::kInter, "inter"},
+}};
+constexpr std::array<std::pair<CommOp, std::string_view>, 9> kOps{{
+    {CommOp::kAllreduce, "allreduce"},
+    {CommOp::kReduceScatter, "reduce_scatter"},
+    {CommOp::kReduce, "reduce"},
+    {CommOp::kAllgather, "allgather"},
+    {CommOp::kBroadcast, "broadcast"},
+    {CommOp::kAlltoall, "alltoall"},
+    {CommOp::kGather, "gather"},
+    {CommOp::kPush, "push"},
+    {CommOp::kPull, "pull"},
+}};
+
+template <typename E, size_t N>
+std::string_view nameOf(const std::array<std::pair<E, std::string_view>, N>& table, E v) {
+  for (const auto& [e, s] : table)
+    if (e == v) return s;
+  return "?";
+}
+
+template <typename E, size_t N>
+E parseName(const std::array<std::pair<E, std::string_view>, N>& table, std::string_view s,
+            const char* what) {
+  std::string valid;
+  for (const auto& [e, name] : table) {
+    if (name == s) return e;
+    valid += valid.empty() ? "" : ", ";
+    valid += name;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("unknown {} '{}' (valid: {})", what, s, valid));
+}
+
+std::string_view shortOp(CommOp op) {
+  switch (op) {
+    case CommOp::kAllreduce: return "ar";
+    case CommOp::kReduceScatter: return "rs";
+    case CommOp::kReduce: return "red";
+    case CommOp::kAllgather: return "ag";
+    case CommOp::kBroadcast: return "bc";
+    case CommOp::kAlltoall: return "a2a";
+    case CommOp::kGather: return "ga";
+    case CommOp::kPush: return "push";
+    case CommOp::kPull: return "pull";
+  }
+  return "?";
+}
+
+// The operation a first (divisible) step must be followed by.
+bool isFirstStep(CommOp op) {
+  return op == CommOp::kReduceScatter || op == CommOp::kReduce || op == CommOp::kAlltoall ||
+         op == CommOp::kGather || op == CommOp::kPush;
+}
+CommOp pairOf(CommOp first) {
+  switch (first) {
+    case CommOp::kReduceScatter:
+    case CommOp::kAlltoall: return CommOp::kAllgather;
+    case CommOp::kReduce:
+    case CommOp::kGather: return CommOp::kBroadcast;
+    default: return CommOp::kPull;
+  }
+}
+bool sums(CommOp op) {
+  return op == CommOp::kAllreduce || op == CommOp::kReduceScatter || op == CommOp::kReduce;
+}
+
+// Walks an option's steps with the state a worker's data would have.
+class Validator {
+ public:
+  Validator(const TensorOption& o, std::string_view tensor) : o_(o), tensor_(tensor) {}
+
+  void run() {
+    CORTADO_ENFORCE(!o_.steps.empty(), ErrorCode::kInvalidArgument,
+                    "plan for tensor '{}': no steps", tensor_);
+    codecSteps();
+    if (!o_.hierarchical) {
+      stage(Scope::kFlat, /*indivisibleOk=*/true);
+    } else {
+      CommOp first = firstStep(Scope::kIntra, "hierarchical option must start with a divisible "
+                                              "intra-machine step");
+      codecSteps();
+      stage(Scope::kInter, /*indivisibleOk=*/true);
+      secondStep(Scope::kIntra, first);
+      codecSteps();
+    }
+    if (i_ < o_.steps.size()) fail(i_, "unexpected step after the last communication step");
+    if (compressed_) fail(o_.steps.size() - 1, "data is still compressed after the last step (decode missing)");
+    const bool anyCompressed = o_.compressed();
+    if (anyCompressed && o_.codec.empty()) fail(0, "compressed option without a codec spec");
+    if (!anyCompressed && !o_.codec.empty())
+      fail(0, fmt::format("codec '{}' given but no step is compressed", o_.codec));
+  }
+
+ private:
+  [[noreturn]] void fail(size_t at, std::string_view why) const {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("plan for tensor '{}', step {} ({}): {}", tensor_, at,
+                            at < o_.steps.size() ? describeStep(o_.steps[at]) : "end", why));
+  }
+
+  static std::string describeStep(const Step& s) {
+    if (s.kind == StepKind::kEncode) return fmt::format("encode on {}", toString(s.device));
+    if (s.kind == StepKind::kDecode) return fmt::format("decode on {}", toString(s.device));
+    return fmt::format("{} {}{}", toString(s.scope), toString(s.op),
+                       s.compressed ? " compressed" : "");
+  }
+
+  // Encodes and decodes between communication steps. An encode directly
+  // followed by a decode does nothing useful and is rejected.
+  void codecSteps() {
+    bool lastWasEncode = false;
+    while (i_ < o_.steps.size() && o_.steps[i_].kind != StepKind::kComm) {
+      const Step& s = o_.steps[i_];
+      if (s.kind == StepKind::kEncode) {
+        if (compressed_) fail(i_, "encode of data that is already compressed");
+        compressed_ = true;
+        lastWasEncode = true;
+      } else {
+        if (!compressed_) fail(i_, "decode of data that is not compressed");
+        if (lastWasEncode) fail(i_, "decode right after encode, with no communication between");
+        compressed_ = false;
+        lastWasEncode = false;
+      }
+      ++i_;
+    }
+  }
+
+  const Step& comm(Scope scope, const char* expected) {
+    if (i_ >= o_.steps.size()) fail(i_, fmt::format("missing {}", expected));
+    const Step& s = o_.steps[i_];
+    if (s.kind != StepKind::kComm) fail(i_, fmt::format("expected {}", expected));
+    if (s.scope != scope)
+      fail(i_, fmt::format("expected a {} step ({})", toString(scope), expected));
+    if (s.compressed != compressed_)
+      fail(i_, compressed_ ? "the data is compressed here but the step says raw"
+                           : "the data is raw here but the step says compressed");
+    if (s.compressed && sums(s.op))
+      fail(i_, fmt::format("compressed payloads cannot be summed by {}; use allgather, "
+                           "alltoall or gather",
+                           toString(s.op)));
+    return s;
+  }
+
+  CommOp firstStep(Scope scope, const char* expected) {
+    const Step& s = comm(scope, expected);
+    if (!isFirstStep(s.op)) fail(i_, expected);
+    if (!s.compressed && (s.op == CommOp::kAlltoall || s.op == CommOp::kGather))
+      fail(i_, "raw data is reduced with reduce_scatter or reduce, not alltoall or gather");
+    if (s.op == CommOp::kPush && scope != Scope::kInter)
+      fail(i_, "push and pull go through the CPU servers: inter-machine steps only");
+    ++i_;
+    return s.op;
+  }
+
+  void secondStep(Scope scope, CommOp first) {
+    CommOp want = pairOf(first);
+    const Step& s = comm(scope, "the second step of a divisible pair");
+    if (s.op != want)
+      fail(i_, fmt::format("{} pairs with {}, not {}", toString(first), toString(want),
+                           toString(s.op)));
+    ++i_;
+  }
+
+  // One collective stage: an indivisible step, or a first step, codec steps,
+  // and its second step. Push and pull are adjacent: the servers do the
+  // decoding, summing and re-encoding between them.
+  void stage(Scope scope, bool indivisibleOk) {
+    if (i_ >= o_.steps.size()) fail(i_, "missing communication step");
+    const Step& s = comm(scope, "a communication step");
+    if (!isFirstStep(s.op)) {
+      if (!indivisibleOk) fail(i_, "expected a divisible first step");
+      if (s.op == CommOp::kAllreduce || (s.op == CommOp::kAllgather && s.compressed)) {
+        if (s.op == CommOp::kAllgather) compressed_ = true;  // pieces stay compressed
+        ++i_;
+        codecSteps();
+        return;
+      }
+      fail(i_, s.compressed ? "a compressed tensor's indivisible step is allgather"
+                            : "a raw tensor's indivisible step is allreduce");
+    }
+    CommOp first = firstStep(scope, "a first step");
+    if (first == CommOp::kPush) {
+      if (i_ >= o_.steps.size() || o_.steps[i_].kind != StepKind::kComm)
+        fail(i_, "push must be followed directly by pull");
+      compressed_ = o_.steps[i_].compressed;  // the servers decode or re-encode as needed
+    } else {
+      codecSteps();
+    }
+    secondStep(scope, first);
+    codecSteps();
+  }
+
+  const TensorOption& o_;
+  std::string_view tensor_;
+  size_t i_ = 0;
+  bool compressed_ = false;
+};
+
+}  // namespace
+
+bool Step::operator==(const Step& o) const {
+  if (kind != o.kind) return false;
+  if (kind == StepKind::kComm) return scope == o.scope && op == o.op && compressed == o.compressed;
+  return device == o.device;
+}
+
+bool TensorOption::compressed() const {
+  // A pull from the servers can be compressed without a worker-side encode.
+  for (const Step& s : steps)
+    if (s.kind == StepKind::kEncode || (s.kind == StepKind::kComm && s.compressed)) return true;
+  return false;
+}
+
+std::string TensorOption::describe() const {
+  std::string out = hierarchical ? "H:" : "F:";
+  for (const Step& s : steps) {
+    out += ' ';
+    if (s.kind == StepKind::kEncode) {
+      out += s.device == Device::kGpu ? "E(g)" : "E(c)";
+    } else if (s.kind == StepKind::kDecode) {
+      out += s.device == Device::kGpu ? "D(g)" : "D(c)";
+    } else {
+      if (hierarchical) out += s.scope == Scope::kIntra ? "i." : "x.";
+      out += shortOp(s.op);
+      if (s.compressed) out += '*';
+    }
+  }
+  return out;
+}
+
+void validate(const TensorOption& option, std::string_view tensor) {
+  Validator(option, tensor).run();
+}
+
+void validate(const Plan& plan) {
+  for (const auto& [name, option] : plan.tensors) validate(option, name);
+}
+
+std::string_view toString(Device d) { return nameOf(kDevices, d); }
+std::string_view toString(Scope s) { return nameOf(kScopes, s); }
+std::string_view toString(CommOp op) { return nameOf(kOps, op); }
+Device deviceFromString(std::string_view s) { return parseName(kDevices, s, "device"); }
+Scope scopeFromString(std::string_view s) { return parseName(kScopes, s, "scope"); }
+CommOp commOpFromString(std::string_view s) { return parseName(kOps, s, "operation"); }
+
+json toJson(const TensorOption& option) {
+  json steps = json::array();
+  for (const Step& s : option.steps) {
+    if (s.kind == StepKind::kComm) {
+      steps.push_back({{"op", toString(s.op)}, {"scope", toString(s.scope)},
+                       {"compressed", s.compressed}});
+    } else {
+      steps.push_back({{"op", s.kind == StepKind::kEncode ? "encode" : "decode"},
+                       {"device", toString(s.device)}});
+    }
+  }
+  json j{{"scheme", option.hierarchical ? "hierarchical" : "flat"}, {"steps", std::move(steps)}};
+  if (!option.codec.empty()) j["codec"] = option.codec;
+  return j;
+}
+
+json toJson(const Plan& plan) {
+  json tensors = json::object();
+  for (const auto& [name, option] : plan.tensors) tensors[name] = toJson(option);
+  return json{{"format", "cortado-plan"}, {"version", plan.version}, {"tensors", std::move(tensors)}};
+}
+
+TensorOption optionFromJson(const json& j, std::string_view tensor) {
+  try {
+    TensorOption o;
+    std::string scheme = j.at("scheme").get<std::string>();
+    CORTADO_ENFORCE(scheme == "flat" || scheme == "hierarchical", ErrorCode::kInvalidArgument,
+                    "unknown scheme '{}' (valid: flat, hierarchical)", scheme);
+    o.hierarchical = scheme == "hierarchical";
+    if (j.contains("codec")) o.codec = j.at("codec").get<std::string>();
+    for (const json& s : j.at("steps")) {
+      std::string op = s.at("op").get<std::string>();
+      if (op == "encode" || op == "decode") {
+        Device d = deviceFromString(s.at("device").get<std::string>());
+        o.steps.push_back(op == "encode" ? Step::encode(d) : Step::decode(d));
+      } else {
+        o.steps.push_back(Step::comm(scopeFromString(s.at("scope").get<std::string>()),
+                                     commOpFromString(op), s.value("compressed", false)));
+      }
+    }
+    validate(o, tensor);
+    return o;
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("plan for tensor '{}': malformed JSON: {}", tensor, e.what()));
+  }
+}
+
+Plan planFromJson(const json& j) {
+  try {
+    CORTADO_ENFORCE(j.value("format", "") == "cortado-plan", ErrorCode::kInvalidArgument,
+                    "not a cortado plan (\"format\" must be \"cortado-plan\")");
+    Plan p;
+    p.version = j.at("version").get<uint64_t>();
+    for (const auto& [name, option] : j.at("tensors").items())
+      p.tensors.emplace(name, optionFromJson(option, name));
+    return p;
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed plan JSON: {}", e.what()));
+  }
+}
+
+std::string toJsonString(const Plan& plan, int indent) { return toJson(plan).dump(indent); }
+
+Plan planFromJsonString(std::string_view text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("plan is not valid JSON: {}", e.what()));
+  }
+  return planFromJson(j);
+}
+
+}  // namespace cortado::plan

@@ -1,0 +1,219 @@
+#include "scheduler/planner/compile.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/common/error.h"
+
+namespace cortado::planner {
+namespace {
+
+using plan::CommOp;
+using plan::Device;
+using plan::Scope;
+using plan::Step;
+using plan::StepKind;
+
+class Compiler {
+ public:
+  Compiler(const Cluster& c, const ResolvedCodec& codec, int64_t elements, int dtypeBytes)
+      : c_(c), codec_(codec), e_(double(elements)), dtype_(dtypeBytes), active_(c.gpusPerMachine) {}
+
+  CompiledOption run(const plan::TensorOption& o) {
+    const auto& steps = o.steps;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Step& s = steps[i];
+      if (s.kind == StepKind::kEncode) {
+        moveTo(s.device == Device::kGpu);
+        codecOp(OpKind::kEncode, s.device, codec_.encodeUs(s.device, e_));
+        compressed_ = true;
+        m_ = 1;
+      } else if (s.kind == StepKind::kDecode) {
+        moveTo(s.device == Device::kGpu);
+        codecOp(OpKind::kDecode, s.device, codec_.decodeUs(s.device, e_, m_));
+        compressed_ = false;
+        m_ = 1;
+      } else if (s.op == CommOp::kPush) {
+        CORTADO_ENFORCE(i + 1 < steps.size(), ErrorCode::kInvalidArgument, "push without pull");
+        pushPull(s, steps[i + 1]);
+        ++i;
+      } else {
+        collective(s);
+      }
+    }
+    moveTo(true);  // the result is used by the optimizer on the GPU
+    for (const SimOp& op : out_.ops) out_.pathUs += op.us;
+    return std::move(out_);
+  }
+
+ private:
+  // Partitions of `elements` raw elements (at least one, at most 4096).
+  double partitions(double elements) const {
+    return std::clamp(std::ceil(elements * dtype_ / c_.chunkBytes), 1.0, 4096.0);
+  }
+
+  double heldBytes() const {
+    return compressed_ ? m_ * codec_.payloadBytes(e_) : e_ * dtype_;
+  }
+
+  void add(SimOp op) {
+    if (op.us <= 0) return;
+    switch (op.res) {
+      case Res::kGpu: out_.work[kWorkGpu] += op.us; break;
+      case Res::kCpu: out_.work[kWorkCpu] += op.us * op.tasks; break;
+      case Res::kIntra: out_.work[kWorkIntra] += op.us; break;
+      case Res::kInter: out_.work[kWorkInter] += op.us; break;
+      case Res::kFlat:
+        out_.work[kWorkIntra] += op.us;
+        out_.work[kWorkInter] += op.us;
+        break;
+      case Res::kD2H: out_.work[kWorkD2H] += op.us; break;
+      case Res::kH2D: out_.work[kWorkH2D] += op.us; break;
+    }
+    out_.ops.push_back(op);
+  }
+
+  void moveTo(bool device) {
+    if (onDevice_ == device) return;
+    SimOp op;
+    op.kind = OpKind::kCopy;
+    op.res = device ? Res::kH2D : Res::kD2H;
+    op.us = (device ? c_.h2d : c_.d2h).us(heldBytes());
+    add(op);
+    onDevice_ = device;
+  }
+
+  void codecOp(OpKind kind, Device d, double us) {
+    SimOp op;
+    op.kind = kind;
+    op.res = d == Device::kGpu ? Res::kGpu : Res::kCpu;
+    // One call per GPU that holds data; on the GPU they run in parallel on
+    // separate devices, on the CPU they share the machine's cores, one task
+    // per partition.
+    op.us = us;
+    if (d == Device::kCpu) {
+      const double parts = partitions(e_);
+      op.tasks = uint16_t(active_ * parts);
+      op.us = kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / parts)
+                                      : codec_.decodeUs(d, e_ / parts, m_);
+    }
+    if (d == Device::kGpu) out_.gpuCodec = true;
+    add(op);
+  }
+
+  SimOp commOp(const Step& s, Res res, double us) {
+    SimOp op;
+    op.kind = OpKind::kComm;
+    op.res = res;
+    op.comm = s.op;
+    op.scope = s.scope;
+    op.compressed = s.compressed;
+    op.us = us;
+    return op;
+  }
+
+  void collective(const Step& s) {
+    moveTo(true);
+    const int M = c_.machines, G = c_.gpusPerMachine;
+    int p = 1;
+    const LinkCost* link = &c_.intra;
+    Res res = Res::kIntra;
+    double perRankScale = 1;  // how many ranks' bytes share the link's bandwidth
+    switch (s.scope) {
+      case Scope::kFlat:
+        p = M * G;
+        link = M > 1 ? &c_.inter : &c_.intra;
+        res = M > 1 ? (G > 1 ? Res::kFlat : Res::kInter) : Res::kIntra;
+        break;
+      case Scope::kIntra:
+        p = G;
+        break;
+      case Scope::kInter:
+        p = M;
+        link = &c_.inter;
+        res = Res::kInter;
+        perRankScale = active_;  // every active GPU's shard crosses the one NIC
+        break;
+    }
+    const double bytes = heldBytes() * perRankScale;
+    add(commOp(s, res, commTimeUs(*link, s.op, p, bytes)));
+
+    bool& pending = pendingFirst_[int(s.scope)];
+    switch (s.op) {
+      case CommOp::kAllreduce: break;
+      case CommOp::kReduceScatter: e_ /= p; pending = true; break;
+      case CommOp::kAlltoall: e_ /= p; m_ *= p; pending = true; break;
+      case CommOp::kReduce:
+      case CommOp::kGather:
+        if (s.op == CommOp::kGather) m_ *= p;
+        if (s.scope == Scope::kIntra) active_ = 1;  // only the root continues
+        pending = true;
+        break;
+      case CommOp::kAllgather:
+        if (pending) {
+          e_ *= p;  // the second step of a divisible pair: shards become whole
+          pending = false;
+        } else {
+          m_ *= p;  // indivisible: every rank now holds p payloads
+        }
+        break;
+      case CommOp::kBroadcast:
+        if (s.scope == Scope::kIntra) active_ = c_.gpusPerMachine;
+        pending = false;
+        break;
+      default: break;
+    }
+  }
+
+  // Push to the servers and pull back. Each machine's server owns 1/M of the
+  // tensor and receives it from all M machines; it decodes (when compressed)
+  // and sums on CPU, and re-encodes when the pull is compressed.
+  void pushPull(const Step& push, const Step& pull) {
+    moveTo(false);
+    const int M = c_.machines;
+    const double machineBytes = heldBytes() * active_;
+    add(commOp(push, Res::kInter, commTimeUs(c_.inter, CommOp::kPush, M, machineBytes)));
+
+    const double share = e_ * active_ / M;  // elements one server owns
+    const double parts = partitions(share);
+    const double part = share / parts;
+    SimOp work;
+    work.kind = OpKind::kServer;
+    work.res = Res::kCpu;
+    if (compressed_) {
+      work.tasks = uint16_t(M * parts);  // every machine's payload of every partition
+      work.us = codec_.decodeUs(Device::kCpu, part, m_);
+      add(work);
+    }
+    work.tasks = uint16_t(parts);
+    work.us = M * part * dtype_ * 8.0 / (c_.cpuSumGbps * 1000.0);
+    add(work);
+    compressed_ = pull.compressed;
+    m_ = 1;
+    if (pull.compressed) {
+      work.us = codec_.encodeUs(Device::kCpu, part);
+      add(work);
+    }
+    add(commOp(pull, Res::kInter, commTimeUs(c_.inter, CommOp::kPull, M, heldBytes() * active_)));
+  }
+
+  const Cluster& c_;
+  const ResolvedCodec& codec_;
+  double e_;       // elements this rank covers
+  int dtype_;
+  int active_;     // GPUs per machine that hold data
+  double m_ = 1;   // compressed contributions per element not yet summed
+  bool compressed_ = false;
+  bool onDevice_ = true;
+  bool pendingFirst_[3] = {false, false, false};
+  CompiledOption out_;
+};
+
+}  // namespace
+
+CompiledOption compileOption(const Cluster& cluster, const ResolvedCodec& codec, int64_t elements,
+                             int dtypeBytes, const plan::TensorOption& option) {
+  return Compiler(cluster, codec, elements, dtypeBytes).run(option);
+}
+
+}  // namespace cortado::planner

@@ -1,0 +1,52 @@
+// Turns one tensor's option into the sequence of timed operations that the
+// simulator schedules: codec calls, PCIe copies, communication steps and the
+// servers' work, each with the resource it occupies and its duration from the
+// cost models. The rules (docs/planner.md, "Timeline model"):
+//  - collectives run on device buffers, CPU codecs and push/pull on host
+//    buffers; a copy is inserted wherever the data has to move;
+//  - an intra-machine reduce or gather leaves the data on one GPU per machine,
+//    so the inter-machine stage then carries one GPU's data, otherwise every
+//    GPU's shard crosses the machine's one NIC at the same time;
+//  - CPU codec calls are one task per GPU of the machine that holds data, all
+//    drawing on the machine's core pool; the servers' decode, sum and
+//    re-encode draw on the same pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/plan/plan.h"
+#include "scheduler/planner/cost_model.h"
+
+namespace cortado::planner {
+
+// What an operation occupies. kFlat: a collective over all GPUs, which holds
+// the intra-machine links and the network at once.
+enum class Res : uint8_t { kGpu, kCpu, kIntra, kInter, kFlat, kD2H, kH2D };
+enum class OpKind : uint8_t { kEncode, kDecode, kComm, kCopy, kServer };
+
+struct SimOp {
+  Res res = Res::kGpu;
+  OpKind kind = OpKind::kComm;
+  plan::CommOp comm = plan::CommOp::kAllreduce;  // kComm only
+  plan::Scope scope = plan::Scope::kFlat;        // kComm only
+  bool compressed = false;
+  uint16_t tasks = 1;  // kCpu: parallel tasks, one core each
+  double us = 0;
+};
+
+// Work per resource kind, used for dominance between options and for the
+// simulator's lower bounds.
+enum WorkIndex { kWorkGpu, kWorkCpu, kWorkIntra, kWorkInter, kWorkD2H, kWorkH2D, kWorkKinds };
+
+struct CompiledOption {
+  std::vector<SimOp> ops;
+  double pathUs = 0;  // sum of durations: the sync time of the tensor alone
+  double work[kWorkKinds] = {};
+  bool gpuCodec = false;
+};
+
+CompiledOption compileOption(const Cluster& cluster, const ResolvedCodec& codec, int64_t elements,
+                             int dtypeBytes, const plan::TensorOption& option);
+
+}  // namespace cortado::planner

@@ -1,0 +1,234 @@
+#include "scheduler/planner/cost_model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/common/error.h"
+
+#ifndef CORTADO_PLANNER_DATA_DIR
+#define CORTADO_PLANNER_DATA_DIR "scheduler/planner"
+#endif
+
+namespace cortado::planner {
+namespace {
+
+using nlohmann::json;
+using plan::CommOp;
+
+json readJsonFile(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  CORTADO_ENFORCE(in.good(), ErrorCode::kInvalidArgument, "cannot open {} file '{}'", what, path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{} file '{}' is not valid JSON: {}", what, path, e.what()));
+  }
+}
+
+AlphaBeta alphaBetaFromJson(const json& j, const std::string& where) {
+  AlphaBeta ab;
+  ab.alphaUs = j.at("alpha_us").get<double>();
+  ab.gbps = j.at("gbps").get<double>();
+  CORTADO_ENFORCE(ab.alphaUs >= 0 && ab.gbps > 0, ErrorCode::kInvalidArgument,
+                  "{}: alpha_us must be >= 0 and gbps > 0 (got {}, {})", where, ab.alphaUs,
+                  ab.gbps);
+  return ab;
+}
+
+LinearCost linearFromJson(const json& j) {
+  LinearCost c;
+  c.fixedUs = j.value("fixed_us", 0.0);
+  c.nsPerElement = j.value("ns_per_element", 0.0);
+  c.nsPerSelected = j.value("ns_per_selected", 0.0);
+  return c;
+}
+
+int ceilLog2(int p) {
+  int r = 0;
+  while ((1 << r) < p) ++r;
+  return r;
+}
+
+template <typename Map>
+std::string joinKeys(const Map& m) {
+  std::string s;
+  for (const auto& [k, v] : m) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+}  // namespace
+
+const AlphaBeta& LinkCost::forOp(CommOp op) const {
+  auto it = perOp.find(op);
+  return it == perOp.end() ? base : it->second;
+}
+
+double commTimeUs(const LinkCost& link, CommOp op, int p, double bytes) {
+  if (p <= 1) return 0;
+  const AlphaBeta& ab = link.forOp(op);
+  const double a = ab.alphaUs, b = ab.betaUsPerByte();
+  const double frac = double(p - 1) / p;
+  switch (op) {
+    case CommOp::kAllreduce: return 2 * (p - 1) * a + 2 * frac * bytes * b;
+    case CommOp::kReduceScatter:
+    case CommOp::kAlltoall: return (p - 1) * a + frac * bytes * b;
+    case CommOp::kAllgather: return (p - 1) * (a + bytes * b);
+    case CommOp::kGather: return (p - 1) * a + (p - 1) * bytes * b;
+    case CommOp::kReduce:
+    case CommOp::kBroadcast: return ceilLog2(p) * a + bytes * b;
+    case CommOp::kPush:
+    case CommOp::kPull: return a + frac * bytes * b;
+  }
+  return 0;
+}
+
+HardwareModel HardwareModel::fromJson(const json& j) {
+  try {
+    HardwareModel h;
+    h.source = j.value("source", "");
+    for (const auto& [name, lj] : j.at("links").items()) {
+      LinkCost l;
+      l.name = name;
+      l.base = alphaBetaFromJson(lj, "link " + name);
+      if (lj.contains("ops")) {
+        for (const auto& [op, oj] : lj.at("ops").items())
+          l.perOp[plan::commOpFromString(op)] = alphaBetaFromJson(oj, "link " + name + " op " + op);
+      }
+      h.links.emplace(name, std::move(l));
+    }
+    h.d2h = alphaBetaFromJson(j.at("copies").at("d2h"), "copies.d2h");
+    h.h2d = alphaBetaFromJson(j.at("copies").at("h2d"), "copies.h2d");
+    h.cpuSumGbps = j.at("cpu").at("sum_gbps").get<double>();
+    return h;
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed hardware model: {}", e.what()));
+  }
+}
+
+HardwareModel HardwareModel::load(const std::string& path) {
+  return fromJson(readJsonFile(path, "hardware model"));
+}
+
+const LinkCost& HardwareModel::link(const std::string& name) const {
+  auto it = links.find(name);
+  CORTADO_ENFORCE(it != links.end(), ErrorCode::kInvalidArgument,
+                  "unknown link '{}' (valid: {})", name, joinKeys(links));
+  return it->second;
+}
+
+std::vector<std::string> HardwareModel::linkNames() const {
+  std::vector<std::string> v;
+  for (const auto& [k, l] : links) v.push_back(k);
+  return v;
+}
+
+double ResolvedCodec::payloadBytes(double elements) const {
+  return cost.headerBytes + elements * cost.bitsPerElement / 8.0 +
+         elements * selectedFraction * cost.bytesPerSelected;
+}
+
+double ResolvedCodec::encodeUs(plan::Device d, double elements) const {
+  return cost.encode[int(d)].us(elements, elements * selectedFraction);
+}
+
+double ResolvedCodec::decodeUs(plan::Device d, double elements, double contributions) const {
+  const LinearCost& c = cost.decode[int(d)];
+  return c.fixedUs + contributions * (c.us(elements, elements * selectedFraction) - c.fixedUs);
+}
+
+ResolvedCodec ResolvedCodec::zeroCost() const {
+  ResolvedCodec z = *this;
+  for (int d = 0; d < 2; ++d) z.cost.encode[d] = z.cost.decode[d] = LinearCost{};
+  return z;
+}
+
+CodecModel CodecModel::fromJson(const json& j) {
+  try {
+    CodecModel m;
+    m.source_ = j.value("source", "");
+    for (const auto& [name, cj] : j.at("codecs").items()) {
+      CodecCost c;
+      c.name = name;
+      c.summable = cj.value("summable", false);
+      const json& p = cj.at("payload");
+      c.headerBytes = p.value("header_bytes", 16.0);
+      c.bitsPerElement = p.value("bits_per_element", 0.0);
+      c.bytesPerSelected = p.value("bytes_per_selected", 0.0);
+      if (cj.contains("params"))
+        for (const auto& [k, v] : cj.at("params").items()) c.params[k] = v.get<double>();
+      for (const char* dev : {"gpu", "cpu"}) {
+        int d = int(plan::deviceFromString(dev));
+        c.encode[d] = linearFromJson(cj.at(dev).at("encode"));
+        c.decode[d] = linearFromJson(cj.at(dev).at("decode"));
+      }
+      m.codecs_.emplace(name, std::move(c));
+    }
+    return m;
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed codec cost model: {}", e.what()));
+  }
+}
+
+CodecModel CodecModel::load(const std::string& path) {
+  return fromJson(readJsonFile(path, "codec cost"));
+}
+
+std::vector<std::string> CodecModel::names() const {
+  std::vector<std::string> v;
+  for (const auto& [k, c] : codecs_) v.push_back(k);
+  return v;
+}
+
+ResolvedCodec CodecModel::resolve(const std::string& spec) const {
+  std::string name = spec.substr(0, spec.find(':'));
+  auto it = codecs_.find(name);
+  CORTADO_ENFORCE(it != codecs_.end(), ErrorCode::kInvalidArgument,
+                  "unknown codec '{}' in spec '{}' (valid: {})", name, spec, joinKeys(codecs_));
+  ResolvedCodec r;
+  r.spec = spec;
+  r.cost = it->second;
+  std::map<std::string, double> params = r.cost.params;
+  if (spec.size() > name.size()) {
+    std::stringstream rest(spec.substr(name.size() + 1));
+    std::string kv;
+    while (std::getline(rest, kv, ',')) {
+      auto eq = kv.find('=');
+      CORTADO_ENFORCE(eq != std::string::npos && eq > 0, ErrorCode::kInvalidArgument,
+                      "codec spec '{}': expected key=value, got '{}'", spec, kv);
+      std::string key = kv.substr(0, eq);
+      CORTADO_ENFORCE(params.count(key), ErrorCode::kInvalidArgument,
+                      "codec '{}' has no parameter '{}' (valid: {})", name, key,
+                      params.empty() ? std::string("none") : joinKeys(params));
+      try {
+        size_t used = 0;
+        params[key] = std::stod(kv.substr(eq + 1), &used);
+        CORTADO_ENFORCE(used == kv.size() - eq - 1, ErrorCode::kInvalidArgument, "trailing text");
+      } catch (const std::exception&) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("codec spec '{}': '{}' is not a number", spec, kv.substr(eq + 1)));
+      }
+    }
+  }
+  if (params.count("ratio")) {
+    double ratio = params["ratio"];
+    CORTADO_ENFORCE(ratio > 0 && ratio <= 1, ErrorCode::kInvalidArgument,
+                    "codec spec '{}': ratio must be in (0, 1], got {}", spec, ratio);
+    r.selectedFraction = ratio;
+  }
+  if (params.count("levels")) {
+    // QSGD-style: a sign bit and ceil(log2(levels + 1)) bits of level.
+    double levels = params["levels"];
+    CORTADO_ENFORCE(levels >= 1, ErrorCode::kInvalidArgument,
+                    "codec spec '{}': levels must be >= 1, got {}", spec, levels);
+    r.cost.bitsPerElement = 1 + std::ceil(std::log2(levels + 1));
+  }
+  return r;
+}
+
+std::string defaultDataDir() { return CORTADO_PLANNER_DATA_DIR; }
+
+}  // namespace cortado::planner

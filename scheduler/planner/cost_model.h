@@ -1,0 +1,120 @@
+// Cost models of the timeline simulator, all loaded from JSON so that a job's
+// own measurements can replace the defaults (docs/planner.md has the formats):
+//  - links: an alpha-beta model per link (intra-machine NVLink or PCIe, the
+//    inter-machine network), optionally per operation, and the NCCL
+//    performance-note formulas for each collective;
+//  - copies: GPU-to-host and host-to-GPU over PCIe;
+//  - CPU: the core count shared by CPU codecs and the servers, and the rate at
+//    which the servers sum;
+//  - codecs: encode and decode time per device as fixed + per-element +
+//    per-selected-element terms, and the payload size.
+// Times are in microseconds, sizes in bytes.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/plan/plan.h"
+
+namespace cortado::planner {
+
+struct AlphaBeta {
+  double alphaUs = 0;
+  double gbps = 1;  // Gbit/s
+  double us(double bytes) const { return alphaUs + bytes * betaUsPerByte(); }
+  double betaUsPerByte() const { return 8.0 / (gbps * 1000.0); }
+};
+
+struct LinkCost {
+  std::string name;
+  AlphaBeta base;
+  std::map<plan::CommOp, AlphaBeta> perOp;  // measured overrides
+  const AlphaBeta& forOp(plan::CommOp op) const;
+};
+
+// Time of `op` over `p` ranks. `bytes`: the bytes each rank holds before the
+// step (for allgather and gather: each rank's contribution; for push and pull:
+// what one machine sends or receives in total).
+double commTimeUs(const LinkCost& link, plan::CommOp op, int p, double bytes);
+
+// Named links, copies and CPU rates: one JSON file (profiles of hardware).
+struct HardwareModel {
+  std::map<std::string, LinkCost> links;
+  AlphaBeta d2h, h2d;          // per GPU
+  double cpuSumGbps = 40;      // one core summing float32 buffers
+  std::string source;          // where the numbers come from
+
+  static HardwareModel fromJson(const nlohmann::json& j);
+  static HardwareModel load(const std::string& path);
+  const LinkCost& link(const std::string& name) const;  // throws listing valid names
+  std::vector<std::string> linkNames() const;
+};
+
+struct Cluster {
+  int machines = 1;
+  int gpusPerMachine = 1;
+  LinkCost intra, inter;
+  AlphaBeta d2h, h2d;
+  int cpuCores = 8;  // per machine, shared by CPU codecs and the server
+  double cpuSumGbps = 40;
+  bool parameterServer = true;  // servers run on every machine
+  // CPU codec calls and the servers' work are split into partitions of this
+  // size (the worker's partitioner), each a task for one core.
+  double chunkBytes = 4 << 20;
+
+  int gpus() const { return machines * gpusPerMachine; }
+};
+
+struct LinearCost {
+  double fixedUs = 0;
+  double nsPerElement = 0;
+  double nsPerSelected = 0;
+  double us(double elements, double selected) const {
+    return fixedUs + (elements * nsPerElement + selected * nsPerSelected) / 1000.0;
+  }
+};
+
+struct CodecCost {
+  std::string name;
+  bool summable = false;  // informational: the planner never sums payloads
+  double headerBytes = 16;
+  double bitsPerElement = 0;    // dense part of the payload
+  double bytesPerSelected = 0;  // sparse part: (value, index) per kept element
+  std::map<std::string, double> params;  // accepted parameters and defaults
+  LinearCost encode[2], decode[2];       // indexed by plan::Device
+};
+
+// A codec spec ("dgc:ratio=0.01") resolved against the cost table.
+struct ResolvedCodec {
+  std::string spec;
+  CodecCost cost;
+  double selectedFraction = 0;  // kept elements / elements (sparsifiers)
+
+  double payloadBytes(double elements) const;
+  double encodeUs(plan::Device d, double elements) const;
+  // Decoding `contributions` payloads of `elements` each and summing them.
+  double decodeUs(plan::Device d, double elements, double contributions) const;
+  ResolvedCodec zeroCost() const;  // for the upper bound
+};
+
+class CodecModel {
+ public:
+  static CodecModel fromJson(const nlohmann::json& j);
+  static CodecModel load(const std::string& path);
+  // Throws cortado::Error listing the valid codecs or parameters.
+  ResolvedCodec resolve(const std::string& spec) const;
+  std::vector<std::string> names() const;
+  const std::string& source() const { return source_; }
+
+ private:
+  std::map<std::string, CodecCost> codecs_;
+  std::string source_;
+};
+
+// The folder with the default cost files (set at build time).
+std::string defaultDataDir();
+
+}  // namespace cortado::planner

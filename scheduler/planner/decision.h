@@ -1,0 +1,95 @@
+// The Espresso decision algorithm (ESPRESSO.md §3) over the option tree and the
+// timeline simulator: a GPU-only pass, then the optimal CPU offload of the
+// GPU pass's choices; plus the reference points it is judged against (no
+// compression, compress-everything-on-GPU, an upper bound with free
+// compression) and an exhaustive search for small instances.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scheduler/planner/option_tree.h"
+#include "scheduler/planner/simulator.h"
+
+namespace cortado::planner {
+
+struct Strategy {
+  std::vector<int> choice;  // option index per tensor
+  double iterUs = 0;        // simulated synchronization end (backward + sync)
+};
+
+struct DecisionStats {
+  int evaluations = 0;
+  int gpuPassVisited = 0;
+  int pruned = 0;
+  int offloadGroups = 0;
+  bool offloadExhaustive = true;
+};
+
+class Planner {
+ public:
+  // `sim` is used, not owned; its option list must be closed under
+  // withCodecDevice(option, kCpu) for the offload pass to move tensors.
+  explicit Planner(Simulator& sim);
+
+  // The best single uncompressed option used by every tensor.
+  Strategy noCompression();
+  // The best single GPU-compressed option used by every tensor.
+  Strategy compressAllGpu();
+  // GPU pass from `start`; never worse than `start`.
+  Strategy gpuPass(const Strategy& start);
+  // Moves, per (size, option) group of GPU-compressed tensors, the best number
+  // of earliest-ready tensors to the CPU. Exhaustive over the counts while the
+  // product of (group size + 1) is at most `maxCombos`, otherwise coordinate
+  // descent over groups until no count changes.
+  Strategy offloadPass(const Strategy& fromGpuPass, int64_t maxCombos = 4096);
+  // noCompression -> gpuPass -> offloadPass.
+  Strategy decide();
+
+  // Every option for every tensor (options^tensors simulations, shared
+  // prefixes): only for small instances.
+  Strategy exhaustive();
+  // The offload oracle: every vector of counts, each simulated from scratch.
+  Strategy exhaustiveOffload(const Strategy& fromGpuPass);
+
+  const DecisionStats& stats() const { return stats_; }
+  // Index of withCodecDevice(option, kCpu), or -1 when not in the list.
+  int cpuVariant(int option) const { return cpuVariant_[option]; }
+  bool isCompressed(int option) const { return compressed_[option]; }
+  bool isGpuOnly(int option) const { return gpuOnly_[option]; }
+
+ private:
+  struct Group {
+    std::vector<int> tensors;  // ascending: earliest-ready first
+    int cpuOption;
+  };
+  std::vector<Group> offloadGroups(const Strategy& s) const;
+  std::vector<std::pair<int, int>> overridesFor(const std::vector<Group>& groups,
+                                                const std::vector<int>& counts) const;
+  // GPU pass candidates for a size class: the options not dominated in every
+  // kind of work and in their own sync time.
+  const std::vector<int>& candidates(int sizeClass);
+
+  Simulator& sim_;
+  std::vector<bool> compressed_, gpuOnly_;
+  std::vector<int> cpuVariant_;
+  std::vector<std::vector<int>> candidates_;
+  std::vector<bool> candidatesReady_;
+  DecisionStats stats_;
+};
+
+// Everything `cortado plan` reports, for one configuration.
+struct PlanReport {
+  Strategy noCompression, compressAllGpu, espresso, upperBound;
+  double forwardUs = 0;  // added to iteration times when reporting speedups
+  DecisionStats stats;
+  double decisionMs = 0;
+};
+
+// The option list the planner uses for a cluster: the full tree (with the
+// parameter server when the cluster has servers), restricted to flat options
+// on one machine.
+std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std::string& codecSpec);
+
+}  // namespace cortado::planner

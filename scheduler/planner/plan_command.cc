@@ -1,0 +1,157 @@
+#include "scheduler/planner/plan_command.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "core/common/error.h"
+#include "scheduler/planner/report.h"
+
+namespace cortado::planner {
+namespace {
+
+// Turns a bad value found after parsing (unknown codec, model or link) into a
+// CLI11 error, so the caller's usual CLI11 handling prints it and exits 2.
+template <typename F>
+void asCliErrors(const char* option, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    throw CLI::ValidationError(option, e.what());
+  }
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  CORTADO_ENFORCE(out.good(), ErrorCode::kInvalidArgument, "cannot write '{}'", path);
+  out << text << "\n";
+}
+
+void addClusterOptions(CLI::App* sub, PlanConfig& c) {
+  sub->add_option("--machines", c.machines, "machines in the job")->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  sub->add_option("--gpus-per-machine", c.gpusPerMachine, "GPUs per machine")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--intra", c.intra, "intra-machine link: nvlink or pcie (or a link of --hardware)")
+      ->capture_default_str();
+  sub->add_option("--inter", c.inter, "inter-machine network, e.g. 10gbit, 25gbit, 100gbit")
+      ->capture_default_str();
+  sub->add_option("--cpu-cores", c.cpuCores, "CPU cores per machine for CPU codecs and the server")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  sub->add_flag("--no-ps{false}", c.parameterServer, "leave out the CPU servers' push and pull");
+  sub->add_option("--data-dir", c.dataDir, "folder with profiles/ and costs/ (default: built in, "
+                                           "or $CORTADO_PLANNER_DATA)");
+  sub->add_option("--hardware", c.hardwareFile, "hardware cost model JSON (links, copies, CPU)");
+  sub->add_option("--codec-costs", c.codecFile, "codec cost model JSON");
+}
+
+}  // namespace
+
+void addPlanCommand(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "plan", "Choose a per-tensor compression strategy with the Espresso algorithm");
+  auto cfg = std::make_shared<PlanConfig>();
+  auto out = std::make_shared<std::string>();
+  auto trace = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto noTable = std::make_shared<bool>(false);
+  sub->add_option("--model", cfg->model,
+                  "vgg16, resnet50, resnet101, bert-base, gpt2, lstm, or a profile .json")
+      ->required();
+  addClusterOptions(sub, *cfg);
+  sub->add_option("--codec", cfg->codec, "codec spec, e.g. dgc:ratio=0.01, topk:ratio=0.001, "
+                                         "efsignsgd, qsgd:levels=16")
+      ->capture_default_str();
+  sub->add_option("--plan-version", cfg->planVersion, "version number written into the plan")
+      ->capture_default_str();
+  sub->add_option("--trace", *trace, "write a Chrome trace (Perfetto) of the chosen plan");
+  sub->add_option("--out", *out, "write the plan JSON to this file");
+  sub->add_flag("--json", *json, "print only the plan JSON on stdout");
+  sub->add_flag("--no-table", *noTable, "leave out the per-tensor table");
+  sub->callback([=] {
+    PlanRun run;
+    asCliErrors("--model/--codec/--intra/--inter", [&] { run = runPlanner(*cfg); });
+    const std::string planJson = plan::toJsonString(run.plan);
+    if (*json) {
+      std::cout << planJson << "\n";
+    } else {
+      std::cout << summaryText(run) << "\n";
+      if (!*noTable) std::cout << tensorTable(run) << "\n";
+      if (out->empty()) std::cout << "plan:\n" << planJson << "\n";
+    }
+    if (!out->empty()) writeFile(*out, planJson);
+    if (!trace->empty()) writeFile(*trace, traceJson(run));
+  });
+}
+
+void addPlanBenchCommand(CLI::App& benchApp) {
+  auto* sub = benchApp.add_subcommand(
+      "plan", "Decision time and predicted speedups of the planner for every bundled model");
+  auto cfg = std::make_shared<PlanConfig>();
+  auto codecs = std::make_shared<std::vector<std::string>>(
+      std::vector<std::string>{"dgc:ratio=0.01", "topk:ratio=0.01", "efsignsgd", "fp16"});
+  auto repeat = std::make_shared<int>(5);
+  auto synthetic = std::make_shared<int>(1000);
+  auto models = std::make_shared<std::vector<std::string>>(bundledModels());
+  addClusterOptions(sub, *cfg);
+  sub->add_option("--codecs", *codecs, "codec specs to compare")->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--models", *models, "models (bundled names or profile files)")->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--repeat", *repeat, "decisions per model; the median time is reported")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  sub->add_option("--synthetic", *synthetic, "tensors of the synthetic model (0: none)")
+      ->check(CLI::Range(0, 100000))->capture_default_str();
+  sub->callback([=] {
+    std::cout << fmt::format(
+        "| model | tensors | codec | decision ms (median of {}) | simulations | vs no compression "
+        "| vs all on GPU | gap to upper bound |\n|---|---|---|---|---|---|---|---|\n",
+        *repeat);
+    std::vector<std::string> names = *models;
+    if (*synthetic > 0) names.push_back(fmt::format("synthetic:{}", *synthetic));
+    const std::string dir = resolveDataDir(cfg->dataDir);
+    for (const std::string& name : names) {
+      for (const std::string& codec : *codecs) {
+        PlanConfig c = *cfg;
+        c.codec = codec;
+        std::string model = name;
+        if (name.starts_with("synthetic:")) {
+          // Written next to the others' output so that the normal path loads it.
+          int n = std::stoi(name.substr(10));
+          model = fmt::format("/tmp/cortado_synthetic_{}.json", n);
+          writeFile(model, syntheticModel(n, 42).toJson().dump());
+        }
+        c.model = model;
+        std::vector<double> times;
+        PlanRun run;
+        asCliErrors("--models/--codecs", [&] {
+          for (int r = 0; r < *repeat; ++r) {
+            c.upperBound = r == 0;
+            PlanRun x = runPlanner(c);
+            times.push_back(x.report.decisionMs);
+            if (r == 0) run = std::move(x);
+          }
+        });
+        std::sort(times.begin(), times.end());
+        const PlanReport& rep = run.report;
+        auto iter = [&](const Strategy& s) { return rep.forwardUs + s.iterUs; };
+        std::cout << fmt::format("| {} | {} | {} | {:.2f} | {} | {:.2f}x | {:.2f}x | {:.1f}% |\n",
+                                 run.sim->profile().model, run.sim->tensors(), codec,
+                                 times[times.size() / 2], rep.stats.evaluations,
+                                 iter(rep.noCompression) / iter(rep.espresso),
+                                 iter(rep.compressAllGpu) / iter(rep.espresso),
+                                 100.0 * (iter(rep.espresso) / iter(rep.upperBound) - 1.0));
+        std::cout.flush();
+      }
+    }
+  });
+}
+
+}  // namespace cortado::planner

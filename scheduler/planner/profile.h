@@ -1,0 +1,50 @@
+// Model profiles: a training job's gradient tensors in gradient-ready order
+// (index 0 is ready first during the backward pass) with the backward
+// computation time before each becomes ready. Loaded from JSON files
+// (profiles/*.json, written by tools/gen_profiles.py) or from a trace of a
+// real run converted to the same format.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cortado::planner {
+
+struct TensorProfile {
+  std::string name;
+  int64_t elements = 0;
+  int dtypeBytes = 4;
+  double backwardUs = 0;  // computation between the previous tensor's readiness and this one's
+  double bytes() const { return double(elements) * dtypeBytes; }
+};
+
+struct ModelProfile {
+  std::string model;
+  std::string source;  // how the shapes and times were obtained
+  double forwardUs = 0;  // constant per iteration; only used to report speedups
+  std::vector<TensorProfile> tensors;
+
+  double backwardUs() const;
+  double totalBytes() const;
+
+  static ModelProfile fromJson(const nlohmann::json& j);
+  static ModelProfile load(const std::string& path);
+  nlohmann::json toJson() const;
+};
+
+// The names of the bundled profiles (profiles/<name>.json).
+std::vector<std::string> bundledModels();
+// Loads a bundled profile by name, or a file when `nameOrPath` ends in .json.
+// Throws cortado::Error listing the valid names.
+ModelProfile loadModel(const std::string& nameOrPath, const std::string& dataDir);
+
+// A synthetic model of `tensors` tensors with sizes drawn log-uniformly from
+// [minElements, maxElements] and backward time proportional to size
+// (`nsPerElement`), deterministic for a seed. Used by the benchmark.
+ModelProfile syntheticModel(int tensors, uint64_t seed, int64_t minElements = 256,
+                            int64_t maxElements = 4 << 20, double nsPerElement = 2.0);
+
+}  // namespace cortado::planner

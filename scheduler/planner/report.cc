@@ -1,0 +1,133 @@
+#include "scheduler/planner/report.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include "core/common/error.h"
+
+namespace cortado::planner {
+
+std::string resolveDataDir(const std::string& dataDir) {
+  if (!dataDir.empty()) return dataDir;
+  if (const char* env = std::getenv("CORTADO_PLANNER_DATA")) return env;
+  return defaultDataDir();
+}
+
+PlanRun runPlanner(const PlanConfig& cfg) {
+  const std::string dir = resolveDataDir(cfg.dataDir);
+  HardwareModel hw = HardwareModel::load(cfg.hardwareFile.empty() ? dir + "/costs/hardware.json"
+                                                                  : cfg.hardwareFile);
+  CodecModel codecs = CodecModel::load(cfg.codecFile.empty() ? dir + "/costs/codecs.json"
+                                                             : cfg.codecFile);
+  Cluster cluster;
+  cluster.machines = cfg.machines;
+  cluster.gpusPerMachine = cfg.gpusPerMachine;
+  cluster.intra = hw.link(cfg.intra);
+  cluster.inter = hw.link(cfg.inter);
+  cluster.d2h = hw.d2h;
+  cluster.h2d = hw.h2d;
+  cluster.cpuCores = cfg.cpuCores;
+  cluster.cpuSumGbps = hw.cpuSumGbps;
+  cluster.parameterServer = cfg.parameterServer;
+  ResolvedCodec codec = codecs.resolve(cfg.codec);
+  ModelProfile profile = loadModel(cfg.model, dir);
+
+  PlanRun run;
+  run.config = cfg;
+  auto options = plannerOptions(cluster, codec.spec);
+  run.sim = std::make_unique<Simulator>(cluster, codec, profile, options);
+  run.report.forwardUs = profile.forwardUs;
+
+  Planner planner(*run.sim);
+  auto t0 = std::chrono::steady_clock::now();
+  run.report.espresso = planner.decide();
+  auto t1 = std::chrono::steady_clock::now();
+  run.report.decisionMs = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  run.report.stats = planner.stats();
+  run.report.noCompression = planner.noCompression();
+  run.report.compressAllGpu = planner.compressAllGpu();
+  run.sim->simulate(run.report.espresso.choice, &run.timings);
+
+  if (cfg.upperBound) {
+    // Compression at zero cost: the best any strategy could do with this
+    // codec's payload sizes (the paper's upper bound).
+    Simulator free(cluster, codec.zeroCost(), profile, options);
+    Planner fp(free);
+    Strategy a = fp.decide(), b = fp.compressAllGpu();
+    run.report.upperBound = a.iterUs <= b.iterUs ? a : b;
+  }
+  run.plan = toPlan(*run.sim, run.report.espresso, cfg.planVersion);
+  plan::validate(run.plan);
+  return run;
+}
+
+plan::Plan toPlan(const Simulator& sim, const Strategy& s, uint64_t version) {
+  plan::Plan p;
+  p.version = version;
+  for (int j = 0; j < sim.tensors(); ++j)
+    p.tensors[sim.profile().tensors[j].name] = sim.options()[s.choice[j]];
+  return p;
+}
+
+namespace {
+std::string ms(double us) { return fmt::format("{:9.2f} ms", us / 1000.0); }
+}  // namespace
+
+std::string summaryText(const PlanRun& run) {
+  const PlanReport& r = run.report;
+  const PlanConfig& c = run.config;
+  const double fwd = r.forwardUs;
+  auto iter = [&](const Strategy& s) { return fwd + s.iterUs; };
+  const double base = iter(r.noCompression);
+  std::string out = fmt::format(
+      "model {} ({} tensors, {:.1f} MB), {} machines x {} GPUs, intra {}, inter {}, codec {}, "
+      "{} CPU cores per machine{}\n",
+      run.sim->profile().model, run.sim->tensors(), run.sim->profile().totalBytes() / 1e6,
+      c.machines, c.gpusPerMachine, c.intra, c.inter, c.codec, c.cpuCores,
+      c.parameterServer ? ", CPU servers" : "");
+  out += fmt::format("predicted iteration time (forward {:.2f} ms + backward and sync):\n",
+                     fwd / 1000.0);
+  auto line = [&](const char* what, const Strategy& s) {
+    out += fmt::format("  {:<28} {}  speedup {:5.2f}x\n", what, ms(iter(s)), base / iter(s));
+  };
+  line("no compression", r.noCompression);
+  line("compress everything on GPU", r.compressAllGpu);
+  line("Espresso plan", r.espresso);
+  if (c.upperBound) {
+    line("upper bound (free codec)", r.upperBound);
+    out += fmt::format("  Espresso is within {:.1f}% of the upper bound\n",
+                       100.0 * (iter(r.espresso) / iter(r.upperBound) - 1.0));
+  }
+  int compressed = 0, cpu = 0;
+  for (int o : r.espresso.choice) {
+    compressed += run.sim->options()[o].compressed();
+    cpu += usesCpuCodec(run.sim->options()[o]);
+  }
+  out += fmt::format(
+      "decision: {:.2f} ms, {} simulations, {} tensors compressed ({} with CPU codecs), "
+      "{} pruned before the last idle gap, offload over {} groups ({})\n",
+      r.decisionMs, r.stats.evaluations, compressed, cpu, r.stats.pruned, r.stats.offloadGroups,
+      r.stats.offloadExhaustive ? "exhaustive" : "coordinate descent");
+  return out;
+}
+
+std::string tensorTable(const PlanRun& run) {
+  std::string out = fmt::format("{:>4}  {:<44} {:>11}  {:>9}  {:>9}  {}\n", "#", "tensor",
+                                "elements", "ready ms", "done ms", "option");
+  const auto& ts = run.sim->profile().tensors;
+  for (int j = 0; j < run.sim->tensors(); ++j) {
+    out += fmt::format("{:>4}  {:<44} {:>11}  {:>9.3f}  {:>9.3f}  {}\n", j, ts[j].name,
+                       ts[j].elements, run.timings[j].ready / 1000.0,
+                       run.timings[j].finish / 1000.0,
+                       run.sim->options()[run.report.espresso.choice[j]].describe());
+  }
+  return out;
+}
+
+std::string traceJson(PlanRun& run) {
+  std::vector<TraceEvent> events;
+  run.sim->simulate(run.report.espresso.choice, nullptr, &events);
+  return chromeTrace(*run.sim, events);
+}
+
+}  // namespace cortado::planner

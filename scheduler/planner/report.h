@@ -1,0 +1,52 @@
+// One planner run as the `plan` and `bench plan` commands use it: load the
+// cost models and the profile, build the cluster, decide, and compute the
+// reference points; then render the summary, the per-tensor table, the plan.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/plan/plan.h"
+#include "scheduler/planner/decision.h"
+
+namespace cortado::planner {
+
+struct PlanConfig {
+  std::string model = "resnet50";  // bundled name or a profile .json
+  int machines = 8;
+  int gpusPerMachine = 8;
+  std::string intra = "nvlink";
+  std::string inter = "25gbit";
+  std::string codec = "dgc:ratio=0.01";
+  int cpuCores = 16;
+  bool parameterServer = true;
+  std::string dataDir;       // empty: the built-in default
+  std::string hardwareFile;  // empty: <dataDir>/costs/hardware.json
+  std::string codecFile;     // empty: <dataDir>/costs/codecs.json
+  uint64_t planVersion = 1;
+  bool upperBound = true;
+};
+
+struct PlanRun {
+  PlanConfig config;
+  std::unique_ptr<Simulator> sim;
+  PlanReport report;
+  plan::Plan plan;
+  std::vector<TensorTiming> timings;  // of Espresso's strategy
+};
+
+// Throws cortado::Error (kInvalidArgument) with the valid values on a bad
+// model, link or codec.
+PlanRun runPlanner(const PlanConfig& config);
+
+// The plan the runtime executes for a strategy.
+plan::Plan toPlan(const Simulator& sim, const Strategy& s, uint64_t version);
+
+std::string summaryText(const PlanRun& run);
+std::string tensorTable(const PlanRun& run);
+std::string traceJson(PlanRun& run);  // Chrome trace of Espresso's strategy
+
+std::string resolveDataDir(const std::string& dataDir);
+
+}  // namespace cortado::planner

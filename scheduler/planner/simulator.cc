@@ -1,0 +1,325 @@
+#include "scheduler/planner/simulator.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include "core/common/error.h"
+
+namespace cortado::planner {
+
+Simulator::Simulator(Cluster cluster, ResolvedCodec codec, ModelProfile profile,
+                     std::vector<plan::TensorOption> options)
+    : cluster_(std::move(cluster)),
+      codec_(std::move(codec)),
+      profile_(std::move(profile)),
+      options_(std::move(options)) {
+  CORTADO_ENFORCE(cluster_.machines >= 1 && cluster_.gpusPerMachine >= 1,
+                  ErrorCode::kInvalidArgument, "cluster needs >= 1 machine and >= 1 GPU, got {}x{}",
+                  cluster_.machines, cluster_.gpusPerMachine);
+  CORTADO_ENFORCE(cluster_.cpuCores >= 1 && cluster_.cpuCores <= 1024, ErrorCode::kInvalidArgument,
+                  "cpu cores must be in [1, 1024], got {}", cluster_.cpuCores);
+  CORTADO_ENFORCE(!profile_.tensors.empty(), ErrorCode::kInvalidArgument, "model has no tensors");
+  CORTADO_ENFORCE(!options_.empty(), ErrorCode::kInvalidArgument, "no options to simulate");
+  std::map<std::pair<int64_t, int>, int> classes;
+  for (const auto& t : profile_.tensors) {
+    auto [it, added] = classes.emplace(std::make_pair(t.elements, t.dtypeBytes), int(classes.size()));
+    if (added) {
+      classElements_.push_back(t.elements);
+      classDtype_.push_back(t.dtypeBytes);
+    }
+    sizeClass_.push_back(it->second);
+  }
+  cache_.resize(classElements_.size());
+  for (auto& v : cache_) v.resize(options_.size());
+}
+
+const CompiledOption& Simulator::compiledForClass(int cls, int option) {
+  auto& slot = cache_[cls][option];
+  if (!slot)
+    slot = std::make_unique<CompiledOption>(
+        compileOption(cluster_, codec_, classElements_[cls], classDtype_[cls], options_[option]));
+  return *slot;
+}
+
+SimState Simulator::initialState() const {
+  SimState st;
+  st.begin.assign(lanes() + 1, 0);
+  return st;
+}
+
+double Simulator::earliestFit(const SimState& st, int lane, double t, double d) const {
+  const Interval* a = st.iv.data() + st.begin[lane];
+  const Interval* b = st.iv.data() + st.begin[lane + 1];
+  double cand = t;
+  for (; a != b; ++a) {
+    if (a->e <= cand) continue;
+    if (a->s >= cand + d) break;
+    cand = a->e;
+  }
+  return cand;
+}
+
+void Simulator::insert(SimState& st, int lane, double s, double e) const {
+  auto first = st.iv.begin() + st.begin[lane];
+  auto last = st.iv.begin() + st.begin[lane + 1];
+  auto pos = std::upper_bound(first, last, s, [](double v, const Interval& x) { return v < x.s; });
+  st.iv.insert(pos, Interval{s, e});
+  for (size_t l = lane + 1; l < st.begin.size(); ++l) ++st.begin[l];
+}
+
+double Simulator::reserve(SimState& st, int lane, double t, double d) const {
+  if (d <= 0) return t;
+  double s = earliestFit(st, lane, t, d);
+  insert(st, lane, s, s + d);
+  return s;
+}
+
+// Every later operation starts at or after `horizon`, so intervals that end
+// before it can no longer matter.
+void Simulator::trim(SimState& st, double horizon) const {
+  uint32_t w = 0;
+  const int L = int(st.begin.size()) - 1;
+  uint32_t readBegin = st.begin[0];
+  for (int l = 0; l < L; ++l) {
+    uint32_t readEnd = st.begin[l + 1];
+    st.begin[l] = w;
+    for (uint32_t r = readBegin; r < readEnd; ++r)
+      if (st.iv[r].e > horizon) st.iv[w++] = st.iv[r];
+    readBegin = readEnd;
+  }
+  st.begin[L] = w;
+  st.iv.resize(w);
+}
+
+// Computation progresses only while the GPU runs no codec kernel.
+double Simulator::advanceCompute(const SimState& st, double from, double work) const {
+  double t = from, rem = work;
+  if (rem <= 0) return t;
+  const Interval* a = st.iv.data() + st.begin[kGpuLane];
+  const Interval* b = st.iv.data() + st.begin[kGpuLane + 1];
+  for (; a != b; ++a) {
+    if (a->e <= t) continue;
+    if (a->s > t) {
+      double avail = a->s - t;
+      if (avail >= rem) return t + rem;
+      rem -= avail;
+    }
+    t = a->e;
+  }
+  return t + rem;
+}
+
+void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor,
+                        double s) const {
+  if (!trace || op.us <= 0) return;
+  const std::string& name = profile_.tensors[tensor].name;
+  std::string what;
+  switch (op.kind) {
+    case OpKind::kEncode: what = "encode"; break;
+    case OpKind::kDecode: what = "decode"; break;
+    case OpKind::kCopy: what = op.res == Res::kD2H ? "copy d2h" : "copy h2d"; break;
+    case OpKind::kServer: what = "server"; break;
+    case OpKind::kComm:
+      what = fmt::format("{} {}{}", plan::toString(op.scope), plan::toString(op.comm),
+                         op.compressed ? "*" : "");
+      break;
+  }
+  trace->push_back(TraceEvent{fmt::format("{} {}", what, name), lane, tensor, s, op.us});
+}
+
+double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>* trace,
+                       TensorTiming* timing) {
+  const CompiledOption& c = compiled(j, option);
+  const double b = advanceCompute(st, st.prevReady, profile_.tensors[j].backwardUs);
+  if (trace && b > st.prevReady)
+    trace->push_back(TraceEvent{"backward " + profile_.tensors[j].name, -1, j, st.prevReady,
+                                b - st.prevReady});
+  trim(st, b);
+  double t = b;
+  for (const SimOp& op : c.ops) {
+    const double d = op.us;
+    switch (op.res) {
+      case Res::kGpu:
+      case Res::kIntra:
+      case Res::kInter:
+      case Res::kD2H:
+      case Res::kH2D: {
+        int lane = op.res == Res::kGpu     ? kGpuLane
+                   : op.res == Res::kIntra ? kIntraLane
+                   : op.res == Res::kInter ? kInterLane
+                   : op.res == Res::kD2H   ? kD2HLane
+                                           : kH2DLane;
+        double s = reserve(st, lane, t, d);
+        traceOp(trace, op, lane, j, s);
+        t = s + d;
+        break;
+      }
+      case Res::kFlat: {
+        // Needs a gap in both lanes at once.
+        double s = t;
+        for (;;) {
+          double s1 = earliestFit(st, kIntraLane, s, d);
+          double s2 = earliestFit(st, kInterLane, s1, d);
+          if (s2 == s1) {
+            s = s1;
+            break;
+          }
+          s = s2;
+        }
+        insert(st, kIntraLane, s, s + d);
+        insert(st, kInterLane, s, s + d);
+        traceOp(trace, op, kInterLane, j, s);
+        traceOp(trace, op, kIntraLane, j, s);
+        t = s + d;
+        break;
+      }
+      case Res::kCpu: {
+        double end = t;
+        for (int k = 0; k < op.tasks; ++k) {
+          int best = kCpuLane0;
+          double bestStart = kInf;
+          for (int l = kCpuLane0; l < lanes(); ++l) {
+            double s = earliestFit(st, l, t, d);
+            if (s < bestStart) {
+              bestStart = s;
+              best = l;
+              if (s == t) break;
+            }
+          }
+          insert(st, best, bestStart, bestStart + d);
+          traceOp(trace, op, best, j, bestStart);
+          end = std::max(end, bestStart + d);
+        }
+        t = end;
+        break;
+      }
+    }
+  }
+  st.prevReady = b;
+  st.maxFinish = std::max(st.maxFinish, t);
+  if (timing) *timing = TensorTiming{b, t};
+  return t;
+}
+
+double Simulator::simulate(const std::vector<int>& choice, std::vector<TensorTiming>* timings,
+                           std::vector<TraceEvent>* trace) {
+  CORTADO_ENFORCE_EQ(int(choice.size()), tensors(), ErrorCode::kInvalidArgument,
+                     "simulate: one option per tensor");
+  SimState st = initialState();
+  if (timings) timings->assign(tensors(), {});
+  for (int j = 0; j < tensors(); ++j)
+    step(st, j, choice[j], trace, timings ? &(*timings)[j] : nullptr);
+  return st.maxFinish;
+}
+
+void Simulator::setBase(const std::vector<int>& choice) {
+  const int N = tensors();
+  CORTADO_ENFORCE_EQ(int(choice.size()), N, ErrorCode::kInvalidArgument, "setBase: one option per tensor");
+  base_ = choice;
+  checkpoints_.resize(N + 1);
+  baseTimings_.resize(N);
+  SimState st = initialState();
+  for (int j = 0; j < N; ++j) {
+    checkpoints_[j] = st;
+    step(st, j, choice[j], nullptr, &baseTimings_[j]);
+  }
+  checkpoints_[N] = st;
+  baseTime_ = st.maxFinish;
+  suffixMaxFinish_.assign(N + 1, 0);
+  suffixBackward_.assign(N + 1, 0);
+  suffixIntra_.assign(N + 1, 0);
+  suffixInter_.assign(N + 1, 0);
+  for (int j = N - 1; j >= 0; --j) {
+    const CompiledOption& c = compiled(j, choice[j]);
+    suffixMaxFinish_[j] = std::max(suffixMaxFinish_[j + 1], baseTimings_[j].finish);
+    suffixBackward_[j] = suffixBackward_[j + 1] + profile_.tensors[j].backwardUs;
+    suffixIntra_[j] = suffixIntra_[j + 1] + c.work[kWorkIntra];
+    suffixInter_[j] = suffixInter_[j + 1] + c.work[kWorkInter];
+  }
+}
+
+// A lower bound on the iteration time given the state before tensor `next`,
+// with tensors from `next` on taking their base options: computation still to
+// do plus the last tensor's own sync time, and each link's reserved work plus
+// the work still to come (none of it can start before the previous ready time).
+double Simulator::lowerBound(const SimState& st, int next) const {
+  const int N = tensors();
+  double lb = st.maxFinish;
+  if (next >= N) return lb;
+  const double t0 = st.prevReady;
+  lb = std::max(lb, t0 + suffixBackward_[next] + cache_[sizeClass_[N - 1]][base_[N - 1]]->pathUs);
+  for (int lane : {kIntraLane, kInterLane}) {
+    double busy = 0;
+    for (uint32_t i = st.begin[lane]; i < st.begin[lane + 1]; ++i)
+      busy += std::max(0.0, st.iv[i].e - std::max(st.iv[i].s, t0));
+    lb = std::max(lb, t0 + busy + (lane == kIntraLane ? suffixIntra_[next] : suffixInter_[next]));
+  }
+  return lb;
+}
+
+double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, double cutoff) {
+  if (overrides.empty()) return baseTime_;
+  const int N = tensors();
+  const size_t n = overrides.size();
+  const int j0 = overrides.front().first;
+  scratch_ = checkpoints_[j0];
+  size_t oi = 0;
+  for (int k = j0; k < N; ++k) {
+    int opt = base_[k];
+    if (oi < n && overrides[oi].first == k) opt = overrides[oi++].second;
+    step(scratch_, k, opt);
+    if (oi < n || k + 1 == N) continue;
+    const SimState& cp = checkpoints_[k + 1];
+    if (scratch_.prevReady == cp.prevReady && scratch_.begin == cp.begin && scratch_.iv == cp.iv)
+      return std::max(scratch_.maxFinish, suffixMaxFinish_[k + 1]);
+    if (cutoff < kInf) {
+      double lb = lowerBound(scratch_, k + 1);
+      if (lb >= cutoff) return lb;
+    }
+  }
+  return scratch_.maxFinish;
+}
+
+int Simulator::lastBubble() const {
+  const int N = tensors();
+  std::vector<double> prefixMax(N, 0);
+  double m = 0;
+  for (int j = 0; j < N; ++j) {
+    prefixMax[j] = m;  // max finish of tensors before j
+    m = std::max(m, baseTimings_[j].finish);
+  }
+  for (int j = N - 1; j >= 1; --j)
+    if (baseTimings_[j].ready >= prefixMax[j]) return j;
+  return 0;
+}
+
+std::string Simulator::laneName(int lane) const {
+  switch (lane) {
+    case -1: return "GPU compute";
+    case kGpuLane: return "GPU codec";
+    case kIntraLane: return "intra-machine links";
+    case kInterLane: return "network";
+    case kD2HLane: return "PCIe d2h";
+    case kH2DLane: return "PCIe h2d";
+    default: return fmt::format("CPU core {}", lane - kCpuLane0);
+  }
+}
+
+std::string chromeTrace(const Simulator& sim, const std::vector<TraceEvent>& events) {
+  using nlohmann::json;
+  json out = json::array();
+  out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1},
+                 {"args", {{"name", "cortado plan (one GPU and its machine)"}}}});
+  for (int lane = -1; lane < sim.lanes(); ++lane)
+    out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", lane + 1},
+                   {"args", {{"name", sim.laneName(lane)}}}});
+  for (const TraceEvent& e : events)
+    out.push_back({{"name", e.name}, {"ph", "X"}, {"pid", 1}, {"tid", e.lane + 1},
+                   {"ts", e.start}, {"dur", e.dur},
+                   {"args", {{"tensor", sim.profile().tensors[e.tensor].name}}}});
+  return json{{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+}  // namespace cortado::planner

@@ -1,0 +1,140 @@
+// The timeline simulator: one option per tensor becomes an iteration time
+// (when the last gradient's synchronization ends; forward pass and optimizer
+// are constant and left out) and, on request, a Chrome trace.
+//
+// Model (docs/planner.md has the long form):
+//  - One representative GPU and its machine are simulated; all are symmetric.
+//  - Backward computation runs tensor by tensor; tensor j is ready after its
+//    backward time, counting only time when the GPU is not running codec
+//    kernels: a GPU encode or decode delays every later computation by its
+//    duration.
+//  - Every other resource is a set of lanes (the GPU's codec stream, the
+//    intra-machine links, the network, the two PCIe directions, one lane per
+//    CPU core). Tensors are scheduled in ready order; each operation takes the
+//    earliest gap of its lane at or after its inputs are ready, so an earlier
+//    tensor is never delayed by a later one, and a later one fills idle gaps.
+//  - Because of that rule, tensor j's timeline depends only on tensors 0..j,
+//    which is what makes prefix checkpoints exact: changing tensor j's option
+//    re-simulates only from j.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scheduler/planner/compile.h"
+#include "scheduler/planner/profile.h"
+
+namespace cortado::planner {
+
+struct Interval {
+  double s, e;
+  bool operator==(const Interval&) const = default;
+};
+
+// The state of all lanes between two tensors.
+struct SimState {
+  double prevReady = 0;  // ready time of the previous tensor
+  double maxFinish = 0;  // latest synchronization end so far
+  std::vector<Interval> iv;      // live intervals, lane by lane
+  std::vector<uint32_t> begin;   // lane l is iv[begin[l], begin[l+1])
+};
+
+struct TraceEvent {
+  std::string name;
+  int lane;
+  int tensor;
+  double start, dur;
+};
+
+struct TensorTiming {
+  double ready = 0;
+  double finish = 0;
+};
+
+class Simulator {
+ public:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+
+  Simulator(Cluster cluster, ResolvedCodec codec, ModelProfile profile,
+            std::vector<plan::TensorOption> options);
+
+  int tensors() const { return int(profile_.tensors.size()); }
+  int optionCount() const { return int(options_.size()); }
+  const std::vector<plan::TensorOption>& options() const { return options_; }
+  const ModelProfile& profile() const { return profile_; }
+  const Cluster& cluster() const { return cluster_; }
+  const ResolvedCodec& codec() const { return codec_; }
+  // Tensors with the same size and dtype share a size class (and compiled ops).
+  int sizeClass(int tensor) const { return sizeClass_[tensor]; }
+  int sizeClasses() const { return int(classElements_.size()); }
+  const CompiledOption& compiled(int tensor, int option) { return compiledForClass(sizeClass_[tensor], option); }
+  const CompiledOption& compiledForClass(int sizeClass, int option);
+
+  // Full simulation of one option index per tensor.
+  double simulate(const std::vector<int>& choice, std::vector<TensorTiming>* timings = nullptr,
+                  std::vector<TraceEvent>* trace = nullptr);
+
+  // Incremental evaluation against a base choice: setBase() simulates it and
+  // keeps a checkpoint before every tensor; evaluate() simulates the base with
+  // some tensors' options replaced (overrides sorted by tensor), starting at
+  // the first replaced tensor, and stops early when the state meets the base
+  // again or when a lower bound reaches `cutoff` (it then returns a value
+  // >= cutoff, not the exact time).
+  void setBase(const std::vector<int>& choice);
+  double evaluate(const std::vector<std::pair<int, int>>& overrides, double cutoff = kInf);
+  double baseTime() const { return baseTime_; }
+  const std::vector<int>& base() const { return base_; }
+  const std::vector<TensorTiming>& baseTimings() const { return baseTimings_; }
+  // The last tensor j whose ready time is at or after every earlier tensor's
+  // synchronization end: the channels drained before it (0 when none).
+  int lastBubble() const;
+
+  // Advanced: the exhaustive search walks prefixes itself.
+  SimState initialState() const;
+  double step(SimState& st, int tensor, int option, std::vector<TraceEvent>* trace = nullptr,
+              TensorTiming* timing = nullptr);
+
+  // Lane names for traces.
+  std::string laneName(int lane) const;
+  int lanes() const { return kCpuLane0 + cluster_.cpuCores; }
+
+ private:
+  static constexpr int kGpuLane = 0, kIntraLane = 1, kInterLane = 2, kD2HLane = 3, kH2DLane = 4,
+                       kCpuLane0 = 5;
+
+  double earliestFit(const SimState& st, int lane, double t, double d) const;
+  void insert(SimState& st, int lane, double s, double e) const;
+  double reserve(SimState& st, int lane, double t, double d) const;
+  void trim(SimState& st, double horizon) const;
+  double advanceCompute(const SimState& st, double from, double work) const;
+  double lowerBound(const SimState& st, int next) const;
+  void traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor, double s) const;
+
+  Cluster cluster_;
+  ResolvedCodec codec_;
+  ModelProfile profile_;
+  std::vector<plan::TensorOption> options_;
+  std::vector<int> sizeClass_;
+  std::vector<int64_t> classElements_;
+  std::vector<int> classDtype_;
+  std::vector<std::vector<std::unique_ptr<CompiledOption>>> cache_;  // [class][option]
+
+  // Base and its checkpoints.
+  std::vector<int> base_;
+  std::vector<SimState> checkpoints_;  // before each tensor, and the final state
+  std::vector<TensorTiming> baseTimings_;
+  std::vector<double> suffixMaxFinish_;
+  std::vector<double> suffixBackward_;                 // backward time of tensors >= j
+  std::vector<double> suffixIntra_, suffixInter_;      // base lane work of tensors >= j
+  double baseTime_ = 0;
+  SimState scratch_;
+};
+
+// Chrome trace-event JSON (viewable in Perfetto / chrome://tracing).
+std::string chromeTrace(const Simulator& sim, const std::vector<TraceEvent>& events);
+
+}  // namespace cortado::planner
