@@ -105,19 +105,26 @@ void PowerSgd::multiplyPQt(const float* p, const float* qt, size_t rows, size_t 
 }
 
 void PowerSgd::orthonormalize(float* p, size_t rows, unsigned r) {
-  // Modified Gram-Schmidt on the columns, accumulating in double: r is small
-  // (1-8), so this is a few passes over a rows x r matrix.
+  // Modified Gram-Schmidt on the columns, accumulating in double; r is small
+  // (1-8). Each column is orthogonalized twice ("twice is enough"): once
+  // loses orthogonality when a column is nearly dependent on the earlier ones.
+  // A column that collapses (M has lower rank than r) becomes zero rather than
+  // normalized rounding noise, which would break P P^T M = M.
+  auto norm2 = [&](unsigned t) {
+    double s = 0;
+    for (size_t i = 0; i < rows; ++i) s += double(p[i * r + t]) * p[i * r + t];
+    return std::sqrt(s);
+  };
   for (unsigned t = 0; t < r; ++t) {
-    for (unsigned u = 0; u < t; ++u) {
-      double dot = 0;
-      for (size_t i = 0; i < rows; ++i) dot += double(p[i * r + t]) * p[i * r + u];
-      for (size_t i = 0; i < rows; ++i) p[i * r + t] -= static_cast<float>(dot) * p[i * r + u];
-    }
-    double norm = 0;
-    for (size_t i = 0; i < rows; ++i) norm += double(p[i * r + t]) * p[i * r + t];
-    norm = std::sqrt(norm);
-    // A zero column stays zero (a rank-deficient M): nothing to normalize.
-    float inv = norm > 1e-30 ? static_cast<float>(1.0 / norm) : 0.0f;
+    double before = norm2(t);
+    for (int pass = 0; pass < 2; ++pass)
+      for (unsigned u = 0; u < t; ++u) {
+        double dot = 0;
+        for (size_t i = 0; i < rows; ++i) dot += double(p[i * r + t]) * p[i * r + u];
+        for (size_t i = 0; i < rows; ++i) p[i * r + t] -= static_cast<float>(dot) * p[i * r + u];
+      }
+    double norm = norm2(t);
+    float inv = norm > 1e-30 && norm > 1e-5 * before ? static_cast<float>(1.0 / norm) : 0.0f;
     for (size_t i = 0; i < rows; ++i) p[i * r + t] *= inv;
   }
 }
