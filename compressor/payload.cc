@@ -1,5 +1,6 @@
 #include "compressor/payload.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace cortado::compressor {
@@ -55,10 +56,14 @@ void writeHeader(const PayloadHeader& h, std::span<std::byte> out) {
 }
 
 PayloadHeader parseHeader(std::span<const std::byte> payload) {
-  CORTADO_ENFORCE(payload.size() >= kHeaderBytes, ErrorCode::kProtocol,
-                  "payload truncated: {} bytes, the header alone needs {}", payload.size(),
-                  kHeaderBytes);
-  const std::byte* p = payload.data();
+  return parseHeader(payload.first(std::min(payload.size(), kHeaderBytes)), payload.size());
+}
+
+PayloadHeader parseHeader(std::span<const std::byte> header, size_t payloadSize) {
+  CORTADO_ENFORCE(payloadSize >= kHeaderBytes && header.size() >= kHeaderBytes,
+                  ErrorCode::kProtocol, "payload truncated: {} bytes, the header alone needs {}",
+                  payloadSize, kHeaderBytes);
+  const std::byte* p = header.data();
   uint32_t magic = loadLe<uint32_t>(p);
   CORTADO_ENFORCE(magic == kPayloadMagic, ErrorCode::kProtocol,
                   "not a codec payload: magic {:#010x}, expected {:#010x}", magic, kPayloadMagic);
@@ -83,9 +88,9 @@ PayloadHeader parseHeader(std::span<const std::byte> payload) {
   h.seed = loadLe<uint64_t>(p + 24);
   h.count = loadLe<uint64_t>(p + 32);
   h.param = loadLe<uint32_t>(p + 40);
-  CORTADO_ENFORCE(h.bodyBytes == payload.size() - kHeaderBytes, ErrorCode::kProtocol,
+  CORTADO_ENFORCE(h.bodyBytes == payloadSize - kHeaderBytes, ErrorCode::kProtocol,
                   "{} payload: header declares a {}-byte body but {} bytes follow the header",
-                  codecIdName(h.codec), h.bodyBytes, payload.size() - kHeaderBytes);
+                  codecIdName(h.codec), h.bodyBytes, payloadSize - kHeaderBytes);
   return h;
 }
 

@@ -52,6 +52,9 @@ void writeHeader(const PayloadHeader& h, std::span<std::byte> out);
 // bytes zero, body size equal to the rest of the span. Throws kProtocol with
 // what was wrong. Safe on any input: the server's first call on a push.
 PayloadHeader parseHeader(std::span<const std::byte> payload);
+// The same from a copy of the first kHeaderBytes of a payload of payloadSize
+// bytes that lives elsewhere (device memory, a receive buffer not yet full).
+PayloadHeader parseHeader(std::span<const std::byte> header, size_t payloadSize);
 
 // One line for logs and error messages: "topk v1 n=1000 k=10 body=80".
 std::string describe(const PayloadHeader& h);
