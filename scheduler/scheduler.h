@@ -21,6 +21,8 @@ struct SchedulerOptions {
   int numServers = 1;
   Millis heartbeatTimeout{10000};     // a node silent this long is dead
   Millis registrationTimeout{60000};  // every node must register within this
+  // A connection must prove the job token and register within this.
+  Millis handshakeTimeout{10000};
 };
 
 class Scheduler {
@@ -38,6 +40,7 @@ class Scheduler {
   virtual Status run() = 0;
 
   // Thread-safe: ends run() early with Status kClosed; nodes are told.
+  // Destroy the Scheduler only after run() returned (or if it never ran).
   virtual void stop() = 0;
 };
 

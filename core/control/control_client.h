@@ -44,8 +44,11 @@ struct ClientOptions {
   int requestedRank = -1;     // -1: the scheduler assigns ranks in arrival order
   std::string dataAddress;    // what this node's Transport::listen() returned
   std::string hostname;       // defaults to gethostname()
-  Millis connectTimeout{30000};
+  Millis connectTimeout{30000};  // connect() retries until min(its deadline, now + this)
   Millis heartbeatInterval{1000};
+  // The scheduler pings every node (every SchedulerOptions::heartbeatTimeout/4);
+  // silence longer than max(this, 3 pings) declares the scheduler dead.
+  Millis schedulerTimeout{30000};
 };
 
 // Everyone in the job, as the scheduler sent it after registration.

@@ -1,0 +1,60 @@
+// The scheduler's record of tensor declarations: it checks that every worker
+// declares a tensor the same way and hands out one job-wide key per tensor.
+//
+// Keys: the n-th distinct name that worker 0 declares gets key n. That depends
+// only on worker 0's program order, not on which worker's message arrives
+// first, so a job declaring the same tensors gets the same keys on every run.
+// Pure logic, touched only on the scheduler's io thread.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/common/error.h"
+#include "core/control/control_client.h"
+
+namespace cortado::scheduler {
+
+class DeclarationTable {
+ public:
+  explicit DeclarationTable(int numWorkers);
+
+  struct Outcome {
+    enum class Kind {
+      kPending,   // waiting for other workers' declarations
+      kAgreed,    // every worker declared the same thing: `key`
+      kRejected,  // this worker alone erred (declared a name again, differently): `status`
+      kMismatch,  // the workers disagree: `status` (kMismatch) fails the job
+    };
+    Kind kind = Kind::kPending;
+    uint64_t key = 0;
+    Status status;
+  };
+
+  // `worker` must be in [0, numWorkers).
+  Outcome declare(int worker, const control::TensorDecl& decl);
+
+  size_t numAgreed() const { return numAgreed_; }
+
+  // "float32 x 1024, codec none"
+  static std::string describe(const control::TensorDecl& d);
+
+ private:
+  struct Entry {
+    std::vector<std::optional<control::TensorDecl>> byWorker;
+    int count = 0;
+    std::optional<uint64_t> key;  // set when worker 0 declares it
+    bool agreed = false;
+  };
+
+  Status mismatch(const std::string& name, const Entry& e) const;
+
+  int numWorkers_;
+  std::map<std::string, Entry> entries_;
+  uint64_t nextKey_ = 0;
+  size_t numAgreed_ = 0;
+};
+
+}  // namespace cortado::scheduler

@@ -1,0 +1,673 @@
+// The scheduler service: one io_context, run on the thread that calls run().
+// Every session (one per node connection) and every table is touched only on
+// that thread; stop() posts to it.
+#include "scheduler/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <utility>  // before asio: Boost 1.74 needs it in C++20
+#include <boost/asio.hpp>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "core/common/dtype.h"
+#include "core/common/logging.h"
+#include "core/common/node.h"
+#include "core/control/auth.h"
+#include "core/control/connection.h"
+#include "core/control/control_client.h"
+#include "core/control/protocol.h"
+#include "scheduler/declaration_table.h"
+
+namespace cortado::scheduler {
+
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using control::Connection;
+using control::Json;
+using control::MsgType;
+using namespace std::chrono_literals;
+
+// How long a closing connection may take to read our last frame and close.
+constexpr Millis kLinger{2000};
+
+std::string plural(int n, const char* word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+struct Session {
+  enum class State { kHandshake, kAuthenticated, kRegistered, kClosing };
+
+  Session(uint64_t id, std::shared_ptr<Connection> c, asio::io_context& io)
+      : id(id), conn(std::move(c)), timer(io) {}
+
+  // "127.0.0.1:4242" before registration; "worker 3 at 127.0.0.1:4242" after.
+  std::string label() const {
+    if (state == State::kRegistered || (state == State::kClosing && registered)) {
+      if (info.id.rank >= 0) return fmt::format("{} at {}", info.id.toString(), conn->remote());
+      return fmt::format("{} (rank not yet assigned) at {}", roleName(info.id.role),
+                         conn->remote());
+    }
+    return conn->remote();
+  }
+
+  uint64_t id;
+  std::shared_ptr<Connection> conn;
+  asio::steady_timer timer;  // handshake deadline, then the linger on refusal
+  State state = State::kHandshake;
+  bool registered = false;
+  std::string nodeNonce;
+  std::string schedulerNonce;
+  NodeInfo info;
+  int requestedRank = -1;
+  uint64_t arrival = 0;
+  Clock::time_point lastHeard = Clock::now();
+  bool finished = false;
+};
+
+class SchedulerImpl final : public Scheduler {
+ public:
+  explicit SchedulerImpl(SchedulerOptions opts)
+      : opts_(std::move(opts)),
+        acceptor_(io_),
+        registrationTimer_(io_),
+        heartbeatTimer_(io_),
+        lingerTimer_(io_),
+        decls_(std::max(opts_.numWorkers, 1)) {
+    CORTADO_ENFORCE(!opts_.token.empty(), ErrorCode::kInvalidArgument,
+                    "scheduler: the job token is empty (set CORTADO_JOB_TOKEN)");
+    CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,
+                    "scheduler: the job needs at least 1 worker, got {} (CORTADO_NUM_WORKERS)",
+                    opts_.numWorkers);
+    CORTADO_ENFORCE(opts_.numServers >= 0, ErrorCode::kInvalidArgument,
+                    "scheduler: negative number of servers {} (CORTADO_NUM_SERVERS)",
+                    opts_.numServers);
+    CORTADO_ENFORCE(opts_.port >= 0 && opts_.port < 65536, ErrorCode::kInvalidArgument,
+                    "scheduler: port {} is out of range 0..65535 (CORTADO_SCHEDULER_PORT)",
+                    opts_.port);
+    CORTADO_ENFORCE(opts_.heartbeatTimeout.count() > 0 && opts_.registrationTimeout.count() > 0 &&
+                        opts_.handshakeTimeout.count() > 0,
+                    ErrorCode::kInvalidArgument,
+                    "scheduler: timeouts must be positive (heartbeat {} ms, registration {} ms, "
+                    "handshake {} ms)",
+                    opts_.heartbeatTimeout.count(), opts_.registrationTimeout.count(),
+                    opts_.handshakeTimeout.count());
+    listen();
+  }
+
+  int port() const override { return port_; }
+
+  Status run() override {
+    CORTADO_ENFORCE(!started_.exchange(true), ErrorCode::kInvalidArgument,
+                    "Scheduler::run() called twice");
+    CORTADO_LOG_INFO("[scheduler] listening on {} for {} and {}", listenAddress_,
+                     plural(opts_.numWorkers, "worker"), plural(opts_.numServers, "server"));
+    accept();
+    registrationTimer_.expires_after(opts_.registrationTimeout);
+    registrationTimer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) onRegistrationDeadline();
+    });
+    heartbeatTick();
+    for (;;) {
+      try {
+        io_.run();
+        break;
+      } catch (const std::exception& e) {
+        CORTADO_LOG_ERROR("[scheduler] unexpected exception on the io thread: {}", e.what());
+      }
+    }
+    return final_;
+  }
+
+  void stop() override {
+    asio::post(io_, [this] {
+      endJob(Status(ErrorCode::kClosed, "the scheduler was stopped"), 0);
+    });
+  }
+
+ private:
+  enum class Phase { kRegistering, kRunning, kEnding };
+
+  struct Waiter {
+    uint64_t session;
+    uint64_t req;
+  };
+  struct BarrierState {
+    std::set<NodeId> entered;
+    std::vector<Waiter> waiters;
+  };
+
+  // --- listening ----------------------------------------------------------------
+
+  void listen() {
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(opts_.bindHost, ec);
+    if (ec) {
+      tcp::resolver resolver(io_);
+      auto results = resolver.resolve(opts_.bindHost, std::to_string(opts_.port), ec);
+      CORTADO_ENFORCE(!ec && !results.empty(), ErrorCode::kInvalidArgument,
+                      "scheduler: cannot resolve bind host '{}': {}", opts_.bindHost,
+                      ec ? ec.message() : "no address");
+      addr = results.begin()->endpoint().address();
+    }
+    tcp::endpoint ep(addr, static_cast<uint16_t>(opts_.port));
+    std::string where = fmt::format("{}:{}", opts_.bindHost, opts_.port);
+    acceptor_.open(ep.protocol(), ec);
+    CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable, "scheduler: cannot open a socket for {}: {}",
+                    where, ec.message());
+    acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    acceptor_.bind(ep, ec);
+    CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable,
+                    "scheduler: cannot listen on {}: {} (is another scheduler or program using "
+                    "this port? choose another CORTADO_SCHEDULER_PORT)",
+                    where, ec.message());
+    acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable, "scheduler: cannot listen on {}: {}", where,
+                    ec.message());
+    port_ = acceptor_.local_endpoint().port();
+    listenAddress_ = fmt::format("{}:{}", opts_.bindHost, port_);
+  }
+
+  void accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (phase_ == Phase::kEnding || !acceptor_.is_open()) return;
+      if (ec) {
+        CORTADO_LOG_WARN("[scheduler] accept failed: {}", ec.message());
+      } else {
+        onAccepted(std::move(socket));
+      }
+      accept();
+    });
+  }
+
+  void onAccepted(tcp::socket socket) {
+    uint64_t sid = nextSession_++;
+    auto conn = Connection::create(std::move(socket));
+    auto s = std::make_unique<Session>(sid, conn, io_);
+    CORTADO_LOG_DEBUG("[scheduler] connection from {}", conn->remote());
+    s->timer.expires_after(opts_.handshakeTimeout);
+    s->timer.async_wait([this, sid](const boost::system::error_code& ec) {
+      if (ec) return;
+      Session* s = find(sid);
+      if (!s || s->state == Session::State::kRegistered) return;
+      if (s->state != Session::State::kClosing) {
+        CORTADO_LOG_WARN("[scheduler] closing the connection from {}: it did not authenticate "
+                         "and register within {} ms",
+                         s->label(), opts_.handshakeTimeout.count());
+      }
+      drop(sid);
+    });
+    sessions_[sid] = std::move(s);
+    conn->start([this, sid](MsgType t, const Json& b) { onMessage(sid, t, b); },
+                [this, sid](const std::string& reason, bool malformed) {
+                  onClosed(sid, reason, malformed);
+                });
+  }
+
+  Session* find(uint64_t sid) {
+    auto it = sessions_.find(sid);
+    return it == sessions_.end() ? nullptr : it->second.get();
+  }
+
+  // Closes and forgets a session (no death semantics: the caller decided).
+  void drop(uint64_t sid) {
+    auto it = sessions_.find(sid);
+    if (it == sessions_.end()) return;
+    it->second->conn->close();
+    it->second->timer.cancel();
+    if (it->second->registered && phase_ == Phase::kRegistering) {
+      --registered_[static_cast<int>(it->second->info.id.role)];
+    }
+    sessions_.erase(it);
+    if (phase_ == Phase::kEnding && sessions_.empty()) lingerTimer_.cancel();
+  }
+
+  // --- messages -----------------------------------------------------------------
+
+  void onMessage(uint64_t sid, MsgType type, const Json& body) {
+    Session* s = find(sid);
+    if (!s) return;
+    s->lastHeard = Clock::now();
+    switch (s->state) {
+      case Session::State::kHandshake:
+        if (type == MsgType::kHello && s->nodeNonce.empty()) return onHello(*s, body);
+        if (type == MsgType::kProof && !s->nodeNonce.empty()) return onProof(*s, body);
+        break;
+      case Session::State::kAuthenticated:
+        if (type == MsgType::kRegister) return onRegister(*s, body);
+        if (type == MsgType::kHeartbeat) return;
+        break;
+      case Session::State::kRegistered:
+        switch (type) {
+          case MsgType::kHeartbeat: return;
+          case MsgType::kDeclare: return onDeclare(*s, body);
+          case MsgType::kBarrier: return onBarrier(*s, body);
+          case MsgType::kFinish: return onFinish(*s);
+          default: break;
+        }
+        break;
+      case Session::State::kClosing:
+        return;  // it has been answered for the last time
+    }
+    // Connection turns this into a close with the reason, which onClosed logs.
+    throw Error(ErrorCode::kProtocol,
+                fmt::format("unexpected {} in this state of the conversation", msgTypeName(type)));
+  }
+
+  void onHello(Session& s, const Json& body) {
+    int64_t version = control::getInt(body, "version");
+    if (version != control::kProtocolVersion) {
+      return refuse(s, ErrorCode::kProtocol,
+                    fmt::format("protocol version {} is not supported (the scheduler speaks {})",
+                                version, control::kProtocolVersion));
+    }
+    auto nonce = control::fromHex(control::getString(body, "nonce"), control::kNonceSize);
+    CORTADO_ENFORCE(nonce.has_value(), ErrorCode::kProtocol,
+                    "the Hello nonce is not {} hex-encoded bytes", control::kNonceSize);
+    s.nodeNonce = *nonce;
+    s.schedulerNonce = control::makeNonce();
+    s.conn->send(MsgType::kChallenge, Json{{"nonce", control::toHex(s.schedulerNonce)},
+                                           {"pingIntervalMs", pingInterval().count()}});
+  }
+
+  void onProof(Session& s, const Json& body) {
+    auto mac = control::fromHex(control::getString(body, "mac"), control::kProofSize);
+    auto expected =
+        control::authProof(opts_.token, control::Prover::kNode, s.nodeNonce, s.schedulerNonce);
+    if (!mac || !control::proofMatches(expected, *mac)) {
+      return refuse(s, ErrorCode::kProtocol,
+                    "job token refused: this node's proof does not match the job token of the "
+                    "scheduler (check CORTADO_JOB_TOKEN)");
+    }
+    s.state = Session::State::kAuthenticated;
+    s.conn->setMaxBody(control::kMaxBody);
+    s.conn->send(MsgType::kWelcome,
+                 Json{{"mac", control::toHex(control::authProof(opts_.token,
+                                                                control::Prover::kScheduler,
+                                                                s.nodeNonce, s.schedulerNonce))}});
+    CORTADO_LOG_DEBUG("[scheduler] {} proved the job token", s.label());
+  }
+
+  void onRegister(Session& s, const Json& body) {
+    int64_t roleRaw = control::getInt(body, "role");
+    CORTADO_ENFORCE(roleRaw == static_cast<int>(Role::kServer) ||
+                        roleRaw == static_cast<int>(Role::kWorker),
+                    ErrorCode::kProtocol, "role {} is neither server nor worker", roleRaw);
+    Role role = static_cast<Role>(roleRaw);
+    int64_t requested = control::getInt(body, "requestedRank");
+    NodeInfo info;
+    info.id = NodeId{role, -1};
+    info.dataAddress = control::getString(body, "dataAddress");
+    info.hostname = control::getString(body, "hostname");
+    info.pid = static_cast<int32_t>(control::getInt(body, "pid"));
+    const int total = role == Role::kServer ? opts_.numServers : opts_.numWorkers;
+    const char* what = roleName(role);
+    std::string who = fmt::format("{} from {} (host {}, pid {})", what, s.conn->remote(),
+                                  info.hostname, info.pid);
+
+    if (phase_ != Phase::kRegistering) {
+      return refuse(s, ErrorCode::kInvalidArgument,
+                    fmt::format("registration of {} refused: the job's registration is complete "
+                                "({} and {} registered)",
+                                who, plural(opts_.numWorkers, "worker"),
+                                plural(opts_.numServers, "server")));
+    }
+    if (requested < -1 || requested >= total) {
+      return refuse(s, ErrorCode::kInvalidArgument,
+                    fmt::format("registration of {} refused: requested {} rank {} is out of "
+                                "range: the job has {}{}",
+                                who, what, requested, plural(total, what),
+                                total > 0 ? fmt::format(" (ranks 0..{})", total - 1) : ""));
+    }
+    if (registered_[roleRaw] >= total) {
+      return refuse(s, ErrorCode::kInvalidArgument,
+                    fmt::format("registration of {} refused: the job already has all {} "
+                                "registered",
+                                who, plural(total, what)));
+    }
+    if (requested >= 0) {
+      for (const auto& [id, other] : sessions_) {
+        if (other->registered && other->info.id.role == role &&
+            other->requestedRank == requested) {
+          return refuse(s, ErrorCode::kInvalidArgument,
+                        fmt::format("registration of {} refused: {} rank {} is already taken by "
+                                    "the {} from {} (host {}, pid {})",
+                                    who, what, requested, what, other->conn->remote(),
+                                    other->info.hostname, other->info.pid));
+        }
+      }
+    }
+    s.info = std::move(info);
+    s.requestedRank = static_cast<int>(requested);
+    s.arrival = nextArrival_++;
+    s.state = Session::State::kRegistered;
+    s.registered = true;
+    s.timer.cancel();
+    ++registered_[roleRaw];
+    CORTADO_LOG_INFO("[scheduler] registered {}{}, data address {}; {}/{} workers, {}/{} servers",
+                     who, requested >= 0 ? fmt::format(" as rank {}", requested) : "",
+                     s.info.dataAddress, registered_[2], opts_.numWorkers, registered_[1],
+                     opts_.numServers);
+    if (registered_[1] == opts_.numServers && registered_[2] == opts_.numWorkers) {
+      completeRegistration();
+    }
+  }
+
+  void completeRegistration() {
+    std::vector<Session*> all;
+    for (auto& [id, s] : sessions_)
+      if (s->registered && s->state == Session::State::kRegistered) all.push_back(s.get());
+    std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->arrival < b->arrival; });
+    servers_.assign(opts_.numServers, 0);
+    workers_.assign(opts_.numWorkers, 0);
+    for (Session* s : all) {
+      auto& slots = s->info.id.role == Role::kServer ? servers_ : workers_;
+      if (s->requestedRank >= 0) {
+        slots[s->requestedRank] = s->id;
+        s->info.id.rank = s->requestedRank;
+      }
+    }
+    for (Session* s : all) {
+      if (s->requestedRank >= 0) continue;
+      auto& slots = s->info.id.role == Role::kServer ? servers_ : workers_;
+      auto free = std::find(slots.begin(), slots.end(), 0);
+      *free = s->id;  // counts were checked at registration, so a slot is free
+      s->info.id.rank = static_cast<int32_t>(free - slots.begin());
+    }
+    Json servers = Json::array(), workers = Json::array();
+    for (uint64_t sid : servers_) servers.push_back(control::nodeInfoToJson(find(sid)->info));
+    for (uint64_t sid : workers_) workers.push_back(control::nodeInfoToJson(find(sid)->info));
+    for (Session* s : all) {
+      s->conn->send(MsgType::kAddressBook,
+                    Json{{"rank", s->info.id.rank}, {"servers", servers}, {"workers", workers}});
+    }
+    phase_ = Phase::kRunning;
+    registrationTimer_.cancel();
+    CORTADO_LOG_INFO("[scheduler] all {} and {} registered; address book sent",
+                     plural(opts_.numWorkers, "worker"), plural(opts_.numServers, "server"));
+    for (Session* s : all) CORTADO_LOG_DEBUG("[scheduler]   {}", s->info.toString());
+  }
+
+  void onRegistrationDeadline() {
+    if (phase_ != Phase::kRegistering) return;
+    int missingW = opts_.numWorkers - registered_[2];
+    int missingS = opts_.numServers - registered_[1];
+    std::vector<std::string> missing;
+    if (missingW > 0) missing.push_back(plural(missingW, "worker"));
+    if (missingS > 0) missing.push_back(plural(missingS, "server"));
+    endJob(Status(ErrorCode::kTimeout,
+                  fmt::format("registration deadline of {} ms passed with {}/{} workers and {}/{} "
+                              "servers registered: {} missing (were they started with this "
+                              "scheduler's address and job token?)",
+                              opts_.registrationTimeout.count(), registered_[2], opts_.numWorkers,
+                              registered_[1], opts_.numServers, fmt::join(missing, " and "))),
+           0);
+  }
+
+  void onDeclare(Session& s, const Json& body) {
+    uint64_t req = control::getUInt(body, "req");
+    if (s.info.id.role != Role::kWorker) {
+      return replyFailed(s, req, ErrorCode::kInvalidArgument,
+                         fmt::format("{}: only workers declare tensors", s.info.id.toString()));
+    }
+    control::TensorDecl d;
+    d.name = control::getString(body, "name");
+    int64_t dt = control::getInt(body, "dtype");
+    CORTADO_ENFORCE(dt >= 0 && dt < 256 && isValidDType(static_cast<uint8_t>(dt)),
+                    ErrorCode::kProtocol, "unknown dtype {} for tensor '{}'", dt, d.name);
+    d.dtype = static_cast<DType>(dt);
+    d.numElements = control::getUInt(body, "numElements");
+    d.codec = control::getString(body, "codec");
+    auto out = decls_.declare(s.info.id.rank, d);
+    using Kind = DeclarationTable::Outcome::Kind;
+    switch (out.kind) {
+      case Kind::kPending:
+        declWaiters_[d.name].push_back({s.id, req});
+        return;
+      case Kind::kAgreed: {
+        declWaiters_[d.name].push_back({s.id, req});
+        auto waiters = std::move(declWaiters_[d.name]);
+        declWaiters_.erase(d.name);
+        for (const auto& w : waiters) {
+          if (Session* ws = find(w.session))
+            ws->conn->send(MsgType::kDeclared, Json{{"req", w.req}, {"key", out.key}});
+        }
+        CORTADO_LOG_DEBUG("[scheduler] tensor '{}' ({}) has key {}", d.name,
+                          DeclarationTable::describe(d), out.key);
+        return;
+      }
+      case Kind::kRejected:
+        return replyFailed(s, req, out.status.code(), out.status.message());
+      case Kind::kMismatch:
+        return endJob(out.status, 0);
+    }
+  }
+
+  void onBarrier(Session& s, const Json& body) {
+    uint64_t req = control::getUInt(body, "req");
+    int64_t g = control::getInt(body, "group");
+    CORTADO_ENFORCE(g >= 0 && g <= 2, ErrorCode::kProtocol, "unknown barrier group {}", g);
+    auto group = static_cast<control::Group>(g);
+    std::string name = control::getString(body, "name");
+    const char* groupName = group == control::Group::kAll       ? "all"
+                            : group == control::Group::kWorkers ? "workers"
+                                                                : "servers";
+    Role role = s.info.id.role;
+    bool member = group == control::Group::kAll ||
+                  (group == control::Group::kWorkers && role == Role::kWorker) ||
+                  (group == control::Group::kServers && role == Role::kServer);
+    if (!member) {
+      return replyFailed(s, req, ErrorCode::kInvalidArgument,
+                         fmt::format("{} cannot enter barrier '{}' of group {}: not a member",
+                                     s.info.id.toString(), name, groupName));
+    }
+    size_t size = group == control::Group::kAll ? opts_.numWorkers + opts_.numServers
+                  : group == control::Group::kWorkers ? opts_.numWorkers
+                                                      : opts_.numServers;
+    auto& b = barriers_[{static_cast<int>(g), name}];
+    if (!b.entered.insert(s.info.id).second) {
+      return replyFailed(s, req, ErrorCode::kInvalidArgument,
+                         fmt::format("{} entered barrier '{}' (group {}) twice",
+                                     s.info.id.toString(), name, groupName));
+    }
+    b.waiters.push_back({s.id, req});
+    if (b.entered.size() < size) return;
+    auto waiters = std::move(b.waiters);
+    barriers_.erase({static_cast<int>(g), name});
+    for (const auto& w : waiters) {
+      if (Session* ws = find(w.session))
+        ws->conn->send(MsgType::kBarrierDone, Json{{"req", w.req}});
+    }
+    CORTADO_LOG_DEBUG("[scheduler] barrier '{}' (group {}) of {} nodes passed", name, groupName,
+                      size);
+  }
+
+  void onFinish(Session& s) {
+    if (s.info.id.role != Role::kWorker) {
+      CORTADO_LOG_WARN("[scheduler] {} sent Finish, which only workers send; ignored", s.label());
+      return;
+    }
+    if (s.finished) return;
+    s.finished = true;
+    ++finishedWorkers_;
+    CORTADO_LOG_INFO("[scheduler] {} finished ({}/{} workers)", s.info.id.toString(),
+                     finishedWorkers_, opts_.numWorkers);
+    if (finishedWorkers_ == opts_.numWorkers) endJob(Status(), 0);
+  }
+
+  void refuse(Session& s, ErrorCode code, const std::string& message) {
+    CORTADO_LOG_WARN("[scheduler] refused {}: {}", s.label(), message);
+    s.conn->send(MsgType::kRefused, Json{{"code", control::errorCodeToWire(code)},
+                                         {"message", message}});
+    s.conn->finishSending();
+    s.state = Session::State::kClosing;
+    // The node closes when it reads the refusal; bound the wait if it does not.
+    uint64_t sid = s.id;
+    s.timer.expires_after(kLinger);
+    s.timer.async_wait([this, sid](const boost::system::error_code& ec) {
+      if (!ec) drop(sid);
+    });
+  }
+
+  void replyFailed(Session& s, uint64_t req, ErrorCode code, const std::string& message) {
+    CORTADO_LOG_WARN("[scheduler] {}", message);
+    s.conn->send(MsgType::kRequestFailed, Json{{"req", req},
+                                               {"code", control::errorCodeToWire(code)},
+                                               {"message", message}});
+  }
+
+  // --- liveness -----------------------------------------------------------------
+
+  Millis pingInterval() const {
+    return std::max(Millis(1), opts_.heartbeatTimeout / 4);
+  }
+
+  void heartbeatTick() {
+    auto now = Clock::now();
+    std::vector<uint64_t> silentBeforeStart;
+    for (auto& [sid, s] : sessions_) {
+      if (s->state != Session::State::kRegistered && s->state != Session::State::kAuthenticated)
+        continue;
+      s->conn->send(MsgType::kPing, Json::object());
+      if (s->state != Session::State::kRegistered || s->finished) continue;
+      auto silent = std::chrono::duration_cast<Millis>(now - s->lastHeard);
+      if (silent <= opts_.heartbeatTimeout) continue;
+      if (phase_ == Phase::kRegistering) {
+        silentBeforeStart.push_back(sid);
+        continue;
+      }
+      return nodeDead(*s, fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)",
+                                      silent.count(), opts_.heartbeatTimeout.count()));
+    }
+    for (uint64_t sid : silentBeforeStart) {
+      CORTADO_LOG_WARN("[scheduler] {} went silent before registration completed; dropping it "
+                       "and freeing its slot",
+                       find(sid)->label());
+      drop(sid);
+    }
+    heartbeatTimer_.expires_after(pingInterval());
+    heartbeatTimer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec && phase_ != Phase::kEnding) heartbeatTick();
+    });
+  }
+
+  void onClosed(uint64_t sid, const std::string& reason, bool malformed) {
+    Session* s = find(sid);
+    if (!s) return;
+    if (malformed) {
+      CORTADO_LOG_WARN("[scheduler] closing the connection from {}: {}", s->label(), reason);
+    }
+    if (s->state == Session::State::kRegistered) {
+      if (phase_ == Phase::kRegistering) {
+        CORTADO_LOG_WARN("[scheduler] {} left before registration completed ({}); its slot is "
+                         "free again",
+                         s->label(), reason);
+      } else if (phase_ == Phase::kRunning && !s->finished) {
+        nodeDead(*s, fmt::format("its control connection {} before it finished ({})",
+                                 malformed ? "sent a malformed message" : "closed", reason));
+      } else {
+        CORTADO_LOG_DEBUG("[scheduler] {} closed its connection ({})", s->label(), reason);
+      }
+    } else if (!malformed) {
+      CORTADO_LOG_DEBUG("[scheduler] connection from {} closed ({})", s->label(), reason);
+    }
+    drop(sid);
+  }
+
+  void nodeDead(Session& s, const std::string& why) {
+    std::string msg = fmt::format("{} is dead: {}", s.info.toString(), why);
+    endJob(Status(ErrorCode::kPeerDead, msg), s.id);
+  }
+
+  // Ends the job once: tells every authenticated node (Shutdown when `st` is
+  // OK, else Abort with `st`), half-closes, and lets run() return when every
+  // connection has closed or the linger passed.
+  void endJob(const Status& st, uint64_t deadSid) {
+    if (phase_ == Phase::kEnding) return;
+    phase_ = Phase::kEnding;
+    final_ = st;
+    if (st.ok()) {
+      CORTADO_LOG_INFO("[scheduler] all {} finished; shutting down {} nodes",
+                       plural(opts_.numWorkers, "worker"), opts_.numWorkers + opts_.numServers);
+    } else {
+      CORTADO_LOG_ERROR("[scheduler] the job failed: {}", st.message());
+    }
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    registrationTimer_.cancel();
+    heartbeatTimer_.cancel();
+    Json deadNode;
+    if (Session* dead = find(deadSid)) deadNode = control::nodeInfoToJson(dead->info);
+    std::vector<uint64_t> toDrop;
+    for (auto& [sid, s] : sessions_) {
+      bool told = s->state == Session::State::kRegistered ||
+                  s->state == Session::State::kAuthenticated;
+      if (!told || !s->conn->isOpen()) {
+        if (s->state != Session::State::kClosing) toDrop.push_back(sid);
+        continue;
+      }
+      if (st.ok()) {
+        s->conn->send(MsgType::kShutdown, Json::object());
+      } else {
+        Json body{{"code", control::errorCodeToWire(st.code())},
+                  {"message", sid == deadSid ? "this node was declared dead by the scheduler: " +
+                                                   st.message()
+                                             : st.message()}};
+        if (!deadNode.is_null()) body["node"] = deadNode;
+        s->conn->send(MsgType::kAbort, body);
+      }
+      s->conn->finishSending();
+      s->state = Session::State::kClosing;
+    }
+    for (uint64_t sid : toDrop) drop(sid);
+    if (sessions_.empty()) return;
+    lingerTimer_.expires_after(kLinger);
+    lingerTimer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto& [sid, s] : sessions_) {
+        CORTADO_LOG_WARN("[scheduler] {} did not close within {} ms of the end of the job; "
+                         "closing it",
+                         s->label(), kLinger.count());
+        s->conn->close();
+        s->timer.cancel();
+      }
+      sessions_.clear();
+    });
+  }
+
+  SchedulerOptions opts_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer registrationTimer_;
+  asio::steady_timer heartbeatTimer_;
+  asio::steady_timer lingerTimer_;
+  int port_ = 0;
+  std::string listenAddress_;
+  std::atomic<bool> started_{false};
+
+  // io-thread state
+  Phase phase_ = Phase::kRegistering;
+  std::map<uint64_t, std::unique_ptr<Session>> sessions_;
+  uint64_t nextSession_ = 1;  // 0 means "no session"
+  uint64_t nextArrival_ = 0;
+  int registered_[3] = {0, 0, 0};  // indexed by Role
+  std::vector<uint64_t> servers_;  // session by rank, once registration completed
+  std::vector<uint64_t> workers_;
+  DeclarationTable decls_;
+  std::map<std::string, std::vector<Waiter>> declWaiters_;
+  std::map<std::pair<int, std::string>, BarrierState> barriers_;
+  int finishedWorkers_ = 0;
+  Status final_;
+};
+
+}  // namespace
+
+std::unique_ptr<Scheduler> Scheduler::create(SchedulerOptions opts) {
+  return std::make_unique<SchedulerImpl>(std::move(opts));
+}
+
+}  // namespace cortado::scheduler

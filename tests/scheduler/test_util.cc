@@ -1,0 +1,210 @@
+#include "tests/scheduler/test_util.h"
+
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <thread>
+
+#include "core/common/logging.h"
+
+namespace cortado::testing {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+struct LogCapture::State {
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  std::vector<std::string> lines;
+};
+
+namespace {
+class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit CaptureSink(std::shared_ptr<LogCapture::State> st) : st_(std::move(st)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    {
+      std::lock_guard<std::mutex> lk(st_->mu);
+      st_->lines.emplace_back(msg.payload.data(), msg.payload.size());
+    }
+    st_->cv.notify_all();
+  }
+  void flush_() override {}
+
+ private:
+  std::shared_ptr<LogCapture::State> st_;
+};
+}  // namespace
+
+LogCapture::LogCapture() : state_(std::make_shared<State>()) {
+  auto logger = std::make_shared<spdlog::logger>(
+      "control-test",
+      spdlog::sinks_init_list{std::make_shared<CaptureSink>(state_),
+                              std::make_shared<spdlog::sinks::stderr_color_sink_mt>()});
+  logger->set_level(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+LogCapture::~LogCapture() {
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "control-test-plain", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
+}
+
+bool LogCapture::contains(const std::string& needle) const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  for (const auto& l : state_->lines)
+    if (l.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+bool LogCapture::waitFor(const std::vector<std::string>& needles, Millis timeout) const {
+  std::unique_lock<std::mutex> lk(state_->mu);
+  return state_->cv.wait_for(lk, timeout, [&] {
+    for (const auto& l : state_->lines) {
+      bool all = true;
+      for (const auto& n : needles) all = all && l.find(n) != std::string::npos;
+      if (all) return true;
+    }
+    return false;
+  });
+}
+
+std::string LogCapture::all() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  std::string s;
+  for (const auto& l : state_->lines) s += l + "\n";
+  return s;
+}
+
+control::ControlClient::FailureCallback FailureProbe::callback() {
+  return [this](const Status& st) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++calls_;
+      if (!status_) status_ = st;
+    }
+    cv_.notify_all();
+  };
+}
+
+std::optional<Status> FailureProbe::waitFor(Millis timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [this] { return status_.has_value(); });
+  return status_;
+}
+
+int FailureProbe::calls() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return calls_;
+}
+
+scheduler::SchedulerOptions schedulerOptions(int workers, int servers) {
+  scheduler::SchedulerOptions o;
+  o.bindHost = "127.0.0.1";
+  o.port = 0;
+  o.token = kToken;
+  o.numWorkers = workers;
+  o.numServers = servers;
+  o.heartbeatTimeout = Millis(2000);
+  o.registrationTimeout = Millis(10000);
+  o.handshakeTimeout = Millis(2000);
+  return o;
+}
+
+SchedulerRunner::SchedulerRunner(scheduler::SchedulerOptions opts)
+    : sched_(scheduler::Scheduler::create(std::move(opts))) {
+  run_ = std::async(std::launch::async, [this] { return sched_->run(); });
+}
+
+SchedulerRunner::~SchedulerRunner() {
+  sched_->stop();
+  if (run_.valid()) run_.wait();
+}
+
+std::optional<Status> SchedulerRunner::result(Millis timeout) {
+  if (result_) return result_;
+  if (run_.wait_for(timeout) != std::future_status::ready) return std::nullopt;
+  result_ = run_.get();
+  return result_;
+}
+
+control::ClientOptions clientOptions(int port, Role role, int requestedRank) {
+  control::ClientOptions o;
+  o.schedulerHost = "127.0.0.1";
+  o.schedulerPort = port;
+  o.token = kToken;
+  o.role = role;
+  o.requestedRank = requestedRank;
+  static std::atomic<int> next{0};
+  o.dataAddress = fmt::format("tcp://127.0.0.1:{}", 20000 + next++);
+  o.connectTimeout = Millis(10000);
+  o.heartbeatInterval = Millis(100);
+  o.schedulerTimeout = Millis(5000);
+  return o;
+}
+
+std::vector<Connected> connectAll(const std::vector<control::ClientOptions>& opts,
+                                  Millis timeout) {
+  std::vector<Connected> nodes(opts.size());
+  std::vector<std::future<void>> fs;
+  for (size_t i = 0; i < opts.size(); ++i) {
+    nodes[i].client = control::ControlClient::create(opts[i]);
+    nodes[i].probe = std::make_shared<FailureProbe>();
+    nodes[i].client->setFailureCallback(nodes[i].probe->callback());
+    fs.push_back(std::async(std::launch::async, [&nodes, i, timeout] {
+      nodes[i].book = nodes[i].client->connect(Deadline::after(timeout));
+    }));
+  }
+  std::exception_ptr first;
+  for (auto& f : fs) {
+    try {
+      f.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return nodes;
+}
+
+void writeFrame(tcp::socket& s, control::MsgType type, const control::Json& body) {
+  asio::write(s, asio::buffer(control::encodeFrame(type, body)));
+}
+
+std::pair<control::MsgType, control::Json> readFrame(tcp::socket& s) {
+  uint8_t h[control::kFrameHeaderSize];
+  asio::read(s, asio::buffer(h, sizeof(h)));
+  auto hd = control::decodeHeader(h);
+  std::string err = control::checkHeader(hd, control::kMaxBody);
+  if (!err.empty()) throw Error(ErrorCode::kProtocol, err);
+  std::string body(hd.bodyLength, '\0');
+  asio::read(s, asio::buffer(body.data(), body.size()));
+  return {static_cast<control::MsgType>(hd.type), control::Json::parse(body)};
+}
+
+bool closedByPeer(tcp::socket& s, Millis timeout) {
+  // Reads on a private io_context so that the wait has a deadline.
+  asio::io_context io;
+  tcp::socket mine(io);
+  boost::system::error_code ec;
+  mine.assign(tcp::v4(), s.release(), ec);
+  if (ec) return false;
+  bool closed = false;
+  std::array<char, 4096> buf;
+  std::function<void()> readMore = [&] {
+    mine.async_read_some(asio::buffer(buf), [&](const boost::system::error_code& e, size_t) {
+      if (e) {
+        closed = true;
+        return;
+      }
+      readMore();
+    });
+  };
+  readMore();
+  io.run_for(timeout);
+  return closed;
+}
+
+}  // namespace cortado::testing

@@ -1,0 +1,96 @@
+// Helpers for the control-plane tests: a captured log, a failure-callback
+// probe, a scheduler running on its own thread, and raw frame I/O for fake
+// peers.
+#pragma once
+
+#include <utility>  // before asio: Boost 1.74 needs it in C++20
+#include <boost/asio.hpp>
+
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/common/deadline.h"
+#include "core/common/error.h"
+#include "core/control/control_client.h"
+#include "core/control/protocol.h"
+#include "scheduler/scheduler.h"
+
+namespace cortado::testing {
+
+inline const std::string kToken = "control-plane-test-token";
+
+// Installs itself as the default logger's extra sink for its lifetime.
+class LogCapture {
+ public:
+  LogCapture();
+  ~LogCapture();
+  bool contains(const std::string& needle) const;
+  // Waits until a line contains every one of `needles`.
+  bool waitFor(const std::vector<std::string>& needles, Millis timeout) const;
+  std::string all() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Records the first failure callback; wait for it with a timeout.
+class FailureProbe {
+ public:
+  control::ControlClient::FailureCallback callback();
+  std::optional<Status> waitFor(Millis timeout);
+  int calls() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Status> status_;
+  int calls_ = 0;
+};
+
+scheduler::SchedulerOptions schedulerOptions(int workers, int servers);
+
+class SchedulerRunner {
+ public:
+  explicit SchedulerRunner(scheduler::SchedulerOptions opts);
+  ~SchedulerRunner();  // stop() and wait
+  int port() const { return sched_->port(); }
+  scheduler::Scheduler& scheduler() { return *sched_; }
+  // run()'s result, or nullopt if it has not returned within the timeout.
+  std::optional<Status> result(Millis timeout);
+
+ private:
+  std::unique_ptr<scheduler::Scheduler> sched_;
+  std::future<Status> run_;
+  std::optional<Status> result_;
+};
+
+control::ClientOptions clientOptions(int port, Role role, int requestedRank = -1);
+
+// A node's view after connect().
+struct Connected {
+  std::unique_ptr<control::ControlClient> client;
+  control::AddressBook book;
+  std::shared_ptr<FailureProbe> probe;
+};
+
+// Connects every option set at once, each on its own thread; rethrows the
+// first connect error.
+std::vector<Connected> connectAll(const std::vector<control::ClientOptions>& opts,
+                                  Millis timeout = Millis(10000));
+
+// Raw frames on a blocking socket, for fake peers.
+void writeFrame(boost::asio::ip::tcp::socket& s, control::MsgType type,
+                const control::Json& body);
+std::pair<control::MsgType, control::Json> readFrame(boost::asio::ip::tcp::socket& s);
+// True when the peer closes the socket within `timeout` (reading and
+// discarding what it sends first).
+bool closedByPeer(boost::asio::ip::tcp::socket& s, Millis timeout);
+
+}  // namespace cortado::testing
