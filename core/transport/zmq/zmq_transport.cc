@@ -234,17 +234,27 @@ class ZmqTransport final : public Transport {
     (void)n;  // only fails when the counter is saturated, which still wakes
   }
 
+  // Runs `fn` on the loop and waits for it. An Error thrown there travels
+  // back as a Status and is thrown again here, on the caller's thread.
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
     if (std::this_thread::get_id() == loopId_) return fn();
-    auto promise = std::make_shared<std::promise<std::string>>();
+    struct Result {
+      std::string value;
+      Status status;
+    };
+    auto promise = std::make_shared<std::promise<Result>>();
     auto future = promise->get_future();
     Op op;
     op.task = [promise, fn = std::move(fn)] {
+      Result r;
       try {
-        promise->set_value(fn());
-      } catch (...) {
-        promise->set_exception(std::current_exception());
+        r.value = fn();
+      } catch (const Error& e) {
+        r.status = Status::fromError(e);
+      } catch (const std::exception& e) {
+        r.status = Status(ErrorCode::kInternal, e.what());
       }
+      promise->set_value(std::move(r));
     };
     CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "zmq {}: {} after close()", self_,
                     what);
@@ -254,11 +264,14 @@ class ZmqTransport final : public Transport {
                               "(a callback that blocks?)",
                               self_, what, kLoopCallTimeout.count()));
     }
+    Result r;
     try {
-      return future.get();
+      r = future.get();
     } catch (const std::future_error&) {
       throw Error(ErrorCode::kClosed, fmt::format("zmq {}: {} cut short by close()", self_, what));
     }
+    r.status.check();
+    return std::move(r.value);
   }
 
   void setOpt(void* socket, int option, int value, const char* name) const {
