@@ -1,0 +1,145 @@
+#include "core/config.h"
+
+#include <fmt/format.h>
+
+#include "core/common/env.h"
+#include "core/common/error.h"
+
+namespace cortado {
+
+const std::vector<SettingInfo>& settingsTable() {
+  static const std::vector<SettingInfo> table = {
+      {"CORTADO_ROLE", "DMLC_ROLE", "(set by the launcher)", "scheduler, server or worker"},
+      {"CORTADO_NUM_WORKERS", "DMLC_NUM_WORKER", "(required)", "number of workers in the job"},
+      {"CORTADO_NUM_SERVERS", "DMLC_NUM_SERVER", "(required)", "number of servers in the job"},
+      {"CORTADO_SCHEDULER_HOST", "DMLC_PS_ROOT_URI", "127.0.0.1", "scheduler address"},
+      {"CORTADO_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT", "(required)", "scheduler TCP port"},
+      {"CORTADO_JOB_TOKEN", "", "(required; the launcher makes one)",
+       "shared secret that every node proves it knows"},
+      {"CORTADO_RANK", "DMLC_WORKER_ID", "(required for servers and workers; the launcher sets it)", "rank within the role, 0..N-1"},
+      {"CORTADO_TRANSPORT", "", "zmq", "data plane: zmq, ucx or auto"},
+      {"CORTADO_DATA_HOST", "DMLC_NODE_HOST", "127.0.0.1", "address the data plane listens on"},
+      {"CORTADO_LOG_LEVEL", "", "info", "trace, debug, info, warn, error, off"},
+      {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB", "chunk size of large tensors"},
+      {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
+      {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
+      {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
+      {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
+      {"CORTADO_CONNECT_TIMEOUT_MS", "", "30000", "deadline to reach the scheduler and register"},
+      {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
+      {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
+  };
+  return table;
+}
+
+void JobConfig::validate() const {
+  auto bad = [](const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); };
+  if (numWorkers < 1) bad(fmt::format("CORTADO_NUM_WORKERS must be at least 1, got {}", numWorkers));
+  if (numServers < 1) bad(fmt::format("CORTADO_NUM_SERVERS must be at least 1, got {}", numServers));
+  if (schedulerPort < 0 || schedulerPort > 65535)
+    bad(fmt::format("CORTADO_SCHEDULER_PORT {} is not a TCP port", schedulerPort));
+  const int roleSize = role == Role::kServer ? numServers : numWorkers;
+  if (role != Role::kScheduler && rank >= roleSize)
+    bad(fmt::format("CORTADO_RANK {} is out of range for a {} of a job with {} of them", rank,
+                    roleName(role), roleSize));
+  if (transport != "zmq" && transport != "ucx" && transport != "auto")
+    bad(fmt::format("CORTADO_TRANSPORT '{}' is unknown: valid are zmq, ucx, auto", transport));
+  if (partitionBytes < 16)
+    bad(fmt::format("CORTADO_PARTITION_BYTES {} is too small (at least 16)", partitionBytes));
+  if (maxInflightBytes < partitionBytes)
+    bad(fmt::format("CORTADO_MAX_INFLIGHT_BYTES {} is below the partition size {}",
+                    maxInflightBytes, partitionBytes));
+  if (serverThreads < 1 || serverThreads > 256)
+    bad(fmt::format("CORTADO_SERVER_THREADS {} is out of range 1..256", serverThreads));
+  if (opTimeout.count() <= 0 || connectTimeout.count() <= 0 || heartbeatInterval.count() <= 0 ||
+      heartbeatTimeout <= heartbeatInterval)
+    bad("timeouts must be positive, and CORTADO_HEARTBEAT_TIMEOUT_MS must exceed "
+        "CORTADO_HEARTBEAT_INTERVAL_MS");
+}
+
+std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
+  return {
+      {"CORTADO_ROLE", roleName(role)},
+      {"CORTADO_NUM_WORKERS", std::to_string(numWorkers)},
+      {"CORTADO_NUM_SERVERS", std::to_string(numServers)},
+      {"CORTADO_SCHEDULER_HOST", schedulerHost},
+      {"CORTADO_SCHEDULER_PORT", std::to_string(schedulerPort)},
+      {"CORTADO_JOB_TOKEN", token},
+      {"CORTADO_RANK", std::to_string(rank)},
+      {"CORTADO_TRANSPORT", transport},
+      {"CORTADO_DATA_HOST", dataHost},
+      {"CORTADO_LOG_LEVEL", logLevel},
+      {"CORTADO_PARTITION_BYTES", std::to_string(partitionBytes)},
+      {"CORTADO_MAX_INFLIGHT_BYTES", std::to_string(maxInflightBytes)},
+      {"CORTADO_SERVER_THREADS", std::to_string(serverThreads)},
+      {"CORTADO_ASYNC", async ? "1" : "0"},
+      {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
+      {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
+      {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
+      {"CORTADO_HEARTBEAT_TIMEOUT_MS", std::to_string(heartbeatTimeout.count())},
+  };
+}
+
+namespace {
+
+std::vector<std::string> names(const char* name) {
+  for (const auto& s : settingsTable()) {
+    if (std::string(s.name) == name) {
+      if (*s.alias) return {s.name, s.alias};
+      return {s.name};
+    }
+  }
+  return {name};
+}
+
+}  // namespace
+
+JobConfig readJobConfig(bool requireJob, JobConfig c) {
+  std::vector<std::string> missing;
+  if (auto v = getEnv(names("CORTADO_ROLE"))) {
+    auto r = parseRole(v->value);
+    if (!r)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}='{}' is not a role: valid are scheduler, server, worker", v->name,
+                              v->value));
+    c.role = *r;
+  } else if (requireJob) {
+    missing.push_back("CORTADO_ROLE");
+  }
+  if (auto v = getEnvInt(names("CORTADO_NUM_WORKERS"))) c.numWorkers = static_cast<int>(*v);
+  else if (requireJob && c.numWorkers == 0) missing.push_back("CORTADO_NUM_WORKERS");
+  if (auto v = getEnvInt(names("CORTADO_NUM_SERVERS"))) c.numServers = static_cast<int>(*v);
+  else if (requireJob && c.numServers == 0) missing.push_back("CORTADO_NUM_SERVERS");
+  if (auto v = getEnv(names("CORTADO_SCHEDULER_HOST"))) c.schedulerHost = v->value;
+  if (auto v = getEnvInt(names("CORTADO_SCHEDULER_PORT"))) c.schedulerPort = static_cast<int>(*v);
+  else if (requireJob && c.schedulerPort == 0) missing.push_back("CORTADO_SCHEDULER_PORT");
+  if (auto v = getEnv(names("CORTADO_JOB_TOKEN"))) c.token = v->value;
+  else if (requireJob && c.token.empty()) missing.push_back("CORTADO_JOB_TOKEN");
+  if (auto v = getEnvInt(names("CORTADO_RANK"))) c.rank = static_cast<int>(*v);
+  // A node's data-plane identity is its rank, fixed before it registers.
+  else if (requireJob && c.rank < 0 && c.role != Role::kScheduler) missing.push_back("CORTADO_RANK");
+  if (auto v = getEnv(names("CORTADO_TRANSPORT"))) c.transport = v->value;
+  if (auto v = getEnv(names("CORTADO_DATA_HOST"))) c.dataHost = v->value;
+  if (auto v = getEnv(names("CORTADO_LOG_LEVEL"))) c.logLevel = v->value;
+  if (auto v = getEnv(names("CORTADO_PARTITION_BYTES"))) c.partitionBytes = parseBytes(v->value);
+  if (auto v = getEnv(names("CORTADO_MAX_INFLIGHT_BYTES"))) c.maxInflightBytes = parseBytes(v->value);
+  if (auto v = getEnvInt(names("CORTADO_SERVER_THREADS"))) c.serverThreads = static_cast<int>(*v);
+  if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
+  if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
+  if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
+  if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);
+  if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_TIMEOUT_MS"))) c.heartbeatTimeout = Millis(*v);
+  if (!missing.empty()) {
+    std::string list;
+    for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("missing environment variable(s) {}: start this process with "
+                            "`cortado launch -w W -s S -- CMD`, or set them as README.md "
+                            "(\"Environment\") describes",
+                            list));
+  }
+  if (requireJob) c.validate();
+  return c;
+}
+
+}  // namespace cortado

@@ -1,0 +1,57 @@
+// The job's configuration, read once per process from CORTADO_* environment
+// variables (BytePS's DMLC_* names are accepted as aliases) and, for the
+// role commands, overridden by flags. This is the single table of settings:
+// README.md documents it row by row.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/common/deadline.h"
+#include "core/common/node.h"
+
+namespace cortado {
+
+struct JobConfig {
+  Role role = Role::kWorker;
+  int numWorkers = 0;
+  int numServers = 0;
+  std::string schedulerHost = "127.0.0.1";
+  int schedulerPort = 0;
+  std::string token;
+  int rank = -1;                          // requested rank; -1: the scheduler assigns
+  std::string transport = "zmq";          // zmq | ucx | auto
+  std::string dataHost = "127.0.0.1";     // address this node's data plane listens on
+  std::string logLevel = "info";
+  uint64_t partitionBytes = 4ull << 20;
+  uint64_t maxInflightBytes = 64ull << 20;
+  int serverThreads = 2;
+  bool async = false;
+  Millis opTimeout{120000};               // default deadline of blocking calls
+  Millis connectTimeout{30000};
+  Millis heartbeatInterval{1000};
+  Millis heartbeatTimeout{10000};
+
+  // Throws Error(kInvalidArgument) naming the setting when a value is out of range.
+  void validate() const;
+  // The environment that hands this configuration to a child process.
+  std::vector<std::pair<std::string, std::string>> toEnv() const;
+};
+
+// One row of the settings table.
+struct SettingInfo {
+  const char* name;     // CORTADO_* variable
+  const char* alias;    // DMLC_* alias or ""
+  const char* fallback; // default, as text
+  const char* meaning;
+};
+const std::vector<SettingInfo>& settingsTable();
+
+// Reads every CORTADO_* (and alias) variable that is set over `base`. Throws
+// Error naming the variable for unparseable values. `requireJob`: fail when
+// the variables a node needs to join a job are missing (role, counts,
+// scheduler address, token), saying which and how to set them.
+JobConfig readJobConfig(bool requireJob, JobConfig base = {});
+
+}  // namespace cortado

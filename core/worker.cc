@@ -1,0 +1,466 @@
+#include "core/worker.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "core/common/logging.h"
+#include "core/common/reduce.h"
+#include "core/partition.h"
+#include "core/wire/data_message.h"
+
+namespace cortado {
+
+struct Handle::State {
+  std::string name;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  size_t remaining = 0;  // chunks not yet back; guarded by mu
+
+  // Completes once; the first error wins.
+  void complete(const Status& s) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (done) return;
+      done = true;
+      status = s;
+    }
+    cv.notify_all();
+  }
+};
+
+bool Handle::poll() const {
+  CORTADO_ENFORCE(state_, ErrorCode::kInvalidArgument, "poll() on an empty handle");
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->done;
+}
+
+Status Handle::wait(Deadline deadline) const {
+  CORTADO_ENFORCE(state_, ErrorCode::kInvalidArgument, "wait() on an empty handle");
+  std::unique_lock<std::mutex> lk(state_->mu);
+  if (!state_->cv.wait_until(lk, deadline.at(), [&] { return state_->done; })) {
+    return Status(ErrorCode::kTimeout,
+                  fmt::format("push_pull of tensor '{}' did not complete before the deadline "
+                              "(a worker that never pushes it, or a slow peer?)",
+                              state_->name));
+  }
+  return state_->status;
+}
+
+const std::string& Handle::tensorName() const { return state_->name; }
+
+namespace {
+
+using transport::Message;
+using wire::DataHeader;
+using wire::Op;
+
+struct TensorEntry {
+  std::string name;
+  DType dtype;
+  uint64_t numElements;
+  uint64_t key;
+  std::vector<Chunk> chunks;
+  uint64_t round = 0;      // rounds started so far
+  bool inFlight = false;   // a pushPull has not completed yet
+};
+
+// One push_pull in progress.
+struct Task {
+  std::shared_ptr<Handle::State> handle;
+  TensorEntry* tensor;
+  uint64_t round;
+  const uint8_t* input;
+  uint8_t* output;
+  ReduceOp op;
+  int priority;
+  Status firstError;  // guarded by handle->mu
+};
+
+struct ChunkOp {
+  std::shared_ptr<Task> task;
+  size_t chunk;
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+struct ByPriority {
+  bool operator()(const ChunkOp& a, const ChunkOp& b) const {
+    if (a.task->priority != b.task->priority) return a.task->priority < b.task->priority;
+    return a.seq > b.seq;  // FIFO among equals
+  }
+};
+
+class WorkerImpl final : public Worker {
+ public:
+  WorkerImpl(WorkerOptions opts, std::unique_ptr<transport::Transport> t)
+      : opts_(std::move(opts)), transport_(std::move(t)) {}
+
+  ~WorkerImpl() override { closeAll(); }
+
+  void start(control::ClientOptions copts, Deadline deadline) {
+    transport_->setCallbacks([this](Message&& m) { onMessage(std::move(m)); },
+                             [this](const NodeId& peer, const Status& s) { onPeerError(peer, s); });
+    copts.role = Role::kWorker;
+    copts.dataAddress = transport_->listen(opts_.listenAddress);
+    control_ = control::ControlClient::create(copts);
+    control_->setFailureCallback([this](const Status& s) { failAll(s); });
+    book_ = control_->connect(deadline);
+    self_ = control_->self();
+    CORTADO_ENFORCE(!book_.servers.empty(), ErrorCode::kInvalidArgument,
+                    "the job has no servers: start at least one (CORTADO_NUM_SERVERS >= 1)");
+    for (const auto& s : book_.servers) transport_->connect(s.id, s.dataAddress);
+    placement_ = std::make_unique<ServerPlacement>(static_cast<int>(book_.servers.size()));
+    dispatcher_ = std::thread([this] { dispatchLoop(); });
+    CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}", self_.rank,
+                     book_.workers.size(), book_.servers.size(), transport_->name());
+  }
+
+  int rank() const override { return self_.rank; }
+  int size() const override { return static_cast<int>(book_.workers.size()); }
+  int numServers() const override { return static_cast<int>(book_.servers.size()); }
+
+  uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
+                   Deadline deadline) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      checkFailedLocked();
+      if (auto it = tensors_.find(name); it != tensors_.end()) {
+        const auto& t = *it->second;
+        CORTADO_ENFORCE(t.dtype == dtype && t.numElements == numElements,
+                        ErrorCode::kInvalidArgument,
+                        "worker {}: tensor '{}' was declared with {} elements of {}, now with {} "
+                        "elements of {}: a name must keep its shape",
+                        self_.rank, name, t.numElements, dtypeName(t.dtype), numElements,
+                        dtypeName(dtype));
+        return t.key;
+      }
+    }
+    control::TensorDecl decl{name, dtype, numElements, ""};
+    uint64_t key = control_->declare(decl, deadline);
+    auto entry = std::make_unique<TensorEntry>();
+    entry->name = name;
+    entry->dtype = dtype;
+    entry->numElements = numElements;
+    entry->key = key;
+    std::lock_guard<std::mutex> lk(mu_);
+    // Placement runs in declaration order, the same on every worker.
+    entry->chunks = placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes);
+    tensors_[name] = std::move(entry);
+    return key;
+  }
+
+  bool isDeclared(const std::string& name) const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return tensors_.count(name) > 0;
+  }
+
+  Handle pushPull(const std::string& name, DType dtype, uint64_t numElements, const void* input,
+                  void* output, ReduceOp op, int priority) override {
+    auto state = std::make_shared<Handle::State>();
+    state->name = name;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      checkFailedLocked();
+      auto it = tensors_.find(name);
+      CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
+                      "worker {}: push_pull of tensor '{}', which was never declared", self_.rank,
+                      name);
+      TensorEntry& t = *it->second;
+      CORTADO_ENFORCE(t.dtype == dtype && t.numElements == numElements,
+                      ErrorCode::kInvalidArgument,
+                      "worker {}: push_pull of tensor '{}' with {} elements of {}, but it was "
+                      "declared with {} elements of {}",
+                      self_.rank, name, numElements, dtypeName(dtype), t.numElements,
+                      dtypeName(t.dtype));
+      CORTADO_ENFORCE(numElements == 0 || (input != nullptr && output != nullptr),
+                      ErrorCode::kInvalidArgument, "push_pull of tensor '{}': null buffer", name);
+      CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
+                      "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
+                      "handle before starting another",
+                      self_.rank, name);
+      t.inFlight = true;
+      auto task = std::make_shared<Task>();
+      task->handle = state;
+      task->tensor = &t;
+      task->round = t.round++;
+      task->input = static_cast<const uint8_t*>(input);
+      task->output = static_cast<uint8_t*>(output);
+      task->op = op;
+      task->priority = priority;
+      state->remaining = t.chunks.size();
+      for (size_t i = 0; i < t.chunks.size(); ++i) {
+        queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(dtype)});
+      }
+    }
+    cv_.notify_all();
+    return Handle(state);
+  }
+
+  void barrier(Deadline deadline) override {
+    control_->barrier(control::Group::kWorkers, "worker-barrier", deadline);
+  }
+
+  Status failure() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return failure_;
+  }
+
+  void shutdown(Deadline deadline) override {
+    // Servers go away as the job ends: that is no failure.
+    closing_ = true;
+    if (control_ && failure().ok()) {
+      control_->finish();
+      if (!control_->waitShutdown(deadline)) {
+        CORTADO_LOG_WARN("worker {}: no shutdown from the scheduler before the deadline",
+                         self_.rank);
+      }
+    }
+    closeAll();
+  }
+
+ private:
+  void checkFailedLocked() const {
+    if (!failure_.ok()) throw Error(failure_.code(), failure_.message());
+    if (closed_) throw Error(ErrorCode::kClosed, "the worker was shut down");
+  }
+
+  void closeAll() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (closed_) return;
+      closed_ = true;
+    }
+    cv_.notify_all();
+    if (dispatcher_.joinable()) dispatcher_.join();
+    if (transport_) transport_->close();
+    if (control_) control_->close();
+    failAll(Status(ErrorCode::kClosed, "the worker was shut down"));
+  }
+
+  // Sends chunks in priority order while the credits allow.
+  void dispatchLoop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] {
+        return closed_ || (!queue_.empty() &&
+                           (inFlightBytes_ == 0 ||
+                            inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight));
+      });
+      if (closed_) return;
+      ChunkOp op = queue_.top();
+      queue_.pop();
+      if (!failure_.ok()) continue;  // failAll() completed its handle
+      inFlightBytes_ += op.bytes;
+      uint32_t id = nextRequest_++;
+      if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
+      pending_.emplace(id, op);
+      lk.unlock();
+      sendChunk(op, id);
+      lk.lock();
+    }
+  }
+
+  void sendChunk(const ChunkOp& op, uint32_t id) {
+    const TensorEntry& t = *op.task->tensor;
+    const Chunk& c = t.chunks[op.chunk];
+    const size_t esz = dtypeSize(t.dtype);
+    const NodeId server = book_.servers[c.server].id;
+    DataHeader h;
+    h.dtype = t.dtype;
+    h.flags = opts_.async ? wire::kFlagAsync : wire::kFlagNone;
+    h.requestId = id;
+    h.key = c.key;
+    h.round = op.task->round;
+    h.numElements = c.numElements;
+    try {
+      h.op = Op::kPush;
+      h.bodyBytes = c.numElements * esz;
+      Message push;
+      push.parts.push_back(wire::encodeHeader(h));
+      // Zero-copy: the caller keeps the input alive until the handle completes.
+      push.parts.push_back(
+          Buffer::wrap(const_cast<uint8_t*>(op.task->input) + c.offset * esz, h.bodyBytes, op.task));
+      transport_->send(server, std::move(push));
+      h.op = Op::kPull;
+      h.bodyBytes = 0;
+      Message pull;
+      pull.parts.push_back(wire::encodeHeader(h));
+      pull.parts.push_back(Buffer());
+      transport_->send(server, std::move(pull));
+    } catch (const Error& e) {
+      finishChunk(id, Status(e.code(), fmt::format("push_pull of tensor '{}' to {}: {}", t.name,
+                                                   server.toString(), e.what())),
+                  nullptr);
+    }
+  }
+
+  void onMessage(Message&& m) {
+    if (m.parts.size() != 2) {
+      CORTADO_LOG_WARN("worker {}: dropping a {}-part message from {}", self_.rank,
+                       m.parts.size(), m.from.toString());
+      return;
+    }
+    DataHeader h;
+    try {
+      h = wire::decodeHeader(m.parts[0], m.parts[1].size());
+    } catch (const Error& e) {
+      CORTADO_LOG_WARN("worker {}: malformed message from {}: {}", self_.rank, m.from.toString(),
+                       e.what());
+      return;
+    }
+    switch (h.op) {
+      case Op::kPullResponse:
+        finishChunk(h.requestId, Status(), &m, &h);
+        return;
+      case Op::kPushAck:
+        return;
+      case Op::kError: {
+        std::string text(reinterpret_cast<const char*>(m.parts[1].data()), m.parts[1].size());
+        std::string name = tensorOfRequest(h.requestId);
+        Status s(ErrorCode::kMismatch, fmt::format("{} refused tensor '{}' (key {}): {}",
+                                                   m.from.toString(), name, h.key, text));
+        // A request id of 0 may not be ours: fail everything, the job is broken.
+        if (!finishChunk(h.requestId, s, nullptr)) failAll(s);
+        return;
+      }
+      default:
+        CORTADO_LOG_WARN("worker {}: unexpected {} from {}", self_.rank, wire::opName(h.op),
+                         m.from.toString());
+    }
+  }
+
+  std::string tensorOfRequest(uint32_t id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pending_.find(id);
+    return it == pending_.end() ? std::string("?") : it->second.task->tensor->name;
+  }
+
+  // Completes one chunk (with the response, or with an error). Returns false
+  // when the request id is unknown.
+  bool finishChunk(uint32_t id, const Status& status, Message* m, const DataHeader* h = nullptr) {
+    ChunkOp op;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return false;
+      op = std::move(it->second);
+      pending_.erase(it);
+      inFlightBytes_ -= op.bytes;
+    }
+    cv_.notify_all();
+    Task& task = *op.task;
+    TensorEntry& t = *task.tensor;
+    const Chunk& c = t.chunks[op.chunk];
+    Status s = status;
+    if (s.ok() && m) {
+      const size_t esz = dtypeSize(t.dtype);
+      if (h->key != c.key || h->numElements != c.numElements || h->dtype != t.dtype ||
+          (!opts_.async && h->round != task.round)) {
+        s = Status(ErrorCode::kProtocol,
+                   fmt::format("tensor '{}': {} answered key {} round {} ({} x {}) for key {} "
+                               "round {} ({} x {})",
+                               t.name, m->from.toString(), h->key, h->round, h->numElements,
+                               dtypeName(h->dtype), c.key, task.round, c.numElements,
+                               dtypeName(t.dtype)));
+      } else if (c.numElements > 0) {
+        uint8_t* dst = task.output + c.offset * esz;
+        if (task.op == ReduceOp::kAverage)
+          divideInto(t.dtype, dst, m->parts[1].data(), c.numElements, size());
+        else
+          std::memcpy(dst, m->parts[1].data(), c.numElements * esz);
+      }
+    }
+    // The handle completes when the last chunk is back, never earlier: a
+    // chunk still on its way must not write into an output that the caller
+    // already took back. The first error wins.
+    bool last = false;
+    Status result;
+    {
+      std::lock_guard<std::mutex> lk(task.handle->mu);
+      if (!s.ok() && task.firstError.ok()) task.firstError = s;
+      last = --task.handle->remaining == 0;
+      result = task.firstError;
+    }
+    if (last) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        t.inFlight = false;
+      }
+      task.handle->complete(result);
+    }
+    return true;
+  }
+
+  void onPeerError(const NodeId& peer, const Status& s) {
+    if (peer.role != Role::kServer || closing_) return;
+    failAll(Status(ErrorCode::kPeerDead,
+                   fmt::format("worker {} lost {}: {}", self_.rank, peer.toString(), s.message())));
+  }
+
+  // Fails every pending and queued operation, and all later calls.
+  void failAll(const Status& s) {
+    std::vector<std::shared_ptr<Handle::State>> handles;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (failure_.ok() && s.code() != ErrorCode::kClosed) {
+        failure_ = s;
+        CORTADO_LOG_ERROR("worker {}: {}", self_.rank, s.message());
+      }
+      for (auto& [id, op] : pending_) handles.push_back(op.task->handle);
+      pending_.clear();
+      inFlightBytes_ = 0;
+      while (!queue_.empty()) {
+        handles.push_back(queue_.top().task->handle);
+        queue_.pop();
+      }
+      for (auto& [n, t] : tensors_) t->inFlight = false;
+    }
+    cv_.notify_all();
+    for (auto& h : handles) {
+      h->complete(Status(s.code(), fmt::format("tensor '{}': {}", h->name, s.message())));
+    }
+  }
+
+  WorkerOptions opts_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<control::ControlClient> control_;
+  control::AddressBook book_;
+  NodeId self_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<TensorEntry>> tensors_;
+  std::unique_ptr<ServerPlacement> placement_;
+  std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
+  std::unordered_map<uint32_t, ChunkOp> pending_;
+  uint64_t inFlightBytes_ = 0;
+  uint64_t seq_ = 0;
+  uint32_t nextRequest_ = 1;
+  Status failure_;
+  bool closed_ = false;
+  std::atomic<bool> closing_{false};
+  std::thread dispatcher_;
+};
+
+}  // namespace
+
+std::unique_ptr<Worker> Worker::start(WorkerOptions opts, control::ClientOptions control,
+                                      std::unique_ptr<transport::Transport> transport,
+                                      Deadline deadline) {
+  CORTADO_ENFORCE(transport != nullptr, ErrorCode::kInvalidArgument, "worker needs a transport");
+  auto w = std::make_unique<WorkerImpl>(std::move(opts), std::move(transport));
+  w->start(std::move(control), deadline);
+  return w;
+}
+
+}  // namespace cortado

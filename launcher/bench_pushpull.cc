@@ -1,0 +1,173 @@
+#include "launcher/bench_pushpull.h"
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "core/backends.h"
+#include "core/common/env.h"
+#include "core/common/half.h"
+#include "core/common/logging.h"
+#include "core/worker.h"
+#include "launcher/launch.h"
+
+namespace cortado::launcher {
+namespace {
+
+// Integer-valued inputs keep every sum exact in every dtype, so results are
+// checked bit for bit: worker r sends (r + 1) * (i % 13 + 1).
+double inputValue(int rank, uint64_t i) { return double(rank + 1) * double(i % 13 + 1); }
+double expectedSum(int workers, uint64_t i) {
+  return double(workers) * (workers + 1) / 2.0 * double(i % 13 + 1);
+}
+
+void fill(DType t, void* p, uint64_t n, int rank) {
+  for (uint64_t i = 0; i < n; ++i) {
+    double v = inputValue(rank, i);
+    switch (t) {
+      case DType::kFloat32: static_cast<float*>(p)[i] = float(v); break;
+      case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
+      case DType::kFloat16: static_cast<uint16_t*>(p)[i] = floatToHalf(float(v)); break;
+      case DType::kBFloat16: static_cast<uint16_t*>(p)[i] = floatToBf16(float(v)); break;
+      case DType::kInt32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+      case DType::kInt64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+      case DType::kUInt8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+      case DType::kInt8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
+    }
+  }
+}
+
+uint64_t countWrong(DType t, const void* p, uint64_t n, int workers) {
+  std::vector<uint8_t> expect(n * dtypeSize(t));
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    double e = expectedSum(workers, i);
+    double got = 0;
+    switch (t) {
+      case DType::kFloat32: got = static_cast<const float*>(p)[i]; break;
+      case DType::kFloat64: got = static_cast<const double*>(p)[i]; break;
+      case DType::kFloat16: got = halfToFloat(static_cast<const uint16_t*>(p)[i]); break;
+      case DType::kBFloat16: got = bf16ToFloat(static_cast<const uint16_t*>(p)[i]); break;
+      case DType::kInt32: got = static_cast<const int32_t*>(p)[i]; break;
+      case DType::kInt64: got = double(static_cast<const int64_t*>(p)[i]); break;
+      case DType::kUInt8: got = static_cast<const uint8_t*>(p)[i]; e = double(uint8_t(e)); break;
+      case DType::kInt8: got = static_cast<const int8_t*>(p)[i]; e = double(int8_t(e)); break;
+    }
+    if (t == DType::kBFloat16) e = bf16ToFloat(floatToBf16(float(e)));
+    wrong += got != e;
+  }
+  return wrong;
+}
+
+int itersFor(uint64_t bytes, int requested) {
+  if (requested > 0) return requested;
+  // About 1 GiB of traffic per size, between 5 and 200 iterations.
+  uint64_t it = (1ull << 30) / std::max<uint64_t>(bytes, 1);
+  return static_cast<int>(std::clamp<uint64_t>(it, 5, 200));
+}
+
+int relaunch(const PushPullBenchOptions& o) {
+  LaunchOptions lo;
+  lo.job = readJobConfig(false);
+  lo.job.numWorkers = o.workers;
+  lo.job.numServers = o.servers;
+  if (!o.transport.empty()) lo.job.transport = o.transport;
+  if (!getEnv({"CORTADO_LOG_LEVEL"})) lo.job.logLevel = "warn";
+  lo.command = {selfExecutable(), "bench", "pushpull",
+                "--min-bytes", std::to_string(o.minBytes),
+                "--max-bytes", std::to_string(o.maxBytes),
+                "--iters", std::to_string(o.iters),
+                "--warmup", std::to_string(o.warmup),
+                "--dtype", o.dtype};
+  if (o.json) lo.command.push_back("--json");
+  return runLaunch(lo);
+}
+
+}  // namespace
+
+int runPushPullBench(const PushPullBenchOptions& o) {
+  if (!getEnv({"CORTADO_ROLE", "DMLC_ROLE"})) return relaunch(o);
+  CORTADO_ENFORCE(o.minBytes > 0 && o.minBytes <= o.maxBytes, ErrorCode::kInvalidArgument,
+                  "--min-bytes {} must be positive and at most --max-bytes {}", o.minBytes,
+                  o.maxBytes);
+  const DType dtype = parseDType(o.dtype);
+  JobConfig job = readJobConfig(true);
+  CORTADO_ENFORCE(job.role == Role::kWorker, ErrorCode::kInvalidArgument,
+                  "cortado bench pushpull runs as a worker, but CORTADO_ROLE is {}",
+                  roleName(job.role));
+  setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
+  WorkerOptions wo;
+  wo.partitionBytes = job.partitionBytes;
+  wo.maxBytesInFlight = job.maxInflightBytes;
+  wo.async = job.async;
+  wo.listenAddress = dataListenAddress(job);
+  control::ClientOptions co;
+  co.schedulerHost = job.schedulerHost;
+  co.schedulerPort = job.schedulerPort;
+  co.token = job.token;
+  co.requestedRank = job.rank;
+  co.connectTimeout = job.connectTimeout;
+  co.heartbeatInterval = job.heartbeatInterval;
+  auto worker = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
+                              Deadline::after(job.connectTimeout));
+  const int W = worker->size(), rank = worker->rank();
+  const bool lead = rank == 0;
+  const size_t esz = dtypeSize(dtype);
+  const double busFactor = W > 1 ? 2.0 * (W - 1) / W : 1.0;
+  if (lead && !o.json) {
+    fmt::print("# cortado bench pushpull: {} workers, {} servers, dtype {}, transport {}\n", W,
+               worker->numServers(), dtypeName(dtype), job.transport);
+    fmt::print("# {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>6}\n", "size(B)", "count", "iters",
+               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
+  }
+  int failures = 0;
+  int32_t okFlag = 0, okSum = 0;
+  worker->declare("bench.check", DType::kInt32, 1, Deadline::after(job.opTimeout));
+  for (uint64_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 2) {
+    const uint64_t n = std::max<uint64_t>(1, bytes / esz);
+    const std::string name = fmt::format("bench.{}", bytes);
+    worker->declare(name, dtype, n, Deadline::after(job.opTimeout));
+    std::vector<uint8_t> in(n * esz), out(n * esz);
+    fill(dtype, in.data(), n, rank);
+    auto once = [&] {
+      worker->pushPull(name, dtype, n, in.data(), out.data(), ReduceOp::kSum, 0)
+          .wait(Deadline::after(job.opTimeout))
+          .check();
+    };
+    for (int i = 0; i < o.warmup; ++i) once();
+    const int iters = itersFor(bytes, o.iters);
+    worker->barrier(Deadline::after(job.opTimeout));
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) once();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    // Every worker checks its own result; the job-wide verdict is one more sum.
+    okFlag = countWrong(dtype, out.data(), n, W) ? 1 : 0;
+    worker->pushPull("bench.check", DType::kInt32, 1, &okFlag, &okSum, ReduceOp::kSum, 0)
+        .wait(Deadline::after(job.opTimeout))
+        .check();
+    const bool ok = okSum == 0;
+    failures += !ok;
+    const double algbw = double(n * esz) / secs / 1e9;
+    if (lead) {
+      if (o.json) {
+        fmt::print("{{\"size_bytes\": {}, \"seconds\": {:.9f}, \"algbw_gbps\": {:.4f}, "
+                   "\"busbw_gbps\": {:.4f}, \"ok\": {}, \"workers\": {}, \"servers\": {}, "
+                   "\"dtype\": \"{}\", \"transport\": \"{}\", \"iters\": {}}}\n",
+                   n * esz, secs, algbw, algbw * busFactor, ok ? "true" : "false", W,
+                   worker->numServers(), dtypeName(dtype), job.transport, iters);
+      } else {
+        fmt::print("  {:>12} {:>12} {:>10} {:>12.1f} {:>12.3f} {:>12.3f} {:>6}\n", n * esz, n,
+                   iters, secs * 1e6, algbw, algbw * busFactor, ok ? "ok" : "WRONG");
+      }
+      std::fflush(stdout);
+    }
+  }
+  worker->shutdown(Deadline::after(job.opTimeout));
+  if (failures) {
+    fmt::print(stderr, "cortado bench pushpull: {} sizes had wrong results\n", failures);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace cortado::launcher

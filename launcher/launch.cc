@@ -1,0 +1,282 @@
+#include "launcher/launch.h"
+
+#include <fcntl.h>
+#include <openssl/rand.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "core/common/logging.h"
+#include "scheduler/scheduler.h"
+
+namespace cortado::launcher {
+namespace {
+
+struct Child {
+  Role role;
+  int rank;
+  pid_t pid;
+  bool running = true;
+  int exitStatus = 0;  // raw waitpid status
+  std::string label() const { return fmt::format("{} {}", roleName(role), rank); }
+};
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  }
+  return fmt::format("status {}", status);
+}
+
+bool cleanExit(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string makeToken() {
+  unsigned char raw[24];
+  if (RAND_bytes(raw, sizeof(raw)) != 1)
+    throw Error(ErrorCode::kUnavailable, "cannot draw random bytes for the job token");
+  std::string hex;
+  for (unsigned char c : raw) hex += fmt::format("{:02x}", c);
+  return hex;
+}
+
+// fork + exec with the job environment; the child gets its own process
+// group, the default signal mask, and dies with the launcher.
+pid_t spawn(const std::vector<std::string>& argv,
+            const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    std::string s(*e);
+    bool overridden = false;
+    for (const auto& [k, v] : env) overridden |= s.rfind(k + "=", 0) == 0;
+    if (!overridden) envStrings.push_back(s);
+  }
+  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : envStrings) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) throw Error(ErrorCode::kUnavailable, fmt::format("fork failed: {}", strerror(errno)));
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher is already gone
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execvpe(cargv[0], cargv.data(), cenv.data());
+    fprintf(stderr, "cortado launch: cannot run '%s': %s\n", cargv[0], strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from here, so that the group exists before any kill
+  return pid;
+}
+
+}  // namespace
+
+std::string selfExecutable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw Error(ErrorCode::kUnavailable, "cannot find the cortado executable");
+  buf[n] = '\0';
+  return buf;
+}
+
+int runLaunch(const LaunchOptions& opts) {
+  CORTADO_ENFORCE(!opts.command.empty(), ErrorCode::kInvalidArgument,
+                  "cortado launch needs a worker command after `--`, e.g. "
+                  "`cortado launch -w 2 -s 1 -- python3 train.py`");
+  JobConfig job = opts.job;
+  if (job.token.empty()) job.token = makeToken();
+  job.validate();
+
+  // Block the signals we wait for before any thread starts: every thread
+  // inherits the mask, so only sigtimedwait() below sees them.
+  sigset_t waitSet;
+  sigemptyset(&waitSet);
+  sigaddset(&waitSet, SIGCHLD);
+  sigaddset(&waitSet, SIGINT);
+  sigaddset(&waitSet, SIGTERM);
+  sigaddset(&waitSet, SIGHUP);
+  sigset_t oldMask;
+  pthread_sigmask(SIG_BLOCK, &waitSet, &oldMask);
+
+  scheduler::SchedulerOptions so;
+  so.bindHost = job.schedulerHost == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0";
+  so.port = job.schedulerPort;
+  so.token = job.token;
+  so.numWorkers = job.numWorkers;
+  so.numServers = job.numServers;
+  so.heartbeatTimeout = job.heartbeatTimeout;
+  so.registrationTimeout = job.connectTimeout * 2;
+  auto sched = scheduler::Scheduler::create(so);
+  job.schedulerPort = sched->port();
+  CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,
+                   job.schedulerPort, job.numServers, job.numWorkers, job.transport);
+
+  std::mutex schedMu;
+  bool schedDone = false;
+  Status schedStatus;
+  std::thread schedThread([&] {
+    Status s = sched->run();
+    std::lock_guard<std::mutex> lk(schedMu);
+    schedStatus = s;
+    schedDone = true;
+    kill(getpid(), SIGCHLD);  // wake the supervisor
+  });
+
+  std::vector<Child> children;
+  auto writePid = [&](const Child& c) {
+    if (opts.pidDir.empty()) return;
+    mkdir(opts.pidDir.c_str(), 0755);
+    std::ofstream(fmt::format("{}/{}.{}.pid", opts.pidDir, roleName(c.role), c.rank)) << c.pid << "\n";
+  };
+  const std::string self = selfExecutable();
+  std::string failure;  // first failure, names the role
+  try {
+    for (int i = 0; i < job.numServers; ++i) {
+      JobConfig c = job;
+      c.role = Role::kServer;
+      c.rank = i;
+      children.push_back({Role::kServer, i, spawn({self, "server"}, c.toEnv())});
+      writePid(children.back());
+    }
+    for (int i = 0; i < job.numWorkers; ++i) {
+      JobConfig c = job;
+      c.role = Role::kWorker;
+      c.rank = i;
+      children.push_back({Role::kWorker, i, spawn(opts.command, c.toEnv())});
+      writePid(children.back());
+    }
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+
+  auto signalAll = [&](int sig) {
+    for (auto& c : children)
+      if (c.running) kill(-c.pid, sig);
+  };
+  auto anyRunning = [&] {
+    for (auto& c : children)
+      if (c.running) return true;
+    return false;
+  };
+  bool rootIsSignal = false;
+  enum class Phase { kRunning, kGrace, kTerm, kKill } phase = Phase::kRunning;
+  auto reap = [&] {
+    for (auto& c : children) {
+      if (!c.running) continue;
+      int st = 0;
+      pid_t r = waitpid(c.pid, &st, WNOHANG);
+      if (r == c.pid) {
+        c.running = false;
+        c.exitStatus = st;
+        // Whatever it left in its process group goes with it.
+        kill(-c.pid, SIGKILL);
+        if (cleanExit(st)) {
+          CORTADO_LOG_INFO("{} (pid {}) finished", c.label(), c.pid);
+        } else {
+          std::string what = fmt::format("{} (pid {}) failed: {}", c.label(), c.pid, describeStatus(st));
+          CORTADO_LOG_ERROR("{}", what);
+          // A role killed by a signal that we did not send is the root cause;
+          // the others then exit with errors that name it.
+          bool killed = WIFSIGNALED(st) && phase < Phase::kTerm;
+          if (failure.empty() || (killed && !rootIsSignal)) {
+            failure = what;
+            rootIsSignal = killed;
+          }
+        }
+      }
+    }
+  };
+
+  // Supervise. Phases: running -> (failure or signal) grace -> SIGTERM -> SIGKILL.
+  Clock::time_point phaseEnd = Clock::time_point::max();
+  int forwardedSignal = 0;
+  if (!failure.empty()) {
+    phase = Phase::kTerm;
+    signalAll(SIGTERM);
+    phaseEnd = Clock::now() + opts.killAfterTerm;
+  }
+  while (anyRunning()) {
+    timespec ts{0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&waitSet, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      CORTADO_LOG_WARN("received signal {}: stopping every role", sig);
+      forwardedSignal = sig;
+      if (failure.empty()) failure = fmt::format("stopped by signal {} ({})", sig, strsignal(sig));
+      sched->stop();
+      if (phase < Phase::kTerm) {
+        signalAll(SIGTERM);
+        phase = Phase::kTerm;
+        phaseEnd = Clock::now() + opts.killAfterTerm;
+      }
+    }
+    reap();
+    Status ss;
+    bool sd = false;
+    {
+      std::lock_guard<std::mutex> lk(schedMu);
+      sd = schedDone;
+      ss = schedStatus;
+    }
+    if (sd && !ss.ok() && failure.empty()) {
+      failure = fmt::format("scheduler: {}", ss.message());
+      CORTADO_LOG_ERROR("{}", failure);
+    }
+    bool workersLeft = false;
+    for (auto& c : children) workersLeft |= c.running && c.role == Role::kWorker;
+    if (phase == Phase::kRunning && failure.empty() && !workersLeft) {
+      // Every worker exited cleanly: the servers have nothing left to serve.
+      sched->stop();
+      phase = Phase::kGrace;
+      phaseEnd = Clock::now() + opts.graceAfterFailure;
+    }
+    if (phase == Phase::kRunning && !failure.empty()) {
+      phase = Phase::kGrace;
+      phaseEnd = Clock::now() + opts.graceAfterFailure;
+      sched->stop();
+    }
+    if (Clock::now() >= phaseEnd) {
+      if (phase == Phase::kGrace) {
+        CORTADO_LOG_WARN("roles still running {} ms after the failure: sending SIGTERM",
+                         opts.graceAfterFailure.count());
+        signalAll(SIGTERM);
+        phase = Phase::kTerm;
+        phaseEnd = Clock::now() + opts.killAfterTerm;
+      } else if (phase == Phase::kTerm) {
+        CORTADO_LOG_WARN("roles ignored SIGTERM: sending SIGKILL");
+        signalAll(SIGKILL);
+        phase = Phase::kKill;
+        phaseEnd = Clock::time_point::max();
+      }
+    }
+  }
+  // Every worker is gone; if the scheduler is still waiting (e.g. a worker
+  // exited 0 without finishing), end it.
+  sched->stop();
+  schedThread.join();
+  pthread_sigmask(SIG_SETMASK, &oldMask, nullptr);
+  if (failure.empty() && !schedStatus.ok() && schedStatus.code() != ErrorCode::kClosed)
+    failure = fmt::format("scheduler: {}", schedStatus.message());
+  if (!failure.empty()) {
+    fmt::print(stderr, "cortado launch: job failed: {}\n", failure);
+    return forwardedSignal ? 128 + forwardedSignal : 1;
+  }
+  CORTADO_LOG_INFO("job finished: {} workers and {} servers exited cleanly", job.numWorkers,
+                   job.numServers);
+  return 0;
+}
+
+}  // namespace cortado::launcher

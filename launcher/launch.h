@@ -1,0 +1,31 @@
+// `cortado launch`: runs a whole job on this machine. The scheduler runs in
+// this process; S servers (`cortado server`) and W copies of the user's
+// command run as children, each in its own process group, with the job's
+// environment. The launcher forwards SIGINT/SIGTERM, and when any role fails
+// it gives the others a grace period to exit on the control plane's word
+// (which names the failed node), then stops what is left. No child outlives
+// it: each is also bound to it with PR_SET_PDEATHSIG.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace cortado::launcher {
+
+struct LaunchOptions {
+  JobConfig job;                      // numWorkers, numServers and the settings to hand down
+  std::vector<std::string> command;   // the worker command
+  std::string pidDir;                 // if set: <role>.<rank>.pid files, for tests and operators
+  Millis graceAfterFailure{10000};    // wait this long for roles to exit on their own
+  Millis killAfterTerm{5000};         // SIGTERM, then SIGKILL after this
+};
+
+// Returns the process exit code: 0 when every role finished cleanly.
+int runLaunch(const LaunchOptions& opts);
+
+// Path of the running `cortado` executable (to start `cortado server`).
+std::string selfExecutable();
+
+}  // namespace cortado::launcher

@@ -1,0 +1,169 @@
+// The `cortado` command: launch a job, run a role, plan, benchmark.
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "core/common/env.h"
+#include "core/common/error.h"
+#include "core/common/logging.h"
+#include "core/config.h"
+#include "cortado/config.h"
+#include "launcher/bench_pushpull.h"
+#include "launcher/launch.h"
+#include "launcher/roles.h"
+
+using namespace cortado;
+
+namespace {
+
+// Flags shared by `launch` and the role commands; they override the
+// environment (see README's settings table).
+struct JobFlags {
+  std::string transport, logLevel, partition, inflight, host;
+  int port = -1, serverThreads = -1;
+  bool async = false;
+  void add(CLI::App* app) {
+    app->add_option("--transport", transport, "data plane: zmq, ucx or auto")
+        ->check(CLI::IsMember({"zmq", "ucx", "auto"}));
+    app->add_option("--port", port, "scheduler TCP port (0: any free port)");
+    app->add_option("--host", host, "scheduler address");
+    app->add_option("--partition-bytes", partition, "chunk size, e.g. 4M");
+    app->add_option("--max-inflight-bytes", inflight, "credit bound per worker, e.g. 64M");
+    app->add_option("--server-threads", serverThreads, "engine threads per server");
+    app->add_flag("--async", async, "servers apply each push at once (async mode)");
+  }
+  void apply(JobConfig& c) const {
+    if (!transport.empty()) c.transport = transport;
+    if (!logLevel.empty()) c.logLevel = logLevel;
+    if (!partition.empty()) c.partitionBytes = parseBytes(partition);
+    if (!inflight.empty()) c.maxInflightBytes = parseBytes(inflight);
+    if (!host.empty()) c.schedulerHost = host;
+    if (port >= 0) c.schedulerPort = port;
+    if (serverThreads > 0) c.serverThreads = serverThreads;
+    if (async) c.async = true;
+  }
+};
+
+void printSettings() {
+  std::cout << "| variable | alias | default | meaning |\n| --- | --- | --- | --- |\n";
+  for (const auto& s : settingsTable()) {
+    std::cout << "| `" << s.name << "` | " << (*s.alias ? std::string("`") + s.alias + "`" : "")
+              << " | " << s.fallback << " | " << s.meaning << " |\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Cortado: gradient synchronization for data-parallel training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", CORTADO_VERSION);
+  std::string logLevel;
+  app.add_option("--log-level", logLevel, "trace, debug, info, warn, error, off");
+
+  // launch
+  auto* launch = app.add_subcommand("launch", "run a job on this machine: scheduler, servers, workers");
+  int workers = 0, servers = 0;
+  std::string pidDir;
+  std::vector<std::string> command;
+  JobFlags launchFlags;
+  launch->add_option("-w,--workers", workers, "number of workers")->required()->check(CLI::Range(1, 4096));
+  launch->add_option("-s,--servers", servers, "number of servers")->required()->check(CLI::Range(1, 4096));
+  launch->add_option("--pid-dir", pidDir, "write <role>.<rank>.pid files here");
+  launchFlags.add(launch);
+  launch->add_option("command", command, "the worker command, after --")->required();
+
+  // roles
+  auto* schedCmd = app.add_subcommand("scheduler", "run the scheduler role (settings from the environment)");
+  JobFlags schedFlags;
+  schedFlags.add(schedCmd);
+  auto* serverCmd = app.add_subcommand("server", "run a server role (settings from the environment)");
+  JobFlags serverFlags;
+  serverFlags.add(serverCmd);
+
+  // bench
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto* pp = bench->add_subcommand("pushpull", "push-pull bandwidth sweep (nccl-tests style)");
+  launcher::PushPullBenchOptions ppo;
+  std::string minBytes = "4K", maxBytes = "256M";
+  pp->add_option("-w,--workers", ppo.workers, "workers when it launches its own job")->check(CLI::Range(1, 256));
+  pp->add_option("-s,--servers", ppo.servers, "servers when it launches its own job")->check(CLI::Range(1, 256));
+  pp->add_option("-b,--min-bytes", minBytes, "smallest size, e.g. 4K");
+  pp->add_option("-e,--max-bytes", maxBytes, "largest size, e.g. 256M");
+  pp->add_option("-n,--iters", ppo.iters, "timed iterations per size (0: automatic)");
+  pp->add_option("--warmup", ppo.warmup, "untimed iterations per size");
+  pp->add_option("--dtype", ppo.dtype, "float32, float64, float16, bfloat16, int32, int64");
+  pp->add_option("--transport", ppo.transport, "zmq, ucx or auto")->check(CLI::IsMember({"zmq", "ucx", "auto"}));
+  pp->add_flag("--json", ppo.json, "one JSON object per line and size");
+
+  // settings table
+  auto* settings = app.add_subcommand("settings", "print the table of CORTADO_* settings (Markdown)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    JobConfig probe = readJobConfig(false);
+    std::string level = !logLevel.empty() ? logLevel : probe.logLevel;
+    if (*settings) {
+      printSettings();
+      return 0;
+    }
+    if (*launch) {
+      setupLogging("launch", level);
+      launcher::LaunchOptions lo;
+      lo.job = probe;
+      lo.job.logLevel = level;
+      launchFlags.apply(lo.job);
+      lo.job.numWorkers = workers;
+      lo.job.numServers = servers;
+      lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
+      lo.command = command;
+      lo.pidDir = pidDir;
+      return launcher::runLaunch(lo);
+    }
+    if (*schedCmd || *serverCmd) {
+      JobConfig job = readJobConfig(false);
+      (*schedCmd ? schedFlags : serverFlags).apply(job);
+      job.role = *schedCmd ? Role::kScheduler : Role::kServer;
+      if (!logLevel.empty()) job.logLevel = logLevel;
+      // Now everything a node needs must be there.
+      std::vector<std::string> missing;
+      if (job.numWorkers == 0) missing.push_back("CORTADO_NUM_WORKERS");
+      if (job.numServers == 0) missing.push_back("CORTADO_NUM_SERVERS");
+      if (job.schedulerPort == 0) missing.push_back("CORTADO_SCHEDULER_PORT (or --port)");
+      if (job.token.empty()) missing.push_back("CORTADO_JOB_TOKEN");
+      if (*serverCmd && job.rank < 0) missing.push_back("CORTADO_RANK");
+      if (!missing.empty()) {
+        std::string list;
+        for (auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("cortado {}: missing {}. Use `cortado launch`, or set them as "
+                                "README.md (\"Environment\") describes",
+                                roleName(job.role), list));
+      }
+      job.validate();
+      setupLogging(job.role == Role::kServer ? fmt::format("server {}", job.rank) : "scheduler",
+                   job.logLevel);
+      return *schedCmd ? launcher::runSchedulerRole(job) : launcher::runServerRole(job);
+    }
+    if (*pp) {
+      setupLogging("bench", level);
+      ppo.minBytes = parseBytes(minBytes);
+      ppo.maxBytes = parseBytes(maxBytes);
+      return launcher::runPushPullBench(ppo);
+    }
+  } catch (const Error& e) {
+    std::cerr << "cortado: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "cortado: unexpected error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}

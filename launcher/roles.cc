@@ -1,0 +1,90 @@
+#include "launcher/roles.h"
+
+#include <unistd.h>
+
+#include "core/backends.h"
+#include "core/common/logging.h"
+#include "core/control/control_client.h"
+#include "scheduler/scheduler.h"
+#include "server/server_engine.h"
+
+namespace cortado::launcher {
+
+int runSchedulerRole(const JobConfig& job) {
+  scheduler::SchedulerOptions so;
+  so.bindHost = "0.0.0.0";
+  so.port = job.schedulerPort;
+  so.token = job.token;
+  so.numWorkers = job.numWorkers;
+  so.numServers = job.numServers;
+  so.heartbeatTimeout = job.heartbeatTimeout;
+  so.registrationTimeout = job.connectTimeout * 2;
+  auto sched = scheduler::Scheduler::create(so);
+  CORTADO_LOG_INFO("listening on port {} for {} servers and {} workers", sched->port(),
+                   job.numServers, job.numWorkers);
+  Status s = sched->run();
+  if (!s.ok()) {
+    CORTADO_LOG_ERROR("job failed: {}", s.message());
+    return 1;
+  }
+  CORTADO_LOG_INFO("job finished");
+  return 0;
+}
+
+int runServerRole(const JobConfig& job) {
+  const NodeId self{Role::kServer, job.rank};
+  auto transport = makeTransport(job, self);
+  server::ServerEngineOptions eo;
+  eo.numWorkers = job.numWorkers;
+  eo.engineThreads = job.serverThreads;
+  eo.async = job.async;
+  server::ServerEngine engine(eo, *transport);
+  transport->setCallbacks([&](transport::Message&& m) { engine.handle(std::move(m)); },
+                          [&](const NodeId& peer, const Status& st) {
+                            // The transport logged it; the scheduler decides
+                            // whether the peer is dead.
+                            CORTADO_LOG_DEBUG("data plane: {}: {}", peer.toString(), st.message());
+                          });
+  control::ClientOptions co;
+  co.schedulerHost = job.schedulerHost;
+  co.schedulerPort = job.schedulerPort;
+  co.token = job.token;
+  co.role = Role::kServer;
+  co.requestedRank = job.rank;
+  co.dataAddress = transport->listen(dataListenAddress(job));
+  co.connectTimeout = job.connectTimeout;
+  co.heartbeatInterval = job.heartbeatInterval;
+  auto control = control::ControlClient::create(co);
+  int code = 0;
+  try {
+    auto book = control->connect(Deadline::after(job.connectTimeout));
+    CORTADO_ENFORCE(control->self() == self, ErrorCode::kInternal,
+                    "the scheduler assigned {} but this transport is {}", control->self().toString(),
+                    self.toString());
+    for (const auto& w : book.workers) transport->connect(w.id, w.dataAddress);
+    CORTADO_LOG_INFO("serving {} workers with {} engine threads ({} mode, transport {})",
+                     book.workers.size(), eo.engineThreads, eo.async ? "async" : "sync",
+                     transport->name());
+    // Wake now and then only to notice a failure that the client recorded.
+    while (!control->waitShutdown(Deadline::after(Millis(1000)))) {
+      Status f = control->failure();
+      if (!f.ok()) f.check();
+    }
+    auto st = engine.stats();
+    CORTADO_LOG_INFO("shutdown: {} pushes, {} pulls, {} rounds, {} errors", st.pushes, st.pulls,
+                     st.roundsCompleted, st.errors);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kClosed) {
+      CORTADO_LOG_INFO("the scheduler ended the job: {}", e.what());
+    } else {
+      CORTADO_LOG_ERROR("{}", e.what());
+      code = 1;
+    }
+  }
+  engine.stop();
+  transport->close();
+  control->close();
+  return code;
+}
+
+}  // namespace cortado::launcher

@@ -1,0 +1,61 @@
+// The server's aggregation engine. It owns the keys (tensor chunks) that
+// workers push to this server: for each key and round it sums the pushes of
+// every worker and answers their pulls once the round is complete (sync
+// mode), or applies each push at once (async mode).
+//
+// Threads: handle() is called on the transport's loop thread; it only
+// decodes the header and hands the message to one of `engineThreads` engine
+// threads, chosen by key, so each key's state is touched by one thread and
+// needs no lock. Replies are sent from the engine threads.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/transport/transport.h"
+
+namespace cortado::server {
+
+struct ServerEngineOptions {
+  int numWorkers = 1;
+  int engineThreads = 2;
+  bool async = false;
+};
+
+struct ServerStats {
+  uint64_t pushes = 0;
+  uint64_t pulls = 0;
+  uint64_t roundsCompleted = 0;
+  uint64_t errors = 0;
+};
+
+class ServerEngine {
+ public:
+  ServerEngine(ServerEngineOptions opts, transport::Transport& transport);
+  ~ServerEngine();
+  ServerEngine(const ServerEngine&) = delete;
+  ServerEngine& operator=(const ServerEngine&) = delete;
+
+  // Entry point for every data-plane message (transport loop thread).
+  void handle(transport::Message&& msg);
+
+  // Stops the engine threads; messages not yet handled are dropped.
+  void stop();
+
+  ServerStats stats() const;
+
+ private:
+  struct Shard;
+  void replyError(const NodeId& to, uint32_t requestId, uint64_t key, const std::string& what);
+
+  ServerEngineOptions opts_;
+  transport::Transport& transport_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+};
+
+}  // namespace cortado::server

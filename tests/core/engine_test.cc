@@ -1,0 +1,258 @@
+// The worker and server engines in one process: a real scheduler, S servers
+// and W workers as threads, connected by the in-process transport (STYLE.md
+// §10). Results are checked against plain summation.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <random>
+#include <thread>
+
+#include "core/common/half.h"
+#include "core/transport/inproc/factory.h"
+#include "core/wire/data_message.h"
+#include "core/worker.h"
+#include "scheduler/scheduler.h"
+#include "server/server_engine.h"
+
+namespace cortado {
+namespace {
+
+using transport::Message;
+
+const std::string kToken = "engine-test-token";
+
+struct ServerNode {
+  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<server::ServerEngine> engine;
+  std::unique_ptr<control::ControlClient> control;
+};
+
+// A job of W workers and S servers in this process.
+class Job {
+ public:
+  Job(int W, int S, WorkerOptions wo = {}, bool async = false) : hub_(transport::inproc::createHub()) {
+    scheduler::SchedulerOptions so;
+    so.bindHost = "127.0.0.1";
+    so.token = kToken;
+    so.numWorkers = W;
+    so.numServers = S;
+    so.heartbeatTimeout = Millis(5000);
+    so.registrationTimeout = Millis(20000);
+    sched_ = scheduler::Scheduler::create(so);
+    schedRun_ = std::async(std::launch::async, [this] { return sched_->run(); });
+    std::vector<std::future<void>> serverUp;
+    for (int s = 0; s < S; ++s) {
+      auto n = std::make_unique<ServerNode>();
+      NodeId id{Role::kServer, s};
+      n->transport = transport::inproc::create(hub_, id);
+      n->engine = std::make_unique<server::ServerEngine>(
+          server::ServerEngineOptions{W, 2, async}, *n->transport);
+      auto* eng = n->engine.get();
+      n->transport->setCallbacks([eng](Message&& m) { eng->handle(std::move(m)); },
+                                 [](const NodeId&, const Status&) {});
+      control::ClientOptions co = clientOptions(Role::kServer, s);
+      co.dataAddress = n->transport->listen(fmt::format("inproc://server-{}", s));
+      n->control = control::ControlClient::create(co);
+      auto* raw = n.get();
+      serverUp.push_back(std::async(std::launch::async, [raw] {
+        auto book = raw->control->connect(Deadline::after(Millis(20000)));
+        for (auto& w : book.workers) raw->transport->connect(w.id, w.dataAddress);
+      }));
+      servers_.push_back(std::move(n));
+    }
+    std::vector<std::future<std::unique_ptr<Worker>>> up;
+    for (int w = 0; w < W; ++w) {
+      up.push_back(std::async(std::launch::async, [this, w, wo] {
+        WorkerOptions o = wo;
+        o.async = async_;
+        o.listenAddress = fmt::format("inproc://worker-{}", w);
+        return Worker::start(o, clientOptions(Role::kWorker, w),
+                             transport::inproc::create(hub_, NodeId{Role::kWorker, w}),
+                             Deadline::after(Millis(20000)));
+      }));
+    }
+    async_ = async;
+    for (auto& f : up) workers.push_back(f.get());
+    for (auto& f : serverUp) f.get();
+  }
+
+  ~Job() {
+    std::vector<std::future<void>> down;
+    for (auto& w : workers)
+      down.push_back(std::async(std::launch::async, [&w] { w->shutdown(Deadline::after(Millis(10000))); }));
+    for (auto& d : down) d.get();
+    sched_->stop();
+    schedRun_.wait_for(std::chrono::seconds(10));
+    for (auto& s : servers_) {
+      s->engine->stop();
+      s->transport->close();
+      s->control->close();
+    }
+  }
+
+  control::ClientOptions clientOptions(Role role, int rank) {
+    control::ClientOptions co;
+    co.schedulerHost = "127.0.0.1";
+    co.schedulerPort = sched_->port();
+    co.token = kToken;
+    co.role = role;
+    co.requestedRank = rank;
+    co.connectTimeout = Millis(20000);
+    co.heartbeatInterval = Millis(200);
+    return co;
+  }
+
+  // Runs f(rank) on every worker at once and waits.
+  void onEveryWorker(const std::function<void(int)>& f) {
+    std::vector<std::future<void>> fs;
+    for (int r = 0; r < int(workers.size()); ++r) fs.push_back(std::async(std::launch::async, f, r));
+    for (auto& x : fs) x.get();
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers;
+
+ private:
+  std::shared_ptr<transport::inproc::Hub> hub_;
+  std::unique_ptr<scheduler::Scheduler> sched_;
+  std::future<Status> schedRun_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
+  bool async_ = false;
+};
+
+const Deadline soon() { return Deadline::after(Millis(20000)); }
+
+TEST(Engine, SumsEveryDtypeAcrossWorkers) {
+  const int W = 3;
+  WorkerOptions wo;
+  wo.partitionBytes = 1024;  // many chunks per tensor
+  wo.maxBytesInFlight = 4096;
+  Job job(W, 2, wo);
+  const DType types[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                         DType::kBFloat16, DType::kInt32,   DType::kInt64};
+  const uint64_t sizes[] = {1, 7, 256, 1000, 5003};
+  auto value = [](int r, int it, uint64_t i) { return double((r * 7 + it * 3 + int(i % 11)) % 9) - 4; };
+  job.onEveryWorker([&](int r) {
+    Worker& w = *job.workers[r];
+    for (DType t : types)
+      for (uint64_t n : sizes) w.declare(fmt::format("{}.{}", dtypeName(t), n), t, n, soon());
+    for (int it = 0; it < 3; ++it) {
+      for (DType t : types) {
+        for (uint64_t n : sizes) {
+          const size_t esz = dtypeSize(t);
+          std::vector<uint8_t> in(n * esz), out(n * esz);
+          auto put = [&](std::vector<uint8_t>& v, uint64_t i, double x) {
+            switch (t) {
+              case DType::kFloat32: reinterpret_cast<float*>(v.data())[i] = float(x); break;
+              case DType::kFloat64: reinterpret_cast<double*>(v.data())[i] = x; break;
+              case DType::kFloat16: reinterpret_cast<uint16_t*>(v.data())[i] = floatToHalf(float(x)); break;
+              case DType::kBFloat16: reinterpret_cast<uint16_t*>(v.data())[i] = floatToBf16(float(x)); break;
+              case DType::kInt32: reinterpret_cast<int32_t*>(v.data())[i] = int32_t(x); break;
+              case DType::kInt64: reinterpret_cast<int64_t*>(v.data())[i] = int64_t(x); break;
+              default: break;
+            }
+          };
+          for (uint64_t i = 0; i < n; ++i) put(in, i, value(r, it, i));
+          Handle h = w.pushPull(fmt::format("{}.{}", dtypeName(t), n), t, n, in.data(), out.data(),
+                                ReduceOp::kSum, 0);
+          ASSERT_TRUE(h.wait(soon()).ok());
+          EXPECT_TRUE(h.poll());
+          std::vector<uint8_t> ref(n * esz);
+          for (uint64_t i = 0; i < n; ++i) {
+            double s = 0;
+            for (int q = 0; q < W; ++q) s += value(q, it, i);
+            put(ref, i, s);
+          }
+          ASSERT_EQ(ref, out) << dtypeName(t) << " n=" << n << " rank " << r;
+        }
+      }
+    }
+  });
+}
+
+TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
+  const int W = 4;
+  Job job(W, 3);
+  job.onEveryWorker([&](int r) {
+    Worker& w = *job.workers[r];
+    const int kTensors = 20;
+    std::vector<std::vector<float>> bufs(kTensors);
+    for (int t = 0; t < kTensors; ++t) {
+      w.declare(fmt::format("p{}", t), DType::kFloat32, 100 + t * 50, soon());
+      bufs[t].assign(100 + t * 50, float(r + t));
+    }
+    std::vector<Handle> hs;
+    for (int t = 0; t < kTensors; ++t)
+      hs.push_back(w.pushPull(fmt::format("p{}", t), DType::kFloat32, bufs[t].size(), bufs[t].data(),
+                              bufs[t].data(), ReduceOp::kAverage, -t));
+    for (auto& h : hs) ASSERT_TRUE(h.wait(soon()).ok());
+    for (int t = 0; t < kTensors; ++t) {
+      float expect = float(0 + 1 + 2 + 3 + 4 * t) * (1.0f / 4);
+      for (float v : bufs[t]) ASSERT_EQ(v, expect);
+    }
+  });
+}
+
+TEST(Engine, AsyncModeAppliesEachPush) {
+  Job job(1, 2, {}, /*async=*/true);
+  Worker& w = *job.workers[0];
+  w.declare("x", DType::kFloat32, 3000, soon());
+  std::vector<float> in(3000), out(3000);
+  for (int it = 1; it <= 4; ++it) {
+    std::fill(in.begin(), in.end(), float(it));
+    ASSERT_TRUE(w.pushPull("x", DType::kFloat32, 3000, in.data(), out.data(), ReduceOp::kSum, 0).wait(soon()).ok());
+    float expect = float(it * (it + 1) / 2);  // the running sum of all pushes
+    for (float v : out) ASSERT_EQ(v, expect);
+  }
+}
+
+TEST(Engine, MisuseThrowsWithContext) {
+  Job job(2, 1);
+  Worker& w = *job.workers[0];
+  std::vector<float> buf(10);
+  auto expectError = [](auto&& f, const std::string& needle) {
+    try {
+      f();
+      FAIL() << "no error; expected one mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expectError([&] { w.pushPull("nope", DType::kFloat32, 10, buf.data(), buf.data(), ReduceOp::kSum, 0); },
+              "never declared");
+  job.onEveryWorker([&](int r) { job.workers[r]->declare("a", DType::kFloat32, 10, soon()); });
+  expectError([&] { w.pushPull("a", DType::kFloat32, 9, buf.data(), buf.data(), ReduceOp::kSum, 0); },
+              "declared with 10 elements");
+  expectError([&] { w.pushPull("a", DType::kInt32, 10, buf.data(), buf.data(), ReduceOp::kSum, 0); },
+              "float32");
+  expectError([&] { w.declare("a", DType::kFloat32, 11, soon()); }, "keep its shape");
+  // Only worker 0 pushes: its handle waits, and a deadline says so.
+  Handle h = w.pushPull("a", DType::kFloat32, 10, buf.data(), buf.data(), ReduceOp::kSum, 0);
+  expectError([&] { w.pushPull("a", DType::kFloat32, 10, buf.data(), buf.data(), ReduceOp::kSum, 0); },
+              "already has a push_pull in flight");
+  Status s = h.wait(Deadline::after(Millis(200)));
+  EXPECT_EQ(s.code(), ErrorCode::kTimeout);
+  EXPECT_NE(s.message().find("'a'"), std::string::npos);
+  // Worker 1 catches up; both complete.
+  std::vector<float> other(10, 1.0f);
+  Handle h1 = job.workers[1]->pushPull("a", DType::kFloat32, 10, other.data(), other.data(), ReduceOp::kSum, 0);
+  EXPECT_TRUE(h.wait(soon()).ok());
+  EXPECT_TRUE(h1.wait(soon()).ok());
+}
+
+TEST(Engine, DeclarationMismatchFailsEveryWorker) {
+  Job job(2, 1);
+  std::vector<std::string> errors(2);
+  job.onEveryWorker([&](int r) {
+    try {
+      job.workers[r]->declare("w", DType::kFloat32, 100 + r, soon());
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (auto& e : errors) {
+    EXPECT_NE(e.find("'w'"), std::string::npos) << e;
+  }
+}
+
+}  // namespace
+}  // namespace cortado
