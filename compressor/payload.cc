@@ -88,6 +88,9 @@ PayloadHeader parseHeader(std::span<const std::byte> header, size_t payloadSize)
   h.seed = loadLe<uint64_t>(p + 24);
   h.count = loadLe<uint64_t>(p + 32);
   h.param = loadLe<uint32_t>(p + 40);
+  CORTADO_ENFORCE(h.numel <= kMaxNumel, ErrorCode::kProtocol,
+                  "{} payload declares {} elements, more than the limit of {}",
+                  codecIdName(h.codec), h.numel, kMaxNumel);
   CORTADO_ENFORCE(h.bodyBytes == payloadSize - kHeaderBytes, ErrorCode::kProtocol,
                   "{} payload: header declares a {}-byte body but {} bytes follow the header",
                   codecIdName(h.codec), h.bodyBytes, payloadSize - kHeaderBytes);

@@ -30,6 +30,9 @@ namespace cortado::compressor {
 inline constexpr uint32_t kPayloadMagic = 0x43445443u;  // "CTDC" in memory order
 inline constexpr uint8_t kPayloadVersion = 1;
 inline constexpr size_t kHeaderBytes = 48;
+// Largest element count a header may declare: far above any tensor, and low
+// enough that no body-size formula (at most 8 bytes per element) overflows.
+inline constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
 
 struct PayloadHeader {
   CodecId codec = CodecId::kFp16;
@@ -49,7 +52,7 @@ void writeHeader(const PayloadHeader& h, std::span<std::byte> out);
 
 // Parses and checks what the header alone can tell: size at least
 // kHeaderBytes, magic, version, a known codec id, a valid dtype, reserved
-// bytes zero, body size equal to the rest of the span. Throws kProtocol with
+// bytes zero, numel <= kMaxNumel, body size equal to the rest of the span. Throws kProtocol with
 // what was wrong. Safe on any input: the server's first call on a push.
 PayloadHeader parseHeader(std::span<const std::byte> payload);
 // The same from a copy of the first kHeaderBytes of a payload of payloadSize

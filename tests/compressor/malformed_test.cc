@@ -190,3 +190,30 @@ TEST(MalformedBody, RandomKDifferentSeedsNotAddable) {
 
 }  // namespace
 }  // namespace cortado::compressor
+
+namespace cortado::compressor {
+namespace {
+
+// Found by the fuzzer: numel 2^63 + 16 made fp16's 2 * numel body size wrap
+// to 32 bytes, and addPayload (which takes n from the header) then ran off
+// the end. Headers now cap numel at kMaxNumel.
+TEST(MalformedBody, HugeNumelCannotWrapTheBodySize) {
+  auto c = cpuRegistry().create("fp16");
+  PayloadHeader h;
+  h.codec = CodecId::kFp16;
+  h.numel = (uint64_t{1} << 63) + 16;
+  h.bodyBytes = 32;
+  std::vector<std::byte> p(kHeaderBytes + 32);
+  writeHeader(h, p);
+  auto q = p;
+  try {
+    c->addPayload(p, q);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kProtocol);
+    EXPECT_NE(std::string(e.what()).find("more than the limit"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cortado::compressor

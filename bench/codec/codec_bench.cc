@@ -1,0 +1,229 @@
+// Codec throughput next to the machine's single-thread memcpy bandwidth, and
+// top-k / DGC next to torch.topk on the same tensor, all in one run.
+//
+//   cortado_codec_bench [benchmark flags]
+//   cortado_codec_bench --export_costs=costs.json [--cost_max_elements=N]
+//                       [--cost_reps=R] [--threads=T]
+//
+// GB/s is input bytes (fp32) per second. Codec runs use --threads threads
+// (default: every core) through a ThreadPool; memcpy uses one.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compressor/error_feedback.h"
+#include "compressor/registry.h"
+#include "core/common/thread_pool.h"
+#include "cost_export.h"
+#include "torch_ref.h"
+
+namespace cortado::bench {
+namespace {
+
+using compressor::EncodeContext;
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::vector<float> normalTensor(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Best of several single-thread memcpy runs: the bandwidth yardstick.
+double memcpyGBs(const std::vector<float>& src) {
+  std::vector<float> dst(src.size());
+  std::memcpy(dst.data(), src.data(), src.size() * 4);  // fault the pages in
+  double best = 1e9;
+  for (int r = 0; r < 15; ++r) {
+    auto t = Clock::now();
+    std::memcpy(dst.data(), src.data(), src.size() * 4);
+    benchmark::DoNotOptimize(dst.data());
+    best = std::min(best, secondsSince(t));
+  }
+  return src.size() * 4 / best / 1e9;
+}
+
+struct Context {
+  compressor::Registry registry;
+  std::unique_ptr<ThreadPool> pool;
+  size_t threads = 1;
+  std::vector<float> x64;  // 64 MiB
+  std::vector<float> x25;  // 25M floats
+  double memcpy = 0;
+};
+
+// Registers a manually timed benchmark that reports GB/s of `bytes` input and
+// how that compares with memcpy.
+template <typename Fn>
+void addThroughput(Context& c, const std::string& name, double bytes, Fn fn) {
+  benchmark::RegisterBenchmark(name.c_str(), [&c, bytes, fn](benchmark::State& st) {
+    double total = 0;
+    for (auto _ : st) {
+      auto t = Clock::now();
+      fn();
+      double dt = secondsSince(t);
+      st.SetIterationTime(dt);
+      total += dt;
+    }
+    double gbs = bytes / (total / st.iterations()) / 1e9;
+    st.counters["GB/s"] = gbs;
+    st.counters["memcpy_GB/s"] = c.memcpy;
+    st.counters["pct_memcpy"] = 100.0 * gbs / c.memcpy;
+  })->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+}
+
+void registerAll(Context& c) {
+  const double bytes64 = c.x64.size() * 4.0;
+  addThroughput(c, "memcpy/64MiB/threads:1", bytes64, [&c, dst = std::make_shared<std::vector<float>>(c.x64.size())] {
+    std::memcpy(dst->data(), c.x64.data(), c.x64.size() * 4);
+    benchmark::DoNotOptimize(dst->data());
+  });
+  for (std::string spec : {"fp16", "bf16", "onebit", "signsgd", "efsignsgd", "qsgd:levels=7",
+                           "terngrad", "randomk:ratio=0.01"}) {
+    auto codec = c.registry.create(spec);
+    for (size_t threads : {size_t{1}, c.threads}) {
+      auto out = std::make_shared<std::vector<std::byte>>(codec->payloadBytes(c.x64.size()));
+      EncodeContext ctx;
+      ctx.pool = threads > 1 ? c.pool.get() : nullptr;
+      ctx.seed = 1;
+      addThroughput(c, "encode/" + spec + "/64MiB/threads:" + std::to_string(threads), bytes64,
+                    [&c, codec, out, ctx] { codec->encode(c.x64.data(), c.x64.size(), *out, ctx); });
+      if (threads == 1 && c.threads == 1) break;
+    }
+  }
+  // The worker's full error-feedback step (three passes over the residual).
+  {
+    auto ef = std::make_shared<compressor::ErrorFeedback>(c.registry.create("efsignsgd"));
+    auto out = std::make_shared<std::vector<std::byte>>(ef->payloadBytes(c.x64.size()));
+    EncodeContext ctx;
+    ctx.pool = c.pool.get();
+    addThroughput(c, "ef_encode/efsignsgd/64MiB/threads:" + std::to_string(c.threads), bytes64,
+                  [&c, ef, out, ctx] { ef->encode(0, c.x64.data(), c.x64.size(), *out, ctx); });
+  }
+  // The server's side: decompress-add a push into the fp32 sum.
+  for (std::string spec : {"fp16", "onebit", "efsignsgd", "topk:ratio=0.01"}) {
+    auto codec = c.registry.create(spec);
+    auto payload = std::make_shared<std::vector<std::byte>>(codec->payloadBytes(c.x64.size()));
+    EncodeContext ctx;
+    ctx.pool = c.pool.get();
+    codec->encode(c.x64.data(), c.x64.size(), *payload, ctx);
+    auto sum = std::make_shared<std::vector<float>>(c.x64.size(), 0.0f);
+    addThroughput(c, "decompress_add/" + spec + "/64MiB/threads:" + std::to_string(c.threads),
+                  bytes64, [codec, payload, sum, ctx] {
+                    codec->decompressAdd(*payload, sum->data(), sum->size(), 1.0f, ctx);
+                  });
+  }
+
+  // top-k and DGC against torch.topk(|x|, k) on the same 25M floats.
+  const size_t n = c.x25.size();
+  for (double ratio : {0.01, 0.001}) {
+    size_t k = static_cast<size_t>(n * ratio);
+    double torchSec = 0;
+    if (torchAvailable()) {
+      torchSec = 1e9;
+      for (int r = 0; r < 3; ++r) torchSec = std::min(torchSec, torchTopkOnce(c.x25.data(), n, k));
+      std::string tname = "torch.topk/ratio:" + std::to_string(ratio).substr(0, 5) + "/25M/threads:" +
+                          std::to_string(torchThreads());
+      benchmark::RegisterBenchmark(tname.c_str(), [&c, n, k](benchmark::State& st) {
+        for (auto _ : st) st.SetIterationTime(torchTopkOnce(c.x25.data(), n, k));
+        st.counters["GB/s"] = benchmark::Counter(4.0 * n * st.iterations() / 1e9,
+                                                 benchmark::Counter::kIsRate);
+      })->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+    }
+    for (std::string name : {"topk", "dgc"}) {
+      auto codec = c.registry.create(name + ":ratio=" + std::to_string(ratio));
+      auto out = std::make_shared<std::vector<std::byte>>(codec->payloadBytes(n));
+      EncodeContext ctx;
+      ctx.pool = c.pool.get();
+      std::string bname = "encode/" + codec->spec() + "/25M/threads:" + std::to_string(c.threads);
+      benchmark::RegisterBenchmark(bname.c_str(), [&c, codec, out, ctx, n, torchSec](benchmark::State& st) {
+        double total = 0;
+        for (auto _ : st) {
+          auto t = Clock::now();
+          codec->encode(c.x25.data(), n, *out, ctx);
+          double dt = secondsSince(t);
+          st.SetIterationTime(dt);
+          total += dt;
+        }
+        double per = total / st.iterations();
+        st.counters["GB/s"] = 4.0 * n / per / 1e9;
+        if (torchSec > 0) {
+          st.counters["torch_ms"] = torchSec * 1e3;
+          st.counters["x_vs_torch"] = torchSec / per;
+        }
+      })->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+    }
+  }
+}
+
+bool takeFlag(int& argc, char** argv, const std::string& name, std::string* value) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind(name + "=", 0) == 0) {
+      *value = a.substr(name.size() + 1);
+      std::copy(argv + i + 1, argv + argc, argv + i);
+      --argc;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+}  // namespace cortado::bench
+
+int main(int argc, char** argv) {
+  using namespace cortado::bench;
+  std::string v;
+  size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  if (takeFlag(argc, argv, "--threads", &v)) threads = std::max(1, std::stoi(v));
+  auto pool = threads > 1 ? std::make_unique<cortado::ThreadPool>(threads - 1) : nullptr;
+  if (takeFlag(argc, argv, "--export_costs", &v)) {
+    CostExportOptions o;
+    o.path = v;
+    o.pool = pool.get();
+    if (takeFlag(argc, argv, "--cost_max_elements", &v)) o.maxElements = std::stoull(v);
+    if (takeFlag(argc, argv, "--cost_reps", &v)) o.reps = std::stoi(v);
+    if (takeFlag(argc, argv, "--cost_codecs", &v)) {
+      for (size_t p = 0; p <= v.size();) {
+        size_t q = v.find(';', p);
+        if (q == std::string::npos) q = v.size();
+        if (q > p) o.specs.push_back(v.substr(p, q - p));
+        p = q + 1;
+      }
+    } else {
+      o.specs = {"fp16", "bf16", "onebit", "signsgd", "efsignsgd", "topk:ratio=0.01",
+                 "topk:ratio=0.001", "dgc:ratio=0.001", "randomk:ratio=0.01", "qsgd:levels=7",
+                 "terngrad", "natural"};
+    }
+    return runCostExport(o);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  Context c;
+  cortado::compressor::registerCpuCodecs(c.registry);
+  c.pool = std::move(pool);
+  c.threads = threads;
+  c.x64 = normalTensor(16u << 20, 1);
+  c.x25 = normalTensor(25'000'000, 2);
+  c.memcpy = memcpyGBs(c.x64);
+  std::cerr << "single-thread memcpy of 64 MiB: " << c.memcpy << " GB/s; codec threads: " << threads
+            << "; torch.topk comparison: " << (torchAvailable() ? "on" : "off (no libtorch)") << "\n";
+  registerAll(c);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,131 @@
+#include "cost_export.h"
+
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "compressor/registry.h"
+#include "core/common/thread_pool.h"
+
+namespace cortado::bench {
+namespace {
+
+using compressor::EncodeContext;
+
+template <typename Fn>
+double medianSeconds(int reps, Fn&& fn) {
+  std::vector<double> t;
+  fn();  // warm-up: page faults, caches
+  for (int r = 0; r < reps; ++r) {
+    auto a = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+// Least squares of seconds = alpha + beta * bytes with weights 1/seconds^2,
+// i.e. minimizing relative error, so small sizes (alpha) and large sizes
+// (beta) both fit; alpha is kept non-negative.
+std::pair<double, double> fit(const std::vector<std::pair<double, double>>& pts) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : pts) {
+    double w = 1.0 / std::max(y * y, 1e-18);
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  double det = sw * sxx - sx * sx;
+  double beta = det != 0 ? (sw * sxy - sx * sy) / det : 0;
+  double alpha = (sy - beta * sx) / sw;
+  if (alpha < 0) {  // refit through the origin
+    alpha = 0;
+    beta = sxy / sxx;
+  }
+  return {alpha, beta};
+}
+
+std::string machine() {
+  utsname u{};
+  uname(&u);
+  return std::string(u.sysname) + " " + u.release + " " + u.machine + ", " +
+         std::to_string(std::thread::hardware_concurrency()) + " cores";
+}
+
+}  // namespace
+
+int runCostExport(const CostExportOptions& o) {
+  compressor::Registry registry;
+  compressor::registerCpuCodecs(registry);
+  nlohmann::json entries = nlohmann::json::array();
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(o.maxElements), out(o.maxElements);
+  for (auto& v : x) v = dist(rng);
+  for (const auto& spec : o.specs) {
+    auto codec = registry.create(spec);
+    nlohmann::json enc = nlohmann::json::array(), dec = nlohmann::json::array(),
+                   add = nlohmann::json::array();
+    std::vector<std::pair<double, double>> pe, pd, pa;
+    for (size_t n = 1024; n <= o.maxElements; n *= 4) {
+      EncodeContext ctx;
+      ctx.pool = o.pool;
+      std::vector<std::byte> payload(codec->payloadBytes(n));
+      // Fewer repetitions for big sizes keep the sweep to a few seconds per codec.
+      int reps = n >= (1 << 22) ? std::max(3, o.reps / 4) : o.reps;
+      double te = medianSeconds(reps, [&] { codec->encode(x.data(), n, payload, ctx); });
+      double td = medianSeconds(reps, [&] { codec->decode(payload, out.data(), n, ctx); });
+      double ta = medianSeconds(reps, [&] { codec->decompressAdd(payload, out.data(), n, 1.0f, ctx); });
+      double bytes = 4.0 * n;
+      auto point = [&](double s) {
+        return nlohmann::json{{"elements", n}, {"input_bytes", 4 * n},
+                              {"payload_bytes", payload.size()}, {"seconds", s}};
+      };
+      enc.push_back(point(te));
+      dec.push_back(point(td));
+      add.push_back(point(ta));
+      pe.emplace_back(bytes, te);
+      pd.emplace_back(bytes, td);
+      pa.emplace_back(bytes, ta);
+    }
+    auto entry = [&](const char* op, const nlohmann::json& pts, const auto& raw) {
+      auto [alpha, beta] = fit(raw);
+      entries.push_back({{"codec", codec->spec()}, {"device", "cpu"}, {"op", op},
+                         {"alpha", alpha}, {"beta", beta}, {"points", pts}});
+    };
+    entry("encode", enc, pe);
+    entry("decode", dec, pd);
+    entry("decompress_add", add, pa);
+    std::cerr << "measured " << codec->spec() << "\n";
+  }
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  nlohmann::json doc = {{"schema", "cortado.codec_costs.v1"},
+                        {"date", date},
+                        {"machine", machine()},
+                        {"threads", o.pool ? o.pool->size() + 1 : 1},
+                        {"model", "seconds = alpha + beta * input_bytes"},
+                        {"entries", entries}};
+  std::ofstream f(o.path);
+  if (!f) {
+    std::cerr << "cannot write " << o.path << "\n";
+    return 1;
+  }
+  f << doc.dump(2) << "\n";
+  std::cerr << "wrote " << entries.size() << " cost fits to " << o.path << "\n";
+  return 0;
+}
+
+}  // namespace cortado::bench
