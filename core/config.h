@@ -28,6 +28,7 @@ struct JobConfig {
   uint64_t maxInflightBytes = 64ull << 20;
   int serverThreads = 2;
   bool async = false;
+  bool sharedMemory = true;               // same-host shared-memory data path
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis connectTimeout{30000};
   Millis heartbeatInterval{1000};

@@ -14,6 +14,7 @@
 #include "core/common/logging.h"
 #include "core/common/reduce.h"
 #include "core/partition.h"
+#include "core/shm/shm_segment.h"
 #include "core/wire/data_message.h"
 
 namespace cortado {
@@ -70,6 +71,7 @@ struct TensorEntry {
   uint64_t numElements;
   uint64_t key;
   std::vector<Chunk> chunks;
+  std::vector<shm::Region> regions;  // per chunk; data == nullptr: send bytes
   uint64_t round = 0;      // rounds started so far
   bool inFlight = false;   // a pushPull has not completed yet
 };
@@ -120,6 +122,16 @@ class WorkerImpl final : public Worker {
                     "the job has no servers: start at least one (CORTADO_NUM_SERVERS >= 1)");
     for (const auto& s : book_.servers) transport_->connect(s.id, s.dataAddress);
     placement_ = std::make_unique<ServerPlacement>(static_cast<int>(book_.servers.size()));
+    if (opts_.sharedMemory) {
+      const std::string prefix = shm::jobPrefix(copts.token);
+      const std::string& myHost = book_.workers.at(self_.rank).hostname;
+      for (const auto& s : book_.servers)
+        sameHost_.push_back(s.sharedMemory && s.hostname == myHost);
+      arena_ = std::make_unique<shm::Arena>(prefix, self_);
+      peerShm_ = std::make_unique<shm::PeerMappings>(prefix);
+    } else {
+      sameHost_.assign(book_.servers.size(), false);
+    }
     dispatcher_ = std::thread([this] { dispatchLoop(); });
     CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}", self_.rank,
                      book_.workers.size(), book_.servers.size(), transport_->name());
@@ -155,6 +167,18 @@ class WorkerImpl final : public Worker {
     std::lock_guard<std::mutex> lk(mu_);
     // Placement runs in declaration order, the same on every worker.
     entry->chunks = placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes);
+    entry->regions.resize(entry->chunks.size());
+    for (size_t i = 0; i < entry->chunks.size(); ++i) {
+      const Chunk& c = entry->chunks[i];
+      if (!sameHost_[c.server] || c.numElements == 0) continue;
+      try {
+        entry->regions[i] = arena_->allocate(c.numElements * dtypeSize(dtype));
+      } catch (const Error& e) {
+        // Out of shared memory: this chunk travels as bytes instead.
+        CORTADO_LOG_WARN("worker {}: tensor '{}' chunk {} goes over the socket: {}", self_.rank,
+                         name, i, e.what());
+      }
+    }
     tensors_[name] = std::move(entry);
     return key;
   }
@@ -284,15 +308,30 @@ class WorkerImpl final : public Worker {
     h.numElements = c.numElements;
     try {
       h.op = Op::kPush;
-      h.bodyBytes = c.numElements * esz;
       Message push;
-      push.parts.push_back(wire::encodeHeader(h));
-      // Zero-copy: the caller keeps the input alive until the handle completes.
-      push.parts.push_back(
-          Buffer::wrap(const_cast<uint8_t*>(op.task->input) + c.offset * esz, h.bodyBytes, op.task));
+      const shm::Region& region = t.regions[op.chunk];
+      if (region.data) {
+        // Same host: the server sums straight from our shared memory. The
+        // region is ours again once this round's answer is back.
+        std::memcpy(region.data, op.task->input + c.offset * esz, c.numElements * esz);
+        shm::Descriptor d{region.segment, 0, region.offset};
+        h.flags |= wire::kFlagShm;
+        h.bodyBytes = sizeof(d);
+        push.parts.push_back(wire::encodeHeader(h));
+        push.parts.push_back(Buffer::copyOf(&d, sizeof(d)));
+      } else {
+        h.bodyBytes = c.numElements * esz;
+        push.parts.push_back(wire::encodeHeader(h));
+        // Zero-copy: the caller keeps the input alive until the handle completes.
+        push.parts.push_back(Buffer::wrap(const_cast<uint8_t*>(op.task->input) + c.offset * esz,
+                                          h.bodyBytes, op.task));
+      }
       transport_->send(server, std::move(push));
       h.op = Op::kPull;
       h.bodyBytes = 0;
+      // Ask a same-host server to answer through its shared memory too.
+      h.flags = static_cast<uint8_t>((opts_.async ? wire::kFlagAsync : wire::kFlagNone) |
+                                     (sameHost_[c.server] ? wire::kFlagShm : wire::kFlagNone));
       Message pull;
       pull.parts.push_back(wire::encodeHeader(h));
       pull.parts.push_back(Buffer());
@@ -373,11 +412,24 @@ class WorkerImpl final : public Worker {
                                dtypeName(h->dtype), c.key, task.round, c.numElements,
                                dtypeName(t.dtype)));
       } else if (c.numElements > 0) {
-        uint8_t* dst = task.output + c.offset * esz;
-        if (task.op == ReduceOp::kAverage)
-          divideInto(t.dtype, dst, m->parts[1].data(), c.numElements, size());
-        else
-          std::memcpy(dst, m->parts[1].data(), c.numElements * esz);
+        try {
+          const uint8_t* src = m->parts[1].data();
+          if (h->flags & wire::kFlagShm) {
+            CORTADO_ENFORCE(peerShm_ != nullptr, ErrorCode::kProtocol,
+                            "{} answered through shared memory, which this worker has off",
+                            m->from.toString());
+            shm::Descriptor d;
+            std::memcpy(&d, src, sizeof(d));
+            src = peerShm_->resolve(m->from, d.segment, d.offset, c.numElements * esz);
+          }
+          uint8_t* dst = task.output + c.offset * esz;
+          if (task.op == ReduceOp::kAverage)
+            divideInto(t.dtype, dst, src, c.numElements, size());
+          else
+            std::memcpy(dst, src, c.numElements * esz);
+        } catch (const Error& e) {
+          s = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
+        }
       }
     }
     // The handle completes when the last chunk is back, never earlier: a
@@ -441,6 +493,9 @@ class WorkerImpl final : public Worker {
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<TensorEntry>> tensors_;
   std::unique_ptr<ServerPlacement> placement_;
+  std::vector<bool> sameHost_;                      // per server
+  std::unique_ptr<shm::Arena> arena_;               // our push regions
+  std::unique_ptr<shm::PeerMappings> peerShm_;      // servers' result regions
   std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
   std::unordered_map<uint32_t, ChunkOp> pending_;
   uint64_t inFlightBytes_ = 0;

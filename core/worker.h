@@ -34,6 +34,9 @@ struct WorkerOptions {
   uint64_t maxBytesInFlight = 64ull << 20; // credits: pushed but not yet pulled
   bool async = false;                      // servers in async mode
   std::string listenAddress = "tcp://127.0.0.1:0";
+  // Same-host servers get pushes and send sums through shared memory
+  // (core/shm); servers on other hosts always get bytes.
+  bool sharedMemory = true;
 };
 
 // The completion of one pushPull. Cheap to copy; all copies share the state.

@@ -99,6 +99,7 @@ int runPushPullBench(const PushPullBenchOptions& o) {
   WorkerOptions wo;
   wo.partitionBytes = job.partitionBytes;
   wo.maxBytesInFlight = job.maxInflightBytes;
+  wo.sharedMemory = job.sharedMemory;
   wo.async = job.async;
   wo.listenAddress = dataListenAddress(job);
   control::ClientOptions co;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/common/logging.h"
+#include "core/shm/shm_segment.h"
 #include "scheduler/scheduler.h"
 
 namespace cortado::launcher {
@@ -267,6 +268,9 @@ int runLaunch(const LaunchOptions& opts) {
   // exited 0 without finishing), end it.
   sched->stop();
   schedThread.join();
+  // Shared memory that a killed role could not unlink.
+  if (int n = shm::removeJobSegments(shm::jobPrefix(job.token)))
+    CORTADO_LOG_INFO("removed {} shared-memory segments left by the job", n);
   pthread_sigmask(SIG_SETMASK, &oldMask, nullptr);
   if (failure.empty() && !schedStatus.ok() && schedStatus.code() != ErrorCode::kClosed)
     failure = fmt::format("scheduler: {}", schedStatus.message());

@@ -5,6 +5,7 @@
 #include "core/backends.h"
 #include "core/common/logging.h"
 #include "core/control/control_client.h"
+#include "core/shm/shm_segment.h"
 #include "scheduler/scheduler.h"
 #include "server/server_engine.h"
 
@@ -38,6 +39,8 @@ int runServerRole(const JobConfig& job) {
   eo.numWorkers = job.numWorkers;
   eo.engineThreads = job.serverThreads;
   eo.async = job.async;
+  eo.self = self;
+  if (job.sharedMemory) eo.shmPrefix = shm::jobPrefix(job.token);
   server::ServerEngine engine(eo, *transport);
   transport->setCallbacks([&](transport::Message&& m) { engine.handle(std::move(m)); },
                           [&](const NodeId& peer, const Status& st) {
@@ -54,6 +57,7 @@ int runServerRole(const JobConfig& job) {
   co.dataAddress = transport->listen(dataListenAddress(job));
   co.connectTimeout = job.connectTimeout;
   co.heartbeatInterval = job.heartbeatInterval;
+  co.sharedMemory = !eo.shmPrefix.empty();
   auto control = control::ControlClient::create(co);
   int code = 0;
   try {

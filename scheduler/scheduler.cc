@@ -304,6 +304,8 @@ class SchedulerImpl final : public Scheduler {
     info.dataAddress = control::getString(body, "dataAddress");
     info.hostname = control::getString(body, "hostname");
     info.pid = static_cast<int32_t>(control::getInt(body, "pid"));
+    if (auto it = body.find("sharedMemory"); it != body.end() && it->is_boolean())
+      info.sharedMemory = it->get<bool>();
     const int total = role == Role::kServer ? opts_.numServers : opts_.numWorkers;
     const char* what = roleName(role);
     std::string who = fmt::format("{} from {} (host {}, pid {})", what, s.conn->remote(),

@@ -1,5 +1,6 @@
 #include "server/server_engine.h"
 
+#include <cstring>
 #include <unordered_map>
 
 #include "core/common/logging.h"
@@ -18,6 +19,7 @@ constexpr uint64_t kNoRound = ~uint64_t(0);
 struct PendingPull {
   NodeId from;
   uint32_t requestId;
+  bool wantsShm;
 };
 
 // Everything the server knows about one key. Touched by one engine thread.
@@ -34,6 +36,11 @@ struct KeyState {
   uint64_t doneRound = kNoRound;
   Buffer result;                // tensor dtype; shared with replies in flight
   std::vector<PendingPull> waiting;
+  // Shared-memory mode: two result regions, used by round parity (see
+  // core/shm/shm_segment.h for why two suffice).
+  shm::Region regions[2];
+  shm::Region resultRegion;
+  bool shmTried = false;
 
   // Async mode: the running value (accumulator dtype).
   Buffer store;
@@ -57,14 +64,20 @@ struct ServerEngine::Shard {
   void processSync(KeyState& k, const DataHeader& h, Message& msg);
   void processAsync(KeyState& k, const DataHeader& h, Message& msg);
   void sendResult(const NodeId& to, uint32_t requestId, uint64_t key, uint64_t round,
-                  const KeyState& k, const Buffer& body, uint8_t flags);
+                  const KeyState& k, const Buffer& body, uint8_t flags, bool wantsShm = false);
   Buffer takeBuffer(Buffer& recycled, size_t bytes);
+  // The pushed elements: the body, or the worker's shared memory it names.
+  const uint8_t* pushData(const DataHeader& h, const Message& msg, const KeyState& k);
 };
 
 ServerEngine::ServerEngine(ServerEngineOptions opts, transport::Transport& transport)
     : opts_(opts), transport_(transport) {
   CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,
                   "server needs at least one worker, got {}", opts_.numWorkers);
+  if (!opts_.shmPrefix.empty()) {
+    arena_ = std::make_unique<shm::Arena>(opts_.shmPrefix, opts_.self);
+    peers_ = std::make_unique<shm::PeerMappings>(opts_.shmPrefix);
+  }
   int n = std::max(1, opts_.engineThreads);
   for (int i = 0; i < n; ++i) {
     auto s = std::make_unique<Shard>();
@@ -188,6 +201,10 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
                     dtypeName(k.dtype));
     CORTADO_ENFORCE(!(h.flags & wire::kFlagCompressed), ErrorCode::kInvalidArgument,
                     "key {}: compressed pushes are not supported by this server", h.key);
+    CORTADO_ENFORCE(!(h.flags & wire::kFlagShm) || engine->peers_, ErrorCode::kProtocol,
+                    "key {}: {} pushed through shared memory, but this server has it off "
+                    "(CORTADO_SHM=0 here and not on the worker?)",
+                    h.key, msg.from.toString());
   } else if (h.op == Op::kPull) {
     CORTADO_ENFORCE(k.initialized, ErrorCode::kProtocol,
                     "key {}: {} pulled a key that nobody has pushed", h.key, msg.from.toString());
@@ -195,6 +212,10 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
     throw Error(ErrorCode::kProtocol, fmt::format("key {}: a server does not accept {} from {}",
                                                   h.key, wire::opName(h.op), msg.from.toString()));
   }
+  if (h.op == Op::kPull && (h.flags & wire::kFlagShm))
+    CORTADO_ENFORCE(engine->arena_, ErrorCode::kProtocol,
+                    "key {}: {} asked for a shared-memory answer, but this server has it off",
+                    h.key, msg.from.toString());
   bool async = h.flags & wire::kFlagAsync;
   CORTADO_ENFORCE(async == engine->opts_.async, ErrorCode::kMismatch,
                   "key {}: {} sent a {} message to a server in {} mode", h.key, msg.from.toString(),
@@ -227,14 +248,36 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
                     "key {}: {} pushed round {} twice", h.key, msg.from.toString(), h.round);
     const DType accT = accumulatorDType(k.dtype);
     const size_t accBytes = k.numElements * dtypeSize(accT);
-    if (k.pushes == 0) {
+    const size_t outBytes = k.numElements * dtypeSize(k.dtype);
+    const uint8_t* src = pushData(h, msg, k);
+    if (engine->arena_ && !k.shmTried && k.numElements > 0) {
+      k.shmTried = true;
+      try {
+        k.regions[0] = engine->arena_->allocate(outBytes);
+        k.regions[1] = engine->arena_->allocate(outBytes);
+      } catch (const Error& e) {
+        // Out of shared memory: this key answers with bytes.
+        CORTADO_LOG_WARN("key {}: results go over the socket: {}", h.key, e.what());
+        k.regions[0] = k.regions[1] = shm::Region();
+      }
+    }
+    const bool useShm = k.regions[1].data != nullptr;
+    // In shared-memory mode a same-dtype sum accumulates straight into this
+    // round's result region; otherwise into a private accumulator.
+    const bool direct = useShm && accT == k.dtype;
+    uint8_t* acc = nullptr;
+    if (direct) {
+      acc = k.regions[k.round % 2].data;
+    } else {
       // The published result of the last round may still be pulled: never
       // write into it. Recycling happens at completion (see below).
       if (k.acc.size() != accBytes) k.acc = Buffer::allocate(accBytes);
-      loadAccumulator(k.dtype, k.acc.data(), msg.parts[1].data(), k.numElements);
-    } else {
-      accumulate(k.dtype, k.acc.data(), msg.parts[1].data(), k.numElements);
+      acc = k.acc.data();
     }
+    if (k.pushes == 0)
+      loadAccumulator(k.dtype, acc, src, k.numElements);
+    else
+      accumulate(k.dtype, acc, src, k.numElements);
     k.pushedBy[w] = true;
     ++k.pushes;
     {
@@ -245,13 +288,21 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     // Round complete: publish the sum, start the next round. Every worker
     // pushed this round only after it had pulled the previous one, so the old
     // result is free once the transport lets go of it.
-    Buffer old = std::move(k.result);
-    if (accT == k.dtype) {
-      k.result = std::move(k.acc);
-      k.acc = takeBuffer(old, accBytes);
+    if (useShm) {
+      k.resultRegion = k.regions[k.round % 2];
+      if (!direct) storeAccumulator(k.dtype, k.resultRegion.data, k.acc.data(), k.numElements);
+      // Remote pullers get the region's bytes; no owner: the region outlives
+      // every send (see core/shm/shm_segment.h).
+      k.result = Buffer::wrap(k.resultRegion.data, outBytes, nullptr);
     } else {
-      k.result = takeBuffer(old, k.numElements * dtypeSize(k.dtype));
-      storeAccumulator(k.dtype, k.result.data(), k.acc.data(), k.numElements);
+      Buffer old = std::move(k.result);
+      if (accT == k.dtype) {
+        k.result = std::move(k.acc);
+        k.acc = takeBuffer(old, accBytes);
+      } else {
+        k.result = takeBuffer(old, outBytes);
+        storeAccumulator(k.dtype, k.result.data(), k.acc.data(), k.numElements);
+      }
     }
     k.doneRound = k.round;
     ++k.round;
@@ -263,7 +314,8 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     }
     auto waiting = std::move(k.waiting);
     k.waiting.clear();
-    for (const auto& p : waiting) sendResult(p.from, p.requestId, h.key, k.doneRound, k, k.result, 0);
+    for (const auto& p : waiting)
+      sendResult(p.from, p.requestId, h.key, k.doneRound, k, k.result, 0, p.wantsShm);
     return;
   }
   // PULL
@@ -271,10 +323,11 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     std::lock_guard<std::mutex> lk(mu);
     ++stats.pulls;
   }
+  const bool wantsShm = h.flags & wire::kFlagShm;
   if (h.round == k.doneRound) {
-    sendResult(msg.from, h.requestId, h.key, h.round, k, k.result, 0);
+    sendResult(msg.from, h.requestId, h.key, h.round, k, k.result, 0, wantsShm);
   } else if (h.round == k.round) {
-    k.waiting.push_back({msg.from, h.requestId});
+    k.waiting.push_back({msg.from, h.requestId, wantsShm});
   } else {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("key {}: {} pulled round {}, but the server has completed round {} "
@@ -289,9 +342,9 @@ void ServerEngine::Shard::processAsync(KeyState& k, const DataHeader& h, Message
   if (h.op == Op::kPush) {
     if (k.store.empty() && k.numElements > 0) {
       k.store = Buffer::allocate(k.numElements * dtypeSize(accumulatorDType(k.dtype)));
-      loadAccumulator(k.dtype, k.store.data(), msg.parts[1].data(), k.numElements);
+      loadAccumulator(k.dtype, k.store.data(), pushData(h, msg, k), k.numElements);
     } else {
-      accumulate(k.dtype, k.store.data(), msg.parts[1].data(), k.numElements);
+      accumulate(k.dtype, k.store.data(), pushData(h, msg, k), k.numElements);
     }
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -320,9 +373,18 @@ void ServerEngine::Shard::processAsync(KeyState& k, const DataHeader& h, Message
   sendResult(msg.from, h.requestId, h.key, h.round, k, out, wire::kFlagAsync);
 }
 
+const uint8_t* ServerEngine::Shard::pushData(const DataHeader& h, const Message& msg,
+                                             const KeyState& k) {
+  if (!(h.flags & wire::kFlagShm)) return msg.parts[1].data();
+  shm::Descriptor d;
+  std::memcpy(&d, msg.parts[1].data(), sizeof(d));
+  return engine->peers_->resolve(msg.from, d.segment, d.offset,
+                                 k.numElements * dtypeSize(k.dtype));
+}
+
 void ServerEngine::Shard::sendResult(const NodeId& to, uint32_t requestId, uint64_t key,
                                      uint64_t round, const KeyState& k, const Buffer& body,
-                                     uint8_t flags) {
+                                     uint8_t flags, bool wantsShm) {
   DataHeader r;
   r.op = Op::kPullResponse;
   r.flags = flags;
@@ -331,10 +393,18 @@ void ServerEngine::Shard::sendResult(const NodeId& to, uint32_t requestId, uint6
   r.round = round;
   r.dtype = k.dtype;
   r.numElements = k.numElements;
-  r.bodyBytes = body.size();
   Message m;
-  m.parts.push_back(wire::encodeHeader(r));
-  m.parts.push_back(body);
+  if (wantsShm && k.resultRegion.data != nullptr && !(flags & wire::kFlagAsync)) {
+    shm::Descriptor d{k.resultRegion.segment, 0, k.resultRegion.offset};
+    r.flags |= wire::kFlagShm;
+    r.bodyBytes = sizeof(d);
+    m.parts.push_back(wire::encodeHeader(r));
+    m.parts.push_back(Buffer::copyOf(&d, sizeof(d)));
+  } else {
+    r.bodyBytes = body.size();
+    m.parts.push_back(wire::encodeHeader(r));
+    m.parts.push_back(body);
+  }
   engine->transport_.send(to, std::move(m));
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/shm/shm_segment.h"
 #include "core/transport/transport.h"
 
 namespace cortado::server {
@@ -25,6 +26,10 @@ struct ServerEngineOptions {
   int numWorkers = 1;
   int engineThreads = 2;
   bool async = false;
+  // Same-host shared-memory data path (core/shm): the job's segment prefix
+  // and this server's id, or an empty prefix to serve bytes only.
+  std::string shmPrefix;
+  NodeId self{Role::kServer, 0};
 };
 
 struct ServerStats {
@@ -56,6 +61,8 @@ class ServerEngine {
   ServerEngineOptions opts_;
   transport::Transport& transport_;
   std::vector<std::unique_ptr<Shard>> shards_;
+  std::unique_ptr<shm::Arena> arena_;          // results, when shmPrefix is set
+  std::unique_ptr<shm::PeerMappings> peers_;   // workers' push regions
 };
 
 }  // namespace cortado::server

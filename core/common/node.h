@@ -36,6 +36,8 @@ struct NodeInfo {
   std::string dataAddress;  // transport address, e.g. tcp://127.0.0.1:41234
   std::string hostname;
   int32_t pid = 0;
+  // Reads pushes from, and answers into, same-host shared memory (core/shm).
+  bool sharedMemory = false;
   std::string toString() const {
     return fmt::format("{} (host {}, pid {}, {})", id.toString(), hostname, pid, dataAddress);
   }

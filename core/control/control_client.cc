@@ -485,7 +485,8 @@ class ControlClientImpl final : public ControlClient {
                                          {"requestedRank", opts_.requestedRank},
                                          {"dataAddress", opts_.dataAddress},
                                          {"hostname", opts_.hostname},
-                                         {"pid", static_cast<int>(getpid())}});
+                                         {"pid", static_cast<int>(getpid())},
+                                         {"sharedMemory", opts_.sharedMemory}});
     silenceLimit_ = std::max(opts_.schedulerTimeout, 3 * pingInterval_);
     startHeartbeats();
     startWatchdog();

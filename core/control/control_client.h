@@ -22,6 +22,15 @@
 //   address), aborts the job (kMismatch etc.), or becomes unreachable
 //   (kPeerDead naming the scheduler). After a failure every blocking call
 //   throws that Status as an Error.
+// - The scheduler's stop() reaches nodes as a failure with kClosed.
+// - connect() throws its failure and records it the same way (failure(),
+//   the callback): the job token refused (kProtocol),
+//   a rank refused (kInvalidArgument), the scheduler unreachable until the
+//   deadline (kTimeout naming host:port), the registration deadline (the
+//   scheduler's kTimeout naming the missing roles). None of them is retried.
+// - The callback may call close(); it must not destroy the client.
+// - The wire format, the handshake and the limits are in protocol.h and
+//   auth.h next to this file.
 #pragma once
 
 #include <functional>
@@ -44,6 +53,7 @@ struct ClientOptions {
   int requestedRank = -1;     // -1: the scheduler assigns ranks in arrival order
   std::string dataAddress;    // what this node's Transport::listen() returned
   std::string hostname;       // defaults to gethostname()
+  bool sharedMemory = false;  // advertised: this node serves same-host shared memory
   Millis connectTimeout{30000};  // connect() retries until min(its deadline, now + this)
   Millis heartbeatInterval{1000};
   // The scheduler pings every node (every SchedulerOptions::heartbeatTimeout/4);
@@ -81,14 +91,20 @@ class ControlClient {
   virtual AddressBook connect(Deadline deadline) = 0;
   virtual NodeId self() const = 0;  // valid after connect()
 
-  // Returns the job-wide key of the tensor (the same on every worker).
+  // Returns the job-wide key of the tensor (the same on every worker): the
+  // n-th distinct name that worker 0 declares gets key n. Declaring a name
+  // again the same way returns its key; with other values it throws
+  // kInvalidArgument. Workers that disagree fail the job with kMismatch.
+  // Workers only.
   virtual uint64_t declare(const TensorDecl& decl, Deadline deadline) = 0;
 
   virtual void barrier(Group group, const std::string& name, Deadline deadline) = 0;
 
-  // Workers: this worker is done. Non-blocking.
+  // Workers: this worker is done. Non-blocking; a no-op after a failure.
+  // Throws kInvalidArgument on a server or before connect().
   virtual void finish() = 0;
-  // True once the scheduler has told this node to shut down.
+  // True once the scheduler has told this node to shut down; false when the
+  // deadline passes first; throws the failure when the job failed.
   virtual bool waitShutdown(Deadline deadline) = 0;
 
   // The first failure seen, or OK.

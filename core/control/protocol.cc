@@ -118,7 +118,8 @@ Json nodeInfoToJson(const NodeInfo& n) {
               {"rank", n.id.rank},
               {"dataAddress", n.dataAddress},
               {"hostname", n.hostname},
-              {"pid", n.pid}};
+              {"pid", n.pid},
+              {"sharedMemory", n.sharedMemory}};
 }
 
 NodeInfo nodeInfoFromJson(const Json& j) {
@@ -135,6 +136,8 @@ NodeInfo nodeInfoFromJson(const Json& j) {
   n.dataAddress = getString(j, "dataAddress");
   n.hostname = getString(j, "hostname");
   n.pid = static_cast<int32_t>(getInt(j, "pid"));
+  auto shm = j.find("sharedMemory");
+  n.sharedMemory = shm != j.end() && shm->is_boolean() && shm->get<bool>();
   return n;
 }
 

@@ -64,7 +64,7 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
                   r.op);
   CORTADO_ENFORCE(isValidDType(r.dtype), ErrorCode::kProtocol,
                   "data message has unknown dtype {}", r.dtype);
-  CORTADO_ENFORCE((r.flags & ~uint8_t(kFlagAsync | kFlagCompressed)) == 0, ErrorCode::kProtocol,
+  CORTADO_ENFORCE((r.flags & ~uint8_t(kFlagAsync | kFlagCompressed | kFlagShm)) == 0, ErrorCode::kProtocol,
                   "data message has unknown flags 0x{:02x}", r.flags);
   CORTADO_ENFORCE(r.bodyBytes == bodySize, ErrorCode::kProtocol,
                   "data message for key {} promises a {}-byte body but carries {} bytes", r.key,
@@ -80,7 +80,13 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
   h.bodyBytes = r.bodyBytes;
   // A dense body must be exactly the elements it claims; guards the overflow
   // of numElements * size too.
-  if ((h.op == Op::kPush || h.op == Op::kPullResponse) && !(h.flags & kFlagCompressed)) {
+  const bool carriesData = h.op == Op::kPush || h.op == Op::kPullResponse;
+  if (carriesData && (h.flags & kFlagShm)) {
+    CORTADO_ENFORCE(h.bodyBytes == kShmDescriptorBytes && h.numElements <= (uint64_t(1) << 40),
+                    ErrorCode::kProtocol,
+                    "data message {} for key {}: a shared-memory body is {} bytes, got {}",
+                    opName(h.op), h.key, kShmDescriptorBytes, h.bodyBytes);
+  } else if (carriesData && !(h.flags & kFlagCompressed)) {
     CORTADO_ENFORCE(h.numElements <= (uint64_t(1) << 40) && h.denseBytes() == h.bodyBytes,
                     ErrorCode::kProtocol,
                     "data message {} for key {}: {} elements of {} need {} bytes, body has {}",

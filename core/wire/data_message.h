@@ -40,7 +40,10 @@ enum Flags : uint8_t {
   kFlagNone = 0,
   kFlagAsync = 1,       // async mode push/pull
   kFlagCompressed = 2,  // body is a codec payload, not raw dtype elements
+  kFlagShm = 4,         // PUSH / PULL_RESPONSE: the body is a 16-byte shm::Descriptor
+                        // naming the sender's shared memory; PULL: answer that way
 };
+inline constexpr uint64_t kShmDescriptorBytes = 16;
 
 struct DataHeader {
   Op op = Op::kPush;

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
     WorkerOptions wo;
     wo.partitionBytes = job.partitionBytes;
     wo.maxBytesInFlight = job.maxInflightBytes;
+  wo.sharedMemory = job.sharedMemory;
     wo.listenAddress = dataListenAddress(job);
     control::ClientOptions co;
     co.schedulerHost = job.schedulerHost;

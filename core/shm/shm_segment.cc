@@ -1,0 +1,135 @@
+#include "core/shm/shm_segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <openssl/sha.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/common/error.h"
+#include "core/common/logging.h"
+
+namespace cortado::shm {
+
+std::string jobPrefix(const std::string& token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  std::string hex;
+  for (int i = 0; i < 6; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return "/cortado-" + hex;
+}
+
+std::string segmentName(const std::string& prefix, const NodeId& owner, uint32_t index) {
+  return fmt::format("{}-{}-{}", prefix, owner.toWire(), index);
+}
+
+int removeJobSegments(const std::string& prefix) {
+  // POSIX shared memory objects are the files of /dev/shm on Linux.
+  DIR* d = opendir("/dev/shm");
+  if (!d) return 0;
+  int removed = 0;
+  const std::string stem = prefix.substr(1) + "-";
+  while (dirent* e = readdir(d)) {
+    if (std::strncmp(e->d_name, stem.c_str(), stem.size()) == 0) {
+      removed += shm_unlink(("/" + std::string(e->d_name)).c_str()) == 0;
+    }
+  }
+  closedir(d);
+  return removed;
+}
+
+std::unique_ptr<Segment> Segment::create(const std::string& name, size_t bytes) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+  CORTADO_ENFORCE(fd >= 0, ErrorCode::kUnavailable, "cannot create shared memory {}: {}", name,
+                  strerror(errno));
+  // Reserve the pages now: a tmpfs that runs out later would kill the
+  // process with SIGBUS on a write, where this fails cleanly.
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("cannot reserve {} bytes of shared memory for {}: {} (is /dev/shm "
+                            "full? enlarge it, or set CORTADO_SHM=0)",
+                            bytes, name, strerror(err)));
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("cannot size shared memory {} to {} bytes: {} (is /dev/shm full?)", name,
+                            bytes, strerror(err)));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("cannot map shared memory {}: {}", name, strerror(errno)));
+  }
+  return std::unique_ptr<Segment>(new Segment(name, static_cast<uint8_t*>(p), bytes, true));
+}
+
+std::unique_ptr<Segment> Segment::open(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  CORTADO_ENFORCE(fd >= 0, ErrorCode::kProtocol, "cannot open the peer's shared memory {}: {}",
+                  name, strerror(errno));
+  struct stat st {};
+  fstat(fd, &st);
+  size_t bytes = static_cast<size_t>(st.st_size);
+  void* p = bytes ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : nullptr;
+  close(fd);
+  CORTADO_ENFORCE(bytes > 0 && p != MAP_FAILED, ErrorCode::kProtocol,
+                  "cannot map the peer's shared memory {} ({} bytes): {}", name, bytes,
+                  strerror(errno));
+  return std::unique_ptr<Segment>(new Segment(name, static_cast<uint8_t*>(p), bytes, false));
+}
+
+Segment::~Segment() {
+  if (data_) munmap(data_, size_);
+  if (owner_) shm_unlink(name_.c_str());
+}
+
+Arena::Arena(std::string prefix, NodeId owner, size_t segmentBytes)
+    : prefix_(std::move(prefix)), owner_(owner), segmentBytes_(segmentBytes) {}
+
+Region Arena::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // 64-byte alignment keeps the vector loops on whole cache lines.
+  const size_t need = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+  if (segments_.empty() || used_ + need > segments_.back()->size()) {
+    uint32_t index = static_cast<uint32_t>(segments_.size());
+    segments_.push_back(
+        Segment::create(segmentName(prefix_, owner_, index), std::max(segmentBytes_, need)));
+    used_ = 0;
+    CORTADO_LOG_DEBUG("{}: shared memory segment {} ({} bytes)", owner_.toString(),
+                      segments_.back()->name(), segments_.back()->size());
+  }
+  Region r;
+  r.segment = static_cast<uint32_t>(segments_.size() - 1);
+  r.offset = used_;
+  r.data = segments_.back()->data() + used_;
+  used_ += need;
+  return r;
+}
+
+uint8_t* PeerMappings::resolve(const NodeId& peer, uint32_t index, uint64_t offset, uint64_t len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto key = std::make_pair(peer, index);
+  auto it = maps_.find(key);
+  if (it == maps_.end()) {
+    it = maps_.emplace(key, Segment::open(segmentName(prefix_, peer, index))).first;
+  }
+  const Segment& s = *it->second;
+  CORTADO_ENFORCE(offset <= s.size() && len <= s.size() - offset, ErrorCode::kProtocol,
+                  "{} sent a shared-memory descriptor [{}, +{}) outside its segment {} of {} bytes",
+                  peer.toString(), offset, len, s.name(), s.size());
+  return s.data() + offset;
+}
+
+}  // namespace cortado::shm

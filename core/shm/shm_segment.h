@@ -1,0 +1,110 @@
+// Shared memory for the same-host data path. When a worker and a server run
+// on the same machine, pushes and pull responses carry a 16-byte descriptor
+// (segment, offset) instead of the tensor bytes: the worker copies its chunk
+// into its own segment and the server sums straight from it; the server
+// publishes the sum in its segment and the worker copies it out. That is two
+// user-space copies per byte instead of four kernel copies through sockets.
+//
+// Lifetimes need no acknowledgements: the sync protocol already orders them.
+// A worker rewrites a chunk's region only for the next round of that tensor,
+// after the server has answered this round (so it has read every push), and
+// a server alternates two result regions per key, so a round's result is
+// overwritten two rounds later, after every worker has pushed the round in
+// between (so it has copied the result out).
+//
+// Segments are POSIX shared memory objects named
+// /cortado-<job>-<role><rank>-<index> (mode 0600). Their creator unlinks them
+// when it is destroyed; the launcher removes whatever a killed process left.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/common/node.h"
+
+namespace cortado::shm {
+
+// The job's segment-name prefix, derived from the job token (a hash of it,
+// so that the token does not appear in /dev/shm).
+std::string jobPrefix(const std::string& token);
+std::string segmentName(const std::string& prefix, const NodeId& owner, uint32_t index);
+// Removes every segment of the job (the launcher's cleanup).
+int removeJobSegments(const std::string& prefix);
+
+class Segment {
+ public:
+  // Creates (and truncates) a segment; throws Error(kUnavailable) naming it.
+  static std::unique_ptr<Segment> create(const std::string& name, size_t bytes);
+  // Maps an existing segment read-write; throws Error(kProtocol) naming it
+  // when it does not exist.
+  static std::unique_ptr<Segment> open(const std::string& name);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  Segment(std::string name, uint8_t* data, size_t size, bool owner)
+      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  std::string name_;
+  uint8_t* data_;
+  size_t size_;
+  bool owner_;
+};
+
+// Where a region lives: what a descriptor on the wire carries.
+struct Region {
+  uint32_t segment = 0;
+  uint64_t offset = 0;
+  uint8_t* data = nullptr;  // in this process's mapping
+};
+
+// A node's own regions: a bump allocator over segments of at least
+// `segmentBytes` each. Regions live as long as the arena (tensors are never
+// undeclared). Thread-safe.
+class Arena {
+ public:
+  Arena(std::string prefix, NodeId owner, size_t segmentBytes = 8ull << 20);
+  Region allocate(size_t bytes);
+
+ private:
+  std::mutex mu_;
+  std::string prefix_;
+  NodeId owner_;
+  size_t segmentBytes_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  size_t used_ = 0;  // in the last segment
+};
+
+// Peers' segments, mapped on first use. Thread-safe.
+class PeerMappings {
+ public:
+  explicit PeerMappings(std::string prefix) : prefix_(std::move(prefix)) {}
+  // The bytes [offset, offset+len) of `peer`'s segment `index`. Throws
+  // Error(kProtocol) naming the peer when the segment does not exist or the
+  // range is outside it: a descriptor is never trusted.
+  uint8_t* resolve(const NodeId& peer, uint32_t index, uint64_t offset, uint64_t len);
+
+ private:
+  std::mutex mu_;
+  std::string prefix_;
+  std::map<std::pair<NodeId, uint32_t>, std::unique_ptr<Segment>> maps_;
+};
+
+// The descriptor that replaces a body on the wire.
+struct Descriptor {
+  uint32_t segment;
+  uint32_t reserved;
+  uint64_t offset;
+};
+static_assert(sizeof(Descriptor) == 16);
+
+}  // namespace cortado::shm
