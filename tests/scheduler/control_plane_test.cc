@@ -108,7 +108,7 @@ TEST(ControlPlane, DuplicateAndOutOfRangeRanksAreRefused) {
   // The job still completes with valid nodes.
   auto rest = connectAll({clientOptions(sched.port(), Role::kWorker, 1),
                           clientOptions(sched.port(), Role::kServer)});
-  Connected c0{std::move(firstClient), firstUp.get(), std::make_shared<FailureProbe>()};
+  Connected c0{std::make_shared<FailureProbe>(), std::move(firstClient), firstUp.get()};
   EXPECT_EQ(c0.client->self(), (NodeId{Role::kWorker, 0}));
   rest.push_back(std::move(c0));
   finishJob(rest, sched);
@@ -234,8 +234,8 @@ TEST(ControlPlane, WrongTokenIsRefusedAndTheJobGoesOn) {
   SchedulerRunner sched(schedulerOptions(1, 1));
   auto rogueOpts = clientOptions(sched.port(), Role::kWorker);
   rogueOpts.token = "not-the-job-token";
+  FailureProbe rogueProbe;  // outlives the client
   auto rogue = ControlClient::create(rogueOpts);
-  FailureProbe rogueProbe;
   rogue->setFailureCallback(rogueProbe.callback());
   std::string msg;
   auto start = Clock::now();
@@ -386,6 +386,16 @@ TEST(ControlPlane, RegistrationDeadlineNamesTheMissingRoles) {
   EXPECT_EQ(st->message(), msg);
 }
 
+TEST(ControlPlane, StopBeforeRunEndsRunAtOnce) {
+  auto sched = scheduler::Scheduler::create(schedulerOptions(1, 1));
+  sched->stop();
+  auto start = Clock::now();
+  Status st = sched->run();
+  EXPECT_EQ(st.code(), ErrorCode::kClosed);
+  EXPECT_LT(Clock::now() - start, 10s);  // returns at once, never waits out a deadline
+  EXPECT_EQ(codeOf([&] { sched->run(); }), ErrorCode::kInvalidArgument);
+}
+
 TEST(ControlPlane, StopAbortsEveryNode) {
   LogCapture log;
   SchedulerRunner sched(schedulerOptions(1, 1));
@@ -505,8 +515,8 @@ TEST(ControlPlane, LostSchedulerIsPeerDead) {
     });
   });
   auto opts = clientOptions(port, Role::kWorker);
+  FailureProbe probe;  // outlives the client
   auto c = ControlClient::create(opts);
-  FailureProbe probe;
   c->setFailureCallback(probe.callback());
   auto book = c->connect(Deadline::after(5s));
   EXPECT_EQ(book.workers.size(), 1u);
@@ -533,8 +543,8 @@ TEST(ControlPlane, SilentSchedulerIsPeerDead) {
   });
   auto opts = clientOptions(port, Role::kWorker);
   opts.schedulerTimeout = Millis(300);
+  FailureProbe probe;  // outlives the client
   auto c = ControlClient::create(opts);
-  FailureProbe probe;
   c->setFailureCallback(probe.callback());
   c->connect(Deadline::after(5s));
   auto st = probe.waitFor(3s);

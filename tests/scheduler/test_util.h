@@ -74,10 +74,11 @@ class SchedulerRunner {
 control::ClientOptions clientOptions(int port, Role role, int requestedRank = -1);
 
 // A node's view after connect().
+// The probe is declared first so that it outlives the client's io thread.
 struct Connected {
+  std::shared_ptr<FailureProbe> probe;
   std::unique_ptr<control::ControlClient> client;
   control::AddressBook book;
-  std::shared_ptr<FailureProbe> probe;
 };
 
 // Connects every option set at once, each on its own thread; rethrows the
