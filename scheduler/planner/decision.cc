@@ -97,7 +97,15 @@ Strategy Planner::compressAllGpu() {
   return best.choice.empty() ? noCompression() : best;
 }
 
-Strategy Planner::gpuPass(const Strategy& start) {
+Strategy Planner::gpuPass(const Strategy& start) { return sweep(start, false); }
+
+Strategy Planner::refinePass(const Strategy& from) {
+  Strategy s = sweep(from, true);
+  if (s.iterUs < from.iterUs - kEps) s = offloadPass(s);
+  return s.iterUs < from.iterUs - kEps ? s : from;
+}
+
+Strategy Planner::sweep(const Strategy& start, bool withCpu) {
   const int N = sim_.tensors();
   std::vector<int> choice = start.choice;
   sim_.setBase(choice);
@@ -123,8 +131,8 @@ Strategy Planner::gpuPass(const Strategy& start) {
     ++stats_.gpuPassVisited;
     double best = F;
     int bestOpt = choice[j];
-    for (int o : candidates(sim_.sizeClass(j))) {
-      if (o == choice[j]) continue;
+    auto tryOption = [&](int o) {
+      if (o < 0 || o == choice[j]) return;
       one[0] = {j, o};
       double f = sim_.evaluate(one, best);
       ++stats_.evaluations;
@@ -132,8 +140,13 @@ Strategy Planner::gpuPass(const Strategy& start) {
         best = f;
         bestOpt = o;
       }
+    };
+    for (int o : candidates(sim_.sizeClass(j))) {
+      tryOption(o);
+      if (withCpu && compressed_[o]) tryOption(cpuVariant_[o]);
     }
     if (bestOpt != choice[j]) {
+      if (withCpu) ++stats_.refineChanges;
       choice[j] = bestOpt;
       sim_.setBase(choice);
       F = sim_.baseTime();
@@ -222,9 +235,16 @@ Strategy Planner::offloadPass(const Strategy& from, int64_t maxCombos) {
   return out;
 }
 
-Strategy Planner::decide() {
+Strategy Planner::decide(bool refine) {
   stats_ = DecisionStats{};
-  return offloadPass(gpuPass(noCompression()));
+  Strategy s = offloadPass(gpuPass(noCompression()));
+  // Each sweep only accepts improvements; a few are enough in practice.
+  for (int round = 0; refine && round < 3; ++round) {
+    Strategy r = refinePass(s);
+    if (r.iterUs >= s.iterUs - kEps) break;
+    s = std::move(r);
+  }
+  return s;
 }
 
 Strategy Planner::exhaustive() {

@@ -24,6 +24,7 @@ struct DecisionStats {
   int gpuPassVisited = 0;
   int pruned = 0;
   int offloadGroups = 0;
+  int refineChanges = 0;
   bool offloadExhaustive = true;
 };
 
@@ -43,9 +44,14 @@ class Planner {
   // of earliest-ready tensors to the CPU. Exhaustive over the counts while the
   // product of (group size + 1) is at most `maxCombos`, otherwise coordinate
   // descent over groups until no count changes.
-  Strategy offloadPass(const Strategy& fromGpuPass, int64_t maxCombos = 4096);
-  // noCompression -> gpuPass -> offloadPass.
-  Strategy decide();
+  Strategy offloadPass(const Strategy& fromGpuPass, int64_t maxCombos = 256);
+  // Ours, after Espresso's two passes: one more sweep in the GPU pass's order
+  // where each tensor may also take the all-CPU variant of its candidates
+  // (so a tensor that only gains when compressed on CPU can), then the
+  // offload pass again. Never worse than `from`.
+  Strategy refinePass(const Strategy& from);
+  // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`).
+  Strategy decide(bool refine = true);
 
   // Every option for every tensor (options^tensors simulations, shared
   // prefixes): only for small instances.
@@ -70,6 +76,8 @@ class Planner {
   // GPU pass candidates for a size class: the options not dominated in every
   // kind of work and in their own sync time.
   const std::vector<int>& candidates(int sizeClass);
+  // One sweep over the tensors; `withCpu` adds the CPU variants.
+  Strategy sweep(const Strategy& start, bool withCpu);
 
   Simulator& sim_;
   std::vector<bool> compressed_, gpuOnly_;

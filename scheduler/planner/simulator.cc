@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "core/common/error.h"
 
@@ -176,23 +177,7 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
         break;
       }
       case Res::kCpu: {
-        double end = t;
-        for (int k = 0; k < op.tasks; ++k) {
-          int best = kCpuLane0;
-          double bestStart = kInf;
-          for (int l = kCpuLane0; l < lanes(); ++l) {
-            double s = earliestFit(st, l, t, d);
-            if (s < bestStart) {
-              bestStart = s;
-              best = l;
-              if (s == t) break;
-            }
-          }
-          insert(st, best, bestStart, bestStart + d);
-          traceOp(trace, op, best, j, bestStart);
-          end = std::max(end, bestStart + d);
-        }
-        t = end;
+        t = scheduleCpu(st, op, j, t, trace);
         break;
       }
     }
@@ -201,6 +186,48 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
   st.maxFinish = std::max(st.maxFinish, t);
   if (timing) *timing = TensorTiming{b, t};
   return t;
+}
+
+// `op.tasks` equal tasks, each on the core where it can start first (ties to
+// the lowest core). Tasks that land back to back on a core are kept as one
+// interval, so a tensor split into hundreds of partitions costs a few
+// intervals, not hundreds.
+double Simulator::scheduleCpu(SimState& st, const SimOp& op, int j, double t,
+                              std::vector<TraceEvent>* trace) {
+  const double d = op.us;
+  const int cores = cluster_.cpuCores;
+  heap_.clear();
+  for (int c = 0; c < cores; ++c) heap_.push_back({earliestFit(st, kCpuLane0 + c, t, d), c});
+  auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) { return a > b; };
+  std::make_heap(heap_.begin(), heap_.end(), later);
+  runs_.clear();  // (core, start, end)
+  double end = t;
+  for (int k = 0; k < op.tasks; ++k) {
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    auto [s, c] = heap_.back();
+    bool extended = false;
+    for (auto& r : runs_)
+      if (std::get<0>(r) == c && std::get<2>(r) == s) {
+        std::get<2>(r) = s + d;
+        extended = true;
+        break;
+      }
+    if (!extended) runs_.emplace_back(c, s, s + d);
+    end = std::max(end, s + d);
+    // The core's next fit: nothing before s fits (s was its earliest), and the
+    // runs just assigned end at s + d.
+    heap_.back() = {earliestFit(st, kCpuLane0 + c, s + d, d), c};
+    std::push_heap(heap_.begin(), heap_.end(), later);
+  }
+  for (const auto& [c, s, e] : runs_) {
+    insert(st, kCpuLane0 + c, s, e);
+    if (trace) {
+      SimOp run = op;
+      run.us = e - s;
+      traceOp(trace, run, kCpuLane0 + c, j, s);
+    }
+  }
+  return end;
 }
 
 double Simulator::simulate(const std::vector<int>& choice, std::vector<TensorTiming>* timings,

@@ -22,6 +22,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -112,6 +113,8 @@ class Simulator {
   void trim(SimState& st, double horizon) const;
   double advanceCompute(const SimState& st, double from, double work) const;
   double lowerBound(const SimState& st, int next) const;
+  double scheduleCpu(SimState& st, const SimOp& op, int tensor, double t,
+                     std::vector<TraceEvent>* trace);
   void traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor, double s) const;
 
   Cluster cluster_;
@@ -132,6 +135,8 @@ class Simulator {
   std::vector<double> suffixIntra_, suffixInter_;      // base lane work of tensors >= j
   double baseTime_ = 0;
   SimState scratch_;
+  std::vector<std::pair<double, int>> heap_;         // scheduleCpu's scratch
+  std::vector<std::tuple<int, double, double>> runs_;
 };
 
 // Chrome trace-event JSON (viewable in Perfetto / chrome://tracing).

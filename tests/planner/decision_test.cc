@@ -1,0 +1,170 @@
+// The decision algorithm against exhaustive search on random small instances,
+// and the offload pass against an exhaustive search over the counts.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <set>
+
+#include "scheduler/planner/decision.h"
+
+namespace cortado::planner {
+namespace {
+
+using plan::Device;
+
+struct Instance {
+  Cluster cluster;
+  ResolvedCodec codec;
+  ModelProfile profile;
+};
+
+const HardwareModel& hardware() {
+  static const HardwareModel hw = HardwareModel::load(defaultDataDir() + "/costs/hardware.json");
+  return hw;
+}
+const CodecModel& codecs() {
+  static const CodecModel c = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  return c;
+}
+
+// Random clusters, links, codecs and models of up to `maxTensors` tensors,
+// from the default cost models.
+Instance randomInstance(std::mt19937_64& rng, int maxTensors) {
+  auto pick = [&](auto const& v) { return v[rng() % v.size()]; };
+  Instance in;
+  Cluster& c = in.cluster;
+  c.machines = pick(std::vector<int>{2, 4, 8});
+  c.gpusPerMachine = pick(std::vector<int>{2, 4, 8});
+  c.intra = hardware().link(pick(std::vector<std::string>{"nvlink", "pcie"}));
+  c.inter = hardware().link(pick(std::vector<std::string>{"10gbit", "25gbit", "100gbit"}));
+  c.d2h = hardware().d2h;
+  c.h2d = hardware().h2d;
+  c.cpuCores = pick(std::vector<int>{1, 2, 4, 16});
+  c.cpuSumGbps = hardware().cpuSumGbps;
+  in.codec = codecs().resolve(
+      pick(std::vector<std::string>{"dgc:ratio=0.01", "topk:ratio=0.001", "efsignsgd", "fp16", "qsgd"}));
+  int n = 2 + int(rng() % (maxTensors - 1));
+  std::uniform_real_distribution<double> logSize(std::log(1e3), std::log(3e7));
+  in.profile.model = "random";
+  for (int i = 0; i < n; ++i) {
+    int64_t elements = int64_t(std::exp(logSize(rng)));
+    // Equal sizes happen in real models; make them common here too.
+    if (i > 0 && rng() % 3 == 0) elements = in.profile.tensors[rng() % i].elements;
+    double backward = double(elements) * std::uniform_real_distribution<double>(0.2, 6.0)(rng) / 1000.0;
+    in.profile.tensors.push_back(TensorProfile{"t" + std::to_string(i), elements, 4, backward});
+  }
+  return in;
+}
+
+// The reduced option set of the random instances: raw flat and hierarchical
+// (collective and servers), and compressed gathers and server round trips on
+// GPU and on CPU.
+std::vector<plan::TensorOption> reducedOptions(const std::string& spec) {
+  TreeConfig cfg;
+  cfg.parameterServer = true;
+  cfg.codec = spec;
+  const std::set<std::string> keep = {
+      "F: ar",
+      "H: i.rs x.ar i.ag",
+      "H: i.rs x.push x.pull i.ag",
+      "F: E(g) ag* D(g)",
+      "F: E(c) ag* D(c)",
+      "H: i.rs E(g) x.ag* D(g) i.ag",
+      "H: i.rs E(c) x.ag* D(c) i.ag",
+      "H: i.rs E(g) x.push* x.pull* D(g) i.ag",
+      "H: i.rs E(c) x.push* x.pull* D(c) i.ag",
+  };
+  std::vector<plan::TensorOption> out;
+  for (auto& o : enumerateOptions(cfg))
+    if (keep.count(o.describe())) out.push_back(o);
+  EXPECT_EQ(out.size(), keep.size());
+  return out;
+}
+
+TEST(Decision, NearExhaustiveOptimumOnRandomSmallInstances) {
+  std::mt19937_64 rng(20261121);
+  const int kInstances = 220;
+  int within1 = 0, exact = 0, compressedSomewhere = 0;
+  double worst = 0;
+  for (int i = 0; i < kInstances; ++i) {
+    Instance in = randomInstance(rng, 6);
+    Simulator sim(in.cluster, in.codec, in.profile, reducedOptions(in.codec.spec));
+    Planner planner(sim);
+    Strategy none = planner.noCompression();
+    Strategy got = planner.decide();
+    Strategy best = planner.exhaustive();
+    ASSERT_LE(got.iterUs, none.iterUs + 1e-9) << "instance " << i << ": worse than no compression";
+    ASSERT_GE(got.iterUs, best.iterUs - 1e-6) << "instance " << i << ": better than the optimum?";
+    ASSERT_NEAR(sim.simulate(got.choice), got.iterUs, 1e-6) << "instance " << i;
+    const double gap = got.iterUs / best.iterUs - 1.0;
+    if (gap > 0.01 && std::getenv("PLANNER_DEBUG")) {
+      std::printf("instance %d gap %.2f%% %dx%d cores %d codec %s none %.1f got %.1f best %.1f\n", i, 100 * gap,
+                  in.cluster.machines, in.cluster.gpusPerMachine, in.cluster.cpuCores, in.codec.spec.c_str(),
+                  none.iterUs, got.iterUs, best.iterUs);
+      for (int j = 0; j < sim.tensors(); ++j)
+        std::printf("  %10lld bw %9.1f  got %-40s best %s\n", (long long)in.profile.tensors[j].elements,
+                    in.profile.tensors[j].backwardUs, sim.options()[got.choice[j]].describe().c_str(),
+                    sim.options()[best.choice[j]].describe().c_str());
+    }
+    worst = std::max(worst, gap);
+    within1 += gap <= 0.01;
+    exact += gap <= 1e-9;
+    for (int o : best.choice) compressedSomewhere += planner.isCompressed(o);
+  }
+  std::printf("decision vs exhaustive on %d instances: %d within 1%%, %d exact, worst gap %.2f%%\n",
+              kInstances, within1, exact, 100 * worst);
+  EXPECT_GE(within1, kInstances * 95 / 100);
+  EXPECT_GT(compressedSomewhere, 0);  // the instances are not all trivially uncompressed
+}
+
+TEST(Decision, OffloadPassIsOptimalOverCounts) {
+  std::mt19937_64 rng(4242);
+  int checked = 0, descentOptimal = 0, descentChecked = 0;
+  for (int i = 0; i < 400 && checked < 60; ++i) {
+    Instance in = randomInstance(rng, 8);
+    in.cluster.cpuCores = 1 + int(rng() % 8);
+    Simulator sim(in.cluster, in.codec, in.profile, plannerOptions(in.cluster, in.codec.spec));
+    Planner planner(sim);
+    // Offload the strategy that compresses everything on GPU: many groups.
+    Strategy gpu = planner.compressAllGpu();
+    Strategy oracle = planner.exhaustiveOffload(gpu);
+    Strategy pass = planner.offloadPass(gpu, /*maxCombos=*/1 << 20);
+    ASSERT_TRUE(planner.stats().offloadExhaustive);
+    if (planner.stats().offloadGroups == 0) continue;
+    ++checked;
+    EXPECT_NEAR(pass.iterUs, oracle.iterUs, 1e-6) << "instance " << i;
+    EXPECT_NEAR(sim.simulate(pass.choice), pass.iterUs, 1e-6);
+    Strategy descent = planner.offloadPass(gpu, /*maxCombos=*/1);
+    EXPECT_GE(descent.iterUs, oracle.iterUs - 1e-6);
+    ++descentChecked;
+    descentOptimal += descent.iterUs <= oracle.iterUs * (1 + 1e-9);
+  }
+  EXPECT_GE(checked, 30);
+  std::printf("offload: exhaustive-over-counts pass optimal on %d/%d; coordinate descent optimal on %d/%d\n",
+              checked, checked, descentOptimal, descentChecked);
+}
+
+TEST(Decision, BundledModelsAreNeverWorseThanNoCompression) {
+  for (const auto& m : bundledModels()) {
+    Cluster c;
+    c.machines = 8;
+    c.gpusPerMachine = 8;
+    c.intra = hardware().link("pcie");
+    c.inter = hardware().link("25gbit");
+    c.d2h = hardware().d2h;
+    c.h2d = hardware().h2d;
+    c.cpuCores = 16;
+    auto codec = codecs().resolve("dgc:ratio=0.01");
+    Simulator sim(c, codec, loadModel(m, defaultDataDir()), plannerOptions(c, codec.spec));
+    Planner planner(sim);
+    // How fast decide() runs is the plan benchmark's business, not a test's.
+    Strategy s = planner.decide();
+    Strategy none = planner.noCompression();
+    EXPECT_LE(s.iterUs, none.iterUs + 1e-9) << m;
+    EXPECT_NEAR(sim.simulate(s.choice), s.iterUs, 1e-6) << m;
+  }
+}
+
+}  // namespace
+}  // namespace cortado::planner

@@ -1,0 +1,219 @@
+// The timeline simulator against timelines computed by hand. Links are set to
+// 8 Gbit/s (1000 bytes per microsecond) and zero latency so that every
+// duration below is a small round number; each test spells its timeline out.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <random>
+
+#include "scheduler/planner/decision.h"
+#include "scheduler/planner/simulator.h"
+
+namespace cortado::planner {
+namespace {
+
+using plan::CommOp;
+using plan::Device;
+using plan::Scope;
+using plan::Step;
+using plan::TensorOption;
+
+Cluster cluster(int machines, int gpus, int cores) {
+  Cluster c;
+  c.machines = machines;
+  c.gpusPerMachine = gpus;
+  c.intra.base = AlphaBeta{0, 8};
+  c.inter.base = AlphaBeta{0, 8};
+  c.d2h = AlphaBeta{1, 8};
+  c.h2d = AlphaBeta{1, 8};
+  c.cpuCores = cores;
+  c.cpuSumGbps = 8;
+  return c;
+}
+
+// Payload: a quarter of the elements at 4 bytes each, no header. GPU encode
+// 3 us, GPU decode 1 us, CPU encode 5 us, CPU decode 2 us, whatever the size.
+ResolvedCodec codec() {
+  ResolvedCodec r;
+  r.spec = "test";
+  r.cost.headerBytes = 0;
+  r.cost.bytesPerSelected = 4;
+  r.selectedFraction = 0.25;
+  r.cost.encode[int(Device::kGpu)].fixedUs = 3;
+  r.cost.decode[int(Device::kGpu)].fixedUs = 1;
+  r.cost.encode[int(Device::kCpu)].fixedUs = 5;
+  r.cost.decode[int(Device::kCpu)].fixedUs = 2;
+  return r;
+}
+
+ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
+  ModelProfile p;
+  p.model = "hand";
+  for (size_t i = 0; i < tensors.size(); ++i)
+    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), tensors[i].first, 4, tensors[i].second});
+  return p;
+}
+
+const TensorOption kAllreduce{false, {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)}, ""};
+TensorOption gatherCompressed(Device enc, Device dec) {
+  return TensorOption{false,
+                      {Step::encode(enc), Step::comm(Scope::kFlat, CommOp::kAllgather, true), Step::decode(dec)},
+                      "test"};
+}
+
+TEST(Simulator, CommunicationOverlapsAndSerializes) {
+  // Two tensors of 1000 floats; allreduce over 2 GPUs: 2 * 1/2 * 4000 B = 4 us.
+  // t0 ready at 10, allreduce [10,14]; t1 ready at 12, waits: [14,18].
+  Simulator sim(cluster(1, 2, 4), codec(), model({{1000, 10}, {1000, 2}}), {kAllreduce});
+  std::vector<TensorTiming> t;
+  EXPECT_DOUBLE_EQ(sim.simulate({0, 0}, &t), 18.0);
+  EXPECT_DOUBLE_EQ(t[0].ready, 10.0);
+  EXPECT_DOUBLE_EQ(t[0].finish, 14.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 12.0);
+  EXPECT_DOUBLE_EQ(t[1].finish, 18.0);
+  // With t1 ready after t0 finished there is an idle gap: t1 [20,24].
+  Simulator gap(cluster(1, 2, 4), codec(), model({{1000, 10}, {1000, 10}}), {kAllreduce});
+  EXPECT_DOUBLE_EQ(gap.simulate({0, 0}), 24.0);
+  gap.setBase({0, 0});
+  EXPECT_EQ(gap.lastBubble(), 1);
+}
+
+TEST(Simulator, GpuCodecDelaysLaterComputation) {
+  // t0 ready at 10: GPU encode [10,13], allgather of 1000 B over 2 GPUs [13,14],
+  // GPU decode of 2 payloads [14,15]. t1 needs 2 us of backward from 10: the
+  // GPU runs codec kernels during [10,13] and [14,15], so it computes during
+  // [13,14] and [15,16] and is ready at 16; allreduce [16,20].
+  Simulator sim(cluster(1, 2, 4), codec(), model({{1000, 10}, {1000, 2}}),
+                {kAllreduce, gatherCompressed(Device::kGpu, Device::kGpu)});
+  std::vector<TensorTiming> t;
+  std::vector<TraceEvent> trace;
+  EXPECT_DOUBLE_EQ(sim.simulate({1, 0}, &t, &trace), 20.0);
+  EXPECT_DOUBLE_EQ(t[0].finish, 15.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 16.0);
+  // The trace has the compute slices, both codec kernels and both collectives.
+  int encodes = 0, comms = 0;
+  for (const auto& e : trace) {
+    encodes += e.name.rfind("encode", 0) == 0;
+    comms += e.name.find("flat ") == 0;
+  }
+  EXPECT_EQ(encodes, 1);
+  EXPECT_EQ(comms, 2);
+  auto j = nlohmann::json::parse(chromeTrace(sim, trace));
+  EXPECT_GT(j["traceEvents"].size(), trace.size());
+}
+
+TEST(Simulator, CpuCodecQueuesOnCoresAndCopies) {
+  // One tensor of 1000 floats on 2 GPUs and 1 CPU core; CPU encode and decode.
+  //   ready 10; copy d2h of 4000 B: 1 + 4 = 5 -> [10,15]
+  //   encode: one task per GPU on the single core: [15,20], [20,25]
+  //   copy h2d of the 1000 B payload: 1 + 1 = 2 -> [25,27]
+  //   allgather of 1000 B: [27,28]; now 2 payloads, 2000 B
+  //   copy d2h 1 + 2 = 3 -> [28,31]; decode tasks [31,33], [33,35]
+  //   copy h2d of 4000 B: 5 -> [35,40]
+  Simulator sim(cluster(1, 2, 1), codec(), model({{1000, 10}}), {gatherCompressed(Device::kCpu, Device::kCpu)});
+  EXPECT_DOUBLE_EQ(sim.simulate({0}), 40.0);
+  // With 2 cores both encode tasks (5 us) and both decode tasks (2 us) run
+  // side by side: 40 - 5 - 2 = 33.
+  Simulator two(cluster(1, 2, 2), codec(), model({{1000, 10}}), {gatherCompressed(Device::kCpu, Device::kCpu)});
+  EXPECT_DOUBLE_EQ(two.simulate({0}), 33.0);
+}
+
+TEST(Simulator, CpuCodecDoesNotDelayComputationButQueues) {
+  // Two tensors, 2 GPUs, 1 core, both CPU-compressed; t0 as above (finish
+  // 40, core busy [15,25] encoding and [31,35] decoding). t1 is ready at 12
+  // (CPU codecs do not slow computation):
+  //   d2h: the lane holds [10,15] -> [15,20]
+  //   encode task 1: the core is free in [25,31]: [25,30]
+  //   encode task 2: no 5 us gap before t0's decode -> [35,40]
+  //   h2d: t0 holds [25,27] and [35,40] -> [40,42]; allgather [42,43]
+  //   d2h of 2000 B [43,46]; decode [46,48], [48,50]; h2d [50,55]
+  auto opt = gatherCompressed(Device::kCpu, Device::kCpu);
+  Simulator sim(cluster(1, 2, 1), codec(), model({{1000, 10}, {1000, 2}}), {opt});
+  std::vector<TensorTiming> t;
+  EXPECT_DOUBLE_EQ(sim.simulate({0, 0}, &t), 55.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 12.0);
+  EXPECT_DOUBLE_EQ(t[0].finish, 40.0);
+}
+
+TEST(Simulator, HierarchicalThroughTheServers) {
+  // 2 machines x 2 GPUs, one tensor of 1000 floats, raw push and pull:
+  //   intra reduce-scatter of 4000 B over 2: 1/2 * 4000 B = 2 -> [10,12], 500 elements per GPU
+  //   d2h of 2000 B: 1 + 2 = 3 -> [12,15]
+  //   push: both GPUs' shards (4000 B) over the NIC: 1/2 * 4000 B = 2 -> [15,17]
+  //   server sum: 500 elements from each of 2 machines, 4000 B at 1000 B/us -> [17,21]
+  //   pull 4000 B: [21,23]; h2d of 2000 B: 3 -> [23,26]
+  //   intra allgather of 2000 B per GPU: 2 -> [26,28]
+  TensorOption o{true,
+                 {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+                  Step::comm(Scope::kInter, CommOp::kPush, false), Step::comm(Scope::kInter, CommOp::kPull, false),
+                  Step::comm(Scope::kIntra, CommOp::kAllgather, false)},
+                 ""};
+  Simulator sim(cluster(2, 2, 4), codec(), model({{1000, 10}}), {o});
+  EXPECT_DOUBLE_EQ(sim.simulate({0}), 28.0);
+}
+
+TEST(Simulator, FlatCollectiveHoldsBothLinks) {
+  // 2 machines x 2 GPUs. t0 (ready 10) goes hierarchical with an inter
+  // allreduce; t1 (ready 11) is a flat allreduce that needs the intra links
+  // and the network at once.
+  //   t0: intra rs [10,12] (2000 B), inter allreduce of 2 GPUs x 2000 B over
+  //       2 machines: 2 * 1/2 * 4000 B = 4 -> [12,16], intra ag [16,18].
+  //   t1: flat allreduce over 4 ranks: 2 * 3/4 * 4000 B = 6 us. The intra
+  //       lane is free only in [12,16] (too short), the network from 16:
+  //       first common gap of 6 us starts at 18 -> [18,24].
+  TensorOption hier{true,
+                    {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+                     Step::comm(Scope::kInter, CommOp::kAllreduce, false),
+                     Step::comm(Scope::kIntra, CommOp::kAllgather, false)},
+                    ""};
+  Simulator sim(cluster(2, 2, 4), codec(), model({{1000, 10}, {1000, 1}}), {hier, kAllreduce});
+  std::vector<TensorTiming> t;
+  EXPECT_DOUBLE_EQ(sim.simulate({0, 1}, &t), 24.0);
+  EXPECT_DOUBLE_EQ(t[0].finish, 18.0);
+}
+
+// Incremental evaluation must equal a fresh simulation, whatever it skips.
+TEST(Simulator, IncrementalEvaluationMatchesFullSimulation) {
+  std::mt19937 rng(7);
+  Cluster c = cluster(4, 4, 3);
+  c.inter.base = AlphaBeta{20, 10};
+  c.intra.base = AlphaBeta{5, 100};
+  ModelProfile p;
+  p.model = "random";
+  for (int i = 0; i < 40; ++i)
+    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1000 + rng() % 3000000), 4,
+                                      double(rng() % 3000)});
+  ResolvedCodec cd = codec();
+  cd.cost.encode[0].nsPerElement = 0.1;
+  cd.cost.encode[1].nsPerElement = 2;
+  auto opts = plannerOptions(c, "test");
+  Simulator sim(c, cd, p, opts);
+  std::vector<int> base(40);
+  for (int& b : base) b = rng() % opts.size();
+  sim.setBase(base);
+  EXPECT_DOUBLE_EQ(sim.baseTime(), sim.simulate(base));
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<std::pair<int, int>> ov;
+    std::vector<int> choice = base;
+    int n = 1 + rng() % 3;
+    std::vector<int> idx;
+    for (int k = 0; k < n; ++k) idx.push_back(rng() % 40);
+    std::sort(idx.begin(), idx.end());
+    idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+    for (int j : idx) {
+      int o = rng() % opts.size();
+      ov.emplace_back(j, o);
+      choice[j] = o;
+    }
+    const double full = sim.simulate(choice);
+    EXPECT_DOUBLE_EQ(sim.evaluate(ov), full) << "trial " << trial;
+    // With a cutoff the result is exact below it and at least the cutoff otherwise.
+    const double cutoff = sim.baseTime();
+    const double cut = sim.evaluate(ov, cutoff);
+    if (full < cutoff) EXPECT_DOUBLE_EQ(cut, full);
+    else EXPECT_GE(cut, cutoff);
+  }
+}
+
+}  // namespace
+}  // namespace cortado::planner
