@@ -160,9 +160,15 @@ TEST_P(TransportTest, MultiPartZeroLengthPartsAndZeroPartMessages) {
   ASSERT_TRUE(b->inbox.waitFor(shapes.size()));
   auto got = b->inbox.take();
   ASSERT_EQ(got.size(), shapes.size());
+  std::string seen;  // part sizes as received, for the failure message
+  for (const auto& m : got) {
+    seen += "[";
+    for (const auto& p : m.parts) seen += std::to_string(p.size()) + " ";
+    seen += "] ";
+  }
   for (size_t m = 0; m < shapes.size(); ++m) {
     EXPECT_EQ(got[m].from, worker(1));
-    ASSERT_EQ(got[m].parts.size(), shapes[m].size()) << "message " << m;
+    ASSERT_EQ(got[m].parts.size(), shapes[m].size()) << "message " << m << "; received " << seen;
     for (size_t p = 0; p < shapes[m].size(); ++p) {
       EXPECT_TRUE(samePattern(got[m].parts[p], shapes[m][p], m * 100 + p))
           << "message " << m << " part " << p << " size " << got[m].parts[p].size();

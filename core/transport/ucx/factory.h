@@ -1,0 +1,40 @@
+// The UCX transport (UCP active messages). Addresses are "ucx://host:port"
+// ("tcp://host:port" is accepted too): the socket address of UCX's connection
+// manager; the data then moves over whatever UCX picks (shared memory on one
+// machine, TCP or RDMA between machines), as the UCX_* environment variables
+// (UCX_TLS, UCX_NET_DEVICES, UCX_RNDV_THRESH, ...) direct. Port 0 picks a
+// free port.
+//
+// Each node listens once and creates one client endpoint per peer that it
+// connect()s to; a Message is one active message whose header names the
+// sender, with the parts gathered from the caller's buffers (an iovec, no
+// copy) and large messages moved by rendezvous straight into the receive
+// buffer. One loop thread owns the UCP worker and progresses it, sleeping on
+// the worker's event fd.
+//
+// Failure: an endpoint error (the peer died, refused, or timed out) and a
+// peer's orderly close() are reported once through the error callback; the
+// peer's pending and later messages are dropped until connect() names it again.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "core/transport/transport.h"
+
+namespace cortado::transport::ucx {
+
+struct UcxOptions {
+  // How long a peer may take to become reachable: from connect() until the
+  // endpoint carried its first message, or from a send() to a peer that
+  // connect() has not named yet.
+  std::chrono::milliseconds connectTimeout{30000};
+  // How long close() lets endpoints say goodbye and flush before forcing them.
+  std::chrono::milliseconds closeTimeout{1000};
+};
+
+// Throws Error(kUnavailable) naming the cause and the UCX_* settings in force
+// when UCX cannot be initialized.
+std::unique_ptr<Transport> create(const NodeId& self, const UcxOptions& options = {});
+
+}  // namespace cortado::transport::ucx

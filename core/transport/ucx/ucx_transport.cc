@@ -1,0 +1,956 @@
+// The UCX transport (see factory.h). Wire format: active message kAmData with
+// a WireHeader (magic, version, sender's NodeId::toWire(), stream, sequence
+// number) and a payload of
+//   [u64 part count n] [u64 size of part 0] ... [u64 size of part n-1] [parts...]
+// kAmHello (no payload) is a client endpoint's first message: its completion
+// says the endpoint is up. UCX may hand over active messages from one endpoint
+// out of order (those sent while it was still wiring up come late), so every
+// client endpoint is a stream with its own random id, its messages are
+// numbered, and the receiver delivers each stream in order. kAmBye is sent by a closing node over the endpoints
+// that peers opened to it, so that they learn of an orderly close at once.
+//
+// Threads: the UCP context, worker, listener and endpoints belong to the loop
+// thread (UCS_THREAD_MODE_SINGLE). Other threads queue Ops and write an
+// eventfd that the loop waits on next to the worker's event fd. UCX callbacks
+// only record what happened; user callbacks run after ucp_worker_progress()
+// returns, never inside it.
+#include <netdb.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <set>
+#include <unordered_set>
+
+#include "core/common/deadline.h"
+#include "core/common/logging.h"
+#include "core/transport/ucx/factory.h"
+
+extern char** environ;
+
+namespace cortado::transport::ucx {
+namespace {
+
+constexpr unsigned kAmData = 1;
+constexpr unsigned kAmHello = 2;
+constexpr unsigned kAmBye = 3;
+constexpr uint32_t kMagic = 0x43545558;  // "CTUX"
+constexpr Millis kLoopCallTimeout{10000};
+
+struct WireHeader {
+  uint32_t magic = kMagic;
+  uint8_t version = 1;
+  uint8_t idLen = 0;
+  char id[18] = {};
+  uint64_t stream = 0;
+  uint64_t seq = 0;
+};
+
+WireHeader headerFor(const NodeId& self) {
+  WireHeader h;
+  std::string id = self.toWire();
+  h.idLen = static_cast<uint8_t>(std::min(id.size(), sizeof(h.id)));
+  std::memcpy(h.id, id.data(), h.idLen);
+  return h;
+}
+
+std::optional<NodeId> senderOf(const void* header, size_t length, WireHeader* out = nullptr) {
+  if (length != sizeof(WireHeader)) return std::nullopt;
+  WireHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  if (h.magic != kMagic || h.version != 1 || h.idLen > sizeof(h.id)) return std::nullopt;
+  if (out) *out = h;
+  return NodeId::fromWire(std::string_view(h.id, h.idLen));
+}
+
+// (sender, stream): the unit of ordering.
+using StreamKey = std::pair<NodeId, uint64_t>;
+
+// The UCX_* variables in force, for error messages.
+std::string ucxEnvironment() {
+  std::string s;
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, "UCX_", 4) == 0) s += (s.empty() ? "" : ", ") + std::string(*e);
+  }
+  return s.empty() ? "none set (UCX picks its transports itself)" : s;
+}
+
+// A buffer for rendezvous data, not zero-filled: UCX writes all of it.
+Buffer uninitialized(size_t size) {
+  if (size == 0) return Buffer();
+  void* p = ::operator new(size, std::align_val_t(64));
+  std::shared_ptr<void> owner(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
+  return Buffer::wrap(p, size, std::move(owner));
+}
+
+// "ucx://host:port" or "tcp://host:port" -> host, port.
+std::pair<std::string, std::string> splitAddress(const NodeId& self, const std::string& address) {
+  std::string rest;
+  if (address.starts_with("ucx://")) rest = address.substr(6);
+  else if (address.starts_with("tcp://")) rest = address.substr(6);
+  auto colon = rest.rfind(':');
+  CORTADO_ENFORCE(!rest.empty() && colon != std::string::npos && colon > 0 && colon + 1 < rest.size(),
+                  ErrorCode::kInvalidArgument,
+                  "ucx {}: bad address '{}': expected ucx://host:port (or tcp://host:port)", self,
+                  address);
+  return {rest.substr(0, colon), rest.substr(colon + 1)};
+}
+
+sockaddr_storage resolve(const NodeId& self, const std::string& address, bool passive) {
+  auto [host, port] = splitAddress(self, address);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &res);
+  CORTADO_ENFORCE(rc == 0 && res, ErrorCode::kInvalidArgument, "ucx {}: cannot resolve {}: {}",
+                  self, address, gai_strerror(rc));
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  return ss;
+}
+
+class UcxTransport;
+
+// Context of one UCX request; owns what the request reads until it completes.
+struct SendCtx {
+  UcxTransport* t = nullptr;
+  NodeId peer;
+  ucp_ep_h ep = nullptr;
+  unsigned am = kAmData;
+  WireHeader header;
+  std::vector<uint64_t> meta;
+  std::vector<Buffer> parts;
+  std::vector<ucp_dt_iov_t> iov;
+};
+
+struct Pending {
+  Buffer data;
+  bool ready = false;
+  bool failed = false;
+};
+
+struct Stream {
+  uint64_t next = 0;                 // the sequence number to deliver next
+  std::map<uint64_t, Pending> slots;  // arrived or arriving, by sequence number
+};
+
+struct RecvCtx {
+  UcxTransport* t = nullptr;
+  StreamKey key;
+  Pending* slot = nullptr;
+};
+
+// One endpoint: a client endpoint to a peer we connect()ed to, or one that a
+// peer opened to our listener.
+struct EpCtx {
+  UcxTransport* t = nullptr;
+  bool accepted = false;
+  NodeId peer;  // client endpoints only
+  ucp_ep_h ep = nullptr;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(NodeId self, UcxOptions options) : self_(self), options_(options) {
+    auto ready = std::make_shared<std::promise<Status>>();
+    auto result = ready->get_future();
+    thread_ = std::thread([this, ready] {
+      Status s = init();
+      bool ok = s.ok();
+      if (!ok) releaseAfterFailedInit();
+      ready->set_value(std::move(s));
+      if (ok) loop();
+    });
+    loopId_ = thread_.get_id();
+    Status s = result.wait_for(kLoopCallTimeout) == std::future_status::ready
+                   ? result.get()
+                   : Status(ErrorCode::kTimeout,
+                            fmt::format("ucx {}: UCX did not initialize within {} ms", self_,
+                                        kLoopCallTimeout.count()));
+    if (!s.ok()) {
+      {
+        std::lock_guard g(mu_);
+        closed_ = true;
+      }
+      thread_.join();
+      s.check();
+    }
+  }
+
+  ~UcxTransport() override {
+    close();
+    if (thread_.joinable()) thread_.detach();  // destroyed from its own callback
+  }
+
+  std::string name() const override { return "ucx"; }
+  NodeId self() const override { return self_; }
+
+  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
+    Op op;
+    op.task = [this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
+      onRecv_ = std::move(onRecv);
+      onError_ = std::move(onError);
+    };
+    post(std::move(op));
+  }
+
+  std::string listen(const std::string& address) override {
+    splitAddress(self_, address);
+    return callOnLoop([this, address] { return startListener(address); },
+                      "listen(" + address + ")");
+  }
+
+  void connect(const NodeId& peer, const std::string& address) override {
+    splitAddress(self_, address);
+    Op op;
+    op.task = [this, peer, address] { connectPeer(peer, address); };
+    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed,
+                    "ucx {}: connect({}, {}) after close()", self_, peer, address);
+  }
+
+  void send(const NodeId& peer, Message msg) override {
+    Op op;
+    op.peer = peer;
+    op.msg = std::move(msg);
+    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "ucx {}: send to {} after close()",
+                    self_, peer);
+  }
+
+  void disconnect(const NodeId& peer) override {
+    Op op;
+    op.task = [this, peer] {
+      held_.erase(peer);
+      auto it = peers_.find(peer);
+      if (it == peers_.end()) return;
+      closeEp(it->second.ep);
+      peers_.erase(it);
+    };
+    post(std::move(op));
+  }
+
+  void close() override {
+    {
+      std::lock_guard g(mu_);
+      if (!closed_) {
+        closed_ = true;
+        stop_ = true;
+        wake();
+      }
+    }
+    std::lock_guard g(closeMu_);
+    if (!thread_.joinable() || loopId_ == std::this_thread::get_id()) return;
+    thread_.join();
+  }
+
+  // ---- UCX callbacks (loop thread, inside ucp_worker_progress) ----
+
+  static void onSendDone(void* request, ucs_status_t status, void* user) {
+    auto* ctx = static_cast<SendCtx*>(user);
+    ctx->t->sendDone(ctx, status);
+    ucp_request_free(request);
+  }
+
+  static void onRecvDone(void* request, ucs_status_t status, size_t, void* user) {
+    auto* ctx = static_cast<RecvCtx*>(user);
+    ctx->t->recvDone(ctx, status);
+    ucp_request_free(request);
+  }
+
+  static void onEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* ctx = static_cast<EpCtx*>(arg);
+    ctx->t->epFailed(ctx, status);
+  }
+
+  static void onConnRequest(ucp_conn_request_h request, void* arg) {
+    static_cast<UcxTransport*>(arg)->accept(request);
+  }
+
+  static ucs_status_t onAm(void* arg, const void* header, size_t headerLength, void* data,
+                           size_t length, const ucp_am_recv_param_t* param) {
+    return static_cast<UcxTransport*>(arg)->receive(header, headerLength, data, length, param);
+  }
+
+  static ucs_status_t onBye(void* arg, const void* header, size_t headerLength, void*, size_t,
+                            const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (auto from = senderOf(header, headerLength)) t->byes_.push_back(*from);
+    return UCS_OK;
+  }
+
+  static ucs_status_t onHello(void*, const void*, size_t, void*, size_t,
+                              const ucp_am_recv_param_t*) {
+    return UCS_OK;
+  }
+
+ private:
+  struct Op {
+    NodeId peer;
+    Message msg;
+    std::function<void()> task;
+  };
+
+  struct Peer {
+    std::string address;
+    ucp_ep_h ep = nullptr;
+    uint64_t stream = 0;
+    uint64_t nextSeq = 0;
+    bool up = false;
+    bool reported = false;  // failed and reported; sends are dropped
+    Clock::time_point deadline;
+  };
+
+  struct Held {
+    std::deque<Message> msgs;
+    Clock::time_point deadline;
+    bool failed = false;
+  };
+
+  struct EpFailure {
+    EpCtx* ctx;
+    ucs_status_t status;
+  };
+
+  // ---- any thread ----
+
+  bool post(Op op) {
+    std::lock_guard g(mu_);
+    if (closed_) return false;
+    bool wasEmpty = ops_.empty();
+    ops_.push_back(std::move(op));
+    if (wasEmpty) wake();
+    return true;
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    ssize_t n = ::write(efd_, &one, sizeof(one));
+    (void)n;
+  }
+
+  std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
+    if (std::this_thread::get_id() == loopId_) return fn();
+    struct Result {
+      std::string value;
+      Status status;
+    };
+    auto promise = std::make_shared<std::promise<Result>>();
+    auto future = promise->get_future();
+    Op op;
+    op.task = [promise, fn = std::move(fn)] {
+      Result r;
+      try {
+        r.value = fn();
+      } catch (const Error& e) {
+        r.status = Status::fromError(e);
+      }
+      promise->set_value(std::move(r));
+    };
+    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "ucx {}: {} after close()", self_,
+                    what);
+    if (future.wait_for(kLoopCallTimeout) != std::future_status::ready) {
+      throw Error(ErrorCode::kTimeout, fmt::format("ucx {}: {} did not complete within {} ms",
+                                                   self_, what, kLoopCallTimeout.count()));
+    }
+    Result r;
+    try {
+      r = future.get();
+    } catch (const std::future_error&) {
+      throw Error(ErrorCode::kClosed, fmt::format("ucx {}: {} cut short by close()", self_, what));
+    }
+    r.status.check();
+    return std::move(r.value);
+  }
+
+  // ---- loop thread ----
+
+  Status init() {
+    efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd_ < 0) return Status(ErrorCode::kUnavailable, fmt::format("ucx {}: eventfd failed", self_));
+    auto fail = [&](const char* what, ucs_status_t s) {
+      return Status(ErrorCode::kUnavailable,
+                    fmt::format("ucx {}: {} failed: {}. UCX settings in force: {}. Check that "
+                                "UCX_TLS names transports this machine has (`ucx_info -d` lists "
+                                "them), or use the zmq transport",
+                                self_, what, ucs_status_string(s), ucxEnvironment()));
+    };
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);  // reads UCX_*
+    if (s != UCS_OK) return fail("ucp_config_read", s);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    std::string name = "cortado-" + self_.toWire();
+    params.name = name.c_str();
+    s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return fail("ucp_init", s);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) return fail("ucp_worker_create", s);
+    s = ucp_worker_get_efd(worker_, &workerFd_);
+    if (s != UCS_OK) return fail("ucp_worker_get_efd", s);
+    for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmData, &onAm},
+                          {kAmHello, &onHello},
+                          {kAmBye, &onBye}}) {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      hp.id = id;
+      hp.cb = cb;
+      hp.arg = this;
+      hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+      s = ucp_worker_set_am_recv_handler(worker_, &hp);
+      if (s != UCS_OK) return fail("ucp_worker_set_am_recv_handler", s);
+    }
+    epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = workerFd_;
+    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, workerFd_, &ev);
+    ev.data.fd = efd_;
+    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, efd_, &ev);
+    CORTADO_LOG_DEBUG("ucx {}: initialized (UCX settings: {})", self_, ucxEnvironment());
+    return Status();
+  }
+
+  void releaseAfterFailedInit() {
+    if (worker_) ucp_worker_destroy(worker_);
+    if (context_) ucp_cleanup(context_);
+    worker_ = nullptr;
+    context_ = nullptr;
+    if (epfd_ >= 0) ::close(epfd_);
+    if (efd_ >= 0) ::close(efd_);
+    epfd_ = efd_ = -1;
+  }
+
+  void loop() {
+    std::deque<Op> batch;
+    while (!stop_) {
+      bool busy = false;
+      while (ucp_worker_progress(worker_) != 0) busy = true;
+      afterProgress();
+      {
+        std::lock_guard g(mu_);
+        batch.swap(ops_);
+      }
+      for (auto& op : batch) {
+        if (stop_) break;
+        busy = true;
+        if (op.task) op.task();
+        else sendTo(op.peer, std::move(op.msg));
+      }
+      batch.clear();
+      expireTimers();
+      if (busy || stop_) continue;
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      epoll_event events[2];
+      int n = ::epoll_wait(epfd_, events, 2, waitTimeoutMs());
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.fd == efd_) {
+          uint64_t v;
+          ssize_t r = ::read(efd_, &v, sizeof(v));
+          (void)r;
+        }
+      }
+    }
+    shutdown();
+  }
+
+  int waitTimeoutMs() const {
+    auto next = Clock::time_point::max();
+    for (const auto& [id, p] : peers_) {
+      if (!p.up && !p.reported) next = std::min(next, p.deadline);
+    }
+    for (const auto& [id, h] : held_) {
+      if (!h.failed) next = std::min(next, h.deadline);
+    }
+    if (next == Clock::time_point::max()) return -1;
+    auto now = Clock::now();
+    if (next <= now) return 0;
+    return static_cast<int>(std::chrono::duration_cast<Millis>(next - now).count() + 1);
+  }
+
+  std::string startListener(const std::string& address) {
+    CORTADO_ENFORCE(listener_ == nullptr, ErrorCode::kInvalidArgument,
+                    "ucx {}: listen({}): this transport already listens", self_, address);
+    sockaddr_storage ss = resolve(self_, address, true);
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    lp.sockaddr.addrlen = sizeof(sockaddr_in);
+    lp.conn_handler.cb = &onConnRequest;
+    lp.conn_handler.arg = this;
+    ucs_status_t s = ucp_listener_create(worker_, &lp, &listener_);
+    if (s != UCS_OK) {
+      listener_ = nullptr;
+      throw Error(ErrorCode::kUnavailable,
+                  fmt::format("ucx {}: cannot listen on {}: {}", self_, address,
+                              s == UCS_ERR_BUSY ? "the address is in use (by another process or "
+                                                  "another node of this job); pick a free port, "
+                                                  "or port 0 to let the system choose one"
+                                                : ucs_status_string(s)));
+    }
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(listener_, &attr);
+    CORTADO_ENFORCE(s == UCS_OK, ErrorCode::kInternal, "ucx {}: ucp_listener_query: {}", self_,
+                    ucs_status_string(s));
+    auto* sin = reinterpret_cast<const sockaddr_in*>(&attr.sockaddr);
+    auto [host, port] = splitAddress(self_, address);
+    std::string bound = fmt::format("ucx://{}:{}", host, ntohs(sin->sin_port));
+    CORTADO_LOG_DEBUG("ucx {}: listening on {}", self_, bound);
+    return bound;
+  }
+
+  void accept(ucp_conn_request_h request) {
+    auto ctx = std::make_unique<EpCtx>();
+    ctx->t = this;
+    ctx->accepted = true;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.conn_request = request;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &onEpError;
+    ep.err_handler.arg = ctx.get();
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &ctx->ep);
+    if (s != UCS_OK) {
+      CORTADO_LOG_WARN("ucx {}: cannot accept a connection: {}", self_, ucs_status_string(s));
+      return;
+    }
+    eps_.emplace(ctx->ep, std::move(ctx));
+  }
+
+  ucp_ep_h createClientEp(const NodeId& peer, const std::string& address) {
+    sockaddr_storage ss = resolve(self_, address, false);
+    auto ctx = std::make_unique<EpCtx>();
+    ctx->t = this;
+    ctx->peer = peer;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    ep.sockaddr.addrlen = sizeof(sockaddr_in);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &onEpError;
+    ep.err_handler.arg = ctx.get();
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &ctx->ep);
+    CORTADO_ENFORCE(s == UCS_OK, ErrorCode::kUnavailable, "ucp_ep_create: {}",
+                    ucs_status_string(s));
+    ucp_ep_h h = ctx->ep;
+    eps_.emplace(h, std::move(ctx));
+    return h;
+  }
+
+  void connectPeer(const NodeId& peer, const std::string& address) {
+    auto it = peers_.find(peer);
+    if (it != peers_.end()) {
+      if (it->second.address == address && !it->second.reported) return;
+      closeEp(it->second.ep);
+      peers_.erase(it);
+    }
+    Peer p;
+    p.address = address;
+    p.deadline = Clock::now() + options_.connectTimeout;
+    try {
+      p.ep = createClientEp(peer, address);
+    } catch (const Error& e) {
+      held_.erase(peer);
+      report(peer, ErrorCode::kUnavailable,
+             fmt::format("ucx {}: cannot connect to {} at {}: {}", self_, peer, address, e.what()));
+      return;
+    }
+    p.stream = streamIds_();
+    ucp_ep_h ep = p.ep;
+    peers_.emplace(peer, std::move(p));
+    startSend(peer, ep, kAmHello, {});
+    auto h = held_.find(peer);
+    if (h != held_.end()) {
+      auto msgs = std::move(h->second.msgs);
+      held_.erase(h);
+      for (auto& m : msgs) sendTo(peer, std::move(m));
+    }
+  }
+
+  void sendTo(const NodeId& peer, Message msg) {
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      auto [h, inserted] = held_.try_emplace(peer);
+      if (inserted) h->second.deadline = Clock::now() + options_.connectTimeout;
+      if (!h->second.failed) h->second.msgs.push_back(std::move(msg));
+      return;
+    }
+    if (it->second.reported) {
+      CORTADO_LOG_DEBUG("ucx {}: dropping a message to {}: its endpoint failed", self_, peer);
+      return;
+    }
+    startSend(peer, it->second.ep, kAmData, std::move(msg.parts), it->second.stream,
+              it->second.nextSeq++);
+  }
+
+  // Starts one active message on `ep`; the SendCtx lives until it completes.
+  void startSend(const NodeId& peer, ucp_ep_h ep, unsigned am, std::vector<Buffer> parts,
+                 uint64_t stream = 0, uint64_t seq = 0) {
+    auto* ctx = new SendCtx;
+    ctx->t = this;
+    ctx->peer = peer;
+    ctx->ep = ep;
+    ctx->am = am;
+    ctx->header = headerFor(self_);
+    ctx->header.stream = stream;
+    ctx->header.seq = seq;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = &onSendDone;
+    rp.user_data = ctx;
+    const void* buffer = nullptr;
+    size_t count = 0;
+    if (am == kAmData) {
+      ctx->parts = std::move(parts);
+      ctx->meta.reserve(ctx->parts.size() + 1);
+      ctx->meta.push_back(ctx->parts.size());
+      for (const auto& b : ctx->parts) ctx->meta.push_back(b.size());
+      ctx->iov.push_back({ctx->meta.data(), ctx->meta.size() * sizeof(uint64_t)});
+      for (const auto& b : ctx->parts) {
+        if (!b.empty()) ctx->iov.push_back({b.data(), b.size()});
+      }
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      rp.datatype = ucp_dt_make_iov();
+      buffer = ctx->iov.data();
+      count = ctx->iov.size();
+    }
+    inflight_.insert(ctx);
+    if (am == kAmBye) ++byesInFlight_;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, am, &ctx->header, sizeof(ctx->header), buffer, count, &rp);
+    if (r == nullptr) {
+      sendDone(ctx, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      sendDone(ctx, UCS_PTR_STATUS(r));
+    }
+  }
+
+  void sendDone(SendCtx* ctx, ucs_status_t status) {
+    inflight_.erase(ctx);
+    if (ctx->am == kAmBye) --byesInFlight_;
+    auto it = peers_.find(ctx->peer);
+    bool current = it != peers_.end() && it->second.ep == ctx->ep;
+    if (status == UCS_OK) {
+      if (current && ctx->am == kAmHello) it->second.up = true;
+    } else if (current && !it->second.reported && status != UCS_ERR_CANCELED) {
+      failures_.push_back({ctx->peer, fmt::format("ucx {}: cannot deliver to {} at {}: {}", self_,
+                                                   ctx->peer, it->second.address,
+                                                   ucs_status_string(status))});
+    }
+    delete ctx;
+  }
+
+  ucs_status_t receive(const void* header, size_t headerLength, void* data, size_t length,
+                       const ucp_am_recv_param_t* param) {
+    WireHeader h;
+    auto from = senderOf(header, headerLength, &h);
+    if (!from) {
+      CORTADO_LOG_WARN("ucx {}: dropped an active message without a Cortado header", self_);
+      return UCS_OK;
+    }
+    StreamKey key{*from, h.stream};
+    auto& stream = inbound_[key];
+    if (h.seq < stream.next || stream.slots.count(h.seq)) {
+      CORTADO_LOG_WARN("ucx {}: dropped a duplicate message {} from {}", self_, h.seq, *from);
+      return UCS_OK;
+    }
+    Pending& slot = stream.slots[h.seq];
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+      slot.data = Buffer::copyOf(data, length);
+      slot.ready = true;
+      ready_.insert(key);
+      return UCS_OK;
+    }
+    slot.data = uninitialized(length);
+    auto* ctx = new RecvCtx{this, key, &slot};
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.recv_am = &onRecvDone;
+    rp.user_data = ctx;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, slot.data.data(), length, &rp);
+    if (r == nullptr) {
+      recvDone(ctx, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      recvDone(ctx, UCS_PTR_STATUS(r));
+    }
+    return UCS_INPROGRESS;
+  }
+
+  void recvDone(RecvCtx* ctx, ucs_status_t status) {
+    ctx->slot->ready = true;
+    ctx->slot->failed = status != UCS_OK;
+    if (status != UCS_OK) {
+      CORTADO_LOG_WARN("ucx {}: receiving a message from {} failed: {}", self_, ctx->key.first,
+                       ucs_status_string(status));
+    }
+    ready_.insert(ctx->key);
+    delete ctx;
+  }
+
+  void epFailed(EpCtx* ctx, ucs_status_t status) { epFailures_.push_back({ctx, status}); }
+
+  // User callbacks, endpoint clean-up: after ucp_worker_progress() returns.
+  void afterProgress() {
+    auto epFailures = std::move(epFailures_);
+    epFailures_.clear();
+    for (auto& f : epFailures) {
+      if (!f.ctx->accepted) {
+        auto it = peers_.find(f.ctx->peer);
+        if (it != peers_.end() && it->second.ep == f.ctx->ep && !it->second.reported) {
+          fail(it->first, it->second, ErrorCode::kPeerDead,
+               fmt::format("ucx {}: the endpoint to {} at {} failed: {}", self_, it->first,
+                           it->second.address, ucs_status_string(f.status)));
+        }
+      }
+      closeEp(f.ctx->ep);
+    }
+    auto byes = std::move(byes_);
+    byes_.clear();
+    for (const auto& from : byes) {
+      auto it = peers_.find(from);
+      if (it != peers_.end() && !it->second.reported) {
+        fail(from, it->second, ErrorCode::kPeerDead,
+             fmt::format("ucx {}: peer {} at {} closed", self_, from, it->second.address));
+      }
+    }
+    auto failures = std::move(failures_);
+    failures_.clear();
+    for (auto& [peer, message] : failures) {
+      auto it = peers_.find(peer);
+      if (it != peers_.end() && !it->second.reported) {
+        fail(peer, it->second, ErrorCode::kPeerDead, std::move(message));
+      }
+    }
+    auto ready = std::move(ready_);
+    ready_.clear();
+    for (const auto& key : ready) deliver(key);
+    reapClosing();
+  }
+
+  void fail(const NodeId& peer, Peer& p, ErrorCode code, std::string message) {
+    p.reported = true;
+    p.up = false;
+    closeEp(p.ep);
+    p.ep = nullptr;
+    report(peer, code, std::move(message));
+  }
+
+  // Hands over, in the order sent, the messages of a stream that are complete.
+  void deliver(const StreamKey& key) {
+    auto it = inbound_.find(key);
+    if (it == inbound_.end()) return;
+    const NodeId& from = key.first;
+    Stream& stream = it->second;
+    while (!stream.slots.empty() && !stop_) {
+      auto first = stream.slots.begin();
+      if (first->first != stream.next || !first->second.ready) break;
+      Pending slot = std::move(first->second);
+      stream.slots.erase(first);
+      ++stream.next;
+      if (slot.failed) continue;
+      Message msg;
+      msg.from = from;
+      if (!parse(slot.data, msg.parts)) {
+        CORTADO_LOG_WARN("ucx {}: dropped a malformed message from {} ({} bytes)", self_, from,
+                         slot.data.size());
+        continue;
+      }
+      if (!onRecv_) {
+        CORTADO_LOG_WARN("ucx {}: dropped a message from {}: no receive callback set", self_, from);
+        continue;
+      }
+      try {
+        onRecv_(std::move(msg));
+      } catch (const std::exception& e) {
+        CORTADO_LOG_ERROR("ucx {}: the receive callback threw on a message from {}: {}", self_,
+                          from, e.what());
+      }
+    }
+  }
+
+  static bool parse(const Buffer& data, std::vector<Buffer>& parts) {
+    if (data.size() < sizeof(uint64_t)) return false;
+    uint64_t n;
+    std::memcpy(&n, data.data(), sizeof(n));
+    if (n > (data.size() / sizeof(uint64_t)) - 1) return false;
+    size_t offset = (n + 1) * sizeof(uint64_t);
+    std::vector<uint64_t> sizes(n);
+    if (n) std::memcpy(sizes.data(), data.data() + sizeof(uint64_t), n * sizeof(uint64_t));
+    for (uint64_t s : sizes) {
+      if (s > data.size() - offset) return false;
+      parts.push_back(s ? data.slice(offset, s) : Buffer());
+      offset += s;
+    }
+    return offset == data.size();
+  }
+
+  void closeEp(ucp_ep_h ep) {
+    if (!ep) return;
+    auto it = eps_.find(ep);
+    if (it == eps_.end()) return;  // closed already
+    closingCtx_.push_back(std::move(it->second));
+    eps_.erase(it);
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &rp);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
+  }
+
+  void reapClosing() {
+    for (auto it = closing_.begin(); it != closing_.end();) {
+      if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
+        ucp_request_free(*it);
+        it = closing_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // An endpoint's error handler may still name its EpCtx until its close
+    // completes; after that nothing does.
+    if (closing_.empty()) closingCtx_.clear();
+  }
+
+  void expireTimers() {
+    auto now = Clock::now();
+    for (auto& [id, p] : peers_) {
+      if (p.up || p.reported || p.deadline > now) continue;
+      fail(id, p, ErrorCode::kUnavailable,
+           fmt::format("ucx {}: cannot reach {} at {}: no connection within {} ms (is it "
+                       "running and listening there?)",
+                       self_, id, p.address, options_.connectTimeout.count()));
+    }
+    for (auto& [id, h] : held_) {
+      if (h.failed || h.deadline > now) continue;
+      h.failed = true;
+      size_t dropped = h.msgs.size();
+      h.msgs.clear();
+      report(id, ErrorCode::kUnavailable,
+             fmt::format("ucx {}: cannot send to {}: connect() did not name its address within "
+                         "{} ms ({} messages dropped)",
+                         self_, id, options_.connectTimeout.count(), dropped));
+    }
+  }
+
+  void report(const NodeId& peer, ErrorCode code, std::string message) {
+    CORTADO_LOG_WARN("{}", message);
+    if (stop_ || !onError_) return;
+    try {
+      onError_(peer, Status(code, std::move(message)));
+    } catch (const std::exception& e) {
+      CORTADO_LOG_ERROR("ucx {}: the error callback threw: {}", self_, e.what());
+    }
+  }
+
+  // Progresses until `done` or the deadline.
+  template <typename Done>
+  void progressUntil(Done done, Deadline deadline) {
+    while (!done() && !deadline.expired()) {
+      if (ucp_worker_progress(worker_) != 0) continue;
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      epoll_event events[2];
+      ::epoll_wait(epfd_, events, 2, static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 10)));
+    }
+  }
+
+  void shutdown() {
+    if (listener_) ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+    // Tell the peers that connected to us, so they need not wait for a timeout.
+    for (auto& [ep, ctx] : eps_) {
+      if (ctx->accepted) startSend(NodeId{}, ep, kAmBye, {});
+    }
+    progressUntil([&] { return byesInFlight_ == 0; }, Deadline::after(options_.closeTimeout / 2));
+    std::vector<ucp_ep_h> all;
+    for (auto& [ep, ctx] : eps_) all.push_back(ep);
+    for (ucp_ep_h ep : all) closeEp(ep);
+    peers_.clear();
+    held_.clear();
+    progressUntil([&] {
+      reapClosing();
+      return closing_.empty() && inflight_.empty();
+    }, Deadline::after(options_.closeTimeout / 2));
+    for (void* r : closing_) ucp_request_free(r);
+    closing_.clear();
+    {
+      std::lock_guard g(mu_);
+      closed_ = true;
+      ops_.clear();
+    }
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    // What UCX did not complete is released now: the senders' buffers with it.
+    for (SendCtx* ctx : inflight_) delete ctx;
+    inflight_.clear();
+    closingCtx_.clear();
+    eps_.clear();
+    inbound_.clear();
+    ::close(epfd_);
+    ::close(efd_);
+    CORTADO_LOG_DEBUG("ucx {}: closed", self_);
+  }
+
+  const NodeId self_;
+  const UcxOptions options_;
+  int efd_ = -1;
+
+  std::mutex mu_;
+  std::deque<Op> ops_;
+  bool closed_ = false;
+  std::atomic<bool> stop_{false};
+
+  std::mutex closeMu_;
+  std::thread thread_;
+  std::thread::id loopId_;
+
+  // Loop thread only.
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  int workerFd_ = -1;
+  int epfd_ = -1;
+  RecvCallback onRecv_;
+  ErrorCallback onError_;
+  std::unordered_map<NodeId, Peer> peers_;
+  std::unordered_map<NodeId, Held> held_;
+  std::unordered_map<ucp_ep_h, std::unique_ptr<EpCtx>> eps_;
+  std::vector<std::unique_ptr<EpCtx>> closingCtx_;
+  std::vector<void*> closing_;
+  std::unordered_set<SendCtx*> inflight_;
+  size_t byesInFlight_ = 0;
+  std::map<StreamKey, Stream> inbound_;
+  std::set<StreamKey> ready_;
+  std::mt19937_64 streamIds_{std::random_device{}()};
+  std::vector<NodeId> byes_;
+  std::vector<EpFailure> epFailures_;
+  std::vector<std::pair<NodeId, std::string>> failures_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> create(const NodeId& self, const UcxOptions& options) {
+  return std::make_unique<UcxTransport>(self, options);
+}
+
+}  // namespace cortado::transport::ucx

@@ -1,0 +1,24 @@
+// The conformance suite on the UCX transport (built when CORTADO_UCX is on).
+#include "core/common/deadline.h"
+#include "core/transport/ucx/factory.h"
+#include "tests/transport/transport_test.h"
+
+namespace cortado::transport::testing {
+namespace {
+
+TransportFactory ucxFactory() {
+  return {"ucx", [] {
+            ucx::UcxOptions o;
+            o.connectTimeout = Millis(1500);
+            return TransportEnv{
+                [o](const NodeId& self) { return ucx::create(self, o); },
+                [] { return std::string("ucx://127.0.0.1:0"); },
+                "ucx://127.0.0.1:1",
+            };
+          }};
+}
+
+CORTADO_TRANSPORT_CONFORMANCE(Ucx, ucxFactory());
+
+}  // namespace
+}  // namespace cortado::transport::testing
