@@ -1,0 +1,275 @@
+"""DistributedOptimizer and broadcast_optimizer_state for cortado.torch.
+
+The optimizer wraps the user's: a hook on each parameter's gradient
+accumulator starts that gradient's push_pull as soon as backward has produced
+it, so communication overlaps the rest of the backward pass; step() waits for
+all of them and then runs the wrapped optimizer's step. Priorities follow the
+layer order of `named_parameters` (the first layer highest), so the gradients
+that the next forward pass needs first are sent first.
+"""
+
+import contextlib
+import warnings
+
+import torch
+
+from .. import _runtime
+from ..compression import Compression, Compressor
+from .ops import DTYPES, broadcast_async_, check_tensor, submit
+
+
+def _compressor_for(compression, name, param):
+    if callable(compression) and not isinstance(compression, (Compressor, str)):
+        return Compression.lookup(compression(name, param))
+    if isinstance(compression, dict):
+        return Compression.lookup(compression.get(name, Compression.none))
+    return Compression.lookup(compression)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    # Mixed into the wrapped optimizer's class by DistributedOptimizer(); its
+    # __init__ runs the wrapped class's __init__ on the same param_groups.
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 name_prefix):
+        super(self.__class__, self).__init__(params)
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"param.{i}", p) for i, p in enumerate(all_params)]
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer: named_parameters must be (name, tensor) "
+                                 "pairs, as model.named_parameters() gives")
+        names = [n for n, _ in named_parameters]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: parameter names must be unique; "
+                                 f"repeated: {', '.join(duplicates)}")
+        known = {id(p) for _, p in named_parameters}
+        unnamed = [i for i, p in enumerate(all_params) if id(p) not in known]
+        if unnamed:
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: {len(unnamed)} of the optimizer's "
+                                 f"parameters are missing from named_parameters")
+        if backward_passes_per_step < 1:
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: backward_passes_per_step must be at "
+                                 f"least 1, got {backward_passes_per_step}")
+
+        in_optimizer = {id(p) for p in all_params}
+        # Model order, as named_parameters gives it: index 0 is the first layer.
+        self._ordered = [(n, p) for n, p in named_parameters
+                         if id(p) in in_optimizer and p.requires_grad]
+        self._names = {p: f"{name_prefix}.{n}" for n, p in self._ordered}
+        self._priority = {p: -i for i, (_, p) in enumerate(self._ordered)}
+        self._compressors = {p: _compressor_for(compression, n, p) for n, p in self._ordered}
+        for _, p in self._ordered:
+            check_tensor(p, "DistributedOptimizer", "parameter")
+        rt = _runtime.require("DistributedOptimizer")
+        self._backward_passes_per_step = backward_passes_per_step
+        self._delay = {p: backward_passes_per_step for _, p in self._ordered}
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._grad_accs = []
+        # Every worker declares every gradient up front, in the same order,
+        # so that hooks firing in any order never wait on one another.
+        for _, p in self._ordered:
+            sent, _ = self._compressors[p].compress(torch.empty(0, dtype=p.dtype))
+            if not rt.is_declared(self._names[p]):
+                rt.declare(self._names[p], DTYPES[sent.dtype], p.numel())
+        self._register_hooks()
+
+    def _register_hooks(self):
+        for _, p in self._ordered:
+            # The AccumulateGrad node of p: its hook runs once p.grad holds
+            # this backward pass's gradient.
+            p_tmp = p.expand_as(p)
+            grad_acc = p_tmp.grad_fn.next_functions[0][0]
+            grad_acc.register_hook(self._make_hook(p))
+            self._grad_accs.append(grad_acc)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if p in self._handles and self._delay[p] <= 0:
+                raise _runtime.error(
+                    "invalid_argument",
+                    f"DistributedOptimizer: the gradient of '{self._names[p]}' was computed "
+                    f"more than backward_passes_per_step={self._backward_passes_per_step} "
+                    f"times before step() or synchronize(); raise backward_passes_per_step or "
+                    f"call step() after each backward pass")
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._handles[p] = self._push_pull_grad_async(p)
+        return hook
+
+    def _push_pull_grad_async(self, p):
+        grad = p.grad
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if grad.is_contiguous():
+            handle = submit("DistributedOptimizer", grad, grad, True, self._names[p],
+                             self._priority[p], self._compressors[p])
+            return handle, None
+        tmp = grad.contiguous()
+        handle = submit("DistributedOptimizer", tmp, tmp, True, self._names[p],
+                         self._priority[p], self._compressors[p])
+        return handle, tmp
+
+    def synchronize(self):
+        """Waits for every gradient's push_pull (starting those whose hooks did
+        not fire, e.g. parameters unused in this pass) and writes the averaged
+        gradients into p.grad."""
+        for _, p in self._ordered:
+            if p not in self._handles:
+                self._handles[p] = self._push_pull_grad_async(p)
+        try:
+            for p, (handle, tmp) in self._handles.items():
+                _runtime.synchronize(handle)
+                if tmp is not None:
+                    with torch.no_grad():
+                        p.grad.copy_(tmp)
+        finally:
+            self._handles.clear()
+            for p in self._delay:
+                self._delay[p] = self._backward_passes_per_step
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For step() after an explicit synchronize() (e.g. to clip gradients):
+
+            optimizer.synchronize(); clip_grad_norm_(...)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() after optimizer.synchronize() without "
+                              "optimizer.skip_synchronize(): gradients are pushed twice")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer.zero_grad() while gradients are being "
+                                 "pushed: call step() or synchronize() first")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, name_prefix="grad"):
+    """Wraps `optimizer` so that step() applies gradients averaged over all workers.
+
+    - named_parameters: model.named_parameters(); its order is the layer order
+      that sets priorities, and its names name the tensors (every worker must
+      use the same model). Without it, parameters are named by position.
+    - compression: a cortado.Compression member or name for every gradient, a
+      dict {parameter name: compression}, or a function (name, param) ->
+      compression. Available now: none, fp16.
+    - backward_passes_per_step: gradients accumulate locally (summed, as
+      autograd does) over this many backward passes before they are pushed.
+    Call cortado.torch.init() first. The wrapped optimizer's state is not
+    carried over: wrap a freshly made optimizer.
+    """
+    # Validate the compression first, so that a bad name is the error the
+    # user sees, even before init().
+    if isinstance(compression, dict):
+        for spec in compression.values():
+            Compression.lookup(spec)
+    elif not callable(compression) or isinstance(compression, (Compressor, str)):
+        Compression.lookup(compression)
+    names = list(named_parameters) if named_parameters is not None else None
+    _runtime.require("DistributedOptimizer")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
+               name_prefix)
+
+
+def _scalar_tensor(value):
+    # Numbers travel as float64 (exact for ints below 2**53), so that 1 and
+    # 1.0 on different workers still name the same tensor type.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return torch.tensor([float(value)], dtype=torch.float64)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast.optimizer"):
+    """Overwrites every worker's optimizer state (and numeric hyper-parameters
+    such as lr and momentum) with root_rank's.
+
+    When this worker's state is still empty (no step taken yet, as on the
+    workers that did not load a checkpoint), it is first created by one step
+    with zero gradients, with the parameters and gradients restored after it,
+    so that every worker holds the same structure.
+    """
+    _runtime.require("broadcast_optimizer_state")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if params and len(optimizer.state) == 0:
+        saved = [(p, p.detach().clone(), p.grad) for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        # Bypass the distributed step: this one is local.
+        base = optimizer.__class__
+        if hasattr(optimizer, "_handles"):  # a DistributedOptimizer: its wrapped class
+            base = base.__mro__[1]
+        base.step(optimizer)
+        with torch.no_grad():
+            for p, value, grad in saved:
+                p.copy_(value)
+                p.grad = grad
+
+    handles = []
+    fixups = []
+    index = {id(p): i for i, p in enumerate(params)}
+    for gi, group in enumerate(optimizer.param_groups):
+        for key in sorted(k for k in group if k != "params"):
+            value = group[key]
+            items = list(value) if isinstance(value, tuple) else [value]
+            carriers = [_scalar_tensor(v) for v in items]
+            if any(c is None for c in carriers):
+                continue
+            for j, c in enumerate(carriers):
+                handles.append(broadcast_async_(c, root_rank, f"{prefix}.group{gi}.{key}.{j}"))
+            fixups.append((group, key, isinstance(value, tuple), carriers))
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key in sorted(state):
+                value = state[key]
+                name = f"{prefix}.p{index[id(p)]}.{key}"
+                if isinstance(value, torch.Tensor):
+                    if value.is_contiguous():
+                        handles.append(broadcast_async_(value, root_rank, name))
+                    else:
+                        tmp = value.contiguous()
+                        handles.append(broadcast_async_(tmp, root_rank, name))
+                        fixups.append((state, key, None, tmp))
+                else:
+                    c = _scalar_tensor(value)
+                    if c is not None:
+                        handles.append(broadcast_async_(c, root_rank, name))
+                        fixups.append((state, key, False, [c]))
+    for h in handles:
+        _runtime.synchronize(h)
+    for container, key, is_tuple, carriers in fixups:
+        if is_tuple is None:
+            with torch.no_grad():
+                container[key].copy_(carriers)
+        else:
+            old = container[key]
+            olds = list(old) if is_tuple else [old]
+            values = [type(o)(c.item()) for o, c in zip(olds, carriers)]
+            container[key] = tuple(values) if is_tuple else values[0]

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Train a small CNN on scikit-learn's handwritten digits with Cortado.
+
+    cortado launch -w 4 -s 2 -- /usr/bin/python3 bindings/python/examples/train_digits.py
+
+Each worker trains on its shard of the training set; DistributedOptimizer
+averages the gradients over the workers (their push_pulls overlap the backward
+pass). Rank 0 shows a progress bar and prints, per epoch, the training loss and
+accuracy and the held-out accuracy, all averaged over the workers. The data set
+(1797 8x8 images) ships with python3-sklearn, so this runs offline.
+
+The three lines a Horovod/BytePS user changes are marked "Cortado:".
+"""
+
+import argparse
+import math
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from tqdm import tqdm
+
+import cortado.torch as ct
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=16, help="per worker")
+    p.add_argument("--lr", type=float, default=0.025, help="per worker; scaled by the worker count")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--compression", default="none",
+                   help="none or fp16 (top-k and the others once the runtime integrates them)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args()
+
+
+def load(seed):
+    digits = load_digits()
+    x = torch.from_numpy((digits.images / 16.0).astype(np.float32)).unsqueeze(1)
+    y = torch.from_numpy(digits.target.astype(np.int64))
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n_test = len(y) // 5
+    test, train = order[:n_test], order[n_test:]
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def main():
+    args = parse_args()
+    compression = ct.Compression.lookup(args.compression)  # a bad name fails before the job
+    ct.init()                                                            # Cortado: 1
+    rank, size = ct.rank(), ct.size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ct.local_size()))
+    torch.manual_seed(args.seed)
+
+    (x_train, y_train), (x_test, y_test) = load(args.seed)
+    # Equal shards, so every worker takes the same number of steps.
+    shard = len(y_train) // size
+    x_train = x_train[rank * shard:(rank + 1) * shard]
+    y_train = y_train[rank * shard:(rank + 1) * shard]
+    x_test, y_test = x_test[rank::size], y_test[rank::size]
+    steps = math.ceil(shard / args.batch_size)
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
+    optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),  # Cortado: 2
+                                        compression=compression)
+    ct.broadcast_parameters(model.state_dict(), root_rank=0)                 # Cortado: 3
+    ct.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    for epoch in range(1, args.epochs + 1):
+        start = time.monotonic()
+        model.train()
+        perm = torch.randperm(shard, generator=torch.Generator().manual_seed(epoch * 1000 + rank))
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        bar = tqdm(range(steps), desc=f"epoch {epoch}/{args.epochs}", unit="batch",
+                   disable=rank != 0 or args.no_progress, leave=False)
+        for step in bar:
+            idx = perm[step * args.batch_size:(step + 1) * args.batch_size]
+            optimizer.zero_grad()
+            logits = model(x_train[idx])
+            loss = F.cross_entropy(logits, y_train[idx])
+            loss.backward()
+            optimizer.step()
+            totals += torch.tensor([loss.item() * len(idx),
+                                    (logits.argmax(1) == y_train[idx]).sum().item(), len(idx)],
+                                   dtype=torch.float64)
+            bar.set_postfix(loss=f"{totals[0].item() / totals[2].item():.4f}")
+        bar.close()
+
+        model.eval()
+        with torch.no_grad():
+            correct = (model(x_test).argmax(1) == y_test).sum().item()
+        test = torch.tensor([correct, len(y_test)], dtype=torch.float64)
+        totals = ct.push_pull(totals, average=False, name="metrics.train")
+        test = ct.push_pull(test, average=False, name="metrics.test")
+        if rank == 0:
+            print(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[2]:.4f}  "
+                  f"train-acc {totals[1] / totals[2]:.4f}  test-acc {test[0] / test[1]:.4f}  "
+                  f"({time.monotonic() - start:.1f} s, {size} workers)", flush=True)
+    ct.shutdown()
+
+
+if __name__ == "__main__":
+    main()

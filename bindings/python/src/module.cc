@@ -1,0 +1,385 @@
+// cortado._C: the pybind11 core of the Python package. It wraps one worker
+// engine (core/worker.h) per process in a Runtime object that the Python
+// layer (cortado/__init__.py, cortado/torch) owns; there is no global state
+// here besides the exception type.
+//
+// Threads and the GIL (STYLE.md §12)
+// - Every call that can block (start, declare, wait, barrier, shutdown) runs
+//   with the GIL released; waits are sliced so that Ctrl-C still interrupts.
+// - The engine's threads never touch a Python object. The buffers of a
+//   push_pull stay alive through a Python reference ("keepalive") that the
+//   Runtime holds until the operation completed; those references are only
+//   created, inspected and dropped by methods that hold the GIL. References of
+//   failed operations are kept until the Runtime closes, because a failed
+//   handle can complete while the transport may still read the input.
+//
+// Errors: cortado::Error (and a failed Status) become cortado.CortadoError
+// with the engine's message and a `code` attribute ("timeout", "peer_dead",
+// "mismatch", ...).
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/backends.h"
+#include "core/common/env.h"
+#include "core/common/logging.h"
+#include "core/config.h"
+#include "core/worker.h"
+#include "cortado/config.h"
+
+namespace py = pybind11;
+
+namespace cortado::python {
+namespace {
+
+// The Python exception type; created once when the module is imported.
+PyObject* gErrorType = nullptr;
+
+const char* codeName(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kOk: return "ok";
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kMismatch: return "mismatch";
+    case ErrorCode::kTimeout: return "timeout";
+    case ErrorCode::kPeerDead: return "peer_dead";
+    case ErrorCode::kProtocol: return "protocol";
+    case ErrorCode::kUnavailable: return "unavailable";
+    case ErrorCode::kClosed: return "closed";
+    case ErrorCode::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+// Sets cortado.CortadoError(message) with .code; the GIL is held.
+void setPythonError(ErrorCode code, const std::string& message) {
+  py::object type = py::reinterpret_borrow<py::object>(gErrorType);
+  py::object exc = type(message);
+  exc.attr("code") = codeName(code);
+  PyErr_SetObject(gErrorType, exc.ptr());
+}
+
+// Waits for `h` until `deadline`, in slices so that signals (Ctrl-C) are
+// seen. Called with the GIL held; releases it while waiting.
+Status waitInterruptibly(const Handle& h, Deadline deadline) {
+  constexpr Millis kSlice{200};
+  for (;;) {
+    Deadline slice = Deadline::after(std::min(kSlice, deadline.remaining()));
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = h.wait(slice);
+    }
+    if (s.code() != ErrorCode::kTimeout || deadline.expired()) return s;
+    if (h.poll()) return h.wait(Deadline::after(Millis(0)));
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+Deadline deadlineFromSeconds(std::optional<double> timeout, Millis fallback) {
+  if (!timeout) return Deadline::after(fallback);
+  if (*timeout <= 0) return Deadline::after(Millis(0));
+  // Cap at a year: "forever" without overflowing the clock.
+  double ms = std::min(*timeout * 1000.0, 365.0 * 24 * 3600 * 1000);
+  return Deadline::after(Millis(static_cast<int64_t>(ms)));
+}
+
+// One push_pull in flight, as seen from Python.
+class PyHandle {
+ public:
+  PyHandle(Handle h, Millis defaultTimeout) : h_(std::move(h)), defaultTimeout_(defaultTimeout) {}
+
+  const std::string& name() const { return h_.tensorName(); }
+  bool poll() const { return h_.poll(); }
+
+  // Returns when the operation completed; raises CortadoError when it
+  // failed, or with code "timeout" when `timeout` seconds passed first
+  // (None: the job's CORTADO_TIMEOUT_MS).
+  void wait(std::optional<double> timeout) const {
+    Status s = waitInterruptibly(h_, deadlineFromSeconds(timeout, defaultTimeout_));
+    s.check();
+  }
+
+  const Handle& handle() const { return h_; }
+
+ private:
+  Handle h_;
+  Millis defaultTimeout_;
+};
+
+class Runtime {
+ public:
+  // Joins the job described by the CORTADO_* environment (as `cortado
+  // launch` sets it). Blocks (without the GIL) until registered.
+  static std::unique_ptr<Runtime> start(std::optional<double> connectTimeout) {
+    auto rt = std::make_unique<Runtime>();
+    JobConfig job = readJobConfig(true);
+    CORTADO_ENFORCE(job.role == Role::kWorker, ErrorCode::kInvalidArgument,
+                    "cortado.init() runs in a worker, but CORTADO_ROLE is {}", roleName(job.role));
+    setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
+    WorkerOptions wo;
+    wo.partitionBytes = job.partitionBytes;
+    wo.maxBytesInFlight = job.maxInflightBytes;
+    wo.async = job.async;
+    wo.listenAddress = dataListenAddress(job);
+    control::ClientOptions co;
+    co.schedulerHost = job.schedulerHost;
+    co.schedulerPort = job.schedulerPort;
+    co.token = job.token;
+    co.requestedRank = job.rank;
+    co.connectTimeout = job.connectTimeout;
+    co.heartbeatInterval = job.heartbeatInterval;
+    Deadline deadline = deadlineFromSeconds(connectTimeout, job.connectTimeout);
+    {
+      py::gil_scoped_release nogil;
+      rt->worker_ = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
+                                  deadline);
+    }
+    rt->job_ = job;
+    // One machine per job today: the local group is the whole job unless the
+    // caller (a multi-machine launcher) says otherwise.
+    rt->localRank_ = rt->worker_->rank();
+    rt->localSize_ = rt->worker_->size();
+    if (auto v = getEnvInt({"CORTADO_LOCAL_RANK", "BYTEPS_LOCAL_RANK"})) rt->localRank_ = int(*v);
+    if (auto v = getEnvInt({"CORTADO_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE"})) rt->localSize_ = int(*v);
+    return rt;
+  }
+
+  ~Runtime() { close(); }
+
+  Worker& worker() const {
+    CORTADO_ENFORCE(worker_ != nullptr, ErrorCode::kClosed,
+                    "cortado was shut down: call cortado.init() in a new process");
+    return *worker_;
+  }
+
+  int rank() const { return worker().rank(); }
+  int size() const { return worker().size(); }
+  int numServers() const { return worker().numServers(); }
+  int localRank() const { return localRank_; }
+  int localSize() const { return localSize_; }
+  double timeoutSeconds() const { return job_.opTimeout.count() / 1000.0; }
+
+  uint64_t declare(const std::string& name, const std::string& dtype, uint64_t count,
+                   std::optional<double> timeout) {
+    DType t = parseDType(dtype);
+    Worker& w = worker();
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    py::gil_scoped_release nogil;
+    return w.declare(name, t, count, d);
+  }
+
+  bool isDeclared(const std::string& name) const { return worker().isDeclared(name); }
+
+  // Raw pointers: `input` and `output` hold `count` elements of `dtype`;
+  // `keepalive` owns that memory and is held until the operation completed.
+  PyHandle pushPull(const std::string& name, const std::string& dtype, uint64_t count,
+                    uintptr_t input, uintptr_t output, bool average, int priority,
+                    py::object keepalive) {
+    prune();
+    DType t = parseDType(dtype);
+    Worker& w = worker();
+    Handle h;
+    {
+      py::gil_scoped_release nogil;
+      h = w.pushPull(name, t, count, reinterpret_cast<const void*>(input),
+                     reinterpret_cast<void*>(output),
+                     average ? ReduceOp::kAverage : ReduceOp::kSum, priority);
+    }
+    inflight_.push_back({h, std::move(keepalive)});
+    return PyHandle(h, job_.opTimeout);
+  }
+
+  // Buffer protocol: C-contiguous `input` and writable `output` (may be the
+  // same object) of one format and length. Declares the name on first use.
+  PyHandle pushPullBuffer(const std::string& name, py::buffer input, py::buffer output,
+                          bool average, int priority) {
+    auto in = std::make_shared<py::buffer_info>(input.request());
+    auto out = std::make_shared<py::buffer_info>(output.request(true));
+    const std::string dtype = formatToDType(in->format, in->itemsize, "input");
+    const std::string outType = formatToDType(out->format, out->itemsize, "output");
+    CORTADO_ENFORCE(dtype == outType, ErrorCode::kInvalidArgument,
+                    "push_pull of '{}': input is {} but output is {}", name, dtype, outType);
+    CORTADO_ENFORCE(in->size == out->size, ErrorCode::kInvalidArgument,
+                    "push_pull of '{}': input has {} elements but output has {}", name, in->size,
+                    out->size);
+    checkContiguous(*in, name, "input");
+    checkContiguous(*out, name, "output");
+    const auto count = static_cast<uint64_t>(in->size);
+    if (!worker().isDeclared(name)) declare(name, dtype, count, std::nullopt);
+    // The buffer views pin the memory (a bytearray cannot be resized while
+    // viewed); they are released with the keepalive, under the GIL.
+    using Views = std::pair<std::shared_ptr<py::buffer_info>, std::shared_ptr<py::buffer_info>>;
+    py::capsule views(new Views(in, out), [](void* p) { delete static_cast<Views*>(p); });
+    py::object keep = py::make_tuple(input, output, views);
+    return pushPull(name, dtype, count, reinterpret_cast<uintptr_t>(in->ptr),
+                    reinterpret_cast<uintptr_t>(out->ptr), average, priority, std::move(keep));
+  }
+
+  void barrier(std::optional<double> timeout) {
+    Worker& w = worker();
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    py::gil_scoped_release nogil;
+    w.barrier(d);
+  }
+
+  // None when healthy, else (code, message) of the first failure.
+  std::optional<std::pair<std::string, std::string>> failure() const {
+    if (!worker_) return std::nullopt;
+    Status s = worker_->failure();
+    if (s.ok()) return std::nullopt;
+    return std::make_pair(std::string(codeName(s.code())), s.message());
+  }
+
+  // Orderly end: tells the scheduler this worker is done, waits for the
+  // job's shutdown, closes. Safe to call twice.
+  void shutdown(std::optional<double> timeout) {
+    if (!worker_) return;
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    {
+      py::gil_scoped_release nogil;
+      worker_->shutdown(d);
+      worker_.reset();
+    }
+    inflight_.clear();
+  }
+
+  // Abrupt end (an uncaught exception): closes without telling the scheduler
+  // that this worker finished, so the others fail fast instead of waiting.
+  void close() {
+    if (worker_) {
+      py::gil_scoped_release nogil;
+      worker_.reset();
+    }
+    inflight_.clear();
+  }
+
+  bool closed() const { return worker_ == nullptr; }
+  size_t inflightCount() const { return inflight_.size(); }
+
+ private:
+  struct Inflight {
+    Handle handle;
+    py::object keepalive;
+  };
+
+  // Drops the references of operations that completed successfully.
+  void prune() {
+    std::erase_if(inflight_, [](const Inflight& f) {
+      return f.handle.poll() && f.handle.wait(Deadline::after(Millis(0))).ok();
+    });
+  }
+
+  static std::string formatToDType(const std::string& format, py::ssize_t itemsize,
+                                   const char* which) {
+    // Struct-module codes, with an optional byte-order prefix.
+    std::string f = format;
+    if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@' || f[0] == '!' || f[0] == '>')) {
+      CORTADO_ENFORCE(f[0] != '>' && f[0] != '!', ErrorCode::kInvalidArgument,
+                      "{} buffer is big-endian ('{}'); convert it to native order", which, format);
+      f = f.substr(1);
+    }
+    if (f == "f" && itemsize == 4) return "float32";
+    if (f == "d" && itemsize == 8) return "float64";
+    if (f == "e" && itemsize == 2) return "float16";
+    if ((f == "i" || f == "l" || f == "q") && itemsize == 4) return "int32";
+    if ((f == "i" || f == "l" || f == "q") && itemsize == 8) return "int64";
+    if (f == "B" && itemsize == 1) return "uint8";
+    if (f == "b" && itemsize == 1) return "int8";
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{} buffer has element format '{}' ({} bytes), which Cortado does "
+                            "not sum: supported are float32, float64, float16, int32, int64, "
+                            "uint8, int8 (bfloat16 through raw pointers, as cortado.torch does)",
+                            which, format, itemsize));
+  }
+
+  static void checkContiguous(const py::buffer_info& b, const std::string& name,
+                              const char* which) {
+    py::ssize_t expect = b.itemsize;
+    for (py::ssize_t d = b.ndim - 1; d >= 0; --d) {
+      if (b.shape[d] != 1 && b.strides[d] != expect)
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("push_pull of '{}': the {} is not C-contiguous (strides {}); "
+                                "pass a contiguous copy (numpy.ascontiguousarray)",
+                                name, which, fmt::join(b.strides, ", ")));
+      expect *= b.shape[d];
+    }
+  }
+
+  // Declared first, destroyed last: the keepalives outlive the worker.
+  std::vector<Inflight> inflight_;
+  std::unique_ptr<Worker> worker_;
+  JobConfig job_;
+  int localRank_ = 0;
+  int localSize_ = 1;
+};
+
+}  // namespace
+}  // namespace cortado::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace cortado;
+  using namespace cortado::python;
+  m.doc() = "Cortado's core: the worker engine behind the cortado package";
+
+  gErrorType = PyErr_NewExceptionWithDoc(
+      "cortado.CortadoError",
+      "An error from Cortado. `str(e)` is the message (naming the tensor, the rank and the "
+      "peer); `e.code` is one of invalid_argument, mismatch, timeout, peer_dead, protocol, "
+      "unavailable, closed, internal.",
+      PyExc_RuntimeError, nullptr);
+  m.attr("CortadoError") = py::handle(gErrorType);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      setPythonError(e.code(), e.what());
+    }
+  });
+
+  m.attr("built_with_cuda") = bool(CORTADO_CUDA);
+  m.attr("version") = CORTADO_VERSION;
+  m.def("dtype_size", [](const std::string& name) { return dtypeSize(parseDType(name)); },
+        "Bytes per element of a dtype name (float32, fp16, bfloat16, int64, ...).");
+  m.def("raise_error", [](const std::string& code, const std::string& message) {
+    for (int c = 0; c <= int(ErrorCode::kInternal); ++c)
+      if (code == codeName(ErrorCode(c))) throw Error(ErrorCode(c), message);
+    throw Error(ErrorCode::kInvalidArgument, message);
+  }, "Raises CortadoError with this code and message (for the Python layer).");
+
+  py::class_<PyHandle>(m, "Handle")
+      .def_property_readonly("name", &PyHandle::name)
+      .def("poll", &PyHandle::poll, "True once the operation completed (or failed).")
+      .def("wait", &PyHandle::wait, py::arg("timeout") = py::none(),
+           "Waits (without the GIL) until completion; raises CortadoError on failure or "
+           "timeout (seconds; None: the job's CORTADO_TIMEOUT_MS).");
+
+  py::class_<Runtime>(m, "Runtime")
+      .def_static("start", &Runtime::start, py::arg("connect_timeout") = py::none(),
+                  "Joins the job that the CORTADO_* environment describes.")
+      .def_property_readonly("rank", &Runtime::rank)
+      .def_property_readonly("size", &Runtime::size)
+      .def_property_readonly("num_servers", &Runtime::numServers)
+      .def_property_readonly("local_rank", &Runtime::localRank)
+      .def_property_readonly("local_size", &Runtime::localSize)
+      .def_property_readonly("timeout", &Runtime::timeoutSeconds)
+      .def_property_readonly("closed", &Runtime::closed)
+      .def_property_readonly("inflight_count", &Runtime::inflightCount)
+      .def("declare", &Runtime::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
+           py::arg("timeout") = py::none())
+      .def("is_declared", &Runtime::isDeclared, py::arg("name"))
+      .def("push_pull", &Runtime::pushPull, py::arg("name"), py::arg("dtype"), py::arg("count"),
+           py::arg("input"), py::arg("output"), py::arg("average"), py::arg("priority"),
+           py::arg("keepalive"))
+      .def("push_pull_buffer", &Runtime::pushPullBuffer, py::arg("name"), py::arg("input"),
+           py::arg("output"), py::arg("average") = false, py::arg("priority") = 0)
+      .def("barrier", &Runtime::barrier, py::arg("timeout") = py::none())
+      .def("failure", &Runtime::failure)
+      .def("shutdown", &Runtime::shutdown, py::arg("timeout") = py::none())
+      .def("close", &Runtime::close);
+}

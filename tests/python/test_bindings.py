@@ -1,0 +1,139 @@
+"""The Python bindings end to end: real jobs through `cortado launch`, worker
+scripts in workers/ that assert against NumPy/torch references and report in
+result.<rank>.json, plus the errors that need no job."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import cortado
+from conftest import PYTHON, REPO
+
+
+def assert_all_ok(job, workers):
+    results = job.results()
+    assert job.returncode == 0 and sorted(results) == list(range(workers)), job.describe()
+    for rank, r in results.items():
+        assert r.get("ok"), (rank, r, job.describe())
+    return results
+
+
+# -- jobs that must succeed ---------------------------------------------------
+
+def test_numpy_push_pull_async_broadcast(run_job):
+    # Small chunks, so that arrays span several chunks and both servers.
+    job = run_job(3, 2, "numpy_ops.py", env={"CORTADO_PARTITION_BYTES": "64K"})
+    results = assert_all_ok(job, 3)
+    assert all(r["checked"] > 60 for r in results.values())
+
+
+def test_torch_push_pull_async_broadcast(run_job):
+    job = run_job(2, 1, "torch_ops.py", env={"CORTADO_PARTITION_BYTES": "32K"})
+    assert_all_ok(job, 2)
+
+
+def test_distributed_optimizer_matches_single_process(run_job):
+    job = run_job(4, 2, "optimizer_check.py", timeout=180)
+    results = assert_all_ok(job, 4)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
+def test_errors_in_a_running_job(run_job):
+    job = run_job(1, 1, "errors_local.py")
+    results = assert_all_ok(job, 1)
+    for label, message in sorted(results[0]["messages"].items()):
+        print(f"{label}: {message}")
+
+
+def test_train_digits_example(run_job):
+    example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
+    job = run_job(2, 1, example, "--epochs", "3", "--no-progress", timeout=180, out_arg=False)
+    assert job.returncode == 0, job.describe()
+    # One line per epoch from rank 0: "epoch 3/3  loss 0.1234  train-acc 0.9612  test-acc 0.9500"
+    lines = [l for l in job.stdout.splitlines() if l.startswith("epoch ")]
+    assert len(lines) == 3, job.describe()
+    accuracy = float(lines[-1].split("test-acc")[1].split()[0])
+    # Three epochs of the small CNN already classify most held-out digits.
+    assert accuracy > 0.8, job.describe()
+
+
+# -- errors that need a job ---------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["count", "dtype"])
+def test_mismatched_declarations_fail_every_worker(run_job, kind):
+    job = run_job(2, 1, "mismatch.py", "--kind", kind, timeout=90)
+    results = job.results()
+    assert sorted(results) == [0, 1], job.describe()
+    for rank, r in results.items():
+        assert r["raised"], (rank, r, job.describe())
+        assert "weights" in r["message"], r["message"]
+        assert r["seconds"] < 30, r
+    assert job.returncode != 0
+    print(results[0]["message"])
+
+
+def test_dead_worker_makes_the_others_raise_within_30s(run_job):
+    job = run_job(3, 1, "dies.py", timeout=120)
+    results = job.results()
+    assert sorted(results) == [0, 1, 2], job.describe()
+    died_at = results[2]["time"]
+    assert results[2]["died"]
+    for rank in (0, 1):
+        r = results[rank]
+        assert r["raised"], (rank, r, job.describe())
+        assert r["time"] - died_at < 30, (rank, r["time"] - died_at)
+        assert "worker 2" in r["message"], r["message"]
+    assert job.returncode != 0
+    print(results[0]["message"], f"({results[0]['time'] - died_at:.1f} s after the kill)")
+
+
+# -- errors without a job -----------------------------------------------------
+
+def test_calls_before_init_raise():
+    import torch
+    import cortado.torch as ct
+    for call in (lambda: cortado.push_pull(np.ones(3)), lambda: cortado.rank(),
+                 lambda: cortado.size(), lambda: cortado.broadcast(np.ones(3), 0),
+                 lambda: ct.push_pull(torch.ones(3)), lambda: ct.push_pull_async(torch.ones(3)),
+                 lambda: ct.local_rank(), lambda: ct.broadcast_parameters({}, 0),
+                 lambda: ct.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(
+                     torch.ones(1))], lr=0.1))):
+        with pytest.raises(cortado.CortadoError, match=r"before cortado.init\(\)"):
+            call()
+
+
+def test_unknown_compression_raises_listing_valid_names():
+    import torch
+    import cortado.torch as ct
+    with pytest.raises(cortado.CortadoError, match="unknown compression 'gzip': valid are none, fp16"):
+        ct.push_pull(torch.ones(3), compression="gzip")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(cortado.CortadoError, match="unknown compression"):
+        ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters(), compression="zstd")
+    with pytest.raises(cortado.CortadoError, match="not available"):
+        cortado.Compression.topk(0.01)
+    with pytest.raises(cortado.CortadoError, match="not available"):
+        cortado.Compression.lookup("auto")
+    assert cortado.Compression.lookup("fp16") is cortado.Compression.fp16
+    assert cortado.Compression.lookup(None) is cortado.Compression.none
+
+
+def test_init_outside_a_job_names_the_missing_variables():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CORTADO_") and not k.startswith("DMLC_")}
+    env["CORTADO_LOG_LEVEL"] = "off"
+    proc = subprocess.run([PYTHON, "-c", "import cortado; cortado.init()"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "CortadoError" in proc.stderr and "CORTADO_ROLE" in proc.stderr, proc.stderr
+    assert "cortado launch" in proc.stderr, proc.stderr
+
+
+def test_cortado_error_carries_a_code():
+    with pytest.raises(cortado.CortadoError) as info:
+        cortado._C.raise_error("timeout", "late")
+    assert info.value.code == "timeout" and str(info.value) == "late"
+    assert issubclass(cortado.CortadoError, RuntimeError)
