@@ -123,7 +123,12 @@ uint8_t* PeerMappings::resolve(const NodeId& peer, uint32_t index, uint64_t offs
   auto key = std::make_pair(peer, index);
   auto it = maps_.find(key);
   if (it == maps_.end()) {
-    it = maps_.emplace(key, Segment::open(segmentName(prefix_, peer, index))).first;
+    try {
+      it = maps_.emplace(key, Segment::open(segmentName(prefix_, peer, index))).first;
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("{} sent a shared-memory descriptor for its segment {}: {}",
+                                        peer.toString(), index, e.what()));
+    }
   }
   const Segment& s = *it->second;
   CORTADO_ENFORCE(offset <= s.size() && len <= s.size() - offset, ErrorCode::kProtocol,

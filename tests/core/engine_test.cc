@@ -3,11 +3,15 @@
 // §10). Results are checked against plain summation.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <future>
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/common/half.h"
+#include "core/shm/shm_segment.h"
 #include "core/transport/inproc/factory.h"
 #include "core/wire/data_message.h"
 #include "core/worker.h"
@@ -30,10 +34,17 @@ struct ServerNode {
 // A job of W workers and S servers in this process.
 class Job {
  public:
-  Job(int W, int S, WorkerOptions wo = {}, bool async = false) : hub_(transport::inproc::createHub()) {
+  // shm: servers serve same-host shared memory (every node here shares the
+  // host), so pushes and results travel as descriptors, not bytes.
+  Job(int W, int S, WorkerOptions wo = {}, bool async = false, bool shm = false)
+      : hub_(transport::inproc::createHub()), async_(async) {
+    // A token per job: the shared-memory segments are named after it.
+    static int jobs = 0;
+    token_ = fmt::format("{}-{}-{}", kToken, getpid(), jobs++);
+    const std::string shmPrefix = shm::jobPrefix(token_);
     scheduler::SchedulerOptions so;
     so.bindHost = "127.0.0.1";
-    so.token = kToken;
+    so.token = token_;
     so.numWorkers = W;
     so.numServers = S;
     so.heartbeatTimeout = Millis(5000);
@@ -45,13 +56,16 @@ class Job {
       auto n = std::make_unique<ServerNode>();
       NodeId id{Role::kServer, s};
       n->transport = transport::inproc::create(hub_, id);
-      n->engine = std::make_unique<server::ServerEngine>(
-          server::ServerEngineOptions{W, 2, async}, *n->transport);
+      server::ServerEngineOptions eo{W, 2, async};
+      eo.self = id;
+      if (shm) eo.shmPrefix = shmPrefix;
+      n->engine = std::make_unique<server::ServerEngine>(eo, *n->transport);
       auto* eng = n->engine.get();
       n->transport->setCallbacks([eng](Message&& m) { eng->handle(std::move(m)); },
                                  [](const NodeId&, const Status&) {});
       control::ClientOptions co = clientOptions(Role::kServer, s);
       co.dataAddress = n->transport->listen(fmt::format("inproc://server-{}", s));
+      co.sharedMemory = shm;
       n->control = control::ControlClient::create(co);
       auto* raw = n.get();
       serverUp.push_back(std::async(std::launch::async, [raw] {
@@ -65,13 +79,13 @@ class Job {
       up.push_back(std::async(std::launch::async, [this, w, wo] {
         WorkerOptions o = wo;
         o.async = async_;
+        o.sharedMemory = true;  // used where a server offers it
         o.listenAddress = fmt::format("inproc://worker-{}", w);
         return Worker::start(o, clientOptions(Role::kWorker, w),
                              transport::inproc::create(hub_, NodeId{Role::kWorker, w}),
                              Deadline::after(Millis(20000)));
       }));
     }
-    async_ = async;
     for (auto& f : up) workers.push_back(f.get());
     for (auto& f : serverUp) f.get();
   }
@@ -94,7 +108,7 @@ class Job {
     control::ClientOptions co;
     co.schedulerHost = "127.0.0.1";
     co.schedulerPort = sched_->port();
-    co.token = kToken;
+    co.token = token_;
     co.role = role;
     co.requestedRank = rank;
     co.connectTimeout = Millis(20000);
@@ -109,6 +123,15 @@ class Job {
     for (auto& x : fs) x.get();
   }
 
+  // Shared-memory segments of this job in /dev/shm now.
+  int segments() const {
+    const std::string stem = shm::jobPrefix(token_).substr(1);
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      n += e.path().filename().string().rfind(stem, 0) == 0;
+    return n;
+  }
+
   std::vector<std::unique_ptr<Worker>> workers;
 
  private:
@@ -117,16 +140,19 @@ class Job {
   std::future<Status> schedRun_;
   std::vector<std::unique_ptr<ServerNode>> servers_;
   bool async_ = false;
+  std::string token_;
 };
 
 const Deadline soon() { return Deadline::after(Millis(20000)); }
 
-TEST(Engine, SumsEveryDtypeAcrossWorkers) {
+class EngineSums : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EngineSums, EveryDtypeAcrossWorkers) {
   const int W = 3;
   WorkerOptions wo;
   wo.partitionBytes = 1024;  // many chunks per tensor
   wo.maxBytesInFlight = 4096;
-  Job job(W, 2, wo);
+  Job job(W, 2, wo, /*async=*/false, /*shm=*/GetParam());
   const DType types[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
                          DType::kBFloat16, DType::kInt32,   DType::kInt64};
   const uint64_t sizes[] = {1, 7, 256, 1000, 5003};
@@ -167,11 +193,20 @@ TEST(Engine, SumsEveryDtypeAcrossWorkers) {
       }
     }
   });
+  // Bytes: nobody made a segment. Shared memory: every worker and server did
+  // (so the sums above really went through it).
+  if (GetParam())
+    EXPECT_GE(job.segments(), W + 2);
+  else
+    EXPECT_EQ(job.segments(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Engine, EngineSums, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "SharedMemory" : "Bytes"; });
 
 TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
   const int W = 4;
-  Job job(W, 3);
+  Job job(W, 3, {}, /*async=*/false, /*shm=*/true);
   job.onEveryWorker([&](int r) {
     Worker& w = *job.workers[r];
     const int kTensors = 20;

@@ -698,8 +698,10 @@ class ZmqTransport final : public Transport {
     }
   }
 
+  // The owner's error callback decides what a lost peer means (a server
+  // closing at the end of a job is no news); the transport only logs it.
   void report(const NodeId& peer, ErrorCode code, std::string message) {
-    CORTADO_LOG_WARN("{}", message);
+    CORTADO_LOG_DEBUG("{}", message);
     if (stop_ || !onError_) return;
     try {
       onError_(peer, Status(code, std::move(message)));

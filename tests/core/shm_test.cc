@@ -1,0 +1,108 @@
+// The shared-memory pieces of the same-host data path (core/shm): what one
+// node writes into its arena, a peer reads through its mappings; descriptors
+// from the wire are checked against the segment before anything is read.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/common/error.h"
+#include "core/shm/shm_segment.h"
+
+namespace cortado {
+namespace {
+
+std::string testPrefix(const char* what) {
+  return shm::jobPrefix(fmt::format("shm-test-{}-{}", what, getpid()));
+}
+
+int segmentsOf(const std::string& prefix) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    n += e.path().filename().string().rfind(prefix.substr(1), 0) == 0;
+  return n;
+}
+
+TEST(Shm, JobPrefixHidesTheTokenAndSeparatesJobs) {
+  const std::string a = shm::jobPrefix("secret-token-a");
+  EXPECT_EQ(a, shm::jobPrefix("secret-token-a"));
+  EXPECT_NE(a, shm::jobPrefix("secret-token-b"));
+  EXPECT_EQ(a.find("secret"), std::string::npos);
+  EXPECT_EQ(a.rfind("/cortado-", 0), 0u);
+}
+
+TEST(Shm, PeerReadsWhatTheOwnerWrote) {
+  const std::string prefix = testPrefix("rw");
+  const NodeId owner{Role::kWorker, 3};
+  {
+    shm::Arena arena(prefix, owner, /*segmentBytes=*/4096);
+    // Regions are 64-byte aligned and never overlap; a region larger than a
+    // segment gets a segment of its own.
+    shm::Region a = arena.allocate(100), b = arena.allocate(10), big = arena.allocate(10000);
+    EXPECT_EQ(a.offset % 64, 0u);
+    EXPECT_GE(b.offset, a.offset + 100);
+    EXPECT_EQ(a.segment, b.segment);
+    EXPECT_NE(big.segment, a.segment);
+    for (int i = 0; i < 100; ++i) a.data[i] = uint8_t(i);
+    for (int i = 0; i < 10000; ++i) big.data[i] = uint8_t(i * 7);
+
+    shm::PeerMappings peers(prefix);
+    const uint8_t* pa = peers.resolve(owner, a.segment, a.offset, 100);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(pa[i], uint8_t(i));
+    const uint8_t* pb = peers.resolve(owner, big.segment, big.offset, 10000);
+    for (int i = 0; i < 10000; ++i) ASSERT_EQ(pb[i], uint8_t(i * 7));
+    // Writes through the owner show through the peer's mapping (one object).
+    a.data[5] = 200;
+    EXPECT_EQ(peers.resolve(owner, a.segment, a.offset, 100)[5], 200);
+    EXPECT_EQ(segmentsOf(prefix), 2);
+  }
+  // The owner unlinks its segments when it goes.
+  EXPECT_EQ(segmentsOf(prefix), 0);
+}
+
+TEST(Shm, DescriptorsAreNeverTrusted) {
+  const std::string prefix = testPrefix("bad");
+  const NodeId owner{Role::kServer, 0};
+  shm::Arena arena(prefix, owner, 4096);
+  shm::Region r = arena.allocate(128);
+  shm::PeerMappings peers(prefix);
+  auto codeOf = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("server 0"), std::string::npos) << e.what();
+      return e.code();
+    }
+    return ErrorCode::kOk;
+  };
+  // Past the end of the segment, an offset that would wrap, a segment that
+  // does not exist, a peer that has none.
+  EXPECT_EQ(codeOf([&] { peers.resolve(owner, r.segment, 4000, 200); }), ErrorCode::kProtocol);
+  EXPECT_EQ(codeOf([&] { peers.resolve(owner, r.segment, ~uint64_t(0) - 10, 64); }),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(codeOf([&] { peers.resolve(owner, 7, 0, 8); }), ErrorCode::kProtocol);
+  EXPECT_EQ(codeOf([&] { peers.resolve(NodeId{Role::kServer, 0}, r.segment, 0, 4096); }),
+            ErrorCode::kOk);
+  try {
+    peers.resolve(NodeId{Role::kWorker, 9}, 0, 0, 8);
+    FAIL() << "resolved a segment nobody created";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kProtocol);
+    EXPECT_NE(std::string(e.what()).find("w9"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Shm, RemoveJobSegmentsCleansWhatAKilledProcessLeft) {
+  const std::string prefix = testPrefix("left");
+  auto seg = shm::Segment::create(shm::segmentName(prefix, NodeId{Role::kWorker, 0}, 0), 4096);
+  auto other = shm::Segment::create(shm::segmentName(testPrefix("other"), NodeId{Role::kWorker, 0}, 0), 4096);
+  EXPECT_EQ(segmentsOf(prefix), 1);
+  EXPECT_EQ(shm::removeJobSegments(prefix), 1);  // only this job's
+  EXPECT_EQ(segmentsOf(prefix), 0);
+  EXPECT_EQ(segmentsOf(testPrefix("other")), 1);
+}
+
+}  // namespace
+}  // namespace cortado
