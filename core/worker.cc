@@ -11,6 +11,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "compressor/error_feedback.h"
+#include "compressor/format.h"
+#include "compressor/payload.h"
+#include "compressor/registry.h"
 #include "core/common/logging.h"
 #include "core/common/reduce.h"
 #include "core/partition.h"
@@ -72,6 +76,13 @@ struct TensorEntry {
   uint64_t key;
   std::vector<Chunk> chunks;
   std::vector<shm::Region> regions;  // per chunk; data == nullptr: send bytes
+  TensorOptions options;
+  // Compression (null codec: none). The codec's canonical spec and the
+  // preamble that every compressed push starts with (core/wire).
+  compressor::CodecPtr codec;
+  compressor::CodecPtr sparseDecoder;  // top-k: the servers' sparse sums
+  std::unique_ptr<compressor::ErrorFeedback> ef;  // residuals keyed by chunk index
+  std::string codecSpec;
   uint64_t round = 0;      // rounds started so far
   bool inFlight = false;   // a pushPull has not completed yet
 };
@@ -105,7 +116,14 @@ struct ByPriority {
 class WorkerImpl final : public Worker {
  public:
   WorkerImpl(WorkerOptions opts, std::unique_ptr<transport::Transport> t)
-      : opts_(std::move(opts)), transport_(std::move(t)) {}
+      : opts_(std::move(opts)), transport_(std::move(t)) {
+    codecs_ = opts_.codecs;
+    if (!codecs_) {
+      auto r = std::make_shared<compressor::Registry>();
+      compressor::registerCpuCodecs(*r);
+      codecs_ = std::move(r);
+    }
+  }
 
   ~WorkerImpl() override { closeAll(); }
 
@@ -142,7 +160,14 @@ class WorkerImpl final : public Worker {
   int numServers() const override { return static_cast<int>(book_.servers.size()); }
 
   uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
-                   Deadline deadline) override {
+                   const TensorOptions& options, Deadline deadline) override {
+    auto entry = std::make_unique<TensorEntry>();
+    entry->name = name;
+    entry->dtype = dtype;
+    entry->numElements = numElements;
+    entry->options = options;
+    if (!options.codec.empty()) setUpCodec(*entry);
+    const bool ef = entry->codec && options.errorFeedback;
     {
       std::lock_guard<std::mutex> lk(mu_);
       checkFailedLocked();
@@ -154,23 +179,29 @@ class WorkerImpl final : public Worker {
                         "elements of {}: a name must keep its shape",
                         self_.rank, name, t.numElements, dtypeName(t.dtype), numElements,
                         dtypeName(dtype));
+        CORTADO_ENFORCE(t.codecSpec == entry->codecSpec && (t.ef != nullptr) == ef,
+                        ErrorCode::kInvalidArgument,
+                        "worker {}: tensor '{}' was declared with codec '{}'{}, now with codec "
+                        "'{}'{}: a name must keep its compression",
+                        self_.rank, name, t.codecSpec.empty() ? "none" : t.codecSpec,
+                        t.ef ? " and error feedback" : "",
+                        entry->codecSpec.empty() ? "none" : entry->codecSpec,
+                        ef ? " and error feedback" : "");
         return t.key;
       }
     }
-    control::TensorDecl decl{name, dtype, numElements, ""};
+    control::TensorDecl decl{name, dtype, numElements, entry->codecSpec, ef};
     uint64_t key = control_->declare(decl, deadline);
-    auto entry = std::make_unique<TensorEntry>();
-    entry->name = name;
-    entry->dtype = dtype;
-    entry->numElements = numElements;
     entry->key = key;
+    if (ef) entry->ef = std::make_unique<compressor::ErrorFeedback>(entry->codec);
     std::lock_guard<std::mutex> lk(mu_);
     // Placement runs in declaration order, the same on every worker.
     entry->chunks = placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes);
     entry->regions.resize(entry->chunks.size());
     for (size_t i = 0; i < entry->chunks.size(); ++i) {
       const Chunk& c = entry->chunks[i];
-      if (!sameHost_[c.server] || c.numElements == 0) continue;
+      // Compressed chunks travel as bytes: their payloads are small.
+      if (!sameHost_[c.server] || c.numElements == 0 || entry->codec) continue;
       try {
         entry->regions[i] = arena_->allocate(c.numElements * dtypeSize(dtype));
       } catch (const Error& e) {
@@ -181,6 +212,41 @@ class WorkerImpl final : public Worker {
     }
     tensors_[name] = std::move(entry);
     return key;
+  }
+
+  // Validates the tensor's codec spec and builds the codec; throws
+  // kInvalidArgument naming the tensor and what is valid.
+  void setUpCodec(TensorEntry& t) {
+    CORTADO_ENFORCE(t.dtype == DType::kFloat32, ErrorCode::kInvalidArgument,
+                    "worker {}: tensor '{}' is {}, but codec '{}' compresses float32 tensors "
+                    "only: declare it as float32 or without a codec",
+                    self_.rank, t.name, dtypeName(t.dtype), t.options.codec);
+    try {
+      t.codecSpec = codecs_->canonical(t.options.codec);
+      t.codec = codecs_->create(t.codecSpec);
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("worker {}: tensor '{}': {}", self_.rank, t.name,
+                                        e.what()));
+    }
+    CORTADO_ENFORCE(t.codec->id() != compressor::CodecId::kPowerSgd, ErrorCode::kInvalidArgument,
+                    "worker {}: tensor '{}': powersgd needs a matrix shape and two reductions "
+                    "per round, which push-pull does not run; choose another codec (e.g. "
+                    "'topk:ratio=0.01' or 'fp16')",
+                    self_.rank, t.name);
+    wire::compressedPreambleBytes(t.codecSpec, t.name);  // checks the lengths
+    if (t.codec->sparse()) t.sparseDecoder = codecs_->create("topk");
+  }
+
+  // Seeds of one chunk's round. Random-k needs the same one on every worker
+  // (its indices follow from it, so payloads line up); the stochastic
+  // quantizers need independent ones per worker.
+  static uint64_t sharedSeed(uint64_t chunkKey, uint64_t round) {
+    return compressor::format::hash2(chunkKey, round);
+  }
+  uint64_t encodeSeed(const TensorEntry& t, uint64_t chunkKey, uint64_t round) const {
+    uint64_t shared = sharedSeed(chunkKey, round);
+    if (t.codec->id() == compressor::CodecId::kRandomK) return shared;
+    return compressor::format::hash2(shared, static_cast<uint64_t>(self_.rank) + 1);
   }
 
   bool isDeclared(const std::string& name) const override {
@@ -310,7 +376,27 @@ class WorkerImpl final : public Worker {
       h.op = Op::kPush;
       Message push;
       const shm::Region& region = t.regions[op.chunk];
-      if (region.data) {
+      const bool compressed = t.codec && c.numElements > 0;
+      if (compressed) {
+        // Encoded here, so the input is not needed after this call.
+        const size_t pre = wire::compressedPreambleBytes(t.codecSpec, t.name);
+        const size_t payloadBytes = t.codec->payloadBytes(c.numElements);
+        Buffer body = Buffer::allocate(pre + payloadBytes);
+        wire::writeCompressedPreamble(body.data(), t.codecSpec, t.name);
+        std::span<std::byte> out(reinterpret_cast<std::byte*>(body.data() + pre), payloadBytes);
+        const float* in = reinterpret_cast<const float*>(op.task->input) + c.offset;
+        compressor::EncodeContext ctx;
+        ctx.seed = encodeSeed(t, c.key, op.task->round);
+        size_t wrote = t.ef ? t.ef->encode(op.chunk, in, c.numElements, out, ctx)
+                            : t.codec->encode(in, c.numElements, out, ctx);
+        CORTADO_ENFORCE(wrote == payloadBytes, ErrorCode::kInternal,
+                        "codec '{}' wrote {} bytes for {} elements, declared {}", t.codecSpec,
+                        wrote, c.numElements, payloadBytes);
+        h.flags |= wire::kFlagCompressed;
+        h.bodyBytes = body.size();
+        push.parts.push_back(wire::encodeHeader(h));
+        push.parts.push_back(std::move(body));
+      } else if (region.data) {
         // Same host: the server sums straight from our shared memory. The
         // region is ours again once this round's answer is back.
         std::memcpy(region.data, op.task->input + c.offset * esz, c.numElements * esz);
@@ -331,7 +417,8 @@ class WorkerImpl final : public Worker {
       h.bodyBytes = 0;
       // Ask a same-host server to answer through its shared memory too.
       h.flags = static_cast<uint8_t>((opts_.async ? wire::kFlagAsync : wire::kFlagNone) |
-                                     (sameHost_[c.server] ? wire::kFlagShm : wire::kFlagNone));
+                                     (sameHost_[c.server] && !compressed ? wire::kFlagShm
+                                                                         : wire::kFlagNone));
       Message pull;
       pull.parts.push_back(wire::encodeHeader(h));
       pull.parts.push_back(Buffer());
@@ -414,7 +501,10 @@ class WorkerImpl final : public Worker {
       } else if (c.numElements > 0) {
         try {
           const uint8_t* src = m->parts[1].data();
-          if (h->flags & wire::kFlagShm) {
+          if (h->flags & wire::kFlagCompressed) {
+            decodeAnswer(t, task, c, *m);
+            src = nullptr;
+          } else if (h->flags & wire::kFlagShm) {
             CORTADO_ENFORCE(peerShm_ != nullptr, ErrorCode::kProtocol,
                             "{} answered through shared memory, which this worker has off",
                             m->from.toString());
@@ -423,10 +513,13 @@ class WorkerImpl final : public Worker {
             src = peerShm_->resolve(m->from, d.segment, d.offset, c.numElements * esz);
           }
           uint8_t* dst = task.output + c.offset * esz;
-          if (task.op == ReduceOp::kAverage)
+          if (src == nullptr) {
+            // decoded in place
+          } else if (task.op == ReduceOp::kAverage) {
             divideInto(t.dtype, dst, src, c.numElements, size());
-          else
+          } else {
             std::memcpy(dst, src, c.numElements * esz);
+          }
         } catch (const Error& e) {
           s = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
         }
@@ -451,6 +544,38 @@ class WorkerImpl final : public Worker {
       task.handle->complete(result);
     }
     return true;
+  }
+
+  // A compressed answer: the tensor's codec payload, or (sparse codecs) the
+  // servers' lossless sparse sum in top-k form. Validated before anything is
+  // written; throws kProtocol naming the server.
+  void decodeAnswer(const TensorEntry& t, const Task& task, const Chunk& c, const Message& m) {
+    CORTADO_ENFORCE(t.codec != nullptr, ErrorCode::kProtocol,
+                    "{} answered with a compressed payload, but the tensor is uncompressed",
+                    m.from.toString());
+    std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(m.parts[1].data()),
+                                       m.parts[1].size());
+    compressor::PayloadHeader ph;
+    try {
+      ph = compressor::parseHeader(payload);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kProtocol,
+                  fmt::format("malformed answer from {}: {}", m.from.toString(), e.what()));
+    }
+    const compressor::Codec* dec = nullptr;
+    if (ph.codec == t.codec->id()) dec = t.codec.get();
+    else if (ph.codec == compressor::CodecId::kTopK && t.sparseDecoder) dec = t.sparseDecoder.get();
+    CORTADO_ENFORCE(dec != nullptr, ErrorCode::kProtocol,
+                    "{} answered with a {} payload for a tensor compressed with '{}'",
+                    m.from.toString(), compressor::codecIdName(ph.codec), t.codecSpec);
+    float* dst = reinterpret_cast<float*>(task.output) + c.offset;
+    try {
+      dec->decode(payload, dst, c.numElements);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kProtocol,
+                  fmt::format("malformed answer from {}: {}", m.from.toString(), e.what()));
+    }
+    if (task.op == ReduceOp::kAverage) divideInto(t.dtype, dst, dst, c.numElements, size());
   }
 
   void onPeerError(const NodeId& peer, const Status& s) {
@@ -493,6 +618,7 @@ class WorkerImpl final : public Worker {
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<TensorEntry>> tensors_;
   std::unique_ptr<ServerPlacement> placement_;
+  std::shared_ptr<const compressor::Registry> codecs_;
   std::vector<bool> sameHost_;                      // per server
   std::unique_ptr<shm::Arena> arena_;               // our push regions
   std::unique_ptr<shm::PeerMappings> peerShm_;      // servers' result regions

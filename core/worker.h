@@ -10,6 +10,14 @@
 // credit bound; responses are copied (and averaged) into the output on the
 // transport's thread, and the handle completes when every chunk is back.
 //
+// Compression (docs/codecs.md): a tensor declared with TensorOptions::codec is
+// encoded chunk by chunk before each push (with error feedback, whose residuals
+// stay on this worker, per chunk), the servers decompress every push into an
+// fp32 sum and answer with the sum in the codec's form (or in a lossless
+// sparse form for top-k, DGC and random-k), and the worker decodes the answer
+// into `output`. Encoding runs on the dispatcher thread, decoding on the
+// transport's thread.
+//
 // Errors: misuse (undeclared tensor, wrong size or dtype, a second pushPull of
 // a tensor that is still in flight) throws cortado::Error at once. Failures
 // (a server's error reply, a dead peer, the job aborted by the scheduler)
@@ -26,6 +34,9 @@
 #include "core/transport/transport.h"
 
 namespace cortado {
+namespace compressor {
+class Registry;
+}
 
 enum class ReduceOp { kSum, kAverage };
 
@@ -37,6 +48,22 @@ struct WorkerOptions {
   // Same-host servers get pushes and send sums through shared memory
   // (core/shm); servers on other hosts always get bytes.
   bool sharedMemory = true;
+  // The codecs that TensorOptions::codec names; nullptr: the CPU codecs
+  // (compressor::registerCpuCodecs). Servers must know the same codecs.
+  std::shared_ptr<const compressor::Registry> codecs;
+};
+
+// How one tensor travels. The default is uncompressed.
+struct TensorOptions {
+  // "" = uncompressed; else a codec spec of the registry, e.g. "fp16",
+  // "topk:ratio=0.01", "qsgd:levels=15" ("name" or "name:key=value,...";
+  // docs/codecs.md lists them). Float32 tensors only. PowerSGD needs two
+  // reductions per round and is refused here.
+  std::string codec;
+  // With a codec: fold each round's compression error into the next round's
+  // push (compressor::ErrorFeedback, with DGC's momentum correction for dgc).
+  // Without it top-k and the sign codecs lose what they do not send.
+  bool errorFeedback = true;
 };
 
 // The completion of one pushPull. Cheap to copy; all copies share the state.
@@ -74,10 +101,23 @@ class Worker {
   virtual int numServers() const = 0;
 
   // Declares a tensor (blocks until every worker declared it). Declaring the
-  // same name again with the same shape returns the same key; with another
-  // shape it throws Error(kInvalidArgument).
+  // same name again with the same shape and options returns the same key;
+  // with another shape or other options it throws Error(kInvalidArgument).
+  // A codec spec that is unknown or has a bad parameter throws
+  // kInvalidArgument listing what is valid, before anything is sent. Workers
+  // that declare a tensor differently (shape, codec, error feedback) fail the
+  // job: every worker's declare throws kMismatch naming the tensor and what
+  // each worker declared.
+  //
+  //   w->declare("fc1.weight", DType::kFloat32, n,
+  //              TensorOptions{.codec = "topk:ratio=0.01"}, Deadline::after(Millis(30000)));
   virtual uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
-                           Deadline deadline) = 0;
+                           const TensorOptions& options, Deadline deadline) = 0;
+  // Uncompressed.
+  uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
+                   Deadline deadline) {
+    return declare(name, dtype, numElements, TensorOptions{}, deadline);
+  }
   virtual bool isDeclared(const std::string& name) const = 0;
 
   // Sums `input` across workers into `output` (may be the same memory).

@@ -21,6 +21,11 @@ struct PushPullBenchOptions {
   bool json = false;
   std::string dtype = "float32";
   std::string transport;  // empty: CORTADO_TRANSPORT or zmq
+  // A codec spec (core/worker.h TensorOptions), e.g. "topk:ratio=0.01"; empty:
+  // uncompressed. Results are checked exactly for fp16 and bf16 (the inputs
+  // are small integers, which they carry exactly); other codecs are lossy and
+  // their column says "lossy" (tests/multiprocess checks them).
+  std::string codec;
 };
 
 int runPushPullBench(const PushPullBenchOptions& opts);

@@ -97,6 +97,9 @@ int main(int argc, char** argv) {
   pp->add_option("--dtype", ppo.dtype, "float32, float64, float16, bfloat16, int32, int64");
   pp->add_option("--transport", ppo.transport, "zmq, ucx or auto")->check(CLI::IsMember({"zmq", "ucx", "auto"}));
   pp->add_flag("--json", ppo.json, "one JSON object per line and size");
+  pp->add_option("--codec", ppo.codec,
+                 "compress every tensor with this codec spec, e.g. topk:ratio=0.01 or fp16 "
+                 "(docs/codecs.md; default: uncompressed)");
 
   // settings table
   auto* settings = app.add_subcommand("settings", "print the table of CORTADO_* settings (Markdown)");

@@ -424,6 +424,12 @@ class SchedulerImpl final : public Scheduler {
     d.dtype = static_cast<DType>(dt);
     d.numElements = control::getUInt(body, "numElements");
     d.codec = control::getString(body, "codec");
+    // Absent from older workers: no error feedback.
+    auto ef = body.find("errorFeedback");
+    CORTADO_ENFORCE(ef == body.end() || ef->is_boolean(), ErrorCode::kProtocol,
+                    "field 'errorFeedback' of the declaration of tensor '{}' is not a boolean",
+                    d.name);
+    d.errorFeedback = ef != body.end() && ef->get<bool>();
     auto out = decls_.declare(s.info.id.rank, d);
     using Kind = DeclarationTable::Outcome::Kind;
     switch (out.kind) {

@@ -3,6 +3,9 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "compressor/format.h"
+#include "compressor/payload.h"
+#include "compressor/sparse_sum.h"
 #include "core/common/logging.h"
 #include "core/common/reduce.h"
 #include "core/wire/data_message.h"
@@ -44,6 +47,19 @@ struct KeyState {
 
   // Async mode: the running value (accumulator dtype).
   Buffer store;
+
+  // Compressed keys: fixed by the first push.
+  bool compressed = false;
+  compressor::CodecPtr codec;
+  std::string codecSpec;
+  std::string tensorName;
+  bool resultCompressed = false;  // k.result is a codec payload
+
+  // "tensor 'fc1' (key 1048576)" or "key 5" for error messages.
+  std::string describe(uint64_t key) const {
+    return tensorName.empty() ? fmt::format("key {}", key)
+                              : fmt::format("tensor '{}' (key {})", tensorName, key);
+  }
 };
 
 }  // namespace
@@ -68,12 +84,26 @@ struct ServerEngine::Shard {
   Buffer takeBuffer(Buffer& recycled, size_t bytes);
   // The pushed elements: the body, or the worker's shared memory it names.
   const uint8_t* pushData(const DataHeader& h, const Message& msg, const KeyState& k);
+  // Compressed keys: checks a push's preamble against the key (fixing the
+  // key's codec on its first push) and returns the payload.
+  std::span<const std::byte> compressedPayload(KeyState& k, const DataHeader& h,
+                                               const Message& msg);
+  // Adds a compressed push into sum[0..n); throws naming tensor and sender.
+  void decompressInto(KeyState& k, const DataHeader& h, const Message& msg, float* sum);
+  // The round's answer for a compressed key, from its fp32 sum.
+  void encodeAnswer(KeyState& k, uint64_t key, const float* sum, Buffer recycled);
 };
 
 ServerEngine::ServerEngine(ServerEngineOptions opts, transport::Transport& transport)
     : opts_(opts), transport_(transport) {
   CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,
                   "server needs at least one worker, got {}", opts_.numWorkers);
+  codecs_ = opts_.codecs;
+  if (!codecs_) {
+    auto r = std::make_shared<compressor::Registry>();
+    compressor::registerCpuCodecs(*r);
+    codecs_ = std::move(r);
+  }
   if (!opts_.shmPrefix.empty()) {
     arena_ = std::make_unique<shm::Arena>(opts_.shmPrefix, opts_.self);
     peers_ = std::make_unique<shm::PeerMappings>(opts_.shmPrefix);
@@ -180,6 +210,16 @@ void ServerEngine::Shard::run() {
         ++stats.errors;
       }
       engine->replyError(item.second.from, item.first.requestId, item.first.key, e.what());
+    } catch (const std::exception& e) {
+      // An allocation a push asked for that the machine cannot give: refuse
+      // it, keep serving.
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        ++stats.errors;
+      }
+      engine->replyError(item.second.from, item.first.requestId, item.first.key,
+                         fmt::format("key {}: {} elements: {}", item.first.key,
+                                     item.first.numElements, e.what()));
     }
   }
 }
@@ -188,19 +228,31 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
   const int W = engine->opts_.numWorkers;
   KeyState& k = keys[h.key];
   if (h.op == Op::kPush) {
+    const bool compressed = h.flags & wire::kFlagCompressed;
     if (!k.initialized) {
+      CORTADO_ENFORCE(!compressed || h.dtype == DType::kFloat32, ErrorCode::kProtocol,
+                      "key {}: {} pushed a compressed {} tensor; codecs compress float32 only",
+                      h.key, msg.from.toString(), dtypeName(h.dtype));
+      CORTADO_ENFORCE(!compressed || !(h.flags & wire::kFlagShm), ErrorCode::kProtocol,
+                      "key {}: {} pushed a compressed payload through shared memory",
+                      h.key, msg.from.toString());
       k.initialized = true;
+      k.compressed = compressed;
       k.dtype = h.dtype;
       k.numElements = h.numElements;
       k.pushedBy.assign(W, false);
     }
     CORTADO_ENFORCE(h.dtype == k.dtype && h.numElements == k.numElements, ErrorCode::kMismatch,
-                    "key {}: {} pushed {} elements of {}, but this key holds {} elements of {} "
+                    "{}: {} pushed {} elements of {}, but this key holds {} elements of {} "
                     "(workers declared the tensor differently?)",
-                    h.key, msg.from.toString(), h.numElements, dtypeName(h.dtype), k.numElements,
-                    dtypeName(k.dtype));
-    CORTADO_ENFORCE(!(h.flags & wire::kFlagCompressed), ErrorCode::kInvalidArgument,
-                    "key {}: compressed pushes are not supported by this server", h.key);
+                    k.describe(h.key), msg.from.toString(), h.numElements, dtypeName(h.dtype),
+                    k.numElements, dtypeName(k.dtype));
+    CORTADO_ENFORCE(compressed == k.compressed, ErrorCode::kMismatch,
+                    "{}: {} pushed {} data, but the key's first push was {} (workers declared "
+                    "the tensor with different codecs?)",
+                    k.describe(h.key), msg.from.toString(),
+                    compressed ? "compressed" : "uncompressed",
+                    k.compressed ? "compressed" : "uncompressed");
     CORTADO_ENFORCE(!(h.flags & wire::kFlagShm) || engine->peers_, ErrorCode::kProtocol,
                     "key {}: {} pushed through shared memory, but this server has it off "
                     "(CORTADO_SHM=0 here and not on the worker?)",
@@ -249,8 +301,8 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     const DType accT = accumulatorDType(k.dtype);
     const size_t accBytes = k.numElements * dtypeSize(accT);
     const size_t outBytes = k.numElements * dtypeSize(k.dtype);
-    const uint8_t* src = pushData(h, msg, k);
-    if (engine->arena_ && !k.shmTried && k.numElements > 0) {
+    const uint8_t* src = k.compressed ? nullptr : pushData(h, msg, k);
+    if (engine->arena_ && !k.shmTried && k.numElements > 0 && !k.compressed) {
       k.shmTried = true;
       try {
         k.regions[0] = engine->arena_->allocate(outBytes);
@@ -274,10 +326,16 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       if (k.acc.size() != accBytes) k.acc = Buffer::allocate(accBytes);
       acc = k.acc.data();
     }
-    if (k.pushes == 0)
+    if (k.compressed) {
+      // Decoded straight into the fp32 sum; a bad payload throws before it
+      // writes anything, so the sum stays what the good pushes made it.
+      if (k.pushes == 0) std::fill_n(reinterpret_cast<float*>(acc), k.numElements, 0.0f);
+      decompressInto(k, h, msg, reinterpret_cast<float*>(acc));
+    } else if (k.pushes == 0) {
       loadAccumulator(k.dtype, acc, src, k.numElements);
-    else
+    } else {
       accumulate(k.dtype, acc, src, k.numElements);
+    }
     k.pushedBy[w] = true;
     ++k.pushes;
     {
@@ -288,7 +346,10 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     // Round complete: publish the sum, start the next round. Every worker
     // pushed this round only after it had pulled the previous one, so the old
     // result is free once the transport lets go of it.
-    if (useShm) {
+    if (k.compressed) {
+      Buffer old = std::move(k.result);
+      encodeAnswer(k, h.key, reinterpret_cast<const float*>(k.acc.data()), std::move(old));
+    } else if (useShm) {
       k.resultRegion = k.regions[k.round % 2];
       if (!direct) storeAccumulator(k.dtype, k.resultRegion.data, k.acc.data(), k.numElements);
       // Remote pullers get the region's bytes; no owner: the region outlives
@@ -315,7 +376,8 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     auto waiting = std::move(k.waiting);
     k.waiting.clear();
     for (const auto& p : waiting)
-      sendResult(p.from, p.requestId, h.key, k.doneRound, k, k.result, 0, p.wantsShm);
+      sendResult(p.from, p.requestId, h.key, k.doneRound, k, k.result,
+                 k.resultCompressed ? wire::kFlagCompressed : 0, p.wantsShm);
     return;
   }
   // PULL
@@ -325,7 +387,8 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
   }
   const bool wantsShm = h.flags & wire::kFlagShm;
   if (h.round == k.doneRound) {
-    sendResult(msg.from, h.requestId, h.key, h.round, k, k.result, 0, wantsShm);
+    sendResult(msg.from, h.requestId, h.key, h.round, k, k.result,
+               k.resultCompressed ? wire::kFlagCompressed : 0, wantsShm);
   } else if (h.round == k.round) {
     k.waiting.push_back({msg.from, h.requestId, wantsShm});
   } else {
@@ -339,13 +402,21 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
 }
 
 void ServerEngine::Shard::processAsync(KeyState& k, const DataHeader& h, Message& msg) {
-  if (h.op == Op::kPush) {
+  if (h.op == Op::kPush && k.compressed) {
+    if (k.store.empty() && k.numElements > 0) {
+      k.store = Buffer::allocate(k.numElements * sizeof(float));
+      std::fill_n(reinterpret_cast<float*>(k.store.data()), k.numElements, 0.0f);
+    }
+    decompressInto(k, h, msg, reinterpret_cast<float*>(k.store.data()));
+  } else if (h.op == Op::kPush) {
     if (k.store.empty() && k.numElements > 0) {
       k.store = Buffer::allocate(k.numElements * dtypeSize(accumulatorDType(k.dtype)));
       loadAccumulator(k.dtype, k.store.data(), pushData(h, msg, k), k.numElements);
     } else {
       accumulate(k.dtype, k.store.data(), pushData(h, msg, k), k.numElements);
     }
+  }
+  if (h.op == Op::kPush) {
     {
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
@@ -394,7 +465,8 @@ void ServerEngine::Shard::sendResult(const NodeId& to, uint32_t requestId, uint6
   r.dtype = k.dtype;
   r.numElements = k.numElements;
   Message m;
-  if (wantsShm && k.resultRegion.data != nullptr && !(flags & wire::kFlagAsync)) {
+  if (wantsShm && k.resultRegion.data != nullptr &&
+      !(flags & (wire::kFlagAsync | wire::kFlagCompressed))) {
     shm::Descriptor d{k.resultRegion.segment, 0, k.resultRegion.offset};
     r.flags |= wire::kFlagShm;
     r.bodyBytes = sizeof(d);
@@ -406,6 +478,91 @@ void ServerEngine::Shard::sendResult(const NodeId& to, uint32_t requestId, uint6
     m.parts.push_back(body);
   }
   engine->transport_.send(to, std::move(m));
+}
+
+std::span<const std::byte> ServerEngine::Shard::compressedPayload(KeyState& k,
+                                                                   const DataHeader& h,
+                                                                   const Message& msg) {
+  wire::CompressedPush p;
+  try {
+    p = wire::parseCompressedPush(msg.parts[1].data(), msg.parts[1].size());
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kProtocol, fmt::format("{}: malformed compressed push from {}: {}",
+                                                  k.describe(h.key), msg.from.toString(),
+                                                  e.what()));
+  }
+  if (!k.codec) {
+    // The key's first push: the canonical spec names a codec we know.
+    std::string spec(p.codecSpec);
+    std::string name(p.tensorName);
+    std::string what = name.empty() ? fmt::format("key {}", h.key)
+                                    : fmt::format("tensor '{}' (key {})", name, h.key);
+    try {
+      std::string canonical = engine->codecs_->canonical(spec);
+      CORTADO_ENFORCE(canonical == spec, ErrorCode::kProtocol,
+                      "codec spec '{}' is not in canonical form ('{}')", spec, canonical);
+      k.codec = engine->codecs_->create(spec);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kProtocol, fmt::format("{}: {} pushed with codec '{}', which this "
+                                                    "server cannot build: {}",
+                                                    what, msg.from.toString(), spec, e.what()));
+    }
+    CORTADO_ENFORCE(k.codec->id() != compressor::CodecId::kPowerSgd, ErrorCode::kProtocol,
+                    "{}: {} pushed with powersgd, which push-pull does not run", what,
+                    msg.from.toString());
+    k.codecSpec = std::move(spec);
+    k.tensorName = std::move(name);
+  } else {
+    CORTADO_ENFORCE(p.codecSpec == k.codecSpec && p.tensorName == k.tensorName,
+                    ErrorCode::kMismatch,
+                    "{}: {} pushed tensor '{}' with codec '{}', but this key holds tensor '{}' "
+                    "with codec '{}' (workers declared the tensor differently?)",
+                    k.describe(h.key), msg.from.toString(), p.tensorName, p.codecSpec,
+                    k.tensorName, k.codecSpec);
+  }
+  return {reinterpret_cast<const std::byte*>(p.payload), p.payloadBytes};
+}
+
+void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const Message& msg,
+                                         float* sum) {
+  std::span<const std::byte> payload = compressedPayload(k, h, msg);
+  try {
+    k.codec->decompressAdd(payload, sum, k.numElements);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kProtocol,
+                fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),
+                            k.codecSpec, msg.from.toString(), h.round, e.what()));
+  }
+}
+
+void ServerEngine::Shard::encodeAnswer(KeyState& k, uint64_t key, const float* sum,
+                                       Buffer recycled) {
+  const size_t n = k.numElements;
+  const size_t denseBytes = n * sizeof(float);
+  if (k.codec->sparse()) {
+    // The sum of sparse payloads has at most W*k nonzeros: send all of them
+    // (lossless, so the workers' error feedback stays exact), or the dense
+    // sum when that is smaller.
+    const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum, n));
+    if (bytes < denseBytes) {
+      k.result = takeBuffer(recycled, bytes);
+      compressor::encodeSparseSum(sum, n, {reinterpret_cast<std::byte*>(k.result.data()), bytes});
+      k.resultCompressed = true;
+    } else {
+      k.result = takeBuffer(recycled, denseBytes);
+      std::memcpy(k.result.data(), sum, denseBytes);
+      k.resultCompressed = false;
+    }
+    return;
+  }
+  // Casts and quantizers: the sum in the codec's form (fp16 and bf16 round
+  // once; the stochastic ones draw from a seed of the key and round).
+  const size_t bytes = k.codec->payloadBytes(n);
+  k.result = takeBuffer(recycled, bytes);
+  compressor::EncodeContext ctx;
+  ctx.seed = compressor::format::hash2(compressor::format::hash2(key, k.round), 0);
+  k.codec->encode(sum, n, {reinterpret_cast<std::byte*>(k.result.data()), bytes}, ctx);
+  k.resultCompressed = true;
 }
 
 }  // namespace cortado::server

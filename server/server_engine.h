@@ -3,6 +3,16 @@
 // every worker and answers their pulls once the round is complete (sync
 // mode), or applies each push at once (async mode).
 //
+// Compressed keys (wire kFlagCompressed; docs/codecs.md): each push names its
+// codec and tensor, and the first push of a key fixes them. Every push is
+// validated and decompressed into the key's fp32 sum (never summed in
+// compressed form); the round's answer is the sum re-encoded with the codec,
+// or, for sparse codecs (top-k, DGC, random-k), the sum's nonzeros in top-k
+// form, which is lossless, or the dense sum where that is smaller. The answer
+// is encoded once per round and shared by every pull. Async mode answers
+// dense. A malformed push is refused with an error to its sender that names
+// the tensor, the key and the sender; the key's sum is left as it was.
+//
 // Threads: handle() is called on the transport's loop thread; it only
 // decodes the header and hands the message to one of `engineThreads` engine
 // threads, chosen by key, so each key's state is touched by one thread and
@@ -17,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "compressor/registry.h"
 #include "core/shm/shm_segment.h"
 #include "core/transport/transport.h"
 
@@ -30,6 +41,8 @@ struct ServerEngineOptions {
   // and this server's id, or an empty prefix to serve bytes only.
   std::string shmPrefix;
   NodeId self{Role::kServer, 0};
+  // The codecs compressed pushes may name; nullptr: the CPU codecs.
+  std::shared_ptr<const compressor::Registry> codecs;
 };
 
 struct ServerStats {
@@ -63,6 +76,7 @@ class ServerEngine {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<shm::Arena> arena_;          // results, when shmPrefix is set
   std::unique_ptr<shm::PeerMappings> peers_;   // workers' push regions
+  std::shared_ptr<const compressor::Registry> codecs_;
 };
 
 }  // namespace cortado::server

@@ -152,7 +152,8 @@ class ControlClientImpl final : public ControlClient {
     Json body{{"name", decl.name},
               {"dtype", static_cast<int>(decl.dtype)},
               {"numElements", decl.numElements},
-              {"codec", decl.codec}};
+              {"codec", decl.codec},
+              {"errorFeedback", decl.errorFeedback}};
     Json reply = request(MsgType::kDeclare, std::move(body), deadline,
                          fmt::format("declare of tensor '{}'", decl.name));
     return getUInt(reply, "key");

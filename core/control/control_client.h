@@ -71,7 +71,8 @@ struct TensorDecl {
   std::string name;
   DType dtype = DType::kFloat32;
   uint64_t numElements = 0;
-  std::string codec;  // "" = uncompressed; else a codec spec such as "topk:ratio=0.01"
+  std::string codec;  // "" = uncompressed; else a canonical codec spec such as "topk:ratio=0.01"
+  bool errorFeedback = false;  // with a codec: workers keep error-feedback residuals
   bool operator==(const TensorDecl&) const = default;
 };
 

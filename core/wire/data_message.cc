@@ -86,6 +86,11 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
                     ErrorCode::kProtocol,
                     "data message {} for key {}: a shared-memory body is {} bytes, got {}",
                     opName(h.op), h.key, kShmDescriptorBytes, h.bodyBytes);
+  } else if (carriesData && (h.flags & kFlagCompressed)) {
+    // The body is a codec payload, checked by the codec; bound the tensor.
+    CORTADO_ENFORCE(h.numElements <= (uint64_t(1) << 40), ErrorCode::kProtocol,
+                    "data message {} for key {}: {} elements is beyond any chunk", opName(h.op),
+                    h.key, h.numElements);
   } else if (carriesData && !(h.flags & kFlagCompressed)) {
     CORTADO_ENFORCE(h.numElements <= (uint64_t(1) << 40) && h.denseBytes() == h.bodyBytes,
                     ErrorCode::kProtocol,
@@ -94,6 +99,48 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
                     h.numElements * dtypeSize(h.dtype), h.bodyBytes);
   }
   return h;
+}
+
+size_t compressedPreambleBytes(std::string_view codecSpec, std::string_view tensorName) {
+  CORTADO_ENFORCE(!codecSpec.empty() && codecSpec.size() <= kMaxCodecSpecBytes,
+                  ErrorCode::kInvalidArgument,
+                  "codec spec of {} bytes for tensor '{}': it must be 1 to {} bytes",
+                  codecSpec.size(), tensorName, kMaxCodecSpecBytes);
+  CORTADO_ENFORCE(tensorName.size() <= 0xffff, ErrorCode::kInvalidArgument,
+                  "tensor name of {} bytes is too long for the data plane (at most 65535)",
+                  tensorName.size());
+  return 4 + codecSpec.size() + tensorName.size();
+}
+
+void writeCompressedPreamble(uint8_t* out, std::string_view codecSpec, std::string_view tensorName) {
+  const uint16_t s = static_cast<uint16_t>(codecSpec.size());
+  const uint16_t n = static_cast<uint16_t>(tensorName.size());
+  std::memcpy(out, &s, 2);
+  std::memcpy(out + 2, &n, 2);
+  std::memcpy(out + 4, codecSpec.data(), s);
+  std::memcpy(out + 4 + s, tensorName.data(), n);
+}
+
+CompressedPush parseCompressedPush(const uint8_t* body, size_t bodyBytes) {
+  CORTADO_ENFORCE(bodyBytes >= 4, ErrorCode::kProtocol,
+                  "compressed push body of {} bytes is shorter than its 4-byte preamble",
+                  bodyBytes);
+  uint16_t s, n;
+  std::memcpy(&s, body, 2);
+  std::memcpy(&n, body + 2, 2);
+  CORTADO_ENFORCE(s >= 1 && s <= kMaxCodecSpecBytes, ErrorCode::kProtocol,
+                  "compressed push names a codec spec of {} bytes (1 to {} allowed)", s,
+                  kMaxCodecSpecBytes);
+  CORTADO_ENFORCE(size_t{4} + s + n <= bodyBytes, ErrorCode::kProtocol,
+                  "compressed push preamble promises a {}-byte codec spec and a {}-byte tensor "
+                  "name, but the body has only {} bytes",
+                  s, n, bodyBytes);
+  CompressedPush p;
+  p.codecSpec = std::string_view(reinterpret_cast<const char*>(body + 4), s);
+  p.tensorName = std::string_view(reinterpret_cast<const char*>(body + 4 + s), n);
+  p.payload = body + 4 + s + n;
+  p.payloadBytes = bodyBytes - 4 - s - n;
+  return p;
 }
 
 }  // namespace cortado::wire

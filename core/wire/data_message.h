@@ -7,6 +7,14 @@
 // the body, so a malformed message is rejected with a reason, never read past
 // its end.
 //
+// Compressed tensors (kFlagCompressed): a PUSH body is a preamble that names
+// the tensor and its codec, then the codec payload (compressor/payload.h):
+//   u16 specBytes | u16 nameBytes | spec | name | payload        (little-endian)
+// so a server learns each key's codec from the pushes themselves, with no
+// ordering between the control plane and the data plane to get wrong, and can
+// name the tensor in its errors. A compressed PULL_RESPONSE body is a payload
+// alone. Compressed messages never use kFlagShm.
+//
 // Flow (sync mode): for each key and round a worker sends PUSH then PULL; the
 // server sums the PUSHes of all workers for that round and answers each PULL
 // with the round's sum once all have arrived. Async mode: each PUSH is added
@@ -16,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/common/buffer.h"
 #include "core/common/dtype.h"
@@ -58,6 +67,23 @@ struct DataHeader {
   // Raw (uncompressed) body size implied by dtype and numElements.
   uint64_t denseBytes() const { return numElements * dtypeSize(dtype); }
 };
+
+// The parts of a compressed PUSH body; views into the body.
+struct CompressedPush {
+  std::string_view codecSpec;
+  std::string_view tensorName;
+  const uint8_t* payload = nullptr;
+  size_t payloadBytes = 0;
+};
+inline constexpr size_t kMaxCodecSpecBytes = 1024;
+// Bytes of the preamble for this spec and name; throws kInvalidArgument when
+// either is too long (spec: kMaxCodecSpecBytes, name: 65535).
+size_t compressedPreambleBytes(std::string_view codecSpec, std::string_view tensorName);
+// Writes the preamble into out[0..compressedPreambleBytes()).
+void writeCompressedPreamble(uint8_t* out, std::string_view codecSpec, std::string_view tensorName);
+// Splits a compressed PUSH body. Throws Error(kProtocol) saying what is wrong
+// when the preamble is truncated or its lengths run past the body.
+CompressedPush parseCompressedPush(const uint8_t* body, size_t bodyBytes);
 
 // Serializes `h` into a new 48-byte Buffer.
 Buffer encodeHeader(const DataHeader& h);

@@ -24,6 +24,7 @@ namespace {
 
 const std::string kCortado = CORTADO_BIN;
 const std::string kCheck = CHECK_BIN;
+const std::string kCodecCheck = CODEC_CHECK_BIN;
 
 std::string launchCmd(int w, int s, const std::string& args, const std::string& env = "") {
   return fmt::format("{} CORTADO_LOG_LEVEL=warn {} launch -w {} -s {} -- {} {}", env, kCortado, w, s,
@@ -147,6 +148,75 @@ TEST(LaunchFailure, WrongJobTokenIsRefused) {
   EXPECT_NE(server.exitCode, 0) << server.output;
   EXPECT_TRUE(contains(server.output, "token")) << server.output;
   EXPECT_TRUE(contains(s.output, "token")) << s.output;  // the scheduler logs the reason
+}
+
+// Compressed push-pull (issue 4): see codec_check.cc for the references.
+std::string codecCmd(int w, int s, const std::string& args, const std::string& env = "") {
+  return fmt::format("{} CORTADO_LOG_LEVEL=warn {} launch -w {} -s {} -- {} {}", env, kCortado, w,
+                     s, kCodecCheck, args);
+}
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(Compression, TopKWithErrorFeedbackConvergesOverManyRounds) {
+  // 4 workers, 2 servers, 16 KiB chunks (so tensors span several chunks and
+  // both servers), 300 rounds; every round is checked against a brute-force
+  // replay and the running sums against the error-feedback bound.
+  auto r = runCommand(codecCmd(4, 2, "--mode topk --ratio 0.05 --tensors 3 --iters 300 "
+                                     "--max-elements 20000",
+                               "CORTADO_PARTITION_BYTES=16K"),
+                      300);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(count(r.output, "top-k tensors match the reference"), 4u) << r.output;
+}
+
+TEST(Compression, TopKAverageOnOneServer) {
+  auto r = runCommand(codecCmd(3, 1, "--mode topk --ratio 0.01 --tensors 2 --iters 30 "
+                                     "--max-elements 50000 --average"),
+                      200);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(count(r.output, "top-k tensors match the reference"), 3u) << r.output;
+}
+
+TEST(Compression, Fp16MatchesTheReferenceBitForBit) {
+  auto r = runCommand(codecCmd(4, 2, "--mode fp16 --tensors 4 --iters 5 --max-elements 100000"),
+                      200);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_EQ(count(r.output, "fp16 tensors match the reference"), 4u) << r.output;
+  auto a = runCommand(codecCmd(2, 3, "--mode fp16 --tensors 3 --iters 3 --average"), 200);
+  ASSERT_FALSE(a.timedOut) << a.output;
+  EXPECT_EQ(a.exitCode, 0) << a.output;
+}
+
+TEST(Compression, MismatchedCodecFailsEveryWorkerClearly) {
+  auto r = runCommand(codecCmd(3, 1, "--mode topk --ratio 0.01 --iters 2 --mismatch-rank 2"), 60);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  // Every worker's declare fails with the scheduler's verdict, which names the
+  // tensor, the field and what each worker declared.
+  EXPECT_EQ(count(r.output, "worker: error:"), 3u) << r.output;
+  EXPECT_TRUE(contains(r.output, "declaration mismatch for tensor 'g0' (codec differs)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "worker 2 declared float32")) << r.output;
+  EXPECT_TRUE(contains(r.output, "'topk:ratio=0.02'")) << r.output;
+}
+
+TEST(Compression, BenchRunsWithACodec) {
+  auto r = runCommand(kCortado + " bench pushpull -w 2 -s 1 -b 64K -e 256K -n 3 --codec fp16", 120);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "codec fp16")) << r.output;
+  EXPECT_FALSE(contains(r.output, "WRONG")) << r.output;
+  auto bad = runCommand(kCortado + " bench pushpull -w 1 -s 1 -b 4K -e 4K -n 1 --codec topk:ratio=7",
+                        60);
+  EXPECT_NE(bad.exitCode, 0) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "ratio")) << bad.output;
 }
 
 TEST(LaunchErrors, UnknownOptionIsNamed) {

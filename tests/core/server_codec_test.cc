@@ -1,0 +1,291 @@
+// The server engine with compressed pushes, driven message by message: raw
+// worker endpoints on the in-process transport send hand-built PUSH and PULL
+// messages, valid and malformed, and read the server's answers. References
+// are computed here by plain loops, not by the server's code path.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "compressor/payload.h"
+#include "compressor/registry.h"
+#include "core/common/half.h"
+#include "core/transport/inproc/factory.h"
+#include "core/wire/data_message.h"
+#include "server/server_engine.h"
+
+namespace cortado {
+namespace {
+
+using transport::Message;
+using wire::DataHeader;
+using wire::Op;
+
+// A worker that speaks the wire format by hand.
+class RawWorker {
+ public:
+  RawWorker(std::shared_ptr<transport::inproc::Hub> hub, int rank, const std::string& serverAddr)
+      : id_{Role::kWorker, rank}, t_(transport::inproc::create(hub, id_)) {
+    t_->setCallbacks(
+        [this](Message&& m) {
+          {
+            std::lock_guard<std::mutex> lk(mu_);
+            inbox_.push_back(std::move(m));
+          }
+          cv_.notify_all();
+        },
+        [](const NodeId&, const Status&) {});
+    address = t_->listen(fmt::format("inproc://raw-worker-{}", rank));
+    t_->connect(NodeId{Role::kServer, 0}, serverAddr);
+  }
+  ~RawWorker() { t_->close(); }
+
+  void send(const DataHeader& h, Buffer body) {
+    DataHeader x = h;
+    x.bodyBytes = body.size();
+    Message m;
+    m.parts.push_back(wire::encodeHeader(x));
+    m.parts.push_back(std::move(body));
+    t_->send(NodeId{Role::kServer, 0}, std::move(m));
+  }
+
+  // The next message, or a failed test after 10 s.
+  std::pair<DataHeader, Buffer> next() {
+    std::unique_lock<std::mutex> lk(mu_);
+    bool got = cv_.wait_for(lk, std::chrono::seconds(10), [&] { return !inbox_.empty(); });
+    if (!got) throw Error(ErrorCode::kTimeout, fmt::format("{}: no answer", id_.toString()));
+    Message m = std::move(inbox_.front());
+    inbox_.pop_front();
+    return {wire::decodeHeader(m.parts[0], m.parts[1].size()), m.parts[1]};
+  }
+  std::string nextError() {
+    auto [h, b] = next();
+    EXPECT_EQ(h.op, Op::kError);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+
+  NodeId id_;
+  std::string address;
+
+ private:
+  std::unique_ptr<transport::Transport> t_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Message> inbox_;
+};
+
+class ServerCodec : public ::testing::Test {
+ protected:
+  static constexpr int kWorkers = 2;
+  void SetUp() override {
+    compressor::registerCpuCodecs(registry_);
+    hub_ = transport::inproc::createHub();
+    st_ = transport::inproc::create(hub_, NodeId{Role::kServer, 0});
+    server::ServerEngineOptions o;
+    o.numWorkers = kWorkers;
+    o.engineThreads = 2;
+    engine_ = std::make_unique<server::ServerEngine>(o, *st_);
+    st_->setCallbacks([this](Message&& m) { engine_->handle(std::move(m)); },
+                      [](const NodeId&, const Status&) {});
+    std::string addr = st_->listen("inproc://server-0");
+    for (int r = 0; r < kWorkers; ++r) {
+      workers_.push_back(std::make_unique<RawWorker>(hub_, r, addr));
+      st_->connect(workers_.back()->id_, workers_.back()->address);
+    }
+  }
+  void TearDown() override {
+    engine_->stop();
+    workers_.clear();
+    st_->close();
+  }
+
+  // A compressed push body: preamble + the codec's payload of x.
+  Buffer pushBody(const std::string& spec, const std::string& name, const std::vector<float>& x,
+                  uint64_t seed = 0) {
+    auto codec = registry_.create(spec);
+    size_t pre = wire::compressedPreambleBytes(codec->spec(), name);
+    Buffer b = Buffer::allocate(pre + codec->payloadBytes(x.size()));
+    wire::writeCompressedPreamble(b.data(), codec->spec(), name);
+    compressor::EncodeContext ctx;
+    ctx.seed = seed;
+    codec->encode(x.data(), x.size(),
+                  {reinterpret_cast<std::byte*>(b.data() + pre), b.size() - pre}, ctx);
+    return b;
+  }
+  static DataHeader header(Op op, uint64_t key, uint64_t round, uint64_t n, uint32_t req) {
+    DataHeader h;
+    h.op = op;
+    h.flags = op == Op::kPush ? wire::kFlagCompressed : wire::kFlagNone;
+    h.key = key;
+    h.round = round;
+    h.numElements = n;
+    h.requestId = req;
+    return h;
+  }
+  // Pulls round `round` of key on worker r and decodes the answer (with the
+  // codec's own decoder for its payloads, top-k for sparse sums).
+  std::vector<float> pull(int r, uint64_t key, uint64_t round, uint64_t n) {
+    workers_[r]->send(header(Op::kPull, key, round, n, 77), Buffer());
+    auto [h, body] = workers_[r]->next();
+    if (h.op == Op::kError) {
+      ADD_FAILURE() << std::string(reinterpret_cast<const char*>(body.data()), body.size());
+      return {};
+    }
+    EXPECT_EQ(h.op, Op::kPullResponse);
+    std::vector<float> out(n);
+    if (!(h.flags & wire::kFlagCompressed)) {
+      std::memcpy(out.data(), body.data(), n * 4);
+      return out;
+    }
+    std::span<const std::byte> p(reinterpret_cast<const std::byte*>(body.data()), body.size());
+    auto ph = compressor::parseHeader(p);
+    registry_.create(compressor::codecIdName(ph.codec))->decode(p, out.data(), n);
+    return out;
+  }
+
+  compressor::Registry registry_;
+  std::shared_ptr<transport::inproc::Hub> hub_;
+  std::unique_ptr<transport::Transport> st_;
+  std::unique_ptr<server::ServerEngine> engine_;
+  std::vector<std::unique_ptr<RawWorker>> workers_;
+};
+
+std::vector<float> ramp(size_t n, float scale, size_t hot) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = scale * 0.001f * float(i % 7);
+  x[hot] = 100 * scale;  // the element top-k must pick
+  return x;
+}
+
+TEST_F(ServerCodec, TopKPushesSumLosslesslyIntoTheAnswer) {
+  const size_t n = 1000;
+  auto x0 = ramp(n, 1.0f, 10), x1 = ramp(n, -2.0f, 20);
+  workers_[0]->send(header(Op::kPush, 5, 0, n, 1), pushBody("topk:ratio=0.002", "w", x0));
+  workers_[1]->send(header(Op::kPush, 5, 0, n, 2), pushBody("topk:ratio=0.002", "w", x1));
+  // Reference: each worker sends its 2 largest magnitudes; the answer is their
+  // exact sum, not a re-selected top-2 of it.
+  auto top2 = [](const std::vector<float>& x) {
+    std::vector<size_t> idx(x.size());
+    for (size_t i = 0; i < x.size(); ++i) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](size_t a, size_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+    return std::vector<size_t>{idx[0], idx[1]};
+  };
+  std::vector<float> expect(n, 0.0f);
+  for (auto* x : {&x0, &x1})
+    for (size_t i : top2(*x)) expect[i] += (*x)[i];
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 5, 0, n), expect);
+}
+
+TEST_F(ServerCodec, Fp16AnswersTheRoundedSum) {
+  const size_t n = 333;
+  std::vector<float> x0(n), x1(n);
+  for (size_t i = 0; i < n; ++i) {
+    x0[i] = 0.1f * float(i) + 0.37f;
+    x1[i] = -0.05f * float(i) + 1.91f;
+  }
+  workers_[0]->send(header(Op::kPush, 9, 0, n, 1), pushBody("fp16", "h", x0));
+  workers_[1]->send(header(Op::kPush, 9, 0, n, 2), pushBody("fp16", "h", x1));
+  std::vector<float> expect(n);
+  for (size_t i = 0; i < n; ++i)
+    expect[i] = halfToFloat(floatToHalf(halfToFloat(floatToHalf(x0[i])) +
+                                        halfToFloat(floatToHalf(x1[i]))));
+  EXPECT_EQ(pull(1, 9, 0, n), expect);
+}
+
+TEST_F(ServerCodec, MalformedPushesAreRefusedNamingTensorAndSender) {
+  const size_t n = 1000;
+  auto x = ramp(n, 1.0f, 3);
+  Buffer good = pushBody("topk:ratio=0.01", "layer1.weight", x);
+  const size_t pre = wire::compressedPreambleBytes("topk:ratio=0.01", "layer1.weight");
+  uint32_t req = 100;
+  auto refused = [&](Buffer body, const std::string& why) {
+    workers_[1]->send(header(Op::kPush, 7, 0, n, ++req), std::move(body));
+    std::string e = workers_[1]->nextError();
+    EXPECT_TRUE(e.find("worker 1") != std::string::npos) << why << ": " << e;
+    return e;
+  };
+  // Worker 0 pushes a good payload first: the key knows its tensor's name.
+  workers_[0]->send(header(Op::kPush, 7, 0, n, 1), Buffer::copyOf(good.data(), good.size()));
+  // Sync pushes get no acknowledgement: wait (with a deadline) until it counted.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (engine_->stats().pushes < 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(engine_->stats().pushes, 1u);
+
+  // A preamble cut short and one whose lengths run past the body.
+  std::string e = refused(Buffer::copyOf(good.data(), 3), "short preamble");
+  EXPECT_NE(e.find("4-byte preamble"), std::string::npos) << e;
+  {
+    Buffer b = Buffer::copyOf(good.data(), good.size());
+    uint16_t big = 60000;
+    std::memcpy(b.data() + 2, &big, 2);
+    e = refused(std::move(b), "name past the end");
+    EXPECT_NE(e.find("tensor 'layer1.weight'"), std::string::npos) << e;
+  }
+  // A bad payload header (magic).
+  {
+    Buffer b = Buffer::copyOf(good.data(), good.size());
+    b.data()[pre] ^= 0xff;
+    e = refused(std::move(b), "bad magic");
+    EXPECT_NE(e.find("tensor 'layer1.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("magic"), std::string::npos) << e;
+  }
+  // A truncated body.
+  e = refused(Buffer::copyOf(good.data(), good.size() - 5), "truncated");
+  EXPECT_NE(e.find("tensor 'layer1.weight'"), std::string::npos) << e;
+  // An index out of range.
+  {
+    Buffer b = Buffer::copyOf(good.data(), good.size());
+    uint32_t bad = 5000;
+    std::memcpy(b.data() + pre + compressor::kHeaderBytes, &bad, 4);
+    e = refused(std::move(b), "index out of range");
+    EXPECT_NE(e.find("tensor 'layer1.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("out of range"), std::string::npos) << e;
+  }
+  // Another codec than the key's, and a spec no server knows.
+  e = refused(pushBody("fp16", "layer1.weight", x), "other codec");
+  EXPECT_NE(e.find("codec 'topk:ratio=0.01'"), std::string::npos) << e;
+  // An uncompressed push to a compressed key.
+  {
+    DataHeader h = header(Op::kPush, 7, 0, n, ++req);
+    h.flags = wire::kFlagNone;
+    Buffer dense = Buffer::copyOf(x.data(), n * 4);
+    workers_[1]->send(h, std::move(dense));
+    e = workers_[1]->nextError();
+    EXPECT_NE(e.find("uncompressed"), std::string::npos) << e;
+  }
+  EXPECT_GE(engine_->stats().errors, 7u);
+
+  // The server is unharmed and the sum is only the good pushes: worker 1's
+  // valid push completes the round.
+  workers_[1]->send(header(Op::kPush, 7, 0, n, 2), Buffer::copyOf(good.data(), good.size()));
+  std::vector<float> expect(n, 0.0f);
+  {
+    std::vector<float> once(n);
+    registry_.create("topk:ratio=0.01")
+        ->decode({reinterpret_cast<const std::byte*>(good.data() + pre), good.size() - pre},
+                 once.data(), n);
+    for (size_t i = 0; i < n; ++i) expect[i] = 2 * once[i];
+  }
+  EXPECT_EQ(pull(0, 7, 0, n), expect);
+}
+
+TEST_F(ServerCodec, UnknownCodecOnAFirstPushIsRefused) {
+  const size_t n = 16;
+  std::string spec = "zstd:level=3";
+  Buffer b = Buffer::allocate(wire::compressedPreambleBytes(spec, "t") + 64);
+  std::memset(b.data(), 0, b.size());
+  wire::writeCompressedPreamble(b.data(), spec, "t");
+  workers_[0]->send(header(Op::kPush, 3, 0, n, 1), std::move(b));
+  std::string e = workers_[0]->nextError();
+  EXPECT_NE(e.find("tensor 't'"), std::string::npos) << e;
+  EXPECT_NE(e.find("worker 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("zstd"), std::string::npos) << e;
+  EXPECT_NE(e.find("topk"), std::string::npos) << e;  // lists what is valid
+}
+
+}  // namespace
+}  // namespace cortado
