@@ -77,8 +77,8 @@ struct TensorEntry {
   std::vector<Chunk> chunks;
   std::vector<shm::Region> regions;  // per chunk; data == nullptr: send bytes
   TensorOptions options;
-  // Compression (null codec: none). The codec's canonical spec and the
-  // preamble that every compressed push starts with (core/wire).
+  // Compression (null codec: none); codecSpec is canonical and travels in
+  // every compressed push's preamble (core/wire).
   compressor::CodecPtr codec;
   compressor::CodecPtr sparseDecoder;  // top-k: the servers' sparse sums
   std::unique_ptr<compressor::ErrorFeedback> ef;  // residuals keyed by chunk index

@@ -3,6 +3,7 @@
 // §10). Results are checked against plain summation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -14,6 +15,8 @@
 #include "core/shm/shm_segment.h"
 #include "core/transport/inproc/factory.h"
 #include "core/wire/data_message.h"
+#include "compressor/registry.h"
+#include "core/partition.h"
 #include "core/worker.h"
 #include "scheduler/scheduler.h"
 #include "server/server_engine.h"
@@ -286,6 +289,154 @@ TEST(Engine, DeclarationMismatchFailsEveryWorker) {
   });
   for (auto& e : errors) {
     EXPECT_NE(e.find("'w'"), std::string::npos) << e;
+  }
+}
+
+// Compressed tensors (docs/codecs.md). With one worker the server's sum is
+// the decoded push, and for the deterministic codecs its answer decodes to
+// decode(encode(x)): fp16 and bf16 round once and top-k and DGC come back
+// losslessly (exactly equal), and the sign codecs are idempotent up to the
+// rounding of a mean (the signs survive a second encode exactly). The reference is the codec library used
+// directly, on the whole chunk.
+TEST(Engine, CompressedRoundTripThroughTheServerPerCodec) {
+  WorkerOptions wo;
+  wo.partitionBytes = 8192;  // tensors span chunks
+  Job job(1, 2, wo);
+  Worker& w = *job.workers[0];
+  compressor::Registry reg;
+  compressor::registerCpuCodecs(reg);
+  const uint64_t n = 5000;
+  std::vector<float> x(n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d;
+  for (auto& v : x) v = d(rng);
+  for (std::string spec : {"fp16", "bf16", "onebit", "signsgd", "efsignsgd", "topk:ratio=0.01",
+                           "dgc:ratio=0.01"}) {
+    SCOPED_TRACE(spec);
+    w.declare(spec, DType::kFloat32, n, TensorOptions{.codec = spec, .errorFeedback = false},
+              soon());
+    std::vector<float> out(n, -1.0f);
+    ASSERT_TRUE(w.pushPull(spec, DType::kFloat32, n, x.data(), out.data(), ReduceOp::kSum, 0)
+                    .wait(soon())
+                    .ok());
+    auto codec = reg.create(spec);
+    std::vector<float> expect(n);
+    // Per chunk, as the partitioner cuts them (3 of about 1667 elements).
+    auto chunks = ServerPlacement(2).place(0, n, 4, wo.partitionBytes);
+    ASSERT_EQ(chunks.size(), 3u);
+    for (const Chunk& c : chunks) {
+      std::vector<std::byte> p(codec->payloadBytes(c.numElements));
+      codec->encode(x.data() + c.offset, c.numElements, p, {});
+      codec->decode(p, expect.data() + c.offset, c.numElements);
+    }
+    const bool signCodec = codec->id() == compressor::CodecId::kOneBit ||
+                           codec->id() == compressor::CodecId::kSignSgd ||
+                           codec->id() == compressor::CodecId::kEfSignSgd;
+    if (!signCodec) {
+      ASSERT_EQ(out, expect);
+      continue;
+    }
+    // The server's re-encode averages values that are all equal: the mean
+    // comes back within a few float roundings of them, and every sign exactly.
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::signbit(out[i]), std::signbit(expect[i])) << i;
+      ASSERT_NEAR(out[i], expect[i], 1e-5 * std::fabs(expect[i])) << i;
+    }
+  }
+}
+
+// Stochastic codecs and error feedback through two workers and two servers:
+// every result is finite, and with error feedback the running sum of top-k
+// results tracks the running sum of the inputs (what codec_check.cc checks
+// exactly in the multi-process test).
+TEST(Engine, CompressedStochasticCodecsAndErrorFeedback) {
+  Job job(2, 2);
+  const uint64_t n = 3000;
+  const std::vector<std::string> specs = {"qsgd:levels=7", "terngrad", "natural",
+                                          "randomk:ratio=0.1", "topk:ratio=0.1"};
+  job.onEveryWorker([&](int r) {
+    Worker& w = *job.workers[r];
+    for (const auto& spec : specs)
+      w.declare(spec, DType::kFloat32, n, TensorOptions{.codec = spec}, soon());
+    std::vector<double> pulled(n, 0.0), truth(n, 0.0);
+    for (int round = 0; round < 20; ++round) {
+      for (const auto& spec : specs) {
+        std::vector<float> in(n), out(n, std::nanf(""));
+        for (uint64_t i = 0; i < n; ++i) in[i] = std::sin(0.01f * float(i)) + 0.1f * float(r);
+        Status s = w.pushPull(spec, DType::kFloat32, n, in.data(), out.data(), ReduceOp::kSum, 0)
+                       .wait(soon());
+        ASSERT_TRUE(s.ok()) << spec << ": " << s.message();
+        for (uint64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(out[i])) << spec << " " << i;
+        if (spec.rfind("topk", 0) == 0) {
+          for (uint64_t i = 0; i < n; ++i) {
+            pulled[i] += out[i];
+            truth[i] += std::sin(0.01 * double(i)) * 2 + 0.1;
+          }
+        }
+      }
+    }
+    double diff = 0, total = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      diff += std::fabs(pulled[i] - truth[i]);
+      total += std::fabs(truth[i]);
+    }
+    // The gap is the workers' residuals: bounded, while the sum grew 20 rounds.
+    EXPECT_LT(diff / total, 0.5) << "worker " << r;
+  });
+}
+
+TEST(Engine, CompressionMisuseThrowsWithContext) {
+  Job job(1, 1);
+  Worker& w = *job.workers[0];
+  auto message = [&](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no error";
+    return std::string();
+  };
+  std::string e = message([&] {
+    w.declare("a", DType::kFloat32, 10, TensorOptions{.codec = "zstd"}, soon());
+  });
+  EXPECT_NE(e.find("'a'"), std::string::npos) << e;
+  EXPECT_NE(e.find("topk"), std::string::npos) << e;  // lists what is valid
+  e = message([&] {
+    w.declare("b", DType::kFloat32, 10, TensorOptions{.codec = "topk:ratio=2"}, soon());
+  });
+  EXPECT_NE(e.find("ratio"), std::string::npos) << e;
+  e = message([&] {
+    w.declare("c", DType::kFloat16, 10, TensorOptions{.codec = "fp16"}, soon());
+  });
+  EXPECT_NE(e.find("float32"), std::string::npos) << e;
+  e = message([&] {
+    w.declare("d", DType::kFloat32, 10, TensorOptions{.codec = "powersgd"}, soon());
+  });
+  EXPECT_NE(e.find("powersgd"), std::string::npos) << e;
+  w.declare("e", DType::kFloat32, 10, TensorOptions{.codec = "topk"}, soon());
+  // The canonical form is the same declaration; another codec is not.
+  w.declare("e", DType::kFloat32, 10, TensorOptions{.codec = "topk:ratio=0.01"}, soon());
+  e = message([&] { w.declare("e", DType::kFloat32, 10, soon()); });
+  EXPECT_NE(e.find("'e'"), std::string::npos) << e;
+  EXPECT_NE(e.find("topk:ratio=0.01"), std::string::npos) << e;
+}
+
+TEST(Engine, CodecMismatchFailsEveryWorker) {
+  Job job(2, 1);
+  std::vector<std::string> errors(2);
+  job.onEveryWorker([&](int r) {
+    try {
+      job.workers[r]->declare("w", DType::kFloat32, 100,
+                              TensorOptions{.codec = r == 0 ? "topk:ratio=0.01" : "fp16"}, soon());
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (auto& e : errors) {
+    EXPECT_NE(e.find("tensor 'w' (codec differs)"), std::string::npos) << e;
+    EXPECT_NE(e.find("'fp16'"), std::string::npos) << e;
   }
 }
 
