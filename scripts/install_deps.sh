@@ -23,7 +23,7 @@ PACKAGES=(
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
   python3-torch libtorch-dev python3-torchvision python3-sklearn python3-tqdm
   # emulated hosts for multi-machine tests
-  iproute2 procps psmisc
+  iproute2 procps psmisc util-linux iputils-ping iperf3
   # fuzzing
   clang libclang-rt-14-dev
 )
