@@ -194,10 +194,14 @@ class MpiCollectives final : public Collectives {
     }
     Pending* done = p.get();
     finish(collOpName(c.op), rc, std::move(p), deadline);
-    if (!viaF32) return;
+    if (!viaF32) {
+      completed_.reset();
+      return;
+    }
     if (c.op == CollOp::kAllreduce) storeAccumulator(c.dtype, c.recv, done->in.data(), c.count);
     if (c.op == CollOp::kReduceScatter) storeAccumulator(c.dtype, c.recv, done->out.data(), c.count);
     if (c.op == CollOp::kReduce && rank() == c.root) storeAccumulator(c.dtype, c.recv, done->out.data(), c.count);
+    completed_.reset();  // the scratch is not kept between calls
   }
 
  private:
@@ -213,7 +217,7 @@ class MpiCollectives final : public Collectives {
   }
 
   // Waits for `p` (started with return code `rc`). On success `p` is kept in
-  // completed_ until the next call, so that run() can copy its scratch out;
+  // completed_ so that run() can copy its scratch out, then dropped;
   // after a timeout it is kept for as long as MPI may still use it.
   void finish(const std::string& what, int rc, std::unique_ptr<Pending> p, Deadline deadline) {
     if (rc == MPI_SUCCESS) rc = waitRequest(p->req, deadline);
