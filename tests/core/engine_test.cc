@@ -385,6 +385,23 @@ TEST(Engine, CompressedStochasticCodecsAndErrorFeedback) {
   });
 }
 
+TEST(Engine, CompressedAsyncModeAppliesEachPushDensely) {
+  Job job(1, 2, {}, /*async=*/true);
+  Worker& w = *job.workers[0];
+  w.declare("x", DType::kFloat32, 3000, TensorOptions{.codec = "fp16", .errorFeedback = false},
+            soon());
+  std::vector<float> in(3000), out(3000);
+  for (int it = 1; it <= 4; ++it) {
+    std::fill(in.begin(), in.end(), float(it));
+    Status s = w.pushPull("x", DType::kFloat32, 3000, in.data(), out.data(), ReduceOp::kSum, 0)
+                   .wait(soon());
+    ASSERT_TRUE(s.ok()) << s.message();
+    // Small integers survive fp16; the server keeps the running sum in fp32.
+    float expect = float(it * (it + 1) / 2);
+    for (float v : out) ASSERT_EQ(v, expect);
+  }
+}
+
 TEST(Engine, CompressionMisuseThrowsWithContext) {
   Job job(1, 1);
   Worker& w = *job.workers[0];
