@@ -7,8 +7,16 @@ algorithm bandwidth as a ratio of each peer's:
   - OpenMPI MPI_Allreduce over TCP (btl tcp,self)
   - torch.distributed all_reduce with Gloo
 
+Cortado runs once per transport in --transports (zmq, ucx) and per
+shared-memory setting in --shm (1: same-host workers and servers exchange the
+bytes through /dev/shm and the transport carries descriptors; 0: the
+transport carries every byte; both). With one Cortado variant the table has
+its ratio against each peer; with several, the ratio ucx/zmq for each --shm
+setting and each variant's ratio against the peers named in --against.
+
 Usage: bench/compare_pushpull.py [-w 4] [-s 2] [--min-bytes 4096]
-       [--max-bytes 268435456] [--markdown]
+       [--max-bytes 268435456] [--transports zmq,ucx] [--shm 1|0|both]
+       [--against gloo] [--markdown]
 """
 import argparse
 import datetime
@@ -49,7 +57,12 @@ def main():
     ap.add_argument("--min-bytes", type=int, default=4096)
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--iters", type=int, default=0)
-    ap.add_argument("--transport", default="zmq")
+    ap.add_argument("--transports", "--transport", default="zmq",
+                    help="comma-separated Cortado transports to measure: zmq, ucx, auto")
+    ap.add_argument("--shm", choices=["1", "0", "both"], default="1",
+                    help="CORTADO_SHM for the Cortado runs (default 1)")
+    ap.add_argument("--against", default="gloo",
+                    help="peers for the ratio columns when several Cortado variants run")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args()
@@ -58,9 +71,15 @@ def main():
              "--iters", str(args.iters)]
     cortado = os.path.join(args.build, "launcher", "cortado")
     results = {}
-    results["cortado"] = run("cortado", [cortado, "bench", "pushpull", "-w", str(args.workers),
-                                         "-s", str(args.servers), "--transport", args.transport,
-                                         "--json"] + sizes)
+    variants = []
+    for shm in (["1", "0"] if args.shm == "both" else [args.shm]):
+        for transport in [t for t in args.transports.split(",") if t]:
+            name = transport if shm == "1" else f"{transport} noshm"
+            env = dict(os.environ, CORTADO_SHM=shm)
+            results[name] = run(f"cortado {name}", [cortado, "bench", "pushpull", "-w", str(args.workers),
+                                                    "-s", str(args.servers), "--transport", transport,
+                                                    "--json"] + sizes, env=env)
+            variants.append(name)
     mpi_bench = os.path.join(args.build, "bench", "mpi", "mpi_allreduce_bench")
     mpirun = shutil.which("mpirun")
     if mpirun and os.path.exists(mpi_bench):
@@ -77,21 +96,33 @@ def main():
                                    "-w", str(args.workers)] + sizes)
 
     peers = [p for p in ("mpi_shm", "mpi_tcp", "gloo") if results.get(p)]
+    variants = [v for v in variants if results.get(v)]
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     header = (f"{now}, {platform.node()}, {os.cpu_count()} cores, "
-              f"{args.workers} workers / {args.servers} servers, transport {args.transport}")
-    cols = ["size", "cortado GB/s"] + [f"{p} GB/s" for p in peers] + [f"x {p}" for p in peers] + ["ok"]
+              f"{args.workers} workers / {args.servers} servers, cortado {', '.join(variants)}")
+    # (column, numerator, denominator)
+    ratios = []
+    if len(variants) == 1:
+        ratios = [(f"x {p}", variants[0], p) for p in peers]
+    else:
+        for suffix in ("", " noshm"):
+            if f"zmq{suffix}" in variants and f"ucx{suffix}" in variants:
+                ratios.append((f"ucx/zmq{suffix}", f"ucx{suffix}", f"zmq{suffix}"))
+        for p in [p for p in args.against.split(",") if p in peers]:
+            ratios += [(f"{v} x {p}", v, p) for v in variants]
+    cols = (["size"] + [f"{v} GB/s" for v in variants] + [f"{p} GB/s" for p in peers] +
+            [r[0] for r in ratios] + ["ok"])
+    sizes_seen = sorted(set().union(*[set(results[v]) for v in variants])) if variants else []
     rows = []
-    for size in sorted(results["cortado"]):
-        c = results["cortado"][size]
-        row = [human(size), f"{c['algbw_gbps']:.3f}"]
-        for p in peers:
-            r = results[p].get(size)
+    for size in sizes_seen:
+        row = [human(size)]
+        for name in variants + peers:
+            r = results[name].get(size)
             row.append(f"{r['algbw_gbps']:.3f}" if r else "-")
-        for p in peers:
-            r = results[p].get(size)
-            row.append(f"{c['algbw_gbps'] / r['algbw_gbps']:.2f}" if r and r["algbw_gbps"] > 0 else "-")
-        ok = c["ok"] and all(results[p].get(size, {}).get("ok", True) for p in peers)
+        for _, num, den in ratios:
+            a, b = results[num].get(size), results[den].get(size)
+            row.append(f"{a['algbw_gbps'] / b['algbw_gbps']:.2f}" if a and b and b["algbw_gbps"] > 0 else "-")
+        ok = all(results[n].get(size, {}).get("ok", True) for n in variants + peers)
         row.append("ok" if ok else "WRONG")
         rows.append(row)
     if args.markdown:
@@ -106,7 +137,7 @@ def main():
         print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
         for r in rows:
             print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
-    return 0 if results["cortado"] else 1
+    return 0 if variants else 1
 
 
 def human(n):

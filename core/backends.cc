@@ -1,29 +1,168 @@
 #include "core/backends.h"
 
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
 #include "core/common/logging.h"
 #include "core/transport/zmq/factory.h"
 #include "cortado/config.h"
+#if CORTADO_UCX
+#include "core/transport/ucx/factory.h"
+#endif
+
+extern char** environ;
 
 namespace cortado {
+namespace {
+
+// How long auto's probe lets a UCX endpoint take to carry its first message.
+constexpr Millis kProbeTimeout{5000};
+
+// The UCX_* variables in force, for messages.
+std::string ucxSettings() {
+  std::string s;
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, "UCX_", 4) == 0) s += (s.empty() ? "" : ", ") + std::string(*e);
+  }
+  return s.empty() ? "no UCX_* variables set" : s;
+}
+
+#if CORTADO_UCX
+// Two UCX transports in this process: one listens on the job's data host, the
+// other connects to it and sends one message. Returns "" when the message
+// arrived, else why not.
+std::string probeUcx(const JobConfig& config) {
+  transport::ucx::UcxOptions o;
+  o.connectTimeout = kProbeTimeout;
+  o.closeTimeout = Millis(200);
+  const NodeId listenerId{Role::kScheduler, 0}, clientId{Role::kScheduler, 1};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool arrived = false;
+  std::string failure;
+  try {
+    auto listener = transport::ucx::create(listenerId, o);
+    auto client = transport::ucx::create(clientId, o);
+    listener->setCallbacks(
+        [&](transport::Message&&) {
+          std::lock_guard g(mu);
+          arrived = true;
+          cv.notify_all();
+        },
+        [](const NodeId&, const Status&) {});
+    client->setCallbacks([](transport::Message&&) {},
+                         [&](const NodeId&, const Status& s) {
+                           std::lock_guard g(mu);
+                           if (failure.empty()) failure = s.message();
+                           cv.notify_all();
+                         });
+    std::string address = listener->listen(fmt::format("ucx://{}:0", config.dataHost));
+    client->connect(listenerId, address);
+    client->send(listenerId, transport::Message{});
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, kProbeTimeout, [&] { return arrived || !failure.empty(); })) {
+      failure = fmt::format("a probe endpoint to {} carried nothing within {} ms", address,
+                            kProbeTimeout.count());
+    }
+    if (arrived) failure.clear();
+    lk.unlock();
+    client->close();
+    listener->close();
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  return failure;
+}
+#endif
+
+}  // namespace
+
+bool ucxBuilt() { return CORTADO_UCX != 0; }
+
+TransportChoice chooseTransport(const JobConfig& config) {
+  const std::string& kind = config.transport;
+  if (kind == "zmq") return {"zmq", "asked for (CORTADO_TRANSPORT / --transport)"};
+  if (kind == "ucx") {
+#if CORTADO_UCX
+    try {
+      // Initializes UCX (context and worker) and releases it again.
+      transport::ucx::create(NodeId{Role::kScheduler, 0})->close();
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kUnavailable,
+                  fmt::format("transport ucx was asked for (CORTADO_TRANSPORT / --transport) but "
+                              "UCX does not initialize here: {}",
+                              e.what()));
+    }
+    return {"ucx", "asked for (CORTADO_TRANSPORT / --transport)"};
+#else
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("transport ucx was asked for (CORTADO_TRANSPORT / --transport) but "
+                            "this build has no UCX transport ({}): install libucx-dev "
+                            "(scripts/install_deps.sh) and reconfigure with "
+                            "-DCORTADO_WITH_UCX=ON, or use --transport zmq or auto",
+                            ucxSettings()));
+#endif
+  }
+  if (kind == "auto") {
+#if CORTADO_UCX
+    std::string why = probeUcx(config);
+    if (why.empty()) {
+      return {"ucx", fmt::format("UCX initialized and a probe endpoint on {} connected ({})",
+                                 config.dataHost, ucxSettings())};
+    }
+    return {"zmq", fmt::format("UCX is built but unusable here: {}", why)};
+#else
+    return {"zmq", "this build has no UCX transport (libucx-dev was not found at configure)"};
+#endif
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("transport '{}' is unknown (CORTADO_TRANSPORT / --transport): valid are "
+                          "zmq, ucx, auto",
+                          kind));
+}
 
 std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, const NodeId& self) {
   std::string kind = config.transport;
   if (kind == "auto") {
-    // UCX is not part of this build yet (issue 5); ZeroMQ carries the job.
-    CORTADO_LOG_INFO("transport auto: using zmq (this build has no UCX transport)");
-    kind = "zmq";
+    TransportChoice c = chooseTransport(config);
+    if (c.kind == "zmq" && ucxBuilt()) {
+      CORTADO_LOG_WARN("transport auto: using zmq: {}", c.reason);
+    } else {
+      CORTADO_LOG_INFO("transport auto: using {}: {}", c.kind, c.reason);
+    }
+    kind = c.kind;
   }
   if (kind == "zmq") {
     transport::zmq::ZmqOptions o;
     return transport::zmq::create(self, o);
   }
-  throw Error(ErrorCode::kUnavailable,
-              fmt::format("transport '{}' is not available in this build: use "
-                          "CORTADO_TRANSPORT=zmq",
+  if (kind == "ucx") {
+#if CORTADO_UCX
+    transport::ucx::UcxOptions o;
+    o.connectTimeout = config.connectTimeout;
+    try {
+      return transport::ucx::create(self, o);
+    } catch (const Error& e) {
+      throw Error(e.code(),
+                  fmt::format("transport ucx was asked for (CORTADO_TRANSPORT / --transport) but "
+                              "UCX does not initialize here: {}",
+                              e.what()));
+    }
+#else
+    chooseTransport(config);  // throws the "not built" error
+#endif
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("transport '{}' is unknown (CORTADO_TRANSPORT / --transport): valid are "
+                          "zmq, ucx, auto",
                           kind));
 }
 
 std::string dataListenAddress(const JobConfig& config) {
+  if (config.transport == "ucx") return fmt::format("ucx://{}:0", config.dataHost);
   return fmt::format("tcp://{}:0", config.dataHost);
 }
 

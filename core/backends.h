@@ -12,12 +12,34 @@
 
 namespace cortado {
 
-// `transport` is "zmq", "ucx" or "auto" (UCX where it was built, else ZeroMQ;
-// the choice and the reason are logged). Throws Error(kUnavailable) when an
-// explicitly requested backend is not in this build.
+// True when this build has the UCX transport (libucx was found at configure).
+bool ucxBuilt();
+
+// What a job's `transport` setting resolves to, and why (for the log).
+struct TransportChoice {
+  std::string kind;    // "zmq" or "ucx"
+  std::string reason;  // one line, e.g. "UCX initialized and its endpoints connect on loopback"
+};
+
+// Resolves config.transport without keeping a transport:
+// - "zmq": ZeroMQ.
+// - "ucx": UCX; throws Error(kUnavailable) when this build has no UCX, or
+//   when UCX fails to initialize, naming the cause and the UCX_* variables in
+//   force.
+// - "auto": UCX where it was built, initializes, and a probe endpoint
+//   connects to a probe listener on config.dataHost and carries a message
+//   (within a few seconds); ZeroMQ otherwise. Never throws for UCX's sake.
+// The launcher calls this once and hands the result to every role, so a
+// whole job runs on one transport.
+TransportChoice chooseTransport(const JobConfig& config);
+
+// Builds this node's transport. For "auto" it runs chooseTransport() and
+// logs the choice and the reason. Throws as chooseTransport() does.
 std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, const NodeId& self);
 
-// The listen address for this node's data plane, e.g. tcp://127.0.0.1:0.
+// The listen address for this node's data plane: ucx://host:0 for "ucx",
+// tcp://host:0 for "zmq" and "auto" (both transports listen on it; each
+// returns the address peers connect to, in its own scheme).
 std::string dataListenAddress(const JobConfig& config);
 
 }  // namespace cortado

@@ -14,6 +14,7 @@
 #include <map>
 #include <thread>
 
+#include "core/backends.h"
 #include "core/common/logging.h"
 #include "core/shm/shm_segment.h"
 #include "scheduler/scheduler.h"
@@ -101,6 +102,18 @@ int runLaunch(const LaunchOptions& opts) {
   JobConfig job = opts.job;
   if (job.token.empty()) job.token = makeToken();
   job.validate();
+  // One decision for the whole job, before anything starts: every role gets
+  // the resolved transport, so no two nodes disagree, and an explicit ucx
+  // that cannot work here fails now, with UCX's reason.
+  if (job.transport != "zmq") {
+    TransportChoice choice = chooseTransport(job);
+    if (job.transport == "auto" && choice.kind == "zmq" && ucxBuilt()) {
+      CORTADO_LOG_WARN("transport auto: using zmq: {}", choice.reason);
+    } else {
+      CORTADO_LOG_INFO("transport {}: using {}: {}", job.transport, choice.kind, choice.reason);
+    }
+    job.transport = choice.kind;
+  }
 
   // Block the signals we wait for before any thread starts: every thread
   // inherits the mask, so only sigtimedwait() below sees them.

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     WorkerOptions wo;
     wo.partitionBytes = job.partitionBytes;
     wo.maxBytesInFlight = job.maxInflightBytes;
-  wo.sharedMemory = job.sharedMemory;
+    wo.sharedMemory = job.sharedMemory;
     wo.listenAddress = dataListenAddress(job);
     control::ClientOptions co;
     co.schedulerHost = job.schedulerHost;
@@ -96,8 +96,9 @@ int main(int argc, char** argv) {
     co.requestedRank = job.rank;
     co.connectTimeout = job.connectTimeout;
     co.heartbeatInterval = job.heartbeatInterval;
-    auto w = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
-                           Deadline::after(job.connectTimeout));
+    auto transport = makeTransport(job, NodeId{Role::kWorker, job.rank});
+    const std::string transportName = transport->name();
+    auto w = Worker::start(wo, co, std::move(transport), Deadline::after(job.connectTimeout));
     const int W = w->size(), rank = w->rank();
 
     std::vector<DType> types;
@@ -169,8 +170,9 @@ int main(int argc, char** argv) {
       if (slowMs) std::this_thread::sleep_for(std::chrono::milliseconds(slowMs));
     }
     w->shutdown(Deadline::after(job.opTimeout));
-    fmt::print("worker {}: {} iterations of {} tensors correct ({} elements checked)\n", rank,
-               iters, specs.size(), checked);
+    fmt::print("worker {}: {} iterations of {} tensors correct ({} elements checked, "
+               "transport {}, shm {})\n",
+               rank, iters, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
     return 0;
   } catch (const Error& e) {
     fmt::print(stderr, "worker: error: {}\n", e.what());

@@ -1,6 +1,7 @@
-// The UCX transport (UCP active messages). Addresses are "ucx://host:port"
-// ("tcp://host:port" is accepted too): the socket address of UCX's connection
-// manager; the data then moves over whatever UCX picks (shared memory on one
+// The UCX transport (UCP active messages). Addresses are "ucx://host:port":
+// the socket address of UCX's connection manager (listen() accepts
+// "tcp://host:port" too, and returns the ucx:// form; connect() refuses
+// tcp://, which is what a ZeroMQ node advertises); the data then moves over whatever UCX picks (shared memory on one
 // machine, TCP or RDMA between machines), as the UCX_* environment variables
 // (UCX_TLS, UCX_NET_DEVICES, UCX_RNDV_THRESH, ...) direct. Port 0 picks a
 // free port.

@@ -215,6 +215,11 @@ class UcxTransport final : public Transport {
   }
 
   void connect(const NodeId& peer, const std::string& address) override {
+    // A listener returns ucx://; tcp:// is what a ZeroMQ node advertises.
+    CORTADO_ENFORCE(!address.starts_with("tcp://"), ErrorCode::kInvalidArgument,
+                    "ucx {}: {} is at {}, a ZeroMQ address: every node of a job must use the "
+                    "same transport (CORTADO_TRANSPORT / --transport)",
+                    self_, peer, address);
     splitAddress(self_, address);
     Op op;
     op.task = [this, peer, address] { connectPeer(peer, address); };
@@ -719,8 +724,9 @@ class UcxTransport final : public Transport {
         auto it = peers_.find(f.ctx->peer);
         if (it != peers_.end() && it->second.ep == f.ctx->ep && !it->second.reported) {
           fail(it->first, it->second, ErrorCode::kPeerDead,
-               fmt::format("ucx {}: the endpoint to {} at {} failed: {}", self_, it->first,
-                           it->second.address, ucs_status_string(f.status)));
+               fmt::format("ucx {}: the endpoint to {} at {} failed: {} (the peer closed, "
+                           "died or became unreachable)",
+                           self_, it->first, it->second.address, ucs_status_string(f.status)));
         }
       }
       closeEp(f.ctx->ep);

@@ -137,6 +137,10 @@ class ZmqTransport final : public Transport {
   }
 
   void connect(const NodeId& peer, const std::string& address) override {
+    CORTADO_ENFORCE(!address.starts_with("ucx://"), ErrorCode::kInvalidArgument,
+                    "zmq {}: {} is at {}, a UCX address: every node of a job must use the same "
+                    "transport (CORTADO_TRANSPORT / --transport)",
+                    self_, peer, address);
     checkAddress(address, "connect");
     Op op;
     op.task = [this, peer, address] { connectPeer(peer, address); };
