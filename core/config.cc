@@ -17,7 +17,7 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_JOB_TOKEN", "", "(required; the launcher makes one)",
        "shared secret that every node proves it knows"},
       {"CORTADO_RANK", "DMLC_WORKER_ID", "(required for servers and workers; the launcher sets it)", "rank within the role, 0..N-1"},
-      {"CORTADO_TRANSPORT", "", "zmq", "data plane: zmq, ucx or auto"},
+      {"CORTADO_TRANSPORT", "", "zmq", "data plane: zmq, ucx or auto (docs/transports.md)"},
       {"CORTADO_DATA_HOST", "DMLC_NODE_HOST", "127.0.0.1", "address the data plane listens on"},
       {"CORTADO_LOG_LEVEL", "", "info", "trace, debug, info, warn, error, off"},
       {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB", "chunk size of large tensors"},

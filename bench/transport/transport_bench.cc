@@ -1,10 +1,11 @@
 // Transport micro-benchmark: one-way streaming bandwidth and small-message
 // round-trip latency between two endpoints in this process, through raw
 // ZeroMQ (DEALER -> ROUTER, zero-copy sends: the ceiling) and through
-// Cortado's Transport backends. The gap is what our layer costs.
+// Cortado's Transport backends (zmq, ucx where built, inproc). The gap is
+// what our layer costs.
 //
 //   transport_bench [--address tcp://127.0.0.1:0|ipc:///tmp/x] [--io-threads N]
-//                   [--total-mib M] [--only raw|zmq|inproc]
+//                   [--total-mib M] [--only raw|zmq|ucx|inproc]
 #include <zmq.h>
 
 #include <atomic>
@@ -20,6 +21,10 @@
 #include "core/common/deadline.h"
 #include "core/transport/inproc/factory.h"
 #include "core/transport/zmq/factory.h"
+#include "cortado/config.h"
+#if CORTADO_UCX
+#include "core/transport/ucx/factory.h"
+#endif
 
 namespace cortado::transport {
 namespace {
@@ -179,6 +184,11 @@ int run(int argc, char** argv) {
     o.ioThreads = c.ioThreads;
     runTransport("zmq", c, zmq::create(w, o), zmq::create(s, o), c.address);
   }
+#if CORTADO_UCX
+  if (c.only.empty() || c.only == "ucx") {
+    runTransport("ucx", c, ucx::create(w), ucx::create(s), "ucx://127.0.0.1:0");
+  }
+#endif
   if (c.only.empty() || c.only == "inproc") {
     auto hub = inproc::createHub();
     runTransport("inproc", c, inproc::create(hub, w), inproc::create(hub, s), "inproc://*");

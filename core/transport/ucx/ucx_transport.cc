@@ -1,7 +1,15 @@
 // The UCX transport (see factory.h). Wire format: active message kAmData with
 // a WireHeader (magic, version, sender's NodeId::toWire(), stream, sequence
-// number) and a payload of
-//   [u64 part count n] [u64 size of part 0] ... [u64 size of part n-1] [parts...]
+// number, layout) in the AM header and one of two layouts:
+// - kLayoutPacked: the payload is
+//     [u64 part count n] [u64 size of part 0] ... [u64 size of part n-1] [parts...]
+//   gathered from the parts (an iovec, no copy).
+// - kLayoutOneBig: a message with one large part and a few small ones (a push
+//   or a pull answer: a small wire header and the tensor bytes). The AM header
+//   carries, after the WireHeader, the same part table and the bytes of the
+//   small parts; the payload is the large part alone, contiguous, so that UCX
+//   moves it by zero-copy rendezvous (a contiguous buffer is what its
+//   rendezvous protocols register and read directly; an iovec is not).
 // kAmHello (no payload) is a client endpoint's first message: its completion
 // says the endpoint is up. UCX may hand over active messages from one endpoint
 // out of order (those sent while it was still wiring up come late), so every
@@ -46,15 +54,26 @@ constexpr unsigned kAmData = 1;
 constexpr unsigned kAmHello = 2;
 constexpr unsigned kAmBye = 3;
 constexpr uint32_t kMagic = 0x43545558;  // "CTUX"
+constexpr uint8_t kLayoutPacked = 0;
+constexpr uint8_t kLayoutOneBig = 1;
+// A part this large is sent as the contiguous payload (kLayoutOneBig) ...
+constexpr size_t kBigPartBytes = 16 << 10;
+// ... when the other parts and the part table fit in this many header bytes.
+constexpr size_t kMaxInlineBytes = 1024;
 constexpr Millis kLoopCallTimeout{10000};
+// Queued operations the loop runs between two rounds of UCX progress.
+constexpr int kOpsPerTurn = 256;
 
 struct WireHeader {
   uint32_t magic = kMagic;
-  uint8_t version = 1;
+  uint8_t version = 2;
   uint8_t idLen = 0;
   char id[18] = {};
   uint64_t stream = 0;
   uint64_t seq = 0;
+  uint8_t layout = kLayoutPacked;
+  uint8_t pad[3] = {};
+  uint32_t bigIndex = 0;  // kLayoutOneBig: which part is the payload
 };
 
 WireHeader headerFor(const NodeId& self) {
@@ -65,11 +84,14 @@ WireHeader headerFor(const NodeId& self) {
   return h;
 }
 
+// The WireHeader at the start of an AM header (more bytes may follow it).
 std::optional<NodeId> senderOf(const void* header, size_t length, WireHeader* out = nullptr) {
-  if (length != sizeof(WireHeader)) return std::nullopt;
+  if (length < sizeof(WireHeader)) return std::nullopt;
   WireHeader h;
   std::memcpy(&h, header, sizeof(h));
-  if (h.magic != kMagic || h.version != 1 || h.idLen > sizeof(h.id)) return std::nullopt;
+  if (h.magic != kMagic || h.version != 2 || h.idLen > sizeof(h.id)) return std::nullopt;
+  if (h.layout == kLayoutPacked && length != sizeof(WireHeader)) return std::nullopt;
+  if (h.layout != kLayoutPacked && h.layout != kLayoutOneBig) return std::nullopt;
   if (out) *out = h;
   return NodeId::fromWire(std::string_view(h.id, h.idLen));
 }
@@ -132,13 +154,16 @@ struct SendCtx {
   ucp_ep_h ep = nullptr;
   unsigned am = kAmData;
   WireHeader header;
+  std::vector<uint8_t> head;  // kLayoutOneBig: WireHeader, part table, small parts
   std::vector<uint64_t> meta;
   std::vector<Buffer> parts;
   std::vector<ucp_dt_iov_t> iov;
 };
 
 struct Pending {
-  Buffer data;
+  Buffer data;                  // the payload
+  std::vector<Buffer> parts;    // kLayoutOneBig: the parts, the big one empty
+  int bigIndex = -1;            // kLayoutOneBig: where `data` goes
   bool ready = false;
   bool failed = false;
 };
@@ -408,6 +433,11 @@ class UcxTransport final : public Transport {
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) return fail("ucp_worker_create", s);
+    ucp_worker_attr_t wa{};
+    wa.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+    s = ucp_worker_query(worker_, &wa);
+    if (s != UCS_OK) return fail("ucp_worker_query", s);
+    maxInlineBytes_ = std::min(kMaxInlineBytes, wa.max_am_header);
     s = ucp_worker_get_efd(worker_, &workerFd_);
     if (s != UCS_OK) return fail("ucp_worker_get_efd", s);
     for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmData, &onAm},
@@ -450,18 +480,22 @@ class UcxTransport final : public Transport {
       bool busy = false;
       while (ucp_worker_progress(worker_) != 0) busy = true;
       afterProgress();
-      {
+      // Timers right after progress, so that a long batch of sends below
+      // never expires an endpoint whose handshake completed meanwhile.
+      expireTimers();
+      if (batch.empty()) {
         std::lock_guard g(mu_);
         batch.swap(ops_);
       }
-      for (auto& op : batch) {
-        if (stop_) break;
+      // A bounded turn, then progress again: a flood of sends must not
+      // starve handshakes and completions (nor expire their timers).
+      for (int i = 0; i < kOpsPerTurn && !batch.empty() && !stop_; ++i) {
         busy = true;
+        Op op = std::move(batch.front());
+        batch.pop_front();
         if (op.task) op.task();
         else sendTo(op.peer, std::move(op.msg));
       }
-      batch.clear();
-      expireTimers();
       if (busy || stop_) continue;
       if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
       epoll_event events[2];
@@ -627,7 +661,16 @@ class UcxTransport final : public Transport {
     rp.user_data = ctx;
     const void* buffer = nullptr;
     size_t count = 0;
-    if (am == kAmData) {
+    const void* head = &ctx->header;
+    size_t headLength = sizeof(ctx->header);
+    if (am == kAmData && packOneBig(ctx, parts)) {
+      ctx->parts = std::move(parts);
+      const Buffer& big = ctx->parts[ctx->header.bigIndex];
+      head = ctx->head.data();
+      headLength = ctx->head.size();
+      buffer = big.data();
+      count = big.size();  // contiguous: count is in bytes
+    } else if (am == kAmData) {
       ctx->parts = std::move(parts);
       ctx->meta.reserve(ctx->parts.size() + 1);
       ctx->meta.push_back(ctx->parts.size());
@@ -643,12 +686,79 @@ class UcxTransport final : public Transport {
     }
     inflight_.insert(ctx);
     if (am == kAmBye) ++byesInFlight_;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, am, &ctx->header, sizeof(ctx->header), buffer, count, &rp);
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, am, head, headLength, buffer, count, &rp);
     if (r == nullptr) {
       sendDone(ctx, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
       sendDone(ctx, UCS_PTR_STATUS(r));
     }
+  }
+
+  // Chooses kLayoutOneBig when exactly one part is large and the rest fit in
+  // the AM header; then fills ctx->head.
+  bool packOneBig(SendCtx* ctx, const std::vector<Buffer>& parts) {
+    int big = -1;
+    size_t small = sizeof(uint64_t) * (parts.size() + 1);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].size() >= kBigPartBytes) {
+        if (big >= 0) return false;
+        big = static_cast<int>(i);
+      } else {
+        small += parts[i].size();
+      }
+    }
+    if (big < 0 || sizeof(WireHeader) + small > maxInlineBytes_) return false;
+    ctx->header.layout = kLayoutOneBig;
+    ctx->header.bigIndex = static_cast<uint32_t>(big);
+    auto& h = ctx->head;
+    h.resize(sizeof(WireHeader) + small);
+    uint8_t* p = h.data();
+    std::memcpy(p, &ctx->header, sizeof(WireHeader));
+    p += sizeof(WireHeader);
+    uint64_t n = parts.size();
+    std::memcpy(p, &n, sizeof(n));
+    p += sizeof(n);
+    for (const auto& b : parts) {
+      uint64_t size = b.size();
+      std::memcpy(p, &size, sizeof(size));
+      p += sizeof(size);
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (static_cast<int>(i) == big || parts[i].empty()) continue;
+      std::memcpy(p, parts[i].data(), parts[i].size());
+      p += parts[i].size();
+    }
+    return true;
+  }
+
+  // Reads a kLayoutOneBig header's part table and small parts; `bigSize` is
+  // the payload's length, which must match the table.
+  static bool unpackOneBig(const WireHeader& h, const void* header, size_t headerLength,
+                           size_t bigSize, Pending& slot) {
+    const uint8_t* p = static_cast<const uint8_t*>(header) + sizeof(WireHeader);
+    size_t left = headerLength - sizeof(WireHeader);
+    uint64_t n;
+    if (left < sizeof(n)) return false;
+    std::memcpy(&n, p, sizeof(n));
+    p += sizeof(n);
+    left -= sizeof(n);
+    if (n > left / sizeof(uint64_t) || h.bigIndex >= n) return false;
+    std::vector<uint64_t> sizes(n);
+    std::memcpy(sizes.data(), p, n * sizeof(uint64_t));
+    p += n * sizeof(uint64_t);
+    left -= n * sizeof(uint64_t);
+    if (sizes[h.bigIndex] != bigSize) return false;
+    slot.parts.resize(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (i == h.bigIndex || sizes[i] == 0) continue;
+      if (sizes[i] > left) return false;
+      slot.parts[i] = Buffer::copyOf(p, sizes[i]);
+      p += sizes[i];
+      left -= sizes[i];
+    }
+    if (left != 0) return false;
+    slot.bigIndex = static_cast<int>(h.bigIndex);
+    return true;
   }
 
   void sendDone(SendCtx* ctx, ucs_status_t status) {
@@ -681,6 +791,13 @@ class UcxTransport final : public Transport {
       return UCS_OK;
     }
     Pending& slot = stream.slots[h.seq];
+    if (h.layout == kLayoutOneBig && !unpackOneBig(h, header, headerLength, length, slot)) {
+      CORTADO_LOG_WARN("ucx {}: dropped a malformed message {} from {}", self_, h.seq, *from);
+      slot.ready = true;
+      slot.failed = true;
+      ready_.insert(key);
+      return UCS_OK;
+    }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
       slot.data = Buffer::copyOf(data, length);
       slot.ready = true;
@@ -777,7 +894,10 @@ class UcxTransport final : public Transport {
       if (slot.failed) continue;
       Message msg;
       msg.from = from;
-      if (!parse(slot.data, msg.parts)) {
+      if (slot.bigIndex >= 0) {
+        msg.parts = std::move(slot.parts);
+        msg.parts[slot.bigIndex] = std::move(slot.data);
+      } else if (!parse(slot.data, msg.parts)) {
         CORTADO_LOG_WARN("ucx {}: dropped a malformed message from {} ({} bytes)", self_, from,
                          slot.data.size());
         continue;
@@ -935,6 +1055,7 @@ class UcxTransport final : public Transport {
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
   int workerFd_ = -1;
+  size_t maxInlineBytes_ = 0;  // AM header bytes kLayoutOneBig may use
   int epfd_ = -1;
   RecvCallback onRecv_;
   ErrorCallback onError_;
