@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "core/wire/data_message.h"
 
@@ -88,6 +89,52 @@ TEST(Wire, FuzzedHeadersNeverCrash) {
       EXPECT_EQ(e.code(), ErrorCode::kProtocol);
     }
   }
+}
+
+TEST(Wire, CompressedPushPreambleRoundTripsAndRejectsEveryTruncation) {
+  const std::string spec = "topk:ratio=0.01", name = "layer1.weight";
+  const size_t pre = compressedPreambleBytes(spec, name);
+  EXPECT_EQ(pre, 4 + spec.size() + name.size());
+  std::vector<uint8_t> body(pre + 10);
+  writeCompressedPreamble(body.data(), spec, name);
+  for (size_t i = 0; i < 10; ++i) body[pre + i] = uint8_t(i);
+  CompressedPush p = parseCompressedPush(body.data(), body.size());
+  EXPECT_EQ(p.codecSpec, spec);
+  EXPECT_EQ(p.tensorName, name);
+  EXPECT_EQ(p.payload, body.data() + pre);
+  EXPECT_EQ(p.payloadBytes, 10u);
+  // Every cut inside the preamble is refused; from its end on, the rest is
+  // the (possibly empty) payload, which the codec checks.
+  for (size_t len = 0; len < body.size(); ++len) {
+    if (len < pre) {
+      try {
+        parseCompressedPush(body.data(), len);
+        ADD_FAILURE() << "a " << len << "-byte body was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kProtocol) << e.what();
+      }
+    } else {
+      EXPECT_EQ(parseCompressedPush(body.data(), len).payloadBytes, len - pre);
+    }
+  }
+  // An empty spec and an oversized one are refused on both sides.
+  std::vector<uint8_t> bad(body);
+  bad[0] = bad[1] = 0;
+  EXPECT_THROW(parseCompressedPush(bad.data(), bad.size()), Error);
+  EXPECT_THROW(compressedPreambleBytes("", name), Error);
+  EXPECT_THROW(compressedPreambleBytes(std::string(kMaxCodecSpecBytes + 1, 'x'), name), Error);
+  EXPECT_THROW(compressedPreambleBytes(spec, std::string(70000, 'n')), Error);
+}
+
+TEST(Wire, CompressedMessagesSkipTheDenseSizeCheckButBoundTheElementCount) {
+  DataHeader h;
+  h.op = Op::kPush;
+  h.flags = kFlagCompressed;
+  h.numElements = 1000;
+  h.bodyBytes = 77;  // a payload, not 4000 dense bytes
+  EXPECT_EQ(decodeHeader(encodeHeader(h), 77).numElements, 1000u);
+  h.numElements = (uint64_t(1) << 40) + 1;
+  EXPECT_THROW(decodeHeader(encodeHeader(h), 77), Error);
 }
 
 }  // namespace
