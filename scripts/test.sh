@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
-bash scripts/build.sh -DCORTADO_WITH_TESTS=ON
+bash scripts/build.sh -DCORTADO_WITH_TESTS=ON -DCORTADO_WITH_PYTHON=ON
 ctest --test-dir build --output-on-failure -j 2 --timeout 600

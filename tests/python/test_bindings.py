@@ -45,6 +45,12 @@ def test_torch_push_pull_async_broadcast(run_job):
     assert_all_ok(job, 2)
 
 
+def test_blocking_calls_release_the_gil(run_job):
+    # Deadlocks (and fails on the workers' 30 s timeouts) if they do not.
+    job = run_job(2, 1, "gil.py", timeout=120)
+    assert_all_ok(job, 2)
+
+
 def test_distributed_optimizer_matches_single_process(run_job):
     job = run_job(4, 2, "optimizer_check.py", timeout=180)
     results = assert_all_ok(job, 4)
