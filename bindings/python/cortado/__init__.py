@@ -18,7 +18,7 @@ from . import _C
 from ._runtime import (CortadoError, Handle, barrier, init, is_initialized, local_rank,
                        local_size, num_servers, poll, rank, shutdown, size, synchronize)
 from . import _runtime
-from .compression import Compression, Compressor
+from .compression import AutoCompression, Compression, Compressor
 
 __version__ = _C.version
 
@@ -57,7 +57,7 @@ def declare(name, dtype, count):
     """Declares a tensor ahead of its first push_pull (optional; every worker must
     declare the same name with the same dtype and element count)."""
     rt = _runtime.require("declare")
-    return rt.declare(name, _DTYPES.get(_np.dtype(dtype), str(dtype)), int(count))
+    return _runtime.declare(rt, name, _DTYPES.get(_np.dtype(dtype), str(dtype)), int(count))
 
 
 def push_pull_async(array, name=None, average=True, priority=0, output=None,
@@ -69,7 +69,7 @@ def push_pull_async(array, name=None, average=True, priority=0, output=None,
     and `output` must stay untouched until then. Higher `priority` goes first.
     """
     compressor = Compression.lookup(compression)
-    _runtime.require("push_pull")
+    rt = _runtime.require("push_pull")
     _check_array(array, "push_pull")
     if output is None:
         output = _np.empty_like(array, order="C")
@@ -83,6 +83,9 @@ def push_pull_async(array, name=None, average=True, priority=0, output=None,
         if not output.flags.writeable:
             raise _runtime.error("invalid_argument", "cortado.push_pull: output is read-only")
     name = name if name is not None else _runtime.auto_name("push_pull")
+    if isinstance(compressor, AutoCompression):
+        compressor = _runtime.auto_choice(name, lambda: compressor.plan(
+            [(name, array.size, array.itemsize)], rt.size)[name])
     sent, ctx = compressor.compress(array)
     if sent is array:
         inp, out = array, output
@@ -94,7 +97,8 @@ def push_pull_async(array, name=None, average=True, priority=0, output=None,
             output[...] = compressor.decompress(out, ctx).reshape(output.shape)
             return output
     return _runtime.submit("push_pull", name, _DTYPES[inp.dtype], inp.size, inp.ctypes.data,
-                           out.ctypes.data, average, priority, (inp, out, array, output), finish)
+                           out.ctypes.data, average, priority, (inp, out, array, output), finish,
+                           compressor.engine_codec)
 
 
 def push_pull(array, name=None, average=True, priority=0, output=None, compression=None):

@@ -32,6 +32,8 @@ class _Context:
         self.uncaught_exception = False
         self.hooks_installed = False
         self.counters = {}
+        self.codecs = {}       # name -> (spec, error feedback) or None, as declared here
+        self.auto_codecs = {}  # name -> Compressor chosen by "auto" for a lone push_pull
 
     def next_name(self, prefix):
         counter = self.counters.setdefault(prefix, itertools.count())
@@ -161,20 +163,50 @@ class Handle:
 
 
 def submit(api, name, dtype, count, input_ptr, output_ptr, average, priority, keepalive,
-           finish):
+           finish, codec=None):
     """Declares `name` on first use (every worker must), then starts the push_pull.
 
-    `keepalive` owns the memory behind the pointers; the core holds it until
-    the operation completed. `finish` runs when the caller synchronizes.
+    `codec` is (spec, error feedback) for a tensor that the engine compresses,
+    or None. `keepalive` owns the memory behind the pointers; the core holds
+    it until the operation completed. `finish` runs when the caller
+    synchronizes.
     """
     rt = require(api)
     if count == 0:
         return Handle(name, None, finish)
+    if codec is not None and dtype != "float32":
+        raise error("invalid_argument",
+                    f"cortado.{api}: tensor '{name}' is {dtype}, but compression "
+                    f"'{codec[0]}' encodes float32 tensors: cast it with .float(), or use "
+                    f"compression none or fp16 for it")
     if not rt.is_declared(name):
-        rt.declare(name, dtype, count)
+        declare(rt, name, dtype, count, codec)
+    elif _ctx.codecs.get(name) != codec:
+        def show(c):
+            return "none" if c is None else f"'{c[0]}'" + (" with error feedback" if c[1] else "")
+        raise error("invalid_argument",
+                    f"cortado.{api}: tensor '{name}' was declared with compression "
+                    f"{show(_ctx.codecs.get(name))}, and this call asks for {show(codec)}: a "
+                    f"name keeps the compression it was first pushed with; use another name")
     core = rt.push_pull(name, dtype, count, input_ptr, output_ptr, bool(average), int(priority),
                         keepalive)
     return Handle(name, core, finish)
+
+
+def declare(rt, name, dtype, count, codec=None):
+    """Declares `name` (a collective step) with its codec, and remembers the codec."""
+    if codec is None:
+        rt.declare(name, dtype, count)
+    else:
+        rt.declare(name, dtype, count, codec=codec[0], error_feedback=codec[1])
+    _ctx.codecs[name] = codec
+
+
+def auto_choice(name, choose):
+    """The compression "auto" chose for `name` (choose() plans it the first time)."""
+    if name not in _ctx.auto_codecs:
+        _ctx.auto_codecs[name] = choose()
+    return _ctx.auto_codecs[name]
 
 
 def poll(handle):

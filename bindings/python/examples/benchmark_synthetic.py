@@ -39,13 +39,19 @@ def parse_args(argv=None):
     p.add_argument("--num-warmup-batches", type=int, default=10)
     p.add_argument("--num-batches-per-iter", type=int, default=10)
     p.add_argument("--num-iters", type=int, default=10)
-    p.add_argument("--compression", default="none", help="cortado only: none or fp16")
+    p.add_argument("--compression", default="none",
+                   help="cortado only: none, fp16, auto, or an engine codec (topk:ratio=0.01, "
+                        "dgc, efsignsgd, ...)")
     p.add_argument("--fp16-pushpull", action="store_true", help="same as --compression fp16")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     p.add_argument("--workers", type=int, default=4, help="gloo/--compare: process count")
     p.add_argument("--servers", type=int, default=2, help="--compare: Cortado servers")
     p.add_argument("--compare", action="store_true", help="run Cortado, then DDP with Gloo")
     p.add_argument("--cortado-bin", default=None, help="the cortado launcher (for --compare)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="--compare: runs of each backend, alternating; the median is reported")
+    p.add_argument("--run-timeout", type=float, default=1800,
+                   help="--compare: seconds one run may take before it counts as hung")
     p.add_argument("--json", action="store_true", help="rank 0 prints one JSON line at the end")
     return p.parse_args(argv)
 
@@ -139,6 +145,9 @@ def run_gloo(args):
 
 
 def run_compare(args):
+    """Cortado, then DDP with Gloo, --rounds times alternately (the machine is
+    shared, so the two sides see the same drift); the table has the median
+    round of each and the ratio of the medians."""
     here = pathlib.Path(__file__).resolve()
     launcher = args.cortado_bin or str(here.parents[3] / "build" / "launcher" / "cortado")
     common = ["--model", args.model, "--batch-size", str(args.batch_size),
@@ -153,23 +162,34 @@ def run_compare(args):
         ("gloo", [sys.executable, str(here), "--backend", "gloo", "--workers",
                   str(args.workers), *common]),
     ]
-    results = {}
-    for name, cmd in runs:
-        print(f"$ {' '.join(cmd)}", flush=True)
-        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
-        print(out, end="", flush=True)
-        results[name] = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
-    c, g = results["cortado"], results["gloo"]
+    results = {"cortado": [], "gloo": []}
+    for r in range(args.rounds):
+        for name, cmd in runs:
+            print(f"$ {' '.join(cmd)}   # round {r + 1}/{args.rounds}", flush=True)
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True,
+                                 timeout=args.run_timeout).stdout
+            print(out, end="", flush=True)
+            results[name].append(json.loads([l for l in out.splitlines()
+                                             if l.startswith("{")][-1]))
+
+    def median(rs):
+        return sorted(rs, key=lambda x: x["img_sec_total"])[len(rs) // 2]
+
+    c, g = median(results["cortado"]), median(results["gloo"])
     print()
-    print(f"| backend | workers | img/sec total | img/sec per worker |")
-    print(f"| --- | --- | --- | --- |")
-    for name, r in (("Cortado (" + c["compression"] + f", {args.servers} servers)", c),
-                    ("DDP + Gloo", g)):
+    print(f"{args.model}, {args.image_size}x{args.image_size}, batch {args.batch_size} per "
+          f"worker, {c['threads_per_worker']} threads per worker, median of {args.rounds} "
+          f"alternating round(s)")
+    print("| backend | workers | img/sec total | img/sec per worker | all rounds (total) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, r, key in (("Cortado (" + c["compression"] + f", {args.servers} servers)", c,
+                          "cortado"), ("DDP + Gloo", g, "gloo")):
+        every = ", ".join(f"{x['img_sec_total']:.1f}" for x in results[key])
         print(f"| {name} | {r['workers']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
-              f"| {r['img_sec_per_worker']:.1f} |")
+              f"| {r['img_sec_per_worker']:.1f} | {every} |")
     print(f"\nCortado / Gloo: {c['img_sec_total'] / g['img_sec_total']:.2f}")
     if args.json:
-        print(json.dumps({"cortado": c, "gloo": g,
+        print(json.dumps({"cortado": results["cortado"], "gloo": results["gloo"],
                           "ratio": c["img_sec_total"] / g["img_sec_total"]}))
 
 

@@ -31,7 +31,9 @@
 #include "core/common/logging.h"
 #include "core/config.h"
 #include "core/worker.h"
+#include "compressor/registry.h"
 #include "cortado/config.h"
+#include "scheduler/planner/report.h"
 
 namespace py = pybind11;
 
@@ -319,6 +321,51 @@ class Runtime {
   int localSize_ = 1;
 };
 
+// The CPU codecs, as workers and servers know them. Built once, never
+// changed afterwards (immutable, so sharing it between threads is safe).
+const compressor::Registry& cpuCodecs() {
+  static const compressor::Registry registry = [] {
+    compressor::Registry r;
+    compressor::registerCpuCodecs(r);
+    return r;
+  }();
+  return registry;
+}
+
+// One run of the Espresso planner (scheduler/planner) for a model profile,
+// as `cortado plan --model PROFILE --json` does: the plan JSON plus the
+// simulated iteration times that the caller compares across codecs.
+py::dict planModel(const std::string& profilePath, const std::string& codec, int machines,
+                   int gpusPerMachine, const std::string& intra, const std::string& inter,
+                   int cpuCores, bool parameterServer) {
+  planner::PlanConfig cfg;
+  cfg.model = profilePath;
+  cfg.codec = codec;
+  cfg.machines = machines;
+  cfg.gpusPerMachine = gpusPerMachine;
+  cfg.intra = intra;
+  cfg.inter = inter;
+  cfg.cpuCores = cpuCores;
+  cfg.parameterServer = parameterServer;
+  cfg.upperBound = false;
+  std::string planJson;
+  double espresso = 0, none = 0, all = 0;
+  {
+    py::gil_scoped_release nogil;
+    planner::PlanRun run = planner::runPlanner(cfg);
+    planJson = plan::toJsonString(run.plan);
+    espresso = run.report.espresso.iterUs;
+    none = run.report.noCompression.iterUs;
+    all = run.report.compressAllGpu.iterUs;
+  }
+  py::dict d;
+  d["plan"] = planJson;
+  d["iter_us"] = espresso;
+  d["no_compression_us"] = none;
+  d["compress_all_us"] = all;
+  return d;
+}
+
 }  // namespace
 }  // namespace cortado::python
 
@@ -351,6 +398,20 @@ PYBIND11_MODULE(_C, m) {
       if (code == codeName(ErrorCode(c))) throw Error(ErrorCode(c), message);
     throw Error(ErrorCode::kInvalidArgument, message);
   }, "Raises CortadoError with this code and message (for the Python layer).");
+
+  m.def("codec_names", [] { return cpuCodecs().names(); },
+        "The codecs of the CPU codec registry (compressor/), by spec name.");
+  m.def("codec_help", [] { return cpuCodecs().help(); },
+        "Every codec of the registry with its parameters, as text.");
+  m.def("canonical_codec", [](const std::string& spec) { return cpuCodecs().canonical(spec); },
+        py::arg("spec"),
+        "The spec with defaults filled in ('topk' -> 'topk:ratio=...'); raises CortadoError "
+        "naming the valid codecs or parameters when the spec is wrong.");
+  m.def("plan_model", &planModel, py::arg("profile"), py::arg("codec"), py::arg("machines"),
+        py::arg("gpus_per_machine"), py::arg("intra"), py::arg("inter"), py::arg("cpu_cores"),
+        py::arg("parameter_server") = true,
+        "Runs the Espresso planner on a model profile (.json, scheduler/planner/profile.h); "
+        "returns {plan: JSON text, iter_us, no_compression_us, compress_all_us}.");
 
   py::class_<PyHandle>(m, "Handle")
       .def_property_readonly("name", &PyHandle::name)

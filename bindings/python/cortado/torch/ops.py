@@ -10,7 +10,7 @@ import torch
 
 from .. import _C, _runtime
 from .._runtime import Handle, synchronize
-from ..compression import Compression
+from ..compression import AutoCompression, Compression
 
 DTYPES = {
     torch.float32: "float32",
@@ -65,7 +65,7 @@ def submit(api, tensor, output, average, name, priority, compression):
     """Checks, compresses and starts one push_pull of `tensor` into `output`
     (None: a new tensor; `tensor` itself: in place)."""
     compressor = Compression.lookup(compression)
-    _runtime.require(api)
+    rt = _runtime.require(api)
     check_tensor(tensor, api)
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -77,6 +77,9 @@ def submit(api, tensor, output, average, name, priority, compression):
                                  f"{output.numel()} elements) does not match the tensor "
                                  f"({tensor.dtype}, {tensor.numel()} elements)")
     name = name if name is not None else _runtime.auto_name("push_pull")
+    if isinstance(compressor, AutoCompression):
+        compressor = _runtime.auto_choice(name, lambda: compressor.plan(
+            [(name, tensor.numel(), tensor.element_size())], rt.size)[name])
     sent, ctx = compressor.compress(tensor)
     if sent is tensor:
         inp, out = tensor, output
@@ -91,7 +94,8 @@ def submit(api, tensor, output, average, name, priority, compression):
                 output.copy_(compressor.decompress(out, ctx).view_as(output))
             return output
     return _runtime.submit(api, name, DTYPES[inp.dtype], inp.numel(), inp.data_ptr(),
-                           out.data_ptr(), average, priority, (inp, out, tensor, output), finish)
+                           out.data_ptr(), average, priority, (inp, out, tensor, output), finish,
+                           compressor.engine_codec)
 
 
 def push_pull_async(tensor, average=True, name=None, priority=0, compression=None):

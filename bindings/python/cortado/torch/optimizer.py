@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from .. import _runtime
-from ..compression import Compression, Compressor
+from ..compression import AutoCompression, Compression, Compressor
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
 
@@ -24,6 +24,20 @@ def _compressor_for(compression, name, param):
     if isinstance(compression, dict):
         return Compression.lookup(compression.get(name, Compression.none))
     return Compression.lookup(compression)
+
+
+def _resolve_auto(compressors, ordered, names, world):
+    """Replaces every "auto" by the planner's choice, planning all such
+    parameters together (in model order), as one model."""
+    autos = {}
+    for _, p in ordered:
+        c = compressors[p]
+        if isinstance(c, AutoCompression):
+            autos.setdefault(id(c), (c, []))[1].append(p)
+    for auto, params in autos.values():
+        chosen = auto.plan([(names[p], p.numel(), p.element_size()) for p in params], world)
+        for p in params:
+            compressors[p] = chosen[names[p]]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -68,6 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for _, p in self._ordered:
             check_tensor(p, "DistributedOptimizer", "parameter")
         rt = _runtime.require("DistributedOptimizer")
+        _resolve_auto(self._compressors, self._ordered, self._names, rt.size)
         self._backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for _, p in self._ordered}
         self._handles = {}
@@ -77,9 +92,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Every worker declares every gradient up front, in the same order,
         # so that hooks firing in any order never wait on one another.
         for _, p in self._ordered:
-            sent, _ = self._compressors[p].compress(torch.empty(0, dtype=p.dtype))
+            c = self._compressors[p]
+            sent, _ = c.compress(torch.empty(0, dtype=p.dtype))
+            if c.engine_codec is not None and p.dtype != torch.float32:
+                raise _runtime.error(
+                    "invalid_argument",
+                    f"DistributedOptimizer: parameter '{self._names[p]}' is {p.dtype}, but "
+                    f"compression '{c.engine_codec[0]}' encodes float32 gradients; give it "
+                    f"compression none or fp16 (a dict or a function of (name, param))")
             if not rt.is_declared(self._names[p]):
-                rt.declare(self._names[p], DTYPES[sent.dtype], p.numel())
+                _runtime.declare(rt, self._names[p], DTYPES[sent.dtype], p.numel(),
+                                 c.engine_codec)
         self._register_hooks()
 
     def _register_hooks(self):
@@ -175,9 +198,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     - named_parameters: model.named_parameters(); its order is the layer order
       that sets priorities, and its names name the tensors (every worker must
       use the same model). Without it, parameters are named by position.
-    - compression: a cortado.Compression member or name for every gradient, a
-      dict {parameter name: compression}, or a function (name, param) ->
-      compression. Available now: none, fp16.
+    - compression: a cortado.Compression member or name for every gradient
+      (none, fp16, topk(0.01), dgc(0.01), efsignsgd(), ... or "auto": the
+      planner chooses per parameter), a dict {parameter name: compression}, or
+      a function (name, param) -> compression. Engine codecs keep their error
+      feedback residuals on this worker, per gradient.
     - backward_passes_per_step: gradients accumulate locally (summed, as
       autograd does) over this many backward passes before they are pushed.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
