@@ -79,6 +79,9 @@ def run_job(tmp_path):
         full_env.setdefault("CORTADO_LOG_LEVEL", "warn")
         full_env["PYTHONUNBUFFERED"] = "1"
         full_env["OMP_NUM_THREADS"] = "1"
+        # Four workers importing torch on a busy 2-core machine can take
+        # longer than the default 30 s registration window.
+        full_env.setdefault("CORTADO_CONNECT_TIMEOUT_MS", "120000")
         if env:
             full_env.update(env)
         start = time.monotonic()

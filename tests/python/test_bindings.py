@@ -64,6 +64,35 @@ def test_errors_in_a_running_job(run_job):
         print(f"{label}: {message}")
 
 
+def test_engine_codecs_against_numpy(run_job):
+    # One chunk per tensor (the default 4 MB partitions): the engine selects
+    # top-k per chunk, and the NumPy reference selects over the whole tensor.
+    job = run_job(3, 2, "codecs.py", timeout=180)
+    results = assert_all_ok(job, 3)
+    for key, value in sorted(results[0]["report"].items()):
+        print(f"{key}: {value}")
+
+
+def _digits(run_job, workers, compression, epochs):
+    example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
+    job = run_job(workers, 2, example, "--epochs", epochs, "--no-progress", "--compression",
+                  compression, timeout=300, out_arg=False)
+    assert job.returncode == 0, job.describe()
+    lines = [l for l in job.stdout.splitlines() if l.startswith("epoch ")]
+    assert len(lines) == epochs, job.describe()
+    return float(lines[-1].split("test-acc")[1].split()[0]), lines
+
+
+def test_topk_with_error_feedback_reaches_uncompressed_accuracy(run_job):
+    # The digits example on 4 workers, the same seed and epochs: top-k (1%)
+    # with error feedback must end within 2 points of uncompressed training.
+    plain, plain_lines = _digits(run_job, 4, "none", 8)
+    topk, topk_lines = _digits(run_job, 4, "topk:ratio=0.01", 8)
+    print("\n".join(["none:"] + plain_lines + ["topk:ratio=0.01 + error feedback:"] + topk_lines))
+    assert plain > 0.9, plain_lines
+    assert topk >= plain - 0.02, (plain, topk)
+
+
 def test_train_digits_example(run_job):
     example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
     job = run_job(2, 1, example, "--epochs", "3", "--no-progress", timeout=180, out_arg=False)
@@ -124,18 +153,49 @@ def test_calls_before_init_raise():
 def test_unknown_compression_raises_listing_valid_names():
     import torch
     import cortado.torch as ct
-    with pytest.raises(cortado.CortadoError, match="unknown compression 'gzip': valid are none, fp16"):
+    with pytest.raises(cortado.CortadoError,
+                       match="unknown compression 'gzip': valid are none, fp16, auto, topk"):
         ct.push_pull(torch.ones(3), compression="gzip")
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(cortado.CortadoError, match="unknown compression"):
+    with pytest.raises(cortado.CortadoError, match="unknown compression 'zstd'"):
         ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 model.named_parameters(), compression="zstd")
-    with pytest.raises(cortado.CortadoError, match="not available"):
-        cortado.Compression.topk(0.01)
-    with pytest.raises(cortado.CortadoError, match="not available"):
-        cortado.Compression.lookup("auto")
+    # Bad parameters are refused by the codec registry, naming the valid range.
+    with pytest.raises(cortado.CortadoError, match=r"ratio=7(\.0)? is out of range.*\[1e-06, 1\]"):
+        cortado.Compression.topk(7)
+    with pytest.raises(cortado.CortadoError, match="unknown parameter|no parameter|levels"):
+        cortado.Compression.lookup("qsgd:bits=3")
+    with pytest.raises(cortado.CortadoError, match="two reductions per round"):
+        cortado.Compression.powersgd()
+    with pytest.raises(cortado.CortadoError, match="two reductions per round"):
+        cortado.Compression.lookup("powersgd:rank=2")
     assert cortado.Compression.lookup("fp16") is cortado.Compression.fp16
     assert cortado.Compression.lookup(None) is cortado.Compression.none
+    assert cortado.Compression.lookup("auto") is cortado.Compression.auto
+    # Specs are canonical (defaults filled in), so equal choices compare equal.
+    assert cortado.Compression.lookup("topk") == cortado.Compression.topk(0.01)
+    assert cortado.Compression.topk(0.01).engine_codec == ("topk:ratio=0.01", True)
+    assert cortado.Compression.qsgd(15).engine_codec == ("qsgd:levels=15", False)
+    assert cortado.Compression.topk(0.01, error_feedback=False).engine_codec[1] is False
+
+
+def test_auto_plans_per_tensor_with_the_planner():
+    # A model with large and tiny tensors: the planner compresses some, not
+    # all, and the choice is the candidate with the shortest simulated time.
+    auto = cortado.Compression.auto(inter="10gbit")
+    tensors = [(f"layer{i}.weight", 1 << 20, 4) for i in range(6)] + \
+              [(f"layer{i}.bias", 16, 4) for i in range(6)]
+    chosen = auto.plan(tensors, workers=4)
+    report = auto.last_report
+    assert set(chosen) == {n for n, _, _ in tensors}
+    assert report["iter_us"] == min(report["candidates"].values())
+    assert report["iter_us"] < report["no_compression_us"]
+    compressed = {n for n, c in chosen.items() if c is not cortado.Compression.none}
+    assert compressed == set(report["compressed"]) and compressed, report
+    assert all(n.endswith(".weight") for n in compressed), report
+    with pytest.raises(cortado.CortadoError, match="link"):
+        cortado.Compression.auto(inter="carrier-pigeon").plan(tensors, workers=4)
+    print(report)
 
 
 def test_init_outside_a_job_names_the_missing_variables():

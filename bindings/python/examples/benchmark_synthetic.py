@@ -166,8 +166,13 @@ def run_compare(args):
     for r in range(args.rounds):
         for name, cmd in runs:
             print(f"$ {' '.join(cmd)}   # round {r + 1}/{args.rounds}", flush=True)
+            # On a loaded machine four processes importing torch can take
+            # longer than the default 30 s that the servers wait for the
+            # workers to register.
+            env = dict(os.environ)
+            env.setdefault("CORTADO_CONNECT_TIMEOUT_MS", "180000")
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True,
-                                 timeout=args.run_timeout).stdout
+                                 timeout=args.run_timeout, env=env).stdout
             print(out, end="", flush=True)
             results[name].append(json.loads([l for l in out.splitlines()
                                              if l.startswith("{")][-1]))
@@ -187,7 +192,10 @@ def run_compare(args):
         every = ", ".join(f"{x['img_sec_total']:.1f}" for x in results[key])
         print(f"| {name} | {r['workers']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {every} |")
-    print(f"\nCortado / Gloo: {c['img_sec_total'] / g['img_sec_total']:.2f}")
+    pairs = sorted(x["img_sec_total"] / y["img_sec_total"]
+                   for x, y in zip(results["cortado"], results["gloo"]))
+    print(f"\nCortado / Gloo: {c['img_sec_total'] / g['img_sec_total']:.2f} (medians); per "
+          f"round: {', '.join(f'{p:.2f}' for p in pairs)} (median {pairs[len(pairs) // 2]:.2f})")
     if args.json:
         print(json.dumps({"cortado": results["cortado"], "gloo": results["gloo"],
                           "ratio": c["img_sec_total"] / g["img_sec_total"]}))

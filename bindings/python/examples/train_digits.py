@@ -49,7 +49,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.025, help="per worker; scaled by the worker count")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--compression", default="none",
-                   help="none or fp16 (top-k and the others once the runtime integrates them)")
+                   help="none, fp16, auto, or an engine codec: topk:ratio=0.01, dgc, efsignsgd, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args()

@@ -167,13 +167,18 @@ class Runtime {
   int localSize() const { return localSize_; }
   double timeoutSeconds() const { return job_.opTimeout.count() / 1000.0; }
 
+  // `codec`: "" (uncompressed) or a registry spec that the engine encodes
+  // with, keeping error-feedback residuals here when `errorFeedback`.
   uint64_t declare(const std::string& name, const std::string& dtype, uint64_t count,
-                   std::optional<double> timeout) {
+                   std::optional<double> timeout, const std::string& codec, bool errorFeedback) {
     DType t = parseDType(dtype);
     Worker& w = worker();
     Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    TensorOptions options;
+    options.codec = codec;
+    options.errorFeedback = errorFeedback;
     py::gil_scoped_release nogil;
-    return w.declare(name, t, count, d);
+    return w.declare(name, t, count, options, d);
   }
 
   bool isDeclared(const std::string& name) const { return worker().isDeclared(name); }
@@ -213,7 +218,7 @@ class Runtime {
     checkContiguous(*in, name, "input");
     checkContiguous(*out, name, "output");
     const auto count = static_cast<uint64_t>(in->size);
-    if (!worker().isDeclared(name)) declare(name, dtype, count, std::nullopt);
+    if (!worker().isDeclared(name)) declare(name, dtype, count, std::nullopt, "", false);
     // The buffer views pin the memory (a bytearray cannot be resized while
     // viewed); they are released with the keepalive, under the GIL.
     using Views = std::pair<std::shared_ptr<py::buffer_info>, std::shared_ptr<py::buffer_info>>;
@@ -390,6 +395,9 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.attr("built_with_cuda") = bool(CORTADO_CUDA);
+  // The worker engine encodes declared codecs in push-pull (core/worker.h
+  // TensorOptions); the Python layer checks this before it offers them.
+  m.attr("engine_codecs") = true;
   m.attr("version") = CORTADO_VERSION;
   m.def("dtype_size", [](const std::string& name) { return dtypeSize(parseDType(name)); },
         "Bytes per element of a dtype name (float32, fp16, bfloat16, int64, ...).");
@@ -432,7 +440,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("closed", &Runtime::closed)
       .def_property_readonly("inflight_count", &Runtime::inflightCount)
       .def("declare", &Runtime::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
-           py::arg("timeout") = py::none())
+           py::arg("timeout") = py::none(), py::arg("codec") = "",
+           py::arg("error_feedback") = true)
       .def("is_declared", &Runtime::isDeclared, py::arg("name"))
       .def("push_pull", &Runtime::pushPull, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("input"), py::arg("output"), py::arg("average"), py::arg("priority"),

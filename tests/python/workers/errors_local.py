@@ -69,11 +69,12 @@ def main():
     expect_error(m, "not a tensor", lambda: ct.push_pull([1.0, 2.0], name="list"), "torch.Tensor")
     expect_error(m, "unknown compression", lambda: ct.push_pull(torch.ones(2), name="c",
                                                                 compression="zip"),
-                 "unknown compression 'zip'", "none, fp16")
-    expect_error(m, "compression not yet available",
-                 lambda: ct.push_pull(torch.ones(2), name="c2", compression="topk"),
-                 "topk", "not available")
-    expect_error(m, "Compression.topk", lambda: ct.Compression.topk(0.01), "topk", "not available")
+                 "unknown compression 'zip'", "none, fp16, auto, topk")
+    expect_error(m, "codec parameter out of range",
+                 lambda: ct.push_pull(torch.ones(2), name="c2", compression="topk:ratio=2"),
+                 "ratio=2", "out of range")
+    expect_error(m, "PowerSGD in push-pull", lambda: ct.Compression.powersgd(4),
+                 "two reductions")
     model = torch.nn.Linear(3, 2)
     expect_error(m, "DistributedOptimizer unknown compression",
                  lambda: ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
