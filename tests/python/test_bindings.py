@@ -84,10 +84,12 @@ def _digits(run_job, workers, compression, epochs):
 
 
 def test_topk_with_error_feedback_reaches_uncompressed_accuracy(run_job):
-    # The digits example on 4 workers, the same seed and epochs: top-k (1%)
-    # with error feedback must end within 2 points of uncompressed training.
-    plain, plain_lines = _digits(run_job, 4, "none", 8)
-    topk, topk_lines = _digits(run_job, 4, "topk:ratio=0.01", 8)
+    # The digits example on 4 workers, the same seed, epochs and learning-rate
+    # schedule: top-k (1%) with error feedback must end within 2 points of
+    # uncompressed training. (20 epochs: top-k converges more slowly; both
+    # have settled by then under the cosine decay.)
+    plain, plain_lines = _digits(run_job, 4, "none", 20)
+    topk, topk_lines = _digits(run_job, 4, "topk:ratio=0.01", 20)
     print("\n".join(["none:"] + plain_lines + ["topk:ratio=0.01 + error feedback:"] + topk_lines))
     assert plain > 0.9, plain_lines
     assert topk >= plain - 0.02, (plain, topk)

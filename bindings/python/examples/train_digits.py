@@ -46,7 +46,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16, help="per worker")
-    p.add_argument("--lr", type=float, default=0.025, help="per worker; scaled by the worker count")
+    p.add_argument("--lr", type=float, default=0.025,
+                   help="per worker; scaled by the worker count, then decayed (cosine) to 0")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--compression", default="none",
                    help="none, fp16, auto, or an engine codec: topk:ratio=0.01, dgc, efsignsgd, ...")
@@ -87,6 +88,9 @@ def main():
                                         compression=compression)
     ct.broadcast_parameters(model.state_dict(), root_rank=0)                 # Cortado: 3
     ct.broadcast_optimizer_state(optimizer, root_rank=0)
+    # Cosine decay to zero over the run: the last epochs settle, with or
+    # without compression.
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * steps)
 
     for epoch in range(1, args.epochs + 1):
         start = time.monotonic()
@@ -102,6 +106,7 @@ def main():
             loss = F.cross_entropy(logits, y_train[idx])
             loss.backward()
             optimizer.step()
+            schedule.step()
             totals += torch.tensor([loss.item() * len(idx),
                                     (logits.argmax(1) == y_train[idx]).sum().item(), len(idx)],
                                    dtype=torch.float64)
