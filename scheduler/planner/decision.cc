@@ -1,6 +1,7 @@
 #include "scheduler/planner/decision.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <unordered_map>
@@ -11,6 +12,7 @@ namespace cortado::planner {
 namespace {
 
 constexpr double kEps = 1e-9;  // improvements smaller than this are float noise
+constexpr int64_t kMinRefineBudget = 1200;
 
 bool dominates(const CompiledOption& a, const CompiledOption& b) {
   if (a.pathUs > b.pathUs + kEps) return false;
@@ -110,7 +112,6 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
   std::vector<int> choice = start.choice;
   sim_.setBase(choice);
   double F = sim_.baseTime();
-  int bubble = sim_.lastBubble();
 
   std::vector<int> order(N);
   std::iota(order.begin(), order.end(), 0);
@@ -120,6 +121,12 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
     return a > b;  // inside a bucket, the later-ready tensor first
   });
 
+  // The GPU pass re-checks the last idle gap after each choice. The
+  // refinement keeps the GPU pass's final gap: a CPU codec's long queue (from
+  // the offload pass or the refinement itself) erases idle gaps without
+  // making the tensors before them worth compressing, and re-checking would
+  // then visit every tensor with twice the candidates.
+  int bubble = withCpu ? gpuPassBubble_ : sim_.lastBubble();
   std::vector<std::pair<int, int>> one(1);
   for (int j : order) {
     // Tensors whose communication ends before the channels' last idle gap
@@ -133,6 +140,7 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
     int bestOpt = choice[j];
     auto tryOption = [&](int o) {
       if (o < 0 || o == choice[j]) return;
+      if (withCpu && refineBudget_-- <= 0) return;
       one[0] = {j, o};
       double f = sim_.evaluate(one, best);
       ++stats_.evaluations;
@@ -150,9 +158,10 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
       choice[j] = bestOpt;
       sim_.setBase(choice);
       F = sim_.baseTime();
-      bubble = sim_.lastBubble();
+      if (!withCpu) bubble = sim_.lastBubble();
     }
   }
+  if (!withCpu) gpuPassBubble_ = bubble;
   return Strategy{std::move(choice), F};
 }
 
@@ -237,13 +246,31 @@ Strategy Planner::offloadPass(const Strategy& from, int64_t maxCombos) {
 
 Strategy Planner::decide(bool refine) {
   stats_ = DecisionStats{};
-  Strategy s = offloadPass(gpuPass(noCompression()));
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  auto t0 = Clock::now();
+  Strategy s = gpuPass(noCompression());
+  auto t1 = Clock::now();
+  stats_.gpuPassEvaluations = stats_.evaluations;
+  stats_.gpuPassMs = ms(t0, t1);
+  s = offloadPass(s);
+  auto t2 = Clock::now();
+  stats_.offloadEvaluations = stats_.evaluations - stats_.gpuPassEvaluations;
+  stats_.offloadMs = ms(t1, t2);
   // Each sweep only accepts improvements; a few are enough in practice.
-  for (int round = 0; refine && round < 3; ++round) {
+  // The refinement's simulations are capped so that its cost stays in
+  // proportion to the GPU pass's on big models; small instances (6 tensors
+  // with 60 candidates each need at most 1080 in three rounds) never reach it.
+  refineBudget_ = std::max<int64_t>(kMinRefineBudget, stats_.gpuPassEvaluations);
+  for (int round = 0; refine && round < 3 && refineBudget_ > 0; ++round) {
     Strategy r = refinePass(s);
     if (r.iterUs >= s.iterUs - kEps) break;
     s = std::move(r);
   }
+  stats_.refineEvaluations = stats_.evaluations - stats_.gpuPassEvaluations - stats_.offloadEvaluations;
+  stats_.refineMs = ms(t2, Clock::now());
   return s;
 }
 

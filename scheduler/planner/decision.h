@@ -26,6 +26,9 @@ struct DecisionStats {
   int offloadGroups = 0;
   int refineChanges = 0;
   bool offloadExhaustive = true;
+  // Where decide() spends its time: simulations and milliseconds per phase.
+  int gpuPassEvaluations = 0, offloadEvaluations = 0, refineEvaluations = 0;
+  double gpuPassMs = 0, offloadMs = 0, refineMs = 0;
 };
 
 class Planner {
@@ -50,7 +53,8 @@ class Planner {
   // (so a tensor that only gains when compressed on CPU can), then the
   // offload pass again. Never worse than `from`.
   Strategy refinePass(const Strategy& from);
-  // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`).
+  // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`),
+  // the refinement's simulations capped at max(1200, the GPU pass's).
   Strategy decide(bool refine = true);
 
   // Every option for every tensor (options^tensors simulations, shared
@@ -85,6 +89,8 @@ class Planner {
   std::vector<std::vector<int>> candidates_;
   std::vector<bool> candidatesReady_;
   DecisionStats stats_;
+  int gpuPassBubble_ = 0;  // the last idle gap after the latest GPU pass
+  int64_t refineBudget_ = 0;  // simulations the refinement may still run
 };
 
 // Everything `cortado plan` reports, for one configuration.
@@ -92,7 +98,8 @@ struct PlanReport {
   Strategy noCompression, compressAllGpu, espresso, upperBound;
   double forwardUs = 0;  // added to iteration times when reporting speedups
   DecisionStats stats;
-  double decisionMs = 0;
+  double decisionMs = 0;     // wall clock
+  double decisionCpuMs = 0;  // the deciding thread's CPU time (what a shared machine's load does not inflate)
 };
 
 // The option list the planner uses for a cluster: the full tree (with the

@@ -16,6 +16,9 @@
 namespace cortado::planner {
 namespace {
 
+constexpr double kModelTargetMs = 20;       // issue 3: every bundled model at 8x8
+constexpr double kSyntheticTargetMs = 100;  // issue 3: a 1000-tensor model
+
 // Turns a bad value found after parsing (unknown codec, model or link) into a
 // CLI11 error, so the caller's usual CLI11 handling prints it and exits 2.
 template <typename F>
@@ -96,7 +99,7 @@ void addPlanBenchCommand(CLI::App& benchApp) {
       "plan", "Decision time and predicted speedups of the planner for every bundled model");
   auto cfg = std::make_shared<PlanConfig>();
   auto codecs = std::make_shared<std::vector<std::string>>(
-      std::vector<std::string>{"dgc:ratio=0.01", "topk:ratio=0.01", "efsignsgd", "fp16"});
+      std::vector<std::string>{"dgc:ratio=0.01", "efsignsgd", "topk:ratio=0.01", "fp16"});
   auto repeat = std::make_shared<int>(5);
   auto synthetic = std::make_shared<int>(1000);
   auto models = std::make_shared<std::vector<std::string>>(bundledModels());
@@ -105,52 +108,64 @@ void addPlanBenchCommand(CLI::App& benchApp) {
       ->capture_default_str();
   sub->add_option("--models", *models, "models (bundled names or profile files)")->delimiter(',')
       ->capture_default_str();
-  sub->add_option("--repeat", *repeat, "decisions per model; the median time is reported")
+  sub->add_option("--repeat", *repeat, "decisions per model and codec; medians are reported")
       ->check(CLI::Range(1, 1000))->capture_default_str();
   sub->add_option("--synthetic", *synthetic, "tensors of the synthetic model (0: none)")
       ->check(CLI::Range(0, 100000))->capture_default_str();
   sub->callback([=] {
     std::cout << fmt::format(
-        "| model | tensors | codec | decision ms (median of {}) | simulations | vs no compression "
-        "| vs all on GPU | gap to upper bound |\n|---|---|---|---|---|---|---|---|\n",
-        *repeat);
+        "decision time at {} machines x {} GPUs, intra {}, inter {}, {} CPU cores{}; median of {} "
+        "decisions. Targets: < {:.0f} ms per model, < {:.0f} ms for the synthetic model (the "
+        "paper's Python implementation: 17-179 ms). The target is judged on the deciding "
+        "thread's CPU time, which a shared machine's load does not inflate; wall time is shown "
+        "next to it.\n\n",
+        cfg->machines, cfg->gpusPerMachine, cfg->intra, cfg->inter, cfg->cpuCores,
+        cfg->parameterServer ? ", CPU servers" : "", *repeat, kModelTargetMs, kSyntheticTargetMs);
+    std::cout << "| model | tensors | codec | decision CPU ms | wall ms | target ms | met | "
+                 "simulations | vs no compression | vs all on GPU | gap to upper bound |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    std::cout.flush();
     std::vector<std::string> names = *models;
     if (*synthetic > 0) names.push_back(fmt::format("synthetic:{}", *synthetic));
-    const std::string dir = resolveDataDir(cfg->dataDir);
+    int missed = 0;
     for (const std::string& name : names) {
       for (const std::string& codec : *codecs) {
         PlanConfig c = *cfg;
         c.codec = codec;
-        std::string model = name;
+        c.model = name;
+        double target = kModelTargetMs;
         if (name.starts_with("synthetic:")) {
-          // Written next to the others' output so that the normal path loads it.
-          int n = std::stoi(name.substr(10));
-          model = fmt::format("/tmp/cortado_synthetic_{}.json", n);
-          writeFile(model, syntheticModel(n, 42).toJson().dump());
+          c.profile = std::make_shared<const ModelProfile>(syntheticModel(*synthetic, 42));
+          target = kSyntheticTargetMs;
         }
-        c.model = model;
-        std::vector<double> times;
+        std::vector<double> wall, cpu;
         PlanRun run;
-        asCliErrors("--models/--codecs", [&] {
-          for (int r = 0; r < *repeat; ++r) {
-            c.upperBound = r == 0;
-            PlanRun x = runPlanner(c);
-            times.push_back(x.report.decisionMs);
-            if (r == 0) run = std::move(x);
-          }
-        });
-        std::sort(times.begin(), times.end());
+        for (int r = 0; r < *repeat; ++r) {
+          c.upperBound = r == 0;
+          PlanRun x = runPlanner(c);
+          wall.push_back(x.report.decisionMs);
+          cpu.push_back(x.report.decisionCpuMs);
+          if (r == 0) run = std::move(x);
+        }
+        std::sort(wall.begin(), wall.end());
+        std::sort(cpu.begin(), cpu.end());
+        const double cpuMs = cpu[cpu.size() / 2];
+        const bool met = cpuMs < target;
+        missed += !met;
         const PlanReport& rep = run.report;
         auto iter = [&](const Strategy& s) { return rep.forwardUs + s.iterUs; };
-        std::cout << fmt::format("| {} | {} | {} | {:.2f} | {} | {:.2f}x | {:.2f}x | {:.1f}% |\n",
-                                 run.sim->profile().model, run.sim->tensors(), codec,
-                                 times[times.size() / 2], rep.stats.evaluations,
-                                 iter(rep.noCompression) / iter(rep.espresso),
-                                 iter(rep.compressAllGpu) / iter(rep.espresso),
-                                 100.0 * (iter(rep.espresso) / iter(rep.upperBound) - 1.0));
+        std::cout << fmt::format(
+            "| {} | {} | {} | {:.2f} | {:.2f} | < {:.0f} | {} | {} | {:.2f}x | {:.2f}x | {:.1f}% |\n",
+            run.sim->profile().model, run.sim->tensors(), codec, cpuMs, wall[wall.size() / 2],
+            target, met ? "yes" : "NO", rep.stats.evaluations,
+            iter(rep.noCompression) / iter(rep.espresso),
+            iter(rep.compressAllGpu) / iter(rep.espresso),
+            100.0 * (iter(rep.espresso) / iter(rep.upperBound) - 1.0));
         std::cout.flush();
       }
     }
+    std::cout << fmt::format("\n{} of {} decisions met their target\n",
+                             names.size() * codecs->size() - missed, names.size() * codecs->size());
   });
 }
 

@@ -1,11 +1,20 @@
 #include "scheduler/planner/report.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdlib>
 
 #include "core/common/error.h"
 
 namespace cortado::planner {
+namespace {
+double threadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+}  // namespace
 
 std::string resolveDataDir(const std::string& dataDir) {
   if (!dataDir.empty()) return dataDir;
@@ -30,7 +39,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   cluster.cpuSumGbps = hw.cpuSumGbps;
   cluster.parameterServer = cfg.parameterServer;
   ResolvedCodec codec = codecs.resolve(cfg.codec);
-  ModelProfile profile = loadModel(cfg.model, dir);
+  ModelProfile profile = cfg.profile ? *cfg.profile : loadModel(cfg.model, dir);
 
   PlanRun run;
   run.config = cfg;
@@ -39,9 +48,11 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   run.report.forwardUs = profile.forwardUs;
 
   Planner planner(*run.sim);
+  const double c0 = threadCpuMs();
   auto t0 = std::chrono::steady_clock::now();
   run.report.espresso = planner.decide();
   auto t1 = std::chrono::steady_clock::now();
+  run.report.decisionCpuMs = threadCpuMs() - c0;
   run.report.decisionMs = std::chrono::duration<double, std::milli>(t1 - t0).count();
   run.report.stats = planner.stats();
   run.report.noCompression = planner.noCompression();
@@ -104,10 +115,14 @@ std::string summaryText(const PlanRun& run) {
     cpu += usesCpuCodec(run.sim->options()[o]);
   }
   out += fmt::format(
-      "decision: {:.2f} ms, {} simulations, {} tensors compressed ({} with CPU codecs), "
+      "decision: {:.2f} ms ({:.2f} ms CPU), {} simulations, {} tensors compressed ({} with CPU codecs), "
       "{} pruned before the last idle gap, offload over {} groups ({})\n",
-      r.decisionMs, r.stats.evaluations, compressed, cpu, r.stats.pruned, r.stats.offloadGroups,
+      r.decisionMs, r.decisionCpuMs, r.stats.evaluations, compressed, cpu, r.stats.pruned, r.stats.offloadGroups,
       r.stats.offloadExhaustive ? "exhaustive" : "coordinate descent");
+  out += fmt::format(
+      "  GPU pass {:.2f} ms ({} simulations), offload {:.2f} ms ({}), refinement {:.2f} ms ({})\n",
+      r.stats.gpuPassMs, r.stats.gpuPassEvaluations, r.stats.offloadMs, r.stats.offloadEvaluations,
+      r.stats.refineMs, r.stats.refineEvaluations);
   return out;
 }
 

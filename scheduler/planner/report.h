@@ -26,6 +26,8 @@ struct PlanConfig {
   std::string codecFile;     // empty: <dataDir>/costs/codecs.json
   uint64_t planVersion = 1;
   bool upperBound = true;
+  // When set, used instead of loading `model` (the benchmark's synthetic model).
+  std::shared_ptr<const ModelProfile> profile;
 };
 
 struct PlanRun {

@@ -197,12 +197,37 @@ double Simulator::scheduleCpu(SimState& st, const SimOp& op, int j, double t,
   const double d = op.us;
   const int cores = cluster_.cpuCores;
   heap_.clear();
-  for (int c = 0; c < cores; ++c) heap_.push_back({earliestFit(st, kCpuLane0 + c, t, d), c});
+  bool open = true;  // every core is free for good from its first fit
+  for (int c = 0; c < cores; ++c) {
+    const int lane = kCpuLane0 + c;
+    const double f = earliestFit(st, lane, t, d);
+    heap_.push_back({f, c});
+    if (st.begin[lane] != st.begin[lane + 1] && st.iv[st.begin[lane + 1] - 1].e > f) open = false;
+  }
   auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) { return a > b; };
   std::make_heap(heap_.begin(), heap_.end(), later);
   runs_.clear();  // (core, start, end)
   double end = t;
-  for (int k = 0; k < op.tasks; ++k) {
+  if (open) {
+    // The common case (nothing reserved on the cores later on): each core
+    // takes its tasks back to back from its first fit, so no gaps need
+    // searching and every core gets one run.
+    coreRun_.assign(cores, -1);
+    for (int k = 0; k < op.tasks; ++k) {
+      std::pop_heap(heap_.begin(), heap_.end(), later);
+      auto& [s, c] = heap_.back();
+      if (coreRun_[c] < 0) {
+        coreRun_[c] = int(runs_.size());
+        runs_.emplace_back(c, s, s + d);
+      } else {
+        std::get<2>(runs_[coreRun_[c]]) = s + d;
+      }
+      end = std::max(end, s + d);
+      s += d;
+      std::push_heap(heap_.begin(), heap_.end(), later);
+    }
+  }
+  for (int k = 0; !open && k < op.tasks; ++k) {
     std::pop_heap(heap_.begin(), heap_.end(), later);
     auto [s, c] = heap_.back();
     bool extended = false;

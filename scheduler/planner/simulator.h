@@ -137,6 +137,7 @@ class Simulator {
   SimState scratch_;
   std::vector<std::pair<double, int>> heap_;         // scheduleCpu's scratch
   std::vector<std::tuple<int, double, double>> runs_;
+  std::vector<int> coreRun_;
 };
 
 // Chrome trace-event JSON (viewable in Perfetto / chrome://tracing).
