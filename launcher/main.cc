@@ -12,6 +12,7 @@
 #include "launcher/bench_pushpull.h"
 #include "launcher/launch.h"
 #include "launcher/roles.h"
+#include "scheduler/planner/plan_command.h"
 
 using namespace cortado;
 
@@ -101,6 +102,10 @@ int main(int argc, char** argv) {
                  "compress every tensor with this codec spec, e.g. topk:ratio=0.01 or fp16 "
                  "(docs/codecs.md; default: uncompressed)");
 
+  // plan and bench plan: they run in their callbacks during parse().
+  planner::addPlanCommand(app);
+  planner::addPlanBenchCommand(*bench);
+
   // settings table
   auto* settings = app.add_subcommand("settings", "print the table of CORTADO_* settings (Markdown)");
 
@@ -108,6 +113,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const Error& e) {
+    std::cerr << "cortado: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "cortado: unexpected error: " << e.what() << "\n";
+    return 3;
   }
 
   try {

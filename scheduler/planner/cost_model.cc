@@ -177,6 +177,84 @@ CodecModel CodecModel::load(const std::string& path) {
   return fromJson(readJsonFile(path, "codec cost"));
 }
 
+void CodecModel::loadInto(const std::string& path) {
+  json j = readJsonFile(path, "codec cost");
+  if (j.is_object() && j.value("schema", "") == "cortado.codec_costs.v1")
+    applyMeasured(j, path);
+  else
+    *this = fromJson(j);
+}
+
+namespace {
+// "name:k=v,k=v" -> name and numeric parameters (others are ignored).
+std::pair<std::string, std::map<std::string, double>> splitSpec(const std::string& spec) {
+  std::map<std::string, double> params;
+  const auto colon = spec.find(':');
+  std::string name = spec.substr(0, colon);
+  if (colon != std::string::npos) {
+    std::stringstream rest(spec.substr(colon + 1));
+    std::string kv;
+    while (std::getline(rest, kv, ',')) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos) continue;
+      try {
+        params[kv.substr(0, eq)] = std::stod(kv.substr(eq + 1));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return {name, params};
+}
+}  // namespace
+
+void CodecModel::applyMeasured(const json& j, const std::string& origin) {
+  try {
+    const double threads = std::max(1.0, j.value("threads", 1.0));
+    const std::string from =
+        fmt::format("measured ({}, {}, {} on {}, {} thread{})", origin, j.value("schema", ""),
+                    j.value("date", "undated"), j.value("machine", "unknown machine"), threads,
+                    threads == 1 ? "" : "s, scaled to one core");
+    for (const json& e : j.at("entries")) {
+      const std::string spec = e.at("codec").get<std::string>();
+      auto [name, params] = splitSpec(spec);
+      auto it = codecs_.find(name);
+      CORTADO_ENFORCE(it != codecs_.end(), ErrorCode::kInvalidArgument,
+                      "measured codec costs '{}': codec '{}' is not in the cost table (valid: "
+                      "{}); add it to a codec table first",
+                      origin, name, joinKeys(codecs_));
+      // Compare only the parameters the table knows, with its defaults.
+      std::map<std::string, double> known = it->second.params;
+      for (auto& [k, v] : known)
+        if (params.count(k)) v = params[k];
+      const std::string device = e.at("device").get<std::string>();
+      const std::string op = e.at("op").get<std::string>();
+      CORTADO_ENFORCE(device == "cpu" || device == "gpu", ErrorCode::kInvalidArgument,
+                      "measured codec costs '{}', {}: device must be cpu or gpu, got '{}'", origin,
+                      spec, device);
+      const double alpha = e.at("alpha").get<double>(), beta = e.at("beta").get<double>();
+      CORTADO_ENFORCE(alpha >= 0 && beta >= 0, ErrorCode::kInvalidArgument,
+                      "measured codec costs '{}', {} {} {}: alpha and beta must be >= 0", origin,
+                      spec, device, op);
+      LinearCost c;
+      c.fixedUs = alpha * 1e6;
+      // beta is seconds per fp32 input byte; one core does `threads` times the work.
+      c.nsPerElement = beta * 4.0 * 1e9 * (device == "cpu" ? threads : 1.0);
+      Measured* m = nullptr;
+      for (auto& x : measured_)
+        if (x.spec == name && x.params == known) m = &x;
+      if (!m) {
+        measured_.push_back(Measured{name, from, known, {}});
+        m = &measured_.back();
+      }
+      m->origin = from;
+      m->fits[{int(plan::deviceFromString(device)), op}] = c;
+    }
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("malformed measured codec costs '{}': {}", origin, e.what()));
+  }
+}
+
 std::vector<std::string> CodecModel::names() const {
   std::vector<std::string> v;
   for (const auto& [k, c] : codecs_) v.push_back(k);
@@ -212,6 +290,19 @@ ResolvedCodec CodecModel::resolve(const std::string& spec) const {
                     fmt::format("codec spec '{}': '{}' is not a number", spec, kv.substr(eq + 1)));
       }
     }
+  }
+  for (const Measured& m : measured_) {
+    if (m.spec != name || m.params != params) continue;
+    for (int d = 0; d < 2; ++d) {
+      auto fit = [&](const char* op) -> const LinearCost* {
+        auto f = m.fits.find({d, op});
+        return f == m.fits.end() ? nullptr : &f->second;
+      };
+      if (auto* enc = fit("encode")) r.cost.encode[d] = *enc;
+      if (auto* dec = fit("decompress_add") ? fit("decompress_add") : fit("decode"))
+        r.cost.decode[d] = *dec;
+    }
+    r.costSource = m.origin;
   }
   if (params.count("ratio")) {
     double ratio = params["ratio"];

@@ -92,6 +92,7 @@ struct ResolvedCodec {
   std::string spec;
   CodecCost cost;
   double selectedFraction = 0;  // kept elements / elements (sparsifiers)
+  std::string costSource = "defaults";  // or where the measured CPU fits come from
 
   double payloadBytes(double elements) const;
   double encodeUs(plan::Device d, double elements) const;
@@ -102,15 +103,32 @@ struct ResolvedCodec {
 
 class CodecModel {
  public:
+  // A table ("format": "cortado-codec-costs").
   static CodecModel fromJson(const nlohmann::json& j);
   static CodecModel load(const std::string& path);
+  // Measured fits as `cortado_codec_bench --export_costs` writes them
+  // ("schema": "cortado.codec_costs.v1": seconds = alpha + beta * input_bytes
+  // per codec spec, device and op). They replace the table's terms for the
+  // exact spec measured (parameters compared by value, table defaults filled
+  // in); decompress_add is the decode the planner needs (decode and sum).
+  // Fits taken with T threads are scaled to one core's work (beta * T).
+  void applyMeasured(const nlohmann::json& j, const std::string& origin);
+  // Loads `path` in either format: a table replaces this model, measured
+  // fits are applied on top of it.
+  void loadInto(const std::string& path);
   // Throws cortado::Error listing the valid codecs or parameters.
   ResolvedCodec resolve(const std::string& spec) const;
   std::vector<std::string> names() const;
   const std::string& source() const { return source_; }
 
  private:
+  struct Measured {
+    std::string spec, origin;
+    std::map<std::string, double> params;
+    std::map<std::pair<int, std::string>, LinearCost> fits;  // (device, op)
+  };
   std::map<std::string, CodecCost> codecs_;
+  std::vector<Measured> measured_;
   std::string source_;
 };
 

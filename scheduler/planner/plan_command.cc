@@ -19,21 +19,10 @@ namespace {
 constexpr double kModelTargetMs = 20;       // issue 3: every bundled model at 8x8
 constexpr double kSyntheticTargetMs = 100;  // issue 3: a 1000-tensor model
 
-// Turns a bad value found after parsing (unknown codec, model or link) into a
-// CLI11 error, so the caller's usual CLI11 handling prints it and exits 2.
-template <typename F>
-void asCliErrors(const char* option, F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInvalidArgument) throw;
-    throw CLI::ValidationError(option, e.what());
-  }
-}
-
 void writeFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
-  CORTADO_ENFORCE(out.good(), ErrorCode::kInvalidArgument, "cannot write '{}'", path);
+  CORTADO_ENFORCE(out.good(), ErrorCode::kInvalidArgument,
+                  "cannot write '{}' (does its folder exist, and may this user write there?)", path);
   out << text << "\n";
 }
 
@@ -52,7 +41,9 @@ void addClusterOptions(CLI::App* sub, PlanConfig& c) {
   sub->add_option("--data-dir", c.dataDir, "folder with profiles/ and costs/ (default: built in, "
                                            "or $CORTADO_PLANNER_DATA)");
   sub->add_option("--hardware", c.hardwareFile, "hardware cost model JSON (links, copies, CPU)");
-  sub->add_option("--codec-costs", c.codecFile, "codec cost model JSON");
+  sub->add_option("--codec-costs", c.codecFile,
+                  "codec cost JSON: a table (replaces the built-in one) or measured fits from "
+                  "`cortado_codec_bench --export_costs` (applied on top of it)");
 }
 
 }  // namespace
@@ -79,8 +70,7 @@ void addPlanCommand(CLI::App& app) {
   sub->add_flag("--json", *json, "print only the plan JSON on stdout");
   sub->add_flag("--no-table", *noTable, "leave out the per-tensor table");
   sub->callback([=] {
-    PlanRun run;
-    asCliErrors("--model/--codec/--intra/--inter", [&] { run = runPlanner(*cfg); });
+    PlanRun run = runPlanner(*cfg);
     const std::string planJson = plan::toJsonString(run.plan);
     if (*json) {
       std::cout << planJson << "\n";

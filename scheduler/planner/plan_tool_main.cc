@@ -20,8 +20,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const cortado::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
+    std::cerr << "cortado_plan_tool: error: " << e.what() << "\n";
+    return 2;
   }
   return 0;
 }

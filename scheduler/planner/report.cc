@@ -26,20 +26,40 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   const std::string dir = resolveDataDir(cfg.dataDir);
   HardwareModel hw = HardwareModel::load(cfg.hardwareFile.empty() ? dir + "/costs/hardware.json"
                                                                   : cfg.hardwareFile);
-  CodecModel codecs = CodecModel::load(cfg.codecFile.empty() ? dir + "/costs/codecs.json"
-                                                             : cfg.codecFile);
+  CodecModel codecs = CodecModel::load(dir + "/costs/codecs.json");
+  if (!cfg.codecFile.empty()) codecs.loadInto(cfg.codecFile);
   Cluster cluster;
   cluster.machines = cfg.machines;
   cluster.gpusPerMachine = cfg.gpusPerMachine;
-  cluster.intra = hw.link(cfg.intra);
-  cluster.inter = hw.link(cfg.inter);
+  auto link = [&](const char* option, const std::string& name) {
+    try {
+      return hw.link(name);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: {}; add measured links to a hardware model and pass it with "
+                              "--hardware (docs/planner.md)",
+                              option, e.what()));
+    }
+  };
+  cluster.intra = link("--intra", cfg.intra);
+  cluster.inter = link("--inter", cfg.inter);
   cluster.d2h = hw.d2h;
   cluster.h2d = hw.h2d;
   cluster.cpuCores = cfg.cpuCores;
   cluster.cpuSumGbps = hw.cpuSumGbps;
   cluster.parameterServer = cfg.parameterServer;
-  ResolvedCodec codec = codecs.resolve(cfg.codec);
-  ModelProfile profile = cfg.profile ? *cfg.profile : loadModel(cfg.model, dir);
+  ResolvedCodec codec;
+  try {
+    codec = codecs.resolve(cfg.codec);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("--codec: {}", e.what()));
+  }
+  ModelProfile profile;
+  try {
+    profile = cfg.profile ? *cfg.profile : loadModel(cfg.model, dir);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("--model: {}", e.what()));
+  }
 
   PlanRun run;
   run.config = cfg;
@@ -96,6 +116,7 @@ std::string summaryText(const PlanRun& run) {
       run.sim->profile().model, run.sim->tensors(), run.sim->profile().totalBytes() / 1e6,
       c.machines, c.gpusPerMachine, c.intra, c.inter, c.codec, c.cpuCores,
       c.parameterServer ? ", CPU servers" : "");
+  out += fmt::format("codec costs: {}\n", run.sim->codec().costSource);
   out += fmt::format("predicted iteration time (forward {:.2f} ms + backward and sync):\n",
                      fwd / 1000.0);
   auto line = [&](const char* what, const Strategy& s) {

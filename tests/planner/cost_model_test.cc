@@ -92,3 +92,81 @@ TEST(CostModel, ReplacementFileIsUsed) {
 
 }  // namespace
 }  // namespace cortado::planner
+
+namespace cortado::planner {
+namespace {
+
+// The layout `cortado_codec_bench --export_costs` writes (bench/codec/cost_export.cc).
+nlohmann::json measuredExport(double threads) {
+  auto entry = [](const char* codec, const char* op, double alpha, double beta) {
+    return nlohmann::json{{"codec", codec}, {"device", "cpu"}, {"op", op}, {"alpha", alpha},
+                          {"beta", beta}, {"points", nlohmann::json::array()}};
+  };
+  return {{"schema", "cortado.codec_costs.v1"},
+          {"date", "2026-11-21"},
+          {"machine", "Linux test, 2 cores"},
+          {"threads", threads},
+          {"model", "seconds = alpha + beta * input_bytes"},
+          {"entries",
+           {entry("dgc:ratio=0.001", "encode", 4e-6, 1e-9),
+            entry("dgc:ratio=0.001", "decode", 1e-6, 2e-10),
+            entry("dgc:ratio=0.001", "decompress_add", 2e-6, 5e-10),
+            entry("efsignsgd", "encode", 3e-6, 2.5e-10)}}};
+}
+
+TEST(CostModel, MeasuredFitsFromTheCodecBenchmark) {
+  auto codecs = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  const auto defaults = codecs.resolve("dgc:ratio=0.001");
+  codecs.applyMeasured(measuredExport(1), "costs.json");
+  // Exactly the measured spec: encode = 4 us + 1e-9 s/B * 4 B * n; decode is
+  // the decode-and-sum fit (decompress_add), per contribution.
+  auto m = codecs.resolve("dgc:ratio=0.001");
+  EXPECT_NEAR(m.encodeUs(plan::Device::kCpu, 1e6), 4.0 + 4000.0, 1e-9);
+  EXPECT_NEAR(m.decodeUs(plan::Device::kCpu, 1e6, 1), 2.0 + 2000.0, 1e-9);
+  EXPECT_NEAR(m.decodeUs(plan::Device::kCpu, 1e6, 3), 2.0 + 3 * 2000.0, 1e-9);
+  EXPECT_NE(m.costSource.find("measured (costs.json"), std::string::npos) << m.costSource;
+  EXPECT_NE(m.costSource.find("2026-11-21"), std::string::npos);
+  // GPU terms and payload sizes stay the table's.
+  EXPECT_DOUBLE_EQ(m.encodeUs(plan::Device::kGpu, 1e6), defaults.encodeUs(plan::Device::kGpu, 1e6));
+  EXPECT_DOUBLE_EQ(m.payloadBytes(1e6), defaults.payloadBytes(1e6));
+  // Another ratio was not measured: the table's terms.
+  auto other = codecs.resolve("dgc:ratio=0.01");
+  EXPECT_EQ(other.costSource, "defaults");
+  EXPECT_DOUBLE_EQ(other.encodeUs(plan::Device::kCpu, 1e6),
+                   CodecModel::load(defaultDataDir() + "/costs/codecs.json")
+                       .resolve("dgc:ratio=0.01")
+                       .encodeUs(plan::Device::kCpu, 1e6));
+  // A codec measured with encode only keeps the table's decode.
+  auto ef = codecs.resolve("efsignsgd");
+  EXPECT_NEAR(ef.encodeUs(plan::Device::kCpu, 1e6), 3.0 + 1000.0, 1e-9);
+  EXPECT_DOUBLE_EQ(ef.decodeUs(plan::Device::kCpu, 1e6, 1),
+                   CodecModel::load(defaultDataDir() + "/costs/codecs.json")
+                       .resolve("efsignsgd")
+                       .decodeUs(plan::Device::kCpu, 1e6, 1));
+}
+
+TEST(CostModel, MeasuredFitsWithThreadsAreScaledToOneCore) {
+  auto codecs = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  codecs.applyMeasured(measuredExport(4), "costs.json");
+  auto m = codecs.resolve("dgc:ratio=0.001");
+  EXPECT_NEAR(m.encodeUs(plan::Device::kCpu, 1e6), 4.0 + 4 * 4000.0, 1e-9);
+  EXPECT_NE(m.costSource.find("scaled to one core"), std::string::npos);
+}
+
+TEST(CostModel, MeasuredFitsErrors) {
+  auto codecs = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  auto bad = measuredExport(1);
+  bad["entries"][0]["codec"] = "zip:ratio=0.1";
+  EXPECT_NE(errorOf([&] { codecs.applyMeasured(bad, "f.json"); }).find("codec 'zip' is not in the cost table"),
+            std::string::npos);
+  bad = measuredExport(1);
+  bad["entries"][1].erase("beta");
+  EXPECT_NE(errorOf([&] { codecs.applyMeasured(bad, "f.json"); }).find("malformed measured codec costs 'f.json'"),
+            std::string::npos);
+  bad = measuredExport(1);
+  bad["entries"][1]["alpha"] = -1;
+  EXPECT_NE(errorOf([&] { codecs.applyMeasured(bad, "f.json"); }).find("must be >= 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cortado::planner
