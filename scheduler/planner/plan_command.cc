@@ -19,11 +19,14 @@ namespace {
 constexpr double kModelTargetMs = 20;       // issue 3: every bundled model at 8x8
 constexpr double kSyntheticTargetMs = 100;  // issue 3: a 1000-tensor model
 
-void writeFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  CORTADO_ENFORCE(out.good(), ErrorCode::kInvalidArgument,
-                  "cannot write '{}' (does its folder exist, and may this user write there?)", path);
-  out << text << "\n";
+// Opened before the planner runs, so that a bad path fails at once.
+std::unique_ptr<std::ofstream> openOutput(const std::string& path, const char* option) {
+  if (path.empty()) return nullptr;
+  auto out = std::make_unique<std::ofstream>(path);
+  CORTADO_ENFORCE(out->good(), ErrorCode::kInvalidArgument,
+                  "{}: cannot write '{}' (does its folder exist, and may this user write there?)",
+                  option, path);
+  return out;
 }
 
 void addClusterOptions(CLI::App* sub, PlanConfig& c) {
@@ -70,6 +73,8 @@ void addPlanCommand(CLI::App& app) {
   sub->add_flag("--json", *json, "print only the plan JSON on stdout");
   sub->add_flag("--no-table", *noTable, "leave out the per-tensor table");
   sub->callback([=] {
+    auto outFile = openOutput(*out, "--out");
+    auto traceFile = openOutput(*trace, "--trace");
     PlanRun run = runPlanner(*cfg);
     const std::string planJson = plan::toJsonString(run.plan);
     if (*json) {
@@ -79,8 +84,8 @@ void addPlanCommand(CLI::App& app) {
       if (!*noTable) std::cout << tensorTable(run) << "\n";
       if (out->empty()) std::cout << "plan:\n" << planJson << "\n";
     }
-    if (!out->empty()) writeFile(*out, planJson);
-    if (!trace->empty()) writeFile(*trace, traceJson(run));
+    if (outFile) *outFile << planJson << "\n";
+    if (traceFile) *traceFile << traceJson(run) << "\n";
   });
 }
 

@@ -174,6 +174,8 @@ struct BadInput {
   std::vector<std::string> expected;  // each must appear in the error
 };
 
+void PrintTo(const BadInput& b, std::ostream* os) { *os << b.name; }
+
 class PlanCommandErrors : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(PlanCommandErrors, ClearErrorListingValidValues) {
@@ -205,7 +207,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"ZeroMachines", "--model vgg16 --machines 0", {"--machines"}},
         BadInput{"MissingModel", "--machines 2", {"--model is required"}},
         BadInput{"UnwritableTrace", "--model vgg16 --machines 2 --trace /nonexistent/dir/t.json",
-                 {"cannot write '/nonexistent/dir/t.json'"}},
+                 {"--trace: cannot write '/nonexistent/dir/t.json'"}},
         BadInput{"MissingHardwareFile", "--model vgg16 --hardware /nonexistent/hw.json",
                  {"cannot open hardware model file '/nonexistent/hw.json'"}}),
     [](const auto& info) { return std::string(info.param.name); });
