@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -341,11 +342,24 @@ class WorkerImpl final : public Worker {
   void dispatchLoop() {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-      cv_.wait(lk, [&] {
+      auto ready = [&] {
         return closed_ || (!queue_.empty() &&
                            (inFlightBytes_ == 0 ||
                             inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight));
-      });
+      };
+      if (peerLossAt_) {
+        if (!cv_.wait_until(lk, *peerLossAt_, ready)) {
+          // The grace period passed and nobody named another cause.
+          Status loss = peerLoss_;
+          peerLossAt_.reset();
+          lk.unlock();
+          failAll(loss);
+          lk.lock();
+          continue;
+        }
+      } else {
+        cv_.wait(lk, ready);
+      }
       if (closed_) return;
       ChunkOp op = queue_.top();
       queue_.pop();
@@ -578,10 +592,21 @@ class WorkerImpl final : public Worker {
     if (task.op == ReduceOp::kAverage) divideInto(t.dtype, dst, dst, c.numElements, size());
   }
 
+  // A server lost on the data plane is often an effect, not the cause: a
+  // server exits when the scheduler declares another node dead, and its
+  // sockets close before the scheduler's word reaches us. So the loss fails
+  // the worker only after a grace period, unless the control plane names the
+  // root cause first (failAll from its callback wins).
+  static constexpr Millis kPeerLossGrace{3000};
+
   void onPeerError(const NodeId& peer, const Status& s) {
     if (peer.role != Role::kServer || closing_) return;
-    failAll(Status(ErrorCode::kPeerDead,
-                   fmt::format("worker {} lost {}: {}", self_.rank, peer.toString(), s.message())));
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failure_.ok() || peerLossAt_) return;
+    peerLoss_ = Status(ErrorCode::kPeerDead,
+                       fmt::format("worker {} lost {}: {}", self_.rank, peer.toString(), s.message()));
+    peerLossAt_ = Clock::now() + kPeerLossGrace;
+    cv_.notify_all();
   }
 
   // Fails every pending and queued operation, and all later calls.
@@ -628,6 +653,8 @@ class WorkerImpl final : public Worker {
   uint64_t seq_ = 0;
   uint32_t nextRequest_ = 1;
   Status failure_;
+  Status peerLoss_;                              // see onPeerError
+  std::optional<Clock::time_point> peerLossAt_;
   bool closed_ = false;
   std::atomic<bool> closing_{false};
   std::thread dispatcher_;
