@@ -71,6 +71,11 @@ def push_pull_async(array, name=None, average=True, priority=0, output=None,
     compressor = Compression.lookup(compression)
     rt = _runtime.require("push_pull")
     _check_array(array, "push_pull")
+    if name is not None and not isinstance(name, str):
+        raise _runtime.error("invalid_argument",
+                             f"cortado.push_pull: name must be a string or None, got "
+                             f"{type(name).__name__} {name!r} (the order is array, name, "
+                             f"average, priority; pass average=... by keyword)")
     if output is None:
         output = _np.empty_like(array, order="C")
     else:

@@ -66,6 +66,8 @@ def main():
                  "complex64", "supported")
     expect_error(m, "sparse tensor", lambda: ct.push_pull(torch.eye(3).to_sparse(), name="sp"),
                  "layout")
+    expect_error(m, "name not a string (Horovod's argument order)",
+                 lambda: ct.push_pull(torch.ones(2), False), "name must be a string", "keyword")
     expect_error(m, "not a tensor", lambda: ct.push_pull([1.0, 2.0], name="list"), "torch.Tensor")
     expect_error(m, "unknown compression", lambda: ct.push_pull(torch.ones(2), name="c",
                                                                 compression="zip"),

@@ -67,6 +67,11 @@ def submit(api, tensor, output, average, name, priority, compression):
     compressor = Compression.lookup(compression)
     rt = _runtime.require(api)
     check_tensor(tensor, api)
+    if name is not None and not isinstance(name, str):
+        raise _runtime.error("invalid_argument",
+                             f"cortado.torch.{api}: name must be a string or None, got "
+                             f"{type(name).__name__} {name!r} (the order is tensor, name, "
+                             f"average, priority; pass average=... by keyword)")
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     elif output is not tensor:
@@ -98,7 +103,7 @@ def submit(api, tensor, output, average, name, priority, compression):
                            compressor.engine_codec)
 
 
-def push_pull_async(tensor, average=True, name=None, priority=0, compression=None):
+def push_pull_async(tensor, name=None, average=True, priority=0, compression=None):
     """Starts summing (average=False) or averaging `tensor` across workers.
 
     Returns a Handle; synchronize(handle) returns a new tensor with the result.
@@ -109,17 +114,17 @@ def push_pull_async(tensor, average=True, name=None, priority=0, compression=Non
     return submit("push_pull_async", tensor, None, average, name, priority, compression)
 
 
-def push_pull_async_(tensor, average=True, name=None, priority=0, compression=None):
+def push_pull_async_(tensor, name=None, average=True, priority=0, compression=None):
     """In-place push_pull_async: synchronize(handle) returns `tensor`, overwritten."""
     return submit("push_pull_async_", tensor, tensor, average, name, priority, compression)
 
 
-def push_pull(tensor, average=True, name=None, priority=0, compression=None):
+def push_pull(tensor, name=None, average=True, priority=0, compression=None):
     """Returns a new tensor with the sum or average of `tensor` over all workers."""
     return synchronize(submit("push_pull", tensor, None, average, name, priority, compression))
 
 
-def push_pull_(tensor, average=True, name=None, priority=0, compression=None):
+def push_pull_(tensor, name=None, average=True, priority=0, compression=None):
     """Sums or averages `tensor` over all workers, in place; returns it."""
     return synchronize(submit("push_pull_", tensor, tensor, average, name, priority,
                               compression))
