@@ -13,6 +13,8 @@ namespace {
 
 constexpr double kEps = 1e-9;  // improvements smaller than this are float noise
 constexpr int64_t kMinRefineBudget = 1200;
+constexpr int kScreenWindow = 24;    // tensors simulated past the changed one when screening
+constexpr int kFullEvaluations = 4;  // options per tensor simulated in full after screening
 
 bool dominates(const CompiledOption& a, const CompiledOption& b) {
   if (a.pathUs > b.pathUs + kEps) return false;
@@ -128,6 +130,8 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
   // then visit every tensor with twice the candidates.
   int bubble = withCpu ? gpuPassBubble_ : sim_.lastBubble();
   std::vector<std::pair<int, int>> one(1);
+  std::vector<int> tries;
+  std::vector<std::pair<double, int>> scored;
   for (int j : order) {
     // Tensors whose communication ends before the channels' last idle gap
     // gain nothing from compression.
@@ -149,10 +153,24 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
         bestOpt = o;
       }
     };
+    tries.clear();
     for (int o : candidates(sim_.sizeClass(j))) {
-      tryOption(o);
-      if (withCpu && compressed_[o]) tryOption(cpuVariant_[o]);
+      tries.push_back(o);
+      if (withCpu && compressed_[o] && cpuVariant_[o] >= 0) tries.push_back(cpuVariant_[o]);
     }
+    // Far from the end, only the options that look best a few tensors ahead
+    // are simulated in full (ours: Espresso simulates every one).
+    if (int(tries.size()) > kFullEvaluations && N - j > kScreenWindow + 1) {
+      scored.clear();
+      for (int o : tries)
+        if (o != choice[j]) scored.emplace_back(sim_.screen(j, o, kScreenWindow), o);
+      stats_.screened += int(scored.size());
+      const size_t keep = std::min<size_t>(kFullEvaluations, scored.size());
+      std::partial_sort(scored.begin(), scored.begin() + keep, scored.end());
+      tries.clear();
+      for (size_t i = 0; i < keep; ++i) tries.push_back(scored[i].second);
+    }
+    for (int o : tries) tryOption(o);
     if (bestOpt != choice[j]) {
       if (withCpu) ++stats_.refineChanges;
       choice[j] = bestOpt;

@@ -28,6 +28,7 @@ struct DecisionStats {
   bool offloadExhaustive = true;
   // Where decide() spends its time: simulations and milliseconds per phase.
   int gpuPassEvaluations = 0, offloadEvaluations = 0, refineEvaluations = 0;
+  int screened = 0;  // options scored a few tensors ahead instead of in full
   double gpuPassMs = 0, offloadMs = 0, refineMs = 0;
 };
 

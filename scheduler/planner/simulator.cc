@@ -53,6 +53,9 @@ SimState Simulator::initialState() const {
 double Simulator::earliestFit(const SimState& st, int lane, double t, double d) const {
   const Interval* a = st.iv.data() + st.begin[lane];
   const Interval* b = st.iv.data() + st.begin[lane + 1];
+  // Intervals are sorted and disjoint, so their ends are sorted too: skip
+  // every interval that ends by t at once.
+  a = std::upper_bound(a, b, t, [](double v, const Interval& x) { return v < x.e; });
   double cand = t;
   for (; a != b; ++a) {
     if (a->e <= cand) continue;
@@ -62,10 +65,31 @@ double Simulator::earliestFit(const SimState& st, int lane, double t, double d) 
   return cand;
 }
 
+// Back-to-back reservations are merged into one busy interval, so that a
+// saturated lane stays a few intervals long; every query only needs the
+// union of busy time.
 void Simulator::insert(SimState& st, int lane, double s, double e) const {
   auto first = st.iv.begin() + st.begin[lane];
   auto last = st.iv.begin() + st.begin[lane + 1];
   auto pos = std::upper_bound(first, last, s, [](double v, const Interval& x) { return v < x.s; });
+  if (e > s) {
+    const bool joinPrev = pos != first && (pos - 1)->e == s && (pos - 1)->e > (pos - 1)->s;
+    const bool joinNext = pos != last && pos->s == e && pos->e > pos->s;
+    if (joinPrev && joinNext) {
+      (pos - 1)->e = pos->e;
+      st.iv.erase(pos);
+      for (size_t l = lane + 1; l < st.begin.size(); ++l) --st.begin[l];
+      return;
+    }
+    if (joinPrev) {
+      (pos - 1)->e = e;
+      return;
+    }
+    if (joinNext) {
+      pos->s = s;
+      return;
+    }
+  }
   st.iv.insert(pos, Interval{s, e});
   for (size_t l = lane + 1; l < st.begin.size(); ++l) ++st.begin[l];
 }
@@ -332,6 +356,20 @@ double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, do
     }
   }
   return scratch_.maxFinish;
+}
+
+double Simulator::screen(int j0, int option, int window) {
+  const int N = tensors();
+  scratch_ = checkpoints_[j0];
+  step(scratch_, j0, option);
+  int k = j0 + 1;
+  for (; k < N && k <= j0 + window; ++k) {
+    const SimState& cp = checkpoints_[k];
+    if (scratch_.prevReady == cp.prevReady && scratch_.begin == cp.begin && scratch_.iv == cp.iv)
+      return std::max(scratch_.maxFinish, suffixMaxFinish_[k]);
+    step(scratch_, k, base_[k]);
+  }
+  return k == N ? scratch_.maxFinish : lowerBound(scratch_, k);
 }
 
 int Simulator::lastBubble() const {

@@ -87,6 +87,11 @@ class Simulator {
   // >= cutoff, not the exact time).
   void setBase(const std::vector<int>& choice);
   double evaluate(const std::vector<std::pair<int, int>>& overrides, double cutoff = kInf);
+  // A cheap score of replacing tensor j's option: simulates j and at most
+  // `window` more tensors and returns the lower bound on the iteration time
+  // from there (exact when the window reaches the end or the state meets the
+  // base again). Used to choose which options to evaluate in full.
+  double screen(int tensor, int option, int window);
   double baseTime() const { return baseTime_; }
   const std::vector<int>& base() const { return base_; }
   const std::vector<TensorTiming>& baseTimings() const { return baseTimings_; }
