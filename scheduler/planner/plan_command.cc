@@ -40,7 +40,8 @@ void addClusterOptions(CLI::App* sub, PlanConfig& c) {
       ->capture_default_str();
   sub->add_option("--cpu-cores", c.cpuCores, "CPU cores per machine for CPU codecs and the server")
       ->check(CLI::Range(1, 1024))->capture_default_str();
-  sub->add_flag("--no-ps{false}", c.parameterServer, "leave out the CPU servers' push and pull");
+  sub->add_flag_callback("--no-ps", [&c] { c.parameterServer = false; },
+                         "leave out the CPU servers' push and pull");
   sub->add_option("--data-dir", c.dataDir, "folder with profiles/ and costs/ (default: built in, "
                                            "or $CORTADO_PLANNER_DATA)");
   sub->add_option("--hardware", c.hardwareFile, "hardware cost model JSON (links, copies, CPU)");

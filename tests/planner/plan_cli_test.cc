@@ -165,6 +165,22 @@ TEST(PlanCommand, JsonOutAndPcieWithEfSignSgd) {
                       kDeadlineS);
   ASSERT_EQ(j.exitCode, 0) << j.output;
   EXPECT_EQ(plan::planFromJsonString(j.output).tensors.size(), 32u);
+
+  // --no-ps: no step goes through the servers; with them, on a slow network,
+  // some do (the LSTM's big embeddings).
+  auto countPush = [&](const std::string& extra) {
+    auto r = runCommand(fmt::format("{} plan --model lstm --machines 4 --gpus-per-machine 2 "
+                                    "--inter 10gbit --json {}",
+                                    kCortado, extra),
+                        kDeadlineS);
+    EXPECT_EQ(r.exitCode, 0) << r.output;
+    int pushes = 0;
+    for (const auto& [name, o] : plan::planFromJsonString(r.output).tensors)
+      for (const auto& st : o.steps) pushes += st.kind == plan::StepKind::kComm && st.op == plan::CommOp::kPush;
+    return pushes;
+  };
+  EXPECT_EQ(countPush("--no-ps"), 0);
+  EXPECT_GT(countPush(""), 0);
   std::filesystem::remove_all(dir);
 }
 
