@@ -1,6 +1,6 @@
-// The `cortado plan` and `cortado bench plan` subcommands. The launcher's
-// `cortado` executable registers them; cortado_plan_tool is a stand-alone
-// driver with the same two commands.
+// The `cortado plan` and `cortado bench plan` subcommands, registered by the
+// launcher's `cortado` executable (launcher/main.cc). They run in their
+// CLI11 callbacks during parse() and throw cortado::Error on bad input.
 #pragma once
 
 namespace CLI {
