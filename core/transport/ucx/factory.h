@@ -8,9 +8,11 @@
 //
 // Each node listens once and creates one client endpoint per peer that it
 // connect()s to; a Message is one active message whose header names the
-// sender, with the parts gathered from the caller's buffers (an iovec, no
-// copy) and large messages moved by rendezvous straight into the receive
-// buffer. One loop thread owns the UCP worker and progresses it, sleeping on
+// sender. A message with one large part (16 KiB or more) and small others,
+// which is what pushes and pull answers are, sends the large part from the
+// caller's buffer, without a copy, and UCX moves it by rendezvous straight
+// into the receive buffer; the small parts ride in the header. Other messages
+// are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
 // the worker's event fd.
 //
 // Failure: an endpoint error (the peer died, refused, or timed out) and a

@@ -3,7 +3,7 @@
 // number, layout) in the AM header and one of two layouts:
 // - kLayoutPacked: the payload is
 //     [u64 part count n] [u64 size of part 0] ... [u64 size of part n-1] [parts...]
-//   gathered from the parts (an iovec, no copy).
+//   copied into one buffer (small messages, or several large parts).
 // - kLayoutOneBig: a message with one large part and a few small ones (a push
 //   or a pull answer: a small wire header and the tensor bytes). The AM header
 //   carries, after the WireHeader, the same part table and the bytes of the
@@ -154,10 +154,9 @@ struct SendCtx {
   ucp_ep_h ep = nullptr;
   unsigned am = kAmData;
   WireHeader header;
-  std::vector<uint8_t> head;  // kLayoutOneBig: WireHeader, part table, small parts
-  std::vector<uint64_t> meta;
-  std::vector<Buffer> parts;
-  std::vector<ucp_dt_iov_t> iov;
+  std::vector<uint8_t> head;    // kLayoutOneBig: WireHeader, part table, small parts
+  std::vector<uint8_t> packed;  // kLayoutPacked: part table and parts
+  std::vector<Buffer> parts;    // kLayoutOneBig: kept alive until sent
 };
 
 struct Pending {
@@ -420,6 +419,12 @@ class UcxTransport final : public Transport {
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);  // reads UCX_*
     if (s != UCS_OK) return fail("ucp_config_read", s);
+    // UCX 1.13 leaves its shared-memory transports (posix, sysv, cma) out of
+    // endpoints that ask for peer-failure handling, as ours must, so on one
+    // machine UCX carries the data over TCP on loopback. UCX_MM_ERROR_HANDLING=y
+    // brings sysv back, but without cma (so no zero-copy rendezvous), and in
+    // our jobs UCX 1.13 then fails small sends with "Invalid parameter"
+    // (docs/transports.md); same-host bytes take core/shm instead.
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -671,18 +676,28 @@ class UcxTransport final : public Transport {
       buffer = big.data();
       count = big.size();  // contiguous: count is in bytes
     } else if (am == kAmData) {
-      ctx->parts = std::move(parts);
-      ctx->meta.reserve(ctx->parts.size() + 1);
-      ctx->meta.push_back(ctx->parts.size());
-      for (const auto& b : ctx->parts) ctx->meta.push_back(b.size());
-      ctx->iov.push_back({ctx->meta.data(), ctx->meta.size() * sizeof(uint64_t)});
-      for (const auto& b : ctx->parts) {
-        if (!b.empty()) ctx->iov.push_back({b.data(), b.size()});
+      // Packed: one contiguous copy. UCX 1.13 aborts on iovec sends over its
+      // shared-memory transports (proto_am.inl "max_iov > 1"), and messages
+      // here are small or rare (several large parts).
+      size_t total = sizeof(uint64_t) * (parts.size() + 1);
+      for (const auto& b : parts) total += b.size();
+      ctx->packed.resize(total);
+      uint8_t* p = ctx->packed.data();
+      uint64_t n = parts.size();
+      std::memcpy(p, &n, sizeof(n));
+      p += sizeof(n);
+      for (const auto& b : parts) {
+        uint64_t size = b.size();
+        std::memcpy(p, &size, sizeof(size));
+        p += sizeof(size);
       }
-      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-      rp.datatype = ucp_dt_make_iov();
-      buffer = ctx->iov.data();
-      count = ctx->iov.size();
+      for (const auto& b : parts) {
+        if (b.empty()) continue;
+        std::memcpy(p, b.data(), b.size());
+        p += b.size();
+      }
+      buffer = ctx->packed.data();
+      count = ctx->packed.size();
     }
     inflight_.insert(ctx);
     if (am == kAmBye) ++byesInFlight_;
@@ -769,9 +784,13 @@ class UcxTransport final : public Transport {
     if (status == UCS_OK) {
       if (current && ctx->am == kAmHello) it->second.up = true;
     } else if (current && !it->second.reported && status != UCS_ERR_CANCELED) {
-      failures_.push_back({ctx->peer, fmt::format("ucx {}: cannot deliver to {} at {}: {}", self_,
-                                                   ctx->peer, it->second.address,
-                                                   ucs_status_string(status))});
+      size_t bytes = ctx->packed.size() + ctx->head.size();
+      for (const auto& b : ctx->parts) bytes += b.size();
+      failures_.push_back(
+          {ctx->peer, fmt::format("ucx {}: cannot deliver a message of {} bytes ({} in the "
+                                  "header) to {} at {}: {}",
+                                  self_, bytes, ctx->head.size(), ctx->peer, it->second.address,
+                                  ucs_status_string(status))});
     }
     delete ctx;
   }
