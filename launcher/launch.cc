@@ -260,7 +260,9 @@ int runLaunch(const LaunchOptions& opts) {
     if (phase == Phase::kRunning && !failure.empty()) {
       phase = Phase::kGrace;
       phaseEnd = Clock::now() + opts.graceAfterFailure;
-      sched->stop();
+      // The others must hear which role died (a no-op when the scheduler
+      // already ended the job with its own word on it).
+      sched->fail(Status(ErrorCode::kPeerDead, failure));
     }
     if (Clock::now() >= phaseEnd) {
       if (phase == Phase::kGrace) {

@@ -129,6 +129,10 @@ class SchedulerImpl final : public Scheduler {
     });
   }
 
+  void fail(Status reason) override {
+    asio::post(io_, [this, reason = std::move(reason)] { endJob(reason, 0); });
+  }
+
  private:
   enum class Phase { kRegistering, kRunning, kEnding };
 

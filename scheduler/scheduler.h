@@ -42,6 +42,12 @@ class Scheduler {
   // Thread-safe: ends run() early with Status kClosed; nodes are told.
   // Destroy the Scheduler only after run() returned (or if it never ran).
   virtual void stop() = 0;
+
+  // Thread-safe: fails the job with `reason` (run() returns it), and every
+  // node is told it, unless the job already ended. The launcher uses it when
+  // a role's process dies, so that the others hear which one even when the
+  // process exit is noticed before its control connection closes.
+  virtual void fail(Status reason) = 0;
 };
 
 }  // namespace cortado::scheduler

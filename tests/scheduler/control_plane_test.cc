@@ -412,6 +412,27 @@ TEST(ControlPlane, StopAbortsEveryNode) {
   EXPECT_EQ(st->code(), ErrorCode::kClosed);
 }
 
+// The launcher's word that a role's process died: every node hears the cause,
+// and a second word (or a later stop) does not replace it.
+TEST(ControlPlane, FailTellsEveryNodeTheCause) {
+  LogCapture log;
+  SchedulerRunner sched(schedulerOptions(2, 1));
+  auto nodes = connectAll(jobOptions(sched.port(), 2, 1));
+  sched.scheduler().fail(Status(ErrorCode::kPeerDead, "worker 7 (pid 42) failed: killed by signal 9"));
+  sched.scheduler().fail(Status(ErrorCode::kInternal, "a later word"));
+  sched.scheduler().stop();
+  for (auto& n : nodes) {
+    auto st = n.probe->waitFor(3s);
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->code(), ErrorCode::kPeerDead);
+    EXPECT_NE(st->message().find("worker 7 (pid 42)"), std::string::npos) << st->message();
+  }
+  auto st = sched.result(3s);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->code(), ErrorCode::kPeerDead);
+  EXPECT_NE(st->message().find("killed by signal 9"), std::string::npos) << st->message();
+}
+
 // Bytes that are not Cortado frames: the scheduler logs the peer and the fault,
 // closes that connection, and serves the job.
 TEST(ControlPlane, MalformedFramesAreLoggedAndClosed) {
