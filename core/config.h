@@ -30,7 +30,7 @@ struct JobConfig {
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
   Millis opTimeout{120000};               // default deadline of blocking calls
-  Millis connectTimeout{30000};
+  Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s
   Millis heartbeatInterval{1000};
   Millis heartbeatTimeout{10000};
 
