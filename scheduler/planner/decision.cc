@@ -161,9 +161,21 @@ Strategy Planner::sweep(const Strategy& start, bool withCpu) {
     // Far from the end, only the options that look best a few tensors ahead
     // are simulated in full (ours: Espresso simulates every one).
     if (int(tries.size()) > kFullEvaluations && N - j > kScreenWindow + 1) {
+      // Only the kFullEvaluations lowest scores matter: once that many are
+      // known, a score sure to exceed the highest of them is cut short.
       scored.clear();
-      for (int o : tries)
-        if (o != choice[j]) scored.emplace_back(sim_.screen(j, o, kScreenWindow), o);
+      std::vector<double>& low = lowScores_;
+      low.clear();
+      for (int o : tries) {
+        if (o == choice[j]) continue;
+        const double bound = int(low.size()) < kFullEvaluations ? Simulator::kInf : low.back();
+        const double score = sim_.screen(j, o, kScreenWindow, bound);
+        scored.emplace_back(score, o);
+        if (score <= bound) {
+          low.insert(std::upper_bound(low.begin(), low.end(), score), score);
+          if (int(low.size()) > kFullEvaluations) low.pop_back();
+        }
+      }
       stats_.screened += int(scored.size());
       const size_t keep = std::min<size_t>(kFullEvaluations, scored.size());
       std::partial_sort(scored.begin(), scored.begin() + keep, scored.end());

@@ -92,6 +92,7 @@ class Planner {
   DecisionStats stats_;
   int gpuPassBubble_ = 0;  // the last idle gap after the latest GPU pass
   int64_t refineBudget_ = 0;  // simulations the refinement may still run
+  std::vector<double> lowScores_;  // sweep's scratch: the lowest screening scores so far
 };
 
 // Everything `cortado plan` reports, for one configuration.

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -293,11 +294,17 @@ double Simulator::simulate(const std::vector<int>& choice, std::vector<TensorTim
 void Simulator::setBase(const std::vector<int>& choice) {
   const int N = tensors();
   CORTADO_ENFORCE_EQ(int(choice.size()), N, ErrorCode::kInvalidArgument, "setBase: one option per tensor");
+  // Tensor j's timeline depends only on tensors 0..j, so the checkpoints
+  // before the first tensor whose option changed are still exact.
+  int from = 0;
+  if (baseValid_ && !reference_ && int(base_.size()) == N)
+    while (from < N && base_[from] == choice[from]) ++from;
   base_ = choice;
+  baseValid_ = true;
   checkpoints_.resize(N + 1);
   baseTimings_.resize(N);
-  SimState st = initialState();
-  for (int j = 0; j < N; ++j) {
+  SimState st = from == 0 ? initialState() : checkpoints_[from];
+  for (int j = from; j < N; ++j) {
     checkpoints_[j] = st;
     step(st, j, choice[j], nullptr, &baseTimings_[j]);
   }
@@ -338,6 +345,11 @@ double Simulator::lowerBound(const SimState& st, int next) const {
 double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, double cutoff) {
   if (overrides.empty()) return baseTime_;
   const int N = tensors();
+  if (reference_) {
+    std::vector<int> choice = base_;
+    for (const auto& [j, o] : overrides) choice[j] = o;
+    return simulate(choice);
+  }
   const size_t n = overrides.size();
   const int j0 = overrides.front().first;
   scratch_ = checkpoints_[j0];
@@ -358,15 +370,25 @@ double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, do
   return scratch_.maxFinish;
 }
 
-double Simulator::screen(int j0, int option, int window) {
+double Simulator::screen(int j0, int option, int window, double bound) {
   const int N = tensors();
   scratch_ = checkpoints_[j0];
   step(scratch_, j0, option);
   int k = j0 + 1;
+  // lowerBound() never decreases from one tensor to the next (each tensor's
+  // ready time grows by at least its backward time, and each link's work
+  // moves from the suffix sum into the reserved busy time), and every value
+  // screen() returns is at or above it. So once it is above `bound`, the
+  // score will be too; the margin covers the sums' rounding.
+  const double prune = bound < kInf && !reference_ ? bound + 1e-9 * (1.0 + std::abs(bound)) : kInf;
   for (; k < N && k <= j0 + window; ++k) {
     const SimState& cp = checkpoints_[k];
     if (scratch_.prevReady == cp.prevReady && scratch_.begin == cp.begin && scratch_.iv == cp.iv)
       return std::max(scratch_.maxFinish, suffixMaxFinish_[k]);
+    if (prune < kInf) {
+      const double lb = lowerBound(scratch_, k);
+      if (lb > prune) return lb;
+    }
     step(scratch_, k, base_[k]);
   }
   return k == N ? scratch_.maxFinish : lowerBound(scratch_, k);

@@ -91,7 +91,17 @@ class Simulator {
   // `window` more tensors and returns the lower bound on the iteration time
   // from there (exact when the window reaches the end or the state meets the
   // base again). Used to choose which options to evaluate in full.
-  double screen(int tensor, int option, int window);
+  //
+  // With a finite `bound`, a score that is sure to end above it may be
+  // returned early: the value is then still above `bound` but not the
+  // exact score (callers that keep the options scoring at or below a
+  // threshold get the same options with the same scores).
+  double screen(int tensor, int option, int window, double bound = kInf);
+  // Reference mode, for tests: setBase() re-simulates every tensor,
+  // evaluate() simulates the whole iteration from scratch (exact, ignoring
+  // `cutoff`) and screen() ignores `bound`. Decisions must not change.
+  void setReference(bool on) { reference_ = on; }
+  bool reference() const { return reference_; }
   double baseTime() const { return baseTime_; }
   const std::vector<int>& base() const { return base_; }
   const std::vector<TensorTiming>& baseTimings() const { return baseTimings_; }
@@ -139,6 +149,8 @@ class Simulator {
   std::vector<double> suffixBackward_;                 // backward time of tensors >= j
   std::vector<double> suffixIntra_, suffixInter_;      // base lane work of tensors >= j
   double baseTime_ = 0;
+  bool baseValid_ = false;
+  bool reference_ = false;
   SimState scratch_;
   std::vector<std::pair<double, int>> heap_;         // scheduleCpu's scratch
   std::vector<std::tuple<int, double, double>> runs_;

@@ -145,6 +145,58 @@ TEST(Decision, OffloadPassIsOptimalOverCounts) {
               checked, checked, descentOptimal, descentChecked);
 }
 
+// decide() with the simulator's shortcuts (incremental base updates, the
+// early exits of evaluate() and screen()) against the reference path, which
+// re-simulates every candidate's whole iteration: the same choices and the
+// same iteration times.
+void expectSameAsReference(const Cluster& cluster, const ResolvedCodec& codec, const ModelProfile& profile,
+                           const std::vector<plan::TensorOption>& options, const std::string& what) {
+  Simulator fast(cluster, codec, profile, options);
+  Simulator ref(cluster, codec, profile, options);
+  ref.setReference(true);
+  Planner fastPlanner(fast), refPlanner(ref);
+  Strategy a = fastPlanner.decide(), b = refPlanner.decide();
+  EXPECT_EQ(a.choice, b.choice) << what;
+  EXPECT_NEAR(a.iterUs, b.iterUs, 1e-9 * b.iterUs) << what;
+  EXPECT_NEAR(fast.simulate(a.choice), b.iterUs, 1e-9 * b.iterUs) << what;
+}
+
+Cluster benchCluster(const std::string& intra) {
+  Cluster c;
+  c.machines = 8;
+  c.gpusPerMachine = 8;
+  c.intra = hardware().link(intra);
+  c.inter = hardware().link("25gbit");
+  c.d2h = hardware().d2h;
+  c.h2d = hardware().h2d;
+  c.cpuCores = 16;
+  return c;
+}
+
+TEST(Decision, ShortcutsMatchReferenceOnRandomInstances) {
+  std::mt19937_64 rng(112026);
+  for (int i = 0; i < 150; ++i) {
+    // Small instances with the reduced options, larger ones with the full tree.
+    const bool large = i % 3 == 0;
+    Instance in = randomInstance(rng, large ? 60 : 8);
+    auto options = large ? plannerOptions(in.cluster, in.codec.spec) : reducedOptions(in.codec.spec);
+    expectSameAsReference(in.cluster, in.codec, in.profile, options, "instance " + std::to_string(i));
+  }
+}
+
+TEST(Decision, ShortcutsMatchReferenceOnBundledModels) {
+  for (const std::string intra : {"nvlink", "pcie"})
+    for (const std::string spec : {"dgc:ratio=0.01", "efsignsgd", "topk:ratio=0.01", "fp16"}) {
+      Cluster c = benchCluster(intra);
+      auto codec = codecs().resolve(spec);
+      std::vector<std::pair<std::string, ModelProfile>> models;
+      for (const auto& m : bundledModels()) models.emplace_back(m, loadModel(m, defaultDataDir()));
+      models.emplace_back("synthetic-300", syntheticModel(300, 42));
+      for (const auto& [name, profile] : models)
+        expectSameAsReference(c, codec, profile, plannerOptions(c, codec.spec), name + " " + spec + " " + intra);
+    }
+}
+
 TEST(Decision, BundledModelsAreNeverWorseThanNoCompression) {
   for (const auto& m : bundledModels()) {
     Cluster c;
