@@ -105,14 +105,22 @@ double Simulator::reserve(SimState& st, int lane, double t, double d) const {
 // Every later operation starts at or after `horizon`, so intervals that end
 // before it can no longer matter.
 void Simulator::trim(SimState& st, double horizon) const {
-  uint32_t w = 0;
   const int L = int(st.begin.size()) - 1;
+  // A lane's intervals are disjoint and sorted, so the ones that end by the
+  // horizon are its first ones: most steps find none and copy nothing.
+  bool any = false;
+  for (int l = 0; l < L && !any; ++l)
+    any = st.begin[l] != st.begin[l + 1] && st.iv[st.begin[l]].e <= horizon;
+  if (!any) return;
+  uint32_t w = 0;
   uint32_t readBegin = st.begin[0];
   for (int l = 0; l < L; ++l) {
     uint32_t readEnd = st.begin[l + 1];
     st.begin[l] = w;
-    for (uint32_t r = readBegin; r < readEnd; ++r)
-      if (st.iv[r].e > horizon) st.iv[w++] = st.iv[r];
+    uint32_t r = readBegin;
+    while (r < readEnd && st.iv[r].e <= horizon) ++r;
+    if (w != r) std::copy(st.iv.begin() + r, st.iv.begin() + readEnd, st.iv.begin() + w);
+    w += readEnd - r;
     readBegin = readEnd;
   }
   st.begin[L] = w;
