@@ -16,6 +16,28 @@
 extern char** environ;
 
 namespace cortado {
+
+control::ClientOptions controlOptions(const JobConfig& job, Role role) {
+  control::ClientOptions co;
+  co.schedulerHost = job.schedulerHost;
+  co.schedulerPort = job.schedulerPort;
+  co.token = job.token;
+  co.role = role;
+  co.requestedRank = job.rank;
+  co.connectTimeout = job.connectTimeout;
+  co.heartbeatInterval = job.heartbeatInterval;
+  return co;
+}
+
+WorkerOptions workerOptions(const JobConfig& job) {
+  WorkerOptions wo;
+  wo.partitionBytes = job.partitionBytes;
+  wo.maxBytesInFlight = job.maxInflightBytes;
+  wo.async = job.async;
+  wo.sharedMemory = job.sharedMemory;
+  wo.listenAddress = dataListenAddress(job);
+  return wo;
+}
 namespace {
 
 // How long auto's probe lets a UCX endpoint take to carry its first message.

@@ -8,9 +8,19 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/control/control_client.h"
 #include "core/transport/transport.h"
+#include "core/worker.h"
 
 namespace cortado {
+
+// What every program that runs a job's node takes from the job's settings:
+// the control client's options for `role` (scheduler address, token, rank,
+// deadlines; the data address is the caller's, after listen()), and a
+// worker's engine options (chunk size, credits, async, shared memory, listen
+// address). One place, so that no entry point forgets a setting.
+control::ClientOptions controlOptions(const JobConfig& job, Role role);
+WorkerOptions workerOptions(const JobConfig& job);
 
 // True when this build has the UCX transport (libucx was found at configure).
 bool ucxBuilt();

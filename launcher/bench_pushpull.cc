@@ -100,19 +100,8 @@ int runPushPullBench(const PushPullBenchOptions& o) {
                   "cortado bench pushpull runs as a worker, but CORTADO_ROLE is {}",
                   roleName(job.role));
   setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-  WorkerOptions wo;
-  wo.partitionBytes = job.partitionBytes;
-  wo.maxBytesInFlight = job.maxInflightBytes;
-  wo.sharedMemory = job.sharedMemory;
-  wo.async = job.async;
-  wo.listenAddress = dataListenAddress(job);
-  control::ClientOptions co;
-  co.schedulerHost = job.schedulerHost;
-  co.schedulerPort = job.schedulerPort;
-  co.token = job.token;
-  co.requestedRank = job.rank;
-  co.connectTimeout = job.connectTimeout;
-  co.heartbeatInterval = job.heartbeatInterval;
+  WorkerOptions wo = workerOptions(job);
+  control::ClientOptions co = controlOptions(job, Role::kWorker);
   auto worker = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
                               Deadline::after(job.connectTimeout));
   const int W = worker->size(), rank = worker->rank();

@@ -48,15 +48,8 @@ int runServerRole(const JobConfig& job) {
                             // whether the peer is dead.
                             CORTADO_LOG_DEBUG("data plane: {}: {}", peer.toString(), st.message());
                           });
-  control::ClientOptions co;
-  co.schedulerHost = job.schedulerHost;
-  co.schedulerPort = job.schedulerPort;
-  co.token = job.token;
-  co.role = Role::kServer;
-  co.requestedRank = job.rank;
+  control::ClientOptions co = controlOptions(job, Role::kServer);
   co.dataAddress = transport->listen(dataListenAddress(job));
-  co.connectTimeout = job.connectTimeout;
-  co.heartbeatInterval = job.heartbeatInterval;
   co.sharedMemory = !eo.shmPrefix.empty();
   auto control = control::ControlClient::create(co);
   int code = 0;

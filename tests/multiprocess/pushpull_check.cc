@@ -84,18 +84,8 @@ int main(int argc, char** argv) {
   try {
     JobConfig job = readJobConfig(true);
     setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-    WorkerOptions wo;
-    wo.partitionBytes = job.partitionBytes;
-    wo.maxBytesInFlight = job.maxInflightBytes;
-    wo.sharedMemory = job.sharedMemory;
-    wo.listenAddress = dataListenAddress(job);
-    control::ClientOptions co;
-    co.schedulerHost = job.schedulerHost;
-    co.schedulerPort = job.schedulerPort;
-    co.token = job.token;
-    co.requestedRank = job.rank;
-    co.connectTimeout = job.connectTimeout;
-    co.heartbeatInterval = job.heartbeatInterval;
+    WorkerOptions wo = workerOptions(job);
+    control::ClientOptions co = controlOptions(job, Role::kWorker);
     auto transport = makeTransport(job, NodeId{Role::kWorker, job.rank});
     const std::string transportName = transport->name();
     auto w = Worker::start(wo, co, std::move(transport), Deadline::after(job.connectTimeout));

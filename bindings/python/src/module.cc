@@ -124,18 +124,8 @@ class Runtime {
     CORTADO_ENFORCE(job.role == Role::kWorker, ErrorCode::kInvalidArgument,
                     "cortado.init() runs in a worker, but CORTADO_ROLE is {}", roleName(job.role));
     setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-    WorkerOptions wo;
-    wo.partitionBytes = job.partitionBytes;
-    wo.maxBytesInFlight = job.maxInflightBytes;
-    wo.async = job.async;
-    wo.listenAddress = dataListenAddress(job);
-    control::ClientOptions co;
-    co.schedulerHost = job.schedulerHost;
-    co.schedulerPort = job.schedulerPort;
-    co.token = job.token;
-    co.requestedRank = job.rank;
-    co.connectTimeout = job.connectTimeout;
-    co.heartbeatInterval = job.heartbeatInterval;
+    WorkerOptions wo = workerOptions(job);
+    control::ClientOptions co = controlOptions(job, Role::kWorker);
     Deadline deadline = deadlineFromSeconds(connectTimeout, job.connectTimeout);
     {
       py::gil_scoped_release nogil;
