@@ -38,6 +38,11 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.listenAddress = dataListenAddress(job);
   return wo;
 }
+
+std::unique_ptr<Worker> startWorker(const JobConfig& job, Deadline deadline) {
+  return Worker::start(workerOptions(job), controlOptions(job, Role::kWorker),
+                       makeTransport(job, NodeId{Role::kWorker, job.rank}), deadline);
+}
 namespace {
 
 // How long auto's probe lets a UCX endpoint take to carry its first message.

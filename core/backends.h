@@ -22,6 +22,10 @@ namespace cortado {
 control::ClientOptions controlOptions(const JobConfig& job, Role role);
 WorkerOptions workerOptions(const JobConfig& job);
 
+// Starts this job's worker with the options above and makeTransport()'s
+// transport; blocks until registered or `deadline` (throws as Worker::start).
+std::unique_ptr<Worker> startWorker(const JobConfig& job, Deadline deadline);
+
 // True when this build has the UCX transport (libucx was found at configure).
 bool ucxBuilt();
 

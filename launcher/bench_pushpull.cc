@@ -100,10 +100,7 @@ int runPushPullBench(const PushPullBenchOptions& o) {
                   "cortado bench pushpull runs as a worker, but CORTADO_ROLE is {}",
                   roleName(job.role));
   setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-  WorkerOptions wo = workerOptions(job);
-  control::ClientOptions co = controlOptions(job, Role::kWorker);
-  auto worker = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
-                              Deadline::after(job.connectTimeout));
+  auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   const int W = worker->size(), rank = worker->rank();
   const bool lead = rank == 0;
   const size_t esz = dtypeSize(dtype);

@@ -100,10 +100,7 @@ int main(int argc, char** argv) {
   try {
     JobConfig job = readJobConfig(true);
     setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-    WorkerOptions wo = workerOptions(job);
-    control::ClientOptions co = controlOptions(job, Role::kWorker);
-    auto w = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
-                           Deadline::after(job.connectTimeout));
+    auto w = startWorker(job, Deadline::after(job.connectTimeout));
     const int W = w->size(), rank = w->rank();
     const bool topk = mode == "topk";
     TensorOptions topts;

@@ -124,13 +124,10 @@ class Runtime {
     CORTADO_ENFORCE(job.role == Role::kWorker, ErrorCode::kInvalidArgument,
                     "cortado.init() runs in a worker, but CORTADO_ROLE is {}", roleName(job.role));
     setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-    WorkerOptions wo = workerOptions(job);
-    control::ClientOptions co = controlOptions(job, Role::kWorker);
     Deadline deadline = deadlineFromSeconds(connectTimeout, job.connectTimeout);
     {
       py::gil_scoped_release nogil;
-      rt->worker_ = Worker::start(wo, co, makeTransport(job, NodeId{Role::kWorker, job.rank}),
-                                  deadline);
+      rt->worker_ = startWorker(job, deadline);
     }
     rt->job_ = job;
     // One machine per job today: the local group is the whole job unless the
