@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/common/logging.h"
+#include "core/common/net.h"
 #include "core/transport/zmq/factory.h"
 #include "cortado/config.h"
 #if CORTADO_UCX
@@ -16,6 +17,16 @@
 extern char** environ;
 
 namespace cortado {
+namespace {
+
+// "auto": the address of the interface that reaches the scheduler, which
+// peers on other hosts reach too (the launcher's --hosts sets it).
+std::string dataHostOf(const JobConfig& config) {
+  return config.dataHost == "auto" ? net::localAddressToward(config.schedulerHost)
+                                   : config.dataHost;
+}
+
+}  // namespace
 
 control::ClientOptions controlOptions(const JobConfig& job, Role role) {
   control::ClientOptions co;
@@ -26,6 +37,9 @@ control::ClientOptions controlOptions(const JobConfig& job, Role role) {
   co.requestedRank = job.rank;
   co.connectTimeout = job.connectTimeout;
   co.heartbeatInterval = job.heartbeatInterval;
+  // A node cut off from the scheduler (a host whose link is down) hears
+  // nothing; it gives up as soon as the scheduler would give up on it.
+  co.schedulerTimeout = job.heartbeatTimeout;
   return co;
 }
 
@@ -86,7 +100,7 @@ std::string probeUcx(const JobConfig& config) {
                            if (failure.empty()) failure = s.message();
                            cv.notify_all();
                          });
-    std::string address = listener->listen(fmt::format("ucx://{}:0", config.dataHost));
+    std::string address = listener->listen(fmt::format("ucx://{}:0", dataHostOf(config)));
     client->connect(listenerId, address);
     client->send(listenerId, transport::Message{});
     std::unique_lock lk(mu);
@@ -189,8 +203,9 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
 }
 
 std::string dataListenAddress(const JobConfig& config) {
-  if (config.transport == "ucx") return fmt::format("ucx://{}:0", config.dataHost);
-  return fmt::format("tcp://{}:0", config.dataHost);
+  const std::string host = dataHostOf(config);
+  if (config.transport == "ucx") return fmt::format("ucx://{}:0", host);
+  return fmt::format("tcp://{}:0", host);
 }
 
 }  // namespace cortado

@@ -16,9 +16,12 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT", "(required)", "scheduler TCP port"},
       {"CORTADO_JOB_TOKEN", "", "(required; the launcher makes one)",
        "shared secret that every node proves it knows"},
-      {"CORTADO_RANK", "DMLC_WORKER_ID", "(required for servers and workers; the launcher sets it)", "rank within the role, 0..N-1"},
+      {"CORTADO_RANK", "DMLC_WORKER_ID", "(required for servers and workers; the launcher sets it)",
+       "rank within the role, 0..N-1 (a worker under mpirun without it takes its MPI rank)"},
       {"CORTADO_TRANSPORT", "", "zmq", "data plane: zmq, ucx or auto (docs/transports.md)"},
-      {"CORTADO_DATA_HOST", "DMLC_NODE_HOST", "127.0.0.1", "address the data plane listens on"},
+      {"CORTADO_DATA_HOST", "DMLC_NODE_HOST", "127.0.0.1",
+       "address the data plane listens on and advertises; `auto`: the local address that "
+       "reaches the scheduler (what `cortado launch --hosts` sets)"},
       {"CORTADO_LOG_LEVEL", "", "info", "trace, debug, info, warn, error, off"},
       {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB", "chunk size of large tensors"},
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
@@ -119,6 +122,10 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnv(names("CORTADO_JOB_TOKEN"))) c.token = v->value;
   else if (requireJob && c.token.empty()) missing.push_back("CORTADO_JOB_TOKEN");
   if (auto v = getEnvInt(names("CORTADO_RANK"))) c.rank = static_cast<int>(*v);
+  // Workers that `cortado launch --mpi/--hosts` starts under mpirun take
+  // their rank from MPI, so that worker rank r is MPI rank r.
+  else if (auto m = getEnvInt({"OMPI_COMM_WORLD_RANK", "PMIX_RANK"}); m && c.role == Role::kWorker)
+    c.rank = static_cast<int>(*m);
   // A node's data-plane identity is its rank, fixed before it registers.
   else if (requireJob && c.rank < 0 && c.role != Role::kScheduler) missing.push_back("CORTADO_RANK");
   if (auto v = getEnv(names("CORTADO_TRANSPORT"))) c.transport = v->value;

@@ -12,10 +12,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <thread>
+
+#include <fmt/ranges.h>
 
 #include "core/backends.h"
 #include "core/common/logging.h"
+#include "core/common/net.h"
 #include "core/shm/shm_segment.h"
 #include "scheduler/scheduler.h"
 
@@ -24,11 +28,20 @@ namespace {
 
 struct Child {
   Role role;
-  int rank;
+  int rank;  // -1: the mpirun of all workers
   pid_t pid;
+  std::string host;   // where it runs; empty: here
+  int stdinFd = -1;   // our end of its stdin (remote roles), closed when it ends
   bool running = true;
   int exitStatus = 0;  // raw waitpid status
-  std::string label() const { return fmt::format("{} {}", roleName(role), rank); }
+  std::string label() const {
+    if (rank < 0) return "workers (mpirun)";
+    std::string l = fmt::format("{} {}", roleName(role), rank);
+    return host.empty() ? l : fmt::format("{} on host {}", l, host);
+  }
+  std::string pidFile() const {
+    return rank < 0 ? "mpirun" : fmt::format("{}.{}", roleName(role), rank);
+  }
 };
 
 std::string describeStatus(int status) {
@@ -52,8 +65,12 @@ std::string makeToken() {
 
 // fork + exec with the job environment; the child gets its own process
 // group, the default signal mask, and dies with the launcher.
+// With `stdinFd`, the child's stdin is a pipe and *stdinFd our end of it.
 pid_t spawn(const std::vector<std::string>& argv,
-            const std::vector<std::pair<std::string, std::string>>& env) {
+            const std::vector<std::pair<std::string, std::string>>& env, int* stdinFd = nullptr) {
+  int pipeFds[2] = {-1, -1};
+  if (stdinFd && pipe2(pipeFds, O_CLOEXEC) != 0)
+    throw Error(ErrorCode::kUnavailable, fmt::format("pipe failed: {}", strerror(errno)));
   std::vector<std::string> envStrings;
   for (char** e = environ; *e; ++e) {
     std::string s(*e);
@@ -69,7 +86,10 @@ pid_t spawn(const std::vector<std::string>& argv,
   cenv.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) throw Error(ErrorCode::kUnavailable, fmt::format("fork failed: {}", strerror(errno)));
+  if (pid < 0) {
+    if (stdinFd) close(pipeFds[0]), close(pipeFds[1]);
+    throw Error(ErrorCode::kUnavailable, fmt::format("fork failed: {}", strerror(errno)));
+  }
   if (pid == 0) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -77,12 +97,86 @@ pid_t spawn(const std::vector<std::string>& argv,
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    if (stdinFd) dup2(pipeFds[0], 0);  // dup2 clears O_CLOEXEC on fd 0
     execvpe(cargv[0], cargv.data(), cenv.data());
     fprintf(stderr, "cortado launch: cannot run '%s': %s\n", cargv[0], strerror(errno));
     _exit(127);
   }
   setpgid(pid, pid);  // also from here, so that the group exists before any kill
+  if (stdinFd) {
+    close(pipeFds[0]);
+    *stdinFd = pipeFds[1];
+  }
   return pid;
+}
+
+// Hands a remote role its settings (`cortado server --env-stdin`); the pipe
+// stays open so that its end tells the role that the launcher is gone.
+void writeEnv(int fd, const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string text;
+  for (const auto& [k, v] : env) text += k + "=" + v + "\n";
+  text += "END\n";
+  for (size_t off = 0; off < text.size();) {
+    ssize_t n = write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    // The agent failed at once; its exit status tells why.
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+// The variables that reach the workers on other hosts: mpirun forwards only
+// what -x names (ssh forwards nothing).
+std::vector<std::string> forwardedVars(const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<std::string> vars;
+  for (const auto& [k, v] : env) vars.push_back(k);
+  for (const char* extra : {"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "UCX_TLS", "UCX_NET_DEVICES"})
+    if (getenv(extra)) vars.push_back(extra);
+  return vars;
+}
+
+// A private directory for the generated agent wrapper, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/cortado-launch-XXXXXX";
+    if (!mkdtemp(tmpl))
+      throw Error(ErrorCode::kUnavailable, fmt::format("mkdtemp failed: {}", strerror(errno)));
+    path = tmpl;
+  }
+  ~TempDir() {
+    unlink((path + "/mpi_agent.sh").c_str());
+    rmdir(path.c_str());
+  }
+};
+
+// --mpi-only: the command under the job's mpirun, nothing else.
+int runMpiOnly(const LaunchOptions& opts, const std::vector<std::string>& argv) {
+  sigset_t waitSet, oldMask;
+  sigemptyset(&waitSet);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&waitSet, s);
+  pthread_sigmask(SIG_BLOCK, &waitSet, &oldMask);
+  pid_t pid = spawn(argv, {});
+  int status = 0;
+  Clock::time_point killAt = Clock::time_point::max();
+  for (;;) {
+    timespec ts{0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&waitSet, nullptr, &ts);
+    if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && killAt == Clock::time_point::max()) {
+      kill(-pid, SIGTERM);
+      killAt = Clock::now() + opts.killAfterTerm;
+    }
+    if (Clock::now() >= killAt) kill(-pid, SIGKILL);
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+  }
+  kill(-pid, SIGKILL);
+  pthread_sigmask(SIG_SETMASK, &oldMask, nullptr);
+  if (!cleanExit(status)) {
+    fmt::print(stderr, "cortado launch: mpirun failed: {}\n", describeStatus(status));
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -101,6 +195,38 @@ int runLaunch(const LaunchOptions& opts) {
                   "`cortado launch -w 2 -s 1 -- python3 train.py`");
   JobConfig job = opts.job;
   if (job.token.empty()) job.token = makeToken();
+  const HostsOptions& hosts = opts.hosts;
+  checkHosts(hosts);
+  const bool multiHost = !hosts.hosts.empty();
+  const bool mpi = hosts.mpi || multiHost || opts.mpiOnly;
+  std::string tcpSubnet;
+  if (multiHost) {
+    // The scheduler runs here and must be reached from every host: unless
+    // --host names an address, advertise the one that routes to the hosts.
+    if (job.schedulerHost == "127.0.0.1" || job.schedulerHost == "localhost") {
+      std::string toward = hosts.hosts.front();
+      for (const auto* list : {&hosts.hosts, &hosts.serverHosts})
+        for (const auto& h : *list)
+          if (isLocalHost(toward) && !isLocalHost(h)) toward = h;
+      job.schedulerHost = net::localAddressToward(toward);
+    }
+    // Each role advertises the address of its own interface toward the
+    // scheduler, never 127.0.0.1.
+    job.dataHost = "auto";
+    tcpSubnet = net::subnetOf(job.schedulerHost);
+    CORTADO_LOG_INFO("hosts {} (+ server-only {}): scheduler at {}, MPI TCP on {}",
+                     fmt::join(hosts.hosts, ","), fmt::join(hosts.serverHosts, ","),
+                     job.schedulerHost, tcpSubnet.empty() ? "(OpenMPI's choice)" : tcpSubnet);
+  }
+  std::unique_ptr<TempDir> tmp;
+  std::string agentWrapper;
+  if (multiHost && !hosts.agent.empty()) {
+    tmp = std::make_unique<TempDir>();
+    agentWrapper = writeMpiAgentWrapper(tmp->path, hosts.agent, selfExecutable());
+  }
+  if (opts.mpiOnly)
+    return runMpiOnly(opts, mpirunArgv(hosts, job.numWorkers, forwardedVars({}), agentWrapper,
+                                       tcpSubnet, opts.command));
   job.validate();
   // One decision for the whole job, before anything starts: every role gets
   // the resolved transport, so no two nodes disagree, and an explicit ucx
@@ -123,6 +249,8 @@ int runLaunch(const LaunchOptions& opts) {
   sigaddset(&waitSet, SIGINT);
   sigaddset(&waitSet, SIGTERM);
   sigaddset(&waitSet, SIGHUP);
+  // A remote role's stdin pipe may close under us; that is its exit's story.
+  signal(SIGPIPE, SIG_IGN);
   sigset_t oldMask;
   pthread_sigmask(SIG_BLOCK, &waitSet, &oldMask);
 
@@ -154,24 +282,52 @@ int runLaunch(const LaunchOptions& opts) {
   auto writePid = [&](const Child& c) {
     if (opts.pidDir.empty()) return;
     mkdir(opts.pidDir.c_str(), 0755);
-    std::ofstream(fmt::format("{}/{}.{}.pid", opts.pidDir, roleName(c.role), c.rank)) << c.pid << "\n";
+    std::ofstream(fmt::format("{}/{}.pid", opts.pidDir, c.pidFile())) << c.pid << "\n";
   };
   const std::string self = selfExecutable();
   std::string failure;  // first failure, names the role
+  // Server rank i runs on host i / serversPerHost of hosts + server hosts.
+  std::vector<std::string> serverHostOf;
+  for (const auto* list : {&hosts.hosts, &hosts.serverHosts})
+    for (const auto& h : *list)
+      for (int k = 0; k < hosts.serversPerHost; ++k) serverHostOf.push_back(h);
   try {
     for (int i = 0; i < job.numServers; ++i) {
       JobConfig c = job;
       c.role = Role::kServer;
       c.rank = i;
-      children.push_back({Role::kServer, i, spawn({self, "server"}, c.toEnv())});
+      const std::string host = multiHost ? serverHostOf.at(i) : "";
+      if (host.empty() || isLocalHost(host)) {
+        children.push_back({Role::kServer, i, spawn({self, "server"}, c.toEnv()), host});
+      } else {
+        int fd = -1;
+        pid_t pid = spawn(agentArgv(hosts.agent, host, {self, "server", "--env-stdin"}), {}, &fd);
+        children.push_back({Role::kServer, i, pid, host, fd});
+        writeEnv(fd, c.toEnv());
+      }
       writePid(children.back());
     }
-    for (int i = 0; i < job.numWorkers; ++i) {
+    if (mpi) {
       JobConfig c = job;
       c.role = Role::kWorker;
-      c.rank = i;
-      children.push_back({Role::kWorker, i, spawn(opts.command, c.toEnv())});
+      c.rank = -1;
+      auto env = c.toEnv();
+      // Each worker takes its MPI rank (OMPI_COMM_WORLD_RANK) as its rank.
+      std::erase_if(env, [](const auto& kv) { return kv.first == "CORTADO_RANK"; });
+      env.push_back({"OMPI_MCA_rmaps_base_oversubscribe", "1"});
+      auto argv = mpirunArgv(hosts, job.numWorkers, forwardedVars(env), agentWrapper, tcpSubnet,
+                             opts.command);
+      CORTADO_LOG_DEBUG("workers: {}", fmt::join(argv, " "));
+      children.push_back({Role::kWorker, -1, spawn(argv, env), ""});
       writePid(children.back());
+    } else {
+      for (int i = 0; i < job.numWorkers; ++i) {
+        JobConfig c = job;
+        c.role = Role::kWorker;
+        c.rank = i;
+        children.push_back({Role::kWorker, i, spawn(opts.command, c.toEnv()), ""});
+        writePid(children.back());
+      }
     }
   } catch (const Error& e) {
     failure = e.what();
@@ -196,6 +352,7 @@ int runLaunch(const LaunchOptions& opts) {
       if (r == c.pid) {
         c.running = false;
         c.exitStatus = st;
+        if (c.stdinFd >= 0) close(c.stdinFd), c.stdinFd = -1;
         // Whatever it left in its process group goes with it.
         kill(-c.pid, SIGKILL);
         if (cleanExit(st)) {

@@ -5,12 +5,19 @@
 // it gives the others a grace period to exit on the control plane's word
 // (which names the failed node), then stops what is left. No child outlives
 // it: each is also bound to it with PR_SET_PDEATHSIG.
+//
+// With --mpi the workers are the MPI processes of one mpirun; with --hosts
+// that mpirun spans the hosts (OpenMPI's rsh launch through the host agent),
+// servers start on each host through the agent (their settings on stdin,
+// whose end tells them the launcher is gone), and every role advertises the
+// address that reaches the scheduler (CORTADO_DATA_HOST=auto).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "core/config.h"
+#include "launcher/hosts.h"
 
 namespace cortado::launcher {
 
@@ -20,6 +27,12 @@ struct LaunchOptions {
   std::string pidDir;                 // if set: <role>.<rank>.pid files, for tests and operators
   Millis graceAfterFailure{10000};    // wait this long for roles to exit on their own
   Millis killAfterTerm{5000};         // SIGTERM, then SIGKILL after this
+  // --mpi / --hosts: workers under mpirun, servers on the hosts through the
+  // agent (numWorkers and numServers are then the job's totals).
+  HostsOptions hosts;
+  // --mpi-only: run `command` under the same mpirun (hosts, agent) and
+  // nothing else: no scheduler, no servers (for MPI peers in benchmarks).
+  bool mpiOnly = false;
 };
 
 // Returns the process exit code: 0 when every role finished cleanly.

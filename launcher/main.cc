@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "cortado/config.h"
 #include "launcher/bench_pushpull.h"
+#include "launcher/hosts.h"
 #include "launcher/launch.h"
 #include "launcher/roles.h"
 #include "scheduler/planner/plan_command.h"
@@ -69,9 +70,20 @@ int main(int argc, char** argv) {
   std::string pidDir;
   std::vector<std::string> command;
   JobFlags launchFlags;
-  launch->add_option("-w,--workers", workers, "number of workers")->required()->check(CLI::Range(1, 4096));
-  launch->add_option("-s,--servers", servers, "number of servers")->required()->check(CLI::Range(1, 4096));
+  std::string hostList, serverHostList, agent;
+  bool mpi = false, mpiOnly = false;
+  launch->add_option("-w,--workers", workers, "number of workers (per host with --hosts)")->required()->check(CLI::Range(1, 4096));
+  launch->add_option("-s,--servers", servers, "number of servers (per host with --hosts)")->check(CLI::Range(1, 4096));
   launch->add_option("--pid-dir", pidDir, "write <role>.<rank>.pid files here");
+  launch->add_option("--hosts", hostList,
+                     "run across these hosts (h1,h2,...): W workers (under mpirun) and S servers on each");
+  launch->add_option("--server-hosts", serverHostList, "extra hosts that run S servers each and no worker");
+  launch->add_option("--agent", agent,
+                     "how to run a command on a host: a template with {host}, e.g. "
+                     "'tests/testbed/testbed.sh exec-host {host}' (default: ssh)");
+  launch->add_flag("--mpi", mpi, "start the workers under one mpirun, as the MPI processes of the job");
+  launch->add_flag("--mpi-only", mpiOnly,
+                   "run the command under the job's mpirun only (no scheduler, no servers): for MPI peers in benchmarks");
   launchFlags.add(launch);
   launch->add_option("command", command, "the worker command, after --")->required();
 
@@ -82,6 +94,15 @@ int main(int argc, char** argv) {
   auto* serverCmd = app.add_subcommand("server", "run a server role (settings from the environment)");
   JobFlags serverFlags;
   serverFlags.add(serverCmd);
+  bool envStdin = false;
+  serverCmd->add_flag("--env-stdin", envStdin,
+                      "read KEY=VALUE settings from stdin up to a line END, and exit when stdin "
+                      "closes (how `cortado launch --hosts` starts servers through the agent)");
+  // Used by the mpirun agent wrapper that `launch --hosts --agent` writes.
+  auto* agentExec = app.add_subcommand("agent-exec", "");
+  agentExec->group("");
+  std::vector<std::string> agentCommand;
+  agentExec->add_option("command", agentCommand)->required();
 
   // bench
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -128,20 +149,37 @@ int main(int argc, char** argv) {
       printSettings();
       return 0;
     }
+    if (*agentExec) return launcher::runAgentExec(agentCommand);
     if (*launch) {
       setupLogging("launch", level);
       launcher::LaunchOptions lo;
+      if (!hostList.empty()) lo.hosts.hosts = launcher::parseHostList("--hosts", hostList);
+      if (!serverHostList.empty())
+        lo.hosts.serverHosts = launcher::parseHostList("--server-hosts", serverHostList);
+      CORTADO_ENFORCE(agent.empty() || !lo.hosts.hosts.empty(), ErrorCode::kInvalidArgument,
+                      "--agent needs --hosts (it says how to reach them)");
+      CORTADO_ENFORCE(servers > 0 || mpiOnly, ErrorCode::kInvalidArgument,
+                      "cortado launch needs -s/--servers (per host with --hosts)");
+      lo.hosts.mpi = mpi;
+      lo.hosts.agent = agent;
+      lo.hosts.workersPerHost = workers;
+      lo.hosts.serversPerHost = servers;
+      lo.mpiOnly = mpiOnly;
+      const int nHosts = std::max<int>(1, lo.hosts.hosts.size());
       lo.job = probe;
       lo.job.logLevel = level;
       launchFlags.apply(lo.job);
-      lo.job.numWorkers = workers;
-      lo.job.numServers = servers;
+      lo.job.numWorkers = workers * nHosts;
+      lo.job.numServers =
+          std::max(1, servers) *
+          (lo.hosts.hosts.empty() ? 1 : int(lo.hosts.hosts.size() + lo.hosts.serverHosts.size()));
       lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
       lo.command = command;
       lo.pidDir = pidDir;
       return launcher::runLaunch(lo);
     }
     if (*schedCmd || *serverCmd) {
+      if (*serverCmd && envStdin) launcher::readEnvFromStdinAndWatch();
       JobConfig job = readJobConfig(false);
       (*schedCmd ? schedFlags : serverFlags).apply(job);
       job.role = *schedCmd ? Role::kScheduler : Role::kServer;
