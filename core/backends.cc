@@ -1,5 +1,7 @@
 #include "core/backends.h"
 
+#include <algorithm>
+
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -120,6 +122,43 @@ std::string probeUcx(const JobConfig& config) {
 #endif
 
 }  // namespace
+
+collective::Topology workerTopology(const control::AddressBook& book, int rank) {
+  const auto& workers = book.workers;
+  CORTADO_ENFORCE(rank >= 0 && static_cast<size_t>(rank) < workers.size(), ErrorCode::kInvalidArgument,
+                  "worker rank {} is out of range: the job has {} workers", rank, workers.size());
+  collective::Topology t;
+  t.rank = rank;
+  t.size = static_cast<int>(workers.size());
+  std::vector<std::string> machines;  // hostnames in order of their lowest rank
+  for (const auto& w : workers) {
+    if (std::find(machines.begin(), machines.end(), w.hostname) == machines.end())
+      machines.push_back(w.hostname);
+  }
+  const std::string& mine = workers[rank].hostname;
+  t.numMachines = static_cast<int>(machines.size());
+  t.machine = static_cast<int>(std::find(machines.begin(), machines.end(), mine) - machines.begin());
+  t.localRank = 0;
+  t.localSize = 0;
+  for (size_t r = 0; r < workers.size(); ++r) {
+    if (workers[r].hostname != mine) continue;
+    if (static_cast<int>(r) < rank) ++t.localRank;
+    ++t.localSize;
+  }
+  return t;
+}
+
+std::function<std::string(const std::string&, const std::string&, Deadline)> schedulerIdExchange(
+    control::ControlClient& client) {
+  return [&client](const std::string& key, const std::string& rootId, Deadline deadline) {
+    const std::string k = "nccl/" + key;
+    if (!rootId.empty()) {
+      client.put(k, rootId, deadline);
+      return rootId;
+    }
+    return client.get(k, deadline);
+  };
+}
 
 bool ucxBuilt() { return CORTADO_UCX != 0; }
 

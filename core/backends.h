@@ -4,9 +4,11 @@
 // Transport interface.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "core/collective/collectives.h"
 #include "core/config.h"
 #include "core/control/control_client.h"
 #include "core/transport/transport.h"
@@ -25,6 +27,21 @@ WorkerOptions workerOptions(const JobConfig& job);
 // Starts this job's worker with the options above and makeTransport()'s
 // transport; blocks until registered or `deadline` (throws as Worker::start).
 std::unique_ptr<Worker> startWorker(const JobConfig& job, Deadline deadline);
+
+// Where worker `rank` sits among the job's workers, from the hostnames they
+// registered with (AddressBook::workers): machines are numbered in the order
+// of their lowest worker rank, and local ranks follow worker ranks within a
+// machine. This is the Topology that collective::nccl::createGroups takes
+// in a job that has no MPI. Error(kInvalidArgument) for a rank out of range.
+collective::Topology workerTopology(const control::AddressBook& book, int rank);
+
+// NCCL's unique-id exchange (collective::nccl::UniqueIdExchange) through the
+// scheduler's key-value rendezvous: the rank that brings the id puts it
+// under "nccl/<key>", every other rank gets it. The client must outlive the
+// returned function. Errors are the client's: kTimeout naming the key when
+// rank 0 never puts it, the job's failure when a node dies meanwhile.
+std::function<std::string(const std::string& key, const std::string& rootId, Deadline deadline)>
+schedulerIdExchange(control::ControlClient& client);
 
 // True when this build has the UCX transport (libucx was found at configure).
 bool ucxBuilt();

@@ -159,6 +159,8 @@ class WorkerImpl final : public Worker {
   int rank() const override { return self_.rank; }
   int size() const override { return static_cast<int>(book_.workers.size()); }
   int numServers() const override { return static_cast<int>(book_.servers.size()); }
+  const control::AddressBook& addressBook() const override { return book_; }
+  control::ControlClient& controlClient() override { return *control_; }
 
   uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
                    const TensorOptions& options, Deadline deadline) override {

@@ -99,6 +99,11 @@ class Worker {
   virtual int rank() const = 0;
   virtual int size() const = 0;  // number of workers
   virtual int numServers() const = 0;
+  // The job as the scheduler described it at registration (every node's
+  // rank, hostname and data address), and this worker's control-plane client
+  // (its key-value rendezvous bootstraps NCCL: core/backends.h).
+  virtual const control::AddressBook& addressBook() const = 0;
+  virtual control::ControlClient& controlClient() = 0;
 
   // Declares a tensor (blocks until every worker declared it). Declaring the
   // same name again with the same shape and options returns the same key;

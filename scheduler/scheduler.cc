@@ -250,6 +250,8 @@ class SchedulerImpl final : public Scheduler {
           case MsgType::kHeartbeat: return;
           case MsgType::kDeclare: return onDeclare(*s, body);
           case MsgType::kBarrier: return onBarrier(*s, body);
+          case MsgType::kPut: return onPut(*s, body);
+          case MsgType::kGet: return onGet(*s, body);
           case MsgType::kFinish: return onFinish(*s);
           default: break;
         }
@@ -457,6 +459,66 @@ class SchedulerImpl final : public Scheduler {
       case Kind::kMismatch:
         return endJob(out.status, 0);
     }
+  }
+
+  // --- key-value rendezvous (ControlClient::put/get) ---------------------------
+
+  // The key of a Put or Get; a malformed one closes the session (kProtocol).
+  static std::string kvKey(const Json& body) {
+    std::string key = control::getString(body, "key");
+    CORTADO_ENFORCE(!key.empty() && key.size() <= control::kMaxKvKey, ErrorCode::kProtocol,
+                    "key-value key of {} bytes (limit {})", key.size(), control::kMaxKvKey);
+    return key;
+  }
+
+  void onPut(Session& s, const Json& body) {
+    uint64_t req = control::getUInt(body, "req");
+    std::string key = kvKey(body);
+    std::string hex = control::getString(body, "value");
+    CORTADO_ENFORCE(hex.size() % 2 == 0 && hex.size() <= 2 * control::kMaxKvValue &&
+                        control::fromHex(hex, hex.size() / 2).has_value(),
+                    ErrorCode::kProtocol, "the value put under key '{}' is not hex of at most {} bytes",
+                    key, control::kMaxKvValue);
+    auto it = kv_.find(key);
+    if (it != kv_.end()) {
+      if (it->second != hex) {
+        return replyFailed(s, req, ErrorCode::kInvalidArgument,
+                           fmt::format("{} put key '{}' with another value than the one already "
+                                       "there (a key is written once per job; use a new key)",
+                                       s.info.id.toString(), key));
+      }
+      return s.conn->send(MsgType::kValue, Json{{"req", req}, {"value", hex}});
+    }
+    if (kv_.size() >= control::kMaxKvEntries) {
+      return replyFailed(s, req, ErrorCode::kInvalidArgument,
+                         fmt::format("{} cannot put key '{}': the job already holds {} keys, the "
+                                     "limit",
+                                     s.info.id.toString(), key, control::kMaxKvEntries));
+    }
+    kv_.emplace(key, hex);
+    s.conn->send(MsgType::kValue, Json{{"req", req}, {"value", hex}});
+    auto waiters = kvWaiters_.extract(key);
+    if (waiters.empty()) return;
+    pendingGets_ -= waiters.mapped().size();
+    for (const auto& w : waiters.mapped()) {
+      if (Session* ws = find(w.session)) ws->conn->send(MsgType::kValue, Json{{"req", w.req}, {"value", hex}});
+    }
+  }
+
+  void onGet(Session& s, const Json& body) {
+    uint64_t req = control::getUInt(body, "req");
+    std::string key = kvKey(body);
+    if (auto it = kv_.find(key); it != kv_.end())
+      return s.conn->send(MsgType::kValue, Json{{"req", req}, {"value", it->second}});
+    // A waiter whose caller gave up is answered later and ignored there; the
+    // bound keeps a node that polls absent keys from growing this forever.
+    if (pendingGets_ >= kMaxPendingGets) {
+      return replyFailed(s, req, ErrorCode::kInvalidArgument,
+                         fmt::format("{} cannot wait for key '{}': {} gets are already waiting",
+                                     s.info.id.toString(), key, kMaxPendingGets));
+    }
+    kvWaiters_[key].push_back({s.id, req});
+    ++pendingGets_;
   }
 
   void onBarrier(Session& s, const Json& body) {
@@ -672,6 +734,10 @@ class SchedulerImpl final : public Scheduler {
   DeclarationTable decls_;
   std::map<std::string, std::vector<Waiter>> declWaiters_;
   std::map<std::pair<int, std::string>, BarrierState> barriers_;
+  static constexpr size_t kMaxPendingGets = 65536;
+  std::map<std::string, std::string> kv_;  // key -> value as hex
+  std::map<std::string, std::vector<Waiter>> kvWaiters_;
+  size_t pendingGets_ = 0;
   int finishedWorkers_ = 0;
   Status final_;
 };

@@ -56,6 +56,12 @@ bool waitUntil(std::future<T>& f, Deadline d) {
   return f.wait_until(d.at()) == std::future_status::ready;
 }
 
+void checkKvKey(const std::string& key) {
+  CORTADO_ENFORCE(!key.empty() && key.size() <= kMaxKvKey, ErrorCode::kInvalidArgument,
+                  "key-value rendezvous: a key must have 1 to {} bytes, got {}", kMaxKvKey,
+                  key.size());
+}
+
 const char* groupName(Group g) {
   switch (g) {
     case Group::kAll: return "all";
@@ -163,6 +169,34 @@ class ControlClientImpl final : public ControlClient {
     Json body{{"group", static_cast<int>(group)}, {"name", name}};
     request(MsgType::kBarrier, std::move(body), deadline,
             fmt::format("barrier '{}' (group {})", name, groupName(group)));
+  }
+
+  void put(const std::string& key, const std::string& value, Deadline deadline) override {
+    checkKvKey(key);
+    CORTADO_ENFORCE(value.size() <= kMaxKvValue, ErrorCode::kInvalidArgument,
+                    "put of key '{}': the value has {} bytes, the limit is {}", key, value.size(),
+                    kMaxKvValue);
+    request(MsgType::kPut, Json{{"key", key}, {"value", toHex(value)}}, deadline,
+            fmt::format("put of key '{}'", key));
+  }
+
+  std::string get(const std::string& key, Deadline deadline) override {
+    checkKvKey(key);
+    Json reply;
+    try {
+      reply = request(MsgType::kGet, Json{{"key", key}}, deadline, fmt::format("get of key '{}'", key));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
+      throw Error(ErrorCode::kTimeout,
+                  fmt::format("{} (no node has put that key yet: does every rank run the same "
+                              "set-up, and did the one that publishes it start?)",
+                              e.what()));
+    }
+    std::string hex = getString(reply, "value");
+    auto value = hex.size() % 2 == 0 ? fromHex(hex, hex.size() / 2) : std::nullopt;
+    CORTADO_ENFORCE(value.has_value(), ErrorCode::kProtocol,
+                    "the scheduler's value for key '{}' is not hex-encoded bytes", key);
+    return *value;
   }
 
   void finish() override {
@@ -451,7 +485,7 @@ class ControlClientImpl final : public ControlClient {
         }
         break;
       case Phase::kReady:
-        if (type == MsgType::kDeclared || type == MsgType::kBarrierDone) {
+        if (type == MsgType::kDeclared || type == MsgType::kBarrierDone || type == MsgType::kValue) {
           if (auto p = takePending(getUInt(body, "req"))) p->promise.set_value(body);
           return;
         }

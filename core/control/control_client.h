@@ -11,6 +11,7 @@
 //   and answers all of them with the same key, or fails all of them with a
 //   message naming the workers and the values that differ.
 // - barrier(): returns when every node of the given group has entered it.
+// - put()/get(): a job-wide key-value rendezvous held by the scheduler.
 // - finish(): a worker says it is done; when all workers are done the
 //   scheduler sends shutdown to every node, and waitShutdown() returns.
 //
@@ -100,6 +101,17 @@ class ControlClient {
   virtual uint64_t declare(const TensorDecl& decl, Deadline deadline) = 0;
 
   virtual void barrier(Group group, const std::string& name, Deadline deadline) = 0;
+
+  // The job's key-value rendezvous, for what every node must agree on before
+  // it can go on (NCCL's unique id is the first user). put() stores `value`
+  // (any bytes) under `key` once for the whole job: putting the same value
+  // again is a no-op, another value throws kInvalidArgument naming the key.
+  // get() returns the value once some node has put it, waiting up to the
+  // deadline (kTimeout naming the key and that no node has put it). Keys are
+  // 1 to kMaxKvKey bytes, values at most kMaxKvValue bytes (protocol.h); the
+  // scheduler holds at most kMaxKvEntries keys. Workers and servers alike.
+  virtual void put(const std::string& key, const std::string& value, Deadline deadline) = 0;
+  virtual std::string get(const std::string& key, Deadline deadline) = 0;
 
   // Workers: this worker is done. Non-blocking; a no-op after a failure.
   // Throws kInvalidArgument on a server or before connect().

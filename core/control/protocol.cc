@@ -23,6 +23,9 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kFinish: return "Finish";
     case MsgType::kShutdown: return "Shutdown";
     case MsgType::kAbort: return "Abort";
+    case MsgType::kPut: return "Put";
+    case MsgType::kGet: return "Get";
+    case MsgType::kValue: return "Value";
   }
   return "unknown";
 }

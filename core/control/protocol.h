@@ -15,6 +15,8 @@
 //   N->S Heartbeat{}                  S->N Ping{}
 //   N->S Declare{req, name, dtype, numElements, codec}  S->N Declared{req, key}
 //   N->S Barrier{req, group, name}    S->N BarrierDone{req}
+//   N->S Put{req, key, value}         S->N Value{req, value}  (value as hex)
+//   N->S Get{req, key}                S->N Value{req, value}  (once some node put it)
 //                                     S->N RequestFailed{req, code, message}
 //   N->S Finish{}                     S->N Shutdown{} | Abort{code, message, node?}
 // After Refused, Shutdown or Abort the scheduler sends nothing more and
@@ -60,8 +62,17 @@ enum class MsgType : uint16_t {
   kFinish = 15,
   kShutdown = 16,
   kAbort = 17,
+  kPut = 18,
+  kGet = 19,
+  kValue = 20,
 };
-inline constexpr uint16_t kMaxMsgType = 17;
+inline constexpr uint16_t kMaxMsgType = 20;
+
+// The job's key-value rendezvous (ControlClient::put/get): limits checked by
+// the client before sending and by the scheduler on receipt.
+inline constexpr size_t kMaxKvKey = 256;
+inline constexpr size_t kMaxKvValue = 64 * 1024;
+inline constexpr size_t kMaxKvEntries = 4096;
 
 const char* msgTypeName(MsgType t);
 

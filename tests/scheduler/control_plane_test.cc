@@ -158,6 +158,67 @@ TEST(ControlPlane, BarriersWaitForTheWholeGroup) {
   finishJob(nodes, sched);
 }
 
+TEST(ControlPlane, KeyValueRendezvousHandsOnePutToEveryGet) {
+  LogCapture log;
+  SchedulerRunner sched(schedulerOptions(3, 1));
+  auto nodes = connectAll(jobOptions(sched.port(), 3, 1));
+  // Any bytes, as NCCL's unique id is: zeros, high bytes, not UTF-8.
+  std::string id(128, '\0');
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>((i * 37 + 200) & 0xff);
+
+  // Gets that arrive before the put wait for it (workers 1 and 2, and the
+  // server); worker 0 puts after a pause.
+  std::vector<std::string> got(nodes.size());
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (i == 1) continue;  // worker 0 (nodes[0] is the server)
+    ts.emplace_back([&, i] { got[i] = nodes[i].client->get("nccl/world", Deadline::after(5s)); });
+  }
+  std::this_thread::sleep_for(100ms);
+  nodes[1].client->put("nccl/world", id, Deadline::after(5s));
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (i == 1) continue;
+    EXPECT_EQ(got[i], id) << "node " << i;
+  }
+  // A get after the put is answered at once; an empty value is a value.
+  EXPECT_EQ(nodes[2].client->get("nccl/world", Deadline::after(2s)), id);
+  nodes[2].client->put("empty", "", Deadline::after(2s));
+  EXPECT_EQ(nodes[3].client->get("empty", Deadline::after(2s)), "");
+
+  // Putting the same value again is fine; another value is refused, naming
+  // the key, and the job goes on.
+  nodes[3].client->put("nccl/world", id, Deadline::after(2s));
+  std::string msg;
+  EXPECT_EQ(codeOf([&] { nodes[3].client->put("nccl/world", "other", Deadline::after(2s)); }, &msg),
+            ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("'nccl/world'"), std::string::npos) << msg;
+
+  // A key nobody puts times out at the caller's deadline, naming the key.
+  auto start = Clock::now();
+  EXPECT_EQ(codeOf([&] { nodes[2].client->get("never", Deadline::after(300ms)); }, &msg),
+            ErrorCode::kTimeout);
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_NE(msg.find("'never'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no node has put"), std::string::npos) << msg;
+  // ... and a put that comes after the caller left answers nobody, harmlessly.
+  nodes[1].client->put("never", "late", Deadline::after(2s));
+  EXPECT_EQ(nodes[2].client->get("never", Deadline::after(2s)), "late");
+
+  // Bad keys and oversized values are refused before anything is sent.
+  EXPECT_EQ(codeOf([&] { nodes[1].client->put("", "x", Deadline::after(1s)); }, &msg),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(codeOf([&] { nodes[1].client->get(std::string(control::kMaxKvKey + 1, 'k'), Deadline::after(1s)); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(codeOf([&] {
+              nodes[1].client->put("big", std::string(control::kMaxKvValue + 1, 'v'), Deadline::after(1s));
+            }, &msg),
+            ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("'big'"), std::string::npos) << msg;
+  for (auto& n : nodes) EXPECT_TRUE(n.client->failure().ok()) << n.client->failure().message();
+  finishJob(nodes, sched);
+}
+
 TEST(ControlPlane, DeclarationsAgreeOnOneKeyPerTensor) {
   LogCapture log;
   SchedulerRunner sched(schedulerOptions(3, 1));
