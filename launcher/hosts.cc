@@ -114,7 +114,9 @@ std::string writeMpiAgentWrapper(const std::string& dir, const std::string& agen
     quoted += shellQuote(w.substr(start));
     line += " " + quoted;
   }
-  line += " /bin/sh -c \"$*\"";
+  // `exec`: the daemon replaces the shell, so it keeps agent-exec's
+  // parent-death signal (OpenMPI sends one simple command: orted ...).
+  line += " /bin/sh -c \"exec $*\"";
   const std::string path = dir + "/mpi_agent.sh";
   std::ofstream f(path);
   f << "#!/bin/sh\n# Written by cortado launch: OpenMPI's rsh agent, through --agent.\n"
@@ -147,6 +149,15 @@ std::vector<std::string> mpirunArgv(const HostsOptions& h, int numWorkers,
       a.insert(a.end(), {"--mca", "oob_tcp_if_include", tcpSubnet});
     if (!getenv("OMPI_MCA_btl_tcp_if_include"))
       a.insert(a.end(), {"--mca", "btl_tcp_if_include", tcpSubnet});
+  }
+  if (!h.hosts.empty()) {
+    // A daemon on a host cut off from mpirun hears nothing; TCP keepalive
+    // lets it notice within ~11 s and stop its workers (the default is
+    // 300 s + 9 x 20 s).
+    for (auto [k, v] : {std::pair{"oob_tcp_keepalive_time", "5"},
+                        std::pair{"oob_tcp_keepalive_intvl", "2"},
+                        std::pair{"oob_tcp_keepalive_probes", "3"}})
+      if (!getenv(fmt::format("OMPI_MCA_{}", k).c_str())) a.insert(a.end(), {"--mca", k, v});
   }
   for (const auto& v : forwardVars) a.insert(a.end(), {"-x", v});
   a.insert(a.end(), command.begin(), command.end());

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Emulated hosts on one machine, for multi-machine tests and benchmarks.
 #
-#   testbed.sh up NAME N [--rate R | --rates R1,R2,...]   build N (2..4) hosts
+#   testbed.sh up NAME N [--rate R | --rates R1,R2,...]   build N (2..8) hosts
 #   testbed.sh exec NAME I CMD...                          run CMD on host I (1..N)
+#   testbed.sh exec-host HOSTNAME CMD...                   the same by hostname (NAME-hI)
+#   testbed.sh link NAME I down|up                         cut or restore host I's link
 #   testbed.sh info NAME                                   print "I HOSTNAME ADDRESS RATE" per host
 #   testbed.sh down NAME                                   remove everything (idempotent)
 #   testbed.sh leftovers NAME                              print what of NAME remains; exit 1 if any
@@ -23,6 +25,7 @@
 set -Eeuo pipefail
 
 STATE_ROOT=${CORTADO_TESTBED_STATE:-/run/cortado-testbed}
+MAX_HOSTS=8
 
 die() {
   echo "testbed: $*" >&2
@@ -80,7 +83,7 @@ cmd_up() {
   local name=$1 n=$2
   shift 2
   check_name "$name"
-  [[ $n =~ ^[0-9]+$ ]] && ((n >= 2 && n <= 4)) || die "the number of hosts must be 2, 3 or 4 (got '$n')"
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 2 && n <= MAX_HOSTS)) || die "the number of hosts must be 2 to $MAX_HOSTS (got '$n')"
   local rates=()
   while (($#)); do
     case $1 in
@@ -162,6 +165,27 @@ cmd_exec() {
   exec nsenter --uts="$state/uts/h$i" -- ip netns exec "$name-h$i" "$@"
 }
 
+# exec by hostname, for launcher agent templates ('testbed.sh exec-host {host}').
+cmd_exec_host() {
+  local host=$1
+  shift
+  [[ $host =~ ^([a-z0-9]{1,8})-h([0-9]+)$ ]] ||
+    die "'$host' is not a testbed hostname (NAME-hI, e.g. tb1-h2)"
+  cmd_exec "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "$@"
+}
+
+# Sets the bridge end of host I's link down or up: with it down, host I
+# reaches nobody and nobody reaches it (its processes keep running).
+cmd_link() {
+  local name=$1 i=$2 state=$3
+  check_name "$name"
+  [[ -f $STATE_ROOT/$name/count ]] || die "no testbed named '$name'"
+  [[ $i =~ ^[0-9]+$ ]] && ((i >= 1 && i <= $(cat "$STATE_ROOT/$name/count"))) ||
+    die "host '$i' is not one of 1..$(cat "$STATE_ROOT/$name/count") of testbed '$name'"
+  [[ $state == down || $state == up ]] || die "link state must be 'down' or 'up', not '$state'"
+  ip link set "${name}v$i" "$state"
+}
+
 cmd_info() {
   check_name "$1"
   [[ -f $STATE_ROOT/$1/hosts ]] || die "no testbed named '$1'"
@@ -173,7 +197,7 @@ cmd_down() {
   local name=$1
   check_name "$name"
   local state=$STATE_ROOT/$name i
-  for ((i = 1; i <= 4; i++)); do
+  for ((i = 1; i <= MAX_HOSTS; i++)); do
     local ns=$name-h$i
     if [[ -e /run/netns/$ns ]]; then
       # Processes left in the namespace would keep its interfaces alive.
@@ -196,7 +220,7 @@ cmd_down() {
 cmd_leftovers() {
   local name=$1 left=0 i
   check_name "$name"
-  for ((i = 1; i <= 4; i++)); do
+  for ((i = 1; i <= MAX_HOSTS; i++)); do
     [[ -e /run/netns/$name-h$i ]] && { echo "network namespace $name-h$i"; left=1; }
     ip link show "${name}v$i" >/dev/null 2>&1 && { echo "interface ${name}v$i"; left=1; }
     [[ -e /etc/netns/$name-h$i ]] && { echo "/etc/netns/$name-h$i"; left=1; }
@@ -208,7 +232,7 @@ cmd_leftovers() {
 }
 
 usage() {
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
@@ -218,6 +242,8 @@ shift
 case $cmd in
   up) (($# >= 2)) || usage; cmd_up "$@" ;;
   exec) (($# >= 3)) || usage; cmd_exec "$@" ;;
+  exec-host) (($# >= 2)) || usage; cmd_exec_host "$@" ;;
+  link) (($# == 3)) || usage; cmd_link "$@" ;;
   info) cmd_info "$1" ;;
   down) cmd_down "$1" ;;
   leftovers) cmd_leftovers "$1" ;;

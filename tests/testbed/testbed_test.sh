@@ -47,7 +47,8 @@ expect_error() {
     fail "testbed.sh $* said '$out', expected it to mention '$want'"
   fi
 }
-expect_error "2, 3 or 4" up "$NAME" 5
+expect_error "2 to 8" up "$NAME" 9
+expect_error "not a testbed hostname" exec-host "Bad_Host" true
 expect_error "1 to 8 characters" up "Bad_Name" 2
 expect_error "rate 'fast'" up "$NAME" 2 --rate fast
 expect_error "lists 1 rates for 2 hosts" up "$NAME" 2 --rates 1gbit
@@ -80,6 +81,22 @@ done
 
 "$TB" exec "$NAME" 1 ping -c 2 -W 2 "$a2" >/dev/null || fail "host 1 cannot ping host 2 ($a2)"
 "$TB" exec "$NAME" 2 ping -c 2 -W 2 "$h1" >/dev/null || fail "host 2 cannot ping host 1 by name ($h1)"
+
+# --- exec by hostname, and the link helper -------------------------------------
+got=$("$TB" exec-host "$h2" hostname)
+[[ $got == "$h2" ]] || fail "exec-host $h2 ran on '$got'"
+# From inside host 1 too (how a launcher on host 1 reaches host 2).
+got=$("$TB" exec "$NAME" 1 "$TB" exec-host "$h2" hostname)
+[[ $got == "$h2" ]] || fail "exec-host $h2 from host 1 ran on '$got'"
+expect_error "must be 'down' or 'up'" link "$NAME" 2 sideways
+"$TB" link "$NAME" 2 down || fail "link $NAME 2 down failed"
+"$TB" exec "$NAME" 1 ping -c 1 -W 1 "$a2" >/dev/null 2>&1 && fail "host 1 still reaches host 2 with its link down"
+"$TB" link "$NAME" 2 up || fail "link $NAME 2 up failed"
+ok=0
+for _ in $(seq 20); do
+  "$TB" exec "$NAME" 1 ping -c 1 -W 1 "$a2" >/dev/null 2>&1 && { ok=1; break; }
+done
+((ok)) || fail "host 1 does not reach host 2 again after link up"
 
 # --- shaped throughput ---------------------------------------------------------
 # A 4-second TCP transfer from host 1 to host 2 must land near 1 Gbit/s: not

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# ctest: `cortado launch --hosts` on emulated hosts (testbed.sh), through the
+# testbed's host agent, with the launcher on host 1 as on a head node.
+#
+#   launch_hosts_test.sh CORTADO PUSHPULL_CHECK 2x2|4x1|linkdown
+#
+# 2x2, 4x1: 2 hosts x 2 workers / 4 hosts x 1 worker, one server per host,
+#   pushpull_check (every result against the plain sum of all workers'
+#   inputs); and the bytes that left the last host over its link must be at
+#   least half of what it had to send to servers on other hosts, which shows
+#   that shared memory (chosen by hostname) was not used across hosts.
+# linkdown: 3 hosts x 1 worker; host 3's link is set down mid-run; the
+#   launcher must exit non-zero within 30 s naming host 3, and no process may
+#   be left in any host.
+# Skips (exit 77) where it cannot run: not root, no network namespaces.
+set -uo pipefail
+
+CORTADO=$1
+CHECK=$2
+CASE=$3
+HERE=$(cd "$(dirname "$0")" && pwd)
+TB=$HERE/testbed.sh
+NAME=l$(printf '%04x%03x' $((RANDOM % 65536)) $(($$ % 4096)))
+OUT=$(mktemp -d /tmp/cortado-hosts-test.XXXXXX)
+FAILED=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  FAILED=1
+}
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+cleanup() {
+  "$TB" down "$NAME" >/dev/null 2>&1 || true
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+[[ $(id -u) -eq 0 ]] || skip "the emulated hosts need root (network namespaces, veth pairs, tc); run ctest as root"
+command -v mpirun >/dev/null || skip "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
+if ! err=$(ip netns add "${NAME}x" 2>&1); then
+  skip "this machine does not allow network namespaces ('ip netns add' failed: $err)"
+fi
+ip netns del "${NAME}x"
+
+case $CASE in
+  2x2) hosts=2 per=2 ;;
+  4x1) hosts=4 per=1 ;;
+  linkdown) hosts=3 per=1 ;;
+  *) echo "unknown case '$CASE' (2x2, 4x1, linkdown)" >&2; exit 2 ;;
+esac
+"$TB" up "$NAME" "$hosts" --rate 10gbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
+list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
+launch() {
+  "$TB" exec "$NAME" 1 timeout -s KILL 80 "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
+    --agent "$TB exec-host {host}" -- "$CHECK" "$@"
+}
+left_in_hosts() {
+  local i pids=""
+  for ((i = 1; i <= hosts; i++)); do pids+=$(ip netns pids "$NAME-h$i" 2>/dev/null | tr '\n' ' '); done
+  echo "$pids"
+}
+tx_bytes() { cat "/sys/class/net/${NAME}v$1/statistics/rx_bytes"; }  # the bridge end receives what host $1 sends
+
+if [[ $CASE != linkdown ]]; then
+  W=$((hosts * per))
+  before=$(tx_bytes "$hosts")
+  # 4 MiB tensor in 256 KiB chunks: each server gets an equal share.
+  CORTADO_LOG_LEVEL=warn CORTADO_PARTITION_BYTES=262144 launch --tensors 6 --iters 3 \
+    --max-elements 20000 --big-elements 1048576 >"$OUT/log" 2>&1
+  rc=$?
+  sent=$(($(tx_bytes "$hosts") - before))
+  ((rc == 0)) || fail "the job exited with $rc"
+  for ((r = 0; r < W; r++)); do
+    grep -q "^worker $r: 3 iterations of 7 tensors correct" "$OUT/log" || fail "worker $r did not report correct sums"
+  done
+  # Workers on the last host push (hosts-1)/hosts of 4 MiB per iteration to
+  # servers elsewhere.
+  need=$((per * 3 * 4194304 * (hosts - 1) / hosts / 2))
+  echo "host $hosts sent $sent bytes over its link (at least $need expected)"
+  ((sent >= need)) || fail "host $hosts sent only $sent bytes over its link: did it use shared memory with another host?"
+else
+  progress=$OUT/progress
+  CORTADO_LOG_LEVEL=warn launch --tensors 4 --iters 100000 --max-elements 1000 --slow-ms 10 \
+    --progress-file "$progress" >"$OUT/log" 2>&1 &
+  job=$!
+  for _ in $(seq 300); do [[ -s $progress ]] && break; sleep 0.1; done
+  [[ -s $progress ]] || fail "the job made no progress within 30 s"
+  "$TB" link "$NAME" 3 down
+  cut=$(date +%s%N)
+  wait "$job"
+  rc=$?
+  took_ms=$((($(date +%s%N) - cut) / 1000000))
+  echo "after host 3's link went down the launcher exited with $rc in $took_ms ms"
+  ((rc != 0)) || fail "the job exited 0 although host 3 was cut off"
+  ((took_ms < 30000)) || fail "the launcher took $took_ms ms (limit 30 s)"
+  grep "cortado launch: job failed:" "$OUT/log" | grep -q "$NAME-h3" ||
+    fail "the launcher's error does not name host $NAME-h3: $(grep 'job failed' "$OUT/log")"
+  for _ in $(seq 50); do [[ -z $(left_in_hosts) ]] && break; sleep 0.2; done
+fi
+left=$(left_in_hosts)
+[[ -z $left ]] || fail "processes left in the hosts: $(ps -o pid,args -p ${left// /,} | cut -c1-160)"
+
+if ((FAILED)); then
+  echo "---- job output ----"
+  tail -60 "$OUT/log"
+  exit 1
+fi
+grep "job failed" "$OUT/log" || true
+echo "launch across hosts ($CASE) passed"
