@@ -13,6 +13,7 @@
 #include "launcher/hosts.h"
 #include "launcher/launch.h"
 #include "launcher/roles.h"
+#include "launcher/trace_command.h"
 #include "scheduler/planner/plan_command.h"
 
 using namespace cortado;
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
 
   // plan and bench plan: they run in their callbacks during parse().
   planner::addPlanCommand(app);
+  launcher::addTraceCommand(app);
   planner::addPlanBenchCommand(*bench);
 
   // settings table

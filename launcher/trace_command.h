@@ -1,0 +1,51 @@
+// `cortado trace merge` and `cortado trace compare`: the run-time traces
+// that workers and servers write (--trace DIR, core/common/trace.h), put
+// together for Perfetto, and laid beside the planner's predicted timeline
+// (`cortado plan --trace`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace cortado::launcher {
+
+// One stage's time per iteration, predicted and measured.
+struct StageGap {
+  std::string stage;  // "encode", "inter allgather*", "server", ...
+  double predictedUs = 0;
+  double measuredUs = 0;
+};
+
+struct TraceComparison {
+  double predictedIterationUs = 0;
+  double measuredIterationUs = 0;  // mean over the measured iterations
+  int iterations = 0;              // measured iterations found
+  int workers = 0;                 // worker traces read
+  std::vector<StageGap> stages;    // every stage, largest |measured - predicted| first
+};
+
+// Reads a predicted trace (a file from `cortado plan --trace`) and a measured
+// one (a directory of per-process traces, or one merged file), and compares:
+// - iteration time: from the first event's start to the last event's end of
+//   an iteration (predicted: the whole file; measured: each iteration of
+//   each worker, then the mean);
+// - per stage: the summed duration of the stage's events in one iteration,
+//   per worker (measured: summed over every process, divided by the number
+//   of workers and iterations; the servers' "server" events count too).
+// A stage is an event's "cat", or for the planner's events its name without
+// the tensor name. Throws Error(kInvalidArgument) naming the file when a
+// trace is missing, not JSON, or holds no events.
+TraceComparison compareTraces(const std::string& predicted, const std::string& measured);
+
+// Every *.json trace under `dir` in one trace-event file, one process each
+// (sorted by file name). Returns the number of processes merged.
+int mergeTraces(const std::string& dir, const std::string& out);
+
+// Registers `trace` with `merge` and `compare` under `app`.
+void addTraceCommand(CLI::App& app);
+
+}  // namespace cortado::launcher
