@@ -98,6 +98,11 @@ struct Task {
   ReduceOp op;
   int priority;
   Status firstError;  // guarded by handle->mu
+  // exchange(): caller-prepared payloads per chunk (empty: raw input), and
+  // where compressed answers go (null: dense into output).
+  bool exchange = false;
+  std::vector<Buffer> payloads;
+  std::vector<ExchangeAnswer>* answers = nullptr;
 };
 
 struct ChunkOp {
@@ -299,6 +304,74 @@ class WorkerImpl final : public Worker {
     return Handle(state);
   }
 
+  std::vector<ChunkSpan> chunks(const std::string& name) const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = tensors_.find(name);
+    CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
+                    "worker {}: chunks of tensor '{}', which was never declared", self_.rank, name);
+    std::vector<ChunkSpan> out;
+    for (const Chunk& c : it->second->chunks) out.push_back({c.offset, c.numElements});
+    return out;
+  }
+
+  Handle exchange(const std::string& name, Exchange ex, int priority) override {
+    auto state = std::make_shared<Handle::State>();
+    state->name = name;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      checkFailedLocked();
+      auto it = tensors_.find(name);
+      CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
+                      "worker {}: exchange of tensor '{}', which was never declared", self_.rank,
+                      name);
+      TensorEntry& t = *it->second;
+      const bool compressedIn = !ex.payloads.empty();
+      CORTADO_ENFORCE(compressedIn != (ex.rawInput != nullptr || t.numElements == 0),
+                      ErrorCode::kInvalidArgument,
+                      "worker {}: exchange of tensor '{}' needs raw input or payloads, not {}",
+                      self_.rank, name, compressedIn ? "both" : "neither");
+      CORTADO_ENFORCE((ex.answers != nullptr) != (ex.rawOutput != nullptr || t.numElements == 0),
+                      ErrorCode::kInvalidArgument,
+                      "worker {}: exchange of tensor '{}' needs a raw output or an answer list, "
+                      "not {}",
+                      self_.rank, name, ex.answers ? "both" : "neither");
+      CORTADO_ENFORCE(!(compressedIn || ex.answers) || t.codec, ErrorCode::kInvalidArgument,
+                      "worker {}: exchange of tensor '{}' with compressed data, but the tensor "
+                      "was declared without a codec",
+                      self_.rank, name);
+      CORTADO_ENFORCE(!compressedIn || ex.payloads.size() == t.chunks.size(),
+                      ErrorCode::kInvalidArgument,
+                      "worker {}: exchange of tensor '{}' with payloads for {} chunks; it has {}",
+                      self_.rank, name, ex.payloads.size(), t.chunks.size());
+      CORTADO_ENFORCE(!opts_.async, ErrorCode::kInvalidArgument,
+                      "worker {}: exchange of tensor '{}': plan execution needs the servers in "
+                      "sync mode (CORTADO_ASYNC=0)",
+                      self_.rank, name);
+      CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
+                      "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
+                      "handle before starting another",
+                      self_.rank, name);
+      t.inFlight = true;
+      auto task = std::make_shared<Task>();
+      task->handle = state;
+      task->tensor = &t;
+      task->round = t.round++;
+      task->input = static_cast<const uint8_t*>(ex.rawInput);
+      task->output = static_cast<uint8_t*>(ex.rawOutput);
+      task->op = ReduceOp::kSum;
+      task->priority = priority;
+      task->exchange = true;
+      task->payloads = std::move(ex.payloads);
+      task->answers = ex.answers;
+      if (task->answers) task->answers->assign(t.chunks.size(), ExchangeAnswer{});
+      state->remaining = t.chunks.size();
+      for (size_t i = 0; i < t.chunks.size(); ++i)
+        queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(t.dtype)});
+    }
+    cv_.notify_all();
+    return Handle(state);
+  }
+
   void barrier(Deadline deadline) override {
     control_->barrier(control::Group::kWorkers, "worker-barrier", deadline);
   }
@@ -388,12 +461,26 @@ class WorkerImpl final : public Worker {
     h.key = c.key;
     h.round = op.task->round;
     h.numElements = c.numElements;
+    h.contributors = t.options.contributors;
+    const Task& task = *op.task;
     try {
       h.op = Op::kPush;
       Message push;
       const shm::Region& region = t.regions[op.chunk];
-      const bool compressed = t.codec && c.numElements > 0;
-      if (compressed) {
+      const bool compressed =
+          c.numElements > 0 && (task.exchange ? !task.payloads.empty() : t.codec != nullptr);
+      if (compressed && task.exchange) {
+        const size_t pre = wire::compressedPreambleBytes(t.codecSpec, t.name);
+        const Buffer& payloads = task.payloads[op.chunk];
+        Buffer body = Buffer::allocate(pre + payloads.size());
+        wire::writeCompressedPreamble(body.data(), t.codecSpec, t.name);
+        if (payloads.size() > 0) std::memcpy(body.data() + pre, payloads.data(), payloads.size());
+        h.flags |= wire::kFlagCompressed;
+        if (!task.answers) h.flags |= wire::kFlagDenseAnswer;
+        h.bodyBytes = body.size();
+        push.parts.push_back(wire::encodeHeader(h));
+        push.parts.push_back(std::move(body));
+      } else if (compressed) {
         // Encoded here, so the input is not needed after this call.
         const size_t pre = wire::compressedPreambleBytes(t.codecSpec, t.name);
         const size_t payloadBytes = t.codec->payloadBytes(c.numElements);
@@ -431,13 +518,22 @@ class WorkerImpl final : public Worker {
       transport_->send(server, std::move(push));
       h.op = Op::kPull;
       h.bodyBytes = 0;
+      h.contributors = 0;
       // Ask a same-host server to answer through its shared memory too.
-      h.flags = static_cast<uint8_t>((opts_.async ? wire::kFlagAsync : wire::kFlagNone) |
-                                     (sameHost_[c.server] && !compressed ? wire::kFlagShm
-                                                                         : wire::kFlagNone));
+      h.flags = static_cast<uint8_t>(
+          (opts_.async ? wire::kFlagAsync : wire::kFlagNone) |
+          (sameHost_[c.server] && !compressed && !task.answers ? wire::kFlagShm : wire::kFlagNone));
+      Buffer pullBody;
+      if (task.answers && !compressed && c.numElements > 0) {
+        // A raw key's sum in the codec's form: the pull names the codec.
+        pullBody = Buffer::allocate(wire::compressedPreambleBytes(t.codecSpec, t.name));
+        wire::writeCompressedPreamble(pullBody.data(), t.codecSpec, t.name);
+        h.flags |= wire::kFlagCompressed;
+        h.bodyBytes = pullBody.size();
+      }
       Message pull;
       pull.parts.push_back(wire::encodeHeader(h));
-      pull.parts.push_back(Buffer());
+      pull.parts.push_back(std::move(pullBody));
       transport_->send(server, std::move(pull));
     } catch (const Error& e) {
       finishChunk(id, Status(e.code(), fmt::format("push_pull of tensor '{}' to {}: {}", t.name,
@@ -514,8 +610,14 @@ class WorkerImpl final : public Worker {
                                t.name, m->from.toString(), h->key, h->round, h->numElements,
                                dtypeName(h->dtype), c.key, task.round, c.numElements,
                                dtypeName(t.dtype)));
+      } else if (task.answers) {
+        (*task.answers)[op.chunk] =
+            ExchangeAnswer{m->parts[1], (h->flags & wire::kFlagCompressed) != 0};
       } else if (c.numElements > 0) {
         try {
+          CORTADO_ENFORCE(!task.exchange || !(h->flags & wire::kFlagCompressed),
+                          ErrorCode::kProtocol,
+                          "{} answered a dense pull with a compressed payload", m->from.toString());
           const uint8_t* src = m->parts[1].data();
           if (h->flags & wire::kFlagCompressed) {
             decodeAnswer(t, task, c, *m);

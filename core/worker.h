@@ -26,6 +26,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "core/common/buffer.h"
 
 #include "core/common/deadline.h"
 #include "core/common/dtype.h"
@@ -64,6 +67,37 @@ struct TensorOptions {
   // push (compressor::ErrorFeedback, with DGC's momentum correction for dgc).
   // Without it top-k and the sign codecs lose what they do not send.
   bool errorFeedback = true;
+  // How many workers push each round; 0 = all of them. The plan executor
+  // (core/executor.h) declares its hierarchical shard keys with one pusher per
+  // machine. Every worker must declare the same value (the scheduler checks).
+  uint32_t contributors = 0;
+};
+
+// One chunk of a declared tensor: elements [offset, offset + numElements).
+struct ChunkSpan {
+  uint64_t offset = 0;
+  uint64_t numElements = 0;
+};
+
+// A chunk's answer to exchange() when kept in compressed form.
+struct ExchangeAnswer {
+  Buffer bytes;             // a codec payload (or top-k sparse sum), or dense fp32
+  bool compressed = false;  // false: bytes are the dense fp32 sum of the chunk
+};
+
+// One round of push and pull with data the caller prepared (the plan
+// executor's inter-machine push/pull steps). Exactly one input and one output.
+struct Exchange {
+  // Push raw elements (the declared count and dtype), or, for a tensor
+  // declared with a codec, per chunk (chunks()) one or more payloads of that
+  // codec for the chunk, back to back; the servers decode and add each.
+  const void* rawInput = nullptr;
+  std::vector<Buffer> payloads;
+  // Pull the dense sum into rawOutput, or, for a tensor declared with a codec,
+  // the servers' answer per chunk into *answers (re-encoded with the codec, or
+  // top-k's lossless sparse sum, or dense where that is smaller).
+  void* rawOutput = nullptr;
+  std::vector<ExchangeAnswer>* answers = nullptr;
 };
 
 // The completion of one pushPull. Cheap to copy; all copies share the state.
@@ -130,6 +164,14 @@ class Worker {
   // until the handle completes.
   virtual Handle pushPull(const std::string& name, DType dtype, uint64_t numElements,
                           const void* input, void* output, ReduceOp op, int priority) = 0;
+
+  // The chunks a declared tensor is pushed in (placement order).
+  virtual std::vector<ChunkSpan> chunks(const std::string& name) const = 0;
+
+  // One round of a declared tensor with caller-prepared data (see Exchange):
+  // no encoding, error feedback or averaging here. Buffers stay valid until
+  // the handle completes. Misuse throws kInvalidArgument naming the tensor.
+  virtual Handle exchange(const std::string& name, Exchange ex, int priority) = 0;
 
   virtual void barrier(Deadline deadline) = 0;
 

@@ -12,11 +12,13 @@ namespace cortado::scheduler {
 DeclarationTable::DeclarationTable(int numWorkers) : numWorkers_(numWorkers) {}
 
 std::string DeclarationTable::describe(const control::TensorDecl& d) {
-  return fmt::format("{} x {}, codec {}{}", dtypeName(d.dtype), d.numElements,
+  return fmt::format("{} x {}, codec {}{}{}", dtypeName(d.dtype), d.numElements,
                      d.codec.empty() ? "none" : "'" + d.codec + "'",
                      d.codec.empty() ? ""
                      : d.errorFeedback ? " with error feedback"
-                                       : " without error feedback");
+                                       : " without error feedback",
+                     d.contributors == 0 ? std::string()
+                                         : fmt::format(", {} pushes per round", d.contributors));
 }
 
 DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::TensorDecl& decl) {
@@ -82,6 +84,8 @@ Status DeclarationTable::mismatch(const std::string& name, const Entry& e) const
   if (differs([](const control::TensorDecl& d) { return d.codec; })) fields.push_back("codec");
   if (differs([](const control::TensorDecl& d) { return d.errorFeedback; }))
     fields.push_back("errorFeedback");
+  if (differs([](const control::TensorDecl& d) { return d.contributors; }))
+    fields.push_back("contributors");
   std::vector<std::string> parts;
   for (const auto& [decl, workers] : groups) {
     parts.push_back(fmt::format("{} {} declared {}", workers.size() == 1 ? "worker" : "workers",

@@ -436,6 +436,13 @@ class SchedulerImpl final : public Scheduler {
                     "field 'errorFeedback' of the declaration of tensor '{}' is not a boolean",
                     d.name);
     d.errorFeedback = ef != body.end() && ef->get<bool>();
+    // Absent from older workers: every worker pushes.
+    auto contributors = body.find("contributors");
+    CORTADO_ENFORCE(contributors == body.end() || contributors->is_number_unsigned() ||
+                        (contributors->is_number_integer() && contributors->get<int64_t>() >= 0),
+                    ErrorCode::kProtocol,
+                    "field 'contributors' of the declaration of tensor '{}' is not a count", d.name);
+    d.contributors = contributors == body.end() ? 0 : contributors->get<uint32_t>();
     auto out = decls_.declare(s.info.id.rank, d);
     using Kind = DeclarationTable::Outcome::Kind;
     switch (out.kind) {

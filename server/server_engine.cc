@@ -23,6 +23,7 @@ struct PendingPull {
   NodeId from;
   uint32_t requestId;
   bool wantsShm;
+  bool wantsCompressed = false;  // an uncompressed key's sum in answerCodec's form
 };
 
 // Everything the server knows about one key. Touched by one engine thread.
@@ -54,6 +55,17 @@ struct KeyState {
   std::string codecSpec;
   std::string tensorName;
   bool resultCompressed = false;  // k.result is a codec payload
+
+  // Plan executor (core/executor.h): pushes that complete a round (0 until the
+  // first push fixes it), a compressed key answered dense, and an
+  // uncompressed key's answer re-encoded for pulls that ask so.
+  int expected = 0;
+  bool denseAnswer = false;
+  compressor::CodecPtr answerCodec;
+  std::string answerSpec;
+  uint64_t encodedRound = kNoRound;
+  Buffer encoded;
+  bool encodedCompressed = false;
 
   // "tensor 'fc1' (key 1048576)" or "key 5" for error messages.
   std::string describe(uint64_t key) const {
@@ -92,6 +104,15 @@ struct ServerEngine::Shard {
   void decompressInto(KeyState& k, const DataHeader& h, const Message& msg, float* sum);
   // The round's answer for a compressed key, from its fp32 sum.
   void encodeAnswer(KeyState& k, uint64_t key, const float* sum, Buffer recycled);
+  // Encodes an n-element fp32 sum with `codec` into out (sparse codecs: the
+  // lossless top-k form, or dense where smaller); returns whether it is a payload.
+  bool encodeSum(const compressor::Codec& codec, uint64_t key, uint64_t round, const float* sum,
+                 size_t n, Buffer& out, Buffer recycled);
+  // A pull with kFlagCompressed on an uncompressed key: fixes or checks the
+  // codec it names.
+  void answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg);
+  // Answers one pull of the completed round.
+  void answerPull(KeyState& k, uint64_t key, const PendingPull& p);
 };
 
 ServerEngine::ServerEngine(ServerEngineOptions opts, transport::Transport& transport)
@@ -241,6 +262,11 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
       k.dtype = h.dtype;
       k.numElements = h.numElements;
       k.pushedBy.assign(W, false);
+      CORTADO_ENFORCE(h.contributors <= static_cast<uint32_t>(W), ErrorCode::kProtocol,
+                      "key {}: {} says {} workers push this key, but the job has {} workers",
+                      h.key, msg.from.toString(), h.contributors, W);
+      k.expected = h.contributors == 0 ? W : static_cast<int>(h.contributors);
+      k.denseAnswer = h.flags & wire::kFlagDenseAnswer;
     }
     CORTADO_ENFORCE(h.dtype == k.dtype && h.numElements == k.numElements, ErrorCode::kMismatch,
                     "{}: {} pushed {} elements of {}, but this key holds {} elements of {} "
@@ -253,6 +279,11 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
                     k.describe(h.key), msg.from.toString(),
                     compressed ? "compressed" : "uncompressed",
                     k.compressed ? "compressed" : "uncompressed");
+    const int expected = h.contributors == 0 ? W : static_cast<int>(h.contributors);
+    CORTADO_ENFORCE(expected == k.expected, ErrorCode::kMismatch,
+                    "{}: {} pushed for {} contributors, but the key's first push said {} (workers "
+                    "run different plans for this tensor?)",
+                    k.describe(h.key), msg.from.toString(), expected, k.expected);
     CORTADO_ENFORCE(!(h.flags & wire::kFlagShm) || engine->peers_, ErrorCode::kProtocol,
                     "key {}: {} pushed through shared memory, but this server has it off "
                     "(CORTADO_SHM=0 here and not on the worker?)",
@@ -342,11 +373,16 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
     }
-    if (k.pushes < W) return;
+    if (k.pushes < k.expected) return;
     // Round complete: publish the sum, start the next round. Every worker
     // pushed this round only after it had pulled the previous one, so the old
     // result is free once the transport lets go of it.
-    if (k.compressed) {
+    if (k.compressed && k.denseAnswer) {
+      Buffer old = std::move(k.result);
+      k.result = takeBuffer(old, accBytes);
+      std::memcpy(k.result.data(), k.acc.data(), accBytes);
+      k.resultCompressed = false;
+    } else if (k.compressed) {
       Buffer old = std::move(k.result);
       encodeAnswer(k, h.key, reinterpret_cast<const float*>(k.acc.data()), std::move(old));
     } else if (useShm) {
@@ -375,9 +411,7 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     }
     auto waiting = std::move(k.waiting);
     k.waiting.clear();
-    for (const auto& p : waiting)
-      sendResult(p.from, p.requestId, h.key, k.doneRound, k, k.result,
-                 k.resultCompressed ? wire::kFlagCompressed : 0, p.wantsShm);
+    for (const auto& p : waiting) answerPull(k, h.key, p);
     return;
   }
   // PULL
@@ -386,11 +420,12 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     ++stats.pulls;
   }
   const bool wantsShm = h.flags & wire::kFlagShm;
+  const bool wantsCompressed = h.flags & wire::kFlagCompressed;
+  if (wantsCompressed) answerCodecOf(k, h, msg);
   if (h.round == k.doneRound) {
-    sendResult(msg.from, h.requestId, h.key, h.round, k, k.result,
-               k.resultCompressed ? wire::kFlagCompressed : 0, wantsShm);
+    answerPull(k, h.key, PendingPull{msg.from, h.requestId, wantsShm, wantsCompressed});
   } else if (h.round == k.round) {
-    k.waiting.push_back({msg.from, h.requestId, wantsShm});
+    k.waiting.push_back({msg.from, h.requestId, wantsShm, wantsCompressed});
   } else {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("key {}: {} pulled round {}, but the server has completed round {} "
@@ -526,8 +561,19 @@ std::span<const std::byte> ServerEngine::Shard::compressedPayload(KeyState& k,
 void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const Message& msg,
                                          float* sum) {
   std::span<const std::byte> payload = compressedPayload(k, h, msg);
+  // One payload, or (plan executor) several of the same chunk back to back.
+  const size_t one = k.codec->payloadBytes(k.numElements);
+  CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0, ErrorCode::kProtocol,
+                  "{}: {} pushed {} payload bytes, not a whole number of {}-byte {} payloads "
+                  "of {} elements",
+                  k.describe(h.key), msg.from.toString(), payload.size(), one, k.codecSpec,
+                  k.numElements);
   try {
-    k.codec->decompressAdd(payload, sum, k.numElements);
+    // Validate every payload before adding any, so a bad push leaves the sum alone.
+    for (size_t at = 0; at < payload.size(); at += one)
+      compressor::parseHeader(payload.subspan(at, one));
+    for (size_t at = 0; at < payload.size(); at += one)
+      k.codec->decompressAdd(payload.subspan(at, one), sum, k.numElements);
   } catch (const Error& e) {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),
@@ -537,32 +583,84 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
 
 void ServerEngine::Shard::encodeAnswer(KeyState& k, uint64_t key, const float* sum,
                                        Buffer recycled) {
-  const size_t n = k.numElements;
+  k.resultCompressed = encodeSum(*k.codec, key, k.round, sum, k.numElements, k.result,
+                                 std::move(recycled));
+}
+
+void ServerEngine::Shard::answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg) {
+  CORTADO_ENFORCE(!k.compressed && k.dtype == DType::kFloat32 && !(h.flags & wire::kFlagAsync),
+                  ErrorCode::kProtocol,
+                  "{}: {} asked for a compressed answer, which only uncompressed float32 keys in "
+                  "sync mode give",
+                  k.describe(h.key), msg.from.toString());
+  wire::CompressedPush p;
+  try {
+    p = wire::parseCompressedPush(msg.parts[1].data(), msg.parts[1].size());
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kProtocol, fmt::format("{}: malformed compressed pull from {}: {}",
+                                                  k.describe(h.key), msg.from.toString(), e.what()));
+  }
+  if (k.answerCodec) {
+    CORTADO_ENFORCE(p.codecSpec == k.answerSpec, ErrorCode::kMismatch,
+                    "{}: {} pulled in codec '{}', but earlier pulls asked for '{}'",
+                    k.describe(h.key), msg.from.toString(), p.codecSpec, k.answerSpec);
+    return;
+  }
+  std::string spec(p.codecSpec);
+  try {
+    k.answerCodec = engine->codecs_->create(spec);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kProtocol, fmt::format("{}: {} pulled in codec '{}', which this server "
+                                                  "cannot build: {}",
+                                                  k.describe(h.key), msg.from.toString(), spec,
+                                                  e.what()));
+  }
+  k.answerSpec = std::move(spec);
+  if (k.tensorName.empty()) k.tensorName = std::string(p.tensorName);
+}
+
+void ServerEngine::Shard::answerPull(KeyState& k, uint64_t key, const PendingPull& p) {
+  if (!p.wantsCompressed) {
+    sendResult(p.from, p.requestId, key, k.doneRound, k, k.result,
+               k.resultCompressed ? wire::kFlagCompressed : 0, p.wantsShm);
+    return;
+  }
+  if (k.encodedRound != k.doneRound) {
+    Buffer old = std::move(k.encoded);
+    k.encodedCompressed = encodeSum(*k.answerCodec, key, k.doneRound,
+                                    reinterpret_cast<const float*>(k.result.data()),
+                                    k.numElements, k.encoded, std::move(old));
+    k.encodedRound = k.doneRound;
+  }
+  sendResult(p.from, p.requestId, key, k.doneRound, k, k.encoded,
+             k.encodedCompressed ? wire::kFlagCompressed : 0, false);
+}
+
+bool ServerEngine::Shard::encodeSum(const compressor::Codec& codec, uint64_t key, uint64_t round,
+                                    const float* sum, size_t n, Buffer& result, Buffer recycled) {
   const size_t denseBytes = n * sizeof(float);
-  if (k.codec->sparse()) {
+  if (codec.sparse()) {
     // The sum of sparse payloads has at most W*k nonzeros: send all of them
     // (lossless, so the workers' error feedback stays exact), or the dense
     // sum when that is smaller.
     const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum, n));
     if (bytes < denseBytes) {
-      k.result = takeBuffer(recycled, bytes);
-      compressor::encodeSparseSum(sum, n, {reinterpret_cast<std::byte*>(k.result.data()), bytes});
-      k.resultCompressed = true;
-    } else {
-      k.result = takeBuffer(recycled, denseBytes);
-      std::memcpy(k.result.data(), sum, denseBytes);
-      k.resultCompressed = false;
+      result = takeBuffer(recycled, bytes);
+      compressor::encodeSparseSum(sum, n, {reinterpret_cast<std::byte*>(result.data()), bytes});
+      return true;
     }
-    return;
+    result = takeBuffer(recycled, denseBytes);
+    std::memcpy(result.data(), sum, denseBytes);
+    return false;
   }
   // Casts and quantizers: the sum in the codec's form (fp16 and bf16 round
   // once; the stochastic ones draw from a seed of the key and round).
-  const size_t bytes = k.codec->payloadBytes(n);
-  k.result = takeBuffer(recycled, bytes);
+  const size_t bytes = codec.payloadBytes(n);
+  result = takeBuffer(recycled, bytes);
   compressor::EncodeContext ctx;
-  ctx.seed = compressor::format::hash2(compressor::format::hash2(key, k.round), 0);
-  k.codec->encode(sum, n, {reinterpret_cast<std::byte*>(k.result.data()), bytes}, ctx);
-  k.resultCompressed = true;
+  ctx.seed = compressor::format::hash2(compressor::format::hash2(key, round), 0);
+  codec.encode(sum, n, {reinterpret_cast<std::byte*>(result.data()), bytes}, ctx);
+  return true;
 }
 
 }  // namespace cortado::server

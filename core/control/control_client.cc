@@ -159,7 +159,8 @@ class ControlClientImpl final : public ControlClient {
               {"dtype", static_cast<int>(decl.dtype)},
               {"numElements", decl.numElements},
               {"codec", decl.codec},
-              {"errorFeedback", decl.errorFeedback}};
+              {"errorFeedback", decl.errorFeedback},
+              {"contributors", decl.contributors}};
     Json reply = request(MsgType::kDeclare, std::move(body), deadline,
                          fmt::format("declare of tensor '{}'", decl.name));
     return getUInt(reply, "key");

@@ -74,6 +74,9 @@ struct TensorDecl {
   uint64_t numElements = 0;
   std::string codec;  // "" = uncompressed; else a canonical codec spec such as "topk:ratio=0.01"
   bool errorFeedback = false;  // with a codec: workers keep error-feedback residuals
+  // Pushes that complete a round of each of its keys; 0 = every worker (the
+  // plan executor's hierarchical shard keys: one worker per machine).
+  uint32_t contributors = 0;
   bool operator==(const TensorDecl&) const = default;
 };
 

@@ -13,7 +13,7 @@ struct RawHeader {  // naturally aligned: no padding
   uint8_t dtype;
   uint8_t flags;
   uint32_t requestId;
-  uint32_t reserved;
+  uint32_t contributors;  // was reserved (always 0) before the plan executor
   uint64_t key;
   uint64_t round;
   uint64_t numElements;
@@ -46,6 +46,7 @@ Buffer encodeHeader(const DataHeader& h) {
   r.round = h.round;
   r.numElements = h.numElements;
   r.bodyBytes = h.bodyBytes;
+  r.contributors = h.contributors;
   return Buffer::copyOf(&r, sizeof(r));
 }
 
@@ -64,7 +65,7 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
                   r.op);
   CORTADO_ENFORCE(isValidDType(r.dtype), ErrorCode::kProtocol,
                   "data message has unknown dtype {}", r.dtype);
-  CORTADO_ENFORCE((r.flags & ~uint8_t(kFlagAsync | kFlagCompressed | kFlagShm)) == 0, ErrorCode::kProtocol,
+  CORTADO_ENFORCE((r.flags & ~kAllFlags) == 0, ErrorCode::kProtocol,
                   "data message has unknown flags 0x{:02x}", r.flags);
   CORTADO_ENFORCE(r.bodyBytes == bodySize, ErrorCode::kProtocol,
                   "data message for key {} promises a {}-byte body but carries {} bytes", r.key,
@@ -78,6 +79,7 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
   h.round = r.round;
   h.numElements = r.numElements;
   h.bodyBytes = r.bodyBytes;
+  h.contributors = r.contributors;
   // A dense body must be exactly the elements it claims; guards the overflow
   // of numElements * size too.
   const bool carriesData = h.op == Op::kPush || h.op == Op::kPullResponse;

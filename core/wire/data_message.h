@@ -15,6 +15,12 @@
 // name the tensor in its errors. A compressed PULL_RESPONSE body is a payload
 // alone. Compressed messages never use kFlagShm.
 //
+// The plan executor (core/executor.h) adds two forms: a compressed PUSH body
+// may hold several payloads of the same chunk back to back (a machine's
+// gathered, still-encoded contributions; the server decodes and adds each),
+// and a PULL with kFlagCompressed whose body is a preamble alone asks for the
+// round's sum of an uncompressed key in that codec's form.
+//
 // Flow (sync mode): for each key and round a worker sends PUSH then PULL; the
 // server sums the PUSHes of all workers for that round and answers each PULL
 // with the round's sum once all have arrived. Async mode: each PUSH is added
@@ -51,7 +57,11 @@ enum Flags : uint8_t {
   kFlagCompressed = 2,  // body is a codec payload, not raw dtype elements
   kFlagShm = 4,         // PUSH / PULL_RESPONSE: the body is a 16-byte shm::Descriptor
                         // naming the sender's shared memory; PULL: answer that way
+  kFlagDenseAnswer = 8, // compressed PUSH: answer this key's pulls with the dense fp32
+                        // sum instead of re-encoding it (a plan's raw pull after a
+                        // compressed push)
 };
+inline constexpr uint8_t kAllFlags = kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer;
 inline constexpr uint64_t kShmDescriptorBytes = 16;
 
 struct DataHeader {
@@ -63,6 +73,9 @@ struct DataHeader {
   uint64_t round = 0;       // iteration of this key, from 0
   uint64_t numElements = 0;
   uint64_t bodyBytes = 0;   // must equal the body part's size
+  // PUSH: how many pushes complete a round of this key; 0 = every worker.
+  // A hierarchical plan has one worker per machine push a shard (core/executor).
+  uint32_t contributors = 0;
 
   // Raw (uncompressed) body size implied by dtype and numElements.
   uint64_t denseBytes() const { return numElements * dtypeSize(dtype); }

@@ -1,0 +1,713 @@
+#include "core/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "compressor/error_feedback.h"
+#include "compressor/format.h"
+#include "compressor/payload.h"
+#include "compressor/registry.h"
+
+namespace cortado::executor {
+namespace {
+
+using plan::CommOp;
+using plan::Scope;
+using plan::Step;
+using plan::StepKind;
+
+// A part of the tensor: elements [off, off + len).
+struct Region {
+  uint64_t off = 0;
+  uint64_t len = 0;
+  uint64_t end() const { return off + len; }
+  bool operator==(const Region&) const = default;
+};
+
+// Block i of g of a region: ceil-sized blocks, the last ones shorter or empty.
+// The same split on every rank, so blocks line up with padded collectives.
+uint64_t blockSize(const Region& r, int g) { return (r.len + g - 1) / g; }
+Region block(const Region& r, int g, int i) {
+  const uint64_t b = blockSize(r, g);
+  const uint64_t s = std::min<uint64_t>(uint64_t(i) * b, r.len);
+  const uint64_t e = std::min<uint64_t>(uint64_t(i + 1) * b, r.len);
+  return {r.off + s, e - s};
+}
+
+// Compressed data: pieces of the tensor, each one payload (or a dense piece).
+// Several segments may cover the same elements (contributions not yet summed).
+struct Seg {
+  uint64_t off = 0;
+  uint64_t count = 0;
+  bool dense = false;  // bytes are fp32 elements (a server's dense answer)
+  std::vector<std::byte> bytes;
+};
+using Segs = std::vector<Seg>;
+
+// Blob framing for collectives: u64 count, then per segment u64 off, u64
+// count, u64 dense, u64 bytes, bytes.
+void putU64(std::vector<std::byte>& out, uint64_t v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  out.insert(out.end(), p, p + 8);
+}
+std::vector<std::byte> pack(const Segs& segs) {
+  std::vector<std::byte> out;
+  putU64(out, segs.size());
+  for (const Seg& s : segs) {
+    putU64(out, s.off);
+    putU64(out, s.count);
+    putU64(out, s.dense ? 1 : 0);
+    putU64(out, s.bytes.size());
+    out.insert(out.end(), s.bytes.begin(), s.bytes.end());
+  }
+  return out;
+}
+void unpackInto(const std::byte* p, size_t n, Segs& out, uint64_t tensorLen) {
+  size_t at = 0;
+  auto get = [&]() {
+    CORTADO_ENFORCE(at + 8 <= n, ErrorCode::kProtocol, "truncated compressed blob ({} bytes)", n);
+    uint64_t v;
+    std::memcpy(&v, p + at, 8);
+    at += 8;
+    return v;
+  };
+  const uint64_t count = get();
+  for (uint64_t i = 0; i < count; ++i) {
+    Seg s;
+    s.off = get();
+    s.count = get();
+    s.dense = get() != 0;
+    const uint64_t bytes = get();
+    CORTADO_ENFORCE(s.off <= tensorLen && s.count <= tensorLen - s.off && bytes <= n - at,
+                    ErrorCode::kProtocol, "malformed compressed blob: segment [{}, +{}) of {} bytes",
+                    s.off, s.count, bytes);
+    s.bytes.assign(p + at, p + at + bytes);
+    at += bytes;
+    out.push_back(std::move(s));
+  }
+}
+
+// A group, or none (a worker without MPI: a group of one).
+struct Group {
+  collective::Collectives* c = nullptr;
+  int size() const { return c ? c->size() : 1; }
+  int rank() const { return c ? c->rank() : 0; }
+  std::string name() const { return c ? c->name() : std::string("self"); }
+};
+
+using Blob = std::vector<std::byte>;
+
+std::vector<Blob> allgatherBlob(Group g, const Blob& mine, Deadline d) {
+  if (g.size() == 1) return {mine};
+  std::vector<int64_t> sizes(g.size());
+  int64_t my = static_cast<int64_t>(mine.size());
+  g.c->allgather(&my, 1, sizes.data(), DType::kInt64, d);
+  std::vector<size_t> counts(sizes.begin(), sizes.end());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  Blob all(total);
+  g.c->allgatherv(mine.data(), mine.size(), all.data(), counts, DType::kUInt8, d);
+  std::vector<Blob> out;
+  size_t at = 0;
+  for (size_t c : counts) {
+    out.emplace_back(all.begin() + at, all.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+std::vector<Blob> alltoallBlob(Group g, const std::vector<Blob>& toEach, Deadline d) {
+  if (g.size() == 1) return toEach;
+  const int n = g.size();
+  std::vector<int64_t> sendSizes(n), recvSizes(n);
+  for (int i = 0; i < n; ++i) sendSizes[i] = static_cast<int64_t>(toEach[i].size());
+  g.c->alltoall(sendSizes.data(), recvSizes.data(), 1, DType::kInt64, d);
+  std::vector<size_t> sc(sendSizes.begin(), sendSizes.end()), rc(recvSizes.begin(), recvSizes.end());
+  Blob send;
+  for (const Blob& b : toEach) send.insert(send.end(), b.begin(), b.end());
+  size_t total = 0;
+  for (size_t c : rc) total += c;
+  Blob recv(total);
+  g.c->alltoallv(send.data(), sc, recv.data(), rc, DType::kUInt8, d);
+  std::vector<Blob> out;
+  size_t at = 0;
+  for (size_t c : rc) {
+    out.emplace_back(recv.begin() + at, recv.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+// On the root: every rank's blob; elsewhere empty.
+std::vector<Blob> gatherBlob(Group g, const Blob& mine, Deadline d) {
+  if (g.size() == 1) return {mine};
+  std::vector<int64_t> sizes(g.size());
+  int64_t my = static_cast<int64_t>(mine.size());
+  g.c->gather(&my, 1, sizes.data(), DType::kInt64, 0, d);
+  std::vector<size_t> counts;
+  size_t total = 0;
+  if (g.rank() == 0) {
+    counts.assign(sizes.begin(), sizes.end());
+    for (size_t c : counts) total += c;
+  }
+  Blob all(total);
+  g.c->gatherv(mine.data(), mine.size(), all.data(), counts, DType::kUInt8, 0, d);
+  std::vector<Blob> out;
+  size_t at = 0;
+  for (size_t c : counts) {
+    out.emplace_back(all.begin() + at, all.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+void broadcastBlob(Group g, Blob& blob, Deadline d) {
+  if (g.size() == 1) return;
+  int64_t size = static_cast<int64_t>(blob.size());
+  g.c->broadcast(&size, 1, DType::kInt64, 0, d);
+  blob.resize(static_cast<size_t>(size));
+  g.c->broadcast(blob.data(), blob.size(), DType::kUInt8, 0, d);
+}
+
+std::string describeStep(const Step& s) {
+  if (s.kind == StepKind::kEncode) return fmt::format("encode on {}", plan::toString(s.device));
+  if (s.kind == StepKind::kDecode) return fmt::format("decode on {}", plan::toString(s.device));
+  return fmt::format("{} {}{}", plan::toString(s.scope), plan::toString(s.op),
+                     s.compressed ? " compressed" : "");
+}
+
+bool isFirst(CommOp op) {
+  return op == CommOp::kReduceScatter || op == CommOp::kReduce || op == CommOp::kAlltoall ||
+         op == CommOp::kGather;
+}
+
+}  // namespace
+
+struct Executor::TensorState {
+  std::string name;
+  uint64_t n = 0;
+  plan::TensorOption option;
+  std::string codecSpec;
+  compressor::CodecPtr codec;
+  compressor::CodecPtr sparseDecoder;  // top-k form of the servers' sparse sums
+  std::map<size_t, std::unique_ptr<compressor::ErrorFeedback>> ef;  // by step index
+  std::vector<std::string> shardKeys;  // push/pull keys, by shard
+  std::vector<Region> shardRegions;
+  std::vector<std::vector<ChunkSpan>> shardChunks;
+  std::set<uint64_t> cuts;  // where payload pieces may start or end
+  uint64_t round = 0;
+  uint64_t seedBase = 0;
+};
+
+plan::Plan loadPlanFile(const std::string& path) {
+  std::ifstream in(path);
+  CORTADO_ENFORCE(in.good(), ErrorCode::kInvalidArgument,
+                  "cannot read plan file '{}' (CORTADO_PLAN / --plan): check the path", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return plan::planFromJsonString(ss.str());
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("plan file '{}': {}", path, e.what()));
+  }
+}
+
+plan::TensorOption defaultOption() {
+  plan::TensorOption o;
+  o.hierarchical = true;
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+             Step::comm(Scope::kInter, CommOp::kPush, false),
+             Step::comm(Scope::kInter, CommOp::kPull, false),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  return o;
+}
+
+Executor::Executor(Worker& worker, const collective::Groups* groups,
+                   std::shared_ptr<const compressor::Registry> codecs)
+    : worker_(worker), groups_(groups), codecs_(std::move(codecs)) {
+  if (!codecs_) {
+    auto r = std::make_shared<compressor::Registry>();
+    compressor::registerCpuCodecs(*r);
+    codecs_ = std::move(r);
+  }
+  if (groups_) {
+    topo_ = groups_->topology;
+    CORTADO_ENFORCE(topo_.size == worker_.size(), ErrorCode::kInvalidArgument,
+                    "the MPI world has {} ranks but the job has {} workers: start every worker "
+                    "of the job under one mpirun",
+                    topo_.size, worker_.size());
+    CORTADO_ENFORCE(groups_->inter != nullptr, ErrorCode::kInvalidArgument,
+                    "the executor needs an inter-machine group on every rank "
+                    "(InterGroups::kSameLocalRank)");
+  } else {
+    // One worker per machine.
+    topo_.rank = worker_.rank();
+    topo_.size = worker_.size();
+    topo_.machine = worker_.rank();
+    topo_.numMachines = worker_.size();
+    topo_.localRank = 0;
+    topo_.localSize = 1;
+  }
+}
+
+Executor::~Executor() = default;
+
+void Executor::declare(const std::string& name, DType dtype, uint64_t numElements) {
+  CORTADO_ENFORCE(dtype == DType::kFloat32, ErrorCode::kInvalidArgument,
+                  "tensor '{}' is {}: the plan executor runs float32 tensors (use "
+                  "Worker::pushPull for others)",
+                  name, dtypeName(dtype));
+  if (auto it = tensors_.find(name); it != tensors_.end()) {
+    CORTADO_ENFORCE(it->second->n == numElements, ErrorCode::kInvalidArgument,
+                    "tensor '{}' was declared with {} elements, now with {}: a name keeps its "
+                    "shape",
+                    name, it->second->n, numElements);
+    return;
+  }
+  auto t = std::make_unique<TensorState>();
+  t->name = name;
+  t->n = numElements;
+  t->seedBase = std::hash<std::string>{}(name);
+  tensors_.emplace(name, std::move(t));
+}
+
+const plan::Plan& Executor::currentPlan() const {
+  CORTADO_ENFORCE(plan_.has_value(), ErrorCode::kInvalidArgument, "no plan was set");
+  return *plan_;
+}
+
+void Executor::setDefaultPlan(Deadline deadline) {
+  plan::Plan p;
+  for (const auto& [name, t] : tensors_) p.tensors[name] = defaultOption();
+  setPlan(p, deadline);
+}
+
+void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
+  // Check everything before declaring anything.
+  for (const auto& [name, option] : p.tensors) {
+    CORTADO_ENFORCE(tensors_.count(name), ErrorCode::kInvalidArgument,
+                    "the plan names tensor '{}', which this job did not declare: plan the job's "
+                    "own tensors (declared: {})",
+                    name, tensors_.size());
+    plan::validate(option, name);
+    for (size_t i = 0; i < option.steps.size(); ++i) {
+      const Step& s = option.steps[i];
+      if (s.kind != StepKind::kComm || groups_) continue;
+      CORTADO_ENFORCE(s.scope != Scope::kFlat &&
+                          (s.scope != Scope::kInter || s.op == CommOp::kPush || s.op == CommOp::kPull),
+                      ErrorCode::kInvalidArgument,
+                      "plan for tensor '{}', step {} ({}): this worker runs without MPI, so it "
+                      "has no collectives beyond push/pull; start the workers under mpirun "
+                      "(cortado launch --hosts ...) or use a plan without flat and "
+                      "inter-machine collective steps",
+                      name, i, describeStep(s));
+    }
+    if (!option.codec.empty()) {
+      try {
+        compressor::CodecPtr c = codecs_->create(codecs_->canonical(option.codec));
+        CORTADO_ENFORCE(c->id() != compressor::CodecId::kPowerSgd, ErrorCode::kInvalidArgument,
+                        "powersgd needs a matrix shape and two reductions per round; choose "
+                        "another codec");
+      } catch (const Error& e) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("plan for tensor '{}': codec '{}' cannot apply: {}", name,
+                                option.codec, e.what()));
+      }
+    }
+  }
+  for (const auto& [name, t] : tensors_) {
+    CORTADO_ENFORCE(p.tensors.count(name), ErrorCode::kInvalidArgument,
+                    "the plan has no option for declared tensor '{}': add it to the plan (or "
+                    "run without a plan for BytePS's default)",
+                    name);
+  }
+  const uint64_t gen = ++generation_;  // names each plan's shard keys apart
+  const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
+  for (const auto& [name, option] : p.tensors) {
+    TensorState& t = *tensors_.at(name);
+    t.option = option;
+    t.codec.reset();
+    t.sparseDecoder.reset();
+    t.ef.clear();
+    t.shardKeys.clear();
+    t.shardRegions.clear();
+    t.shardChunks.clear();
+    t.cuts.clear();
+    t.codecSpec.clear();
+    if (!option.codec.empty()) {
+      t.codecSpec = codecs_->canonical(option.codec);
+      t.codec = codecs_->create(t.codecSpec);
+      if (t.codec->sparse()) t.sparseDecoder = codecs_->create("topk");
+    }
+    const Region whole{0, t.n};
+    t.cuts = {0, t.n};
+    auto addBlocks = [&](const Region& r, int g) {
+      for (int i = 0; i <= g; ++i) t.cuts.insert(std::min(r.end(), r.off + uint64_t(i) * blockSize(r, g)));
+    };
+    // Which shards a push covers, from the intra first step.
+    bool intraSplit = false;
+    bool hasPush = false, pushCompressed = false, pullCompressed = false;
+    for (const Step& s : option.steps) {
+      if (s.kind != StepKind::kComm) continue;
+      if (s.scope == Scope::kIntra && (s.op == CommOp::kReduceScatter || s.op == CommOp::kAlltoall))
+        intraSplit = true;
+      if (s.op == CommOp::kPush) hasPush = true, pushCompressed = s.compressed;
+      if (s.op == CommOp::kPull) pullCompressed = s.compressed;
+      if (s.op == CommOp::kAlltoall && s.scope == Scope::kFlat) addBlocks(whole, W);
+      if (s.op == CommOp::kAlltoall && s.scope == Scope::kIntra) addBlocks(whole, L);
+    }
+    for (const Step& s : option.steps) {
+      if (s.kind == StepKind::kComm && s.scope == Scope::kInter && s.op == CommOp::kAlltoall) {
+        if (intraSplit) {
+          for (int l = 0; l < L; ++l) addBlocks(block(whole, L, l), M);
+        } else {
+          addBlocks(whole, M);
+        }
+      }
+    }
+    if (hasPush) {
+      const int shards = intraSplit ? L : 1;
+      for (int s = 0; s < shards; ++s) {
+        Region r = intraSplit ? block(whole, L, s) : whole;
+        std::string key = fmt::format("{}/plan{}/shard{}", name, gen, s);
+        TensorOptions o;
+        if (pushCompressed || pullCompressed) o.codec = t.codecSpec;
+        o.errorFeedback = false;  // the executor keeps error feedback itself
+        o.contributors = static_cast<uint32_t>(M);
+        worker_.declare(key, DType::kFloat32, r.len, o, deadline);
+        auto chunks = worker_.chunks(key);
+        for (const ChunkSpan& c : chunks) {
+          t.cuts.insert(r.off + c.offset);
+          t.cuts.insert(r.off + c.offset + c.numElements);
+        }
+        t.shardKeys.push_back(std::move(key));
+        t.shardRegions.push_back(r);
+        t.shardChunks.push_back(std::move(chunks));
+      }
+    }
+  }
+  plan_ = p;
+}
+
+namespace {
+
+// One tensor's run: the data, where it is valid, and the pairs still open.
+class Run {
+ public:
+  Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups,
+      const collective::Topology& topo, Deadline d)
+      : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d) {}
+
+  void go(const float* in, float* out, ReduceOp op) {
+    x_.assign(in, in + t_.n);
+    r_ = Region{0, t_.n};
+    const auto& steps = t_.option.steps;
+    for (step_ = 0; step_ < steps.size(); ++step_) {
+      const Step& s = steps[step_];
+      try {
+        runStep(s);
+      } catch (const Error& e) {
+        throw Error(e.code(), fmt::format("worker {}: tensor '{}', step {} ({}) of plan '{}': {}",
+                                          topo_.rank, t_.name, step_, describeStep(s),
+                                          t_.option.describe(), e.what()));
+      }
+    }
+    const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
+    for (uint64_t i = 0; i < t_.n; ++i) out[i] = x_[i] * scale;
+  }
+
+ private:
+  struct Frame {
+    Region parent;
+    bool active;
+    Scope scope;
+  };
+
+  Group group(Scope s) const {
+    if (!groups_) return Group{};
+    switch (s) {
+      case Scope::kFlat: return Group{groups_->world.get()};
+      case Scope::kIntra: return Group{groups_->intra.get()};
+      case Scope::kInter: return Group{groups_->inter.get()};
+    }
+    return Group{};
+  }
+
+  void runStep(const Step& s) {
+    if (s.kind == StepKind::kEncode) {
+      if (active_) encode();
+      return;
+    }
+    if (s.kind == StepKind::kDecode) {
+      if (active_) decode();
+      return;
+    }
+    Group g = group(s.scope);
+    if (s.op == CommOp::kPush) {
+      if (active_) pushPull(s, t_.option.steps.at(step_ + 1));
+      ++step_;  // the pull ran with it
+      return;
+    }
+    if (isFirst(s.op)) {
+      frames_.push_back({r_, active_, s.scope});
+      if (!active_) return;
+      switch (s.op) {
+        case CommOp::kReduceScatter: reduceScatter(g); break;
+        case CommOp::kReduce:
+          if (g.size() > 1) {
+            std::vector<float> sum(g.rank() == 0 ? r_.len : 0);
+            g.c->reduce(x_.data() + r_.off, sum.data(), r_.len, DType::kFloat32, 0, d_);
+            std::copy(sum.begin(), sum.end(), x_.data() + r_.off);
+          }
+          active_ = g.rank() == 0;
+          break;
+        case CommOp::kAlltoall: alltoall(g); break;
+        case CommOp::kGather: {
+          auto blobs = gatherBlob(g, pack(segs_), d_);
+          segs_.clear();
+          for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
+          active_ = g.rank() == 0;
+          break;
+        }
+        default: break;
+      }
+      return;
+    }
+    // Second steps close the open pair of their scope; else indivisible.
+    const bool second = !frames_.empty() && frames_.back().scope == s.scope &&
+                        (s.op == CommOp::kAllgather || s.op == CommOp::kBroadcast);
+    if (!second) {
+      if (!active_) return;
+      if (s.op == CommOp::kAllreduce) {
+        if (g.size() > 1)
+          g.c->allreduce(x_.data() + r_.off, x_.data() + r_.off, r_.len, DType::kFloat32, d_);
+      } else {  // compressed allgather
+        allgatherSegs(g);
+      }
+      return;
+    }
+    Frame f = frames_.back();
+    frames_.pop_back();
+    if (!f.active) return;  // this rank sat the whole pair out
+    if (s.op == CommOp::kAllgather) {
+      if (s.compressed) {
+        allgatherSegs(g);
+      } else {
+        allgatherRaw(g, f.parent);
+      }
+      r_ = f.parent;
+    } else {  // broadcast from the root of the pair
+      if (s.compressed) {
+        Blob b = active_ ? pack(segs_) : Blob{};
+        broadcastBlob(g, b, d_);
+        segs_.clear();
+        unpackInto(b.data(), b.size(), segs_, t_.n);
+      } else if (g.size() > 1) {
+        g.c->broadcast(x_.data() + f.parent.off, f.parent.len, DType::kFloat32, 0, d_);
+      }
+      r_ = f.parent;
+      active_ = true;
+    }
+  }
+
+  void reduceScatter(Group g) {
+    const int n = g.size();
+    const Region mine = block(r_, n, g.rank());
+    if (n > 1) {
+      const uint64_t b = blockSize(r_, n);
+      std::vector<float> padded(b * n, 0.0f), recv(b);
+      std::copy_n(x_.data() + r_.off, r_.len, padded.data());
+      g.c->reduceScatter(padded.data(), recv.data(), b, DType::kFloat32, d_);
+      std::copy_n(recv.data(), mine.len, x_.data() + mine.off);
+    }
+    r_ = mine;
+  }
+
+  void allgatherRaw(Group g, const Region& parent) {
+    const int n = g.size();
+    if (n == 1) return;
+    const uint64_t b = blockSize(parent, n);
+    std::vector<float> send(b, 0.0f), recv(b * n);
+    std::copy_n(x_.data() + r_.off, r_.len, send.data());
+    g.c->allgather(send.data(), b, recv.data(), DType::kFloat32, d_);
+    std::copy_n(recv.data(), parent.len, x_.data() + parent.off);
+  }
+
+  void allgatherSegs(Group g) {
+    auto blobs = allgatherBlob(g, pack(segs_), d_);
+    segs_.clear();
+    for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
+  }
+
+  void alltoall(Group g) {
+    const int n = g.size();
+    std::vector<Segs> out(n);
+    for (Seg& s : segs_) {
+      int dest = -1;
+      for (int i = 0; i < n; ++i) {
+        Region b = block(r_, n, i);
+        if (s.off >= b.off && s.off + s.count <= b.end() && (s.count > 0 || b.len == 0)) {
+          dest = i;
+          break;
+        }
+      }
+      CORTADO_ENFORCE(dest >= 0, ErrorCode::kInternal,
+                      "payload piece [{}, +{}) crosses the alltoall blocks of [{}, +{})", s.off,
+                      s.count, r_.off, r_.len);
+      out[dest].push_back(std::move(s));
+    }
+    std::vector<Blob> blobs;
+    for (const Segs& s : out) blobs.push_back(pack(s));
+    auto got = alltoallBlob(g, blobs, d_);
+    segs_.clear();
+    for (const Blob& b : got) unpackInto(b.data(), b.size(), segs_, t_.n);
+    r_ = block(r_, n, g.rank());
+  }
+
+  uint64_t seed(uint64_t piece) const {
+    uint64_t s = compressor::format::hash2(t_.seedBase, (uint64_t(step_) << 40) ^ piece);
+    s = compressor::format::hash2(s, t_.round);
+    if (t_.codec->id() == compressor::CodecId::kRandomK) return s;  // the same on every worker
+    return compressor::format::hash2(s, uint64_t(topo_.rank) + 1);
+  }
+
+  void encode() {
+    auto& ef = t_.ef[step_];
+    if (!ef) ef = std::make_unique<compressor::ErrorFeedback>(t_.codec);
+    segs_.clear();
+    std::vector<uint64_t> cuts{r_.off};
+    for (auto it = t_.cuts.upper_bound(r_.off); it != t_.cuts.end() && *it < r_.end(); ++it)
+      cuts.push_back(*it);
+    cuts.push_back(r_.end());
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      Seg s;
+      s.off = cuts[i];
+      s.count = cuts[i + 1] - cuts[i];
+      if (s.count == 0) continue;
+      s.bytes.resize(ef->payloadBytes(s.count));
+      compressor::EncodeContext ctx;
+      ctx.seed = seed(s.off);
+      ef->encode(s.off, x_.data() + s.off, s.count, s.bytes, ctx);
+      segs_.push_back(std::move(s));
+    }
+  }
+
+  // Sums every segment into the region, in fp32.
+  void decode() {
+    std::fill_n(x_.data() + r_.off, r_.len, 0.0f);
+    for (const Seg& s : segs_) {
+      CORTADO_ENFORCE(s.off >= r_.off && s.off + s.count <= r_.end(), ErrorCode::kInternal,
+                      "payload piece [{}, +{}) outside the data's region [{}, +{})", s.off,
+                      s.count, r_.off, r_.len);
+      float* dst = x_.data() + s.off;
+      if (s.dense) {
+        CORTADO_ENFORCE(s.bytes.size() == s.count * sizeof(float), ErrorCode::kProtocol,
+                        "dense piece of {} bytes for {} elements", s.bytes.size(), s.count);
+        const float* src = reinterpret_cast<const float*>(s.bytes.data());
+        for (uint64_t i = 0; i < s.count; ++i) dst[i] += src[i];
+        continue;
+      }
+      const compressor::PayloadHeader h = compressor::parseHeader(s.bytes);
+      const compressor::Codec* dec = nullptr;
+      if (h.codec == t_.codec->id()) dec = t_.codec.get();
+      else if (h.codec == compressor::CodecId::kTopK && t_.sparseDecoder) dec = t_.sparseDecoder.get();
+      CORTADO_ENFORCE(dec != nullptr, ErrorCode::kProtocol,
+                      "a {} payload for a tensor compressed with '{}'",
+                      compressor::codecIdName(h.codec), t_.codecSpec);
+      dec->decompressAdd(s.bytes, dst, s.count);
+    }
+    segs_.clear();
+  }
+
+  void pushPull(const Step& push, const Step& pull) {
+    // The shard: this rank's intra block after a split, else the whole tensor.
+    size_t shard = 0;
+    if (t_.shardKeys.size() > 1) shard = static_cast<size_t>(topo_.localRank);
+    CORTADO_ENFORCE(shard < t_.shardKeys.size() && t_.shardRegions[shard] == r_,
+                    ErrorCode::kInternal, "push of [{}, +{}) matches no shard key", r_.off, r_.len);
+    const std::string& key = t_.shardKeys[shard];
+    const auto& chunks = t_.shardChunks[shard];
+    Exchange ex;
+    if (push.compressed) {
+      for (const ChunkSpan& c : chunks) {
+        Buffer b;
+        std::vector<std::byte> cat;
+        for (const Seg& s : segs_) {
+          if (s.off != r_.off + c.offset) continue;
+          CORTADO_ENFORCE(s.count == c.numElements && !s.dense, ErrorCode::kInternal,
+                          "payload piece [{}, +{}) does not match server chunk [{}, +{})", s.off,
+                          s.count, r_.off + c.offset, c.numElements);
+          cat.insert(cat.end(), s.bytes.begin(), s.bytes.end());
+        }
+        ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
+      }
+    } else {
+      ex.rawInput = x_.data() + r_.off;
+    }
+    std::vector<float> dense;
+    std::vector<ExchangeAnswer> answers;
+    if (pull.compressed) {
+      ex.answers = &answers;
+    } else {
+      dense.resize(r_.len);
+      ex.rawOutput = dense.data();
+    }
+    Handle h = worker_.exchange(key, std::move(ex), 0);
+    Status st = h.wait(d_);
+    if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
+    segs_.clear();
+    if (pull.compressed) {
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        if (chunks[i].numElements == 0) continue;
+        Seg s;
+        s.off = r_.off + chunks[i].offset;
+        s.count = chunks[i].numElements;
+        s.dense = !answers[i].compressed;
+        const auto* p = reinterpret_cast<const std::byte*>(answers[i].bytes.data());
+        s.bytes.assign(p, p + answers[i].bytes.size());
+        segs_.push_back(std::move(s));
+      }
+    } else {
+      std::copy(dense.begin(), dense.end(), x_.data() + r_.off);
+    }
+  }
+
+  Executor::TensorState& t_;
+  Worker& worker_;
+  const collective::Groups* groups_;
+  const collective::Topology& topo_;
+  Deadline d_;
+  std::vector<float> x_;
+  Region r_;
+  Segs segs_;
+  bool active_ = true;
+  std::vector<Frame> frames_;
+  size_t step_ = 0;
+};
+
+}  // namespace
+
+void Executor::run(const std::string& name, const float* input, float* output,
+                   uint64_t numElements, ReduceOp op, Deadline deadline) {
+  auto it = tensors_.find(name);
+  CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
+                  "worker {}: run of tensor '{}', which was never declared to the executor",
+                  topo_.rank, name);
+  TensorState& t = *it->second;
+  CORTADO_ENFORCE(numElements == t.n, ErrorCode::kInvalidArgument,
+                  "worker {}: run of tensor '{}' with {} elements, but it was declared with {}",
+                  topo_.rank, name, numElements, t.n);
+  CORTADO_ENFORCE(t.n == 0 || (input && output), ErrorCode::kInvalidArgument,
+                  "run of tensor '{}': null buffer", name);
+  if (!plan_) setDefaultPlan(deadline);
+  CORTADO_ENFORCE(!t.option.steps.empty(), ErrorCode::kInvalidArgument,
+                  "tensor '{}' was declared after the plan was set: set the plan again", name);
+  Run(t, worker_, groups_, topo_, deadline).go(input, output, op);
+  ++t.round;
+}
+
+}  // namespace cortado::executor

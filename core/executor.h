@@ -1,0 +1,104 @@
+// The plan executor (DESIGN.md, "A tensor's way through a worker"): runs each
+// tensor's plan::TensorOption on this worker, step by step.
+//
+// - Communication steps: flat steps over the world group, intra steps over
+//   this machine's group, inter steps over the group of the same local rank
+//   on every machine (collective::Groups, kSameLocalRank), and push/pull
+//   through the CPU servers (Worker::exchange). In a hierarchical push/pull
+//   only one worker per machine pushes a given shard key (local rank l its
+//   intra reduce-scatter/alltoall block l; the machine root after an intra
+//   reduce/gather), so those keys are declared with numMachines contributors.
+// - Compressed data moves only through gathers, alltoalls, broadcasts and
+//   push/pull. Every sum happens after decoding: the gathered payloads are
+//   decoded one by one and added in fp32 (the servers do the same).
+// - Error feedback lives at every encode step, keyed by tensor, step index
+//   and piece (a piece is the part of the tensor that one payload covers: an
+//   alltoall block or a server chunk), across iterations.
+// - Buffers are host memory, so every encode and decode runs the CPU codec,
+//   also where the plan says "gpu": the CPU twin reads and writes the same
+//   payloads as the CUDA codec that a CUDA buffer would run. Nothing here
+//   pretends to use a GPU.
+//
+// Without a plan each tensor runs BytePS's default: hierarchical and
+// uncompressed, intra reduce-scatter, push/pull of each shard, intra
+// allgather. Without Groups (a worker not started under mpirun) every worker
+// is its machine's only worker: intra steps are no-ops, push/pull works, and
+// plans with flat or inter-collective steps are refused.
+//
+// Threads: one thread at a time calls an Executor (the collective groups are
+// single-threaded). run() is synchronous; every wait has the given deadline.
+// Errors name the tensor, the step and the peer or group.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/collective/collectives.h"
+#include "core/common/deadline.h"
+#include "core/plan/plan.h"
+#include "core/worker.h"
+
+namespace cortado {
+namespace compressor {
+class Registry;
+}
+
+namespace executor {
+
+// Reads a plan file (plan::Plan JSON, e.g. `cortado plan ... --json`); throws
+// kInvalidArgument naming the file and what is wrong.
+plan::Plan loadPlanFile(const std::string& path);
+
+// The default option for a tensor: H: i.rs x.push x.pull i.ag (raw).
+plan::TensorOption defaultOption();
+
+class Executor {
+ public:
+  // `groups` may be null (no MPI). `codecs`: nullptr = the CPU codecs; must
+  // be the registry the servers know.
+  Executor(Worker& worker, const collective::Groups* groups,
+           std::shared_ptr<const compressor::Registry> codecs = nullptr);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  const collective::Topology& topology() const { return topo_; }
+
+  // Registers a tensor (local only; the keys are declared with the servers
+  // when the plan is applied). Float32 only. Re-registering with another
+  // size throws.
+  void declare(const std::string& name, DType dtype, uint64_t numElements);
+
+  // Validates `p` against the declared tensors and this job's topology and
+  // declares its shard keys (collective over all workers: every worker calls
+  // it with the same plan). Throws kInvalidArgument naming the tensor: a plan
+  // for an undeclared tensor, a declared tensor missing from the plan, a
+  // codec that is unknown or does not apply, a step this job cannot run.
+  void setPlan(const plan::Plan& p, Deadline deadline);
+  // Every declared tensor on defaultOption().
+  void setDefaultPlan(Deadline deadline);
+  bool hasPlan() const { return plan_.has_value(); }
+  const plan::Plan& currentPlan() const;
+
+  // Sums `input` over all workers into `output` (may alias) by the tensor's
+  // option. `numElements` must be the declared count.
+  void run(const std::string& name, const float* input, float* output, uint64_t numElements,
+           ReduceOp op, Deadline deadline);
+
+  struct TensorState;
+
+ private:
+  Worker& worker_;
+  const collective::Groups* groups_;
+  std::shared_ptr<const compressor::Registry> codecs_;
+  collective::Topology topo_;
+  std::map<std::string, std::unique_ptr<TensorState>> tensors_;
+  std::optional<plan::Plan> plan_;
+  uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
+};
+
+}  // namespace executor
+}  // namespace cortado

@@ -1,0 +1,234 @@
+// A worker program for the plan executor's multi-process tests, run as the
+// MPI ranks of a job under mpirun (tests/multiprocess/run_exec_check.sh starts
+// the scheduler and the servers beside it). Every rank computes every rank's
+// inputs (a formula), so each checks its results against a plain summation.
+//
+//   --mode all     every option of enumerateOptions({parameterServer=true})
+//                  (or the --shard of --shards part of them), one tensor each,
+//                  with the codec fp16 and integer-valued inputs: every fp32
+//                  and fp16 sum is exact, so results must equal the reference
+//                  exactly, lossless and compressed options alike.
+//   --mode lossy   the compressed options (every --stride-th) with --codec
+//                  (e.g. topk:ratio=0.25) and error feedback over --iters
+//                  iterations: the running sum of outputs must track the
+//                  running sum of the true sums within --bound (error feedback
+//                  keeps what was not sent), and must not drift with time.
+//   --mode errors  the refusals: a plan naming an undeclared tensor, a plan
+//                  missing a declared one, a codec that cannot apply, a size
+//                  mismatch at run().
+//   --no-mpi       (errors mode) no collective groups: the default plan runs,
+//                  a plan with a flat step is refused.
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/backends.h"
+#include "core/collective/mpi/factory.h"
+#include "core/common/logging.h"
+#include "core/executor.h"
+#include "scheduler/planner/option_tree.h"
+
+using namespace cortado;
+
+namespace {
+
+int failures = 0;
+
+void fail(const std::string& what) {
+  ++failures;
+  if (failures <= 20) std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+}
+
+// Integer-valued inputs in [-4, 4]: sums of 4 are exact in fp16 and fp32.
+float exactInput(int rank, size_t option, int iter, uint64_t i) {
+  return float(int((rank * 7 + i * 3 + option * 5 + iter * 11 + (i * i) % 7) % 9) - 4);
+}
+
+// Lossy mode gradients: a per-element mean plus per-rank noise.
+float lossyInput(int rank, size_t option, int iter, uint64_t i) {
+  double mean = std::sin(double(i * 13 + option));
+  double noise = std::cos(double(rank * 101 + iter * 17 + i * 7 + option)) * 0.5;
+  return float(mean + noise);
+}
+
+template <typename F>
+void expectThrow(const std::string& what, const std::string& needle, F f) {
+  try {
+    f();
+    fail(what + ": did not throw");
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(needle) == std::string::npos)
+      fail(what + ": error does not mention '" + needle + "': " + e.what());
+    else
+      std::printf("ok (refused): %s: %s\n", what.c_str(), e.what());
+  }
+}
+
+}  // namespace
+
+int runCheck(int argc, char** argv);
+
+int main(int argc, char** argv) {
+  try {
+    return runCheck(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "exec_check: %s\n", e.what());
+    return 1;
+  }
+}
+
+int runCheck(int argc, char** argv) {
+  CLI::App app{"plan executor check"};
+  std::string mode = "all", codec = "fp16";
+  int shard = 0, shards = 1, iters = 2, stride = 1;
+  uint64_t n = 11;
+  double bound = 0;
+  bool noMpi = false;
+  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors"}));
+  app.add_option("--shard", shard);
+  app.add_option("--shards", shards);
+  app.add_option("--iters", iters);
+  app.add_option("--stride", stride);
+  app.add_option("--elements", n);
+  app.add_option("--codec", codec);
+  app.add_option("--bound", bound);
+  app.add_flag("--no-mpi", noMpi);
+  CLI11_PARSE(app, argc, argv);
+
+  const Deadline deadline = Deadline::after(Millis(60000));
+  std::unique_ptr<collective::mpi::Runtime> mpi;
+  collective::Groups groups;
+  JobConfig base;
+  if (!noMpi) {
+    mpi = std::make_unique<collective::mpi::Runtime>();
+    groups = collective::mpi::createGroups(*mpi, collective::mpi::Options::fromEnv(), deadline);
+    base.rank = mpi->worldRank();  // worker rank = MPI rank
+  }
+  JobConfig job = readJobConfig(true, base);
+  auto worker = startWorker(job, deadline);
+  executor::Executor ex(*worker, noMpi ? nullptr : &groups);
+  const auto& topo = ex.topology();
+  const int W = topo.size;
+  const int me = topo.rank;
+
+  if (mode == "errors") {
+    ex.declare("a", DType::kFloat32, n);
+    ex.declare("b", DType::kFloat32, n);
+    plan::Plan p;
+    p.tensors["a"] = executor::defaultOption();
+    expectThrow("plan missing tensor b", "'b'", [&] { ex.setPlan(p, deadline); });
+    p.tensors["b"] = executor::defaultOption();
+    p.tensors["c"] = executor::defaultOption();
+    expectThrow("plan with undeclared tensor c", "'c'", [&] { ex.setPlan(p, deadline); });
+    p.tensors.erase("c");
+    plan::TensorOption pw = executor::defaultOption();
+    pw.codec = "powersgd";
+    pw.steps = {plan::Step::comm(plan::Scope::kIntra, plan::CommOp::kReduceScatter, false),
+                plan::Step::encode(plan::Device::kCpu),
+                plan::Step::comm(plan::Scope::kInter, plan::CommOp::kPush, true),
+                plan::Step::comm(plan::Scope::kInter, plan::CommOp::kPull, false),
+                plan::Step::comm(plan::Scope::kIntra, plan::CommOp::kAllgather, false)};
+    p.tensors["b"] = pw;
+    expectThrow("codec powersgd", "powersgd", [&] { ex.setPlan(p, deadline); });
+    pw.codec = "nosuchcodec";
+    p.tensors["b"] = pw;
+    expectThrow("unknown codec", "nosuchcodec", [&] { ex.setPlan(p, deadline); });
+    if (noMpi) {
+      plan::TensorOption flat;
+      flat.steps = {plan::Step::comm(plan::Scope::kFlat, plan::CommOp::kAllreduce, false)};
+      p.tensors["b"] = flat;
+      expectThrow("flat step without MPI", "mpirun", [&] { ex.setPlan(p, deadline); });
+    }
+    std::vector<float> in(n), out(n);
+    expectThrow("size mismatch", "declared with", [&] {
+      ex.run("a", in.data(), out.data(), n + 1, ReduceOp::kSum, deadline);
+    });
+    expectThrow("undeclared tensor", "never declared", [&] {
+      ex.run("zz", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+    });
+    // The default plan (no plan set) still runs and sums exactly.
+    for (int iter = 0; iter < 2; ++iter) {
+      for (uint64_t i = 0; i < n; ++i) in[i] = exactInput(me, 0, iter, i);
+      ex.run("a", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      for (uint64_t i = 0; i < n; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, 0, iter, i);
+        if (out[i] != ref) fail(fmt::format("default plan: element {} = {}, expected {}", i, out[i], ref));
+      }
+    }
+    std::printf("default plan: %s\n", failures ? "FAILED" : "exact");
+  } else {
+    planner::TreeConfig tc;
+    tc.parameterServer = true;
+    tc.codec = codec;
+    auto options = planner::enumerateOptions(tc);
+    std::vector<size_t> chosen;
+    for (size_t i = 0; i < options.size(); ++i) {
+      if (int(i % shards) != shard) continue;
+      if (mode == "lossy" && (!options[i].compressed() || (i / shards) % stride != 0)) continue;
+      chosen.push_back(i);
+    }
+    plan::Plan p;
+    p.version = 1;
+    for (size_t i : chosen) {
+      std::string name = fmt::format("opt{}", i);
+      ex.declare(name, DType::kFloat32, n);
+      p.tensors[name] = options[i];
+    }
+    ex.setPlan(p, deadline);
+    if (me == 0)
+      std::printf("%zu of %zu options (shard %d of %d), %d ranks on %d machines, %d iterations\n",
+                  chosen.size(), options.size(), shard, shards, W, topo.numMachines, iters);
+    std::vector<float> in(n), out(n), ref(n);
+    std::vector<std::vector<double>> runOut(chosen.size(), std::vector<double>(n, 0.0)),
+        runRef(chosen.size(), std::vector<double>(n, 0.0));
+    double worst = 0, worstFirstHalf = 0;
+    for (int iter = 0; iter < iters; ++iter) {
+      for (size_t c = 0; c < chosen.size(); ++c) {
+        const size_t o = chosen[c];
+        const bool exact = mode == "all";
+        for (uint64_t i = 0; i < n; ++i) {
+          in[i] = exact ? exactInput(me, o, iter, i) : lossyInput(me, o, iter, i);
+          double r = 0;
+          for (int w = 0; w < W; ++w) r += exact ? exactInput(w, o, iter, i) : lossyInput(w, o, iter, i);
+          ref[i] = float(r);
+        }
+        try {
+          ex.run(fmt::format("opt{}", o), in.data(), out.data(), n, ReduceOp::kSum, deadline);
+        } catch (const Error& e) {
+          fail(e.what());
+          continue;
+        }
+        for (uint64_t i = 0; i < n; ++i) {
+          if (exact && out[i] != ref[i]) {
+            fail(fmt::format("option {} ({}), iteration {}, element {}: {} != reference {}", o,
+                             options[o].describe(), iter, i, out[i], ref[i]));
+            break;
+          }
+          runOut[c][i] += out[i];
+          runRef[c][i] += ref[i];
+          double err = std::abs(runOut[c][i] - runRef[c][i]);
+          worst = std::max(worst, err);
+          if (iter < iters / 2) worstFirstHalf = std::max(worstFirstHalf, err);
+          if (!exact && err > bound) {
+            fail(fmt::format("option {} ({}), iteration {}, element {}: running sum {} vs "
+                             "reference {}: error {} > bound {}",
+                             o, options[o].describe(), iter, i, runOut[c][i], runRef[c][i], err,
+                             bound));
+            break;
+          }
+        }
+      }
+    }
+    if (mode == "lossy")
+      std::printf("rank %d: worst running-sum error %.4f (first half %.4f), bound %.4f\n", me,
+                  worst, worstFirstHalf, bound);
+  }
+  std::printf("rank %d: %s (%d failures)\n", me, failures ? "FAILED" : "PASSED", failures);
+  std::fflush(stdout);
+  worker->shutdown(Deadline::after(Millis(30000)));
+  return failures ? 1 : 0;
+}
