@@ -29,6 +29,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
       {"CORTADO_SHM", "BYTEPS_ENABLE_IPC", "1",
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
+      {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
+       "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
@@ -79,6 +81,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SERVER_THREADS", std::to_string(serverThreads)},
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
+      {"CORTADO_PLAN", planFile},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
@@ -136,6 +139,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvInt(names("CORTADO_SERVER_THREADS"))) c.serverThreads = static_cast<int>(*v);
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
   if (auto v = getEnvBool(names("CORTADO_SHM"))) c.sharedMemory = *v;
+  if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);

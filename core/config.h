@@ -29,6 +29,7 @@ struct JobConfig {
   int serverThreads = 2;
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
+  std::string planFile;                   // CORTADO_PLAN: the plan executor's plan (empty: default)
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s
   Millis heartbeatInterval{1000};

@@ -206,7 +206,7 @@ struct Executor::TensorState {
 plan::Plan loadPlanFile(const std::string& path) {
   std::ifstream in(path);
   CORTADO_ENFORCE(in.good(), ErrorCode::kInvalidArgument,
-                  "cannot read plan file '{}' (CORTADO_PLAN / --plan): check the path", path);
+                  "cannot read plan file '{}' (CORTADO_PLAN): check the path", path);
   std::stringstream ss;
   ss << in.rdbuf();
   try {
@@ -227,8 +227,8 @@ plan::TensorOption defaultOption() {
 }
 
 Executor::Executor(Worker& worker, const collective::Groups* groups,
-                   std::shared_ptr<const compressor::Registry> codecs)
-    : worker_(worker), groups_(groups), codecs_(std::move(codecs)) {
+                   std::shared_ptr<const compressor::Registry> codecs, std::string planFile)
+    : worker_(worker), groups_(groups), codecs_(std::move(codecs)), planFile_(std::move(planFile)) {
   if (!codecs_) {
     auto r = std::make_shared<compressor::Registry>();
     compressor::registerCpuCodecs(*r);
@@ -703,6 +703,13 @@ void Executor::run(const std::string& name, const float* input, float* output,
                   topo_.rank, name, numElements, t.n);
   CORTADO_ENFORCE(t.n == 0 || (input && output), ErrorCode::kInvalidArgument,
                   "run of tensor '{}': null buffer", name);
+  if (!plan_ && !planFile_.empty()) {
+    try {
+      setPlan(loadPlanFile(planFile_), deadline);
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("plan file '{}' (CORTADO_PLAN): {}", planFile_, e.what()));
+    }
+  }
   if (!plan_) setDefaultPlan(deadline);
   CORTADO_ENFORCE(!t.option.steps.empty(), ErrorCode::kInvalidArgument,
                   "tensor '{}' was declared after the plan was set: set the plan again", name);

@@ -59,8 +59,11 @@ class Executor {
  public:
   // `groups` may be null (no MPI). `codecs`: nullptr = the CPU codecs; must
   // be the registry the servers know.
+  // `planFile` (JobConfig::planFile, CORTADO_PLAN): the plan that the first
+  // run() applies when no plan was set; empty: the default plan.
   Executor(Worker& worker, const collective::Groups* groups,
-           std::shared_ptr<const compressor::Registry> codecs = nullptr);
+           std::shared_ptr<const compressor::Registry> codecs = nullptr,
+           std::string planFile = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -94,6 +97,7 @@ class Executor {
   Worker& worker_;
   const collective::Groups* groups_;
   std::shared_ptr<const compressor::Registry> codecs_;
+  std::string planFile_;
   collective::Topology topo_;
   std::map<std::string, std::unique_ptr<TensorState>> tensors_;
   std::optional<plan::Plan> plan_;

@@ -20,6 +20,8 @@
 //                  a plan with a flat step is refused.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -109,7 +111,7 @@ int runCheck(int argc, char** argv) {
   }
   JobConfig job = readJobConfig(true, base);
   auto worker = startWorker(job, deadline);
-  executor::Executor ex(*worker, noMpi ? nullptr : &groups);
+  executor::Executor ex(*worker, noMpi ? nullptr : &groups, nullptr, job.planFile);
   const auto& topo = ex.topology();
   const int W = topo.size;
   const int me = topo.rank;
@@ -141,6 +143,24 @@ int runCheck(int argc, char** argv) {
       flat.steps = {plan::Step::comm(plan::Scope::kFlat, plan::CommOp::kAllreduce, false)};
       p.tensors["b"] = flat;
       expectThrow("flat step without MPI", "mpirun", [&] { ex.setPlan(p, deadline); });
+    }
+    expectThrow("missing plan file", "cannot read plan file",
+                [&] { executor::loadPlanFile("/nonexistent/plan.json"); });
+    {
+      // A plan file for another job's tensors, handed in as CORTADO_PLAN would.
+      const std::string path = fmt::format("/tmp/exec_check_plan_{}_{}.json", ::getpid(), me);
+      plan::Plan other;
+      other.tensors["fc9"] = executor::defaultOption();
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      std::fputs(plan::toJsonString(other).c_str(), f);
+      std::fclose(f);
+      executor::Executor ex2(*worker, noMpi ? nullptr : &groups, nullptr, path);
+      ex2.declare("a", DType::kFloat32, n);
+      std::vector<float> in(n), out(n);
+      expectThrow("CORTADO_PLAN file naming another tensor", "'fc9'", [&] {
+        ex2.run("a", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      });
+      std::remove(path.c_str());
     }
     std::vector<float> in(n), out(n);
     expectThrow("size mismatch", "declared with", [&] {
