@@ -287,5 +287,86 @@ TEST_F(ServerCodec, UnknownCodecOnAFirstPushIsRefused) {
   EXPECT_NE(e.find("topk"), std::string::npos) << e;  // lists what is valid
 }
 
+
+// The plan executor's forms (core/executor.h): one pusher per round for a key
+// declared with contributors, several payloads in one push, a dense answer.
+TEST_F(ServerCodec, ContributorsAndSeveralPayloadsPerPushWithADenseAnswer) {
+  const size_t n = 50;
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = 0.1f * float(i) + 0.37f;
+    b[i] = -0.3f * float(i) + 2.11f;
+  }
+  // Two payloads back to back: the preamble once, then both.
+  Buffer pa = pushBody("fp16", "t/shard0", a), pb = pushBody("fp16", "t/shard0", b);
+  const size_t pre = wire::compressedPreambleBytes("fp16", "t/shard0");
+  Buffer body = Buffer::allocate(pa.size() + pb.size() - pre);
+  std::memcpy(body.data(), pa.data(), pa.size());
+  std::memcpy(body.data() + pa.size(), pb.data() + pre, pb.size() - pre);
+  DataHeader h = header(Op::kPush, 11, 0, n, 1);
+  h.contributors = 1;  // worker 0 alone completes the round
+  h.flags |= wire::kFlagDenseAnswer;
+  workers_[0]->send(h, body);
+  std::vector<float> expect(n);
+  for (size_t i = 0; i < n; ++i)
+    expect[i] = halfToFloat(floatToHalf(a[i])) + halfToFloat(floatToHalf(b[i]));  // not re-rounded
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 11, 0, n), expect);
+}
+
+TEST_F(ServerCodec, RawKeyAnsweredInTheCodecFormAPullAsksFor) {
+  const size_t n = 40;
+  std::vector<float> x0(n), x1(n);
+  for (size_t i = 0; i < n; ++i) {
+    x0[i] = 0.013f * float(i * i) - 1.0f;
+    x1[i] = 0.7f;
+  }
+  for (int r = 0; r < kWorkers; ++r) {
+    DataHeader h = header(Op::kPush, 12, 0, n, 1);
+    h.flags = wire::kFlagNone;  // raw
+    const auto& x = r == 0 ? x0 : x1;
+    workers_[r]->send(h, Buffer::copyOf(x.data(), n * 4));
+  }
+  Buffer pre = Buffer::allocate(wire::compressedPreambleBytes("fp16", "raw"));
+  wire::writeCompressedPreamble(pre.data(), "fp16", "raw");
+  DataHeader p = header(Op::kPull, 12, 0, n, 5);
+  p.flags = wire::kFlagCompressed;
+  workers_[0]->send(p, pre);
+  auto [ah, abody] = workers_[0]->next();
+  ASSERT_EQ(ah.op, Op::kPullResponse);
+  ASSERT_TRUE(ah.flags & wire::kFlagCompressed);
+  std::vector<float> got(n);
+  registry_.create("fp16")->decode(
+      {reinterpret_cast<const std::byte*>(abody.data()), abody.size()}, got.data(), n);
+  for (size_t i = 0; i < n; ++i)
+    EXPECT_EQ(got[i], halfToFloat(floatToHalf(x0[i] + x1[i]))) << i;
+  // A plain pull of the same round still gets the raw sum.
+  auto raw = pull(1, 12, 0, n);
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(raw[i], x0[i] + x1[i]) << i;
+}
+
+TEST_F(ServerCodec, ContributorCountsThatDisagreeOrExceedTheJobAreRefused) {
+  const size_t n = 10;
+  std::vector<float> x(n, 1.0f);
+  DataHeader h = header(Op::kPush, 13, 0, n, 1);
+  h.contributors = 3;  // the job has 2 workers
+  workers_[0]->send(h, pushBody("fp16", "c", x));
+  EXPECT_NE(workers_[0]->nextError().find("says 3 workers push"), std::string::npos);
+  h = header(Op::kPush, 14, 0, n, 1);
+  h.contributors = 2;
+  workers_[0]->send(h, pushBody("fp16", "c", x));
+  h.contributors = 1;
+  workers_[1]->send(h, pushBody("fp16", "c", x));
+  std::string e = workers_[1]->nextError();
+  EXPECT_NE(e.find("contributors"), std::string::npos) << e;
+  // Payload bytes that are not whole payloads.
+  Buffer body = pushBody("fp16", "c", x);
+  Buffer cut = Buffer::allocate(body.size() + 3);
+  std::memcpy(cut.data(), body.data(), body.size());
+  std::memset(cut.data() + body.size(), 0, 3);
+  workers_[0]->send(header(Op::kPush, 15, 0, n, 1), cut);
+  e = workers_[0]->nextError();
+  EXPECT_NE(e.find("not a whole number"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace cortado
