@@ -1,6 +1,5 @@
 // A worker program for the plan executor's multi-process tests, run as the
-// MPI ranks of a job under mpirun (tests/multiprocess/run_exec_check.sh starts
-// the scheduler and the servers beside it). Every rank computes every rank's
+// MPI ranks of a job: `cortado launch --mpi -w 4 -s 2 -- exec_check ...`. Every rank computes every rank's
 // inputs (a formula), so each checks its results against a plain summation.
 //
 //   --mode all     every option of enumerateOptions({parameterServer=true})
