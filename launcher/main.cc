@@ -9,6 +9,7 @@
 #include "core/common/logging.h"
 #include "core/config.h"
 #include "cortado/config.h"
+#include "launcher/bench_model.h"
 #include "launcher/bench_pushpull.h"
 #include "launcher/hosts.h"
 #include "launcher/launch.h"
@@ -124,6 +125,31 @@ int main(int argc, char** argv) {
                  "compress every tensor with this codec spec, e.g. topk:ratio=0.01 or fp16 "
                  "(docs/codecs.md; default: uncompressed)");
 
+  // bench model
+  auto* bm = bench->add_subcommand(
+      "model", "replay a model profile through the plan executor under several strategies "
+               "(a worker command: run it under cortado launch --mpi or --hosts)");
+  launcher::ModelBenchOptions bmo;
+  bm->add_option("--profile", bmo.profile,
+                 "vgg16, resnet50, resnet101, bert-base, gpt2, lstm, or a profile .json")->required();
+  bm->add_option("--strategies", bmo.strategies,
+                 "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
+                 "(compress all on the CPU), plan (the planner's plan)")
+      ->delimiter(',')->capture_default_str();
+  bm->add_option("--codec", bmo.codec, "codec spec, e.g. dgc:ratio=0.01, efsignsgd, fp16")
+      ->capture_default_str();
+  bm->add_option("--iterations", bmo.iterations, "timed iterations per strategy")->capture_default_str();
+  bm->add_option("--warmup", bmo.warmup, "untimed iterations per strategy")->capture_default_str();
+  bm->add_option("--compute-scale", bmo.computeScale,
+                 "multiply the profile's forward and backward times (the replayed compute)")
+      ->capture_default_str();
+  bm->add_option("--cpu-cores", bmo.cpuCores,
+                 "CPU cores per machine in the cost model (0: this host's cores / machines)");
+  bm->add_option("--data-dir", bmo.dataDir, "planner data folder (profiles/, costs/)");
+  bm->add_option("--plan-out", bmo.planOut, "rank 0 writes the planner's plan (JSON) here");
+  bm->add_flag("--json", bmo.json, "one JSON object per strategy, then a summary object");
+  bm->add_flag("--progress", bmo.progress, "show the progress bar even when stderr is not a terminal");
+
   // plan and bench plan: they run in their callbacks during parse().
   planner::addPlanCommand(app);
   launcher::addTraceCommand(app);
@@ -205,6 +231,15 @@ int main(int argc, char** argv) {
       setupLogging(job.role == Role::kServer ? fmt::format("server {}", job.rank) : "scheduler",
                    job.logLevel);
       return *schedCmd ? launcher::runSchedulerRole(job) : launcher::runServerRole(job);
+    }
+    if (*bm) {
+#if CORTADO_MPI
+      return launcher::runModelBench(bmo);
+#else
+      throw Error(ErrorCode::kUnavailable,
+                  "cortado bench model needs MPI, and this build has none: install OpenMPI "
+                  "(scripts/install_deps.sh) and reconfigure");
+#endif
     }
     if (*pp) {
       setupLogging("bench", level);

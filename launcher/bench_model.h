@@ -1,0 +1,53 @@
+// `cortado bench model`: replays a model profile through the plan executor
+// under several strategies and compares each measured iteration time with
+// the planner's prediction for the same strategy.
+//
+// It is a worker command: run it under `cortado launch --mpi` (one machine)
+// or `cortado launch --hosts` (emulated or real machines). Every worker
+//  1. measures the job's links (MPI allreduce inside and across machines,
+//     push/pull through the servers: alpha-beta fits), the CPU codec's
+//     encode and decode (two sizes, a linear fit) and the CPU's sum rate,
+//     and rank 0 builds the planner's cost models from them;
+//  2. rank 0 computes each strategy's plan and predicted iteration time with
+//     the simulator and sends the plans to every worker;
+//  3. for each strategy, replays the profile: after the forward time, the
+//     gradients of the profile's sizes become ready at the profile's backward
+//     times (both scaled by --compute-scale), each is summed across the
+//     workers through its plan as soon as it is ready and the previous one is
+//     done, and the iteration ends when the last one is. "Compute" is a timed
+//     wait; the gradients are real data (seeded, integer-valued) and every
+//     result of a lossless path is checked against the exact sum.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cortado::launcher {
+
+struct ModelBenchOptions {
+  std::string profile;  // a bundled profile name or a profile .json
+  std::vector<std::string> strategies = {"none", "gpu", "cpu", "plan"};
+  std::string codec = "dgc:ratio=0.01";
+  int iterations = 10;
+  int warmup = 2;
+  double computeScale = 1.0;
+  bool json = false;
+  bool progress = false;  // force the progress bar (default: when stderr is a terminal)
+  int cpuCores = 0;       // per machine, for the cost model; 0: this host's cores / machines
+  std::string dataDir;    // planner data (profiles/, costs/); empty: built in
+  std::string planOut;    // rank 0 writes the "plan" strategy's plan here
+};
+
+// The strategies this build can run, in order.
+std::vector<std::string> modelBenchStrategies();
+
+// Checks the options without starting anything (unknown profile, unknown or
+// unavailable strategy, bad scale, counts, codec); throws
+// Error(kInvalidArgument) saying what is wrong and what to use instead.
+void validateModelBench(const ModelBenchOptions& opts);
+
+// Runs as a worker of a job started by `cortado launch --mpi|--hosts`.
+// Returns 0, or 1 when a checked result was wrong.
+int runModelBench(const ModelBenchOptions& opts);
+
+}  // namespace cortado::launcher

@@ -1,0 +1,56 @@
+#!/bin/bash
+# cortado bench model under `cortado launch --mpi` on 2 emulated machines of
+# 2 workers (CORTADO_FAKE_HOST_SIZE=2): every strategy for a few iterations
+# with fp16 (whose sums of the integer-valued gradients are exact), so every
+# result is checked against the exact sum on every worker; a lossy codec
+# (dgc) where the uncompressed tensors are still checked; then the refusals.
+#   bench_model_test.sh CORTADO_BIN PROFILE_JSON
+set -u
+cortado=$1 profile=$2
+fail=0
+check() {  # check NAME COND MESSAGE
+  if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1: $3"; fail=1; fi
+}
+export CORTADO_LOG_LEVEL=warn
+out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
+  --profile "$profile" --codec fp16 --iterations 3 --warmup 1 --json 2>&1)
+rc=$?
+echo "$out"
+check "fp16 run exits 0" "[ $rc = 0 ]" "rc=$rc"
+for s in none gpu cpu plan; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "strategy $s reported" "[ -n \"\$line\" ]" "no JSON line"
+  check "strategy $s exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
+  check "strategy $s has a prediction" "echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
+done
+check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line"
+
+out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
+  --profile "$profile" --codec dgc:ratio=0.1 --strategies none,plan --iterations 2 --warmup 0 2>&1)
+rc=$?
+echo "$out"
+check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
+check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
+check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
+
+refuse() {  # refuse NAME NEEDLE ARGS...
+  local name=$1 needle=$2
+  shift 2
+  local o
+  o=$(timeout 60 "$cortado" bench model "$@" 2>&1)
+  local r=$?
+  check "$name refused" "[ $r = 2 ] && echo \"\$o\" | grep -q -- \"\$needle\"" "rc=$r: $o"
+}
+refuse "unknown profile" "unknown model 'nosuch'" --profile nosuch
+refuse "unknown strategy" "unknown strategy 'fast'" --profile "$profile" --strategies none,fast
+refuse "replan not built" "replan" --profile "$profile" --strategies plan,replan
+refuse "negative scale" "compute-scale -2" --profile "$profile" --compute-scale -2
+refuse "nan scale" "compute-scale nan" --profile "$profile" --compute-scale nan
+refuse "unknown codec" "unknown codec 'zip'" --profile "$profile" --codec zip
+refuse "outside a job" "cortado launch --mpi" --profile "$profile"
+# Refused inside a job too: every worker exits, the launcher reports it.
+o=$(CORTADO_FAKE_HOST_SIZE=2 timeout 120 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
+  --profile "$profile" --compute-scale -1 2>&1)
+r=$?
+check "bad scale in a job exits non-zero" "[ $r != 0 ] && echo \"\$o\" | grep -q 'compute-scale -1'" "rc=$r: $o"
+exit $fail
