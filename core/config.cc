@@ -31,6 +31,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
        "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
+      {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
+       "every worker and server writes a Chrome trace of its stages here at the end of the job "
+       "(`cortado launch --trace DIR`; docs/tracing.md)"},
+      {"CORTADO_TRACE_ITERATIONS", "", "all",
+       "iterations traced: `10:19`, `5:` or `all` (an iteration is a tensor's run count)"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
@@ -82,6 +87,8 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_PLAN", planFile},
+      {"CORTADO_TRACE_DIR", traceDir},
+      {"CORTADO_TRACE_ITERATIONS", traceIterations},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
@@ -140,6 +147,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
   if (auto v = getEnvBool(names("CORTADO_SHM"))) c.sharedMemory = *v;
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
+  if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
+  if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);

@@ -399,8 +399,9 @@ namespace {
 class Run {
  public:
   Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups,
-      const collective::Topology& topo, Deadline d)
-      : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d) {}
+      const collective::Topology& topo, Deadline d, Tracer* tracer)
+      : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d),
+        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr) {}
 
   void go(const float* in, float* out, ReduceOp op) {
     x_.assign(in, in + t_.n);
@@ -409,7 +410,11 @@ class Run {
     for (step_ = 0; step_ < steps.size(); ++step_) {
       const Step& s = steps[step_];
       try {
+        const bool wasActive = active_;
+        const size_t at = step_;
+        const double start = tracer_ ? Tracer::now() : 0;
         runStep(s);
+        if (tracer_ && (wasActive || active_)) record(steps, at, start);
       } catch (const Error& e) {
         throw Error(e.code(), fmt::format("worker {}: tensor '{}', step {} ({}) of plan '{}': {}",
                                           topo_.rank, t_.name, step_, describeStep(s),
@@ -421,6 +426,25 @@ class Run {
   }
 
  private:
+  // The simulator's stage name and lane of step `i`.
+  void record(const std::vector<Step>& steps, size_t i, double start) {
+    const Step& s = steps[i];
+    std::string stage, lane;
+    if (s.kind == StepKind::kEncode || s.kind == StepKind::kDecode) {
+      stage = s.kind == StepKind::kEncode ? "encode" : "decode";
+      lane = "cpu";  // host buffers: the CPU twin runs, also for "gpu" steps
+    } else if (s.op == CommOp::kPush) {
+      const Step& pull = steps.at(i + 1);
+      stage = fmt::format("inter push{}+pull{}", s.compressed ? "*" : "", pull.compressed ? "*" : "");
+      lane = "network";
+    } else {
+      stage = fmt::format("{} {}{}", plan::toString(s.scope), plan::toString(s.op),
+                          s.compressed ? "*" : "");
+      lane = s.scope == Scope::kIntra ? "intra" : "network";
+    }
+    tracer_->record(stage, t_.name, int64_t(t_.round), lane, start, Tracer::now());
+  }
+
   struct Frame {
     Region parent;
     bool active;
@@ -687,9 +711,17 @@ class Run {
   bool active_ = true;
   std::vector<Frame> frames_;
   size_t step_ = 0;
+  Tracer* tracer_ = nullptr;
 };
 
 }  // namespace
+
+uint64_t Executor::runs(const std::string& name) const {
+  auto it = tensors_.find(name);
+  CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
+                  "tensor '{}' was never declared to the executor", name);
+  return it->second->round;
+}
 
 void Executor::run(const std::string& name, const float* input, float* output,
                    uint64_t numElements, ReduceOp op, Deadline deadline) {
@@ -713,7 +745,7 @@ void Executor::run(const std::string& name, const float* input, float* output,
   if (!plan_) setDefaultPlan(deadline);
   CORTADO_ENFORCE(!t.option.steps.empty(), ErrorCode::kInvalidArgument,
                   "tensor '{}' was declared after the plan was set: set the plan again", name);
-  Run(t, worker_, groups_, topo_, deadline).go(input, output, op);
+  Run(t, worker_, groups_, topo_, deadline, tracer_.get()).go(input, output, op);
   ++t.round;
 }
 

@@ -38,6 +38,7 @@
 
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
+#include "core/common/trace.h"
 #include "core/plan/plan.h"
 #include "core/worker.h"
 
@@ -91,6 +92,19 @@ class Executor {
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
 
+  // Records every step of every run() (docs/tracing.md): stage names as the
+  // planner's simulator has them ("encode", "intra reduce_scatter",
+  // "inter allgather*", ...; a push and its pull are one exchange here,
+  // recorded as "inter push+pull" with "*" on the compressed side), the
+  // iteration being the tensor's run count on this executor. Steps a rank
+  // sits out (after an intra reduce or gather) are not recorded. nullptr:
+  // off. Set between runs.
+  void setTracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
+  const std::shared_ptr<Tracer>& tracer() const { return tracer_; }
+
+  // How many times run() has completed for `name` (its iteration count).
+  uint64_t runs(const std::string& name) const;
+
   struct TensorState;
 
  private:
@@ -101,6 +115,7 @@ class Executor {
   collective::Topology topo_;
   std::map<std::string, std::unique_ptr<TensorState>> tensors_;
   std::optional<plan::Plan> plan_;
+  std::shared_ptr<Tracer> tracer_;
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
 };
 

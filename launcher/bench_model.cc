@@ -269,6 +269,14 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
                       "codec '{}' has no option compressed on the CPU", o.codec);
     } else if (name == "plan") {
       s = pl.decide();
+      if (!o.predictedTrace.empty()) {
+        std::vector<planner::TraceEvent> ev;
+        sim.simulate(s.choice, nullptr, &ev);
+        std::ofstream f(o.predictedTrace);
+        f << planner::chromeTrace(sim, ev) << "\n";
+        CORTADO_ENFORCE(f.good(), ErrorCode::kInvalidArgument, "--predicted-trace: cannot write '{}'",
+                        o.predictedTrace);
+      }
     }
     Prediction p;
     p.strategy = name;
@@ -393,6 +401,8 @@ int runModelBench(const ModelBenchOptions& o) {
   setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   executor::Executor ex(*worker, &groups);
+  auto tracer = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", job.rank)));
+  if (tracer->enabled()) ex.setTracer(tracer);
   const collective::Topology& topo = ex.topology();
   const bool lead = topo.rank == 0;
   World world{*groups.world};
@@ -491,10 +501,16 @@ int runModelBench(const ModelBenchOptions& o) {
       world.barrier();
       const auto t0 = Clock::now();
       double readyUs = profile.forwardUs;
+      const double traceT0 = Tracer::now();
       for (size_t j = 0; j < T; ++j) {
         const auto& t = profile.tensors[j];
+        const double prevReady = readyUs;
         readyUs += t.backwardUs;
         std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(int64_t(readyUs * 1e3)));
+        // The executor's iteration is the tensor's run count: the same here.
+        if (tracer->enabled() && t.backwardUs > 0)
+          tracer->record("backward", t.name, int64_t(ex.runs(t.name)), "gpu",
+                         traceT0 + prevReady, traceT0 + readyUs);
         ex.run(t.name, buf[j].data(), buf[j].data(), buf[j].size(), ReduceOp::kSum, opDeadline);
       }
       const double secs = secondsSince(t0);
@@ -571,6 +587,10 @@ int runModelBench(const ModelBenchOptions& o) {
         if (bestAll) fmt::print("plan vs best compress-everything ({}): {:.2f}x\n", bestAll->strategy, vsAll);
       }
     }
+  }
+  if (tracer->enabled()) {
+    const std::string path = tracer->flush();
+    if (lead) fmt::print(stderr, "cortado bench model: trace written to {} (and the other workers' beside it)\n", path);
   }
   worker->shutdown(Deadline::after(job.opTimeout));
   if (failures) {

@@ -36,6 +36,9 @@ struct ModelBenchOptions {
   int cpuCores = 0;       // per machine, for the cost model; 0: this host's cores / machines
   std::string dataDir;    // planner data (profiles/, costs/); empty: built in
   std::string planOut;    // rank 0 writes the "plan" strategy's plan here
+  // Rank 0 writes the plan strategy's predicted timeline (with the measured
+  // costs) here, in the format of `cortado plan --trace`.
+  std::string predictedTrace;
 };
 
 // The strategies this build can run, in order.

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "core/common/env.h"
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   std::string pidDir;
   std::vector<std::string> command;
   JobFlags launchFlags;
-  std::string hostList, serverHostList, agent;
+  std::string hostList, serverHostList, agent, traceDir;
   bool mpi = false, mpiOnly = false;
   launch->add_option("-w,--workers", workers, "number of workers (per host with --hosts)")->required()->check(CLI::Range(1, 4096));
   launch->add_option("-s,--servers", servers, "number of servers (per host with --hosts)")->check(CLI::Range(1, 4096));
@@ -86,6 +87,9 @@ int main(int argc, char** argv) {
   launch->add_flag("--mpi", mpi, "start the workers under one mpirun, as the MPI processes of the job");
   launch->add_flag("--mpi-only", mpiOnly,
                    "run the command under the job's mpirun only (no scheduler, no servers): for MPI peers in benchmarks");
+  launch->add_option("--trace", traceDir,
+                     "every worker and server writes a Chrome trace of its stages to DIR "
+                     "(CORTADO_TRACE_DIR; CORTADO_TRACE_ITERATIONS picks the iterations)");
   launchFlags.add(launch);
   launch->add_option("command", command, "the worker command, after --")->required();
 
@@ -147,6 +151,9 @@ int main(int argc, char** argv) {
                  "CPU cores per machine in the cost model (0: this host's cores / machines)");
   bm->add_option("--data-dir", bmo.dataDir, "planner data folder (profiles/, costs/)");
   bm->add_option("--plan-out", bmo.planOut, "rank 0 writes the planner's plan (JSON) here");
+  bm->add_option("--predicted-trace", bmo.predictedTrace,
+                 "rank 0 writes the plan's predicted timeline (measured costs) here, for "
+                 "`cortado trace compare` against a run with --trace");
   bm->add_flag("--json", bmo.json, "one JSON object per strategy, then a summary object");
   bm->add_flag("--progress", bmo.progress, "show the progress bar even when stderr is not a terminal");
 
@@ -202,6 +209,7 @@ int main(int argc, char** argv) {
           std::max(1, servers) *
           (lo.hosts.hosts.empty() ? 1 : int(lo.hosts.hosts.size() + lo.hosts.serverHosts.size()));
       lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
+      if (!traceDir.empty()) lo.job.traceDir = std::filesystem::absolute(traceDir).string();
       lo.command = command;
       lo.pidDir = pidDir;
       return launcher::runLaunch(lo);

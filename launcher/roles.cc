@@ -41,6 +41,9 @@ int runServerRole(const JobConfig& job) {
   eo.async = job.async;
   eo.self = self;
   if (job.sharedMemory) eo.shmPrefix = shm::jobPrefix(job.token);
+  TraceOptions to = TraceOptions::fromEnv(fmt::format("server {}", job.rank));
+  if (!job.traceDir.empty()) to.dir = job.traceDir;
+  if (to.dir.empty() == false) eo.tracer = std::make_shared<Tracer>(to);
   server::ServerEngine engine(eo, *transport);
   transport->setCallbacks([&](transport::Message&& m) { engine.handle(std::move(m)); },
                           [&](const NodeId& peer, const Status& st) {
@@ -79,6 +82,13 @@ int runServerRole(const JobConfig& job) {
     }
   }
   engine.stop();
+  if (eo.tracer) {
+    try {
+      CORTADO_LOG_INFO("trace written to {}", eo.tracer->flush());
+    } catch (const Error& e) {
+      CORTADO_LOG_ERROR("{}", e.what());
+    }
+  }
   transport->close();
   control->close();
   return code;

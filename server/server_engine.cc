@@ -324,6 +324,23 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
   const int w = msg.from.rank;
   const int W = engine->opts_.numWorkers;
   if (h.op == Op::kPush) {
+    // One "server" event per push handled, when tracing.
+    struct TraceGuard {
+      Tracer* t;
+      const KeyState& k;
+      const DataHeader& h;
+      int lane;
+      double start;
+      ~TraceGuard() {
+        if (t)
+          t->record("server", k.tensorName.empty() ? fmt::format("key {}", h.key) : k.tensorName,
+                    int64_t(h.round), fmt::format("engine {}", lane), start, Tracer::now());
+      }
+    };
+    Tracer* tr = engine->opts_.tracer && engine->opts_.tracer->wants(int64_t(h.round))
+                     ? engine->opts_.tracer.get()
+                     : nullptr;
+    TraceGuard guard{tr, k, h, index, tr ? Tracer::now() : 0};
     CORTADO_ENFORCE(h.round == k.round, ErrorCode::kProtocol,
                     "key {}: {} pushed round {} but the server is summing round {}", h.key,
                     msg.from.toString(), h.round, k.round);

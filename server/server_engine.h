@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "compressor/registry.h"
+#include "core/common/trace.h"
 #include "core/shm/shm_segment.h"
 #include "core/transport/transport.h"
 
@@ -43,6 +44,10 @@ struct ServerEngineOptions {
   NodeId self{Role::kServer, 0};
   // The codecs compressed pushes may name; nullptr: the CPU codecs.
   std::shared_ptr<const compressor::Registry> codecs;
+  // Records the work of every push in sync mode (receive, decode, sum, and
+  // the round's answer on the last push) as a "server" stage, the iteration
+  // being the key's round (docs/tracing.md). nullptr: off.
+  std::shared_ptr<Tracer> tracer;
 };
 
 struct ServerStats {

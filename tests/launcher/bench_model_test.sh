@@ -33,6 +33,27 @@ check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
 check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
 
+# Stage traces of a real run, compared with the predicted timeline.
+tdir=$(mktemp -d /tmp/bench-model-trace-XXXXXX)
+trap 'rm -rf "$tdir"' EXIT
+out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_TRACE_ITERATIONS=1:2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 \
+  --trace "$tdir/run" -- "$cortado" bench model --profile "$profile" --codec fp16 --strategies plan \
+  --iterations 2 --warmup 1 --predicted-trace "$tdir/predicted.json" 2>&1)
+rc=$?
+check "traced run exits 0" "[ $rc = 0 ]" "rc=$rc: $out"
+for f in worker-0 worker-1 worker-2 worker-3 server-0 server-1; do
+  check "trace $f written" "[ -s \"$tdir/run/$f.json\" ]" "missing: $(ls "$tdir/run" 2>&1)"
+done
+check "worker stages use the simulator's names" \
+  "grep -q '\"cat\": *\"intra reduce_scatter\"\|\"cat\": *\"intra alltoall\\*\"\|\"cat\": *\"flat ' \"$tdir/run/worker-0.json\"" \
+  "$(head -c 600 "$tdir/run/worker-0.json")"
+check "only iterations 1 and 2 traced" \
+  "! grep -q '\"iteration\": *[03-9]' \"$tdir/run/worker-0.json\"" "$(grep -o '\"iteration\": *[0-9]*' "$tdir/run/worker-0.json" | sort | uniq -c)"
+cmp=$("$cortado" trace compare --predicted "$tdir/predicted.json" --measured "$tdir/run" 2>&1)
+rc=$?
+echo "$cmp"
+check "trace compare runs" "[ $rc = 0 ] && echo \"\$cmp\" | grep -q '2 iterations, 4 workers'" "rc=$rc"
+
 refuse() {  # refuse NAME NEEDLE ARGS...
   local name=$1 needle=$2
   shift 2
