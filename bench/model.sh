@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The model-replay benchmark of issue 8 on emulated hosts (tests/testbed/testbed.sh):
+# `cortado bench model` for every model x codec on H hosts with 1 worker and
+# 1 server each, links shaped at --rate, launched from host 1 as on a head
+# node. Prints each run's table (and JSON lines with --json) on stdout,
+# progress on stderr. As root.
+#
+#   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
+#                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
+#                  [--compute-scale 1] [--strategies none,gpu,cpu,plan] [--json]
+#                  [--trace DIR]   (stage traces per run under DIR/<model>-<codec>/)
+set -Eeuo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+CORTADO=${CORTADO:-$here/build/launcher/cortado}
+TB=$here/tests/testbed/testbed.sh
+models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
+iterations=5 warmup=1 scale=1 strategies=none,gpu,cpu,plan json="" trace=""
+while (($#)); do
+  case $1 in
+    --models) models=$2; shift 2 ;;
+    --codecs) codecs=$2; shift 2 ;;
+    --hosts) hosts=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --iterations) iterations=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --compute-scale) scale=$2; shift 2 ;;
+    --strategies) strategies=$2; shift 2 ;;
+    --json) json=--json; shift ;;
+    --trace) trace=$(realpath -m "$2"); shift 2 ;;
+    *) echo "bench/model.sh: unknown option '$1' (see the header of this file)" >&2; exit 2 ;;
+  esac
+done
+[[ $(id -u) -eq 0 ]] || { echo "bench/model.sh: the emulated hosts need root" >&2; exit 2; }
+[[ -x $CORTADO ]] || { echo "bench/model.sh: build first (ninja -C build cortado), or set CORTADO" >&2; exit 2; }
+NAME=bmodel$$
+NAME=${NAME:0:8}
+trap '"$TB" down "$NAME" >/dev/null 2>&1 || true' EXIT
+"$TB" up "$NAME" "$hosts" --rate "$rate" >/dev/null
+list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
+echo "# bench/model.sh: $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg), $hosts hosts at $rate, 1 worker + 1 server each"
+IFS=, read -ra M <<<"$models"
+IFS=, read -ra C <<<"$codecs"
+for m in "${M[@]}"; do
+  for c in "${C[@]}"; do
+    echo "## $m, $c" >&2
+    targs=()
+    [[ -n $trace ]] && targs=(--trace "$trace/$m-${c%%:*}")
+    CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
+      "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
+      "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
+      --iterations "$iterations" --warmup "$warmup" --compute-scale "$scale" $json
+  done
+done
