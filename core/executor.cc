@@ -1,6 +1,7 @@
 #include "core/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
+#include "core/common/logging.h"
 
 namespace cortado::executor {
 namespace {
@@ -201,6 +203,7 @@ struct Executor::TensorState {
   std::set<uint64_t> cuts;  // where payload pieces may start or end
   uint64_t round = 0;
   uint64_t seedBase = 0;
+  std::vector<float> scratch1, scratch2;  // padded collective buffers, kept across runs
 };
 
 plan::Plan loadPlanFile(const std::string& path) {
@@ -404,7 +407,9 @@ class Run {
         tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr) {}
 
   void go(const float* in, float* out, ReduceOp op) {
-    x_.assign(in, in + t_.n);
+    // Work in the output: no copy of the tensor beyond the input's.
+    x_ = out;
+    if (in != out) std::copy_n(in, t_.n, out);
     r_ = Region{0, t_.n};
     const auto& steps = t_.option.steps;
     for (step_ = 0; step_ < steps.size(); ++step_) {
@@ -422,7 +427,8 @@ class Run {
       }
     }
     const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
-    for (uint64_t i = 0; i < t_.n; ++i) out[i] = x_[i] * scale;
+    if (scale != 1.0f)
+      for (uint64_t i = 0; i < t_.n; ++i) out[i] *= scale;
   }
 
  private:
@@ -450,6 +456,11 @@ class Run {
     bool active;
     Scope scope;
   };
+
+  static float* scratch(std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
 
   Group group(Scope s) const {
     if (!groups_) return Group{};
@@ -483,9 +494,9 @@ class Run {
         case CommOp::kReduceScatter: reduceScatter(g); break;
         case CommOp::kReduce:
           if (g.size() > 1) {
-            std::vector<float> sum(g.rank() == 0 ? r_.len : 0);
-            g.c->reduce(x_.data() + r_.off, sum.data(), r_.len, DType::kFloat32, 0, d_);
-            std::copy(sum.begin(), sum.end(), x_.data() + r_.off);
+            float* sum = scratch(t_.scratch1, r_.len);
+            g.c->reduce(x_ + r_.off, sum, r_.len, DType::kFloat32, 0, d_);
+            if (g.rank() == 0) std::copy_n(sum, r_.len, x_ + r_.off);
           }
           active_ = g.rank() == 0;
           break;
@@ -508,7 +519,7 @@ class Run {
       if (!active_) return;
       if (s.op == CommOp::kAllreduce) {
         if (g.size() > 1)
-          g.c->allreduce(x_.data() + r_.off, x_.data() + r_.off, r_.len, DType::kFloat32, d_);
+          g.c->allreduce(x_ + r_.off, x_ + r_.off, r_.len, DType::kFloat32, d_);
       } else {  // compressed allgather
         allgatherSegs(g);
       }
@@ -531,7 +542,7 @@ class Run {
         segs_.clear();
         unpackInto(b.data(), b.size(), segs_, t_.n);
       } else if (g.size() > 1) {
-        g.c->broadcast(x_.data() + f.parent.off, f.parent.len, DType::kFloat32, 0, d_);
+        g.c->broadcast(x_ + f.parent.off, f.parent.len, DType::kFloat32, 0, d_);
       }
       r_ = f.parent;
       active_ = true;
@@ -543,10 +554,12 @@ class Run {
     const Region mine = block(r_, n, g.rank());
     if (n > 1) {
       const uint64_t b = blockSize(r_, n);
-      std::vector<float> padded(b * n, 0.0f), recv(b);
-      std::copy_n(x_.data() + r_.off, r_.len, padded.data());
-      g.c->reduceScatter(padded.data(), recv.data(), b, DType::kFloat32, d_);
-      std::copy_n(recv.data(), mine.len, x_.data() + mine.off);
+      float* padded = scratch(t_.scratch1, b * n);
+      float* recv = scratch(t_.scratch2, b);
+      std::copy_n(x_ + r_.off, r_.len, padded);
+      std::fill(padded + r_.len, padded + b * n, 0.0f);
+      g.c->reduceScatter(padded, recv, b, DType::kFloat32, d_);
+      std::copy_n(recv, mine.len, x_ + mine.off);
     }
     r_ = mine;
   }
@@ -555,10 +568,12 @@ class Run {
     const int n = g.size();
     if (n == 1) return;
     const uint64_t b = blockSize(parent, n);
-    std::vector<float> send(b, 0.0f), recv(b * n);
-    std::copy_n(x_.data() + r_.off, r_.len, send.data());
-    g.c->allgather(send.data(), b, recv.data(), DType::kFloat32, d_);
-    std::copy_n(recv.data(), parent.len, x_.data() + parent.off);
+    float* send = scratch(t_.scratch2, b);
+    float* recv = scratch(t_.scratch1, b * n);
+    std::copy_n(x_ + r_.off, r_.len, send);
+    std::fill(send + r_.len, send + b, 0.0f);
+    g.c->allgather(send, b, recv, DType::kFloat32, d_);
+    std::copy_n(recv, parent.len, x_ + parent.off);
   }
 
   void allgatherSegs(Group g) {
@@ -615,19 +630,19 @@ class Run {
       s.bytes.resize(ef->payloadBytes(s.count));
       compressor::EncodeContext ctx;
       ctx.seed = seed(s.off);
-      ef->encode(s.off, x_.data() + s.off, s.count, s.bytes, ctx);
+      ef->encode(s.off, x_ + s.off, s.count, s.bytes, ctx);
       segs_.push_back(std::move(s));
     }
   }
 
   // Sums every segment into the region, in fp32.
   void decode() {
-    std::fill_n(x_.data() + r_.off, r_.len, 0.0f);
+    std::fill_n(x_ + r_.off, r_.len, 0.0f);
     for (const Seg& s : segs_) {
       CORTADO_ENFORCE(s.off >= r_.off && s.off + s.count <= r_.end(), ErrorCode::kInternal,
                       "payload piece [{}, +{}) outside the data's region [{}, +{})", s.off,
                       s.count, r_.off, r_.len);
-      float* dst = x_.data() + s.off;
+      float* dst = x_ + s.off;
       if (s.dense) {
         CORTADO_ENFORCE(s.bytes.size() == s.count * sizeof(float), ErrorCode::kProtocol,
                         "dense piece of {} bytes for {} elements", s.bytes.size(), s.count);
@@ -670,15 +685,15 @@ class Run {
         ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
       }
     } else {
-      ex.rawInput = x_.data() + r_.off;
+      ex.rawInput = x_ + r_.off;
     }
-    std::vector<float> dense;
     std::vector<ExchangeAnswer> answers;
     if (pull.compressed) {
       ex.answers = &answers;
     } else {
-      dense.resize(r_.len);
-      ex.rawOutput = dense.data();
+      // In place, as pushPull allows: the answer comes only after the servers
+      // have every push of the round, ours included.
+      ex.rawOutput = x_ + r_.off;
     }
     Handle h = worker_.exchange(key, std::move(ex), 0);
     Status st = h.wait(d_);
@@ -695,8 +710,6 @@ class Run {
         s.bytes.assign(p, p + answers[i].bytes.size());
         segs_.push_back(std::move(s));
       }
-    } else {
-      std::copy(dense.begin(), dense.end(), x_.data() + r_.off);
     }
   }
 
@@ -705,7 +718,7 @@ class Run {
   const collective::Groups* groups_;
   const collective::Topology& topo_;
   Deadline d_;
-  std::vector<float> x_;
+  float* x_ = nullptr;
   Region r_;
   Segs segs_;
   bool active_ = true;

@@ -10,6 +10,11 @@
 #include "core/common/logging.h"
 #include "core/worker.h"
 #include "launcher/launch.h"
+#include "cortado/config.h"
+#if CORTADO_MPI
+#include "core/collective/mpi/factory.h"
+#include "core/executor.h"
+#endif
 
 namespace cortado::launcher {
 namespace {
@@ -80,6 +85,10 @@ int relaunch(const PushPullBenchOptions& o) {
                 "--warmup", std::to_string(o.warmup),
                 "--dtype", o.dtype};
   if (o.json) lo.command.push_back("--json");
+  if (o.executor) {
+    lo.hosts.mpi = true;
+    lo.command.push_back("--executor");
+  }
   if (!o.codec.empty()) {
     lo.command.push_back("--codec");
     lo.command.push_back(o.codec);
@@ -100,17 +109,47 @@ int runPushPullBench(const PushPullBenchOptions& o) {
                   "cortado bench pushpull runs as a worker, but CORTADO_ROLE is {}",
                   roleName(job.role));
   setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
+#if CORTADO_MPI
+  std::unique_ptr<collective::mpi::Runtime> mpi;
+  collective::Groups groups;
+  if (o.executor) {
+    CORTADO_ENFORCE(dtype == DType::kFloat32 && o.codec.empty(), ErrorCode::kInvalidArgument,
+                    "--executor runs float32 tensors uncompressed (the default plan); drop "
+                    "--dtype/--codec");
+    mpi = std::make_unique<collective::mpi::Runtime>();
+    groups = collective::mpi::createGroups(*mpi, collective::mpi::Options::fromEnv(),
+                                           Deadline::after(job.connectTimeout));
+  }
+#else
+  CORTADO_ENFORCE(!o.executor, ErrorCode::kUnavailable,
+                  "--executor needs MPI, and this build has none (install OpenMPI with "
+                  "scripts/install_deps.sh and reconfigure)");
+#endif
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   const int W = worker->size(), rank = worker->rank();
   const bool lead = rank == 0;
   const size_t esz = dtypeSize(dtype);
   const double busFactor = W > 1 ? 2.0 * (W - 1) / W : 1.0;
+#if CORTADO_MPI
+  std::unique_ptr<executor::Executor> ex;
+  if (o.executor) {
+    ex = std::make_unique<executor::Executor>(*worker, &groups);
+    for (uint64_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 2)
+      ex->declare(fmt::format("bench.{}.executor", bytes), DType::kFloat32,
+                  std::max<uint64_t>(1, bytes / esz));
+    ex->setDefaultPlan(Deadline::after(job.opTimeout));
+  }
+#endif
   if (lead && !o.json) {
     fmt::print("# cortado bench pushpull: {} workers, {} servers, dtype {}, transport {}, codec {}\n",
                W, worker->numServers(), dtypeName(dtype), job.transport,
                o.codec.empty() ? "none" : o.codec);
-    fmt::print("# {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>6}\n", "size(B)", "count", "iters",
-               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
+    if (o.executor)
+      fmt::print("# executor: default plan on {} machines (time(us) and algbw: push_pull)\n",
+                 groups.topology.numMachines);
+    fmt::print("# {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>6}{}\n", "size(B)", "count", "iters",
+               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check",
+               o.executor ? fmt::format(" {:>12} {:>12}", "exec(us)", "exec/pp") : "");
   }
   int failures = 0;
   int32_t okFlag = 0, okSum = 0;
@@ -133,10 +172,29 @@ int runPushPullBench(const PushPullBenchOptions& o) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) once();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    double execSecs = 0;
+    bool execWrong = false;
+#if CORTADO_MPI
+    if (ex) {
+      // The same size through the plan executor, right after push_pull.
+      const std::string xname = fmt::format("bench.{}.executor", bytes);
+      std::vector<float> xout(n);
+      auto run = [&] {
+        ex->run(xname, reinterpret_cast<const float*>(in.data()), xout.data(), n, ReduceOp::kSum,
+                Deadline::after(job.opTimeout));
+      };
+      for (int i = 0; i < o.warmup; ++i) run();
+      worker->barrier(Deadline::after(job.opTimeout));
+      auto x0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) run();
+      execSecs = std::chrono::duration<double>(std::chrono::steady_clock::now() - x0).count() / iters;
+      execWrong = countWrong(DType::kFloat32, xout.data(), n, W) != 0;
+    }
+#endif
     // Every worker checks its own result; the job-wide verdict is one more sum.
     const bool checked = o.codec.empty() || o.codec.rfind("fp16", 0) == 0 ||
                          o.codec.rfind("bf16", 0) == 0;
-    okFlag = checked && countWrong(dtype, out.data(), n, W) ? 1 : 0;
+    okFlag = (checked && countWrong(dtype, out.data(), n, W)) || execWrong ? 1 : 0;
     worker->pushPull("bench.check", DType::kInt32, 1, &okFlag, &okSum, ReduceOp::kSum, 0)
         .wait(Deadline::after(job.opTimeout))
         .check();
@@ -148,14 +206,17 @@ int runPushPullBench(const PushPullBenchOptions& o) {
         fmt::print("{{\"size_bytes\": {}, \"seconds\": {:.9f}, \"algbw_gbps\": {:.4f}, "
                    "\"busbw_gbps\": {:.4f}, \"ok\": {}, \"workers\": {}, \"servers\": {}, "
                    "\"dtype\": \"{}\", \"transport\": \"{}\", \"iters\": {}, "
-                   "\"codec\": \"{}\", \"checked\": {}}}\n",
+                   "\"codec\": \"{}\", \"checked\": {}{}}}\n",
                    n * esz, secs, algbw, algbw * busFactor, ok ? "true" : "false", W,
                    worker->numServers(), dtypeName(dtype), job.transport, iters, o.codec,
-                   checked ? "true" : "false");
+                   checked ? "true" : "false",
+                   o.executor ? fmt::format(", \"executor_seconds\": {:.9f}", execSecs) : "");
       } else {
-        fmt::print("  {:>12} {:>12} {:>10} {:>12.1f} {:>12.3f} {:>12.3f} {:>6}\n", n * esz, n,
+        fmt::print("  {:>12} {:>12} {:>10} {:>12.1f} {:>12.3f} {:>12.3f} {:>6}{}\n", n * esz, n,
                    iters, secs * 1e6, algbw, algbw * busFactor,
-                   !checked ? "lossy" : ok ? "ok" : "WRONG");
+                   !checked ? "lossy" : ok ? "ok" : "WRONG",
+                   o.executor ? fmt::format(" {:>12.1f} {:>12.2f}", execSecs * 1e6, execSecs / secs)
+                              : "");
       }
       std::fflush(stdout);
     }

@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
   pp->add_option("--codec", ppo.codec,
                  "compress every tensor with this codec spec, e.g. topk:ratio=0.01 or fp16 "
                  "(docs/codecs.md; default: uncompressed)");
+  pp->add_flag("--executor", ppo.executor,
+               "also run each size through the plan executor's default plan (workers under "
+               "mpirun; CORTADO_FAKE_HOST_SIZE emulates machines) and print its time and ratio "
+               "to push_pull");
 
   // bench model
   auto* bm = bench->add_subcommand(
