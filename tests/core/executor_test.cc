@@ -1,0 +1,131 @@
+// The plan executor without MPI (every worker its machine's only worker), in
+// one process: a real scheduler, servers and workers as threads on the
+// in-process transport (engine_test's Job). The MPI paths are checked under
+// mpirun by tests/multiprocess/exec_check.cc.
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "core/common/half.h"
+#include "core/executor.h"
+#include "engine_job.h"
+
+namespace cortado {
+namespace {
+
+using plan::CommOp;
+using plan::Scope;
+using plan::Step;
+
+const Deadline soon() { return Deadline::after(Millis(20000)); }
+
+// Small chunks, so shard keys have several chunks on several servers.
+WorkerOptions smallChunks() {
+  WorkerOptions o;
+  o.partitionBytes = 64;
+  return o;
+}
+
+TEST(Executor, DefaultPlanSumsExactlyWithoutMpi) {
+  test::Job job(3, 2, smallChunks());
+  const uint64_t n = 101;
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    ex.declare("w", DType::kFloat32, n);
+    ex.declare("b", DType::kFloat32, 1);
+    for (int iter = 0; iter < 3; ++iter) {
+      std::vector<float> in(n), out(n);
+      for (uint64_t i = 0; i < n; ++i) in[i] = float((r + 1) * (i % 7) + iter);
+      ex.run("w", in.data(), out.data(), n, ReduceOp::kSum, soon());
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], float(6 * (i % 7) + 3 * iter)) << i;
+      float one = float(r), avg = 0;
+      ex.run("b", &one, &avg, 1, ReduceOp::kAverage, soon());
+      ASSERT_EQ(avg, 1.0f);
+    }
+    EXPECT_EQ(ex.currentPlan().tensors.at("w"), executor::defaultOption());
+  });
+}
+
+// fp16 with error feedback at the encode before a compressed push, the
+// servers answering the dense sum: each round's output must be the sum over
+// workers of fp16(g + e), with e replayed here per worker by plain loops.
+TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
+  const int W = 3;
+  test::Job job(W, 2, smallChunks());
+  const uint64_t n = 77;
+  plan::TensorOption o;
+  o.hierarchical = true;
+  o.codec = "fp16";
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+             Step::encode(plan::Device::kGpu),  // a host buffer: runs the CPU twin
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, false),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::Plan p;
+  p.tensors["g"] = o;
+  // Inputs in [0.5, 8): fp16 values there sum exactly in fp32 in any order.
+  auto input = [](int r, int iter, uint64_t i) {
+    return 0.5f + 7.4f * float((r * 131 + iter * 17 + i * 29) % 1000) / 1000.0f + 1e-4f * float(i % 3);
+  };
+  std::vector<std::vector<float>> residual(W, std::vector<float>(n, 0.0f));
+  std::vector<std::vector<float>> expect(5, std::vector<float>(n, 0.0f));
+  for (int iter = 0; iter < 5; ++iter)
+    for (int r = 0; r < W; ++r)
+      for (uint64_t i = 0; i < n; ++i) {
+        float q = input(r, iter, i) + residual[r][i];
+        float sent = halfToFloat(floatToHalf(q));
+        residual[r][i] = q - sent;
+        expect[iter][i] += sent;
+      }
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    ex.declare("g", DType::kFloat32, n);
+    ex.setPlan(p, soon());
+    for (int iter = 0; iter < 5; ++iter) {
+      std::vector<float> in(n), out(n);
+      for (uint64_t i = 0; i < n; ++i) in[i] = input(r, iter, i);
+      ex.run("g", in.data(), out.data(), n, ReduceOp::kSum, soon());
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], expect[iter][i]) << "iter " << iter << " i " << i;
+    }
+  });
+}
+
+TEST(Executor, RefusalsNameTheTensorAndWhatToDo) {
+  test::Job job(2, 1);
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    ex.declare("a", DType::kFloat32, 8);
+    plan::TensorOption flat;
+    flat.steps = {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)};
+    plan::Plan p;
+    p.tensors["a"] = flat;
+    try {
+      ex.setPlan(p, soon());
+      ADD_FAILURE() << "a flat step without MPI was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mpirun"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'a'"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(ex.declare("a", DType::kFloat32, 9), Error);
+    EXPECT_THROW(ex.declare("h", DType::kFloat16, 9), Error);
+  });
+}
+
+// Workers that declare a tensor with different sizes: the shard keys'
+// declarations disagree and every worker's setPlan fails naming the tensor.
+TEST(Executor, MismatchedSizesFailEveryWorker) {
+  test::Job job(2, 1);
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    ex.declare("m", DType::kFloat32, r == 0 ? 10 : 11);
+    try {
+      ex.setDefaultPlan(soon());
+      ADD_FAILURE() << "worker " << r << ": mismatched sizes were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'m/plan1/shard0'"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace cortado
