@@ -58,7 +58,8 @@ def main():
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--transports", "--transport", default="zmq",
-                    help="comma-separated Cortado transports to measure: zmq, ucx, auto")
+                    help="comma-separated Cortado transports to measure: zmq, ucx, auto, "
+                         "ucx-direct (ucx with CORTADO_UCX_DIRECT=1)")
     ap.add_argument("--shm", choices=["1", "0", "both"], default="1",
                     help="CORTADO_SHM for the Cortado runs (default 1)")
     ap.add_argument("--against", default="gloo",
@@ -76,8 +77,11 @@ def main():
         for transport in [t for t in args.transports.split(",") if t]:
             name = transport if shm == "1" else f"{transport} noshm"
             env = dict(os.environ, CORTADO_SHM=shm)
+            flag = transport
+            if transport == "ucx-direct":
+                flag, env["CORTADO_UCX_DIRECT"] = "ucx", "1"
             results[name] = run(f"cortado {name}", [cortado, "bench", "pushpull", "-w", str(args.workers),
-                                                    "-s", str(args.servers), "--transport", transport,
+                                                    "-s", str(args.servers), "--transport", flag,
                                                     "--json"] + sizes, env=env)
             variants.append(name)
     mpi_bench = os.path.join(args.build, "bench", "mpi", "mpi_allreduce_bench")
@@ -106,8 +110,9 @@ def main():
         ratios = [(f"x {p}", variants[0], p) for p in peers]
     else:
         for suffix in ("", " noshm"):
-            if f"zmq{suffix}" in variants and f"ucx{suffix}" in variants:
-                ratios.append((f"ucx/zmq{suffix}", f"ucx{suffix}", f"zmq{suffix}"))
+            for u in ("ucx", "ucx-direct"):
+                if f"zmq{suffix}" in variants and f"{u}{suffix}" in variants:
+                    ratios.append((f"{u}/zmq{suffix}", f"{u}{suffix}", f"zmq{suffix}"))
         for p in [p for p in args.against.split(",") if p in peers]:
             ratios += [(f"{v} x {p}", v, p) for v in variants]
     cols = (["size"] + [f"{v} GB/s" for v in variants] + [f"{p} GB/s" for p in peers] +

@@ -223,6 +223,7 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
 #if CORTADO_UCX
     transport::ucx::UcxOptions o;
     o.connectTimeout = config.connectTimeout;
+    o.sameHostDirect = config.ucxDirect;
     try {
       return transport::ucx::create(self, o);
     } catch (const Error& e) {

@@ -36,6 +36,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "(`cortado launch --trace DIR`; docs/tracing.md)"},
       {"CORTADO_TRACE_ITERATIONS", "", "all",
        "iterations traced: `10:19`, `5:` or `all` (an iteration is a tensor's run count)"},
+      {"CORTADO_UCX_DIRECT", "", "0",
+       "ucx: same-host peers move data over UCX shared memory (posix/sysv, cma); a peer that "
+       "dies mid-transfer can abort the others (docs/transports.md)"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
@@ -89,6 +92,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_PLAN", planFile},
       {"CORTADO_TRACE_DIR", traceDir},
       {"CORTADO_TRACE_ITERATIONS", traceIterations},
+      {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
@@ -149,6 +153,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;
+  if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);

@@ -32,6 +32,7 @@ struct JobConfig {
   std::string planFile;                   // CORTADO_PLAN: the plan executor's plan (empty: default)
   std::string traceDir;                   // CORTADO_TRACE_DIR: stage traces go here (empty: off)
   std::string traceIterations = "all";    // CORTADO_TRACE_ITERATIONS: "10:19", "5:" or "all"
+  bool ucxDirect = false;                 // ucx: same-host direct endpoints (UcxOptions)
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s
   Millis heartbeatInterval{1000};

@@ -61,9 +61,11 @@ struct Child {
 
 std::unique_ptr<Transport> make(const std::string& kind, std::string* listenAt) {
 #if CORTADO_UCX
-  if (kind == "ucx") {
+  if (kind == "ucx" || kind == "ucx_direct") {
     *listenAt = "ucx://127.0.0.1:0";
-    return ucx::create(kSelf);
+    ucx::UcxOptions o;
+    o.sameHostDirect = kind == "ucx_direct";
+    return ucx::create(kSelf, o);
   }
 #endif
   *listenAt = "tcp://127.0.0.1:0";
@@ -87,6 +89,13 @@ TEST_P(KilledPeer, WithTransfersPendingIsReportedByName) { killAndExpectReport(6
 TEST_P(KilledPeer, WhileIdleIsReportedByName) { killAndExpectReport(0); }
 
 void KilledPeer::killAndExpectReport(size_t pendingBytes) {
+  if (GetParam() == "ucx_direct" && pendingBytes > 0) {
+    // The peer echoes, so this process may be reading the peer's memory
+    // (cma rendezvous) when it dies; without peer-failure handling UCX 1.13
+    // then aborts this process (cma_ep.c "process_vm_readv ... No such
+    // process"). That is why direct endpoints are opt-in (docs/transports.md).
+    GTEST_SKIP() << "ucx_direct: a peer killed mid-rendezvous aborts the reader in UCX 1.13";
+  }
   std::string listenAt;
   auto t = make(GetParam(), &listenAt);
   Inbox in;
@@ -167,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, KilledPeer,
                          ::testing::Values("zmq"
 #if CORTADO_UCX
                                            ,
-                                           "ucx"
+                                           "ucx", "ucx_direct"
 #endif
                                            ),
                          [](const auto& info) { return info.param; });

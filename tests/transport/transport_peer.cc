@@ -3,7 +3,7 @@
 // address, and echoes every message to its sender until it is killed or its
 // deadline (argv[3] seconds) passes.
 //
-//   transport_peer zmq|ucx <test's address> <seconds>
+//   transport_peer zmq|ucx|ucx_direct <test's address> <seconds>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -34,8 +34,10 @@ int main(int argc, char** argv) {
     t = transport::zmq::create(self);
     listenAt = "tcp://127.0.0.1:0";
 #if CORTADO_UCX
-  } else if (kind == "ucx") {
-    t = transport::ucx::create(self);
+  } else if (kind == "ucx" || kind == "ucx_direct") {
+    transport::ucx::UcxOptions o;
+    o.sameHostDirect = kind == "ucx_direct";
+    t = transport::ucx::create(self, o);
     listenAt = "ucx://127.0.0.1:0";
 #endif
   } else {

@@ -18,7 +18,24 @@ TransportFactory ucxFactory() {
           }};
 }
 
+// The same, with same-host peers on direct endpoints (UcxOptions::sameHostDirect):
+// the data moves over UCX shared memory, the connection-manager endpoints
+// report peers that close or fail.
+TransportFactory ucxDirectFactory() {
+  return {"ucx_direct", [] {
+            ucx::UcxOptions o;
+            o.connectTimeout = Millis(1500);
+            o.sameHostDirect = true;
+            return TransportEnv{
+                [o](const NodeId& self) { return ucx::create(self, o); },
+                [] { return std::string("ucx://127.0.0.1:0"); },
+                "ucx://127.0.0.1:1",
+            };
+          }};
+}
+
 CORTADO_TRANSPORT_CONFORMANCE(Ucx, ucxFactory());
+CORTADO_TRANSPORT_CONFORMANCE(UcxDirect, ucxDirectFactory());
 
 }  // namespace
 }  // namespace cortado::transport::testing

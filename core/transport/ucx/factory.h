@@ -15,6 +15,10 @@
 // are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
 // the worker's event fd.
 //
+// With sameHostDirect, a peer on the same host (same kernel boot id) gets a
+// second, direct endpoint made from its UCP worker address, which carries the
+// data over UCX's shared memory (sysv/posix, and cma for rendezvous).
+//
 // Failure: an endpoint error (the peer died, refused, or timed out) and a
 // peer's orderly close() are reported once through the error callback; the
 // peer's pending and later messages are dropped until connect() names it again.
@@ -34,6 +38,18 @@ struct UcxOptions {
   std::chrono::milliseconds connectTimeout{30000};
   // How long close() lets endpoints say goodbye and flush before forcing them.
   std::chrono::milliseconds closeTimeout{1000};
+  // Peers on the same host (same kernel boot id) carry the data over a direct
+  // endpoint made from the peer's UCP worker address, without peer-failure
+  // handling, so that UCX can use shared memory (posix/sysv, cma); the
+  // connection-manager endpoint stays open beside it and reports the peer's
+  // failure, and then both are closed by force. Off, or with UCX_TLS naming
+  // no shared-memory transport, the connection-manager endpoint carries
+  // everything (TCP on one host).
+  // Off by default: UCX 1.13 aborts a process whose cma read from a peer
+  // fails because the peer died mid-transfer, on an endpoint without
+  // peer-failure handling ("process_vm_readv ... No such process"), and no
+  // setting turns that abort into an error. (CORTADO_UCX_DIRECT)
+  bool sameHostDirect = false;
 };
 
 // Throws Error(kUnavailable) naming the cause and the UCX_* settings in force

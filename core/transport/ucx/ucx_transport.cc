@@ -10,8 +10,12 @@
 //   small parts; the payload is the large part alone, contiguous, so that UCX
 //   moves it by zero-copy rendezvous (a contiguous buffer is what its
 //   rendezvous protocols register and read directly; an iovec is not).
-// kAmHello (no payload) is a client endpoint's first message: its completion
-// says the endpoint is up. UCX may hand over active messages from one endpoint
+// kAmHello (no payload, sent with UCP_AM_SEND_FLAG_REPLY) is a client
+// endpoint's first message: its completion says the endpoint is up, and the
+// listener answers it with kAmWelcome over the accepted endpoint: its host id
+// and, with UcxOptions::sameHostDirect, its UCP worker address, from which a
+// same-host client makes a direct endpoint that then carries the data (same
+// stream, same numbering). UCX may hand over active messages from one endpoint
 // out of order (those sent while it was still wiring up come late), so every
 // client endpoint is a stream with its own random id, its messages are
 // numbered, and the receiver delivers each stream in order. kAmBye is sent by a closing node over the endpoints
@@ -53,6 +57,9 @@ namespace {
 constexpr unsigned kAmData = 1;
 constexpr unsigned kAmHello = 2;
 constexpr unsigned kAmBye = 3;
+constexpr unsigned kAmWelcome = 4;
+// A Welcome's payload: the host id (boot id), then the UCP worker address.
+constexpr size_t kHostIdBytes = 64;
 constexpr uint32_t kMagic = 0x43545558;  // "CTUX"
 constexpr uint8_t kLayoutPacked = 0;
 constexpr uint8_t kLayoutOneBig = 1;
@@ -108,13 +115,57 @@ std::string ucxEnvironment() {
   return s.empty() ? "none set (UCX picks its transports itself)" : s;
 }
 
-// A buffer for rendezvous data, not zero-filled: UCX writes all of it.
-Buffer uninitialized(size_t size) {
-  if (size == 0) return Buffer();
-  void* p = ::operator new(size, std::align_val_t(64));
-  std::shared_ptr<void> owner(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
-  return Buffer::wrap(p, size, std::move(owner));
-}
+// Receive buffers for rendezvous data, not zero-filled (UCX writes all of
+// it), reused: a fresh multi-MiB allocation is mapped anew by the allocator
+// (a loop thread's arena trims what is freed), and its page faults cost about
+// as much as the copy itself (perf, docs/benchmarks.md "Transports"). A
+// buffer returns here when the last Buffer that shares it goes, from any
+// thread; the pool keeps at most kMaxBytes and outlives the transport while
+// buffers are out.
+class RecvPool : public std::enable_shared_from_this<RecvPool> {
+ public:
+  static constexpr size_t kMaxBytes = 256ull << 20;
+
+  Buffer take(size_t size) {
+    if (size == 0) return Buffer();
+    void* p = nullptr;
+    {
+      std::lock_guard g(mu_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        bytes_ -= size;
+      }
+    }
+    if (!p) p = ::operator new(size, std::align_val_t(64));
+    std::shared_ptr<void> owner(p, [pool = shared_from_this(), size](void* q) { pool->give(q, size); });
+    return Buffer::wrap(p, size, std::move(owner));
+  }
+
+  ~RecvPool() {
+    for (auto& [size, list] : free_) {
+      for (void* p : list) ::operator delete(p, std::align_val_t(64));
+    }
+  }
+
+ private:
+  void give(void* p, size_t size) {
+    {
+      std::lock_guard g(mu_);
+      if (bytes_ + size <= kMaxBytes) {
+        free_[size].push_back(p);
+        bytes_ += size;
+        return;
+      }
+    }
+    ::operator delete(p, std::align_val_t(64));
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t bytes_ = 0;
+};
 
 // "ucx://host:port" or "tcp://host:port" -> host, port.
 std::pair<std::string, std::string> splitAddress(const NodeId& self, const std::string& address) {
@@ -183,9 +234,45 @@ struct RecvCtx {
 struct EpCtx {
   UcxTransport* t = nullptr;
   bool accepted = false;
-  NodeId peer;  // client endpoints only
+  // A same-host data endpoint (from the peer's worker address, without
+  // peer-failure handling); the peer's liveness comes from its client
+  // endpoint, which has it.
+  bool direct = false;
+  NodeId peer;  // client and direct endpoints only
   ucp_ep_h ep = nullptr;
 };
+
+// This machine's identity, to tell same-host peers: the kernel's boot id
+// (the same in every network namespace of one kernel, as shared memory is).
+std::string hostId() {
+  char buf[kHostIdBytes] = {};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) --n;
+    return std::string(buf, n);
+  }
+  return {};
+}
+
+// Whether UCX_TLS leaves UCX a shared-memory transport (posix, sysv, cma).
+bool tlsAllowsSharedMemory() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (!tls || !*tls) return true;
+  std::string v(tls);
+  bool negate = v[0] == '^';
+  if (negate) v = v.substr(1);
+  std::set<std::string> names;
+  for (size_t start = 0; start <= v.size();) {
+    size_t comma = v.find(',', start);
+    if (comma == std::string::npos) comma = v.size();
+    names.insert(v.substr(start, comma - start));
+    start = comma + 1;
+  }
+  auto has = [&](const char* n) { return names.count(n) != 0; };
+  if (negate) return !(has("sm") || has("shm") || has("mm") || (has("posix") && has("sysv")));
+  return has("all") || has("sm") || has("shm") || has("mm") || has("posix") || has("sysv");
+}
 
 class UcxTransport final : public Transport {
  public:
@@ -265,6 +352,7 @@ class UcxTransport final : public Transport {
       held_.erase(peer);
       auto it = peers_.find(peer);
       if (it == peers_.end()) return;
+      closeEp(it->second.dataEp, /*force=*/true);  // pending sends are dropped
       closeEp(it->second.ep);
       peers_.erase(it);
     };
@@ -320,8 +408,33 @@ class UcxTransport final : public Transport {
     return UCS_OK;
   }
 
-  static ucs_status_t onHello(void*, const void*, size_t, void*, size_t,
-                              const ucp_am_recv_param_t*) {
+  // A client endpoint's first message; answered with a Welcome over the
+  // endpoint it came on (the accepted one), which carries our worker address.
+  static ucs_status_t onHello(void* arg, const void* header, size_t headerLength, void*, size_t,
+                              const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    WireHeader h;
+    if (senderOf(header, headerLength, &h) && (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+      t->hellos_.push_back({param->reply_ep, h.stream});
+    }
+    return UCS_OK;
+  }
+
+  static ucs_status_t onWelcome(void* arg, const void* header, size_t headerLength, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    WireHeader h;
+    auto from = senderOf(header, headerLength, &h);
+    if (!from || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < kHostIdBytes) {
+      return UCS_OK;
+    }
+    const char* p = static_cast<const char*>(data);
+    Welcome w;
+    w.from = *from;
+    w.stream = h.stream;
+    w.host.assign(p, strnlen(p, kHostIdBytes));
+    w.address.assign(p + kHostIdBytes, p + length);
+    t->welcomes_.push_back(std::move(w));
     return UCS_OK;
   }
 
@@ -334,7 +447,8 @@ class UcxTransport final : public Transport {
 
   struct Peer {
     std::string address;
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;      // client endpoint (connection manager, peer-failure handling)
+    ucp_ep_h dataEp = nullptr;  // same host: the direct endpoint that carries the data
     uint64_t stream = 0;
     uint64_t nextSeq = 0;
     bool up = false;
@@ -351,6 +465,18 @@ class UcxTransport final : public Transport {
   struct EpFailure {
     EpCtx* ctx;
     ucs_status_t status;
+  };
+
+  struct Hello {
+    ucp_ep_h replyEp;
+    uint64_t stream;
+  };
+
+  struct Welcome {
+    NodeId from;
+    uint64_t stream = 0;
+    std::string host;
+    std::vector<uint8_t> address;  // empty: the peer offers no direct endpoint
   };
 
   // ---- any thread ----
@@ -420,11 +546,13 @@ class UcxTransport final : public Transport {
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);  // reads UCX_*
     if (s != UCS_OK) return fail("ucp_config_read", s);
     // UCX 1.13 leaves its shared-memory transports (posix, sysv, cma) out of
-    // endpoints that ask for peer-failure handling, as ours must, so on one
-    // machine UCX carries the data over TCP on loopback. UCX_MM_ERROR_HANDLING=y
-    // brings sysv back, but without cma (so no zero-copy rendezvous), and in
-    // our jobs UCX 1.13 then fails small sends with "Invalid parameter"
-    // (docs/transports.md); same-host bytes take core/shm instead.
+    // endpoints that ask for peer-failure handling, so on one machine our
+    // connection-manager endpoints carry the data over TCP on loopback.
+    // UCX_MM_ERROR_HANDLING=y brings sysv back, but never cma (rendezvous then
+    // copies through the FIFO: 0.06 GB/s in the bench), and UCX 1.13 then
+    // fails short sends ("Invalid am_short_iov length: 128 (expected: <=
+    // 100)"). Same-host bytes take core/shm, or direct endpoints when asked
+    // for (welcomed()); docs/transports.md.
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -445,9 +573,27 @@ class UcxTransport final : public Transport {
     maxInlineBytes_ = std::min(kMaxInlineBytes, wa.max_am_header);
     s = ucp_worker_get_efd(worker_, &workerFd_);
     if (s != UCS_OK) return fail("ucp_worker_get_efd", s);
+    // What a Welcome carries: our host id and, where same-host peers may use
+    // a direct endpoint, our worker address (which lists UCX's shared-memory
+    // transports, unlike the connection manager's endpoints).
+    welcome_.assign(kHostIdBytes, 0);
+    std::string host = hostId();
+    std::memcpy(welcome_.data(), host.data(), std::min(host.size(), kHostIdBytes - 1));
+    host_ = host;
+    direct_ = options_.sameHostDirect && !host.empty() && tlsAllowsSharedMemory();
+    if (direct_) {
+      ucp_address_t* address = nullptr;
+      size_t addressLength = 0;
+      s = ucp_worker_get_address(worker_, &address, &addressLength);
+      if (s != UCS_OK) return fail("ucp_worker_get_address", s);
+      auto* a = reinterpret_cast<const uint8_t*>(address);
+      welcome_.insert(welcome_.end(), a, a + addressLength);
+      ucp_worker_release_address(worker_, address);
+    }
     for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmData, &onAm},
                           {kAmHello, &onHello},
-                          {kAmBye, &onBye}}) {
+                          {kAmBye, &onBye},
+                          {kAmWelcome, &onWelcome}}) {
       ucp_am_handler_param_t hp{};
       hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -607,6 +753,7 @@ class UcxTransport final : public Transport {
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
       if (it->second.address == address && !it->second.reported) return;
+      closeEp(it->second.dataEp, /*force=*/true);
       closeEp(it->second.ep);
       peers_.erase(it);
     }
@@ -624,7 +771,7 @@ class UcxTransport final : public Transport {
     p.stream = streamIds_();
     ucp_ep_h ep = p.ep;
     peers_.emplace(peer, std::move(p));
-    startSend(peer, ep, kAmHello, {});
+    startSend(peer, ep, kAmHello, {}, peers_[peer].stream);
     auto h = held_.find(peer);
     if (h != held_.end()) {
       auto msgs = std::move(h->second.msgs);
@@ -645,8 +792,11 @@ class UcxTransport final : public Transport {
       CORTADO_LOG_DEBUG("ucx {}: dropping a message to {}: its endpoint failed", self_, peer);
       return;
     }
-    startSend(peer, it->second.ep, kAmData, std::move(msg.parts), it->second.stream,
-              it->second.nextSeq++);
+    // Same stream and numbering on both endpoints: the receiver puts the
+    // messages sent before the direct endpoint existed in order with those
+    // after.
+    ucp_ep_h ep = it->second.dataEp ? it->second.dataEp : it->second.ep;
+    startSend(peer, ep, kAmData, std::move(msg.parts), it->second.stream, it->second.nextSeq++);
   }
 
   // Starts one active message on `ep`; the SendCtx lives until it completes.
@@ -664,6 +814,10 @@ class UcxTransport final : public Transport {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.send = &onSendDone;
     rp.user_data = ctx;
+    if (am == kAmHello) {
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_AM_SEND_FLAG_REPLY;  // the peer answers on the endpoint it came on
+    }
     const void* buffer = nullptr;
     size_t count = 0;
     const void* head = &ctx->header;
@@ -675,6 +829,10 @@ class UcxTransport final : public Transport {
       headLength = ctx->head.size();
       buffer = big.data();
       count = big.size();  // contiguous: count is in bytes
+    } else if (am == kAmWelcome) {
+      ctx->packed = welcome_;
+      buffer = ctx->packed.data();
+      count = ctx->packed.size();
     } else if (am == kAmData) {
       // Packed: one contiguous copy. UCX 1.13 aborts on iovec sends over its
       // shared-memory transports (proto_am.inl "max_iov > 1"), and messages
@@ -780,7 +938,8 @@ class UcxTransport final : public Transport {
     inflight_.erase(ctx);
     if (ctx->am == kAmBye) --byesInFlight_;
     auto it = peers_.find(ctx->peer);
-    bool current = it != peers_.end() && it->second.ep == ctx->ep;
+    bool current = it != peers_.end() && ctx->ep &&
+                   (it->second.ep == ctx->ep || it->second.dataEp == ctx->ep);
     if (status == UCS_OK) {
       if (current && ctx->am == kAmHello) it->second.up = true;
     } else if (current && !it->second.reported && status != UCS_ERR_CANCELED) {
@@ -823,7 +982,7 @@ class UcxTransport final : public Transport {
       ready_.insert(key);
       return UCS_OK;
     }
-    slot.data = uninitialized(length);
+    slot.data = recvPool_->take(length);
     auto* ctx = new RecvCtx{this, key, &slot};
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -867,6 +1026,14 @@ class UcxTransport final : public Transport {
       }
       closeEp(f.ctx->ep);
     }
+    auto hellos = std::move(hellos_);
+    hellos_.clear();
+    for (const auto& h : hellos) {
+      if (eps_.count(h.replyEp)) startSend(NodeId{}, h.replyEp, kAmWelcome, {}, h.stream);
+    }
+    auto welcomes = std::move(welcomes_);
+    welcomes_.clear();
+    for (auto& w : welcomes) welcomed(w);
     auto byes = std::move(byes_);
     byes_.clear();
     for (const auto& from : byes) {
@@ -890,9 +1057,43 @@ class UcxTransport final : public Transport {
     reapClosing();
   }
 
+  // A peer's Welcome: on the same host, a direct endpoint to its worker
+  // address takes over the data (UCX then picks shared memory: posix or sysv
+  // for active messages, cma for rendezvous). It asks for no peer-failure
+  // handling, which in UCX 1.13 would leave shared memory out; the client
+  // endpoint keeps it and watches the peer: when that endpoint fails, or the
+  // peer says Bye, both are closed and the peer is reported.
+  void welcomed(const Welcome& w) {
+    auto it = peers_.find(w.from);
+    if (it == peers_.end()) return;
+    Peer& p = it->second;
+    if (p.reported || p.stream != w.stream || !p.ep) return;
+    p.up = true;
+    if (p.dataEp || !direct_ || w.address.empty() || w.host != host_) return;
+    auto ctx = std::make_unique<EpCtx>();
+    ctx->t = this;
+    ctx->direct = true;
+    ctx->peer = w.from;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(w.address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &ctx->ep);
+    if (s != UCS_OK) {
+      CORTADO_LOG_DEBUG("ucx {}: no direct endpoint to {} (its client endpoint carries the data): {}",
+                        self_, w.from, ucs_status_string(s));
+      return;
+    }
+    p.dataEp = ctx->ep;
+    CORTADO_LOG_DEBUG("ucx {}: direct endpoint to {} on this host", self_, w.from);
+    eps_.emplace(ctx->ep, std::move(ctx));
+  }
+
   void fail(const NodeId& peer, Peer& p, ErrorCode code, std::string message) {
     p.reported = true;
     p.up = false;
+    closeEp(p.dataEp, /*force=*/true);
+    p.dataEp = nullptr;
     closeEp(p.ep);
     p.ep = nullptr;
     report(peer, code, std::move(message));
@@ -950,15 +1151,20 @@ class UcxTransport final : public Transport {
     return offset == data.size();
   }
 
-  void closeEp(ucp_ep_h ep) {
+  // Endpoints with peer-failure handling are closed by force (their sends
+  // are cancelled). A direct endpoint has none, and UCX documents forcing
+  // such an endpoint as undefined for a peer that is alive, so it is flushed
+  // unless `force` says the peer failed; close() bounds the flush.
+  void closeEp(ucp_ep_h ep, bool force = false) {
     if (!ep) return;
     auto it = eps_.find(ep);
     if (it == eps_.end()) return;  // closed already
+    bool direct = it->second->direct;
     closingCtx_.push_back(std::move(it->second));
     eps_.erase(it);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    rp.flags = direct && !force ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &rp);
     if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
   }
@@ -1089,6 +1295,12 @@ class UcxTransport final : public Transport {
   std::set<StreamKey> ready_;
   std::mt19937_64 streamIds_{std::random_device{}()};
   std::vector<NodeId> byes_;
+  std::vector<Hello> hellos_;
+  std::vector<Welcome> welcomes_;
+  std::vector<uint8_t> welcome_;  // our Welcome's payload
+  std::shared_ptr<RecvPool> recvPool_ = std::make_shared<RecvPool>();
+  std::string host_;
+  bool direct_ = false;  // same-host peers may open direct endpoints to us, and we to them
   std::vector<EpFailure> epFailures_;
   std::vector<std::pair<NodeId, std::string>> failures_;
 };
