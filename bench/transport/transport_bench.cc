@@ -5,7 +5,7 @@
 // what our layer costs.
 //
 //   transport_bench [--address tcp://127.0.0.1:0|ipc:///tmp/x] [--io-threads N]
-//                   [--total-mib M] [--only raw|zmq|ucx|inproc]
+//                   [--total-mib M] [--only raw|zmq|ucx|ucx-direct|inproc]
 #include <zmq.h>
 
 #include <atomic>
@@ -187,6 +187,11 @@ int run(int argc, char** argv) {
 #if CORTADO_UCX
   if (c.only.empty() || c.only == "ucx") {
     runTransport("ucx", c, ucx::create(w), ucx::create(s), "ucx://127.0.0.1:0");
+  }
+  if (c.only.empty() || c.only == "ucx-direct") {
+    ucx::UcxOptions o;
+    o.sameHostDirect = true;  // CORTADO_UCX_DIRECT: UCX shared memory
+    runTransport("ucx-direct", c, ucx::create(w, o), ucx::create(s, o), "ucx://127.0.0.1:0");
   }
 #endif
   if (c.only.empty() || c.only == "inproc") {
