@@ -15,7 +15,7 @@
 // are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
 // the worker's event fd.
 //
-// With sameHostDirect, a peer on the same host (same kernel boot id) gets a
+// With sameHostDirect, a peer on the same host (same boot id and host name) gets a
 // second, direct endpoint made from its UCP worker address, which carries the
 // data over UCX's shared memory (sysv/posix, and cma for rendezvous).
 //
@@ -38,7 +38,7 @@ struct UcxOptions {
   std::chrono::milliseconds connectTimeout{30000};
   // How long close() lets endpoints say goodbye and flush before forcing them.
   std::chrono::milliseconds closeTimeout{1000};
-  // Peers on the same host (same kernel boot id) carry the data over a direct
+  // Peers on the same host (same boot id and host name) carry the data over a direct
   // endpoint made from the peer's UCP worker address, without peer-failure
   // handling, so that UCX can use shared memory (posix/sysv, cma); the
   // connection-manager endpoint stays open beside it and reports the peer's

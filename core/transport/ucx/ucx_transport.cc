@@ -58,8 +58,9 @@ constexpr unsigned kAmData = 1;
 constexpr unsigned kAmHello = 2;
 constexpr unsigned kAmBye = 3;
 constexpr unsigned kAmWelcome = 4;
-// A Welcome's payload: the host id (boot id), then the UCP worker address.
-constexpr size_t kHostIdBytes = 64;
+// A Welcome's payload: the host id (boot id and host name, NUL-padded), then
+// the UCP worker address.
+constexpr size_t kHostIdBytes = 128;
 constexpr uint32_t kMagic = 0x43545558;  // "CTUX"
 constexpr uint8_t kLayoutPacked = 0;
 constexpr uint8_t kLayoutOneBig = 1;
@@ -242,17 +243,21 @@ struct EpCtx {
   ucp_ep_h ep = nullptr;
 };
 
-// This machine's identity, to tell same-host peers: the kernel's boot id
-// (the same in every network namespace of one kernel, as shared memory is).
+// This machine's identity, to tell same-host peers: the kernel's boot id and
+// the host name. The boot id alone would join the emulated hosts of
+// tests/testbed (network and UTS namespaces of one kernel) and carry their
+// traffic past the shaped links; the host name is also what core/shm goes by.
 std::string hostId() {
-  char buf[kHostIdBytes] = {};
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-    std::fclose(f);
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) --n;
-    return std::string(buf, n);
-  }
-  return {};
+  char boot[64] = {};
+  FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (!f) return {};
+  size_t n = std::fread(boot, 1, sizeof(boot) - 1, f);
+  std::fclose(f);
+  while (n > 0 && (boot[n - 1] == '\n' || boot[n - 1] == ' ')) --n;
+  char host[64] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return {};
+  std::string id = std::string(boot, n) + "/" + host;
+  return id.size() < kHostIdBytes ? id : std::string();
 }
 
 // Whether UCX_TLS leaves UCX a shared-memory transport (posix, sysv, cma).
