@@ -7,6 +7,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "compressor/error_feedback.h"
 #include "compressor/format.h"
@@ -197,6 +198,14 @@ struct Executor::TensorState {
   compressor::CodecPtr codec;
   compressor::CodecPtr sparseDecoder;  // top-k form of the servers' sparse sums
   std::map<size_t, std::unique_ptr<compressor::ErrorFeedback>> ef;  // by step index
+  std::map<size_t, std::map<uint64_t, uint64_t>> efPieces;  // step -> piece offset -> count
+  // step -> how many ranks encode the same data there (after an allreduce,
+  // an allgather, a broadcast or a pull, every member holds the same sum and
+  // keeps the same residual): a switch folds 1/replicas of it on each.
+  std::map<size_t, uint64_t> efReplicas;
+  // Residuals of the encode points a plan switch retired, folded into the
+  // next input at their element offsets (empty when none).
+  std::vector<float> carry;
   std::vector<std::string> shardKeys;  // push/pull keys, by shard
   std::vector<Region> shardRegions;
   std::vector<std::vector<ChunkSpan>> shardChunks;
@@ -204,6 +213,37 @@ struct Executor::TensorState {
   uint64_t round = 0;
   uint64_t seedBase = 0;
   std::vector<float> scratch1, scratch2;  // padded collective buffers, kept across runs
+};
+
+// The open profiling window's summaries (plan::ProfileReport's lists, keyed).
+struct Executor::Profiler {
+  using Clock = std::chrono::steady_clock;
+  struct Acc {
+    uint64_t calls = 0;
+    double us = 0;
+  };
+  uint64_t firstIteration = 0;
+  bool active = false;  // inside a window (past the warm-up)
+  Clock::time_point iterStart;
+  double inRunUs = 0;                  // spent inside run() since iterStart
+  std::set<std::string> readyThisIter;
+  std::map<std::string, std::pair<uint64_t, Acc>> ready;  // tensor -> (elements, acc)
+  std::map<std::tuple<std::string, bool, uint64_t>, Acc> codecs;  // (spec, encode, elements)
+  std::map<std::tuple<int, int, bool, int, uint64_t>, Acc> comms;  // (op, scope, compr, group, bytes)
+
+  static double since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
+  void codec(const std::string& spec, bool encode, uint64_t elements, double us) {
+    Acc& a = codecs[{spec, encode, elements}];
+    ++a.calls;
+    a.us += us;
+  }
+  void comm(plan::CommOp op, plan::Scope scope, bool compressed, int group, uint64_t bytes, double us) {
+    Acc& a = comms[{int(op), int(scope), compressed, group, bytes}];
+    ++a.calls;
+    a.us += us;
+  }
 };
 
 plan::Plan loadPlanFile(const std::string& path) {
@@ -332,6 +372,25 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
   const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
   for (const auto& [name, option] : p.tensors) {
     TensorState& t = *tensors_.at(name);
+    // Every encode point of the old plan is retired: its error-feedback
+    // residual (mass encoded but not yet sent) joins this worker's next input
+    // at its element offsets, so the new plan sends it; new encode points
+    // start from zero. Sums are linear, so nothing is lost or sent twice.
+    // An encode point that several ranks run on the same data (replicas)
+    // holds the same residual on each, owed once: each folds its share.
+    for (const auto& [step, pieces] : t.efPieces) {
+      auto it = t.ef.find(step);
+      if (it == t.ef.end()) continue;
+      const float share = 1.0f / float(std::max<uint64_t>(1, t.efReplicas[step]));
+      for (const auto& [off, count] : pieces) {
+        auto r = it->second->residual(off);
+        if (r.empty()) continue;
+        if (t.carry.empty()) t.carry.assign(t.n, 0.0f);
+        for (uint64_t i = 0; i < r.size() && off + i < t.n; ++i) t.carry[off + i] += r[i] * share;
+      }
+    }
+    t.efPieces.clear();
+    t.efReplicas.clear();
     t.option = option;
     t.codec.reset();
     t.sparseDecoder.reset();
@@ -402,14 +461,18 @@ namespace {
 class Run {
  public:
   Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups,
-      const collective::Topology& topo, Deadline d, Tracer* tracer)
+      const collective::Topology& topo, Deadline d, Tracer* tracer, Executor::Profiler* prof)
       : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d),
-        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr) {}
+        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr), prof_(prof) {}
 
   void go(const float* in, float* out, ReduceOp op) {
     // Work in the output: no copy of the tensor beyond the input's.
     x_ = out;
     if (in != out) std::copy_n(in, t_.n, out);
+    if (!t_.carry.empty()) {  // residuals of encode points the last switch retired
+      for (uint64_t i = 0; i < t_.n; ++i) x_[i] += t_.carry[i];
+      t_.carry.clear();
+    }
     r_ = Region{0, t_.n};
     const auto& steps = t_.option.steps;
     for (step_ = 0; step_ < steps.size(); ++step_) {
@@ -418,7 +481,11 @@ class Run {
         const bool wasActive = active_;
         const size_t at = step_;
         const double start = tracer_ ? Tracer::now() : 0;
-        runStep(s);
+        if (prof_) {
+          timedStep(s);
+        } else {
+          runStep(s);
+        }
         if (tracer_ && (wasActive || active_)) record(steps, at, start);
       } catch (const Error& e) {
         throw Error(e.code(), fmt::format("worker {}: tensor '{}', step {} ({}) of plan '{}': {}",
@@ -462,6 +529,45 @@ class Run {
     return v.data();
   }
 
+  // What this rank holds before a step: payload bytes while compressed, else
+  // its region's fp32 bytes.
+  uint64_t bytesHeld(bool compressed) const {
+    if (!compressed) return r_.len * sizeof(float);
+    uint64_t b = 0;
+    for (const Seg& s : segs_) b += s.bytes.size();
+    return b;
+  }
+
+  // runStep, timed into the profiler (only what this rank took part in).
+  void timedStep(const Step& s) {
+    using Clock = Executor::Profiler::Clock;
+    const bool active = active_;
+    const size_t first = step_;
+    uint64_t elements = r_.len, bytes = 0;
+    int gsize = 1;
+    if (s.kind == StepKind::kDecode) {
+      elements = 0;
+      for (const Seg& x : segs_) elements += x.dense ? 0 : x.count;
+    }
+    if (s.kind == StepKind::kComm) {
+      bytes = bytesHeld(s.compressed);
+      gsize = group(s.scope).size();
+      if (s.op == CommOp::kPush) bytes *= std::max<size_t>(1, t_.shardKeys.size());
+    }
+    const auto t0 = Clock::now();
+    runStep(s);
+    const double us = Executor::Profiler::since(t0);
+    if (!active) return;
+    if (s.kind == StepKind::kEncode) {
+      prof_->codec(t_.codecSpec, true, elements, us);
+    } else if (s.kind == StepKind::kDecode) {
+      prof_->codec(t_.codecSpec, false, elements, us);
+    } else {
+      prof_->comm(s.op, s.scope, s.compressed, gsize, bytes, us);
+    }
+    (void)first;
+  }
+
   Group group(Scope s) const {
     if (!groups_) return Group{};
     switch (s) {
@@ -483,6 +589,7 @@ class Run {
     }
     Group g = group(s.scope);
     if (s.op == CommOp::kPush) {
+      replicas_ *= uint64_t(topo_.numMachines);  // every machine's pusher pulls the same sum
       if (active_) pushPull(s, t_.option.steps.at(step_ + 1));
       ++step_;  // the pull ran with it
       return;
@@ -516,6 +623,7 @@ class Run {
     const bool second = !frames_.empty() && frames_.back().scope == s.scope &&
                         (s.op == CommOp::kAllgather || s.op == CommOp::kBroadcast);
     if (!second) {
+      replicas_ *= uint64_t(g.size());  // allreduce, compressed allgather
       if (!active_) return;
       if (s.op == CommOp::kAllreduce) {
         if (g.size() > 1)
@@ -527,6 +635,7 @@ class Run {
     }
     Frame f = frames_.back();
     frames_.pop_back();
+    replicas_ *= uint64_t(g.size());  // the pair's members end with the same data
     if (!f.active) return;  // this rank sat the whole pair out
     if (s.op == CommOp::kAllgather) {
       if (s.compressed) {
@@ -628,6 +737,8 @@ class Run {
       s.count = cuts[i + 1] - cuts[i];
       if (s.count == 0) continue;
       s.bytes.resize(ef->payloadBytes(s.count));
+      t_.efPieces[step_][s.off] = s.count;
+      t_.efReplicas[step_] = replicas_;
       compressor::EncodeContext ctx;
       ctx.seed = seed(s.off);
       ef->encode(s.off, x_ + s.off, s.count, s.bytes, ctx);
@@ -725,6 +836,8 @@ class Run {
   std::vector<Frame> frames_;
   size_t step_ = 0;
   Tracer* tracer_ = nullptr;
+  uint64_t replicas_ = 1;  // ranks that hold the same data as this one
+  Executor::Profiler* prof_ = nullptr;
 };
 
 }  // namespace
@@ -758,8 +871,107 @@ void Executor::run(const std::string& name, const float* input, float* output,
   if (!plan_) setDefaultPlan(deadline);
   CORTADO_ENFORCE(!t.option.steps.empty(), ErrorCode::kInvalidArgument,
                   "tensor '{}' was declared after the plan was set: set the plan again", name);
-  Run(t, worker_, groups_, topo_, deadline, tracer_.get()).go(input, output, op);
+  Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
+  const auto t0 = Profiler::Clock::now();
+  if (prof && prof->readyThisIter.insert(name).second) {
+    // Ready time: compute time since the iteration began (time spent in the
+    // executor taken out, as if communication overlapped it).
+    auto& [elements, acc] = prof->ready[name];
+    elements = t.n;
+    ++acc.calls;
+    acc.us += std::max(0.0, Profiler::since(prof->iterStart) - prof->inRunUs);
+  }
+  Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof).go(input, output, op);
   ++t.round;
+  if (prof) prof->inRunUs += Profiler::since(t0);
+}
+
+void Executor::schedulePlan(const plan::Plan& p, uint64_t switchAt) {
+  const uint64_t current = plan_ ? plan_->version : 0;
+  CORTADO_ENFORCE(!begun_ || switchAt > iteration_, ErrorCode::kMismatch,
+                  "worker {}: plan version {} (switch at iteration {}) arrived at iteration {}, "
+                  "after its switch iteration; this worker still runs plan version {} while the "
+                  "others switched: the plan reached it too late (raise CORTADO_REPLAN_AHEAD)",
+                  topo_.rank, p.version, switchAt, iteration_, current);
+  CORTADO_ENFORCE(p.version > current, ErrorCode::kInvalidArgument,
+                  "worker {}: plan version {} is not newer than the current plan version {}",
+                  topo_.rank, p.version, current);
+  scheduled_ = std::make_pair(p, switchAt);
+}
+
+void Executor::closeWindow(Deadline deadline) {
+  Profiler& pr = *prof_;
+  plan::ProfileReport r;
+  r.rank = topo_.rank;
+  r.machines = topo_.numMachines;
+  r.localSize = topo_.localSize;
+  r.collectives = groups_ != nullptr;
+  r.planVersion = plan_ ? plan_->version : 0;
+  r.window = windowIndex_++;
+  r.firstIteration = pr.firstIteration;
+  r.endIteration = iteration_;
+  for (const auto& [name, e] : pr.ready)
+    r.ready.push_back({name, e.first, e.second.us / double(std::max<uint64_t>(1, e.second.calls))});
+  for (const auto& [k, a] : pr.codecs)
+    r.codecs.push_back({std::get<0>(k), plan::Device::kCpu, std::get<1>(k), std::get<2>(k), a.calls, a.us});
+  for (const auto& [k, a] : pr.comms)
+    r.comms.push_back({plan::CommOp(std::get<0>(k)), plan::Scope(std::get<1>(k)), std::get<2>(k),
+                       std::get<3>(k), std::get<4>(k), a.calls, a.us});
+  lastReport_ = r;
+  if (online_.exchange) worker_.controlClient().sendProfile(plan::toJsonString(r), deadline);
+}
+
+void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
+  CORTADO_ENFORCE(!begun_ || iteration > iteration_, ErrorCode::kInvalidArgument,
+                  "worker {}: beginIteration({}) after iteration {}: iterations must increase",
+                  topo_.rank, iteration, iteration_);
+  begun_ = true;
+  iteration_ = iteration;
+  // 1. Close the window that ends here; open the next.
+  if (online_.window > 0) {
+    if (!prof_) prof_ = std::make_unique<Profiler>();
+    if (prof_->active && iteration >= prof_->firstIteration + online_.window) {
+      closeWindow(deadline);
+      prof_ = std::make_unique<Profiler>();
+    }
+    if (!prof_->active && iteration >= online_.warmup) {
+      prof_->active = true;
+      prof_->firstIteration = iteration;
+    }
+  }
+  // 2. A new plan from the scheduler.
+  if (online_.exchange && online_.window > 0) {
+    if (auto u = worker_.controlClient().latestPlan(); u && u->version > seenPlanVersion_) {
+      seenPlanVersion_ = u->version;
+      plan::Plan p;
+      try {
+        p = plan::planFromJsonString(u->planJson);
+      } catch (const Error& e) {
+        throw Error(e.code(), fmt::format("worker {}: plan version {} from the scheduler: {}",
+                                          topo_.rank, u->version, e.what()));
+      }
+      p.version = u->version;
+      // A switch iteration that is this one is in time: nothing ran yet.
+      CORTADO_ENFORCE(u->switchAt >= iteration, ErrorCode::kMismatch,
+                      "worker {}: plan version {} (switch at iteration {}) arrived at iteration "
+                      "{}, after its switch iteration; this worker still runs plan version {} "
+                      "while the others switched: the plan reached it too late (raise "
+                      "CORTADO_REPLAN_AHEAD)",
+                      topo_.rank, u->version, u->switchAt, iteration, plan_ ? plan_->version : 0);
+      scheduled_ = std::make_pair(std::move(p), u->switchAt);
+    }
+  }
+  // 3. Switch.
+  if (scheduled_ && scheduled_->second == iteration) {
+    plan::Plan p = std::move(scheduled_->first);
+    scheduled_.reset();
+    setPlan(p, deadline);
+  }
+  if (prof_) {
+    prof_->iterStart = Profiler::Clock::now();
+    prof_->inRunUs = 0;
+    prof_->readyThisIter.clear();
+  }
 }
 
 }  // namespace cortado::executor

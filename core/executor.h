@@ -40,6 +40,7 @@
 #include "core/common/deadline.h"
 #include "core/common/trace.h"
 #include "core/plan/plan.h"
+#include "core/plan/profile_report.h"
 #include "core/worker.h"
 
 namespace cortado {
@@ -48,6 +49,19 @@ class Registry;
 }
 
 namespace executor {
+
+// Online profiling and plan switches (docs/planner.md, "Online re-planning").
+struct OnlineOptions {
+  // Iterations per profiling window (CORTADO_PROFILE_WINDOW); 0: no
+  // profiling. Windows follow each other: window n covers iterations
+  // [warmup + n*window, warmup + (n+1)*window).
+  uint64_t window = 0;
+  uint64_t warmup = 1;  // iterations left out before the first window
+  // Send each window's report to the scheduler and take the plans it hands
+  // out (PlanUpdate) in beginIteration(). Off: reports stay local
+  // (lastReport()) and plans come only through schedulePlan().
+  bool exchange = true;
+};
 
 // Reads a plan file (plan::Plan JSON, e.g. `cortado plan ... --json`); throws
 // kInvalidArgument naming the file and what is wrong.
@@ -105,7 +119,28 @@ class Executor {
   // How many times run() has completed for `name` (its iteration count).
   uint64_t runs(const std::string& name) const;
 
+  // --- online re-planning -----------------------------------------------------
+  void setOnline(const OnlineOptions& o) { online_ = o; }
+  // Marks the start of training iteration `iteration` (strictly increasing;
+  // every worker calls it with the same numbers). In this order: closes a
+  // profiling window that ends here (and sends its report), takes a new plan
+  // from the scheduler, and switches to a scheduled plan whose switch
+  // iteration is this one (setPlan: collective, like every run()). Throws
+  // kMismatch when a plan arrives after its switch iteration (the message
+  // names both versions and iterations): the other workers switched already.
+  void beginIteration(uint64_t iteration, Deadline deadline);
+  // The last iteration begun (0 before the first).
+  uint64_t iteration() const { return iteration_; }
+  // Plan `p` replaces the current plan at the start of iteration `switchAt`.
+  // Throws kMismatch when iteration `switchAt` has already begun, and
+  // kInvalidArgument when `p.version` is not newer than the current plan's.
+  void schedulePlan(const plan::Plan& p, uint64_t switchAt);
+  bool hasScheduledPlan() const { return scheduled_.has_value(); }
+  // The last complete window's report, if any.
+  const std::optional<plan::ProfileReport>& lastReport() const { return lastReport_; }
+
   struct TensorState;
+  struct Profiler;
 
  private:
   Worker& worker_;
@@ -117,6 +152,17 @@ class Executor {
   std::optional<plan::Plan> plan_;
   std::shared_ptr<Tracer> tracer_;
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
+
+  // Online re-planning.
+  void closeWindow(Deadline deadline);
+  OnlineOptions online_;
+  std::unique_ptr<Profiler> prof_;  // the open window's summaries
+  bool begun_ = false;
+  uint64_t iteration_ = 0;
+  uint64_t windowIndex_ = 0;
+  uint64_t seenPlanVersion_ = 0;  // newest PlanUpdate taken from the control client
+  std::optional<std::pair<plan::Plan, uint64_t>> scheduled_;  // plan and switch iteration
+  std::optional<plan::ProfileReport> lastReport_;
 };
 
 }  // namespace executor

@@ -252,6 +252,7 @@ class SchedulerImpl final : public Scheduler {
           case MsgType::kBarrier: return onBarrier(*s, body);
           case MsgType::kPut: return onPut(*s, body);
           case MsgType::kGet: return onGet(*s, body);
+          case MsgType::kProfile: return onProfile(*s, body);
           case MsgType::kFinish: return onFinish(*s);
           default: break;
         }
@@ -465,6 +466,64 @@ class SchedulerImpl final : public Scheduler {
         return replyFailed(s, req, out.status.code(), out.status.message());
       case Kind::kMismatch:
         return endJob(out.status, 0);
+    }
+  }
+
+  // --- online re-planning (ControlClient::sendProfile, PlanUpdate) -------------
+
+  // A malformed report is refused to its sender (kProtocol naming the field);
+  // the job goes on. When every worker reported a window, the replanner runs
+  // and its plan goes to every worker.
+  void onProfile(Session& s, const Json& body) {
+    uint64_t req = control::getUInt(body, "req");
+    std::string text = control::getString(body, "report");
+    plan::ProfileReport r;
+    try {
+      r = plan::profileFromJsonString(text);
+      CORTADO_ENFORCE(s.info.id.role == Role::kWorker && r.rank == s.info.id.rank, ErrorCode::kProtocol,
+                      "profile report: rank {} sent by {} (a worker reports its own rank)", r.rank,
+                      s.info.id.toString());
+    } catch (const Error& e) {
+      CORTADO_LOG_WARN("[scheduler] refused a profile report from {}: {}", s.label(), e.what());
+      return replyFailed(s, req, e.code(), fmt::format("{} sent a report the scheduler refused: {}",
+                                                       s.info.id.toString(), e.what()));
+    }
+    s.conn->send(MsgType::kProfileAck, Json{{"req", req}});
+    if (!opts_.replanner) return;
+    // Windows older than the newest complete one are of no use any more.
+    if (r.window < nextWindow_) return;
+    const uint64_t w = r.window;
+    const int rank = r.rank;
+    auto& got = windows_[w];
+    got.resize(opts_.numWorkers);
+    got[rank] = std::move(r);
+    for (const auto& x : got)
+      if (!x) return;
+    std::vector<plan::ProfileReport> reports;
+    for (auto& x : got) reports.push_back(std::move(*x));
+    windows_.erase(windows_.begin(), windows_.upper_bound(w));
+    nextWindow_ = w + 1;
+    std::optional<control::PlanUpdate> u;
+    try {
+      u = opts_.replanner(reports);
+    } catch (const std::exception& e) {
+      CORTADO_LOG_ERROR("[scheduler] re-planning after window {} failed, the current plan stays: {}",
+                        w, e.what());
+      return;
+    }
+    if (!u) return;
+    if (u->planJson.size() > control::kMaxPlanBytes) {
+      CORTADO_LOG_ERROR("[scheduler] the new plan has {} bytes, over the limit {}; not sent",
+                        u->planJson.size(), control::kMaxPlanBytes);
+      return;
+    }
+    CORTADO_LOG_INFO("[scheduler] plan version {} after window {}: every worker switches at "
+                     "iteration {}",
+                     u->version, w, u->switchAt);
+    for (auto& [id, ws] : sessions_) {
+      if (ws->info.id.role != Role::kWorker || ws->state != Session::State::kRegistered) continue;
+      ws->conn->send(MsgType::kPlanUpdate,
+                     Json{{"version", u->version}, {"switchAt", u->switchAt}, {"plan", u->planJson}});
     }
   }
 
@@ -743,6 +802,8 @@ class SchedulerImpl final : public Scheduler {
   std::map<std::pair<int, std::string>, BarrierState> barriers_;
   static constexpr size_t kMaxPendingGets = 65536;
   std::map<std::string, std::string> kv_;  // key -> value as hex
+  std::map<uint64_t, std::vector<std::optional<plan::ProfileReport>>> windows_;  // by window
+  uint64_t nextWindow_ = 0;
   std::map<std::string, std::vector<Waiter>> kvWaiters_;
   size_t pendingGets_ = 0;
   int finishedWorkers_ = 0;

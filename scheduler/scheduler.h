@@ -5,13 +5,26 @@
 // when a node dies or when the job is over.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "core/control/control_client.h"
+#include "core/plan/profile_report.h"
 
 #include "core/common/deadline.h"
 #include "core/common/error.h"
 
 namespace cortado::scheduler {
+
+// Online re-planning (docs/planner.md): called on the scheduler's io thread
+// with every worker's report of one profiling window (index = worker rank);
+// returns a plan to hand out to every worker (PlanUpdate), or nothing to keep
+// the current one. An exception is logged and the current plan kept.
+using Replanner =
+    std::function<std::optional<control::PlanUpdate>(const std::vector<plan::ProfileReport>&)>;
 
 struct SchedulerOptions {
   std::string bindHost = "0.0.0.0";
@@ -23,6 +36,8 @@ struct SchedulerOptions {
   Millis registrationTimeout{60000};  // every node must register within this
   // A connection must prove the job token and register within this.
   Millis handshakeTimeout{10000};
+  // Empty: profile reports are acknowledged and dropped (no re-planning).
+  Replanner replanner;
 };
 
 class Scheduler {

@@ -18,6 +18,7 @@
 #include "core/control/auth.h"
 #include "core/control/connection.h"
 #include "core/control/protocol.h"
+#include "core/plan/profile_report.h"
 
 namespace cortado::control {
 
@@ -179,6 +180,21 @@ class ControlClientImpl final : public ControlClient {
                     kMaxKvValue);
     request(MsgType::kPut, Json{{"key", key}, {"value", toHex(value)}}, deadline,
             fmt::format("put of key '{}'", key));
+  }
+
+  void sendProfile(const std::string& reportJson, Deadline deadline) override {
+    CORTADO_ENFORCE(opts_.role == Role::kWorker, ErrorCode::kInvalidArgument,
+                    "sendProfile: only workers send profiles, this node is a {}", roleName(opts_.role));
+    CORTADO_ENFORCE(reportJson.size() <= plan::kMaxProfileBytes, ErrorCode::kInvalidArgument,
+                    "profile report of {} bytes: the limit is {} (fewer tensors or a shorter "
+                    "window)",
+                    reportJson.size(), plan::kMaxProfileBytes);
+    request(MsgType::kProfile, Json{{"report", reportJson}}, deadline, "profile report");
+  }
+
+  std::optional<PlanUpdate> latestPlan() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return latestPlan_;
   }
 
   std::string get(const std::string& key, Deadline deadline) override {
@@ -486,7 +502,19 @@ class ControlClientImpl final : public ControlClient {
         }
         break;
       case Phase::kReady:
-        if (type == MsgType::kDeclared || type == MsgType::kBarrierDone || type == MsgType::kValue) {
+        if (type == MsgType::kPlanUpdate) {
+          PlanUpdate u;
+          u.version = getUInt(body, "version");
+          u.switchAt = getUInt(body, "switchAt");
+          u.planJson = getString(body, "plan");
+          CORTADO_ENFORCE(u.planJson.size() <= kMaxPlanBytes, ErrorCode::kProtocol,
+                          "plan update of {} bytes (limit {})", u.planJson.size(), kMaxPlanBytes);
+          std::lock_guard<std::mutex> lk(mu_);
+          if (!latestPlan_ || latestPlan_->version < u.version) latestPlan_ = std::move(u);
+          return;
+        }
+        if (type == MsgType::kDeclared || type == MsgType::kBarrierDone || type == MsgType::kValue ||
+            type == MsgType::kProfileAck) {
           if (auto p = takePending(getUInt(body, "req"))) p->promise.set_value(body);
           return;
         }
@@ -707,6 +735,7 @@ class ControlClientImpl final : public ControlClient {
   bool connected_ = false;
   bool shutdown_ = false;
   bool closed_ = false;
+  std::optional<PlanUpdate> latestPlan_;
 };
 
 }  // namespace

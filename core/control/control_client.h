@@ -36,6 +36,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,14 @@ struct TensorDecl {
 
 enum class Group { kAll, kWorkers, kServers };
 
+// A plan the scheduler handed out after re-planning (online re-planning):
+// every worker switches to it at iteration `switchAt`.
+struct PlanUpdate {
+  uint64_t version = 0;
+  uint64_t switchAt = 0;
+  std::string planJson;  // plan::Plan as JSON
+};
+
 class ControlClient {
  public:
   using FailureCallback = std::function<void(const Status&)>;
@@ -115,6 +124,15 @@ class ControlClient {
   // scheduler holds at most kMaxKvEntries keys. Workers and servers alike.
   virtual void put(const std::string& key, const std::string& value, Deadline deadline) = 0;
   virtual std::string get(const std::string& key, Deadline deadline) = 0;
+
+  // Workers: sends one profiling window's report (plan::ProfileReport as
+  // JSON text) and waits for the scheduler's acknowledgement. Throws
+  // kInvalidArgument when it exceeds plan::kMaxProfileBytes; the scheduler
+  // refuses a malformed report with kProtocol naming the field.
+  virtual void sendProfile(const std::string& reportJson, Deadline deadline) = 0;
+  // The newest plan the scheduler handed out (PlanUpdate), or nothing. Never
+  // blocks; thread-safe.
+  virtual std::optional<PlanUpdate> latestPlan() const = 0;
 
   // Workers: this worker is done. Non-blocking; a no-op after a failure.
   // Throws kInvalidArgument on a server or before connect().

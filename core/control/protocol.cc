@@ -26,6 +26,9 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kPut: return "Put";
     case MsgType::kGet: return "Get";
     case MsgType::kValue: return "Value";
+    case MsgType::kProfile: return "Profile";
+    case MsgType::kProfileAck: return "ProfileAck";
+    case MsgType::kPlanUpdate: return "PlanUpdate";
   }
   return "unknown";
 }

@@ -18,6 +18,10 @@
 //   N->S Put{req, key, value}         S->N Value{req, value}  (value as hex)
 //   N->S Get{req, key}                S->N Value{req, value}  (once some node put it)
 //                                     S->N RequestFailed{req, code, message}
+//   N->S Profile{req, report}         S->N ProfileAck{req}   (report: JSON text,
+//                                     plan::ProfileReport, at most kMaxProfileBytes)
+//                                     S->N PlanUpdate{version, switchAt, plan}
+//                                     (unasked, to every worker, after a re-plan)
 //   N->S Finish{}                     S->N Shutdown{} | Abort{code, message, node?}
 // After Refused, Shutdown or Abort the scheduler sends nothing more and
 // half-closes; the node closes its side.
@@ -65,8 +69,14 @@ enum class MsgType : uint16_t {
   kPut = 18,
   kGet = 19,
   kValue = 20,
+  kProfile = 21,
+  kProfileAck = 22,
+  kPlanUpdate = 23,
 };
-inline constexpr uint16_t kMaxMsgType = 20;
+inline constexpr uint16_t kMaxMsgType = 23;
+// A plan handed out in PlanUpdate: checked by the scheduler before sending and
+// by the client on receipt.
+inline constexpr size_t kMaxPlanBytes = 4 * 1024 * 1024;
 
 // The job's key-value rendezvous (ControlClient::put/get): limits checked by
 // the client before sending and by the scheduler on receipt.

@@ -15,6 +15,18 @@
 //   --mode errors  the refusals: a plan naming an undeclared tensor, a plan
 //                  missing a declared one, a codec that cannot apply, a size
 //                  mismatch at run().
+//   --mode switch  plan switches mid-run (online re-planning): plan A, then at
+//                  iteration --switch-at a very different plan B (hierarchical
+//                  push/pull options <-> flat and inter collectives, other
+//                  encode points), then at --switch-at2 every tensor on the
+//                  lossless default. With --codec fp16 (exact inputs) every
+//                  iteration must equal the reference exactly; with a lossy
+//                  codec and error feedback the running sums must track within
+//                  --bound across the first switch, and after the switch to the
+//                  lossless plan the running sums must agree to rounding: every
+//                  residual of a retired encode point was sent once. Also: the
+//                  profiling window's report, a plan scheduled too late, and
+//                  malformed profile reports refused by the scheduler.
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
 #include <CLI/CLI.hpp>
@@ -30,6 +42,8 @@
 #include "core/collective/mpi/factory.h"
 #include "core/common/logging.h"
 #include "core/executor.h"
+#include "core/plan/profile_report.h"
+#include <nlohmann/json.hpp>
 #include "scheduler/planner/option_tree.h"
 
 using namespace cortado;
@@ -88,7 +102,10 @@ int runCheck(int argc, char** argv) {
   uint64_t n = 11;
   double bound = 0;
   bool noMpi = false;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch"}));
+  int switchAt = 4, switchAt2 = 8;
+  app.add_option("--switch-at", switchAt);
+  app.add_option("--switch-at2", switchAt2);
   app.add_option("--shard", shard);
   app.add_option("--shards", shards);
   app.add_option("--iters", iters);
@@ -115,7 +132,143 @@ int runCheck(int argc, char** argv) {
   const int W = topo.size;
   const int me = topo.rank;
 
-  if (mode == "errors") {
+  if (mode == "switch") {
+    planner::TreeConfig tc;
+    tc.parameterServer = true;
+    tc.codec = codec;
+    auto options = planner::enumerateOptions(tc);
+    const bool exact = codec.rfind("fp16", 0) == 0;
+    // A: hierarchical options with push/pull; B: flat or inter-collective
+    // options; both compressed where the codec is lossy, so that the encode
+    // points differ.
+    std::vector<size_t> hier, flat;
+    for (size_t i = 0; i < options.size(); ++i) {
+      const auto& o = options[i];
+      bool push = false, serverEncodes = false;
+      for (const auto& st : o.steps) {
+        push |= st.kind == plan::StepKind::kComm && st.op == plan::CommOp::kPush;
+        serverEncodes |= st.kind == plan::StepKind::kComm && st.op == plan::CommOp::kPull && st.compressed;
+      }
+      if (!exact && !o.compressed()) continue;
+      // A server re-encodes a compressed pull without error feedback (it keeps
+      // no residuals), which drops mass by design; the lossless-after-switch
+      // check needs every encode point to keep its residual.
+      if (!exact && serverEncodes) continue;
+      if (o.hierarchical && push) hier.push_back(i);
+      if (!push) flat.push_back(i);
+    }
+    const int T = 6;
+    plan::Plan a, b, c;
+    a.version = 1, b.version = 2, c.version = 3;
+    for (int j = 0; j < T; ++j) {
+      std::string name = fmt::format("t{}", j);
+      ex.declare(name, DType::kFloat32, n + j);
+      a.tensors[name] = options[hier[(j * 37) % hier.size()]];
+      b.tensors[name] = options[flat[(j * 53 + 11) % flat.size()]];
+      c.tensors[name] = executor::defaultOption();
+      if (me == 0)
+        std::printf("%s: A %s | B %s\n", name.c_str(), a.tensors[name].describe().c_str(),
+                    b.tensors[name].describe().c_str());
+    }
+    executor::OnlineOptions on;
+    on.window = 3;
+    on.warmup = 1;
+    on.exchange = false;
+    ex.setOnline(on);
+    ex.setPlan(a, deadline);
+    std::vector<std::vector<double>> runOut(T), runRef(T);
+    double worst = 0, worstAfterLossless = 0;
+    for (int iter = 1; iter <= iters; ++iter) {
+      if (iter == switchAt - 2) ex.schedulePlan(b, switchAt);
+      if (iter == switchAt2 - 1) ex.schedulePlan(c, switchAt2);
+      ex.beginIteration(iter, deadline);
+      const uint64_t want = iter >= switchAt2 ? 3 : iter >= switchAt ? 2 : 1;
+      if (ex.currentPlan().version != want)
+        fail(fmt::format("iteration {}: plan version {}, expected {}", iter, ex.currentPlan().version, want));
+      for (int j = 0; j < T; ++j) {
+        const uint64_t len = n + j;
+        std::vector<float> in(len), out(len);
+        runOut[j].resize(len), runRef[j].resize(len);
+        for (uint64_t i = 0; i < len; ++i)
+          in[i] = exact ? exactInput(me, j, iter, i) : lossyInput(me, j, iter, i);
+        try {
+          ex.run(fmt::format("t{}", j), in.data(), out.data(), len, ReduceOp::kSum, deadline);
+        } catch (const Error& e) {
+          fail(e.what());
+          continue;
+        }
+        for (uint64_t i = 0; i < len; ++i) {
+          double r = 0;
+          for (int w = 0; w < W; ++w) r += exact ? exactInput(w, j, iter, i) : lossyInput(w, j, iter, i);
+          if (exact && out[i] != float(r)) {
+            fail(fmt::format("t{} iteration {} (plan {}), element {}: {} != reference {}", j, iter,
+                             want, i, out[i], r));
+            break;
+          }
+          runOut[j][i] += out[i];
+          runRef[j][i] += r;
+          const double err = std::abs(runOut[j][i] - runRef[j][i]);
+          worst = std::max(worst, err);
+          if (iter >= switchAt2) worstAfterLossless = std::max(worstAfterLossless, err);
+          if (!exact && err > bound) {
+            fail(fmt::format("t{} iteration {} (plan {}), element {}: running sum {} vs reference "
+                             "{}: error {} > bound {}",
+                             j, iter, want, i, runOut[j][i], runRef[j][i], err, bound));
+            break;
+          }
+        }
+      }
+    }
+    // Folded residuals: after the lossless plan ran once, nothing is owed.
+    if (!exact && iters >= switchAt2 && worstAfterLossless > 1e-3)
+      fail(fmt::format("after the switch to the lossless plan the running sums differ by {}: a "
+                       "residual was lost or sent twice",
+                       worstAfterLossless));
+    std::printf("rank %d: worst running-sum error %.5f, after the lossless switch %.6f\n", me, worst,
+                worstAfterLossless);
+    // The profile of the last complete window.
+    const auto& rep = ex.lastReport();
+    if (!rep) {
+      fail("no profiling window was closed");
+    } else {
+      if (rep->ready.size() != size_t(T)) fail(fmt::format("report has {} ready times, expected {}", rep->ready.size(), T));
+      if (rep->comms.empty()) fail("report has no communication timings");
+      if (rep->endIteration - rep->firstIteration != 3) fail("report window is not 3 iterations");
+      plan::ProfileReport back = plan::profileFromJsonString(plan::toJsonString(*rep));
+      if (back.comms.size() != rep->comms.size()) fail("report does not survive JSON");
+      if (me == 0)
+        std::printf("window %llu [%llu, %llu): %zu ready, %zu codec, %zu comm entries\n",
+                    (unsigned long long)rep->window, (unsigned long long)rep->firstIteration,
+                    (unsigned long long)rep->endIteration, rep->ready.size(), rep->codecs.size(),
+                    rep->comms.size());
+    }
+    plan::Plan d = a;
+    d.version = 4;
+    expectThrow("plan scheduled after its switch iteration", "too late",
+                [&] { ex.schedulePlan(d, ex.iteration()); });
+    d.version = 3;
+    expectThrow("plan not newer", "not newer", [&] { ex.schedulePlan(d, ex.iteration() + 5); });
+    auto& cc = worker->controlClient();
+    expectThrow("profile report that is not JSON", "not valid JSON",
+                [&] { cc.sendProfile("{not json", deadline); });
+    std::string wrongRank = plan::toJsonString(*rep);
+    plan::ProfileReport other = *rep;
+    other.rank = (me + 1) % std::max(W, 2);
+    if (W > 1)
+      expectThrow("profile report for another rank", "a worker reports its own rank",
+                  [&] { cc.sendProfile(plan::toJsonString(other), deadline); });
+    nlohmann::json bad = plan::toJson(*rep);
+    bad["comms"][0]["op"] = "teleport";
+    expectThrow("profile report with an unknown operation", "teleport",
+                [&] { cc.sendProfile(bad.dump(), deadline); });
+    bad = plan::toJson(*rep);
+    bad["ready"][0]["readyUs"] = -5;
+    expectThrow("profile report with a negative time", "readyUs", [&] { cc.sendProfile(bad.dump(), deadline); });
+    expectThrow("profile report over the size limit", "limit",
+                [&] { cc.sendProfile(std::string(plan::kMaxProfileBytes + 1, ' '), deadline); });
+    // The job still works after the refusals.
+    cc.sendProfile(plan::toJsonString(*rep), deadline);
+  } else if (mode == "errors") {
     ex.declare("a", DType::kFloat32, n);
     ex.declare("b", DType::kFloat32, n);
     plan::Plan p;
