@@ -1,0 +1,235 @@
+// The scheduler's re-planner against synthetic profiling windows whose
+// timings come from the simulator's own formulas (planner::commTimeUs and
+// the codec cost's linear form) with known rates plus noise: the fits must
+// recover the rates, and the plans must follow the link.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/common/error.h"
+#include "core/plan/plan.h"
+#include "scheduler/planner/cost_model.h"
+#include "scheduler/replan.h"
+
+namespace cortado::scheduler {
+namespace {
+
+using plan::CommOp;
+using plan::Scope;
+
+struct Truth {
+  double interAlphaUs = 40, interGbps = 10;
+  double intraAlphaUs = 8, intraGbps = 50;
+  double encFixedUs = 30, encNsPerElement = 2.5;  // dgc encode on the CPU
+  double decFixedUs = 12, decNsPerElement = 0.8;
+  double noise = 0.03;  // relative, uniform in [-noise, +noise]
+};
+
+constexpr const char* kCodec = "dgc:ratio=0.01";
+constexpr int kTensors = 12;
+constexpr uint64_t kElements = 1 << 20;  // 4 MiB float32 each
+
+// One window of `machines` x `local` workers, as the executor reports it.
+std::vector<plan::ProfileReport> window(const Truth& t, int machines, int local, uint64_t win,
+                                        uint64_t seed, uint64_t planVersion = 0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-t.noise, t.noise);
+  auto noisy = [&](double us) { return us * (1 + u(rng)); };
+  planner::LinkCost inter, intra;
+  inter.base = {t.interAlphaUs, t.interGbps};
+  intra.base = {t.intraAlphaUs, t.intraGbps};
+  std::vector<plan::ProfileReport> out;
+  for (int rank = 0; rank < machines * local; ++rank) {
+    plan::ProfileReport r;
+    r.rank = rank;
+    r.machines = machines;
+    r.localSize = local;
+    r.collectives = false;
+    r.planVersion = planVersion;
+    r.window = win;
+    r.firstIteration = win * 20;
+    r.endIteration = win * 20 + 20;
+    for (int i = 0; i < kTensors; ++i)
+      r.ready.push_back({"grad" + std::to_string(i), kElements, noisy(2000.0 * (i + 1))});
+    for (uint64_t bytes = 4096; bytes <= (16u << 20); bytes *= 4) {
+      const uint64_t calls = 10;
+      // A push and its pull: one round trip, twice the one-way formula.
+      r.comms.push_back({CommOp::kPush, Scope::kInter, false, machines, bytes, calls,
+                         calls * noisy(2 * planner::commTimeUs(inter, CommOp::kPush, machines, double(bytes)))});
+      if (local > 1)
+        r.comms.push_back({CommOp::kAllreduce, Scope::kIntra, false, local, bytes, calls,
+                           calls * noisy(planner::commTimeUs(intra, CommOp::kAllreduce, local, double(bytes)))});
+    }
+    for (uint64_t el = 1024; el <= (4u << 20); el *= 4) {
+      r.codecs.push_back({"dgc:ratio=0.01", plan::Device::kCpu, true, el, 5,
+                          5 * noisy(t.encFixedUs + t.encNsPerElement * double(el) / 1000)});
+      r.codecs.push_back({"dgc:ratio=0.01", plan::Device::kCpu, false, el, 5,
+                          5 * noisy(t.decFixedUs + t.decNsPerElement * double(el) / 1000)});
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+ReplanOptions options() {
+  ReplanOptions o;
+  o.codec = kCodec;
+  o.ahead = 5;
+  o.threshold = 0.25;
+  o.inter = "10gbit";
+  o.intra = "pcie";
+  o.cpuCores = 8;
+  return o;
+}
+
+int compressedTensors(const control::PlanUpdate& u) {
+  plan::Plan p = plan::planFromJsonString(u.planJson);
+  int n = 0;
+  for (const auto& [name, o] : p.tensors) n += o.compressed();
+  return n;
+}
+
+// Stated tolerance: with +-3% noise, rates within 3% and alphas within 15%
+// (alpha is a few percent of the largest times, so its error is larger).
+TEST(ReplanFit, RecoversLinkRatesAndAlphas) {
+  for (double gbps : {0.1, 1.0, 10.0, 40.0}) {
+    Truth t;
+    t.interGbps = gbps;
+    auto reports = window(t, 2, 2, 0, 7 + uint64_t(gbps * 10));
+    planner::LinkCost prior;
+    prior.base = {1, 1};
+    LinkFit inter = Replanner::fitLink(reports, false, prior);
+    LinkFit intra = Replanner::fitLink(reports, true, prior);
+    SCOPED_TRACE(gbps);
+    EXPECT_GT(inter.points, 0);
+    EXPECT_NEAR(inter.link.base.gbps, gbps, 0.03 * gbps);
+    EXPECT_NEAR(inter.link.base.alphaUs, t.interAlphaUs, 0.15 * t.interAlphaUs);
+    ASSERT_TRUE(inter.link.perOp.count(CommOp::kPush));
+    ASSERT_TRUE(inter.link.perOp.count(CommOp::kPull));
+    EXPECT_NEAR(inter.link.perOp.at(CommOp::kPull).gbps, gbps, 0.03 * gbps);
+    EXPECT_NEAR(intra.link.base.gbps, t.intraGbps, 0.03 * t.intraGbps);
+    EXPECT_NEAR(intra.link.base.alphaUs, t.intraAlphaUs, 0.15 * t.intraAlphaUs);
+  }
+}
+
+TEST(ReplanFit, NoMeasurementKeepsThePrior) {
+  Truth t;
+  auto reports = window(t, 2, 1, 0, 3);  // one worker per machine: no intra steps
+  planner::LinkCost prior;
+  prior.name = "pcie";
+  prior.base = {5, 100};
+  LinkFit intra = Replanner::fitLink(reports, true, prior);
+  EXPECT_EQ(intra.points, 0);
+  EXPECT_EQ(intra.link.base.gbps, 100);
+  EXPECT_EQ(intra.link.base.alphaUs, 5);
+}
+
+TEST(ReplanFit, RecoversCodecCosts) {
+  Truth t;
+  auto fits = Replanner::fitCodecs(window(t, 2, 1, 0, 11));
+  ASSERT_EQ(fits.size(), 2u);
+  for (const CodecFit& f : fits) {
+    SCOPED_TRACE(f.encode ? "encode" : "decode");
+    EXPECT_EQ(f.codec, "dgc:ratio=0.01");
+    const double fixed = f.encode ? t.encFixedUs : t.decFixedUs;
+    const double ns = f.encode ? t.encNsPerElement : t.decNsPerElement;
+    EXPECT_NEAR(f.cost.nsPerElement, ns, 0.03 * ns);
+    EXPECT_NEAR(f.cost.fixedUs, fixed, 0.15 * fixed);
+  }
+}
+
+TEST(Replan, SlowLinkCompressesMoreThanFastLink) {
+  Truth fast, slow;
+  fast.interGbps = 40;
+  slow.interGbps = 0.1;
+  Replanner a(options()), b(options());
+  auto ua = a.onWindow(window(fast, 2, 1, 0, 1));
+  auto ub = b.onWindow(window(slow, 2, 1, 0, 1));
+  ASSERT_TRUE(ua && ub);
+  const int ca = compressedTensors(*ua), cb = compressedTensors(*ub);
+  EXPECT_LT(ca, cb) << "fast link: " << ca << " compressed, slow link: " << cb;
+  EXPECT_GE(cb, kTensors / 2);
+  EXPECT_EQ(ua->version, 1u);
+  EXPECT_EQ(ua->switchAt, 20u + 5u);
+  plan::Plan p = plan::planFromJsonString(ub->planJson);
+  EXPECT_EQ(p.version, 1u);
+  EXPECT_EQ(p.tensors.size(), size_t(kTensors));
+  plan::validate(p);
+  // Workers without collectives get push/pull plans only.
+  for (const auto& [name, o] : p.tensors)
+    for (const auto& s : o.steps)
+      if (s.kind == plan::StepKind::kComm) EXPECT_NE(s.scope, Scope::kFlat) << name;
+}
+
+TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
+  Truth t;
+  t.interGbps = 10;
+  Replanner r(options());
+  auto u0 = r.onWindow(window(t, 2, 1, 0, 1));
+  ASSERT_TRUE(u0);
+  const int c0 = compressedTensors(*u0);
+  EXPECT_NEAR(r.plannedInterGbps(), 10, 0.3);
+  // Same rate, new noise: no new plan.
+  EXPECT_FALSE(r.onWindow(window(t, 2, 1, 1, 2, 1)));
+  t.interGbps = 9;  // 10%: under the 25% threshold
+  EXPECT_FALSE(r.onWindow(window(t, 2, 1, 2, 3, 1)));
+  // 10 Gbit/s -> 100 Mbit/s: a new version, switch after the window + ahead,
+  // with more tensors compressed.
+  t.interGbps = 0.1;
+  auto u1 = r.onWindow(window(t, 2, 1, 3, 4, 1));
+  ASSERT_TRUE(u1);
+  EXPECT_EQ(u1->version, 2u);
+  EXPECT_EQ(u1->switchAt, 4u * 20 + 5);
+  EXPECT_GT(compressedTensors(*u1), c0);
+  EXPECT_NE(r.lastReason().find("inter-machine"), std::string::npos) << r.lastReason();
+  // Version follows the workers' plan version when that is ahead.
+  auto u2 = r.onWindow(window(Truth{}, 2, 1, 4, 5, 7));
+  ASSERT_TRUE(u2);
+  EXPECT_EQ(u2->version, 8u);
+}
+
+TEST(Replan, BadWindowsAreRefusedWithTheReason) {
+  Replanner r(options());
+  try {
+    r.onWindow({});
+    FAIL() << "no reports accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  auto reports = window(Truth{}, 2, 1, 0, 1);
+  for (auto& x : reports) x.ready.clear();
+  try {
+    r.onWindow(reports);
+    FAIL() << "reports without tensors accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("name no tensor"), std::string::npos) << e.what();
+  }
+  reports = window(Truth{}, 2, 1, 0, 1);
+  reports[1].machines = 3;
+  try {
+    r.onWindow(reports);
+    FAIL() << "inconsistent reports accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 x 1"), std::string::npos) << e.what();
+  }
+  // After refused windows the first good one still plans (version 1).
+  auto u = r.onWindow(window(Truth{}, 2, 1, 1, 1));
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->version, 1u);
+}
+
+TEST(Replan, BadOptionsAreRefused) {
+  auto o = options();
+  o.codec = "nosuchcodec";
+  EXPECT_THROW(Replanner{o}, Error);
+  o = options();
+  o.inter = "carrier-pigeon";
+  EXPECT_THROW(Replanner{o}, Error);
+  o = options();
+  o.threshold = 0;
+  EXPECT_THROW(Replanner{o}, Error);
+}
+
+}  // namespace
+}  // namespace cortado::scheduler
