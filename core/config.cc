@@ -1,5 +1,7 @@
 #include "core/config.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/common/env.h"
@@ -36,6 +38,14 @@ const std::vector<SettingInfo>& settingsTable() {
        "(`cortado launch --trace DIR`; docs/tracing.md)"},
       {"CORTADO_TRACE_ITERATIONS", "", "all",
        "iterations traced: `10:19`, `5:` or `all` (an iteration is a tensor's run count)"},
+      {"CORTADO_PROFILE_WINDOW", "", "0",
+       "online re-planning: iterations per profiling window (0: off); workers that call "
+       "beginIteration report each window and the scheduler re-plans (docs/planner.md)"},
+      {"CORTADO_REPLAN_CODEC", "", "dgc:ratio=0.01", "online re-planning: the codec the planner may compress with"},
+      {"CORTADO_REPLAN_AHEAD", "", "10",
+       "online re-planning: a new plan takes effect this many iterations after its window"},
+      {"CORTADO_REPLAN_THRESHOLD", "", "0.25",
+       "online re-planning: relative change of a fitted link rate that makes the scheduler re-plan"},
       {"CORTADO_UCX_DIRECT", "", "0",
        "ucx: same-host peers move data over UCX shared memory (posix/sysv, cma); a peer that "
        "dies mid-transfer can abort the others (docs/transports.md)"},
@@ -66,6 +76,14 @@ void JobConfig::validate() const {
                     maxInflightBytes, partitionBytes));
   if (serverThreads < 1 || serverThreads > 256)
     bad(fmt::format("CORTADO_SERVER_THREADS {} is out of range 1..256", serverThreads));
+  if (profileWindow > 0 && (replanAhead < 1 || replanAhead > 100000))
+    bad(fmt::format("CORTADO_REPLAN_AHEAD {} is out of range 1..100000", replanAhead));
+  if (profileWindow > 0 && replanCodec.empty())
+    bad("CORTADO_REPLAN_CODEC is empty: name a codec (e.g. dgc:ratio=0.01)");
+  if (!(replanThreshold > 0 && replanThreshold < 100))
+    bad(fmt::format("CORTADO_REPLAN_THRESHOLD {} must be in (0, 100) (0.25: re-plan when a link's "
+                    "rate moves by 25%)",
+                    replanThreshold));
   if (opTimeout.count() <= 0 || connectTimeout.count() <= 0 || heartbeatInterval.count() <= 0 ||
       heartbeatTimeout <= heartbeatInterval)
     bad("timeouts must be positive, and CORTADO_HEARTBEAT_TIMEOUT_MS must exceed "
@@ -92,6 +110,10 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_PLAN", planFile},
       {"CORTADO_TRACE_DIR", traceDir},
       {"CORTADO_TRACE_ITERATIONS", traceIterations},
+      {"CORTADO_PROFILE_WINDOW", std::to_string(profileWindow)},
+      {"CORTADO_REPLAN_CODEC", replanCodec},
+      {"CORTADO_REPLAN_AHEAD", std::to_string(replanAhead)},
+      {"CORTADO_REPLAN_THRESHOLD", fmt::format("{}", replanThreshold)},
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
@@ -153,6 +175,30 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;
+  if (auto v = getEnvInt(names("CORTADO_PROFILE_WINDOW"))) {
+    if (*v < 0) throw Error(ErrorCode::kInvalidArgument,
+                            fmt::format("CORTADO_PROFILE_WINDOW={} must be 0 (off) or a number of iterations", *v));
+    c.profileWindow = uint64_t(*v);
+  }
+  if (auto v = getEnv(names("CORTADO_REPLAN_CODEC"))) c.replanCodec = v->value;
+  if (auto v = getEnvInt(names("CORTADO_REPLAN_AHEAD"))) {
+    if (*v < 1) throw Error(ErrorCode::kInvalidArgument,
+                            fmt::format("CORTADO_REPLAN_AHEAD={} must be at least 1", *v));
+    c.replanAhead = uint64_t(*v);
+  }
+  if (auto v = getEnv(names("CORTADO_REPLAN_THRESHOLD"))) {
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(v->value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != v->value.size() || !std::isfinite(x))
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}='{}' is not a number (e.g. 0.25)", v->name, v->value));
+    c.replanThreshold = x;
+  }
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);

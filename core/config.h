@@ -32,6 +32,12 @@ struct JobConfig {
   std::string planFile;                   // CORTADO_PLAN: the plan executor's plan (empty: default)
   std::string traceDir;                   // CORTADO_TRACE_DIR: stage traces go here (empty: off)
   std::string traceIterations = "all";    // CORTADO_TRACE_ITERATIONS: "10:19", "5:" or "all"
+  // Online re-planning (docs/planner.md): iterations per profiling window
+  // (0: off); the scheduler's codec, switch distance and rate threshold.
+  uint64_t profileWindow = 0;             // CORTADO_PROFILE_WINDOW
+  std::string replanCodec = "dgc:ratio=0.01";  // CORTADO_REPLAN_CODEC
+  uint64_t replanAhead = 10;              // CORTADO_REPLAN_AHEAD
+  double replanThreshold = 0.25;          // CORTADO_REPLAN_THRESHOLD
   bool ucxDirect = false;                 // ucx: same-host direct endpoints (UcxOptions)
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s

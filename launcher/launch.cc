@@ -21,6 +21,7 @@
 #include "core/common/logging.h"
 #include "core/common/net.h"
 #include "core/shm/shm_segment.h"
+#include "launcher/roles.h"
 #include "scheduler/scheduler.h"
 
 namespace cortado::launcher {
@@ -262,6 +263,7 @@ int runLaunch(const LaunchOptions& opts) {
   so.numServers = job.numServers;
   so.heartbeatTimeout = job.heartbeatTimeout;
   so.registrationTimeout = job.connectTimeout * 2;
+  so.replanner = replannerFor(job);
   auto sched = scheduler::Scheduler::create(so);
   job.schedulerPort = sched->port();
   CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,

@@ -2,14 +2,33 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "core/backends.h"
 #include "core/common/logging.h"
 #include "core/control/control_client.h"
 #include "core/shm/shm_segment.h"
+#include "scheduler/replan.h"
 #include "scheduler/scheduler.h"
 #include "server/server_engine.h"
 
 namespace cortado::launcher {
+
+scheduler::Replanner replannerFor(const JobConfig& job) {
+  if (job.profileWindow == 0) return {};
+  scheduler::ReplanOptions ro;
+  ro.codec = job.replanCodec;
+  ro.ahead = job.replanAhead;
+  ro.threshold = job.replanThreshold;
+  ro.cpuCores = int(std::max(1u, std::thread::hardware_concurrency()));
+  try {
+    return scheduler::makeReplanner(ro);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("online re-planning (CORTADO_PROFILE_WINDOW={}): {}", job.profileWindow, e.what()));
+  }
+}
 
 int runSchedulerRole(const JobConfig& job) {
   scheduler::SchedulerOptions so;
@@ -20,6 +39,7 @@ int runSchedulerRole(const JobConfig& job) {
   so.numServers = job.numServers;
   so.heartbeatTimeout = job.heartbeatTimeout;
   so.registrationTimeout = job.connectTimeout * 2;
+  so.replanner = replannerFor(job);
   auto sched = scheduler::Scheduler::create(so);
   CORTADO_LOG_INFO("listening on port {} for {} servers and {} workers", sched->port(),
                    job.numServers, job.numWorkers);

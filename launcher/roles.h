@@ -3,10 +3,15 @@
 #pragma once
 
 #include "core/config.h"
+#include "scheduler/scheduler.h"
 
 namespace cortado::launcher {
 
 int runSchedulerRole(const JobConfig& job);
 int runServerRole(const JobConfig& job);
+// SchedulerOptions::replanner from the job's CORTADO_PROFILE_WINDOW and
+// CORTADO_REPLAN_* settings: empty when online re-planning is off. Throws
+// kInvalidArgument for an unknown codec.
+scheduler::Replanner replannerFor(const JobConfig& job);
 
 }  // namespace cortado::launcher

@@ -51,7 +51,7 @@ std::optional<planner::AlphaBeta> solve(const std::vector<Point>& pts) {
 
 }  // namespace
 
-Replanner::Replanner(ReplanOptions opts) : opts_(std::move(opts)) {
+OnlineReplanner::OnlineReplanner(ReplanOptions opts) : opts_(std::move(opts)) {
   const std::string dir = planner::resolveDataDir(opts_.dataDir);
   hw_ = planner::HardwareModel::load(dir + "/costs/hardware.json");
   codecs_ = planner::CodecModel::load(dir + "/costs/codecs.json");
@@ -64,7 +64,7 @@ Replanner::Replanner(ReplanOptions opts) : opts_(std::move(opts)) {
                   opts_.threshold, opts_.ahead);
 }
 
-LinkFit Replanner::fitLink(const std::vector<plan::ProfileReport>& reports, bool intra,
+LinkFit OnlineReplanner::fitLink(const std::vector<plan::ProfileReport>& reports, bool intra,
                            const planner::LinkCost& prior) {
   planner::LinkCost unitA, unitB;
   unitA.base = {1.0, std::numeric_limits<double>::infinity()};
@@ -101,7 +101,7 @@ LinkFit Replanner::fitLink(const std::vector<plan::ProfileReport>& reports, bool
   return f;
 }
 
-std::vector<CodecFit> Replanner::fitCodecs(const std::vector<plan::ProfileReport>& reports) {
+std::vector<CodecFit> OnlineReplanner::fitCodecs(const std::vector<plan::ProfileReport>& reports) {
   std::map<std::pair<std::string, bool>, std::vector<Point>> byCodec;
   for (const auto& r : reports)
     for (const auto& c : r.codecs) {
@@ -127,7 +127,7 @@ std::vector<CodecFit> Replanner::fitCodecs(const std::vector<plan::ProfileReport
   return out;
 }
 
-std::optional<control::PlanUpdate> Replanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
+std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
   CORTADO_ENFORCE(!reports.empty(), ErrorCode::kInvalidArgument, "re-planning without reports");
   const auto& r0 = reports.front();
   for (const auto& r : reports)
@@ -253,6 +253,11 @@ std::optional<control::PlanUpdate> Replanner::onWindow(const std::vector<plan::P
                    version_, reason_, compressed, p.tensors.size(), s.iterUs, nowInter, inter.points,
                    nowIntra, intra.points, u.switchAt);
   return u;
+}
+
+Replanner makeReplanner(ReplanOptions opts) {
+  auto r = std::make_shared<OnlineReplanner>(std::move(opts));
+  return [r](const std::vector<plan::ProfileReport>& reports) { return r->onWindow(reports); };
 }
 
 }  // namespace cortado::scheduler

@@ -29,6 +29,7 @@
 #include "core/control/control_client.h"
 #include "core/plan/profile_report.h"
 #include "scheduler/planner/cost_model.h"
+#include "scheduler/scheduler.h"
 
 namespace cortado::scheduler {
 
@@ -58,10 +59,10 @@ struct CodecFit {
   int points = 0;
 };
 
-class Replanner {
+class OnlineReplanner {
  public:
   // Throws kInvalidArgument for an unknown codec or link name.
-  explicit Replanner(ReplanOptions opts);
+  explicit OnlineReplanner(ReplanOptions opts);
   std::optional<control::PlanUpdate> onWindow(const std::vector<plan::ProfileReport>& reports);
 
   // The pieces, for tests.
@@ -81,5 +82,10 @@ class Replanner {
   double plannedInter_ = 0, plannedIntra_ = 0;
   std::string reason_;
 };
+
+// The hook for SchedulerOptions::replanner: one OnlineReplanner shared by the
+// calls (all on the scheduler's io thread). Throws like the constructor, so a
+// bad setting fails the job at start, not at the first window.
+Replanner makeReplanner(ReplanOptions opts);
 
 }  // namespace cortado::scheduler

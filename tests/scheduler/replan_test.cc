@@ -6,8 +6,11 @@
 
 #include <cmath>
 #include <random>
+#include <cstdlib>
+#include <tuple>
 
 #include "core/common/error.h"
+#include "core/config.h"
 #include "core/plan/plan.h"
 #include "scheduler/planner/cost_model.h"
 #include "scheduler/replan.h"
@@ -99,8 +102,8 @@ TEST(ReplanFit, RecoversLinkRatesAndAlphas) {
     auto reports = window(t, 2, 2, 0, 7 + uint64_t(gbps * 10));
     planner::LinkCost prior;
     prior.base = {1, 1};
-    LinkFit inter = Replanner::fitLink(reports, false, prior);
-    LinkFit intra = Replanner::fitLink(reports, true, prior);
+    LinkFit inter = OnlineReplanner::fitLink(reports, false, prior);
+    LinkFit intra = OnlineReplanner::fitLink(reports, true, prior);
     SCOPED_TRACE(gbps);
     EXPECT_GT(inter.points, 0);
     EXPECT_NEAR(inter.link.base.gbps, gbps, 0.03 * gbps);
@@ -119,7 +122,7 @@ TEST(ReplanFit, NoMeasurementKeepsThePrior) {
   planner::LinkCost prior;
   prior.name = "pcie";
   prior.base = {5, 100};
-  LinkFit intra = Replanner::fitLink(reports, true, prior);
+  LinkFit intra = OnlineReplanner::fitLink(reports, true, prior);
   EXPECT_EQ(intra.points, 0);
   EXPECT_EQ(intra.link.base.gbps, 100);
   EXPECT_EQ(intra.link.base.alphaUs, 5);
@@ -127,7 +130,7 @@ TEST(ReplanFit, NoMeasurementKeepsThePrior) {
 
 TEST(ReplanFit, RecoversCodecCosts) {
   Truth t;
-  auto fits = Replanner::fitCodecs(window(t, 2, 1, 0, 11));
+  auto fits = OnlineReplanner::fitCodecs(window(t, 2, 1, 0, 11));
   ASSERT_EQ(fits.size(), 2u);
   for (const CodecFit& f : fits) {
     SCOPED_TRACE(f.encode ? "encode" : "decode");
@@ -143,7 +146,7 @@ TEST(Replan, SlowLinkCompressesMoreThanFastLink) {
   Truth fast, slow;
   fast.interGbps = 40;
   slow.interGbps = 0.1;
-  Replanner a(options()), b(options());
+  OnlineReplanner a(options()), b(options());
   auto ua = a.onWindow(window(fast, 2, 1, 0, 1));
   auto ub = b.onWindow(window(slow, 2, 1, 0, 1));
   ASSERT_TRUE(ua && ub);
@@ -165,7 +168,7 @@ TEST(Replan, SlowLinkCompressesMoreThanFastLink) {
 TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
   Truth t;
   t.interGbps = 10;
-  Replanner r(options());
+  OnlineReplanner r(options());
   auto u0 = r.onWindow(window(t, 2, 1, 0, 1));
   ASSERT_TRUE(u0);
   const int c0 = compressedTensors(*u0);
@@ -190,7 +193,7 @@ TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
 }
 
 TEST(Replan, BadWindowsAreRefusedWithTheReason) {
-  Replanner r(options());
+  OnlineReplanner r(options());
   try {
     r.onWindow({});
     FAIL() << "no reports accepted";
@@ -222,13 +225,65 @@ TEST(Replan, BadWindowsAreRefusedWithTheReason) {
 TEST(Replan, BadOptionsAreRefused) {
   auto o = options();
   o.codec = "nosuchcodec";
-  EXPECT_THROW(Replanner{o}, Error);
+  EXPECT_THROW(OnlineReplanner{o}, Error);
   o = options();
   o.inter = "carrier-pigeon";
-  EXPECT_THROW(Replanner{o}, Error);
+  EXPECT_THROW(OnlineReplanner{o}, Error);
   o = options();
   o.threshold = 0;
-  EXPECT_THROW(Replanner{o}, Error);
+  EXPECT_THROW(OnlineReplanner{o}, Error);
+}
+
+// The settings: read, handed to children, and refused with the name.
+TEST(ReplanSettings, ReadCheckedAndPassedOn) {
+  ::setenv("CORTADO_PROFILE_WINDOW", "7", 1);
+  ::setenv("CORTADO_REPLAN_CODEC", "efsignsgd", 1);
+  ::setenv("CORTADO_REPLAN_AHEAD", "3", 1);
+  ::setenv("CORTADO_REPLAN_THRESHOLD", "0.5", 1);
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.profileWindow, 7u);
+  EXPECT_EQ(c.replanCodec, "efsignsgd");
+  EXPECT_EQ(c.replanAhead, 3u);
+  EXPECT_EQ(c.replanThreshold, 0.5);
+  int seen = 0;
+  for (const auto& [k, v] : c.toEnv()) {
+    if (k == "CORTADO_PROFILE_WINDOW") {
+      EXPECT_EQ(v, "7");
+      ++seen;
+    }
+    if (k == "CORTADO_REPLAN_CODEC") {
+      EXPECT_EQ(v, "efsignsgd");
+      ++seen;
+    }
+    if (k == "CORTADO_REPLAN_AHEAD") {
+      EXPECT_EQ(v, "3");
+      ++seen;
+    }
+    if (k == "CORTADO_REPLAN_THRESHOLD") {
+      EXPECT_EQ(v, "0.5");
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 4);
+  for (auto [name, value, needle] :
+       {std::tuple{"CORTADO_REPLAN_THRESHOLD", "abc", "not a number"},
+        std::tuple{"CORTADO_REPLAN_AHEAD", "0", "at least 1"},
+        std::tuple{"CORTADO_PROFILE_WINDOW", "-2", "0 (off)"}}) {
+    ::setenv(name, value, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << name << "=" << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    ::unsetenv(name);
+  }
+  ::setenv("CORTADO_REPLAN_THRESHOLD", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_THROW(c.validate(), Error);
+  for (const char* n : {"CORTADO_PROFILE_WINDOW", "CORTADO_REPLAN_CODEC", "CORTADO_REPLAN_AHEAD",
+                        "CORTADO_REPLAN_THRESHOLD"})
+    ::unsetenv(n);
 }
 
 }  // namespace
