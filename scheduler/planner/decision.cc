@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+
 #include <map>
 #include <numeric>
 #include <unordered_map>
@@ -16,12 +17,18 @@ constexpr int64_t kMinRefineBudget = 1200;
 constexpr int kScreenWindow = 24;    // tensors simulated past the changed one when screening
 constexpr int kFullEvaluations = 4;  // options per tensor simulated in full after screening
 
-bool dominates(const CompiledOption& a, const CompiledOption& b) {
-  if (a.pathUs > b.pathUs + kEps) return false;
-  for (int k = 0; k < kWorkKinds; ++k)
-    if (a.work[k] > b.work[k] + kEps) return false;
-  return true;
-}
+// The estimated search (docs/planner.md, "Estimated search"); each value was
+// chosen by measuring the predicted times against the exact search.
+constexpr int kSmallModel = 64;         // models this small are searched exactly
+constexpr int kSampledSizes = 64;       // sizes sampled for the candidate options
+constexpr size_t kRerank = 3;           // options per tensor re-scored with a window
+constexpr int kWindow = 32;             // tensors simulated past the changed one then
+constexpr int kCheckWindow = 64;        // ... and before a change is made
+constexpr int kExactTail = kScreenWindow + 1;  // ... and these near the end
+constexpr int kExactChecks = 512;       // up to this many tensors a change is checked exactly
+constexpr int64_t kMinRefineChecks = 64;
+constexpr int kLargeModelRefineRounds = 1;  // refinement sweeps past kExactChecks tensors
+constexpr int64_t kExactOffloadCombos = 32;  // offload: exhaustive over at most this many count vectors
 
 }  // namespace
 
@@ -54,27 +61,74 @@ Planner::Planner(Simulator& sim) : sim_(sim) {
   candidatesReady_.assign(sim_.sizeClasses(), false);
 }
 
-const std::vector<int>& Planner::candidates(int cls) {
-  if (candidatesReady_[cls]) return candidates_[cls];
-  std::vector<int> order;
-  for (int o = 0; o < sim_.optionCount(); ++o)
-    if (gpuOnly_[o]) order.push_back(o);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return sim_.compiledForClass(cls, a).pathUs < sim_.compiledForClass(cls, b).pathUs;
-  });
-  auto& front = candidates_[cls];
-  for (int o : order) {
-    const CompiledOption& c = sim_.compiledForClass(cls, o);
+// The options not dominated (in their own sync time and in every kind of
+// work) among `pool` for one tensor size, cheapest sync time first.
+std::vector<int> Planner::front(const std::vector<int>& pool, int64_t elements, int dtypeBytes) const {
+  struct Cost {
+    double path;
+    double work[kWorkKinds];
+    int option;
+  };
+  std::vector<Cost> costs;
+  costs.reserve(pool.size());
+  for (int o : pool) {
+    const CompiledOption c = compileOption(sim_.cluster(), sim_.codec(), elements, dtypeBytes, sim_.options()[o]);
+    Cost x{c.pathUs, {}, o};
+    std::copy(c.work, c.work + kWorkKinds, x.work);
+    costs.push_back(x);
+  }
+  std::stable_sort(costs.begin(), costs.end(), [](const Cost& a, const Cost& b) { return a.path < b.path; });
+  std::vector<const Cost*> kept;
+  std::vector<int> out;
+  for (const Cost& c : costs) {
     bool dominated = false;
-    for (int f : front)
-      if (dominates(sim_.compiledForClass(cls, f), c)) {
+    for (const Cost* f : kept) {
+      bool all = f->path <= c.path + kEps;
+      for (int k = 0; all && k < kWorkKinds; ++k) all = f->work[k] <= c.work[k] + kEps;
+      if (all) {
         dominated = true;
         break;
       }
-    if (!dominated) front.push_back(o);
+    }
+    if (!dominated) {
+      kept.push_back(&c);
+      out.push_back(c.option);
+    }
   }
+  return out;
+}
+
+const std::vector<int>& Planner::candidates(int cls) {
+  if (candidatesReady_[cls]) return candidates_[cls];
+  if (pool_.empty()) {
+    for (int o = 0; o < sim_.optionCount(); ++o)
+      if (gpuOnly_[o]) pool_.push_back(o);
+    // Ours, in the estimated search of a model with many tensor sizes: the
+    // options on the front at any of a few sizes spread over the model's
+    // range (log-spaced), rather than every GPU option compiled for every
+    // size. An option on the front only between two of these sizes is missed.
+    if (!exact_ && sim_.sizeClasses() > kSampledSizes) {
+      const auto& t = sim_.profile().tensors;
+      int64_t lo = t[0].elements, hi = t[0].elements;
+      for (const auto& x : t) {
+        lo = std::min(lo, x.elements);
+        hi = std::max(hi, x.elements);
+      }
+      std::vector<bool> on(sim_.optionCount(), false);
+      for (int i = 0; i < kSampledSizes; ++i) {
+        const double f = double(i) / (kSampledSizes - 1);
+        const auto e = int64_t(std::llround(std::exp(std::log(double(lo)) * (1 - f) + std::log(double(hi)) * f)));
+        for (int o : front(pool_, e, t[0].dtypeBytes)) on[o] = true;
+      }
+      std::vector<int> sampled;
+      for (int o : pool_)
+        if (on[o]) sampled.push_back(o);
+      pool_ = std::move(sampled);
+    }
+  }
+  candidates_[cls] = front(pool_, sim_.classElements(cls), sim_.classDtype(cls));
   candidatesReady_[cls] = true;
-  return front;
+  return candidates_[cls];
 }
 
 Strategy Planner::noCompression() {
@@ -201,6 +255,7 @@ std::vector<Planner::Group> Planner::offloadGroups(const Strategy& s) const {
     int o = s.choice[j];
     if (!compressed_[o] || !gpuOnly_[o] || cpuVariant_[o] < 0) continue;
     Group& g = groups[{sim_.sizeClass(j), o}];
+    g.gpuOption = o;
     g.cpuOption = cpuVariant_[o];
     g.tensors.push_back(j);
   }
@@ -281,11 +336,11 @@ Strategy Planner::decide(bool refine) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   auto t0 = Clock::now();
-  Strategy s = gpuPass(noCompression());
+  Strategy s = exact_ ? gpuPass(noCompression()) : sweepEstimated(noCompression(), false);
   auto t1 = Clock::now();
   stats_.gpuPassEvaluations = stats_.evaluations;
   stats_.gpuPassMs = ms(t0, t1);
-  s = offloadPass(s);
+  s = exact_ ? offloadPass(s) : offload(s);
   auto t2 = Clock::now();
   stats_.offloadEvaluations = stats_.evaluations - stats_.gpuPassEvaluations;
   stats_.offloadMs = ms(t1, t2);
@@ -293,15 +348,243 @@ Strategy Planner::decide(bool refine) {
   // The refinement's simulations are capped so that its cost stays in
   // proportion to the GPU pass's on big models; small instances (6 tensors
   // with 60 candidates each need at most 1080 in three rounds) never reach it.
-  refineBudget_ = std::max<int64_t>(kMinRefineBudget, stats_.gpuPassEvaluations);
-  for (int round = 0; refine && round < 3 && refineBudget_ > 0; ++round) {
-    Strategy r = refinePass(s);
+  refineBudget_ = exact_ || sim_.tensors() <= kSmallModel
+                      ? std::max<int64_t>(kMinRefineBudget, stats_.gpuPassEvaluations)
+                      : std::max<int64_t>(kMinRefineChecks, stats_.gpuPassEvaluations);
+  // The estimated search on a model past kExactChecks tensors sweeps once:
+  // each sweep estimates every tensor's options again.
+  const int rounds = !exact_ && sim_.tensors() > kExactChecks ? kLargeModelRefineRounds : 3;
+  for (int round = 0; refine && round < rounds && refineBudget_ > 0; ++round) {
+    Strategy r;
+    if (exact_) {
+      r = refinePass(s);
+    } else {
+      r = sweepEstimated(s, true);
+      if (r.iterUs < s.iterUs - kEps) r = offload(r);
+    }
     if (r.iterUs >= s.iterUs - kEps) break;
     s = std::move(r);
   }
   stats_.refineEvaluations = stats_.evaluations - stats_.gpuPassEvaluations - stats_.offloadEvaluations;
   stats_.refineMs = ms(t2, Clock::now());
   return s;
+}
+
+std::vector<int> Planner::visitOrder() const {
+  std::vector<int> order(sim_.tensors());
+  std::iota(order.begin(), order.end(), 0);
+  const auto& tensors = sim_.profile().tensors;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (tensors[a].bytes() != tensors[b].bytes()) return tensors[a].bytes() > tensors[b].bytes();
+    return a > b;  // inside a bucket, the later-ready tensor first
+  });
+  return order;
+}
+
+void Planner::tries(int j, int current, bool withCpu, std::vector<int>& out) {
+  out.clear();
+  for (int o : candidates(sim_.sizeClass(j))) {
+    if (o != current) out.push_back(o);
+    if (withCpu && compressed_[o] && cpuVariant_[o] >= 0 && cpuVariant_[o] != current)
+      out.push_back(cpuVariant_[o]);
+  }
+}
+
+// The estimated sweep: Espresso's order and candidates, but instead of
+// simulating every candidate to the end:
+//  1. every candidate is scored by Simulator::estimateOptions() (its tensor
+//     placed against the base's checkpoint, the rest of the iteration
+//     estimated from the base's later work);
+//  2. the kRerank best that beat the current option are scored again with
+//     the next kWindow tensors simulated;
+//  3. the best of those, if it still beats the current option, is checked:
+//     on models of up to kExactChecks tensors by simulating it to the end
+//     (made only if better, as in the exact search); on larger ones with a
+//     kCheckWindow window, made without re-simulating the base (the base
+//     catches up lazily) and the sweep as a whole is simulated at its end
+//     and kept only if better.
+// Models of up to kSmallModel tensors are searched exactly (every candidate
+// simulated to the end); on models of up to kExactChecks tensors, the last
+// kExactTail tensors simulate their kFullEvaluations best-estimated
+// candidates in full.
+Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
+  const int N = sim_.tensors();
+  std::vector<int> choice = start.choice;
+  sim_.setBase(choice);
+  double F = sim_.baseTime();
+  int bubble = withCpu ? gpuPassBubble_ : sim_.lastBubble();
+  const bool lazy = N > kExactChecks;
+  bool lazyChanged = false;
+  std::vector<int> opts;
+  std::vector<std::pair<double, int>> scored;
+  std::vector<double> est;
+  std::vector<std::pair<int, int>> one(1);
+  const std::vector<std::pair<int, int>> none;
+  auto take = [&](int j, int o) {
+    choice[j] = o;
+    if (withCpu) ++stats_.refineChanges;
+    if (lazy) {
+      sim_.changeBase(j, o);
+      lazyChanged = true;
+      return;
+    }
+    sim_.setBase(choice);
+    F = sim_.baseTime();
+    if (!withCpu) bubble = sim_.lastBubble();
+  };
+  for (int j : visitOrder()) {
+    // Tensors whose communication ends before the channels' last idle gap
+    // gain nothing from compression (with a lazy base, the gap is the
+    // sweep's first one).
+    if (j < bubble && !compressed_[choice[j]]) {
+      ++stats_.pruned;
+      continue;
+    }
+    ++stats_.gpuPassVisited;
+    tries(j, choice[j], withCpu, opts);
+    if (opts.empty()) continue;
+    if (!lazy && N > kSmallModel && N - j <= kExactTail) {
+      // Near the end the full simulations are short: the kFullEvaluations
+      // options with the best estimates are simulated in full.
+      sim_.estimateOptions(j, opts, est);
+      stats_.estimates += int(opts.size());
+      scored.clear();
+      for (size_t i = 0; i < opts.size(); ++i) scored.emplace_back(est[i], opts[i]);
+      const size_t keep = std::min<size_t>(kFullEvaluations, scored.size());
+      std::partial_sort(scored.begin(), scored.begin() + keep, scored.end());
+      opts.clear();
+      for (size_t i = 0; i < keep; ++i) opts.push_back(scored[i].second);
+    }
+    if (N <= kSmallModel || (!lazy && N - j <= kExactTail)) {
+      double best = F;
+      int bestOpt = choice[j];
+      for (int o : opts) {
+        if (withCpu && refineBudget_-- <= 0) break;
+        one[0] = {j, o};
+        const double f = sim_.evaluate(one, best);
+        ++stats_.evaluations;
+        if (f < best - kEps) {
+          best = f;
+          bestOpt = o;
+        }
+      }
+      if (bestOpt != choice[j]) take(j, bestOpt);
+      continue;
+    }
+    // 1.
+    sim_.estimateOptions(j, {choice[j]}, est);
+    const double cur = est[0];
+    sim_.estimateOptions(j, opts, est, cur - kEps);
+    stats_.estimates += int(opts.size()) + 1;
+    scored.clear();
+    for (size_t i = 0; i < opts.size(); ++i)
+      if (est[i] < cur - kEps) scored.emplace_back(est[i], opts[i]);
+    if (scored.empty()) continue;
+    // 2.
+    const size_t keep = std::min(kRerank, scored.size());
+    std::partial_sort(scored.begin(), scored.begin() + keep, scored.end());
+    const int hi = std::min(N - 1, j + kWindow);
+    const double cur2 = sim_.estimate(j, hi, none);
+    size_t n = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      one[0] = {j, scored[i].second};
+      const double f = sim_.estimate(j, hi, one);
+      if (f < cur2 - kEps) scored[n++] = {f, scored[i].second};
+    }
+    stats_.windowed += int(keep) + 1;
+    if (n == 0) continue;
+    std::sort(scored.begin(), scored.begin() + n);
+    const int bestOpt = scored[0].second;
+    // 3.
+    if (withCpu && refineBudget_-- <= 0) continue;
+    one[0] = {j, bestOpt};
+    bool better;
+    if (lazy) {
+      const int hi2 = std::min(N - 1, j + kCheckWindow);
+      better = sim_.estimate(j, hi2, one) < sim_.estimate(j, hi2, none) - kEps;
+      stats_.windowed += 2;
+    } else {
+      better = sim_.evaluate(one, F) < F - kEps;
+      ++stats_.evaluations;
+    }
+    if (better) {
+      take(j, bestOpt);
+    } else {
+      ++stats_.rejected;
+    }
+  }
+  if (lazyChanged) {
+    F = sim_.exactBaseTime();
+    ++stats_.evaluations;
+    sim_.setBase(choice);
+    if (!withCpu) bubble = sim_.lastBubble();
+  }
+  if (!withCpu) gpuPassBubble_ = bubble;
+  if (F >= start.iterUs - kEps) return start;
+  return Strategy{std::move(choice), F};
+}
+
+Strategy Planner::offload(const Strategy& from) {
+  // Few vectors of counts: the exact search over all of them.
+  int64_t combos = 1;
+  for (const Group& g : offloadGroups(from)) {
+    combos *= int64_t(g.tensors.size()) + 1;
+    if (combos > (sim_.tensors() <= kExactChecks ? 256 : kExactOffloadCombos)) return offloadEstimated(from);
+  }
+  return offloadPass(from);
+}
+
+// Coordinate descent over the groups' counts as in offloadPass(), each count
+// scored by an estimate of the change from the current counts: the tensors
+// that move are simulated exactly, the rest estimated.
+Strategy Planner::offloadEstimated(const Strategy& from) {
+  std::vector<Group> groups = offloadGroups(from);
+  stats_.offloadGroups = int(groups.size());
+  stats_.offloadExhaustive = false;
+  if (groups.empty()) return from;
+  sim_.setBase(from.choice);
+  std::vector<int> choice = from.choice;
+  std::vector<int> counts(groups.size(), 0);
+  std::vector<std::pair<int, int>> ov;
+  const std::vector<std::pair<int, int>> none;
+  bool changed = true;
+  for (int round = 0; changed && round < 8; ++round) {
+    changed = false;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const Group& G = groups[g];
+      const int cur = counts[g];
+      double bestGain = -kEps;
+      int bestQ = cur;
+      for (int q = 0; q <= int(G.tensors.size()); ++q) {
+        if (q == cur) continue;
+        // The tensors between the two counts switch device.
+        ov.clear();
+        for (int i = std::min(q, cur); i < std::max(q, cur); ++i)
+          ov.emplace_back(G.tensors[i], q > cur ? G.cpuOption : G.gpuOption);
+        const int lo = ov.front().first, hi = ov.back().first;
+        const double gain = sim_.estimate(lo, hi, ov) - sim_.estimate(lo, hi, none);
+        stats_.estimates += 2;
+        if (gain < bestGain) {
+          bestGain = gain;
+          bestQ = q;
+        }
+      }
+      if (bestQ != cur) {
+        for (int i = std::min(bestQ, cur); i < std::max(bestQ, cur); ++i) {
+          const int j = G.tensors[i];
+          choice[j] = bestQ > cur ? G.cpuOption : G.gpuOption;
+          sim_.changeBase(j, choice[j]);
+        }
+        counts[g] = bestQ;
+        changed = true;
+      }
+    }
+  }
+  const double F = sim_.exactBaseTime();
+  ++stats_.evaluations;
+  sim_.setBase(choice);
+  if (F >= from.iterUs - kEps) return from;
+  return Strategy{std::move(choice), F};
 }
 
 Strategy Planner::exhaustive() {

@@ -29,6 +29,9 @@ struct DecisionStats {
   // Where decide() spends its time: simulations and milliseconds per phase.
   int gpuPassEvaluations = 0, offloadEvaluations = 0, refineEvaluations = 0;
   int screened = 0;  // options scored a few tensors ahead instead of in full
+  int estimates = 0;  // estimated search: options scored by Simulator::estimate()
+  int rejected = 0;   // estimated search: changes undone after the exact simulation
+  int windowed = 0;   // estimated search: estimates with a window simulated
   double gpuPassMs = 0, offloadMs = 0, refineMs = 0;
 };
 
@@ -54,9 +57,16 @@ class Planner {
   // (so a tensor that only gains when compressed on CPU can), then the
   // offload pass again. Never worse than `from`.
   Strategy refinePass(const Strategy& from);
-  // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`),
-  // the refinement's simulations capped at max(1200, the GPU pass's).
+  // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`).
+  // By default the passes score options with Simulator::estimate() and
+  // simulate in full only the tensors near the end and each pass's result
+  // (the estimated search, docs/planner.md); with setExact(true) every
+  // option is simulated to the end (the search before the estimates, its
+  // refinement capped at max(1200, the GPU pass's simulations)), which is
+  // what the estimated search is measured against.
   Strategy decide(bool refine = true);
+  void setExact(bool on) { exact_ = on; }
+  bool exact() const { return exact_; }
 
   // Every option for every tensor (options^tensors simulations, shared
   // prefixes): only for small instances.
@@ -73,6 +83,7 @@ class Planner {
  private:
   struct Group {
     std::vector<int> tensors;  // ascending: earliest-ready first
+    int gpuOption;
     int cpuOption;
   };
   std::vector<Group> offloadGroups(const Strategy& s) const;
@@ -81,17 +92,27 @@ class Planner {
   // GPU pass candidates for a size class: the options not dominated in every
   // kind of work and in their own sync time.
   const std::vector<int>& candidates(int sizeClass);
+  std::vector<int> front(const std::vector<int>& pool, int64_t elements, int dtypeBytes) const;
   // One sweep over the tensors; `withCpu` adds the CPU variants.
   Strategy sweep(const Strategy& start, bool withCpu);
+  // The same sweep, options scored by estimates (exact near the end).
+  Strategy sweepEstimated(const Strategy& start, bool withCpu);
+  // offloadPass's coordinate descent with estimated counts.
+  Strategy offloadEstimated(const Strategy& from);
+  Strategy offload(const Strategy& from);  // the one decide() uses
+  std::vector<int> visitOrder() const;
+  void tries(int tensor, int current, bool withCpu, std::vector<int>& out);
 
   Simulator& sim_;
   std::vector<bool> compressed_, gpuOnly_;
   std::vector<int> cpuVariant_;
   std::vector<std::vector<int>> candidates_;
   std::vector<bool> candidatesReady_;
+  std::vector<int> pool_;  // the options candidates() chooses from
   DecisionStats stats_;
   int gpuPassBubble_ = 0;  // the last idle gap after the latest GPU pass
   int64_t refineBudget_ = 0;  // simulations the refinement may still run
+  bool exact_ = false;
   std::vector<double> lowScores_;  // sweep's scratch: the lowest screening scores so far
 };
 

@@ -68,6 +68,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   run.report.forwardUs = profile.forwardUs;
 
   Planner planner(*run.sim);
+  planner.setExact(cfg.exact);
   const double c0 = threadCpuMs();
   auto t0 = std::chrono::steady_clock::now();
   run.report.espresso = planner.decide();
@@ -84,6 +85,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
     // codec's payload sizes (the paper's upper bound).
     Simulator free(cluster, codec.zeroCost(), profile, options);
     Planner fp(free);
+    fp.setExact(cfg.exact);
     Strategy a = fp.decide(), b = fp.compressAllGpu();
     run.report.upperBound = a.iterUs <= b.iterUs ? a : b;
   }
@@ -136,9 +138,10 @@ std::string summaryText(const PlanRun& run) {
     cpu += usesCpuCodec(run.sim->options()[o]);
   }
   out += fmt::format(
-      "decision: {:.2f} ms ({:.2f} ms CPU), {} simulations, {} tensors compressed ({} with CPU codecs), "
+      "decision ({} search): {:.2f} ms ({:.2f} ms CPU), {} simulations{}, {} tensors compressed ({} with CPU codecs), "
       "{} pruned before the last idle gap, offload over {} groups ({})\n",
-      r.decisionMs, r.decisionCpuMs, r.stats.evaluations, compressed, cpu, r.stats.pruned, r.stats.offloadGroups,
+      c.exact ? "exact" : "estimated", r.decisionMs, r.decisionCpuMs, r.stats.evaluations,
+      c.exact ? "" : fmt::format(" and {} estimates", r.stats.estimates), compressed, cpu, r.stats.pruned, r.stats.offloadGroups,
       r.stats.offloadExhaustive ? "exhaustive" : "coordinate descent");
   out += fmt::format(
       "  GPU pass {:.2f} ms ({} simulations), offload {:.2f} ms ({}), refinement {:.2f} ms ({})\n",

@@ -26,6 +26,9 @@ struct PlanConfig {
   std::string codecFile;     // empty: <dataDir>/costs/codecs.json
   uint64_t planVersion = 1;
   bool upperBound = true;
+  // The exact search (every candidate simulated to the end) instead of the
+  // default estimated one: slower, what the estimated search is measured against.
+  bool exact = false;
   // When set, used instead of loading `model` (the benchmark's synthetic model).
   std::shared_ptr<const ModelProfile> profile;
 };

@@ -225,8 +225,7 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
 // the lowest core). Tasks that land back to back on a core are kept as one
 // interval, so a tensor split into hundreds of partitions costs a few
 // intervals, not hundreds.
-double Simulator::scheduleCpu(SimState& st, const SimOp& op, int j, double t,
-                              std::vector<TraceEvent>* trace) {
+double Simulator::placeCpu(const SimState& st, const SimOp& op, double t) {
   const double d = op.us;
   const int cores = cluster_.cpuCores;
   heap_.clear();
@@ -260,23 +259,29 @@ double Simulator::scheduleCpu(SimState& st, const SimOp& op, int j, double t,
       std::push_heap(heap_.begin(), heap_.end(), later);
     }
   }
+  if (!open) coreRun_.assign(cores, -1);
   for (int k = 0; !open && k < op.tasks; ++k) {
     std::pop_heap(heap_.begin(), heap_.end(), later);
     auto [s, c] = heap_.back();
-    bool extended = false;
-    for (auto& r : runs_)
-      if (std::get<0>(r) == c && std::get<2>(r) == s) {
-        std::get<2>(r) = s + d;
-        extended = true;
-        break;
-      }
-    if (!extended) runs_.emplace_back(c, s, s + d);
+    // A core's runs come in time order, so only its last one can end at s.
+    if (coreRun_[c] >= 0 && std::get<2>(runs_[coreRun_[c]]) == s) {
+      std::get<2>(runs_[coreRun_[c]]) = s + d;
+    } else {
+      coreRun_[c] = int(runs_.size());
+      runs_.emplace_back(c, s, s + d);
+    }
     end = std::max(end, s + d);
     // The core's next fit: nothing before s fits (s was its earliest), and the
     // runs just assigned end at s + d.
     heap_.back() = {earliestFit(st, kCpuLane0 + c, s + d, d), c};
     std::push_heap(heap_.begin(), heap_.end(), later);
   }
+  return end;
+}
+
+double Simulator::scheduleCpu(SimState& st, const SimOp& op, int j, double t,
+                              std::vector<TraceEvent>* trace) {
+  const double end = placeCpu(st, op, t);
   for (const auto& [c, s, e] : runs_) {
     insert(st, kCpuLane0 + c, s, e);
     if (trace) {
@@ -305,8 +310,15 @@ void Simulator::setBase(const std::vector<int>& choice) {
   // Tensor j's timeline depends only on tensors 0..j, so the checkpoints
   // before the first tensor whose option changed are still exact.
   int from = 0;
-  if (baseValid_ && !reference_ && int(base_.size()) == N)
+  if (baseValid_ && !reference_ && int(base_.size()) == N) {
     while (from < N && base_[from] == choice[from]) ++from;
+    from = std::min(from, validUpTo_);
+    int last = N - 1;
+    while (last >= 0 && base_[last] == choice[last]) --last;
+    tailStale_ = std::max(tailStale_, last);
+  } else {
+    tailStale_ = N - 1;
+  }
   base_ = choice;
   baseValid_ = true;
   checkpoints_.resize(N + 1);
@@ -317,6 +329,7 @@ void Simulator::setBase(const std::vector<int>& choice) {
     step(st, j, choice[j], nullptr, &baseTimings_[j]);
   }
   checkpoints_[N] = st;
+  validUpTo_ = N;
   baseTime_ = st.maxFinish;
   suffixMaxFinish_.assign(N + 1, 0);
   suffixBackward_.assign(N + 1, 0);
@@ -351,6 +364,8 @@ double Simulator::lowerBound(const SimState& st, int next) const {
 }
 
 double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, double cutoff) {
+  CORTADO_ENFORCE(validUpTo_ == tensors(), ErrorCode::kInternal,
+                  "Simulator::evaluate after changeBase needs setBase first");
   if (overrides.empty()) return baseTime_;
   const int N = tensors();
   if (reference_) {
@@ -380,6 +395,8 @@ double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, do
 
 double Simulator::screen(int j0, int option, int window, double bound) {
   const int N = tensors();
+  CORTADO_ENFORCE(validUpTo_ == N, ErrorCode::kInternal,
+                  "Simulator::screen after changeBase needs setBase first");
   scratch_ = checkpoints_[j0];
   step(scratch_, j0, option);
   int k = j0 + 1;
@@ -400,6 +417,221 @@ double Simulator::screen(int j0, int option, int window, double bound) {
     step(scratch_, k, base_[k]);
   }
   return k == N ? scratch_.maxFinish : lowerBound(scratch_, k);
+}
+
+void Simulator::changeBase(int j, int option) {
+  CORTADO_ENFORCE(baseValid_ && j >= 0 && j < tensors() && option >= 0 && option < optionCount(),
+                  ErrorCode::kInvalidArgument, "changeBase({}, {}): needs setBase and a valid tensor and option",
+                  j, option);
+  if (base_[j] == option) return;
+  base_[j] = option;
+  validUpTo_ = std::min(validUpTo_, j);  // the state before j is unchanged
+  tailStale_ = std::max(tailStale_, j);
+}
+
+void Simulator::bringUpTo(int t) {
+  for (int j = validUpTo_; j < t; ++j) {
+    checkpoints_[j + 1] = checkpoints_[j];
+    step(checkpoints_[j + 1], j, base_[j], nullptr, &baseTimings_[j]);
+  }
+  if (t > validUpTo_) validUpTo_ = t;
+  if (validUpTo_ == tensors()) baseTime_ = checkpoints_[tensors()].maxFinish;
+}
+
+const SimState& Simulator::checkpoint(int j) {
+  bringUpTo(j);
+  return checkpoints_[j];
+}
+
+double Simulator::exactBaseTime() {
+  bringUpTo(tensors());
+  return baseTime_;
+}
+
+double Simulator::simulateFrom(int from, const std::vector<std::pair<int, int>>& overrides) {
+  scratch_ = checkpoint(from);
+  size_t oi = 0;
+  for (int k = from; k < tensors(); ++k) {
+    int opt = base_[k];
+    if (oi < overrides.size() && overrides[oi].first == k) opt = overrides[oi++].second;
+    step(scratch_, k, opt);
+  }
+  return scratch_.maxFinish;
+}
+
+double Simulator::estimate(int lo, int hi, const std::vector<std::pair<int, int>>& overrides) {
+  scratch_ = checkpoint(lo);
+  size_t oi = 0;
+  for (int k = lo; k <= hi; ++k) {
+    int opt = base_[k];
+    if (oi < overrides.size() && overrides[oi].first == k) opt = overrides[oi++].second;
+    step(scratch_, k, opt);
+  }
+  return tailEstimate(scratch_, hi + 1);
+}
+
+// Row j of the chains from row j + 1 and tensor j's base operations, walked
+// backwards: an operation's chain is its duration plus the longer of what
+// follows it in its tensor and, if it is its tensor's first on a lane, the
+// later tensors' chain on that lane. CPU work counts as one lane of the
+// pool, its tasks spread over the cores.
+void Simulator::updateTail() {
+  if (tailStale_ < 0) return;
+  const int N = tensors();
+  constexpr int C = kTailChains;
+  constexpr double kNone = -kInf;
+  tail_.resize(size_t(N + 1) * C);
+  std::fill(tail_.begin() + size_t(N) * C, tail_.end(), kNone);
+  auto chainsOf = [](Res r) -> unsigned {
+    switch (r) {
+      case Res::kGpu: return 1u << 0;
+      case Res::kIntra: return 1u << 1;
+      case Res::kInter: return 1u << 2;
+      case Res::kFlat: return (1u << 1) | (1u << 2);
+      case Res::kD2H: return 1u << 3;
+      case Res::kH2D: return 1u << 4;
+      case Res::kCpu: return 1u << 5;
+    }
+    return 0;
+  };
+  std::vector<unsigned> first;
+  for (int j = std::min(tailStale_, N - 1); j >= 0; --j) {
+    const double* nx = &tail_[size_t(j + 1) * C];
+    double* cur = &tail_[size_t(j) * C];
+    std::copy(nx, nx + C, cur);
+    const CompiledOption& c = compiled(j, base_[j]);
+    const int m = int(c.ops.size());
+    first.assign(m, 0);
+    unsigned seen = 0;
+    for (int i = 0; i < m; ++i) {
+      if (c.ops[i].us <= 0) continue;
+      const unsigned mask = chainsOf(c.ops[i].res);
+      first[i] = mask & ~seen;
+      seen |= mask;
+    }
+    double lpNext = 0;
+    double work[6] = {};
+    for (int i = m - 1; i >= 0; --i) {
+      const SimOp& op = c.ops[i];
+      if (op.us <= 0) continue;
+      double d = op.us;
+      const unsigned mask = chainsOf(op.res);
+      if (op.res == Res::kCpu) {
+        // Its tasks on the whole pool: the latency of one round per `cores`
+        // tasks; the pool is free for the later tensors' work once it has
+        // done this op's share (its total work over the cores).
+        const double share = op.us * op.tasks / cluster_.cpuCores;
+        d *= double((op.tasks + cluster_.cpuCores - 1) / cluster_.cpuCores);
+        work[5] += share;
+        lpNext = std::max(d + lpNext, first[i] ? share + nx[5] : -kInf);
+      } else {
+        for (int ch = 0; ch < 5; ++ch)
+          if (mask >> ch & 1u) work[ch] += d;
+        double succ = lpNext;
+        for (int ch = 0; ch < 5; ++ch)
+          if (first[i] >> ch & 1u) succ = std::max(succ, nx[ch]);
+        lpNext = d + succ;
+      }
+      for (int ch = 0; ch < 6; ++ch)
+        if (first[i] >> ch & 1u) cur[ch] = lpNext;
+    }
+    // A lane also does all of this tensor's work on it before the later
+    // tensors' (the queue-bound case, whatever waits in between).
+    for (int ch = 0; ch < 6; ++ch)
+      if (work[ch] > 0) cur[ch] = std::max(cur[ch], work[ch] + nx[ch]);
+    cur[6] = profile_.tensors[j].backwardUs + std::max(lpNext, work[0] + nx[6]);
+  }
+  tailStale_ = -1;
+}
+
+// Each lane's frontier is the previous ready time plus the lane's work
+// reserved after it (its backlog), so that where a tensor's operations land
+// among the gaps matters less than how much work they add.
+double Simulator::tailEstimate(const SimState& st, int k) {
+  if (k >= tensors()) return st.maxFinish;
+  updateTail();
+  const double t0 = st.prevReady;
+  double busy[kTailChains - 1] = {};
+  for (int lane = 0; lane < lanes(); ++lane) {
+    double b = 0;
+    for (uint32_t i = st.begin[lane]; i < st.begin[lane + 1]; ++i)
+      b += std::max(0.0, st.iv[i].e - std::max(st.iv[i].s, t0));
+    busy[lane < kCpuLane0 ? lane : 5] += b;  // the chains are in lane order, then the CPU pool
+  }
+  return tailFrom(k, t0, st.maxFinish, busy);
+}
+
+double Simulator::tailFrom(int k, double t0, double maxFinish, const double* busy) const {
+  const double* a = &tail_[size_t(k) * kTailChains];
+  double est = maxFinish;
+  for (int ch = 0; ch < 5; ++ch)
+    if (a[ch] > -kInf) est = std::max(est, t0 + busy[ch] + a[ch]);
+  if (a[5] > -kInf) est = std::max(est, t0 + busy[5] / cluster_.cpuCores + a[5]);
+  // Codec kernels already queued on the GPU delay the computation still to come.
+  return std::max(est, t0 + busy[0] + a[6]);
+}
+
+void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vector<double>& out,
+                                double bound) {
+  const int N = tensors();
+  const SimState& st = checkpoint(j);
+  updateTail();
+  const double b = advanceCompute(st, st.prevReady, profile_.tensors[j].backwardUs);
+  double busy[kTailChains - 1] = {};
+  for (int lane = 0; lane < lanes(); ++lane) {
+    double x = 0;
+    for (uint32_t i = st.begin[lane]; i < st.begin[lane + 1]; ++i)
+      x += std::max(0.0, st.iv[i].e - std::max(st.iv[i].s, b));
+    busy[lane < kCpuLane0 ? lane : 5] += x;
+  }
+  out.resize(options.size());
+  for (size_t i = 0; i < options.size(); ++i) {
+    const CompiledOption& c = compiled(j, options[i]);
+    double add[kTailChains - 1];
+    add[0] = busy[0] + c.work[kWorkGpu];
+    add[1] = busy[1] + c.work[kWorkIntra];
+    add[2] = busy[2] + c.work[kWorkInter];
+    add[3] = busy[3] + c.work[kWorkD2H];
+    add[4] = busy[4] + c.work[kWorkH2D];
+    add[5] = busy[5] + c.work[kWorkCpu];
+    // The tensor cannot finish before its operations' durations in a row:
+    // an estimate sure to be above `bound` needs no placing.
+    if (bound < kInf) {
+      const double low = std::max(st.maxFinish, b + c.pathUs);
+      const double lb = j + 1 >= N ? low : tailFrom(j + 1, b, low, add);
+      if (lb > bound) {
+        out[i] = lb;
+        continue;
+      }
+    }
+    // Where the tensor's operations land: each starts after the previous
+    // one ends, so none of them can take a gap that an earlier one took,
+    // and the checkpoint's state needs no copy.
+    double t = b;
+    for (const SimOp& op : c.ops) {
+      const double d = op.us;
+      switch (op.res) {
+        case Res::kGpu: t = earliestFit(st, kGpuLane, t, d) + d; break;
+        case Res::kIntra: t = earliestFit(st, kIntraLane, t, d) + d; break;
+        case Res::kInter: t = earliestFit(st, kInterLane, t, d) + d; break;
+        case Res::kD2H: t = earliestFit(st, kD2HLane, t, d) + d; break;
+        case Res::kH2D: t = earliestFit(st, kH2DLane, t, d) + d; break;
+        case Res::kFlat: {
+          double s = t;
+          for (;;) {
+            const double s1 = earliestFit(st, kIntraLane, s, d);
+            const double s2 = earliestFit(st, kInterLane, s1, d);
+            s = s2;
+            if (s2 == s1) break;
+          }
+          t = s + d;
+          break;
+        }
+        case Res::kCpu: t = placeCpu(st, op, t); break;
+      }
+    }
+    out[i] = j + 1 >= N ? std::max(st.maxFinish, t) : tailFrom(j + 1, b, std::max(st.maxFinish, t), add);
+  }
 }
 
 int Simulator::lastBubble() const {

@@ -72,6 +72,8 @@ class Simulator {
   // Tensors with the same size and dtype share a size class (and compiled ops).
   int sizeClass(int tensor) const { return sizeClass_[tensor]; }
   int sizeClasses() const { return int(classElements_.size()); }
+  int64_t classElements(int sizeClass) const { return classElements_[sizeClass]; }
+  int classDtype(int sizeClass) const { return classDtype_[sizeClass]; }
   const CompiledOption& compiled(int tensor, int option) { return compiledForClass(sizeClass_[tensor], option); }
   const CompiledOption& compiledForClass(int sizeClass, int option);
 
@@ -97,6 +99,41 @@ class Simulator {
   // exact score (callers that keep the options scoring at or below a
   // threshold get the same options with the same scores).
   double screen(int tensor, int option, int window, double bound = kInf);
+  // Lazy base, for the estimated search (decision.cc): changeBase() replaces
+  // one tensor's option without re-simulating; checkpoints after it are
+  // brought up to date only when asked for (checkpoint(), exactBaseTime(),
+  // setBase()). evaluate(), screen(), baseTime(), baseTimings() and
+  // lastBubble() need setBase() after the last changeBase().
+  void changeBase(int tensor, int option);
+  // The exact state before `tensor` under the current base.
+  const SimState& checkpoint(int tensor);
+  // The current base's exact iteration time.
+  double exactBaseTime();
+  // Exact: the base with `overrides` (sorted, none before `from`), simulated
+  // from the checkpoint before `from` to the end.
+  double simulateFrom(int from, const std::vector<std::pair<int, int>>& overrides);
+  // An estimate of the base's iteration time with `overrides` (sorted, all in
+  // [lo, hi]): tensors lo..hi are simulated exactly from the checkpoint before
+  // lo, and the rest is the longest path through the base's later operations
+  // from each lane's free time (tailEstimate()). Exact when hi is the last
+  // tensor; estimates compared with each other should share lo and hi.
+  double estimate(int lo, int hi, const std::vector<std::pair<int, int>>& overrides);
+  // The tail part of estimate(): for the state before tensor k, the latest
+  // of its synchronization ends so far and, for every lane, its free time
+  // plus the longest chain of base operations that can follow it (each
+  // operation waits for the previous one of its tensor and, on its lane, for
+  // the later tensors' first operation there; computation and the GPU's codec
+  // work form one more chain). Exact while the later operations keep their
+  // order on each lane (the queue-bound case); gap-filling makes it high.
+  double tailEstimate(const SimState& st, int k);
+  // estimate(j, j, {{j, o}}) for every o of `options` at once, without
+  // simulating: the tensor's operations are placed against the checkpoint
+  // and the rest is tailEstimate() with their work added to the lanes.
+  // An option whose estimate is sure to be above `bound` may get a lower
+  // value than its estimate that is still above `bound`.
+  void estimateOptions(int tensor, const std::vector<int>& options, std::vector<double>& out,
+                       double bound = kInf);
+
   // Reference mode, for tests: setBase() re-simulates every tensor,
   // evaluate() simulates the whole iteration from scratch (exact, ignoring
   // `cutoff`) and screen() ignores `bound`. Decisions must not change.
@@ -130,6 +167,9 @@ class Simulator {
   double lowerBound(const SimState& st, int next) const;
   double scheduleCpu(SimState& st, const SimOp& op, int tensor, double t,
                      std::vector<TraceEvent>* trace);
+  // scheduleCpu() without reserving: fills runs_ and returns the end.
+  double placeCpu(const SimState& st, const SimOp& op, double t);
+  double tailFrom(int k, double t0, double maxFinish, const double* busy) const;
   void traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor, double s) const;
 
   Cluster cluster_;
@@ -150,6 +190,14 @@ class Simulator {
   std::vector<double> suffixIntra_, suffixInter_;      // base lane work of tensors >= j
   double baseTime_ = 0;
   bool baseValid_ = false;
+  int validUpTo_ = 0;        // checkpoints_[0..validUpTo_] are exact for base_
+  // Tail chains (tailEstimate()): tail_[k * kTailChains + c], for the base's
+  // tensors >= k; rows up to tailStale_ need recomputing.
+  static constexpr int kTailChains = 7;  // gpu, intra, inter, d2h, h2d, cpu pool, compute
+  std::vector<double> tail_;
+  int tailStale_ = -1;  // rows 0..tailStale_ are stale (-1: none)
+  void updateTail();
+  void bringUpTo(int tensor);
   bool reference_ = false;
   SimState scratch_;
   std::vector<std::pair<double, int>> heap_;         // scheduleCpu's scratch

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <numeric>
 #include <random>
 
 #include "scheduler/planner/decision.h"
@@ -212,6 +213,82 @@ TEST(Simulator, IncrementalEvaluationMatchesFullSimulation) {
     const double cut = sim.evaluate(ov, cutoff);
     if (full < cutoff) EXPECT_DOUBLE_EQ(cut, full);
     else EXPECT_GE(cut, cutoff);
+  }
+}
+
+
+TEST(Simulator, TailEstimateIsExactWhenQueueBound) {
+  // Three tensors of 1000 floats ready at 10, 11 and 12; each allreduce takes
+  // 4 us, so the link is the bottleneck: [10,14], [14,18], [18,22]. After
+  // simulating t0 alone, the estimate is the link's backlog (4 us from 10)
+  // plus the later tensors' 8 us of link work: 22, the exact time.
+  Simulator sim(cluster(1, 2, 4), codec(), model({{1000, 10}, {1000, 1}, {1000, 1}}), {kAllreduce});
+  sim.setBase({0, 0, 0});
+  EXPECT_DOUBLE_EQ(sim.baseTime(), 22.0);
+  EXPECT_DOUBLE_EQ(sim.estimate(0, 0, {}), 22.0);
+  std::vector<double> est;
+  sim.estimateOptions(0, {0}, est);
+  EXPECT_DOUBLE_EQ(est[0], 22.0);
+  // With idle gaps the compute chain decides: 100 us of backward each, so
+  // every allreduce ends 4 us after its tensor is ready (304).
+  Simulator idle(cluster(1, 2, 4), codec(), model({{1000, 100}, {1000, 100}, {1000, 100}}), {kAllreduce});
+  idle.setBase({0, 0, 0});
+  EXPECT_DOUBLE_EQ(idle.baseTime(), 304.0);
+  EXPECT_DOUBLE_EQ(idle.estimate(0, 0, {}), 304.0);
+}
+
+TEST(Simulator, LazyBaseAndEstimatesMatchFullSimulation) {
+  std::mt19937 rng(11);
+  Cluster c = cluster(4, 4, 3);
+  c.inter.base = AlphaBeta{20, 10};
+  c.intra.base = AlphaBeta{5, 100};
+  ModelProfile p;
+  p.model = "random";
+  const int N = 40;
+  for (int i = 0; i < N; ++i)
+    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1000 + rng() % 3000000), 4,
+                                      double(rng() % 3000)});
+  ResolvedCodec cd = codec();
+  cd.cost.encode[0].nsPerElement = 0.1;
+  cd.cost.encode[1].nsPerElement = 2;
+  auto opts = plannerOptions(c, "test");
+  const int K = int(opts.size());
+  Simulator sim(c, cd, p, opts);
+  std::vector<int> choice(N);
+  for (int& b : choice) b = rng() % K;
+  sim.setBase(choice);
+  std::vector<int> all(K);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<double> est, bounded;
+  for (int trial = 0; trial < 100; ++trial) {
+    // The base changes without a re-simulation; everything below must still
+    // see the changed base.
+    const int j = rng() % N, o = rng() % K;
+    choice[j] = o;
+    sim.changeBase(j, o);
+    const int k = rng() % N, q = rng() % K;
+    std::vector<int> alt = choice;
+    alt[k] = q;
+    const double full = sim.simulate(alt);
+    EXPECT_DOUBLE_EQ(sim.simulateFrom(k, {{k, q}}), full) << "trial " << trial;
+    // An estimate whose window reaches the end is exact.
+    EXPECT_DOUBLE_EQ(sim.estimate(k, N - 1, {{k, q}}), full) << "trial " << trial;
+    // estimateOptions places the tensor without copying the state: the same
+    // values as estimate() with no window; with a bound, the values at or
+    // below it are the same and the others stay above it.
+    sim.estimateOptions(k, all, est);
+    const double bound = est[rng() % K];
+    sim.estimateOptions(k, all, bounded, bound);
+    for (int x = 0; x < K; x += 7) EXPECT_DOUBLE_EQ(est[x], sim.estimate(k, k, {{k, x}})) << "option " << x;
+    for (int x = 0; x < K; ++x) {
+      if (est[x] <= bound) EXPECT_DOUBLE_EQ(bounded[x], est[x]);
+      else EXPECT_GT(bounded[x], bound);
+    }
+    if (trial % 50 == 49) {
+      EXPECT_DOUBLE_EQ(sim.exactBaseTime(), sim.simulate(choice));
+      sim.setBase(choice);
+      EXPECT_DOUBLE_EQ(sim.baseTime(), sim.simulate(choice));
+    }
   }
 }
 
