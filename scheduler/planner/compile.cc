@@ -17,7 +17,9 @@ using plan::StepKind;
 class Compiler {
  public:
   Compiler(const Cluster& c, const ResolvedCodec& codec, int64_t elements, int dtypeBytes)
-      : c_(c), codec_(codec), e_(double(elements)), dtype_(dtypeBytes), active_(c.gpusPerMachine) {}
+      : c_(c), codec_(codec), e_(double(elements)), dtype_(dtypeBytes), active_(c.gpusPerMachine) {
+    out_.ops.reserve(16);  // one allocation: options have at most a dozen operations
+  }
 
   CompiledOption run(const plan::TensorOption& o) {
     const auto& steps = o.steps;

@@ -23,12 +23,16 @@ constexpr int kSmallModel = 64;         // models this small are searched exactl
 constexpr int kSampledSizes = 64;       // sizes sampled for the candidate options
 constexpr size_t kRerank = 3;           // options per tensor re-scored with a window
 constexpr int kWindow = 32;             // tensors simulated past the changed one then
+constexpr int kWindowChecked = 16;      // ... where the change is then checked exactly
 constexpr int kCheckWindow = 64;        // ... and before a change is made
 constexpr int kExactTail = kScreenWindow + 1;  // ... and these near the end
+constexpr size_t kTailEvaluations = 2;          // ... simulate this many options in full
 constexpr int kExactChecks = 512;       // up to this many tensors a change is checked exactly
 constexpr int64_t kMinRefineChecks = 64;
-constexpr int kLargeModelRefineRounds = 1;  // refinement sweeps past kExactChecks tensors
+constexpr int kLargeModelRefineRounds = 1;
+constexpr int kBubbleRecheck = 8;  // lazy base: changes between re-checks of the last idle gap  // refinement sweeps past kExactChecks tensors
 constexpr int64_t kExactOffloadCombos = 32;  // offload: exhaustive over at most this many count vectors
+                                             // (on models past kSmallModel tensors)
 
 }  // namespace
 
@@ -405,7 +409,7 @@ void Planner::tries(int j, int current, bool withCpu, std::vector<int>& out) {
 //     and kept only if better.
 // Models of up to kSmallModel tensors are searched exactly (every candidate
 // simulated to the end); on models of up to kExactChecks tensors, the last
-// kExactTail tensors simulate their kFullEvaluations best-estimated
+// kExactTail tensors simulate their kTailEvaluations best-estimated
 // candidates in full.
 Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
   const int N = sim_.tensors();
@@ -415,6 +419,7 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
   int bubble = withCpu ? gpuPassBubble_ : sim_.lastBubble();
   const bool lazy = N > kExactChecks;
   bool lazyChanged = false;
+  int lazyChanges = 0;
   std::vector<int> opts;
   std::vector<std::pair<double, int>> scored;
   std::vector<double> est;
@@ -426,6 +431,13 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
     if (lazy) {
       sim_.changeBase(j, o);
       lazyChanged = true;
+      // Every few changes the base catches up and the last idle gap is
+      // checked again (each catch-up is one simulation from the earliest
+      // change on).
+      if (!withCpu && ++lazyChanges % kBubbleRecheck == 0) {
+        sim_.setBase(choice);
+        bubble = sim_.lastBubble();
+      }
       return;
     }
     sim_.setBase(choice);
@@ -450,7 +462,7 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
       stats_.estimates += int(opts.size());
       scored.clear();
       for (size_t i = 0; i < opts.size(); ++i) scored.emplace_back(est[i], opts[i]);
-      const size_t keep = std::min<size_t>(kFullEvaluations, scored.size());
+      const size_t keep = std::min<size_t>(kTailEvaluations, scored.size());
       std::partial_sort(scored.begin(), scored.begin() + keep, scored.end());
       opts.clear();
       for (size_t i = 0; i < keep; ++i) opts.push_back(scored[i].second);
@@ -483,7 +495,7 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
     // 2.
     const size_t keep = std::min(kRerank, scored.size());
     std::partial_sort(scored.begin(), scored.begin() + keep, scored.end());
-    const int hi = std::min(N - 1, j + kWindow);
+    const int hi = std::min(N - 1, j + (lazy ? kWindow : kWindowChecked));
     const double cur2 = sim_.estimate(j, hi, none);
     size_t n = 0;
     for (size_t i = 0; i < keep; ++i) {
@@ -525,11 +537,12 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
 }
 
 Strategy Planner::offload(const Strategy& from) {
-  // Few vectors of counts: the exact search over all of them.
+  // Small models, or few vectors of counts: the exact search over them.
+  if (sim_.tensors() <= kSmallModel) return offloadPass(from);
   int64_t combos = 1;
   for (const Group& g : offloadGroups(from)) {
     combos *= int64_t(g.tensors.size()) + 1;
-    if (combos > (sim_.tensors() <= kExactChecks ? 256 : kExactOffloadCombos)) return offloadEstimated(from);
+    if (combos > kExactOffloadCombos) return offloadEstimated(from);
   }
   return offloadPass(from);
 }

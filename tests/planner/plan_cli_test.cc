@@ -228,6 +228,17 @@ INSTANTIATE_TEST_SUITE_P(
                  {"cannot open hardware model file '/nonexistent/hw.json'"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
+TEST(PlanCommand, ExactSearchOnRequest) {
+  // ResNet50 (161 tensors) is past the size searched exactly by default.
+  auto est = plan("--model resnet50 --codec dgc:ratio=0.01 --no-table");
+  auto exact = plan("--model resnet50 --codec dgc:ratio=0.01 --no-table --exact");
+  ASSERT_EQ(est.exitCode, 0) << est.output;
+  ASSERT_EQ(exact.exitCode, 0) << exact.output;
+  EXPECT_TRUE(contains(est.output, "decision (estimated search):")) << est.output;
+  EXPECT_TRUE(contains(est.output, " estimates, ")) << est.output;
+  EXPECT_TRUE(contains(exact.output, "decision (exact search):")) << exact.output;
+}
+
 TEST(PlanCommand, ErrorsExitWithTwo) {
   EXPECT_EQ(plan("--model alexnet").exitCode, 2);
   EXPECT_EQ(plan("--model vgg16 --codec zip").exitCode, 2);
