@@ -31,8 +31,8 @@ constexpr int kExactChecks = 512;       // up to this many tensors a change is c
 constexpr int64_t kMinRefineChecks = 64;
 constexpr int kLargeModelRefineRounds = 1;
 constexpr int kBubbleRecheck = 8;  // lazy base: changes between re-checks of the last idle gap  // refinement sweeps past kExactChecks tensors
-constexpr int64_t kExactOffloadCombos = 32;  // offload: exhaustive over at most this many count vectors
-                                             // (on models past kSmallModel tensors)
+constexpr int64_t kExactOffloadCombos = 32;  // offload past kExactChecks tensors: exhaustive over at
+                                             // most this many count vectors (256 below)
 
 }  // namespace
 
@@ -410,7 +410,7 @@ void Planner::tries(int j, int current, bool withCpu, std::vector<int>& out) {
 // Models of up to kSmallModel tensors are searched exactly (every candidate
 // simulated to the end); on models of up to kExactChecks tensors, the last
 // kExactTail tensors simulate their kTailEvaluations best-estimated
-// candidates in full.
+// candidates in full in the GPU pass.
 Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
   const int N = sim_.tensors();
   std::vector<int> choice = start.choice;
@@ -455,7 +455,8 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
     ++stats_.gpuPassVisited;
     tries(j, choice[j], withCpu, opts);
     if (opts.empty()) continue;
-    if (!lazy && N > kSmallModel && N - j <= kExactTail) {
+    const bool tail = !lazy && !withCpu && N - j <= kExactTail;
+    if (tail && N > kSmallModel) {
       // Near the end the full simulations are short: the kFullEvaluations
       // options with the best estimates are simulated in full.
       sim_.estimateOptions(j, opts, est);
@@ -467,7 +468,7 @@ Strategy Planner::sweepEstimated(const Strategy& start, bool withCpu) {
       opts.clear();
       for (size_t i = 0; i < keep; ++i) opts.push_back(scored[i].second);
     }
-    if (N <= kSmallModel || (!lazy && N - j <= kExactTail)) {
+    if (N <= kSmallModel || tail) {
       double best = F;
       int bestOpt = choice[j];
       for (int o : opts) {
@@ -542,7 +543,7 @@ Strategy Planner::offload(const Strategy& from) {
   int64_t combos = 1;
   for (const Group& g : offloadGroups(from)) {
     combos *= int64_t(g.tensors.size()) + 1;
-    if (combos > kExactOffloadCombos) return offloadEstimated(from);
+    if (combos > (sim_.tensors() <= kExactChecks ? 256 : kExactOffloadCombos)) return offloadEstimated(from);
   }
   return offloadPass(from);
 }
