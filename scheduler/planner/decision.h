@@ -58,12 +58,14 @@ class Planner {
   // offload pass again. Never worse than `from`.
   Strategy refinePass(const Strategy& from);
   // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`).
-  // By default the passes score options with Simulator::estimate() and
-  // simulate in full only the tensors near the end and each pass's result
-  // (the estimated search, docs/planner.md); with setExact(true) every
-  // option is simulated to the end (the search before the estimates, its
-  // refinement capped at max(1200, the GPU pass's simulations)), which is
-  // what the estimated search is measured against.
+  // By default (the estimated search, docs/planner.md) models of more than
+  // 64 tensors score each tensor's options with estimates of the rest of the
+  // iteration (Simulator::estimateOptions, Simulator::estimate) and simulate
+  // in full only the option about to be taken (up to 512 tensors) or each
+  // sweep's result (past that). With setExact(true) every option compared
+  // is simulated to the end (the search before the estimates, its
+  // refinement capped at max(1200, the GPU pass's simulations)): what the
+  // estimated search is measured against.
   Strategy decide(bool refine = true);
   void setExact(bool on) { exact_ = on; }
   bool exact() const { return exact_; }
