@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# Push-pull against MPI_Allreduce across emulated hosts (tests/testbed/testbed.sh).
+#
+#   bench/multihost.sh [options]     (as root)
+#
+# Builds a testbed of H + K hosts (links shaped with tc tbf at --rate), runs on
+# the first H hosts with 1 worker and 1 server per host:
+#   1. MPI_Allreduce (bench/mpi/mpi_allreduce_bench under `cortado launch
+#      --mpi-only`: the same mpirun and host agent as the Cortado jobs),
+#   2. `cortado bench pushpull` (algorithm bandwidth),
+#   3. the same with K extra server-only hosts (--server-hosts, 1 server each),
+# and prints one markdown table: algorithm bandwidth (median over the
+# repetitions, with min-max), the ratio to MPI_Allreduce and to the link rate,
+# the link-limited bound of each job, and what the monitor saw while data
+# moved (bench/multihost_monitor.py): the busiest link's utilization, how many
+# of the machine's cores were busy (all processes; softirq is where veth and
+# tbf forwarding runs), and the job's own cores, running and runnable-waiting.
+# Progress and per-run details go to stderr, the table to stdout.
+#
+# Options:
+#   --rate R              link rate, tc syntax (default 1gbit)
+#   --sizes S1,S2,...     tensor sizes, with K/M/G suffixes (default 64M)
+#   --reps N              repetitions of each job, interleaved (default 3)
+#   --iters N             timed iterations per run (default 5)
+#   --warmup N            untimed iterations per run (default 1)
+#   --transport T         zmq or ucx (default zmq)
+#   --hosts H             worker hosts (default 4)
+#   --server-only-hosts K extra hosts with a server and no worker (default 2; 0: skip job 3)
+#   --build DIR           build directory (default: build next to this script's parent)
+#   --name NAME           testbed name, 1-8 of [a-z0-9] (default: mhb + pid)
+set -Eeuo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+TB=$ROOT/tests/testbed/testbed.sh
+MONITOR=$HERE/multihost_monitor.py
+PYTHON=${PYTHON:-/usr/bin/python3}
+
+RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2
+BUILD=$ROOT/build NAME=mhb$(($$ % 100000))
+
+die() {
+  echo "multihost.sh: $*" >&2
+  exit 2
+}
+usage() {
+  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
+is_count() { [[ $1 =~ ^[0-9]+$ ]] && (($1 >= $2 && $1 <= $3)); }
+
+while (($#)); do
+  case $1 in
+    --rate) need_value "$@"; RATE=$2; shift 2 ;;
+    --sizes) need_value "$@"; SIZES=$2; shift 2 ;;
+    --reps) need_value "$@"; REPS=$2; shift 2 ;;
+    --iters) need_value "$@"; ITERS=$2; shift 2 ;;
+    --warmup) need_value "$@"; WARMUP=$2; shift 2 ;;
+    --transport) need_value "$@"; TRANSPORT=$2; shift 2 ;;
+    --hosts) need_value "$@"; HOSTS=$2; shift 2 ;;
+    --server-only-hosts) need_value "$@"; SONLY=$2; shift 2 ;;
+    --build) need_value "$@"; BUILD=$2; shift 2 ;;
+    --name) need_value "$@"; NAME=$2; shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+# Converts 64M, 512K, 1G or a plain number to bytes.
+to_bytes() {
+  local s=${1^^}
+  [[ $s =~ ^([0-9]+)([KMG]?)I?B?$ ]] || die "size '$1' is not a number with an optional K, M or G suffix"
+  local n=${BASH_REMATCH[1]}
+  case ${BASH_REMATCH[2]} in
+    K) n=$((n << 10)) ;; M) n=$((n << 20)) ;; G) n=$((n << 30)) ;;
+  esac
+  ((n >= 4)) || die "size '$1' is smaller than one float32"
+  echo "$n"
+}
+rate_bps() {
+  local r=${1,,}
+  [[ $r =~ ^([0-9]+)(kbit|mbit|gbit)$ ]] || die "rate '$1' is not of the form <number>{kbit,mbit,gbit}, e.g. 1gbit or 300mbit"
+  local n=${BASH_REMATCH[1]}
+  case ${BASH_REMATCH[2]} in
+    kbit) echo $((n * 1000)) ;; mbit) echo $((n * 1000000)) ;; gbit) echo $((n * 1000000000)) ;;
+  esac
+}
+
+is_count "$REPS" 1 100 || die "--reps must be 1 to 100 (got '$REPS')"
+is_count "$ITERS" 1 10000 || die "--iters must be 1 to 10000 (got '$ITERS')"
+is_count "$WARMUP" 0 10000 || die "--warmup must be 0 to 10000 (got '$WARMUP')"
+is_count "$HOSTS" 2 8 || die "--hosts must be 2 to 8 (got '$HOSTS')"
+is_count "$SONLY" 0 6 || die "--server-only-hosts must be 0 to 6 (got '$SONLY')"
+((HOSTS + SONLY <= 8)) || die "--hosts + --server-only-hosts is $((HOSTS + SONLY)); the testbed has at most 8 hosts"
+[[ $TRANSPORT == zmq || $TRANSPORT == ucx ]] || die "--transport must be zmq or ucx (got '$TRANSPORT')"
+[[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || die "--name must be 1 to 8 characters of a-z and 0-9 (got '$NAME')"
+RATE_BPS=$(rate_bps "$RATE")
+IFS=, read -r -a SIZE_LIST <<<"$SIZES"
+BYTES_LIST=()
+for s in "${SIZE_LIST[@]}"; do BYTES_LIST+=("$(to_bytes "$s")"); done
+
+[[ $(id -u) -eq 0 ]] ||
+  die "must run as root: the emulated hosts are network namespaces with veth pairs and tc (try: sudo $0 $*)"
+CORTADO=$BUILD/launcher/cortado
+MPIBENCH=$BUILD/bench/mpi/mpi_allreduce_bench
+for f in "$CORTADO" "$MPIBENCH"; do
+  [[ -x $f ]] || die "$f is missing: build it first (ninja -C $BUILD cortado mpi_allreduce_bench) or pass --build DIR"
+done
+command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
+[[ -x $PYTHON ]] || die "$PYTHON is missing (set PYTHON to a python3)"
+
+OUT=$(mktemp -d /tmp/cortado-multihost.XXXXXX)
+MON_PID=""
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  [[ -n $MON_PID ]] && kill "$MON_PID" 2>/dev/null && wait "$MON_PID" 2>/dev/null
+  "$TB" down "$NAME" >/dev/null 2>&1 || true
+  rm -rf "$OUT"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+NTOTAL=$((HOSTS + SONLY))
+echo "# testbed $NAME: $NTOTAL hosts at $RATE" >&2
+"$TB" up "$NAME" "$NTOTAL" --rate "$RATE" >/dev/null
+WORKER_HOSTS=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
+SERVER_HOSTS=$( ((SONLY)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) "$NTOTAL" || true)
+AGENT="$TB exec-host {host}"
+
+# Sum of tbf "overlimits" (packets held back by the shaper) over every link,
+# both directions: it grows only while a link runs at its rate.
+overlimits() {
+  local i
+  for ((i = 1; i <= NTOTAL; i++)); do
+    tc -s qdisc show dev "${NAME}v$i"
+    tc -n "$NAME-h$i" -s qdisc show dev eth0
+  done | awk '{ for (i = 1; i < NF; i++) if ($i == "overlimits") n += $(i + 1) } END { print n + 0 }'
+}
+
+# run JOB BYTES REP: runs one job, appends "JOB BYTES algbw monitor-json" to $OUT/results.
+run() {
+  local job=$1 bytes=$2 rep=$3
+  # Generous deadline: 20x the time the data would take at the link rate, plus start-up.
+  local limit=$((120 + (ITERS + WARMUP) * bytes * 8 * 20 / RATE_BPS))
+  local cmd
+  case $job in
+    mpi)
+      cmd=("$CORTADO" launch --mpi-only --hosts "$WORKER_HOSTS" -w 1 --agent "$AGENT" --
+        "$MPIBENCH" --min-bytes "$bytes" --max-bytes "$bytes" --iters "$ITERS" --warmup "$WARMUP") ;;
+    ps)
+      cmd=("$CORTADO" launch --hosts "$WORKER_HOSTS" -w 1 -s 1 --transport "$TRANSPORT" --agent "$AGENT" --
+        "$CORTADO" bench pushpull -b "$bytes" -e "$bytes" -n "$ITERS" --warmup "$WARMUP" --json) ;;
+    ps_sonly)
+      cmd=("$CORTADO" launch --hosts "$WORKER_HOSTS" --server-hosts "$SERVER_HOSTS" -w 1 -s 1
+        --transport "$TRANSPORT" --agent "$AGENT" --
+        "$CORTADO" bench pushpull -b "$bytes" -e "$bytes" -n "$ITERS" --warmup "$WARMUP" --json) ;;
+  esac
+  "$PYTHON" "$MONITOR" --name "$NAME" --hosts "$NTOTAL" --rate-bps "$RATE_BPS" >"$OUT/mon" &
+  MON_PID=$!
+  local ol0 rc=0
+  ol0=$(overlimits)
+  CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$limit" "${cmd[@]}" >"$OUT/log" 2>&1 || rc=$?
+  local ol=$(($(overlimits) - ol0))
+  kill "$MON_PID"
+  wait "$MON_PID" || true
+  MON_PID=""
+  if ((rc != 0)); then
+    echo "---- $job ($bytes bytes) output ----" >&2
+    tail -40 "$OUT/log" >&2
+    ((rc == 137)) && die "$job at $bytes bytes did not finish within $limit s (killed)"
+    die "$job at $bytes bytes failed (exit $rc); its output is above"
+  fi
+  local line
+  line=$(grep -m1 '^{"size_bytes"' "$OUT/log") || die "$job printed no result line: $(tail -5 "$OUT/log")"
+  [[ $line == *'"ok": true'* ]] || die "$job at $bytes bytes computed wrong sums: $line"
+  local algbw
+  algbw=$(sed -n 's/.*"algbw_gbps": \([0-9.]*\).*/\1/p' <<<"$line")
+  local mon
+  mon=$(cat "$OUT/mon")
+  echo "$job $bytes $algbw $ol $mon" >>"$OUT/results"
+  echo "# rep $rep $job $bytes B: algbw $algbw GB/s, tbf overlimits $ol, monitor $mon" >&2
+}
+
+for bytes in "${BYTES_LIST[@]}"; do
+  for ((rep = 1; rep <= REPS; rep++)); do
+    run mpi "$bytes" "$rep"
+    run ps "$bytes" "$rep"
+    ((SONLY)) && run ps_sonly "$bytes" "$rep"
+  done
+done
+
+# The table (computed in Python from the results file).
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+"$PYTHON" - "$OUT/results" "$RATE" "$RATE_BPS" "$HOSTS" "$SONLY" "$TRANSPORT" "$ITERS" "$WARMUP" "$REPS" "$load" <<'EOF'
+import json, statistics, sys
+path, rate, rate_bps, H, K, transport, iters, warmup, reps, load = sys.argv[1:]
+rate_bps, H, K = float(rate_bps), int(H), int(K)
+link = rate_bps / 8 / 1e9  # GB/s
+runs = {}
+for line in open(path):
+    job, size, algbw, ol, mon = line.split(" ", 4)
+    runs.setdefault((int(size), job), []).append((float(algbw), int(ol), json.loads(mon)))
+# Link-limited bounds (fraction of the link rate), bytes split evenly over servers.
+ring = H / (2 * (H - 1))  # ring allreduce: 2(H-1)/H of the data over each link
+T = H + K  # servers, one per host
+worker_host = (1 - 1 / T) + (H - 1) / T  # its worker's pushes out + its server's pull answers
+sonly_host = H / T
+bound = {"mpi": ring, "ps": ring, "ps_sonly": 1 / max(worker_host, sonly_host)}
+names = {
+    "mpi": f"MPI_Allreduce (OpenMPI, TCP), {H} hosts x 1 rank, `launch --mpi-only`",
+    "ps": f"`cortado bench pushpull`, {H} hosts x (1 worker + 1 server)",
+    "ps_sonly": f"`cortado bench pushpull`, {H} hosts x (1 worker + 1 server) + {K} server-only hosts",
+}
+print(f"{H} worker hosts + {K} server-only hosts at {rate} (link {link:.4f} GB/s), {transport}, float32, "
+      f"{iters} timed iterations after {warmup} warm-up, median of {reps} (min-max); load average at the end {load}")
+print()
+print("| job | size | algbw (GB/s) | vs MPI_Allreduce | vs link | link bound | busiest link peak / mean | machine cores busy (softirq) | job cores running / waiting |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for size in sorted({s for s, _ in runs}):
+    mpi = statistics.median(r[0] for r in runs.get((size, "mpi"), [(float("nan"),)]))
+    for job in ("mpi", "ps", "ps_sonly"):
+        if (size, job) not in runs:
+            continue
+        rs = runs[(size, job)]
+        v = [r[0] for r in rs]
+        med = statistics.median(v)
+        mons = [r[2] for r in rs if r[2].get("active_intervals")]
+        def mean(k):
+            return statistics.mean(m[k] for m in mons) if mons else float("nan")
+        spread = f" ({min(v):.4f}-{max(v):.4f})" if len(v) > 1 else ""
+        print(f"| {names[job]} | {size >> 20} MiB | {med:.4f}{spread} | {med / mpi:.2f} | "
+              f"{med / link:.0%} | {bound[job]:.0%} | {mean('link_util_peak'):.0%} / {mean('link_util_mean'):.0%} | "
+              f"{mean('machine_busy_cores'):.2f} ({mean('machine_softirq_cores'):.2f}) | "
+              f"{mean('job_cores'):.2f} / {mean('job_wait_cores'):.2f} |")
+print()
+print("Job cores by role while data moved, running / waiting for a CPU (mean over runs):")
+for (size, job), rs in sorted(runs.items()):
+    mons = [r[2] for r in rs if r[2].get("active_intervals")]
+    run, wait = {}, {}
+    for m in mons:
+        for k, x in m["job_cores_by_role"].items():
+            run[k] = run.get(k, 0.0) + x / len(mons)
+        for k, x in m["job_wait_cores_by_role"].items():
+            wait[k] = wait.get(k, 0.0) + x / len(mons)
+    ol = statistics.mean(r[1] for r in rs)
+    print(f"- {job} {size >> 20} MiB: " + ", ".join(
+        f"{k} {x:.2f} / {wait.get(k, 0.0):.2f}" for k, x in sorted(run.items(), key=lambda kv: -kv[1]) if x >= 0.01)
+        + f"; tbf overlimits per run {ol:.0f}")
+EOF
