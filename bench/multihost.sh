@@ -11,7 +11,9 @@
 #   3. the same with K extra server-only hosts (--server-hosts, 1 server each),
 # and prints one markdown table: algorithm bandwidth (median over the
 # repetitions, with min-max), the ratio to MPI_Allreduce and to the link rate,
-# the link-limited bound of each job, and what the monitor saw while data
+# the link-limited bound of each job (from the traffic model with bytes split
+# evenly over the servers, and from the bytes the busiest link really carried
+# per iteration), and what the monitor saw while data
 # moved (bench/multihost_monitor.py): the busiest link's utilization, how many
 # of the machine's cores were busy (all processes; softirq is where veth and
 # tbf forwarding runs), and the job's own cores, running and runnable-waiting.
@@ -218,7 +220,7 @@ names = {
 print(f"{H} worker hosts + {K} server-only hosts at {rate} (link {link:.4f} GB/s), {transport}, float32, "
       f"{iters} timed iterations after {warmup} warm-up, median of {reps} (min-max); load average at the end {load}")
 print()
-print("| job | size | algbw (GB/s) | vs MPI_Allreduce | vs link | link bound | busiest link peak / mean | machine cores busy (softirq) | job cores running / waiting |")
+print("| job | size | algbw (GB/s) | vs MPI_Allreduce | vs link | link bound: model / measured traffic | busiest link: peak / mean load | machine cores busy (softirq) | job cores running / waiting |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for size in sorted({s for s, _ in runs}):
     mpi = statistics.median(r[0] for r in runs.get((size, "mpi"), [(float("nan"),)]))
@@ -232,8 +234,12 @@ for size in sorted({s for s, _ in runs}):
         def mean(k):
             return statistics.mean(m[k] for m in mons) if mons else float("nan")
         spread = f" ({min(v):.4f}-{max(v):.4f})" if len(v) > 1 else ""
+        # What the busiest link carried per iteration (warm-up and timed), in
+        # units of the tensor: the link-limited bound is the link rate / that.
+        per_iter = statistics.mean(m["busiest_link_bytes"] / ((int(iters) + int(warmup)) * size)
+                                   for m in mons) if mons else float("nan")
         print(f"| {names[job]} | {size >> 20} MiB | {med:.4f}{spread} | {med / mpi:.2f} | "
-              f"{med / link:.0%} | {bound[job]:.0%} | {mean('link_util_peak'):.0%} / {mean('link_util_mean'):.0%} | "
+              f"{med / link:.0%} | {bound[job]:.0%} / {1 / per_iter:.0%} | {mean('link_util_peak'):.0%} / {mean('link_util_mean'):.0%} | "
               f"{mean('machine_busy_cores'):.2f} ({mean('machine_softirq_cores'):.2f}) | "
               f"{mean('job_cores'):.2f} / {mean('job_wait_cores'):.2f} |")
 print()
@@ -247,7 +253,8 @@ for (size, job), rs in sorted(runs.items()):
         for k, x in m["job_wait_cores_by_role"].items():
             wait[k] = wait.get(k, 0.0) + x / len(mons)
     ol = statistics.mean(r[1] for r in rs)
-    print(f"- {job} {size >> 20} MiB: " + ", ".join(
+    busiest = sorted({m["busiest_link"] for m in mons})
+    print(f"- {job} {size >> 20} MiB (busiest link: {', '.join(busiest)}): " + ", ".join(
         f"{k} {x:.2f} / {wait.get(k, 0.0):.2f}" for k, x in sorted(run.items(), key=lambda kv: -kv[1]) if x >= 0.01)
         + f"; tbf overlimits per run {ol:.0f}")
 EOF

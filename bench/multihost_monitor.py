@@ -13,8 +13,10 @@ Every --interval seconds, until SIGTERM or SIGINT, it reads:
     means the job is short of CPU.
 
 On exit it prints one JSON object that summarizes the "active" intervals,
-those in which some link carried at least --active-fraction of its rate:
-the busiest link's utilization (peak interval and mean), the machine's busy
+those in which some link carried at least --active-fraction of its rate
+(the data phase, with its gaps, but not the start-up): the busiest link's
+utilization (peak interval and mean over them), the bytes each link carried
+in them (host I out, host I in, ...) and which link carried most, the machine's busy
 and softirq cores, and the job's running and waiting cores (total and by
 role), as means over those intervals.
 
@@ -90,8 +92,8 @@ def job_sched(inodes, roles):
         except (OSError, ValueError):
             continue
         pid = int(d)
-        if pid not in roles:
-            roles[pid] = role_of(pid) or "?"
+        # Re-read each time: an agent ('ip netns exec', 'sh -c') execs the role.
+        roles[pid] = role_of(pid) or roles.get(pid, "?")
         out[pid] = (run, wait)
     return out
 
@@ -102,7 +104,7 @@ def main():
     ap.add_argument("--hosts", type=int, required=True)
     ap.add_argument("--rate-bps", type=float, required=True)
     ap.add_argument("--interval", type=float, default=0.25)
-    ap.add_argument("--active-fraction", type=float, default=0.2)
+    ap.add_argument("--active-fraction", type=float, default=0.05)
     a = ap.parse_args()
 
     stop = []
@@ -121,6 +123,7 @@ def main():
     roles = {}
     prev_t, prev_l, prev_c, prev_j = time.monotonic(), links(), cpu_jiffies(), job_sched(inodes, roles)
     active = []
+    moved = [0] * (2 * a.hosts)  # bytes per link direction in active intervals
     while not stop:
         time.sleep(a.interval)
         t, l, c, j = time.monotonic(), links(), cpu_jiffies(), job_sched(inodes, roles)
@@ -137,12 +140,15 @@ def main():
             by_role[k] = (old_run + (run - r0) / 1e9 / dt, old_wait + (wait - w0) / 1e9 / dt)
         if max(util) >= a.active_fraction:
             active.append((max(util), busy, softirq, by_role))
+            for k, (x, y) in enumerate(zip(l, prev_l)):
+                moved[k] += x - y
         prev_t, prev_l, prev_c, prev_j = t, l, c, j
 
     n = len(active)
     if n == 0:
         print(json.dumps({"active_intervals": 0}))
         return 0
+    busiest = max(range(len(moved)), key=lambda k: moved[k])
     run_by_role, wait_by_role = {}, {}
     for *_, r in active:
         for k, (run, wait) in r.items():
@@ -153,6 +159,9 @@ def main():
         "interval_s": a.interval,
         "link_util_peak": round(max(x[0] for x in active), 3),
         "link_util_mean": round(sum(x[0] for x in active) / n, 3),
+        "busiest_link": "host {} {}".format(busiest // 2 + 1, "out" if busiest % 2 == 0 else "in"),
+        "busiest_link_bytes": moved[busiest],
+        "link_bytes": moved,
         "machine_busy_cores": round(sum(x[1] for x in active) / n, 2),
         "machine_softirq_cores": round(sum(x[2] for x in active) / n, 2),
         "job_cores": round(sum(run_by_role.values()), 2),
