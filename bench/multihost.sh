@@ -9,6 +9,8 @@
 #      --mpi-only`: the same mpirun and host agent as the Cortado jobs),
 #   2. `cortado bench pushpull` (algorithm bandwidth),
 #   3. the same with K extra server-only hosts (--server-hosts, 1 server each),
+#   4. with --dedicated-hosts D: the servers on D server-only hosts alone
+#      (--dedicated-servers), none beside the workers, as in BytePS's setup,
 # and prints one markdown table: algorithm bandwidth (median over the
 # repetitions, with min-max), the ratio to MPI_Allreduce and to the link rate,
 # the link-limited bound of each job (from the traffic model with bytes split
@@ -28,8 +30,10 @@
 #   --transport T         zmq or ucx (default zmq)
 #   --hosts H             worker hosts (default 4)
 #   --server-only-hosts K extra hosts with a server and no worker (default 2; 0: skip job 3)
+#   --dedicated-hosts D   run job 4 with D server hosts (default 0: skip it)
 #   --build DIR           build directory (default: build next to this script's parent)
 #   --name NAME           testbed name, 1-8 of [a-z0-9] (default: mhb + pid)
+#   --save FILE           keep the raw results (bench/multihost_table.py FILE ... reprints the table)
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -38,15 +42,15 @@ TB=$ROOT/tests/testbed/testbed.sh
 MONITOR=$HERE/multihost_monitor.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 
-RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2
-BUILD=$ROOT/build NAME=mhb$(($$ % 100000))
+RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2 DED=0
+BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE=""
 
 die() {
   echo "multihost.sh: $*" >&2
   exit 2
 }
 usage() {
-  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
@@ -62,8 +66,10 @@ while (($#)); do
     --transport) need_value "$@"; TRANSPORT=$2; shift 2 ;;
     --hosts) need_value "$@"; HOSTS=$2; shift 2 ;;
     --server-only-hosts) need_value "$@"; SONLY=$2; shift 2 ;;
+    --dedicated-hosts) need_value "$@"; DED=$2; shift 2 ;;
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     --name) need_value "$@"; NAME=$2; shift 2 ;;
+    --save) need_value "$@"; SAVE=$2; shift 2 ;;
     -h | --help) usage 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -94,7 +100,10 @@ is_count "$ITERS" 1 10000 || die "--iters must be 1 to 10000 (got '$ITERS')"
 is_count "$WARMUP" 0 10000 || die "--warmup must be 0 to 10000 (got '$WARMUP')"
 is_count "$HOSTS" 2 8 || die "--hosts must be 2 to 8 (got '$HOSTS')"
 is_count "$SONLY" 0 6 || die "--server-only-hosts must be 0 to 6 (got '$SONLY')"
-((HOSTS + SONLY <= 8)) || die "--hosts + --server-only-hosts is $((HOSTS + SONLY)); the testbed has at most 8 hosts"
+is_count "$DED" 0 6 || die "--dedicated-hosts must be 0 to 6 (got '$DED')"
+EXTRA=$((SONLY > DED ? SONLY : DED))
+((HOSTS + EXTRA <= 8)) ||
+  die "--hosts + the larger of --server-only-hosts and --dedicated-hosts is $((HOSTS + EXTRA)); the testbed has at most 8 hosts"
 [[ $TRANSPORT == zmq || $TRANSPORT == ucx ]] || die "--transport must be zmq or ucx (got '$TRANSPORT')"
 [[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || die "--name must be 1 to 8 characters of a-z and 0-9 (got '$NAME')"
 RATE_BPS=$(rate_bps "$RATE")
@@ -106,6 +115,7 @@ for s in "${SIZE_LIST[@]}"; do BYTES_LIST+=("$(to_bytes "$s")"); done
   die "must run as root: the emulated hosts are network namespaces with veth pairs and tc (try: sudo $0 $*)"
 CORTADO=$BUILD/launcher/cortado
 MPIBENCH=$BUILD/bench/mpi/mpi_allreduce_bench
+[[ -z $SAVE ]] || touch "$SAVE" 2>/dev/null || die "--save $SAVE: cannot write there"
 for f in "$CORTADO" "$MPIBENCH"; do
   [[ -x $f ]] || die "$f is missing: build it first (ninja -C $BUILD cortado mpi_allreduce_bench) or pass --build DIR"
 done
@@ -126,11 +136,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-NTOTAL=$((HOSTS + SONLY))
+NTOTAL=$((HOSTS + EXTRA))
 echo "# testbed $NAME: $NTOTAL hosts at $RATE" >&2
 "$TB" up "$NAME" "$NTOTAL" --rate "$RATE" >/dev/null
 WORKER_HOSTS=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
-SERVER_HOSTS=$( ((SONLY)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) "$NTOTAL" || true)
+SERVER_HOSTS=$( ((SONLY)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + SONLY)) || true)
+DED_HOSTS=$( ((DED)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + DED)) || true)
 AGENT="$TB exec-host {host}"
 
 # Sum of tbf "overlimits" (packets held back by the shaper) over every link,
@@ -159,6 +170,10 @@ run() {
     ps_sonly)
       cmd=("$CORTADO" launch --hosts "$WORKER_HOSTS" --server-hosts "$SERVER_HOSTS" -w 1 -s 1
         --transport "$TRANSPORT" --agent "$AGENT" --
+        "$CORTADO" bench pushpull -b "$bytes" -e "$bytes" -n "$ITERS" --warmup "$WARMUP" --json) ;;
+    ps_ded)
+      cmd=("$CORTADO" launch --hosts "$WORKER_HOSTS" --server-hosts "$DED_HOSTS" --dedicated-servers
+        -w 1 -s 1 --transport "$TRANSPORT" --agent "$AGENT" --
         "$CORTADO" bench pushpull -b "$bytes" -e "$bytes" -n "$ITERS" --warmup "$WARMUP" --json) ;;
   esac
   "$PYTHON" "$MONITOR" --name "$NAME" --hosts "$NTOTAL" --rate-bps "$RATE_BPS" >"$OUT/mon" &
@@ -192,69 +207,12 @@ for bytes in "${BYTES_LIST[@]}"; do
     run mpi "$bytes" "$rep"
     run ps "$bytes" "$rep"
     ((SONLY)) && run ps_sonly "$bytes" "$rep"
+    ((DED)) && run ps_ded "$bytes" "$rep"
   done
 done
 
-# The table (computed in Python from the results file).
-load=$(cut -d' ' -f1-3 /proc/loadavg)
-"$PYTHON" - "$OUT/results" "$RATE" "$RATE_BPS" "$HOSTS" "$SONLY" "$TRANSPORT" "$ITERS" "$WARMUP" "$REPS" "$load" <<'EOF'
-import json, statistics, sys
-path, rate, rate_bps, H, K, transport, iters, warmup, reps, load = sys.argv[1:]
-rate_bps, H, K = float(rate_bps), int(H), int(K)
-link = rate_bps / 8 / 1e9  # GB/s
-runs = {}
-for line in open(path):
-    job, size, algbw, ol, mon = line.split(" ", 4)
-    runs.setdefault((int(size), job), []).append((float(algbw), int(ol), json.loads(mon)))
-# Link-limited bounds (fraction of the link rate), bytes split evenly over servers.
-ring = H / (2 * (H - 1))  # ring allreduce: 2(H-1)/H of the data over each link
-T = H + K  # servers, one per host
-worker_host = (1 - 1 / T) + (H - 1) / T  # its worker's pushes out + its server's pull answers
-sonly_host = H / T
-bound = {"mpi": ring, "ps": ring, "ps_sonly": 1 / max(worker_host, sonly_host)}
-names = {
-    "mpi": f"MPI_Allreduce (OpenMPI, TCP), {H} hosts x 1 rank, `launch --mpi-only`",
-    "ps": f"`cortado bench pushpull`, {H} hosts x (1 worker + 1 server)",
-    "ps_sonly": f"`cortado bench pushpull`, {H} hosts x (1 worker + 1 server) + {K} server-only hosts",
-}
-print(f"{H} worker hosts + {K} server-only hosts at {rate} (link {link:.4f} GB/s), {transport}, float32, "
-      f"{iters} timed iterations after {warmup} warm-up, median of {reps} (min-max); load average at the end {load}")
-print()
-print("| job | size | algbw (GB/s) | vs MPI_Allreduce | vs link | link bound: model / measured traffic | busiest link: peak / mean load | machine cores busy (softirq) | job cores running / waiting |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for size in sorted({s for s, _ in runs}):
-    mpi = statistics.median(r[0] for r in runs.get((size, "mpi"), [(float("nan"),)]))
-    for job in ("mpi", "ps", "ps_sonly"):
-        if (size, job) not in runs:
-            continue
-        rs = runs[(size, job)]
-        v = [r[0] for r in rs]
-        med = statistics.median(v)
-        mons = [r[2] for r in rs if r[2].get("active_intervals")]
-        def mean(k):
-            return statistics.mean(m[k] for m in mons) if mons else float("nan")
-        spread = f" ({min(v):.4f}-{max(v):.4f})" if len(v) > 1 else ""
-        # What the busiest link carried per iteration (warm-up and timed), in
-        # units of the tensor: the link-limited bound is the link rate / that.
-        per_iter = statistics.mean(m["busiest_link_bytes"] / ((int(iters) + int(warmup)) * size)
-                                   for m in mons) if mons else float("nan")
-        print(f"| {names[job]} | {size >> 20} MiB | {med:.4f}{spread} | {med / mpi:.2f} | "
-              f"{med / link:.0%} | {bound[job]:.0%} / {1 / per_iter:.0%} | {mean('link_util_peak'):.0%} / {mean('link_util_mean'):.0%} | "
-              f"{mean('machine_busy_cores'):.2f} ({mean('machine_softirq_cores'):.2f}) | "
-              f"{mean('job_cores'):.2f} / {mean('job_wait_cores'):.2f} |")
-print()
-print("Job cores by role while data moved, running / waiting for a CPU (mean over runs):")
-for (size, job), rs in sorted(runs.items()):
-    mons = [r[2] for r in rs if r[2].get("active_intervals")]
-    run, wait = {}, {}
-    for m in mons:
-        for k, x in m["job_cores_by_role"].items():
-            run[k] = run.get(k, 0.0) + x / len(mons)
-        for k, x in m["job_wait_cores_by_role"].items():
-            wait[k] = wait.get(k, 0.0) + x / len(mons)
-    ol = statistics.mean(r[1] for r in rs)
-    busiest = sorted({m["busiest_link"] for m in mons})
-    print(f"- {job} {size >> 20} MiB (busiest link: {', '.join(busiest)}): " + ", ".join(
-        f"{k} {x:.2f} / {wait.get(k, 0.0):.2f}" for k, x in sorted(run.items(), key=lambda kv: -kv[1]) if x >= 0.01)
-        + f"; tbf overlimits per run {ol:.0f}")
-EOF
+# The table (bench/multihost_table.py, which also re-reads a saved --save file).
+[[ -n $SAVE ]] && cp "$OUT/results" "$SAVE"
+"$PYTHON" "$HERE/multihost_table.py" "$OUT/results" --rate "$RATE" --hosts "$HOSTS" --server-only-hosts "$SONLY" \
+  --dedicated-hosts "$DED" --transport "$TRANSPORT" --iters "$ITERS" --warmup "$WARMUP" --reps "$REPS" \
+  --load "$(cut -d' ' -f1-3 /proc/loadavg)"
