@@ -70,6 +70,8 @@ void checkHosts(const HostsOptions& h) {
                       x);
   CORTADO_ENFORCE(h.serverHosts.empty() || !h.hosts.empty(), ErrorCode::kInvalidArgument,
                   "--server-hosts needs --hosts (the hosts of the workers)");
+  CORTADO_ENFORCE(!h.dedicatedServers || !h.serverHosts.empty(), ErrorCode::kInvalidArgument,
+                  "--dedicated-servers needs --server-hosts (the hosts that run the servers)");
   if (!h.agent.empty())
     CORTADO_ENFORCE(h.agent.find("{host}") != std::string::npos, ErrorCode::kInvalidArgument,
                     "--agent '{}' has no {{host}}: the template must say where the host name "

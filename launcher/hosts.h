@@ -14,6 +14,7 @@ struct HostsOptions {
   bool mpi = false;                      // workers under mpirun (implied by hosts)
   std::vector<std::string> hosts;        // worker hosts; each also runs serversPerHost servers
   std::vector<std::string> serverHosts;  // server-only hosts
+  bool dedicatedServers = false;         // servers only on serverHosts, none on the worker hosts
   int workersPerHost = 0;
   int serversPerHost = 0;
   std::string agent;                     // template with {host}; empty: ssh

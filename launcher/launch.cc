@@ -288,11 +288,14 @@ int runLaunch(const LaunchOptions& opts) {
   };
   const std::string self = selfExecutable();
   std::string failure;  // first failure, names the role
-  // Server rank i runs on host i / serversPerHost of hosts + server hosts.
+  // Server rank i runs on host i / serversPerHost of hosts + server hosts
+  // (of the server hosts alone with dedicatedServers).
   std::vector<std::string> serverHostOf;
-  for (const auto* list : {&hosts.hosts, &hosts.serverHosts})
+  for (const auto* list : {&hosts.hosts, &hosts.serverHosts}) {
+    if (hosts.dedicatedServers && list == &hosts.hosts) continue;
     for (const auto& h : *list)
       for (int k = 0; k < hosts.serversPerHost; ++k) serverHostOf.push_back(h);
+  }
   try {
     for (int i = 0; i < job.numServers; ++i) {
       JobConfig c = job;

@@ -74,13 +74,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> command;
   JobFlags launchFlags;
   std::string hostList, serverHostList, agent, traceDir;
-  bool mpi = false, mpiOnly = false;
+  bool mpi = false, mpiOnly = false, dedicatedServers = false;
   launch->add_option("-w,--workers", workers, "number of workers (per host with --hosts)")->required()->check(CLI::Range(1, 4096));
   launch->add_option("-s,--servers", servers, "number of servers (per host with --hosts)")->check(CLI::Range(1, 4096));
   launch->add_option("--pid-dir", pidDir, "write <role>.<rank>.pid files here");
   launch->add_option("--hosts", hostList,
                      "run across these hosts (h1,h2,...): W workers (under mpirun) and S servers on each");
   launch->add_option("--server-hosts", serverHostList, "extra hosts that run S servers each and no worker");
+  launch->add_flag("--dedicated-servers", dedicatedServers,
+                   "servers only on the --server-hosts, none on the worker hosts");
   launch->add_option("--agent", agent,
                      "how to run a command on a host: a template with {host}, e.g. "
                      "'tests/testbed/testbed.sh exec-host {host}' (default: ssh)");
@@ -199,6 +201,7 @@ int main(int argc, char** argv) {
                       "--agent needs --hosts (it says how to reach them)");
       CORTADO_ENFORCE(servers > 0 || mpiOnly, ErrorCode::kInvalidArgument,
                       "cortado launch needs -s/--servers (per host with --hosts)");
+      lo.hosts.dedicatedServers = dedicatedServers;
       lo.hosts.mpi = mpi;
       lo.hosts.agent = agent;
       lo.hosts.workersPerHost = workers;
@@ -209,9 +212,11 @@ int main(int argc, char** argv) {
       lo.job.logLevel = level;
       launchFlags.apply(lo.job);
       lo.job.numWorkers = workers * nHosts;
-      lo.job.numServers =
-          std::max(1, servers) *
-          (lo.hosts.hosts.empty() ? 1 : int(lo.hosts.hosts.size() + lo.hosts.serverHosts.size()));
+      const int serverHostCount =
+          lo.hosts.hosts.empty() ? 1
+          : dedicatedServers     ? int(lo.hosts.serverHosts.size())
+                                 : int(lo.hosts.hosts.size() + lo.hosts.serverHosts.size());
+      lo.job.numServers = std::max(1, servers) * serverHostCount;
       lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
       if (!traceDir.empty()) lo.job.traceDir = std::filesystem::absolute(traceDir).string();
       lo.command = command;

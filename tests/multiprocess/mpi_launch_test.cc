@@ -87,6 +87,7 @@ TEST(HostsErrors, BadArgumentsAreNamed) {
            {"--server-hosts a -w 1 -s 1", "--server-hosts needs --hosts"},
            {"--hosts a,b --agent 'ssh -p 2222' -w 1 -s 1", "has no {host}"},
            {"--hosts a,b -w 1", "needs -s/--servers"},
+           {"--hosts a,b --dedicated-servers -w 1 -s 1", "--dedicated-servers needs --server-hosts"},
        }) {
     auto r = runCommand(fmt::format("{} launch {} -- true", kCortado, c.args), 30);
     EXPECT_EQ(r.exitCode, 2) << c.args << "\n" << r.output;
