@@ -3,6 +3,7 @@
 # testbed's host agent, with the launcher on host 1 as on a head node.
 #
 #   launch_hosts_test.sh CORTADO PUSHPULL_CHECK 2x2|4x1|linkdown
+#   launch_hosts_test.sh CORTADO EXEC_CHECK exec_2x2|exec_4x1
 #
 # 2x2, 4x1: 2 hosts x 2 workers / 4 hosts x 1 worker, one server per host,
 #   pushpull_check (every result against the plain sum of all workers'
@@ -12,6 +13,16 @@
 # linkdown: 3 hosts x 1 worker; host 3's link is set down mid-run; the
 #   launcher must exit non-zero within 30 s naming host 3, and no process may
 #   be left in any host.
+# exec_2x2, exec_4x1: the plan executor's check program (exec_check) on the
+#   same layouts, each worker an MPI rank of the launcher's mpirun and every
+#   emulated host its own machine (MPI's shared-memory split, no fake host
+#   size): every option the planner can emit (4919, with the parameter
+#   server) once, each result equal to the plain sum; then every 120th
+#   compressed option with top-k and error feedback over 30 iterations, the
+#   running sums within the bound that the loopback test uses (which runs
+#   every 8th). Links at 10 Gbit/s, as for 2x2 and 4x1: each option run is
+#   many small collectives and pushes over TCP between the hosts, about 15 ms
+#   here, so all options take about a minute.
 # Skips (exit 77) where it cannot run: not root, no network namespaces.
 set -uo pipefail
 
@@ -49,12 +60,16 @@ case $CASE in
   2x2) hosts=2 per=2 ;;
   4x1) hosts=4 per=1 ;;
   linkdown) hosts=3 per=1 ;;
-  *) echo "unknown case '$CASE' (2x2, 4x1, linkdown)" >&2; exit 2 ;;
+  exec_2x2) hosts=2 per=2 ;;
+  exec_4x1) hosts=4 per=1 ;;
+  *) echo "unknown case '$CASE' (2x2, 4x1, linkdown, exec_2x2, exec_4x1)" >&2; exit 2 ;;
 esac
 "$TB" up "$NAME" "$hosts" --rate 10gbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
 list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
+LIMIT=80  # seconds per job
+[[ $CASE == exec_* ]] && LIMIT=150
 launch() {
-  "$TB" exec "$NAME" 1 timeout -s KILL 80 "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
+  "$TB" exec "$NAME" 1 timeout -s KILL "$LIMIT" "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
     --agent "$TB exec-host {host}" -- "$CHECK" "$@"
 }
 left_in_hosts() {
@@ -64,7 +79,43 @@ left_in_hosts() {
 }
 tx_bytes() { cat "/sys/class/net/${NAME}v$1/statistics/rx_bytes"; }  # the bridge end receives what host $1 sends
 
-if [[ $CASE != linkdown ]]; then
+if [[ $CASE == exec_* ]]; then
+  W=$((hosts * per))
+  # Every option, exactly. exec_check prints "N of N options ..., W ranks on
+  # M machines" (rank 0) and "rank R: PASSED (0 failures)" (every rank).
+  start=$(date +%s)
+  CORTADO_LOG_LEVEL=warn launch --mode all --iters 1 >"$OUT/log" 2>&1
+  rc=$?
+  echo "all options: exit $rc after $(($(date +%s) - start)) s"
+  ((rc == 0)) || fail "exec_check --mode all exited with $rc"
+  line=$(grep -m1 ' options (shard 0 of 1)' "$OUT/log")
+  echo "$line"
+  [[ $line =~ ^([0-9]+)\ of\ ([0-9]+)\ options.*\ ([0-9]+)\ ranks\ on\ ([0-9]+)\ machines ]] ||
+    fail "exec_check did not say how many options it ran"
+  if [[ -n ${BASH_REMATCH[1]:-} ]]; then
+    ((BASH_REMATCH[1] == BASH_REMATCH[2] && BASH_REMATCH[1] > 0)) ||
+      fail "ran ${BASH_REMATCH[1]} of ${BASH_REMATCH[2]} options"
+    ((BASH_REMATCH[3] == W)) || fail "exec_check saw ${BASH_REMATCH[3]} ranks, not $W"
+    ((BASH_REMATCH[4] == hosts)) ||
+      fail "exec_check saw ${BASH_REMATCH[4]} machines, not the $hosts emulated hosts"
+  fi
+  for ((r = 0; r < W; r++)); do
+    grep -q "^rank $r: PASSED (0 failures)" "$OUT/log" || fail "rank $r did not pass every option"
+  done
+  cp "$OUT/log" "$OUT/log.all"
+  # Lossy: top-k with error feedback, the running sums within the bound.
+  start=$(date +%s)
+  CORTADO_LOG_LEVEL=warn launch --mode lossy --codec topk:ratio=0.25 --stride 120 --iters 30 \
+    --bound 40 >"$OUT/log" 2>&1
+  rc=$?
+  echo "top-k with error feedback: exit $rc after $(($(date +%s) - start)) s"
+  ((rc == 0)) || fail "exec_check --mode lossy exited with $rc"
+  for ((r = 0; r < W; r++)); do
+    grep -q "^rank $r: PASSED (0 failures)" "$OUT/log" || fail "rank $r: lossy options out of bound"
+  done
+  grep "worst running-sum error" "$OUT/log" | head -"$W"
+  ((FAILED)) && { echo "---- all options ----"; tail -30 "$OUT/log.all"; }
+elif [[ $CASE != linkdown ]]; then
   W=$((hosts * per))
   before=$(tx_bytes "$hosts")
   # 4 MiB tensor in 256 KiB chunks: each server gets an equal share.
