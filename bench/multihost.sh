@@ -144,14 +144,16 @@ SERVER_HOSTS=$( ((SONLY)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + SO
 DED_HOSTS=$( ((DED)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + DED)) || true)
 AGENT="$TB exec-host {host}"
 
-# Sum of tbf "overlimits" (packets held back by the shaper) over every link,
-# both directions: it grows only while a link runs at its rate.
-overlimits() {
+# "OVERLIMITS,DROPPED" summed over every link's tbf, both directions:
+# overlimits grow while a link runs at its rate (packets held back), drops
+# when its queue (50 ms at the rate) overflows.
+tbf_counts() {
   local i
   for ((i = 1; i <= NTOTAL; i++)); do
     tc -s qdisc show dev "${NAME}v$i"
     tc -n "$NAME-h$i" -s qdisc show dev eth0
-  done | awk '{ for (i = 1; i < NF; i++) if ($i == "overlimits") n += $(i + 1) } END { print n + 0 }'
+  done | awk '{ for (i = 1; i < NF; i++) { if ($i == "overlimits") o += $(i + 1); if ($i == "(dropped") d += $(i + 1) } }
+              END { printf "%d,%d\n", o, d }'
 }
 
 # run JOB BYTES REP: runs one job, appends "JOB BYTES algbw monitor-json" to $OUT/results.
@@ -178,10 +180,12 @@ run() {
   esac
   "$PYTHON" "$MONITOR" --name "$NAME" --hosts "$NTOTAL" --rate-bps "$RATE_BPS" >"$OUT/mon" &
   MON_PID=$!
-  local ol0 rc=0
-  ol0=$(overlimits)
+  local tc0 rc=0
+  tc0=$(tbf_counts)
   CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$limit" "${cmd[@]}" >"$OUT/log" 2>&1 || rc=$?
-  local ol=$(($(overlimits) - ol0))
+  local tc1 ol
+  tc1=$(tbf_counts)
+  ol="$((${tc1%,*} - ${tc0%,*})),$((${tc1#*,} - ${tc0#*,}))"
   kill "$MON_PID"
   wait "$MON_PID" || true
   MON_PID=""
@@ -199,7 +203,7 @@ run() {
   local mon
   mon=$(cat "$OUT/mon")
   echo "$job $bytes $algbw $ol $mon" >>"$OUT/results"
-  echo "# rep $rep $job $bytes B: algbw $algbw GB/s, tbf overlimits $ol, monitor $mon" >&2
+  echo "# rep $rep $job $bytes B: algbw $algbw GB/s, tbf overlimits,drops $ol, monitor $mon" >&2
 }
 
 for bytes in "${BYTES_LIST[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints bench/multihost.sh's markdown table from its results file.
 
-Each line of the file: JOB BYTES ALGBW_GBPS TBF_OVERLIMITS MONITOR_JSON, with
+Each line of the file: JOB BYTES ALGBW_GBPS TBF_OVERLIMITS,TBF_DROPS MONITOR_JSON, with
 JOB one of mpi, ps, ps_sonly, ps_ded (see bench/multihost.sh).
 
   multihost_table.py RESULTS --rate 1gbit --hosts 4 --server-only-hosts 2 \\
@@ -36,7 +36,9 @@ link = rate_bps / 8 / 1e9  # GB/s
 runs = {}
 for line in open(path):
     job, size, algbw, ol, mon = line.split(" ", 4)
-    runs.setdefault((int(size), job), []).append((float(algbw), int(ol), json.loads(mon)))
+    o, _, d = ol.partition(",")  # overlimits,drops (older files: overlimits only)
+    runs.setdefault((int(size), job), []).append(
+        (float(algbw), (int(o), int(d) if d else float("nan")), json.loads(mon)))
 # Link-limited bounds (fraction of the link rate), bytes split evenly over servers.
 ring = H / (2 * (H - 1))  # ring allreduce: 2(H-1)/H of the data over each link
 T = H + K  # servers, one per host
@@ -91,8 +93,9 @@ for (size, job), rs in sorted(runs.items()):
             run[k] = run.get(k, 0.0) + x / len(mons)
         for k, x in m["job_wait_cores_by_role"].items():
             wait[k] = wait.get(k, 0.0) + x / len(mons)
-    ol = statistics.mean(r[1] for r in rs)
+    ol = statistics.mean(r[1][0] for r in rs)
+    drops = statistics.mean(r[1][1] for r in rs)
     busiest = sorted({m["busiest_link"] for m in mons})
     print(f"- {job} {size >> 20} MiB (busiest link: {', '.join(busiest)}): " + ", ".join(
         f"{k} {x:.2f} / {wait.get(k, 0.0):.2f}" for k, x in sorted(run.items(), key=lambda kv: -kv[1]) if x >= 0.01)
-        + f"; tbf overlimits per run {ol:.0f}")
+        + f"; tbf per run: {ol:.0f} overlimits, {drops:.0f} drops")
