@@ -886,6 +886,14 @@ void Executor::run(const std::string& name, const float* input, float* output,
   if (prof) prof->inRunUs += Profiler::since(t0);
 }
 
+OnlineOptions onlineOptions(const JobConfig& job) {
+  OnlineOptions o;
+  o.window = job.profileWindow;
+  o.warmup = 1;
+  o.exchange = true;
+  return o;
+}
+
 void Executor::schedulePlan(const plan::Plan& p, uint64_t switchAt) {
   const uint64_t current = plan_ ? plan_->version : 0;
   CORTADO_ENFORCE(!begun_ || switchAt > iteration_, ErrorCode::kMismatch,

@@ -39,6 +39,7 @@
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
 #include "core/common/trace.h"
+#include "core/config.h"
 #include "core/plan/plan.h"
 #include "core/plan/profile_report.h"
 #include "core/worker.h"
@@ -62,6 +63,12 @@ struct OnlineOptions {
   // (lastReport()) and plans come only through schedulePlan().
   bool exchange = true;
 };
+
+// The online options a job asks for: windows of JobConfig::profileWindow
+// iterations (CORTADO_PROFILE_WINDOW; 0: off) after one warm-up iteration,
+// exchanged with the scheduler. A training loop that calls beginIteration()
+// passes them to setOnline().
+OnlineOptions onlineOptions(const JobConfig& job);
 
 // Reads a plan file (plan::Plan JSON, e.g. `cortado plan ... --json`); throws
 // kInvalidArgument naming the file and what is wrong.

@@ -267,9 +267,11 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       }
       CORTADO_ENFORCE(!s.choice.empty(), ErrorCode::kInvalidArgument,
                       "codec '{}' has no option compressed on the CPU", o.codec);
-    } else if (name == "plan") {
+    } else if (name == "plan" || name == "replan") {
+      // replan starts from the offline plan; what the scheduler switches it
+      // to is reported after the run.
       s = pl.decide();
-      if (!o.predictedTrace.empty()) {
+      if (name == "plan" && !o.predictedTrace.empty()) {
         std::vector<planner::TraceEvent> ev;
         sim.simulate(s.choice, nullptr, &ev);
         std::ofstream f(o.predictedTrace);
@@ -330,6 +332,8 @@ class Progress {
 struct Result {
   std::string strategy, options;
   double meanMs = 0, stdMs = 0, minMs = 0, predictedMs = 0;
+  uint64_t planVersion = 0;  // replan: the version reached
+  int switchedAt = -1;       // replan: the iteration of the first switch
   uint64_t checked = 0, wrong = 0, lossyTensors = 0;
 };
 
@@ -349,13 +353,17 @@ void validateModelBench(const ModelBenchOptions& o) {
   CORTADO_ENFORCE(!o.strategies.empty(), ErrorCode::kInvalidArgument,
                   "--strategies is empty: name some of none, gpu, cpu, plan");
   for (const std::string& s : o.strategies) {
-    CORTADO_ENFORCE(s != "replan", ErrorCode::kInvalidArgument,
-                    "--strategies: 'replan' (the plan after online re-planning) needs online "
-                    "profiling and plan switching, which this build does not have yet (issue 8); "
-                    "use none, gpu, cpu, plan");
     const auto all = modelBenchStrategies();
     CORTADO_ENFORCE(std::find(all.begin(), all.end(), s) != all.end(), ErrorCode::kInvalidArgument,
-                    "--strategies: unknown strategy '{}' (valid: none, gpu, cpu, plan)", s);
+                    "--strategies: unknown strategy '{}' (valid: none, gpu, cpu, plan, replan)", s);
+    if (s == "replan") {
+      const auto w = getEnvInt({"CORTADO_PROFILE_WINDOW"});
+      CORTADO_ENFORCE(w && *w > 0, ErrorCode::kInvalidArgument,
+                      "--strategies: 'replan' needs online profiling: set CORTADO_PROFILE_WINDOW "
+                      "(iterations per profiling window, e.g. 3) for the job, and "
+                      "CORTADO_REPLAN_CODEC to the codec the scheduler may use (e.g. the same as "
+                      "--codec)");
+    }
   }
   CORTADO_ENFORCE(std::isfinite(o.computeScale) && o.computeScale >= 0 && o.computeScale <= 1000,
                   ErrorCode::kInvalidArgument,
@@ -487,14 +495,47 @@ int runModelBench(const ModelBenchOptions& o) {
     Result r;
     r.strategy = o.strategies[si];
     std::vector<bool> exact(T);
-    for (size_t j = 0; j < T; ++j) {
-      const auto& opt = p.tensors.at(profile.tensors[j].name);
-      exact[j] = !opt.compressed() || losslessFor(opt.codec);
-      r.lossyTensors += !exact[j];
+    auto classify = [&](const plan::Plan& cur) {
+      r.lossyTensors = 0;
+      for (size_t j = 0; j < T; ++j) {
+        const auto& opt = cur.tensors.at(profile.tensors[j].name);
+        exact[j] = !opt.compressed() || losslessFor(opt.codec);
+        r.lossyTensors += !exact[j];
+      }
+    };
+    classify(p);
+    // replan: online profiling on, iterations numbered for beginIteration();
+    // the scheduler's first complete window plans (switch at warm-up +
+    // window + CORTADO_REPLAN_AHEAD); o.iterations are measured after the
+    // switch. No switch by `cap` iterations fails the strategy.
+    const bool replan = r.strategy == "replan";
+    int cap = o.warmup + o.iterations;
+    if (replan) {
+      executor::OnlineOptions ol = executor::onlineOptions(job);
+      ol.warmup = uint64_t(std::max(1, o.warmup));
+      ex.setOnline(ol);
+      cap = int(ol.warmup + 3 * ol.window + job.replanAhead) + 5;
     }
-    Progress bar(progressOn, o.warmup + o.iterations);
+    r.planVersion = p.version;
+    Progress bar(progressOn, replan ? cap + o.iterations : o.warmup + o.iterations);
     std::vector<double> times;
-    for (int it = 0; it < o.warmup + o.iterations; ++it) {
+    for (int it = 0;; ++it) {
+      if (!replan && it >= o.warmup + o.iterations) break;
+      if (replan) {
+        if (r.switchedAt >= 0 && it - r.switchedAt >= o.iterations) break;
+        // Every worker switches at the same iteration, so all stop together.
+        CORTADO_ENFORCE(r.switchedAt >= 0 || it < cap, ErrorCode::kTimeout,
+                        "--strategies replan: no new plan by iteration {} (profiling windows of {} "
+                        "iterations after {} warm-up, CORTADO_REPLAN_AHEAD {}): the scheduler "
+                        "handed out none; see its log for the re-planning error",
+                        it, job.profileWindow, std::max(1, o.warmup), job.replanAhead);
+        ex.beginIteration(uint64_t(it), opDeadline);
+        if (ex.currentPlan().version != r.planVersion) {
+          if (r.switchedAt < 0) r.switchedAt = it;
+          r.planVersion = ex.currentPlan().version;
+          classify(ex.currentPlan());
+        }
+      }
       const float f = factor(topo.rank, it);
       for (size_t j = 0; j < T; ++j)
         for (size_t i = 0; i < buf[j].size(); ++i) buf[j][i] = f * pat[j][i];
@@ -514,7 +555,7 @@ int runModelBench(const ModelBenchOptions& o) {
         ex.run(t.name, buf[j].data(), buf[j].data(), buf[j].size(), ReduceOp::kSum, opDeadline);
       }
       const double secs = secondsSince(t0);
-      if (it >= o.warmup) times.push_back(secs);
+      if (replan ? r.switchedAt >= 0 : it >= o.warmup) times.push_back(secs);
       const float want = float(sumFactor * (1 + it % 3));
       for (size_t j = 0; j < T; ++j) {
         if (!exact[j]) continue;
@@ -524,6 +565,7 @@ int runModelBench(const ModelBenchOptions& o) {
       bar.update(r.strategy, it + 1, secs * 1e3);
     }
     bar.done();
+    if (replan) ex.setOnline({});  // no later plan may replace the next strategy's
     times = world.max(times);  // an iteration ends when the last worker is done
     double sum = 0, sq = 0;
     for (double t : times) sum += t, sq += t * t;
@@ -537,7 +579,24 @@ int runModelBench(const ModelBenchOptions& o) {
     if (lead) {
       r.predictedMs = preds[si].predictedUs / 1e3;
       r.options = preds[si].options;
-      const double errPct = 100.0 * (r.predictedMs - r.meanMs) / r.meanMs;
+      if (replan) {
+        // The scheduler's plan was made from its own fits, which this
+        // benchmark's simulator does not have: no prediction for it.
+        r.predictedMs = 0;
+        std::map<std::string, int> count;
+        int compressed = 0;
+        for (const auto& [name, opt] : ex.currentPlan().tensors) {
+          ++count[opt.describe() + (opt.codec.empty() ? "" : " " + opt.codec)];
+          compressed += opt.compressed();
+        }
+        r.options = fmt::format("offline plan (version {}), then version {} from iteration {}: {}",
+                                p.version, r.planVersion, r.switchedAt,
+                                count.size() == 1
+                                    ? count.begin()->first
+                                    : fmt::format("{} distinct options, {} of {} tensors compressed",
+                                                  count.size(), compressed, T));
+      }
+      const double errPct = r.predictedMs > 0 ? 100.0 * (r.predictedMs - r.meanMs) / r.meanMs : 0;
       const std::string check = r.wrong ? fmt::format("WRONG ({} of {})", r.wrong, r.checked)
                                 : r.lossyTensors == T ? "lossy"
                                 : fmt::format("exact ({} lossy tensors)", r.lossyTensors);
@@ -549,13 +608,23 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
                    {"lossy_tensors", r.lossyTensors}, {"options", r.options}};
+        if (replan) {
+          jr["predicted_ms"] = nullptr;
+          jr["error_pct"] = nullptr;
+          jr["plan_version"] = r.planVersion;
+          jr["switched_at"] = r.switchedAt;
+        }
         fmt::print("{}\n", jr.dump());
       } else {
         if (si == 0)
           fmt::print("| strategy | measured ms | stdev | predicted ms | error | check | options |\n"
                      "|---|---|---|---|---|---|---|\n");
-        fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:+.1f}% | {} | {} |\n", r.strategy, r.meanMs,
-                   r.stdMs, r.predictedMs, errPct, check, r.options);
+        if (replan)
+          fmt::print("| {} | {:.1f} | {:.1f} | - | - | {} | {} |\n", r.strategy, r.meanMs, r.stdMs,
+                     check, r.options);
+        else
+          fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:+.1f}% | {} | {} |\n", r.strategy,
+                     r.meanMs, r.stdMs, r.predictedMs, errPct, check, r.options);
       }
       std::fflush(stdout);
     }
@@ -569,7 +638,16 @@ int runModelBench(const ModelBenchOptions& o) {
         if (r.strategy == s) return &r;
       return nullptr;
     };
-    const Result *plan = find("plan"), *none = find("none"), *gpu = find("gpu"), *cpu = find("cpu");
+    const Result *plan = find("plan"), *none = find("none"), *gpu = find("gpu"), *cpu = find("cpu"),
+                 *replanned = find("replan");
+    if (replanned && none) {
+      if (o.json)
+        fmt::print("{}\n", json({{"model", profile.model}, {"codec", o.codec}, {"summary", true},
+                                 {"replan_speedup_vs_none", none->meanMs / replanned->meanMs}})
+                               .dump());
+      else
+        fmt::print("replan (after the switch) vs none: {:.2f}x\n", none->meanMs / replanned->meanMs);
+    }
     const Result* bestAll = gpu && (!cpu || gpu->meanMs <= cpu->meanMs) ? gpu : cpu;
     if (plan && (none || bestAll)) {
       const double vsNone = none ? none->meanMs / plan->meanMs : 0;

@@ -144,7 +144,9 @@ int main(int argc, char** argv) {
                  "vgg16, resnet50, resnet101, bert-base, gpt2, lstm, or a profile .json")->required();
   bm->add_option("--strategies", bmo.strategies,
                  "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
-                 "(compress all on the CPU), plan (the planner's plan)")
+                 "(compress all on the CPU), plan (the planner's plan), replan (the offline plan, then the "
+                 "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
+                 "timed after the first switch)")
       ->delimiter(',')->capture_default_str();
   bm->add_option("--codec", bmo.codec, "codec spec, e.g. dgc:ratio=0.01, efsignsgd, fp16")
       ->capture_default_str();

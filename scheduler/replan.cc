@@ -138,6 +138,18 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                     "window {} on {} x {}; the window is skipped and the current plan stays",
                     r0.rank, r0.window, r0.machines, r0.localSize, r.rank, r.window, r.machines,
                     r.localSize);
+  // One plan pending at a time: a window that began before the last plan's
+  // switch iteration measured the old plan, and a newer plan sent now could
+  // reach some workers before that switch and others after it (a worker
+  // keeps only the newest plan), so they would run different plans.
+  uint64_t first = 0;
+  for (const auto& r : reports) first = std::max(first, r.firstIteration);
+  if (version_ > 0 && first < switchAt_) {
+    reason_ = fmt::format("window {} (iterations from {}) began before plan version {} took effect "
+                          "at iteration {}; not re-planned",
+                          r0.window, first, version_, switchAt_);
+    return std::nullopt;
+  }
   LinkFit intra = fitLink(reports, true, hw_.link(opts_.intra));
   LinkFit inter = fitLink(reports, false, hw_.link(opts_.inter));
   const double nowInter = inter.link.base.gbps, nowIntra = intra.link.base.gbps;
@@ -245,6 +257,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   control::PlanUpdate u;
   u.version = version_;
   u.switchAt = end + opts_.ahead;
+  switchAt_ = u.switchAt;
   u.planJson = plan::toJsonString(p);
   int compressed = 0;
   for (const auto& [n, o] : p.tensors) compressed += o.compressed();

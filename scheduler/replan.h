@@ -16,8 +16,9 @@
 // A push/pull round trip counts half as the push and half as the pull; the
 // servers' summing inside it is counted as link time (a rate fitted from
 // push/pull alone is a little low).
-// The first complete window always plans; a later window plans again only
-// when a link's fitted rate moved by more than `threshold` (relative) from
+// The first complete window always plans; a later window is skipped while it
+// began before the last plan's switch iteration (one plan pending at a time),
+// and plans again only when a link's fitted rate moved by more than `threshold` (relative) from
 // the rate the current plan was made with.
 #pragma once
 
@@ -79,6 +80,7 @@ class OnlineReplanner {
   planner::HardwareModel hw_;
   planner::CodecModel codecs_;
   uint64_t version_ = 0;
+  uint64_t switchAt_ = 0;  // the last plan's switch iteration
   double plannedInter_ = 0, plannedIntra_ = 0;
   std::string reason_;
 };

@@ -33,6 +33,22 @@ check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
 check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
 
+# replan: online profiling on (windows of 2 iterations, switch 5 after), the
+# scheduler plans with fp16 too, so every plan it hands out is exact here; the
+# strategy is timed after the first switch, which must have happened.
+out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_PROFILE_WINDOW=2 CORTADO_REPLAN_CODEC=fp16 CORTADO_REPLAN_AHEAD=5 \
+  timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model --profile "$profile" \
+  --codec fp16 --strategies none,replan --iterations 3 --warmup 1 --json 2>&1)
+rc=$?
+echo "$out"
+check "replan run exits 0" "[ $rc = 0 ]" "rc=$rc"
+line=$(echo "$out" | grep '"strategy":"replan"')
+check "replan reported" "[ -n \"\$line\" ]" "no JSON line"
+check "replan exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
+# The first window is iterations 1-2, reported at 3: switch at 3 + 5 = 8.
+check "replan switched to a scheduler's plan" "echo \"\$line\" | grep -Eq '\"plan_version\":([2-9]|[1-9][0-9])' && echo \"\$line\" | grep -q '\"switched_at\":8'" "$line"
+check "replan summary" "echo \"\$out\" | grep -q replan_speedup_vs_none" "no replan summary line"
+
 # Stage traces of a real run, compared with the predicted timeline.
 tdir=$(mktemp -d /tmp/bench-model-trace-XXXXXX)
 trap 'rm -rf "$tdir"' EXIT
@@ -64,7 +80,7 @@ refuse() {  # refuse NAME NEEDLE ARGS...
 }
 refuse "unknown profile" "unknown model 'nosuch'" --profile nosuch
 refuse "unknown strategy" "unknown strategy 'fast'" --profile "$profile" --strategies none,fast
-refuse "replan not built" "replan" --profile "$profile" --strategies plan,replan
+refuse "replan without profiling" "CORTADO_PROFILE_WINDOW" --profile "$profile" --strategies plan,replan
 refuse "negative scale" "compute-scale -2" --profile "$profile" --compute-scale -2
 refuse "nan scale" "compute-scale nan" --profile "$profile" --compute-scale nan
 refuse "unknown codec" "unknown codec 'zip'" --profile "$profile" --codec zip

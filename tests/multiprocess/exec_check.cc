@@ -27,12 +27,25 @@
 //                  residual of a retired encode point was sent once. Also: the
 //                  profiling window's report, a plan scheduled too late, and
 //                  malformed profile reports refused by the scheduler.
+//   --mode replan  online re-planning from the job's config: the executor gets
+//                  executor::onlineOptions(job) (CORTADO_PROFILE_WINDOW) and
+//                  beginIteration() every iteration; --tensors tensors of
+//                  --elements integer-valued inputs start on the default plan
+//                  and run until --stop-file exists (then --after more
+//                  iterations) or --max-seconds pass, whatever plans the
+//                  scheduler hands out. Every result of every iteration must
+//                  equal the reference sum exactly, so the scheduler's codec
+//                  (CORTADO_REPLAN_CODEC) must be lossless on them (fp16).
+//                  Rank 0 prints each plan version it switched to with the
+//                  iteration and every tensor's option, and writes
+//                  "ITERATION VERSION" to --progress-file each iteration.
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -102,7 +115,7 @@ int runCheck(int argc, char** argv) {
   uint64_t n = 11;
   double bound = 0;
   bool noMpi = false;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -114,6 +127,14 @@ int runCheck(int argc, char** argv) {
   app.add_option("--codec", codec);
   app.add_option("--bound", bound);
   app.add_flag("--no-mpi", noMpi);
+  int tensors = 8, after = 3;
+  double maxSeconds = 60;
+  std::string stopFile, progressFile;
+  app.add_option("--tensors", tensors)->check(CLI::Range(1, 1000));
+  app.add_option("--after", after)->check(CLI::Range(0, 100000));
+  app.add_option("--max-seconds", maxSeconds)->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--stop-file", stopFile);
+  app.add_option("--progress-file", progressFile);
   CLI11_PARSE(app, argc, argv);
 
   // Start-up and the error checks share one deadline; every operation of the
@@ -135,7 +156,89 @@ int runCheck(int argc, char** argv) {
   const int W = topo.size;
   const int me = topo.rank;
 
-  if (mode == "switch") {
+  if (mode == "replan") {
+    ex.setOnline(executor::onlineOptions(job));
+    if (me == 0)
+      std::printf("replan: %d tensors of %llu elements, %d ranks on %d machines, profiling window "
+                  "%llu iterations\n",
+                  tensors, (unsigned long long)n, W, topo.numMachines,
+                  (unsigned long long)job.profileWindow);
+    for (int t = 0; t < tensors; ++t) ex.declare(fmt::format("g{}", t), DType::kFloat32, n);
+    ex.setDefaultPlan(deadline);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> in(n), out(n);
+    uint64_t version = ex.currentPlan().version;
+    std::string versions = std::to_string(version);
+    int stopAt = -1;  // the iteration after which every rank stops
+    int iter = 0;
+    for (;; ++iter) {
+      // Stop together: rank 0's view (stop file, time) decides for all.
+      int32_t stop = 0, anyStop = 0;
+      if (me == 0) {
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (secs > maxSeconds) stop = 2;
+        else if (!stopFile.empty() && access(stopFile.c_str(), F_OK) == 0) stop = 1;
+      }
+      const Deadline itDeadline = Deadline::after(Millis(60000));
+      groups.world->allreduce(&stop, &anyStop, 1, DType::kInt32, itDeadline);
+      if (anyStop == 2) {
+        if (me == 0) std::printf("replan: stopping at iteration %d: --max-seconds %.0f passed\n", iter, maxSeconds);
+        break;
+      }
+      if (anyStop == 1 && stopAt < 0) stopAt = iter + after;
+      if (stopAt >= 0 && iter >= stopAt) break;
+      try {
+        ex.beginIteration(uint64_t(iter), itDeadline);
+      } catch (const Error& e) {
+        fail(fmt::format("beginIteration({}): {}", iter, e.what()));
+        break;
+      }
+      const plan::Plan& cur = ex.currentPlan();
+      if (cur.version != version || iter == 0) {
+        version = cur.version;
+        if (iter > 0) versions += "," + std::to_string(version);
+        int compressed = 0;
+        std::string opts;
+        for (const auto& [name, o] : cur.tensors) {
+          compressed += o.compressed();
+          opts += fmt::format("{}{}={}{}", opts.empty() ? "" : "; ", name, o.describe(),
+                              o.codec.empty() ? "" : " " + o.codec);
+        }
+        if (me == 0)
+          std::printf("replan: iteration %d: plan version %llu: %d of %d tensors compressed: %s\n",
+                      iter, (unsigned long long)version, compressed, tensors, opts.c_str());
+      }
+      for (int t = 0; t < tensors; ++t) {
+        for (uint64_t i = 0; i < n; ++i) in[i] = exactInput(me, size_t(t), iter, i);
+        try {
+          ex.run(fmt::format("g{}", t), in.data(), out.data(), n, ReduceOp::kSum, itDeadline);
+        } catch (const Error& e) {
+          fail(fmt::format("iteration {}, tensor g{} (plan version {}): {}", iter, t, version, e.what()));
+          continue;
+        }
+        for (uint64_t i = 0; i < n; ++i) {
+          float ref = 0;
+          for (int w = 0; w < W; ++w) ref += exactInput(w, size_t(t), iter, i);
+          if (out[i] != ref) {
+            fail(fmt::format("iteration {}, tensor g{} (plan version {}), element {}: {} != reference {}",
+                             iter, t, version, i, out[i], ref));
+            break;
+          }
+        }
+      }
+      if (me == 0 && !progressFile.empty()) {
+        const std::string tmp = progressFile + ".tmp";
+        if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+          std::fprintf(f, "%d %llu\n", iter, (unsigned long long)version);
+          std::fclose(f);
+          std::rename(tmp.c_str(), progressFile.c_str());
+        }
+      }
+      std::fflush(stdout);
+    }
+    std::printf("rank %d: %d iterations checked, plan versions %s\n", me, iter, versions.c_str());
+  } else if (mode == "switch") {
     planner::TreeConfig tc;
     tc.parameterServer = true;
     tc.codec = codec;

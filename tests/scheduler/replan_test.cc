@@ -186,8 +186,12 @@ TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
   EXPECT_EQ(u1->switchAt, 4u * 20 + 5);
   EXPECT_GT(compressedTensors(*u1), c0);
   EXPECT_NE(r.lastReason().find("inter-machine"), std::string::npos) << r.lastReason();
+  // One plan pending at a time: window 4 (iterations 80..99) began before
+  // version 2 took effect at 85, so even a large change does not re-plan.
+  EXPECT_FALSE(r.onWindow(window(Truth{}, 2, 1, 4, 5, 2)));
+  EXPECT_NE(r.lastReason().find("began before plan version 2"), std::string::npos) << r.lastReason();
   // Version follows the workers' plan version when that is ahead.
-  auto u2 = r.onWindow(window(Truth{}, 2, 1, 4, 5, 7));
+  auto u2 = r.onWindow(window(Truth{}, 2, 1, 5, 6, 7));
   ASSERT_TRUE(u2);
   EXPECT_EQ(u2->version, 8u);
 }

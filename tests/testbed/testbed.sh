@@ -5,6 +5,7 @@
 #   testbed.sh exec NAME I CMD...                          run CMD on host I (1..N)
 #   testbed.sh exec-host HOSTNAME CMD...                   the same by hostname (NAME-hI)
 #   testbed.sh link NAME I down|up                         cut or restore host I's link
+#   testbed.sh rate NAME I R                               change host I's shaped rate (both ends)
 #   testbed.sh info NAME                                   print "I HOSTNAME ADDRESS RATE" per host
 #   testbed.sh down NAME                                   remove everything (idempotent)
 #   testbed.sh leftovers NAME                              print what of NAME remains; exit 1 if any
@@ -186,6 +187,21 @@ cmd_link() {
   ip link set "${name}v$i" "$state"
 }
 
+# Changes the shaped rate of host I's link, both directions (tbf replaced in
+# place on the bridge end and on the host's eth0), e.g. mid-run.
+cmd_rate() {
+  local name=$1 i=$2 rate=$3
+  check_name "$name"
+  local state=$STATE_ROOT/$name
+  [[ -f $state/count ]] || die "no testbed named '$name'"
+  [[ $i =~ ^[0-9]+$ ]] && ((i >= 1 && i <= $(cat "$state/count"))) ||
+    die "host '$i' is not one of 1..$(cat "$state/count") of testbed '$name'"
+  rate_bps "$rate" >/dev/null
+  shape "" "${name}v$i" "$rate"
+  shape "$name-h$i" eth0 "$rate"
+  sed -i "s/^$i \([^ ]*\) \([^ ]*\) .*$/$i \1 \2 $rate/" "$state/hosts"
+}
+
 cmd_info() {
   check_name "$1"
   [[ -f $STATE_ROOT/$1/hosts ]] || die "no testbed named '$1'"
@@ -232,7 +248,7 @@ cmd_leftovers() {
 }
 
 usage() {
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
@@ -244,6 +260,7 @@ case $cmd in
   exec) (($# >= 3)) || usage; cmd_exec "$@" ;;
   exec-host) (($# >= 2)) || usage; cmd_exec_host "$@" ;;
   link) (($# == 3)) || usage; cmd_link "$@" ;;
+  rate) (($# == 3)) || usage; cmd_rate "$@" ;;
   info) cmd_info "$1" ;;
   down) cmd_down "$1" ;;
   leftovers) cmd_leftovers "$1" ;;
