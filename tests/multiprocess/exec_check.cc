@@ -31,8 +31,8 @@
 //                  executor::onlineOptions(job) (CORTADO_PROFILE_WINDOW) and
 //                  beginIteration() every iteration; --tensors tensors of
 //                  --elements integer-valued inputs start on the default plan
-//                  and run until --stop-file exists (then --after more
-//                  iterations) or --max-seconds pass, whatever plans the
+//                  and run --iters iterations, or until --stop-file exists
+//                  (then --after more) or --max-seconds pass, whatever plans the
 //                  scheduler hands out. Every result of every iteration must
 //                  equal the reference sum exactly, so the scheduler's codec
 //                  (CORTADO_REPLAN_CODEC) must be lossless on them (fp16).
@@ -45,6 +45,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -127,7 +128,8 @@ int runCheck(int argc, char** argv) {
   app.add_option("--codec", codec);
   app.add_option("--bound", bound);
   app.add_flag("--no-mpi", noMpi);
-  int tensors = 8, after = 3;
+  int tensors = 8, after = 3, minVersions = 0;
+  app.add_option("--min-versions", minVersions, "replan: fail unless this many plan versions ran");
   double maxSeconds = 60;
   std::string stopFile, progressFile;
   app.add_option("--tensors", tensors)->check(CLI::Range(1, 1000));
@@ -187,7 +189,7 @@ int runCheck(int argc, char** argv) {
         break;
       }
       if (anyStop == 1 && stopAt < 0) stopAt = iter + after;
-      if (stopAt >= 0 && iter >= stopAt) break;
+      if ((stopAt >= 0 && iter >= stopAt) || iter >= iters) break;
       try {
         ex.beginIteration(uint64_t(iter), itDeadline);
       } catch (const Error& e) {
@@ -238,6 +240,10 @@ int runCheck(int argc, char** argv) {
       std::fflush(stdout);
     }
     std::printf("rank %d: %d iterations checked, plan versions %s\n", me, iter, versions.c_str());
+    const int ran = int(std::count(versions.begin(), versions.end(), ',')) + 1;
+    if (ran < minVersions)
+      fail(fmt::format("rank {}: {} plan versions ran ({}), --min-versions {}", me, ran, versions,
+                       minVersions));
   } else if (mode == "switch") {
     planner::TreeConfig tc;
     tc.parameterServer = true;
