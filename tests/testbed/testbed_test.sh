@@ -122,6 +122,31 @@ else
   ((bps >= 600000000)) || fail "measured $bps bit/s, below 60% of the shaped 1 Gbit/s"
 fi
 
+# --- changing a link's rate mid-run (testbed.sh rate) --------------------------
+expect_error "is not one of 1..2" rate "$NAME" 3 100mbit
+expect_error "rate 'fast'" rate "$NAME" 2 fast
+"$TB" rate "$NAME" 2 100mbit || fail "rate $NAME 2 100mbit failed"
+tc qdisc show dev "${NAME}v2" | grep -q "rate 100Mbit" || fail "bridge end of host 2: $(tc qdisc show dev "${NAME}v2")"
+tc -n "$NAME-h2" qdisc show dev eth0 | grep -q "rate 100Mbit" || fail "eth0 of host 2: $(tc -n "$NAME-h2" qdisc show dev eth0)"
+"$TB" info "$NAME" | grep -q "^2 .* 100mbit$" || fail "info does not show host 2 at 100mbit: $("$TB" info "$NAME")"
+port=$((20000 + RANDOM % 20000))
+"$TB" exec "$NAME" 2 timeout 30 iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+server=$!
+for _ in $(seq 50); do
+  "$TB" exec "$NAME" 2 sh -c "ss -ltn | grep -q ':$port '" && break
+  sleep 0.1
+done
+json=$("$TB" exec "$NAME" 1 timeout 30 iperf3 -c "$a2" -p "$port" -t 3 -O 1 -J 2>&1)
+wait "$server" 2>/dev/null || true
+bps=$(printf '%s' "$json" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]))' 2>/dev/null)
+if [[ -z $bps ]]; then
+  fail "iperf3 after the rate change gave no result: $json"
+else
+  echo "measured $((bps / 1000000)) Mbit/s host 1 -> host 2 after changing host 2 to 100 Mbit/s"
+  ((bps <= 110000000)) || fail "measured $bps bit/s, above the new 100 Mbit/s (+10%)"
+  ((bps >= 60000000)) || fail "measured $bps bit/s, below 60% of the new 100 Mbit/s"
+fi
+
 # --- down --------------------------------------------------------------------
 "$TB" down "$NAME" || fail "testbed.sh down failed"
 if ! left=$("$TB" leftovers "$NAME"); then

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# ctest: online re-planning triggered by a change of the measured link rate
+# (issue 8). `cortado launch --hosts` on 4 emulated hosts x 1 worker at
+# 10gbit runs exec_check --mode replan with profiling windows of 3 iterations
+# (the scheduler plans with fp16, which is exact on exec_check's integer
+# inputs, so every result of every iteration is checked against the reference
+# sum). Once the workers run a plan made from the fast link, every host's link
+# is changed to 20mbit with `testbed.sh rate` mid-run. The test then expects:
+#   - the first plan was fitted to a fast inter-machine link (> 0.1 Gbit/s: on
+#     this 2-core machine the fit sees 0.3-0.6 Gbit/s, what the CPUs move);
+#   - a plan version fitted to the slow link (< 0.05 Gbit/s) is handed out
+#     after the change, and every worker switches to it;
+#   - its choice differs from the plan that ran when the rate changed;
+#   - every worker's every result equals the reference sum; no process left.
+#
+#   replan_hosts_test.sh CORTADO EXEC_CHECK
+#
+# Skips (exit 77) where it cannot run: not root, no mpirun, no network
+# namespaces.
+set -uo pipefail
+
+CORTADO=$1
+CHECK=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+TB=$HERE/testbed.sh
+NAME=r$(printf '%04x%03x' $((RANDOM % 65536)) $(($$ % 4096)))
+OUT=$(mktemp -d /tmp/cortado-replan-test.XXXXXX)
+FAILED=0
+job=""
+
+fail() {
+  echo "FAIL: $*" >&2
+  FAILED=1
+}
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+cleanup() {
+  [[ -n $job ]] && kill "$job" 2>/dev/null
+  "$TB" down "$NAME" >/dev/null 2>&1 || true
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+[[ $(id -u) -eq 0 ]] || skip "the emulated hosts need root (network namespaces, veth pairs, tc); run ctest as root"
+command -v mpirun >/dev/null || skip "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
+if ! err=$(ip netns add "${NAME}x" 2>&1); then
+  skip "this machine does not allow network namespaces ('ip netns add' failed: $err)"
+fi
+ip netns del "${NAME}x"
+
+hosts=4 per=1 slow=20mbit
+"$TB" up "$NAME" "$hosts" --rate 10gbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
+list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
+left_in_hosts() {
+  local i pids=""
+  for ((i = 1; i <= hosts; i++)); do pids+=$(ip netns pids "$NAME-h$i" 2>/dev/null | tr '\n' ' '); done
+  echo "$pids"
+}
+progress() { cat "$OUT/progress" 2>/dev/null; }  # "ITERATION VERSION" of rank 0
+
+# Plan lines of the scheduler: "[replan] plan version V (...): ..., inter X
+# Gbit/s (N points), ...; switch at S" -> "V X S".
+plans() {
+  sed -n 's/.*\[replan\] plan version \([0-9]*\) .* inter \([0-9.e+-]*\) Gbit\/s ([0-9]* points).*switch at \([0-9]*\).*/\1 \2 \3/p' \
+    "$OUT/log"
+}
+
+CORTADO_LOG_LEVEL=info CORTADO_PROFILE_WINDOW=3 CORTADO_REPLAN_CODEC=fp16 CORTADO_REPLAN_AHEAD=4 \
+  "$TB" exec "$NAME" 1 timeout -s KILL 110 "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
+  --agent "$TB exec-host {host}" -- "$CHECK" --mode replan --tensors 8 --elements 16384 \
+  --iters 1000000 --stop-file "$OUT/stop" --after 2 --progress-file "$OUT/progress" \
+  --max-seconds 90 >"$OUT/log" 2>&1 &
+job=$!
+
+# 1. The first plan (fitted to the fast link) runs on every worker.
+for _ in $(seq 400); do
+  read -r it ver <<<"$(progress)"
+  [[ -n ${ver:-} ]] && ((ver >= 1)) && break
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.1
+done
+read -r at_it at_ver <<<"$(progress)"
+if [[ -z ${at_ver:-} ]] || ((at_ver < 1)); then
+  fail "no plan from the scheduler within 40 s (progress: '$(progress)')"
+else
+  first_rate=$(plans | head -1 | cut -d' ' -f2)
+  echo "plan version $at_ver runs at iteration $at_it; the first plan was fitted to inter $first_rate Gbit/s"
+  awk -v r="$first_rate" 'BEGIN { exit !(r > 0.1) }' ||
+    fail "the first plan was fitted to inter $first_rate Gbit/s on a 10gbit link (expected > 0.1)"
+
+  # 2. Slow every link down, both directions.
+  for ((i = 1; i <= hosts; i++)); do "$TB" rate "$NAME" "$i" "$slow" || fail "testbed.sh rate $i $slow failed"; done
+  read -r cut_it cut_ver <<<"$(progress)"
+  echo "links changed to $slow at iteration $cut_it (plan version $cut_ver running)"
+
+  # 3. A plan fitted to the slow link, switched to after the change.
+  new_ver="" new_at=""
+  for _ in $(seq 600); do
+    while read -r v r s; do
+      if ((s > cut_it)) && awk -v r="$r" 'BEGIN { exit !(r < 0.05) }'; then new_ver=$v new_at=$s; break; fi
+    done < <(plans)
+    [[ -n $new_ver ]] && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z $new_ver ]]; then
+    fail "no plan fitted to the slow link (< 0.05 Gbit/s) within 60 s of the change; plans: $(plans | tr '\n' ';')"
+  else
+    echo "plan version $new_ver fitted to the slow link, switch at iteration $new_at"
+    for _ in $(seq 600); do
+      read -r it ver <<<"$(progress)"
+      [[ -n ${it:-} ]] && ((it > new_at)) && break
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+  fi
+fi
+touch "$OUT/stop"
+wait "$job"
+rc=$?
+job=""
+((rc == 0)) || fail "the job exited with $rc"
+W=$((hosts * per))
+for ((r = 0; r < W; r++)); do
+  grep -q "^rank $r: PASSED" "$OUT/log" || fail "worker $r did not report every result correct"
+done
+if [[ -n ${new_ver:-} ]]; then
+  for ((r = 0; r < W; r++)); do
+    grep -Eq "^rank $r: [0-9]+ iterations checked, plan versions ([0-9]+,)*$new_ver(,|$)" "$OUT/log" ||
+      fail "worker $r did not run plan version $new_ver: $(grep "^rank $r: .*plan versions" "$OUT/log")"
+  done
+  opts() { sed -n "s/^replan: iteration [0-9]*: plan version $1: //p" "$OUT/log" | head -1; }
+  before=$(opts "$cut_ver") after=$(opts "$new_ver")
+  echo "ran when the rate changed (version $cut_ver): $before"
+  echo "after (version $new_ver): $after"
+  [[ -n $after && "$before" != "$after" ]] || fail "plan version $new_ver chooses the same options as version $cut_ver"
+fi
+for _ in $(seq 50); do [[ -z $(left_in_hosts) ]] && break; sleep 0.2; done
+left=$(left_in_hosts)
+[[ -z $left ]] || fail "processes left in the hosts: $(ps -o pid,args -p ${left// /,} | cut -c1-160)"
+
+if ((FAILED)); then
+  echo "---- job output ----"
+  grep -v '\[debug\]' "$OUT/log" | tail -60 | cut -c1-400
+  exit 1
+fi
+echo "re-planning on a link rate change passed"
