@@ -1,6 +1,7 @@
 // Error feedback around any codec, with per-tensor residual state, and DGC's
-// momentum correction. Lives on the worker that encodes; servers never keep
-// residuals (re-compression on a server is plain encode).
+// momentum correction. Lives wherever a codec encodes: on the worker (push-pull
+// and the plan executor's encode steps) and on the server that re-encodes a
+// round's sum for a compressed pull (server/server_engine.h, momentum 0).
 //
 // Without momentum (m = 0), for each tensor key:
 //   p = g + e;  payload = encode(p);  e = p - decode(payload)

@@ -438,7 +438,10 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
         std::string key = fmt::format("{}/plan{}/shard{}", name, gen, s);
         TensorOptions o;
         if (pushCompressed || pullCompressed) o.codec = t.codecSpec;
-        o.errorFeedback = false;  // the executor keeps error feedback itself
+        // The executor keeps its encode steps' residuals itself (exchange()
+        // pushes its payloads as given); the flag makes the servers keep
+        // theirs where they re-encode a sum for a compressed pull.
+        o.errorFeedback = true;
         o.contributors = static_cast<uint32_t>(M);
         worker_.declare(key, DType::kFloat32, r.len, o, deadline);
         auto chunks = worker_.chunks(key);

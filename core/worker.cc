@@ -477,6 +477,7 @@ class WorkerImpl final : public Worker {
         if (payloads.size() > 0) std::memcpy(body.data() + pre, payloads.data(), payloads.size());
         h.flags |= wire::kFlagCompressed;
         if (!task.answers) h.flags |= wire::kFlagDenseAnswer;
+        if (t.options.errorFeedback) h.flags |= wire::kFlagErrorFeedback;
         h.bodyBytes = body.size();
         push.parts.push_back(wire::encodeHeader(h));
         push.parts.push_back(std::move(body));
@@ -496,6 +497,7 @@ class WorkerImpl final : public Worker {
                         "codec '{}' wrote {} bytes for {} elements, declared {}", t.codecSpec,
                         wrote, c.numElements, payloadBytes);
         h.flags |= wire::kFlagCompressed;
+        if (t.options.errorFeedback) h.flags |= wire::kFlagErrorFeedback;
         h.bodyBytes = body.size();
         push.parts.push_back(wire::encodeHeader(h));
         push.parts.push_back(std::move(body));
@@ -529,6 +531,7 @@ class WorkerImpl final : public Worker {
         pullBody = Buffer::allocate(wire::compressedPreambleBytes(t.codecSpec, t.name));
         wire::writeCompressedPreamble(pullBody.data(), t.codecSpec, t.name);
         h.flags |= wire::kFlagCompressed;
+        if (t.options.errorFeedback) h.flags |= wire::kFlagErrorFeedback;
         h.bodyBytes = pullBody.size();
       }
       Message pull;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "compressor/error_feedback.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/sparse_sum.h"
@@ -67,6 +68,15 @@ struct KeyState {
   Buffer encoded;
   bool encodedCompressed = false;
 
+  // Server-side error feedback (sync mode, pushes or a compressed pull with
+  // kFlagErrorFeedback): the residual of the key's lossy re-encode, added to
+  // the next round's sum before it is encoded. Created at the first lossy
+  // re-encode; sparse codecs' answers are lossless and need none. A key has
+  // either compressed pushes or a codec its pulls ask for, never both, so one
+  // state serves either answer.
+  bool errorFeedback = false;
+  std::unique_ptr<compressor::ErrorFeedback> ef;
+
   // "tensor 'fc1' (key 1048576)" or "key 5" for error messages.
   std::string describe(uint64_t key) const {
     return tensorName.empty() ? fmt::format("key {}", key)
@@ -106,8 +116,9 @@ struct ServerEngine::Shard {
   void encodeAnswer(KeyState& k, uint64_t key, const float* sum, Buffer recycled);
   // Encodes an n-element fp32 sum with `codec` into out (sparse codecs: the
   // lossless top-k form, or dense where smaller); returns whether it is a payload.
-  bool encodeSum(const compressor::Codec& codec, uint64_t key, uint64_t round, const float* sum,
-                 size_t n, Buffer& out, Buffer recycled);
+  // With k.errorFeedback a lossy encode goes through the key's residual.
+  bool encodeSum(KeyState& k, const compressor::CodecPtr& codec, uint64_t key, uint64_t round,
+                 const float* sum, size_t n, Buffer& out, Buffer recycled);
   // A pull with kFlagCompressed on an uncompressed key: fixes or checks the
   // codec it names.
   void answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg);
@@ -267,6 +278,7 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
                       h.key, msg.from.toString(), h.contributors, W);
       k.expected = h.contributors == 0 ? W : static_cast<int>(h.contributors);
       k.denseAnswer = h.flags & wire::kFlagDenseAnswer;
+      k.errorFeedback = (h.flags & wire::kFlagErrorFeedback) && !(h.flags & wire::kFlagAsync);
     }
     CORTADO_ENFORCE(h.dtype == k.dtype && h.numElements == k.numElements, ErrorCode::kMismatch,
                     "{}: {} pushed {} elements of {}, but this key holds {} elements of {} "
@@ -600,7 +612,7 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
 
 void ServerEngine::Shard::encodeAnswer(KeyState& k, uint64_t key, const float* sum,
                                        Buffer recycled) {
-  k.resultCompressed = encodeSum(*k.codec, key, k.round, sum, k.numElements, k.result,
+  k.resultCompressed = encodeSum(k, k.codec, key, k.round, sum, k.numElements, k.result,
                                  std::move(recycled));
 }
 
@@ -633,6 +645,7 @@ void ServerEngine::Shard::answerCodecOf(KeyState& k, const DataHeader& h, const 
                                                   e.what()));
   }
   k.answerSpec = std::move(spec);
+  k.errorFeedback = h.flags & wire::kFlagErrorFeedback;
   if (k.tensorName.empty()) k.tensorName = std::string(p.tensorName);
 }
 
@@ -644,7 +657,7 @@ void ServerEngine::Shard::answerPull(KeyState& k, uint64_t key, const PendingPul
   }
   if (k.encodedRound != k.doneRound) {
     Buffer old = std::move(k.encoded);
-    k.encodedCompressed = encodeSum(*k.answerCodec, key, k.doneRound,
+    k.encodedCompressed = encodeSum(k, k.answerCodec, key, k.doneRound,
                                     reinterpret_cast<const float*>(k.result.data()),
                                     k.numElements, k.encoded, std::move(old));
     k.encodedRound = k.doneRound;
@@ -653,8 +666,10 @@ void ServerEngine::Shard::answerPull(KeyState& k, uint64_t key, const PendingPul
              k.encodedCompressed ? wire::kFlagCompressed : 0, false);
 }
 
-bool ServerEngine::Shard::encodeSum(const compressor::Codec& codec, uint64_t key, uint64_t round,
-                                    const float* sum, size_t n, Buffer& result, Buffer recycled) {
+bool ServerEngine::Shard::encodeSum(KeyState& k, const compressor::CodecPtr& codecPtr,
+                                    uint64_t key, uint64_t round, const float* sum, size_t n,
+                                    Buffer& result, Buffer recycled) {
+  const compressor::Codec& codec = *codecPtr;
   const size_t denseBytes = n * sizeof(float);
   if (codec.sparse()) {
     // The sum of sparse payloads has at most W*k nonzeros: send all of them
@@ -671,12 +686,25 @@ bool ServerEngine::Shard::encodeSum(const compressor::Codec& codec, uint64_t key
     return false;
   }
   // Casts and quantizers: the sum in the codec's form (fp16 and bf16 round
-  // once; the stochastic ones draw from a seed of the key and round).
+  // once; the stochastic ones draw from a seed of the key and round). With
+  // error feedback (BytePS's server-side compression keeps it too) what this
+  // encode drops stays in the key's residual and goes out with a later round:
+  //   p = sum + e;  answer = encode(p);  e = p - decode(answer)
+  // so the answers sent up to round t add up to the sums received minus e_t,
+  // one round's residual, instead of losing a little every round. DGC's
+  // momentum correction is the workers' (it is applied to gradients, not to
+  // sums), and DGC answers losslessly above anyway: momentum 0 here.
   const size_t bytes = codec.payloadBytes(n);
   result = takeBuffer(recycled, bytes);
   compressor::EncodeContext ctx;
   ctx.seed = compressor::format::hash2(compressor::format::hash2(key, round), 0);
-  codec.encode(sum, n, {reinterpret_cast<std::byte*>(result.data()), bytes}, ctx);
+  std::span<std::byte> out{reinterpret_cast<std::byte*>(result.data()), bytes};
+  if (k.errorFeedback) {
+    if (!k.ef) k.ef = std::make_unique<compressor::ErrorFeedback>(codecPtr, 0.0f);
+    k.ef->encode(0, sum, n, out, ctx);
+  } else {
+    codec.encode(sum, n, out, ctx);
+  }
   return true;
 }
 

@@ -13,6 +13,15 @@
 // dense. A malformed push is refused with an error to its sender that names
 // the tensor, the key and the sender; the key's sum is left as it was.
 //
+// Error feedback at the re-encode (wire kFlagErrorFeedback, set by workers
+// whose tensor has error feedback, and by the plan executor always): in sync
+// mode a key keeps the residual of its lossy re-encodes (casts, sign codecs,
+// quantizers; one fp32 per element of the key, created at the first such
+// encode) and adds it to the next round's sum before encoding, so what the
+// server sent over rounds 0..t sums to what it received minus one residual.
+// Sparse codecs' answers are lossless and keep none. Async mode never
+// re-encodes (it answers dense), so it keeps none either.
+//
 // Threads: handle() is called on the transport's loop thread; it only
 // decodes the header and hands the message to one of `engineThreads` engine
 // threads, chosen by key, so each key's state is touched by one thread and

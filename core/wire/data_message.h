@@ -60,8 +60,12 @@ enum Flags : uint8_t {
   kFlagDenseAnswer = 8, // compressed PUSH: answer this key's pulls with the dense fp32
                         // sum instead of re-encoding it (a plan's raw pull after a
                         // compressed push)
+  kFlagErrorFeedback = 16,  // compressed PUSH, or PULL in a codec's form: the server keeps
+                            // this key's re-encoding error and adds it to the next round's
+                            // sum (sync mode; server/server_engine.h)
 };
-inline constexpr uint8_t kAllFlags = kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer;
+inline constexpr uint8_t kAllFlags =
+    kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer | kFlagErrorFeedback;
 inline constexpr uint64_t kShmDescriptorBytes = 16;
 
 struct DataHeader {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
 #include "core/common/half.h"
@@ -366,6 +367,137 @@ TEST_F(ServerCodec, ContributorCountsThatDisagreeOrExceedTheJobAreRefused) {
   workers_[0]->send(header(Op::kPush, 15, 0, n, 1), cut);
   e = workers_[0]->nextError();
   EXPECT_NE(e.find("not a whole number"), std::string::npos) << e;
+}
+
+// Server-side error feedback (kFlagErrorFeedback). The running sum of what the
+// server sent must equal the running sum of what it received minus the key's
+// current residual e_t = p_t - decode(encode(p_t)), p_t = sum_t + e_{t-1}.
+// For fp16, |e_t| is at most half an fp16 ulp of |p_t|; with |p_t| < 2 here
+// that is 2^-11 per element, whatever the number of rounds (the fp32 updates
+// of the residual are exact with these values). Without the flag the same
+// rounds lose the rounding every round: each round's sum is
+// 1 + 2^-12 + j 2^-14 (j = 0..3: below half an ulp of 1, so fp16 rounds it
+// down to 1.0 and drops at least 2^-12), and the error grows linearly, past
+// 100 times the bound after 200 rounds.
+TEST_F(ServerCodec, Fp16ResidualIsCarriedAcrossRoundsOnlyWithErrorFeedback) {
+  const size_t n = 48, rounds = 200;
+  const double bound = std::ldexp(1.0, -11);
+  for (bool ef : {true, false}) {
+    const uint64_t key = ef ? 30 : 31;
+    std::vector<double> sent(n, 0.0), received(n, 0.0);
+    double worst = 0;
+    for (uint64_t t = 0; t < rounds; ++t) {
+      std::vector<float> a(n, 1.0f), b(n);
+      for (size_t i = 0; i < n; ++i) b[i] = std::ldexp(1.0f, -12) + float((i + t) % 4) * std::ldexp(1.0f, -14);
+      for (int r = 0; r < kWorkers; ++r) {
+        DataHeader h = header(Op::kPush, key, t, n, 1);
+        if (ef) h.flags |= wire::kFlagErrorFeedback;
+        workers_[r]->send(h, pushBody("fp16", "efh", r == 0 ? a : b));
+      }
+      auto got = pull(0, key, t, n);
+      ASSERT_EQ(got.size(), n);
+      for (size_t i = 0; i < n; ++i) {
+        // a and b are fp16 values: the server's decoded sum is exact.
+        received[i] += double(a[i]) + double(b[i]);
+        sent[i] += got[i];
+        worst = std::max(worst, std::abs(sent[i] - received[i]));
+        if (ef) ASSERT_LE(std::abs(sent[i] - received[i]), bound) << "round " << t << " element " << i;
+      }
+    }
+    if (!ef) EXPECT_GT(worst, 100 * bound) << "without error feedback the rounding must pile up";
+    else EXPECT_GT(worst, 0.0);  // the residual is really there
+  }
+}
+
+// The same for the biased and the stochastic codecs: each answer must be the
+// codec's encoding of this round's sum plus the residual that a plain-loop
+// replay here carries (seed: hash2(hash2(key, round), 0), as for any server
+// encode), so the running sums differ by exactly the replayed residual.
+TEST_F(ServerCodec, SignAndTernaryAnswersCarryTheResidual) {
+  const size_t n = 37, rounds = 60;
+  uint64_t key = 40;
+  for (const char* spec : {"onebit", "efsignsgd", "terngrad", "qsgd:levels=7"}) {
+    auto codec = registry_.create(spec);
+    std::vector<float> e(n, 0.0f);
+    std::vector<double> sent(n, 0.0), received(n, 0.0);
+    double worstResidual = 0;
+    for (uint64_t t = 0; t < rounds; ++t) {
+      std::vector<float> a(n), b(n);
+      for (size_t i = 0; i < n; ++i) {
+        a[i] = std::sin(0.3 * double(i) + 0.1 * double(t));
+        b[i] = 0.25f + 0.5f * std::cos(0.7 * double(i * t));
+      }
+      // What the server decodes: each push's payload, in fp32.
+      std::vector<float> sum(n, 0.0f);
+      for (int r = 0; r < kWorkers; ++r) {
+        Buffer body = pushBody(codec->spec(), "efq", r == 0 ? a : b, 1000 + t * 2 + r);
+        const size_t pre = wire::compressedPreambleBytes(codec->spec(), "efq");
+        codec->decompressAdd({reinterpret_cast<const std::byte*>(body.data() + pre), body.size() - pre},
+                             sum.data(), n);
+        DataHeader h = header(Op::kPush, key, t, n, 1);
+        h.flags |= wire::kFlagErrorFeedback;
+        workers_[r]->send(h, body);
+      }
+      auto got = pull(1, key, t, n);
+      ASSERT_EQ(got.size(), n);
+      // Replay: p = sum + e; the answer must be decode(encode(p)).
+      std::vector<float> p(n), want(n);
+      for (size_t i = 0; i < n; ++i) p[i] = sum[i] + e[i];
+      std::vector<std::byte> payload(codec->payloadBytes(n));
+      compressor::EncodeContext ctx;
+      ctx.seed = compressor::format::hash2(compressor::format::hash2(key, t), 0);
+      codec->encode(p.data(), n, payload, ctx);
+      codec->decode(payload, want.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], want[i]) << spec << " round " << t << " element " << i;
+        e[i] = p[i] - want[i];
+        received[i] += sum[i];
+        sent[i] += got[i];
+        worstResidual = std::max(worstResidual, double(std::abs(e[i])));
+        // Sent + residual = received, up to fp32 rounding of the residual updates.
+        ASSERT_NEAR(sent[i] + e[i], received[i], 1e-4 * double(t + 1))
+            << spec << " round " << t << " element " << i;
+      }
+    }
+    EXPECT_GT(worstResidual, 0.0) << spec;
+    ++key;
+  }
+}
+
+// A raw key whose pulls ask for the codec's form (the plan executor's raw push,
+// compressed pull) keeps the residual as well, with the flag on the pull.
+TEST_F(ServerCodec, RawKeyPulledCompressedKeepsTheResidual) {
+  const size_t n = 24, rounds = 100;
+  // Half an fp16 ulp below 2, as above, plus the fp32 rounding of
+  // p = 1.0003 + e in each round (at most 2^-24 per round).
+  const double bound = std::ldexp(1.0, -11) + rounds * std::ldexp(1.0, -24);
+  std::vector<double> sent(n, 0.0), received(n, 0.0);
+  double worst = 0;
+  Buffer pre = Buffer::allocate(wire::compressedPreambleBytes("fp16", "rawef"));
+  wire::writeCompressedPreamble(pre.data(), "fp16", "rawef");
+  for (uint64_t t = 0; t < rounds; ++t) {
+    for (int r = 0; r < kWorkers; ++r) {
+      std::vector<float> x(n, r == 0 ? 1.0f : 0.0003f);  // 1.0003 is not an fp16 value
+      DataHeader h = header(Op::kPush, 50, t, n, 1);
+      h.flags = wire::kFlagNone;
+      workers_[r]->send(h, Buffer::copyOf(x.data(), n * 4));
+    }
+    DataHeader p = header(Op::kPull, 50, t, n, 5);
+    p.flags = wire::kFlagCompressed | wire::kFlagErrorFeedback;
+    workers_[0]->send(p, pre);
+    auto [ah, abody] = workers_[0]->next();
+    ASSERT_EQ(ah.op, Op::kPullResponse);
+    std::vector<float> got(n);
+    registry_.create("fp16")->decode(
+        {reinterpret_cast<const std::byte*>(abody.data()), abody.size()}, got.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      received[i] += double(1.0f + 0.0003f);
+      sent[i] += got[i];
+      worst = std::max(worst, std::abs(sent[i] - received[i]));
+      ASSERT_LE(std::abs(sent[i] - received[i]), bound) << "round " << t;
+    }
+  }
+  EXPECT_GT(worst, 0.0);
 }
 
 }  // namespace
