@@ -12,6 +12,8 @@
 //                  iterations: the running sum of outputs must track the
 //                  running sum of the true sums within --bound (error feedback
 //                  keeps what was not sent), and must not drift with time.
+//                  --bound 0: a bound per option derived from the codec and the
+//                  option's encode points (see derivedBound below).
 //   --mode errors  the refusals: a plan naming an undeclared tensor, a plan
 //                  missing a declared one, a codec that cannot apply, a size
 //                  mismatch at run().
@@ -81,6 +83,42 @@ float lossyInput(int rank, size_t option, int iter, uint64_t i) {
   double mean = std::sin(double(i * 13 + option));
   double noise = std::cos(double(rank * 101 + iter * 17 + i * 7 + option)) * 0.5;
   return float(mean + noise);
+}
+
+// The lossy mode's bound, per option. With error feedback at every encode
+// point (the workers' encode steps and the servers' re-encode for a
+// compressed pull), every point sends over rounds 0..T what it was given
+// minus its current residual, and everything after a point is a sum, so
+//   running sum of outputs - running sum of true sums = -(sum of the current
+//   residuals of every point and encoder that covers the element)
+// up to fp32 rounding. It does not grow with T. Per element a residual is
+// e = p - decode(encode(p)) with |e_i| <= c * max|p|: c = 1 for onebit and
+// efsignsgd (sign times a mean magnitude that is at most max|p|: the error is
+// at most max(|p_i| - mean, mean)) and for terngrad (0 or max|p| times a sign:
+// at most max(|p_i|, max|p| - |p_i|)). max|p| is taken as the data's scale A:
+// the largest sum of all W ranks' inputs (1.5 W here: |mean| <= 1, |noise| <=
+// 0.5), which bounds every partial sum a point encodes; that leaves out the
+// residual's own share of p (a bounded-residual assumption, not a proof). At
+// most W workers encode an element at one worker step, one server at the
+// servers' re-encode. So
+//   bound = (workerEncodeSteps * W + serverReencodes) * c * A.
+// Dropped mass instead grows with T: without the servers' residuals onebit's
+// error reached 41 after 30 iterations here and grows linearly past this bound
+// (about 70-90 for these options) by 90 iterations.
+// Sparse codecs answer losslessly at the servers (no server point); other
+// codecs get no derived bound here (pass --bound).
+double derivedBound(const plan::TensorOption& o, const std::string& codec, int W) {
+  const std::string name = codec.substr(0, codec.find(':'));
+  double c = 0;
+  if (name == "onebit" || name == "efsignsgd" || name == "terngrad") c = 1;
+  if (c == 0) return 0;
+  int workerPoints = 0, serverPoints = 0;
+  for (const auto& st : o.steps) {
+    if (st.kind == plan::StepKind::kEncode) ++workerPoints;
+    if (st.kind == plan::StepKind::kComm && st.op == plan::CommOp::kPull && st.compressed) ++serverPoints;
+  }
+  const double A = 1.5 * W;
+  return (workerPoints * W + serverPoints) * c * A;
 }
 
 template <typename F>
@@ -262,9 +300,10 @@ int runCheck(int argc, char** argv) {
         serverEncodes |= st.kind == plan::StepKind::kComm && st.op == plan::CommOp::kPull && st.compressed;
       }
       if (!exact && !o.compressed()) continue;
-      // A server re-encodes a compressed pull without error feedback (it keeps
-      // no residuals), which drops mass by design; the lossless-after-switch
-      // check needs every encode point to keep its residual.
+      // A server's re-encode keeps a residual per shard key, but shard keys
+      // are per plan and a retired plan's server residuals are not folded
+      // into the next plan (only the workers' are), so the
+      // lossless-after-switch check leaves those options out.
       if (!exact && serverEncodes) continue;
       if (o.hierarchical && push) hier.push_back(i);
       if (!push) flat.push_back(i);
@@ -469,7 +508,17 @@ int runCheck(int argc, char** argv) {
     std::vector<float> in(n), out(n), ref(n);
     std::vector<std::vector<double>> runOut(chosen.size(), std::vector<double>(n, 0.0)),
         runRef(chosen.size(), std::vector<double>(n, 0.0));
-    double worst = 0, worstFirstHalf = 0;
+    double worst = 0, worstFirstHalf = 0, worstRatio = 0;
+    std::vector<double> bounds(chosen.size(), bound);
+    if (mode == "lossy" && bound <= 0) {
+      for (size_t c = 0; c < chosen.size(); ++c) {
+        bounds[c] = derivedBound(options[chosen[c]], codec, W);
+        if (bounds[c] <= 0) {
+          fail(fmt::format("no derived bound for codec '{}': pass --bound", codec));
+          bounds[c] = 1e30;
+        }
+      }
+    }
     for (int iter = 0; iter < iters; ++iter) {
       for (size_t c = 0; c < chosen.size(); ++c) {
         const size_t o = chosen[c];
@@ -497,19 +546,20 @@ int runCheck(int argc, char** argv) {
           double err = std::abs(runOut[c][i] - runRef[c][i]);
           worst = std::max(worst, err);
           if (iter < iters / 2) worstFirstHalf = std::max(worstFirstHalf, err);
-          if (!exact && err > bound) {
+          if (!exact) worstRatio = std::max(worstRatio, err / bounds[c]);
+          if (!exact && err > bounds[c]) {
             fail(fmt::format("option {} ({}), iteration {}, element {}: running sum {} vs "
                              "reference {}: error {} > bound {}",
                              o, options[o].describe(), iter, i, runOut[c][i], runRef[c][i], err,
-                             bound));
+                             bounds[c]));
             break;
           }
         }
       }
     }
     if (mode == "lossy")
-      std::printf("rank %d: worst running-sum error %.4f (first half %.4f), bound %.4f\n", me,
-                  worst, worstFirstHalf, bound);
+      std::printf("rank %d: worst running-sum error %.4f (first half %.4f), worst error/bound "
+                  "%.3f\n", me, worst, worstFirstHalf, worstRatio);
   }
   std::printf("rank %d: %s (%d failures)\n", me, failures ? "FAILED" : "PASSED", failures);
   std::fflush(stdout);
