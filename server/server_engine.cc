@@ -699,7 +699,9 @@ bool ServerEngine::Shard::encodeSum(KeyState& k, const compressor::CodecPtr& cod
   compressor::EncodeContext ctx;
   ctx.seed = compressor::format::hash2(compressor::format::hash2(key, round), 0);
   std::span<std::byte> out{reinterpret_cast<std::byte*>(result.data()), bytes};
-  if (k.errorFeedback) {
+  // signsgd's answer is the majority vote, ±1 whatever the sum's magnitude:
+  // not an approximation of the sum, so a residual would only pile up.
+  if (k.errorFeedback && codec.id() != compressor::CodecId::kSignSgd) {
     if (!k.ef) k.ef = std::make_unique<compressor::ErrorFeedback>(codecPtr, 0.0f);
     k.ef->encode(0, sum, n, out, ctx);
   } else {
