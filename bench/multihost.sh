@@ -123,10 +123,11 @@ command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_de
 [[ -x $PYTHON ]] || die "$PYTHON is missing (set PYTHON to a python3)"
 
 OUT=$(mktemp -d /tmp/cortado-multihost.XXXXXX)
-MON_PID=""
+MON_PID="" JOB_PID=""
 cleanup() {
   local rc=$?
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
+  [[ -n $JOB_PID ]] && kill "$JOB_PID" 2>/dev/null  # timeout passes it on to the launcher
   [[ -n $MON_PID ]] && kill "$MON_PID" 2>/dev/null && wait "$MON_PID" 2>/dev/null
   "$TB" down "$NAME" >/dev/null 2>&1 || true
   rm -rf "$OUT"
@@ -135,6 +136,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 NTOTAL=$((HOSTS + EXTRA))
 echo "# testbed $NAME: $NTOTAL hosts at $RATE" >&2
@@ -182,7 +184,12 @@ run() {
   MON_PID=$!
   local tc0 rc=0
   tc0=$(tbf_counts)
-  CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$limit" "${cmd[@]}" >"$OUT/log" 2>&1 || rc=$?
+  # In the background and waited for, so that a signal to this script runs
+  # its trap at once (bash defers traps while a foreground child runs).
+  CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$limit" "${cmd[@]}" >"$OUT/log" 2>&1 &
+  JOB_PID=$!
+  wait "$JOB_PID" || rc=$?
+  JOB_PID=""
   local tc1 ol
   tc1=$(tbf_counts)
   ol="$((${tc1%,*} - ${tc0%,*})),$((${tc1#*,} - ${tc0#*,}))"
