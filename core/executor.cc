@@ -801,9 +801,10 @@ class Run {
     } else {
       ex.rawInput = x_ + r_.off;
     }
-    std::vector<ExchangeAnswer> answers;
+    auto answersOwned = std::make_shared<std::vector<ExchangeAnswer>>();
+    auto& answers = *answersOwned;
     if (pull.compressed) {
-      ex.answers = &answers;
+      ex.answers = answersOwned;
     } else {
       // In place, as pushPull allows: the answer comes only after the servers
       // have every push of the round, ours included.
@@ -811,6 +812,14 @@ class Run {
     }
     Handle h = worker_.exchange(key, std::move(ex), 0);
     Status st = h.wait(d_);
+    if (st.code() == ErrorCode::kTimeout) {
+      // The round is half done and its answers would still land in the
+      // output after run() returned: end this worker's operations first (the
+      // job cannot go on, as after a collective that timed out).
+      Status why(ErrorCode::kTimeout, fmt::format("push/pull of key '{}': {}", key, st.message()));
+      worker_.abort(why);
+      throw Error(why.code(), why.message());
+    }
     if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
     segs_.clear();
     if (pull.compressed) {

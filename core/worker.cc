@@ -102,7 +102,7 @@ struct Task {
   // where compressed answers go (null: dense into output).
   bool exchange = false;
   std::vector<Buffer> payloads;
-  std::vector<ExchangeAnswer>* answers = nullptr;
+  std::shared_ptr<std::vector<ExchangeAnswer>> answers;
 };
 
 struct ChunkOp {
@@ -381,6 +381,17 @@ class WorkerImpl final : public Worker {
     return failure_;
   }
 
+  void abort(const Status& why) override {
+    failAll(why);
+    // An answer popped before failAll() may still be being written; once
+    // none is, no answer of this worker's operations touches memory again.
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, std::chrono::seconds(10), [this] { return writing_ == 0; })) {
+      CORTADO_LOG_ERROR("worker {}: an answer was still being written 10 s after abort()",
+                        self_.rank);
+    }
+  }
+
   void shutdown(Deadline deadline) override {
     // Servers go away as the job ends: that is no failure.
     closing_ = true;
@@ -597,8 +608,19 @@ class WorkerImpl final : public Worker {
       op = std::move(it->second);
       pending_.erase(it);
       inFlightBytes_ -= op.bytes;
+      ++writing_;  // abort() waits until this answer is written
     }
     cv_.notify_all();
+    struct Written {
+      WorkerImpl* w;
+      ~Written() {
+        {
+          std::lock_guard<std::mutex> lk(w->mu_);
+          --w->writing_;
+        }
+        w->cv_.notify_all();
+      }
+    } written{this};
     Task& task = *op.task;
     TensorEntry& t = *task.tensor;
     const Chunk& c = t.chunks[op.chunk];
@@ -757,6 +779,7 @@ class WorkerImpl final : public Worker {
   std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
   std::unordered_map<uint32_t, ChunkOp> pending_;
   uint64_t inFlightBytes_ = 0;
+  int writing_ = 0;  // answers popped from pending_ and not yet written
   uint64_t seq_ = 0;
   uint32_t nextRequest_ = 1;
   Status failure_;

@@ -97,7 +97,9 @@ struct Exchange {
   // the servers' answer per chunk into *answers (re-encoded with the codec, or
   // top-k's lossless sparse sum, or dense where that is smaller).
   void* rawOutput = nullptr;
-  std::vector<ExchangeAnswer>* answers = nullptr;
+  // Shared with the operation, so that an answer arriving after the caller
+  // gave up (a timeout) lands in memory that still exists.
+  std::shared_ptr<std::vector<ExchangeAnswer>> answers;
 };
 
 // The completion of one pushPull. Cheap to copy; all copies share the state.
@@ -177,6 +179,13 @@ class Worker {
 
   // The first failure, or OK.
   virtual Status failure() const = 0;
+
+  // Fails every pending and queued operation and every later call with
+  // `why` (the first failure wins), as a dead peer would. For a caller that
+  // gave up on an operation (a timeout) and cannot let it finish later: its
+  // answers are dropped from then on, so the buffers it named may be freed
+  // once this returns.
+  virtual void abort(const Status& why) = 0;
 
   // Orderly end: tells the scheduler this worker is done and waits for the
   // job's shutdown (every worker done) until the deadline, then closes.

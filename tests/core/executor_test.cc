@@ -113,6 +113,61 @@ TEST(Executor, RefusalsNameTheTensorAndWhatToDo) {
 
 // Workers that declare a tensor with different sizes: the shard keys'
 // declarations disagree and every worker's setPlan fails naming the tensor.
+// A push/pull that times out (worker 1 never runs the tensor) ends worker
+// 0's operations: run() throws kTimeout naming the key, the worker records
+// the failure, and the answer that comes once worker 1 does push is dropped
+// instead of landing in the output that run() already handed back (which is
+// freed here before it could arrive). Compressed answers are held by the
+// operation itself, so they never point into freed memory either.
+TEST(Executor, TimedOutPushPullEndsTheWorkerAndWritesNothingLater) {
+  const uint64_t n = 64;
+  for (bool compressed : {false, true}) {
+    SCOPED_TRACE(compressed ? "compressed pull" : "raw pull");
+    test::Job job(2, 1, smallChunks());
+    const std::string name = compressed ? "c" : "r";
+    plan::Plan p;
+    plan::TensorOption o = executor::defaultOption();
+    if (compressed) {
+      o.codec = "fp16";
+      o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false), Step::encode(plan::Device::kCpu),
+                 Step::comm(Scope::kInter, CommOp::kPush, true), Step::comm(Scope::kInter, CommOp::kPull, true),
+                 Step::decode(plan::Device::kCpu), Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+    }
+    p.tensors[name] = o;
+    std::vector<std::unique_ptr<executor::Executor>> ex(2);
+    job.onEveryWorker([&](int r) {
+      ex[r] = std::make_unique<executor::Executor>(*job.workers[r], nullptr);
+      ex[r]->declare(name, DType::kFloat32, n);
+      ex[r]->setPlan(p, soon());
+    });
+    {
+      auto out = std::make_unique<std::vector<float>>(n, -1.0f);
+      std::vector<float> in(n, 1.0f);
+      try {
+        ex[0]->run(name, in.data(), out->data(), n, ReduceOp::kSum, Deadline::after(Millis(300)));
+        FAIL() << "run() returned without worker 1's push";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+        EXPECT_NE(std::string(e.what()).find("push/pull of key"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(job.workers[0]->failure().code(), ErrorCode::kTimeout);
+    }  // the output is freed here
+    // Worker 1 pushes now; the servers answer both. Worker 0 must drop its
+    // answer (its operation ended), and worker 1 gets its sum.
+    std::vector<float> in1(n, 2.0f), out1(n);
+    ex[1]->run(name, in1.data(), out1.data(), n, ReduceOp::kSum, soon());
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out1[i], 3.0f) << i;
+    // Later calls on worker 0 fail at once with the recorded cause.
+    std::vector<float> again(n);
+    try {
+      ex[0]->run(name, in1.data(), again.data(), n, ReduceOp::kSum, soon());
+      FAIL() << "worker 0 ran after it was aborted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    }
+  }
+}
+
 TEST(Executor, MismatchedSizesFailEveryWorker) {
   test::Job job(2, 1);
   job.onEveryWorker([&](int r) {
