@@ -354,7 +354,15 @@ TEST_F(ServerCodec, ContributorCountsThatDisagreeOrExceedTheJobAreRefused) {
   EXPECT_NE(workers_[0]->nextError().find("says 3 workers push"), std::string::npos);
   h = header(Op::kPush, 14, 0, n, 1);
   h.contributors = 2;
+  const uint64_t before = engine_->stats().pushes;
   workers_[0]->send(h, pushBody("fp16", "c", x));
+  // Worker 0's count must be the key's before worker 1's arrives (the two
+  // come on different connections): sync pushes get no acknowledgement, so
+  // wait (with a deadline) until the server counted it.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (engine_->stats().pushes < before + 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(engine_->stats().pushes, before + 1);
   h.contributors = 1;
   workers_[1]->send(h, pushBody("fp16", "c", x));
   std::string e = workers_[1]->nextError();
