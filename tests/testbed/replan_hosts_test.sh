@@ -13,7 +13,15 @@
 #   - its choice differs from the plan that ran when the rate changed;
 #   - every worker's every result equals the reference sum; no process left.
 #
-#   replan_hosts_test.sh CORTADO EXEC_CHECK
+#
+# Case `bench`: `cortado bench model --strategies plan,replan` with dgc on 2
+# hosts at 100mbit, where the offline plan compresses (lossy) and the
+# scheduler plans with fp16: tensors switch from lossy to lossless options,
+# which fold the retired residuals into the switch iteration's input; every
+# result the benchmark can check exactly must be right (it exits 1 on a
+# wrong one), and the offline plan must have been lossy for this to test it.
+#
+#   replan_hosts_test.sh CORTADO EXEC_CHECK [rate|bench]
 #
 # Skips (exit 77) where it cannot run: not root, no mpirun, no network
 # namespaces.
@@ -21,6 +29,7 @@ set -uo pipefail
 
 CORTADO=$1
 CHECK=$2
+CASE=${3:-rate}
 HERE=$(cd "$(dirname "$0")" && pwd)
 TB=$HERE/testbed.sh
 NAME=r$(printf '%04x%03x' $((RANDOM % 65536)) $(($$ % 4096)))
@@ -50,14 +59,42 @@ if ! err=$(ip netns add "${NAME}x" 2>&1); then
 fi
 ip netns del "${NAME}x"
 
-hosts=4 per=1 slow=20mbit
-"$TB" up "$NAME" "$hosts" --rate 10gbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
-list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
 left_in_hosts() {
   local i pids=""
   for ((i = 1; i <= hosts; i++)); do pids+=$(ip netns pids "$NAME-h$i" 2>/dev/null | tr '\n' ' '); done
   echo "$pids"
 }
+
+if [[ $CASE == bench ]]; then
+  hosts=2
+  "$TB" up "$NAME" "$hosts" --rate 100mbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
+  CORTADO_LOG_LEVEL=warn CORTADO_PROFILE_WINDOW=2 CORTADO_REPLAN_CODEC=fp16 CORTADO_REPLAN_AHEAD=3 \
+    "$TB" exec "$NAME" 1 timeout -s KILL 100 "$CORTADO" launch --hosts "$NAME-h1,$NAME-h2" -w 1 -s 1 \
+    --agent "$TB exec-host {host}" -- "$CORTADO" bench model --profile "$HERE/../launcher/data/tiny_profile.json" \
+    --codec dgc:ratio=0.01 --strategies plan,replan --iterations 3 --warmup 1 --json >"$OUT/log" 2>&1
+  rc=$?
+  plan=$(grep '"strategy":"plan"' "$OUT/log")
+  replan=$(grep '"strategy":"replan"' "$OUT/log")
+  echo "$plan"
+  echo "$replan"
+  ((rc == 0)) || fail "the benchmark exited with $rc"
+  echo "$plan" | grep -Eq '"lossy_tensors":[1-9]' || fail "the offline plan compressed nothing at 100mbit: the lossy-to-lossless switch was not exercised"
+  echo "$replan" | grep -q '"wrong_elements":0' && echo "$replan" | grep -Eq '"checked_elements":[1-9]' ||
+    fail "replan results wrong or unchecked: $replan"
+  echo "$replan" | grep -Eq '"plan_version":([2-9]|[1-9][0-9])' || fail "no switch to a scheduler's plan: $replan"
+  for _ in $(seq 50); do [[ -z $(left_in_hosts) ]] && break; sleep 0.2; done
+  [[ -z $(left_in_hosts) ]] || fail "processes left in the hosts"
+  if ((FAILED)); then
+    grep -v '^\[' "$OUT/log" | tail -30 | cut -c1-400
+    exit 1
+  fi
+  echo "replan after a lossy offline plan passed"
+  exit 0
+fi
+
+hosts=4 per=1 slow=20mbit
+"$TB" up "$NAME" "$hosts" --rate 10gbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
+list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
 progress() { cat "$OUT/progress" 2>/dev/null; }  # "ITERATION VERSION" of rank 0
 
 # Plan lines of the scheduler: "[replan] plan version V (...): ..., inter X
