@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "compressor/error_feedback.h"
 #include "compressor/registry.h"
@@ -92,6 +93,10 @@ AlphaBeta fit(double alphaCount, double bytesFactor, double b1, double t1, doubl
 
 struct Measured {
   AlphaBeta intra, inter, pushPull;
+  // Reduce and broadcast to/from one root, measured on their own: the
+  // allreduce fit does not predict them (OpenMPI's reduce on this machine
+  // took 30x the allreduce fit's time per byte in a traced run).
+  AlphaBeta intraReduce, intraBcast, interReduce, interBcast;
   bool hasIntra = false, hasInter = false;
   double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
   double sumGbps = 40;
@@ -110,6 +115,26 @@ AlphaBeta measureAllreduce(collective::Collectives& g, Deadline d) {
   const double t1 = run(kSmall), t2 = run(kLarge);
   const int p = g.size();
   return fit(2.0 * (p - 1), 2.0 * (p - 1) / p, kSmall * 4.0, t1, kLarge * 4.0, t2);
+}
+
+// Reduce to root 0 and broadcast from root 0 over a group at two sizes
+// (median of 3 each), fitted to the planner's formula for both:
+// ceil(log2 p) * a + bytes * b.
+std::pair<AlphaBeta, AlphaBeta> measureRootOps(collective::Collectives& g, Deadline d) {
+  std::vector<float> buf(kLarge, 1.0f), out(kLarge);
+  auto red = [&](uint64_t n) {
+    g.reduce(buf.data(), out.data(), n, DType::kFloat32, 0, d);  // warm
+    return medianSeconds(3, [&] { g.reduce(buf.data(), out.data(), n, DType::kFloat32, 0, d); }) * 1e6;
+  };
+  auto bc = [&](uint64_t n) {
+    g.broadcast(buf.data(), n, DType::kFloat32, 0, d);  // warm
+    return medianSeconds(3, [&] { g.broadcast(buf.data(), n, DType::kFloat32, 0, d); }) * 1e6;
+  };
+  int lg = 0;
+  while ((1 << lg) < g.size()) ++lg;
+  const double r1 = red(kSmall), r2 = red(kLarge), b1 = bc(kSmall), b2 = bc(kLarge);
+  return {fit(std::max(1, lg), 1.0, kSmall * 4.0, r1, kLarge * 4.0, r2),
+          fit(std::max(1, lg), 1.0, kSmall * 4.0, b1, kLarge * 4.0, b2)};
 }
 
 // Push and pull of one key by every worker; a machine sends localSize times
@@ -182,9 +207,40 @@ bool allCpu(const plan::TensorOption& o) {
 struct Prediction {
   std::string strategy;
   plan::Plan plan;
-  double predictedUs = 0;  // forward + simulated backward and synchronization
+  double predictedUs = 0;  // forward + backward and synchronization, one tensor at a time
+  double overlappedUs = 0;  // forward + the simulator's overlapped timeline (the planner's model)
   std::string options;     // the one option everybody runs, or a summary
 };
+
+// The replay's timeline: the executor runs one tensor at a time (Executor::run
+// is synchronous, on one thread), so tensor j's synchronization starts when it
+// is ready (the profile's backward times, a wall-clock schedule that codec
+// work does not delay) and tensor j-1's has ended, and takes what it takes
+// alone (the simulator's step from an idle state: its operations chained on
+// free lanes). The planner's simulator instead overlaps a tensor's stages with
+// the next tensors' on separate lanes, which this runtime does not do.
+// Returns the end of the last synchronization after the forward pass (us);
+// `trace` gets the events on that timeline.
+double serialized(planner::Simulator& sim, const std::vector<int>& choice,
+                  std::vector<planner::TraceEvent>* trace) {
+  double readyUs = 0, endUs = 0;
+  std::vector<planner::TraceEvent> ev;
+  for (int j = 0; j < sim.tensors(); ++j) {
+    planner::SimState st = sim.initialState();
+    planner::TensorTiming tm;
+    ev.clear();
+    sim.step(st, j, choice[j], trace ? &ev : nullptr, &tm);
+    const double bw = sim.profile().tensors[j].backwardUs;
+    readyUs += bw;
+    const double start = std::max(readyUs, endUs);
+    for (planner::TraceEvent& e : ev) {
+      e.start = e.lane < 0 ? readyUs - bw : e.start - tm.ready + start;
+      trace->push_back(std::move(e));
+    }
+    endUs = start + std::max(0.0, tm.finish - tm.ready);
+  }
+  return endUs;
+}
 
 // Rank 0: the cost models from the measurements, and every strategy's plan
 // and predicted iteration time.
@@ -216,6 +272,14 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   cl.inter.perOp[plan::CommOp::kPull] = m.pushPull;
   cl.intra.name = "measured intra";
   cl.intra.base = m.hasIntra ? m.intra : cl.inter.base;
+  if (m.hasInter) {
+    cl.inter.perOp[plan::CommOp::kReduce] = m.interReduce;
+    cl.inter.perOp[plan::CommOp::kBroadcast] = m.interBcast;
+  }
+  if (m.hasIntra) {
+    cl.intra.perOp[plan::CommOp::kReduce] = m.intraReduce;
+    cl.intra.perOp[plan::CommOp::kBroadcast] = m.intraBcast;
+  }
   // No copies: the replay's buffers are host memory.
   cl.d2h = cl.h2d = AlphaBeta{0, 1e9};
   cl.cpuCores = cpuCores;
@@ -237,12 +301,16 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   const int T = sim.tensors();
   *costNote = fmt::format(
       "links: intra allreduce {:.0f} us + {:.2f} Gbit/s{}, inter allreduce {:.0f} us + {:.2f} "
-      "Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; codec {} encode {:.0f} us + {:.2f} ns/elem, "
+      "Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; reduce intra {:.0f} us + {:.2f} Gbit/s, "
+      "inter {:.0f} us + {:.2f} Gbit/s; broadcast intra {:.0f} us + {:.2f} Gbit/s, inter {:.0f} us "
+      "+ {:.2f} Gbit/s; codec {} encode {:.0f} us + {:.2f} ns/elem, "
       "decode {:.0f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU "
       "cores per machine",
       cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
       cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
-      m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
+      m.pushPull.alphaUs, m.pushPull.gbps, m.intraReduce.alphaUs, m.intraReduce.gbps,
+      m.interReduce.alphaUs, m.interReduce.gbps, m.intraBcast.alphaUs, m.intraBcast.gbps,
+      m.interBcast.alphaUs, m.interBcast.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
       m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
   auto uniform = [&](int option) {
     planner::Strategy s;
@@ -273,7 +341,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       s = pl.decide();
       if (name == "plan" && !o.predictedTrace.empty()) {
         std::vector<planner::TraceEvent> ev;
-        sim.simulate(s.choice, nullptr, &ev);
+        serialized(sim, s.choice, &ev);
         std::ofstream f(o.predictedTrace);
         f << planner::chromeTrace(sim, ev) << "\n";
         CORTADO_ENFORCE(f.good(), ErrorCode::kInvalidArgument, "--predicted-trace: cannot write '{}'",
@@ -283,7 +351,8 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     Prediction p;
     p.strategy = name;
     p.plan = planner::toPlan(sim, s, 1);
-    p.predictedUs = profile.forwardUs + s.iterUs;
+    p.predictedUs = profile.forwardUs + serialized(sim, s.choice, nullptr);
+    p.overlappedUs = profile.forwardUs + s.iterUs;
     std::map<std::string, int> count;
     for (int c : s.choice) ++count[options[c].describe() + (options[c].codec.empty() ? "" : " " + options[c].codec)];
     if (count.size() == 1) {
@@ -420,10 +489,12 @@ int runModelBench(const ModelBenchOptions& o) {
   Measured m;
   if (topo.localSize > 1) {
     m.intra = measureAllreduce(*groups.intra, setup);
+    std::tie(m.intraReduce, m.intraBcast) = measureRootOps(*groups.intra, setup);
     m.hasIntra = true;
   }
   if (topo.numMachines > 1) {
     m.inter = measureAllreduce(*groups.inter, setup);
+    std::tie(m.interReduce, m.interBcast) = measureRootOps(*groups.inter, setup);
     m.hasInter = true;
   }
   m.pushPull = measurePushPull(*worker, topo, setup);
@@ -431,7 +502,14 @@ int runModelBench(const ModelBenchOptions& o) {
   {
     auto v = world.mean({m.intra.alphaUs, m.intra.gbps, m.inter.alphaUs, m.inter.gbps,
                          m.pushPull.alphaUs, m.pushPull.gbps, m.encodeAlpha, m.encodeBeta,
-                         m.decodeAlpha, m.decodeBeta, m.sumGbps});
+                         m.decodeAlpha, m.decodeBeta, m.sumGbps, m.intraReduce.alphaUs,
+                         m.intraReduce.gbps, m.intraBcast.alphaUs, m.intraBcast.gbps,
+                         m.interReduce.alphaUs, m.interReduce.gbps, m.interBcast.alphaUs,
+                         m.interBcast.gbps});
+    m.intraReduce = {v[11], v[12]};
+    m.intraBcast = {v[13], v[14]};
+    m.interReduce = {v[15], v[16]};
+    m.interBcast = {v[17], v[18]};
     m.intra = {v[0], v[1]};
     m.inter = {v[2], v[3]};
     m.pushPull = {v[4], v[5]};
@@ -616,12 +694,14 @@ int runModelBench(const ModelBenchOptions& o) {
         json jr = {{"model", profile.model}, {"codec", o.codec}, {"strategy", r.strategy},
                    {"measured_ms", r.meanMs}, {"stdev_ms", r.stdMs}, {"min_ms", r.minMs},
                    {"predicted_ms", r.predictedMs}, {"error_pct", errPct},
+                   {"overlapped_ms", preds[si].overlappedUs / 1e3},
                    {"iterations", o.iterations}, {"workers", topo.size},
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
                    {"lossy_tensors", r.lossyTensors}, {"options", r.options}};
         if (replan) {
           jr["predicted_ms"] = nullptr;
+          jr["overlapped_ms"] = nullptr;
           jr["error_pct"] = nullptr;
           jr["plan_version"] = r.planVersion;
           jr["switched_at"] = r.switchedAt;

@@ -22,6 +22,7 @@ for s in none gpu cpu plan; do
   check "strategy $s reported" "[ -n \"\$line\" ]" "no JSON line"
   check "strategy $s exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
   check "strategy $s has a prediction" "echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
+  check "strategy $s has the overlapped simulation" "echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
 done
 check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line"
 
