@@ -464,9 +464,11 @@ namespace {
 class Run {
  public:
   Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups,
-      const collective::Topology& topo, Deadline d, Tracer* tracer, Executor::Profiler* prof)
+      const collective::Topology& topo, Deadline d, Tracer* tracer, Executor::Profiler* prof,
+      bool flushResidual)
       : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d),
-        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr), prof_(prof) {}
+        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr), prof_(prof),
+        flushResidual_(flushResidual) {}
 
   void go(const float* in, float* out, ReduceOp op) {
     // Work in the output: no copy of the tensor beyond the input's.
@@ -810,6 +812,7 @@ class Run {
       // have every push of the round, ours included.
       ex.rawOutput = x_ + r_.off;
     }
+    ex.flushResidual = flushResidual_;
     Handle h = worker_.exchange(key, std::move(ex), 0);
     Status st = h.wait(d_);
     if (st.code() == ErrorCode::kTimeout) {
@@ -850,6 +853,7 @@ class Run {
   Tracer* tracer_ = nullptr;
   uint64_t replicas_ = 1;  // ranks that hold the same data as this one
   Executor::Profiler* prof_ = nullptr;
+  bool flushResidual_ = false;  // the key's last round: Exchange::flushResidual
 };
 
 }  // namespace
@@ -893,7 +897,11 @@ void Executor::run(const std::string& name, const float* input, float* output,
     ++acc.calls;
     acc.us += std::max(0.0, Profiler::since(prof->iterStart) - prof->inRunUs);
   }
-  Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof).go(input, output, op);
+  // The last iteration before a scheduled switch: the switch retires every
+  // shard key of this plan (the next plan's keys are new), so the servers
+  // flush their residuals into this round's answers (Exchange::flushResidual).
+  const bool lastRound = begun_ && scheduled_ && scheduled_->second == iteration_ + 1;
+  Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, lastRound).go(input, output, op);
   ++t.round;
   if (prof) prof->inRunUs += Profiler::since(t0);
 }

@@ -103,6 +103,7 @@ struct Task {
   bool exchange = false;
   std::vector<Buffer> payloads;
   std::shared_ptr<std::vector<ExchangeAnswer>> answers;
+  bool flushResidual = false;  // Exchange::flushResidual
 };
 
 struct ChunkOp {
@@ -363,6 +364,7 @@ class WorkerImpl final : public Worker {
       task->exchange = true;
       task->payloads = std::move(ex.payloads);
       task->answers = ex.answers;
+      task->flushResidual = ex.flushResidual;
       if (task->answers) task->answers->assign(t.chunks.size(), ExchangeAnswer{});
       state->remaining = t.chunks.size();
       for (size_t i = 0; i < t.chunks.size(); ++i)
@@ -468,6 +470,7 @@ class WorkerImpl final : public Worker {
     DataHeader h;
     h.dtype = t.dtype;
     h.flags = opts_.async ? wire::kFlagAsync : wire::kFlagNone;
+    if (op.task->flushResidual) h.flags |= wire::kFlagFlushResidual;
     h.requestId = id;
     h.key = c.key;
     h.round = op.task->round;

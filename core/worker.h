@@ -100,6 +100,11 @@ struct Exchange {
   // Shared with the operation, so that an answer arriving after the caller
   // gave up (a timeout) lands in memory that still exists.
   std::shared_ptr<std::vector<ExchangeAnswer>> answers;
+  // The key's last round (a plan switch retires it next): servers that hold
+  // an error-feedback residual for it answer this round dense with the
+  // residual added and clear it (wire kFlagFlushResidual), so the answer
+  // may be dense where `answers` would otherwise hold payloads.
+  bool flushResidual = false;
 };
 
 // The completion of one pushPull. Cheap to copy; all copies share the state.

@@ -76,6 +76,11 @@ struct KeyState {
   // state serves either answer.
   bool errorFeedback = false;
   std::unique_ptr<compressor::ErrorFeedback> ef;
+  // kFlagFlushResidual: a push of round flushRound asked for it (the key's
+  // last round before a plan switch); flushedRound: the completed round whose
+  // answer is dense with the residual added (then cleared).
+  uint64_t flushRound = kNoRound;
+  uint64_t flushedRound = kNoRound;
 
   // "tensor 'fc1' (key 1048576)" or "key 5" for error messages.
   std::string describe(uint64_t key) const {
@@ -124,6 +129,9 @@ struct ServerEngine::Shard {
   void answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg);
   // Answers one pull of the completed round.
   void answerPull(KeyState& k, uint64_t key, const PendingPull& p);
+  // A flushed round's answer: the dense fp32 sum plus the key's residual,
+  // which is cleared (the residual's mass goes out once, in this answer).
+  void flushInto(KeyState& k, const float* sum, Buffer& out, Buffer recycled);
 };
 
 ServerEngine::ServerEngine(ServerEngineOptions opts, transport::Transport& transport)
@@ -398,6 +406,7 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     }
     k.pushedBy[w] = true;
     ++k.pushes;
+    if (h.flags & wire::kFlagFlushResidual) k.flushRound = k.round;
     {
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
@@ -406,7 +415,17 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     // Round complete: publish the sum, start the next round. Every worker
     // pushed this round only after it had pulled the previous one, so the old
     // result is free once the transport lets go of it.
-    if (k.compressed && k.denseAnswer) {
+    // A flushed round (kFlagFlushResidual on any push): a key that holds a
+    // residual answers dense with it added, so the retiring plan's last
+    // answer carries every bit the server still owed; keys without one
+    // (sparse or lossless answers, no lossy round yet) answer as always.
+    const bool flush = k.flushRound == k.round && k.ef != nullptr;
+    if (flush) k.flushedRound = k.round;
+    if (k.compressed && flush) {
+      Buffer old = std::move(k.result);
+      flushInto(k, reinterpret_cast<const float*>(k.acc.data()), k.result, std::move(old));
+      k.resultCompressed = false;
+    } else if (k.compressed && k.denseAnswer) {
       Buffer old = std::move(k.result);
       k.result = takeBuffer(old, accBytes);
       std::memcpy(k.result.data(), k.acc.data(), accBytes);
@@ -657,13 +676,32 @@ void ServerEngine::Shard::answerPull(KeyState& k, uint64_t key, const PendingPul
   }
   if (k.encodedRound != k.doneRound) {
     Buffer old = std::move(k.encoded);
-    k.encodedCompressed = encodeSum(k, k.answerCodec, key, k.doneRound,
-                                    reinterpret_cast<const float*>(k.result.data()),
-                                    k.numElements, k.encoded, std::move(old));
+    if (k.flushedRound == k.doneRound) {
+      // A raw key's flushed round (k.result is fp32: answerCodecOf checked).
+      flushInto(k, reinterpret_cast<const float*>(k.result.data()), k.encoded, std::move(old));
+      k.encodedCompressed = false;
+    } else {
+      k.encodedCompressed = encodeSum(k, k.answerCodec, key, k.doneRound,
+                                      reinterpret_cast<const float*>(k.result.data()),
+                                      k.numElements, k.encoded, std::move(old));
+    }
     k.encodedRound = k.doneRound;
   }
   sendResult(p.from, p.requestId, key, k.doneRound, k, k.encoded,
              k.encodedCompressed ? wire::kFlagCompressed : 0, false);
+}
+
+void ServerEngine::Shard::flushInto(KeyState& k, const float* sum, Buffer& out,
+                                    Buffer recycled) {
+  const size_t n = k.numElements;
+  out = takeBuffer(recycled, n * sizeof(float));
+  float* dst = reinterpret_cast<float*>(out.data());
+  std::memcpy(dst, sum, n * sizeof(float));
+  if (k.ef) {
+    auto r = k.ef->residual(0);
+    for (size_t i = 0; i < r.size() && i < n; ++i) dst[i] += r[i];
+    k.ef->reset(0);
+  }
 }
 
 bool ServerEngine::Shard::encodeSum(KeyState& k, const compressor::CodecPtr& codecPtr,

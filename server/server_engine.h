@@ -21,6 +21,11 @@
 // server sent over rounds 0..t sums to what it received minus one residual.
 // Sparse codecs' answers are lossless and keep none. Async mode never
 // re-encodes (it answers dense), so it keeps none either.
+// A push with kFlagFlushResidual (the plan executor's last round of a shard
+// key before a plan switch retires it) makes the round's answer, for a key
+// that holds a residual, the dense fp32 sum plus the residual, and clears the
+// residual: what the key sent over all its rounds then equals what it
+// received. Keys without a residual answer as always.
 //
 // Threads: handle() is called on the transport's loop thread; it only
 // decodes the header and hands the message to one of `engineThreads` engine

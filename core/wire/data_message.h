@@ -63,9 +63,13 @@ enum Flags : uint8_t {
   kFlagErrorFeedback = 16,  // compressed PUSH, or PULL in a codec's form: the server keeps
                             // this key's re-encoding error and adds it to the next round's
                             // sum (sync mode; server/server_engine.h)
+  kFlagFlushResidual = 32,  // PUSH: the key's last round before a plan switch retires it;
+                            // a key holding an error-feedback residual answers this
+                            // round with the dense fp32 sum plus the residual and clears
+                            // it (sync mode; any push of the round may say so)
 };
-inline constexpr uint8_t kAllFlags =
-    kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer | kFlagErrorFeedback;
+inline constexpr uint8_t kAllFlags = kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer |
+                                     kFlagErrorFeedback | kFlagFlushResidual;
 inline constexpr uint64_t kShmDescriptorBytes = 16;
 
 struct DataHeader {

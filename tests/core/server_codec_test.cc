@@ -508,5 +508,108 @@ TEST_F(ServerCodec, RawKeyPulledCompressedKeepsTheResidual) {
   EXPECT_GT(worst, 0.0);
 }
 
+// kFlagFlushResidual (the plan executor's last round of a shard key before a
+// plan switch): a key holding a residual answers that round with the dense
+// fp32 sum plus the residual and clears it, so that what the key sent over all
+// its rounds equals what it received, to fp32 rounding. Rounds after a flush
+// start from a zero residual (the same key can go on); a key without a
+// residual (top-k's lossless answer) answers as always. Compressed pushes and
+// a raw key pulled in a codec's form both, a flag on one push suffices.
+TEST_F(ServerCodec, FlushedRoundAnswersDenseWithTheResidual) {
+  const size_t n = 29, rounds = 12, flushAt = 7;
+  Buffer pre = Buffer::allocate(wire::compressedPreambleBytes("onebit", "flush"));
+  wire::writeCompressedPreamble(pre.data(), "onebit", "flush");
+  for (bool rawKey : {false, true}) {
+    const uint64_t key = rawKey ? 61 : 60;
+    auto codec = registry_.create("onebit");
+    std::vector<double> sent(n, 0.0), received(n, 0.0);
+    std::vector<float> e(n, 0.0f);  // the plain-loop replay of the residual
+    for (uint64_t t = 0; t < rounds; ++t) {
+      const bool flush = t == flushAt;
+      std::vector<float> sum(n, 0.0f);
+      for (int r = 0; r < kWorkers; ++r) {
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) x[i] = float(std::sin(0.5 * double(i) + 0.3 * double(t) + r));
+        DataHeader h = header(Op::kPush, key, t, n, 1);
+        Buffer body;
+        if (rawKey) {
+          h.flags = wire::kFlagNone;
+          body = Buffer::copyOf(x.data(), n * 4);
+          for (size_t i = 0; i < n; ++i) sum[i] += x[i];
+        } else {
+          h.flags |= wire::kFlagErrorFeedback;
+          body = pushBody("onebit", "flush", x, 500 + t * 2 + r);
+          const size_t p = wire::compressedPreambleBytes("onebit", "flush");
+          codec->decompressAdd({reinterpret_cast<const std::byte*>(body.data() + p), body.size() - p},
+                               sum.data(), n);
+        }
+        if (flush && r == 1) h.flags |= wire::kFlagFlushResidual;  // one push says so
+        workers_[r]->send(h, body);
+      }
+      // Replay: p = sum + e; a flushed round answers p itself (e := 0), any
+      // other decode(encode(p)) with e := p - answer.
+      std::vector<float> p(n), want(n);
+      for (size_t i = 0; i < n; ++i) p[i] = sum[i] + e[i];
+      if (flush) {
+        want = p;
+      } else {
+        std::vector<std::byte> payload(codec->payloadBytes(n));
+        compressor::EncodeContext ctx;
+        ctx.seed = compressor::format::hash2(compressor::format::hash2(key, t), 0);
+        codec->encode(p.data(), n, payload, ctx);
+        codec->decode(payload, want.data(), n);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        e[i] = p[i] - want[i];
+        received[i] += sum[i];
+      }
+      for (int r = 0; r < kWorkers; ++r) {
+        std::vector<float> got(n);
+        if (rawKey) {
+          DataHeader p = header(Op::kPull, key, t, n, 5);
+          p.flags = wire::kFlagCompressed | wire::kFlagErrorFeedback;
+          workers_[r]->send(p, pre);
+          auto [ah, abody] = workers_[r]->next();
+          ASSERT_EQ(ah.op, Op::kPullResponse) << std::string(reinterpret_cast<const char*>(abody.data()), abody.size());
+          ASSERT_EQ(bool(ah.flags & wire::kFlagCompressed), !flush) << "round " << t;
+          if (flush) {
+            ASSERT_EQ(abody.size(), n * 4);
+            std::memcpy(got.data(), abody.data(), n * 4);
+          } else {
+            codec->decode({reinterpret_cast<const std::byte*>(abody.data()), abody.size()}, got.data(), n);
+          }
+        } else {
+          got = pull(r, key, t, n);
+        }
+        ASSERT_EQ(got.size(), n);
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[i], want[i]) << (rawKey ? "raw" : "compressed") << " key, round " << t
+                                     << " element " << i << " worker " << r;
+        if (r == 0)
+          for (size_t i = 0; i < n; ++i) sent[i] += got[i];
+      }
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(sent[i] - received[i]));
+      if (flush) {
+        EXPECT_LT(worst, 1e-4) << "after the flush nothing is owed";
+      } else if (t + 1 == flushAt) {
+        EXPECT_GT(worst, 0.1) << "the residual is really there";
+      }
+    }
+  }
+  // Top-k answers losslessly and holds no residual: a flushed round is its
+  // usual sparse answer.
+  std::vector<float> a = ramp(40, 1.0f, 3), b = ramp(40, 2.0f, 9);
+  for (int r = 0; r < kWorkers; ++r) {
+    DataHeader h = header(Op::kPush, 62, 0, 40, 1);
+    h.flags |= wire::kFlagErrorFeedback | wire::kFlagFlushResidual;
+    workers_[r]->send(h, pushBody("topk:ratio=0.05", "flushtopk", r == 0 ? a : b));
+  }
+  workers_[0]->send(header(Op::kPull, 62, 0, 40, 9), Buffer());
+  auto [th, tbody] = workers_[0]->next();
+  ASSERT_EQ(th.op, Op::kPullResponse);
+  EXPECT_TRUE(th.flags & wire::kFlagCompressed) << "top-k's answer stays its sparse sum";
+}
+
 }  // namespace
 }  // namespace cortado
