@@ -567,6 +567,9 @@ int runModelBench(const ModelBenchOptions& o) {
   const bool progressOn = lead && (o.progress || isatty(2));
   const double sumFactor = double(topo.size) * (topo.size + 1) / 2.0;
   std::vector<Result> results;
+  // Tensors that were lossy under the strategy before: setPlan() retires
+  // their encode points and folds the residuals into the next input too.
+  std::vector<bool> compressedBefore(T, false);
   for (size_t si = 0; si < o.strategies.size(); ++si) {
     const plan::Plan p = plan::planFromJsonString(planJson[si]);
     ex.setPlan(p, opDeadline);
@@ -581,6 +584,13 @@ int runModelBench(const ModelBenchOptions& o) {
     // keep rounding and live on in that option's residual, so it is not
     // checked again in this strategy (`tainted`).
     std::vector<bool> folding(T, false), tainted(T, false);
+    // The same holds between strategies: the first iteration after setPlan()
+    // carries what the previous strategy's lossy encode points had not sent.
+    for (size_t j = 0; j < T; ++j) {
+      if (!compressedBefore[j]) continue;
+      folding[j] = true;
+      tainted[j] = p.tensors.at(profile.tensors[j].name).compressed();
+    }
     auto classify = [&](const plan::Plan& cur) {
       r.lossyTensors = 0;
       for (size_t j = 0; j < T; ++j) {
@@ -655,6 +665,11 @@ int runModelBench(const ModelBenchOptions& o) {
       bar.update(r.strategy, it + 1, secs * 1e3);
     }
     bar.done();
+    for (size_t j = 0; j < T; ++j) {
+      // Lossless codecs on this data (fp16 of integers) leave zero residuals.
+      const auto& opt = ex.currentPlan().tensors.at(profile.tensors[j].name);
+      compressedBefore[j] = opt.compressed() && !losslessFor(opt.codec);
+    }
     if (replan) ex.setOnline({});  // no later plan may replace the next strategy's
     times = world.max(times);  // an iteration ends when the last worker is done
     double sum = 0, sq = 0;
