@@ -725,6 +725,11 @@ class Run {
     uint64_t s = compressor::format::hash2(t_.seedBase, (uint64_t(step_) << 40) ^ piece);
     s = compressor::format::hash2(s, t_.round);
     if (t_.codec->id() == compressor::CodecId::kRandomK) return s;  // the same on every worker
+    // Ranks that hold the same data here (replicas_ > 1) draw the same
+    // numbers, so their stochastic encodes and residuals stay equal, as the
+    // switch's fold of 1/replicas of each assumes (deterministic codecs
+    // ignore the seed).
+    if (replicas_ > 1) return s;
     return compressor::format::hash2(s, uint64_t(topo_.rank) + 1);
   }
 
