@@ -409,11 +409,16 @@ TEST_F(ServerCodec, Fp16ResidualIsCarriedAcrossRoundsOnlyWithErrorFeedback) {
         received[i] += double(a[i]) + double(b[i]);
         sent[i] += got[i];
         worst = std::max(worst, std::abs(sent[i] - received[i]));
-        if (ef) ASSERT_LE(std::abs(sent[i] - received[i]), bound) << "round " << t << " element " << i;
+        if (ef) {
+          ASSERT_LE(std::abs(sent[i] - received[i]), bound) << "round " << t << " element " << i;
+        }
       }
     }
-    if (!ef) EXPECT_GT(worst, 100 * bound) << "without error feedback the rounding must pile up";
-    else EXPECT_GT(worst, 0.0);  // the residual is really there
+    if (!ef) {
+      EXPECT_GT(worst, 100 * bound) << "without error feedback the rounding must pile up";
+    } else {
+      EXPECT_GT(worst, 0.0);  // the residual is really there
+    }
   }
 }
 
