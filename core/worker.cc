@@ -263,6 +263,33 @@ class WorkerImpl final : public Worker {
     return tensors_.count(name) > 0;
   }
 
+  // Under mu_: the declared tensor `name`, or kInvalidArgument naming `what`
+  // (the operation asked for).
+  TensorEntry& tensorLocked(const std::string& name, const char* what) const {
+    auto it = tensors_.find(name);
+    CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
+                    "worker {}: {} of tensor '{}', which was never declared", self_.rank, what, name);
+    return *it->second;
+  }
+
+  // Under mu_: refuses a second operation on a tensor that has one in
+  // flight, then gives `task` its handle, tensor and round and queues every
+  // chunk of it.
+  void enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::State>& state,
+                     std::shared_ptr<Task> task) {
+    CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
+                    "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
+                    "handle before starting another",
+                    self_.rank, t.name);
+    t.inFlight = true;
+    task->handle = state;
+    task->tensor = &t;
+    task->round = t.round++;
+    state->remaining = t.chunks.size();
+    for (size_t i = 0; i < t.chunks.size(); ++i)
+      queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(t.dtype)});
+  }
+
   Handle pushPull(const std::string& name, DType dtype, uint64_t numElements, const void* input,
                   void* output, ReduceOp op, int priority) override {
     auto state = std::make_shared<Handle::State>();
@@ -270,11 +297,7 @@ class WorkerImpl final : public Worker {
     {
       std::lock_guard<std::mutex> lk(mu_);
       checkFailedLocked();
-      auto it = tensors_.find(name);
-      CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
-                      "worker {}: push_pull of tensor '{}', which was never declared", self_.rank,
-                      name);
-      TensorEntry& t = *it->second;
+      TensorEntry& t = tensorLocked(name, "push_pull");
       CORTADO_ENFORCE(t.dtype == dtype && t.numElements == numElements,
                       ErrorCode::kInvalidArgument,
                       "worker {}: push_pull of tensor '{}' with {} elements of {}, but it was "
@@ -283,23 +306,12 @@ class WorkerImpl final : public Worker {
                       dtypeName(t.dtype));
       CORTADO_ENFORCE(numElements == 0 || (input != nullptr && output != nullptr),
                       ErrorCode::kInvalidArgument, "push_pull of tensor '{}': null buffer", name);
-      CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
-                      "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
-                      "handle before starting another",
-                      self_.rank, name);
-      t.inFlight = true;
       auto task = std::make_shared<Task>();
-      task->handle = state;
-      task->tensor = &t;
-      task->round = t.round++;
       task->input = static_cast<const uint8_t*>(input);
       task->output = static_cast<uint8_t*>(output);
       task->op = op;
       task->priority = priority;
-      state->remaining = t.chunks.size();
-      for (size_t i = 0; i < t.chunks.size(); ++i) {
-        queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(dtype)});
-      }
+      enqueueLocked(t, state, std::move(task));
     }
     cv_.notify_all();
     return Handle(state);
@@ -307,11 +319,8 @@ class WorkerImpl final : public Worker {
 
   std::vector<ChunkSpan> chunks(const std::string& name) const override {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = tensors_.find(name);
-    CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
-                    "worker {}: chunks of tensor '{}', which was never declared", self_.rank, name);
     std::vector<ChunkSpan> out;
-    for (const Chunk& c : it->second->chunks) out.push_back({c.offset, c.numElements});
+    for (const Chunk& c : tensorLocked(name, "chunks").chunks) out.push_back({c.offset, c.numElements});
     return out;
   }
 
@@ -321,11 +330,7 @@ class WorkerImpl final : public Worker {
     {
       std::lock_guard<std::mutex> lk(mu_);
       checkFailedLocked();
-      auto it = tensors_.find(name);
-      CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
-                      "worker {}: exchange of tensor '{}', which was never declared", self_.rank,
-                      name);
-      TensorEntry& t = *it->second;
+      TensorEntry& t = tensorLocked(name, "exchange");
       const bool compressedIn = !ex.payloads.empty();
       CORTADO_ENFORCE(compressedIn != (ex.rawInput != nullptr || t.numElements == 0),
                       ErrorCode::kInvalidArgument,
@@ -348,15 +353,7 @@ class WorkerImpl final : public Worker {
                       "worker {}: exchange of tensor '{}': plan execution needs the servers in "
                       "sync mode (CORTADO_ASYNC=0)",
                       self_.rank, name);
-      CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
-                      "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
-                      "handle before starting another",
-                      self_.rank, name);
-      t.inFlight = true;
       auto task = std::make_shared<Task>();
-      task->handle = state;
-      task->tensor = &t;
-      task->round = t.round++;
       task->input = static_cast<const uint8_t*>(ex.rawInput);
       task->output = static_cast<uint8_t*>(ex.rawOutput);
       task->op = ReduceOp::kSum;
@@ -366,9 +363,7 @@ class WorkerImpl final : public Worker {
       task->answers = ex.answers;
       task->flushResidual = ex.flushResidual;
       if (task->answers) task->answers->assign(t.chunks.size(), ExchangeAnswer{});
-      state->remaining = t.chunks.size();
-      for (size_t i = 0; i < t.chunks.size(); ++i)
-        queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(t.dtype)});
+      enqueueLocked(t, state, std::move(task));
     }
     cv_.notify_all();
     return Handle(state);
