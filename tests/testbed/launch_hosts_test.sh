@@ -32,28 +32,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 TB=$HERE/testbed.sh
 NAME=l$(printf '%04x%03x' $((RANDOM % 65536)) $(($$ % 4096)))
 OUT=$(mktemp -d /tmp/cortado-hosts-test.XXXXXX)
-FAILED=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  FAILED=1
-}
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-cleanup() {
-  "$TB" down "$NAME" >/dev/null 2>&1 || true
-  rm -rf "$OUT"
-}
-trap cleanup EXIT
-
-[[ $(id -u) -eq 0 ]] || skip "the emulated hosts need root (network namespaces, veth pairs, tc); run ctest as root"
-command -v mpirun >/dev/null || skip "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
-if ! err=$(ip netns add "${NAME}x" 2>&1); then
-  skip "this machine does not allow network namespaces ('ip netns add' failed: $err)"
-fi
-ip netns del "${NAME}x"
+source "$HERE/host_test_lib.sh"
 
 case $CASE in
   2x2) hosts=2 per=2 ;;
@@ -70,11 +49,6 @@ LIMIT=80  # seconds per job
 launch() {
   "$TB" exec "$NAME" 1 timeout -s KILL "$LIMIT" "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
     --agent "$TB exec-host {host}" -- "$CHECK" "$@"
-}
-left_in_hosts() {
-  local i pids=""
-  for ((i = 1; i <= hosts; i++)); do pids+=$(ip netns pids "$NAME-h$i" 2>/dev/null | tr '\n' ' '); done
-  echo "$pids"
 }
 tx_bytes() { cat "/sys/class/net/${NAME}v$1/statistics/rx_bytes"; }  # the bridge end receives what host $1 sends
 

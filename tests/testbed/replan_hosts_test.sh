@@ -34,36 +34,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 TB=$HERE/testbed.sh
 NAME=r$(printf '%04x%03x' $((RANDOM % 65536)) $(($$ % 4096)))
 OUT=$(mktemp -d /tmp/cortado-replan-test.XXXXXX)
-FAILED=0
-job=""
+source "$HERE/host_test_lib.sh"
 
-fail() {
-  echo "FAIL: $*" >&2
-  FAILED=1
-}
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-cleanup() {
-  [[ -n $job ]] && kill "$job" 2>/dev/null
-  "$TB" down "$NAME" >/dev/null 2>&1 || true
-  rm -rf "$OUT"
-}
-trap cleanup EXIT
-
-[[ $(id -u) -eq 0 ]] || skip "the emulated hosts need root (network namespaces, veth pairs, tc); run ctest as root"
-command -v mpirun >/dev/null || skip "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
-if ! err=$(ip netns add "${NAME}x" 2>&1); then
-  skip "this machine does not allow network namespaces ('ip netns add' failed: $err)"
-fi
-ip netns del "${NAME}x"
-
-left_in_hosts() {
-  local i pids=""
-  for ((i = 1; i <= hosts; i++)); do pids+=$(ip netns pids "$NAME-h$i" 2>/dev/null | tr '\n' ' '); done
-  echo "$pids"
-}
 
 if [[ $CASE == bench ]]; then
   hosts=2
