@@ -222,20 +222,23 @@ TEST_P(LaunchFailure, MismatchedDeclarationsFailEveryWorkerClearly) {
 
 TEST_P(LaunchFailure, WrongJobTokenIsRefused) {
   // A scheduler started by hand with one token; a server with another.
-  int port = freePort();
-  std::string env = fmt::format("{} CORTADO_NUM_WORKERS=1 CORTADO_NUM_SERVERS=1 "
-                                "CORTADO_SCHEDULER_HOST=127.0.0.1 CORTADO_SCHEDULER_PORT={} "
-                                "CORTADO_CONNECT_TIMEOUT_MS=3000",
-                                GetParam().env(), port);
-  auto sched = std::async(std::launch::async, [&] {
-    return runCommand(fmt::format("{} CORTADO_JOB_TOKEN=right-token timeout 8 {} scheduler", env,
-                                  kCortado),
-                      20);
+  CommandResult server;
+  auto s = withFreePort([&](int port) {
+    std::string env = fmt::format("{} CORTADO_NUM_WORKERS=1 CORTADO_NUM_SERVERS=1 "
+                                  "CORTADO_SCHEDULER_HOST=127.0.0.1 CORTADO_SCHEDULER_PORT={} "
+                                  "CORTADO_CONNECT_TIMEOUT_MS=3000",
+                                  GetParam().env(), port);
+    auto sched = std::async(std::launch::async, [&] {
+      return runCommand(fmt::format("{} CORTADO_JOB_TOKEN=right-token timeout 8 {} scheduler",
+                                    env, kCortado),
+                        20);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    server = runCommand(
+        fmt::format("{} CORTADO_JOB_TOKEN=wrong-token CORTADO_RANK=0 {} server", env, kCortado),
+        20);
+    return sched.get();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto server = runCommand(
-      fmt::format("{} CORTADO_JOB_TOKEN=wrong-token CORTADO_RANK=0 {} server", env, kCortado), 20);
-  auto s = sched.get();
   ASSERT_FALSE(server.timedOut) << server.output;
   EXPECT_NE(server.exitCode, 0) << server.output;
   EXPECT_TRUE(contains(server.output, "token")) << server.output;
@@ -341,26 +344,29 @@ TEST(TransportSelection, NodesOnDifferentTransportsFailNamingTheMismatch) {
   if (!CORTADO_UCX) GTEST_SKIP() << "this build has one real transport only";
   // Roles started by hand: the scheduler and the server on ZeroMQ, the worker
   // on UCX.
-  int port = freePort();
-  std::string env = fmt::format("CORTADO_LOG_LEVEL=warn CORTADO_NUM_WORKERS=1 "
-                                "CORTADO_NUM_SERVERS=1 CORTADO_SCHEDULER_PORT={} "
-                                "CORTADO_JOB_TOKEN=t CORTADO_CONNECT_TIMEOUT_MS=5000 "
-                                "CORTADO_HEARTBEAT_TIMEOUT_MS=3000",
-                                port);
-  auto sched = std::async(std::launch::async, [&] {
-    return runCommand(fmt::format("{} timeout 20 {} scheduler", env, kCortado), 30);
+  CommandResult worker, srv;
+  withFreePort([&](int port) {
+    std::string env = fmt::format("CORTADO_LOG_LEVEL=warn CORTADO_NUM_WORKERS=1 "
+                                  "CORTADO_NUM_SERVERS=1 CORTADO_SCHEDULER_PORT={} "
+                                  "CORTADO_JOB_TOKEN=t CORTADO_CONNECT_TIMEOUT_MS=5000 "
+                                  "CORTADO_HEARTBEAT_TIMEOUT_MS=3000",
+                                  port);
+    auto sched = std::async(std::launch::async, [&] {
+      return runCommand(fmt::format("{} timeout 20 {} scheduler", env, kCortado), 30);
+    });
+    auto server = std::async(std::launch::async, [&] {
+      return runCommand(
+          fmt::format("{} CORTADO_TRANSPORT=zmq CORTADO_RANK=0 timeout 20 {} server", env,
+                      kCortado),
+          30);
+    });
+    worker = runCommand(fmt::format("{} CORTADO_TRANSPORT=ucx CORTADO_ROLE=worker "
+                                    "CORTADO_RANK=0 timeout 20 {} --tensors 1 --iters 1",
+                                    env, kCheck),
+                        30);
+    srv = server.get();
+    return sched.get();
   });
-  auto server = std::async(std::launch::async, [&] {
-    return runCommand(
-        fmt::format("{} CORTADO_TRANSPORT=zmq CORTADO_RANK=0 timeout 20 {} server", env, kCortado),
-        30);
-  });
-  auto worker = runCommand(fmt::format("{} CORTADO_TRANSPORT=ucx CORTADO_ROLE=worker "
-                                       "CORTADO_RANK=0 timeout 20 {} --tensors 1 --iters 1",
-                                       env, kCheck),
-                           30);
-  sched.get();
-  auto srv = server.get();
   ASSERT_FALSE(worker.timedOut) << worker.output;
   EXPECT_NE(worker.exitCode, 0) << worker.output;
   EXPECT_TRUE(contains(worker.output + srv.output, "must use the same transport"))

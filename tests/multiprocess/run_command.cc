@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <random>
 
 namespace cortado::test {
 
@@ -54,18 +57,57 @@ CommandResult runCommand(const std::string& command, double timeoutSeconds) {
   return r;
 }
 
+namespace {
+
+bool bindable(int port) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(s);
+  return ok;
+}
+
+int ephemeralLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  f >> low;
+  return low;
+}
+
+}  // namespace
+
 int freePort() {
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  int high = std::min(ephemeralLow(), 65536) - 1;
+  int low = std::min(20000, high - 1000);
+  std::uniform_int_distribution<int> pick(low, high);
+  for (int i = 0; i < 200; ++i) {
+    int port = pick(rng);
+    if (bindable(port)) return port;
+  }
+  // Every try taken: let the kernel choose (an ephemeral port).
   int s = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
   bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
   socklen_t len = sizeof(a);
   getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
   close(s);
-  return port;
+  return ntohs(a.sin_port);
+}
+
+CommandResult withFreePort(const std::function<CommandResult(int port)>& attempt) {
+  CommandResult r;
+  for (int i = 0; i < 3; ++i) {
+    r = attempt(freePort());
+    if (r.output.find("Address already in use") == std::string::npos) break;
+  }
+  return r;
 }
 
 }  // namespace cortado::test

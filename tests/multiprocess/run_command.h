@@ -2,6 +2,7 @@
 // capturing its output; the whole process group is killed at the deadline.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace cortado::test {
@@ -15,7 +16,15 @@ struct CommandResult {
 
 CommandResult runCommand(const std::string& command, double timeoutSeconds);
 
-// A free TCP port on 127.0.0.1 (bound and released).
+// A free TCP port on 127.0.0.1 (bound and released), chosen at random below
+// the kernel's ephemeral range (ip_local_port_range), so that the outgoing
+// connections of tests running beside this one cannot be handed the same port
+// between the check and the use. Another test may still pick it: a test that
+// starts a listener on it retries with withFreePort.
 int freePort();
+
+// Runs attempt(port) with a fresh free port, up to three times while its
+// output says the port was taken ("Address already in use").
+CommandResult withFreePort(const std::function<CommandResult(int port)>& attempt);
 
 }  // namespace cortado::test
