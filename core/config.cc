@@ -46,6 +46,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "online re-planning: a new plan takes effect this many iterations after its window"},
       {"CORTADO_REPLAN_THRESHOLD", "", "0.25",
        "online re-planning: relative change of a fitted link rate that makes the scheduler re-plan"},
+      {"CORTADO_REPLAN_MIN_GAIN", "", "0.05",
+       "online re-planning: a new plan is sent only when it is predicted this much faster (relative) "
+       "than the current plan under the same refitted costs"},
       {"CORTADO_UCX_DIRECT", "", "0",
        "ucx: same-host peers move data over UCX shared memory (posix/sysv, cma); a peer that "
        "dies mid-transfer can abort the others (docs/transports.md)"},
@@ -84,6 +87,10 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_REPLAN_THRESHOLD {} must be in (0, 100) (0.25: re-plan when a link's "
                     "rate moves by 25%)",
                     replanThreshold));
+  if (!(replanMinGain >= 0 && replanMinGain < 1))
+    bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "
+                    "predicted gain of 5% or more)",
+                    replanMinGain));
   if (opTimeout.count() <= 0 || connectTimeout.count() <= 0 || heartbeatInterval.count() <= 0 ||
       heartbeatTimeout <= heartbeatInterval)
     bad("timeouts must be positive, and CORTADO_HEARTBEAT_TIMEOUT_MS must exceed "
@@ -114,6 +121,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_REPLAN_CODEC", replanCodec},
       {"CORTADO_REPLAN_AHEAD", std::to_string(replanAhead)},
       {"CORTADO_REPLAN_THRESHOLD", fmt::format("{}", replanThreshold)},
+      {"CORTADO_REPLAN_MIN_GAIN", fmt::format("{}", replanMinGain)},
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
@@ -186,7 +194,9 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
                             fmt::format("CORTADO_REPLAN_AHEAD={} must be at least 1", *v));
     c.replanAhead = uint64_t(*v);
   }
-  if (auto v = getEnv(names("CORTADO_REPLAN_THRESHOLD"))) {
+  auto getDouble = [&](const char* name, double& out, const char* example) {
+    auto v = getEnv(names(name));
+    if (!v) return;
     size_t used = 0;
     double x = 0;
     try {
@@ -196,9 +206,11 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     }
     if (used == 0 || used != v->value.size() || !std::isfinite(x))
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("{}='{}' is not a number (e.g. 0.25)", v->name, v->value));
-    c.replanThreshold = x;
-  }
+                  fmt::format("{}='{}' is not a number (e.g. {})", v->name, v->value, example));
+    out = x;
+  };
+  getDouble("CORTADO_REPLAN_THRESHOLD", c.replanThreshold, "0.25");
+  getDouble("CORTADO_REPLAN_MIN_GAIN", c.replanMinGain, "0.05");
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);

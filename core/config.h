@@ -38,6 +38,7 @@ struct JobConfig {
   std::string replanCodec = "dgc:ratio=0.01";  // CORTADO_REPLAN_CODEC
   uint64_t replanAhead = 10;              // CORTADO_REPLAN_AHEAD
   double replanThreshold = 0.25;          // CORTADO_REPLAN_THRESHOLD
+  double replanMinGain = 0.05;            // CORTADO_REPLAN_MIN_GAIN
   bool ucxDirect = false;                 // ucx: same-host direct endpoints (UcxOptions)
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s

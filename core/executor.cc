@@ -951,12 +951,26 @@ void Executor::closeWindow(Deadline deadline) {
     r.comms.push_back({plan::CommOp(std::get<0>(k)), plan::Scope(std::get<1>(k)), std::get<2>(k),
                        std::get<3>(k), std::get<4>(k), a.calls, a.us});
   lastReport_ = r;
-  if (online_.exchange) worker_.controlClient().sendProfile(plan::toJsonString(r), deadline);
+  if (online_.exchange) {
+    const uint64_t at = worker_.controlClient().sendProfile(plan::toJsonString(r), deadline);
+    if (at > 0) {
+      CORTADO_ENFORCE(at > iteration_, ErrorCode::kProtocol,
+                      "worker {}: the scheduler says a plan from window {} (ending at iteration "
+                      "{}) would take effect at iteration {}, which is not later",
+                      topo_.rank, r.window, iteration_, at);
+      awaiting_.push_back({r.window, at});
+    }
+  }
 }
 
 void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
   CORTADO_ENFORCE(!begun_ || iteration > iteration_, ErrorCode::kInvalidArgument,
                   "worker {}: beginIteration({}) after iteration {}: iterations must increase",
+                  topo_.rank, iteration, iteration_);
+  CORTADO_ENFORCE(!begun_ || online_.window == 0 || iteration == iteration_ + 1,
+                  ErrorCode::kInvalidArgument,
+                  "worker {}: beginIteration({}) after iteration {}: with online re-planning "
+                  "(CORTADO_PROFILE_WINDOW) every iteration is begun, one after the other",
                   topo_.rank, iteration, iteration_);
   begun_ = true;
   iteration_ = iteration;
@@ -972,26 +986,34 @@ void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
       prof_->firstIteration = iteration;
     }
   }
-  // 2. A new plan from the scheduler.
-  if (online_.exchange && online_.window > 0) {
-    if (auto u = worker_.controlClient().latestPlan(); u && u->version > seenPlanVersion_) {
-      seenPlanVersion_ = u->version;
+  // 2. The scheduler's verdicts on the windows whose plan would take effect
+  // at the next iteration: this iteration's runs are the last ones of the
+  // current plan then (the servers flush their residuals in them), so every
+  // worker must know now. A verdict that is not there yet is waited for.
+  if (online_.exchange) {
+    while (!awaiting_.empty() && awaiting_.front().second <= iteration + 1) {
+      const auto [window, at] = awaiting_.front();
+      awaiting_.pop_front();
+      control::PlanUpdate u = worker_.controlClient().waitVerdict(window, deadline);
+      if (u.version == 0) continue;  // the plan stays
+      CORTADO_ENFORCE(u.switchAt == at, ErrorCode::kProtocol,
+                      "worker {}: plan version {} from window {} switches at iteration {}, but the "
+                      "scheduler acknowledged the window with {}",
+                      topo_.rank, u.version, window, u.switchAt, at);
+      const uint64_t current = plan_ ? plan_->version : 0;
+      CORTADO_ENFORCE(u.version > current && u.version > seenPlanVersion_, ErrorCode::kProtocol,
+                      "worker {}: plan version {} from window {} is not newer than version {}",
+                      topo_.rank, u.version, window, std::max(current, seenPlanVersion_));
+      seenPlanVersion_ = u.version;
       plan::Plan p;
       try {
-        p = plan::planFromJsonString(u->planJson);
+        p = plan::planFromJsonString(u.planJson);
       } catch (const Error& e) {
         throw Error(e.code(), fmt::format("worker {}: plan version {} from the scheduler: {}",
-                                          topo_.rank, u->version, e.what()));
+                                          topo_.rank, u.version, e.what()));
       }
-      p.version = u->version;
-      // A switch iteration that is this one is in time: nothing ran yet.
-      CORTADO_ENFORCE(u->switchAt >= iteration, ErrorCode::kMismatch,
-                      "worker {}: plan version {} (switch at iteration {}) arrived at iteration "
-                      "{}, after its switch iteration; this worker still runs plan version {} "
-                      "while the others switched: the plan reached it too late (raise "
-                      "CORTADO_REPLAN_AHEAD)",
-                      topo_.rank, u->version, u->switchAt, iteration, plan_ ? plan_->version : 0);
-      scheduled_ = std::make_pair(std::move(p), u->switchAt);
+      p.version = u.version;
+      scheduled_ = std::make_pair(std::move(p), u.switchAt);
     }
   }
   // 3. Switch.

@@ -30,6 +30,7 @@
 // Errors name the tensor, the step and the peer or group.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -128,13 +129,15 @@ class Executor {
 
   // --- online re-planning -----------------------------------------------------
   void setOnline(const OnlineOptions& o) { online_ = o; }
-  // Marks the start of training iteration `iteration` (strictly increasing;
-  // every worker calls it with the same numbers). In this order: closes a
-  // profiling window that ends here (and sends its report), takes a new plan
-  // from the scheduler, and switches to a scheduled plan whose switch
-  // iteration is this one (setPlan: collective, like every run()). Throws
-  // kMismatch when a plan arrives after its switch iteration (the message
-  // names both versions and iterations): the other workers switched already.
+  // Marks the start of training iteration `iteration` (strictly increasing,
+  // and consecutive with online profiling on; every worker calls it with the
+  // same numbers). In this order: closes a profiling window that ends here
+  // (and sends its report), takes the scheduler's verdict on every window
+  // whose plan would take effect at the next iteration (waiting for it up to
+  // the deadline: kTimeout naming the window), and switches to a scheduled
+  // plan whose switch iteration is this one (setPlan: collective, like every
+  // run()). Every worker so learns of a plan before the last iteration of
+  // the plan it replaces, whatever the scheduler's delay.
   void beginIteration(uint64_t iteration, Deadline deadline);
   // The last iteration begun (0 before the first).
   uint64_t iteration() const { return iteration_; }
@@ -168,6 +171,9 @@ class Executor {
   uint64_t iteration_ = 0;
   uint64_t windowIndex_ = 0;
   uint64_t seenPlanVersion_ = 0;  // newest PlanUpdate taken from the control client
+  // Windows reported whose verdict is still to be taken: (window, the
+  // iteration a plan from it would take effect at).
+  std::deque<std::pair<uint64_t, uint64_t>> awaiting_;
   std::optional<std::pair<plan::Plan, uint64_t>> scheduled_;  // plan and switch iteration
   std::optional<plan::ProfileReport> lastReport_;
 };

@@ -264,6 +264,7 @@ int runLaunch(const LaunchOptions& opts) {
   so.heartbeatTimeout = job.heartbeatTimeout;
   so.registrationTimeout = job.connectTimeout * 2;
   so.replanner = replannerFor(job);
+  so.replanAhead = job.replanAhead;
   auto sched = scheduler::Scheduler::create(so);
   job.schedulerPort = sched->port();
   CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,

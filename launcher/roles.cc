@@ -21,6 +21,7 @@ scheduler::Replanner replannerFor(const JobConfig& job) {
   ro.codec = job.replanCodec;
   ro.ahead = job.replanAhead;
   ro.threshold = job.replanThreshold;
+  ro.minGain = job.replanMinGain;
   ro.cpuCores = int(std::max(1u, std::thread::hardware_concurrency()));
   try {
     return scheduler::makeReplanner(ro);
@@ -40,6 +41,7 @@ int runSchedulerRole(const JobConfig& job) {
   so.heartbeatTimeout = job.heartbeatTimeout;
   so.registrationTimeout = job.connectTimeout * 2;
   so.replanner = replannerFor(job);
+  so.replanAhead = job.replanAhead;
   auto sched = scheduler::Scheduler::create(so);
   CORTADO_LOG_INFO("listening on port {} for {} servers and {} workers", sched->port(),
                    job.numServers, job.numWorkers);

@@ -58,10 +58,12 @@ OnlineReplanner::OnlineReplanner(ReplanOptions opts) : opts_(std::move(opts)) {
   hw_.link(opts_.intra);  // throws listing the valid names
   hw_.link(opts_.inter);
   codecs_.resolve(opts_.codec);
-  CORTADO_ENFORCE(opts_.threshold > 0 && opts_.ahead >= 1, ErrorCode::kInvalidArgument,
-                  "re-planning: CORTADO_REPLAN_THRESHOLD must be > 0 (got {}) and "
-                  "CORTADO_REPLAN_AHEAD at least 1 (got {})",
-                  opts_.threshold, opts_.ahead);
+  CORTADO_ENFORCE(opts_.threshold > 0 && opts_.ahead >= 1 && opts_.minGain >= 0 && opts_.minGain < 1,
+                  ErrorCode::kInvalidArgument,
+                  "re-planning: CORTADO_REPLAN_THRESHOLD must be > 0 (got {}), "
+                  "CORTADO_REPLAN_AHEAD at least 1 (got {}) and CORTADO_REPLAN_MIN_GAIN in [0, 1) "
+                  "(got {})",
+                  opts_.threshold, opts_.ahead, opts_.minGain);
 }
 
 LinkFit OnlineReplanner::fitLink(const std::vector<plan::ProfileReport>& reports, bool intra,
@@ -248,12 +250,43 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   planner::Simulator sim(cl, codecs.resolve(opts_.codec), prof, options);
   planner::Planner pl(sim);
   planner::Strategy s = pl.decide();
+  // The plan the workers run, under the same refitted costs: a new plan must
+  // beat it by minGain (a plan with an option this job's workers cannot run
+  // any more, or a tensor it does not name, is always replaced).
+  if (current_) {
+    std::vector<int> cur(size_t(sim.tensors()), -1);
+    bool comparable = true;
+    for (int j = 0; j < sim.tensors() && comparable; ++j) {
+      auto it = current_->tensors.find(sim.profile().tensors[size_t(j)].name);
+      if (it == current_->tensors.end()) {
+        comparable = false;
+        break;
+      }
+      auto o = std::find(options.begin(), options.end(), it->second);
+      if (o == options.end()) comparable = false;
+      else cur[size_t(j)] = int(o - options.begin());
+    }
+    if (comparable) {
+      const double curUs = sim.simulate(cur), newUs = sim.simulate(s.choice);
+      if (!(newUs < curUs * (1.0 - opts_.minGain))) {
+        reason_ += fmt::format("; the new plan is predicted {:.0f} us against {:.0f} us for plan "
+                               "version {}, a gain under CORTADO_REPLAN_MIN_GAIN {:.0f}%: the plan "
+                               "stays",
+                               newUs, curUs, current_->version, opts_.minGain * 100);
+        CORTADO_LOG_INFO("[replan] {}", reason_);
+        plannedInter_ = nowInter;  // the current plan is what these rates call for
+        plannedIntra_ = nowIntra;
+        return std::nullopt;
+      }
+    }
+  }
   uint64_t base = 0, end = 0;
   for (const auto& r : reports) base = std::max(base, r.planVersion), end = std::max(end, r.endIteration);
   version_ = std::max(version_, base) + 1;
   plan::Plan p = planner::toPlan(sim, s, version_);
   plannedInter_ = nowInter;
   plannedIntra_ = nowIntra;
+  current_ = p;
   control::PlanUpdate u;
   u.version = version_;
   u.switchAt = end + opts_.ahead;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/control/control_client.h"
+#include "core/plan/plan.h"
 #include "core/plan/profile_report.h"
 #include "scheduler/planner/cost_model.h"
 #include "scheduler/scheduler.h"
@@ -38,6 +39,10 @@ struct ReplanOptions {
   std::string codec;            // codec spec the planner may compress with (CORTADO_REPLAN_CODEC)
   uint64_t ahead = 10;          // switch this many iterations after the window's end
   double threshold = 0.25;      // relative change of a link's rate that re-plans
+  // After the first plan, a new plan is sent only when the simulator, with
+  // the refitted costs, predicts it at least this much faster (relative) than
+  // the plan the workers run: noisy fits do not switch plans for nothing.
+  double minGain = 0.05;
   std::string intra = "pcie";   // hardware.json links used until measured
   std::string inter = "10gbit";
   int cpuCores = 8;
@@ -83,6 +88,7 @@ class OnlineReplanner {
   uint64_t switchAt_ = 0;  // the last plan's switch iteration
   double plannedInter_ = 0, plannedIntra_ = 0;
   std::string reason_;
+  std::optional<plan::Plan> current_;  // the last plan handed out
 };
 
 // The hook for SchedulerOptions::replanner: one OnlineReplanner shared by the

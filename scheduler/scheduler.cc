@@ -86,6 +86,8 @@ class SchedulerImpl final : public Scheduler {
     CORTADO_ENFORCE(opts_.numServers >= 0, ErrorCode::kInvalidArgument,
                     "scheduler: negative number of servers {} (CORTADO_NUM_SERVERS)",
                     opts_.numServers);
+    CORTADO_ENFORCE(opts_.replanAhead >= 1, ErrorCode::kInvalidArgument,
+                    "scheduler: CORTADO_REPLAN_AHEAD {} must be at least 1", opts_.replanAhead);
     CORTADO_ENFORCE(opts_.port >= 0 && opts_.port < 65536, ErrorCode::kInvalidArgument,
                     "scheduler: port {} is out of range 0..65535 (CORTADO_SCHEDULER_PORT)",
                     opts_.port);
@@ -488,11 +490,17 @@ class SchedulerImpl final : public Scheduler {
       return replyFailed(s, req, e.code(), fmt::format("{} sent a report the scheduler refused: {}",
                                                        s.info.id.toString(), e.what()));
     }
-    s.conn->send(MsgType::kProfileAck, Json{{"req", req}});
-    if (!opts_.replanner) return;
-    // Windows older than the newest complete one are of no use any more.
-    if (r.window < nextWindow_) return;
+    if (!opts_.replanner) {
+      s.conn->send(MsgType::kProfileAck, Json{{"req", req}, {"switchAt", 0}});
+      return;
+    }
+    const uint64_t windowEnd = r.endIteration;
+    const uint64_t switchAt = windowEnd + opts_.replanAhead;
+    s.conn->send(MsgType::kProfileAck, Json{{"req", req}, {"switchAt", switchAt}});
     const uint64_t w = r.window;
+    // A window whose verdict went out already (it cannot complete again):
+    // this worker still waits for one.
+    if (w < nextWindow_) return sendVerdict(&s, w, std::nullopt);
     const int rank = r.rank;
     auto& got = windows_[w];
     got.resize(opts_.numWorkers);
@@ -509,21 +517,35 @@ class SchedulerImpl final : public Scheduler {
     } catch (const std::exception& e) {
       CORTADO_LOG_ERROR("[scheduler] re-planning after window {} failed, the current plan stays: {}",
                         w, e.what());
-      return;
+      u.reset();
     }
-    if (!u) return;
-    if (u->planJson.size() > control::kMaxPlanBytes) {
+    if (u && u->planJson.size() > control::kMaxPlanBytes) {
       CORTADO_LOG_ERROR("[scheduler] the new plan has {} bytes, over the limit {}; not sent",
                         u->planJson.size(), control::kMaxPlanBytes);
-      return;
+      u.reset();
     }
-    CORTADO_LOG_INFO("[scheduler] plan version {} after window {}: every worker switches at "
-                     "iteration {}",
-                     u->version, w, u->switchAt);
+    if (u && (u->version == 0 || u->switchAt != switchAt)) {
+      CORTADO_LOG_ERROR("[scheduler] the re-planner's plan version {} switches at iteration {}, "
+                        "not at {} (window end {} + CORTADO_REPLAN_AHEAD {}); not sent",
+                        u->version, u->switchAt, switchAt, windowEnd, opts_.replanAhead);
+      u.reset();
+    }
+    if (u)
+      CORTADO_LOG_INFO("[scheduler] plan version {} after window {}: every worker switches at "
+                       "iteration {}",
+                       u->version, w, u->switchAt);
+    sendVerdict(nullptr, w, u);
+  }
+
+  // The verdict on window `w` (a plan, or "keep the current plan" when `u` is
+  // empty) to one worker, or to every registered worker when `to` is null.
+  void sendVerdict(Session* to, uint64_t w, const std::optional<control::PlanUpdate>& u) {
+    Json body = u ? Json{{"window", w}, {"version", u->version}, {"switchAt", u->switchAt}, {"plan", u->planJson}}
+                  : Json{{"window", w}, {"version", 0}, {"switchAt", 0}, {"plan", ""}};
+    if (to) return to->conn->send(MsgType::kPlanUpdate, body);
     for (auto& [id, ws] : sessions_) {
       if (ws->info.id.role != Role::kWorker || ws->state != Session::State::kRegistered) continue;
-      ws->conn->send(MsgType::kPlanUpdate,
-                     Json{{"version", u->version}, {"switchAt", u->switchAt}, {"plan", u->planJson}});
+      ws->conn->send(MsgType::kPlanUpdate, body);
     }
   }
 

@@ -38,6 +38,11 @@ struct SchedulerOptions {
   Millis handshakeTimeout{10000};
   // Empty: profile reports are acknowledged and dropped (no re-planning).
   Replanner replanner;
+  // A plan made from a window that ends at iteration e takes effect at
+  // iteration e + replanAhead (CORTADO_REPLAN_AHEAD): the acknowledgement of
+  // every report says so, and the workers wait for the verdict on the window
+  // before they run iteration e + replanAhead - 1. At least 1.
+  uint64_t replanAhead = 10;
 };
 
 class Scheduler {

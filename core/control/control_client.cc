@@ -182,19 +182,37 @@ class ControlClientImpl final : public ControlClient {
             fmt::format("put of key '{}'", key));
   }
 
-  void sendProfile(const std::string& reportJson, Deadline deadline) override {
+  uint64_t sendProfile(const std::string& reportJson, Deadline deadline) override {
     CORTADO_ENFORCE(opts_.role == Role::kWorker, ErrorCode::kInvalidArgument,
                     "sendProfile: only workers send profiles, this node is a {}", roleName(opts_.role));
     CORTADO_ENFORCE(reportJson.size() <= plan::kMaxProfileBytes, ErrorCode::kInvalidArgument,
                     "profile report of {} bytes: the limit is {} (fewer tensors or a shorter "
                     "window)",
                     reportJson.size(), plan::kMaxProfileBytes);
-    request(MsgType::kProfile, Json{{"report", reportJson}}, deadline, "profile report");
+    Json ack = request(MsgType::kProfile, Json{{"report", reportJson}}, deadline, "profile report");
+    return getUInt(ack, "switchAt");
   }
 
-  std::optional<PlanUpdate> latestPlan() const override {
-    std::lock_guard<std::mutex> lk(mu_);
-    return latestPlan_;
+  PlanUpdate waitVerdict(uint64_t window, Deadline deadline) override {
+    CORTADO_ENFORCE(opts_.role == Role::kWorker, ErrorCode::kInvalidArgument,
+                    "waitVerdict: only workers get plans, this node is a {}", roleName(opts_.role));
+    auto start = Clock::now();
+    std::unique_lock<std::mutex> lk(mu_);
+    auto done = [&] { return verdicts_.count(window) > 0 || !failure_.ok() || closed_; };
+    if (deadline.at() == Clock::time_point::max()) {
+      cv_.wait(lk, done);
+    } else if (!cv_.wait_until(lk, deadline.at(), done)) {
+      throw Error(ErrorCode::kTimeout,
+                  fmt::format("{}: no verdict from the scheduler at {} on profiling window {} after "
+                              "{} ms (is the scheduler overloaded? re-planning runs on its io "
+                              "thread; a larger CORTADO_REPLAN_AHEAD gives it more time)",
+                              self_.toString(), scheduler_, window, msSince(start)));
+    }
+    auto it = verdicts_.find(window);
+    if (it == verdicts_.end()) throwIfUnusableLocked(fmt::format("the verdict on window {}", window));
+    PlanUpdate u = it->second;
+    verdicts_.erase(verdicts_.begin(), std::next(it));
+    return u;
   }
 
   std::string get(const std::string& key, Deadline deadline) override {
@@ -504,13 +522,23 @@ class ControlClientImpl final : public ControlClient {
       case Phase::kReady:
         if (type == MsgType::kPlanUpdate) {
           PlanUpdate u;
+          u.window = getUInt(body, "window");
           u.version = getUInt(body, "version");
           u.switchAt = getUInt(body, "switchAt");
           u.planJson = getString(body, "plan");
           CORTADO_ENFORCE(u.planJson.size() <= kMaxPlanBytes, ErrorCode::kProtocol,
                           "plan update of {} bytes (limit {})", u.planJson.size(), kMaxPlanBytes);
-          std::lock_guard<std::mutex> lk(mu_);
-          if (!latestPlan_ || latestPlan_->version < u.version) latestPlan_ = std::move(u);
+          CORTADO_ENFORCE((u.version == 0) == u.planJson.empty(), ErrorCode::kProtocol,
+                          "plan update for window {}: version {} with {} bytes of plan (a plan "
+                          "has a version above 0, \"no new plan\" has neither)",
+                          u.window, u.version, u.planJson.size());
+          {
+            std::lock_guard<std::mutex> lk(mu_);
+            CORTADO_ENFORCE(verdicts_.size() < 1024, ErrorCode::kProtocol,
+                            "over 1024 verdicts on profiling windows not taken");
+            verdicts_[u.window] = std::move(u);
+          }
+          cv_.notify_all();
           return;
         }
         if (type == MsgType::kDeclared || type == MsgType::kBarrierDone || type == MsgType::kValue ||
@@ -735,7 +763,7 @@ class ControlClientImpl final : public ControlClient {
   bool connected_ = false;
   bool shutdown_ = false;
   bool closed_ = false;
-  std::optional<PlanUpdate> latestPlan_;
+  std::map<uint64_t, PlanUpdate> verdicts_;  // by window, until waitVerdict takes them
 };
 
 }  // namespace

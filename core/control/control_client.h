@@ -83,12 +83,14 @@ struct TensorDecl {
 
 enum class Group { kAll, kWorkers, kServers };
 
-// A plan the scheduler handed out after re-planning (online re-planning):
-// every worker switches to it at iteration `switchAt`.
+// The scheduler's verdict on one profiling window (online re-planning): a
+// new plan that every worker switches to at iteration `switchAt`, or, with
+// version 0 and no plan, "keep the current plan".
 struct PlanUpdate {
-  uint64_t version = 0;
+  uint64_t window = 0;
+  uint64_t version = 0;  // 0: no new plan
   uint64_t switchAt = 0;
-  std::string planJson;  // plan::Plan as JSON
+  std::string planJson;  // plan::Plan as JSON; empty when version is 0
 };
 
 class ControlClient {
@@ -126,13 +128,20 @@ class ControlClient {
   virtual std::string get(const std::string& key, Deadline deadline) = 0;
 
   // Workers: sends one profiling window's report (plan::ProfileReport as
-  // JSON text) and waits for the scheduler's acknowledgement. Throws
-  // kInvalidArgument when it exceeds plan::kMaxProfileBytes; the scheduler
-  // refuses a malformed report with kProtocol naming the field.
-  virtual void sendProfile(const std::string& reportJson, Deadline deadline) = 0;
-  // The newest plan the scheduler handed out (PlanUpdate), or nothing. Never
-  // blocks; thread-safe.
-  virtual std::optional<PlanUpdate> latestPlan() const = 0;
+  // JSON text) and waits for the scheduler's acknowledgement. Returns the
+  // iteration at which a plan made from this window would take effect (the
+  // window's end + CORTADO_REPLAN_AHEAD): the scheduler sends its verdict on
+  // the window (waitVerdict) to every worker, and each must have it before
+  // it runs the iteration before that one. 0: the scheduler does not
+  // re-plan, no verdict comes. Throws kInvalidArgument when the report
+  // exceeds plan::kMaxProfileBytes; the scheduler refuses a malformed report
+  // with kProtocol naming the field.
+  virtual uint64_t sendProfile(const std::string& reportJson, Deadline deadline) = 0;
+  // Workers: the scheduler's verdict on profiling window `window`, waiting
+  // for it up to the deadline (kTimeout naming the window); a verdict that
+  // came earlier is returned at once, and forgotten with older windows'.
+  // Thread-safe.
+  virtual PlanUpdate waitVerdict(uint64_t window, Deadline deadline) = 0;
 
   // Workers: this worker is done. Non-blocking; a no-op after a failure.
   // Throws kInvalidArgument on a server or before connect().

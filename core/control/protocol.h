@@ -18,10 +18,13 @@
 //   N->S Put{req, key, value}         S->N Value{req, value}  (value as hex)
 //   N->S Get{req, key}                S->N Value{req, value}  (once some node put it)
 //                                     S->N RequestFailed{req, code, message}
-//   N->S Profile{req, report}         S->N ProfileAck{req}   (report: JSON text,
-//                                     plan::ProfileReport, at most kMaxProfileBytes)
-//                                     S->N PlanUpdate{version, switchAt, plan}
-//                                     (unasked, to every worker, after a re-plan)
+//   N->S Profile{req, report}         S->N ProfileAck{req, switchAt}  (report: JSON
+//                                     text, plan::ProfileReport, at most
+//                                     kMaxProfileBytes; switchAt 0: no re-planning)
+//                                     S->N PlanUpdate{window, version, switchAt, plan}
+//                                     (unasked, to every worker, once every worker
+//                                     reported the window: version 0 and an empty
+//                                     plan when the plan stays)
 //   N->S Finish{}                     S->N Shutdown{} | Abort{code, message, node?}
 // After Refused, Shutdown or Abort the scheduler sends nothing more and
 // half-closes; the node closes its side.

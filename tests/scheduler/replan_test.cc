@@ -196,6 +196,41 @@ TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
   EXPECT_EQ(u2->version, 8u);
 }
 
+// A link that moves beyond the threshold re-plans, but the new plan is sent
+// only when it beats the current one by CORTADO_REPLAN_MIN_GAIN under the
+// same refitted costs; with a gain of 0 required, any other plan is sent.
+TEST(Replan, SendsANewPlanOnlyForThePredictedGain) {
+  Truth t;
+  t.interGbps = 10;
+  auto strict = options();
+  strict.minGain = 0.5;  // 50%: a 10 -> 14 Gbit/s move cannot gain that much
+  auto loose = options();
+  loose.minGain = 0;
+  OnlineReplanner a(strict), b(loose);
+  ASSERT_TRUE(a.onWindow(window(t, 2, 1, 0, 1)));
+  ASSERT_TRUE(b.onWindow(window(t, 2, 1, 0, 1)));
+  t.interGbps = 14;  // 40%: beyond the 25% threshold
+  // (Window 1 began before plan version 1 took effect at iteration 25.)
+  EXPECT_FALSE(a.onWindow(window(t, 2, 1, 2, 2, 1)));
+  EXPECT_NE(a.lastReason().find("the plan stays"), std::string::npos) << a.lastReason();
+  // The kept plan counts as planned for the new rate: the same rate again
+  // does not re-plan.
+  EXPECT_NEAR(a.plannedInterGbps(), 14, 0.5);
+  EXPECT_FALSE(a.onWindow(window(t, 2, 1, 3, 3, 1)));
+  // The loose replanner sends any plan predicted faster at all, and keeps the
+  // current one when the new one is no faster (the same plan, here).
+  auto ub = b.onWindow(window(t, 2, 1, 2, 2, 1));
+  if (!ub) EXPECT_NE(b.lastReason().find("the plan stays"), std::string::npos) << b.lastReason();
+  // A large move beats any required gain: 10 -> 0.1 Gbit/s.
+  t.interGbps = 0.1;
+  auto ua = a.onWindow(window(t, 2, 1, 4, 4, 1));
+  ASSERT_TRUE(ua) << a.lastReason();
+  EXPECT_EQ(ua->version, 2u);
+  auto bad = options();
+  bad.minGain = 1.0;
+  EXPECT_THROW(OnlineReplanner{bad}, Error);
+}
+
 TEST(Replan, BadWindowsAreRefusedWithTheReason) {
   OnlineReplanner r(options());
   try {
@@ -244,7 +279,9 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
   ::setenv("CORTADO_REPLAN_CODEC", "efsignsgd", 1);
   ::setenv("CORTADO_REPLAN_AHEAD", "3", 1);
   ::setenv("CORTADO_REPLAN_THRESHOLD", "0.5", 1);
+  ::setenv("CORTADO_REPLAN_MIN_GAIN", "0.1", 1);
   JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.replanMinGain, 0.1);
   EXPECT_EQ(c.profileWindow, 7u);
   EXPECT_EQ(c.replanCodec, "efsignsgd");
   EXPECT_EQ(c.replanAhead, 3u);
@@ -267,10 +304,15 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
       EXPECT_EQ(v, "0.5");
       ++seen;
     }
+    if (k == "CORTADO_REPLAN_MIN_GAIN") {
+      EXPECT_EQ(v, "0.1");
+      ++seen;
+    }
   }
-  EXPECT_EQ(seen, 4);
+  EXPECT_EQ(seen, 5);
   for (auto [name, value, needle] :
        {std::tuple{"CORTADO_REPLAN_THRESHOLD", "abc", "not a number"},
+        std::tuple{"CORTADO_REPLAN_MIN_GAIN", "x", "not a number"},
         std::tuple{"CORTADO_REPLAN_AHEAD", "0", "at least 1"},
         std::tuple{"CORTADO_PROFILE_WINDOW", "-2", "0 (off)"}}) {
     ::setenv(name, value, 1);
@@ -285,8 +327,18 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
   ::setenv("CORTADO_REPLAN_THRESHOLD", "0", 1);
   c = readJobConfig(false);
   EXPECT_THROW(c.validate(), Error);
+  ::setenv("CORTADO_REPLAN_THRESHOLD", "0.25", 1);
+  ::setenv("CORTADO_REPLAN_MIN_GAIN", "1", 1);
+  c = readJobConfig(false);
+  c.numWorkers = c.numServers = 1;
+  try {
+    c.validate();
+    ADD_FAILURE() << "CORTADO_REPLAN_MIN_GAIN=1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_REPLAN_MIN_GAIN"), std::string::npos) << e.what();
+  }
   for (const char* n : {"CORTADO_PROFILE_WINDOW", "CORTADO_REPLAN_CODEC", "CORTADO_REPLAN_AHEAD",
-                        "CORTADO_REPLAN_THRESHOLD"})
+                        "CORTADO_REPLAN_THRESHOLD", "CORTADO_REPLAN_MIN_GAIN"})
     ::unsetenv(n);
 }
 
