@@ -57,6 +57,27 @@ def test_distributed_optimizer_matches_single_process(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+def test_optimizer_through_the_plan_executor(run_job):
+    # The default plan (exact), a plan given from Python (fp16 push/pull) and
+    # the errors of bad arguments.
+    job = run_job(3, 2, "executor_check.py", "--mode", "plans", timeout=180)
+    results = assert_all_ok(job, 3)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
+def test_optimizer_switches_to_the_schedulers_plan(run_job):
+    # Online re-planning: a window of 2 iterations after 1 warm-up iteration,
+    # the plan (fp16 may be chosen) one iteration later, on every worker at
+    # the same step.
+    job = run_job(2, 1, "executor_check.py", "--mode", "online", timeout=180,
+                  env={"CORTADO_PROFILE_WINDOW": "2", "CORTADO_REPLAN_CODEC": "fp16",
+                       "CORTADO_REPLAN_AHEAD": "1"})
+    results = assert_all_ok(job, 2)
+    versions = {rank: r["report"]["versions"] for rank, r in results.items()}
+    assert versions[0] == versions[1], versions
+    print({rank: r["report"] for rank, r in results.items()})
+
+
 def test_errors_in_a_running_job(run_job):
     job = run_job(1, 1, "errors_local.py")
     results = assert_all_ok(job, 1)

@@ -30,6 +30,8 @@
 #include "core/common/env.h"
 #include "core/common/logging.h"
 #include "core/config.h"
+#include "core/executor.h"
+#include "core/plan/plan.h"
 #include "core/worker.h"
 #include "compressor/registry.h"
 #include "cortado/config.h"
@@ -313,6 +315,81 @@ class Runtime {
   int localSize_ = 1;
 };
 
+// The plan executor (core/executor.h) over a Runtime's worker: each tensor
+// runs its plan option (BytePS's default, a CORTADO_PLAN file, a plan set
+// from Python, or the scheduler's plans with online re-planning). Python
+// workers run without MPI groups: every worker is its machine's only worker,
+// so plans use push/pull through the servers (with or without compression);
+// plans with flat or inter-machine collectives are refused naming the
+// tensor. run() is synchronous and releases the GIL while it runs.
+class PyExecutor {
+ public:
+  explicit PyExecutor(Runtime& rt)
+      : rt_(rt), job_(readJobConfig(false)),
+        ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {}
+
+  // Without the worker (after cortado shut down) nothing may touch it.
+  executor::Executor& ex() {
+    CORTADO_ENFORCE(!rt_.closed(), ErrorCode::kClosed,
+                    "the plan executor's worker was shut down: make a new Executor after "
+                    "cortado.init() in a new process");
+    return *ex_;
+  }
+
+  void declare(const std::string& name, uint64_t count) { ex().declare(name, DType::kFloat32, count); }
+
+  void setPlan(const std::string& json, std::optional<double> timeout) {
+    plan::Plan p = plan::planFromJsonString(json);
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    auto& e = ex();
+    py::gil_scoped_release nogil;
+    e.setPlan(p, d);
+  }
+
+  std::string planJson() {
+    auto& e = ex();
+    return e.hasPlan() ? plan::toJsonString(e.currentPlan()) : std::string();
+  }
+  uint64_t planVersion() {
+    auto& e = ex();
+    return e.hasPlan() ? e.currentPlan().version : 0;
+  }
+
+  // Online re-planning as the job asks for it (CORTADO_PROFILE_WINDOW);
+  // returns the window (0: off).
+  uint64_t enableOnline() {
+    ex().setOnline(executor::onlineOptions(job_));
+    return job_.profileWindow;
+  }
+
+  void beginIteration(uint64_t iteration, std::optional<double> timeout) {
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    auto& e = ex();
+    py::gil_scoped_release nogil;
+    e.beginIteration(iteration, d);
+  }
+
+  // `input` and `output` hold `count` float32 values (may be the same).
+  void run(const std::string& name, uint64_t count, uintptr_t input, uintptr_t output,
+           bool average, std::optional<double> timeout) {
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    auto& e = ex();
+    py::gil_scoped_release nogil;
+    e.run(name, reinterpret_cast<const float*>(input), reinterpret_cast<float*>(output), count,
+          average ? ReduceOp::kAverage : ReduceOp::kSum, d);
+  }
+
+  std::string lastReport() {
+    auto& e = ex();
+    return e.lastReport() ? plan::toJsonString(*e.lastReport()) : std::string();
+  }
+
+ private:
+  Runtime& rt_;
+  JobConfig job_;
+  std::unique_ptr<executor::Executor> ex_;
+};
+
 // The CPU codecs, as workers and servers know them. Built once, never
 // changed afterwards (immutable, so sharing it between threads is safe).
 const compressor::Registry& cpuCodecs() {
@@ -414,6 +491,25 @@ PYBIND11_MODULE(_C, m) {
       .def("wait", &PyHandle::wait, py::arg("timeout") = py::none(),
            "Waits (without the GIL) until completion; raises CortadoError on failure or "
            "timeout (seconds; None: the job's CORTADO_TIMEOUT_MS).");
+
+  py::class_<PyExecutor>(m, "Executor")
+      .def(py::init<Runtime&>(), py::arg("runtime"), py::keep_alive<1, 2>(),
+           "The plan executor over this runtime's worker (push/pull plans: no MPI groups).")
+      .def("declare", &PyExecutor::declare, py::arg("name"), py::arg("count"))
+      .def("set_plan", &PyExecutor::setPlan, py::arg("plan_json"), py::arg("timeout") = py::none(),
+           "Sets a plan (plan::Plan JSON, as `cortado plan --json` prints it) on every worker: "
+           "collective.")
+      .def_property_readonly("plan_json", &PyExecutor::planJson)
+      .def_property_readonly("plan_version", &PyExecutor::planVersion)
+      .def("enable_online", &PyExecutor::enableOnline,
+           "Online re-planning as CORTADO_PROFILE_WINDOW asks; returns the window (0: off).")
+      .def("begin_iteration", &PyExecutor::beginIteration, py::arg("iteration"),
+           py::arg("timeout") = py::none())
+      .def("run", &PyExecutor::run, py::arg("name"), py::arg("count"), py::arg("input"),
+           py::arg("output"), py::arg("average") = true, py::arg("timeout") = py::none(),
+           "Sums (or averages) a float32 tensor over every worker by its plan option; blocks "
+           "without the GIL.")
+      .def_property_readonly("last_report", &PyExecutor::lastReport);
 
   py::class_<Runtime>(m, "Runtime")
       .def_static("start", &Runtime::start, py::arg("connect_timeout") = py::none(),

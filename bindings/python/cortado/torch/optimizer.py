@@ -9,11 +9,13 @@ that the next forward pass needs first are sent first.
 """
 
 import contextlib
+import json
+import os
 import warnings
 
 import torch
 
-from .. import _runtime
+from .. import _C, _runtime
 from ..compression import AutoCompression, Compression, Compressor
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
@@ -44,7 +46,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # Mixed into the wrapped optimizer's class by DistributedOptimizer(); its
     # __init__ runs the wrapped class's __init__ on the same param_groups.
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 name_prefix):
+                 name_prefix, executor=False, plan=None):
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -82,7 +84,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for _, p in self._ordered:
             check_tensor(p, "DistributedOptimizer", "parameter")
         rt = _runtime.require("DistributedOptimizer")
-        _resolve_auto(self._compressors, self._ordered, self._names, rt.size)
+        self.executor = None
+        if executor:
+            self._start_executor(rt, compression, plan)
+        elif plan is not None:
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer: plan= needs executor=True (the plan "
+                                 "executor runs plans)")
+        else:
+            _resolve_auto(self._compressors, self._ordered, self._names, rt.size)
         self._backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for _, p in self._ordered}
         self._handles = {}
@@ -91,7 +101,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs = []
         # Every worker declares every gradient up front, in the same order,
         # so that hooks firing in any order never wait on one another.
-        for _, p in self._ordered:
+        for _, p in ([] if self.executor is not None else self._ordered):
             c = self._compressors[p]
             sent, _ = c.compress(torch.empty(0, dtype=p.dtype))
             if c.engine_codec is not None and p.dtype != torch.float32:
@@ -104,6 +114,43 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 _runtime.declare(rt, self._names[p], DTYPES[sent.dtype], p.numel(),
                                  c.engine_codec)
         self._register_hooks()
+
+    def _start_executor(self, rt, compression, plan):
+        """The plan executor runs every gradient: the plan (or, with
+        CORTADO_PROFILE_WINDOW, the scheduler's re-plans) decides the path and
+        the compression of each, so `compression` must stay none."""
+        per_tensor = isinstance(compression, dict) or (
+            callable(compression) and not isinstance(compression, (Compressor, str)))
+        if per_tensor or Compression.lookup(compression) is not Compression.none:
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer: with executor=True the plan chooses each "
+                                 "gradient's compression; leave compression none")
+        for _, p in self._ordered:
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise _runtime.error(
+                    "invalid_argument",
+                    f"DistributedOptimizer: executor=True runs float32 CPU gradients; "
+                    f"parameter '{self._names[p]}' is {p.dtype} on {p.device}")
+        ex = _C.Executor(rt)
+        for _, p in self._ordered:
+            ex.declare(self._names[p], p.numel())
+        if plan is not None:
+            if isinstance(plan, dict):
+                text = json.dumps(plan)
+            elif isinstance(plan, (str, os.PathLike)) and os.path.isfile(plan):
+                with open(plan, encoding="utf-8") as f:
+                    text = f.read()
+            elif isinstance(plan, str) and plan.lstrip().startswith("{"):
+                text = plan
+            else:
+                raise _runtime.error("invalid_argument",
+                                     f"DistributedOptimizer: plan must be a plan dict, its JSON "
+                                     f"text or a file holding it; got {plan!r}")
+            ex.set_plan(text)
+        ex.enable_online()
+        self.executor = ex
+        self._iteration = 0
+        ex.begin_iteration(0)
 
     def _register_hooks(self):
         for _, p in self._ordered:
@@ -132,6 +179,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         if grad is None:
             grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if self.executor is not None:
+            # Synchronous: the executor's time is taken out of the ready
+            # times it measures for the re-planner.
+            tmp = grad if grad.is_contiguous() else grad.contiguous()
+            self.executor.run(self._names[p], tmp.numel(), tmp.data_ptr(), tmp.data_ptr(), True)
+            return None, (None if tmp is grad else tmp)
         if grad.is_contiguous():
             handle = submit("DistributedOptimizer", grad, grad, True, self._names[p],
                              self._priority[p], self._compressors[p])
@@ -150,7 +203,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = self._push_pull_grad_async(p)
         try:
             for p, (handle, tmp) in self._handles.items():
-                _runtime.synchronize(handle)
+                if handle is not None:
+                    _runtime.synchronize(handle)
                 if tmp is not None:
                     with torch.no_grad():
                         p.grad.copy_(tmp)
@@ -181,7 +235,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.skip_synchronize(): gradients are pushed twice")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        result = super(self.__class__, self).step(closure)
+        if self.executor is not None:
+            # The next iteration begins: a profiling window may close here, and
+            # a plan the scheduler made takes effect at its iteration.
+            self._iteration += 1
+            self.executor.begin_iteration(self._iteration)
+        return result
 
     def zero_grad(self, *args, **kwargs):
         if self._handles:
@@ -192,7 +252,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, name_prefix="grad"):
+                         backward_passes_per_step=1, name_prefix="grad", executor=False,
+                         plan=None):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 
     - named_parameters: model.named_parameters(); its order is the layer order
@@ -205,6 +266,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       feedback residuals on this worker, per gradient.
     - backward_passes_per_step: gradients accumulate locally (summed, as
       autograd does) over this many backward passes before they are pushed.
+    - executor: run every gradient through the plan executor (float32 CPU
+      parameters; compression stays none): each tensor follows its plan
+      option, BytePS's default (push/pull through the servers) unless
+      `plan` (a plan dict, its JSON text, or a file, as `cortado plan --json`
+      writes it) or CORTADO_PLAN gives one. With CORTADO_PROFILE_WINDOW set
+      for the job, the workers profile each window and switch to the
+      scheduler's plans at the same iteration (online re-planning); each
+      step() begins the next iteration. Python workers have no MPI groups, so
+      plans use push/pull (compressed or not). The executor runs each
+      gradient synchronously in its hook; `optimizer.executor` has
+      plan_version, plan_json and last_report.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
     """
@@ -220,7 +292,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
-               name_prefix)
+               name_prefix, executor, plan)
 
 
 def _scalar_tensor(value):

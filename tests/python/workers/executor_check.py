@@ -1,0 +1,118 @@
+"""DistributedOptimizer(executor=True) on W workers against single-process
+training (the reference of optimizer_check.py: the whole batch in one
+process; the workers' averaged gradients are its gradient).
+
+Covered: the executor's default plan (BytePS's push/pull, exact), a plan set
+from Python (fp16 push/pull for every gradient: looser tolerance), and online
+re-planning (CORTADO_PROFILE_WINDOW, given by the test): the workers profile
+a window, every worker switches to the scheduler's plan at the same
+iteration, and training still matches the reference. Bad arguments are
+refused with messages that say what to do.
+"""
+
+import json
+import sys
+
+import torch
+
+import cortado
+import cortado.torch as ct
+from common import parse_args, write_result
+from optimizer_check import STEPS, batches, make_model, max_diff, reference
+
+PER_WORKER = 8
+
+
+def distributed(rank, world, prefix, **kwargs):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  name_prefix=prefix, executor=True, **kwargs)
+    ct.broadcast_parameters(model.state_dict(), root_rank=0, prefix=f"{prefix}.init")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    versions = [opt.executor.plan_version]
+    for x, y in batches(world):
+        opt.zero_grad()
+        lo, hi = rank * PER_WORKER, (rank + 1) * PER_WORKER
+        loss_fn(model(x[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+        versions.append(opt.executor.plan_version)
+    return model, opt, versions
+
+
+def expect_error(label, needle, fn):
+    try:
+        fn()
+    except cortado.CortadoError as e:
+        assert needle in str(e), f"{label}: {e}"
+        return str(e)
+    raise AssertionError(f"{label}: accepted")
+
+
+def main():
+    args = parse_args(lambda p: p.add_argument("--mode", choices=["plans", "online"],
+                                               required=True))
+    torch.set_num_threads(1)
+    ct.init()
+    rank, world = ct.rank(), ct.size()
+    ref = reference(world, 1)
+    moved = max_diff(make_model(), ref)
+    assert moved > 0.05, f"training barely moved the parameters ({moved})"
+    report = {"moved": moved}
+    if args.mode == "plans":
+        got, opt, versions = distributed(rank, world, "grad.default")
+        report["default"] = max_diff(ref, got)
+        assert report["default"] <= 1e-5, report
+        # The default plan is version 0 and stays (no re-planning in this job).
+        assert versions == [0] * (STEPS + 1), versions
+        plan = json.loads(opt.executor.plan_json)
+        assert all(o.get("codec", "") == "" for o in plan["tensors"].values()), plan
+        # Every gradient through fp16 push/pull, encoded on the CPU before
+        # the push; the servers decode, sum and re-encode for the pull.
+        option = {"scheme": "hierarchical", "codec": "fp16", "steps": [
+            {"op": "reduce_scatter", "scope": "intra", "compressed": False},
+            {"op": "encode", "device": "cpu"},
+            {"op": "push", "scope": "inter", "compressed": True},
+            {"op": "pull", "scope": "inter", "compressed": True},
+            {"op": "decode", "device": "cpu"},
+            {"op": "allgather", "scope": "intra", "compressed": False}]}
+        plan = {"format": "cortado-plan", "version": 1,
+                "tensors": {n.replace("grad.default.", "grad.fp16.", 1): option
+                            for n in plan["tensors"]}}
+        got, opt, _ = distributed(rank, world, "grad.fp16", plan=plan)
+        used = json.loads(opt.executor.plan_json)
+        assert all(o.get("codec") == "fp16" for o in used["tensors"].values()), used
+        report["fp16"] = max_diff(ref, got)
+        assert report["fp16"] <= 1e-3, report
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        report["errors"] = [
+            expect_error("compression with executor", "leave compression none",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         compression="fp16", executor=True)),
+            expect_error("plan without executor", "executor=True",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         plan={"tensors": {}})),
+            expect_error("a plan that is not one", "plan must be",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         name_prefix="grad.bad", executor=True,
+                                                         plan="no-such-file.json")),
+        ]
+    else:
+        got, opt, versions = distributed(rank, world, "grad.online")
+        report["online"] = max_diff(ref, got)
+        report["versions"] = versions
+        # One warm-up iteration, a window of 2, the plan 1 iteration later.
+        assert versions[-1] >= 1 and versions[0] == 0, versions
+        switched = [i for i in range(1, len(versions)) if versions[i] != versions[i - 1]]
+        report["switched_at"] = switched
+        assert opt.executor.last_report, "no profiling window closed"
+        # The re-planner's codec is fp16: lossy, within fp16's tolerance.
+        assert report["online"] <= 1e-3, report
+    write_result(args.out, rank, ok=True, report=report)
+    ct.shutdown()
+    print(f"worker {rank}: {report}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
