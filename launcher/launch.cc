@@ -255,17 +255,8 @@ int runLaunch(const LaunchOptions& opts) {
   sigset_t oldMask;
   pthread_sigmask(SIG_BLOCK, &waitSet, &oldMask);
 
-  scheduler::SchedulerOptions so;
-  so.bindHost = job.schedulerHost == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0";
-  so.port = job.schedulerPort;
-  so.token = job.token;
-  so.numWorkers = job.numWorkers;
-  so.numServers = job.numServers;
-  so.heartbeatTimeout = job.heartbeatTimeout;
-  so.registrationTimeout = job.connectTimeout * 2;
-  so.replanner = replannerFor(job);
-  so.replanAhead = job.replanAhead;
-  auto sched = scheduler::Scheduler::create(so);
+  auto sched = scheduler::Scheduler::create(
+      schedulerOptions(job, job.schedulerHost == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0"));
   job.schedulerPort = sched->port();
   CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,
                    job.schedulerPort, job.numServers, job.numWorkers, job.transport);

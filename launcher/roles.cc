@@ -15,6 +15,8 @@
 
 namespace cortado::launcher {
 
+namespace {
+
 scheduler::Replanner replannerFor(const JobConfig& job) {
   if (job.profileWindow == 0) return {};
   scheduler::ReplanOptions ro;
@@ -31,9 +33,11 @@ scheduler::Replanner replannerFor(const JobConfig& job) {
   }
 }
 
-int runSchedulerRole(const JobConfig& job) {
+}  // namespace
+
+scheduler::SchedulerOptions schedulerOptions(const JobConfig& job, const std::string& bindHost) {
   scheduler::SchedulerOptions so;
-  so.bindHost = "0.0.0.0";
+  so.bindHost = bindHost;
   so.port = job.schedulerPort;
   so.token = job.token;
   so.numWorkers = job.numWorkers;
@@ -42,7 +46,11 @@ int runSchedulerRole(const JobConfig& job) {
   so.registrationTimeout = job.connectTimeout * 2;
   so.replanner = replannerFor(job);
   so.replanAhead = job.replanAhead;
-  auto sched = scheduler::Scheduler::create(so);
+  return so;
+}
+
+int runSchedulerRole(const JobConfig& job) {
+  auto sched = scheduler::Scheduler::create(schedulerOptions(job, "0.0.0.0"));
   CORTADO_LOG_INFO("listening on port {} for {} servers and {} workers", sched->port(),
                    job.numServers, job.numWorkers);
   Status s = sched->run();

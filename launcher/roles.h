@@ -9,9 +9,10 @@ namespace cortado::launcher {
 
 int runSchedulerRole(const JobConfig& job);
 int runServerRole(const JobConfig& job);
-// SchedulerOptions::replanner from the job's CORTADO_PROFILE_WINDOW and
-// CORTADO_REPLAN_* settings: empty when online re-planning is off. Throws
-// kInvalidArgument for an unknown codec.
-scheduler::Replanner replannerFor(const JobConfig& job);
+// The scheduler of `job` (port, token, role counts, timeouts, and the
+// replanner from CORTADO_PROFILE_WINDOW and CORTADO_REPLAN_*: empty when
+// online re-planning is off), listening on `bindHost`. Throws
+// kInvalidArgument for an unknown re-planning codec.
+scheduler::SchedulerOptions schedulerOptions(const JobConfig& job, const std::string& bindHost);
 
 }  // namespace cortado::launcher
