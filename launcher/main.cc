@@ -9,6 +9,7 @@
 #include "core/common/error.h"
 #include "core/common/logging.h"
 #include "core/config.h"
+#include "core/executor.h"
 #include "cortado/config.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_pushpull.h"
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
   std::string pidDir;
   std::vector<std::string> command;
   JobFlags launchFlags;
-  std::string hostList, serverHostList, agent, traceDir;
+  std::string hostList, serverHostList, agent, traceDir, planFile;
   bool mpi = false, mpiOnly = false, dedicatedServers = false;
   launch->add_option("-w,--workers", workers, "number of workers (per host with --hosts)")->required()->check(CLI::Range(1, 4096));
   launch->add_option("-s,--servers", servers, "number of servers (per host with --hosts)")->check(CLI::Range(1, 4096));
@@ -92,6 +93,9 @@ int main(int argc, char** argv) {
   launch->add_option("--trace", traceDir,
                      "every worker and server writes a Chrome trace of its stages to DIR "
                      "(CORTADO_TRACE_DIR; CORTADO_TRACE_ITERATIONS picks the iterations)");
+  launch->add_option("--plan", planFile,
+                     "the plan every worker's plan executor runs (a plan file as `cortado plan "
+                     "--json` writes it; CORTADO_PLAN), checked before anything starts");
   launchFlags.add(launch);
   launch->add_option("command", command, "the worker command, after --")->required();
 
@@ -221,6 +225,14 @@ int main(int argc, char** argv) {
       lo.job.numServers = std::max(1, servers) * serverHostCount;
       lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
       if (!traceDir.empty()) lo.job.traceDir = std::filesystem::absolute(traceDir).string();
+      if (!planFile.empty()) {
+        try {
+          executor::loadPlanFile(planFile);
+        } catch (const Error& e) {
+          throw Error(e.code(), fmt::format("--plan: {}", e.what()));
+        }
+        lo.job.planFile = std::filesystem::absolute(planFile).string();
+      }
       lo.command = command;
       lo.pidDir = pidDir;
       return launcher::runLaunch(lo);

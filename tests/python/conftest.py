@@ -67,11 +67,11 @@ def run_job(tmp_path):
     --out <dir> args...` (`script` may also be an absolute path; out_arg=False
     leaves out --out) and waits for it, at most `timeout` seconds.
     """
-    def run(workers, servers, script, *args, timeout=120, env=None, out_arg=True):
+    def run(workers, servers, script, *args, timeout=120, env=None, out_arg=True, launch_args=()):
         out_dir = tmp_path / f"job-{pathlib.Path(script).stem}-{time.monotonic_ns()}"
         out_dir.mkdir()
-        cmd = [_cortado_bin(), "launch", "-w", str(workers), "-s", str(servers), "--", PYTHON,
-               str(WORKERS / script)]
+        cmd = [_cortado_bin(), "launch", "-w", str(workers), "-s", str(servers),
+               *[str(a) for a in launch_args], "--", PYTHON, str(WORKERS / script)]
         if out_arg:
             cmd += ["--out", str(out_dir)]
         cmd += [str(a) for a in args]

@@ -2,6 +2,7 @@
 scripts in workers/ that assert against NumPy/torch references and report in
 result.<rank>.json, plus the errors that need no job."""
 
+import json
 import os
 import subprocess
 
@@ -63,6 +64,36 @@ def test_optimizer_through_the_plan_executor(run_job):
     job = run_job(3, 2, "executor_check.py", "--mode", "plans", timeout=180)
     results = assert_all_ok(job, 3)
     print({rank: r["report"] for rank, r in results.items()})
+
+
+FP16_PUSH_PULL = {"scheme": "hierarchical", "codec": "fp16", "steps": [
+    {"op": "reduce_scatter", "scope": "intra", "compressed": False},
+    {"op": "encode", "device": "cpu"},
+    {"op": "push", "scope": "inter", "compressed": True},
+    {"op": "pull", "scope": "inter", "compressed": True},
+    {"op": "decode", "device": "cpu"},
+    {"op": "allgather", "scope": "intra", "compressed": False}]}
+# The parameters of executor_check.py's model (optimizer_check.make_model).
+MODEL_PARAMS = [f"{layer}.{kind}" for layer in (0, 2, 5, 7) for kind in ("weight", "bias")]
+
+
+def test_optimizer_runs_the_plan_given_to_the_launcher(run_job, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "cortado-plan", "version": 1, "tensors": {
+        f"grad.file.{n}": FP16_PUSH_PULL for n in MODEL_PARAMS}}))
+    job = run_job(2, 1, "executor_check.py", "--mode", "file", timeout=180,
+                  launch_args=("--plan", plan))
+    results = assert_all_ok(job, 2)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
+def test_launcher_refuses_a_bad_plan_before_starting(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "cortado-plan", "version": 1, "tensors": {"t": {"scheme": "ring"}}}')
+    for path, needle in ((bad, "unknown scheme 'ring'"), (tmp_path / "none.json", "cannot read")):
+        r = subprocess.run([os.environ["CORTADO_BIN"], "launch", "-w", "1", "-s", "1", "--plan",
+                            str(path), "--", "true"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and needle in r.stderr and "--plan" in r.stderr, r.stderr
 
 
 def test_optimizer_switches_to_the_schedulers_plan(run_job):

@@ -50,7 +50,7 @@ def expect_error(label, needle, fn):
 
 
 def main():
-    args = parse_args(lambda p: p.add_argument("--mode", choices=["plans", "online"],
+    args = parse_args(lambda p: p.add_argument("--mode", choices=["plans", "online", "file"],
                                                required=True))
     torch.set_num_threads(1)
     ct.init()
@@ -98,6 +98,16 @@ def main():
                                                          name_prefix="grad.bad", executor=True,
                                                          plan="no-such-file.json")),
         ]
+    elif args.mode == "file":
+        # `cortado launch --plan FILE` (CORTADO_PLAN): fp16 push/pull for
+        # every gradient, without plan= here.
+        got, opt, _ = distributed(rank, world, "grad.file")
+        used = json.loads(opt.executor.plan_json)
+        assert sorted(used["tensors"]) == sorted(f"grad.file.{n}" for n, _ in
+                                                 make_model().named_parameters()), used
+        assert all(o.get("codec") == "fp16" for o in used["tensors"].values()), used
+        report["file"] = max_diff(ref, got)
+        assert report["file"] <= 1e-3, report
     else:
         got, opt, versions = distributed(rank, world, "grad.online")
         report["online"] = max_diff(ref, got)
