@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -320,6 +321,26 @@ ResolvedCodec CodecModel::resolve(const std::string& spec) const {
   return r;
 }
 
-std::string defaultDataDir() { return CORTADO_PLANNER_DATA_DIR; }
+std::string defaultDataDir() {
+  namespace fs = std::filesystem;
+  static const std::string dir = [] {
+    std::vector<fs::path> tried;
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) tried.push_back(exe.parent_path().parent_path() / CORTADO_PLANNER_INSTALL_REL);
+    tried.push_back(CORTADO_PLANNER_DATA_DIR);
+    tried.push_back(CORTADO_PLANNER_INSTALL_DIR);
+    for (const auto& d : tried)
+      if (fs::exists(d / "costs" / "hardware.json", ec)) return d.lexically_normal().string();
+    std::string list;
+    for (const auto& d : tried) list += (list.empty() ? "" : ", ") + d.string();
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("the planner's data (costs/, profiles/) is not in {}: install cortado "
+                            "(cmake --install) or point CORTADO_PLANNER_DATA (or --data-dir) at "
+                            "a copy of scheduler/planner",
+                            list));
+  }();
+  return dir;
+}
 
 }  // namespace cortado::planner
