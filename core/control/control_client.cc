@@ -198,7 +198,7 @@ class ControlClientImpl final : public ControlClient {
                     "waitVerdict: only workers get plans, this node is a {}", roleName(opts_.role));
     auto start = Clock::now();
     std::unique_lock<std::mutex> lk(mu_);
-    auto done = [&] { return verdicts_.count(window) > 0 || !failure_.ok() || closed_; };
+    auto done = [&] { return verdicts_.count(window) > 0 || !failure_.ok() || closed_ || shutdown_; };
     if (deadline.at() == Clock::time_point::max()) {
       cv_.wait(lk, done);
     } else if (!cv_.wait_until(lk, deadline.at(), done)) {

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "core/control/auth.h"
+#include "core/plan/plan.h"
+#include "core/plan/profile_report.h"
 #include "tests/scheduler/test_util.h"
 
 namespace cortado::testing {
@@ -216,6 +218,92 @@ TEST(ControlPlane, KeyValueRendezvousHandsOnePutToEveryGet) {
             ErrorCode::kInvalidArgument);
   EXPECT_NE(msg.find("'big'"), std::string::npos) << msg;
   for (auto& n : nodes) EXPECT_TRUE(n.client->failure().ok()) << n.client->failure().message();
+  finishJob(nodes, sched);
+}
+
+// Online re-planning's exchange: every report is acknowledged with the
+// iteration a plan from its window would take effect at, and every window
+// every worker reported gets a verdict: the plan, or "the plan stays" (no
+// plan, a failed re-plan, a plan for the wrong iteration). A window never
+// reported times out at the caller's deadline, naming it.
+TEST(ControlPlane, EveryReportedWindowGetsAVerdict) {
+  LogCapture log;
+  auto so = schedulerOptions(2, 1);
+  so.replanAhead = 3;
+  std::atomic<int> calls{0};
+  so.replanner = [&](const std::vector<plan::ProfileReport>& reports)
+      -> std::optional<control::PlanUpdate> {
+    ++calls;
+    EXPECT_EQ(reports.size(), 2u);
+    const uint64_t w = reports.front().window, end = reports.front().endIteration;
+    if (w == 1) return std::nullopt;
+    if (w == 2) throw Error(ErrorCode::kInvalidArgument, "no fit");
+    plan::Plan p;
+    p.version = w + 1;
+    plan::TensorOption o;  // BytePS's default: H: i.rs x.push x.pull i.ag
+    o.hierarchical = true;
+    o.steps = {plan::Step::comm(plan::Scope::kIntra, plan::CommOp::kReduceScatter, false),
+               plan::Step::comm(plan::Scope::kInter, plan::CommOp::kPush, false),
+               plan::Step::comm(plan::Scope::kInter, plan::CommOp::kPull, false),
+               plan::Step::comm(plan::Scope::kIntra, plan::CommOp::kAllgather, false)};
+    p.tensors["t"] = o;
+    control::PlanUpdate u;
+    u.version = p.version;
+    u.switchAt = w == 3 ? end + 1 : end + 3;  // window 3: not the acknowledged iteration
+    u.planJson = plan::toJsonString(p);
+    return u;
+  };
+  SchedulerRunner sched(std::move(so));
+  auto nodes = connectAll(jobOptions(sched.port(), 2, 1));
+  auto report = [](int rank, uint64_t window) {
+    plan::ProfileReport r;
+    r.rank = rank;
+    r.machines = 2;
+    r.window = window;
+    r.firstIteration = 1 + 2 * window;
+    r.endIteration = 3 + 2 * window;
+    r.ready.push_back({"t", 16, 10.0});
+    return plan::toJsonString(r);
+  };
+  for (uint64_t w = 0; w < 4; ++w)
+    for (int i = 1; i <= 2; ++i)  // nodes[0] is the server
+      EXPECT_EQ(nodes[i].client->sendProfile(report(nodes[i].client->self().rank, w),
+                                             Deadline::after(5s)),
+                3 + 2 * w + 3);
+  for (int i = 1; i <= 2; ++i) {
+    auto& c = *nodes[i].client;
+    control::PlanUpdate u0 = c.waitVerdict(0, Deadline::after(5s));
+    EXPECT_EQ(u0.window, 0u);
+    EXPECT_EQ(u0.version, 1u);
+    EXPECT_EQ(u0.switchAt, 6u);
+    EXPECT_EQ(plan::planFromJsonString(u0.planJson).tensors.count("t"), 1u);
+    for (uint64_t w = 1; w < 4; ++w) {
+      control::PlanUpdate u = c.waitVerdict(w, Deadline::after(5s));
+      EXPECT_EQ(u.window, w);
+      EXPECT_EQ(u.version, 0u) << "window " << w;
+      EXPECT_TRUE(u.planJson.empty());
+    }
+    std::string msg;
+    auto start = Clock::now();
+    EXPECT_EQ(codeOf([&] { c.waitVerdict(9, Deadline::after(300ms)); }, &msg), ErrorCode::kTimeout);
+    EXPECT_LT(Clock::now() - start, 2s);
+    EXPECT_NE(msg.find("window 9"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(calls.load(), 4);
+  EXPECT_TRUE(log.contains("no fit")) << log.all();
+  EXPECT_TRUE(log.contains("not at 12")) << log.all();
+  finishJob(nodes, sched);
+}
+
+// Without a replanner the scheduler acknowledges reports with 0: no verdict
+// comes, and the workers do not wait for one.
+TEST(ControlPlane, ReportsWithoutAReplannerAreAcknowledgedWithNoSwitch) {
+  SchedulerRunner sched(schedulerOptions(1, 1));
+  auto nodes = connectAll(jobOptions(sched.port(), 1, 1));
+  plan::ProfileReport r;
+  r.endIteration = 3;
+  r.ready.push_back({"t", 16, 10.0});
+  EXPECT_EQ(nodes[1].client->sendProfile(plan::toJsonString(r), Deadline::after(5s)), 0u);
   finishJob(nodes, sched);
 }
 
