@@ -204,8 +204,11 @@ class ControlClientImpl final : public ControlClient {
     } else if (!cv_.wait_until(lk, deadline.at(), done)) {
       throw Error(ErrorCode::kTimeout,
                   fmt::format("{}: no verdict from the scheduler at {} on profiling window {} after "
-                              "{} ms (is the scheduler overloaded? re-planning runs on its io "
-                              "thread; a larger CORTADO_REPLAN_AHEAD gives it more time)",
+                              "{} ms: the scheduler decides once every worker reported the "
+                              "window, so a worker that runs fewer iterations than the others, or "
+                              "is stuck, holds it back (every worker must run the same "
+                              "iterations); otherwise the re-planning itself is slow (a larger "
+                              "CORTADO_REPLAN_AHEAD gives it more time)",
                               self_.toString(), scheduler_, window, msSince(start)));
     }
     auto it = verdicts_.find(window);
