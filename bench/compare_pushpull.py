@@ -59,7 +59,8 @@ def main():
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--transports", "--transport", default="zmq",
                     help="comma-separated Cortado transports to measure: zmq, ucx, auto, "
-                         "ucx-direct (ucx with CORTADO_UCX_DIRECT=1)")
+                         "ucx-direct (ucx with CORTADO_UCX_DIRECT=1, the default), "
+                         "ucx-cm (ucx with CORTADO_UCX_DIRECT=0: connection-manager endpoints only)")
     ap.add_argument("--shm", choices=["1", "0", "both"], default="1",
                     help="CORTADO_SHM for the Cortado runs (default 1)")
     ap.add_argument("--against", default="gloo",
@@ -80,6 +81,8 @@ def main():
             flag = transport
             if transport == "ucx-direct":
                 flag, env["CORTADO_UCX_DIRECT"] = "ucx", "1"
+            elif transport == "ucx-cm":
+                flag, env["CORTADO_UCX_DIRECT"] = "ucx", "0"
             results[name] = run(f"cortado {name}", [cortado, "bench", "pushpull", "-w", str(args.workers),
                                                     "-s", str(args.servers), "--transport", flag,
                                                     "--json"] + sizes, env=env)
@@ -110,7 +113,7 @@ def main():
         ratios = [(f"x {p}", variants[0], p) for p in peers]
     else:
         for suffix in ("", " noshm"):
-            for u in ("ucx", "ucx-direct"):
+            for u in ("ucx", "ucx-direct", "ucx-cm"):
                 if f"zmq{suffix}" in variants and f"{u}{suffix}" in variants:
                     ratios.append((f"{u}/zmq{suffix}", f"{u}{suffix}", f"zmq{suffix}"))
         for p in [p for p in args.against.split(",") if p in peers]:

@@ -49,9 +49,10 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_REPLAN_MIN_GAIN", "", "0.05",
        "online re-planning: a new plan is sent only when it is predicted this much faster (relative) "
        "than the current plan under the same refitted costs"},
-      {"CORTADO_UCX_DIRECT", "", "0",
-       "ucx: same-host peers move data over UCX shared memory (posix/sysv, cma); a peer that "
-       "dies mid-transfer can abort the others (docs/transports.md)"},
+      {"CORTADO_UCX_DIRECT", "", "1",
+       "ucx: same-host peers move data over UCX shared memory (sysv/posix FIFOs, no cma unless "
+       "UCX_TLS names it); 0: over the connection manager's endpoints (TCP on one host) "
+       "(docs/transports.md)"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},

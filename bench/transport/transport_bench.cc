@@ -100,46 +100,48 @@ void rawStream(const Config& c, size_t size, Buffer payload) {
 
 // ---- Transport ----
 
-void transportStream(const char* what, Transport& a, Transport& b, const std::string& address,
-                     size_t size, size_t count, Buffer payload) {
-  std::atomic<size_t> got{0};
-  auto done = std::make_shared<std::promise<void>>();
-  auto finished = done->get_future();
-  b.setCallbacks(
-      [&, done, count](Message&&) {
-        if (++got == count) done->set_value();
-      },
-      [](const NodeId&, const Status&) {});
-  auto start = Clock::now();
-  for (size_t i = 0; i < count; ++i) a.send(b.self(), Message{NodeId{}, {payload}});
-  if (finished.wait_for(kDeadline) != std::future_status::ready) {
-    throw Error(ErrorCode::kTimeout, fmt::format("{}: {} of {} messages after {} ms", what,
-                                                 got.load(), count, kDeadline.count()));
-  }
-  row(what, size, count, Seconds(Clock::now() - start).count());
-  (void)address;
-}
-
-void transportPingPong(const char* what, Transport& a, Transport& b, int rounds) {
-  Transport* bp = &b;
-  b.setCallbacks([bp](Message&& m) { bp->send(m.from, std::move(m)); },
-                 [](const NodeId&, const Status&) {});
+// What b's receive callback does: echo (ping-pong) or count (streaming). The
+// callbacks are set once, before the endpoints connect: setCallbacks() is
+// queued to the transport's loop, and messages that arrived before a later
+// swap went to the previous phase's callback (a stream then never completed).
+// The phase changes only when nothing is in flight.
+struct Receiver {
   std::mutex mu;
   std::condition_variable cv;
-  int back = 0;
-  a.setCallbacks(
-      [&](Message&&) {
-        std::lock_guard g(mu);
-        ++back;
-        cv.notify_one();
-      },
-      [](const NodeId&, const Status&) {});
+  bool echo = true;
+  size_t got = 0;   // streamed messages counted at b
+  int back = 0;     // pings answered, counted at a
+
+  template <typename Pred>
+  bool waitFor(Pred pred) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, kDeadline, pred);
+  }
+};
+
+void transportStream(const char* what, Transport& a, Transport& b, Receiver& r, size_t size,
+                     size_t count, Buffer payload) {
+  {
+    std::lock_guard g(r.mu);
+    r.echo = false;
+    r.got = 0;
+  }
+  auto start = Clock::now();
+  for (size_t i = 0; i < count; ++i) a.send(b.self(), Message{NodeId{}, {payload}});
+  if (!r.waitFor([&] { return r.got == count; })) {
+    std::lock_guard g(r.mu);
+    throw Error(ErrorCode::kTimeout, fmt::format("{}: {} of {} messages after {} ms", what, r.got,
+                                                 count, kDeadline.count()));
+  }
+  row(what, size, count, Seconds(Clock::now() - start).count());
+}
+
+void transportPingPong(const char* what, Transport& a, Transport& b, Receiver& r, int rounds) {
   Buffer small = Buffer::allocate(64);
   auto start = Clock::now();
   for (int i = 0; i < rounds; ++i) {
     a.send(b.self(), Message{NodeId{}, {small}});
-    std::unique_lock lk(mu);
-    if (!cv.wait_for(lk, kDeadline, [&] { return back > i; })) {
+    if (!r.waitFor([&] { return r.back > i; })) {
       throw Error(ErrorCode::kTimeout, fmt::format("{}: ping {} not answered", what, i));
     }
   }
@@ -149,15 +151,40 @@ void transportPingPong(const char* what, Transport& a, Transport& b, int rounds)
 
 void runTransport(const char* what, const Config& c, std::unique_ptr<Transport> a,
                   std::unique_ptr<Transport> b, const std::string& listenAt) {
+  Receiver r;
+  Transport* bp = b.get();
+  b->setCallbacks(
+      [bp, &r](Message&& m) {
+        {
+          std::lock_guard g(r.mu);
+          if (!r.echo) {
+            ++r.got;
+            r.cv.notify_all();
+            return;
+          }
+        }
+        bp->send(m.from, std::move(m));
+      },
+      [](const NodeId&, const Status&) {});
+  a->setCallbacks(
+      [&r](Message&&) {
+        std::lock_guard g(r.mu);
+        ++r.back;
+        r.cv.notify_all();
+      },
+      [](const NodeId&, const Status&) {});
   auto address = b->listen(listenAt);
   auto aAddress = a->listen(listenAt.starts_with("ipc://") ? listenAt + "-a" : listenAt);
   a->connect(b->self(), address);
   b->connect(a->self(), aAddress);
-  transportPingPong(what, *a, *b, 2000);
+  transportPingPong(what, *a, *b, r, 2000);
   for (size_t size : kSizes) {
     Buffer payload = Buffer::allocate(size);
-    transportStream(what, *a, *b, address, size, countFor(c, size), payload);
+    transportStream(what, *a, *b, r, size, countFor(c, size), payload);
   }
+  // Both close before `r` goes: no callback runs after close() returns.
+  a->close();
+  b->close();
 }
 
 int run(int argc, char** argv) {
@@ -186,11 +213,13 @@ int run(int argc, char** argv) {
   }
 #if CORTADO_UCX
   if (c.only.empty() || c.only == "ucx") {
-    runTransport("ucx", c, ucx::create(w), ucx::create(s), "ucx://127.0.0.1:0");
+    ucx::UcxOptions o;
+    o.sameHostDirect = false;  // CORTADO_UCX_DIRECT=0: connection-manager endpoints only
+    runTransport("ucx", c, ucx::create(w, o), ucx::create(s, o), "ucx://127.0.0.1:0");
   }
   if (c.only.empty() || c.only == "ucx-direct") {
     ucx::UcxOptions o;
-    o.sameHostDirect = true;  // CORTADO_UCX_DIRECT: UCX shared memory
+    o.sameHostDirect = true;  // the default: same-host direct endpoints over UCX shared memory
     runTransport("ucx-direct", c, ucx::create(w, o), ucx::create(s, o), "ucx://127.0.0.1:0");
   }
 #endif
@@ -200,6 +229,7 @@ int run(int argc, char** argv) {
   }
   return 0;
 }
+
 
 }  // namespace
 }  // namespace cortado::transport

@@ -37,13 +37,15 @@ const std::string kCodecCheck = CODEC_CHECK_BIN;
 struct Mode {
   std::string transport;
   bool shm;
-  bool ucxDirect = false;  // CORTADO_UCX_DIRECT: same-host UCX shared memory
+  // CORTADO_UCX_DIRECT: same-host UCX shared memory (the default); off, the
+  // connection manager's endpoints carry the data, as between hosts.
+  bool ucxDirect = true;
   std::string env() const {
     return fmt::format("CORTADO_TRANSPORT={} CORTADO_SHM={} CORTADO_UCX_DIRECT={}", transport,
                        shm ? 1 : 0, ucxDirect ? 1 : 0);
   }
   std::string name() const {
-    std::string n = transport == "ucx" ? (ucxDirect ? "UcxDirect" : "Ucx") : "Zmq";
+    std::string n = transport == "ucx" ? (ucxDirect ? "Ucx" : "UcxCm") : "Zmq";
     return shm ? n : n + "NoShm";
   }
   // What pushpull_check prints when it ran on this mode.
@@ -55,7 +57,7 @@ struct Mode {
 void PrintTo(const Mode& m, std::ostream* os) { *os << m.name(); }
 
 const Mode kZmq{"zmq", true}, kZmqNoShm{"zmq", false};
-const Mode kUcx{"ucx", true}, kUcxNoShm{"ucx", false}, kUcxDirectNoShm{"ucx", false, true};
+const Mode kUcx{"ucx", true}, kUcxNoShm{"ucx", false}, kUcxCmNoShm{"ucx", false, false};
 
 // The modes a test runs on: ZeroMQ always, UCX where this build has it.
 std::vector<Mode> modes(std::initializer_list<Mode> wanted) {
@@ -114,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SumsMatch,
                          sumsName);
 INSTANTIATE_TEST_SUITE_P(BytesOnTransport, SumsMatch,
                          ::testing::Combine(::testing::ValuesIn(modes({kZmqNoShm, kUcxNoShm,
-                                                                       kUcxDirectNoShm})),
+                                                                       kUcxCmNoShm})),
                                             ::testing::Values(Shape{1, 1}, Shape{2, 3},
                                                               Shape{4, 2})),
                          sumsName);
@@ -148,7 +150,7 @@ TEST_P(LargeJob, SmallPartitionsAndAverage) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, LargeJob,
                          ::testing::ValuesIn(modes({kZmq, kUcx, kZmqNoShm, kUcxNoShm,
-                                                    kUcxDirectNoShm})),
+                                                    kUcxCmNoShm})),
                          modeName);
 
 class KilledNode : public OnTransport {};
@@ -201,13 +203,13 @@ TEST_P(KilledNode, ServerStopsEveryoneAndIsNamed) {
 
 // With the transport carrying the bytes too, so that a pending transfer (not
 // just a descriptor) meets the dead peer.
-// UcxDirectNoShm: the direct endpoints carry the data and the connection
-// manager's endpoints notice the death (small tensors: eager sends, no cma
-// rendezvous, which UCX 1.13 cannot survive a peer's death in; see
-// docs/transports.md).
+// UcxNoShm: the direct endpoints (the default) carry the data and the
+// connection manager's endpoints notice the death; UcxCmNoShm: the connection
+// manager's endpoints do both (as between hosts). Large transfers meeting a
+// killed peer: tests/transport/killed_peer_test.cc.
 INSTANTIATE_TEST_SUITE_P(Modes, KilledNode,
                          ::testing::ValuesIn(modes({kZmq, kUcx, kZmqNoShm, kUcxNoShm,
-                                                    kUcxDirectNoShm})),
+                                                    kUcxCmNoShm})),
                          modeName);
 
 class LaunchFailure : public OnTransport {};

@@ -6,10 +6,12 @@
 namespace cortado::transport::testing {
 namespace {
 
+// Connection-manager endpoints only (direct endpoints off), as between hosts.
 TransportFactory ucxFactory() {
   return {"ucx", [] {
             ucx::UcxOptions o;
             o.connectTimeout = Millis(1500);
+            o.sameHostDirect = false;
             return TransportEnv{
                 [o](const NodeId& self) { return ucx::create(self, o); },
                 [] { return std::string("ucx://127.0.0.1:0"); },
@@ -18,9 +20,9 @@ TransportFactory ucxFactory() {
           }};
 }
 
-// The same, with same-host peers on direct endpoints (UcxOptions::sameHostDirect):
-// the data moves over UCX shared memory, the connection-manager endpoints
-// report peers that close or fail.
+// The same, with same-host peers on direct endpoints (UcxOptions::sameHostDirect,
+// the default): the data moves over UCX shared memory, the connection-manager
+// endpoints report peers that close or fail.
 TransportFactory ucxDirectFactory() {
   return {"ucx_direct", [] {
             ucx::UcxOptions o;

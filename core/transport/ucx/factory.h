@@ -15,9 +15,10 @@
 // are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
 // the worker's event fd.
 //
-// With sameHostDirect, a peer on the same host (same boot id and host name) gets a
-// second, direct endpoint made from its UCP worker address, which carries the
-// data over UCX's shared memory (sysv/posix, and cma for rendezvous).
+// With sameHostDirect (the default), a peer on the same host (same boot id and
+// host name) gets a second, direct endpoint made from its UCP worker address,
+// on a UCP context of its own, which carries the data over UCX's shared-memory
+// FIFOs (sysv/posix; no cma unless UCX_TLS names it).
 //
 // Failure: an endpoint error (the peer died, refused, or timed out) and a
 // peer's orderly close() are reported once through the error callback; the
@@ -40,16 +41,18 @@ struct UcxOptions {
   std::chrono::milliseconds closeTimeout{1000};
   // Peers on the same host (same boot id and host name) carry the data over a direct
   // endpoint made from the peer's UCP worker address, without peer-failure
-  // handling, so that UCX can use shared memory (posix/sysv, cma); the
-  // connection-manager endpoint stays open beside it and reports the peer's
-  // failure, and then both are closed by force. Off, or with UCX_TLS naming
-  // no shared-memory transport, the connection-manager endpoint carries
-  // everything (TCP on one host).
-  // Off by default: UCX 1.13 aborts a process whose cma read from a peer
-  // fails because the peer died mid-transfer, on an endpoint without
-  // peer-failure handling ("process_vm_readv ... No such process"), and no
-  // setting turns that abort into an error. (CORTADO_UCX_DIRECT)
-  bool sameHostDirect = false;
+  // handling (which in UCX 1.13 leaves shared memory out), so that UCX uses its
+  // shared-memory FIFOs; the connection-manager endpoint stays open beside it
+  // and reports the peer's failure, and then both are closed by force. The
+  // direct endpoints have a UCP context of their own: with UCX_TLS unset its
+  // transports are sysv,posix,self (no cma, no tcp) and its FIFO is 1024
+  // elements deep (UCX_MM_FIFO_SIZE, when set, wins). cma is left out because
+  // UCX 1.13 aborts a process whose cma read fails because the peer died
+  // mid-transfer ("process_vm_readv ... No such process"); a UCX_TLS that
+  // names cma brings it back, with that risk (a warning says so). Off, or with
+  // UCX_TLS naming no shared-memory transport, the connection-manager endpoint
+  // carries everything (TCP on one host). (CORTADO_UCX_DIRECT, default 1)
+  bool sameHostDirect = true;
 };
 
 // Throws Error(kUnavailable) naming the cause and the UCX_* settings in force

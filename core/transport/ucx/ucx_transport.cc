@@ -13,16 +13,18 @@
 // kAmHello (no payload, sent with UCP_AM_SEND_FLAG_REPLY) is a client
 // endpoint's first message: its completion says the endpoint is up, and the
 // listener answers it with kAmWelcome over the accepted endpoint: its host id
-// and, with UcxOptions::sameHostDirect, its UCP worker address, from which a
-// same-host client makes a direct endpoint that then carries the data (same
-// stream, same numbering). UCX may hand over active messages from one endpoint
+// and, with UcxOptions::sameHostDirect, the address of its direct worker (a
+// second UCP context and worker whose transports are UCX's shared-memory
+// FIFOs), from which a same-host client makes a direct endpoint that then
+// carries the data (same stream, same numbering). UCX may hand over active messages from one endpoint
 // out of order (those sent while it was still wiring up come late), so every
 // client endpoint is a stream with its own random id, its messages are
 // numbered, and the receiver delivers each stream in order. kAmBye is sent by a closing node over the endpoints
 // that peers opened to it, so that they learn of an orderly close at once.
 //
-// Threads: the UCP context, worker, listener and endpoints belong to the loop
-// thread (UCS_THREAD_MODE_SINGLE). Other threads queue Ops and write an
+// Threads: the UCP contexts, workers, listener and endpoints belong to the loop
+// thread (UCS_THREAD_MODE_SINGLE), which progresses both workers and sleeps
+// on both event fds. Other threads queue Ops and write an
 // eventfd that the loop waits on next to the worker's event fd. UCX callbacks
 // only record what happened; user callbacks run after ucp_worker_progress()
 // returns, never inside it.
@@ -279,6 +281,45 @@ bool tlsAllowsSharedMemory() {
   return has("all") || has("sm") || has("shm") || has("mm") || has("posix") || has("sysv");
 }
 
+// Whether the user's UCX_TLS lets UCX use cma (single-copy reads of a peer's
+// memory); unset counts as no, since then the direct context picks its own.
+bool userTlsAllowsCma() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (!tls || !*tls) return false;
+  std::string v(tls);
+  bool negate = v[0] == '^';
+  if (negate) v = v.substr(1);
+  std::set<std::string> names;
+  for (size_t start = 0; start <= v.size();) {
+    size_t comma = v.find(',', start);
+    if (comma == std::string::npos) comma = v.size();
+    names.insert(v.substr(start, comma - start));
+    start = comma + 1;
+  }
+  bool named = names.count("cma") || names.count("sm") || names.count("shm") || names.count("all");
+  return negate ? !named : named;
+}
+
+// The transports of the direct context when the user has not set UCX_TLS:
+// UCX's shared-memory FIFOs and no cma. A cma rendezvous reads the peer's
+// memory with process_vm_readv, and when the peer dies mid-read UCX 1.13
+// aborts the reader on an endpoint without peer-failure handling; the FIFOs
+// only ever touch segments this process has mapped, which outlive the peer.
+// No tcp either: UCX would add loopback TCP as a second bandwidth lane and
+// split large messages over it (docs/benchmarks.md "Transports", round 3).
+constexpr const char* kDirectTls = "sysv,posix,self";
+
+// Settings of the direct context that we choose where the user has not set
+// the UCX_* variable: {variable, ucp_config_modify key, value}.
+struct DirectDefault {
+  const char* var;
+  const char* key;
+  const char* value;
+};
+const DirectDefault kDirectDefaults[] = {
+    {"UCX_MM_FIFO_SIZE", "MM_FIFO_SIZE", "1024"},
+};
+
 class UcxTransport final : public Transport {
  public:
   UcxTransport(NodeId self, UcxOptions options) : self_(self), options_(options) {
@@ -403,7 +444,14 @@ class UcxTransport final : public Transport {
 
   static ucs_status_t onAm(void* arg, const void* header, size_t headerLength, void* data,
                            size_t length, const ucp_am_recv_param_t* param) {
-    return static_cast<UcxTransport*>(arg)->receive(header, headerLength, data, length, param);
+    auto* t = static_cast<UcxTransport*>(arg);
+    return t->receive(t->worker_, header, headerLength, data, length, param);
+  }
+
+  static ucs_status_t onAmDirect(void* arg, const void* header, size_t headerLength, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    return t->receive(t->directWorker_, header, headerLength, data, length, param);
   }
 
   static ucs_status_t onBye(void* arg, const void* header, size_t headerLength, void*, size_t,
@@ -587,13 +635,14 @@ class UcxTransport final : public Transport {
     host_ = host;
     direct_ = options_.sameHostDirect && !host.empty() && tlsAllowsSharedMemory();
     if (direct_) {
-      ucp_address_t* address = nullptr;
-      size_t addressLength = 0;
-      s = ucp_worker_get_address(worker_, &address, &addressLength);
-      if (s != UCS_OK) return fail("ucp_worker_get_address", s);
-      auto* a = reinterpret_cast<const uint8_t*>(address);
-      welcome_.insert(welcome_.end(), a, a + addressLength);
-      ucp_worker_release_address(worker_, address);
+      Status ds = initDirect();
+      if (!ds.ok()) {
+        CORTADO_LOG_WARN("ucx {}: no same-host direct endpoints, the connection manager's "
+                         "endpoints carry the data: {}",
+                         self_, ds.message());
+        releaseDirect();
+        direct_ = false;
+      }
     }
     for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmData, &onAm},
                           {kAmHello, &onHello},
@@ -616,11 +665,109 @@ class UcxTransport final : public Transport {
     ::epoll_ctl(epfd_, EPOLL_CTL_ADD, workerFd_, &ev);
     ev.data.fd = efd_;
     ::epoll_ctl(epfd_, EPOLL_CTL_ADD, efd_, &ev);
-    CORTADO_LOG_DEBUG("ucx {}: initialized (UCX settings: {})", self_, ucxEnvironment());
+    if (directWorker_) {
+      ev.data.fd = directWorkerFd_;
+      ::epoll_ctl(epfd_, EPOLL_CTL_ADD, directWorkerFd_, &ev);
+    }
+    CORTADO_LOG_DEBUG("ucx {}: initialized (UCX settings: {}; same-host direct endpoints: {})",
+                      self_, ucxEnvironment(), direct_ ? directTls_ : std::string("off"));
     return Status();
   }
 
+  // The context and worker of same-host direct endpoints, and our Welcome's
+  // worker address. UCX_TLS, when the user set it, decides their transports
+  // as it does everywhere; otherwise kDirectTls (no cma) does.
+  Status initDirect() {
+    auto fail = [&](const char* what, ucs_status_t s) {
+      return Status(ErrorCode::kUnavailable,
+                    fmt::format("{} failed: {} (UCX settings in force: {})", what,
+                                ucs_status_string(s), ucxEnvironment()));
+    };
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    if (s != UCS_OK) return fail("ucp_config_read (direct)", s);
+    const char* userTls = std::getenv("UCX_TLS");
+    if (userTls && *userTls) {
+      directTls_ = std::string("UCX_TLS=") + userTls;
+      if (userTlsAllowsCma()) {
+        CORTADO_LOG_WARN("ucx {}: UCX_TLS={} lets same-host direct endpoints use cma: UCX 1.13 "
+                         "aborts this process if a peer dies while it reads the peer's memory "
+                         "(unset UCX_TLS, or name sysv/posix without cma, to rule that out; "
+                         "docs/transports.md)",
+                         self_, userTls);
+      }
+    } else {
+      s = ucp_config_modify(config, "TLS", kDirectTls);
+      if (s != UCS_OK) {
+        ucp_config_release(config);
+        return fail("ucp_config_modify(TLS) (direct)", s);
+      }
+      directTls_ = kDirectTls;
+    }
+    // A deeper FIFO than UCX's 64 elements of 8 KiB: a rendezvous through
+    // it moves 8 KiB per element, and a sender whose receiver is waiting for
+    // a CPU stalls once the FIFO is full (docs/benchmarks.md "Transports",
+    // round 3). 1024 elements are about 8 MiB of shared memory per process.
+    for (const auto& [var, key, value] : kDirectDefaults) {
+      const char* user = std::getenv(var);
+      if (user && *user) continue;  // the user's setting stands
+      s = ucp_config_modify(config, key, value);
+      if (s != UCS_OK) {
+        ucp_config_release(config);
+        return fail(key, s);
+      }
+      directTls_ += fmt::format(", {}={}", key, value);
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    std::string name = "cortado-direct-" + self_.toWire();
+    params.name = name.c_str();
+    s = ucp_init(&params, config, &directContext_);
+    ucp_config_release(config);
+    if (s != UCS_OK) {
+      directContext_ = nullptr;
+      return fail("ucp_init (direct)", s);
+    }
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(directContext_, &wp, &directWorker_);
+    if (s != UCS_OK) {
+      directWorker_ = nullptr;
+      return fail("ucp_worker_create (direct)", s);
+    }
+    s = ucp_worker_get_efd(directWorker_, &directWorkerFd_);
+    if (s != UCS_OK) return fail("ucp_worker_get_efd (direct)", s);
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = kAmData;
+    hp.cb = &onAmDirect;
+    hp.arg = this;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    s = ucp_worker_set_am_recv_handler(directWorker_, &hp);
+    if (s != UCS_OK) return fail("ucp_worker_set_am_recv_handler (direct)", s);
+    ucp_address_t* address = nullptr;
+    size_t addressLength = 0;
+    s = ucp_worker_get_address(directWorker_, &address, &addressLength);
+    if (s != UCS_OK) return fail("ucp_worker_get_address (direct)", s);
+    auto* a = reinterpret_cast<const uint8_t*>(address);
+    welcome_.insert(welcome_.end(), a, a + addressLength);
+    ucp_worker_release_address(directWorker_, address);
+    return Status();
+  }
+
+  void releaseDirect() {
+    if (directWorker_) ucp_worker_destroy(directWorker_);
+    if (directContext_) ucp_cleanup(directContext_);
+    directWorker_ = nullptr;
+    directContext_ = nullptr;
+    directWorkerFd_ = -1;
+  }
+
   void releaseAfterFailedInit() {
+    releaseDirect();
     if (worker_) ucp_worker_destroy(worker_);
     if (context_) ucp_cleanup(context_);
     worker_ = nullptr;
@@ -634,7 +781,7 @@ class UcxTransport final : public Transport {
     std::deque<Op> batch;
     while (!stop_) {
       bool busy = false;
-      while (ucp_worker_progress(worker_) != 0) busy = true;
+      while (progressWorkers() != 0) busy = true;
       afterProgress();
       // Timers right after progress, so that a long batch of sends below
       // never expires an endpoint whose handshake completed meanwhile.
@@ -653,9 +800,9 @@ class UcxTransport final : public Transport {
         else sendTo(op.peer, std::move(op.msg));
       }
       if (busy || stop_) continue;
-      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
-      epoll_event events[2];
-      int n = ::epoll_wait(epfd_, events, 2, waitTimeoutMs());
+      if (!armWorkers()) continue;
+      epoll_event events[3];
+      int n = ::epoll_wait(epfd_, events, 3, waitTimeoutMs());
       for (int i = 0; i < n; ++i) {
         if (events[i].data.fd == efd_) {
           uint64_t v;
@@ -665,6 +812,18 @@ class UcxTransport final : public Transport {
       }
     }
     shutdown();
+  }
+
+  unsigned progressWorkers() {
+    unsigned n = ucp_worker_progress(worker_);
+    if (directWorker_) n += ucp_worker_progress(directWorker_);
+    return n;
+  }
+
+  // Whether both workers are armed, i.e. the loop may sleep on their fds.
+  bool armWorkers() {
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return false;
+    return !directWorker_ || ucp_worker_arm(directWorker_) != UCS_ERR_BUSY;
   }
 
   int waitTimeoutMs() const {
@@ -959,8 +1118,9 @@ class UcxTransport final : public Transport {
     delete ctx;
   }
 
-  ucs_status_t receive(const void* header, size_t headerLength, void* data, size_t length,
-                       const ucp_am_recv_param_t* param) {
+  // `worker`: the one the message came on, which owns its rendezvous.
+  ucs_status_t receive(ucp_worker_h worker, const void* header, size_t headerLength, void* data,
+                       size_t length, const ucp_am_recv_param_t* param) {
     WireHeader h;
     auto from = senderOf(header, headerLength, &h);
     if (!from) {
@@ -993,7 +1153,7 @@ class UcxTransport final : public Transport {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.recv_am = &onRecvDone;
     rp.user_data = ctx;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, slot.data.data(), length, &rp);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, data, slot.data.data(), length, &rp);
     if (r == nullptr) {
       recvDone(ctx, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -1083,7 +1243,7 @@ class UcxTransport final : public Transport {
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(w.address.data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    ucs_status_t s = ucp_ep_create(worker_, &ep, &ctx->ep);
+    ucs_status_t s = ucp_ep_create(directWorker_, &ep, &ctx->ep);
     if (s != UCS_OK) {
       CORTADO_LOG_DEBUG("ucx {}: no direct endpoint to {} (its client endpoint carries the data): {}",
                         self_, w.from, ucs_status_string(s));
@@ -1223,10 +1383,10 @@ class UcxTransport final : public Transport {
   template <typename Done>
   void progressUntil(Done done, Deadline deadline) {
     while (!done() && !deadline.expired()) {
-      if (ucp_worker_progress(worker_) != 0) continue;
-      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
-      epoll_event events[2];
-      ::epoll_wait(epfd_, events, 2, static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 10)));
+      if (progressWorkers() != 0) continue;
+      if (!armWorkers()) continue;
+      epoll_event events[3];
+      ::epoll_wait(epfd_, events, 3, static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 10)));
     }
   }
 
@@ -1254,6 +1414,7 @@ class UcxTransport final : public Transport {
       closed_ = true;
       ops_.clear();
     }
+    releaseDirect();
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
     // What UCX did not complete is released now: the senders' buffers with it.
@@ -1283,6 +1444,11 @@ class UcxTransport final : public Transport {
   // Loop thread only.
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  // Same-host direct endpoints live on their own context and worker, whose
+  // transports may differ from the connection manager's (kDirectTls).
+  ucp_context_h directContext_ = nullptr;
+  ucp_worker_h directWorker_ = nullptr;
+  int directWorkerFd_ = -1;
   ucp_listener_h listener_ = nullptr;
   int workerFd_ = -1;
   size_t maxInlineBytes_ = 0;  // AM header bytes kLayoutOneBig may use
@@ -1306,6 +1472,7 @@ class UcxTransport final : public Transport {
   std::shared_ptr<RecvPool> recvPool_ = std::make_shared<RecvPool>();
   std::string host_;
   bool direct_ = false;  // same-host peers may open direct endpoints to us, and we to them
+  std::string directTls_;  // the direct context's transports, for the log
   std::vector<EpFailure> epFailures_;
   std::vector<std::pair<NodeId, std::string>> failures_;
 };
