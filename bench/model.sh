@@ -8,7 +8,9 @@
 #   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
 #                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
 #                  [--compute-scale 1] [--strategies none,gpu,cpu,plan] [--json]
-#                  [--trace DIR]   (stage traces per run under DIR/<model>-<codec>/)
+#                  [--trace DIR]   (per run under DIR/<model>-<codec>/: the stage traces in run/,
+#                                   the predicted timelines predicted.json (plan) and
+#                                   predicted-<strategy>.json; compare with `cortado trace compare`)
 set -Eeuo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
@@ -44,10 +46,15 @@ for m in "${M[@]}"; do
   for c in "${C[@]}"; do
     echo "## $m, $c" >&2
     targs=()
-    [[ -n $trace ]] && targs=(--trace "$trace/$m-${c%%:*}")
+    pargs=()
+    if [[ -n $trace ]]; then
+      mkdir -p "$trace/$m-${c%%:*}"
+      targs=(--trace "$trace/$m-${c%%:*}/run")
+      pargs=(--predicted-trace "$trace/$m-${c%%:*}/predicted.json")
+    fi
     CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
-      --iterations "$iterations" --warmup "$warmup" --compute-scale "$scale" $json
+      --iterations "$iterations" --warmup "$warmup" --compute-scale "$scale" "${pargs[@]}" $json
   done
 done

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <thread>
 #include <tuple>
 
@@ -79,117 +81,318 @@ double medianSeconds(int reps, F f) {
   return t[t.size() / 2];
 }
 
-// Fits t = alphaCount * alpha + bytesFactor * bytes * beta through two
-// measurements; alpha >= 0, the rate positive.
-AlphaBeta fit(double alphaCount, double bytesFactor, double b1, double t1, double b2, double t2) {
-  double beta = (t2 - t1) / (bytesFactor * (b2 - b1));  // us per byte
-  if (!(beta > 0)) beta = t2 / (bytesFactor * b2);
-  double alpha = std::max(0.0, (t1 - bytesFactor * b1 * beta) / alphaCount);
-  AlphaBeta ab;
-  ab.alphaUs = alpha;
-  ab.gbps = 8.0 / (beta * 1000.0);
-  return ab;
+// One probe: `bytes` (what the cost formula takes) and the time it took.
+struct Sample {
+  double bytes = 0, us = 0;
+};
+
+// Least squares of t = A a + B b over rows (A, B, t), each row's error taken
+// relative to its t, so that the small sizes' latency and the large sizes'
+// rate both count (an absolute fit lets the largest size decide alone).
+// Returns (a, b) with a >= 0 and b > 0.
+std::pair<double, double> fitRelative(const std::vector<std::array<double, 3>>& rows) {
+  double saa = 0, sab = 0, sbb = 0, sat = 0, sbt = 0;
+  for (const auto& [A, B, t] : rows) {
+    if (!(t > 0)) continue;
+    const double w = 1.0 / (t * t);
+    saa += w * A * A, sab += w * A * B, sbb += w * B * B, sat += w * A * t, sbt += w * B * t;
+  }
+  const double det = saa * sbb - sab * sab;
+  double a = det > 0 ? (sat * sbb - sbt * sab) / det : 0;
+  double b = det > 0 ? (saa * sbt - sab * sat) / det : 0;
+  if (!(a >= 0)) a = 0, b = sbb > 0 ? sbt / sbb : 0;
+  if (!(b > 0)) b = 1e-9, a = saa > 0 ? std::max(0.0, (sat - sab * b) / saa) : 0;
+  return {a, b};
+}
+
+// The planner's formula for `op` over p ranks (planner::commTimeUs) fitted to
+// the samples: alpha and rate of the link for that operation.
+AlphaBeta fitOp(plan::CommOp op, int p, const std::vector<Sample>& samples) {
+  planner::LinkCost unitA, unitB;
+  unitA.base = {1.0, 1e30};        // 1 us per alpha, bytes free
+  unitB.base = {0.0, 8.0 / 1e3};   // 1 us per byte
+  std::vector<std::array<double, 3>> rows;
+  for (const Sample& s : samples)
+    rows.push_back({planner::commTimeUs(unitA, op, p, s.bytes), planner::commTimeUs(unitB, op, p, s.bytes), s.us});
+  const auto [a, b] = fitRelative(rows);
+  return AlphaBeta{a, 8.0 / (b * 1000.0)};
+}
+
+// Probe sizes: from lo to hi bytes in steps of 4, both ends included.
+std::vector<uint64_t> probeSizes(uint64_t lo, uint64_t hi) {
+  std::vector<uint64_t> v;
+  for (uint64_t s = lo; s < hi; s *= 4) v.push_back(s);
+  v.push_back(hi);
+  return v;
+}
+
+constexpr uint64_t kMaxLinkProbe = 16u << 20;   // bytes; larger tensors use the fit
+constexpr uint64_t kMaxCodecProbe = 4u << 20;   // elements
+
+// Times op(bytes) at each size: one untimed call, then the median of 5 (3
+// from 1 MiB) calls after a barrier, each the slowest rank's time: a step
+// ends for everybody when its last member is done, and in the replay as here
+// the members arrive at it a little apart (8 processes share 2 cores on the
+// emulated hosts). A rooted step that the root leaves first (broadcast) is
+// probed after the step that precedes it in the plans (measureGroup).
+template <typename Op>
+std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op op) {
+  std::vector<double> all;
+  std::vector<int> reps;
+  for (uint64_t bytes : sizes) {
+    const int r = bytes < (1u << 20) ? 5 : 3;
+    world.barrier();
+    op(bytes);
+    for (int i = 0; i < r; ++i) {
+      world.barrier();
+      const auto t = Clock::now();
+      op(bytes);
+      all.push_back(secondsSince(t) * 1e6);
+    }
+    reps.push_back(r);
+  }
+  all = world.max(all);
+  std::vector<Sample> out;
+  size_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<double> t(all.begin() + at, all.begin() + at + reps[i]);
+    at += reps[i];
+    std::sort(t.begin(), t.end());
+    out.push_back({double(sizes[i]), t[t.size() / 2]});
+  }
+  return out;
 }
 
 struct Measured {
-  AlphaBeta intra, inter, pushPull;
-  // Reduce and broadcast to/from one root, measured on their own: the
-  // allreduce fit does not predict them (OpenMPI's reduce on this machine
-  // took 30x the allreduce fit's time per byte in a traced run).
-  AlphaBeta intraReduce, intraBcast, interReduce, interBcast;
+  AlphaBeta pushPull;
+  planner::MeasuredCurve pushPullCurve;  // one push (or pull), by a machine's bytes times the spread
+  // Per operation, on the intra-machine and the inter-machine groups; the
+  // compressed steps' own ways (sizes first, then the bytes) separately.
+  std::map<plan::CommOp, AlphaBeta> intra, inter, intraCompressed, interCompressed;
+  std::map<plan::CommOp, planner::MeasuredCurve> intraCurves, interCurves, intraCurvesCompressed,
+      interCurvesCompressed;
   bool hasIntra = false, hasInter = false;
   double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
   double sumGbps = 40;
+  std::vector<std::string> probes;  // what was measured, for the log
 };
 
-constexpr uint64_t kSmall = 1024, kLarge = 1 << 20;  // float32 elements for the link probes
-
-// Allreduce over a group at two sizes (median of 3 each); every rank of the
-// group takes part. Returns the alpha-beta of a ring allreduce.
-AlphaBeta measureAllreduce(collective::Collectives& g, Deadline d) {
-  std::vector<float> buf(kLarge, 1.0f), out(kLarge);
-  auto run = [&](uint64_t n) {
-    g.allreduce(buf.data(), out.data(), n, DType::kFloat32, d);  // warm
-    return medianSeconds(3, [&] { g.allreduce(buf.data(), out.data(), n, DType::kFloat32, d); }) * 1e6;
-  };
-  const double t1 = run(kSmall), t2 = run(kLarge);
+// Every operation the executor may run on group g, at sizes from lo to hi
+// bytes (the model's own tensor sizes, capped at kMaxLinkProbe), each fitted
+// to the planner's formula for it. Compressed steps are probed the way the
+// executor moves payloads (executor.cc, allgatherBlob and friends): the sizes
+// first, then the bytes.
+void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_t hi, uint64_t payloadHi,
+                  Deadline d, std::map<plan::CommOp, AlphaBeta>& ops,
+                  std::map<plan::CommOp, AlphaBeta>& compressedOps,
+                  std::map<plan::CommOp, planner::MeasuredCurve>& curves,
+                  std::map<plan::CommOp, planner::MeasuredCurve>& compressedCurves,
+                  std::vector<std::string>& log, const char* scope) {
+  using plan::CommOp;
   const int p = g.size();
-  return fit(2.0 * (p - 1), 2.0 * (p - 1) / p, kSmall * 4.0, t1, kLarge * 4.0, t2);
+  const uint64_t grain = 4u * uint64_t(p);  // float32 elements, a multiple of the group size
+  lo = std::max<uint64_t>(grain, lo / grain * grain);
+  hi = std::max(lo, std::min(hi, kMaxLinkProbe) / grain * grain);
+  const auto sizes = probeSizes(lo, hi);
+  std::vector<float> buf(hi / 4, 1.0f), out(hi / 4 * p);
+  auto note = [&](CommOp op, bool compressed, const std::vector<Sample>& s, const AlphaBeta& ab) {
+    std::string pts;
+    for (const Sample& x : s) pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+    log.push_back(fmt::format("{} {}{}: {:.0f} us + {:.3f} Gbit/s from{}", scope, plan::toString(op),
+                              compressed ? "*" : "", ab.alphaUs, ab.gbps, pts));
+  };
+  // Compressed steps move payloads: their sizes, in bytes.
+  const auto payloadSizes = probeSizes(64, std::max<uint64_t>(64, std::min(payloadHi, kMaxLinkProbe)));
+  auto fitted = [&](CommOp op, bool compressed, auto f) {
+    const auto s = compressed ? probe(world, payloadSizes, [&](uint64_t bytes) { f(bytes); })
+                              : probe(world, sizes, [&](uint64_t bytes) {
+                                  f(bytes / 4 / grain * grain);  // float32 elements, divisible by p
+                                });
+    AlphaBeta ab = fitOp(op, p, s);
+    (compressed ? compressedOps : ops)[op] = ab;
+    planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[op];
+    c.p = p;
+    for (const Sample& x : s) c.add(x.bytes, x.us);
+    note(op, compressed, s, ab);
+  };
+  using DT = DType;
+  fitted(CommOp::kAllreduce, false, [&](uint64_t n) { g.allreduce(buf.data(), out.data(), n, DT::kFloat32, d); });
+  fitted(CommOp::kReduceScatter, false,
+         [&](uint64_t n) { g.reduceScatter(buf.data(), out.data(), n / p, DT::kFloat32, d); });
+  fitted(CommOp::kAllgather, false, [&](uint64_t n) { g.allgather(buf.data(), n, out.data(), DT::kFloat32, d); });
+  fitted(CommOp::kAlltoall, false,
+         [&](uint64_t n) { g.alltoall(buf.data(), out.data(), n / p, DT::kFloat32, d); });
+  fitted(CommOp::kReduce, false, [&](uint64_t n) { g.reduce(buf.data(), out.data(), n, DT::kFloat32, 0, d); });
+  fitted(CommOp::kGather, false, [&](uint64_t n) { g.gather(buf.data(), n, out.data(), DT::kFloat32, 0, d); });
+  // Compressed: `n` is bytes here.
+  auto* bytesIn = reinterpret_cast<std::byte*>(buf.data());
+  auto* bytesOut = reinterpret_cast<std::byte*>(out.data());
+  std::vector<int64_t> sizes64(p), sizes64b(p);
+  fitted(CommOp::kAllgather, true, [&](uint64_t n) {
+    int64_t my = int64_t(n);
+    g.allgather(&my, 1, sizes64.data(), DT::kInt64, d);
+    std::vector<size_t> counts(sizes64.begin(), sizes64.end());
+    g.allgatherv(bytesIn, n, bytesOut, counts, DT::kUInt8, d);
+  });
+  fitted(CommOp::kAlltoall, true, [&](uint64_t n) {
+    const uint64_t each = std::max<uint64_t>(1, n / p);
+    std::fill(sizes64.begin(), sizes64.end(), int64_t(each));
+    g.alltoall(sizes64.data(), sizes64b.data(), 1, DT::kInt64, d);
+    std::vector<size_t> sc(p, each), rc(sizes64b.begin(), sizes64b.end());
+    g.alltoallv(bytesIn, sc, bytesOut, rc, DT::kUInt8, d);
+  });
+  fitted(CommOp::kGather, true, [&](uint64_t n) {
+    int64_t my = int64_t(n);
+    g.gather(&my, 1, sizes64.data(), DT::kInt64, 0, d);
+    std::vector<size_t> counts(p, n);
+    g.gatherv(bytesIn, n, bytesOut, counts, DT::kUInt8, 0, d);
+  });
+  // Broadcast: the root returns as soon as its sends are out, and a receiver
+  // that starts late finds its data there, so a broadcast timed alone looks
+  // nearly free. Timed after the step that comes before it in the plans (a
+  // reduce, a compressed gather: receivers wait for the root), less that
+  // step's own time at the same size.
+  auto afterRoot = [&](bool compressed, const std::vector<uint64_t>& at, auto before, auto bcast) {
+    const auto first = probe(world, at, before);
+    const auto both = probe(world, at, [&](uint64_t n) {
+      before(n);
+      bcast(n);
+    });
+    std::vector<Sample> s;
+    for (size_t i = 0; i < at.size(); ++i)
+      s.push_back({both[i].bytes, std::max(1.0, both[i].us - first[i].us)});
+    AlphaBeta ab = fitOp(CommOp::kBroadcast, p, s);
+    (compressed ? compressedOps : ops)[CommOp::kBroadcast] = ab;
+    planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[CommOp::kBroadcast];
+    c.p = p;
+    for (const Sample& x : s) c.add(x.bytes, x.us);
+    note(CommOp::kBroadcast, compressed, s, ab);
+  };
+  afterRoot(
+      false, sizes,
+      [&](uint64_t bytes) { g.reduce(buf.data(), out.data(), bytes / 4 / grain * grain, DT::kFloat32, 0, d); },
+      [&](uint64_t bytes) { g.broadcast(buf.data(), bytes / 4 / grain * grain, DT::kFloat32, 0, d); });
+  afterRoot(
+      true, payloadSizes,
+      [&](uint64_t n) {
+        int64_t my = int64_t(n);
+        g.gather(&my, 1, sizes64.data(), DT::kInt64, 0, d);
+        std::vector<size_t> counts(p, n);
+        g.gatherv(bytesIn, n, bytesOut, counts, DT::kUInt8, 0, d);
+      },
+      [&](uint64_t n) {
+        int64_t size = int64_t(n);
+        g.broadcast(&size, 1, DT::kInt64, 0, d);
+        g.broadcast(bytesIn, n, DT::kUInt8, 0, d);
+      });
 }
 
-// Reduce to root 0 and broadcast from root 0 over a group at two sizes
-// (median of 3 each), fitted to the planner's formula for both:
-// ceil(log2 p) * a + bytes * b.
-std::pair<AlphaBeta, AlphaBeta> measureRootOps(collective::Collectives& g, Deadline d) {
-  std::vector<float> buf(kLarge, 1.0f), out(kLarge);
-  auto red = [&](uint64_t n) {
-    g.reduce(buf.data(), out.data(), n, DType::kFloat32, 0, d);  // warm
-    return medianSeconds(3, [&] { g.reduce(buf.data(), out.data(), n, DType::kFloat32, 0, d); }) * 1e6;
-  };
-  auto bc = [&](uint64_t n) {
-    g.broadcast(buf.data(), n, DType::kFloat32, 0, d);  // warm
-    return medianSeconds(3, [&] { g.broadcast(buf.data(), n, DType::kFloat32, 0, d); }) * 1e6;
-  };
-  int lg = 0;
-  while ((1 << lg) < g.size()) ++lg;
-  const double r1 = red(kSmall), r2 = red(kLarge), b1 = bc(kSmall), b2 = bc(kLarge);
-  return {fit(std::max(1, lg), 1.0, kSmall * 4.0, r1, kLarge * 4.0, r2),
-          fit(std::max(1, lg), 1.0, kSmall * 4.0, b1, kLarge * 4.0, b2)};
-}
-
-// Push and pull of one key by every worker; a machine sends localSize times
-// what one worker does. Push and pull are charged a + frac * bytes * b each.
-AlphaBeta measurePushPull(Worker& w, const collective::Topology& topo, Deadline d) {
-  std::vector<float> buf(kLarge, 1.0f), out(kLarge);
-  auto run = [&](uint64_t n) {
-    const std::string key = fmt::format("bench.model.probe.{}", n);
-    w.declare(key, DType::kFloat32, n, TensorOptions{}, d);
-    auto once = [&] {
-      w.pushPull(key, DType::kFloat32, n, buf.data(), out.data(), ReduceOp::kSum, 0).wait(d).check();
-    };
-    once();
-    return medianSeconds(3, once) * 1e6;
-  };
-  const double t1 = run(kSmall), t2 = run(kLarge);
+// Push and pull of one key by every worker, at the model's sizes; a machine
+// sends localSize times what one worker does. Push and pull are charged
+// a + frac * bytes * b each.
+AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& topo,
+                          uint64_t lo, uint64_t hi, uint64_t chunkBytes, Deadline d,
+                          planner::MeasuredCurve& curve, std::vector<std::string>& log) {
+  lo = std::max<uint64_t>(4, lo / 4 * 4);
+  hi = std::max(lo, std::min(hi, kMaxLinkProbe) / 4 * 4);
+  std::vector<float> buf(hi / 4, 1.0f), out(hi / 4);
+  std::map<uint64_t, std::string> keys;
+  auto s = probe(world, probeSizes(lo, hi), [&](uint64_t bytes) {
+    const uint64_t n = bytes / 4;
+    auto [it, added] = keys.emplace(n, fmt::format("bench.model.probe.{}", n));
+    if (added) w.declare(it->second, DType::kFloat32, n, TensorOptions{}, d);
+    w.pushPull(it->second, DType::kFloat32, n, buf.data(), out.data(), ReduceOp::kSum, 0).wait(d).check();
+  });
   const int m = std::max(2, topo.numMachines);
   const double frac = double(m - 1) / m;
   const double L = topo.localSize;
-  return fit(2.0, 2.0 * frac, kSmall * 4.0 * L, t1, kLarge * 4.0 * L, t2);
+  std::vector<std::array<double, 3>> rows;
+  std::string pts;
+  for (const Sample& x : s) {
+    // The probe key's chunks reach only that many servers, as the model's
+    // tensors' do (planner::Cluster::oneTensorAtATime): the same spread here.
+    const double chunks = std::ceil(x.bytes / double(chunkBytes)) * L;
+    const double spread = m * std::ceil(chunks / m) / chunks;
+    rows.push_back({2.0, 2.0 * frac * x.bytes * L * spread, x.us});
+    pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+  }
+  const auto [a, b] = fitRelative(rows);
+  AlphaBeta ab{a, 8.0 / (b * 1000.0)};
+  log.push_back(fmt::format("push+pull: {:.0f} us + {:.3f} Gbit/s each from{}", ab.alphaUs, ab.gbps, pts));
+  // And as curves: commTimeUs takes a machine's bytes times the spread for
+  // push and for pull; each is half of the measured exchange.
+  curve.p = topo.numMachines;
+  for (size_t i = 0; i < s.size(); ++i) curve.add(rows[i][1] / (2.0 * frac), s[i].us / 2);
+  return ab;
 }
 
 // The executor's encode (with error feedback, as it runs it) and decode-and-
-// add, at two sizes: seconds = alpha + beta * input bytes.
-void measureCodec(const std::string& spec, Measured& m) {
+// add, at the model's tensor sizes (lo to hi elements, capped at
+// kMaxCodecProbe), on data that is not in the caches (the replay fills every
+// gradient before an iteration, so each encode reads memory), every worker at
+// once (they share this machine's cores as in the replay), the slowest
+// worker's time: seconds = alpha + beta * input bytes.
+void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m) {
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
   compressor::CodecPtr codec = reg.create(reg.canonical(spec));
-  compressor::ErrorFeedback ef(codec);
-  const uint64_t n1 = 16 << 10, n2 = 1 << 20;
-  std::vector<float> x(n2), sum(n2);
-  for (uint64_t i = 0; i < n2; ++i) x[i] = std::sin(double(i)) + 0.1f;
+  hi = std::max<uint64_t>(1, std::min(hi, kMaxCodecProbe));
+  lo = std::max<uint64_t>(1, std::min(lo, hi));
+  const auto sizes = probeSizes(lo, hi);
+  std::vector<float> x(hi), sum(hi);
+  for (uint64_t i = 0; i < hi; ++i) x[i] = float(std::sin(double(i)) + 0.1);
+  std::vector<char> flush(64u << 20);
+  auto evict = [&] {
+    for (size_t i = 0; i < flush.size(); i += 64) flush[i] = char(flush[i] + 1);
+  };
   std::vector<std::byte> payload;
   uint64_t key = 0;
-  auto enc = [&](uint64_t n) {
+  std::vector<double> enc, dec;
+  const int reps = 5;
+  for (uint64_t n : sizes) {
+    compressor::ErrorFeedback ef(codec);  // a fresh residual per size, as per tensor
     payload.resize(ef.payloadBytes(n));
-    return medianSeconds(3, [&] {
+    auto encodeOnce = [&] {
       compressor::EncodeContext ctx;
       ctx.seed = ++key;
       ef.encode(n, x.data(), n, payload, ctx);
-    });
-  };
-  auto dec = [&](uint64_t n) {
-    enc(n);
-    return medianSeconds(3, [&] { codec->decompressAdd(payload, sum.data(), n); });
-  };
-  const double e1 = enc(n1), e2 = enc(n2), d1 = dec(n1), d2 = dec(n2);
-  m.encodeBeta = std::max(0.0, (e2 - e1) / (4.0 * (n2 - n1)));
-  m.encodeAlpha = std::max(0.0, e1 - m.encodeBeta * 4.0 * n1);
-  m.decodeBeta = std::max(0.0, (d2 - d1) / (4.0 * (n2 - n1)));
-  m.decodeAlpha = std::max(0.0, d1 - m.decodeBeta * 4.0 * n1);
+    };
+    encodeOnce();
+    for (int r = 0; r < reps; ++r) {
+      evict();
+      world.barrier();
+      enc.push_back(medianSeconds(1, encodeOnce));
+    }
+    for (int r = 0; r < reps; ++r) {
+      evict();
+      world.barrier();
+      dec.push_back(medianSeconds(1, [&] { codec->decompressAdd(payload, sum.data(), n); }));
+    }
+  }
+  // The slowest worker's: the step after an encode waits for it.
+  enc = world.max(enc);
+  dec = world.max(dec);
+  std::vector<std::array<double, 3>> er, dr;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto med = [&](std::vector<double>& v) {
+      std::vector<double> t(v.begin() + i * reps, v.begin() + (i + 1) * reps);
+      std::sort(t.begin(), t.end());
+      return t[reps / 2];
+    };
+    er.push_back({1.0, 4.0 * sizes[i], med(enc)});
+    dr.push_back({1.0, 4.0 * sizes[i], med(dec)});
+  }
+  std::tie(m.encodeAlpha, m.encodeBeta) = fitRelative(er);
+  std::tie(m.decodeAlpha, m.decodeBeta) = fitRelative(dr);
+  std::string pts;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], er[i][2] * 1e6, dr[i][2] * 1e6);
+  m.probes.push_back(fmt::format("codec {} encode/decode per elements:{}", spec, pts));
+  const uint64_t ns = hi;
   const double s = medianSeconds(3, [&] {
-    for (uint64_t i = 0; i < n2; ++i) sum[i] += x[i];
+    for (uint64_t i = 0; i < ns; ++i) sum[i] += x[i];
   });
-  m.sumGbps = 8.0 * 4.0 * n2 / s / 1e9;
+  m.sumGbps = 8.0 * 4.0 * ns / s / 1e9;
 }
 
 planner::ModelProfile scaled(planner::ModelProfile p, double k) {
@@ -242,6 +445,17 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
   return endUs;
 }
 
+// --predicted-trace FILE: the plan strategy's timeline goes to FILE, every
+// other strategy's beside it with the strategy's name before the extension
+// (predicted.json -> predicted-none.json).
+std::string predictedTracePath(const std::string& file, const std::string& strategy) {
+  if (strategy == "plan") return file;
+  const size_t slash = file.find_last_of('/');
+  const size_t dot = file.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return file + "-" + strategy;
+  return file.substr(0, dot) + "-" + strategy + file.substr(dot);
+}
+
 // Rank 0: the cost models from the measurements, and every strategy's plan
 // and predicted iteration time.
 std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
@@ -266,19 +480,24 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   planner::Cluster cl;
   cl.machines = topo.numMachines;
   cl.gpusPerMachine = topo.localSize;
+  // Every operation as measured on its own (OpenMPI's reduce ran at 0.35
+  // Gbit/s where its allreduce ran at 7-18 in a traced run; a compressed
+  // allgather is two collectives).
   cl.inter.name = "measured inter";
-  cl.inter.base = m.hasInter ? m.inter : m.pushPull;
+  cl.inter.base = m.hasInter ? m.inter.at(plan::CommOp::kAllreduce) : m.pushPull;
+  if (m.hasInter) {
+    cl.inter.perOp = m.inter, cl.inter.perOpCompressed = m.interCompressed;
+    cl.inter.curves = m.interCurves, cl.inter.curvesCompressed = m.interCurvesCompressed;
+  }
   cl.inter.perOp[plan::CommOp::kPush] = m.pushPull;
   cl.inter.perOp[plan::CommOp::kPull] = m.pushPull;
+  cl.inter.curves[plan::CommOp::kPush] = m.pushPullCurve;
+  cl.inter.curves[plan::CommOp::kPull] = m.pushPullCurve;
   cl.intra.name = "measured intra";
-  cl.intra.base = m.hasIntra ? m.intra : cl.inter.base;
-  if (m.hasInter) {
-    cl.inter.perOp[plan::CommOp::kReduce] = m.interReduce;
-    cl.inter.perOp[plan::CommOp::kBroadcast] = m.interBcast;
-  }
+  cl.intra.base = m.hasIntra ? m.intra.at(plan::CommOp::kAllreduce) : cl.inter.base;
   if (m.hasIntra) {
-    cl.intra.perOp[plan::CommOp::kReduce] = m.intraReduce;
-    cl.intra.perOp[plan::CommOp::kBroadcast] = m.intraBcast;
+    cl.intra.perOp = m.intra, cl.intra.perOpCompressed = m.intraCompressed;
+    cl.intra.curves = m.intraCurves, cl.intra.curvesCompressed = m.intraCurvesCompressed;
   }
   // No copies: the replay's buffers are host memory.
   cl.d2h = cl.h2d = AlphaBeta{0, 1e9};
@@ -286,6 +505,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   cl.cpuSumGbps = m.sumGbps;
   cl.parameterServer = true;
   cl.chunkBytes = double(chunkBytes);
+  cl.oneTensorAtATime = true;  // Executor::run: one tensor at a time
   planner::ResolvedCodec codec = codecs.resolve(o.codec);
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
@@ -300,17 +520,13 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   planner::Planner pl(sim);
   const int T = sim.tensors();
   *costNote = fmt::format(
-      "links: intra allreduce {:.0f} us + {:.2f} Gbit/s{}, inter allreduce {:.0f} us + {:.2f} "
-      "Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; reduce intra {:.0f} us + {:.2f} Gbit/s, "
-      "inter {:.0f} us + {:.2f} Gbit/s; broadcast intra {:.0f} us + {:.2f} Gbit/s, inter {:.0f} us "
-      "+ {:.2f} Gbit/s; codec {} encode {:.0f} us + {:.2f} ns/elem, "
-      "decode {:.0f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU "
-      "cores per machine",
+      "links (per operation, see the log at info level): intra allreduce {:.0f} us + {:.2f} "
+      "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
+      "codec {} encode {:.1f} us + {:.2f} ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also "
+      "used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
       cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
       cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
-      m.pushPull.alphaUs, m.pushPull.gbps, m.intraReduce.alphaUs, m.intraReduce.gbps,
-      m.interReduce.alphaUs, m.interReduce.gbps, m.intraBcast.alphaUs, m.intraBcast.gbps,
-      m.interBcast.alphaUs, m.interBcast.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
+      m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
       m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
   auto uniform = [&](int option) {
     planner::Strategy s;
@@ -339,14 +555,15 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       // replan starts from the offline plan; what the scheduler switches it
       // to is reported after the run.
       s = pl.decide();
-      if (name == "plan" && !o.predictedTrace.empty()) {
-        std::vector<planner::TraceEvent> ev;
-        serialized(sim, s.choice, &ev);
-        std::ofstream f(o.predictedTrace);
-        f << planner::chromeTrace(sim, ev) << "\n";
-        CORTADO_ENFORCE(f.good(), ErrorCode::kInvalidArgument, "--predicted-trace: cannot write '{}'",
-                        o.predictedTrace);
-      }
+    }
+    if (name != "replan" && !o.predictedTrace.empty()) {
+      std::vector<planner::TraceEvent> ev;
+      serialized(sim, s.choice, &ev);
+      const std::string path = predictedTracePath(o.predictedTrace, name);
+      std::ofstream f(path);
+      f << planner::chromeTrace(sim, ev) << "\n";
+      CORTADO_ENFORCE(f.good(), ErrorCode::kInvalidArgument, "--predicted-trace: cannot write '{}'",
+                      path);
     }
     Prediction p;
     p.strategy = name;
@@ -485,37 +702,34 @@ int runModelBench(const ModelBenchOptions& o) {
   World world{*groups.world};
   const Deadline opDeadline = Deadline::after(Millis(3600000));
 
-  // 1. Measure.
+  // 1. Measure, at the model's own sizes.
   Measured m;
+  uint64_t minElems = UINT64_MAX, maxElems = 1;
+  for (const auto& t : profile.tensors) {
+    minElems = std::min(minElems, uint64_t(std::max<int64_t>(1, t.elements)));
+    maxElems = std::max(maxElems, uint64_t(std::max<int64_t>(1, t.elements)));
+  }
+  uint64_t maxPayload = 64;
+  {
+    compressor::Registry reg;
+    compressor::registerCpuCodecs(reg);
+    maxPayload = std::max<uint64_t>(64, reg.create(reg.canonical(o.codec))->payloadBytes(std::min(maxElems, uint64_t(1) << 26)));
+  }
   if (topo.localSize > 1) {
-    m.intra = measureAllreduce(*groups.intra, setup);
-    std::tie(m.intraReduce, m.intraBcast) = measureRootOps(*groups.intra, setup);
+    measureGroup(world, *groups.intra, 4 * minElems, 4 * maxElems, maxPayload, setup,
+                 m.intra, m.intraCompressed, m.intraCurves, m.intraCurvesCompressed, m.probes, "intra");
     m.hasIntra = true;
   }
   if (topo.numMachines > 1) {
-    m.inter = measureAllreduce(*groups.inter, setup);
-    std::tie(m.interReduce, m.interBcast) = measureRootOps(*groups.inter, setup);
+    measureGroup(world, *groups.inter, 4 * minElems, 4 * maxElems, maxPayload, setup,
+                 m.inter, m.interCompressed, m.interCurves, m.interCurvesCompressed, m.probes, "inter");
     m.hasInter = true;
   }
-  m.pushPull = measurePushPull(*worker, topo, setup);
-  measureCodec(o.codec, m);
-  {
-    auto v = world.mean({m.intra.alphaUs, m.intra.gbps, m.inter.alphaUs, m.inter.gbps,
-                         m.pushPull.alphaUs, m.pushPull.gbps, m.encodeAlpha, m.encodeBeta,
-                         m.decodeAlpha, m.decodeBeta, m.sumGbps, m.intraReduce.alphaUs,
-                         m.intraReduce.gbps, m.intraBcast.alphaUs, m.intraBcast.gbps,
-                         m.interReduce.alphaUs, m.interReduce.gbps, m.interBcast.alphaUs,
-                         m.interBcast.gbps});
-    m.intraReduce = {v[11], v[12]};
-    m.intraBcast = {v[13], v[14]};
-    m.interReduce = {v[15], v[16]};
-    m.interBcast = {v[17], v[18]};
-    m.intra = {v[0], v[1]};
-    m.inter = {v[2], v[3]};
-    m.pushPull = {v[4], v[5]};
-    m.encodeAlpha = v[6], m.encodeBeta = v[7], m.decodeAlpha = v[8], m.decodeBeta = v[9];
-    m.sumGbps = v[10];
-  }
+  m.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
+                               job.partitionBytes, setup, m.pushPullCurve, m.probes);
+  measureCodec(world, o.codec, minElems, maxElems, m);
+  if (lead)
+    for (const std::string& line : m.probes) fmt::print(stderr, "# cortado bench model: measured {}\n", line);
   const int hw = std::max(1u, std::thread::hardware_concurrency());
   const int cpuCores = o.cpuCores > 0 ? o.cpuCores : std::max(1, hw / std::max(1, topo.numMachines));
 

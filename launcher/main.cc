@@ -164,8 +164,9 @@ int main(int argc, char** argv) {
   bm->add_option("--data-dir", bmo.dataDir, "planner data folder (profiles/, costs/)");
   bm->add_option("--plan-out", bmo.planOut, "rank 0 writes the planner's plan (JSON) here");
   bm->add_option("--predicted-trace", bmo.predictedTrace,
-                 "rank 0 writes the plan's predicted timeline (measured costs) here, for "
-                 "`cortado trace compare` against a run with --trace");
+                 "rank 0 writes the plan's predicted timeline (measured costs) here, and each "
+                 "other strategy's beside it (FILE-none.json, ...), for `cortado trace "
+                 "compare` against a run with --trace");
   bm->add_flag("--json", bmo.json, "one JSON object per strategy, then a summary object");
   bm->add_flag("--progress", bmo.progress, "show the progress bar even when stderr is not a terminal");
 

@@ -138,7 +138,7 @@ class Compiler {
         break;
     }
     const double bytes = heldBytes() * perRankScale;
-    add(commOp(s, res, commTimeUs(*link, s.op, p, bytes)));
+    add(commOp(s, res, commTimeUs(*link, s.op, p, bytes, s.compressed)));
 
     bool& pending = pendingFirst_[int(s.scope)];
     switch (s.op) {
@@ -173,10 +173,16 @@ class Compiler {
   void pushPull(const Step& push, const Step& pull) {
     moveTo(false);
     const int M = c_.machines;
-    const double machineBytes = heldBytes() * active_;
-    add(commOp(push, Res::kInter, commTimeUs(c_.inter, CommOp::kPush, M, machineBytes)));
+    // The busiest server's share relative to an even one (Cluster::oneTensorAtATime).
+    double spread = 1;
+    if (c_.oneTensorAtATime) {
+      const double chunks = partitions(e_) * active_;  // every active rank pushes its own shard key
+      spread = M * std::ceil(chunks / M) / chunks;
+    }
+    const double machineBytes = heldBytes() * active_ * spread;
+    add(commOp(push, Res::kInter, commTimeUs(c_.inter, CommOp::kPush, M, machineBytes, push.compressed)));
 
-    const double share = e_ * active_ / M;  // elements one server owns
+    const double share = std::min(e_ * active_, e_ * active_ / M * spread);  // elements the busiest server owns
     const double parts = partitions(share);
     const double part = share / parts;
     SimOp work;
@@ -196,7 +202,8 @@ class Compiler {
       work.us = codec_.encodeUs(Device::kCpu, part);
       add(work);
     }
-    add(commOp(pull, Res::kInter, commTimeUs(c_.inter, CommOp::kPull, M, heldBytes() * active_)));
+    add(commOp(pull, Res::kInter,
+               commTimeUs(c_.inter, CommOp::kPull, M, heldBytes() * active_ * spread, pull.compressed)));
   }
 
   const Cluster& c_;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -63,14 +64,45 @@ std::string joinKeys(const Map& m) {
 
 }  // namespace
 
-const AlphaBeta& LinkCost::forOp(CommOp op) const {
+const AlphaBeta& LinkCost::forOp(CommOp op, bool compressed) const {
+  if (compressed) {
+    auto c = perOpCompressed.find(op);
+    if (c != perOpCompressed.end()) return c->second;
+  }
   auto it = perOp.find(op);
   return it == perOp.end() ? base : it->second;
 }
 
-double commTimeUs(const LinkCost& link, CommOp op, int p, double bytes) {
+void MeasuredCurve::add(double bytes, double us) {
+  if (!points.empty()) us = std::max(us, points.back().second);
+  points.emplace_back(bytes, us);
+}
+
+double MeasuredCurve::us(double bytes) const {
+  if (points.empty()) return 0;
+  if (points.size() == 1 || bytes <= points.front().first) return points.front().second;
+  size_t i = 1;
+  while (i + 1 < points.size() && points[i].first < bytes) ++i;
+  const auto& [b0, t0] = points[i - 1];
+  const auto& [b1, t1] = points[i];
+  const double slope = b1 > b0 ? (t1 - t0) / (b1 - b0) : 0;
+  return t0 + slope * (bytes - b0);
+}
+
+double commTimeUs(const LinkCost& link, CommOp op, int p, double bytes, bool compressed) {
   if (p <= 1) return 0;
-  const AlphaBeta& ab = link.forOp(op);
+  auto curve = [&](const std::map<CommOp, MeasuredCurve>& m) -> const MeasuredCurve* {
+    auto it = m.find(op);
+    return it != m.end() && it->second.p == p && !it->second.points.empty() ? &it->second : nullptr;
+  };
+  if (compressed) {
+    if (const MeasuredCurve* c = curve(link.curvesCompressed)) return c->us(bytes);
+    if (link.perOpCompressed.count(op) == 0)
+      if (const MeasuredCurve* c = curve(link.curves)) return c->us(bytes);
+  } else if (const MeasuredCurve* c = curve(link.curves)) {
+    return c->us(bytes);
+  }
+  const AlphaBeta& ab = link.forOp(op, compressed);
   const double a = ab.alphaUs, b = ab.betaUsPerByte();
   const double frac = double(p - 1) / p;
   switch (op) {

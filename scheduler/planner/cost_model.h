@@ -28,17 +28,40 @@ struct AlphaBeta {
   double betaUsPerByte() const { return 8.0 / (gbps * 1000.0); }
 };
 
+// Measured times of one operation over `p` ranks at several sizes (bytes as
+// commTimeUs takes them): linear between the sizes, the smallest size's time
+// below it, the last two points' slope beyond the largest. Made
+// non-decreasing when built (`add` in size order keeps a running maximum).
+struct MeasuredCurve {
+  int p = 0;
+  std::vector<std::pair<double, double>> points;  // (bytes, us), bytes increasing
+  void add(double bytes, double us);
+  double us(double bytes) const;
+};
+
 struct LinkCost {
   std::string name;
   AlphaBeta base;
   std::map<plan::CommOp, AlphaBeta> perOp;  // measured overrides
-  const AlphaBeta& forOp(plan::CommOp op) const;
+  // Measured overrides for compressed steps: a runtime moves payloads of
+  // varying size as two collectives (the sizes, then the bytes), so that a
+  // compressed allgather costs more than an uncompressed one of equal bytes.
+  // Falls back to perOp, then base.
+  std::map<plan::CommOp, AlphaBeta> perOpCompressed;
+  // Measured curves, used instead of the formulas where one exists for the
+  // operation (and compressed or not) and its group size: a job's own probes
+  // at its own tensor sizes (`cortado bench model`), where one alpha-beta
+  // line does not fit every size (OpenMPI switches algorithms by size).
+  std::map<plan::CommOp, MeasuredCurve> curves, curvesCompressed;
+  const AlphaBeta& forOp(plan::CommOp op, bool compressed = false) const;
 };
 
 // Time of `op` over `p` ranks. `bytes`: the bytes each rank holds before the
 // step (for allgather and gather: each rank's contribution; for push and pull:
-// what one machine sends or receives in total).
-double commTimeUs(const LinkCost& link, plan::CommOp op, int p, double bytes);
+// what one machine sends or receives in total). `compressed`: the step carries
+// compressed payloads (uses the link's perOpCompressed fit where it has one).
+double commTimeUs(const LinkCost& link, plan::CommOp op, int p, double bytes,
+                  bool compressed = false);
 
 // Named links, copies and CPU rates: one JSON file (profiles of hardware).
 struct HardwareModel {
@@ -64,6 +87,14 @@ struct Cluster {
   // CPU codec calls and the servers' work are split into partitions of this
   // size (the worker's partitioner), each a task for one core.
   double chunkBytes = 4 << 20;
+  // true: push/pull as a runtime that moves one tensor at a time (the plan
+  // executor, Executor::run) does it: a tensor's shard key is cut into chunks
+  // of chunkBytes, each on one server, so a tensor of fewer chunks than
+  // machines reaches only that many servers and the busiest server's link
+  // carries every machine's share of it (a tensor of one chunk: M - 1 copies
+  // into one server). false: balanced over every server, as many tensors in
+  // flight are.
+  bool oneTensorAtATime = false;
 
   int gpus() const { return machines * gpusPerMachine; }
 };
