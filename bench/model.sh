@@ -8,6 +8,8 @@
 #   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
 #                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
 #                  [--compute-scale 1] [--strategies none,gpu,cpu,plan] [--json]
+#                  (with replan among the strategies: CORTADO_PROFILE_WINDOW, default 3, and
+#                  CORTADO_REPLAN_CODEC, default the run's codec, are set for the job)
 #                  [--trace DIR]   (per run under DIR/<model>-<codec>/: the stage traces in run/,
 #                                   the predicted timelines predicted.json (plan) and
 #                                   predicted-<strategy>.json; compare with `cortado trace compare`)
@@ -52,7 +54,11 @@ for m in "${M[@]}"; do
       targs=(--trace "$trace/$m-${c%%:*}/run")
       pargs=(--predicted-trace "$trace/$m-${c%%:*}/predicted.json")
     fi
-    CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
+    # replan: online profiling for the job, the scheduler re-plans with this run's codec.
+    renv=()
+    [[ ,$strategies, == *,replan,* ]] &&
+      renv=(CORTADO_PROFILE_WINDOW="${CORTADO_PROFILE_WINDOW:-3}" CORTADO_REPLAN_CODEC="${CORTADO_REPLAN_CODEC:-$c}")
+    env "${renv[@]}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
       --iterations "$iterations" --warmup "$warmup" --compute-scale "$scale" "${pargs[@]}" $json

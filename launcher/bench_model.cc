@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -67,6 +69,12 @@ struct World {
     return s;
   }
 };
+
+// Integer-valued gradients: worker r's element i of tensor j in iteration it
+// is (r + 1) * (1 + it % 3) * pattern_j[i], pattern in [-2, 2]; every fp32 and
+// fp16 sum of them is exact.
+float pattern(size_t j, uint64_t i) { return float(int((i * 7 + j * 13 + (i * i + j) % 11) % 5) - 2); }
+float factor(int rank, int it) { return float((rank + 1) * (1 + it % 3)); }
 
 // Median of `reps` timings of f().
 template <typename F>
@@ -129,8 +137,11 @@ std::vector<uint64_t> probeSizes(uint64_t lo, uint64_t hi) {
 constexpr uint64_t kMaxLinkProbe = 16u << 20;   // bytes; larger tensors use the fit
 constexpr uint64_t kMaxCodecProbe = 4u << 20;   // elements
 
-// Times op(bytes) at each size: one untimed call, then the median of 5 (3
-// from 1 MiB) calls after a barrier, each the slowest rank's time: a step
+// Times op(bytes) at each size: one untimed call, then the mean of 9 (5 from
+// 64 KiB, 3 from 1 MiB) calls after a barrier (the mean, not the median: a
+// replay's iteration is a sum of many steps, and on this shared machine a
+// step now and then waits a scheduler time slice for a descheduled member,
+// which the sum pays and a median hides), each the slowest rank's time: a step
 // ends for everybody when its last member is done, and in the replay as here
 // the members arrive at it a little apart (8 processes share 2 cores on the
 // emulated hosts). A rooted step that the root leaves first (broadcast) is
@@ -140,7 +151,7 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
   std::vector<double> all;
   std::vector<int> reps;
   for (uint64_t bytes : sizes) {
-    const int r = bytes < (1u << 20) ? 5 : 3;
+    const int r = bytes < (64u << 10) ? 9 : bytes < (1u << 20) ? 5 : 3;
     world.barrier();
     op(bytes);
     for (int i = 0; i < r; ++i) {
@@ -155,10 +166,10 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
   std::vector<Sample> out;
   size_t at = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    std::vector<double> t(all.begin() + at, all.begin() + at + reps[i]);
+    double sum = 0;
+    for (int k = 0; k < reps[i]; ++k) sum += all[at + k];
     at += reps[i];
-    std::sort(t.begin(), t.end());
-    out.push_back({double(sizes[i]), t[t.size() / 2]});
+    out.push_back({double(sizes[i]), sum / reps[i]});
   }
   return out;
 }
@@ -340,7 +351,10 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   lo = std::max<uint64_t>(1, std::min(lo, hi));
   const auto sizes = probeSizes(lo, hi);
   std::vector<float> x(hi), sum(hi);
-  for (uint64_t i = 0; i < hi; ++i) x[i] = float(std::sin(double(i)) + 0.1);
+  // The replay's own gradients: a codec's cost depends on the values (DGC's
+  // threshold search on the replay's few distinct magnitudes took 2-3x what
+  // it took on smooth data).
+  for (uint64_t i = 0; i < hi; ++i) x[i] = factor(world.c.rank(), 0) * pattern(0, i);
   std::vector<char> flush(64u << 20);
   auto evict = [&] {
     for (size_t i = 0; i < flush.size(); i += 64) flush[i] = char(flush[i] + 1);
@@ -374,10 +388,10 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   dec = world.max(dec);
   std::vector<std::array<double, 3>> er, dr;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    auto med = [&](std::vector<double>& v) {
-      std::vector<double> t(v.begin() + i * reps, v.begin() + (i + 1) * reps);
-      std::sort(t.begin(), t.end());
-      return t[reps / 2];
+    auto med = [&](std::vector<double>& v) {  // the mean, as a run's sum of calls has it
+      double sum = 0;
+      for (int k = 0; k < reps; ++k) sum += v[i * reps + k];
+      return sum / reps;
     };
     er.push_back({1.0, 4.0 * sizes[i], med(enc)});
     dr.push_back({1.0, 4.0 * sizes[i], med(dec)});
@@ -456,11 +470,34 @@ std::string predictedTracePath(const std::string& file, const std::string& strat
   return file.substr(0, dot) + "-" + strategy + file.substr(dot);
 }
 
+// The prediction for a plan handed out during the run (replan), by the same
+// cost models as the other strategies (`base`: the simulator predict() made):
+// forward + the serialized timeline, and the overlapped one. Nothing when the
+// plan names a tensor the profile lacks or compresses with another codec
+// than --codec (no measured costs for it).
+std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& base,
+                                                     const plan::Plan& p) {
+  std::vector<plan::TensorOption> options = base.options();
+  std::vector<int> choice;
+  for (const auto& t : base.profile().tensors) {
+    auto it = p.tensors.find(t.name);
+    if (it == p.tensors.end()) return std::nullopt;
+    if (it->second.compressed() && it->second.codec != base.codec().spec) return std::nullopt;
+    auto at = std::find(options.begin(), options.end(), it->second);
+    if (at == options.end()) at = options.insert(options.end(), it->second);
+    choice.push_back(int(at - options.begin()));
+  }
+  planner::Simulator sim(base.cluster(), base.codec(), base.profile(), options);
+  return std::make_pair(base.profile().forwardUs + serialized(sim, choice, nullptr),
+                        base.profile().forwardUs + sim.simulate(choice));
+}
+
 // Rank 0: the cost models from the measurements, and every strategy's plan
 // and predicted iteration time.
 std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
                                 const collective::Topology& topo, const Measured& m,
-                                int cpuCores, uint64_t chunkBytes, std::string* costNote) {
+                                int cpuCores, uint64_t chunkBytes, std::string* costNote,
+                                std::shared_ptr<planner::Simulator>* keep) {
   const std::string dir = planner::resolveDataDir(o.dataDir);
   planner::CodecModel codecs = planner::CodecModel::load(dir + "/costs/codecs.json");
   json fits = {{"schema", "cortado.codec_costs.v1"},
@@ -516,7 +553,8 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     options.push_back(byteps);
     bytepsIdx = int(options.size()) - 1;
   }
-  planner::Simulator sim(cl, codec, profile, options);
+  *keep = std::make_shared<planner::Simulator>(cl, codec, profile, options);
+  planner::Simulator& sim = **keep;
   planner::Planner pl(sim);
   const int T = sim.tensors();
   *costNote = fmt::format(
@@ -585,11 +623,6 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   return out;
 }
 
-// Integer-valued gradients: worker r's element i of tensor j in iteration it
-// is (r + 1) * (1 + it % 3) * pattern_j[i], pattern in [-2, 2]; every fp32 and
-// fp16 sum of them is exact.
-float pattern(size_t j, uint64_t i) { return float(int((i * 7 + j * 13 + (i * i + j) % 11) % 5) - 2); }
-float factor(int rank, int it) { return float((rank + 1) * (1 + it % 3)); }
 
 bool losslessFor(const std::string& codec) {
   return codec.rfind("fp16", 0) == 0 || codec.rfind("bf16", 0) == 0;
@@ -735,10 +768,11 @@ int runModelBench(const ModelBenchOptions& o) {
 
   // 2. Plans and predictions on rank 0, plans to everybody.
   std::vector<Prediction> preds;
+  std::shared_ptr<planner::Simulator> simulator;  // rank 0: for the plans handed out during replan
   std::string costNote, err;
   if (lead) {
     try {
-      preds = predict(o, profile, topo, m, cpuCores, job.partitionBytes, &costNote);
+      preds = predict(o, profile, topo, m, cpuCores, job.partitionBytes, &costNote, &simulator);
     } catch (const Error& e) {
       err = e.what();
     }
@@ -898,10 +932,16 @@ int runModelBench(const ModelBenchOptions& o) {
     if (lead) {
       r.predictedMs = preds[si].predictedUs / 1e3;
       r.options = preds[si].options;
+      double overlappedMs = preds[si].overlappedUs / 1e3;
       if (replan) {
-        // The scheduler's plan was made from its own fits, which this
-        // benchmark's simulator does not have: no prediction for it.
-        r.predictedMs = 0;
+        // The scheduler chose this plan from its own fits; predicted here by
+        // the costs this benchmark measured, as every other strategy (none
+        // when the plan compresses with another codec than --codec).
+        r.predictedMs = 0, overlappedMs = 0;
+        if (auto pr = predictPlan(*simulator, ex.currentPlan())) {
+          r.predictedMs = pr->first / 1e3;
+          overlappedMs = pr->second / 1e3;
+        }
         std::map<std::string, int> count;
         int compressed = 0;
         for (const auto& [name, opt] : ex.currentPlan().tensors) {
@@ -923,15 +963,17 @@ int runModelBench(const ModelBenchOptions& o) {
         json jr = {{"model", profile.model}, {"codec", o.codec}, {"strategy", r.strategy},
                    {"measured_ms", r.meanMs}, {"stdev_ms", r.stdMs}, {"min_ms", r.minMs},
                    {"predicted_ms", r.predictedMs}, {"error_pct", errPct},
-                   {"overlapped_ms", preds[si].overlappedUs / 1e3},
+                   {"overlapped_ms", overlappedMs},
                    {"iterations", o.iterations}, {"workers", topo.size},
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
                    {"lossy_tensors", r.lossyTensors}, {"options", r.options}};
-        if (replan) {
+        if (!(r.predictedMs > 0)) {
           jr["predicted_ms"] = nullptr;
           jr["overlapped_ms"] = nullptr;
           jr["error_pct"] = nullptr;
+        }
+        if (replan) {
           jr["plan_version"] = r.planVersion;
           jr["switched_at"] = r.switchedAt;
         }
@@ -940,7 +982,7 @@ int runModelBench(const ModelBenchOptions& o) {
         if (si == 0)
           fmt::print("| strategy | measured ms | stdev | predicted ms | error | check | options |\n"
                      "|---|---|---|---|---|---|---|\n");
-        if (replan)
+        if (!(r.predictedMs > 0))
           fmt::print("| {} | {:.1f} | {:.1f} | - | - | {} | {} |\n", r.strategy, r.meanMs, r.stdMs,
                      check, r.options);
         else

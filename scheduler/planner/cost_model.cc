@@ -74,7 +74,13 @@ const AlphaBeta& LinkCost::forOp(CommOp op, bool compressed) const {
 }
 
 void MeasuredCurve::add(double bytes, double us) {
-  if (!points.empty()) us = std::max(us, points.back().second);
+  if (!points.empty()) {
+    us = std::max(us, points.back().second);
+    if (bytes <= points.back().first) {  // no size twice: the slope beyond needs two sizes
+      points.back().second = us;
+      return;
+    }
+  }
   points.emplace_back(bytes, us);
 }
 

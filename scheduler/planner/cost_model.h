@@ -31,7 +31,8 @@ struct AlphaBeta {
 // Measured times of one operation over `p` ranks at several sizes (bytes as
 // commTimeUs takes them): linear between the sizes, the smallest size's time
 // below it, the last two points' slope beyond the largest. Made
-// non-decreasing when built (`add` in size order keeps a running maximum).
+// non-decreasing when built (`add` in size order keeps a running maximum; a
+// size not above the last one raises the last point instead).
 struct MeasuredCurve {
   int p = 0;
   std::vector<std::pair<double, double>> points;  // (bytes, us), bytes increasing

@@ -38,6 +38,38 @@ TEST(CostModel, NcclFormulas) {
   EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, n), 3 * 4.0);
 }
 
+TEST(CostModel, MeasuredCurvesReplaceTheFormulaForTheirGroupSize) {
+  MeasuredCurve c;
+  c.p = 4;
+  c.add(100, 50);
+  c.add(1100, 150);
+  c.add(2100, 140);   // noise below the last point: raised to it
+  c.add(2100, 400);   // the same size again: raises the last point
+  c.add(4100, 600);
+  ASSERT_EQ(c.points.size(), 4u);
+  EXPECT_DOUBLE_EQ(c.us(10), 50.0);      // below the smallest size: its time
+  EXPECT_DOUBLE_EQ(c.us(600), 100.0);    // halfway between 100 and 1100
+  EXPECT_DOUBLE_EQ(c.us(2100), 400.0);
+  EXPECT_DOUBLE_EQ(c.us(6100), 800.0);   // beyond: the last slope, 0.1 us per byte
+
+  LinkCost l;
+  l.base = AlphaBeta{2.0, 8.0};
+  l.curves[CommOp::kAllgather] = c;
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 600), 100.0);
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 3, 8000), 2 * (2.0 + 8));  // other size: formula
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kReduceScatter, 4, 8000), 3 * 2.0 + 0.75 * 8);
+  // Compressed steps: their own curve, else their own alpha-beta, else the raw curve.
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 600, true), 100.0);
+  l.perOpCompressed[CommOp::kAllgather] = AlphaBeta{5.0, 8.0};
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 8000, true), 3 * (5.0 + 8));
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 600, false), 100.0);
+  MeasuredCurve z;
+  z.p = 4;
+  z.add(0, 7);
+  l.curvesCompressed[CommOp::kAllgather] = z;
+  EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 8000, true), 7.0);
+}
+
 TEST(CostModel, DefaultFilesLoad) {
   auto hw = HardwareModel::load(defaultDataDir() + "/costs/hardware.json");
   for (const char* name : {"nvlink", "pcie", "10gbit", "25gbit", "100gbit"}) EXPECT_NO_THROW(hw.link(name));

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/simulator.h"
 
@@ -151,6 +152,31 @@ TEST(Simulator, HierarchicalThroughTheServers) {
                  ""};
   Simulator sim(cluster(2, 2, 4), codec(), model({{1000, 10}}), {o});
   EXPECT_DOUBLE_EQ(sim.simulate({0}), 28.0);
+}
+
+TEST(Simulator, OneTensorAtATimePushPullReachesOnlyItsChunksServers) {
+  // 4 machines x 1 GPU, one tensor of 1000 floats (4000 B), raw push and pull.
+  // Balanced over the 4 servers: push 3/4 * 4000 B = 3 us, each server sums
+  // 250 elements from 4 machines (4 us), pull 3 us; and the copies to and
+  // from the host, 1 + 4 us each.
+  TensorOption o{true,
+                 {Step::comm(Scope::kInter, CommOp::kPush, false), Step::comm(Scope::kInter, CommOp::kPull, false)},
+                 ""};
+  Cluster c = cluster(4, 1, 4);
+  c.chunkBytes = 4000;
+  ResolvedCodec k = codec();
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, o).pathUs, 5 + 3 + 4 + 3 + 5);
+  // One tensor at a time: one chunk, one server, which receives all 4000 B
+  // from each of the 3 other machines (12 us), sums the whole tensor from 4
+  // (16 us) and sends it back to 3 (12 us).
+  c.oneTensorAtATime = true;
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, o).pathUs, 5 + 12 + 16 + 12 + 5);
+  // Two chunks: two servers, each with half.
+  c.chunkBytes = 2000;
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, o).pathUs, 5 + 6 + 8 + 6 + 5);
+  // Four chunks: every server, as balanced.
+  c.chunkBytes = 1000;
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, o).pathUs, 5 + 3 + 4 + 3 + 5);
 }
 
 TEST(Simulator, FlatCollectiveHoldsBothLinks) {
