@@ -134,11 +134,17 @@ std::vector<uint64_t> probeSizes(uint64_t lo, uint64_t hi) {
   return v;
 }
 
-constexpr uint64_t kMaxLinkProbe = 16u << 20;   // bytes; larger tensors use the fit
+// Bytes; larger tensors extrapolate the curve's last slope. BERT's word
+// embedding (94 MB) extrapolated from 16 MiB along a slope taken between two
+// noisy points had the push/pull prediction of `none` 31% high.
+constexpr uint64_t kMaxLinkProbe = 64u << 20;
 constexpr uint64_t kMaxCodecProbe = 4u << 20;   // elements
 
 // Times op(bytes) at each size: one untimed call, then the mean of 9 (5 from
-// 64 KiB, 3 from 1 MiB) calls after a barrier (the mean, not the median: a
+// 64 KiB, 3 from 1 MiB) calls back to back after a barrier, as the replay
+// runs its tensors (with pauses between calls, the shaped links' token
+// buckets refill and large steps ran 25-35% faster than in the replay;
+// the mean, not the median: a
 // replay's iteration is a sum of many steps, and on this shared machine a
 // step now and then waits a scheduler time slice for a descheduled member,
 // which the sum pays and a median hides), each the slowest rank's time: a step
@@ -154,8 +160,8 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
     const int r = bytes < (64u << 10) ? 9 : bytes < (1u << 20) ? 5 : 3;
     world.barrier();
     op(bytes);
+    world.barrier();
     for (int i = 0; i < r; ++i) {
-      world.barrier();
       const auto t = Clock::now();
       op(bytes);
       all.push_back(secondsSince(t) * 1e6);
@@ -201,7 +207,7 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
                   std::vector<std::string>& log, const char* scope) {
   using plan::CommOp;
   const int p = g.size();
-  const uint64_t grain = 4u * uint64_t(p);  // float32 elements, a multiple of the group size
+  const uint64_t grain = 4u * uint64_t(p);  // bytes of p float32 elements: sizes are multiples
   lo = std::max<uint64_t>(grain, lo / grain * grain);
   hi = std::max(lo, std::min(hi, kMaxLinkProbe) / grain * grain);
   const auto sizes = probeSizes(lo, hi);
@@ -217,7 +223,7 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
   auto fitted = [&](CommOp op, bool compressed, auto f) {
     const auto s = compressed ? probe(world, payloadSizes, [&](uint64_t bytes) { f(bytes); })
                               : probe(world, sizes, [&](uint64_t bytes) {
-                                  f(bytes / 4 / grain * grain);  // float32 elements, divisible by p
+                                  f(bytes / 4);  // float32 elements, a multiple of p
                                 });
     AlphaBeta ab = fitOp(op, p, s);
     (compressed ? compressedOps : ops)[op] = ab;
@@ -281,8 +287,8 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
   };
   afterRoot(
       false, sizes,
-      [&](uint64_t bytes) { g.reduce(buf.data(), out.data(), bytes / 4 / grain * grain, DT::kFloat32, 0, d); },
-      [&](uint64_t bytes) { g.broadcast(buf.data(), bytes / 4 / grain * grain, DT::kFloat32, 0, d); });
+      [&](uint64_t bytes) { g.reduce(buf.data(), out.data(), bytes / 4, DT::kFloat32, 0, d); },
+      [&](uint64_t bytes) { g.broadcast(buf.data(), bytes / 4, DT::kFloat32, 0, d); });
   afterRoot(
       true, payloadSizes,
       [&](uint64_t n) {
@@ -558,7 +564,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   planner::Planner pl(sim);
   const int T = sim.tensors();
   *costNote = fmt::format(
-      "links (per operation, see the log at info level): intra allreduce {:.0f} us + {:.2f} "
+      "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
       "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
       "codec {} encode {:.1f} us + {:.2f} ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also "
       "used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
@@ -850,8 +856,8 @@ int runModelBench(const ModelBenchOptions& o) {
     classify(p);
     // replan: online profiling on, iterations numbered for beginIteration();
     // the scheduler's first complete window plans (switch at warm-up +
-    // window + CORTADO_REPLAN_AHEAD); o.iterations are measured after the
-    // switch. No switch by `cap` iterations fails the strategy.
+    // window + CORTADO_REPLAN_AHEAD); o.iterations are measured after o.warmup
+    // more after the switch. No switch by `cap` iterations fails the strategy.
     const bool replan = r.strategy == "replan";
     int cap = o.warmup + o.iterations;
     if (replan) {
@@ -861,12 +867,15 @@ int runModelBench(const ModelBenchOptions& o) {
       cap = int(ol.warmup + 3 * ol.window + job.replanAhead) + 5;
     }
     r.planVersion = p.version;
-    Progress bar(progressOn, replan ? cap + o.iterations : o.warmup + o.iterations);
+    Progress bar(progressOn, replan ? cap + o.warmup + o.iterations : o.warmup + o.iterations);
     std::vector<double> times;
     for (int it = 0;; ++it) {
       if (!replan && it >= o.warmup + o.iterations) break;
       if (replan) {
-        if (r.switchedAt >= 0 && it - r.switchedAt >= o.iterations) break;
+        // After the switch, --warmup untimed iterations again: the new plan's
+        // first iterations pay its first touches (new error-feedback
+        // residuals, new keys on the servers), 1-2 s each on emulated hosts.
+        if (r.switchedAt >= 0 && it - r.switchedAt >= o.warmup + o.iterations) break;
         // Every worker switches at the same iteration, so all stop together.
         CORTADO_ENFORCE(r.switchedAt >= 0 || it < cap, ErrorCode::kTimeout,
                         "--strategies replan: no new plan by iteration {} (profiling windows of {} "
@@ -902,7 +911,8 @@ int runModelBench(const ModelBenchOptions& o) {
         ex.run(t.name, buf[j].data(), buf[j].data(), buf[j].size(), ReduceOp::kSum, opDeadline);
       }
       const double secs = secondsSince(t0);
-      if (replan ? r.switchedAt >= 0 : it >= o.warmup) times.push_back(secs);
+      if (replan ? r.switchedAt >= 0 && it >= r.switchedAt + o.warmup : it >= o.warmup)
+        times.push_back(secs);
       const float want = float(sumFactor * (1 + it % 3));
       for (size_t j = 0; j < T; ++j) {
         if (!exact[j] || folding[j]) continue;

@@ -74,13 +74,14 @@ const AlphaBeta& LinkCost::forOp(CommOp op, bool compressed) const {
 }
 
 void MeasuredCurve::add(double bytes, double us) {
-  if (!points.empty()) {
-    us = std::max(us, points.back().second);
-    if (bytes <= points.back().first) {  // no size twice: the slope beyond needs two sizes
-      points.back().second = us;
-      return;
-    }
+  if (!points.empty() && bytes <= points.back().first) {
+    // No size twice (the slope beyond needs two sizes): the two times' mean,
+    // not below the point before.
+    const double floor = points.size() > 1 ? points[points.size() - 2].second : 0;
+    points.back().second = std::max(floor, (points.back().second + us) / 2);
+    return;
   }
+  if (!points.empty()) us = std::max(us, points.back().second);
   points.emplace_back(bytes, us);
 }
 

@@ -32,7 +32,7 @@ struct AlphaBeta {
 // commTimeUs takes them): linear between the sizes, the smallest size's time
 // below it, the last two points' slope beyond the largest. Made
 // non-decreasing when built (`add` in size order keeps a running maximum; a
-// size not above the last one raises the last point instead).
+// size not above the last one is averaged into the last point instead).
 struct MeasuredCurve {
   int p = 0;
   std::vector<std::pair<double, double>> points;  // (bytes, us), bytes increasing
@@ -88,8 +88,12 @@ struct Cluster {
   // CPU codec calls and the servers' work are split into partitions of this
   // size (the worker's partitioner), each a task for one core.
   double chunkBytes = 4 << 20;
-  // true: push/pull as a runtime that moves one tensor at a time (the plan
-  // executor, Executor::run) does it: a tensor's shard key is cut into chunks
+  // true: a runtime that synchronizes one tensor at a time (the plan
+  // executor: Executor::run is synchronous). The simulator starts a tensor's
+  // first step when the previous tensor's last one has ended (instead of
+  // overlapping tensors on separate lanes), so that the planner chooses for
+  // the timeline that runs; and push/pull as such a runtime does it: a
+  // tensor's shard key is cut into chunks
   // of chunkBytes, each on one server, so a tensor of fewer chunks than
   // machines reaches only that many servers and the busiest server's link
   // carries every machine's share of it (a tensor of one chunk: M - 1 copies

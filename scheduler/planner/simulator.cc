@@ -171,7 +171,9 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
     trace->push_back(TraceEvent{"backward " + profile_.tensors[j].name, -1, j, st.prevReady,
                                 b - st.prevReady});
   trim(st, b);
-  double t = b;
+  // A runtime that runs one tensor at a time starts a tensor's first step
+  // when the previous tensor's last one has ended.
+  double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;
   for (const SimOp& op : c.ops) {
     const double d = op.us;
     switch (op.res) {
@@ -597,7 +599,7 @@ void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vec
     // The tensor cannot finish before its operations' durations in a row:
     // an estimate sure to be above `bound` needs no placing.
     if (bound < kInf) {
-      const double low = std::max(st.maxFinish, b + c.pathUs);
+      const double low = std::max(st.maxFinish, (cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b) + c.pathUs);
       const double lb = j + 1 >= N ? low : tailFrom(j + 1, b, low, add);
       if (lb > bound) {
         out[i] = lb;
@@ -607,7 +609,7 @@ void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vec
     // Where the tensor's operations land: each starts after the previous
     // one ends, so none of them can take a gap that an earlier one took,
     // and the checkpoint's state needs no copy.
-    double t = b;
+    double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;  // as step()
     for (const SimOp& op : c.ops) {
       const double d = op.us;
       switch (op.res) {

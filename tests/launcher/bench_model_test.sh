@@ -64,6 +64,8 @@ check "replan exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo
 # The first window is iterations 1-2, reported at 3: switch at 3 + 5 = 8.
 check "replan switched to a scheduler's plan" "echo \"\$line\" | grep -Eq '\"plan_version\":([2-9]|[1-9][0-9])' && echo \"\$line\" | grep -q '\"switched_at\":8'" "$line"
 check "replan summary" "echo \"\$out\" | grep -q replan_speedup_vs_none" "no replan summary line"
+# Its plan (the scheduler's, fp16 as --codec) is predicted by the run's own costs.
+check "replan has a prediction" "echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]' && echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
 
 # Stage traces of a real run, compared with the predicted timeline.
 tdir=$(mktemp -d /tmp/bench-model-trace-XXXXXX)

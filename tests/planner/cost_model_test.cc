@@ -43,14 +43,19 @@ TEST(CostModel, MeasuredCurvesReplaceTheFormulaForTheirGroupSize) {
   c.p = 4;
   c.add(100, 50);
   c.add(1100, 150);
-  c.add(2100, 140);   // noise below the last point: raised to it
-  c.add(2100, 400);   // the same size again: raises the last point
+  c.add(2100, 140);   // noise below the last point: raised to it (150)
+  c.add(2100, 650);   // the same size again: averaged in ((150 + 650) / 2)
   c.add(4100, 600);
   ASSERT_EQ(c.points.size(), 4u);
   EXPECT_DOUBLE_EQ(c.us(10), 50.0);      // below the smallest size: its time
   EXPECT_DOUBLE_EQ(c.us(600), 100.0);    // halfway between 100 and 1100
   EXPECT_DOUBLE_EQ(c.us(2100), 400.0);
   EXPECT_DOUBLE_EQ(c.us(6100), 800.0);   // beyond: the last slope, 0.1 us per byte
+  MeasuredCurve d;
+  d.add(100, 50);
+  d.add(200, 80);
+  d.add(200, 10);     // the mean (45) would fall below the point before: 50
+  EXPECT_DOUBLE_EQ(d.us(200), 50.0);
 
   LinkCost l;
   l.base = AlphaBeta{2.0, 8.0};

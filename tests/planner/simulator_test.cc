@@ -179,6 +179,29 @@ TEST(Simulator, OneTensorAtATimePushPullReachesOnlyItsChunksServers) {
   EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, o).pathUs, 5 + 3 + 4 + 3 + 5);
 }
 
+TEST(Simulator, OneTensorAtATimeStartsATensorWhenThePreviousHasEnded) {
+  // t0 ready at 10: allreduce of 4000 B over 2 GPUs [10,14]. t1 ready at 11:
+  // overlapped, its GPU encode runs beside t0's allreduce [11,14], then its
+  // allgather [14,15] and decode [15,16]; one tensor at a time, it starts at
+  // 14: encode [14,17], allgather [17,18], decode [18,19].
+  Cluster c = cluster(1, 2, 4);
+  Simulator overlapped(c, codec(), model({{1000, 10}, {1000, 1}}),
+                       {kAllreduce, gatherCompressed(Device::kGpu, Device::kGpu)});
+  EXPECT_DOUBLE_EQ(overlapped.simulate({0, 1}), 16.0);
+  c.oneTensorAtATime = true;
+  Simulator serial(c, codec(), model({{1000, 10}, {1000, 1}}),
+                   {kAllreduce, gatherCompressed(Device::kGpu, Device::kGpu)});
+  std::vector<TensorTiming> t;
+  EXPECT_DOUBLE_EQ(serial.simulate({0, 1}, &t), 19.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 11.0);
+  // The planner's estimates place the tensor the same way.
+  std::vector<double> est;
+  serial.setBase({0, 1});
+  serial.estimateOptions(1, {1}, est, Simulator::kInf);
+  ASSERT_EQ(est.size(), 1u);
+  EXPECT_DOUBLE_EQ(est[0], 19.0);
+}
+
 TEST(Simulator, FlatCollectiveHoldsBothLinks) {
   // 2 machines x 2 GPUs. t0 (ready 10) goes hierarchical with an inter
   // allreduce; t1 (ready 11) is a flat allreduce that needs the intra links
