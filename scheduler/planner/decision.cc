@@ -340,7 +340,15 @@ Strategy Planner::decide(bool refine) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   auto t0 = Clock::now();
-  Strategy s = exact_ ? gpuPass(noCompression()) : sweepEstimated(noCompression(), false);
+  // The sweeps only accept improvements, from a start: the better of no
+  // compression and compressing every tensor on the GPU, so that the
+  // decision is never worse than either (from no compression alone, the
+  // greedy sweep ended 6% above compress-everything for resnet101 with DGC
+  // when the tensors run one at a time).
+  Strategy start = noCompression();
+  if (Strategy all = compressAllGpu(); !all.choice.empty() && all.iterUs < start.iterUs - kEps)
+    start = std::move(all);
+  Strategy s = exact_ ? gpuPass(start) : sweepEstimated(start, false);
   auto t1 = Clock::now();
   stats_.gpuPassEvaluations = stats_.evaluations;
   stats_.gpuPassMs = ms(t0, t1);
