@@ -482,7 +482,7 @@ std::string predictedTracePath(const std::string& file, const std::string& strat
 // plan names a tensor the profile lacks or compresses with another codec
 // than --codec (no measured costs for it).
 std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& base,
-                                                     const plan::Plan& p) {
+                                                     const plan::Plan& p, const std::string& tracePath) {
   std::vector<plan::TensorOption> options = base.options();
   std::vector<int> choice;
   for (const auto& t : base.profile().tensors) {
@@ -494,6 +494,12 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
     choice.push_back(int(at - options.begin()));
   }
   planner::Simulator sim(base.cluster(), base.codec(), base.profile(), options);
+  if (!tracePath.empty()) {
+    std::vector<planner::TraceEvent> ev;
+    serialized(sim, choice, &ev);
+    std::ofstream f(tracePath);
+    f << planner::chromeTrace(sim, ev) << "\n";
+  }
   return std::make_pair(base.profile().forwardUs + serialized(sim, choice, nullptr),
                         base.profile().forwardUs + sim.simulate(choice));
 }
@@ -948,7 +954,9 @@ int runModelBench(const ModelBenchOptions& o) {
         // the costs this benchmark measured, as every other strategy (none
         // when the plan compresses with another codec than --codec).
         r.predictedMs = 0, overlappedMs = 0;
-        if (auto pr = predictPlan(*simulator, ex.currentPlan())) {
+        const std::string tracePath =
+            o.predictedTrace.empty() ? std::string() : predictedTracePath(o.predictedTrace, "replan");
+        if (auto pr = predictPlan(*simulator, ex.currentPlan(), tracePath)) {
           r.predictedMs = pr->first / 1e3;
           overlappedMs = pr->second / 1e3;
         }
