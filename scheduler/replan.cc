@@ -150,6 +150,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     reason_ = fmt::format("window {} (iterations from {}) began before plan version {} took effect "
                           "at iteration {}; not re-planned",
                           r0.window, first, version_, switchAt_);
+    CORTADO_LOG_DEBUG("[replan] {}", reason_);
     return std::nullopt;
   }
   LinkFit intra = fitLink(reports, true, hw_.link(opts_.intra));
@@ -161,7 +162,13 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     };
     const bool interMoved = moved(inter, nowInter, plannedInter_);
     const bool intraMoved = moved(intra, nowIntra, plannedIntra_);
-    if (!interMoved && !intraMoved) return std::nullopt;
+    if (!interMoved && !intraMoved) {
+      CORTADO_LOG_DEBUG("[replan] window {}: inter {:.3g} Gbit/s ({} points), intra {:.3g} Gbit/s "
+                        "({} points), planned with {:.3g} and {:.3g}: within the threshold",
+                        r0.window, nowInter, inter.points, nowIntra, intra.points, plannedInter_,
+                        plannedIntra_);
+      return std::nullopt;
+    }
     reason_ = fmt::format("window {}: {} link rate {:.3g} Gbit/s, planned with {:.3g} (threshold {:.0f}%)",
                           r0.window, interMoved ? "inter-machine" : "intra-machine",
                           interMoved ? nowInter : nowIntra,

@@ -68,6 +68,13 @@ hosts=4 per=1 slow=20mbit
 "$TB" up "$NAME" "$hosts" --rate 10gbit >/dev/null || { echo "FAIL: testbed.sh up failed" >&2; exit 1; }
 list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
 progress() { cat "$OUT/progress" 2>/dev/null; }  # "ITERATION VERSION" of rank 0
+# The first rate below 0.05 Gbit/s at which the scheduler kept the running
+# plan ("[replan] window W: inter-machine link rate R Gbit/s, ...; ... the plan
+# stays"), or nothing.
+kept_slow() {
+  sed -n 's/.*\[replan\] window [0-9]*: inter-machine link rate \([0-9.e+-]*\) Gbit\/s.*the plan stays.*/\1/p' \
+    "$OUT/log" | awk '$1 < 0.05 { print; exit }'
+}
 
 # Plan lines of the scheduler: "[replan] plan version V (...): ..., inter X
 # Gbit/s (N points), ...; switch at S" -> "V X S".
@@ -76,9 +83,14 @@ plans() {
     "$OUT/log"
 }
 
+# CORTADO_REPLAN_MIN_GAIN=0: any plan predicted faster is sent. What changes
+# with the link here is whether compressing the small tensors (every fourth,
+# 1 KiB) pays; that is under the default 5% of the iteration, which the
+# default rule would rightly keep (unit-tested in replan_test).
 CORTADO_LOG_LEVEL=info CORTADO_PROFILE_WINDOW=3 CORTADO_REPLAN_CODEC=fp16 CORTADO_REPLAN_AHEAD=4 \
+  CORTADO_REPLAN_MIN_GAIN=0 \
   "$TB" exec "$NAME" 1 timeout -s KILL 110 "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
-  --agent "$TB exec-host {host}" -- "$CHECK" --mode replan --tensors 8 --elements 16384 \
+  --agent "$TB exec-host {host}" -- "$CHECK" --mode replan --tensors 8 --elements 32768 \
   --iters 1000000 --stop-file "$OUT/stop" --after 2 --progress-file "$OUT/progress" \
   --max-seconds 90 >"$OUT/log" 2>&1 &
 job=$!
@@ -104,20 +116,32 @@ else
   read -r cut_it cut_ver <<<"$(progress)"
   echo "links changed to $slow at iteration $cut_it (plan version $cut_ver running)"
 
-  # 3. A plan fitted to the slow link, switched to after the change.
-  new_ver="" new_at=""
+  # 3. A new plan switched to after the change, and the slow link measured
+  # with it: either that plan was fitted to the slow link, or one from a
+  # window that straddled the change already is what the slow link calls for,
+  # and a later window at the slow rate keeps it (CORTADO_REPLAN_MIN_GAIN:
+  # "the plan stays").
+  new_ver="" new_at="" new_rate="" confirmed=""
   for _ in $(seq 600); do
+    new_ver="" new_at="" new_rate=""
     while read -r v r s; do
-      if ((s > cut_it)) && awk -v r="$r" 'BEGIN { exit !(r < 0.05) }'; then new_ver=$v new_at=$s; break; fi
+      if ((s > cut_it)); then new_ver=$v new_at=$s new_rate=$r; fi
     done < <(plans)
-    [[ -n $new_ver ]] && break
+    if [[ -n $new_ver ]]; then
+      if awk -v r="$new_rate" 'BEGIN { exit !(r < 0.05) }'; then
+        confirmed="fitted to inter $new_rate Gbit/s"
+      elif r=$(kept_slow) && [[ -n $r ]]; then
+        confirmed="fitted to inter $new_rate Gbit/s, kept by a window at $r Gbit/s"
+      fi
+    fi
+    [[ -n $confirmed ]] && break
     kill -0 "$job" 2>/dev/null || break
     sleep 0.1
   done
-  if [[ -z $new_ver ]]; then
-    fail "no plan fitted to the slow link (< 0.05 Gbit/s) within 60 s of the change; plans: $(plans | tr '\n' ';')"
+  if [[ -z $confirmed ]]; then
+    fail "no plan for the slow link (< 0.05 Gbit/s) within 60 s of the change; plans: $(plans | tr '\n' ';')"
   else
-    echo "plan version $new_ver fitted to the slow link, switch at iteration $new_at"
+    echo "plan version $new_ver ($confirmed), switch at iteration $new_at"
     for _ in $(seq 600); do
       read -r it ver <<<"$(progress)"
       [[ -n ${it:-} ]] && ((it > new_at)) && break
@@ -151,6 +175,8 @@ left=$(left_in_hosts)
 [[ -z $left ]] || fail "processes left in the hosts: $(ps -o pid,args -p ${left// /,} | cut -c1-160)"
 
 if ((FAILED)); then
+  echo "---- plans the workers ran ----"
+  grep '^replan: iteration' "$OUT/log" | cut -c1-600
   echo "---- job output ----"
   grep -v '\[debug\]' "$OUT/log" | tail -60 | cut -c1-400
   exit 1
