@@ -262,42 +262,47 @@ std::string hostId() {
   return id.size() < kHostIdBytes ? id : std::string();
 }
 
-// Whether UCX_TLS leaves UCX a shared-memory transport (posix, sysv, cma).
-bool tlsAllowsSharedMemory() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (!tls || !*tls) return true;
-  std::string v(tls);
-  bool negate = v[0] == '^';
-  if (negate) v = v.substr(1);
+// The user's UCX_TLS as UCX reads it: a comma-separated list of transport
+// names, or "^" and the names to leave out. Empty when it is unset.
+struct UserTls {
+  bool set = false;
+  bool negate = false;
   std::set<std::string> names;
+  bool has(const char* n) const { return names.count(n) != 0; }
+};
+
+UserTls userTls() {
+  UserTls t;
+  const char* tls = std::getenv("UCX_TLS");
+  if (!tls || !*tls) return t;
+  t.set = true;
+  std::string v(tls);
+  t.negate = v[0] == '^';
+  if (t.negate) v = v.substr(1);
   for (size_t start = 0; start <= v.size();) {
     size_t comma = v.find(',', start);
     if (comma == std::string::npos) comma = v.size();
-    names.insert(v.substr(start, comma - start));
+    t.names.insert(v.substr(start, comma - start));
     start = comma + 1;
   }
-  auto has = [&](const char* n) { return names.count(n) != 0; };
-  if (negate) return !(has("sm") || has("shm") || has("mm") || (has("posix") && has("sysv")));
-  return has("all") || has("sm") || has("shm") || has("mm") || has("posix") || has("sysv");
+  return t;
+}
+
+// Whether UCX_TLS leaves UCX a shared-memory transport (posix, sysv, cma).
+bool tlsAllowsSharedMemory() {
+  const UserTls t = userTls();
+  if (!t.set) return true;
+  if (t.negate) return !(t.has("sm") || t.has("shm") || t.has("mm") || (t.has("posix") && t.has("sysv")));
+  return t.has("all") || t.has("sm") || t.has("shm") || t.has("mm") || t.has("posix") || t.has("sysv");
 }
 
 // Whether the user's UCX_TLS lets UCX use cma (single-copy reads of a peer's
 // memory); unset counts as no, since then the direct context picks its own.
 bool userTlsAllowsCma() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (!tls || !*tls) return false;
-  std::string v(tls);
-  bool negate = v[0] == '^';
-  if (negate) v = v.substr(1);
-  std::set<std::string> names;
-  for (size_t start = 0; start <= v.size();) {
-    size_t comma = v.find(',', start);
-    if (comma == std::string::npos) comma = v.size();
-    names.insert(v.substr(start, comma - start));
-    start = comma + 1;
-  }
-  bool named = names.count("cma") || names.count("sm") || names.count("shm") || names.count("all");
-  return negate ? !named : named;
+  const UserTls t = userTls();
+  if (!t.set) return false;
+  bool named = t.has("cma") || t.has("sm") || t.has("shm") || t.has("all");
+  return t.negate ? !named : named;
 }
 
 // The transports of the direct context when the user has not set UCX_TLS:
