@@ -262,6 +262,34 @@ std::string hostId() {
   return id.size() < kHostIdBytes ? id : std::string();
 }
 
+// Closed transports' listener, worker and context, kept alive for a while:
+// a connection request already under way when a listener is destroyed can
+// reach it later from UCX's own thread and crash the process (see
+// UcxTransport::shutdown). Each close parks its connection-manager worker,
+// and the oldest are destroyed once more than kMaxParked wait (by then long
+// closed: no peer still connects to them; peers of a closed node fail through
+// the control plane). What is parked at exit is left to the process's end.
+struct ParkedUcp {
+  ucp_context_h context;
+  ucp_worker_h worker;
+  ucp_listener_h listener;
+};
+
+void parkUcp(ParkedUcp p) {
+  constexpr size_t kMaxParked = 4;
+  static std::mutex mu;
+  static auto* parked = new std::deque<ParkedUcp>();  // never freed: nothing runs at exit
+  std::lock_guard g(mu);
+  parked->push_back(p);
+  while (parked->size() > kMaxParked) {
+    ParkedUcp old = parked->front();
+    parked->pop_front();
+    ucp_listener_destroy(old.listener);
+    ucp_worker_destroy(old.worker);
+    ucp_cleanup(old.context);
+  }
+}
+
 // The user's UCX_TLS as UCX reads it: a comma-separated list of transport
 // names, or "^" and the names to leave out. Empty when it is unset.
 struct UserTls {
@@ -1396,8 +1424,14 @@ class UcxTransport final : public Transport {
   }
 
   void shutdown() {
-    if (listener_) ucp_listener_destroy(listener_);
-    listener_ = nullptr;
+    // The listener is not destroyed first: UCX 1.13 (and later, openucx/ucx
+    // issue 11087) can deliver a connection request that was under way to a
+    // destroyed listener, from its own thread, and crashes in
+    // ucp_cm_server_conn_request_cb. Seen when a job failed at start-up (a
+    // declaration mismatch) while peers were still connecting to a worker
+    // that was closing: worker 0 died of SIGSEGV in 24 of 40 runs. Requests
+    // that arrive during the close are accepted and closed with the rest; at
+    // the end the listener, its worker and context are parked (parkUcp).
     // Tell the peers that connected to us, so they need not wait for a timeout.
     for (auto& [ep, ctx] : eps_) {
       if (ctx->accepted) startSend(NodeId{}, ep, kAmBye, {});
@@ -1420,8 +1454,16 @@ class UcxTransport final : public Transport {
       ops_.clear();
     }
     releaseDirect();
-    ucp_worker_destroy(worker_);
-    ucp_cleanup(context_);
+    if (listener_ && inflight_.empty() && closing_.empty()) {
+      // Nothing of ours is left in UCX (no request, no endpoint), so the
+      // parked worker never calls back into this object.
+      parkUcp({context_, worker_, listener_});
+    } else {
+      if (listener_) ucp_listener_destroy(listener_);
+      ucp_worker_destroy(worker_);
+      ucp_cleanup(context_);
+    }
+    listener_ = nullptr;
     // What UCX did not complete is released now: the senders' buffers with it.
     for (SendCtx* ctx : inflight_) delete ctx;
     inflight_.clear();
