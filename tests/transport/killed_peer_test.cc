@@ -43,6 +43,21 @@ struct Inbox {
     std::unique_lock lk(mu);
     return cv.wait_for(lk, timeout, pred);
   }
+
+  // Collects what `t` receives and the errors it reports.
+  void listenTo(Transport& t) {
+    t.setCallbacks(
+        [this](Message&& m) {
+          std::lock_guard g(mu);
+          msgs.push_back(std::move(m));
+          cv.notify_all();
+        },
+        [this](const NodeId& peer, const Status& s) {
+          std::lock_guard g(mu);
+          errors.emplace_back(peer, s);
+          cv.notify_all();
+        });
+  }
 };
 
 // Kills and reaps the peer however the test ends.
@@ -52,6 +67,14 @@ struct Child {
   void kill9() {
     if (pid > 0) ::kill(pid, SIGKILL);
     reap();
+  }
+  // Starts the peer program on transport `kind`, connecting to `address`;
+  // returns posix_spawn's result.
+  int spawn(std::string kind, const std::string& address) {
+    std::vector<char*> argv = {const_cast<char*>(PEER_BIN), kind.data(),
+                               const_cast<char*>(address.c_str()), const_cast<char*>("120"),
+                               nullptr};
+    return posix_spawn(&pid, PEER_BIN, nullptr, nullptr, argv.data(), environ);
   }
   void reap() {
     if (pid <= 0) return;
@@ -104,25 +127,11 @@ void KilledPeer::killAndExpectReport(size_t pendingBytes) {
   std::string listenAt;
   auto t = make(GetParam(), &listenAt);
   Inbox in;
-  t->setCallbacks(
-      [&](Message&& m) {
-        std::lock_guard g(in.mu);
-        in.msgs.push_back(std::move(m));
-        in.cv.notify_all();
-      },
-      [&](const NodeId& peer, const Status& s) {
-        std::lock_guard g(in.mu);
-        in.errors.emplace_back(peer, s);
-        in.cv.notify_all();
-      });
+  in.listenTo(*t);
   const std::string address = t->listen(listenAt);
 
   Child child;
-  std::string kind = GetParam();
-  std::vector<char*> argv = {const_cast<char*>(PEER_BIN), kind.data(),
-                             const_cast<char*>(address.c_str()), const_cast<char*>("120"),
-                             nullptr};
-  ASSERT_EQ(posix_spawn(&child.pid, PEER_BIN, nullptr, nullptr, argv.data(), environ), 0);
+  ASSERT_EQ(child.spawn(GetParam(), address), 0);
 
   // Hello: the peer's address.
   ASSERT_TRUE(in.waitFor([&] { return !in.msgs.empty(); }, Millis(30000)))
@@ -195,24 +204,10 @@ TEST_P(KilledPeer, WhileStreamingBothWaysIsReportedByName) {
     std::string listenAt;
     auto t = make(GetParam(), &listenAt);
     Inbox in;
-    t->setCallbacks(
-        [&](Message&& m) {
-          std::lock_guard g(in.mu);
-          in.msgs.push_back(std::move(m));
-          in.cv.notify_all();
-        },
-        [&](const NodeId& peer, const Status& s) {
-          std::lock_guard g(in.mu);
-          in.errors.emplace_back(peer, s);
-          in.cv.notify_all();
-        });
+    in.listenTo(*t);
     const std::string address = t->listen(listenAt);
     Child child;
-    std::string kind = GetParam();
-    std::vector<char*> argv = {const_cast<char*>(PEER_BIN), kind.data(),
-                               const_cast<char*>(address.c_str()), const_cast<char*>("120"),
-                               nullptr};
-    ASSERT_EQ(posix_spawn(&child.pid, PEER_BIN, nullptr, nullptr, argv.data(), environ), 0);
+    ASSERT_EQ(child.spawn(GetParam(), address), 0);
     ASSERT_TRUE(in.waitFor([&] { return !in.msgs.empty(); }, Millis(30000)))
         << "the peer never said hello";
     {
