@@ -616,6 +616,35 @@ class UcxTransport final : public Transport {
     return std::move(r.value);
   }
 
+  // A UCP context with active messages and wake-ups, named `name`, from
+  // `config` (released here), and its single-threaded worker. On failure both
+  // handles stay null and `*step` names the call that failed.
+  static ucs_status_t createUcp(ucp_config_t* config, const std::string& name,
+                                ucp_context_h* context, ucp_worker_h* worker, const char** step) {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.name = name.c_str();
+    ucs_status_t s = ucp_init(&params, config, context);
+    ucp_config_release(config);
+    if (s != UCS_OK) {
+      *context = nullptr;
+      *step = "ucp_init";
+      return s;
+    }
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(*context, &wp, worker);
+    if (s != UCS_OK) {
+      ucp_cleanup(*context);
+      *context = nullptr;
+      *worker = nullptr;
+      *step = "ucp_worker_create";
+    }
+    return s;
+  }
+
   // ---- loop thread ----
 
   Status init() {
@@ -639,19 +668,9 @@ class UcxTransport final : public Transport {
     // fails short sends ("Invalid am_short_iov length: 128 (expected: <=
     // 100)"). Same-host bytes take core/shm, or direct endpoints when asked
     // for (welcomed()); docs/transports.md.
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    std::string name = "cortado-" + self_.toWire();
-    params.name = name.c_str();
-    s = ucp_init(&params, config, &context_);
-    ucp_config_release(config);
-    if (s != UCS_OK) return fail("ucp_init", s);
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    s = ucp_worker_create(context_, &wp, &worker_);
-    if (s != UCS_OK) return fail("ucp_worker_create", s);
+    const char* step = nullptr;
+    s = createUcp(config, "cortado-" + self_.toWire(), &context_, &worker_, &step);
+    if (s != UCS_OK) return fail(step, s);
     ucp_worker_attr_t wa{};
     wa.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
     s = ucp_worker_query(worker_, &wa);
@@ -751,25 +770,10 @@ class UcxTransport final : public Transport {
       }
       directTls_ += fmt::format(", {}={}", key, value);
     }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    std::string name = "cortado-direct-" + self_.toWire();
-    params.name = name.c_str();
-    s = ucp_init(&params, config, &directContext_);
-    ucp_config_release(config);
-    if (s != UCS_OK) {
-      directContext_ = nullptr;
-      return fail("ucp_init (direct)", s);
-    }
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    s = ucp_worker_create(directContext_, &wp, &directWorker_);
-    if (s != UCS_OK) {
-      directWorker_ = nullptr;
-      return fail("ucp_worker_create (direct)", s);
-    }
+    const char* step = nullptr;
+    s = createUcp(config, "cortado-direct-" + self_.toWire(), &directContext_, &directWorker_,
+                  &step);
+    if (s != UCS_OK) return fail(fmt::format("{} (direct)", step).c_str(), s);
     s = ucp_worker_get_efd(directWorker_, &directWorkerFd_);
     if (s != UCS_OK) return fail("ucp_worker_get_efd (direct)", s);
     ucp_am_handler_param_t hp{};
