@@ -5,12 +5,16 @@ result.<rank>.json, plus the errors that need no job."""
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import cortado
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, WORKERS
+
+sys.path.insert(0, str(WORKERS))
+from common import FP16_PUSH_PULL, plan_of  # noqa: E402  (the worker scripts' helpers)
 
 
 def assert_all_ok(job, workers):
@@ -66,21 +70,13 @@ def test_optimizer_through_the_plan_executor(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
-FP16_PUSH_PULL = {"scheme": "hierarchical", "codec": "fp16", "steps": [
-    {"op": "reduce_scatter", "scope": "intra", "compressed": False},
-    {"op": "encode", "device": "cpu"},
-    {"op": "push", "scope": "inter", "compressed": True},
-    {"op": "pull", "scope": "inter", "compressed": True},
-    {"op": "decode", "device": "cpu"},
-    {"op": "allgather", "scope": "intra", "compressed": False}]}
 # The parameters of executor_check.py's model (optimizer_check.make_model).
 MODEL_PARAMS = [f"{layer}.{kind}" for layer in (0, 2, 5, 7) for kind in ("weight", "bias")]
 
 
 def test_optimizer_runs_the_plan_given_to_the_launcher(run_job, tmp_path):
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"format": "cortado-plan", "version": 1, "tensors": {
-        f"grad.file.{n}": FP16_PUSH_PULL for n in MODEL_PARAMS}}))
+    plan.write_text(json.dumps(plan_of([f"grad.file.{n}" for n in MODEL_PARAMS], FP16_PUSH_PULL)))
     job = run_job(2, 1, "executor_check.py", "--mode", "file", timeout=180,
                   launch_args=("--plan", plan))
     results = assert_all_ok(job, 2)

@@ -17,7 +17,7 @@ import torch
 
 import cortado
 import cortado.torch as ct
-from common import parse_args, write_result
+from common import FP16_PUSH_PULL, parse_args, plan_of, write_result
 from optimizer_check import STEPS, batches, make_model, max_diff, reference
 
 PER_WORKER = 8
@@ -67,18 +67,9 @@ def main():
         assert versions == [0] * (STEPS + 1), versions
         plan = json.loads(opt.executor.plan_json)
         assert all(o.get("codec", "") == "" for o in plan["tensors"].values()), plan
-        # Every gradient through fp16 push/pull, encoded on the CPU before
-        # the push; the servers decode, sum and re-encode for the pull.
-        option = {"scheme": "hierarchical", "codec": "fp16", "steps": [
-            {"op": "reduce_scatter", "scope": "intra", "compressed": False},
-            {"op": "encode", "device": "cpu"},
-            {"op": "push", "scope": "inter", "compressed": True},
-            {"op": "pull", "scope": "inter", "compressed": True},
-            {"op": "decode", "device": "cpu"},
-            {"op": "allgather", "scope": "intra", "compressed": False}]}
-        plan = {"format": "cortado-plan", "version": 1,
-                "tensors": {n.replace("grad.default.", "grad.fp16.", 1): option
-                            for n in plan["tensors"]}}
+        # Every gradient through fp16 push/pull.
+        plan = plan_of([n.replace("grad.default.", "grad.fp16.", 1) for n in plan["tensors"]],
+                       FP16_PUSH_PULL)
         got, opt, _ = distributed(rank, world, "grad.fp16", plan=plan)
         used = json.loads(opt.executor.plan_json)
         assert all(o.get("codec") == "fp16" for o in used["tensors"].values()), used
