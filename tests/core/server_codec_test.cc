@@ -153,6 +153,21 @@ class ServerCodec : public ::testing::Test {
   std::vector<std::unique_ptr<RawWorker>> workers_;
 };
 
+// The server's lossy re-encode of `p` (the sum plus its residual) for `key`
+// in round `round`, replayed: decode(encode(p)) with the server's seed.
+template <typename CodecPtr>
+std::vector<float> reencoded(const CodecPtr& codec, uint64_t key, uint64_t round,
+                             const std::vector<float>& p) {
+  const size_t n = p.size();
+  std::vector<float> out(n);
+  std::vector<std::byte> payload(codec->payloadBytes(n));
+  compressor::EncodeContext ctx;
+  ctx.seed = compressor::format::hash2(compressor::format::hash2(key, round), 0);
+  codec->encode(p.data(), n, payload, ctx);
+  codec->decode(payload, out.data(), n);
+  return out;
+}
+
 std::vector<float> ramp(size_t n, float scale, size_t hot) {
   std::vector<float> x(n);
   for (size_t i = 0; i < n; ++i) x[i] = scale * 0.001f * float(i % 7);
@@ -454,13 +469,9 @@ TEST_F(ServerCodec, SignAndTernaryAnswersCarryTheResidual) {
       auto got = pull(1, key, t, n);
       ASSERT_EQ(got.size(), n);
       // Replay: p = sum + e; the answer must be decode(encode(p)).
-      std::vector<float> p(n), want(n);
+      std::vector<float> p(n);
       for (size_t i = 0; i < n; ++i) p[i] = sum[i] + e[i];
-      std::vector<std::byte> payload(codec->payloadBytes(n));
-      compressor::EncodeContext ctx;
-      ctx.seed = compressor::format::hash2(compressor::format::hash2(key, t), 0);
-      codec->encode(p.data(), n, payload, ctx);
-      codec->decode(payload, want.data(), n);
+      const std::vector<float> want = reencoded(codec, key, t, p);
       for (size_t i = 0; i < n; ++i) {
         ASSERT_EQ(got[i], want[i]) << spec << " round " << t << " element " << i;
         e[i] = p[i] - want[i];
@@ -553,17 +564,9 @@ TEST_F(ServerCodec, FlushedRoundAnswersDenseWithTheResidual) {
       }
       // Replay: p = sum + e; a flushed round answers p itself (e := 0), any
       // other decode(encode(p)) with e := p - answer.
-      std::vector<float> p(n), want(n);
+      std::vector<float> p(n);
       for (size_t i = 0; i < n; ++i) p[i] = sum[i] + e[i];
-      if (flush) {
-        want = p;
-      } else {
-        std::vector<std::byte> payload(codec->payloadBytes(n));
-        compressor::EncodeContext ctx;
-        ctx.seed = compressor::format::hash2(compressor::format::hash2(key, t), 0);
-        codec->encode(p.data(), n, payload, ctx);
-        codec->decode(payload, want.data(), n);
-      }
+      const std::vector<float> want = flush ? p : reencoded(codec, key, t, p);
       for (size_t i = 0; i < n; ++i) {
         e[i] = p[i] - want[i];
         received[i] += sum[i];
