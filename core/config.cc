@@ -33,6 +33,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
        "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
+      {"CORTADO_FUSION_BYTES", "", "64MiB",
+       "plan executor: consecutive tensors of a batch with the same uncompressed collective-only "
+       "option run as one collective on a fusion buffer up to this many bytes (0: off; "
+       "docs/executor.md)"},
       {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
        "every worker and server writes a Chrome trace of its stages here at the end of the job "
        "(`cortado launch --trace DIR`; docs/tracing.md)"},
@@ -116,6 +120,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_PLAN", planFile},
+      {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
       {"CORTADO_TRACE_DIR", traceDir},
       {"CORTADO_TRACE_ITERATIONS", traceIterations},
       {"CORTADO_PROFILE_WINDOW", std::to_string(profileWindow)},
@@ -182,6 +187,18 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
   if (auto v = getEnvBool(names("CORTADO_SHM"))) c.sharedMemory = *v;
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
+  if (auto v = getEnv(names("CORTADO_FUSION_BYTES"))) {
+    try {
+      CORTADO_ENFORCE(v->value.find('-') == std::string::npos, ErrorCode::kInvalidArgument,
+                      "a size cannot be negative");
+      c.fusionBytes = parseBytes(v->value);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_FUSION_BYTES='{}': {}; give the fusion threshold in bytes "
+                              "(e.g. 64MiB; 0 switches tensor fusion off)",
+                              v->value, e.what()));
+    }
+  }
   if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;
   if (auto v = getEnvInt(names("CORTADO_PROFILE_WINDOW"))) {

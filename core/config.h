@@ -29,6 +29,9 @@ struct JobConfig {
   int serverThreads = 2;
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
+  // CORTADO_FUSION_BYTES: the plan executor's tensor fusion threshold
+  // (Executor::runBatch, docs/executor.md); 0: off. 64 MiB, as Horovod's.
+  uint64_t fusionBytes = 64ull << 20;
   std::string planFile;                   // CORTADO_PLAN: the plan executor's plan (empty: default)
   std::string traceDir;                   // CORTADO_TRACE_DIR: stage traces go here (empty: off)
   std::string traceIterations = "all";    // CORTADO_TRACE_ITERATIONS: "10:19", "5:" or "all"

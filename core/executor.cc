@@ -870,8 +870,8 @@ uint64_t Executor::runs(const std::string& name) const {
   return it->second->round;
 }
 
-void Executor::run(const std::string& name, const float* input, float* output,
-                   uint64_t numElements, ReduceOp op, Deadline deadline) {
+Executor::TensorState& Executor::checkedState(const std::string& name, const float* input,
+                                              const float* output, uint64_t numElements) {
   auto it = tensors_.find(name);
   CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
                   "worker {}: run of tensor '{}', which was never declared to the executor",
@@ -882,6 +882,10 @@ void Executor::run(const std::string& name, const float* input, float* output,
                   topo_.rank, name, numElements, t.n);
   CORTADO_ENFORCE(t.n == 0 || (input && output), ErrorCode::kInvalidArgument,
                   "run of tensor '{}': null buffer", name);
+  return t;
+}
+
+void Executor::ensurePlan(Deadline deadline) {
   if (!plan_ && !planFile_.empty()) {
     try {
       setPlan(loadPlanFile(planFile_), deadline);
@@ -890,25 +894,114 @@ void Executor::run(const std::string& name, const float* input, float* output,
     }
   }
   if (!plan_) setDefaultPlan(deadline);
-  CORTADO_ENFORCE(!t.option.steps.empty(), ErrorCode::kInvalidArgument,
-                  "tensor '{}' was declared after the plan was set: set the plan again", name);
+}
+
+void Executor::noteReady(TensorState& t) {
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
-  const auto t0 = Profiler::Clock::now();
-  if (prof && prof->readyThisIter.insert(name).second) {
+  if (prof && prof->readyThisIter.insert(t.name).second) {
     // Ready time: compute time since the iteration began (time spent in the
     // executor taken out, as if communication overlapped it).
-    auto& [elements, acc] = prof->ready[name];
+    auto& [elements, acc] = prof->ready[t.name];
     elements = t.n;
     ++acc.calls;
     acc.us += std::max(0.0, Profiler::since(prof->iterStart) - prof->inRunUs);
   }
-  // The last iteration before a scheduled switch: the switch retires every
-  // shard key of this plan (the next plan's keys are new), so the servers
-  // flush their residuals into this round's answers (Exchange::flushResidual).
-  const bool lastRound = begun_ && scheduled_ && scheduled_->second == iteration_ + 1;
-  Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, lastRound).go(input, output, op);
-  ++t.round;
+}
+
+// The last iteration before a scheduled switch: the switch retires every
+// shard key of this plan (the next plan's keys are new), so the servers
+// flush their residuals into this round's answers (Exchange::flushResidual).
+bool Executor::lastRound() const {
+  return begun_ && scheduled_ && scheduled_->second == iteration_ + 1;
+}
+
+void Executor::run(const std::string& name, const float* input, float* output,
+                   uint64_t numElements, ReduceOp op, Deadline deadline) {
+  BatchItem item{name, input, output, numElements};
+  runBatch(std::span<const BatchItem>(&item, 1), op, deadline);
+}
+
+void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
+  std::vector<TensorState*> states;
+  states.reserve(items.size());
+  for (const BatchItem& it : items)
+    states.push_back(&checkedState(it.name, it.input, it.output, it.numElements));
+  if (items.empty()) return;
+  ensurePlan(deadline);
+  for (TensorState* t : states)
+    CORTADO_ENFORCE(!t->option.steps.empty(), ErrorCode::kInvalidArgument,
+                    "tensor '{}' was declared after the plan was set: set the plan again", t->name);
+  Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
+  const auto t0 = Profiler::Clock::now();
+  for (TensorState* t : states) noteReady(*t);
+  const bool flush = lastRound();
+  for (size_t i = 0; i < items.size();) {
+    // The longest run of equal fusible options from i within the threshold.
+    size_t j = i + 1;
+    if (fusionBytes_ > 0 && states[i]->option.fusible()) {
+      uint64_t bytes = states[i]->n * sizeof(float);
+      while (j < items.size() && states[j]->option == states[i]->option &&
+             bytes + states[j]->n * sizeof(float) <= fusionBytes_) {
+        bytes += states[j]->n * sizeof(float);
+        ++j;
+      }
+    }
+    if (j - i > 1) {
+      runFused(items.subspan(i, j - i), std::span<TensorState* const>(states).subspan(i, j - i), op,
+               deadline);
+    } else {
+      TensorState& t = *states[i];
+      Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
+          .go(items[i].input, items[i].output, op);
+      ++t.round;
+    }
+    i = j;
+  }
   if (prof) prof->inRunUs += Profiler::since(t0);
+}
+
+// One execution of the group's option on the concatenation of its inputs
+// (each with the residual a plan switch folded into it), the results
+// scattered to the outputs. Collectives sum element by element, so every
+// element gets what running its tensor alone gives it.
+void Executor::runFused(std::span<const BatchItem> items, std::span<TensorState* const> states,
+                        ReduceOp op, Deadline deadline) {
+  uint64_t total = 0;
+  for (const TensorState* t : states) total += t->n;
+  if (!fused_) fused_ = std::make_unique<TensorState>();
+  TensorState& f = *fused_;
+  f.name = fmt::format("fused{}:{}..{}", states.size(), states.front()->name, states.back()->name);
+  f.n = total;
+  f.option = states.front()->option;
+  f.round = states.front()->round;  // the trace's iteration
+  if (fusionBuffer_.size() < total) fusionBuffer_.resize(total);
+  float* buf = fusionBuffer_.data();
+  uint64_t at = 0;
+  for (size_t k = 0; k < states.size(); ++k) {
+    TensorState& t = *states[k];
+    std::copy_n(items[k].input, t.n, buf + at);
+    if (!t.carry.empty()) {  // residuals of encode points the last switch retired
+      for (uint64_t i = 0; i < t.n; ++i) buf[at + i] += t.carry[i];
+      t.carry.clear();
+    }
+    at += t.n;
+  }
+  Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
+  try {
+    Run(f, worker_, groups_, topo_, deadline, tracer_.get(), prof, false).go(buf, buf, op);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{} (tensor fusion: the {} tensors '{}' to '{}' ran as one, "
+                                      "{} bytes; CORTADO_FUSION_BYTES=0 runs them one by one)",
+                                      e.what(), states.size(), states.front()->name,
+                                      states.back()->name, total * sizeof(float)));
+  }
+  at = 0;
+  for (size_t k = 0; k < states.size(); ++k) {
+    TensorState& t = *states[k];
+    std::copy_n(buf + at, t.n, items[k].output);
+    at += t.n;
+    ++t.round;
+  }
 }
 
 OnlineOptions onlineOptions(const JobConfig& job) {

@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,19 @@ plan::Plan loadPlanFile(const std::string& path);
 // The default option for a tensor: H: i.rs x.push x.pull i.ag (raw).
 plan::TensorOption defaultOption();
 
+// The fusion threshold a job gets without CORTADO_FUSION_BYTES: 64 MiB,
+// Horovod's default fusion buffer.
+inline constexpr uint64_t kDefaultFusionBytes = 64ull << 20;
+
+// One tensor of a batch (Executor::runBatch): sums `input` over all workers
+// into `output` (may alias), as run() does.
+struct BatchItem {
+  std::string name;
+  const float* input = nullptr;
+  float* output = nullptr;
+  uint64_t numElements = 0;
+};
+
 class Executor {
  public:
   // `groups` may be null (no MPI). `codecs`: nullptr = the CPU codecs; must
@@ -114,13 +128,32 @@ class Executor {
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
 
+  // Runs `items` in order, each as run() would, with tensor fusion
+  // (docs/executor.md, "Tensor fusion"): consecutive items whose options are
+  // equal and fusible (plan::TensorOption::fusible: uncompressed, collectives
+  // only) run as one execution of that option on a fusion buffer (their
+  // inputs concatenated, the results scattered to their outputs) as long as
+  // their summed bytes stay within fusionBytes(); every other item runs
+  // alone. Results equal running each item alone (exact for integer-valued
+  // data). Every worker calls it with the same items in the same order
+  // (collective, like run()). Every item is checked (declared, element
+  // count, buffers) before anything runs; an error names the item.
+  void runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
+  // The fusion threshold in bytes (JobConfig::fusionBytes, CORTADO_FUSION_BYTES;
+  // default kDefaultFusionBytes); 0: no fusion, runBatch() runs item by item.
+  // Every worker sets the same one.
+  void setFusionBytes(uint64_t bytes) { fusionBytes_ = bytes; }
+  uint64_t fusionBytes() const { return fusionBytes_; }
+
   // Records every step of every run() (docs/tracing.md): stage names as the
   // planner's simulator has them ("encode", "intra reduce_scatter",
   // "inter allgather*", ...; a push and its pull are one exchange here,
   // recorded as "inter push+pull" with "*" on the compressed side), the
   // iteration being the tensor's run count on this executor. Steps a rank
   // sits out (after an intra reduce or gather) are not recorded. nullptr:
-  // off. Set between runs.
+  // off. Set between runs. A fused group (runBatch) is recorded once per
+  // step under the tensor name "fused<N>:<first>..<last>" (N tensors, the
+  // group's first and last), at the first tensor's run count.
   void setTracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
   const std::shared_ptr<Tracer>& tracer() const { return tracer_; }
 
@@ -162,6 +195,17 @@ class Executor {
   std::optional<plan::Plan> plan_;
   std::shared_ptr<Tracer> tracer_;
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
+  uint64_t fusionBytes_ = kDefaultFusionBytes;
+  std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
+  std::vector<float> fusionBuffer_;
+
+  void ensurePlan(Deadline deadline);
+  TensorState& checkedState(const std::string& name, const float* input, const float* output,
+                            uint64_t numElements);
+  void noteReady(TensorState& t);
+  bool lastRound() const;
+  void runFused(std::span<const BatchItem> items, std::span<TensorState* const> states,
+                ReduceOp op, Deadline deadline);
 
   // Online re-planning.
   void closeWindow(Deadline deadline);

@@ -233,6 +233,13 @@ bool TensorOption::compressed() const {
   return false;
 }
 
+bool TensorOption::fusible() const {
+  if (!codec.empty() || compressed()) return false;
+  for (const Step& s : steps)
+    if (s.kind != StepKind::kComm || s.op == CommOp::kPush || s.op == CommOp::kPull) return false;
+  return !steps.empty();
+}
+
 std::string TensorOption::describe() const {
   std::string out = hierarchical ? "H:" : "F:";
   for (const Step& s : steps) {

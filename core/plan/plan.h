@@ -63,6 +63,13 @@ struct TensorOption {
   std::string codec;  // codec spec ("dgc:ratio=0.01"); empty when nothing is compressed
 
   bool compressed() const;  // true when some step carries compressed data
+  // Tensor fusion (docs/executor.md, "Tensor fusion"): consecutive tensors
+  // with the same fusible option may run as one execution on their
+  // concatenation. Fusible: nothing compressed and no codec (a codec encodes
+  // each tensor on its own; error-feedback residuals are per tensor) and no
+  // push/pull (shard keys are declared per tensor with the servers): only
+  // collectives, each of which sums element by element.
+  bool fusible() const;
   // Short human-readable form, e.g. "H: rs | E(gpu) a2a* ag* D(gpu) | ag".
   std::string describe() const;
   bool operator==(const TensorOption& o) const = default;

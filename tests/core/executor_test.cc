@@ -182,5 +182,32 @@ TEST(Executor, MismatchedSizesFailEveryWorker) {
   });
 }
 
+// CORTADO_FUSION_BYTES: sizes with units, 0 for off, the default 64 MiB;
+// anything else refused naming the variable and what to give.
+TEST(Executor, FusionThresholdFromTheJobConfig) {
+  unsetenv("CORTADO_FUSION_BYTES");
+  EXPECT_EQ(readJobConfig(false).fusionBytes, executor::kDefaultFusionBytes);
+  setenv("CORTADO_FUSION_BYTES", "1M", 1);
+  EXPECT_EQ(readJobConfig(false).fusionBytes, 1u << 20);
+  setenv("CORTADO_FUSION_BYTES", "0", 1);
+  EXPECT_EQ(readJobConfig(false).fusionBytes, 0u);
+  for (const char* bad : {"-1", "lots", "4X"}) {
+    setenv("CORTADO_FUSION_BYTES", bad, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CORTADO_FUSION_BYTES"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("0 switches tensor fusion off"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("CORTADO_FUSION_BYTES");
+  JobConfig c;
+  c.fusionBytes = 12345;
+  bool found = false;
+  for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_FUSION_BYTES" && v == "12345";
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace cortado

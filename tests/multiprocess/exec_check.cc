@@ -47,6 +47,18 @@
 //                  Rank 0 prints each plan version it switched to with the
 //                  iteration and every tensor's option, and writes
 //                  "ITERATION VERSION" to --progress-file each iteration.
+//   --mode fusion  tensor fusion (Executor::runBatch): per fusible option of
+//                  the tree (uncompressed, collectives only) three tensors
+//                  in a row (sizes --elements, --elements + 5, 1), then a
+//                  tensor that must run alone (push/pull, or compressed with
+//                  --codec fp16), all in one batch per iteration, under four
+//                  thresholds: the default (each triple one execution), 0
+//                  (off), one byte less than the first tensor (every tensor
+//                  alone) and exactly the first two (pairs). Every result is
+//                  checked against a plain summation (exact: integer
+//                  inputs), and the profile's communication entries show the
+//                  fused sizes where fusion is on and only single sizes
+//                  where it is off.
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
 #include <CLI/CLI.hpp>
@@ -57,6 +69,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -160,7 +173,7 @@ int runCheck(int argc, char** argv) {
   uint64_t n = 11;
   double bound = 0;
   bool noMpi = false;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -508,6 +521,120 @@ int runCheck(int argc, char** argv) {
       }
     }
     std::printf("default plan: %s\n", failures ? "FAILED" : "exact");
+  } else if (mode == "fusion") {
+    planner::TreeConfig tc;
+    tc.parameterServer = true;
+    tc.codec = codec;
+    auto options = planner::enumerateOptions(tc);
+    std::vector<size_t> fusible, compressed;
+    for (size_t i = 0; i < options.size(); ++i) {
+      if (options[i].fusible()) fusible.push_back(i);
+      else if (options[i].compressed()) compressed.push_back(i);
+    }
+    if (fusible.empty() || compressed.empty())
+      throw Error(ErrorCode::kInternal, "the option tree has no fusible or no compressed option");
+    struct T {
+      std::string name;
+      uint64_t len;
+      size_t seed;
+    };
+    std::vector<T> ts;
+    plan::Plan p;
+    p.version = 1;
+    const uint64_t sizes[3] = {n, n + 5, 1};
+    for (size_t k = 0; k < fusible.size(); ++k) {
+      for (int m = 0; m < 3; ++m) {
+        T t{fmt::format("f{}_{}", k, m), sizes[m], ts.size()};
+        p.tensors[t.name] = options[fusible[k]];
+        ts.push_back(t);
+      }
+      // Between two groups a tensor that runs alone: push/pull or compressed.
+      T t{fmt::format("s{}", k), n + 2, ts.size()};
+      p.tensors[t.name] = k % 2 == 0 ? executor::defaultOption()
+                                     : options[compressed[(k * 7) % compressed.size()]];
+      ts.push_back(t);
+    }
+    for (const T& t : ts) ex.declare(t.name, DType::kFloat32, t.len);
+    ex.setPlan(p, opDeadline());
+    executor::OnlineOptions on;
+    on.window = 1;
+    on.warmup = 0;
+    on.exchange = false;  // reports stay local: lastReport()
+    ex.setOnline(on);
+    const uint64_t tripleBytes = (sizes[0] + sizes[1] + sizes[2]) * sizeof(float);
+    const uint64_t pairBytes = (sizes[0] + sizes[1]) * sizeof(float);
+    struct Case {
+      const char* what;
+      uint64_t threshold;
+      uint64_t fusedBytes;  // a comm entry of this size must appear (0: none fused)
+    };
+    const Case cases[] = {{"default threshold", executor::kDefaultFusionBytes, tripleBytes},
+                          {"off (0)", 0, 0},
+                          {"below one tensor", sizes[0] * sizeof(float) - 1, 0},
+                          {"exactly two tensors", pairBytes, pairBytes}};
+    if (me == 0)
+      std::printf("fusion: %zu fusible options, %zu tensors, %d ranks on %d machines\n",
+                  fusible.size(), ts.size(), W, topo.numMachines);
+    std::vector<std::vector<float>> in(ts.size()), out(ts.size());
+    uint64_t iteration = 0;
+    for (const Case& c : cases) {
+      ex.setFusionBytes(c.threshold);
+      for (int iter = 0; iter < iters; ++iter, ++iteration) {
+        ex.beginIteration(iteration, opDeadline());  // closes the last iteration's window
+        if (iter == 1) {  // the report of this case's first iteration
+          std::set<uint64_t> sizesSeen;
+          for (const auto& e : ex.lastReport()->comms) sizesSeen.insert(e.bytes);
+          const bool sawTriple = sizesSeen.count(tripleBytes) > 0, sawPair = sizesSeen.count(pairBytes) > 0;
+          if (c.fusedBytes == tripleBytes && !sawTriple)
+            fail(fmt::format("{}: no communication of {} bytes (a fused triple) in the profile",
+                             c.what, tripleBytes));
+          if (c.fusedBytes == pairBytes && (!sawPair || sawTriple))
+            fail(fmt::format("{}: expected pairs of {} bytes and no triple of {}: pair {}, triple {}",
+                             c.what, pairBytes, tripleBytes, sawPair, sawTriple));
+          if (c.fusedBytes == 0 && (sawPair || sawTriple))
+            fail(fmt::format("{}: a fused size in the profile (pair {}, triple {})", c.what, sawPair,
+                             sawTriple));
+        }
+        std::vector<executor::BatchItem> batch;
+        for (size_t k = 0; k < ts.size(); ++k) {
+          const T& t = ts[k];
+          in[k].resize(t.len);
+          out[k].assign(t.len, -1000.0f);
+          for (uint64_t i = 0; i < t.len; ++i) in[k][i] = exactInput(me, t.seed, int(iteration), i);
+          // Half of them in place, as bench model runs them.
+          float* o = k % 2 ? in[k].data() : out[k].data();
+          batch.push_back({t.name, in[k].data(), o, t.len});
+        }
+        try {
+          ex.runBatch(batch, ReduceOp::kSum, opDeadline());
+        } catch (const Error& e) {
+          fail(fmt::format("{}: {}", c.what, e.what()));
+          continue;
+        }
+        for (size_t k = 0; k < ts.size(); ++k) {
+          const T& t = ts[k];
+          const float* o = batch[k].output;
+          for (uint64_t i = 0; i < t.len; ++i) {
+            float ref = 0;
+            for (int w = 0; w < W; ++w) ref += exactInput(w, t.seed, int(iteration), i);
+            if (o[i] != ref) {
+              fail(fmt::format("{}: tensor {} ({}), iteration {}, element {}: {} != reference {}",
+                               c.what, t.name, p.tensors[t.name].describe(), iteration, i, o[i], ref));
+              break;
+            }
+          }
+        }
+      }
+      if (me == 0) std::printf("fusion, %s (%llu bytes): %s\n", c.what,
+                               (unsigned long long)c.threshold, failures ? "FAILED" : "exact");
+    }
+    // A batch with an undeclared item is refused before anything runs.
+    std::vector<float> x(n, 1.0f);
+    std::vector<executor::BatchItem> bad{{ts[0].name, x.data(), x.data(), ts[0].len},
+                                         {"nope", x.data(), x.data(), n}};
+    expectThrow("runBatch with an undeclared tensor", "'nope'",
+                [&] { ex.runBatch(bad, ReduceOp::kSum, opDeadline()); });
+    if (x[0] != 1.0f) fail("the refused batch ran its first item");
   } else {
     planner::TreeConfig tc;
     tc.parameterServer = true;
