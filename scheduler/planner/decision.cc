@@ -131,6 +131,19 @@ const std::vector<int>& Planner::candidates(int cls) {
     }
   }
   candidates_[cls] = front(pool_, sim_.classElements(cls), sim_.classDtype(cls));
+  if (sim_.fusion()) {
+    // A fusible option is worth more than its cost alone says: fused with
+    // its neighbours it pays one latency for many tensors. The options on
+    // the front at the fused size (the threshold) are candidates too.
+    std::vector<int> fusible;
+    for (int o : pool_)
+      if (sim_.options()[o].fusible()) fusible.push_back(o);
+    const int dtype = sim_.classDtype(cls);
+    const auto fused = int64_t(std::max<uint64_t>(1, sim_.cluster().fusionBytes / uint64_t(dtype)));
+    for (int o : front(fusible, fused, dtype))
+      if (std::find(candidates_[cls].begin(), candidates_[cls].end(), o) == candidates_[cls].end())
+        candidates_[cls].push_back(o);
+  }
   candidatesReady_[cls] = true;
   return candidates_[cls];
 }
@@ -619,8 +632,9 @@ Strategy Planner::exhaustive() {
   states[0] = sim_.initialState();
   std::vector<int> choice(N, 0);
   Strategy best{{}, Simulator::kInf};
-  // Depth-first over tensors; the prefix's latest finish only grows, so a
-  // prefix already at the best time cannot lead to a better strategy.
+  // Depth-first over tensors; the prefix's settled finish (its latest one,
+  // less an open fused group's) only grows, so a prefix already at the best
+  // time cannot lead to a better strategy.
   auto dfs = [&](auto&& self, int j) -> void {
     if (j == N) {
       if (states[N].maxFinish < best.iterUs - kEps) best = Strategy{choice, states[N].maxFinish};
@@ -629,7 +643,7 @@ Strategy Planner::exhaustive() {
     for (int o = 0; o < K; ++o) {
       states[j + 1] = states[j];
       sim_.step(states[j + 1], j, o);
-      if (states[j + 1].maxFinish >= best.iterUs - kEps) continue;
+      if (sim_.settledFinish(states[j + 1]) >= best.iterUs - kEps) continue;
       choice[j] = o;
       self(self, j + 1);
     }

@@ -35,6 +35,7 @@ Simulator::Simulator(Cluster cluster, ResolvedCodec codec, ModelProfile profile,
   }
   cache_.resize(classElements_.size());
   for (auto& v : cache_) v.resize(options_.size());
+  for (const auto& o : options_) fusible_.push_back(o.fusible() ? 1 : 0);
 }
 
 const CompiledOption& Simulator::compiledForClass(int cls, int option) {
@@ -44,6 +45,16 @@ const CompiledOption& Simulator::compiledForClass(int cls, int option) {
         compileOption(cluster_, codec_, classElements_[cls], classDtype_[cls], options_[option]));
   return *slot;
 }
+
+namespace {
+// Equal states have equal futures.
+bool sameState(const SimState& a, const SimState& b) {
+  return a.prevReady == b.prevReady && a.begin == b.begin && a.iv == b.iv &&
+         a.batchStart == b.batchStart && a.groupOption == b.groupOption &&
+         (a.groupOption < 0 || (a.groupFirst == b.groupFirst && a.groupDtype == b.groupDtype &&
+                                a.groupElements == b.groupElements && a.groupStart == b.groupStart));
+}
+}  // namespace
 
 SimState Simulator::initialState() const {
   SimState st;
@@ -146,9 +157,9 @@ double Simulator::advanceCompute(const SimState& st, double from, double work) c
 }
 
 void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor,
-                        double s) const {
+                        double s, const std::string* label) const {
   if (!trace || op.us <= 0) return;
-  const std::string& name = profile_.tensors[tensor].name;
+  const std::string& name = label ? *label : profile_.tensors[tensor].name;
   std::string what;
   switch (op.kind) {
     case OpKind::kEncode: what = "encode"; break;
@@ -163,17 +174,8 @@ void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lan
   trace->push_back(TraceEvent{fmt::format("{} {}", what, name), lane, tensor, s, op.us});
 }
 
-double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>* trace,
-                       TensorTiming* timing) {
-  const CompiledOption& c = compiled(j, option);
-  const double b = advanceCompute(st, st.prevReady, profile_.tensors[j].backwardUs);
-  if (trace && b > st.prevReady)
-    trace->push_back(TraceEvent{"backward " + profile_.tensors[j].name, -1, j, st.prevReady,
-                                b - st.prevReady});
-  trim(st, b);
-  // A runtime that runs one tensor at a time starts a tensor's first step
-  // when the previous tensor's last one has ended.
-  double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;
+double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, double t,
+                              std::vector<TraceEvent>* trace, const std::string* label) {
   for (const SimOp& op : c.ops) {
     const double d = op.us;
     switch (op.res) {
@@ -188,7 +190,7 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
                    : op.res == Res::kD2H   ? kD2HLane
                                            : kH2DLane;
         double s = reserve(st, lane, t, d);
-        traceOp(trace, op, lane, j, s);
+        traceOp(trace, op, lane, j, s, label);
         t = s + d;
         break;
       }
@@ -206,8 +208,8 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
         }
         insert(st, kIntraLane, s, s + d);
         insert(st, kInterLane, s, s + d);
-        traceOp(trace, op, kInterLane, j, s);
-        traceOp(trace, op, kIntraLane, j, s);
+        traceOp(trace, op, kInterLane, j, s, label);
+        traceOp(trace, op, kIntraLane, j, s, label);
         t = s + d;
         break;
       }
@@ -217,6 +219,94 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
       }
     }
   }
+  return t;
+}
+
+const CompiledOption& Simulator::compiledFused(int64_t elements, int dtype, int option) {
+  auto& slot = fusedCache_[{elements, dtype, option}];
+  if (!slot)
+    slot = std::make_unique<CompiledOption>(compileOption(cluster_, codec_, elements, dtype, options_[option]));
+  return *slot;
+}
+
+void Simulator::truncate(SimState& st, double t) const {
+  const int L = int(st.begin.size()) - 1;
+  uint32_t w = 0, readBegin = st.begin[0];
+  for (int l = 0; l < L; ++l) {
+    const uint32_t readEnd = st.begin[l + 1];
+    st.begin[l] = w;
+    for (uint32_t r = readBegin; r < readEnd; ++r) {
+      Interval x = st.iv[r];
+      if (x.s >= t) continue;
+      x.e = std::min(x.e, t);
+      st.iv[w++] = x;
+    }
+    readBegin = readEnd;
+  }
+  st.begin[L] = w;
+  st.iv.resize(w);
+}
+
+void Simulator::setGroupFinish(const SimState& st, int j, TensorTiming* timings) {
+  if (st.groupOption < 0) return;
+  for (int k = st.groupFirst; k < j; ++k) timings[k].finish = timings[j].finish;
+}
+
+double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>* trace,
+                       TensorTiming* timing) {
+  const CompiledOption& c = compiled(j, option);
+  const double b = advanceCompute(st, st.prevReady, profile_.tensors[j].backwardUs);
+  if (trace && b > st.prevReady)
+    trace->push_back(TraceEvent{"backward " + profile_.tensors[j].name, -1, j, st.prevReady,
+                                b - st.prevReady});
+  trim(st, b);
+  // A runtime that runs one tensor at a time starts a tensor's first step
+  // when the previous tensor's last one has ended.
+  double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;
+  if (fusion()) {
+    // Executor::runBatch as bench model calls it: a batch is every tensor
+    // ready when the executor becomes free (or, when none is, the next one
+    // when it becomes ready); inside it, equal fusible options fuse within
+    // the threshold.
+    const TensorProfile& tp = profile_.tensors[j];
+    const bool inBatch = st.batchStart >= 0 && b <= st.batchStart;
+    if (!inBatch) {
+      st.batchStart = t;
+      t += cluster_.batchAgreeUs;
+    }
+    const double bytes = double(tp.elements) * tp.dtypeBytes;
+    if (inBatch && st.groupOption == option && st.groupDtype == tp.dtypeBytes &&
+        double(st.groupElements) * st.groupDtype + bytes <= double(cluster_.fusionBytes)) {
+      // Tensor j joins the open group: the group runs once at the summed
+      // size, from where it started.
+      truncate(st, st.groupStart);
+      st.groupElements += tp.elements;
+      std::string label;
+      if (trace) {
+        std::erase_if(*trace, [&](const TraceEvent& e) {
+          return e.lane >= 0 && e.tensor >= st.groupFirst && e.tensor < j;
+        });
+        label = fmt::format("fused{}:{}..{}", j - st.groupFirst + 1,
+                            profile_.tensors[st.groupFirst].name, tp.name);
+      }
+      const CompiledOption& f = compiledFused(st.groupElements, st.groupDtype, option);
+      t = scheduleOps(st, f, j, st.groupStart, trace, trace ? &label : nullptr);
+      st.prevReady = b;
+      st.maxFinish = t;  // every tensor before the group ended by its start
+      if (timing) *timing = TensorTiming{b, t};
+      return t;
+    }
+    if (fusible_[option]) {
+      st.groupOption = option;
+      st.groupFirst = j;
+      st.groupDtype = tp.dtypeBytes;
+      st.groupElements = tp.elements;
+      st.groupStart = t;
+    } else {
+      st.groupOption = -1;
+    }
+  }
+  t = scheduleOps(st, c, j, t, trace, nullptr);
   st.prevReady = b;
   st.maxFinish = std::max(st.maxFinish, t);
   if (timing) *timing = TensorTiming{b, t};
@@ -301,8 +391,10 @@ double Simulator::simulate(const std::vector<int>& choice, std::vector<TensorTim
                      "simulate: one option per tensor");
   SimState st = initialState();
   if (timings) timings->assign(tensors(), {});
-  for (int j = 0; j < tensors(); ++j)
+  for (int j = 0; j < tensors(); ++j) {
     step(st, j, choice[j], trace, timings ? &(*timings)[j] : nullptr);
+    if (timings) setGroupFinish(st, j, timings->data());
+  }
   return st.maxFinish;
 }
 
@@ -329,6 +421,7 @@ void Simulator::setBase(const std::vector<int>& choice) {
   for (int j = from; j < N; ++j) {
     checkpoints_[j] = st;
     step(st, j, choice[j], nullptr, &baseTimings_[j]);
+    setGroupFinish(st, j, baseTimings_.data());
   }
   checkpoints_[N] = st;
   validUpTo_ = N;
@@ -355,6 +448,10 @@ double Simulator::lowerBound(const SimState& st, int next) const {
   double lb = st.maxFinish;
   if (next >= N) return lb;
   const double t0 = st.prevReady;
+  // With fusion a later tensor may join the open group (which changes its
+  // end), and fused tensors take less link time than their sum: only the
+  // settled ends and the computation still to do bound the time.
+  if (fusion()) return std::max(settledFinish(st), t0 + suffixBackward_[next]);
   lb = std::max(lb, t0 + suffixBackward_[next] + cache_[sizeClass_[N - 1]][base_[N - 1]]->pathUs);
   for (int lane : {kIntraLane, kInterLane}) {
     double busy = 0;
@@ -385,7 +482,7 @@ double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, do
     step(scratch_, k, opt);
     if (oi < n || k + 1 == N) continue;
     const SimState& cp = checkpoints_[k + 1];
-    if (scratch_.prevReady == cp.prevReady && scratch_.begin == cp.begin && scratch_.iv == cp.iv)
+    if (sameState(scratch_, cp))
       return std::max(scratch_.maxFinish, suffixMaxFinish_[k + 1]);
     if (cutoff < kInf) {
       double lb = lowerBound(scratch_, k + 1);
@@ -410,7 +507,7 @@ double Simulator::screen(int j0, int option, int window, double bound) {
   const double prune = bound < kInf && !reference_ ? bound + 1e-9 * (1.0 + std::abs(bound)) : kInf;
   for (; k < N && k <= j0 + window; ++k) {
     const SimState& cp = checkpoints_[k];
-    if (scratch_.prevReady == cp.prevReady && scratch_.begin == cp.begin && scratch_.iv == cp.iv)
+    if (sameState(scratch_, cp))
       return std::max(scratch_.maxFinish, suffixMaxFinish_[k]);
     if (prune < kInf) {
       const double lb = lowerBound(scratch_, k);
@@ -435,6 +532,7 @@ void Simulator::bringUpTo(int t) {
   for (int j = validUpTo_; j < t; ++j) {
     checkpoints_[j + 1] = checkpoints_[j];
     step(checkpoints_[j + 1], j, base_[j], nullptr, &baseTimings_[j]);
+    setGroupFinish(checkpoints_[j + 1], j, baseTimings_.data());
   }
   if (t > validUpTo_) validUpTo_ = t;
   if (validUpTo_ == tensors()) baseTime_ = checkpoints_[tensors()].maxFinish;
@@ -576,6 +674,17 @@ double Simulator::tailFrom(int k, double t0, double maxFinish, const double* bus
 void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vector<double>& out,
                                 double bound) {
   const int N = tensors();
+  if (fusion()) {
+    // Where the tensor lands depends on the open group: step it exactly.
+    const SimState base = checkpoint(j);
+    out.resize(options.size());
+    for (size_t i = 0; i < options.size(); ++i) {
+      scratch_ = base;
+      step(scratch_, j, options[i]);
+      out[i] = tailEstimate(scratch_, j + 1);
+    }
+    return;
+  }
   const SimState& st = checkpoint(j);
   updateTail();
   const double b = advanceCompute(st, st.prevReady, profile_.tensors[j].backwardUs);

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -42,6 +43,17 @@ struct SimState {
   double maxFinish = 0;  // latest synchronization end so far
   std::vector<Interval> iv;      // live intervals, lane by lane
   std::vector<uint32_t> begin;   // lane l is iv[begin[l], begin[l+1])
+  // Tensor fusion (Cluster::fusionBytes): when the executor's current batch
+  // was formed (the tensors ready by then are in it; -1: none yet), and the
+  // fused group still open at its end: the option (-1: none), its first
+  // tensor, summed elements and bytes, dtype, and when its execution starts.
+  // The group's operations are the last ones reserved on every lane.
+  double batchStart = -1;
+  int groupOption = -1;
+  int groupFirst = 0;
+  int groupDtype = 0;
+  int64_t groupElements = 0;
+  double groupStart = 0;
 };
 
 struct TraceEvent {
@@ -148,6 +160,21 @@ class Simulator {
 
   // Advanced: the exhaustive search walks prefixes itself.
   SimState initialState() const;
+  // A lower bound on the iteration time of every completion of the prefix
+  // that led to `st`: its latest synchronization end, but with tensor fusion
+  // only the ends of the tensors outside the open group (a later tensor that
+  // joins the group changes the group's end).
+  double settledFinish(const SimState& st) const {
+    return st.groupOption >= 0 ? std::min(st.maxFinish, st.groupStart) : st.maxFinish;
+  }
+  bool fusion() const { return cluster_.oneTensorAtATime && cluster_.fusionBytes > 0; }
+  // The members of the group that tensor `j` closed or joined in `st` (the
+  // state after step(j)): [first, j]; first == j when it runs alone. With
+  // fusion a member's finish is the group's end: simulate() and the base's
+  // timings set every member's.
+  int groupFirstOf(const SimState& st, int j) const {
+    return st.groupOption >= 0 ? st.groupFirst : j;
+  }
   double step(SimState& st, int tensor, int option, std::vector<TraceEvent>* trace = nullptr,
               TensorTiming* timing = nullptr);
 
@@ -170,7 +197,17 @@ class Simulator {
   // scheduleCpu() without reserving: fills runs_ and returns the end.
   double placeCpu(const SimState& st, const SimOp& op, double t);
   double tailFrom(int k, double t0, double maxFinish, const double* busy) const;
-  void traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor, double s) const;
+  void traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lane, int tensor, double s,
+               const std::string* label = nullptr) const;
+  double scheduleOps(SimState& st, const CompiledOption& c, int tensor, double t,
+                     std::vector<TraceEvent>* trace, const std::string* label);
+  // Tensor fusion: the compiled option of a fused group's summed size.
+  const CompiledOption& compiledFused(int64_t elements, int dtype, int option);
+  // Drops every reservation at or after `t` (the open group's).
+  void truncate(SimState& st, double t) const;
+  static void setGroupFinish(const SimState& st, int j, TensorTiming* timings);
+  std::vector<char> fusible_;  // by option
+  std::map<std::tuple<int64_t, int, int>, std::unique_ptr<CompiledOption>> fusedCache_;
 
   Cluster cluster_;
   ResolvedCodec codec_;

@@ -263,3 +263,53 @@ TEST(Decision, BundledModelsAreNeverWorseThanNoCompression) {
 
 }  // namespace
 }  // namespace cortado::planner
+
+namespace cortado::planner {
+namespace {
+
+// With tensor fusion (one tensor at a time, Cluster::fusionBytes) the
+// exhaustive search prunes on the settled finish; it must still find the
+// optimum of every choice enumerated, and the decision must be a real,
+// correctly timed strategy no better than it.
+TEST(Decision, FusionExhaustiveIsTheBruteForceOptimum) {
+  std::mt19937_64 rng(20261122);
+  int fusedSomewhere = 0;
+  for (int i = 0; i < 12; ++i) {
+    Instance in = randomInstance(rng, 5, 4);
+    in.cluster.oneTensorAtATime = true;
+    in.cluster.fusionBytes = uint64_t(4) << (16 + rng() % 10);
+    // Small tensors that fuse, most ready at once.
+    for (auto& t : in.profile.tensors) {
+      t.elements = 1000 + int64_t(rng() % 200000);
+      t.backwardUs = rng() % 2 ? 0.0 : double(rng() % 500);
+    }
+    std::vector<plan::TensorOption> opts = reducedOptions(in.codec.spec);
+    opts.resize(6);  // 6^N choices: enumerable
+    Simulator sim(in.cluster, in.codec, in.profile, opts);
+    Planner planner(sim);
+    const int N = sim.tensors(), K = sim.optionCount();
+    std::vector<int> choice(N, 0);
+    double best = Simulator::kInf;
+    for (;;) {
+      best = std::min(best, sim.simulate(choice));
+      int j = 0;
+      while (j < N && ++choice[j] == K) choice[j++] = 0;
+      if (j == N) break;
+    }
+    const Strategy ex = planner.exhaustive();
+    EXPECT_NEAR(ex.iterUs, best, 1e-6) << "instance " << i;
+    EXPECT_NEAR(sim.simulate(ex.choice), ex.iterUs, 1e-6) << "instance " << i;
+    const Strategy got = planner.decide();
+    EXPECT_GE(got.iterUs, best - 1e-6) << "instance " << i;
+    EXPECT_NEAR(sim.simulate(got.choice), got.iterUs, 1e-6) << "instance " << i;
+    // Fusion is in the optimum's time: the same choice without it is slower.
+    Cluster off = in.cluster;
+    off.fusionBytes = 0;
+    Simulator plain(off, in.codec, in.profile, opts);
+    fusedSomewhere += plain.simulate(ex.choice) > ex.iterUs + 1e-6;
+  }
+  EXPECT_GT(fusedSomewhere, 0);
+}
+
+}  // namespace
+}  // namespace cortado::planner

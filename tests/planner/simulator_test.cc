@@ -341,5 +341,195 @@ TEST(Simulator, LazyBaseAndEstimatesMatchFullSimulation) {
   }
 }
 
+// --- Tensor fusion (Cluster::fusionBytes, one tensor at a time) -------------
+
+// The executor's batch loop written out plainly (bench model's replay with
+// Executor::runBatch): when the executor is free, every tensor ready by then
+// is the batch (none ready: the next one, when it is); inside it, runs of
+// equal fusible options fuse while their bytes stay within the threshold.
+// `alone(elements, option)` is the time of one execution on idle lanes.
+template <typename Alone>
+std::vector<double> referenceFinish(const ModelProfile& p, const std::vector<TensorOption>& opts,
+                                    const std::vector<int>& choice, uint64_t threshold, double agree,
+                                    Alone alone) {
+  const int N = int(p.tensors.size());
+  std::vector<double> ready(N), finish(N);
+  double r = 0;
+  for (int j = 0; j < N; ++j) ready[j] = r += p.tensors[j].backwardUs;
+  double free = 0;
+  for (int j = 0; j < N;) {
+    const double formed = std::max(free, ready[j]);
+    int end = j;
+    while (end < N && ready[end] <= formed) ++end;
+    // The workers agree on the batch, then run it (fusion off: no batches).
+    double t = formed + (threshold > 0 ? agree : 0.0);
+    for (int i = j; i < end;) {
+      int k = i + 1;
+      int64_t elements = p.tensors[i].elements;
+      if (threshold > 0 && opts[choice[i]].fusible())
+        while (k < end && choice[k] == choice[i] &&
+               uint64_t(elements + p.tensors[k].elements) * 4 <= threshold)
+          elements += p.tensors[k++].elements;
+      t += alone(elements, choice[i]);
+      for (int m = i; m < k; ++m) finish[m] = t;
+      i = k;
+    }
+    free = t;
+    j = end;
+  }
+  return finish;
+}
+
+Cluster fusionCluster(uint64_t threshold) {
+  Cluster c = cluster(2, 1, 4);
+  c.intra.base = AlphaBeta{3, 8};
+  c.inter.base = AlphaBeta{5, 8};
+  c.oneTensorAtATime = true;
+  c.fusionBytes = threshold;
+  return c;
+}
+
+const TensorOption kRsAg{false,
+                         {Step::comm(Scope::kFlat, CommOp::kReduceScatter, false),
+                          Step::comm(Scope::kFlat, CommOp::kAllgather, false)},
+                         ""};
+const TensorOption kPushPull{true,
+                             {Step::comm(Scope::kInter, CommOp::kPush, false),
+                              Step::comm(Scope::kInter, CommOp::kPull, false)},
+                             ""};
+
+TEST(Simulator, FusionFollowsTheExecutorsBatchesByHand) {
+  // 2 machines x 1 GPU. t0 ready at 10 runs alone (nothing else is ready);
+  // t1..t3 (ready 11, 12, 13) are ready when t0 ends, so they are one batch.
+  const ModelProfile p = model({{1000, 10}, {1000, 1}, {1000, 1}, {500, 1}});
+  const std::vector<TensorOption> opts{kAllreduce, kPushPull, kRsAg};
+  auto alone = [&](int64_t e, int o) {
+    Simulator one(fusionCluster(0), codec(), model({{e, 0}}), opts);
+    return one.simulate({o});
+  };
+  const double A1 = alone(1000, 0), A2 = alone(2000, 0), A05 = alone(500, 0), A25 = alone(2500, 0);
+  ASSERT_GT(A1, 1.0);  // t1 is ready before t0 ends
+  ASSERT_LT(A2, 2 * A1);  // one latency less
+  auto run = [&](uint64_t threshold, std::vector<int> choice, std::vector<TensorTiming>* t = nullptr,
+                 std::vector<TraceEvent>* trace = nullptr) {
+    Simulator sim(fusionCluster(threshold), codec(), p, opts);
+    return sim.simulate(choice, t, trace);
+  };
+  // 8000 bytes: t1 + t2 exactly fit (fused), t3 would exceed it (alone).
+  std::vector<TensorTiming> t;
+  std::vector<TraceEvent> trace;
+  EXPECT_NEAR(run(8000, {0, 0, 0, 0}, &t, &trace), 10 + A1 + A2 + A05, 1e-9);
+  EXPECT_NEAR(t[0].finish, 10 + A1, 1e-9);
+  EXPECT_NEAR(t[1].finish, 10 + A1 + A2, 1e-9);
+  EXPECT_NEAR(t[2].finish, 10 + A1 + A2, 1e-9);
+  EXPECT_NEAR(t[3].finish, 10 + A1 + A2 + A05, 1e-9);
+  int fusedEvents = 0;
+  for (const TraceEvent& e : trace) {
+    fusedEvents += e.name.find("fused2:t1..t2") != std::string::npos;
+    EXPECT_FALSE(e.lane >= 0 && e.name.size() > 3 && e.name.substr(e.name.size() - 3) == " t1" &&
+                 e.name.find("backward") == std::string::npos)
+        << "t1's own execution is still traced: " << e.name;
+  }
+  EXPECT_GT(fusedEvents, 0);
+  // One byte less: t1 runs alone, t2 + t3 (6000 bytes) fuse; below 6000
+  // nothing fuses. Off: the same.
+  EXPECT_NEAR(run(7999, {0, 0, 0, 0}), 10 + 2 * A1 + alone(1500, 0), 1e-9);
+  EXPECT_NEAR(run(6000, {0, 0, 0, 0}), 10 + 2 * A1 + alone(1500, 0), 1e-9);
+  EXPECT_NEAR(run(5999, {0, 0, 0, 0}), 10 + 3 * A1 + A05, 1e-9);
+  EXPECT_NEAR(run(0, {0, 0, 0, 0}), 10 + 3 * A1 + A05, 1e-9);
+  // 10000 bytes: the whole batch fuses.
+  EXPECT_NEAR(run(10000, {0, 0, 0, 0}), 10 + A1 + A25, 1e-9);
+  // A push/pull tensor between them runs alone and splits the run.
+  EXPECT_NEAR(run(1 << 20, {0, 0, 1, 0}), 10 + 2 * A1 + alone(1000, 1) + A05, 1e-9);
+  // Different fusible options do not fuse with each other.
+  EXPECT_NEAR(run(1 << 20, {0, 0, 2, 2}), 10 + 2 * A1 + alone(1500, 2), 1e-9);
+  // A tensor ready after the batch was formed is in the next batch: with
+  // 100 us of backward each, every tensor runs alone.
+  const ModelProfile slow = model({{1000, 100}, {1000, 100}, {1000, 100}});
+  Simulator s(fusionCluster(1 << 20), codec(), slow, opts);
+  EXPECT_NEAR(s.simulate({0, 0, 0}), 300 + A1, 1e-9);
+}
+
+TEST(Simulator, FusionMatchesTheBruteForceBatchLoop) {
+  std::mt19937 rng(23);
+  const std::vector<TensorOption> opts{kAllreduce, kPushPull, kRsAg};
+  for (int trial = 0; trial < 60; ++trial) {
+    ModelProfile p;
+    p.model = "random";
+    const int N = 3 + int(rng() % 10);
+    for (int i = 0; i < N; ++i)
+      p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1 + rng() % 3000), 4,
+                                        double(rng() % 4 == 0 ? rng() % 40 : rng() % 3)});
+    const uint64_t threshold = trial % 5 == 0 ? 0 : 4 * (1 + rng() % 6000);
+    std::vector<int> choice(N);
+    for (int& c : choice) c = rng() % 4 == 0 ? int(rng() % 3) : 0;
+    auto alone = [&](int64_t e, int o) {
+      Simulator one(fusionCluster(0), codec(), model({{e, 0}}), opts);
+      return one.simulate({o});
+    };
+    const double agree = trial % 2 ? 0.0 : 1.5;
+    const auto expect = referenceFinish(p, opts, choice, threshold, agree, alone);
+    Cluster c = fusionCluster(threshold);
+    c.batchAgreeUs = agree;
+    Simulator sim(c, codec(), p, opts);
+    std::vector<TensorTiming> t;
+    const double total = sim.simulate(choice, &t);
+    for (int j = 0; j < N; ++j) EXPECT_NEAR(t[j].finish, expect[j], 1e-9) << "trial " << trial << " tensor " << j;
+    EXPECT_NEAR(total, *std::max_element(expect.begin(), expect.end()), 1e-9) << "trial " << trial;
+  }
+}
+
+// Incremental evaluation (checkpoints, early stops, cut-offs) with fusion.
+TEST(Simulator, FusionIncrementalEvaluationMatchesFullSimulation) {
+  std::mt19937 rng(31);
+  Cluster c = cluster(4, 2, 3);
+  c.inter.base = AlphaBeta{20, 10};
+  c.intra.base = AlphaBeta{5, 100};
+  c.oneTensorAtATime = true;
+  c.fusionBytes = 400000;
+  ModelProfile p;
+  p.model = "random";
+  const int N = 40;
+  for (int i = 0; i < N; ++i)
+    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(100 + rng() % (i % 3 ? 50000 : 3000000)), 4,
+                                      double(rng() % 300)});
+  ResolvedCodec cd = codec();
+  cd.cost.encode[0].nsPerElement = 0.1;
+  cd.cost.encode[1].nsPerElement = 2;
+  auto opts = plannerOptions(c, "test");
+  Simulator sim(c, cd, p, opts);
+  int fusibleOpt = -1;
+  for (int o = 0; o < int(opts.size()) && fusibleOpt < 0; ++o)
+    if (opts[o].fusible()) fusibleOpt = o;
+  ASSERT_GE(fusibleOpt, 0);
+  std::vector<int> base(N);
+  for (int& b : base) b = rng() % 3 ? fusibleOpt : int(rng() % opts.size());
+  sim.setBase(base);
+  EXPECT_DOUBLE_EQ(sim.baseTime(), sim.simulate(base));
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<std::pair<int, int>> ov;
+    std::vector<int> choice = base;
+    std::vector<int> idx;
+    for (int k = 0, n = 1 + rng() % 3; k < n; ++k) idx.push_back(rng() % N);
+    std::sort(idx.begin(), idx.end());
+    idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+    for (int j : idx) {
+      int o = rng() % 2 ? fusibleOpt : int(rng() % opts.size());
+      ov.emplace_back(j, o);
+      choice[j] = o;
+    }
+    const double full = sim.simulate(choice);
+    EXPECT_DOUBLE_EQ(sim.evaluate(ov), full) << "trial " << trial;
+    const double cutoff = sim.baseTime();
+    const double cut = sim.evaluate(ov, cutoff);
+    if (full < cutoff) EXPECT_DOUBLE_EQ(cut, full);
+    else EXPECT_GE(cut, cutoff);
+    // A screen whose window reaches the end is exact.
+    if (ov.size() == 1) {
+      EXPECT_NEAR(sim.screen(ov[0].first, ov[0].second, N), full, 1e-6);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cortado::planner
