@@ -190,6 +190,7 @@ struct Measured {
       interCurvesCompressed;
   bool hasIntra = false, hasInter = false;
   double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
+  planner::MeasuredCurve encodeCurve, decodeCurve;  // us per call, by elements (what the planner uses)
   double sumGbps = 40;
   std::vector<std::string> probes;  // what was measured, for the log
 };
@@ -347,8 +348,16 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
 // add, at the model's tensor sizes (lo to hi elements, capped at
 // kMaxCodecProbe), on data that is not in the caches (the replay fills every
 // gradient before an iteration, so each encode reads memory), every worker at
-// once (they share this machine's cores as in the replay), the slowest
-// worker's time: seconds = alpha + beta * input bytes.
+// once (they share this machine's cores as in the replay). Per size: each
+// worker's median call, then the slowest worker's. The planner uses these
+// points as curves (linear between sizes); the alpha-beta line through them
+// is only logged. Median, not mean as for the links: a call that waited for a
+// descheduled worker is charged, in the replay, to the collective that waits
+// for that worker's encode, whose probes already carry those waits; charging
+// the encode too counted them twice (bert-base/DGC encode predicted 1.6-1.7x
+// its traced time, docs/benchmarks.md). Nor one line through every size: the
+// relative fit let such mid-size points set the per-element cost of the
+// large tensors.
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m) {
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
@@ -389,18 +398,24 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
       dec.push_back(medianSeconds(1, [&] { codec->decompressAdd(payload, sum.data(), n); }));
     }
   }
+  auto medians = [&](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<double> r(v.begin() + long(i * reps), v.begin() + long((i + 1) * reps));
+      std::sort(r.begin(), r.end());
+      out.push_back(r[r.size() / 2]);
+    }
+    return out;
+  };
   // The slowest worker's: the step after an encode waits for it.
-  enc = world.max(enc);
-  dec = world.max(dec);
+  const std::vector<double> encMed = world.max(medians(enc)), decMed = world.max(medians(dec));
   std::vector<std::array<double, 3>> er, dr;
+  m.encodeCurve = m.decodeCurve = planner::MeasuredCurve{};
   for (size_t i = 0; i < sizes.size(); ++i) {
-    auto med = [&](std::vector<double>& v) {  // the mean, as a run's sum of calls has it
-      double sum = 0;
-      for (int k = 0; k < reps; ++k) sum += v[i * reps + k];
-      return sum / reps;
-    };
-    er.push_back({1.0, 4.0 * sizes[i], med(enc)});
-    dr.push_back({1.0, 4.0 * sizes[i], med(dec)});
+    er.push_back({1.0, 4.0 * sizes[i], encMed[i]});
+    dr.push_back({1.0, 4.0 * sizes[i], decMed[i]});
+    m.encodeCurve.add(double(sizes[i]), encMed[i] * 1e6);
+    m.decodeCurve.add(double(sizes[i]), decMed[i] * 1e6);
   }
   std::tie(m.encodeAlpha, m.encodeBeta) = fitRelative(er);
   std::tie(m.decodeAlpha, m.decodeBeta) = fitRelative(dr);
@@ -556,6 +571,10 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   cl.chunkBytes = double(chunkBytes);
   cl.oneTensorAtATime = true;  // Executor::run: one tensor at a time
   planner::ResolvedCodec codec = codecs.resolve(o.codec);
+  for (int d = 0; d < 2; ++d) {  // both devices run the CPU twin here
+    codec.encodeCurve[d] = m.encodeCurve;
+    codec.decodeCurve[d] = m.decodeCurve;
+  }
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
   int bytepsIdx = -1;
@@ -572,8 +591,8 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   *costNote = fmt::format(
       "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
       "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
-      "codec {} encode {:.1f} us + {:.2f} ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also "
-      "used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
+      "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
+      "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
       cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
       cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
       m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,

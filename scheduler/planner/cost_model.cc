@@ -172,17 +172,22 @@ double ResolvedCodec::payloadBytes(double elements) const {
 }
 
 double ResolvedCodec::encodeUs(plan::Device d, double elements) const {
+  if (!encodeCurve[int(d)].points.empty()) return encodeCurve[int(d)].us(elements);
   return cost.encode[int(d)].us(elements, elements * selectedFraction);
 }
 
 double ResolvedCodec::decodeUs(plan::Device d, double elements, double contributions) const {
+  if (!decodeCurve[int(d)].points.empty()) return contributions * decodeCurve[int(d)].us(elements);
   const LinearCost& c = cost.decode[int(d)];
   return c.fixedUs + contributions * (c.us(elements, elements * selectedFraction) - c.fixedUs);
 }
 
 ResolvedCodec ResolvedCodec::zeroCost() const {
   ResolvedCodec z = *this;
-  for (int d = 0; d < 2; ++d) z.cost.encode[d] = z.cost.decode[d] = LinearCost{};
+  for (int d = 0; d < 2; ++d) {
+    z.cost.encode[d] = z.cost.decode[d] = LinearCost{};
+    z.encodeCurve[d] = z.decodeCurve[d] = MeasuredCurve{};
+  }
   return z;
 }
 

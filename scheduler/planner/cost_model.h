@@ -140,6 +140,12 @@ struct ResolvedCodec {
   CodecCost cost;
   double selectedFraction = 0;  // kept elements / elements (sparsifiers)
   std::string costSource = "defaults";  // or where the measured CPU fits come from
+  // Measured per-call times by element count (MeasuredCurve with elements in
+  // place of bytes; indexed by plan::Device), used instead of the linear
+  // costs where set: a job's own probes at its own tensor sizes (`cortado
+  // bench model`), where one line fitted through every size lets the noisy
+  // mid sizes pull the large ones. decodeUs charges `contributions` calls.
+  MeasuredCurve encodeCurve[2], decodeCurve[2];
 
   double payloadBytes(double elements) const;
   double encodeUs(plan::Device d, double elements) const;

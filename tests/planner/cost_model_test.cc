@@ -75,6 +75,27 @@ TEST(CostModel, MeasuredCurvesReplaceTheFormulaForTheirGroupSize) {
   EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 8000, true), 7.0);
 }
 
+TEST(CostModel, MeasuredCodecCurvesReplaceTheLinearCostsPerDevice) {
+  auto codecs = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  ResolvedCodec c = codecs.resolve("dgc:ratio=0.01");
+  const double lineEnc = c.encodeUs(plan::Device::kCpu, 3000);
+  const double lineDec = c.decodeUs(plan::Device::kGpu, 3000, 4);
+  MeasuredCurve enc;  // per call, by elements
+  enc.add(1000, 20);
+  enc.add(5000, 60);
+  c.encodeCurve[int(plan::Device::kCpu)] = enc;
+  c.decodeCurve[int(plan::Device::kCpu)] = enc;
+  EXPECT_DOUBLE_EQ(c.encodeUs(plan::Device::kCpu, 3000), 40.0);   // halfway between the points
+  EXPECT_DOUBLE_EQ(c.encodeUs(plan::Device::kCpu, 9000), 100.0);  // the last slope beyond
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kCpu, 3000, 4), 4 * 40.0);  // one call per payload
+  // The other device keeps its linear costs; zeroCost() clears the curves too.
+  EXPECT_DOUBLE_EQ(c.encodeUs(plan::Device::kGpu, 3000), codecs.resolve("dgc:ratio=0.01").encodeUs(plan::Device::kGpu, 3000));
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kGpu, 3000, 4), lineDec);
+  EXPECT_NE(lineEnc, 40.0);
+  EXPECT_DOUBLE_EQ(c.zeroCost().encodeUs(plan::Device::kCpu, 3000), 0.0);
+  EXPECT_DOUBLE_EQ(c.zeroCost().decodeUs(plan::Device::kCpu, 3000, 4), 0.0);
+}
+
 TEST(CostModel, DefaultFilesLoad) {
   auto hw = HardwareModel::load(defaultDataDir() + "/costs/hardware.json");
   for (const char* name : {"nvlink", "pcie", "10gbit", "25gbit", "100gbit"}) EXPECT_NO_THROW(hw.link(name));
