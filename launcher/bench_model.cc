@@ -192,8 +192,22 @@ struct Measured {
   double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
   planner::MeasuredCurve encodeCurve, decodeCurve;  // us per call, by elements (what the planner uses)
   double sumGbps = 40;
+  // With fusion: the workers' agreement on a batch (one flat allgather of an
+  // int64, agreeOnBatch), back to back, mean of the slowest worker's.
+  double agreeUs = 0;
   std::vector<std::string> probes;  // what was measured, for the log
 };
+
+// The replay's batch agreement (fusion on): each worker offers how many
+// gradients it has ready, and the batch is the largest count (every worker
+// then waits for those on its own clock). A collective, so every worker runs
+// Executor::runBatch with the same items.
+size_t agreeOnBatch(collective::Collectives& world, size_t readyCount, Deadline d) {
+  const int64_t mine = int64_t(readyCount);
+  std::vector<int64_t> all(size_t(world.size()));
+  world.allgather(&mine, 1, all.data(), DType::kInt64, d);
+  return size_t(*std::max_element(all.begin(), all.end()));
+}
 
 // Every operation the executor may run on group g, at sizes from lo to hi
 // bytes (the model's own tensor sizes, capped at kMaxLinkProbe), each fitted
@@ -450,34 +464,65 @@ struct Prediction {
   std::string options;     // the one option everybody runs, or a summary
 };
 
-// The replay's timeline: the executor runs one tensor at a time (Executor::run
-// is synchronous, on one thread), so tensor j's synchronization starts when it
-// is ready (the profile's backward times, a wall-clock schedule that codec
-// work does not delay) and tensor j-1's has ended, and takes what it takes
-// alone (the simulator's step from an idle state: its operations chained on
-// free lanes). The planner's simulator instead overlaps a tensor's stages with
-// the next tensors' on separate lanes, which this runtime does not do.
-// Returns the end of the last synchronization after the forward pass (us);
-// `trace` gets the events on that timeline.
+// The replay's timeline: the executor runs one batch at a time
+// (Executor::runBatch is synchronous, on one thread). Tensor j is ready at the
+// profile's backward times (a wall-clock schedule that codec work does not
+// delay). Without fusion (Cluster::fusionBytes 0) each tensor is a batch of
+// its own: its synchronization starts when it is ready and tensor j-1's has
+// ended. With fusion, each time the executor is free every tensor ready by
+// then is the batch (none: the next one, when it is ready); the workers agree
+// on it (Cluster::batchAgreeUs) and runs of one fusible option within the
+// threshold run as one execution of their summed size. An execution takes
+// what it takes alone (Simulator::runAlone: its operations chained on free
+// lanes). The planner's simulator models the same rule when oneTensorAtATime
+// is set (its ready times are delayed by GPU codec work, which the replay's
+// are not: its buffers are host memory). Returns the end of the last
+// synchronization after the forward pass (us); `trace` gets the events on
+// that timeline.
 double serialized(planner::Simulator& sim, const std::vector<int>& choice,
                   std::vector<planner::TraceEvent>* trace) {
-  double readyUs = 0, endUs = 0;
-  std::vector<planner::TraceEvent> ev;
-  for (int j = 0; j < sim.tensors(); ++j) {
-    planner::SimState st = sim.initialState();
-    planner::TensorTiming tm;
-    ev.clear();
-    sim.step(st, j, choice[j], trace ? &ev : nullptr, &tm);
-    const double bw = sim.profile().tensors[j].backwardUs;
+  const auto& ts = sim.profile().tensors;
+  const int N = sim.tensors();
+  const uint64_t threshold = sim.cluster().fusionBytes;
+  std::vector<double> ready(N);
+  double readyUs = 0;
+  for (int j = 0; j < N; ++j) {
+    const double bw = ts[j].backwardUs;
     readyUs += bw;
-    const double start = std::max(readyUs, endUs);
-    for (planner::TraceEvent& e : ev) {
-      e.start = e.lane < 0 ? readyUs - bw : e.start - tm.ready + start;
-      trace->push_back(std::move(e));
-    }
-    endUs = start + std::max(0.0, tm.finish - tm.ready);
+    ready[j] = readyUs;
+    if (trace && bw > 0) trace->push_back({"backward " + ts[j].name, -1, j, readyUs - bw, bw});
   }
-  return endUs;
+  std::vector<planner::TraceEvent> ev;
+  double free = 0;
+  for (int j = 0; j < N;) {
+    const double formed = std::max(free, ready[j]);
+    int end = j + 1;
+    if (threshold > 0)
+      while (end < N && ready[end] <= formed) ++end;
+    double t = formed + (threshold > 0 ? sim.cluster().batchAgreeUs : 0.0);
+    for (int i = j; i < end;) {
+      int k = i + 1;
+      int64_t elements = ts[i].elements;
+      if (threshold > 0 && sim.options()[choice[i]].fusible())
+        while (k < end && choice[k] == choice[i] && ts[k].dtypeBytes == ts[i].dtypeBytes &&
+               double(elements + ts[k].elements) * ts[i].dtypeBytes <= double(threshold))
+          elements += ts[k++].elements;
+      const std::string label =
+          k - i > 1 ? fmt::format("fused{}:{}..{}", k - i, ts[i].name, ts[k - 1].name) : std::string();
+      ev.clear();
+      const double d = sim.runAlone(k - 1, elements, choice[i], trace ? &ev : nullptr,
+                                    label.empty() ? nullptr : &label);
+      for (planner::TraceEvent& e : ev) {
+        e.start += t;
+        trace->push_back(std::move(e));
+      }
+      t += d;
+      i = k;
+    }
+    free = t;
+    j = end;
+  }
+  return free;
 }
 
 // --predicted-trace FILE: the plan strategy's timeline goes to FILE, every
@@ -523,7 +568,8 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
 // and predicted iteration time.
 std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
                                 const collective::Topology& topo, const Measured& m,
-                                int cpuCores, uint64_t chunkBytes, std::string* costNote,
+                                int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
+                                std::string* costNote,
                                 std::shared_ptr<planner::Simulator>* keep) {
   const std::string dir = planner::resolveDataDir(o.dataDir);
   planner::CodecModel codecs = planner::CodecModel::load(dir + "/costs/codecs.json");
@@ -569,7 +615,10 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   cl.cpuSumGbps = m.sumGbps;
   cl.parameterServer = true;
   cl.chunkBytes = double(chunkBytes);
-  cl.oneTensorAtATime = true;  // Executor::run: one tensor at a time
+  cl.oneTensorAtATime = true;  // Executor::runBatch: one tensor (or fused group) at a time
+  // The replay's batches and fusion, as the executor runs them (serialized()).
+  cl.fusionBytes = fusionBytes;
+  cl.batchAgreeUs = m.agreeUs;
   planner::ResolvedCodec codec = codecs.resolve(o.codec);
   for (int d = 0; d < 2; ++d) {  // both devices run the CPU twin here
     codec.encodeCurve[d] = m.encodeCurve;
@@ -685,6 +734,7 @@ struct Result {
   uint64_t planVersion = 0;  // replan: the version reached
   int switchedAt = -1;       // replan: the iteration of the first switch
   uint64_t checked = 0, wrong = 0, lossyTensors = 0;
+  uint64_t batches = 0, iterationsRun = 0;  // Executor::runBatch calls, replay iterations
 };
 
 }  // namespace
@@ -759,6 +809,7 @@ int runModelBench(const ModelBenchOptions& o) {
   setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   executor::Executor ex(*worker, &groups);
+  ex.setFusionBytes(job.fusionBytes);  // CORTADO_FUSION_BYTES
   auto tracer = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", job.rank)));
   if (tracer->enabled()) ex.setTracer(tracer);
   const collective::Topology& topo = ex.topology();
@@ -792,6 +843,16 @@ int runModelBench(const ModelBenchOptions& o) {
   m.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
                                job.partitionBytes, setup, m.pushPullCurve, m.probes);
   measureCodec(world, o.codec, minElems, maxElems, m);
+  if (job.fusionBytes > 0) {
+    constexpr int kCalls = 30;
+    world.barrier();
+    for (int i = 0; i < 3; ++i) agreeOnBatch(*groups.world, 1, setup);
+    const auto a0 = Clock::now();
+    for (int i = 0; i < kCalls; ++i) agreeOnBatch(*groups.world, size_t(i), setup);
+    m.agreeUs = world.max({secondsSince(a0) * 1e6 / kCalls})[0];
+    m.probes.push_back(fmt::format("batch agreement (flat allgather of an int64, mean of {}): {:.0f} us",
+                                   kCalls, m.agreeUs));
+  }
   if (lead)
     for (const std::string& line : m.probes) fmt::print(stderr, "# cortado bench model: measured {}\n", line);
   const int hw = std::max(1u, std::thread::hardware_concurrency());
@@ -803,7 +864,8 @@ int runModelBench(const ModelBenchOptions& o) {
   std::string costNote, err;
   if (lead) {
     try {
-      preds = predict(o, profile, topo, m, cpuCores, job.partitionBytes, &costNote, &simulator);
+      preds = predict(o, profile, topo, m, cpuCores, job.partitionBytes, job.fusionBytes, &costNote,
+                      &simulator);
     } catch (const Error& e) {
       err = e.what();
     }
@@ -829,10 +891,15 @@ int runModelBench(const ModelBenchOptions& o) {
   if (lead && !o.json) {
     fmt::print("# cortado bench model: {} ({} tensors, {:.1f} M elements), codec {}, {} workers on "
                "{} machines x {}, {} servers, compute scale {} (forward {:.1f} ms, backward {:.1f} "
-               "ms), {} iterations after {} warm-up\n# measured {}\n",
+               "ms), {} iterations after {} warm-up, tensor fusion {}\n# measured {}\n",
                profile.model, T, totalElements / 1e6, o.codec, topo.size, topo.numMachines,
                topo.localSize, worker->numServers(), o.computeScale, profile.forwardUs / 1e3,
-               profile.backwardUs() / 1e3, o.iterations, o.warmup, costNote);
+               profile.backwardUs() / 1e3, o.iterations, o.warmup,
+               job.fusionBytes > 0 ? fmt::format("up to {} bytes (CORTADO_FUSION_BYTES; batch "
+                                                 "agreement {:.0f} us)",
+                                                 job.fusionBytes, m.agreeUs)
+                                   : std::string("off (CORTADO_FUSION_BYTES=0)"),
+               costNote);
     std::fflush(stdout);
   }
   std::vector<std::vector<float>> pat(T), buf(T);
@@ -843,6 +910,14 @@ int runModelBench(const ModelBenchOptions& o) {
     buf[j].resize(size_t(t.elements));
     for (uint64_t i = 0; i < uint64_t(t.elements); ++i) pat[j][i] = pattern(j, i);
   }
+  // Gradient j is ready this long after an iteration starts (forward pass
+  // and backward up to j).
+  std::vector<double> readyTimes(T);
+  {
+    double at = profile.forwardUs;
+    for (size_t j = 0; j < T; ++j) readyTimes[j] = at += profile.tensors[j].backwardUs;
+  }
+  std::vector<executor::BatchItem> batch;
   const bool progressOn = lead && (o.progress || isatty(2));
   const double sumFactor = double(topo.size) * (topo.size + 1) / 2.0;
   std::vector<Result> results;
@@ -922,18 +997,35 @@ int runModelBench(const ModelBenchOptions& o) {
         for (size_t i = 0; i < buf[j].size(); ++i) buf[j][i] = f * pat[j][i];
       world.barrier();
       const auto t0 = Clock::now();
-      double readyUs = profile.forwardUs;
       const double traceT0 = Tracer::now();
-      for (size_t j = 0; j < T; ++j) {
-        const auto& t = profile.tensors[j];
-        const double prevReady = readyUs;
-        readyUs += t.backwardUs;
-        std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(int64_t(readyUs * 1e3)));
-        // The executor's iteration is the tensor's run count: the same here.
-        if (tracer->enabled() && t.backwardUs > 0)
-          tracer->record("backward", t.name, int64_t(ex.runs(t.name)), "gpu",
-                         traceT0 + prevReady, traceT0 + readyUs);
-        ex.run(t.name, buf[j].data(), buf[j].data(), buf[j].size(), ReduceOp::kSum, opDeadline);
+      // Each time the executor is free: every gradient ready by now is the
+      // batch (none: the next one, when it is ready). With fusion the
+      // workers agree on it first (the largest of their counts; each waits
+      // for those on its own clock), so that all run the same items.
+      auto readyAt = [&](size_t j) {
+        return t0 + std::chrono::nanoseconds(int64_t(readyTimes[j] * 1e3));
+      };
+      for (size_t j = 0; j < T;) {
+        std::this_thread::sleep_until(readyAt(j));
+        size_t end = j + 1;
+        if (ex.fusionBytes() > 0) {
+          const auto now = Clock::now();
+          while (end < T && readyAt(end) <= now) ++end;
+          end = agreeOnBatch(*groups.world, end, opDeadline);
+          std::this_thread::sleep_until(readyAt(end - 1));
+        }
+        batch.clear();
+        for (size_t k = j; k < end; ++k) {
+          const auto& t = profile.tensors[k];
+          // The executor's iteration is the tensor's run count: the same here.
+          if (tracer->enabled() && t.backwardUs > 0)
+            tracer->record("backward", t.name, int64_t(ex.runs(t.name)), "gpu",
+                           traceT0 + readyTimes[k] - t.backwardUs, traceT0 + readyTimes[k]);
+          batch.push_back({t.name, buf[k].data(), buf[k].data(), buf[k].size()});
+        }
+        ex.runBatch(batch, ReduceOp::kSum, opDeadline);
+        ++r.batches;
+        j = end;
       }
       const double secs = secondsSince(t0);
       if (replan ? r.switchedAt >= 0 && it >= r.switchedAt + o.warmup : it >= o.warmup)
@@ -945,6 +1037,7 @@ int runModelBench(const ModelBenchOptions& o) {
         for (size_t i = 0; i < buf[j].size(); ++i) r.wrong += buf[j][i] != want * pat[j][i];
       }
       std::fill(folding.begin(), folding.end(), false);
+      ++r.iterationsRun;
       bar.update(r.strategy, it + 1, secs * 1e3);
     }
     bar.done();
@@ -1004,7 +1097,9 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"iterations", o.iterations}, {"workers", topo.size},
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
-                   {"lossy_tensors", r.lossyTensors}, {"options", r.options}};
+                   {"lossy_tensors", r.lossyTensors}, {"options", r.options},
+                   {"fusion_bytes", job.fusionBytes},
+                   {"batches_per_iteration", double(r.batches) / double(std::max<uint64_t>(1, r.iterationsRun))}};
         if (!(r.predictedMs > 0)) {
           jr["predicted_ms"] = nullptr;
           jr["overlapped_ms"] = nullptr;

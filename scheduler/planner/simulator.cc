@@ -229,6 +229,15 @@ const CompiledOption& Simulator::compiledFused(int64_t elements, int dtype, int 
   return *slot;
 }
 
+double Simulator::runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace,
+                           const std::string* label) {
+  SimState st = initialState();
+  const TensorProfile& tp = profile_.tensors[tensor];
+  const CompiledOption& c =
+      elements == tp.elements ? compiled(tensor, option) : compiledFused(elements, tp.dtypeBytes, option);
+  return scheduleOps(st, c, tensor, 0, trace, label);
+}
+
 void Simulator::truncate(SimState& st, double t) const {
   const int L = int(st.begin.size()) - 1;
   uint32_t w = 0, readBegin = st.begin[0];

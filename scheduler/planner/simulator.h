@@ -178,6 +178,14 @@ class Simulator {
   double step(SimState& st, int tensor, int option, std::vector<TraceEvent>* trace = nullptr,
               TensorTiming* timing = nullptr);
 
+  // One execution of `option` on `elements` elements of tensor `tensor`'s
+  // dtype on idle lanes, from time 0: a tensor alone (elements = its own),
+  // or a fused group of that summed size (the group's last tensor). Returns
+  // its duration; `trace` gets its operations, named after `label` where
+  // given (a fused group's "fused<N>:<first>..<last>").
+  double runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace = nullptr,
+                  const std::string* label = nullptr);
+
   // Lane names for traces.
   std::string laneName(int lane) const;
   int lanes() const { return kCpuLane0 + cluster_.cpuCores; }
