@@ -34,8 +34,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
        "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
       {"CORTADO_FUSION_BYTES", "", "64MiB",
-       "plan executor: consecutive tensors of a batch with the same uncompressed collective-only "
-       "option run as one collective on a fusion buffer up to this many bytes (0: off; "
+       "plan executor: the tensors of a batch with the same uncompressed collective-only option "
+       "run as one collective on a fusion buffer up to this many bytes (0: off; "
        "docs/executor.md)"},
       {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
        "every worker and server writes a Chrome trace of its stages here at the end of the job "

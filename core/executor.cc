@@ -935,37 +935,61 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   const auto t0 = Profiler::Clock::now();
   for (TensorState* t : states) noteReady(*t);
   const bool flush = lastRound();
-  for (size_t i = 0; i < items.size();) {
-    // The longest run of equal fusible options from i within the threshold.
-    size_t j = i + 1;
-    if (fusionBytes_ > 0 && states[i]->option.fusible()) {
-      uint64_t bytes = states[i]->n * sizeof(float);
-      while (j < items.size() && states[j]->option == states[i]->option &&
-             bytes + states[j]->n * sizeof(float) <= fusionBytes_) {
-        bytes += states[j]->n * sizeof(float);
-        ++j;
-      }
-    }
-    if (j - i > 1) {
-      runFused(items.subspan(i, j - i), std::span<TensorState* const>(states).subspan(i, j - i), op,
-               deadline);
-    } else {
+  // Items that run alone first, in order; then, per fusible option in the
+  // order of its first item, its items packed in order into groups within
+  // the threshold (Horovod too fuses every ready tensor of a kind, not only
+  // neighbours). The batch's end is the same in any order; grouping by
+  // option lets tensors between compressed ones fuse.
+  std::vector<std::vector<size_t>> byOption;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (fusionBytes_ == 0 || !states[i]->option.fusible()) {
       TensorState& t = *states[i];
       Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
           .go(items[i].input, items[i].output, op);
       ++t.round;
+      continue;
     }
-    i = j;
+    auto it = std::find_if(byOption.begin(), byOption.end(), [&](const std::vector<size_t>& g) {
+      return states[g.front()]->option == states[i]->option;
+    });
+    if (it == byOption.end()) byOption.push_back({i});
+    else it->push_back(i);
+  }
+  std::vector<size_t> group;
+  auto runGroup = [&] {
+    if (group.size() == 1) {
+      TensorState& t = *states[group[0]];
+      Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
+          .go(items[group[0]].input, items[group[0]].output, op);
+      ++t.round;
+    } else if (!group.empty()) {
+      runFused(items, states, group, op, deadline);
+    }
+    group.clear();
+  };
+  for (const std::vector<size_t>& members : byOption) {
+    uint64_t bytes = 0;
+    for (size_t i : members) {
+      const uint64_t b = states[i]->n * sizeof(float);
+      if (!group.empty() && bytes + b > fusionBytes_) runGroup(), bytes = 0;
+      group.push_back(i);
+      bytes += b;
+    }
+    runGroup();
   }
   if (prof) prof->inRunUs += Profiler::since(t0);
 }
 
-// One execution of the group's option on the concatenation of its inputs
+// One execution of the group's option on the concatenation of its members'
+// inputs (members: indices into the batch, in order)
 // (each with the residual a plan switch folded into it), the results
 // scattered to the outputs. Collectives sum element by element, so every
 // element gets what running its tensor alone gives it.
-void Executor::runFused(std::span<const BatchItem> items, std::span<TensorState* const> states,
-                        ReduceOp op, Deadline deadline) {
+void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState* const> all,
+                        const std::vector<size_t>& members, ReduceOp op, Deadline deadline) {
+  std::vector<TensorState*> states;
+  std::vector<const BatchItem*> items;
+  for (size_t i : members) states.push_back(all[i]), items.push_back(&batch[i]);
   uint64_t total = 0;
   for (const TensorState* t : states) total += t->n;
   if (!fused_) fused_ = std::make_unique<TensorState>();
@@ -979,7 +1003,7 @@ void Executor::runFused(std::span<const BatchItem> items, std::span<TensorState*
   uint64_t at = 0;
   for (size_t k = 0; k < states.size(); ++k) {
     TensorState& t = *states[k];
-    std::copy_n(items[k].input, t.n, buf + at);
+    std::copy_n(items[k]->input, t.n, buf + at);
     if (!t.carry.empty()) {  // residuals of encode points the last switch retired
       for (uint64_t i = 0; i < t.n; ++i) buf[at + i] += t.carry[i];
       t.carry.clear();
@@ -990,7 +1014,7 @@ void Executor::runFused(std::span<const BatchItem> items, std::span<TensorState*
   try {
     Run(f, worker_, groups_, topo_, deadline, tracer_.get(), prof, false).go(buf, buf, op);
   } catch (const Error& e) {
-    throw Error(e.code(), fmt::format("{} (tensor fusion: the {} tensors '{}' to '{}' ran as one, "
+    throw Error(e.code(), fmt::format("{} (tensor fusion: the {} tensors '{}' .. '{}' ran as one, "
                                       "{} bytes; CORTADO_FUSION_BYTES=0 runs them one by one)",
                                       e.what(), states.size(), states.front()->name,
                                       states.back()->name, total * sizeof(float)));
@@ -998,7 +1022,7 @@ void Executor::runFused(std::span<const BatchItem> items, std::span<TensorState*
   at = 0;
   for (size_t k = 0; k < states.size(); ++k) {
     TensorState& t = *states[k];
-    std::copy_n(buf + at, t.n, items[k].output);
+    std::copy_n(buf + at, t.n, items[k]->output);
     at += t.n;
     ++t.round;
   }

@@ -128,14 +128,15 @@ class Executor {
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
 
-  // Runs `items` in order, each as run() would, with tensor fusion
-  // (docs/executor.md, "Tensor fusion"): consecutive items whose options are
-  // equal and fusible (plan::TensorOption::fusible: uncompressed, collectives
-  // only) run as one execution of that option on a fusion buffer (their
-  // inputs concatenated, the results scattered to their outputs) as long as
-  // their summed bytes stay within fusionBytes(); every other item runs
-  // alone. Results equal running each item alone (exact for integer-valued
-  // data). Every worker calls it with the same items in the same order
+  // Runs `items`, each as run() would, with tensor fusion (docs/executor.md,
+  // "Tensor fusion"): items whose options are equal and fusible
+  // (plan::TensorOption::fusible: uncompressed, collectives only) run as one
+  // execution of that option on a fusion buffer (their inputs concatenated,
+  // the results scattered to their outputs), packed in item order into
+  // groups whose summed bytes stay within fusionBytes(). Order: the items
+  // that run alone first (in order), then the groups, option by option in
+  // the order of each option's first item. Results equal running each item
+  // alone (exact for integer-valued data). Every worker calls it with the same items in the same order
   // (collective, like run()). Every item is checked (declared, element
   // count, buffers) before anything runs; an error names the item.
   void runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
@@ -204,8 +205,8 @@ class Executor {
                             uint64_t numElements);
   void noteReady(TensorState& t);
   bool lastRound() const;
-  void runFused(std::span<const BatchItem> items, std::span<TensorState* const> states,
-                ReduceOp op, Deadline deadline);
+  void runFused(std::span<const BatchItem> batch, std::span<TensorState* const> states,
+                const std::vector<size_t>& members, ReduceOp op, Deadline deadline);
 
   // Online re-planning.
   void closeWindow(Deadline deadline);

@@ -471,8 +471,9 @@ struct Prediction {
 // its own: its synchronization starts when it is ready and tensor j-1's has
 // ended. With fusion, each time the executor is free every tensor ready by
 // then is the batch (none: the next one, when it is ready); the workers agree
-// on it (Cluster::batchAgreeUs) and runs of one fusible option within the
-// threshold run as one execution of their summed size. An execution takes
+// on it (Cluster::batchAgreeUs); its lone tensors run first, then per
+// fusible option its tensors packed in order within the threshold, each
+// group as one execution of its summed size. An execution takes
 // what it takes alone (Simulator::runAlone: its operations chained on free
 // lanes). The planner's simulator models the same rule when oneTensorAtATime
 // is set (its ready times are delayed by GPU codec work, which the replay's
@@ -500,24 +501,45 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
     if (threshold > 0)
       while (end < N && ready[end] <= formed) ++end;
     double t = formed + (threshold > 0 ? sim.cluster().batchAgreeUs : 0.0);
-    for (int i = j; i < end;) {
-      int k = i + 1;
-      int64_t elements = ts[i].elements;
-      if (threshold > 0 && sim.options()[choice[i]].fusible())
-        while (k < end && choice[k] == choice[i] && ts[k].dtypeBytes == ts[i].dtypeBytes &&
-               double(elements + ts[k].elements) * ts[i].dtypeBytes <= double(threshold))
-          elements += ts[k++].elements;
+    auto execute = [&](int last, int64_t elements, int option, int count, int first) {
       const std::string label =
-          k - i > 1 ? fmt::format("fused{}:{}..{}", k - i, ts[i].name, ts[k - 1].name) : std::string();
+          count > 1 ? fmt::format("fused{}:{}..{}", count, ts[first].name, ts[last].name) : std::string();
       ev.clear();
-      const double d = sim.runAlone(k - 1, elements, choice[i], trace ? &ev : nullptr,
+      const double d = sim.runAlone(last, elements, option, trace ? &ev : nullptr,
                                     label.empty() ? nullptr : &label);
       for (planner::TraceEvent& e : ev) {
         e.start += t;
         trace->push_back(std::move(e));
       }
       t += d;
-      i = k;
+    };
+    // Executor::runBatch: the lone executions in order, then per fusible
+    // option (in the order of its first tensor) its tensors packed in order
+    // within the threshold.
+    std::vector<std::vector<int>> byOption;
+    for (int i = j; i < end; ++i) {
+      if (threshold == 0 || !sim.options()[choice[i]].fusible()) {
+        execute(i, ts[i].elements, choice[i], 1, i);
+        continue;
+      }
+      auto it = std::find_if(byOption.begin(), byOption.end(), [&](const std::vector<int>& g) {
+        return choice[g.front()] == choice[i] && ts[g.front()].dtypeBytes == ts[i].dtypeBytes;
+      });
+      if (it == byOption.end()) byOption.push_back({i});
+      else it->push_back(i);
+    }
+    for (const std::vector<int>& members : byOption) {
+      int first = -1, count = 0, last = -1;
+      int64_t elements = 0;
+      for (int i : members) {
+        if (count > 0 && double(elements + ts[i].elements) * ts[i].dtypeBytes > double(threshold)) {
+          execute(last, elements, choice[last], count, first);
+          count = 0, elements = 0;
+        }
+        if (count == 0) first = i;
+        last = i, elements += ts[i].elements, ++count;
+      }
+      if (count > 0) execute(last, elements, choice[last], count, first);
     }
     free = t;
     j = end;

@@ -63,7 +63,7 @@ struct TensorOption {
   std::string codec;  // codec spec ("dgc:ratio=0.01"); empty when nothing is compressed
 
   bool compressed() const;  // true when some step carries compressed data
-  // Tensor fusion (docs/executor.md, "Tensor fusion"): consecutive tensors
+  // Tensor fusion (docs/executor.md, "Tensor fusion"): tensors of a batch
   // with the same fusible option may run as one execution on their
   // concatenation. Fusible: nothing compressed and no codec (a codec encodes
   // each tensor on its own; error-feedback residuals are per tensor) and no

@@ -102,14 +102,15 @@ struct Cluster {
   bool oneTensorAtATime = false;
   // Tensor fusion as the plan executor's runBatch does it (with
   // oneTensorAtATime only; 0: off, the default). Each time the executor is
-  // free, every tensor ready by then forms its batch; consecutive tensors of
-  // a batch with the same fusible option (plan::TensorOption::fusible) and
-  // dtype run as one execution of their summed size while that stays within
-  // this many bytes (JobConfig::fusionBytes, CORTADO_FUSION_BYTES).
+  // free, every tensor ready by then forms its batch; its tensors with a
+  // non-fusible option run first, one by one, then per fusible option
+  // (plan::TensorOption::fusible; and dtype) its tensors packed in order into
+  // groups of at most this many bytes, each run as one execution of its
+  // summed size (JobConfig::fusionBytes, CORTADO_FUSION_BYTES).
   uint64_t fusionBytes = 0;
   // With fusion: what forming a batch costs before it runs (the workers
-  // agree on which tensors are ready: in bench model one flat allreduce of
-  // one integer), paid once per batch.
+  // agree on which tensors are ready: in bench model one flat allgather of
+  // an int64), paid once per batch.
   double batchAgreeUs = 0;
 
   int gpus() const { return machines * gpusPerMachine; }

@@ -50,9 +50,8 @@ namespace {
 // Equal states have equal futures.
 bool sameState(const SimState& a, const SimState& b) {
   return a.prevReady == b.prevReady && a.begin == b.begin && a.iv == b.iv &&
-         a.batchStart == b.batchStart && a.groupOption == b.groupOption &&
-         (a.groupOption < 0 || (a.groupFirst == b.groupFirst && a.groupDtype == b.groupDtype &&
-                                a.groupElements == b.groupElements && a.groupStart == b.groupStart));
+         a.batchStart == b.batchStart && a.pending == b.pending &&
+         (a.pending.empty() || (a.batchFirst == b.batchFirst && a.pendingStart == b.pendingStart));
 }
 }  // namespace
 
@@ -171,7 +170,8 @@ void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lan
                          op.compressed ? "*" : "");
       break;
   }
-  trace->push_back(TraceEvent{fmt::format("{} {}", what, name), lane, tensor, s, op.us});
+  trace->push_back(TraceEvent{fmt::format("{} {}", what, name), lane, tensor, s, op.us,
+                              label ? *label : std::string()});
 }
 
 double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, double t,
@@ -256,9 +256,33 @@ void Simulator::truncate(SimState& st, double t) const {
   st.iv.resize(w);
 }
 
-void Simulator::setGroupFinish(const SimState& st, int j, TensorTiming* timings) {
-  if (st.groupOption < 0) return;
-  for (int k = st.groupFirst; k < j; ++k) timings[k].finish = timings[j].finish;
+void Simulator::setBatchFinish(const SimState& st, int j, const std::vector<int>& choice,
+                               TensorTiming* timings) const {
+  if (st.pending.empty()) return;
+  for (int k = st.batchFirst; k <= j; ++k)
+    if (fusible_[choice[k]]) timings[k].finish = st.maxFinish;
+}
+
+double Simulator::schedulePending(SimState& st, int j, std::vector<TraceEvent>* trace) {
+  truncate(st, st.pendingStart);
+  if (trace)
+    std::erase_if(*trace, [&](const TraceEvent& e) {
+      return e.lane >= 0 && e.tensor >= st.batchFirst && e.start >= st.pendingStart;
+    });
+  double t = st.pendingStart;
+  std::string label;
+  for (const SimState::Pending& p : st.pending) {
+    for (const SimState::Chunk& c : p.chunks) {
+      if (trace)
+        label = c.count > 1 ? fmt::format("fused{}:{}..{}", c.count, profile_.tensors[c.first].name,
+                                          profile_.tensors[c.last].name)
+                            : profile_.tensors[c.last].name;
+      t = scheduleOps(st, compiledFused(c.elements, p.dtype, p.option), c.last, t, trace,
+                      trace ? &label : nullptr);
+    }
+  }
+  (void)j;
+  return t;
 }
 
 double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>* trace,
@@ -275,45 +299,49 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
   if (fusion()) {
     // Executor::runBatch as bench model calls it: a batch is every tensor
     // ready when the executor becomes free (or, when none is, the next one
-    // when it becomes ready); inside it, equal fusible options fuse within
-    // the threshold.
+    // when it becomes ready); the workers agree on it; its lone executions
+    // run first, then its fused groups (per option, packed in order within
+    // the threshold).
     const TensorProfile& tp = profile_.tensors[j];
     const bool inBatch = st.batchStart >= 0 && b <= st.batchStart;
     if (!inBatch) {
       st.batchStart = t;
-      t += cluster_.batchAgreeUs;
-    }
-    const double bytes = double(tp.elements) * tp.dtypeBytes;
-    if (inBatch && st.groupOption == option && st.groupDtype == tp.dtypeBytes &&
-        double(st.groupElements) * st.groupDtype + bytes <= double(cluster_.fusionBytes)) {
-      // Tensor j joins the open group: the group runs once at the summed
-      // size, from where it started.
-      truncate(st, st.groupStart);
-      st.groupElements += tp.elements;
-      std::string label;
-      if (trace) {
-        std::erase_if(*trace, [&](const TraceEvent& e) {
-          return e.lane >= 0 && e.tensor >= st.groupFirst && e.tensor < j;
-        });
-        label = fmt::format("fused{}:{}..{}", j - st.groupFirst + 1,
-                            profile_.tensors[st.groupFirst].name, tp.name);
-      }
-      const CompiledOption& f = compiledFused(st.groupElements, st.groupDtype, option);
-      t = scheduleOps(st, f, j, st.groupStart, trace, trace ? &label : nullptr);
-      st.prevReady = b;
-      st.maxFinish = t;  // every tensor before the group ended by its start
-      if (timing) *timing = TensorTiming{b, t};
-      return t;
+      st.batchFirst = j;
+      st.pendingStart = t + cluster_.batchAgreeUs;
+      st.pending.clear();
     }
     if (fusible_[option]) {
-      st.groupOption = option;
-      st.groupFirst = j;
-      st.groupDtype = tp.dtypeBytes;
-      st.groupElements = tp.elements;
-      st.groupStart = t;
+      auto it = std::find_if(st.pending.begin(), st.pending.end(), [&](const SimState::Pending& p) {
+        return p.option == option && p.dtype == tp.dtypeBytes;
+      });
+      if (it == st.pending.end()) it = st.pending.insert(st.pending.end(), {option, tp.dtypeBytes, {}});
+      auto& chunks = it->chunks;
+      if (chunks.empty() ||
+          double(chunks.back().elements + tp.elements) * tp.dtypeBytes > double(cluster_.fusionBytes)) {
+        chunks.push_back({tp.elements, j, j, 1});
+      } else {
+        chunks.back().elements += tp.elements;
+        chunks.back().last = j;
+        ++chunks.back().count;
+      }
     } else {
-      st.groupOption = -1;
+      // A lone execution: after the batch's earlier lone ones, before its
+      // fused groups.
+      truncate(st, st.pendingStart);
+      if (trace)
+        std::erase_if(*trace, [&](const TraceEvent& e) {
+          return e.lane >= 0 && e.tensor >= st.batchFirst && e.tensor < j && e.start >= st.pendingStart;
+        });
+      st.pendingStart = scheduleOps(st, c, j, st.pendingStart, trace, nullptr);
     }
+    t = st.pending.empty() ? st.pendingStart : schedulePending(st, j, trace);
+    st.prevReady = b;
+    st.maxFinish = t;  // everything before the batch ended by its start, its lone runs by pendingStart
+    if (fusedCache_.size() > kFusedCacheBound) fusedCache_.clear();
+    // A lone tensor ends with its own execution; a fused one, for now, with
+    // the batch (setBatchFinish() keeps the members' up to date).
+    if (timing) *timing = TensorTiming{b, fusible_[option] ? t : st.pendingStart};
+    return t;
   }
   t = scheduleOps(st, c, j, t, trace, nullptr);
   st.prevReady = b;
@@ -402,7 +430,7 @@ double Simulator::simulate(const std::vector<int>& choice, std::vector<TensorTim
   if (timings) timings->assign(tensors(), {});
   for (int j = 0; j < tensors(); ++j) {
     step(st, j, choice[j], trace, timings ? &(*timings)[j] : nullptr);
-    if (timings) setGroupFinish(st, j, timings->data());
+    if (timings) setBatchFinish(st, j, choice, timings->data());
   }
   return st.maxFinish;
 }
@@ -430,7 +458,7 @@ void Simulator::setBase(const std::vector<int>& choice) {
   for (int j = from; j < N; ++j) {
     checkpoints_[j] = st;
     step(st, j, choice[j], nullptr, &baseTimings_[j]);
-    setGroupFinish(st, j, baseTimings_.data());
+    setBatchFinish(st, j, choice, baseTimings_.data());
   }
   checkpoints_[N] = st;
   validUpTo_ = N;
@@ -541,7 +569,7 @@ void Simulator::bringUpTo(int t) {
   for (int j = validUpTo_; j < t; ++j) {
     checkpoints_[j + 1] = checkpoints_[j];
     step(checkpoints_[j + 1], j, base_[j], nullptr, &baseTimings_[j]);
-    setGroupFinish(checkpoints_[j + 1], j, baseTimings_.data());
+    setBatchFinish(checkpoints_[j + 1], j, base_, baseTimings_.data());
   }
   if (t > validUpTo_) validUpTo_ = t;
   if (validUpTo_ == tensors()) baseTime_ = checkpoints_[tensors()].maxFinish;
@@ -790,7 +818,7 @@ std::string chromeTrace(const Simulator& sim, const std::vector<TraceEvent>& eve
   for (const TraceEvent& e : events)
     out.push_back({{"name", e.name}, {"ph", "X"}, {"pid", 1}, {"tid", e.lane + 1},
                    {"ts", e.start}, {"dur", e.dur},
-                   {"args", {{"tensor", sim.profile().tensors[e.tensor].name}}}});
+                   {"args", {{"tensor", e.label.empty() ? sim.profile().tensors[e.tensor].name : e.label}}}});
   return json{{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}}.dump();
 }
 

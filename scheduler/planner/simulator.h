@@ -43,17 +43,27 @@ struct SimState {
   double maxFinish = 0;  // latest synchronization end so far
   std::vector<Interval> iv;      // live intervals, lane by lane
   std::vector<uint32_t> begin;   // lane l is iv[begin[l], begin[l+1])
-  // Tensor fusion (Cluster::fusionBytes): when the executor's current batch
-  // was formed (the tensors ready by then are in it; -1: none yet), and the
-  // fused group still open at its end: the option (-1: none), its first
-  // tensor, summed elements and bytes, dtype, and when its execution starts.
-  // The group's operations are the last ones reserved on every lane.
+  // Tensor fusion (Cluster::fusionBytes), as Executor::runBatch runs a
+  // batch: its lone executions first, then its fused groups. When the current
+  // batch was formed (the tensors ready by then are in it; -1: none yet), its
+  // first tensor, where its fused groups start (the end of its lone
+  // executions), and the groups so far per option (chunks of summed
+  // elements, the last one open). The groups' operations are the last ones
+  // reserved on every lane.
+  struct Chunk {
+    int64_t elements = 0;
+    int first = 0, last = 0, count = 0;  // member tensors (for trace labels)
+    bool operator==(const Chunk&) const = default;
+  };
+  struct Pending {
+    int option = 0, dtype = 0;
+    std::vector<Chunk> chunks;
+    bool operator==(const Pending&) const = default;
+  };
   double batchStart = -1;
-  int groupOption = -1;
-  int groupFirst = 0;
-  int groupDtype = 0;
-  int64_t groupElements = 0;
-  double groupStart = 0;
+  int batchFirst = 0;
+  double pendingStart = 0;
+  std::vector<Pending> pending;
 };
 
 struct TraceEvent {
@@ -61,6 +71,9 @@ struct TraceEvent {
   int lane;
   int tensor;
   double start, dur;
+  // The tensor as the trace names it when not the profile's: a fused
+  // group's "fused<N>:<first>..<last>" (the name ends with it).
+  std::string label = {};
 };
 
 struct TensorTiming {
@@ -162,19 +175,12 @@ class Simulator {
   SimState initialState() const;
   // A lower bound on the iteration time of every completion of the prefix
   // that led to `st`: its latest synchronization end, but with tensor fusion
-  // only the ends of the tensors outside the open group (a later tensor that
-  // joins the group changes the group's end).
+  // only the end of the batch's lone executions while it has fused groups (a
+  // later tensor of the batch may grow a group or run before them).
   double settledFinish(const SimState& st) const {
-    return st.groupOption >= 0 ? std::min(st.maxFinish, st.groupStart) : st.maxFinish;
+    return st.pending.empty() ? st.maxFinish : std::min(st.maxFinish, st.pendingStart);
   }
   bool fusion() const { return cluster_.oneTensorAtATime && cluster_.fusionBytes > 0; }
-  // The members of the group that tensor `j` closed or joined in `st` (the
-  // state after step(j)): [first, j]; first == j when it runs alone. With
-  // fusion a member's finish is the group's end: simulate() and the base's
-  // timings set every member's.
-  int groupFirstOf(const SimState& st, int j) const {
-    return st.groupOption >= 0 ? st.groupFirst : j;
-  }
   double step(SimState& st, int tensor, int option, std::vector<TraceEvent>* trace = nullptr,
               TensorTiming* timing = nullptr);
 
@@ -213,9 +219,16 @@ class Simulator {
   const CompiledOption& compiledFused(int64_t elements, int dtype, int option);
   // Drops every reservation at or after `t` (the open group's).
   void truncate(SimState& st, double t) const;
-  static void setGroupFinish(const SimState& st, int j, TensorTiming* timings);
+  // With fusion: the finish of every fused member of the current batch so
+  // far is the batch's end so far (an upper bound: groups run one after the
+  // other at the batch's end).
+  void setBatchFinish(const SimState& st, int j, const std::vector<int>& choice,
+                      TensorTiming* timings) const;
+  // Re-reserves the batch's fused groups from st.pendingStart; returns their end.
+  double schedulePending(SimState& st, int j, std::vector<TraceEvent>* trace);
   std::vector<char> fusible_;  // by option
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<CompiledOption>> fusedCache_;
+  static constexpr size_t kFusedCacheBound = 100000;  // fused sizes differ with every choice
 
   Cluster cluster_;
   ResolvedCodec codec_;

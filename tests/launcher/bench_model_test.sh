@@ -25,6 +25,20 @@ for s in none gpu cpu plan; do
   check "strategy $s has the overlapped simulation" "echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
 done
 check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line"
+# Tensor fusion is on by default (64 MiB): gradients 0 and 1 of the profile
+# are ready together, so they share a batch (fewer batches than tensors).
+line=$(echo "$out" | grep '"strategy":"plan"')
+check "fusion on by default" "echo \"\$line\" | grep -q '\"fusion_bytes\":67108864' && echo \"\$line\" | grep -Eq '\"batches_per_iteration\":[1-6](\.|,)'" "$line"
+# Off: one batch per gradient, every result still exact.
+out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_FUSION_BYTES=0 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- \
+  "$cortado" bench model --profile "$profile" --codec fp16 --strategies none,plan --iterations 2 --warmup 0 --json 2>&1)
+rc=$?
+echo "$out"
+check "fusion-off run exits 0" "[ $rc = 0 ]" "rc=$rc"
+for s in none plan; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "fusion off: $s exact, one batch per tensor" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -q '\"fusion_bytes\":0' && echo \"\$line\" | grep -q '\"batches_per_iteration\":7'" "$line"
+done
 
 # replan too: a tensor that is lossy before a switch gets the retired
 # residuals folded into the switch iteration's input (not checked there),

@@ -51,7 +51,9 @@
 //                  the tree (uncompressed, collectives only) three tensors
 //                  in a row (sizes --elements, --elements + 5, 1), then a
 //                  tensor that must run alone (push/pull, or compressed with
-//                  --codec fp16), all in one batch per iteration, under four
+//                  --codec fp16) or, every third, one on the first triple's
+//                  option (fused with it from afar), all in one batch per
+//                  iteration, under four
 //                  thresholds: the default (each triple one execution), 0
 //                  (off), one byte less than the first tensor (every tensor
 //                  alone) and exactly the first two (pairs). Every result is
@@ -548,10 +550,13 @@ int runCheck(int argc, char** argv) {
         p.tensors[t.name] = options[fusible[k]];
         ts.push_back(t);
       }
-      // Between two groups a tensor that runs alone: push/pull or compressed.
+      // Between two groups a tensor that runs alone (push/pull or compressed),
+      // or every third one on the first group's option, which fuses with that
+      // group although it is not its neighbour.
       T t{fmt::format("s{}", k), n + 2, ts.size()};
-      p.tensors[t.name] = k % 2 == 0 ? executor::defaultOption()
-                                     : options[compressed[(k * 7) % compressed.size()]];
+      p.tensors[t.name] = k % 3 == 2   ? options[fusible[0]]
+                          : k % 2 == 0 ? executor::defaultOption()
+                                       : options[compressed[(k * 7) % compressed.size()]];
       ts.push_back(t);
     }
     for (const T& t : ts) ex.declare(t.name, DType::kFloat32, t.len);
