@@ -981,10 +981,10 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
 }
 
 // One execution of the group's option on the concatenation of its members'
-// inputs (members: indices into the batch, in order)
-// (each with the residual a plan switch folded into it), the results
-// scattered to the outputs. Collectives sum element by element, so every
-// element gets what running its tensor alone gives it.
+// inputs (members: indices into the batch, in order; each input with the
+// residual a plan switch folded into it), the results scattered to the
+// outputs. Collectives sum element by element, so every element gets what
+// running its tensor alone gives it.
 void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState* const> all,
                         const std::vector<size_t>& members, ReduceOp op, Deadline deadline) {
   std::vector<TensorState*> states;

@@ -136,9 +136,11 @@ class Executor {
   // groups whose summed bytes stay within fusionBytes(). Order: the items
   // that run alone first (in order), then the groups, option by option in
   // the order of each option's first item. Results equal running each item
-  // alone (exact for integer-valued data). Every worker calls it with the same items in the same order
-  // (collective, like run()). Every item is checked (declared, element
-  // count, buffers) before anything runs; an error names the item.
+  // alone (exact for integer-valued data). Every worker calls it with the
+  // same items in the same order (collective, like run()). An item's input
+  // may alias its own output, not another item's buffers. Every item is
+  // checked (declared, element count, buffers) before anything runs; an
+  // error names the item.
   void runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
   // The fusion threshold in bytes (JobConfig::fusionBytes, CORTADO_FUSION_BYTES;
   // default kDefaultFusionBytes); 0: no fusion, runBatch() runs item by item.
