@@ -388,28 +388,40 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   auto evict = [&] {
     for (size_t i = 0; i < flush.size(); i += 64) flush[i] = char(flush[i] + 1);
   };
-  std::vector<std::byte> payload;
   uint64_t key = 0;
-  std::vector<double> enc, dec;
-  const int reps = 5;
-  for (uint64_t n : sizes) {
-    compressor::ErrorFeedback ef(codec);  // a fresh residual per size, as per tensor
-    payload.resize(ef.payloadBytes(n));
-    auto encodeOnce = [&] {
-      compressor::EncodeContext ctx;
-      ctx.seed = ++key;
-      ef.encode(n, x.data(), n, payload, ctx);
-    };
-    encodeOnce();
-    for (int r = 0; r < reps; ++r) {
+  // Passes over every size, not the repetitions of one size back to back: a
+  // worker descheduled for a few ms (8 processes on 2 cores) then costs one
+  // call of several sizes, which each size's median drops, instead of every
+  // call of one size (one such run had 65536 elements at 3864 us and 262144
+  // at 424 us, and the curve, kept non-decreasing, carried the spike up).
+  const int reps = 7;
+  std::vector<std::unique_ptr<compressor::ErrorFeedback>> efs;  // a residual per size, as per tensor
+  std::vector<std::vector<std::byte>> payloads(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec));
+    payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
+  }
+  std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps);
+  for (int r = -1; r < reps; ++r) {  // pass -1: untimed first touches
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const uint64_t n = sizes[i];
+      auto encodeOnce = [&] {
+        compressor::EncodeContext ctx;
+        ctx.seed = ++key;
+        efs[i]->encode(n, x.data(), n, payloads[i], ctx);
+      };
+      auto decodeOnce = [&] { codec->decompressAdd(payloads[i], sum.data(), n); };
+      if (r < 0) {
+        encodeOnce();
+        decodeOnce();
+        continue;
+      }
       evict();
       world.barrier();
-      enc.push_back(medianSeconds(1, encodeOnce));
-    }
-    for (int r = 0; r < reps; ++r) {
+      enc[i * reps + size_t(r)] = medianSeconds(1, encodeOnce);
       evict();
       world.barrier();
-      dec.push_back(medianSeconds(1, [&] { codec->decompressAdd(payload, sum.data(), n); }));
+      dec[i * reps + size_t(r)] = medianSeconds(1, decodeOnce);
     }
   }
   auto medians = [&](const std::vector<double>& v) {
