@@ -221,6 +221,7 @@ struct Executor::Profiler {
   struct Acc {
     uint64_t calls = 0;
     double us = 0;
+    double maxUs = 0;  // the slowest call (codecs)
   };
   uint64_t firstIteration = 0;
   bool active = false;  // inside a window (past the warm-up)
@@ -229,7 +230,8 @@ struct Executor::Profiler {
   std::set<std::string> readyThisIter;
   std::map<std::string, std::pair<uint64_t, Acc>> ready;  // tensor -> (elements, acc)
   std::map<std::tuple<std::string, bool, uint64_t>, Acc> codecs;  // (spec, encode, elements)
-  std::map<std::tuple<int, int, bool, int, uint64_t>, Acc> comms;  // (op, scope, compr, group, bytes)
+  // (op, scope, compressed, group, bytes; push: chunks, elements, pull compressed)
+  std::map<std::tuple<int, int, bool, int, uint64_t, uint64_t, uint64_t, bool>, Acc> comms;
 
   static double since(Clock::time_point t0) {
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
@@ -238,9 +240,11 @@ struct Executor::Profiler {
     Acc& a = codecs[{spec, encode, elements}];
     ++a.calls;
     a.us += us;
+    a.maxUs = std::max(a.maxUs, us);
   }
-  void comm(plan::CommOp op, plan::Scope scope, bool compressed, int group, uint64_t bytes, double us) {
-    Acc& a = comms[{int(op), int(scope), compressed, group, bytes}];
+  void comm(plan::CommOp op, plan::Scope scope, bool compressed, int group, uint64_t bytes,
+            uint64_t chunks, uint64_t elements, bool pullCompressed, double us) {
+    Acc& a = comms[{int(op), int(scope), compressed, group, bytes, chunks, elements, pullCompressed}];
     ++a.calls;
     a.us += us;
   }
@@ -548,7 +552,7 @@ class Run {
     using Clock = Executor::Profiler::Clock;
     const bool active = active_;
     const size_t first = step_;
-    uint64_t elements = r_.len, bytes = 0;
+    uint64_t elements = r_.len, bytes = 0, chunks = 0;
     int gsize = 1;
     if (s.kind == StepKind::kDecode) {
       elements = 0;
@@ -557,7 +561,10 @@ class Run {
     if (s.kind == StepKind::kComm) {
       bytes = bytesHeld(s.compressed);
       gsize = group(s.scope).size();
-      if (s.op == CommOp::kPush) bytes *= std::max<size_t>(1, t_.shardKeys.size());
+      if (s.op == CommOp::kPush) {
+        bytes *= std::max<size_t>(1, t_.shardKeys.size());
+        for (const auto& c : t_.shardChunks) chunks += c.size();
+      }
     }
     const auto t0 = Clock::now();
     runStep(s);
@@ -568,9 +575,10 @@ class Run {
     } else if (s.kind == StepKind::kDecode) {
       prof_->codec(t_.codecSpec, false, elements, us);
     } else {
-      prof_->comm(s.op, s.scope, s.compressed, gsize, bytes, us);
+      const bool push = s.op == CommOp::kPush;
+      prof_->comm(s.op, s.scope, s.compressed, gsize, bytes, chunks, push ? uint64_t(r_.len) : 0,
+                  push && t_.option.steps.at(first + 1).compressed, us);
     }
-    (void)first;
   }
 
   Group group(Scope s) const {
@@ -1060,13 +1068,23 @@ void Executor::closeWindow(Deadline deadline) {
   r.window = windowIndex_++;
   r.firstIteration = pr.firstIteration;
   r.endIteration = iteration_;
-  for (const auto& [name, e] : pr.ready)
-    r.ready.push_back({name, e.first, e.second.us / double(std::max<uint64_t>(1, e.second.calls))});
+  r.hostMemory = true;  // this executor's buffers; "gpu" codec steps run the CPU codec
+  for (const auto& [name, e] : pr.ready) {
+    plan::ReadyTime t{name, e.first, e.second.us / double(std::max<uint64_t>(1, e.second.calls))};
+    // The plan it runs, each distinct option once.
+    if (auto it = tensors_.find(name); it != tensors_.end() && !it->second->option.steps.empty()) {
+      auto o = std::find(r.options.begin(), r.options.end(), it->second->option);
+      t.option = int(o - r.options.begin());
+      if (o == r.options.end()) r.options.push_back(it->second->option);
+    }
+    r.ready.push_back(std::move(t));
+  }
   for (const auto& [k, a] : pr.codecs)
-    r.codecs.push_back({std::get<0>(k), plan::Device::kCpu, std::get<1>(k), std::get<2>(k), a.calls, a.us});
+    r.codecs.push_back({std::get<0>(k), plan::Device::kCpu, std::get<1>(k), std::get<2>(k), a.calls, a.us, a.maxUs});
   for (const auto& [k, a] : pr.comms)
     r.comms.push_back({plan::CommOp(std::get<0>(k)), plan::Scope(std::get<1>(k)), std::get<2>(k),
-                       std::get<3>(k), std::get<4>(k), a.calls, a.us});
+                       std::get<3>(k), std::get<4>(k), std::get<5>(k), std::get<6>(k), std::get<7>(k),
+                       a.calls, a.us});
   lastReport_ = r;
   if (online_.exchange) {
     const uint64_t at = worker_.controlClient().sendProfile(plan::toJsonString(r), deadline);

@@ -25,6 +25,7 @@ scheduler::Replanner replannerFor(const JobConfig& job) {
   ro.threshold = job.replanThreshold;
   ro.minGain = job.replanMinGain;
   ro.cpuCores = int(std::max(1u, std::thread::hardware_concurrency()));
+  ro.chunkBytes = double(job.partitionBytes);
   try {
     return scheduler::makeReplanner(ro);
   } catch (const Error& e) {

@@ -3,12 +3,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
 
 #include "core/common/error.h"
 #include "core/common/logging.h"
+#include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/report.h"
 #include "scheduler/planner/simulator.h"
@@ -47,6 +49,101 @@ std::optional<planner::AlphaBeta> solve(const std::vector<Point>& pts) {
   ab.alphaUs = alpha;
   ab.gbps = 8.0 / (beta * 1000.0);  // beta in us per byte
   return ab;
+}
+
+// Weighted isotonic regression (pool adjacent violators): the non-decreasing
+// times closest to the measured ones, each size weighted by its calls. A
+// curve that keeps the running maximum instead takes one slow size (a few
+// calls that waited for a descheduled worker: 2.5 ms among 0.5-0.7 ms
+// neighbours in a traced window) as the floor for every larger size.
+planner::MeasuredCurve monotone(const std::vector<std::array<double, 3>>& xyw, int p) {
+  struct Block {
+    double x0, y, w;
+    size_t n;
+  };
+  std::vector<Block> b;
+  for (const auto& [x, y, w] : xyw) {
+    b.push_back({x, y, std::max(w, 1e-12), 1});
+    while (b.size() > 1 && b[b.size() - 2].y > b.back().y) {
+      Block top = b.back();
+      b.pop_back();
+      Block& prev = b.back();
+      prev.y = (prev.y * prev.w + top.y * top.w) / (prev.w + top.w);
+      prev.w += top.w;
+      prev.n += top.n;
+    }
+  }
+  planner::MeasuredCurve c;
+  c.p = p;
+  size_t i = 0;
+  for (const Block& k : b)
+    for (size_t j = 0; j < k.n; ++j, ++i) c.add(xyw[i][0], k.y);
+  return c;
+}
+
+// A communication entry as a point of its curve: (group size, bytes as
+// commTimeUs takes them, us per call). A push is the round trip: half of it
+// is the push, at the machine's bytes times the chunks' spread over the
+// servers (planner::Cluster::oneTensorAtATime).
+struct CurvePoint {
+  int p;
+  double bytes, us;
+};
+CurvePoint curvePoint(const plan::ProfileReport& r, const plan::CommTiming& c) {
+  CurvePoint x{c.groupSize, double(c.bytes), c.totalUs / double(c.calls)};
+  if (c.op == CommOp::kPush) {
+    x.p = r.machines;
+    x.us /= 2;
+    const double m = double(r.machines);
+    if (c.chunks > 0) x.bytes *= m * std::ceil(double(c.chunks) / m) / double(c.chunks);
+  }
+  return x;
+}
+
+bool usable(const plan::CommTiming& c) {
+  return c.calls > 0 && c.totalUs > 0 && std::isfinite(c.totalUs) && c.bytes > 0;
+}
+
+// Each communication step of option `o` for a tensor of `elements`: its
+// link, operation, group size and bytes as commTimeUs takes them (the option
+// compiled on unit links, no latency and 1 us per byte, each step's time
+// divided by its formula's time for one byte).
+struct StepSize {
+  bool intra;
+  CommOp op;
+  bool compressed;
+  int p;
+  double bytes;
+};
+std::vector<StepSize> stepSizes(const planner::Cluster& cl, const planner::ResolvedCodec& codec,
+                                int64_t elements, const plan::TensorOption& o) {
+  planner::LinkCost unit;
+  unit.base = {0.0, 8.0 / 1000.0};
+  planner::Cluster u = cl;
+  u.intra = u.inter = unit;
+  std::vector<StepSize> out;
+  for (const planner::SimOp& op : planner::compileOption(u, codec, elements, 4, o).ops) {
+    if (op.kind != planner::OpKind::kComm) continue;
+    const int p = op.scope == Scope::kFlat    ? cl.machines * cl.gpusPerMachine
+                  : op.scope == Scope::kInter ? cl.machines
+                                              : cl.gpusPerMachine;
+    const double perByte = planner::commTimeUs(unit, op.comm, p, 1.0);
+    if (perByte > 0) out.push_back({op.res == planner::Res::kIntra, op.comm, op.compressed, p, op.us / perByte});
+  }
+  return out;
+}
+
+// The measured curve commTimeUs uses for a step, if any.
+const planner::MeasuredCurve* curveFor(const planner::LinkCost& l, const StepSize& st) {
+  auto find = [&](const std::map<CommOp, planner::MeasuredCurve>& m) -> const planner::MeasuredCurve* {
+    auto it = m.find(st.op);
+    return it != m.end() && it->second.p == st.p && !it->second.points.empty() ? &it->second : nullptr;
+  };
+  if (st.compressed) {
+    if (const auto* c = find(l.curvesCompressed)) return c;
+    if (l.perOpCompressed.count(st.op)) return nullptr;
+  }
+  return find(l.curves);
 }
 
 }  // namespace
@@ -104,29 +201,136 @@ LinkFit OnlineReplanner::fitLink(const std::vector<plan::ProfileReport>& reports
 }
 
 std::vector<CodecFit> OnlineReplanner::fitCodecs(const std::vector<plan::ProfileReport>& reports) {
-  std::map<std::pair<std::string, bool>, std::vector<Point>> byCodec;
+  // Per (spec, direction, elements): each worker's mean call without its
+  // slowest one (a worker descheduled for a time slice in one call of
+  // hundreds; the collective after it waits for that worker and has the
+  // stall in its own time already), then the median over the workers.
+  struct Size {
+    std::vector<double> perWorker;
+    uint64_t calls = 0;
+  };
+  std::map<std::pair<std::string, bool>, std::map<uint64_t, Size>> bySpec;
   for (const auto& r : reports)
     for (const auto& c : r.codecs) {
       if (c.device != plan::Device::kCpu || c.elements == 0 || c.calls == 0 || !(c.totalUs > 0) ||
           !std::isfinite(c.totalUs))
         continue;
-      const double us = c.totalUs / double(c.calls);
-      byCodec[{c.codec, c.encode}].push_back({1.0, double(c.elements), us, double(c.calls) / (us * us)});
+      const double us = c.calls >= 3 && c.maxUs > 0 && c.maxUs <= c.totalUs
+                            ? (c.totalUs - c.maxUs) / double(c.calls - 1)
+                            : c.totalUs / double(c.calls);
+      if (!(us > 0)) continue;
+      Size& x = bySpec[{c.codec, c.encode}][c.elements];
+      x.perWorker.push_back(us);
+      x.calls += c.calls;
     }
   std::vector<CodecFit> out;
-  for (const auto& [k, pts] : byCodec) {
-    // solve() reads its b coefficient as bytes; here it is elements.
-    auto ab = solve(pts);
-    if (!ab) continue;
+  for (auto& [k, sizes] : bySpec) {
     CodecFit f;
     f.codec = k.first;
     f.encode = k.second;
+    std::vector<Point> pts;
+    std::vector<std::array<double, 3>> xyw;
+    for (auto& [elements, x] : sizes) {
+      std::sort(x.perWorker.begin(), x.perWorker.end());
+      const size_t n = x.perWorker.size();
+      const double med = n % 2 ? x.perWorker[n / 2] : (x.perWorker[n / 2 - 1] + x.perWorker[n / 2]) / 2;
+      xyw.push_back({double(elements), med, double(x.calls)});
+      pts.push_back({1.0, double(elements), med, double(x.calls) / (med * med)});
+    }
+    f.curve = monotone(xyw, 0);
+    // solve() reads its b coefficient as bytes; here it is elements.
+    auto ab = solve(pts);
+    if (!ab) continue;
     f.cost.fixedUs = ab->alphaUs;
     f.cost.nsPerElement = ab->betaUsPerByte() * 1000.0;
     f.points = int(pts.size());
     out.push_back(std::move(f));
   }
   return out;
+}
+
+double OnlineReplanner::serverUs(const plan::CommTiming& c, const planner::Cluster& cl,
+                                 const planner::ResolvedCodec& codec) {
+  if (c.op != CommOp::kPush || c.elements == 0) return 0;
+  plan::TensorOption o;
+  o.hierarchical = true;
+  if (c.compressed || c.pullCompressed) o.codec = codec.spec;
+  if (c.compressed) o.steps.push_back(plan::Step::encode(plan::Device::kCpu));
+  o.steps.push_back(plan::Step::comm(Scope::kInter, CommOp::kPush, c.compressed));
+  o.steps.push_back(plan::Step::comm(Scope::kInter, CommOp::kPull, c.pullCompressed));
+  if (c.pullCompressed) o.steps.push_back(plan::Step::decode(plan::Device::kCpu));
+  // Every worker of the machine that pushed its own shard key.
+  planner::Cluster z = cl;
+  const double perKey = std::max(1.0, std::ceil(double(c.elements) * 4 / cl.chunkBytes));
+  z.gpusPerMachine = std::max(1, int(std::lround(double(std::max<uint64_t>(1, c.chunks)) / perKey)));
+  double us = 0;
+  for (const planner::SimOp& op : planner::compileOption(z, codec, int64_t(c.elements), 4, o).ops)
+    if (op.kind == planner::OpKind::kServer)
+      us += op.us * std::ceil(double(op.tasks) / double(std::max(1, z.cpuCores)));
+  return us;
+}
+
+int OnlineReplanner::measuredCurves(const std::vector<plan::ProfileReport>& reports, bool intra,
+                                    planner::LinkCost& link, const planner::Cluster* cl,
+                                    const planner::ResolvedCodec* codec) {
+  // (op, compressed) -> group size -> bytes as commTimeUs takes them -> (calls, us)
+  std::map<std::pair<CommOp, bool>, std::map<int, std::map<double, std::pair<double, double>>>> acc;
+  for (const auto& r : reports)
+    for (const auto& c : r.comms) {
+      if ((c.scope == Scope::kIntra) != intra || !usable(c)) continue;
+      CurvePoint x = curvePoint(r, c);
+      if (c.op == CommOp::kPush) {
+        // Half the round trip is the push, half the pull: only when both
+        // carry the same kind of data. The servers' work inside it (sum;
+        // decode and re-encode of payloads) is the simulator's own to add:
+        // taken out as the simulator models it, or the entry is left out.
+        if (c.compressed != c.pullCompressed) continue;
+        if (c.compressed && !(cl && codec)) continue;
+        if (cl && codec) x.us = std::max(0.1 * x.us, x.us - serverUs(c, *cl, *codec) / 2);
+      }
+      if (x.p <= 1) continue;
+      auto& [calls, total] = acc[{c.op, c.compressed}][x.p][x.bytes];
+      calls += double(c.calls);
+      total += x.us * double(c.calls);
+    }
+  link.curves.clear();
+  link.curvesCompressed.clear();
+  int n = 0;
+  for (const auto& [key, byGroup] : acc) {
+    // One curve per operation: the group size with the most calls (flat and
+    // inter steps share the inter link and differ in size on hierarchies).
+    const std::map<double, std::pair<double, double>>* best = nullptr;
+    int bestP = 0;
+    double bestCalls = -1;
+    for (const auto& [p, sizes] : byGroup) {
+      double calls = 0;
+      for (const auto& [b, x] : sizes) calls += x.first;
+      if (calls > bestCalls) best = &sizes, bestP = p, bestCalls = calls;
+    }
+    std::vector<std::array<double, 3>> xyw;
+    for (const auto& [bytes, x] : *best) xyw.push_back({bytes, x.second / x.first, x.first});
+    const planner::MeasuredCurve c = monotone(xyw, bestP);
+    const auto [op, compressed] = key;
+    auto& curves = compressed ? link.curvesCompressed : link.curves;
+    curves[op] = c;
+    if (op == CommOp::kPush) curves[CommOp::kPull] = c;
+    ++n;
+  }
+  return n;
+}
+
+std::optional<plan::Plan> OnlineReplanner::runningPlan(const std::vector<plan::ProfileReport>& reports) {
+  const plan::ProfileReport* with = nullptr;
+  for (const auto& r : reports)
+    if (!r.options.empty() && (!with || r.rank < with->rank)) with = &r;
+  if (!with) return std::nullopt;
+  plan::Plan p;
+  p.version = with->planVersion;
+  for (const auto& t : with->ready) {
+    if (t.option < 0 || size_t(t.option) >= with->options.size()) return std::nullopt;
+    p.tensors[t.tensor] = with->options[size_t(t.option)];
+  }
+  return p;
 }
 
 std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
@@ -156,7 +360,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   LinkFit intra = fitLink(reports, true, hw_.link(opts_.intra));
   LinkFit inter = fitLink(reports, false, hw_.link(opts_.inter));
   const double nowInter = inter.link.base.gbps, nowIntra = intra.link.base.gbps;
-  if (version_ > 0) {
+  if (decided_) {
     auto moved = [&](const LinkFit& f, double now, double was) {
       return f.points > 0 && was > 0 && std::abs(now / was - 1.0) > opts_.threshold;
     };
@@ -176,12 +380,16 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   } else {
     reason_ = fmt::format("window {}: first complete profile", r0.window);
   }
+  bool hostMemory = true;
+  for (const auto& r : reports) hostMemory = hostMemory && r.hostMemory;
 
-  // Codec costs measured on the workers' CPUs.
+  // Codec costs measured on the workers' CPUs (with host buffers, what a
+  // "gpu" step runs too: below).
   planner::CodecModel codecs = codecs_;
+  const std::vector<CodecFit> codecFits = fitCodecs(reports);
   {
     nlohmann::json entries = nlohmann::json::array();
-    for (const CodecFit& f : fitCodecs(reports)) {
+    for (const CodecFit& f : codecFits) {
       // applyMeasured's format: seconds = alpha + beta * input bytes (float32).
       entries.push_back({{"codec", f.codec}, {"device", "cpu"},
                          {"op", f.encode ? "encode" : "decompress_add"},
@@ -195,6 +403,17 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
         CORTADO_LOG_WARN("[replan] measured codec costs not used: {}", e.what());
       }
     }
+  }
+  planner::ResolvedCodec codec = codecs.resolve(opts_.codec);
+  for (const CodecFit& f : codecFits)
+    if (f.codec == codec.spec || f.codec == opts_.codec)
+      (f.encode ? codec.encodeCurve : codec.decodeCurve)[int(plan::Device::kCpu)] = f.curve;
+  if (hostMemory) {  // a "gpu" step runs the CPU codec, measured or not
+    const int c = int(plan::Device::kCpu), g = int(plan::Device::kGpu);
+    codec.cost.encode[g] = codec.cost.encode[c];
+    codec.cost.decode[g] = codec.cost.decode[c];
+    codec.encodeCurve[g] = codec.encodeCurve[c];
+    codec.decodeCurve[g] = codec.decodeCurve[c];
   }
 
   // The profile: mean ready time per tensor over the workers.
@@ -239,9 +458,22 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   cl.inter = inter.link;
   cl.d2h = hw_.d2h;
   cl.h2d = hw_.h2d;
-  cl.cpuCores = opts_.cpuCores;
+  if (hostMemory) cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};  // nothing is copied
+  // Each worker runs its codec calls on its own thread (Executor::run).
+  cl.cpuCores = std::max(1, std::min(opts_.cpuCores, r0.localSize));
   cl.cpuSumGbps = hw_.cpuSumGbps;
   cl.parameterServer = true;
+  cl.chunkBytes = opts_.chunkBytes;
+  cl.oneTensorAtATime = true;  // Executor::run: one tensor at a time
+  // The measured curves at the model's own sizes, over the alpha-beta lines
+  // (compressed round trips only when the workers compress with this codec:
+  // the servers' work in them is costed with it).
+  bool sameCodec = true;
+  for (const auto& r : reports)
+    for (const auto& o : r.options)
+      if (o.compressed() && o.codec != codec.spec && o.codec != opts_.codec) sameCodec = false;
+  const int interCurves = measuredCurves(reports, false, cl.inter, sameCodec ? &cl : nullptr, &codec);
+  const int intraCurves = measuredCurves(reports, true, cl.intra, sameCodec ? &cl : nullptr, &codec);
   std::vector<plan::TensorOption> options = planner::plannerOptions(cl, opts_.codec);
   bool collectives = true;
   for (const auto& r : reports) collectives = collectives && r.collectives;
@@ -254,38 +486,95 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
       return false;
     });
   }
-  planner::Simulator sim(cl, codecs.resolve(opts_.codec), prof, options);
-  planner::Planner pl(sim);
-  planner::Strategy s = pl.decide();
-  // The plan the workers run, under the same refitted costs: a new plan must
-  // beat it by minGain (a plan with an option this job's workers cannot run
-  // any more, or a tensor it does not name, is always replaced).
-  if (current_) {
-    std::vector<int> cur(size_t(sim.tensors()), -1);
-    bool comparable = true;
-    for (int j = 0; j < sim.tensors() && comparable; ++j) {
-      auto it = current_->tensors.find(sim.profile().tensors[size_t(j)].name);
-      if (it == current_->tensors.end()) {
-        comparable = false;
+  // The plan the workers run (from the reports; else the last one handed
+  // out), under the same refitted costs: a new plan must beat it by minGain.
+  // Its options join the search (the workers run them). A plan that names a
+  // tensor the window did not, or compresses with another codec, cannot be
+  // simulated here and is always replaced.
+  std::optional<plan::Plan> running = runningPlan(reports);
+  if (!running && current_) running = current_;
+  std::vector<int> cur;
+  if (running) {
+    for (const auto& t : prof.tensors) {
+      auto it = running->tensors.find(t.name);
+      if (it == running->tensors.end() ||
+          (it->second.compressed() && it->second.codec != codec.spec && it->second.codec != opts_.codec)) {
+        cur.clear();
         break;
       }
       auto o = std::find(options.begin(), options.end(), it->second);
-      if (o == options.end()) comparable = false;
-      else cur[size_t(j)] = int(o - options.begin());
+      if (o == options.end()) o = options.insert(options.end(), it->second);
+      cur.push_back(int(o - options.begin()));
     }
-    if (comparable) {
-      const double curUs = sim.simulate(cur), newUs = sim.simulate(s.choice);
-      if (!(newUs < curUs * (1.0 - opts_.minGain))) {
-        reason_ += fmt::format("; the new plan is predicted {:.0f} us against {:.0f} us for plan "
-                               "version {}, a gain under CORTADO_REPLAN_MIN_GAIN {:.0f}%: the plan "
-                               "stays",
-                               newUs, curUs, current_->version, opts_.minGain * 100);
-        CORTADO_LOG_INFO("[replan] {}", reason_);
-        plannedInter_ = nowInter;  // the current plan is what these rates call for
-        plannedIntra_ = nowIntra;
-        return std::nullopt;
+  }
+  planner::Simulator sim(cl, codec, prof, options);
+  planner::Planner pl(sim);
+  planner::Strategy s = pl.decide();
+  // Moves only onto what was measured: a tensor whose new option sends a
+  // message larger than the largest one the window measured for that
+  // operation (or, for one without a curve, on that link) keeps its option. Beyond it the curves and lines are extrapolations, and
+  // a shaped link's bucket lets the small messages of a compressed plan pass
+  // at the wire's speed: nothing in such a window shows the rate that large
+  // raw tensors would get (a first plan from one ran 2x slower than the
+  // offline plan on the emulated hosts).
+  int kept = 0;
+  if (!cur.empty()) {
+    double largest[2] = {0, 0};  // [intra]
+    for (const auto& r : reports)
+      for (const auto& c : r.comms)
+        if (usable(c)) {
+          double& l = largest[c.scope == Scope::kIntra];
+          l = std::max(l, curvePoint(r, c).bytes);
+        }
+    for (int j = 0; j < sim.tensors(); ++j) {
+      if (s.choice[size_t(j)] == cur[size_t(j)]) continue;
+      for (const StepSize& st :
+           stepSizes(cl, codec, prof.tensors[size_t(j)].elements, options[size_t(s.choice[size_t(j)])])) {
+        // A step priced by a curve: within its sizes (beyond, the last
+        // slope between two small sizes is no rate); by a line: within the
+        // link's measured sizes.
+        const planner::MeasuredCurve* c = curveFor(st.intra ? cl.intra : cl.inter, st);
+        const double limit = c ? c->points.back().first : largest[st.intra];
+        if (st.bytes > limit * (1 + 1e-9)) {
+          s.choice[size_t(j)] = cur[size_t(j)];
+          ++kept;
+          break;
+        }
       }
     }
+    if (kept > 0) s.iterUs = sim.simulate(s.choice);
+  }
+  if (spdlog::should_log(spdlog::level::debug)) {
+    for (const auto* l : {&cl.inter, &cl.intra})
+      for (int k = 0; k < 2; ++k)
+        for (const auto& [op, c] : k ? l->curvesCompressed : l->curves) {
+          std::string pts;
+          for (const auto& [b, us] : c.points) pts += fmt::format(" {:.0f}B:{:.0f}us", b, us);
+          CORTADO_LOG_DEBUG("[replan] {} {}{} over {}:{}", l == &cl.inter ? "inter" : "intra",
+                            plan::toString(op), k ? "*" : "", c.p, pts);
+        }
+  }
+  const bool firstDecision = !decided_;
+  decided_ = true;
+  predictedNew_ = sim.simulate(s.choice);
+  predictedRunning_ = cur.empty() ? 0 : sim.simulate(cur);
+  if (!cur.empty()) {
+    const double curUs = predictedRunning_, newUs = predictedNew_;
+    if (!(newUs < curUs * (1.0 - opts_.minGain))) {
+      reason_ += fmt::format("; the new plan is predicted {:.0f} us against {:.0f} us for plan "
+                             "version {}{}, a gain under CORTADO_REPLAN_MIN_GAIN {:.0f}%: the plan "
+                             "stays",
+                             newUs, curUs, running->version, firstDecision ? " (the workers' first)" : "",
+                             opts_.minGain * 100);
+      CORTADO_LOG_INFO("[replan] {}", reason_);
+      plannedInter_ = nowInter;  // the current plan is what these rates call for
+      plannedIntra_ = nowIntra;
+      return std::nullopt;
+    }
+    reason_ += fmt::format("; predicted {:.0f} us against {:.0f} us for plan version {}", newUs, curUs,
+                           running->version);
+    if (kept > 0)
+      reason_ += fmt::format(" ({} tensors kept their option: larger messages than measured)", kept);
   }
   uint64_t base = 0, end = 0;
   for (const auto& r : reports) base = std::max(base, r.planVersion), end = std::max(end, r.endIteration);
@@ -302,9 +591,10 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   int compressed = 0;
   for (const auto& [n, o] : p.tensors) compressed += o.compressed();
   CORTADO_LOG_INFO("[replan] plan version {} ({}): {} of {} tensors compressed, predicted {:.0f} us, "
-                   "inter {:.3g} Gbit/s ({} points), intra {:.3g} Gbit/s ({} points); switch at {}",
+                   "inter {:.3g} Gbit/s ({} points, {} curves), intra {:.3g} Gbit/s ({} points, {} "
+                   "curves); switch at {}",
                    version_, reason_, compressed, p.tensors.size(), s.iterUs, nowInter, inter.points,
-                   nowIntra, intra.points, u.switchAt);
+                   interCurves, nowIntra, intra.points, intraCurves, u.switchAt);
   return u;
 }
 

@@ -2,24 +2,35 @@
 // from every worker's report of one profiling window it refits the cost
 // models, re-plans with the Espresso planner and hands out a versioned plan
 // with the iteration at which every worker switches.
-//  - Links: alpha-beta per operation and link (intra: intra-machine steps;
-//    inter: inter-machine and flat steps, push/pull) by weighted least squares
-//    over the measured sizes, inverting the simulator's own formulas
-//    (commTimeUs is linear in alpha and beta). The link's base is the fit over
-//    all of its operations.
-//  - Codecs: encode and decode cost per codec spec on the CPU, fixed +
-//    per-element, by least squares over element counts.
+//  - The timeline: the workers' plan executor runs one tensor at a time
+//    (planner::Cluster::oneTensorAtATime, the chunks' spread over the servers
+//    included), with host buffers (no copies; a "gpu" codec step runs the CPU
+//    codec), each worker's codec calls on its own thread.
+//  - Links: per operation and group size, the measured times at the model's
+//    own sizes become planner::MeasuredCurve's (mean over the workers' calls;
+//    a push/pull round trip, less the servers' work in it as the simulator
+//    models it, counts half as the push and half as the pull, at the
+//    machine's bytes times the chunks' spread; compressed round trips give
+//    the compressed curves). Alpha-beta per operation and link (intra:
+//    intra-machine steps; inter: inter-machine and flat steps, push/pull) by
+//    weighted least squares over the measured sizes, inverting the
+//    simulator's own formulas, stays for what was not measured and gives the
+//    link rate that the threshold rule watches.
+//  - Codecs: encode and decode per codec spec and size: per worker the mean
+//    call with the slowest one left out (one descheduled call must not
+//    dominate), the median over the workers; a curve within the measured
+//    sizes, fixed + per-element by least squares beyond them.
 //  - Ready times: the mean over workers, sorted, become the profile's
 //    backward times.
 // Fits weight each entry by calls / time^2 (relative error), so that noise
 // proportional to the time does not let the largest messages drown alpha.
-// A push/pull round trip counts half as the push and half as the pull; the
-// servers' summing inside it is counted as link time (a rate fitted from
-// push/pull alone is a little low).
-// The first complete window always plans; a later window is skipped while it
-// began before the last plan's switch iteration (one plan pending at a time),
-// and plans again only when a link's fitted rate moved by more than `threshold` (relative) from
-// the rate the current plan was made with.
+// The plan the workers run is known from the reports (each names its
+// tensors' options, ProfileReport::options): every plan, the first one
+// included, replaces it only when predicted `minGain` faster under the same
+// refitted costs. After the first decision a window is skipped while it
+// began before the last plan's switch iteration (one plan pending at a
+// time), and plans again only when a link's fitted rate moved by more than
+// `threshold` (relative) from the rate the current plan was chosen with.
 #pragma once
 
 #include <memory>
@@ -45,7 +56,8 @@ struct ReplanOptions {
   double minGain = 0.05;
   std::string intra = "pcie";   // hardware.json links used until measured
   std::string inter = "10gbit";
-  int cpuCores = 8;
+  int cpuCores = 8;             // at most; the executor runs a worker's codec calls on one thread
+  double chunkBytes = 4 << 20;  // the workers' partition size (CORTADO_PARTITION_BYTES)
   std::string dataDir;          // planner data (empty: built-in)
 };
 
@@ -62,6 +74,7 @@ struct CodecFit {
   std::string codec;  // canonical spec as the workers report it
   bool encode = true;
   planner::LinearCost cost;  // fixedUs + nsPerElement * elements
+  planner::MeasuredCurve curve;  // per measured size (elements -> us), robust
   int points = 0;
 };
 
@@ -75,19 +88,42 @@ class OnlineReplanner {
   static LinkFit fitLink(const std::vector<plan::ProfileReport>& reports, bool intra,
                          const planner::LinkCost& prior);
   static std::vector<CodecFit> fitCodecs(const std::vector<plan::ProfileReport>& reports);
+  // Fills link.curves / curvesCompressed from the window's communication
+  // entries on the intra or the inter link (see above); returns how many
+  // curves. `chunks` of a push give the spread (planner::Cluster::oneTensorAtATime).
+  // With `cl` and `codec`, push/pull round trips count without the servers'
+  // work in them as the simulator models it (serverUs), compressed ones
+  // included; without, raw ones only and whole.
+  static int measuredCurves(const std::vector<plan::ProfileReport>& reports, bool intra,
+                            planner::LinkCost& link, const planner::Cluster* cl = nullptr,
+                            const planner::ResolvedCodec* codec = nullptr);
+  // The servers' work inside a push entry's round trip (decode, sum,
+  // re-encode), as the simulator charges it for one tensor alone.
+  static double serverUs(const plan::CommTiming& c, const planner::Cluster& cl,
+                         const planner::ResolvedCodec& codec);
+  // The plan the workers ran at the window's end, from the reports' options
+  // (nullopt when a report names no option for some tensor).
+  static std::optional<plan::Plan> runningPlan(const std::vector<plan::ProfileReport>& reports);
   uint64_t version() const { return version_; }
   double plannedInterGbps() const { return plannedInter_; }
   double plannedIntraGbps() const { return plannedIntra_; }
   const std::string& lastReason() const { return reason_; }
+  // The last decision's predictions under the refitted costs (synchronization
+  // end from the iteration's start, us): the workers' plan (0 when it could
+  // not be simulated) and the plan found.
+  double predictedRunningUs() const { return predictedRunning_; }
+  double predictedNewUs() const { return predictedNew_; }
 
  private:
   ReplanOptions opts_;
   planner::HardwareModel hw_;
   planner::CodecModel codecs_;
   uint64_t version_ = 0;
+  bool decided_ = false;   // a first decision was made (a plan handed out or the workers' kept)
   uint64_t switchAt_ = 0;  // the last plan's switch iteration
   double plannedInter_ = 0, plannedIntra_ = 0;
   std::string reason_;
+  double predictedRunning_ = 0, predictedNew_ = 0;
   std::optional<plan::Plan> current_;  // the last plan handed out
 };
 

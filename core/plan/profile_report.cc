@@ -16,22 +16,31 @@ json toJson(const ProfileReport& r) {
          {"machines", r.machines},
          {"localSize", r.localSize},
          {"collectives", r.collectives},
+         {"hostMemory", r.hostMemory},
          {"planVersion", r.planVersion},
          {"window", r.window},
          {"firstIteration", r.firstIteration},
          {"endIteration", r.endIteration}};
-  json ready = json::array(), codecs = json::array(), comms = json::array();
-  for (const auto& t : r.ready) ready.push_back({{"tensor", t.tensor}, {"elements", t.elements}, {"readyUs", t.readyUs}});
+  json ready = json::array(), codecs = json::array(), comms = json::array(), options = json::array();
+  for (const auto& t : r.ready) {
+    json e{{"tensor", t.tensor}, {"elements", t.elements}, {"readyUs", t.readyUs}};
+    if (t.option >= 0) e["option"] = t.option;
+    ready.push_back(std::move(e));
+  }
   for (const auto& c : r.codecs)
     codecs.push_back({{"codec", c.codec}, {"device", toString(c.device)}, {"encode", c.encode},
-                      {"elements", c.elements}, {"calls", c.calls}, {"totalUs", c.totalUs}});
+                      {"elements", c.elements}, {"calls", c.calls}, {"totalUs", c.totalUs},
+                      {"maxUs", c.maxUs}});
   for (const auto& c : r.comms)
     comms.push_back({{"op", toString(c.op)}, {"scope", toString(c.scope)}, {"compressed", c.compressed},
-                     {"groupSize", c.groupSize}, {"bytes", c.bytes}, {"calls", c.calls},
-                     {"totalUs", c.totalUs}});
+                     {"groupSize", c.groupSize}, {"bytes", c.bytes}, {"chunks", c.chunks},
+                     {"elements", c.elements}, {"pullCompressed", c.pullCompressed},
+                     {"calls", c.calls}, {"totalUs", c.totalUs}});
+  for (const auto& o : r.options) options.push_back(toJson(o));
   j["ready"] = std::move(ready);
   j["codecs"] = std::move(codecs);
   j["comms"] = std::move(comms);
+  j["options"] = std::move(options);
   return j;
 }
 
@@ -104,17 +113,33 @@ ProfileReport profileFromJson(const json& j) {
   r.machines = int(small("machines", 1, 1 << 20));
   r.localSize = int(small("localSize", 1, 1 << 16));
   r.collectives = getB(j, "collectives", top);
+  r.hostMemory = getB(j, "hostMemory", top);
   r.planVersion = getU(j, "planVersion", top);
   r.window = getU(j, "window", top);
   r.firstIteration = getU(j, "firstIteration", top);
   r.endIteration = getU(j, "endIteration", top);
   if (r.endIteration <= r.firstIteration)
     bad(fmt::format("endIteration {} must be after firstIteration {}", r.endIteration, r.firstIteration));
+  const json& options = getList(j, "options");
+  for (size_t i = 0; i < options.size(); ++i) {
+    const std::string w = fmt::format("options[{}]", i);
+    try {
+      r.options.push_back(optionFromJson(options[i], w));
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+  }
   const json& ready = getList(j, "ready");
   for (size_t i = 0; i < ready.size(); ++i) {
     const std::string w = fmt::format("ready[{}]", i);
     ReadyTime t{getS(ready[i], "tensor", w), getU(ready[i], "elements", w), getD(ready[i], "readyUs", w)};
     if (t.tensor.empty() || t.tensor.size() > 1024) bad(w + ": tensor name must be 1 to 1024 bytes");
+    if (ready[i].contains("option")) {
+      const uint64_t k = getU(ready[i], "option", w);
+      if (k >= r.options.size())
+        bad(fmt::format("{}: option {} is not in 'options' ({} entries)", w, k, r.options.size()));
+      t.option = int(k);
+    }
     r.ready.push_back(std::move(t));
   }
   const json& codecs = getList(j, "codecs");
@@ -128,7 +153,10 @@ ProfileReport profileFromJson(const json& j) {
     c.elements = getU(codecs[i], "elements", w);
     c.calls = getU(codecs[i], "calls", w);
     c.totalUs = getD(codecs[i], "totalUs", w);
+    c.maxUs = getD(codecs[i], "maxUs", w);
     if (c.calls == 0) bad(w + ": calls must be at least 1");
+    if (c.maxUs > c.totalUs * (1 + 1e-9))
+      bad(fmt::format("{}: maxUs {} is more than totalUs {}", w, c.maxUs, c.totalUs));
     r.codecs.push_back(std::move(c));
   }
   const json& comms = getList(j, "comms");
@@ -142,6 +170,9 @@ ProfileReport profileFromJson(const json& j) {
     if (g < 1 || g > (1 << 20)) bad(fmt::format("{}: groupSize {} is out of range", w, g));
     c.groupSize = int(g);
     c.bytes = getU(comms[i], "bytes", w);
+    c.chunks = getU(comms[i], "chunks", w);
+    c.elements = getU(comms[i], "elements", w);
+    c.pullCompressed = getB(comms[i], "pullCompressed", w);
     c.calls = getU(comms[i], "calls", w);
     c.totalUs = getD(comms[i], "totalUs", w);
     if (c.calls == 0) bad(w + ": calls must be at least 1");

@@ -9,7 +9,18 @@
 //  - comms: communication steps by operation, scope, raw or compressed, group
 //    size and bytes: calls and total microseconds. A push and its pull run as
 //    one exchange and are reported as one kPush entry (the round trip), with
-//    `bytes` = what this worker's machine sends in total.
+//    `bytes` = what this worker's machine sends in total, `chunks` = the
+//    chunks (one server each) those bytes were cut into, `elements` = the
+//    raw elements this worker pushed and `pullCompressed`, so that the
+//    servers' work inside the round trip can be told from the link's time;
+//  - the plan it ran: the distinct options of the plan in force at the
+//    window's end, once each (`options`), and per ready tensor the index of
+//    its option, so that the scheduler knows the plan the workers run (also
+//    one it did not hand out, e.g. a plan file) at a few hundred bytes;
+//  - hostMemory: the buffers are host memory (the plan executor's), so a
+//    "gpu" encode or decode ran the CPU codec and no copy was made.
+// Codec entries carry the slowest call (`maxUs`) too, so that one call of a
+// descheduled worker can be told from the rest.
 // Workers send it to the scheduler as JSON (ControlClient::sendProfile); both
 // sides check kMaxProfileBytes and the entry limits, and parsing checks every
 // field, so a malformed report is refused with the field that is wrong.
@@ -33,6 +44,7 @@ struct ReadyTime {
   std::string tensor;
   uint64_t elements = 0;
   double readyUs = 0;
+  int option = -1;  // index into ProfileReport::options; -1: not given
 };
 
 struct CodecTiming {
@@ -42,6 +54,7 @@ struct CodecTiming {
   uint64_t elements = 0;
   uint64_t calls = 0;
   double totalUs = 0;
+  double maxUs = 0;  // the slowest call
 };
 
 struct CommTiming {
@@ -50,6 +63,11 @@ struct CommTiming {
   bool compressed = false;
   int groupSize = 1;
   uint64_t bytes = 0;
+  // Push only (0 / false otherwise): the chunks `bytes` went in, the raw
+  // elements this rank pushed, and whether the pull brought payloads back.
+  uint64_t chunks = 0;
+  uint64_t elements = 0;
+  bool pullCompressed = false;
   uint64_t calls = 0;
   double totalUs = 0;
 };
@@ -59,6 +77,7 @@ struct ProfileReport {
   int machines = 1;
   int localSize = 1;
   bool collectives = true;    // the worker has MPI groups (flat and inter collectives)
+  bool hostMemory = true;     // buffers in host memory: "gpu" codec steps ran on the CPU, no copies
   uint64_t planVersion = 0;   // the plan it ran during the window
   uint64_t window = 0;        // 0, 1, 2, ...
   uint64_t firstIteration = 0;
@@ -66,6 +85,7 @@ struct ProfileReport {
   std::vector<ReadyTime> ready;
   std::vector<CodecTiming> codecs;
   std::vector<CommTiming> comms;
+  std::vector<TensorOption> options;  // the plan's distinct options (ReadyTime::option)
 };
 
 nlohmann::json toJson(const ProfileReport& r);
