@@ -225,6 +225,7 @@ struct Executor::Profiler {
   };
   uint64_t firstIteration = 0;
   bool active = false;  // inside a window (past the warm-up)
+  bool batched = false;  // runBatch ran in the window (fusion as fusionBytes_ says)
   Clock::time_point iterStart;
   double inRunUs = 0;                  // spent inside run() since iterStart
   std::set<std::string> readyThisIter;
@@ -941,6 +942,7 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
                     "tensor '{}' was declared after the plan was set: set the plan again", t->name);
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   const auto t0 = Profiler::Clock::now();
+  if (prof) prof->batched = true;
   for (TensorState* t : states) noteReady(*t);
   const bool flush = lastRound();
   // Items that run alone first, in order; then, per fusible option in the
@@ -1069,6 +1071,7 @@ void Executor::closeWindow(Deadline deadline) {
   r.firstIteration = pr.firstIteration;
   r.endIteration = iteration_;
   r.hostMemory = true;  // this executor's buffers; "gpu" codec steps run the CPU codec
+  r.fusionBytes = pr.batched ? fusionBytes_ : 0;
   for (const auto& [name, e] : pr.ready) {
     plan::ReadyTime t{name, e.first, e.second.us / double(std::max<uint64_t>(1, e.second.calls))};
     // The plan it runs, each distinct option once.

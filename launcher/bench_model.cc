@@ -989,15 +989,17 @@ int runModelBench(const ModelBenchOptions& o) {
     };
     classify(p);
     // replan: online profiling on, iterations numbered for beginIteration();
-    // the scheduler's first complete window plans (switch at warm-up +
-    // window + CORTADO_REPLAN_AHEAD); o.iterations are measured after o.warmup
-    // more after the switch. No switch by `cap` iterations fails the strategy.
+    // the scheduler decides on the first complete window (a plan switches at
+    // warm-up + window + CORTADO_REPLAN_AHEAD; or the offline plan stays when
+    // no plan is predicted CORTADO_REPLAN_MIN_GAIN faster); o.iterations are
+    // measured after o.warmup more after that iteration.
     const bool replan = r.strategy == "replan";
-    int cap = o.warmup + o.iterations;
+    int cap = o.warmup + o.iterations, decided = -1;
     if (replan) {
       executor::OnlineOptions ol = executor::onlineOptions(job);
       ol.warmup = uint64_t(std::max(1, o.warmup));
       ex.setOnline(ol);
+      decided = int(ol.warmup + ol.window + job.replanAhead);
       cap = int(ol.warmup + 3 * ol.window + job.replanAhead) + 5;
     }
     r.planVersion = p.version;
@@ -1025,6 +1027,7 @@ int runModelBench(const ModelBenchOptions& o) {
           classify(ex.currentPlan());
           for (size_t j = 0; j < T; ++j) folding[j] = !before[j];
         }
+        if (r.switchedAt < 0 && it == decided) r.switchedAt = it;  // the offline plan stays
       }
       const float f = factor(topo.rank, it);
       for (size_t j = 0; j < T; ++j)
@@ -1112,12 +1115,16 @@ int runModelBench(const ModelBenchOptions& o) {
           ++count[opt.describe() + (opt.codec.empty() ? "" : " " + opt.codec)];
           compressed += opt.compressed();
         }
-        r.options = fmt::format("offline plan (version {}), then version {} from iteration {}: {}",
-                                p.version, r.planVersion, r.switchedAt,
-                                count.size() == 1
-                                    ? count.begin()->first
-                                    : fmt::format("{} distinct options, {} of {} tensors compressed",
-                                                  count.size(), compressed, T));
+        const std::string what = count.size() == 1
+                                     ? count.begin()->first
+                                     : fmt::format("{} distinct options, {} of {} tensors compressed",
+                                                   count.size(), compressed, T);
+        r.options = r.planVersion == p.version
+                        ? fmt::format("offline plan (version {}) kept by the scheduler (first verdict "
+                                      "at iteration {}): {}",
+                                      p.version, r.switchedAt, what)
+                        : fmt::format("offline plan (version {}), then version {} from iteration {}: {}",
+                                      p.version, r.planVersion, r.switchedAt, what);
       }
       const double errPct = r.predictedMs > 0 ? 100.0 * (r.predictedMs - r.meanMs) / r.meanMs : 0;
       const std::string check = r.wrong ? fmt::format("WRONG ({} of {})", r.wrong, r.checked)

@@ -465,6 +465,9 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   cl.parameterServer = true;
   cl.chunkBytes = opts_.chunkBytes;
   cl.oneTensorAtATime = true;  // Executor::run: one tensor at a time
+  // Executor::runBatch's fusion, as the workers ran it (the batch's
+  // agreement, if the training loop has one, is outside the executor).
+  for (const auto& r : reports) cl.fusionBytes = std::max(cl.fusionBytes, r.fusionBytes);
   // The measured curves at the model's own sizes, over the alpha-beta lines
   // (compressed round trips only when the workers compress with this codec:
   // the servers' work in them is costed with it).
@@ -591,10 +594,10 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   int compressed = 0;
   for (const auto& [n, o] : p.tensors) compressed += o.compressed();
   CORTADO_LOG_INFO("[replan] plan version {} ({}): {} of {} tensors compressed, predicted {:.0f} us, "
-                   "inter {:.3g} Gbit/s ({} points, {} curves), intra {:.3g} Gbit/s ({} points, {} "
-                   "curves); switch at {}",
+                   "inter {:.3g} Gbit/s ({} points), intra {:.3g} Gbit/s ({} points), measured curves "
+                   "inter {} intra {}; switch at {}",
                    version_, reason_, compressed, p.tensors.size(), s.iterUs, nowInter, inter.points,
-                   interCurves, nowIntra, intra.points, intraCurves, u.switchAt);
+                   nowIntra, intra.points, interCurves, intraCurves, u.switchAt);
   return u;
 }
 

@@ -18,8 +18,9 @@
 //    link rate that the threshold rule watches.
 //  - Codecs: encode and decode per codec spec and size: per worker the mean
 //    call with the slowest one left out (one descheduled call must not
-//    dominate), the median over the workers; a curve within the measured
-//    sizes, fixed + per-element by least squares beyond them.
+//    dominate), the median over the workers; the CPU's curves
+//    (ResolvedCodec::encodeCurve/decodeCurve), and fixed + per-element by
+//    least squares for its linear cost.
 //  - Ready times: the mean over workers, sorted, become the profile's
 //    backward times.
 // Fits weight each entry by calls / time^2 (relative error), so that noise

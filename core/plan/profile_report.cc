@@ -17,6 +17,7 @@ json toJson(const ProfileReport& r) {
          {"localSize", r.localSize},
          {"collectives", r.collectives},
          {"hostMemory", r.hostMemory},
+         {"fusionBytes", r.fusionBytes},
          {"planVersion", r.planVersion},
          {"window", r.window},
          {"firstIteration", r.firstIteration},
@@ -114,6 +115,7 @@ ProfileReport profileFromJson(const json& j) {
   r.localSize = int(small("localSize", 1, 1 << 16));
   r.collectives = getB(j, "collectives", top);
   r.hostMemory = getB(j, "hostMemory", top);
+  r.fusionBytes = getU(j, "fusionBytes", top);
   r.planVersion = getU(j, "planVersion", top);
   r.window = getU(j, "window", top);
   r.firstIteration = getU(j, "firstIteration", top);

@@ -78,6 +78,7 @@ struct ProfileReport {
   int localSize = 1;
   bool collectives = true;    // the worker has MPI groups (flat and inter collectives)
   bool hostMemory = true;     // buffers in host memory: "gpu" codec steps ran on the CPU, no copies
+  uint64_t fusionBytes = 0;   // the fusion threshold of the batches it ran (0: no runBatch, no fusion)
   uint64_t planVersion = 0;   // the plan it ran during the window
   uint64_t window = 0;        // 0, 1, 2, ...
   uint64_t firstIteration = 0;

@@ -51,7 +51,7 @@ echo "$out"
 check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
 check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
-check "dgc replan row" "echo \"\$out\" | grep -q '^| replan .*then version [0-9]* from iteration'" "no replan row"
+check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [0-9]* from iteration|kept by the scheduler)'" "no replan row"
 
 # Between strategies too: `none` after a lossy compress-everything strategy
 # gets that strategy's unsent residuals in its first iteration (setPlan()
@@ -75,8 +75,10 @@ check "replan run exits 0" "[ $rc = 0 ]" "rc=$rc"
 line=$(echo "$out" | grep '"strategy":"replan"')
 check "replan reported" "[ -n \"\$line\" ]" "no JSON line"
 check "replan exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
-# The first window is iterations 1-2, reported at 3: switch at 3 + 5 = 8.
-check "replan switched to a scheduler's plan" "echo \"\$line\" | grep -Eq '\"plan_version\":([2-9]|[1-9][0-9])' && echo \"\$line\" | grep -q '\"switched_at\":8'" "$line"
+# The first window is iterations 1-2, reported at 3: its plan switches at
+# 3 + 5 = 8, or the scheduler keeps the offline plan (version 1) when no plan
+# is predicted CORTADO_REPLAN_MIN_GAIN faster; timed from 8 either way.
+check "replan decided at the first window" "echo \"\$line\" | grep -Eq '\"plan_version\":([1-9]|[1-9][0-9])' && echo \"\$line\" | grep -q '\"switched_at\":8'" "$line"
 check "replan summary" "echo \"\$out\" | grep -q replan_speedup_vs_none" "no replan summary line"
 # Its plan (the scheduler's, fp16 as --codec) is predicted by the run's own costs.
 check "replan has a prediction" "echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]' && echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
