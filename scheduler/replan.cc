@@ -515,11 +515,12 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   planner::Strategy s = pl.decide();
   // Moves only onto what was measured: a tensor whose new option sends a
   // message larger than the largest one the window measured for that
-  // operation (or, for one without a curve, on that link) keeps its option. Beyond it the curves and lines are extrapolations, and
-  // a shaped link's bucket lets the small messages of a compressed plan pass
-  // at the wire's speed: nothing in such a window shows the rate that large
-  // raw tensors would get (a first plan from one ran 2x slower than the
-  // offline plan on the emulated hosts).
+  // operation (or, for one without a curve, on that link) keeps its option.
+  // Beyond it the curves and lines are extrapolations, and a shaped link's
+  // bucket lets the small messages of a compressed plan pass at the wire's
+  // speed: nothing in such a window shows the rate that large raw tensors
+  // would get (a first plan from one ran 2.1x slower than the offline plan
+  // on the emulated hosts).
   int kept = 0;
   if (!cur.empty()) {
     double largest[2] = {0, 0};  // [intra]
