@@ -225,7 +225,7 @@ struct Executor::Profiler {
   };
   uint64_t firstIteration = 0;
   bool active = false;  // inside a window (past the warm-up)
-  bool batched = false;  // runBatch ran in the window (fusion as fusionBytes_ says)
+  bool batched = false;  // runBatch ran a batch of several in the window (fusion as fusionBytes_ says)
   Clock::time_point iterStart;
   double inRunUs = 0;                  // spent inside run() since iterStart
   std::set<std::string> readyThisIter;
@@ -942,7 +942,9 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
                     "tensor '{}' was declared after the plan was set: set the plan again", t->name);
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   const auto t0 = Profiler::Clock::now();
-  if (prof) prof->batched = true;
+  // run() is a batch of one: a worker that never hands over more than one
+  // tensor at a time never fuses, and its reports say so (fusionBytes 0).
+  if (prof && items.size() > 1) prof->batched = true;
   for (TensorState* t : states) noteReady(*t);
   const bool flush = lastRound();
   // Items that run alone first, in order; then, per fusible option in the

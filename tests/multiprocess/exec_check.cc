@@ -599,6 +599,10 @@ int runCheck(int argc, char** argv) {
           if (c.fusedBytes == 0 && (sawPair || sawTriple))
             fail(fmt::format("{}: a fused size in the profile (pair {}, triple {})", c.what, sawPair,
                              sawTriple));
+          // The report tells the re-planner the threshold its batches ran with.
+          if (ex.lastReport()->fusionBytes != c.threshold)
+            fail(fmt::format("{}: the report says fusion threshold {}, the executor ran {}", c.what,
+                             ex.lastReport()->fusionBytes, c.threshold));
         }
         std::vector<executor::BatchItem> batch;
         for (size_t k = 0; k < ts.size(); ++k) {
@@ -633,6 +637,19 @@ int runCheck(int argc, char** argv) {
       if (me == 0) std::printf("fusion, %s (%llu bytes): %s\n", c.what,
                                (unsigned long long)c.threshold, failures ? "FAILED" : "exact");
     }
+    // Tensors handed over one at a time (run(): a batch of one) never fuse,
+    // and the window's report says so.
+    ex.setFusionBytes(executor::kDefaultFusionBytes);
+    for (int k = 0; k < 2; ++k, ++iteration) {
+      ex.beginIteration(iteration, opDeadline());
+      for (size_t j = 0; j < ts.size(); ++j) {
+        for (uint64_t i = 0; i < ts[j].len; ++i) in[j][i] = exactInput(me, ts[j].seed, int(iteration), i);
+        ex.run(ts[j].name, in[j].data(), out[j].data(), ts[j].len, ReduceOp::kSum, opDeadline());
+      }
+    }
+    if (ex.lastReport()->fusionBytes != 0)
+      fail(fmt::format("run() one tensor at a time: the report says fusion threshold {}, expected 0",
+                       ex.lastReport()->fusionBytes));
     // A batch with an undeclared item is refused before anything runs.
     std::vector<float> x(n, 1.0f);
     std::vector<executor::BatchItem> bad{{ts[0].name, x.data(), x.data(), ts[0].len},
