@@ -47,6 +47,8 @@
 //                  Rank 0 prints each plan version it switched to with the
 //                  iteration and every tensor's option, and writes
 //                  "ITERATION VERSION" to --progress-file each iteration.
+//                  --batch: each iteration's tensors as one runBatch (tensor
+//                  fusion), as bench model hands them over.
 //   --mode fusion  tensor fusion (Executor::runBatch): per fusible option of
 //                  the tree (uncompressed, collectives only) three tensors
 //                  in a row (sizes --elements, --elements + 5, 1), then a
@@ -196,6 +198,8 @@ int runCheck(int argc, char** argv) {
   app.add_option("--max-seconds", maxSeconds)->check(CLI::Range(1.0, 3600.0));
   app.add_option("--stop-file", stopFile);
   app.add_option("--progress-file", progressFile);
+  bool batch = false;
+  app.add_flag("--batch", batch, "replan: each iteration's tensors as one Executor::runBatch");
   CLI11_PARSE(app, argc, argv);
 
   // Start-up and the error checks share one deadline; every operation of the
@@ -229,6 +233,7 @@ int runCheck(int argc, char** argv) {
     ex.setDefaultPlan(deadline);
     const auto start = std::chrono::steady_clock::now();
     std::vector<float> in(n), out(n);
+    std::vector<std::vector<float>> bin(static_cast<size_t>(tensors)), bout(static_cast<size_t>(tensors));
     uint64_t version = ex.currentPlan().version;
     std::string versions = std::to_string(version);
     int stopAt = -1;  // the iteration after which every rank stops
@@ -271,14 +276,38 @@ int runCheck(int argc, char** argv) {
           std::printf("replan: iteration %d: plan version %llu: %d of %d tensors compressed: %s\n",
                       iter, (unsigned long long)version, compressed, tensors, opts.c_str());
       }
-      for (int t = 0; t < tensors; ++t) {
-        const uint64_t len = sizeOf(t);
-        for (uint64_t i = 0; i < len; ++i) in[i] = exactInput(me, size_t(t), iter, i);
+      // --batch: the iteration's tensors as one runBatch (fused where the
+      // plan lets them: the reports then carry the fusion threshold, and
+      // the scheduler plans with it), else one run() each.
+      std::vector<executor::BatchItem> batchItems;
+      bool batchFailed = false;
+      if (batch) {
+        for (int t = 0; t < tensors; ++t) {
+          const uint64_t len = sizeOf(t);
+          bin[t].resize(len);
+          bout[t].resize(len);
+          for (uint64_t i = 0; i < len; ++i) bin[t][i] = exactInput(me, size_t(t), iter, i);
+          batchItems.push_back({fmt::format("g{}", t), bin[t].data(), bout[t].data(), len});
+        }
         try {
-          ex.run(fmt::format("g{}", t), in.data(), out.data(), len, ReduceOp::kSum, itDeadline);
+          ex.runBatch(batchItems, ReduceOp::kSum, itDeadline);
         } catch (const Error& e) {
-          fail(fmt::format("iteration {}, tensor g{} (plan version {}): {}", iter, t, version, e.what()));
-          continue;
+          fail(fmt::format("iteration {}, batch (plan version {}): {}", iter, version, e.what()));
+          batchFailed = true;
+        }
+      }
+      for (int t = 0; t < tensors && !batchFailed; ++t) {
+        const uint64_t len = sizeOf(t);
+        if (batch) {
+          std::copy(bout[t].begin(), bout[t].end(), out.begin());
+        } else {
+          for (uint64_t i = 0; i < len; ++i) in[i] = exactInput(me, size_t(t), iter, i);
+          try {
+            ex.run(fmt::format("g{}", t), in.data(), out.data(), len, ReduceOp::kSum, itDeadline);
+          } catch (const Error& e) {
+            fail(fmt::format("iteration {}, tensor g{} (plan version {}): {}", iter, t, version, e.what()));
+            continue;
+          }
         }
         for (uint64_t i = 0; i < len; ++i) {
           float ref = 0;
