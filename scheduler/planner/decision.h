@@ -95,6 +95,9 @@ class Planner {
   // kind of work and in their own sync time.
   const std::vector<int>& candidates(int sizeClass);
   std::vector<int> front(const std::vector<int>& pool, int64_t elements, int dtypeBytes) const;
+  // Under fusion, the better of `best` and "small tensors on one fusible
+  // option, the rest as `all`" for several size thresholds (decide()).
+  void fusedSmallStart(const Strategy& all, Strategy& best);
   // One sweep over the tensors; `withCpu` adds the CPU variants.
   Strategy sweep(const Strategy& start, bool withCpu);
   // The same sweep, options scored by estimates (exact near the end).
