@@ -56,6 +56,18 @@ ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
   return p;
 }
 
+// evaluate() of `overrides` on the simulator's base equals `full`, the
+// choice simulated from scratch; with the base time as cutoff it is exact
+// below it and at least the cutoff otherwise.
+void expectEvaluateIsFull(Simulator& sim, const std::vector<std::pair<int, int>>& overrides,
+                          double full, int trial) {
+  EXPECT_DOUBLE_EQ(sim.evaluate(overrides), full) << "trial " << trial;
+  const double cutoff = sim.baseTime();
+  const double cut = sim.evaluate(overrides, cutoff);
+  if (full < cutoff) EXPECT_DOUBLE_EQ(cut, full) << "trial " << trial;
+  else EXPECT_GE(cut, cutoff) << "trial " << trial;
+}
+
 const TensorOption kAllreduce{false, {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)}, ""};
 TensorOption gatherCompressed(Device enc, Device dec) {
   return TensorOption{false,
@@ -256,12 +268,7 @@ TEST(Simulator, IncrementalEvaluationMatchesFullSimulation) {
       choice[j] = o;
     }
     const double full = sim.simulate(choice);
-    EXPECT_DOUBLE_EQ(sim.evaluate(ov), full) << "trial " << trial;
-    // With a cutoff the result is exact below it and at least the cutoff otherwise.
-    const double cutoff = sim.baseTime();
-    const double cut = sim.evaluate(ov, cutoff);
-    if (full < cutoff) EXPECT_DOUBLE_EQ(cut, full);
-    else EXPECT_GE(cut, cutoff);
+    expectEvaluateIsFull(sim, ov, full, trial);
   }
 }
 
@@ -545,11 +552,7 @@ TEST(Simulator, FusionIncrementalEvaluationMatchesFullSimulation) {
       choice[j] = o;
     }
     const double full = sim.simulate(choice);
-    EXPECT_DOUBLE_EQ(sim.evaluate(ov), full) << "trial " << trial;
-    const double cutoff = sim.baseTime();
-    const double cut = sim.evaluate(ov, cutoff);
-    if (full < cutoff) EXPECT_DOUBLE_EQ(cut, full);
-    else EXPECT_GE(cut, cutoff);
+    expectEvaluateIsFull(sim, ov, full, trial);
     // A screen whose window reaches the end is exact.
     if (ov.size() == 1) {
       EXPECT_NEAR(sim.screen(ov[0].first, ov[0].second, N), full, 1e-6);
