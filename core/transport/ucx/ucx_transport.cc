@@ -230,6 +230,8 @@ struct RecvCtx {
   UcxTransport* t = nullptr;
   StreamKey key;
   Pending* slot = nullptr;
+  ucp_worker_h worker = nullptr;  // where the receive runs
+  void* request = nullptr;        // its request while in progress (for the cancel at close)
 };
 
 // One endpoint: a client endpoint to a peer we connect()ed to, or one that a
@@ -1185,7 +1187,8 @@ class UcxTransport final : public Transport {
       return UCS_OK;
     }
     slot.data = recvPool_->take(length);
-    auto* ctx = new RecvCtx{this, key, &slot};
+    auto* ctx = new RecvCtx{this, key, &slot, worker};
+    recvs_.insert(ctx);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.recv_am = &onRecvDone;
@@ -1195,11 +1198,14 @@ class UcxTransport final : public Transport {
       recvDone(ctx, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
       recvDone(ctx, UCS_PTR_STATUS(r));
+    } else {
+      ctx->request = r;
     }
     return UCS_INPROGRESS;
   }
 
   void recvDone(RecvCtx* ctx, ucs_status_t status) {
+    recvs_.erase(ctx);
     ctx->slot->ready = true;
     ctx->slot->failed = status != UCS_OK;
     if (status != UCS_OK) {
@@ -1452,13 +1458,21 @@ class UcxTransport final : public Transport {
     }, Deadline::after(options_.closeTimeout / 2));
     for (void* r : closing_) ucp_request_free(r);
     closing_.clear();
+    // Receives still in progress (a rendezvous from a peer that died or
+    // closed) are cancelled and completed now, while this object and their
+    // slots exist: left in a parked worker, its later destruction would
+    // complete them into freed memory (a SIGSEGV in onRecvDone under
+    // ucp_worker_destroy, killed_peer_test WhileStreamingBothWays, 1 run).
+    for (RecvCtx* c : recvs_)
+      if (c->request) ucp_request_cancel(c->worker, c->request);
+    progressUntil([&] { return recvs_.empty(); }, Deadline::after(options_.closeTimeout / 4));
     {
       std::lock_guard g(mu_);
       closed_ = true;
       ops_.clear();
     }
     releaseDirect();
-    if (listener_ && inflight_.empty() && closing_.empty()) {
+    if (listener_ && inflight_.empty() && closing_.empty() && recvs_.empty()) {
       // Nothing of ours is left in UCX (no request, no endpoint), so the
       // parked worker never calls back into this object.
       parkUcp({context_, worker_, listener_});
@@ -1512,6 +1526,7 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<EpCtx>> closingCtx_;
   std::vector<void*> closing_;
   std::unordered_set<SendCtx*> inflight_;
+  std::unordered_set<RecvCtx*> recvs_;  // rendezvous receives in progress
   size_t byesInFlight_ = 0;
   std::map<StreamKey, Stream> inbound_;
   std::set<StreamKey> ready_;

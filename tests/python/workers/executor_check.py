@@ -103,8 +103,12 @@ def main():
         got, opt, versions = distributed(rank, world, "grad.online")
         report["online"] = max_diff(ref, got)
         report["versions"] = versions
-        # One warm-up iteration, a window of 2, the plan 1 iteration later.
-        assert versions[-1] >= 1 and versions[0] == 0, versions
+        # One warm-up iteration, a window of 2, the verdict 1 iteration later:
+        # a new plan (version 1), or the workers' plan kept when the new one
+        # is not predicted faster (the re-planner's gain rule applies to the
+        # first window too). Either way every worker takes it at the same
+        # step (the test compares the workers' versions).
+        assert versions[0] == 0 and versions == sorted(versions) and versions[-1] <= 1, versions
         switched = [i for i in range(1, len(versions)) if versions[i] != versions[i - 1]]
         report["switched_at"] = switched
         assert opt.executor.last_report, "no profiling window closed"
