@@ -947,6 +947,12 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   if (prof && items.size() > 1) prof->batched = true;
   for (TensorState* t : states) noteReady(*t);
   const bool flush = lastRound();
+  auto runAlone = [&](size_t i) {
+    TensorState& t = *states[i];
+    Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
+        .go(items[i].input, items[i].output, op);
+    ++t.round;
+  };
   // Items that run alone first, in order; then, per fusible option in the
   // order of its first item, its items packed in order into groups within
   // the threshold (Horovod too fuses every ready tensor of a kind, not only
@@ -955,10 +961,7 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   std::vector<std::vector<size_t>> byOption;
   for (size_t i = 0; i < items.size(); ++i) {
     if (fusionBytes_ == 0 || !states[i]->option.fusible()) {
-      TensorState& t = *states[i];
-      Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
-          .go(items[i].input, items[i].output, op);
-      ++t.round;
+      runAlone(i);
       continue;
     }
     auto it = std::find_if(byOption.begin(), byOption.end(), [&](const std::vector<size_t>& g) {
@@ -970,10 +973,7 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   std::vector<size_t> group;
   auto runGroup = [&] {
     if (group.size() == 1) {
-      TensorState& t = *states[group[0]];
-      Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
-          .go(items[group[0]].input, items[group[0]].output, op);
-      ++t.round;
+      runAlone(group[0]);
     } else if (!group.empty()) {
       runFused(items, states, group, op, deadline);
     }

@@ -263,7 +263,7 @@ void Simulator::setBatchFinish(const SimState& st, int j, const std::vector<int>
     if (fusible_[choice[k]]) timings[k].finish = st.maxFinish;
 }
 
-double Simulator::schedulePending(SimState& st, int j, std::vector<TraceEvent>* trace) {
+double Simulator::schedulePending(SimState& st, std::vector<TraceEvent>* trace) {
   truncate(st, st.pendingStart);
   if (trace)
     std::erase_if(*trace, [&](const TraceEvent& e) {
@@ -281,7 +281,6 @@ double Simulator::schedulePending(SimState& st, int j, std::vector<TraceEvent>* 
                       trace ? &label : nullptr);
     }
   }
-  (void)j;
   return t;
 }
 
@@ -334,7 +333,7 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
         });
       st.pendingStart = scheduleOps(st, c, j, st.pendingStart, trace, nullptr);
     }
-    t = st.pending.empty() ? st.pendingStart : schedulePending(st, j, trace);
+    t = st.pending.empty() ? st.pendingStart : schedulePending(st, trace);
     st.prevReady = b;
     st.maxFinish = t;  // everything before the batch ended by its start, its lone runs by pendingStart
     if (fusedCache_.size() > kFusedCacheBound) fusedCache_.clear();

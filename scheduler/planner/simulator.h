@@ -225,7 +225,7 @@ class Simulator {
   void setBatchFinish(const SimState& st, int j, const std::vector<int>& choice,
                       TensorTiming* timings) const;
   // Re-reserves the batch's fused groups from st.pendingStart; returns their end.
-  double schedulePending(SimState& st, int j, std::vector<TraceEvent>* trace);
+  double schedulePending(SimState& st, std::vector<TraceEvent>* trace);
   std::vector<char> fusible_;  // by option
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<CompiledOption>> fusedCache_;
   static constexpr size_t kFusedCacheBound = 100000;  // fused sizes differ with every choice

@@ -48,6 +48,15 @@ ResolvedCodec codec() {
   return r;
 }
 
+// codec() with a per-element encode cost too (0.1 ns on the GPU, 2 on the
+// CPU), so that encode times grow with the tensors in the random instances.
+ResolvedCodec codecWithPerElementEncode() {
+  ResolvedCodec r = codec();
+  r.cost.encode[int(Device::kGpu)].nsPerElement = 0.1;
+  r.cost.encode[int(Device::kCpu)].nsPerElement = 2;
+  return r;
+}
+
 ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
   ModelProfile p;
   p.model = "hand";
@@ -245,9 +254,7 @@ TEST(Simulator, IncrementalEvaluationMatchesFullSimulation) {
   for (int i = 0; i < 40; ++i)
     p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1000 + rng() % 3000000), 4,
                                       double(rng() % 3000)});
-  ResolvedCodec cd = codec();
-  cd.cost.encode[0].nsPerElement = 0.1;
-  cd.cost.encode[1].nsPerElement = 2;
+  ResolvedCodec cd = codecWithPerElementEncode();
   auto opts = plannerOptions(c, "test");
   Simulator sim(c, cd, p, opts);
   std::vector<int> base(40);
@@ -304,9 +311,7 @@ TEST(Simulator, LazyBaseAndEstimatesMatchFullSimulation) {
   for (int i = 0; i < N; ++i)
     p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1000 + rng() % 3000000), 4,
                                       double(rng() % 3000)});
-  ResolvedCodec cd = codec();
-  cd.cost.encode[0].nsPerElement = 0.1;
-  cd.cost.encode[1].nsPerElement = 2;
+  ResolvedCodec cd = codecWithPerElementEncode();
   auto opts = plannerOptions(c, "test");
   const int K = int(opts.size());
   Simulator sim(c, cd, p, opts);
@@ -526,9 +531,7 @@ TEST(Simulator, FusionIncrementalEvaluationMatchesFullSimulation) {
   for (int i = 0; i < N; ++i)
     p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(100 + rng() % (i % 3 ? 50000 : 3000000)), 4,
                                       double(rng() % 300)});
-  ResolvedCodec cd = codec();
-  cd.cost.encode[0].nsPerElement = 0.1;
-  cd.cost.encode[1].nsPerElement = 2;
+  ResolvedCodec cd = codecWithPerElementEncode();
   auto opts = plannerOptions(c, "test");
   Simulator sim(c, cd, p, opts);
   int fusibleOpt = -1;
