@@ -51,36 +51,6 @@ std::optional<planner::AlphaBeta> solve(const std::vector<Point>& pts) {
   return ab;
 }
 
-// Weighted isotonic regression (pool adjacent violators): the non-decreasing
-// times closest to the measured ones, each size weighted by its calls. A
-// curve that keeps the running maximum instead takes one slow size (a few
-// calls that waited for a descheduled worker: 2.5 ms among 0.5-0.7 ms
-// neighbours in a traced window) as the floor for every larger size.
-planner::MeasuredCurve monotone(const std::vector<std::array<double, 3>>& xyw, int p) {
-  struct Block {
-    double x0, y, w;
-    size_t n;
-  };
-  std::vector<Block> b;
-  for (const auto& [x, y, w] : xyw) {
-    b.push_back({x, y, std::max(w, 1e-12), 1});
-    while (b.size() > 1 && b[b.size() - 2].y > b.back().y) {
-      Block top = b.back();
-      b.pop_back();
-      Block& prev = b.back();
-      prev.y = (prev.y * prev.w + top.y * top.w) / (prev.w + top.w);
-      prev.w += top.w;
-      prev.n += top.n;
-    }
-  }
-  planner::MeasuredCurve c;
-  c.p = p;
-  size_t i = 0;
-  for (const Block& k : b)
-    for (size_t j = 0; j < k.n; ++j, ++i) c.add(xyw[i][0], k.y);
-  return c;
-}
-
 // A communication entry as a point of its curve: (group size, bytes as
 // commTimeUs takes them, us per call). A push is the round trip: half of it
 // is the push, at the machine's bytes times the chunks' spread over the
@@ -237,7 +207,7 @@ std::vector<CodecFit> OnlineReplanner::fitCodecs(const std::vector<plan::Profile
       xyw.push_back({double(elements), med, double(x.calls)});
       pts.push_back({1.0, double(elements), med, double(x.calls) / (med * med)});
     }
-    f.curve = monotone(xyw, 0);
+    f.curve = planner::MeasuredCurve::monotone(xyw, 0);
     // solve() reads its b coefficient as bytes; here it is elements.
     auto ab = solve(pts);
     if (!ab) continue;
@@ -309,7 +279,7 @@ int OnlineReplanner::measuredCurves(const std::vector<plan::ProfileReport>& repo
     }
     std::vector<std::array<double, 3>> xyw;
     for (const auto& [bytes, x] : *best) xyw.push_back({bytes, x.second / x.first, x.first});
-    const planner::MeasuredCurve c = monotone(xyw, bestP);
+    const planner::MeasuredCurve c = planner::MeasuredCurve::monotone(xyw, bestP);
     const auto [op, compressed] = key;
     auto& curves = compressed ? link.curvesCompressed : link.curves;
     curves[op] = c;

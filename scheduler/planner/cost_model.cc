@@ -85,6 +85,31 @@ void MeasuredCurve::add(double bytes, double us) {
   points.emplace_back(bytes, us);
 }
 
+MeasuredCurve MeasuredCurve::monotone(const std::vector<std::array<double, 3>>& xyw, int p) {
+  struct Block {
+    double y, w;
+    size_t n;
+  };
+  std::vector<Block> b;
+  for (const auto& [x, y, w] : xyw) {
+    b.push_back({y, std::max(w, 1e-12), 1});
+    while (b.size() > 1 && b[b.size() - 2].y > b.back().y) {
+      const Block top = b.back();
+      b.pop_back();
+      Block& prev = b.back();
+      prev.y = (prev.y * prev.w + top.y * top.w) / (prev.w + top.w);
+      prev.w += top.w;
+      prev.n += top.n;
+    }
+  }
+  MeasuredCurve c;
+  c.p = p;
+  size_t i = 0;
+  for (const Block& k : b)
+    for (size_t j = 0; j < k.n; ++j, ++i) c.add(xyw[i][0], k.y);
+  return c;
+}
+
 double MeasuredCurve::us(double bytes) const {
   if (points.empty()) return 0;
   if (points.size() == 1 || bytes <= points.front().first) return points.front().second;

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -38,6 +39,12 @@ struct MeasuredCurve {
   std::vector<std::pair<double, double>> points;  // (bytes, us), bytes increasing
   void add(double bytes, double us);
   double us(double bytes) const;
+  // Weighted isotonic regression (pool adjacent violators) of (size, us,
+  // weight) rows in increasing size: the non-decreasing times closest to the
+  // measured ones. Building a curve with `add` alone keeps the running
+  // maximum instead, so one slow size (calls that waited for a descheduled
+  // process) becomes the floor of every larger size.
+  static MeasuredCurve monotone(const std::vector<std::array<double, 3>>& xyw, int p);
 };
 
 struct LinkCost {

@@ -1,6 +1,10 @@
 // Cost models: the alpha-beta formulas, codec specs and their errors, and the
 // bundled data files.
 #include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
@@ -73,6 +77,58 @@ TEST(CostModel, MeasuredCurvesReplaceTheFormulaForTheirGroupSize) {
   z.add(0, 7);
   l.curvesCompressed[CommOp::kAllgather] = z;
   EXPECT_DOUBLE_EQ(commTimeUs(l, CommOp::kAllgather, 4, 8000, true), 7.0);
+}
+
+// The isotonic curve against its min-max formula: the fitted value at i is
+// max over j <= i of min over k >= i of the weighted mean of points j..k
+// (Barlow et al.), computed here by brute force.
+TEST(CostModel, MonotoneCurveIsTheWeightedIsotonicRegression) {
+  auto reference = [](const std::vector<std::array<double, 3>>& xyw) {
+    const size_t n = xyw.size();
+    std::vector<double> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      double best = -1e300;
+      for (size_t j = 0; j <= i; ++j) {
+        double lowest = 1e300;
+        for (size_t k = i; k < n; ++k) {
+          double sw = 0, swy = 0;
+          for (size_t m = j; m <= k; ++m) sw += xyw[m][2], swy += xyw[m][2] * xyw[m][1];
+          lowest = std::min(lowest, swy / sw);
+        }
+        best = std::max(best, lowest);
+      }
+      out[i] = best;
+    }
+    return out;
+  };
+  // One slow size among its neighbours (the case that the running maximum
+  // of `add` made the floor of every larger size): pooled with the next
+  // ones while their mean is above the one after ((2500 + 640) / 2 > 700).
+  const std::vector<std::array<double, 3>> spike = {
+      {64, 600, 9}, {256, 620, 9}, {1024, 2500, 9}, {4096, 640, 9}, {16384, 700, 9}, {65536, 1500, 5}};
+  const MeasuredCurve c = MeasuredCurve::monotone(spike, 4);
+  ASSERT_EQ(c.points.size(), spike.size());
+  EXPECT_EQ(c.p, 4);
+  for (int i : {2, 3, 4}) EXPECT_DOUBLE_EQ(c.points[size_t(i)].second, (2500.0 + 640.0 + 700.0) / 3);
+  EXPECT_DOUBLE_EQ(c.points[5].second, 1500.0);
+  // Random instances, weights and ties included.
+  uint64_t seed = 12345;
+  auto next = [&] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return double((seed >> 33) % 1000);
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::array<double, 3>> xyw;
+    const size_t n = 1 + size_t(next()) % 9;
+    for (size_t i = 0; i < n; ++i) xyw.push_back({double(100 * (i + 1)), next(), 1 + double(int(next()) % 5)});
+    const auto want = reference(xyw);
+    const MeasuredCurve got = MeasuredCurve::monotone(xyw, 2);
+    ASSERT_EQ(got.points.size(), n);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(got.points[i].first, xyw[i][0]);
+      EXPECT_NEAR(got.points[i].second, want[i], 1e-9 * (1 + want[i])) << "trial " << trial << " point " << i;
+    }
+  }
 }
 
 TEST(CostModel, MeasuredCodecCurvesReplaceTheLinearCostsPerDevice) {
