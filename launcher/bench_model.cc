@@ -92,31 +92,7 @@ double medianSeconds(int reps, F f) {
 // One probe: `bytes` (what the cost formula takes) and the time it took.
 struct Sample {
   double bytes = 0, us = 0;
-  double calls = 1;  // timed calls behind `us` (the curves' weights)
 };
-
-// The non-decreasing curve closest to the samples (planner::MeasuredCurve::
-// monotone, weighted by calls), sizes and times mapped by `f(sample)` ->
-// (size, us).
-template <typename F>
-planner::MeasuredCurve monotoneCurve(const std::vector<Sample>& s, int p, F f) {
-  std::vector<std::array<double, 3>> xyw;
-  for (const Sample& x : s) {
-    const auto [size, us] = f(x);
-    xyw.push_back({size, us, x.calls});
-  }
-  return planner::MeasuredCurve::monotone(xyw, p);
-}
-planner::MeasuredCurve monotoneCurve(const std::vector<Sample>& s, int p) {
-  return monotoneCurve(s, p, [](const Sample& x) { return std::pair{x.bytes, x.us}; });
-}
-
-// The median of v (not empty).
-double medianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // Least squares of t = A a + B b over rows (A, B, t), each row's error taken
 // relative to its t, so that the small sizes' latency and the large sizes'
@@ -164,57 +140,43 @@ std::vector<uint64_t> probeSizes(uint64_t lo, uint64_t hi) {
 constexpr uint64_t kMaxLinkProbe = 64u << 20;
 constexpr uint64_t kMaxCodecProbe = 4u << 20;   // elements
 
-// Times op(bytes) at each size in kProbePasses passes over the sizes: per
-// pass and size, an untimed call (below 1 MiB, and in the first pass), then
-// the mean of 3 (2 from 64 KiB, 1 from 1 MiB) calls back to back after a
-// barrier, as the replay runs its tensors (with pauses between calls, the
-// shaped links' token buckets refill and large steps ran 25-35% faster than
-// in the replay; the mean within a pass, not the median: a replay's
-// iteration is a sum of many steps, and on this shared machine a step now
-// and then waits a scheduler time slice for a descheduled member, which the
-// sum pays and a median hides), each call the slowest rank's time: a step
+// Times op(bytes) at each size: one untimed call, then the mean of 9 (5 from
+// 64 KiB, 3 from 1 MiB) calls back to back after a barrier, as the replay
+// runs its tensors (with pauses between calls, the shaped links' token
+// buckets refill and large steps ran 25-35% faster than in the replay;
+// the mean, not the median: a
+// replay's iteration is a sum of many steps, and on this shared machine a
+// step now and then waits a scheduler time slice for a descheduled member,
+// which the sum pays and a median hides), each the slowest rank's time: a step
 // ends for everybody when its last member is done, and in the replay as here
 // the members arrive at it a little apart (8 processes share 2 cores on the
-// emulated hosts). A size's time is the median of its passes' means: a burst
-// of other work (another worker's page faults, a build on the machine) then
-// spoils one pass of a few sizes, not the one mean of a size that it hit
-// (single-pass probes had a 4 KiB reduce at 1522 us between 582 and 986, and
-// the curve carried such a point up to every larger size). A rooted step that
-// the root leaves first (broadcast) is probed after the step that precedes it
-// in the plans (measureGroup).
-constexpr int kProbePasses = 3;
+// emulated hosts). A rooted step that the root leaves first (broadcast) is
+// probed after the step that precedes it in the plans (measureGroup).
 template <typename Op>
 std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op op) {
-  auto repsOf = [](uint64_t bytes) { return bytes < (64u << 10) ? 3 : bytes < (1u << 20) ? 2 : 1; };
   std::vector<double> all;
-  for (int pass = 0; pass < kProbePasses; ++pass) {
-    for (uint64_t bytes : sizes) {
-      world.barrier();
-      if (pass == 0 || bytes < (1u << 20)) {
-        op(bytes);
-        world.barrier();
-      }
-      for (int i = 0; i < repsOf(bytes); ++i) {
-        const auto t = Clock::now();
-        op(bytes);
-        all.push_back(secondsSince(t) * 1e6);
-      }
+  std::vector<int> reps;
+  for (uint64_t bytes : sizes) {
+    const int r = bytes < (64u << 10) ? 9 : bytes < (1u << 20) ? 5 : 3;
+    world.barrier();
+    op(bytes);
+    world.barrier();
+    for (int i = 0; i < r; ++i) {
+      const auto t = Clock::now();
+      op(bytes);
+      all.push_back(secondsSince(t) * 1e6);
     }
+    reps.push_back(r);
   }
   all = world.max(all);
-  std::vector<std::vector<double>> passMeans(sizes.size());
-  size_t at = 0;
-  for (int pass = 0; pass < kProbePasses; ++pass)
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      const int r = repsOf(sizes[i]);
-      double sum = 0;
-      for (int k = 0; k < r; ++k) sum += all[at + k];
-      at += size_t(r);
-      passMeans[i].push_back(sum / r);
-    }
   std::vector<Sample> out;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    out.push_back({double(sizes[i]), medianOf(passMeans[i]), double(kProbePasses * repsOf(sizes[i]))});
+  size_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    double sum = 0;
+    for (int k = 0; k < reps[i]; ++k) sum += all[at + k];
+    at += reps[i];
+    out.push_back({double(sizes[i]), sum / reps[i]});
+  }
   return out;
 }
 
@@ -280,7 +242,9 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
                                 });
     AlphaBeta ab = fitOp(op, p, s);
     (compressed ? compressedOps : ops)[op] = ab;
-    (compressed ? compressedCurves : curves)[op] = monotoneCurve(s, p);
+    planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[op];
+    c.p = p;
+    for (const Sample& x : s) c.add(x.bytes, x.us);
     note(op, compressed, s, ab);
   };
   using DT = DType;
@@ -328,10 +292,12 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
     });
     std::vector<Sample> s;
     for (size_t i = 0; i < at.size(); ++i)
-      s.push_back({both[i].bytes, std::max(1.0, both[i].us - first[i].us), both[i].calls});
+      s.push_back({both[i].bytes, std::max(1.0, both[i].us - first[i].us)});
     AlphaBeta ab = fitOp(CommOp::kBroadcast, p, s);
     (compressed ? compressedOps : ops)[CommOp::kBroadcast] = ab;
-    (compressed ? compressedCurves : curves)[CommOp::kBroadcast] = monotoneCurve(s, p);
+    planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[CommOp::kBroadcast];
+    c.p = p;
+    for (const Sample& x : s) c.add(x.bytes, x.us);
     note(CommOp::kBroadcast, compressed, s, ab);
   };
   afterRoot(
@@ -387,9 +353,8 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
   log.push_back(fmt::format("push+pull: {:.0f} us + {:.3f} Gbit/s each from{}", ab.alphaUs, ab.gbps, pts));
   // And as curves: commTimeUs takes a machine's bytes times the spread for
   // push and for pull; each is half of the measured exchange.
-  std::vector<Sample> half;
-  for (size_t i = 0; i < s.size(); ++i) half.push_back({rows[i][1] / (2.0 * frac), s[i].us / 2, s[i].calls});
-  curve = monotoneCurve(half, topo.numMachines);
+  curve.p = topo.numMachines;
+  for (size_t i = 0; i < s.size(); ++i) curve.add(rows[i][1] / (2.0 * frac), s[i].us / 2);
   return ab;
 }
 
@@ -397,19 +362,14 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
 // add, at the model's tensor sizes (lo to hi elements, capped at
 // kMaxCodecProbe), on data that is not in the caches (the replay fills every
 // gradient before an iteration, so each encode reads memory), every worker at
-// once (they share this machine's cores as in the replay), in passes over
-// the sizes that start together at a barrier. Per size: in each pass the
-// slowest worker's call, since the step after an encode (or the next
-// tensor's, after a decode) starts when the last worker is done; then the
-// median over the passes, made non-decreasing (planner::MeasuredCurve::
-// monotone). The planner uses these points as curves (linear between sizes);
-// the alpha-beta line through them is only logged. Not each worker's median
-// and then the slowest of those: one worker's median of 7 at 262144 elements
-// was 4362 us, 27x its peers', and set the curve. Not the median worker's:
-// traced, resnet101/DGC's encode then matched the replay's per-worker encode
-// stage (136 vs 135 ms per iteration) but the allgather* after it measured
-// 419 ms against 242 predicted, waiting for the slowest worker's encode
-// (docs/benchmarks.md). Nor one line through every size: the
+// once (they share this machine's cores as in the replay). Per size: each
+// worker's median call, then the slowest worker's. The planner uses these
+// points as curves (linear between sizes); the alpha-beta line through them
+// is only logged. Median, not mean as for the links: a call that waited for a
+// descheduled worker is charged, in the replay, to the collective that waits
+// for that worker's encode, whose probes already carry those waits; charging
+// the encode too counted them twice (bert-base/DGC encode predicted 1.6-1.7x
+// its traced time, docs/benchmarks.md). Nor one line through every size: the
 // relative fit let such mid-size points set the per-element cost of the
 // large tensors.
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m) {
@@ -473,18 +433,16 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     }
     return out;
   };
-  // Per pass, the slowest worker's call (the step after it waits for that
-  // one), then the median over the passes (see above).
-  const std::vector<double> encMed = medians(world.max(enc)), decMed = medians(world.max(dec));
-  std::vector<std::array<double, 3>> er, dr, ec, dc;
+  // The slowest worker's: the step after an encode waits for it.
+  const std::vector<double> encMed = world.max(medians(enc)), decMed = world.max(medians(dec));
+  std::vector<std::array<double, 3>> er, dr;
+  m.encodeCurve = m.decodeCurve = planner::MeasuredCurve{};
   for (size_t i = 0; i < sizes.size(); ++i) {
     er.push_back({1.0, 4.0 * sizes[i], encMed[i]});
     dr.push_back({1.0, 4.0 * sizes[i], decMed[i]});
-    ec.push_back({double(sizes[i]), encMed[i] * 1e6, 1.0});
-    dc.push_back({double(sizes[i]), decMed[i] * 1e6, 1.0});
+    m.encodeCurve.add(double(sizes[i]), encMed[i] * 1e6);
+    m.decodeCurve.add(double(sizes[i]), decMed[i] * 1e6);
   }
-  m.encodeCurve = planner::MeasuredCurve::monotone(ec, 0);
-  m.decodeCurve = planner::MeasuredCurve::monotone(dc, 0);
   std::tie(m.encodeAlpha, m.encodeBeta) = fitRelative(er);
   std::tie(m.decodeAlpha, m.decodeBeta) = fitRelative(dr);
   std::string pts;
