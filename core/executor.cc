@@ -225,6 +225,7 @@ struct Executor::Profiler {
   };
   uint64_t firstIteration = 0;
   bool active = false;  // inside a window (past the warm-up)
+  std::chrono::steady_clock::time_point windowStart;  // beginIteration(firstIteration)
   bool batched = false;  // runBatch ran a batch of several in the window (fusion as fusionBytes_ says)
   Clock::time_point iterStart;
   double inRunUs = 0;                  // spent inside run() since iterStart
@@ -1072,6 +1073,8 @@ void Executor::closeWindow(Deadline deadline) {
   r.window = windowIndex_++;
   r.firstIteration = pr.firstIteration;
   r.endIteration = iteration_;
+  if (iteration_ > pr.firstIteration)
+    r.iterationUs = Profiler::since(pr.windowStart) / double(iteration_ - pr.firstIteration);
   r.hostMemory = true;  // this executor's buffers; "gpu" codec steps run the CPU codec
   r.fusionBytes = pr.batched ? fusionBytes_ : 0;
   for (const auto& [name, e] : pr.ready) {
@@ -1124,6 +1127,7 @@ void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
     if (!prof_->active && iteration >= online_.warmup) {
       prof_->active = true;
       prof_->firstIteration = iteration;
+      prof_->windowStart = Profiler::Clock::now();
     }
   }
   // 2. The scheduler's verdicts on the windows whose plan would take effect

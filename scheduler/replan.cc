@@ -330,6 +330,63 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   LinkFit intra = fitLink(reports, true, hw_.link(opts_.intra));
   LinkFit inter = fitLink(reports, false, hw_.link(opts_.inter));
   const double nowInter = inter.link.base.gbps, nowIntra = intra.link.base.gbps;
+  // The workers' wall time per iteration in this window (the slowest
+  // worker's; 0 when a report has none).
+  double measuredUs = 0;
+  bool allMeasured = true;
+  for (const auto& r : reports) {
+    allMeasured = allMeasured && r.iterationUs > 0;
+    measuredUs = std::max(measuredUs, r.iterationUs);
+  }
+  if (!allMeasured) measuredUs = 0;
+  uint64_t runningVersion = 0, windowEnd = 0;
+  bool oneVersion = true;
+  for (const auto& r : reports) {
+    oneVersion = oneVersion && r.planVersion == r0.planVersion;
+    runningVersion = std::max(runningVersion, r.planVersion);
+    windowEnd = std::max(windowEnd, r.endIteration);
+  }
+  // The measured check of the last plan handed out: the first window that
+  // ran it throughout, against the window that chose it.
+  if (check_ && oneVersion && runningVersion == version_) {
+    const Check c = *check_;
+    check_.reset();
+    auto same = [&](double now, double was) { return was <= 0 || std::abs(now / was - 1.0) <= opts_.threshold; };
+    if (measuredUs > 0 && measuredUs > c.beforeUs * (1.0 + opts_.revertMargin) && same(nowInter, c.inter) &&
+        same(nowIntra, c.intra)) {
+      version_ = std::max(version_, runningVersion) + 1;
+      plan::Plan p = c.before;
+      p.version = version_;
+      reason_ = fmt::format("window {}: plan version {} measured {:.0f} us per iteration against {:.0f} us "
+                            "for the plan before it (more than {:.0f}% slower, links within {:.0f}%): "
+                            "that plan again",
+                            r0.window, runningVersion, measuredUs, c.beforeUs, opts_.revertMargin * 100,
+                            opts_.threshold * 100);
+      CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", version_, reason_, windowEnd + opts_.ahead);
+      rebase_ = true;  // re-plan only when a link moves from the reverted plan's rates
+      current_ = p;
+      control::PlanUpdate u;
+      u.version = version_;
+      u.switchAt = windowEnd + opts_.ahead;
+      switchAt_ = u.switchAt;
+      u.planJson = plan::toJsonString(p);
+      return u;
+    }
+    reason_ = fmt::format("window {}: plan version {} measured {:.0f} us per iteration, the plan before it "
+                          "{:.0f} us: kept",
+                          r0.window, runningVersion, measuredUs, c.beforeUs);
+    CORTADO_LOG_INFO("[replan] {}", reason_);
+  }
+  if (rebase_ && oneVersion && runningVersion == version_) {
+    rebase_ = false;
+    plannedInter_ = nowInter;
+    plannedIntra_ = nowIntra;
+    reason_ = fmt::format("window {}: the rates of plan version {} (reverted to), inter {:.3g} Gbit/s, "
+                          "intra {:.3g} Gbit/s: not re-planned",
+                          r0.window, version_, nowInter, nowIntra);
+    CORTADO_LOG_INFO("[replan] {}", reason_);
+    return std::nullopt;
+  }
   if (decided_) {
     auto moved = [&](const LinkFit& f, double now, double was) {
       return f.points > 0 && was > 0 && std::abs(now / was - 1.0) > opts_.threshold;
@@ -557,6 +614,8 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   plannedInter_ = nowInter;
   plannedIntra_ = nowIntra;
   current_ = p;
+  check_.reset();
+  if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running, measuredUs, nowInter, nowIntra};
   control::PlanUpdate u;
   u.version = version_;
   u.switchAt = end + opts_.ahead;

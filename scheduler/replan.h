@@ -32,6 +32,13 @@
 // began before the last plan's switch iteration (one plan pending at a
 // time), and plans again only when a link's fitted rate moved by more than
 // `threshold` (relative) from the rate the current plan was chosen with.
+// Measured, not only predicted: the first window run wholly on a plan it
+// handed out is compared, by the workers' wall time per iteration
+// (ProfileReport::iterationUs), with the window that chose it; when the new
+// plan ran more than `revertMargin` slower and the links' fitted rates are
+// within `threshold` of that window's, the plan before it is handed out
+// again (a new version); its first window sets the link rates, and the
+// scheduler then re-plans only when a link moves from those.
 #pragma once
 
 #include <memory>
@@ -55,6 +62,9 @@ struct ReplanOptions {
   // the refitted costs, predicts it at least this much faster (relative) than
   // the plan the workers run: noisy fits do not switch plans for nothing.
   double minGain = 0.05;
+  // A plan measured this much slower (relative) per iteration than the plan
+  // it replaced, on the same links, is reverted.
+  double revertMargin = 0.2;
   std::string intra = "pcie";   // hardware.json links used until measured
   std::string inter = "10gbit";
   int cpuCores = 8;             // at most; the executor runs a worker's codec calls on one thread
@@ -126,6 +136,18 @@ class OnlineReplanner {
   std::string reason_;
   double predictedRunning_ = 0, predictedNew_ = 0;
   std::optional<plan::Plan> current_;  // the last plan handed out
+  // The check of the last plan handed out (not a revert): the plan it
+  // replaced, that plan's measured time per iteration and the links then.
+  struct Check {
+    plan::Plan before;
+    double beforeUs = 0;
+    double inter = 0, intra = 0;
+  };
+  std::optional<Check> check_;
+  // After a revert: the first window on the reverted plan sets the rates the
+  // threshold rule compares with (a link's fitted rate depends on the plan's
+  // message sizes), instead of re-planning.
+  bool rebase_ = false;
 };
 
 // The hook for SchedulerOptions::replanner: one OnlineReplanner shared by the

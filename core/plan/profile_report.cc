@@ -21,7 +21,8 @@ json toJson(const ProfileReport& r) {
          {"planVersion", r.planVersion},
          {"window", r.window},
          {"firstIteration", r.firstIteration},
-         {"endIteration", r.endIteration}};
+         {"endIteration", r.endIteration},
+         {"iterationUs", r.iterationUs}};
   json ready = json::array(), codecs = json::array(), comms = json::array(), options = json::array();
   for (const auto& t : r.ready) {
     json e{{"tensor", t.tensor}, {"elements", t.elements}, {"readyUs", t.readyUs}};
@@ -122,6 +123,8 @@ ProfileReport profileFromJson(const json& j) {
   r.endIteration = getU(j, "endIteration", top);
   if (r.endIteration <= r.firstIteration)
     bad(fmt::format("endIteration {} must be after firstIteration {}", r.endIteration, r.firstIteration));
+  // Optional (reports of workers before 2026-11-22 have none: not measured).
+  if (j.contains("iterationUs")) r.iterationUs = getD(j, "iterationUs", top);
   const json& options = getList(j, "options");
   for (size_t i = 0; i < options.size(); ++i) {
     const std::string w = fmt::format("options[{}]", i);

@@ -18,7 +18,10 @@
 //    its option, so that the scheduler knows the plan the workers run (also
 //    one it did not hand out, e.g. a plan file) at a few hundred bytes;
 //  - hostMemory: the buffers are host memory (the plan executor's), so a
-//    "gpu" encode or decode ran the CPU codec and no copy was made.
+//    "gpu" encode or decode ran the CPU codec and no copy was made;
+//  - iterationUs: the window's mean wall time per iteration (from its first
+//    beginIteration to the one that closed it; 0: not measured), with which
+//    the scheduler checks a plan it handed out against the one before.
 // Codec entries carry the slowest call (`maxUs`) too, so that one call of a
 // descheduled worker can be told from the rest.
 // Workers send it to the scheduler as JSON (ControlClient::sendProfile); both
@@ -83,6 +86,7 @@ struct ProfileReport {
   uint64_t window = 0;        // 0, 1, 2, ...
   uint64_t firstIteration = 0;
   uint64_t endIteration = 0;  // exclusive; the iteration at which it was sent
+  double iterationUs = 0;     // mean wall time per iteration of the window (0: not measured)
   std::vector<ReadyTime> ready;
   std::vector<CodecTiming> codecs;
   std::vector<CommTiming> comms;

@@ -87,6 +87,9 @@
 
 using namespace cortado;
 
+
+// Started before main: the bound on the reports' wall times.
+const auto kProgramStart = std::chrono::steady_clock::now();
 namespace {
 
 int failures = 0;
@@ -454,6 +457,12 @@ int runCheck(int argc, char** argv) {
       if (rep->ready.size() != size_t(T)) fail(fmt::format("report has {} ready times, expected {}", rep->ready.size(), T));
       if (rep->comms.empty()) fail("report has no communication timings");
       if (rep->endIteration - rep->firstIteration != 3) fail("report window is not 3 iterations");
+      // Its wall time per iteration: measured, and its 3 iterations within
+      // this program's run time.
+      const double ranUs =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - kProgramStart).count();
+      if (!(rep->iterationUs > 0) || rep->iterationUs * 3 > ranUs)
+        fail(fmt::format("report's time per iteration {} us is not in (0, {} / 3]", rep->iterationUs, ranUs));
       plan::ProfileReport back = plan::profileFromJsonString(plan::toJsonString(*rep));
       if (back.comms.size() != rep->comms.size()) fail("report does not survive JSON");
       if (me == 0)

@@ -602,6 +602,21 @@ TEST(ProfileReportJson, PlanOptionsChunksAndSlowestCallRoundTrip) {
   j = plan::toJson(r);
   j["ready"][0].erase("option");
   EXPECT_FALSE(OnlineReplanner::runningPlan({plan::profileFromJson(j)}));
+  // The window's time per iteration: carried, optional (0: not measured),
+  // refused when negative.
+  plan::ProfileReport timed = r;
+  timed.iterationUs = 123456.5;
+  EXPECT_DOUBLE_EQ(plan::profileFromJsonString(plan::toJsonString(timed)).iterationUs, 123456.5);
+  j = plan::toJson(timed);
+  j.erase("iterationUs");
+  EXPECT_EQ(plan::profileFromJson(j).iterationUs, 0.0);
+  j["iterationUs"] = -1;
+  try {
+    plan::profileFromJson(j);
+    FAIL() << "a negative iterationUs accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'iterationUs' must be finite and >= 0"), std::string::npos) << e.what();
+  }
 }
 
 // The settings: read, handed to children, and refused with the name.
@@ -671,6 +686,69 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
   for (const char* n : {"CORTADO_PROFILE_WINDOW", "CORTADO_REPLAN_CODEC", "CORTADO_REPLAN_AHEAD",
                         "CORTADO_REPLAN_THRESHOLD", "CORTADO_REPLAN_MIN_GAIN"})
     ::unsetenv(n);
+}
+
+// Measured, not only predicted: workers on no compression get a plan that
+// the (here wrong) costs predict faster; the first window that ran it
+// measured more than revertMargin slower per iteration on the same links, so
+// the plan before it comes back as a new version, and the same links do not
+// re-plan again. Within the margin, or with a link that moved (the link is
+// to blame), the new plan stays.
+TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
+  World w = trueWorld();
+  const plan::Plan raw = allRaw(w);
+  auto timed = [](std::vector<plan::ProfileReport> reports, double us) {
+    for (auto& r : reports) r.iterationUs = us * (1 + 0.01 * r.rank);
+    return reports;
+  };
+  const auto opts = tbfOptions();
+  OnlineReplanner r(opts);
+  auto u = r.onWindow(timed(windowOf(w, raw, 0, 9), 100000));
+  ASSERT_TRUE(u) << r.lastReason();
+  ASSERT_EQ(u->version, 2u);
+  const plan::Plan chosen = plan::planFromJsonString(u->planJson);
+  // Window 1 (iterations 11..20) began before the switch at 11 + ahead.
+  ASSERT_GT(u->switchAt, 11u);
+  EXPECT_FALSE(r.onWindow(timed(windowOf(w, chosen, 1, 10), 300000)));
+  // Window 2 ran the new plan throughout: 1.5x the time per iteration.
+  auto back = r.onWindow(timed(windowOf(w, chosen, 2, 11), 150000));
+  ASSERT_TRUE(back) << r.lastReason();
+  EXPECT_EQ(back->version, 3u);
+  EXPECT_EQ(back->switchAt, 31u + opts.ahead);
+  EXPECT_NE(r.lastReason().find("that plan again"), std::string::npos) << r.lastReason();
+  const plan::Plan again = plan::planFromJsonString(back->planJson);
+  EXPECT_EQ(again.version, 3u);
+  ASSERT_EQ(again.tensors.size(), raw.tensors.size());
+  for (const auto& [name, o] : raw.tensors) EXPECT_EQ(again.tensors.at(name), o) << name;
+  // The reverted plan runs; the same links do not re-plan, however it measures.
+  EXPECT_FALSE(r.onWindow(timed(windowOf(w, again, 5, 12), 100000)));
+  EXPECT_FALSE(r.onWindow(timed(windowOf(w, again, 6, 13), 160000)));
+
+  // 1.15x: within the 20% margin, the new plan stays.
+  OnlineReplanner within(opts);
+  auto v = within.onWindow(timed(windowOf(w, raw, 0, 9), 100000));
+  ASSERT_TRUE(v);
+  const plan::Plan p2 = plan::planFromJsonString(v->planJson);
+  EXPECT_FALSE(within.onWindow(timed(windowOf(w, p2, 2, 11), 115000)));
+  EXPECT_NE(within.lastReason().find(": kept"), std::string::npos) << within.lastReason();
+
+  // Slower, but the link's rate moved beyond the threshold: not a revert.
+  World slow = w;
+  for (CommOp op : {CommOp::kPush, CommOp::kPull})
+    for (auto& [bytes, us] : slow.cl.inter.curves[op].points) us *= 4;
+  OnlineReplanner moved(opts);
+  auto m = moved.onWindow(timed(windowOf(w, raw, 0, 9), 100000));
+  ASSERT_TRUE(m);
+  const plan::Plan p3 = plan::planFromJsonString(m->planJson);
+  auto after = moved.onWindow(timed(windowOf(slow, p3, 2, 11), 300000));
+  EXPECT_EQ(moved.lastReason().find("that plan again"), std::string::npos) << moved.lastReason();
+  if (after) EXPECT_NE(plan::planFromJsonString(after->planJson).tensors, raw.tensors);
+
+  // Reports without the measurement (older workers): never reverted.
+  OnlineReplanner unmeasured(opts);
+  auto n = unmeasured.onWindow(windowOf(w, raw, 0, 9));
+  ASSERT_TRUE(n);
+  EXPECT_FALSE(unmeasured.onWindow(timed(windowOf(w, plan::planFromJsonString(n->planJson), 2, 11), 900000)));
 }
 
 }  // namespace
