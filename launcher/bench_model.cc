@@ -767,6 +767,7 @@ struct Result {
   double meanMs = 0, stdMs = 0, minMs = 0, predictedMs = 0;
   uint64_t planVersion = 0;  // replan: the version reached
   int switchedAt = -1;       // replan: the iteration of the first switch
+  int timedFrom = -1;        // replan: the iteration the timing starts (after the check of a switch)
   uint64_t checked = 0, wrong = 0, lossyTensors = 0;
   uint64_t batches = 0, iterationsRun = 0;  // Executor::runBatch calls, replay iterations
 };
@@ -995,15 +996,24 @@ int runModelBench(const ModelBenchOptions& o) {
     // measured after o.warmup more after that iteration.
     const bool replan = r.strategy == "replan";
     int cap = o.warmup + o.iterations, decided = -1;
+    // replan: the iteration at which the plan has settled: the first verdict's
+    // when the offline plan stays; after a switch, that of the scheduler's
+    // measured check of the new plan (the first window that ran it
+    // throughout, docs/planner.md), which may revert it.
+    int settled = -1;
+    int windowFrom = 0, windowLen = 1;
     if (replan) {
       executor::OnlineOptions ol = executor::onlineOptions(job);
       ol.warmup = uint64_t(std::max(1, o.warmup));
       ex.setOnline(ol);
       decided = int(ol.warmup + ol.window + job.replanAhead);
       cap = int(ol.warmup + 3 * ol.window + job.replanAhead) + 5;
+      windowFrom = int(ol.warmup);
+      windowLen = int(std::max<uint64_t>(1, ol.window));
     }
     r.planVersion = p.version;
-    Progress bar(progressOn, replan ? cap + o.warmup + o.iterations : o.warmup + o.iterations);
+    Progress bar(progressOn, replan ? cap + windowLen + int(job.replanAhead) + o.warmup + o.iterations
+                                    : o.warmup + o.iterations);
     std::vector<double> times;
     for (int it = 0;; ++it) {
       if (!replan && it >= o.warmup + o.iterations) break;
@@ -1011,7 +1021,7 @@ int runModelBench(const ModelBenchOptions& o) {
         // After the switch, --warmup untimed iterations again: the new plan's
         // first iterations pay its first touches (new error-feedback
         // residuals, new keys on the servers), 1-2 s each on emulated hosts.
-        if (r.switchedAt >= 0 && it - r.switchedAt >= o.warmup + o.iterations) break;
+        if (settled >= 0 && it - settled >= o.warmup + o.iterations) break;
         // Every worker switches at the same iteration, so all stop together.
         CORTADO_ENFORCE(r.switchedAt >= 0 || it < cap, ErrorCode::kTimeout,
                         "--strategies replan: no new plan by iteration {} (profiling windows of {} "
@@ -1020,14 +1030,18 @@ int runModelBench(const ModelBenchOptions& o) {
                         it, job.profileWindow, std::max(1, o.warmup), job.replanAhead);
         ex.beginIteration(uint64_t(it), opDeadline);
         if (ex.currentPlan().version != r.planVersion) {
-          if (r.switchedAt < 0) r.switchedAt = it;
+          if (r.switchedAt < 0) {
+            r.switchedAt = it;
+            const int checkFrom = windowFrom + (it - windowFrom + windowLen - 1) / windowLen * windowLen;
+            settled = checkFrom + windowLen + int(job.replanAhead);
+          }
           r.planVersion = ex.currentPlan().version;
           const std::vector<bool> before = exact;
           for (size_t j = 0; j < T; ++j) tainted[j] = tainted[j] || !before[j];
           classify(ex.currentPlan());
           for (size_t j = 0; j < T; ++j) folding[j] = !before[j];
         }
-        if (r.switchedAt < 0 && it == decided) r.switchedAt = it;  // the offline plan stays
+        if (r.switchedAt < 0 && it == decided) r.switchedAt = settled = it;  // the offline plan stays
       }
       const float f = factor(topo.rank, it);
       for (size_t j = 0; j < T; ++j)
@@ -1065,8 +1079,7 @@ int runModelBench(const ModelBenchOptions& o) {
         j = end;
       }
       const double secs = secondsSince(t0);
-      if (replan ? r.switchedAt >= 0 && it >= r.switchedAt + o.warmup : it >= o.warmup)
-        times.push_back(secs);
+      if (replan ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) times.push_back(secs);
       const float want = float(sumFactor * (1 + it % 3));
       for (size_t j = 0; j < T; ++j) {
         if (!exact[j] || folding[j]) continue;
@@ -1078,6 +1091,7 @@ int runModelBench(const ModelBenchOptions& o) {
       bar.update(r.strategy, it + 1, secs * 1e3);
     }
     bar.done();
+    if (replan) r.timedFrom = settled + o.warmup;
     for (size_t j = 0; j < T; ++j) {
       // Lossless codecs on this data (fp16 of integers) leave zero residuals.
       const auto& opt = ex.currentPlan().tensors.at(profile.tensors[j].name);
@@ -1123,8 +1137,9 @@ int runModelBench(const ModelBenchOptions& o) {
                         ? fmt::format("offline plan (version {}) kept by the scheduler (first verdict "
                                       "at iteration {}): {}",
                                       p.version, r.switchedAt, what)
-                        : fmt::format("offline plan (version {}), then version {} from iteration {}: {}",
-                                      p.version, r.planVersion, r.switchedAt, what);
+                        : fmt::format("offline plan (version {}), then version {} (first switch at "
+                                      "iteration {}, timed from {}): {}",
+                                      p.version, r.planVersion, r.switchedAt, r.timedFrom, what);
       }
       const double errPct = r.predictedMs > 0 ? 100.0 * (r.predictedMs - r.meanMs) / r.meanMs : 0;
       const std::string check = r.wrong ? fmt::format("WRONG ({} of {})", r.wrong, r.checked)
@@ -1149,6 +1164,7 @@ int runModelBench(const ModelBenchOptions& o) {
         if (replan) {
           jr["plan_version"] = r.planVersion;
           jr["switched_at"] = r.switchedAt;
+          jr["timed_from"] = r.timedFrom;
         }
         fmt::print("{}\n", jr.dump());
       } else {

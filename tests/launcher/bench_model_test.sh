@@ -51,7 +51,7 @@ echo "$out"
 check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
 check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
-check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [0-9]* from iteration|kept by the scheduler)'" "no replan row"
+check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [0-9]* \\(first switch at iteration|kept by the scheduler)'" "no replan row"
 
 # Between strategies too: `none` after a lossy compress-everything strategy
 # gets that strategy's unsent residuals in its first iteration (setPlan()
