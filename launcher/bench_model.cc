@@ -1000,7 +1000,7 @@ int runModelBench(const ModelBenchOptions& o) {
     // when the offline plan stays; after a switch, that of the scheduler's
     // measured check of the new plan (the first window that ran it
     // throughout, docs/planner.md), which may revert it.
-    int settled = -1;
+    int settled = -1, changes = 0;
     int windowFrom = 0, windowLen = 1;
     if (replan) {
       executor::OnlineOptions ol = executor::onlineOptions(job);
@@ -1012,7 +1012,8 @@ int runModelBench(const ModelBenchOptions& o) {
       windowLen = int(std::max<uint64_t>(1, ol.window));
     }
     r.planVersion = p.version;
-    Progress bar(progressOn, replan ? cap + windowLen + int(job.replanAhead) + o.warmup + o.iterations
+    Progress bar(progressOn, replan ? cap + 3 * (2 * windowLen + int(job.replanAhead)) + o.warmup +
+                                          o.iterations
                                     : o.warmup + o.iterations);
     std::vector<double> times;
     for (int it = 0;; ++it) {
@@ -1030,8 +1031,11 @@ int runModelBench(const ModelBenchOptions& o) {
                         it, job.profileWindow, std::max(1, o.warmup), job.replanAhead);
         ex.beginIteration(uint64_t(it), opDeadline);
         if (ex.currentPlan().version != r.planVersion) {
-          if (r.switchedAt < 0) {
-            r.switchedAt = it;
+          if (r.switchedAt < 0) r.switchedAt = it;
+          // Each of the first 3 plans handed out is checked by its first
+          // window (its verdict may revert it, or a moved link re-plan);
+          // later ones are taken as they come.
+          if (++changes <= 3) {
             const int checkFrom = windowFrom + (it - windowFrom + windowLen - 1) / windowLen * windowLen;
             settled = checkFrom + windowLen + int(job.replanAhead);
           }

@@ -351,7 +351,9 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   if (check_ && oneVersion && runningVersion == version_) {
     const Check c = *check_;
     check_.reset();
-    auto same = [&](double now, double was) { return was <= 0 || std::abs(now / was - 1.0) <= opts_.threshold; };
+    auto same = [&](double now, double was) {
+      return was <= 0 || std::abs(now / was - 1.0) <= opts_.threshold;
+    };
     if (measuredUs > 0 && measuredUs > c.beforeUs * (1.0 + opts_.revertMargin) && same(nowInter, c.inter) &&
         same(nowIntra, c.intra)) {
       version_ = std::max(version_, runningVersion) + 1;
@@ -362,7 +364,8 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                             "that plan again",
                             r0.window, runningVersion, measuredUs, c.beforeUs, opts_.revertMargin * 100,
                             opts_.threshold * 100);
-      CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", version_, reason_, windowEnd + opts_.ahead);
+      CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", version_, reason_,
+                       windowEnd + opts_.ahead);
       rebase_ = true;  // re-plan only when a link moves from the reverted plan's rates
       current_ = p;
       control::PlanUpdate u;
@@ -372,9 +375,13 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
       u.planJson = plan::toJsonString(p);
       return u;
     }
-    reason_ = fmt::format("window {}: plan version {} measured {:.0f} us per iteration, the plan before it "
-                          "{:.0f} us: kept",
-                          r0.window, runningVersion, measuredUs, c.beforeUs);
+    reason_ = measuredUs > 0
+                  ? fmt::format("window {}: plan version {} measured {:.0f} us per iteration, the plan "
+                                "before it {:.0f} us: kept",
+                                r0.window, runningVersion, measuredUs, c.beforeUs)
+                  : fmt::format("window {}: plan version {} has no measured time per iteration (a "
+                                "report without it): kept",
+                                r0.window, runningVersion);
     CORTADO_LOG_INFO("[replan] {}", reason_);
   }
   if (rebase_ && oneVersion && runningVersion == version_) {
