@@ -1038,6 +1038,7 @@ int runModelBench(const ModelBenchOptions& o) {
           if (++changes <= 3) {
             const int checkFrom = windowFrom + (it - windowFrom + windowLen - 1) / windowLen * windowLen;
             settled = checkFrom + windowLen + int(job.replanAhead);
+            times.clear();  // iterations timed before it ran another plan
           }
           r.planVersion = ex.currentPlan().version;
           const std::vector<bool> before = exact;
