@@ -36,8 +36,10 @@ while (($#)); do
 done
 [[ $(id -u) -eq 0 ]] || { echo "bench/model.sh: the emulated hosts need root" >&2; exit 2; }
 [[ -x $CORTADO ]] || { echo "bench/model.sh: build first (ninja -C build cortado), or set CORTADO" >&2; exit 2; }
-NAME=bmodel$$
-NAME=${NAME:0:8}
+# A testbed name of its own (8 characters at most): "bmodel" + the first two
+# digits of the PID let two runs whose PIDs share them take down each
+# other's hosts.
+NAME=m$(printf '%07x' $(( (($$ << 15) ^ RANDOM) & 0xfffffff )))
 trap '"$TB" down "$NAME" >/dev/null 2>&1 || true' EXIT
 "$TB" up "$NAME" "$hosts" --rate "$rate" >/dev/null
 list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
