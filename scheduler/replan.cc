@@ -314,12 +314,38 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                     "window {} on {} x {}; the window is skipped and the current plan stays",
                     r0.rank, r0.window, r0.machines, r0.localSize, r.rank, r.window, r.machines,
                     r.localSize);
+  // The window over every report: its first and end iteration, the plan
+  // version run (and whether every worker ran the same one), and the slowest
+  // worker's wall time per iteration (0 when a report has none).
+  uint64_t first = 0, windowEnd = 0, runningVersion = 0;
+  bool oneVersion = true, allMeasured = true;
+  double measuredUs = 0;
+  for (const auto& r : reports) {
+    first = std::max(first, r.firstIteration);
+    windowEnd = std::max(windowEnd, r.endIteration);
+    runningVersion = std::max(runningVersion, r.planVersion);
+    oneVersion = oneVersion && r.planVersion == r0.planVersion;
+    allMeasured = allMeasured && r.iterationUs > 0;
+    measuredUs = std::max(measuredUs, r.iterationUs);
+  }
+  if (!allMeasured) measuredUs = 0;
+  // A plan handed out: a version above the scheduler's and the workers',
+  // switching `ahead` iterations after this window.
+  auto handOut = [&](plan::Plan p) {
+    version_ = std::max(version_, runningVersion) + 1;
+    p.version = version_;
+    current_ = p;
+    control::PlanUpdate u;
+    u.version = version_;
+    u.switchAt = windowEnd + opts_.ahead;
+    switchAt_ = u.switchAt;
+    u.planJson = plan::toJsonString(p);
+    return u;
+  };
   // One plan pending at a time: a window that began before the last plan's
   // switch iteration measured the old plan, and a newer plan sent now could
   // reach some workers before that switch and others after it (a worker
   // keeps only the newest plan), so they would run different plans.
-  uint64_t first = 0;
-  for (const auto& r : reports) first = std::max(first, r.firstIteration);
   if (version_ > 0 && first < switchAt_) {
     reason_ = fmt::format("window {} (iterations from {}) began before plan version {} took effect "
                           "at iteration {}; not re-planned",
@@ -330,22 +356,6 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   LinkFit intra = fitLink(reports, true, hw_.link(opts_.intra));
   LinkFit inter = fitLink(reports, false, hw_.link(opts_.inter));
   const double nowInter = inter.link.base.gbps, nowIntra = intra.link.base.gbps;
-  // The workers' wall time per iteration in this window (the slowest
-  // worker's; 0 when a report has none).
-  double measuredUs = 0;
-  bool allMeasured = true;
-  for (const auto& r : reports) {
-    allMeasured = allMeasured && r.iterationUs > 0;
-    measuredUs = std::max(measuredUs, r.iterationUs);
-  }
-  if (!allMeasured) measuredUs = 0;
-  uint64_t runningVersion = 0, windowEnd = 0;
-  bool oneVersion = true;
-  for (const auto& r : reports) {
-    oneVersion = oneVersion && r.planVersion == r0.planVersion;
-    runningVersion = std::max(runningVersion, r.planVersion);
-    windowEnd = std::max(windowEnd, r.endIteration);
-  }
   // The measured check of the last plan handed out: the first window that
   // ran it throughout, against the window that chose it.
   if (check_ && oneVersion && runningVersion == version_) {
@@ -356,23 +366,14 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     };
     if (measuredUs > 0 && measuredUs > c.beforeUs * (1.0 + opts_.revertMargin) && same(nowInter, c.inter) &&
         same(nowIntra, c.intra)) {
-      version_ = std::max(version_, runningVersion) + 1;
-      plan::Plan p = c.before;
-      p.version = version_;
       reason_ = fmt::format("window {}: plan version {} measured {:.0f} us per iteration against {:.0f} us "
                             "for the plan before it (more than {:.0f}% slower, links within {:.0f}%): "
                             "that plan again",
                             r0.window, runningVersion, measuredUs, c.beforeUs, opts_.revertMargin * 100,
                             opts_.threshold * 100);
-      CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", version_, reason_,
-                       windowEnd + opts_.ahead);
       rebase_ = true;  // re-plan only when a link moves from the reverted plan's rates
-      current_ = p;
-      control::PlanUpdate u;
-      u.version = version_;
-      u.switchAt = windowEnd + opts_.ahead;
-      switchAt_ = u.switchAt;
-      u.planJson = plan::toJsonString(p);
+      control::PlanUpdate u = handOut(c.before);
+      CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", u.version, reason_, u.switchAt);
       return u;
     }
     reason_ = measuredUs > 0
@@ -614,20 +615,12 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     if (kept > 0)
       reason_ += fmt::format(" ({} tensors kept their option: larger messages than measured)", kept);
   }
-  uint64_t base = 0, end = 0;
-  for (const auto& r : reports) base = std::max(base, r.planVersion), end = std::max(end, r.endIteration);
-  version_ = std::max(version_, base) + 1;
-  plan::Plan p = planner::toPlan(sim, s, version_);
+  const plan::Plan p = planner::toPlan(sim, s, 0);
   plannedInter_ = nowInter;
   plannedIntra_ = nowIntra;
-  current_ = p;
   check_.reset();
   if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running, measuredUs, nowInter, nowIntra};
-  control::PlanUpdate u;
-  u.version = version_;
-  u.switchAt = end + opts_.ahead;
-  switchAt_ = u.switchAt;
-  u.planJson = plan::toJsonString(p);
+  control::PlanUpdate u = handOut(p);
   int compressed = 0;
   for (const auto& [n, o] : p.tensors) compressed += o.compressed();
   CORTADO_LOG_INFO("[replan] plan version {} ({}): {} of {} tensors compressed, predicted {:.0f} us, "
