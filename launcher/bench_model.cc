@@ -71,9 +71,29 @@ struct World {
 };
 
 // Integer-valued gradients: worker r's element i of tensor j in iteration it
-// is (r + 1) * (1 + it % 3) * pattern_j[i], pattern in [-2, 2]; every fp32 and
-// fp16 sum of them is exact.
-float pattern(size_t j, uint64_t i) { return float(int((i * 7 + j * 13 + (i * i + j) % 11) % 5) - 2); }
+// is (r + 1) * (1 + it % 3) * pattern_j[i], pattern a hash of (i, j) in
+// [-levels, levels]; every fp32 and fp16 sum of them is exact.
+//
+// As many levels as keep the largest sum, n(n+1)/2 * 3 * levels for n
+// workers, within fp16's exact integers (2048), up to 64 (2 at least): with
+// few distinct magnitudes a top-k threshold ties with a large share of the
+// tensor (with [-2, 2], 40% of it had the largest magnitude, 1% is sent), and
+// DGC's selection then sorted that share: its encode took 2-3x what it takes
+// on smooth gradients, and got faster iteration by iteration as the
+// error-feedback residuals broke the ties (1180 ms to 812 ms over 14
+// iterations of bert-base, docs/benchmarks.md). With 64 levels (4 workers)
+// the largest magnitude is 1.6% of a tensor, as the candidates of smooth data.
+int patternLevels(int workers) {
+  const double sumFactor = double(workers) * (workers + 1) / 2.0;
+  return std::clamp(int(2048.0 / (3.0 * sumFactor)), 2, 64);
+}
+float pattern(size_t j, uint64_t i, int levels) {
+  uint64_t h = i * 0x9E3779B97F4A7C15ull + (uint64_t(j) + 1) * 0xC2B2AE3D27D4EB4Full;
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return float(int(h % uint64_t(2 * levels + 1)) - levels);
+}
 float factor(int rank, int it) { return float((rank + 1) * (1 + it % 3)); }
 
 // Median of `reps` timings of f().
@@ -380,10 +400,11 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   lo = std::max<uint64_t>(1, std::min(lo, hi));
   const auto sizes = probeSizes(lo, hi);
   std::vector<float> x(hi), sum(hi);
+  const int levels = patternLevels(world.c.size());
   // The replay's own gradients: a codec's cost depends on the values (DGC's
   // threshold search on the replay's few distinct magnitudes took 2-3x what
   // it took on smooth data).
-  for (uint64_t i = 0; i < hi; ++i) x[i] = factor(world.c.rank(), 0) * pattern(0, i);
+  for (uint64_t i = 0; i < hi; ++i) x[i] = factor(world.c.rank(), 0) * pattern(0, i, levels);
   std::vector<char> flush(64u << 20);
   auto evict = [&] {
     for (size_t i = 0; i < flush.size(); i += 64) flush[i] = char(flush[i] + 1);
@@ -765,6 +786,9 @@ class Progress {
 struct Result {
   std::string strategy, options;
   double meanMs = 0, stdMs = 0, minMs = 0, predictedMs = 0;
+  std::vector<double> timesMs;  // each timed iteration (every round), the slowest worker's
+  std::vector<double> roundMs;  // each round's mean
+  uint64_t offlineVersion = 0;  // the version of the plan rank 0 computed for it
   uint64_t planVersion = 0;  // replan: the version reached
   int switchedAt = -1;       // replan: the iteration of the first switch
   int timedFrom = -1;        // replan: the iteration the timing starts (after the check of a switch)
@@ -809,6 +833,8 @@ void validateModelBench(const ModelBenchOptions& o) {
                   "--iterations {}: must be in [1, 100000]", o.iterations);
   CORTADO_ENFORCE(o.warmup >= 0 && o.warmup <= 10000, ErrorCode::kInvalidArgument,
                   "--warmup {}: must be in [0, 10000]", o.warmup);
+  CORTADO_ENFORCE(o.rounds >= 1 && o.rounds <= 1000, ErrorCode::kInvalidArgument,
+                  "--rounds {}: must be in [1, 1000]", o.rounds);
   try {
     const std::string dir = planner::resolveDataDir(o.dataDir);
     planner::CodecModel::load(dir + "/costs/codecs.json").resolve(o.codec);
@@ -938,12 +964,13 @@ int runModelBench(const ModelBenchOptions& o) {
     std::fflush(stdout);
   }
   std::vector<std::vector<float>> pat(T), buf(T);
+  const int levels = patternLevels(topo.size);
   for (size_t j = 0; j < T; ++j) {
     const auto& t = profile.tensors[j];
     ex.declare(t.name, DType::kFloat32, uint64_t(t.elements));
     pat[j].resize(size_t(t.elements));
     buf[j].resize(size_t(t.elements));
-    for (uint64_t i = 0; i < uint64_t(t.elements); ++i) pat[j][i] = pattern(j, i);
+    for (uint64_t i = 0; i < uint64_t(t.elements); ++i) pat[j][i] = pattern(j, i, levels);
   }
   // Gradient j is ready this long after an iteration starts (forward pass
   // and backward up to j).
@@ -955,15 +982,30 @@ int runModelBench(const ModelBenchOptions& o) {
   std::vector<executor::BatchItem> batch;
   const bool progressOn = lead && (o.progress || isatty(2));
   const double sumFactor = double(topo.size) * (topo.size + 1) / 2.0;
-  std::vector<Result> results;
+  const size_t S = o.strategies.size();
+  std::vector<Result> results(S);
+  for (size_t si = 0; si < S; ++si) results[si].strategy = o.strategies[si];
+  // replan: the plan the scheduler settled on in the first round, which the
+  // later rounds run as a fixed plan.
+  std::optional<plan::Plan> replanned;
   // Tensors that were lossy under the strategy before: setPlan() retires
   // their encode points and folds the residuals into the next input too.
   std::vector<bool> compressedBefore(T, false);
-  for (size_t si = 0; si < o.strategies.size(); ++si) {
-    const plan::Plan p = plan::planFromJsonString(planJson[si]);
+  // --rounds: every strategy runs once per round, in the given order in odd
+  // rounds and in reverse in even ones, so that a drift of this shared
+  // machine's speed over the job (iterations of one strategy measured 20-30%
+  // apart minutes apart, docs/benchmarks.md) weighs on every strategy alike
+  // instead of on those that ran late.
+  for (int round = 0; round < o.rounds; ++round)
+  for (size_t k = 0; k < S; ++k) {
+    const size_t si = round % 2 ? S - 1 - k : k;
+    Result& r = results[si];
+    // replan: online profiling and the scheduler's switches in the first
+    // round only.
+    const bool replan = r.strategy == "replan" && round == 0;
+    const plan::Plan p = r.strategy == "replan" && round > 0 ? *replanned
+                                                             : plan::planFromJsonString(planJson[si]);
     ex.setPlan(p, opDeadline);
-    Result r;
-    r.strategy = o.strategies[si];
     std::vector<bool> exact(T);
     // At a switch the retired lossy encode points' error-feedback residuals
     // are folded into that iteration's input (docs/planner.md): the result
@@ -994,7 +1036,6 @@ int runModelBench(const ModelBenchOptions& o) {
     // warm-up + window + CORTADO_REPLAN_AHEAD; or the offline plan stays when
     // no plan is predicted CORTADO_REPLAN_MIN_GAIN faster); o.iterations are
     // measured after o.warmup more after that iteration.
-    const bool replan = r.strategy == "replan";
     int cap = o.warmup + o.iterations, decided = -1;
     // replan: the iteration at which the plan has settled: the first verdict's
     // when the offline plan stays; after a switch, that of the scheduler's
@@ -1011,7 +1052,7 @@ int runModelBench(const ModelBenchOptions& o) {
       windowFrom = int(ol.warmup);
       windowLen = int(std::max<uint64_t>(1, ol.window));
     }
-    r.planVersion = p.version;
+    if (round == 0) r.planVersion = r.offlineVersion = p.version;
     Progress bar(progressOn, replan ? cap + 3 * (2 * windowLen + int(job.replanAhead)) + o.warmup +
                                           o.iterations
                                     : o.warmup + o.iterations);
@@ -1102,14 +1143,25 @@ int runModelBench(const ModelBenchOptions& o) {
       const auto& opt = ex.currentPlan().tensors.at(profile.tensors[j].name);
       compressedBefore[j] = opt.compressed() && !losslessFor(opt.codec);
     }
-    if (replan) ex.setOnline({});  // no later plan may replace the next strategy's
+    if (replan) {
+      ex.setOnline({});  // no later plan may replace the next strategy's
+      replanned = ex.currentPlan();
+    }
     times = world.max(times);  // an iteration ends when the last worker is done
+    double roundSum = 0;
+    for (double t : times) r.timesMs.push_back(t * 1e3), roundSum += t;
+    r.roundMs.push_back(roundSum / double(times.size()) * 1e3);
+  }
+  for (size_t si = 0; si < S; ++si) {
+    Result& r = results[si];
+    const bool replan = r.strategy == "replan";
+    const std::vector<double>& times = r.timesMs;
     double sum = 0, sq = 0;
     for (double t : times) sum += t, sq += t * t;
     const double n = double(times.size());
-    r.meanMs = sum / n * 1e3;
-    r.stdMs = std::sqrt(std::max(0.0, sq / n - (sum / n) * (sum / n))) * 1e3;
-    r.minMs = *std::min_element(times.begin(), times.end()) * 1e3;
+    r.meanMs = sum / n;
+    r.stdMs = std::sqrt(std::max(0.0, sq / n - (sum / n) * (sum / n)));
+    r.minMs = *std::min_element(times.begin(), times.end());
     auto wrong = world.mean({double(r.wrong), double(r.checked)});
     r.wrong = uint64_t(std::llround(wrong[0] * topo.size));
     r.checked = uint64_t(std::llround(wrong[1] * topo.size));
@@ -1124,13 +1176,13 @@ int runModelBench(const ModelBenchOptions& o) {
         r.predictedMs = 0, overlappedMs = 0;
         const std::string tracePath =
             o.predictedTrace.empty() ? std::string() : predictedTracePath(o.predictedTrace, "replan");
-        if (auto pr = predictPlan(*simulator, ex.currentPlan(), tracePath)) {
+        if (auto pr = predictPlan(*simulator, *replanned, tracePath)) {
           r.predictedMs = pr->first / 1e3;
           overlappedMs = pr->second / 1e3;
         }
         std::map<std::string, int> count;
         int compressed = 0;
-        for (const auto& [name, opt] : ex.currentPlan().tensors) {
+        for (const auto& [name, opt] : replanned->tensors) {
           ++count[opt.describe() + (opt.codec.empty() ? "" : " " + opt.codec)];
           compressed += opt.compressed();
         }
@@ -1138,13 +1190,13 @@ int runModelBench(const ModelBenchOptions& o) {
                                      ? count.begin()->first
                                      : fmt::format("{} distinct options, {} of {} tensors compressed",
                                                    count.size(), compressed, T);
-        r.options = r.planVersion == p.version
+        r.options = r.planVersion == r.offlineVersion
                         ? fmt::format("offline plan (version {}) kept by the scheduler (first verdict "
                                       "at iteration {}): {}",
-                                      p.version, r.switchedAt, what)
+                                      r.offlineVersion, r.switchedAt, what)
                         : fmt::format("offline plan (version {}), then version {} (first switch at "
                                       "iteration {}, timed from {}): {}",
-                                      p.version, r.planVersion, r.switchedAt, r.timedFrom, what);
+                                      r.offlineVersion, r.planVersion, r.switchedAt, r.timedFrom, what);
       }
       const double errPct = r.predictedMs > 0 ? 100.0 * (r.predictedMs - r.meanMs) / r.meanMs : 0;
       const std::string check = r.wrong ? fmt::format("WRONG ({} of {})", r.wrong, r.checked)
@@ -1155,12 +1207,14 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"measured_ms", r.meanMs}, {"stdev_ms", r.stdMs}, {"min_ms", r.minMs},
                    {"predicted_ms", r.predictedMs}, {"error_pct", errPct},
                    {"overlapped_ms", overlappedMs},
-                   {"iterations", o.iterations}, {"workers", topo.size},
+                   {"iterations", o.iterations}, {"rounds", o.rounds}, {"round_ms", r.roundMs},
+                   {"workers", topo.size},
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
                    {"lossy_tensors", r.lossyTensors}, {"options", r.options},
                    {"fusion_bytes", job.fusionBytes},
-                   {"batches_per_iteration", double(r.batches) / double(std::max<uint64_t>(1, r.iterationsRun))}};
+                   {"batches_per_iteration", double(r.batches) / double(std::max<uint64_t>(1, r.iterationsRun))},
+                   {"iteration_ms", r.timesMs}};
         if (!(r.predictedMs > 0)) {
           jr["predicted_ms"] = nullptr;
           jr["overlapped_ms"] = nullptr;
@@ -1185,7 +1239,6 @@ int runModelBench(const ModelBenchOptions& o) {
       }
       std::fflush(stdout);
     }
-    results.push_back(r);
   }
   int failures = 0;
   for (const Result& r : results) failures += r.wrong > 0;

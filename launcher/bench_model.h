@@ -30,6 +30,9 @@ struct ModelBenchOptions {
   std::string codec = "dgc:ratio=0.01";
   int iterations = 10;
   int warmup = 2;
+  // Every strategy runs this many times (warmup + iterations each time), the
+  // order reversed every other round; the results are over all rounds.
+  int rounds = 1;
   double computeScale = 1.0;
   bool json = false;
   bool progress = false;  // force the progress bar (default: when stderr is a terminal)

@@ -150,12 +150,17 @@ int main(int argc, char** argv) {
                  "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
                  "(compress all on the CPU), plan (the planner's plan), replan (the offline plan, then the "
                  "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
-                 "timed after the first switch)")
+                 "timed once the plan has settled; later --rounds run the plan it settled on)")
       ->delimiter(',')->capture_default_str();
   bm->add_option("--codec", bmo.codec, "codec spec, e.g. dgc:ratio=0.01, efsignsgd, fp16")
       ->capture_default_str();
   bm->add_option("--iterations", bmo.iterations, "timed iterations per strategy")->capture_default_str();
   bm->add_option("--warmup", bmo.warmup, "untimed iterations per strategy")->capture_default_str();
+  bm->add_option("--rounds", bmo.rounds,
+                 "run every strategy this many times (--warmup and --iterations each time), the "
+                 "order reversed every other round, so that a drift of the machine's speed weighs "
+                 "on all alike; results over all rounds")
+      ->capture_default_str();
   bm->add_option("--compute-scale", bmo.computeScale,
                  "multiply the profile's forward and backward times (the replayed compute)")
       ->capture_default_str();

@@ -65,10 +65,12 @@ check "none after a lossy strategy exact" "echo \"\$out\" | grep -q '^| none .*|
 
 # replan: online profiling on (windows of 2 iterations, switch 5 after), the
 # scheduler plans with fp16 too, so every plan it hands out is exact here; the
-# strategy is timed after the first switch, which must have happened.
+# strategy is timed after the first switch, which must have happened. Two
+# rounds: none, replan (online), then replan (the plan it settled on, fixed),
+# none; each strategy's iterations of both rounds are timed.
 out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_PROFILE_WINDOW=2 CORTADO_REPLAN_CODEC=fp16 CORTADO_REPLAN_AHEAD=5 \
   timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model --profile "$profile" \
-  --codec fp16 --strategies none,replan --iterations 3 --warmup 1 --json 2>&1)
+  --codec fp16 --strategies none,replan --iterations 3 --warmup 1 --rounds 2 --json 2>&1)
 rc=$?
 echo "$out"
 check "replan run exits 0" "[ $rc = 0 ]" "rc=$rc"
@@ -80,6 +82,12 @@ check "replan exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo
 # is predicted CORTADO_REPLAN_MIN_GAIN faster; timed from 8 either way.
 check "replan decided at the first window" "echo \"\$line\" | grep -Eq '\"plan_version\":([1-9]|[1-9][0-9])' && echo \"\$line\" | grep -q '\"switched_at\":8'" "$line"
 check "replan summary" "echo \"\$out\" | grep -q replan_speedup_vs_none" "no replan summary line"
+for s in none replan; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "$s: 2 rounds of 3 timed iterations" "echo \"\$line\" | grep -q '\"rounds\":2' && echo \"\$line\" | grep -Eq '\"round_ms\":\[[0-9.e+-]+,[0-9.e+-]+\]' && echo \"\$line\" | grep -Eq '\"iteration_ms\":\[([0-9.e+-]+,){5}[0-9.e+-]+\]'" "$line"
+done
+line=$(echo "$out" | grep '"strategy":"none"')
+check "none exact in both rounds" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
 # Its plan (the scheduler's, fp16 as --codec) is predicted by the run's own costs.
 check "replan has a prediction" "echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]' && echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
 
@@ -117,6 +125,7 @@ refuse "unknown strategy" "unknown strategy 'fast'" --profile "$profile" --strat
 refuse "replan without profiling" "CORTADO_PROFILE_WINDOW" --profile "$profile" --strategies plan,replan
 refuse "negative scale" "compute-scale -2" --profile "$profile" --compute-scale -2
 refuse "nan scale" "compute-scale nan" --profile "$profile" --compute-scale nan
+refuse "no rounds" "rounds 0" --profile "$profile" --rounds 0
 refuse "unknown codec" "unknown codec 'zip'" --profile "$profile" --codec zip
 refuse "outside a job" "cortado launch --mpi" --profile "$profile"
 # Refused inside a job too: every worker exits, the launcher reports it.
