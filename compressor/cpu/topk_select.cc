@@ -112,21 +112,65 @@ void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPo
   double rank = expect + 3.0 * std::sqrt(expect) + 16.0;
 
   std::vector<uint32_t> cand;
+  uint32_t thr = 0;
   for (;;) {
-    uint32_t thr = 0;
+    thr = 0;
     if (sampled && rank < static_cast<double>(s)) {
       auto r = static_cast<size_t>(rank);
       std::nth_element(sample.begin(), sample.begin() + r, sample.end(), std::greater<>());
       thr = sample[r];
     }
-    size_t expectedCand = thr ? static_cast<size_t>(rank * n / s) : n;
-    cand = collect(x, n, thr, expectedCand, pool);
+    if (thr == 0) {
+      // The k-th magnitude may be zero (a sparse sum re-encoded: a few per
+      // cent non-zero). Collect the non-zeros only; if fewer than k, the rest
+      // are the lowest-index zeros. (Collecting key >= 0 took every element,
+      // and sorting them made the re-encode of a 4x smaller chunk cost 2-3x
+      // the first encode of the whole tensor, docs/benchmarks.md.)
+      cand = collect(x, n, 1, sampled ? static_cast<size_t>(rank * n / s) : n, pool);
+      if (cand.size() < k) {
+        size_t zeros = k - cand.size(), o = 0, c = 0;
+        for (size_t i = 0; o < k; ++i) {
+          if (c < cand.size() && cand[c] == i)
+            indices[o++] = cand[c++];
+          else if (zeros > 0)
+            indices[o++] = static_cast<uint32_t>(i), --zeros;
+        }
+        return;
+      }
+      break;
+    }
+    cand = collect(x, n, thr, static_cast<size_t>(rank * n / s), pool);
     if (cand.size() >= k) break;
     rank *= 4;  // the sample overshot: rare, lower the bar and rescan
   }
   if (cand.size() == k) {
     std::copy(cand.begin(), cand.end(), indices);
     return;
+  }
+  // Every key >= thr is a candidate. With few distinct magnitudes many of
+  // them tie at thr itself (integer or quantized values): if fewer than k are
+  // above it, the k-th magnitude is thr, and the result is every key above
+  // it and the lowest-index ties, in one pass instead of a selection among
+  // all the ties; else only keys above thr can be among the k.
+  size_t above = 0;
+  for (uint32_t c : cand) above += keyOf(x[c]) > thr;
+  if (above < k) {
+    size_t ties = k - above, o = 0;
+    for (uint32_t c : cand) {
+      const uint32_t key = keyOf(x[c]);
+      if (key > thr || (key == thr && ties > 0 && ties--)) indices[o++] = c;
+    }
+    return;
+  }
+  if (above < cand.size()) {
+    size_t o = 0;
+    for (uint32_t c : cand)
+      if (keyOf(x[c]) > thr) cand[o++] = c;
+    cand.resize(o);
+    if (cand.size() == k) {
+      std::copy(cand.begin(), cand.end(), indices);
+      return;
+    }
   }
   // Exact k-th largest key among the candidates.
   std::vector<uint32_t> keys(cand.size());

@@ -19,7 +19,10 @@ namespace cortado::compressor::cpu {
 // collects those candidates in index order; nth_element on the candidates'
 // keys finds the exact k-th magnitude. If the sample overshot (fewer than k
 // candidates), the threshold is lowered and the scan repeated, down to the
-// whole tensor, so the result is always exact.
+// whole tensor, so the result is always exact. Ties at the threshold (few
+// distinct magnitudes) and a zero threshold (sparse input, e.g. a re-encoded
+// sparse sum: only the non-zeros are collected) are resolved in one pass,
+// lowest indices first, without a selection among the tied candidates.
 void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 uint32_t* indices);
 

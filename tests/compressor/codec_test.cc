@@ -183,7 +183,7 @@ void expectTopK(const std::string& spec, const std::vector<float>& x, size_t k, 
 TEST(TopK, ExactlyTheLargestWithTiesToLowerIndex) {
   ThreadPool pool(2);
   for (size_t n : {1, 10, 1000, 70000, 1 << 20}) {
-    for (int kind = 0; kind < 4; ++kind) {
+    for (int kind = 0; kind < 6; ++kind) {
       SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind);
       std::vector<float> x;
       if (kind == 0) {
@@ -194,9 +194,17 @@ TEST(TopK, ExactlyTheLargestWithTiesToLowerIndex) {
         for (auto& v : x) v = static_cast<float>(static_cast<int>(rng() % 7) - 3);
       } else if (kind == 2) {  // all equal
         x.assign(n, 0.5f);
-      } else {  // increasing magnitudes: the sample sees few large ones
+      } else if (kind == 3) {  // increasing magnitudes: the sample sees few large ones
         x.resize(n);
         for (size_t i = 0; i < n; ++i) x[i] = (i % 2 ? -1.0f : 1.0f) * static_cast<float>(i);
+      } else {  // sparse (a re-encoded sparse sum): 0.5% or 5% non-zero, the rest +-0
+        std::mt19937 rng(n + kind);
+        const uint32_t every = kind == 4 ? 200 : 20;
+        x.assign(n, 0.0f);
+        for (size_t i = 0; i < n; ++i) {
+          if (rng() % every == 0) x[i] = static_cast<float>(rng() % 1000) / 7.0f - 70.0f;
+          else if (i % 3 == 0) x[i] = -0.0f;
+        }
       }
       for (double ratio : {0.001, 0.01, 0.3}) {
         size_t k = std::clamp<size_t>(static_cast<size_t>(n * ratio), 1, n);

@@ -122,23 +122,30 @@ def test_engine_codecs_against_numpy(run_job):
         print(f"{key}: {value}")
 
 
-def _digits(run_job, workers, compression, epochs):
+def _digits(run_job, workers, compression, epochs, last=1):
+    """Mean test accuracy of the last `last` epochs, and the epoch lines."""
     example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
     job = run_job(workers, 2, example, "--epochs", epochs, "--no-progress", "--compression",
                   compression, timeout=300, out_arg=False)
     assert job.returncode == 0, job.describe()
     lines = [l for l in job.stdout.splitlines() if l.startswith("epoch ")]
     assert len(lines) == epochs, job.describe()
-    return float(lines[-1].split("test-acc")[1].split()[0]), lines
+    acc = [float(l.split("test-acc")[1].split()[0]) for l in lines[-last:]]
+    return sum(acc) / len(acc), lines
 
 
 def test_topk_with_error_feedback_reaches_uncompressed_accuracy(run_job):
     # The digits example on 4 workers, the same seed, epochs and learning-rate
-    # schedule: top-k (1%) with error feedback must end within 2 points of
+    # schedule: top-k (1%) with error feedback must reach within 2 points of
     # uncompressed training. (20 epochs: top-k converges more slowly; both
-    # have settled by then under the cosine decay.)
-    plain, plain_lines = _digits(run_job, 4, "none", 20)
-    topk, topk_lines = _digits(run_job, 4, "topk:ratio=0.01", 20)
+    # have settled by then under the cosine decay.) The accuracy reached is
+    # the mean of the last 3 epochs: the servers sum the workers' pushes in
+    # the order they arrive, so a run is not bit-for-bit repeatable, and one
+    # epoch's accuracy moves by a test sample or two (0.28 points each) from
+    # run to run; once the last epoch alone missed the bound by one sample
+    # (0.9694 against 0.9916) after top-k had reached 0.9777.
+    plain, plain_lines = _digits(run_job, 4, "none", 20, last=3)
+    topk, topk_lines = _digits(run_job, 4, "topk:ratio=0.01", 20, last=3)
     print("\n".join(["none:"] + plain_lines + ["topk:ratio=0.01 + error feedback:"] + topk_lines))
     assert plain > 0.9, plain_lines
     assert topk >= plain - 0.02, (plain, topk)
