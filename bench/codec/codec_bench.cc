@@ -62,6 +62,10 @@ struct Context {
   size_t threads = 1;
   std::vector<float> x64;  // 64 MiB
   std::vector<float> x25;  // 25M floats
+  // 25M floats, 4% and 1% non-zero: what the alltoall path re-encodes, the
+  // sum of 4 workers' 1% sparse chunks (1%: the workers chose the same
+  // indices, so the k-th magnitude is zero).
+  std::vector<float> x25sparse4, x25sparse1;
   double memcpy = 0;
 };
 
@@ -127,18 +131,23 @@ void registerAll(Context& c) {
                   });
   }
 
-  // top-k and DGC against torch.topk(|x|, k) on the same 25M floats.
+  // top-k and DGC against torch.topk(|x|, k) on the same 25M floats: normal
+  // values, and a sparse sum's (4% and 1% non-zero).
   const size_t n = c.x25.size();
-  for (double ratio : {0.01, 0.001}) {
+  for (auto [ratio, sparse] : {std::pair{0.01, 0}, std::pair{0.001, 0}, std::pair{0.01, 4}, std::pair{0.01, 1}}) {
+    const std::vector<float>* x = sparse == 4   ? &c.x25sparse4  // live in c, past this loop
+                                  : sparse == 1 ? &c.x25sparse1
+                                                : &c.x25;
+    const std::string what = sparse ? "/25M-sparse" + std::to_string(sparse) + "%" : "/25M";
     size_t k = static_cast<size_t>(n * ratio);
     double torchSec = 0;
     if (torchAvailable()) {
       torchSec = 1e9;
-      for (int r = 0; r < 3; ++r) torchSec = std::min(torchSec, torchTopkOnce(c.x25.data(), n, k));
-      std::string tname = "torch.topk/ratio:" + std::to_string(ratio).substr(0, 5) + "/25M/threads:" +
+      for (int r = 0; r < 3; ++r) torchSec = std::min(torchSec, torchTopkOnce(x->data(), n, k));
+      std::string tname = "torch.topk/ratio:" + std::to_string(ratio).substr(0, 5) + what + "/threads:" +
                           std::to_string(torchThreads());
-      benchmark::RegisterBenchmark(tname.c_str(), [&c, n, k](benchmark::State& st) {
-        for (auto _ : st) st.SetIterationTime(torchTopkOnce(c.x25.data(), n, k));
+      benchmark::RegisterBenchmark(tname.c_str(), [x, n, k](benchmark::State& st) {
+        for (auto _ : st) st.SetIterationTime(torchTopkOnce(x->data(), n, k));
         st.counters["GB/s"] = benchmark::Counter(4.0 * n * st.iterations() / 1e9,
                                                  benchmark::Counter::kIsRate);
       })->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
@@ -148,12 +157,12 @@ void registerAll(Context& c) {
       auto out = std::make_shared<std::vector<std::byte>>(codec->payloadBytes(n));
       EncodeContext ctx;
       ctx.pool = c.pool.get();
-      std::string bname = "encode/" + codec->spec() + "/25M/threads:" + std::to_string(c.threads);
-      benchmark::RegisterBenchmark(bname.c_str(), [&c, codec, out, ctx, n, torchSec](benchmark::State& st) {
+      std::string bname = "encode/" + codec->spec() + what + "/threads:" + std::to_string(c.threads);
+      benchmark::RegisterBenchmark(bname.c_str(), [x, codec, out, ctx, n, torchSec](benchmark::State& st) {
         double total = 0;
         for (auto _ : st) {
           auto t = Clock::now();
-          codec->encode(c.x25.data(), n, *out, ctx);
+          codec->encode(x->data(), n, *out, ctx);
           double dt = secondsSince(t);
           st.SetIterationTime(dt);
           total += dt;
@@ -219,6 +228,10 @@ int main(int argc, char** argv) {
   c.threads = threads;
   c.x64 = normalTensor(16u << 20, 1);
   c.x25 = normalTensor(25'000'000, 2);
+  c.x25sparse4.assign(c.x25.size(), 0.0f);
+  c.x25sparse1.assign(c.x25.size(), 0.0f);
+  for (size_t i = 0; i < c.x25.size(); i += 25) c.x25sparse4[i + (i / 25) * 7 % 25] = c.x25[i];
+  for (size_t i = 0; i < c.x25.size(); i += 100) c.x25sparse1[i + (i / 100) * 37 % 100] = c.x25[i];
   c.memcpy = memcpyGBs(c.x64);
   std::cerr << "single-thread memcpy of 64 MiB: " << c.memcpy << " GB/s; codec threads: " << threads
             << "; torch.topk comparison: " << (torchAvailable() ? "on" : "off (no libtorch)") << "\n";

@@ -151,30 +151,20 @@ void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPo
   // them tie at thr itself (integer or quantized values): if fewer than k are
   // above it, the k-th magnitude is thr, and the result is every key above
   // it and the lowest-index ties, in one pass instead of a selection among
-  // all the ties; else only keys above thr can be among the k.
+  // all the ties.
+  std::vector<uint32_t> keys(cand.size());
   size_t above = 0;
-  for (uint32_t c : cand) above += keyOf(x[c]) > thr;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    keys[i] = keyOf(x[cand[i]]);
+    above += keys[i] > thr;
+  }
   if (above < k) {
     size_t ties = k - above, o = 0;
-    for (uint32_t c : cand) {
-      const uint32_t key = keyOf(x[c]);
-      if (key > thr || (key == thr && ties > 0 && ties--)) indices[o++] = c;
-    }
+    for (size_t i = 0; i < cand.size(); ++i)
+      if (keys[i] > thr || (keys[i] == thr && ties > 0 && ties--)) indices[o++] = cand[i];
     return;
   }
-  if (above < cand.size()) {
-    size_t o = 0;
-    for (uint32_t c : cand)
-      if (keyOf(x[c]) > thr) cand[o++] = c;
-    cand.resize(o);
-    if (cand.size() == k) {
-      std::copy(cand.begin(), cand.end(), indices);
-      return;
-    }
-  }
   // Exact k-th largest key among the candidates.
-  std::vector<uint32_t> keys(cand.size());
-  for (size_t i = 0; i < cand.size(); ++i) keys[i] = keyOf(x[cand[i]]);
   std::vector<uint32_t> work(keys);
   std::nth_element(work.begin(), work.begin() + (k - 1), work.end(), std::greater<>());
   uint32_t kth = work[k - 1];
