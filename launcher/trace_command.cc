@@ -74,7 +74,11 @@ bool isServer(const std::string& process) { return process.rfind("server", 0) ==
 
 }  // namespace
 
-TraceComparison compareTraces(const std::string& predicted, const std::string& measured) {
+TraceComparison compareTraces(const std::string& predicted, const std::string& measured, int64_t first,
+                              int64_t last) {
+  const bool ranged = first >= 0 || last >= 0;
+  CORTADO_ENFORCE(!ranged || (first >= 0 && last >= first), ErrorCode::kInvalidArgument,
+                  "--iterations {}:{}: give FIRST:LAST with 0 <= FIRST <= LAST", first, last);
   TraceComparison out;
   // Predicted: one file, one iteration, one GPU and its machine.
   std::vector<Span> pred;
@@ -107,6 +111,15 @@ TraceComparison compareTraces(const std::string& predicted, const std::string& m
   for (size_t i = 0; i < files.size(); ++i) collect(readTrace(files[i]), static_cast<int>(i) * 1000000, meas, procs);
   CORTADO_ENFORCE(!meas.empty(), ErrorCode::kInvalidArgument,
                   "the measured trace {} holds no events (did the traced iterations run?)", measured);
+  if (ranged) {
+    int64_t lowest = std::numeric_limits<int64_t>::max(), highest = -1;
+    for (const Span& s : meas)
+      if (s.iteration >= 0) lowest = std::min(lowest, s.iteration), highest = std::max(highest, s.iteration);
+    std::erase_if(meas, [&](const Span& s) { return s.iteration < first || s.iteration > last; });
+    CORTADO_ENFORCE(!meas.empty(), ErrorCode::kInvalidArgument,
+                    "the measured trace {} holds no events of iterations {}..{} (it holds {})", measured, first,
+                    last, highest < 0 ? std::string("none numbered") : fmt::format("{}..{}", lowest, highest));
+  }
 
   // Iteration spans per (worker, iteration); stage sums over every process.
   std::map<std::pair<int, int64_t>, std::pair<double, double>> span;
@@ -198,8 +211,30 @@ void addTraceCommand(CLI::App& app) {
   compare->add_option("--predicted", predicted, "trace from `cortado plan --trace`")->required();
   compare->add_option("--measured", measured, "the job's --trace directory (or a merged file)")->required();
   compare->add_option("--top", top, "how many stages to list")->check(CLI::Range(1, 1000));
+  static std::string range;
+  compare->add_option("--iterations", range,
+                      "FIRST:LAST, only these measured iterations (e.g. one strategy's of a `cortado bench "
+                      "model --trace` run: docs/tracing.md)");
   compare->callback([] {
-    auto c = compareTraces(predicted, measured);
+    int64_t first = -1, last = -1;
+    if (!range.empty()) {
+      const size_t colon = range.find(':');
+      size_t a = 0, b = 0;
+      try {
+        if (colon != std::string::npos) {
+          first = std::stoll(range.substr(0, colon), &a);
+          last = std::stoll(range.substr(colon + 1), &b);
+        }
+      } catch (const std::exception&) {
+        a = b = 0;
+      }
+      CORTADO_ENFORCE(colon != std::string::npos && a == colon && b == range.size() - colon - 1 && first >= 0 &&
+                          last >= first,
+                      ErrorCode::kInvalidArgument,
+                      "--iterations '{}': give FIRST:LAST, two iteration numbers with 0 <= FIRST <= LAST (e.g. 4:7)",
+                      range);
+    }
+    auto c = compareTraces(predicted, measured, first, last);
     const double ratio = c.predictedIterationUs > 0 ? c.measuredIterationUs / c.predictedIterationUs : 0;
     std::cout << fmt::format("iteration time: predicted {:.3f} ms, measured {:.3f} ms ({} iterations, {} workers): "
                              "measured/predicted {:.2f}x, error {:+.1f}%\n",

@@ -4,6 +4,7 @@
 // (`cortado plan --trace`).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,11 @@ struct TraceComparison {
 // A stage is an event's "cat", or for the planner's events its name without
 // the tensor name. Throws Error(kInvalidArgument) naming the file when a
 // trace is missing, not JSON, or holds no events.
-TraceComparison compareTraces(const std::string& predicted, const std::string& measured);
+// `first`..`last` (inclusive): only the measured events of those iterations
+// (one strategy's of a `cortado bench model --trace` run, say); the default
+// takes every event.
+TraceComparison compareTraces(const std::string& predicted, const std::string& measured,
+                              int64_t first = -1, int64_t last = -1);
 
 // Every *.json trace under `dir` in one trace-event file, one process each
 // (sorted by file name). Returns the number of processes merged.

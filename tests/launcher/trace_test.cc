@@ -184,6 +184,24 @@ TEST(TraceCompare, IterationTimesAndStageGapsMatchAHandCount) {
   // The merged file compares the same as the directory.
   auto c2 = compareTraces((d.path / "pred.json").string(), merged.string());
   EXPECT_DOUBLE_EQ(c2.measuredIterationUs, c.measuredIterationUs);
+
+  // Iteration 1 alone: worker 0 spans 400 us, worker 1 500 us again; the
+  // server's event of iteration 0 is left out (80 us over 2 workers x 1).
+  auto c3 = compareTraces((d.path / "pred.json").string(), run.string(), 1, 1);
+  EXPECT_EQ(c3.iterations, 1);
+  EXPECT_DOUBLE_EQ(c3.measuredIterationUs, 450);
+  std::map<std::string, StageGap> by3;
+  for (const auto& s : c3.stages) by3[s.stage] = s;
+  EXPECT_DOUBLE_EQ(by3["server"].measuredUs, 40);
+  EXPECT_DOUBLE_EQ(by3["decode"].measuredUs, 100);  // (50 + 150) / 2 workers
+  // A range with no events, and a reversed one, are named.
+  std::string msg;
+  EXPECT_EQ(codeOf([&] { compareTraces((d.path / "pred.json").string(), run.string(), 5, 9); }, &msg),
+            ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("iterations 5..9 (it holds 0..1)"), std::string::npos) << msg;
+  EXPECT_EQ(codeOf([&] { compareTraces((d.path / "pred.json").string(), run.string(), 3, 2); }, &msg),
+            ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("FIRST:LAST"), std::string::npos) << msg;
 }
 
 TEST(TraceCompare, BadInputsAreNamed) {
