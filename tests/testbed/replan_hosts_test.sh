@@ -4,13 +4,18 @@
 # 10gbit runs exec_check --mode replan with profiling windows of 3 iterations
 # (the scheduler plans with fp16, which is exact on exec_check's integer
 # inputs, so every result of every iteration is checked against the reference
-# sum). Once the workers run a plan made from the fast link, every host's link
-# is changed to 20mbit with `testbed.sh rate` mid-run. The test then expects:
-#   - the first plan was fitted to a fast inter-machine link (> 0.1 Gbit/s: on
-#     this 2-core machine the fit sees 0.3-0.6 Gbit/s, what the CPUs move);
+# sum), and hands out a plan only when it is predicted 15% faster. Once the
+# scheduler's first verdict on the fast link is in (usually: keep version 0,
+# nothing compressed), every host's link is changed to 20mbit with
+# `testbed.sh rate` mid-run. The test then expects:
+#   - a first plan, if one was handed out, fitted to a fast inter-machine
+#     link (> 0.1 Gbit/s: on this 2-core machine the fit sees 1.9-8.4 Gbit/s,
+#     what the CPUs move);
 #   - a plan version fitted to the slow link (< 0.05 Gbit/s) is handed out
 #     after the change, and every worker switches to it;
 #   - its choice differs from the plan that ran when the rate changed;
+#   (or, when the first plan compressed already, a window at the slow rate
+#   that keeps it, see CORTADO_REPLAN_MIN_GAIN below);
 #   - every worker's every result equals the reference sum; no process left.
 #
 #
@@ -83,33 +88,56 @@ plans() {
     "$OUT/log"
 }
 
-# CORTADO_REPLAN_MIN_GAIN=0: any plan predicted faster is sent. What changes
-# with the link here is whether compressing the small tensors (every fourth,
-# 1 KiB) pays; that is under the default 5% of the iteration, which the
-# default rule would rightly keep (unit-tested in replan_test).
+# CORTADO_REPLAN_MIN_GAIN=0.15: a plan must be predicted 15% faster to be
+# sent. On the fast link fp16 on the 128 KiB tensors is predicted 0-8%
+# faster (the fit sees 1.9-9 Gbit/s, what the CPUs move), so the workers
+# keep version 0 (nothing compressed); at 20mbit a compressing plan is
+# predicted 22-34% faster. With MIN_GAIN=0 the first plan already compressed
+# on most fits, which is also what the slow link calls for, and the test
+# failed about one run in three with "the same options" or "no plan for the
+# slow link". On a rare slow fit of the fast link (1 Gbit/s, one run in
+# seven) the first plan compresses already: then a window at the slow rate
+# that keeps it is what the test accepts.
 CORTADO_LOG_LEVEL=info CORTADO_PROFILE_WINDOW=3 CORTADO_REPLAN_CODEC=fp16 CORTADO_REPLAN_AHEAD=4 \
-  CORTADO_REPLAN_MIN_GAIN=0 \
+  CORTADO_REPLAN_MIN_GAIN=0.15 \
   "$TB" exec "$NAME" 1 timeout -s KILL 110 "$CORTADO" launch --hosts "$list" -w "$per" -s 1 \
   --agent "$TB exec-host {host}" -- "$CHECK" --mode replan --tensors 8 --elements 32768 \
   --iters 1000000 --stop-file "$OUT/stop" --after 2 --progress-file "$OUT/progress" \
   --max-seconds 90 >"$OUT/log" 2>&1 &
 job=$!
 
-# 1. The first plan (fitted to the fast link) runs on every worker.
+# The scheduler's first verdict on the fast link: a plan handed out, or
+# "window 0: first complete profile; ... the plan stays".
+first_verdict() {
+  [[ -n $(plans) ]] && { echo plan; return; }
+  grep -q '\[replan\] window [0-9]*: first complete profile.*the plan stays' "$OUT/log" && echo kept
+}
+
+# 1. The first verdict (fitted to the fast link), and the plan it leaves
+# running on every worker.
+verdict=""
 for _ in $(seq 400); do
+  verdict=$(first_verdict)
   read -r it ver <<<"$(progress)"
-  [[ -n ${ver:-} ]] && ((ver >= 1)) && break
+  if [[ -n $verdict && -n ${ver:-} ]]; then
+    [[ $verdict == kept ]] && break
+    ((ver >= 1)) && break
+  fi
   kill -0 "$job" 2>/dev/null || break
   sleep 0.1
 done
 read -r at_it at_ver <<<"$(progress)"
-if [[ -z ${at_ver:-} ]] || ((at_ver < 1)); then
-  fail "no plan from the scheduler within 40 s (progress: '$(progress)')"
+if [[ -z $verdict || -z ${at_ver:-} ]] || { [[ $verdict == plan ]] && ((at_ver < 1)); }; then
+  fail "no verdict from the scheduler within 40 s (progress: '$(progress)')"
 else
-  first_rate=$(plans | head -1 | cut -d' ' -f2)
-  echo "plan version $at_ver runs at iteration $at_it; the first plan was fitted to inter $first_rate Gbit/s"
-  awk -v r="$first_rate" 'BEGIN { exit !(r > 0.1) }' ||
-    fail "the first plan was fitted to inter $first_rate Gbit/s on a 10gbit link (expected > 0.1)"
+  if [[ $verdict == plan ]]; then
+    first_rate=$(plans | head -1 | cut -d' ' -f2)
+    echo "plan version $at_ver runs at iteration $at_it; the first plan was fitted to inter $first_rate Gbit/s"
+    awk -v r="$first_rate" 'BEGIN { exit !(r > 0.1) }' ||
+      fail "the first plan was fitted to inter $first_rate Gbit/s on a 10gbit link (expected > 0.1)"
+  else
+    echo "the scheduler kept plan version $at_ver (nothing compressed) at its first verdict; iteration $at_it"
+  fi
 
   # 2. Slow every link down, both directions.
   for ((i = 1; i <= hosts; i++)); do "$TB" rate "$NAME" "$i" "$slow" || fail "testbed.sh rate $i $slow failed"; done
@@ -133,6 +161,8 @@ else
       elif r=$(kept_slow) && [[ -n $r ]]; then
         confirmed="fitted to inter $new_rate Gbit/s, kept by a window at $r Gbit/s"
       fi
+    elif [[ $verdict == plan ]] && r=$(kept_slow) && [[ -n $r ]]; then
+      confirmed="the first plan (version $cut_ver, fitted to inter $first_rate Gbit/s) kept by a window at $r Gbit/s"
     fi
     [[ -n $confirmed ]] && break
     kill -0 "$job" 2>/dev/null || break
@@ -140,6 +170,8 @@ else
   done
   if [[ -z $confirmed ]]; then
     fail "no plan for the slow link (< 0.05 Gbit/s) within 60 s of the change; plans: $(plans | tr '\n' ';')"
+  elif [[ -z $new_ver ]]; then
+    echo "no new plan: $confirmed"
   else
     echo "plan version $new_ver ($confirmed), switch at iteration $new_at"
     for _ in $(seq 600); do
