@@ -75,7 +75,8 @@ struct World {
 // [-levels, levels]; every fp32 and fp16 sum of them is exact.
 //
 // As many levels as keep the largest sum, n(n+1)/2 * 3 * levels for n
-// workers, within fp16's exact integers (2048), up to 64 (2 at least): with
+// workers, within fp16's exact integers (2048), up to 64 (2 at least, so
+// beyond 25 workers an fp16 sum can leave them): with
 // few distinct magnitudes a top-k threshold ties with a large share of the
 // tensor (with [-2, 2], 40% of it had the largest magnitude, 1% is sent), and
 // DGC's selection then sorted that share: its encode took 2-3x what it takes
