@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
+#include "core/common/trace.h"
 
 namespace cortado::launcher {
 namespace {
@@ -118,7 +119,8 @@ TraceComparison compareTraces(const std::string& predicted, const std::string& m
     std::erase_if(meas, [&](const Span& s) { return s.iteration < first || s.iteration > last; });
     CORTADO_ENFORCE(!meas.empty(), ErrorCode::kInvalidArgument,
                     "the measured trace {} holds no events of iterations {}..{} (it holds {})", measured, first,
-                    last, highest < 0 ? std::string("none numbered") : fmt::format("{}..{}", lowest, highest));
+                    last == std::numeric_limits<int64_t>::max() ? std::string() : std::to_string(last),
+                    highest < 0 ? std::string("none numbered") : fmt::format("{}..{}", lowest, highest));
   }
 
   // Iteration spans per (worker, iteration); stage sums over every process.
@@ -213,26 +215,13 @@ void addTraceCommand(CLI::App& app) {
   compare->add_option("--top", top, "how many stages to list")->check(CLI::Range(1, 1000));
   static std::string range;
   compare->add_option("--iterations", range,
-                      "FIRST:LAST, only these measured iterations (e.g. one strategy's of a `cortado bench "
-                      "model --trace` run: docs/tracing.md)");
+                      "FIRST:LAST or FIRST:, only these measured iterations (e.g. one strategy's of a "
+                      "`cortado bench model --trace` run: docs/tracing.md)");
   compare->callback([] {
     int64_t first = -1, last = -1;
-    if (!range.empty()) {
-      const size_t colon = range.find(':');
-      size_t a = 0, b = 0;
-      try {
-        if (colon != std::string::npos) {
-          first = std::stoll(range.substr(0, colon), &a);
-          last = std::stoll(range.substr(colon + 1), &b);
-        }
-      } catch (const std::exception&) {
-        a = b = 0;
-      }
-      CORTADO_ENFORCE(colon != std::string::npos && a == colon && b == range.size() - colon - 1 && first >= 0 &&
-                          last >= first,
-                      ErrorCode::kInvalidArgument,
-                      "--iterations '{}': give FIRST:LAST, two iteration numbers with 0 <= FIRST <= LAST (e.g. 4:7)",
-                      range);
+    if (auto r = parseIterationRange(range, "--iterations")) {
+      first = r->first;
+      last = r->second < 0 ? std::numeric_limits<int64_t>::max() : r->second;  // "FIRST:": from FIRST on
     }
     auto c = compareTraces(predicted, measured, first, last);
     const double ratio = c.predictedIterationUs > 0 ? c.measuredIterationUs / c.predictedIterationUs : 0;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,7 +16,7 @@
 namespace cortado {
 namespace {
 
-int64_t parseIteration(const std::string& s, const std::string& whole) {
+int64_t parseIteration(const std::string& s, const std::string& whole, const std::string& name) {
   size_t used = 0;
   long long v = -1;
   try {
@@ -24,31 +25,37 @@ int64_t parseIteration(const std::string& s, const std::string& whole) {
     used = 0;
   }
   CORTADO_ENFORCE(used == s.size() && v >= 0, ErrorCode::kInvalidArgument,
-                  "CORTADO_TRACE_ITERATIONS='{}' is not a range of iterations: use FIRST:LAST "
-                  "(e.g. 10:19), FIRST: (from FIRST on) or all",
-                  whole);
+                  "{}='{}' is not a range of iterations: use FIRST:LAST (e.g. 10:19), FIRST: (from "
+                  "FIRST on) or all",
+                  name, whole);
   return v;
 }
 
 }  // namespace
+
+std::optional<std::pair<int64_t, int64_t>> parseIterationRange(const std::string& range,
+                                                               const std::string& name) {
+  if (range == "all" || range.empty()) return std::nullopt;
+  const auto colon = range.find(':');
+  CORTADO_ENFORCE(colon != std::string::npos, ErrorCode::kInvalidArgument,
+                  "{}='{}' is not a range of iterations: use FIRST:LAST (e.g. 10:19), FIRST: (from "
+                  "FIRST on) or all",
+                  name, range);
+  const int64_t first = parseIteration(range.substr(0, colon), range, name);
+  const std::string lastText = range.substr(colon + 1);
+  const int64_t last = lastText.empty() ? -1 : parseIteration(lastText, range, name);
+  CORTADO_ENFORCE(lastText.empty() || last >= first, ErrorCode::kInvalidArgument,
+                  "{}='{}': the last iteration is before the first", name, range);
+  return std::pair{first, last};
+}
 
 TraceOptions TraceOptions::fromEnv(std::string process) {
   TraceOptions o;
   o.process = std::move(process);
   if (auto d = getEnv({"CORTADO_TRACE_DIR"})) o.dir = d->value;
   const auto r = getEnv({"CORTADO_TRACE_ITERATIONS"});
-  const std::string range = r ? r->value : "all";
-  if (range == "all" || range.empty()) return o;
-  const auto colon = range.find(':');
-  CORTADO_ENFORCE(colon != std::string::npos, ErrorCode::kInvalidArgument,
-                  "CORTADO_TRACE_ITERATIONS='{}' is not a range of iterations: use FIRST:LAST "
-                  "(e.g. 10:19), FIRST: (from FIRST on) or all",
-                  range);
-  o.first = parseIteration(range.substr(0, colon), range);
-  const std::string lastText = range.substr(colon + 1);
-  o.last = lastText.empty() ? -1 : parseIteration(lastText, range);
-  CORTADO_ENFORCE(lastText.empty() || o.last >= o.first, ErrorCode::kInvalidArgument,
-                  "CORTADO_TRACE_ITERATIONS='{}': the last iteration is before the first", range);
+  if (auto range = parseIterationRange(r ? r->value : "all", "CORTADO_TRACE_ITERATIONS"))
+    std::tie(o.first, o.last) = *range;
   return o;
 }
 

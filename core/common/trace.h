@@ -24,10 +24,19 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cortado {
+
+// An iteration range as CORTADO_TRACE_ITERATIONS and `cortado trace compare
+// --iterations` take it: "FIRST:LAST", "FIRST:" (last -1: from FIRST on), or
+// "all" and "" (nullopt). Throws Error(kInvalidArgument) naming `name` and
+// the expected form when it does not parse, or LAST is before FIRST.
+std::optional<std::pair<int64_t, int64_t>> parseIterationRange(const std::string& range,
+                                                               const std::string& name);
 
 struct TraceOptions {
   std::string dir;       // empty: tracing off
