@@ -56,6 +56,14 @@ struct KeyState {
   std::string codecSpec;
   std::string tensorName;
   bool resultCompressed = false;  // k.result is a codec payload
+  // Top-k and DGC keys: the indices this round's payloads carried (ascending,
+  // unique), while `tracking`; at the round's end the answer is built from
+  // them and only they are cleared, so `accZero` (acc is all zeros) holds for
+  // the next round. Off for the round once the payloads listed more than a
+  // quarter of the key's elements (duplicates included): then a scan is cheaper.
+  bool tracking = false;
+  bool accZero = false;
+  compressor::IndexUnion touched;
 
   // Plan executor (core/executor.h): pushes that complete a round (0 until the
   // first push fixes it), a compressed key answered dense, and an
@@ -123,7 +131,8 @@ struct ServerEngine::Shard {
   // lossless top-k form, or dense where smaller); returns whether it is a payload.
   // With k.errorFeedback a lossy encode goes through the key's residual.
   bool encodeSum(KeyState& k, const compressor::CodecPtr& codec, uint64_t key, uint64_t round,
-                 const float* sum, size_t n, Buffer& out, Buffer recycled);
+                 const float* sum, size_t n, Buffer& out, Buffer recycled,
+                 const std::span<const uint32_t>* touched = nullptr);
   // A pull with kFlagCompressed on an uncompressed key: fixes or checks the
   // codec it names.
   void answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg);
@@ -342,7 +351,6 @@ Buffer ServerEngine::Shard::takeBuffer(Buffer& recycled, size_t bytes) {
 
 void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message& msg) {
   const int w = msg.from.rank;
-  const int W = engine->opts_.numWorkers;
   if (h.op == Op::kPush) {
     // One "server" event per push handled, when tracing.
     struct TraceGuard {
@@ -391,13 +399,16 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     } else {
       // The published result of the last round may still be pulled: never
       // write into it. Recycling happens at completion (see below).
-      if (k.acc.size() != accBytes) k.acc = Buffer::allocate(accBytes);
+      if (k.acc.size() != accBytes) k.acc = Buffer::allocate(accBytes), k.accZero = false;
       acc = k.acc.data();
     }
     if (k.compressed) {
       // Decoded straight into the fp32 sum; a bad payload throws before it
       // writes anything, so the sum stays what the good pushes made it.
-      if (k.pushes == 0) std::fill_n(reinterpret_cast<float*>(acc), k.numElements, 0.0f);
+      if (k.pushes == 0) {
+        if (!k.accZero) std::fill_n(reinterpret_cast<float*>(acc), k.numElements, 0.0f);
+        k.accZero = false;
+      }
       decompressInto(k, h, msg, reinterpret_cast<float*>(acc));
     } else if (k.pushes == 0) {
       loadAccumulator(k.dtype, acc, src, k.numElements);
@@ -448,6 +459,12 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
         k.result = takeBuffer(old, outBytes);
         storeAccumulator(k.dtype, k.result.data(), k.acc.data(), k.numElements);
       }
+    }
+    if (k.compressed && k.tracking) {
+      // Nothing else was written: clearing these makes the sum zero again.
+      float* sum = reinterpret_cast<float*>(k.acc.data());
+      for (uint32_t i : k.touched.merged()) sum[i] = 0.0f;
+      k.accZero = true;
     }
     k.doneRound = k.round;
     ++k.round;
@@ -608,7 +625,11 @@ std::span<const std::byte> ServerEngine::Shard::compressedPayload(KeyState& k,
 
 void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const Message& msg,
                                          float* sum) {
-  std::span<const std::byte> payload = compressedPayload(k, h, msg);
+  std::span<const std::byte> payload = compressedPayload(k, h, msg);  // sets k.codec
+  if (k.pushes == 0) {
+    k.tracking = compressor::listsIndices(k.codec->id());
+    if (k.tracking) k.touched.reset(k.numElements);
+  }
   // One payload, or (plan executor) several of the same chunk back to back.
   const size_t one = k.codec->payloadBytes(k.numElements);
   CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0, ErrorCode::kProtocol,
@@ -622,6 +643,10 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
       compressor::parseHeader(payload.subspan(at, one));
     for (size_t at = 0; at < payload.size(); at += one)
       k.codec->decompressAdd(payload.subspan(at, one), sum, k.numElements);
+    for (size_t at = 0; k.tracking && at < payload.size(); at += one) {
+      k.touched.add(payload.subspan(at, one));
+      if (k.touched.added() > k.numElements / 4) k.tracking = false;  // dense: scan at the end
+    }
   } catch (const Error& e) {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),
@@ -631,8 +656,10 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
 
 void ServerEngine::Shard::encodeAnswer(KeyState& k, uint64_t key, const float* sum,
                                        Buffer recycled) {
+  std::span<const uint32_t> touched;
+  if (k.tracking) touched = k.touched.merged();
   k.resultCompressed = encodeSum(k, k.codec, key, k.round, sum, k.numElements, k.result,
-                                 std::move(recycled));
+                                 std::move(recycled), k.tracking ? &touched : nullptr);
 }
 
 void ServerEngine::Shard::answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg) {
@@ -706,17 +733,25 @@ void ServerEngine::Shard::flushInto(KeyState& k, const float* sum, Buffer& out,
 
 bool ServerEngine::Shard::encodeSum(KeyState& k, const compressor::CodecPtr& codecPtr,
                                     uint64_t key, uint64_t round, const float* sum, size_t n,
-                                    Buffer& result, Buffer recycled) {
+                                    Buffer& result, Buffer recycled,
+                                    const std::span<const uint32_t>* touched) {
   const compressor::Codec& codec = *codecPtr;
   const size_t denseBytes = n * sizeof(float);
   if (codec.sparse()) {
     // The sum of sparse payloads has at most W*k nonzeros: send all of them
     // (lossless, so the workers' error feedback stays exact), or the dense
-    // sum when that is smaller.
-    const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum, n));
+    // sum when that is smaller. With the indices the payloads carried, only
+    // those elements are read.
+    const size_t nonzeros = touched ? compressor::countNonzeros(sum, *touched)
+                                    : compressor::countNonzeros(sum, n);
+    const size_t bytes = compressor::sparseSumBytes(nonzeros);
     if (bytes < denseBytes) {
       result = takeBuffer(recycled, bytes);
-      compressor::encodeSparseSum(sum, n, {reinterpret_cast<std::byte*>(result.data()), bytes});
+      std::span<std::byte> out{reinterpret_cast<std::byte*>(result.data()), bytes};
+      if (touched)
+        compressor::encodeSparseSum(sum, n, *touched, out);
+      else
+        compressor::encodeSparseSum(sum, n, out);
       return true;
     }
     result = takeBuffer(recycled, denseBytes);

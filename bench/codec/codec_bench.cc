@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "compressor/error_feedback.h"
+#include "compressor/payload.h"
 #include "compressor/registry.h"
+#include "compressor/sparse_sum.h"
 #include "core/common/thread_pool.h"
 #include "cost_export.h"
 #include "torch_ref.h"
@@ -129,6 +131,42 @@ void registerAll(Context& c) {
                   bytes64, [codec, payload, sum, ctx] {
                     codec->decompressAdd(*payload, sum->data(), sum->size(), 1.0f, ctx);
                   });
+  }
+
+  // A server's round of a DGC key as the plan executor pushes it: 4 workers'
+  // payloads of one 4 MiB chunk summed and answered as their lossless sparse
+  // sum. "scan": zero the sum, add, then find the nonzeros among all n (the
+  // server before 2026-11-22, fifth session); "indexed": from the indices the
+  // payloads carried (compressor/sparse_sum.h), clearing only those.
+  {
+    const size_t n = size_t{1} << 20;
+    auto codec = c.registry.create("dgc:ratio=0.01");
+    auto payloads = std::make_shared<std::vector<std::vector<std::byte>>>();
+    for (int w = 0; w < 4; ++w) {
+      std::vector<float> x(c.x64.begin() + w * n, c.x64.begin() + (w + 1) * n);
+      payloads->emplace_back(codec->payloadBytes(n));
+      codec->encode(x.data(), n, payloads->back(), {});
+    }
+    auto sum = std::make_shared<std::vector<float>>(n, 0.0f);
+    auto out = std::make_shared<std::vector<std::byte>>(n * 4 + compressor::kHeaderBytes);
+    auto touched = std::make_shared<compressor::IndexUnion>();
+    addThroughput(c, "server_round/dgc:ratio=0.01/4x4MiB/scan", n * 4.0, [=] {
+      std::fill(sum->begin(), sum->end(), 0.0f);
+      for (auto& p : *payloads) codec->decompressAdd(p, sum->data(), n);
+      const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum->data(), n));
+      compressor::encodeSparseSum(sum->data(), n, {out->data(), bytes});
+    });
+    addThroughput(c, "server_round/dgc:ratio=0.01/4x4MiB/indexed", n * 4.0, [=] {
+      touched->reset(n);
+      for (auto& p : *payloads) {
+        codec->decompressAdd(p, sum->data(), n);
+        touched->add(p);
+      }
+      std::span<const uint32_t> at = touched->merged();
+      const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum->data(), at));
+      compressor::encodeSparseSum(sum->data(), n, at, {out->data(), bytes});
+      for (uint32_t i : at) (*sum)[i] = 0.0f;
+    });
   }
 
   // top-k and DGC against torch.topk(|x|, k) on the same 25M floats: normal

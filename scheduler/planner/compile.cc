@@ -188,17 +188,24 @@ class Compiler {
     SimOp work;
     work.kind = OpKind::kServer;
     work.res = Res::kCpu;
+    const double pushed = m_;
     if (compressed_) {
       work.tasks = uint16_t(M * parts);  // every machine's payload of every partition
-      work.us = codec_.decodeUs(Device::kCpu, part, m_);
+      work.us = codec_.decodeUs(Device::kCpu, part, pushed);
       add(work);
     }
+    // Top-k and DGC pushes answered in their sparse form: the answer is read
+    // from the indices the payloads listed (as many element visits as their
+    // decode-and-add), no pass over the dense sum. Otherwise the sum is zeroed
+    // or summed densely, and a compressed answer is the codec's encode.
+    const bool indexed = compressed_ && pull.compressed && codec_.listsIndices();
     work.tasks = uint16_t(parts);
-    work.us = M * part * dtype_ * 8.0 / (c_.cpuSumGbps * 1000.0);
+    work.us = indexed ? codec_.decodeUs(Device::kCpu, part, pushed)
+                      : M * part * dtype_ * 8.0 / (c_.cpuSumGbps * 1000.0);
     add(work);
     compressed_ = pull.compressed;
     m_ = 1;
-    if (pull.compressed) {
+    if (pull.compressed && !indexed) {
       work.us = codec_.encodeUs(Device::kCpu, part);
       add(work);
     }

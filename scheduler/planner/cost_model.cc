@@ -207,6 +207,11 @@ double ResolvedCodec::decodeUs(plan::Device d, double elements, double contribut
   return c.fixedUs + contributions * (c.us(elements, elements * selectedFraction) - c.fixedUs);
 }
 
+bool ResolvedCodec::listsIndices() const {
+  const std::string name = spec.substr(0, spec.find(':'));
+  return name == "topk" || name == "dgc";
+}
+
 ResolvedCodec ResolvedCodec::zeroCost() const {
   ResolvedCodec z = *this;
   for (int d = 0; d < 2; ++d) {

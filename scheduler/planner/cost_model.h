@@ -160,6 +160,9 @@ struct ResolvedCodec {
   // Decoding `contributions` payloads of `elements` each and summing them.
   double decodeUs(plan::Device d, double elements, double contributions) const;
   ResolvedCodec zeroCost() const;  // for the upper bound
+  // Top-k and DGC: payloads list their indices, so a server builds a round's
+  // answer from them (compressor::IndexUnion) without a pass over the sum.
+  bool listsIndices() const;
 };
 
 class CodecModel {

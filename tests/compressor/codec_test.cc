@@ -8,6 +8,7 @@
 
 #include "compressor/payload.h"
 #include "compressor/powersgd.h"
+#include "compressor/sparse_sum.h"
 #include "core/common/half.h"
 #include "core/common/thread_pool.h"
 #include "test_util.h"
@@ -395,6 +396,86 @@ TEST(Codec, EncodeChecksOutputCapacity) {
   std::vector<float> x(100);
   std::vector<std::byte> out(c->payloadBytes(100) - 1);
   EXPECT_THROW(c->encode(x.data(), 100, out, {}), Error);
+}
+
+// A server's sum of W top-k or DGC payloads, built from the indices the
+// payloads carried (mergeIndices) instead of a scan of every element: the
+// same payload byte for byte as the scan, which a plain loop checks too.
+TEST(SparseSum, FromThePayloadsIndicesIsTheScanByteForByte) {
+  for (const std::string spec : {"topk:ratio=0.01", "dgc:ratio=0.03"}) {
+    auto codec = cpuRegistry().create(spec);
+    for (size_t n : {1, 100, 4099, 300000}) {
+      SCOPED_TRACE(::testing::Message() << spec << " n=" << n);
+      std::vector<float> sum(n, 0.0f);
+      IndexUnion u;
+      u.reset(n);
+      for (int w = 0; w < 5; ++w) {
+        auto x = randomTensor(n, 11 * n + w);
+        if (w == 4)  // cancels worker 0 where both send: those sums are exactly 0
+          x = randomTensor(n, 11 * n), std::transform(x.begin(), x.end(), x.begin(), std::negate<>());
+        auto payload = encodeToVector(*codec, x, {});
+        codec->decompressAdd(payload, sum.data(), n);
+        u.add(payload);
+      }
+      ASSERT_EQ(u.added(), 5 * parseHeader(encodeToVector(*codec, sum, {})).count);
+      std::span<const uint32_t> touched = u.merged();
+      ASSERT_TRUE(std::is_sorted(touched.begin(), touched.end()));
+      ASSERT_EQ(std::adjacent_find(touched.begin(), touched.end()), touched.end());
+      // Plain loop: the nonzeros, ascending.
+      std::vector<uint32_t> nz;
+      for (size_t i = 0; i < n; ++i)
+        if (sum[i] != 0.0f) nz.push_back(uint32_t(i));
+      ASSERT_EQ(countNonzeros(sum.data(), touched), nz.size());
+      if (n > 1) ASSERT_LT(nz.size(), touched.size()) << "worker 4 cancelled some";
+      std::vector<std::byte> scan(sparseSumBytes(nz.size())), indexed(scan.size());
+      encodeSparseSum(sum.data(), n, scan);
+      encodeSparseSum(sum.data(), n, touched, indexed);
+      ASSERT_TRUE(scan == indexed);
+      PayloadHeader h = parseHeader(indexed);
+      ASSERT_EQ(h.count, nz.size());
+      for (size_t j = 0; j < nz.size(); ++j) {
+        ASSERT_EQ(loadLe<uint32_t>(indexed.data() + kHeaderBytes + 4 * j), nz[j]);
+        ASSERT_EQ(loadLe<float>(indexed.data() + kHeaderBytes + 4 * (nz.size() + j)), sum[nz[j]]);
+      }
+    }
+  }
+  // Indices in any order (not ours, but valid) merge the same.
+  auto topk = cpuRegistry().create("topk:ratio=0.5");
+  std::vector<float> x = {0, 5, 0, -7, 0, 9, 0, 1};
+  auto payload = encodeToVector(*topk, x, {});
+  std::byte* idx = payload.data() + kHeaderBytes;
+  std::byte* val = idx + 4 * 4;
+  for (int i = 0; i < 2; ++i) {  // reverse the 4 (index, value) pairs
+    for (int b = 0; b < 4; ++b) std::swap(idx[4 * i + b], idx[4 * (3 - i) + b]);
+    for (int b = 0; b < 4; ++b) std::swap(val[4 * i + b], val[4 * (3 - i) + b]);
+  }
+  IndexUnion u;
+  u.reset(8);
+  std::vector<float> y = {3, 0, 0, 8, 0, 0, 0, 0};  // a sorted run: indices 0 and 3
+  u.add(encodeToVector(*cpuRegistry().create("topk:ratio=0.25"), y, {}));
+  u.add(payload);
+  u.add(payload);  // the same indices twice: once in the union
+  std::span<const uint32_t> m = u.merged();
+  EXPECT_EQ(std::vector<uint32_t>(m.begin(), m.end()), (std::vector<uint32_t>{0, 1, 3, 5, 7}));
+  m = u.merged();  // again: the same
+  EXPECT_EQ(std::vector<uint32_t>(m.begin(), m.end()), (std::vector<uint32_t>{0, 1, 3, 5, 7}));
+  u.reset(8);
+  EXPECT_TRUE(u.merged().empty());
+  EXPECT_EQ(u.added(), 0u);
+  // A payload without indices, and an index out of range, are refused.
+  auto fp16 = cpuRegistry().create("fp16");
+  EXPECT_THROW(u.add(encodeToVector(*fp16, x, {})), Error);
+  u.reset(7);  // a payload of another size
+  EXPECT_THROW(u.add(payload), Error);
+  u.reset(8);  // an index out of range: nothing added
+  auto bad = payload;
+  storeLe<uint32_t>(bad.data() + kHeaderBytes, 8);
+  EXPECT_THROW(u.add(bad), Error);
+  EXPECT_EQ(u.added(), 0u);
+  EXPECT_TRUE(u.merged().empty());
+  std::vector<float> s8(8, 0.0f);
+  std::vector<std::byte> out(sparseSumBytes(0));
+  EXPECT_THROW(encodeSparseSum(s8.data(), 4, std::vector<uint32_t>{1, 6}, out), Error);
 }
 
 }  // namespace
