@@ -257,6 +257,19 @@ int OnlineReplanner::measuredCurves(const std::vector<plan::ProfileReport>& repo
         if (c.compressed != c.pullCompressed) continue;
         if (c.compressed && !(cl && codec)) continue;
         if (cl && codec) x.us = std::max(0.1 * x.us, x.us - serverUs(c, *cl, *codec) / 2);
+        if (x.p > 1 && c.compressed && codec->listsIndices() && c.elements > 0) {
+          // A top-k or DGC answer is the union of every machine's payloads,
+          // up to M times the push (dense where smaller; compile.cc): the
+          // round trip split between the two sizes in proportion to bytes.
+          const double ratio =
+              std::max(1.0, std::min(double(r.machines), 4.0 * double(c.elements) / double(c.bytes)));
+          const double rt = 2 * x.us;
+          auto& [pc, pt] = acc[{c.op, c.compressed}][x.p][x.bytes];
+          pc += double(c.calls), pt += rt / (1 + ratio) * double(c.calls);
+          auto& [qc, qt] = acc[{c.op, c.compressed}][x.p][x.bytes * ratio];
+          qc += double(c.calls), qt += rt * ratio / (1 + ratio) * double(c.calls);
+          continue;
+        }
       }
       if (x.p <= 1) continue;
       auto& [calls, total] = acc[{c.op, c.compressed}][x.p][x.bytes];

@@ -204,7 +204,10 @@ class Compiler {
                       : M * part * dtype_ * 8.0 / (c_.cpuSumGbps * 1000.0);
     add(work);
     compressed_ = pull.compressed;
-    m_ = 1;
+    // A top-k or DGC answer is the lossless sum of every payload pushed: the
+    // union of their indices, up to all of them (no overlap), or the dense sum
+    // where that is smaller. Pulled, then decoded, as that many payloads.
+    m_ = indexed ? std::max(1.0, std::min(M * pushed, e_ * dtype_ / codec_.payloadBytes(e_))) : 1;
     if (pull.compressed && !indexed) {
       work.us = codec_.encodeUs(Device::kCpu, part);
       add(work);

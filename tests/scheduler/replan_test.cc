@@ -398,9 +398,14 @@ std::vector<plan::ProfileReport> windowOf(const World& w, const plan::Plan& p, u
           auto bytesOf = [&](bool compressed) { return compressed ? w.codec.payloadBytes(e) : e * 4; };
           const double chunks = std::ceil(e * 4 / w.cl.chunkBytes);
           const double spread = M * std::ceil(chunks / M) / chunks;
+          // A top-k or DGC answer: the sum of every machine's payload, dense
+          // where that is smaller.
+          const double pulled = s.compressed && pullCompressed && w.codec.listsIndices()
+                                    ? std::min(M * w.codec.payloadBytes(e), e * 4)
+                                    : bytesOf(pullCompressed);
           const double rt =
               planner::commTimeUs(w.cl.inter, CommOp::kPush, M, bytesOf(s.compressed) * spread) + server +
-              planner::commTimeUs(w.cl.inter, CommOp::kPull, M, bytesOf(pullCompressed) * spread);
+              planner::commTimeUs(w.cl.inter, CommOp::kPull, M, pulled * spread);
           r.comms.push_back({CommOp::kPush, Scope::kInter, s.compressed, M, uint64_t(bytesOf(s.compressed)),
                              uint64_t(chunks), uint64_t(e), pullCompressed, calls, calls * noisy(rt)});
         }
