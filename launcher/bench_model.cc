@@ -455,8 +455,21 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     }
     return out;
   };
-  // The slowest worker's: the step after an encode waits for it.
-  const std::vector<double> encMed = world.max(medians(enc)), decMed = world.max(medians(dec));
+  // The slowest worker's: the step after an encode waits for it. (Per pass
+  // the slowest worker's call, then the median over the passes, was tried:
+  // 4 workers on 2 cores, one of them always waits for a core, and the
+  // predictions came out 65% above the replay.)
+  const std::vector<double> encMed = world.max(medians(enc));
+  std::vector<double> decMed = world.max(medians(dec));
+  // A decode-and-add costs no less for more elements (it scatters or
+  // streams in proportion), so a size measured dearer than a larger one is
+  // capped at it: one run had 1048576 elements of DGC at 2373 us between 497
+  // us below and 406 us above (a worker's medians there all slow), and the
+  // compress-everything strategies were predicted 28-33% above the replay
+  // (flat allgather: 4 decodes per tensor). Not for the
+  // encode: top-k and DGC select exactly below 65536 elements and from a
+  // sample above, so 16384 elements genuinely cost more than 65536.
+  for (size_t i = decMed.size(); i-- > 1;) decMed[i - 1] = std::min(decMed[i - 1], decMed[i]);
   std::vector<std::array<double, 3>> er, dr;
   m.encodeCurve = m.decodeCurve = planner::MeasuredCurve{};
   for (size_t i = 0; i < sizes.size(); ++i) {

@@ -195,12 +195,13 @@ class Compiler {
       add(work);
     }
     // Top-k and DGC pushes answered in their sparse form: the answer is read
-    // from the indices the payloads listed (as many element visits as their
-    // decode-and-add), no pass over the dense sum. Otherwise the sum is zeroed
-    // or summed densely, and a compressed answer is the codec's encode.
+    // from the indices every machine's payloads listed (as many element
+    // visits as their decode-and-add), no pass over the dense sum. Otherwise
+    // the sum is zeroed or summed densely, and a compressed answer is the
+    // codec's encode.
     const bool indexed = compressed_ && pull.compressed && codec_.listsIndices();
     work.tasks = uint16_t(parts);
-    work.us = indexed ? codec_.decodeUs(Device::kCpu, part, pushed)
+    work.us = indexed ? codec_.decodeUs(Device::kCpu, part, M * pushed)
                       : M * part * dtype_ * 8.0 / (c_.cpuSumGbps * 1000.0);
     add(work);
     compressed_ = pull.compressed;
