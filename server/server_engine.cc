@@ -56,11 +56,11 @@ struct KeyState {
   std::string codecSpec;
   std::string tensorName;
   bool resultCompressed = false;  // k.result is a codec payload
-  // Top-k and DGC keys: the indices this round's payloads carried (ascending,
-  // unique), while `tracking`; at the round's end the answer is built from
-  // them and only they are cleared, so `accZero` (acc is all zeros) holds for
-  // the next round. Off for the round once the payloads listed more than a
-  // quarter of the key's elements (duplicates included): then a scan is cheaper.
+  // Top-k and DGC keys: the indices this round's payloads listed, while
+  // `tracking`; at the round's end the answer is built from them and only
+  // they are cleared, so `accZero` (acc is all zeros) holds for the next
+  // round. Off for the round once the payloads listed more than a quarter of
+  // the key's elements (duplicates included): then a scan is cheaper.
   bool tracking = false;
   bool accZero = false;
   compressor::IndexUnion touched;
@@ -641,12 +641,15 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
     // Validate every payload before adding any, so a bad push leaves the sum alone.
     for (size_t at = 0; at < payload.size(); at += one)
       compressor::parseHeader(payload.subspan(at, one));
-    for (size_t at = 0; at < payload.size(); at += one)
-      k.codec->decompressAdd(payload.subspan(at, one), sum, k.numElements);
+    // Top-k and DGC: every payload's indices first (checked in range), so
+    // whatever the adds write is among them, and an index out of range in
+    // any payload refuses the push before anything is added.
     for (size_t at = 0; k.tracking && at < payload.size(); at += one) {
       k.touched.add(payload.subspan(at, one));
       if (k.touched.added() > k.numElements / 4) k.tracking = false;  // dense: scan at the end
     }
+    for (size_t at = 0; at < payload.size(); at += one)
+      k.codec->decompressAdd(payload.subspan(at, one), sum, k.numElements);
   } catch (const Error& e) {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),

@@ -658,5 +658,44 @@ TEST_F(ServerCodec, SparseKeysAnswerEachRoundsExactSumAcrossRounds) {
   }
 }
 
+// A push of several payloads whose second lists an index out of range is
+// refused before any of it is added (it comes after a good push of the
+// round, so nothing would zero what it left): every round's answer is the
+// good pushes' exact sum.
+TEST_F(ServerCodec, SparseKeyRefusesABadIndexInAnyPayloadBeforeAddingAny) {
+  const size_t n = 3000;
+  const std::string spec = "dgc:ratio=0.01";
+  auto codec = registry_.create(spec);
+  const size_t pre = wire::compressedPreambleBytes(codec->spec(), "bad");
+  auto tensor = [&](int r, uint64_t t) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = float(std::cos(0.11 * double(i) * double(r + 2) + double(t)));
+    return x;
+  };
+  for (uint64_t t = 0; t < 3; ++t) {
+    std::vector<float> want(n, 0.0f);
+    for (int r = 0; r < kWorkers; ++r) {
+      if (r == 1 && t > 0) {
+        // The first payload picks worker 0's elements: were it added, the
+        // answer (read at the listed indices) would show it.
+        Buffer pa = pushBody(spec, "bad", tensor(0, t)), pb = pushBody(spec, "bad", tensor(6, t));
+        Buffer two = Buffer::allocate(pa.size() + pb.size() - pre);
+        std::memcpy(two.data(), pa.data(), pa.size());
+        std::memcpy(two.data() + pa.size(), pb.data() + pre, pb.size() - pre);
+        // The second payload's first index: n, one past the end.
+        const uint32_t past = uint32_t(n);
+        std::memcpy(two.data() + pa.size() + compressor::kHeaderBytes, &past, 4);
+        workers_[r]->send(header(Op::kPush, 80, t, n, 1), two);
+        const std::string e = workers_[r]->nextError();
+        EXPECT_NE(e.find("out of range"), std::string::npos) << e;
+      }
+      Buffer body = pushBody(spec, "bad", tensor(r, t));
+      codec->decompressAdd({reinterpret_cast<const std::byte*>(body.data() + pre), body.size() - pre},
+                           want.data(), n);
+      workers_[r]->send(header(Op::kPush, 80, t, n, 2), body);
+    }
+    for (int r = 0; r < kWorkers; ++r) ASSERT_EQ(pull(r, 80, t, n), want) << "round " << t;
+  }
+}
 }  // namespace
 }  // namespace cortado
