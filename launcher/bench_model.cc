@@ -393,6 +393,31 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
 // its traced time, docs/benchmarks.md). Nor one line through every size: the
 // relative fit let such mid-size points set the per-element cost of the
 // large tensors.
+}  // namespace
+
+void smoothCodecProbes(std::vector<double>& encode, std::vector<double>& decode) {
+  // An encode size measured more than 3x both its neighbours (4x smaller
+  // and 4x larger) is taken at the larger neighbour: sizes 4x apart cost at
+  // most about 4x more, and one run had 65536 elements of DGC at 2637 us
+  // between 197 and 551 us (129-141 us in the runs before and after). Only
+  // spikes: top-k and DGC select exactly below 65536 elements and from a
+  // sample above, so 16384 elements genuinely cost more than 65536.
+  const std::vector<double> raw = encode;
+  for (size_t i = 1; i + 1 < raw.size(); ++i) {
+    const double near = std::max(raw[i - 1], raw[i + 1]);
+    if (raw[i] > 3 * near) encode[i] = near;
+  }
+  // A decode-and-add costs no less for more elements (it scatters or
+  // streams in proportion), so a size measured dearer than a larger one is
+  // capped at it: one run had 1048576 elements of DGC at 2373 us between 497
+  // us below and 406 us above (a worker's medians there all slow), and the
+  // compress-everything strategies were predicted 28-33% above the replay
+  // (flat allgather: 4 decodes per tensor).
+  for (size_t i = decode.size(); i-- > 1;) decode[i - 1] = std::min(decode[i - 1], decode[i]);
+}
+
+namespace {
+
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m) {
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
@@ -459,17 +484,9 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   // the slowest worker's call, then the median over the passes, was tried:
   // 4 workers on 2 cores, one of them always waits for a core, and the
   // predictions came out 65% above the replay.)
-  const std::vector<double> encMed = world.max(medians(enc));
+  std::vector<double> encMed = world.max(medians(enc));
   std::vector<double> decMed = world.max(medians(dec));
-  // A decode-and-add costs no less for more elements (it scatters or
-  // streams in proportion), so a size measured dearer than a larger one is
-  // capped at it: one run had 1048576 elements of DGC at 2373 us between 497
-  // us below and 406 us above (a worker's medians there all slow), and the
-  // compress-everything strategies were predicted 28-33% above the replay
-  // (flat allgather: 4 decodes per tensor). Not for the
-  // encode: top-k and DGC select exactly below 65536 elements and from a
-  // sample above, so 16384 elements genuinely cost more than 65536.
-  for (size_t i = decMed.size(); i-- > 1;) decMed[i - 1] = std::min(decMed[i - 1], decMed[i]);
+  smoothCodecProbes(encMed, decMed);
   std::vector<std::array<double, 3>> er, dr;
   m.encodeCurve = m.decodeCurve = planner::MeasuredCurve{};
   for (size_t i = 0; i < sizes.size(); ++i) {
