@@ -28,10 +28,14 @@ size_t writeSparseSum(const float* sum, size_t n, size_t k, std::span<std::byte>
   size_t j = 0;
   forEach([&](size_t i) {
     if (sum[i] == 0.0f) return;
-    storeLe<uint32_t>(idx + 4 * j, static_cast<uint32_t>(i));
-    storeLe<float>(vals + 4 * j, sum[i]);
+    if (j < k) {
+      storeLe<uint32_t>(idx + 4 * j, static_cast<uint32_t>(i));
+      storeLe<float>(vals + 4 * j, sum[i]);
+    }
     ++j;
   });
+  CORTADO_ENFORCE(j == k, ErrorCode::kInvalidArgument,
+                  "sparse sum of {} elements: {} nonzeros given, {} found", n, k, j);
   return total;
 }
 
@@ -51,17 +55,18 @@ size_t countNonzeros(const float* sum, std::span<const uint32_t> at) {
 
 size_t sparseSumBytes(size_t nonzeros) { return kHeaderBytes + format::sparseBody(nonzeros); }
 
-size_t encodeSparseSum(const float* sum, size_t n, std::span<std::byte> out, DType dtype) {
-  return writeSparseSum(sum, n, countNonzeros(sum, n), out, dtype, [&](auto&& fn) {
+size_t encodeSparseSum(const float* sum, size_t n, size_t nonzeros, std::span<std::byte> out,
+                       DType dtype) {
+  return writeSparseSum(sum, n, nonzeros, out, dtype, [&](auto&& fn) {
     for (size_t i = 0; i < n; ++i) fn(i);
   });
 }
 
-size_t encodeSparseSum(const float* sum, size_t n, std::span<const uint32_t> at,
+size_t encodeSparseSum(const float* sum, size_t n, std::span<const uint32_t> at, size_t nonzeros,
                        std::span<std::byte> out, DType dtype) {
   CORTADO_ENFORCE(at.empty() || at.back() < n, ErrorCode::kInvalidArgument,
                   "sparse sum of {} elements: index {} is out of range", n, at.back());
-  return writeSparseSum(sum, n, countNonzeros(sum, at), out, dtype, [&](auto&& fn) {
+  return writeSparseSum(sum, n, nonzeros, out, dtype, [&](auto&& fn) {
     for (uint32_t i : at) fn(i);
   });
 }

@@ -31,15 +31,16 @@ size_t countNonzeros(const float* sum, std::span<const uint32_t> at);
 // Payload bytes, header included, for `nonzeros` elements.
 size_t sparseSumBytes(size_t nonzeros);
 
-// Writes the nonzeros of sum[0..n) as a top-k payload; `out` must hold
-// sparseSumBytes(countNonzeros(sum, n)) bytes (else kInvalidArgument), and n
-// must fit u32 indices. Returns the bytes written.
-size_t encodeSparseSum(const float* sum, size_t n, std::span<std::byte> out,
+// Writes the `nonzeros` nonzeros of sum[0..n) (countNonzeros(sum, n), which
+// the caller has counted to size `out`) as a top-k payload; `out` must hold
+// sparseSumBytes(nonzeros) bytes, n must fit u32 indices, and the count must
+// be right (else kInvalidArgument). Returns the bytes written.
+size_t encodeSparseSum(const float* sum, size_t n, size_t nonzeros, std::span<std::byte> out,
                        DType dtype = DType::kFloat32);
 // The same payload, byte for byte, when every nonzero of sum[0..n) is at one
 // of the indices `at` (ascending, unique, < n): reads only those elements.
-// `out` must hold sparseSumBytes(countNonzeros(sum, at)) bytes.
-size_t encodeSparseSum(const float* sum, size_t n, std::span<const uint32_t> at,
+// `nonzeros` is countNonzeros(sum, at).
+size_t encodeSparseSum(const float* sum, size_t n, std::span<const uint32_t> at, size_t nonzeros,
                        std::span<std::byte> out, DType dtype = DType::kFloat32);
 
 // True for the codecs whose payloads list their indices: top-k and DGC.

@@ -752,9 +752,9 @@ bool ServerEngine::Shard::encodeSum(KeyState& k, const compressor::CodecPtr& cod
       result = takeBuffer(recycled, bytes);
       std::span<std::byte> out{reinterpret_cast<std::byte*>(result.data()), bytes};
       if (touched)
-        compressor::encodeSparseSum(sum, n, *touched, out);
+        compressor::encodeSparseSum(sum, n, *touched, nonzeros, out);
       else
-        compressor::encodeSparseSum(sum, n, out);
+        compressor::encodeSparseSum(sum, n, nonzeros, out);
       return true;
     }
     result = takeBuffer(recycled, denseBytes);

@@ -153,8 +153,8 @@ void registerAll(Context& c) {
     addThroughput(c, "server_round/dgc:ratio=0.01/4x4MiB/scan", n * 4.0, [=] {
       std::fill(sum->begin(), sum->end(), 0.0f);
       for (auto& p : *payloads) codec->decompressAdd(p, sum->data(), n);
-      const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum->data(), n));
-      compressor::encodeSparseSum(sum->data(), n, {out->data(), bytes});
+      const size_t k = compressor::countNonzeros(sum->data(), n);
+      compressor::encodeSparseSum(sum->data(), n, k, {out->data(), compressor::sparseSumBytes(k)});
     });
     addThroughput(c, "server_round/dgc:ratio=0.01/4x4MiB/indexed", n * 4.0, [=] {
       touched->reset(n);
@@ -163,8 +163,8 @@ void registerAll(Context& c) {
         touched->add(p);
       }
       std::span<const uint32_t> at = touched->merged();
-      const size_t bytes = compressor::sparseSumBytes(compressor::countNonzeros(sum->data(), at));
-      compressor::encodeSparseSum(sum->data(), n, at, {out->data(), bytes});
+      const size_t k = compressor::countNonzeros(sum->data(), at);
+      compressor::encodeSparseSum(sum->data(), n, at, k, {out->data(), compressor::sparseSumBytes(k)});
       for (uint32_t i : at) (*sum)[i] = 0.0f;
     });
   }

@@ -428,8 +428,15 @@ TEST(SparseSum, FromThePayloadsIndicesIsTheScanByteForByte) {
       ASSERT_EQ(countNonzeros(sum.data(), touched), nz.size());
       if (n > 1) ASSERT_LT(nz.size(), touched.size()) << "worker 4 cancelled some";
       std::vector<std::byte> scan(sparseSumBytes(nz.size())), indexed(scan.size());
-      encodeSparseSum(sum.data(), n, scan);
-      encodeSparseSum(sum.data(), n, touched, indexed);
+      encodeSparseSum(sum.data(), n, nz.size(), scan);
+      encodeSparseSum(sum.data(), n, touched, nz.size(), indexed);
+      // A wrong count is refused, not written past.
+      if (!nz.empty()) {
+        std::vector<std::byte> small(sparseSumBytes(nz.size() - 1));
+        EXPECT_THROW(encodeSparseSum(sum.data(), n, nz.size() - 1, small), Error);
+        std::vector<std::byte> big(sparseSumBytes(nz.size() + 1));
+        EXPECT_THROW(encodeSparseSum(sum.data(), n, touched, nz.size() + 1, big), Error);
+      }
       ASSERT_TRUE(scan == indexed);
       PayloadHeader h = parseHeader(indexed);
       ASSERT_EQ(h.count, nz.size());
@@ -475,7 +482,7 @@ TEST(SparseSum, FromThePayloadsIndicesIsTheScanByteForByte) {
   EXPECT_TRUE(u.merged().empty());
   std::vector<float> s8(8, 0.0f);
   std::vector<std::byte> out(sparseSumBytes(0));
-  EXPECT_THROW(encodeSparseSum(s8.data(), 4, std::vector<uint32_t>{1, 6}, out), Error);
+  EXPECT_THROW(encodeSparseSum(s8.data(), 4, std::vector<uint32_t>{1, 6}, 0, out), Error);
 }
 
 }  // namespace
