@@ -109,6 +109,12 @@ class Codec {
   // Several sparse payloads into one sum add up at duplicate indices.
   virtual void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n,
                              float alpha = 1.0f, const EncodeContext& ctx = {}) const = 0;
+  // Every check decode() runs on `payload` for an n-element tensor, writing
+  // nothing: throws kProtocol exactly where decode() would. A server that
+  // adds several payloads of one push validates them all before it adds any.
+  // CPU codecs (host payloads); the CUDA codecs check on the device, in
+  // decode(), and refuse this with kInvalidArgument.
+  virtual void validate(std::span<const std::byte> payload, size_t n) const;
   // Summable codecs only: acc += in in compressed form; both must describe the
   // same tensor with the same parameters (and seed, for random-k), else kProtocol.
   virtual void addPayload(std::span<std::byte> acc, std::span<const std::byte> in,

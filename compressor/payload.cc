@@ -32,6 +32,13 @@ void Codec::addPayload(std::span<std::byte>, std::span<const std::byte>,
                           spec()));
 }
 
+void Codec::validate(std::span<const std::byte>, size_t) const {
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("codec '{}' ({}) checks its payloads in decode(): validate() reads host "
+                          "payloads, which only the CPU codecs take",
+                          spec(), deviceName(device())));
+}
+
 void Codec::zeroSent(std::span<const std::byte>, float*, size_t, const EncodeContext&) const {
   throw Error(ErrorCode::kInvalidArgument,
               fmt::format("codec '{}' is dense: zeroSent applies to sparse codecs only", spec()));

@@ -638,9 +638,11 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
                   k.describe(h.key), msg.from.toString(), payload.size(), one, k.codecSpec,
                   k.numElements);
   try {
-    // Validate every payload before adding any, so a bad push leaves the sum alone.
-    for (size_t at = 0; at < payload.size(); at += one)
-      compressor::parseHeader(payload.subspan(at, one));
+    // Validate every payload (header and body) before adding any, so a push
+    // refused for its last payload leaves the sum as the good pushes made it.
+    // One payload checks itself in decompressAdd before it writes.
+    for (size_t at = 0; payload.size() > one && at < payload.size(); at += one)
+      k.codec->validate(payload.subspan(at, one), k.numElements);
     // Top-k and DGC: every payload's indices first (checked in range), so
     // whatever the adds write is among them, and an index out of range in
     // any payload refuses the push before anything is added.

@@ -47,6 +47,8 @@ class CastCodec final : public CodecBase {
     });
   }
 
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
+
   void addPayload(std::span<std::byte> acc, std::span<const std::byte> in,
                   const EncodeContext& ctx) const override {
     PayloadHeader ha = parseHeader(acc);

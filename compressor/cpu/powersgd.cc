@@ -174,6 +174,7 @@ class PowerSgdCodec final : public CodecBase {
                      const EncodeContext& ctx) const override {
     apply(payload, sum, n, alpha, true, ctx);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
 
  private:
   struct Shape {
@@ -191,9 +192,9 @@ class PowerSgdCodec final : public CodecBase {
     return s;
   }
 
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
-             const EncodeContext& ctx) const {
-    PayloadHeader h = checkPayload(
+  // The header, with a body the size that its shape (or pass-through) says.
+  PayloadHeader check(std::span<const std::byte> payload, size_t n) const {
+    return checkPayload(
         payload, n,
         [](const PayloadHeader& h) -> uint64_t {
           if (h.flags & kPassThrough) return h.count == 0 && h.param == 0 ? 4 * h.numel : ~0ull;
@@ -204,6 +205,11 @@ class PowerSgdCodec final : public CodecBase {
           return format::powerSgdBody(rows, cols, h.count);
         },
         kPassThrough);
+  }
+
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
+             const EncodeContext& ctx) const {
+    PayloadHeader h = check(payload, n);
     const std::byte* b = body(payload);
     if (h.flags & kPassThrough) {
       for (size_t i = 0; i < n; ++i) {

@@ -73,42 +73,52 @@ class QsgdCodec final : public CodecBase {
                      const EncodeContext& ctx) const override {
     apply(payload, sum, n, alpha, true, ctx);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
 
  private:
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
-             const EncodeContext& ctx) const {
+  // The code of element i: `bits` bits (8: a whole byte), little-endian order.
+  static uint32_t codeAt(const uint8_t* codes, unsigned bits, size_t i) {
+    if (bits == 8) return codes[i];
+    size_t bit = i * bits;
+    return (codes[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
+  }
+  // Header, every code's level within the payload's levels, zero padding.
+  // Returns the levels.
+  unsigned check(std::span<const std::byte> payload, size_t n) const {
     PayloadHeader h = checkPayload(payload, n, [](const PayloadHeader& h) {
       return h.param >= 1 && h.param <= 127 ? format::qsgdBody(h.numel, h.param) : ~uint64_t{0};
     });
     CORTADO_ENFORCE(h.count == 0, ErrorCode::kProtocol, "qsgd payload has unexpected count: {}",
                     describe(h));
     const unsigned levels = h.param, bits = format::qsgdBits(levels);
-    const std::byte* b = body(payload);
-    float norm = loadLe<float>(b);
-    auto* codes = reinterpret_cast<const uint8_t*>(b + 4);
-    // Table of every code's value; codes with a level above `levels` are invalid.
-    const uint32_t numCodes = 1u << bits, signBit = 1u << (bits - 1);
-    float table[256];
-    bool valid[256];
-    for (uint32_t c = 0; c < numCodes; ++c) {
-      uint32_t level = c & (signBit - 1);
-      valid[c] = level <= levels;
-      float mag = norm * (static_cast<float>(level) / static_cast<float>(levels));
-      table[c] = alpha * ((c & signBit) ? -mag : mag);
-    }
-    auto codeAt = [&](size_t i) -> uint32_t {
-      if (bits == 8) return codes[i];
-      size_t bit = i * bits;
-      return (codes[bit / 8] >> (bit % 8)) & (numCodes - 1);
-    };
+    auto* codes = reinterpret_cast<const uint8_t*>(body(payload) + 4);
+    const uint32_t signBit = 1u << (bits - 1);
     for (size_t i = 0; i < n; ++i)
-      CORTADO_ENFORCE(valid[codeAt(i)], ErrorCode::kProtocol,
+      CORTADO_ENFORCE((codeAt(codes, bits, i) & (signBit - 1)) <= levels, ErrorCode::kProtocol,
                       "qsgd payload: element {} has level {} above the {} levels", i,
-                      codeAt(i) & (signBit - 1), levels);
+                      codeAt(codes, bits, i) & (signBit - 1), levels);
     size_t usedBits = n * bits;
     if (usedBits % 8)
       CORTADO_ENFORCE((codes[usedBits / 8] >> (usedBits % 8)) == 0, ErrorCode::kProtocol,
                       "qsgd payload has non-zero padding bits");
+    return levels;
+  }
+
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
+             const EncodeContext& ctx) const {
+    const unsigned levels = check(payload, n), bits = format::qsgdBits(levels);
+    const std::byte* b = body(payload);
+    float norm = loadLe<float>(b);
+    auto* codes = reinterpret_cast<const uint8_t*>(b + 4);
+    // Table of every code's value.
+    const uint32_t numCodes = 1u << bits, signBit = 1u << (bits - 1);
+    float table[256];
+    for (uint32_t c = 0; c < numCodes; ++c) {
+      uint32_t level = c & (signBit - 1);
+      float mag = norm * (static_cast<float>(level) / static_cast<float>(levels));
+      table[c] = alpha * ((c & signBit) ? -mag : mag);
+    }
+    auto codeAt = [&](size_t i) { return QsgdCodec::codeAt(codes, bits, i); };
     parallelAligned(ctx.pool, n, 8, [&](size_t s, size_t e) {
       for (size_t i = s; i < e; ++i) out[i] = add ? out[i] + table[codeAt(i)] : table[codeAt(i)];
     });
@@ -156,18 +166,17 @@ class TernGradCodec final : public CodecBase {
                      const EncodeContext& ctx) const override {
     apply(payload, sum, n, alpha, true);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
 
  private:
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha,
-             bool add) const {
+  // Header, no code 3, zero padding.
+  void check(std::span<const std::byte> payload, size_t n) const {
     PayloadHeader h = checkPayload(payload, n, [](const PayloadHeader& h) {
       return format::ternBody(h.numel);
     });
     CORTADO_ENFORCE(h.count == 0 && h.param == 0, ErrorCode::kProtocol,
                     "terngrad payload has unexpected parameters: {}", describe(h));
-    const std::byte* b = body(payload);
-    float scale = loadLe<float>(b);
-    auto* codes = reinterpret_cast<const uint8_t*>(b + 4);
+    auto* codes = reinterpret_cast<const uint8_t*>(body(payload) + 4);
     size_t bytes = (n + 3) / 4;
     for (size_t i = 0; i < bytes; ++i) {
       uint8_t c = codes[i];
@@ -178,6 +187,14 @@ class TernGradCodec final : public CodecBase {
     if (n % 4)
       CORTADO_ENFORCE((codes[n / 4] >> (2 * (n % 4))) == 0, ErrorCode::kProtocol,
                       "terngrad payload has non-zero padding bits");
+  }
+
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha,
+             bool add) const {
+    check(payload, n);
+    const std::byte* b = body(payload);
+    float scale = loadLe<float>(b);
+    auto* codes = reinterpret_cast<const uint8_t*>(b + 4);
     const float table[3] = {0.0f, alpha * scale, -alpha * scale};
     for (size_t i = 0; i < n; ++i) {
       float v = table[(codes[i / 4] >> (2 * (i % 4))) & 3];
@@ -237,10 +254,12 @@ class NaturalCodec final : public CodecBase {
                      const EncodeContext& ctx) const override {
     apply(payload, sum, n, alpha, true);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
 
  private:
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha,
-             bool add) const {
+  // Header, the top exponent in range, no negative zero code. Returns the
+  // top exponent.
+  int32_t check(std::span<const std::byte> payload, size_t n) const {
     PayloadHeader h = checkPayload(payload, n, [](const PayloadHeader& h) {
       return format::naturalBody(h.numel);
     });
@@ -252,6 +271,13 @@ class NaturalCodec final : public CodecBase {
     for (size_t i = 0; i < n; ++i)
       CORTADO_ENFORCE(codes[i] != 0x80, ErrorCode::kProtocol,
                       "natural payload: element {} is a negative zero code", i);
+    return top;
+  }
+
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha,
+             bool add) const {
+    const int32_t top = check(payload, n);
+    auto* codes = reinterpret_cast<const uint8_t*>(body(payload));
     float table[256];
     for (int c = 0; c < 128; ++c) {
       float mag = c == 0 ? 0.0f : static_cast<float>(std::ldexp(1.0, top + 1 - c));

@@ -68,6 +68,7 @@ class SignCodec final : public CodecBase {
                      const EncodeContext& ctx) const override {
     apply(payload, sum, n, alpha, true, ctx);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
 
  private:
   size_t bodyFor(size_t n) const {
@@ -78,31 +79,37 @@ class SignCodec final : public CodecBase {
     }
   }
 
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
-             const EncodeContext& ctx) const {
+  // Bytes of the body before the bits: onebit's two means, efsignsgd's scale.
+  size_t prefixBytes() const {
+    return id() == CodecId::kOneBit ? 8 : id() == CodecId::kEfSignSgd ? 4 : 0;
+  }
+  void check(std::span<const std::byte> payload, size_t n) const {
     PayloadHeader h = checkPayload(payload, n, [&](const PayloadHeader& h) {
       return bodyFor(h.numel);
     });
     CORTADO_ENFORCE(h.count == 0 && h.param == 0, ErrorCode::kProtocol,
                     "{} payload has unexpected parameters: {}", codecIdName(id()), describe(h));
-    const std::byte* b = body(payload);
-    float neg = -1.0f, pos = 1.0f;
-    size_t prefix = 0;
-    if (id() == CodecId::kOneBit) {
-      neg = loadLe<float>(b);
-      pos = loadLe<float>(b + 4);
-      prefix = 8;
-    } else if (id() == CodecId::kEfSignSgd) {
-      float scale = loadLe<float>(b);
-      neg = -scale;
-      pos = scale;
-      prefix = 4;
-    }
-    auto* bits = reinterpret_cast<const uint8_t*>(b + prefix);
+    auto* bits = reinterpret_cast<const uint8_t*>(body(payload) + prefixBytes());
     // Padding bits of the last byte must be zero: a canonical payload has one encoding.
     if (n % 8)
       CORTADO_ENFORCE((bits[n / 8] >> (n % 8)) == 0, ErrorCode::kProtocol,
                       "{} payload has non-zero padding bits", codecIdName(id()));
+  }
+
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
+             const EncodeContext& ctx) const {
+    check(payload, n);
+    const std::byte* b = body(payload);
+    float neg = -1.0f, pos = 1.0f;
+    if (id() == CodecId::kOneBit) {
+      neg = loadLe<float>(b);
+      pos = loadLe<float>(b + 4);
+    } else if (id() == CodecId::kEfSignSgd) {
+      float scale = loadLe<float>(b);
+      neg = -scale;
+      pos = scale;
+    }
+    auto* bits = reinterpret_cast<const uint8_t*>(b + prefixBytes());
     parallelAligned(ctx.pool, n, 8, [&](size_t s, size_t e) {
       expandBits(bits + s / 8, e - s, neg, pos, alpha, add, out + s);
     });

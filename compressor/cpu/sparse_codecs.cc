@@ -63,6 +63,7 @@ class TopKCodec final : public CodecBase {
     size_t k = check(payload, n);
     scatter(payload, k, sum, alpha);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
   void zeroSent(std::span<const std::byte> payload, float* buf, size_t n,
                 const EncodeContext&) const override {
     size_t k = check(payload, n);
@@ -145,6 +146,7 @@ class RandomKCodec final : public CodecBase {
                      const EncodeContext&) const override {
     scatter(payload, check(payload, n), sum, alpha, false);
   }
+  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
   void zeroSent(std::span<const std::byte> payload, float* buf, size_t n,
                 const EncodeContext&) const override {
     scatter(payload, check(payload, n), buf, 0.0f, true);

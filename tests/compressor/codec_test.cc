@@ -426,7 +426,9 @@ TEST(SparseSum, FromThePayloadsIndicesIsTheScanByteForByte) {
       for (size_t i = 0; i < n; ++i)
         if (sum[i] != 0.0f) nz.push_back(uint32_t(i));
       ASSERT_EQ(countNonzeros(sum.data(), touched), nz.size());
-      if (n > 1) ASSERT_LT(nz.size(), touched.size()) << "worker 4 cancelled some";
+      if (n > 1) {
+        ASSERT_LT(nz.size(), touched.size()) << "worker 4 cancelled some";
+      }
       std::vector<std::byte> scan(sparseSumBytes(nz.size())), indexed(scan.size());
       encodeSparseSum(sum.data(), n, nz.size(), scan);
       encodeSparseSum(sum.data(), n, touched, nz.size(), indexed);

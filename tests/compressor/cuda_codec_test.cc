@@ -50,6 +50,15 @@ TEST(CudaRegistry, RegistersTheCudaCodecs) {
   std::vector<std::string> want = {"bf16", "dgc", "efsignsgd", "fp16", "onebit", "qsgd", "randomk", "topk"};
   EXPECT_EQ(cudaRegistry().names(Device::kCuda), want);
   EXPECT_EQ(cudaRegistry().create("topk:ratio=0.2", Device::kCuda)->spec(), "topk:ratio=0.2");
+  // Their payloads are device memory: validate() (host payloads) is refused.
+  std::vector<std::byte> payload(64);
+  try {
+    cudaRegistry().create("fp16", Device::kCuda)->validate(payload, 8);
+    ADD_FAILURE() << "a CUDA codec validated a host payload";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("decode()"), std::string::npos) << e.what();
+  }
 }
 
 class CrossDecode : public ::testing::TestWithParam<std::string> {};

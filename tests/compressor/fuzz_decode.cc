@@ -60,6 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const Error&) {
   }
   std::vector<float> out(n, 1.0f);
+  expectProtocolOrOk([&] { codec.validate(payload, n); });
   expectProtocolOrOk([&] { codec.decode(payload, out.data(), n); });
   expectProtocolOrOk([&] { codec.decompressAdd(payload, out.data(), n, 0.5f); });
   if (codec.sparse()) expectProtocolOrOk([&] { codec.zeroSent(payload, out.data(), n); });

@@ -22,16 +22,30 @@ const std::vector<std::string> kSpecs = {"fp16",     "bf16",     "onebit",      
                                          "powersgd:rank=2"};
 constexpr size_t kN = 100;
 
-// Returns the error code, checking that `sum` was left untouched.
+// validate()'s error code (kOk: none).
+ErrorCode validateError(const Codec& c, std::span<const std::byte> p, size_t n) {
+  try {
+    c.validate(p, n);
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
+// Returns the error code, checking that `sum` was left untouched, and that
+// validate() refuses exactly the payloads that decompressAdd() refuses.
 ErrorCode decodeError(const Codec& c, std::span<const std::byte> p, size_t n = kN) {
   std::vector<float> sum(n, 3.0f);
+  ErrorCode validated = validateError(c, p, n), decoded = ErrorCode::kOk;
   try {
     c.decompressAdd(p, sum.data(), n);
   } catch (const Error& e) {
     for (float v : sum) EXPECT_EQ(v, 3.0f) << "output written before the error: " << e.what();
-    return e.code();
+    decoded = e.code();
   }
-  return ErrorCode::kOk;
+  EXPECT_EQ(validated, decoded) << "validate() and decompressAdd() disagree on a " << p.size()
+                                << "-byte " << c.spec() << " payload";
+  return decoded;
 }
 
 class Malformed : public ::testing::TestWithParam<std::string> {

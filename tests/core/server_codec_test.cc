@@ -697,5 +697,67 @@ TEST_F(ServerCodec, SparseKeyRefusesABadIndexInAnyPayloadBeforeAddingAny) {
     for (int r = 0; r < kWorkers; ++r) ASSERT_EQ(pull(r, 80, t, n), want) << "round " << t;
   }
 }
+
+// The same for the dense codecs, whose body checks (a code beyond the
+// levels, ternary code 3, natural's negative zero, sign padding bits) come
+// after a header that parses: a push of two payloads whose second fails
+// them is refused whole, and every round answers the good pushes' exact sum
+// (dense answers, so the sum itself is compared).
+TEST_F(ServerCodec, DenseKeyRefusesABadBodyInAnyPayloadBeforeAddingAny) {
+  const size_t n = 3001;  // not a multiple of 8: the sign codecs have padding bits
+  struct Case {
+    uint64_t key;
+    std::string spec;
+    size_t at;           // byte of the payload set to `value`; 0: `value` or'ed into the last
+    std::byte value;
+    std::string error;   // what the refusal says
+  };
+  const size_t body = compressor::kHeaderBytes;
+  const std::vector<Case> cases = {
+      {90, "qsgd:levels=5", body + 4, std::byte{0x07}, "above the 5 levels"},
+      {91, "terngrad", body + 4, std::byte{0x0c}, "invalid code 3"},
+      {92, "natural", body + 2, std::byte{0x80}, "negative zero"},
+      {93, "efsignsgd", 0, std::byte{0x80}, "padding bits"},  // 0: the last byte
+  };
+  for (const Case& c : cases) {
+    auto codec = registry_.create(c.spec);
+    const size_t pre = wire::compressedPreambleBytes(codec->spec(), "bad");
+    auto tensor = [&](int r, uint64_t t) {
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i)
+        x[i] = float(std::sin(0.07 * double(i) * double(r + 2) + double(t))) * float(r + 1);
+      return x;
+    };
+    for (uint64_t t = 0; t < 3; ++t) {
+      SCOPED_TRACE(::testing::Message() << c.spec << " round " << t);
+      std::vector<float> want(n, 0.0f);
+      for (int r = 0; r < kWorkers; ++r) {
+        if (r == 1 && t > 0) {
+          Buffer pa = pushBody(c.spec, "bad", tensor(5, t)), pb = pushBody(c.spec, "bad", tensor(6, t));
+          Buffer two = Buffer::allocate(pa.size() + pb.size() - pre);
+          std::memcpy(two.data(), pa.data(), pa.size());
+          std::memcpy(two.data() + pa.size(), pb.data() + pre, pb.size() - pre);
+          uint8_t* second = two.data() + pa.size();
+          if (c.at)
+            second[c.at] = static_cast<uint8_t>(c.value);
+          else
+            second[pb.size() - pre - 1] |= static_cast<uint8_t>(c.value);
+          DataHeader h = header(Op::kPush, c.key, t, n, 1);
+          h.flags |= wire::kFlagDenseAnswer;
+          workers_[r]->send(h, two);
+          const std::string e = workers_[r]->nextError();
+          EXPECT_NE(e.find(c.error), std::string::npos) << e;
+        }
+        Buffer good = pushBody(c.spec, "bad", tensor(r, t));
+        codec->decompressAdd({reinterpret_cast<const std::byte*>(good.data() + pre), good.size() - pre},
+                             want.data(), n);
+        DataHeader h = header(Op::kPush, c.key, t, n, 2);
+        h.flags |= wire::kFlagDenseAnswer;
+        workers_[r]->send(h, good);
+      }
+      for (int r = 0; r < kWorkers; ++r) ASSERT_EQ(pull(r, c.key, t, n), want);
+    }
+  }
+}
 }  // namespace
 }  // namespace cortado
