@@ -37,6 +37,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "plan executor: the tensors of a batch with the same uncompressed collective-only option "
        "run as one collective on a fusion buffer up to this many bytes (0: off; "
        "docs/executor.md)"},
+      {"CORTADO_PIPELINE", "", "0",
+       "plan executor: encode the next tensor of a batch on a second thread while this one "
+       "communicates (the planner does not model it yet; docs/executor.md)"},
       {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
        "every worker and server writes a Chrome trace of its stages here at the end of the job "
        "(`cortado launch --trace DIR`; docs/tracing.md)"},
@@ -121,6 +124,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_PLAN", planFile},
       {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
+      {"CORTADO_PIPELINE", pipeline ? "1" : "0"},
       {"CORTADO_TRACE_DIR", traceDir},
       {"CORTADO_TRACE_ITERATIONS", traceIterations},
       {"CORTADO_PROFILE_WINDOW", std::to_string(profileWindow)},
@@ -199,6 +203,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
                               v->value, e.what()));
     }
   }
+  if (auto v = getEnvBool(names("CORTADO_PIPELINE"))) c.pipeline = *v;
   if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;
   if (auto v = getEnvInt(names("CORTADO_PROFILE_WINDOW"))) {

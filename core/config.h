@@ -32,6 +32,9 @@ struct JobConfig {
   // CORTADO_FUSION_BYTES: the plan executor's tensor fusion threshold
   // (Executor::runBatch, docs/executor.md); 0: off. 64 MiB, as Horovod's.
   uint64_t fusionBytes = 64ull << 20;
+  // CORTADO_PIPELINE: the plan executor encodes the next tensor of a batch
+  // while this one communicates (Executor::setPipeline); off by default.
+  bool pipeline = false;
   std::string planFile;                   // CORTADO_PLAN: the plan executor's plan (empty: default)
   std::string traceDir;                   // CORTADO_TRACE_DIR: stage traces go here (empty: off)
   std::string traceIterations = "all";    // CORTADO_TRACE_ITERATIONS: "10:19", "5:" or "all"

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -238,7 +240,10 @@ struct Executor::Profiler {
   static double since(Clock::time_point t0) {
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   }
+  // codec() may come from the pipeline's thread (Executor::setPipeline).
+  std::mutex mu;
   void codec(const std::string& spec, bool encode, uint64_t elements, double us) {
+    std::lock_guard<std::mutex> lk(mu);
     Acc& a = codecs[{spec, encode, elements}];
     ++a.calls;
     a.us += us;
@@ -246,6 +251,7 @@ struct Executor::Profiler {
   }
   void comm(plan::CommOp op, plan::Scope scope, bool compressed, int group, uint64_t bytes,
             uint64_t chunks, uint64_t elements, bool pullCompressed, double us) {
+    std::lock_guard<std::mutex> lk(mu);
     Acc& a = comms[{int(op), int(scope), compressed, group, bytes, chunks, elements, pullCompressed}];
     ++a.calls;
     a.us += us;
@@ -477,6 +483,16 @@ class Run {
         flushResidual_(flushResidual) {}
 
   void go(const float* in, float* out, ReduceOp op) {
+    start(in, out);
+    finish(op);
+  }
+
+  // The input in the output, then the option's leading encode and decode
+  // steps: everything before its first communication, which touches only
+  // this tensor's own state (no collective, no server), so that another
+  // thread may run it while the executor's thread communicates another
+  // tensor (Executor::setPipeline).
+  void start(const float* in, float* out) {
     // Work in the output: no copy of the tensor beyond the input's.
     x_ = out;
     if (in != out) std::copy_n(in, t_.n, out);
@@ -485,9 +501,25 @@ class Run {
       t_.carry.clear();
     }
     r_ = Region{0, t_.n};
+    step_ = 0;
+    runSteps(true);
+  }
+
+  // The remaining steps, then the average's scale.
+  void finish(ReduceOp op) {
+    runSteps(false);
+    const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
+    if (scale != 1.0f)
+      for (uint64_t i = 0; i < t_.n; ++i) x_[i] *= scale;
+  }
+
+ private:
+  // Steps from step_ on; `localOnly`: stop at the first communication step.
+  void runSteps(bool localOnly) {
     const auto& steps = t_.option.steps;
-    for (step_ = 0; step_ < steps.size(); ++step_) {
+    for (; step_ < steps.size(); ++step_) {
       const Step& s = steps[step_];
+      if (localOnly && s.kind == StepKind::kComm) return;
       try {
         const bool wasActive = active_;
         const size_t at = step_;
@@ -504,12 +536,8 @@ class Run {
                                           t_.option.describe(), e.what()));
       }
     }
-    const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
-    if (scale != 1.0f)
-      for (uint64_t i = 0; i < t_.n; ++i) out[i] *= scale;
   }
 
- private:
   // The simulator's stage name and lane of step `i`.
   void record(const std::vector<Step>& steps, size_t i, double start) {
     const Step& s = steps[i];
@@ -948,21 +976,24 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   if (prof && items.size() > 1) prof->batched = true;
   for (TensorState* t : states) noteReady(*t);
   const bool flush = lastRound();
+  auto makeRun = [&](size_t i) {
+    return std::make_unique<Run>(*states[i], worker_, groups_, topo_, deadline, tracer_.get(),
+                                 prof, flush);
+  };
   auto runAlone = [&](size_t i) {
-    TensorState& t = *states[i];
-    Run(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush)
-        .go(items[i].input, items[i].output, op);
-    ++t.round;
+    makeRun(i)->go(items[i].input, items[i].output, op);
+    ++states[i]->round;
   };
   // Items that run alone first, in order; then, per fusible option in the
   // order of its first item, its items packed in order into groups within
   // the threshold (Horovod too fuses every ready tensor of a kind, not only
   // neighbours). The batch's end is the same in any order; grouping by
   // option lets tensors between compressed ones fuse.
+  std::vector<size_t> alone;
   std::vector<std::vector<size_t>> byOption;
   for (size_t i = 0; i < items.size(); ++i) {
     if (fusionBytes_ == 0 || !states[i]->option.fusible()) {
-      runAlone(i);
+      alone.push_back(i);
       continue;
     }
     auto it = std::find_if(byOption.begin(), byOption.end(), [&](const std::vector<size_t>& g) {
@@ -970,6 +1001,45 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
     });
     if (it == byOption.end()) byOption.push_back({i});
     else it->push_back(i);
+  }
+  // The items that run alone. With the pipeline, the next one's leading
+  // encode (Run::start: no communication) runs on another thread while this
+  // one communicates; the order of every collective and push is unchanged.
+  auto startsLocal = [&](size_t k) {
+    const auto& steps = states[alone[k]]->option.steps;
+    return steps.front().kind != plan::StepKind::kComm && states[alone[k]] != states[alone[k - 1]];
+  };
+  std::unique_ptr<Run> next;
+  std::future<void> nextStarted;
+  for (size_t k = 0; k < alone.size(); ++k) {
+    const size_t i = alone[k];
+    if (!pipeline_) {
+      runAlone(i);
+      continue;
+    }
+    std::unique_ptr<Run> cur = std::move(next);
+    if (cur) {
+      nextStarted.get();  // its start's error, if any, is this item's
+    } else {
+      cur = makeRun(i);
+      cur->start(items[i].input, items[i].output);
+    }
+    if (k + 1 < alone.size() && startsLocal(k + 1)) {
+      const size_t j = alone[k + 1];
+      next = makeRun(j);
+      nextStarted = std::async(std::launch::async, [r = next.get(), in = items[j].input,
+                                                    out = items[j].output] { r->start(in, out); });
+      ++pipelinedStarts_;
+    }
+    try {
+      cur->finish(op);
+    } catch (...) {
+      // The next item's encode ran (its residual counts this round's
+      // gradient as sent); the batch fails here, as after any failed step.
+      if (nextStarted.valid()) nextStarted.wait();
+      throw;
+    }
+    ++states[i]->round;
   }
   std::vector<size_t> group;
   auto runGroup = [&] {

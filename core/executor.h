@@ -147,6 +147,20 @@ class Executor {
   // Every worker sets the same one.
   void setFusionBytes(uint64_t bytes) { fusionBytes_ = bytes; }
   uint64_t fusionBytes() const { return fusionBytes_; }
+  // The encode pipeline (JobConfig::pipeline, CORTADO_PIPELINE; default off):
+  // in runBatch(), while one item that runs alone communicates, the next
+  // one's leading encode (the steps before its first communication) runs on
+  // another thread. Results are bit for bit those of running the items one
+  // after the other, and every collective and push comes in the same order.
+  // A batch that fails at an item may have encoded the next one already:
+  // its error-feedback residual then counts that round's gradient as sent
+  // (a failed step ends the job's use of the executor anyway: its groups or
+  // keys are left mid-round). The planner's simulator does not model the
+  // overlap yet (docs/executor.md).
+  void setPipeline(bool on) { pipeline_ = on; }
+  bool pipeline() const { return pipeline_; }
+  // Leading encodes the pipeline has run beside another item's steps so far.
+  uint64_t pipelinedStarts() const { return pipelinedStarts_; }
 
   // Records every step of every run() (docs/tracing.md): stage names as the
   // planner's simulator has them ("encode", "intra reduce_scatter",
@@ -199,6 +213,8 @@ class Executor {
   std::shared_ptr<Tracer> tracer_;
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
   uint64_t fusionBytes_ = kDefaultFusionBytes;
+  bool pipeline_ = false;
+  uint64_t pipelinedStarts_ = 0;
   std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
   std::vector<float> fusionBuffer_;
 

@@ -209,5 +209,29 @@ TEST(Executor, FusionThresholdFromTheJobConfig) {
   EXPECT_TRUE(found);
 }
 
+// CORTADO_PIPELINE: off by default, 1/0 (and the other boolean spellings),
+// anything else refused naming the variable; passed on to launched roles.
+TEST(Executor, PipelineFromTheJobConfig) {
+  unsetenv("CORTADO_PIPELINE");
+  EXPECT_FALSE(readJobConfig(false).pipeline);
+  setenv("CORTADO_PIPELINE", "1", 1);
+  EXPECT_TRUE(readJobConfig(false).pipeline);
+  setenv("CORTADO_PIPELINE", "0", 1);
+  EXPECT_FALSE(readJobConfig(false).pipeline);
+  setenv("CORTADO_PIPELINE", "sometimes", 1);
+  try {
+    readJobConfig(false);
+    ADD_FAILURE() << "'sometimes' was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_PIPELINE"), std::string::npos) << e.what();
+  }
+  unsetenv("CORTADO_PIPELINE");
+  JobConfig c;
+  c.pipeline = true;
+  bool found = false;
+  for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_PIPELINE" && v == "1";
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace cortado

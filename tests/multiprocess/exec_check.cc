@@ -180,7 +180,7 @@ int runCheck(int argc, char** argv) {
   uint64_t n = 11;
   double bound = 0;
   bool noMpi = false;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -561,6 +561,68 @@ int runCheck(int argc, char** argv) {
       }
     }
     std::printf("default plan: %s\n", failures ? "FAILED" : "exact");
+  } else if (mode == "pipeline") {
+    // The encode pipeline (Executor::setPipeline): every option of the tree
+    // that compresses (its leading encode runs beside the previous item's
+    // communication) and the default push/pull between them, as one batch
+    // per iteration; with fp16 on these inputs every result is exact.
+    planner::TreeConfig tc;
+    tc.parameterServer = true;
+    tc.codec = codec;
+    auto options = planner::enumerateOptions(tc);
+    plan::Plan p;
+    p.version = 1;
+    std::vector<std::string> names;
+    std::vector<uint64_t> lens;
+    uint64_t expectStarts = 0;  // per batch: items after the first whose option starts with an encode
+    for (size_t k = 0; k < options.size(); ++k) {
+      if (!options[k].compressed()) continue;
+      for (const plan::TensorOption& o : {options[k], executor::defaultOption()}) {
+        names.push_back(fmt::format("p{}", names.size()));
+        lens.push_back(n + names.size() % 5);
+        p.tensors[names.back()] = o;
+        if (names.size() > 1 && o.steps.front().kind != plan::StepKind::kComm) ++expectStarts;
+      }
+    }
+    for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
+    ex.setPlan(p, opDeadline());
+    ex.setPipeline(true);
+    if (me == 0)
+      std::printf("pipeline: %zu tensors (%llu leading encodes pipelined a batch), %d ranks on %d machines\n",
+                  names.size(), (unsigned long long)expectStarts, W, topo.numMachines);
+    std::vector<std::vector<float>> in(names.size()), out(names.size());
+    for (int iter = 0; iter < iters; ++iter) {
+      std::vector<executor::BatchItem> batch;
+      for (size_t k = 0; k < names.size(); ++k) {
+        in[k].resize(lens[k]);
+        out[k].assign(lens[k], -1000.0f);
+        for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = exactInput(me, k, iter, i);
+        float* o = k % 2 ? in[k].data() : out[k].data();  // half in place
+        batch.push_back({names[k], in[k].data(), o, lens[k]});
+      }
+      const uint64_t before = ex.pipelinedStarts();
+      try {
+        ex.runBatch(batch, ReduceOp::kSum, opDeadline());
+      } catch (const Error& e) {
+        fail(fmt::format("pipeline, iteration {}: {}", iter, e.what()));
+        continue;
+      }
+      if (ex.pipelinedStarts() - before != expectStarts)
+        fail(fmt::format("pipeline, iteration {}: {} leading encodes ran beside another item, expected {}",
+                         iter, ex.pipelinedStarts() - before, expectStarts));
+      for (size_t k = 0; k < names.size(); ++k) {
+        for (uint64_t i = 0; i < lens[k]; ++i) {
+          float ref = 0;
+          for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
+          if (batch[k].output[i] != ref) {
+            fail(fmt::format("pipeline: tensor {} ({}), iteration {}, element {}: {} != reference {}",
+                             names[k], p.tensors[names[k]].describe(), iter, i, batch[k].output[i], ref));
+            break;
+          }
+        }
+      }
+    }
+    if (me == 0) std::printf("pipeline: %s\n", failures ? "FAILED" : "exact");
   } else if (mode == "fusion") {
     planner::TreeConfig tc;
     tc.parameterServer = true;
