@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <tuple>
 
 #include "compressor/error_feedback.h"
@@ -1026,10 +1027,16 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
     }
     if (k + 1 < alone.size() && startsLocal(k + 1)) {
       const size_t j = alone[k + 1];
-      next = makeRun(j);
-      nextStarted = std::async(std::launch::async, [r = next.get(), in = items[j].input,
-                                                    out = items[j].output] { r->start(in, out); });
-      ++pipelinedStarts_;
+      auto r = makeRun(j);
+      try {
+        nextStarted = std::async(std::launch::async, [r = r.get(), in = items[j].input,
+                                                      out = items[j].output] { r->start(in, out); });
+        next = std::move(r);
+        ++pipelinedStarts_;
+      } catch (const std::system_error& e) {
+        // No thread to be had: the next item starts in turn, as without the pipeline.
+        CORTADO_LOG_WARN("encode pipeline: no second thread ({}); running in turn", e.what());
+      }
     }
     try {
       cur->finish(op);
