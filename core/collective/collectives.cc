@@ -300,6 +300,7 @@ void Collectives::checkAcrossRanks(const Call& c, Deadline deadline) {
 void Collectives::dispatch(const Call& call, Deadline deadline) {
   checkUsable(call.op);
   checkLocal(call);
+  checkMemory(call);
   if (checkArguments_ && size_ > 1) checkAcrossRanks(call, deadline);
   run(call, deadline);
 }

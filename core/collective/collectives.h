@@ -133,6 +133,9 @@ class Collectives {
   virtual void checkUsable(CollOp op) const = 0;
   // The largest element count the backend can take in one argument.
   virtual size_t maxCount() const = 0;
+  // Throws Error(kInvalidArgument) when a buffer of the call is memory the
+  // backend cannot touch (NCCL: host memory), before any rank communicates.
+  virtual void checkMemory(const Call& call) const {}
 
  private:
   void dispatch(const Call& call, Deadline deadline);

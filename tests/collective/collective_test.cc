@@ -119,8 +119,11 @@ TEST_P(CollectiveTest, TopologyMatchesTheMachines) {
     // reference for which ranks share a machine.
     char host[256] = {};
     gethostname(host, sizeof host - 1);
-    std::vector<char> all(256 * t.size);
-    groups_.world->allgather(host, 256, all.data(), DType::kUInt8, deadline());
+    Mem mine(backend(), DType::kUInt8, 256), gathered(backend(), DType::kUInt8, 256 * t.size);
+    backend().upload(mine.get(), host, 256);
+    groups_.world->allgather(mine.get(), 256, gathered.get(), DType::kUInt8, deadline());
+    std::vector<uint8_t> raw = gathered.raw();
+    std::vector<char> all(raw.begin(), raw.end());
     std::vector<std::string> names;
     for (int r = 0; r < t.size; ++r) names.emplace_back(&all[256 * r]);
     int same = static_cast<int>(std::count(names.begin(), names.end(), names[t.rank]));

@@ -64,6 +64,10 @@ ncclResult_t waitComm(ncclComm_t comm, Deadline deadline) {
   }
 }
 
+constexpr const char* kMissedDeadline =
+    "did not complete by its deadline: a member has not joined (is it alive, and calling the same operations in the "
+    "same order?); the communicator was aborted and the group is unusable from now on";
+
 class NcclCollectives final : public Collectives {
  public:
   NcclCollectives(std::string name, ncclComm_t comm, int rank, int size, int device, bool checkArguments)
@@ -98,11 +102,29 @@ class NcclCollectives final : public Collectives {
                     collOpName(op), name(), rank(), size(), broken_);
   }
 
+  void checkMemory(const Call& c) const override {
+    auto check = [&](const void* p, const char* which) {
+      if (p == nullptr) return;
+      cudaPointerAttributes a{};
+      if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();  // not sticky, but clear it for the next caller
+        a.type = cudaMemoryTypeUnregistered;
+      }
+      CORTADO_ENFORCE(a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged, ErrorCode::kInvalidArgument,
+                      "{} on group '{}' (rank {} of {}): the {} buffer is {} memory; the NCCL backend takes CUDA "
+                      "device buffers (use the MPI backend for host buffers)",
+                      collOpName(c.op), name(), rank(), size(), which,
+                      a.type == cudaMemoryTypeHost ? "pinned host" : "host");
+    };
+    check(c.send, "send");
+    check(c.recv, "receive");
+  }
+
   void allgatherBytes(CollOp op, const void* mine, size_t bytes, void* all, Deadline deadline) override {
     const std::string what = fmt::format("{} (argument check)", collOpName(op));
     auto* d = static_cast<uint8_t*>(scratch(bytes * (size() + 1)));
     cudaCheck(cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, stream_), "argument check: copy");
-    enqueue(what.c_str(), ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, stream_));
+    enqueue(what.c_str(), ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, stream_), deadline);
     wait(what.c_str(), deadline);
     cudaCheck(cudaMemcpy(all, d + bytes, bytes * size(), cudaMemcpyDeviceToHost), "argument check: copy back");
   }
@@ -118,7 +140,7 @@ class NcclCollectives final : public Collectives {
       ncclSend(d + p, 1, ncclInt64, p, comm_, stream_);
       ncclRecv(d + n + p, 1, ncclInt64, p, comm_, stream_);
     }
-    enqueue(what.c_str(), ncclGroupEnd());
+    enqueue(what.c_str(), ncclGroupEnd(), deadline);
     wait(what.c_str(), deadline);
     cudaCheck(cudaMemcpy(recv.data(), d + n, n * sizeof(int64_t), cudaMemcpyDeviceToHost),
               "argument check: copy back");
@@ -146,13 +168,14 @@ class NcclCollectives final : public Collectives {
           cudaCheck(launchToFloat(bf16, c.send, f, c.count, stream_), what);
           enqueue(what, c.op == CollOp::kAllreduce
                             ? ncclAllReduce(f, f, c.count, ncclFloat32, ncclSum, comm_, stream_)
-                            : ncclReduce(f, f, c.count, ncclFloat32, ncclSum, c.root, comm_, stream_));
+                            : ncclReduce(f, f, c.count, ncclFloat32, ncclSum, c.root, comm_, stream_),
+                  deadline);
           if (c.op == CollOp::kAllreduce || me == c.root)
             cudaCheck(launchFromFloat(bf16, f, c.recv, c.count, stream_), what);
         } else if (c.op == CollOp::kAllreduce) {
-          enqueue(what, ncclAllReduce(c.send, c.recv, c.count, t, ncclSum, comm_, stream_));
+          enqueue(what, ncclAllReduce(c.send, c.recv, c.count, t, ncclSum, comm_, stream_), deadline);
         } else {
-          enqueue(what, ncclReduce(c.send, c.recv, c.count, t, ncclSum, c.root, comm_, stream_));
+          enqueue(what, ncclReduce(c.send, c.recv, c.count, t, ncclSum, c.root, comm_, stream_), deadline);
         }
         break;
       case CollOp::kReduceScatter:
@@ -160,17 +183,17 @@ class NcclCollectives final : public Collectives {
           const size_t total = c.count * n;
           auto* f = static_cast<float*>(scratch((total + c.count) * sizeof(float)));
           cudaCheck(launchToFloat(bf16, c.send, f, total, stream_), what);
-          enqueue(what, ncclReduceScatter(f, f + total, c.count, ncclFloat32, ncclSum, comm_, stream_));
+          enqueue(what, ncclReduceScatter(f, f + total, c.count, ncclFloat32, ncclSum, comm_, stream_), deadline);
           cudaCheck(launchFromFloat(bf16, f + total, c.recv, c.count, stream_), what);
         } else {
-          enqueue(what, ncclReduceScatter(c.send, c.recv, c.count, t, ncclSum, comm_, stream_));
+          enqueue(what, ncclReduceScatter(c.send, c.recv, c.count, t, ncclSum, comm_, stream_), deadline);
         }
         break;
       case CollOp::kAllgather:
-        enqueue(what, ncclAllGather(c.send, c.recv, c.count, t, comm_, stream_));
+        enqueue(what, ncclAllGather(c.send, c.recv, c.count, t, comm_, stream_), deadline);
         break;
       case CollOp::kBroadcast:
-        enqueue(what, ncclBroadcast(c.recv, c.recv, c.count, t, c.root, comm_, stream_));
+        enqueue(what, ncclBroadcast(c.recv, c.recv, c.count, t, c.root, comm_, stream_), deadline);
         break;
       case CollOp::kAllgatherv: {
         ncclGroupStart();
@@ -180,7 +203,7 @@ class NcclCollectives final : public Collectives {
           if (c.counts[p]) ncclRecv(atw(c.recv, off), c.counts[p], t, p, comm_, stream_);
           off += c.counts[p];
         }
-        enqueue(what, ncclGroupEnd());
+        enqueue(what, ncclGroupEnd(), deadline);
         break;
       }
       case CollOp::kAlltoall:
@@ -195,7 +218,7 @@ class NcclCollectives final : public Collectives {
           so += sc;
           ro += rc;
         }
-        enqueue(what, ncclGroupEnd());
+        enqueue(what, ncclGroupEnd(), deadline);
         break;
       }
       case CollOp::kGather:
@@ -210,7 +233,7 @@ class NcclCollectives final : public Collectives {
             off += k;
           }
         }
-        enqueue(what, ncclGroupEnd());
+        enqueue(what, ncclGroupEnd(), deadline);
         break;
       }
     }
@@ -238,8 +261,15 @@ class NcclCollectives final : public Collectives {
     throw Error(code, fmt::format("{} on group '{}' (rank {} of {}) {}", what, name(), rank(), size(), detail));
   }
 
-  void enqueue(const char* what, ncclResult_t rc) {
-    if (rc != ncclSuccess && rc != ncclInProgress)
+  // A non-blocking communicator may return ncclInProgress while it is still
+  // putting the operation on the stream (connecting to peers the first time);
+  // until it is ncclSuccess, work enqueued after it on the stream (the fp32
+  // conversions) would run before it. So wait for the enqueue to finish.
+  void enqueue(const char* what, ncclResult_t rc, Deadline deadline) {
+    if (rc == ncclInProgress) rc = waitComm(comm_, deadline);
+    if (rc == ncclInProgress)
+      fail(ErrorCode::kTimeout, what, kMissedDeadline);
+    if (rc != ncclSuccess)
       fail(ErrorCode::kInternal, what, fmt::format("failed in NCCL: {}", ncclGetErrorString(rc)));
   }
 
@@ -256,9 +286,7 @@ class NcclCollectives final : public Collectives {
       if (q != cudaSuccess && q != cudaErrorNotReady)
         fail(ErrorCode::kInternal, what, fmt::format("failed in CUDA: {}", cudaGetErrorString(q)));
       if (deadline.expired())
-        fail(ErrorCode::kTimeout, what,
-             "did not complete by its deadline: a member has not joined (is it alive, and calling the same "
-             "operations in the same order?); the communicator was aborted and the group is unusable from now on");
+        fail(ErrorCode::kTimeout, what, kMissedDeadline);
       if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -271,17 +299,43 @@ class NcclCollectives final : public Collectives {
   std::string broken_;
 };
 
-ncclComm_t finishComm(ncclComm_t comm, ncclResult_t rc, Deadline deadline, const std::string& what) {
-  if (rc == ncclSuccess || rc == ncclInProgress) rc = waitComm(comm, deadline);
-  if (rc == ncclSuccess) return comm;
-  if (comm) ncclCommAbort(comm);
+// Waits until `comm`'s pending operation (`rc` is what the call returned) has
+// completed, or throws saying why not. The caller aborts what it formed.
+void settle(ncclComm_t comm, ncclResult_t rc, Deadline deadline, const std::string& what, int device) {
+  if (rc == ncclSuccess || rc == ncclInProgress) rc = comm ? waitComm(comm, deadline) : rc;
+  if (rc == ncclSuccess) return;
   if (rc == ncclInProgress)
     throw Error(ErrorCode::kTimeout,
                 fmt::format("forming the NCCL groups: {} did not complete by the deadline (is every rank calling "
                             "createGroups?)",
                             what));
-  throw Error(ErrorCode::kInternal,
-              fmt::format("forming the NCCL groups: {} failed: {}", what, ncclGetErrorString(rc)));
+  // NCCL's own reason ("Duplicate GPU detected : rank 1 and rank 0 both on
+  // CUDA device ...") says more than the result code.
+  const char* last = ncclGetLastError(comm);
+  std::string reason = last && *last ? fmt::format(" ({})", last) : std::string();
+  std::string hint;
+  if (rc == ncclInvalidUsage)
+    hint = fmt::format("; this rank is on CUDA device {} of {} visible: NCCL needs a GPU of its own for every rank of "
+                       "a machine, so start at most as many workers per machine as it has GPUs (or give each a "
+                       "different CUDA_VISIBLE_DEVICES)",
+                       device, deviceCount());
+  throw Error(rc == ncclInvalidUsage ? ErrorCode::kInvalidArgument : ErrorCode::kInternal,
+              fmt::format("forming the NCCL groups: {} failed: {}{}{}", what, ncclGetErrorString(rc), reason, hint));
+}
+
+// Splits `parent`; nullptr for NCCL_SPLIT_NOCOLOR. A non-blocking split shows
+// its progress on the parent, and NCCL sets the child's handle only once the
+// split is complete, so the wait is on the parent.
+ncclComm_t split(ncclComm_t parent, int color, int key, ncclConfig_t* config, Deadline deadline,
+                 const std::string& what, int device) {
+  ncclComm_t child = nullptr;
+  ncclResult_t rc = ncclCommSplit(parent, color, key, &child, config);
+  settle(parent, rc, deadline, what, device);
+  if (color == NCCL_SPLIT_NOCOLOR) return nullptr;
+  CORTADO_ENFORCE(child != nullptr, ErrorCode::kInternal,
+                  "forming the NCCL groups: {} completed without a communicator", what);
+  settle(child, ncclSuccess, deadline, what, device);
+  return child;
 }
 
 }  // namespace
@@ -322,21 +376,20 @@ Groups createGroups(const Topology& topo, const UniqueIdExchange& exchange, cons
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t world = nullptr;
-  world = finishComm(world, ncclCommInitRankConfig(&world, topo.size, id, topo.rank, &config), deadline,
-                     "ncclCommInitRankConfig (world)");
-  ncclComm_t intra = nullptr;
-  intra = finishComm(intra, ncclCommSplit(world, topo.machine, topo.localRank, &intra, &config), deadline,
-                     "ncclCommSplit (intra-machine)");
-  int color = options.inter == InterGroups::kSameLocalRank ? topo.localRank
-                                                            : (topo.localRank == 0 ? 0 : NCCL_SPLIT_NOCOLOR);
-  ncclComm_t inter = nullptr;
-  ncclResult_t rc = ncclCommSplit(world, color, topo.machine, &inter, &config);
-  if (inter != nullptr) {
-    inter = finishComm(inter, rc, deadline, "ncclCommSplit (inter-machine)");
-  } else {
-    // Not a member (NCCL_SPLIT_NOCOLOR): the split's progress shows on the parent.
-    finishComm(world, rc, deadline, "ncclCommSplit (inter-machine, not a member)");
+  ncclComm_t world = nullptr, intra = nullptr, inter = nullptr;
+  try {
+    ncclResult_t rc = ncclCommInitRankConfig(&world, topo.size, id, topo.rank, &config);
+    settle(world, rc, deadline, "ncclCommInitRankConfig (world)", device);
+    intra = split(world, topo.machine, topo.localRank, &config, deadline, "ncclCommSplit (intra-machine)", device);
+    const int color = options.inter == InterGroups::kSameLocalRank ? topo.localRank
+                                                                    : (topo.localRank == 0 ? 0 : NCCL_SPLIT_NOCOLOR);
+    inter = split(world, color, topo.machine, &config, deadline, "ncclCommSplit (inter-machine)", device);
+  } catch (...) {
+    // Nothing formed so far is handed out: abort it all (peers waiting on it
+    // are released by their own deadlines).
+    for (ncclComm_t c : {inter, intra, world})
+      if (c) ncclCommAbort(c);
+    throw;
   }
 
   auto wrap = [&](std::string name, ncclComm_t c) {
