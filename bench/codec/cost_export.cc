@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -22,20 +23,17 @@ using compressor::EncodeContext;
 
 template <typename Fn>
 double medianSeconds(int reps, Fn&& fn) {
-  std::vector<double> t;
-  fn();  // warm-up: page faults, caches
-  for (int r = 0; r < reps; ++r) {
+  return medianOf(reps, [&] {
     auto a = std::chrono::steady_clock::now();
     fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  });
 }
 
 // Least squares of seconds = alpha + beta * bytes with weights 1/seconds^2,
 // i.e. minimizing relative error, so small sizes (alpha) and large sizes
-// (beta) both fit; alpha is kept non-negative.
+// (beta) both fit; alpha and beta are kept non-negative (the planner refuses
+// negative terms).
 std::pair<double, double> fit(const std::vector<std::pair<double, double>>& pts) {
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (auto [x, y] : pts) {
@@ -53,6 +51,10 @@ std::pair<double, double> fit(const std::vector<std::pair<double, double>>& pts)
     alpha = 0;
     beta = sxy / sxx;
   }
+  if (beta < 0) {  // flat within the noise (a GPU's launch-bound decode): a constant
+    beta = 0;
+    alpha = sy / sw;
+  }
   return {alpha, beta};
 }
 
@@ -63,59 +65,82 @@ std::string machine() {
          std::to_string(std::thread::hardware_concurrency()) + " cores";
 }
 
-}  // namespace
-
-int runCostExport(const CostExportOptions& o) {
-  compressor::Registry registry;
-  compressor::registerCpuCodecs(registry);
-  nlohmann::json entries = nlohmann::json::array();
+// The CPU codecs on the calling thread and `pool`.
+CostMeasure cpuMeasure(size_t maxElements, ThreadPool* pool) {
+  auto registry = std::make_shared<compressor::Registry>();
+  compressor::registerCpuCodecs(*registry);
+  auto x = std::make_shared<std::vector<float>>(maxElements);
+  auto out = std::make_shared<std::vector<float>>(maxElements);
   std::mt19937_64 rng(1);
   std::normal_distribution<float> dist;
-  std::vector<float> x(o.maxElements), out(o.maxElements);
-  for (auto& v : x) v = dist(rng);
+  for (auto& v : *x) v = dist(rng);
+  return [registry, x, out, pool](const std::string& spec, size_t n, int reps) {
+    auto codec = registry->create(spec);
+    EncodeContext ctx;
+    ctx.pool = pool;
+    std::vector<std::byte> payload(codec->payloadBytes(n));
+    CostPoint p;
+    p.spec = codec->spec();
+    p.payloadBytes = payload.size();
+    p.encode = medianSeconds(reps, [&] { codec->encode(x->data(), n, payload, ctx); });
+    p.decode = medianSeconds(reps, [&] { codec->decode(payload, out->data(), n, ctx); });
+    p.decompressAdd = medianSeconds(reps, [&] { codec->decompressAdd(payload, out->data(), n, 1.0f, ctx); });
+    return p;
+  };
+}
+
+}  // namespace
+
+double medianOf(int reps, const std::function<double()>& fn) {
+  std::vector<double> t;
+  fn();  // warm-up: page faults, caches, lazy initialization
+  for (int r = 0; r < std::max(1, reps); ++r) t.push_back(fn());
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+int runCostExport(const CostExportOptions& o) {
+  const CostMeasure measure = o.measure ? o.measure : cpuMeasure(o.maxElements, o.pool);
+  nlohmann::json entries = nlohmann::json::array();
   for (const auto& spec : o.specs) {
-    auto codec = registry.create(spec);
     nlohmann::json enc = nlohmann::json::array(), dec = nlohmann::json::array(),
                    add = nlohmann::json::array();
     std::vector<std::pair<double, double>> pe, pd, pa;
+    std::string canonical = spec;
     for (size_t n = 1024; n <= o.maxElements; n *= 4) {
-      EncodeContext ctx;
-      ctx.pool = o.pool;
-      std::vector<std::byte> payload(codec->payloadBytes(n));
       // Fewer repetitions for big sizes keep the sweep to a few seconds per codec.
       int reps = n >= (1 << 22) ? std::max(3, o.reps / 4) : o.reps;
-      double te = medianSeconds(reps, [&] { codec->encode(x.data(), n, payload, ctx); });
-      double td = medianSeconds(reps, [&] { codec->decode(payload, out.data(), n, ctx); });
-      double ta = medianSeconds(reps, [&] { codec->decompressAdd(payload, out.data(), n, 1.0f, ctx); });
+      const CostPoint p = measure(spec, n, reps);
+      canonical = p.spec;
       double bytes = 4.0 * n;
       auto point = [&](double s) {
         return nlohmann::json{{"elements", n}, {"input_bytes", 4 * n},
-                              {"payload_bytes", payload.size()}, {"seconds", s}};
+                              {"payload_bytes", p.payloadBytes}, {"seconds", s}};
       };
-      enc.push_back(point(te));
-      dec.push_back(point(td));
-      add.push_back(point(ta));
-      pe.emplace_back(bytes, te);
-      pd.emplace_back(bytes, td);
-      pa.emplace_back(bytes, ta);
+      enc.push_back(point(p.encode));
+      dec.push_back(point(p.decode));
+      add.push_back(point(p.decompressAdd));
+      pe.emplace_back(bytes, p.encode);
+      pd.emplace_back(bytes, p.decode);
+      pa.emplace_back(bytes, p.decompressAdd);
     }
     auto entry = [&](const char* op, const nlohmann::json& pts, const auto& raw) {
       auto [alpha, beta] = fit(raw);
-      entries.push_back({{"codec", codec->spec()}, {"device", "cpu"}, {"op", op},
+      entries.push_back({{"codec", canonical}, {"device", o.device}, {"op", op},
                          {"alpha", alpha}, {"beta", beta}, {"points", pts}});
     };
     entry("encode", enc, pe);
     entry("decode", dec, pd);
     entry("decompress_add", add, pa);
-    std::cerr << "measured " << codec->spec() << "\n";
+    std::cerr << "measured " << canonical << " (" << o.device << ")\n";
   }
   char date[32];
   std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   nlohmann::json doc = {{"schema", "cortado.codec_costs.v1"},
                         {"date", date},
-                        {"machine", machine()},
-                        {"threads", o.pool ? o.pool->size() + 1 : 1},
+                        {"machine", o.machine.empty() ? machine() : o.machine},
+                        {"threads", o.device == "cpu" && o.pool ? o.pool->size() + 1 : 1},
                         {"model", "seconds = alpha + beta * input_bytes"},
                         {"entries", entries}};
   std::ofstream f(o.path);

@@ -2,6 +2,7 @@
 // planner's compression cost model reads (scheduler/planner).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,19 +12,35 @@ class ThreadPool;
 
 namespace cortado::bench {
 
+// One codec at one size: seconds per call (medians) and the payload's size.
+struct CostPoint {
+  std::string spec;  // the codec's canonical spec
+  size_t payloadBytes = 0;
+  double encode = 0, decode = 0, decompressAdd = 0;
+};
+// Measures `spec` on `elements` fp32 elements with `reps` repetitions.
+using CostMeasure = std::function<CostPoint(const std::string& spec, size_t elements, int reps)>;
+
 struct CostExportOptions {
   std::string path;                 // JSON output
   std::vector<std::string> specs;   // codec specs to measure
   size_t maxElements = 1 << 24;     // largest size, in fp32 elements
   int reps = 20;                    // repetitions per size (median kept)
-  ThreadPool* pool = nullptr;       // nullptr: one thread
+  ThreadPool* pool = nullptr;       // CPU codecs: nullptr = one thread
+  std::string device = "cpu";       // "cpu" or "gpu", as the planner reads it
+  std::string machine;              // empty: this host's kernel and cores
+  CostMeasure measure;              // empty: the CPU codecs, on `pool`
 };
 
 // Returns a process exit code. JSON layout (schema "cortado.codec_costs.v1"):
 // {"schema", "date", "machine", "threads", "model": "seconds = alpha + beta * input_bytes",
-//  "entries": [{"codec": spec, "device": "cpu", "op": "encode" | "decode" | "decompress_add",
+//  "entries": [{"codec": spec, "device": "cpu" | "gpu", "op": "encode" | "decode" | "decompress_add",
 //               "alpha": s, "beta": s per byte,
 //               "points": [{"elements", "input_bytes", "payload_bytes", "seconds"}]}]}
 int runCostExport(const CostExportOptions& options);
+
+// The median of `reps` runs of fn (after one warm-up run), in seconds as fn
+// reports them (fn returns its own time: host clock or device events).
+double medianOf(int reps, const std::function<double()>& fn);
 
 }  // namespace cortado::bench

@@ -24,27 +24,6 @@ void checkLaunch(const char* what) { check(cudaGetLastError(), what); }
 
 cudaStream_t streamOf(const EncodeContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
-// A device int flag for the validation kernels.
-class DeviceFlag {
- public:
-  explicit DeviceFlag(cudaStream_t s) : s_(s) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(int), s), "alloc flag");
-    check(cudaMemsetAsync(p_, 0, sizeof(int), s), "clear flag");
-  }
-  ~DeviceFlag() { cudaFreeAsync(p_, s_); }
-  int* get() { return p_; }
-  bool read() {
-    int v = 0;
-    check(cudaMemcpyAsync(&v, p_, sizeof(int), cudaMemcpyDeviceToHost, s_), "read flag");
-    check(cudaStreamSynchronize(s_), "sync");
-    return v != 0;
-  }
-
- private:
-  int* p_ = nullptr;
-  cudaStream_t s_;
-};
-
 template <typename T>
 class DeviceBuffer {
  public:
@@ -60,6 +39,41 @@ class DeviceBuffer {
   T* p_ = nullptr;
   cudaStream_t s_;
 };
+
+// What a decode brings back to the host before it writes anything: the
+// header and a validation kernel's flag. Pinned, so the copies are plain DMA,
+// and one per host thread (codecs are called from several threads) and device
+// (the flag is device memory). Kept for the thread's life: an allocation per
+// call would cost more than the copies.
+struct HostStaging {
+  struct Pinned {
+    unsigned char header[kHeaderBytes];
+    int flag;
+  };
+  Pinned* host = nullptr;
+  int* deviceFlag = nullptr;
+  int device = -1;
+  size_t headerCopied = 0;
+  ~HostStaging() {
+    if (host) cudaFreeHost(host);
+    if (deviceFlag) cudaFree(deviceFlag);
+  }
+};
+
+HostStaging& staging() {
+  thread_local HostStaging st;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (!st.host)
+    check(cudaMallocHost(reinterpret_cast<void**>(&st.host), sizeof(HostStaging::Pinned)), "pinned staging");
+  if (st.device != device) {
+    if (st.deviceFlag) cudaFree(st.deviceFlag);
+    st.deviceFlag = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&st.deviceFlag), sizeof(int)), "alloc flag");
+    st.device = device;
+  }
+  return st;
+}
 
 class CudaCodec : public Codec {
  public:
@@ -96,17 +110,30 @@ class CudaCodec : public Codec {
   template <typename BodyFn>
   PayloadHeader readHeader(std::span<const std::byte> payload, size_t n, const EncodeContext& ctx,
                            BodyFn bodyFor, uint8_t allowedFlags = 0) const {
-    std::array<std::byte, kHeaderBytes> host{};
-    size_t copy = std::min(payload.size(), kHeaderBytes);
+    HostStaging& st = staging();
+    copyHeader(payload, st, ctx);
+    check(cudaStreamSynchronize(streamOf(ctx)), "sync");
+    return checkHeader(payload, st, n, bodyFor, allowedFlags);
+  }
+  // Enqueues the copy of the payload's header (what there is of it) into the
+  // pinned staging buffer.
+  void copyHeader(std::span<const std::byte> payload, HostStaging& st, const EncodeContext& ctx) const {
     CORTADO_ENFORCE(reinterpret_cast<uintptr_t>(payload.data()) % 4 == 0, ErrorCode::kInvalidArgument,
                     "CUDA {} payload buffer must be 4-byte aligned", codecIdName(id_));
-    if (copy) {
-      check(cudaMemcpyAsync(host.data(), payload.data(), copy, cudaMemcpyDeviceToHost,
+    st.headerCopied = std::min(payload.size(), kHeaderBytes);
+    if (st.headerCopied)
+      check(cudaMemcpyAsync(st.host->header, payload.data(), st.headerCopied, cudaMemcpyDeviceToHost,
                             streamOf(ctx)),
             "copy header");
-      check(cudaStreamSynchronize(streamOf(ctx)), "sync");
-    }
-    PayloadHeader h = parseHeader(std::span<const std::byte>(host.data(), copy), payload.size());
+  }
+  // The CPU codec's checks on a header that copyHeader staged (once the
+  // stream has been synchronized).
+  template <typename BodyFn>
+  PayloadHeader checkHeader(std::span<const std::byte> payload, const HostStaging& st, size_t n, BodyFn bodyFor,
+                            uint8_t allowedFlags = 0) const {
+    PayloadHeader h = parseHeader(
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(st.host->header), st.headerCopied),
+        payload.size());
     expectHeader(h, id_, n);
     CORTADO_ENFORCE((h.flags & ~allowedFlags) == 0, ErrorCode::kProtocol,
                     "{} payload has unknown flags {:#x}", codecIdName(id_), h.flags);
@@ -292,10 +319,15 @@ class CudaQsgd final : public CudaCodec {
     CORTADO_ENFORCE(h.count == 0, ErrorCode::kProtocol, "qsgd payload has unexpected count: {}",
                     describe(h));
     const unsigned char* b = bodyOf(p);
-    DeviceFlag bad(streamOf(ctx));
-    kern::qsgdValidate(b + 4, n, h.param, bad.get(), streamOf(ctx));
+    // The code check needs the header's levels, so it is a second round trip.
+    cudaStream_t s = streamOf(ctx);
+    HostStaging& st = staging();
+    check(cudaMemsetAsync(st.deviceFlag, 0, sizeof(int), s), "clear flag");
+    kern::qsgdValidate(b + 4, n, h.param, st.deviceFlag, s);
     checkLaunch("qsgd validate");
-    CORTADO_ENFORCE(!bad.read(), ErrorCode::kProtocol,
+    check(cudaMemcpyAsync(&st.host->flag, st.deviceFlag, sizeof(int), cudaMemcpyDeviceToHost, s), "read flag");
+    check(cudaStreamSynchronize(s), "sync");
+    CORTADO_ENFORCE(st.host->flag == 0, ErrorCode::kProtocol,
                     "qsgd payload has a level above {} or non-zero padding bits", h.param);
     kern::qsgdDecode(b + 4, n, reinterpret_cast<const float*>(b), h.param, alpha, add, out,
                      streamOf(ctx));
@@ -322,7 +354,9 @@ class CudaTopK final : public CudaCodec {
     size_t k = format::kFromRatio(n, ratio_);
     size_t total = payloadBytes(n);
     auto* b = begin(out, n, total, ctx, 0, 0, k);
-    size_t sample = sample_ > 0 ? std::max<size_t>(1024, static_cast<size_t>(sample_ * n)) : 0;
+    // Sampled as the CPU codec samples (65536 keys for top-k): the threshold
+    // only bounds the candidates, the selection stays exact (kernels.h).
+    size_t sample = std::max<size_t>(1024, sample_ > 0 ? static_cast<size_t>(sample_ * n) : 65536);
     kern::topkSelect(in, n, k, sample, reinterpret_cast<uint32_t*>(b),
                      reinterpret_cast<float*>(b + 4 * k), streamOf(ctx));
     checkLaunch("topk encode");
@@ -344,17 +378,27 @@ class CudaTopK final : public CudaCodec {
   }
 
  private:
+  // One round trip to the host: a valid payload's body is exactly 8 bytes per
+  // selected element (the header check below insists), so the index check
+  // runs over the k that the payload's size implies, in the same stream as
+  // the header's copy, before either is looked at; then one synchronization.
+  // It only reads inside the payload, whatever its header says.
   size_t validate(std::span<const std::byte> p, size_t n, const EncodeContext& ctx) const {
-    PayloadHeader h = readHeader(p, n, ctx, [](const PayloadHeader& h) {
+    cudaStream_t s = streamOf(ctx);
+    HostStaging& st = staging();
+    copyHeader(p, st, ctx);
+    const size_t kFromSize = p.size() > kHeaderBytes ? (p.size() - kHeaderBytes) / 8 : 0;
+    check(cudaMemsetAsync(st.deviceFlag, 0, sizeof(int), s), "clear flag");
+    kern::sparseValidate(reinterpret_cast<const uint32_t*>(bodyOf(p)), kFromSize, n, st.deviceFlag, s);
+    checkLaunch("sparse validate");
+    check(cudaMemcpyAsync(&st.host->flag, st.deviceFlag, sizeof(int), cudaMemcpyDeviceToHost, s), "read flag");
+    check(cudaStreamSynchronize(s), "sync");
+    PayloadHeader h = checkHeader(p, st, n, [](const PayloadHeader& h) {
       return h.count <= h.numel ? format::sparseBody(h.count) : ~uint64_t{0};
     });
     CORTADO_ENFORCE(h.param == 0, ErrorCode::kProtocol, "{} payload has unexpected parameters: {}",
                     codecIdName(id()), describe(h));
-    DeviceFlag bad(streamOf(ctx));
-    kern::sparseValidate(reinterpret_cast<const uint32_t*>(bodyOf(p)), h.count, n, bad.get(),
-                         streamOf(ctx));
-    checkLaunch("sparse validate");
-    CORTADO_ENFORCE(!bad.read(), ErrorCode::kProtocol,
+    CORTADO_ENFORCE(st.host->flag == 0, ErrorCode::kProtocol,
                     "{} payload has an index out of range for {} elements", codecIdName(id()), n);
     return h.count;
   }

@@ -242,11 +242,22 @@ __global__ void gatherValuesKernel(const float* x, const uint32_t* idx, size_t k
   if (i < k) val[i] = x[idx[i]];
 }
 
+// Candidates: keys at or above the sampled threshold, and never zeros (a
+// zero threshold, on sparse input, would make every element a candidate).
 struct AtLeast {
   const float* x;
   const uint32_t* thr;
-  __device__ bool operator()(uint32_t i) const { return keyOf(x[i]) >= *thr; }
+  __device__ bool operator()(uint32_t i) const { return keyOf(x[i]) >= max(*thr, 1u); }
 };
+struct IsZero {
+  const float* x;
+  __device__ bool operator()(uint32_t i) const { return keyOf(x[i]) == 0; }
+};
+
+// Indices i < n whose element satisfies `pred`, in index order, into out;
+// returns how many (synchronizes the stream).
+template <typename Pred>
+size_t selectIndices(size_t n, Pred pred, uint32_t* out, cudaStream_t s);
 
 __global__ void validateKernel(const uint32_t* idx, size_t k, size_t n, int* bad) {
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
@@ -318,6 +329,20 @@ struct Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 };
+
+template <typename Pred>
+size_t selectIndices(size_t n, Pred pred, uint32_t* out, cudaStream_t s) {
+  Scratch<int64_t> count(1, s);
+  thrust::counting_iterator<uint32_t> first(0);
+  size_t bytes = 0;
+  cub::DeviceSelect::If(nullptr, bytes, first, out, count.p, static_cast<int64_t>(n), pred, s);
+  Scratch<unsigned char> tmp(bytes, s);
+  cub::DeviceSelect::If(tmp.p, bytes, first, out, count.p, static_cast<int64_t>(n), pred, s);
+  int64_t m = 0;
+  cudaMemcpyAsync(&m, count.p, sizeof(m), cudaMemcpyDeviceToHost, s);
+  cudaStreamSynchronize(s);
+  return static_cast<size_t>(m);
+}
 
 // Sorts (keys, idx) by key descending, stably: equal keys keep index order.
 void sortDescending(uint32_t* keysIn, uint32_t* idxIn, uint32_t* keysOut, uint32_t* idxOut,
@@ -402,7 +427,8 @@ void topkSelect(const float* x, size_t n, size_t k, size_t sampleCount, uint32_t
                 float* val, cudaStream_t s) {
   if (k == 0) return;
   if (sampleCount > 0 && n > 4 * sampleCount && n >= (1u << 16)) {
-    // DGC: threshold from a strided sample, then candidates in index order.
+    // A threshold from a strided sample, then the non-zero candidates above
+    // it in index order, and an exact selection among them.
     size_t smp = sampleCount;
     double expect = double(k) * smp / n;
     auto rank = static_cast<size_t>(expect + 3.0 * std::sqrt(expect) + 16.0);
@@ -417,25 +443,29 @@ void topkSelect(const float* x, size_t n, size_t k, size_t sampleCount, uint32_t
                                                static_cast<int64_t>(smp), 0, 31, s);
       const uint32_t* thr = skSorted.p + rank;
       Scratch<uint32_t> cand(n, s);
-      Scratch<int64_t> count(1, s);
-      thrust::counting_iterator<uint32_t> first(0);
-      size_t selBytes = 0;
-      cub::DeviceSelect::If(nullptr, selBytes, first, cand.p, count.p, static_cast<int64_t>(n),
-                            AtLeast{x, thr}, s);
-      Scratch<unsigned char> selTmp(selBytes, s);
-      cub::DeviceSelect::If(selTmp.p, selBytes, first, cand.p, count.p, static_cast<int64_t>(n),
-                            AtLeast{x, thr}, s);
-      int64_t m = 0;
-      cudaMemcpyAsync(&m, count.p, sizeof(m), cudaMemcpyDeviceToHost, s);
-      cudaStreamSynchronize(s);
-      if (static_cast<size_t>(m) >= k) {
-        Scratch<uint32_t> keys(m, s), keysOut(m, s), idxOut(m, s);
-        gatherKeysKernel<<<blocksFor(m), kThreads, 0, s>>>(x, cand.p, m, keys.p);
-        sortDescending(keys.p, cand.p, keysOut.p, idxOut.p, m, s);
-        finishTopK(x, idxOut.p, k, idx, val, s);
-        return;
+      size_t m = selectIndices(n, AtLeast{x, thr}, cand.p, s);
+      if (m < k) {
+        // The sample overshot, or fewer than k elements are non-zero (a
+        // sparse sum re-encoded): every non-zero is a candidate.
+        uint32_t one = 1;
+        Scratch<uint32_t> bar(1, s);
+        cudaMemcpyAsync(bar.p, &one, sizeof one, cudaMemcpyHostToDevice, s);
+        m = selectIndices(n, AtLeast{x, bar.p}, cand.p, s);
+        if (m < k) {
+          // Every non-zero, then the lowest-index zeros (ties go to the
+          // lower index), as the CPU codec does.
+          Scratch<uint32_t> zeros(n, s);
+          selectIndices(n, IsZero{x}, zeros.p, s);
+          cudaMemcpyAsync(cand.p + m, zeros.p, (k - m) * sizeof(uint32_t), cudaMemcpyDeviceToDevice, s);
+          finishTopK(x, cand.p, k, idx, val, s);
+          return;
+        }
       }
-      // The sample overshot: fall through to the exact full sort.
+      Scratch<uint32_t> keys(m, s), keysOut(m, s), idxOut(m, s);
+      gatherKeysKernel<<<blocksFor(m), kThreads, 0, s>>>(x, cand.p, m, keys.p);
+      sortDescending(keys.p, cand.p, keysOut.p, idxOut.p, m, s);
+      finishTopK(x, idxOut.p, k, idx, val, s);
+      return;
     }
   }
   Scratch<uint32_t> keys(n, s), ids(n, s), keysOut(n, s), idsOut(n, s);

@@ -46,9 +46,12 @@ void qsgdDecode(const uint8_t* codes, size_t n, const float* norm, unsigned leve
                 bool add, float* out, cudaStream_t s);
 
 // top-k / DGC: exactly the k largest |x|, ties to the lower index, indices
-// ascending, written to idx and the values to val. sampleCount 0 sorts all
-// keys; otherwise a sampled threshold first (DGC), falling back to the full
-// sort when fewer than k pass it. Synchronizes the stream (the candidate count).
+// ascending, written to idx and the values to val. sampleCount 0 (or a small
+// n) sorts all keys; otherwise a sampled threshold first bounds the
+// candidates, which are never zeros: when fewer than k pass it, every non-zero
+// is a candidate, and when fewer than k are non-zero (a re-encoded sparse sum)
+// the rest are the lowest-index zeros, as on the CPU. Synchronizes the stream
+// (the candidate counts).
 void topkSelect(const float* x, size_t n, size_t k, size_t sampleCount, uint32_t* idx,
                 float* val, cudaStream_t s);
 // Sets *bad = 1 when an index is >= n.

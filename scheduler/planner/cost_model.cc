@@ -321,7 +321,8 @@ void CodecModel::applyMeasured(const json& j, const std::string& origin) {
         measured_.push_back(Measured{name, from, known, {}});
         m = &measured_.back();
       }
-      m->origin = from;
+      // Several files may measure one spec (the CPU's and the GPU's): name each.
+      if (m->origin.find(from) == std::string::npos) m->origin += "; " + from;
       m->fits[{int(plan::deviceFromString(device)), op}] = c;
     }
   } catch (const json::exception& e) {

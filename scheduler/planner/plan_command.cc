@@ -48,9 +48,11 @@ void addClusterOptions(CLI::App* sub, PlanConfig& c) {
   sub->add_option("--data-dir", c.dataDir, "folder with profiles/ and costs/ (default: built in, "
                                            "or $CORTADO_PLANNER_DATA)");
   sub->add_option("--hardware", c.hardwareFile, "hardware cost model JSON (links, copies, CPU)");
-  sub->add_option("--codec-costs", c.codecFile,
+  sub->add_option("--codec-costs", c.codecFiles,
                   "codec cost JSON: a table (replaces the built-in one) or measured fits from "
-                  "`cortado_codec_bench --export_costs` (applied on top of it)");
+                  "`cortado_codec_bench --export_costs` or `cortado_cuda_codec_bench --export_costs` "
+                  "(applied on top of it); repeat it to apply several in turn")
+      ->allow_extra_args(false);
 }
 
 }  // namespace

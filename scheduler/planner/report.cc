@@ -27,7 +27,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   HardwareModel hw = HardwareModel::load(cfg.hardwareFile.empty() ? dir + "/costs/hardware.json"
                                                                   : cfg.hardwareFile);
   CodecModel codecs = CodecModel::load(dir + "/costs/codecs.json");
-  if (!cfg.codecFile.empty()) codecs.loadInto(cfg.codecFile);
+  for (const std::string& f : cfg.codecFiles) codecs.loadInto(f);
   Cluster cluster;
   cluster.machines = cfg.machines;
   cluster.gpusPerMachine = cfg.gpusPerMachine;

@@ -23,7 +23,9 @@ struct PlanConfig {
   bool parameterServer = true;
   std::string dataDir;       // empty: the built-in default
   std::string hardwareFile;  // empty: <dataDir>/costs/hardware.json
-  std::string codecFile;     // empty: <dataDir>/costs/codecs.json
+  // Loaded in turn on top of <dataDir>/costs/codecs.json: a table replaces
+  // what is loaded so far, measured fits apply on top (e.g. the CPU's, then the GPU's).
+  std::vector<std::string> codecFiles;
   uint64_t planVersion = 1;
   bool upperBound = true;
   // The exact search (every candidate simulated to the end) instead of the

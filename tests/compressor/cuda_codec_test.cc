@@ -108,6 +108,40 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CrossDecode,
                            return s;
                          });
 
+// Sparse inputs (what the alltoall path re-encodes: a sum of the workers'
+// sparse chunks) at sizes where the GPU samples a threshold: with fewer
+// non-zeros than k the sampled threshold is zero and the rest of the payload
+// is the lowest-index zeros; with more, only non-zeros are candidates. The
+// CPU codec is the reference (tested against a brute-force sort), byte for
+// byte; -0.0 counts as zero on both.
+TEST(CudaSparseInput, TopKAndDgcMatchTheCpuByteForByte) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = (size_t{1} << 20) + 13;
+  auto dense = randomTensor(n, 5);
+  for (double nonzero : {0.002, 0.005, 0.05}) {
+    std::vector<float> x(n, 0.0f);
+    const size_t every = static_cast<size_t>(1.0 / nonzero);
+    for (size_t b = 0; b * every < n; ++b) {  // one non-zero per block of `every`, at varying places
+      const size_t i = b * every + (b * 7) % every;
+      if (i < n) x[i] = dense[i];
+    }
+    for (size_t i = 3; i < n; i += 4096) x[i] = -0.0f;
+    for (const char* spec : {"topk:ratio=0.01", "dgc:ratio=0.01", "topk:ratio=0.001"}) {
+      SCOPED_TRACE(std::string(spec) + ", non-zero fraction " + std::to_string(nonzero));
+      auto cpu = cpuRegistry().create(spec, Device::kCpu);
+      auto gpu = cudaRegistry().create(spec, Device::kCuda);
+      std::vector<std::byte> cpuPayload(cpu->payloadBytes(n));
+      ASSERT_EQ(cpu->encode(x.data(), n, cpuPayload, {}), cpuPayload.size());
+      Dev<float> dx(x);
+      Dev<std::byte> dp(cpuPayload.size());
+      ASSERT_EQ(gpu->encode(dx.p, n, dp.bytes(), {}), cpuPayload.size());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      auto gpuPayload = dp.host();
+      ASSERT_TRUE(gpuPayload == cpuPayload) << "payload bytes differ";
+    }
+  }
+}
+
 TEST(CudaMalformed, RejectedBeforeTheOutputIsTouched) {
   SKIP_WITHOUT_GPU();
   auto cpu = cpuRegistry().create("topk:ratio=0.1");

@@ -2,6 +2,8 @@
 // bundled data files.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -265,6 +267,62 @@ TEST(CostModel, MeasuredFitsWithThreadsAreScaledToOneCore) {
   auto m = codecs.resolve("dgc:ratio=0.001");
   EXPECT_NEAR(m.encodeUs(plan::Device::kCpu, 1e6), 4.0 + 4 * 4000.0, 1e-9);
   EXPECT_NE(m.costSource.find("scaled to one core"), std::string::npos);
+}
+
+// The H100's fits that cortado_cuda_codec_bench exported (bundled with the
+// planner's data): every GPU fit loads, and the planner's GPU costs follow the
+// measured points (the raw medians, not the fit's own terms), each within
+// 2.5x: one line through 8 sizes, and top-k's curve bends where its sampled
+// threshold starts (n > 262144).
+TEST(CostModel, BundledGpuFitsFollowTheirMeasuredPoints) {
+  const std::string file = defaultDataDir() + "/costs/h100_gpu_codecs.json";
+  auto codecs = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  codecs.loadInto(file);
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << file;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& e : doc.at("entries")) {
+    ASSERT_EQ(e.at("device"), "gpu");
+    EXPECT_GE(e.at("alpha").get<double>(), 0.0) << e.at("codec");
+    EXPECT_GE(e.at("beta").get<double>(), 0.0) << e.at("codec");
+    const std::string op = e.at("op");
+    if (op == "decode") continue;  // the planner's decode is decompress_add
+    // The spec as a user writes it: the table's parameters only (DGC's
+    // sample and momentum are the codec's defaults, which the fit matched).
+    std::string spec = e.at("codec").get<std::string>();
+    const std::string name = spec.substr(0, spec.find(':'));
+    for (const char* param : {"ratio=", "levels="})
+      if (auto at = spec.find(param); at != std::string::npos)
+        spec = name + ":" + spec.substr(at, spec.find(',', at) - at);
+    auto r = codecs.resolve(spec);
+    EXPECT_NE(r.costSource.find("h100_gpu_codecs.json"), std::string::npos) << r.costSource;
+    for (const auto& pt : e.at("points")) {
+      const double n = pt.at("elements").get<double>(), measuredUs = pt.at("seconds").get<double>() * 1e6;
+      const double modelUs = op == "encode" ? r.encodeUs(plan::Device::kGpu, n) : r.decodeUs(plan::Device::kGpu, n, 1);
+      EXPECT_LT(modelUs, 2.5 * measuredUs) << spec << " " << op << " at " << n;
+      EXPECT_GT(modelUs, measuredUs / 2.5) << spec << " " << op << " at " << n;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 10 * 2 * 8);  // 10 codecs, encode and decompress_add, 8 sizes
+}
+
+// `cortado plan --codec-costs cpu.json --codec-costs gpu.json`: each file's
+// device is applied, the other's terms kept, and both are named.
+TEST(CostModel, CpuAndGpuFitsFromTwoFilesCombine) {
+  auto codecs = CodecModel::load(defaultDataDir() + "/costs/codecs.json");
+  codecs.applyMeasured(measuredExport(1), "cpu.json");
+  nlohmann::json gpu = measuredExport(1);
+  gpu["machine"] = "NVIDIA test GPU";
+  gpu["entries"] = {{{"codec", "dgc:ratio=0.001"}, {"device", "gpu"}, {"op", "encode"}, {"alpha", 1e-4},
+                     {"beta", 1e-12}, {"points", nlohmann::json::array()}}};
+  codecs.applyMeasured(gpu, "gpu.json");
+  auto m = codecs.resolve("dgc:ratio=0.001");
+  EXPECT_NEAR(m.encodeUs(plan::Device::kCpu, 1e6), 4.0 + 4000.0, 1e-9);   // cpu.json
+  EXPECT_NEAR(m.encodeUs(plan::Device::kGpu, 1e6), 100.0 + 4.0, 1e-9);    // gpu.json
+  EXPECT_NE(m.costSource.find("cpu.json"), std::string::npos) << m.costSource;
+  EXPECT_NE(m.costSource.find("gpu.json"), std::string::npos) << m.costSource;
 }
 
 TEST(CostModel, MeasuredFitsErrors) {
