@@ -50,6 +50,18 @@ def test_torch_push_pull_async_broadcast(run_job):
     assert_all_ok(job, 2)
 
 
+def test_torch_cuda_tensors(run_job):
+    # CUDA tensors stage through pinned host buffers; this needs a GPU (the
+    # lent GPU machine runs it; CI has none).
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False): the CUDA tensor "
+                    "path is tested on a machine with a GPU")
+    job = run_job(2, 1, "torch_cuda.py", env={"CORTADO_PARTITION_BYTES": "256K"}, timeout=240)
+    results = assert_all_ok(job, 2)
+    assert all(r["checked"] > 70 for r in results.values())
+
+
 def test_blocking_calls_release_the_gil(run_job):
     # Deadlocks (and fails on the workers' 30 s timeouts) if they do not.
     job = run_job(2, 1, "gil.py", timeout=120)

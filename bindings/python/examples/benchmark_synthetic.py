@@ -8,6 +8,8 @@ a torchvision model trained on random images, reporting images per second.
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --backend gloo --workers 4
     # Both, one after the other, with a comparison table (and --json for a record):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --compare --workers 4 --servers 2
+    # The same with the model on the GPU (--device cuda; CUDA gradients stage through the host):
+    python3 bindings/python/examples/benchmark_synthetic.py --compare --device cuda --workers 2 --servers 1
 
 Each timed iteration is --num-batches-per-iter training steps; the result is
 the mean over --num-iters iterations, per worker and in total. On a CPU-only
@@ -44,6 +46,10 @@ def parse_args(argv=None):
                         "dgc, efsignsgd, ...)")
     p.add_argument("--fp16-pushpull", action="store_true", help="same as --compression fp16")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (cuda: every worker on GPU local_rank %% GPUs; "
+                        "Cortado stages gradients through pinned host buffers, DDP + Gloo "
+                        "through its own host copies)")
     p.add_argument("--workers", type=int, default=4, help="gloo/--compare: process count")
     p.add_argument("--servers", type=int, default=2, help="--compare: Cortado servers")
     p.add_argument("--compare", action="store_true", help="run Cortado, then DDP with Gloo")
@@ -61,28 +67,34 @@ def log(rank, *a):
         print(*a, flush=True)
 
 
-def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer):
+def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_rank=0):
     """The timed loop, the same for both backends."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_size)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = getattr(models, args.model)(num_classes=args.num_classes)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model = getattr(models, args.model)(num_classes=args.num_classes).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size)
     model = wrap_model(model)
     optimizer = wrap_optimizer(model, optimizer)
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-    target = torch.randint(0, args.num_classes, (args.batch_size,))
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    target = torch.randint(0, args.num_classes, (args.batch_size,), device=device)
 
     def step():
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data), target)
         loss.backward()
         optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's GPU work, inside the timing
 
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
               + (f", compression {args.compression}" if args.backend == "cortado" else "")
-              + f", {threads} threads per worker")
+              + f", {threads} threads per worker, on {args.device}")
     log(rank, "Running warmup...")
     timeit.timeit(step, number=args.num_warmup_batches)
     log(rank, "Running benchmark...")
@@ -98,6 +110,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer):
     return {"backend": args.backend, "model": args.model, "batch_size": args.batch_size,
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
             "compression": args.compression if args.backend == "cortado" else "none",
+            "device": args.device,
             "img_sec_per_worker": mean, "img_sec_total": size * mean, "conf95_total": size * conf}
 
 
@@ -116,7 +129,8 @@ def run_cortado(args):
         ct.broadcast_optimizer_state(optimizer, root_rank=0)
         return optimizer
 
-    result = benchmark(args, rank, size, ct.local_size(), lambda m: m, wrap_optimizer)
+    result = benchmark(args, rank, size, ct.local_size(), lambda m: m, wrap_optimizer,
+                       ct.local_rank())
     if args.json and rank == 0:
         print(json.dumps(result), flush=True)
     ct.shutdown()
@@ -129,7 +143,7 @@ def _gloo_worker(rank, args, port):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     result = benchmark(args, rank, args.workers, args.workers, DistributedDataParallel,
-                       lambda model, optimizer: optimizer)
+                       lambda model, optimizer: optimizer, rank)
     if args.json and rank == 0:
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
@@ -154,7 +168,8 @@ def run_compare(args):
               "--image-size", str(args.image_size), "--num-classes", str(args.num_classes),
               "--num-warmup-batches", str(args.num_warmup_batches),
               "--num-batches-per-iter", str(args.num_batches_per_iter),
-              "--num-iters", str(args.num_iters), "--threads", str(args.threads), "--json"]
+              "--num-iters", str(args.num_iters), "--threads", str(args.threads),
+              "--device", args.device, "--json"]
     runs = [
         ("cortado", [launcher, "launch", "-w", str(args.workers), "-s", str(args.servers), "--",
                      sys.executable, str(here), "--backend", "cortado",
@@ -183,7 +198,7 @@ def run_compare(args):
     c, g = median(results["cortado"]), median(results["gloo"])
     print()
     print(f"{args.model}, {args.image_size}x{args.image_size}, batch {args.batch_size} per "
-          f"worker, {c['threads_per_worker']} threads per worker, median of {args.rounds} "
+          f"worker, on {args.device}, {c['threads_per_worker']} threads per worker, median of {args.rounds} "
           f"alternating round(s)")
     print("| backend | workers | img/sec total | img/sec per worker | all rounds (total) |")
     print("| --- | --- | --- | --- | --- |")

@@ -1,14 +1,25 @@
 """Tensor operations of cortado.torch: push_pull, broadcast, broadcast_parameters.
 
 A tensor reaches the engine as (data_ptr(), numel(), dtype), so it must be a
-contiguous CPU tensor of a supported dtype; check_tensor() raises CortadoError
+contiguous tensor of a supported dtype; check_tensor() raises CortadoError
 before any data moves otherwise. The tensors stay referenced (by the core)
 until their operation completes.
+
+CUDA tensors travel as BytePS moves them to its CPU servers: copied into a
+pinned host buffer (one per tensor name, kept for the next iteration) after
+the work queued on the tensor's current stream, summed there like a CPU
+tensor, and copied back into the CUDA output when the caller synchronizes.
+The caller does not wait for the copy: a stager thread waits for its CUDA
+event and then starts the push_pull, so a gradient hook returns at once and
+backward keeps the GPU busy.
 """
+
+import queue
+import threading
 
 import torch
 
-from .. import _C, _runtime
+from .. import _runtime
 from .._runtime import Handle, synchronize
 from ..compression import AutoCompression, Compression
 
@@ -32,19 +43,15 @@ def check_tensor(tensor, api, what="tensor"):
                              f"{type(tensor).__name__}")
     device = tensor.device
     if device.type == "cuda":
-        if not _C.built_with_cuda:
+        if not torch.cuda.is_available():
             raise _runtime.error(
                 "invalid_argument",
-                f"cortado.torch.{api}: {what} is on {device}, but this build of Cortado has no "
-                f"CUDA support (configured with CORTADO_WITH_CUDA off or without a CUDA "
-                f"toolkit); move it to the CPU with .cpu() or rebuild with CUDA")
-        raise _runtime.error("invalid_argument",
-                             f"cortado.torch.{api}: {what} is on {device}; the PyTorch binding "
-                             f"moves CPU tensors only so far: use .cpu()")
-    if device.type != "cpu":
+                f"cortado.torch.{api}: {what} is on {device}, but this process's torch "
+                f"reports no usable CUDA (torch.cuda.is_available() is False)")
+    elif device.type != "cpu":
         raise _runtime.error("invalid_argument",
                              f"cortado.torch.{api}: {what} is on device '{device}'; Cortado "
-                             f"sums CPU tensors")
+                             f"sums CPU and CUDA tensors")
     if tensor.layout != torch.strided:
         raise _runtime.error("invalid_argument",
                              f"cortado.torch.{api}: {what} has layout {tensor.layout}; Cortado "
@@ -61,6 +68,109 @@ def check_tensor(tensor, api, what="tensor"):
                              f"tensor.contiguous()")
 
 
+# Pinned host buffers of CUDA tensors, by tensor name: a gradient's buffer is
+# reused every iteration (allocating pinned memory costs more than the copy).
+# One-off operations (broadcasts) take a buffer that is not kept.
+_staging = {}
+
+
+def _host_buffer(api, name, tensor):
+    if api.startswith("broadcast"):
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    buf = _staging.get(name)
+    if buf is None or buf.dtype != tensor.dtype or buf.shape != tensor.shape:
+        buf = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        _staging[name] = buf
+    return buf
+
+
+class _Staged:
+    """A push_pull whose start waits for a device-to-host copy: what Handle
+    polls and waits on until the stager thread has started it."""
+
+    __slots__ = ("_started", "_handle", "_error", "_keep")
+
+    def __init__(self, keep):
+        self._started = threading.Event()
+        self._handle = None
+        self._error = None
+        self._keep = keep  # the CUDA tensor, until its copy has completed
+
+    def poll(self):
+        if not self._started.is_set():
+            return False
+        return self._error is not None or self._handle.poll()
+
+    def wait(self, timeout=None):
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        return self._handle.wait(timeout)
+
+
+class _Stager:
+    """One thread per process, started at the first CUDA tensor: waits for
+    each copy's event (torch releases the GIL meanwhile) and starts its
+    push_pull, in the order the calls were made."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="cortado-cuda-stager", daemon=True).start()
+
+    def start(self, event, staged, begin):
+        self._queue.put((event, staged, begin))
+
+    def _run(self):
+        while True:
+            event, staged, begin = self._queue.get()
+            try:
+                event.synchronize()
+                staged._handle = begin()
+            except Exception as e:  # reported by wait(), on the caller's thread
+                staged._error = e
+            staged._keep = None
+            staged._started.set()
+
+
+_stager = None
+_stager_lock = threading.Lock()
+
+
+def _start_after(event, keep, begin):
+    global _stager
+    with _stager_lock:
+        if _stager is None:
+            _stager = _Stager()
+    staged = _Staged(keep)
+    _stager.start(event, staged, begin)
+    return staged
+
+
+def _submit_cuda(api, tensor, output, average, name, priority, compression):
+    """push_pull of a CUDA tensor through a pinned host buffer (see the module
+    docstring); the result lands in `output` (a new CUDA tensor when None)."""
+    if output is None:
+        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    name = name if name is not None else _runtime.auto_name("push_pull")
+    host = _host_buffer(api, name, tensor)
+    stream = torch.cuda.current_stream(tensor.device)
+    with torch.no_grad():
+        host.copy_(tensor.detach(), non_blocking=True)
+    # The copy is queued on the tensor's current stream, after the kernels
+    # that produced the tensor; the push_pull starts once it has completed.
+    copied = torch.cuda.Event()
+    copied.record(stream)
+    staged = _start_after(copied, tensor, lambda: submit(api, host, host, average, name, priority,
+                                                         compression))
+
+    def finish():
+        result = staged.wait()
+        with torch.no_grad():
+            output.copy_(result)
+        return output
+    return Handle(name, staged, finish)
+
+
 def submit(api, tensor, output, average, name, priority, compression):
     """Checks, compresses and starts one push_pull of `tensor` into `output`
     (None: a new tensor; `tensor` itself: in place)."""
@@ -72,15 +182,22 @@ def submit(api, tensor, output, average, name, priority, compression):
                              f"cortado.torch.{api}: name must be a string or None, got "
                              f"{type(name).__name__} {name!r} (the order is tensor, name, "
                              f"average, priority; pass average=... by keyword)")
-    if output is None:
-        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    elif output is not tensor:
+    if output is not None and output is not tensor:
         check_tensor(output, api, "output")
+        if output.device != tensor.device:
+            raise _runtime.error("invalid_argument",
+                                 f"cortado.torch.{api}: output is on {output.device} but the "
+                                 f"tensor is on {tensor.device}; pass an output on the "
+                                 f"tensor's device")
         if output.dtype != tensor.dtype or output.numel() != tensor.numel():
             raise _runtime.error("invalid_argument",
                                  f"cortado.torch.{api}: output ({output.dtype}, "
                                  f"{output.numel()} elements) does not match the tensor "
                                  f"({tensor.dtype}, {tensor.numel()} elements)")
+    if tensor.device.type == "cuda":
+        return _submit_cuda(api, tensor, output, average, name, priority, compression)
+    if output is None:
+        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     name = name if name is not None else _runtime.auto_name("push_pull")
     if isinstance(compressor, AutoCompression):
         compressor = _runtime.auto_choice(name, lambda: compressor.plan(
