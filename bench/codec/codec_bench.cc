@@ -216,19 +216,6 @@ void registerAll(Context& c) {
   }
 }
 
-bool takeFlag(int& argc, char** argv, const std::string& name, std::string* value) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind(name + "=", 0) == 0) {
-      *value = a.substr(name.size() + 1);
-      std::copy(argv + i + 1, argv + argc, argv + i);
-      --argc;
-      return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 }  // namespace cortado::bench
 
@@ -242,20 +229,9 @@ int main(int argc, char** argv) {
     CostExportOptions o;
     o.path = v;
     o.pool = pool.get();
-    if (takeFlag(argc, argv, "--cost_max_elements", &v)) o.maxElements = std::stoull(v);
-    if (takeFlag(argc, argv, "--cost_reps", &v)) o.reps = std::stoi(v);
-    if (takeFlag(argc, argv, "--cost_codecs", &v)) {
-      for (size_t p = 0; p <= v.size();) {
-        size_t q = v.find(';', p);
-        if (q == std::string::npos) q = v.size();
-        if (q > p) o.specs.push_back(v.substr(p, q - p));
-        p = q + 1;
-      }
-    } else {
-      o.specs = {"fp16", "bf16", "onebit", "signsgd", "efsignsgd", "topk:ratio=0.01",
-                 "topk:ratio=0.001", "dgc:ratio=0.001", "randomk:ratio=0.01", "qsgd:levels=7",
-                 "terngrad", "natural"};
-    }
+    takeCostFlags(argc, argv, o,
+                  {"fp16", "bf16", "onebit", "signsgd", "efsignsgd", "topk:ratio=0.01", "topk:ratio=0.001",
+                   "dgc:ratio=0.001", "randomk:ratio=0.01", "qsgd:levels=7", "terngrad", "natural"});
     return runCostExport(o);
   }
   benchmark::Initialize(&argc, argv);

@@ -91,6 +91,35 @@ CostMeasure cpuMeasure(size_t maxElements, ThreadPool* pool) {
 
 }  // namespace
 
+bool takeFlag(int& argc, char** argv, const std::string& name, std::string* value) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind(name + "=", 0) == 0) {
+      *value = a.substr(name.size() + 1);
+      std::copy(argv + i + 1, argv + argc, argv + i);
+      --argc;
+      return true;
+    }
+  }
+  return false;
+}
+
+void takeCostFlags(int& argc, char** argv, CostExportOptions& o, std::vector<std::string> defaultSpecs) {
+  std::string v;
+  if (takeFlag(argc, argv, "--cost_max_elements", &v)) o.maxElements = std::stoull(v);
+  if (takeFlag(argc, argv, "--cost_reps", &v)) o.reps = std::stoi(v);
+  if (!takeFlag(argc, argv, "--cost_codecs", &v)) {
+    o.specs = std::move(defaultSpecs);
+    return;
+  }
+  for (size_t p = 0; p <= v.size();) {
+    size_t q = v.find(';', p);
+    if (q == std::string::npos) q = v.size();
+    if (q > p) o.specs.push_back(v.substr(p, q - p));
+    p = q + 1;
+  }
+}
+
 double medianOf(int reps, const std::function<double()>& fn) {
   std::vector<double> t;
   fn();  // warm-up: page faults, caches, lazy initialization

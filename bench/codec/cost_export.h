@@ -39,6 +39,14 @@ struct CostExportOptions {
 //               "points": [{"elements", "input_bytes", "payload_bytes", "seconds"}]}]}
 int runCostExport(const CostExportOptions& options);
 
+// Removes `name=VALUE` from argv (a benchmark's own flags, before Google
+// Benchmark parses the rest) and returns true with VALUE when it was there.
+bool takeFlag(int& argc, char** argv, const std::string& name, std::string* value);
+
+// Takes --cost_max_elements=N, --cost_reps=R and --cost_codecs='a;b;...'
+// from argv into `o`; the codecs are `defaultSpecs` when the flag is absent.
+void takeCostFlags(int& argc, char** argv, CostExportOptions& o, std::vector<std::string> defaultSpecs);
+
 // The median of `reps` runs of fn (after one warm-up run), in seconds as fn
 // reports them (fn returns its own time: host clock or device events).
 double medianOf(int reps, const std::function<double()>& fn);

@@ -259,19 +259,6 @@ CostMeasure cudaMeasure(size_t maxElements) {
   };
 }
 
-bool takeFlag(int& argc, char** argv, const std::string& name, std::string* value) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind(name + "=", 0) == 0) {
-      *value = a.substr(name.size() + 1);
-      std::copy(argv + i + 1, argv + argc, argv + i);
-      --argc;
-      return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 }  // namespace cortado::bench
 
@@ -295,19 +282,9 @@ int main(int argc, char** argv) {
       cudaDeviceProp prop{};
       cudaOk(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
       o.machine = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) + " SMs)";
-      if (takeFlag(argc, argv, "--cost_max_elements", &v)) o.maxElements = std::stoull(v);
-      if (takeFlag(argc, argv, "--cost_reps", &v)) o.reps = std::stoi(v);
-      if (takeFlag(argc, argv, "--cost_codecs", &v)) {
-        for (size_t p = 0; p <= v.size();) {
-          size_t q = v.find(';', p);
-          if (q == std::string::npos) q = v.size();
-          if (q > p) o.specs.push_back(v.substr(p, q - p));
-          p = q + 1;
-        }
-      } else {
-        o.specs = {"fp16", "bf16", "onebit", "efsignsgd", "topk:ratio=0.01", "topk:ratio=0.001",
-                   "dgc:ratio=0.01", "dgc:ratio=0.001", "randomk:ratio=0.01", "qsgd:levels=7"};
-      }
+      takeCostFlags(argc, argv, o,
+                    {"fp16", "bf16", "onebit", "efsignsgd", "topk:ratio=0.01", "topk:ratio=0.001",
+                     "dgc:ratio=0.01", "dgc:ratio=0.001", "randomk:ratio=0.01", "qsgd:levels=7"});
       if (argc > 1) {
         std::cerr << "cortado_cuda_codec_bench: unknown option '" << argv[1] << "' with --export_costs\n";
         return 1;

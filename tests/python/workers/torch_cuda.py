@@ -10,22 +10,9 @@ import cortado
 import cortado.torch as ct
 from common import parse_args, write_result
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-          torch.uint8, torch.int8]
+from torch_ops import DTYPES, expected_sum, values  # the CPU test's inputs and reference
+
 DEV = torch.device("cuda", 0)
-
-
-def values(dtype, n, rank, salt):
-    g = torch.Generator().manual_seed(1000003 * rank + 7919 * salt + n)
-    lo, hi = (0, 40) if dtype == torch.uint8 else (-8, 9)
-    return torch.randint(lo, hi, (n,), generator=g).to(dtype)
-
-
-def expected_sum(dtype, n, world, salt):
-    stack = torch.stack([values(dtype, n, r, salt) for r in range(world)])
-    if dtype in (torch.float16, torch.bfloat16):
-        return stack.float().sum(0).to(dtype)
-    return torch.from_numpy(stack.numpy().sum(axis=0, dtype=stack.numpy().dtype))
 
 
 def check_push_pull(rank, world):
