@@ -172,7 +172,7 @@ constexpr uint64_t kMaxCodecProbe = 4u << 20;   // elements
 // ends for everybody when its last member is done, and in the replay as here
 // the members arrive at it a little apart (8 processes share 2 cores on the
 // emulated hosts). A rooted step that the root leaves first (broadcast) is
-// probed after the step that precedes it in the plans (measureGroup).
+// probed with a barrier after each call (measureGroup says why).
 template <typename Op>
 std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op op) {
   std::vector<double> all;
@@ -300,20 +300,24 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
     std::vector<size_t> counts(p, n);
     g.gatherv(bytesIn, n, bytesOut, counts, DT::kUInt8, 0, d);
   });
-  // Broadcast: the root returns as soon as its sends are out, and a receiver
-  // that starts late finds its data there, so a broadcast timed alone looks
-  // nearly free. Timed after the step that comes before it in the plans (a
-  // reduce, a compressed gather: receivers wait for the root), less that
-  // step's own time at the same size.
-  auto afterRoot = [&](bool compressed, const std::vector<uint64_t>& at, auto before, auto bcast) {
-    const auto first = probe(world, at, before);
-    const auto both = probe(world, at, [&](uint64_t n) {
-      before(n);
+  // Broadcast: each call followed by a barrier, and the pair timed, as the
+  // slowest member's time. Timed alone and back to back, the root returns as
+  // soon as its sends are out and runs ahead, and a receiver finds its data
+  // waiting, so it looked nearly free. Until 2026-11-25 it was timed after the
+  // step before it in the plans (a reduce, a gather*) less that step, which
+  // measured nothing either: back to back, the root's broadcast went out while
+  // the next call's gather came in (a link carries both directions at once),
+  // and broadcast* came out at about 1 ms from 64 B to 295 KB where the
+  // replay took 28-37 ms to broadcast a gather's 1.2 MB. The barrier stays in
+  // the time: in the replay the next tensor's step waits for every member as
+  // it does, and without it (less a barrier's time, or a barrier before each
+  // call) small broadcasts measured 1-50 us against 0.9 ms in the replay
+  // (docs/benchmarks.md, 2026-11-25).
+  auto fenced = [&](bool compressed, const std::vector<uint64_t>& at, auto bcast) {
+    const auto s = probe(world, at, [&](uint64_t n) {
       bcast(n);
+      world.barrier();
     });
-    std::vector<Sample> s;
-    for (size_t i = 0; i < at.size(); ++i)
-      s.push_back({both[i].bytes, std::max(1.0, both[i].us - first[i].us)});
     AlphaBeta ab = fitOp(CommOp::kBroadcast, p, s);
     (compressed ? compressedOps : ops)[CommOp::kBroadcast] = ab;
     planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[CommOp::kBroadcast];
@@ -321,23 +325,18 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
     for (const Sample& x : s) c.add(x.bytes, x.us);
     note(CommOp::kBroadcast, compressed, s, ab);
   };
-  afterRoot(
-      false, sizes,
-      [&](uint64_t bytes) { g.reduce(buf.data(), out.data(), bytes / 4, DT::kFloat32, 0, d); },
-      [&](uint64_t bytes) { g.broadcast(buf.data(), bytes / 4, DT::kFloat32, 0, d); });
-  afterRoot(
-      true, payloadSizes,
-      [&](uint64_t n) {
-        int64_t my = int64_t(n);
-        g.gather(&my, 1, sizes64.data(), DT::kInt64, 0, d);
-        std::vector<size_t> counts(p, n);
-        g.gatherv(bytesIn, n, bytesOut, counts, DT::kUInt8, 0, d);
-      },
-      [&](uint64_t n) {
-        int64_t size = int64_t(n);
-        g.broadcast(&size, 1, DT::kInt64, 0, d);
-        g.broadcast(bytesIn, n, DT::kUInt8, 0, d);
-      });
+  fenced(false, sizes,
+         [&](uint64_t bytes) { g.broadcast(buf.data(), bytes / 4, DT::kFloat32, 0, d); });
+  // A compressed broadcast closes a gather*: the root sends every member's
+  // payloads (the planner charges p payloads), so up to p times the largest.
+  const auto gatheredSizes = probeSizes(
+      64, std::max<uint64_t>(64, std::min(uint64_t(p) * payloadHi, kMaxLinkProbe)));
+  std::vector<std::byte> gathered(gatheredSizes.back());
+  fenced(true, gatheredSizes, [&](uint64_t n) {
+    int64_t size = int64_t(n);
+    g.broadcast(&size, 1, DT::kInt64, 0, d);
+    g.broadcast(gathered.data(), n, DT::kUInt8, 0, d);
+  });
 }
 
 // Push and pull of one key by every worker, at the model's sizes; a machine
