@@ -394,7 +394,12 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
 // large tensors.
 }  // namespace
 
-void smoothCodecProbes(std::vector<double>& encode, std::vector<double>& decode) {
+void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encode,
+                       std::vector<double>& decode) {
+  CORTADO_ENFORCE(elements.size() == encode.size() && elements.size() == decode.size(),
+                  ErrorCode::kInvalidArgument,
+                  "codec probe smoothing: {} sizes but {} encode and {} decode times",
+                  elements.size(), encode.size(), decode.size());
   // An encode size measured more than 3x both its neighbours (4x smaller
   // and 4x larger) is taken at the larger neighbour: sizes 4x apart cost at
   // most about 4x more, and one run had 65536 elements of DGC at 2637 us
@@ -406,6 +411,21 @@ void smoothCodecProbes(std::vector<double>& encode, std::vector<double>& decode)
     const double near = std::max(raw[i - 1], raw[i + 1]);
     if (raw[i] > 3 * near) encode[i] = near;
   }
+  // Then, from the smallest size up, a size measured more than 3x the size
+  // below it scaled by their elements is taken at that scaled time: a codec
+  // step reads every element from memory (the probe evicts the caches), so
+  // its cost per element does not grow 3x from one size to the next, and a
+  // stall there is not caught above when a neighbour stalled too, or at the
+  // largest size, which has one neighbour. Runs of 2026-11-25 (DGC): the
+  // decode of 2359296 elements at 2251 us with 1048576 at 101 (196-261 us in
+  // three other runs; the compress-everything strategies were predicted
+  // 56-70% over), and the encode of 262144 at 2914 us between 160 and 3247
+  // (433-618 us in four other runs).
+  for (std::vector<double>* v : {&encode, &decode})
+    for (size_t i = 1; i < elements.size(); ++i) {
+      const double scaled = (*v)[i - 1] * double(elements[i]) / double(std::max<uint64_t>(1, elements[i - 1]));
+      if ((*v)[i] > 3 * scaled) (*v)[i] = scaled;
+    }
   // A decode-and-add costs no less for more elements (it scatters or
   // streams in proportion), so a size measured dearer than a larger one is
   // capped at it: one run had 1048576 elements of DGC at 2373 us between 497
@@ -485,7 +505,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   // predictions came out 65% above the replay.)
   std::vector<double> encMed = world.max(medians(enc));
   std::vector<double> decMed = world.max(medians(dec));
-  smoothCodecProbes(encMed, decMed);
+  smoothCodecProbes(sizes, encMed, decMed);
   std::vector<std::array<double, 3>> er, dr;
   m.encodeCurve = m.decodeCurve = planner::MeasuredCurve{};
   for (size_t i = 0; i < sizes.size(); ++i) {

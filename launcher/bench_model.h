@@ -52,11 +52,14 @@ std::vector<std::string> modelBenchStrategies();
 // Error(kInvalidArgument) saying what is wrong and what to use instead.
 void validateModelBench(const ModelBenchOptions& opts);
 
-// The codec probe's per-size times (sizes 4x apart, ascending), made robust
-// against a worker descheduled through one size's calls: an encode size
-// more than 3x both its neighbours is taken at the larger neighbour, and a
+// The codec probe's per-size times at `elements` (ascending, 4x apart but
+// the last), made robust against a worker descheduled through one size's
+// calls: an encode size more than 3x both its neighbours is taken at the
+// larger neighbour; then an encode or decode size measured more than 3x the
+// size below it scaled by their elements is taken at that scaled time; and a
 // decode size dearer than a larger one is capped at it.
-void smoothCodecProbes(std::vector<double>& encodeUs, std::vector<double>& decodeUs);
+void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encodeUs,
+                       std::vector<double>& decodeUs);
 
 // Runs as a worker of a job started by `cortado launch --mpi|--hosts`.
 // Returns 0, or 1 when a checked result was wrong.
