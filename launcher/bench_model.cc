@@ -308,7 +308,7 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
   // measured nothing either: back to back, the root's broadcast went out while
   // the next call's gather came in (a link carries both directions at once),
   // and broadcast* came out at about 1 ms from 64 B to 295 KB where the
-  // replay took 28-37 ms to broadcast a gather's 1.2 MB. The barrier stays in
+  // replay took 27-37 ms to broadcast a gather's 1.2 MB. The barrier stays in
   // the time: in the replay the next tensor's step waits for every member as
   // it does, and without it (less a barrier's time, or a barrier before each
   // call) small broadcasts measured 1-50 us against 0.9 ms in the replay
@@ -423,7 +423,8 @@ void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double
   // (433-618 us in four other runs).
   for (std::vector<double>* v : {&encode, &decode})
     for (size_t i = 1; i < elements.size(); ++i) {
-      const double scaled = (*v)[i - 1] * double(elements[i]) / double(std::max<uint64_t>(1, elements[i - 1]));
+      const double ratio = double(elements[i]) / double(std::max<uint64_t>(1, elements[i - 1]));
+      const double scaled = (*v)[i - 1] * ratio;
       if ((*v)[i] > 3 * scaled) (*v)[i] = scaled;
     }
   // A decode-and-add costs no less for more elements (it scatters or
