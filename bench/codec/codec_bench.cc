@@ -221,9 +221,8 @@ void registerAll(Context& c) {
 
 int main(int argc, char** argv) {
   using namespace cortado::bench;
+  const size_t threads = takeThreadsFlag(argc, argv);
   std::string v;
-  size_t threads = std::max(1u, std::thread::hardware_concurrency());
-  if (takeFlag(argc, argv, "--threads", &v)) threads = std::max(1, std::stoi(v));
   auto pool = threads > 1 ? std::make_unique<cortado::ThreadPool>(threads - 1) : nullptr;
   if (takeFlag(argc, argv, "--export_costs", &v)) {
     CostExportOptions o;

@@ -104,6 +104,12 @@ bool takeFlag(int& argc, char** argv, const std::string& name, std::string* valu
   return false;
 }
 
+size_t takeThreadsFlag(int& argc, char** argv) {
+  std::string v;
+  if (takeFlag(argc, argv, "--threads", &v)) return size_t(std::max(1, std::stoi(v)));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 void takeCostFlags(int& argc, char** argv, CostExportOptions& o, std::vector<std::string> defaultSpecs) {
   std::string v;
   if (takeFlag(argc, argv, "--cost_max_elements", &v)) o.maxElements = std::stoull(v);

@@ -43,6 +43,10 @@ int runCostExport(const CostExportOptions& options);
 // Benchmark parses the rest) and returns true with VALUE when it was there.
 bool takeFlag(int& argc, char** argv, const std::string& name, std::string* value);
 
+// Takes --threads=N from argv: the codec threads (at least 1), by default
+// the machine's hardware threads.
+size_t takeThreadsFlag(int& argc, char** argv);
+
 // Takes --cost_max_elements=N, --cost_reps=R and --cost_codecs='a;b;...'
 // from argv into `o`; the codecs are `defaultSpecs` when the flag is absent.
 void takeCostFlags(int& argc, char** argv, CostExportOptions& o, std::vector<std::string> defaultSpecs);

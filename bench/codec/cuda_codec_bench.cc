@@ -264,9 +264,7 @@ CostMeasure cudaMeasure(size_t maxElements) {
 
 int main(int argc, char** argv) {
   using namespace cortado::bench;
-  std::string v;
-  size_t threads = std::max(1u, std::thread::hardware_concurrency());
-  if (takeFlag(argc, argv, "--threads", &v)) threads = std::max(1, std::stoi(v));
+  const size_t threads = takeThreadsFlag(argc, argv);
   std::string costs;
   const bool exportCosts = takeFlag(argc, argv, "--export_costs", &costs);
   if (cortado::compressor::cuda::deviceCount() == 0) {
