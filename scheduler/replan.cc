@@ -74,6 +74,12 @@ bool usable(const plan::CommTiming& c) {
   return c.calls > 0 && c.totalUs > 0 && std::isfinite(c.totalUs) && c.bytes > 0;
 }
 
+// A step that crossed a link: a push or pull between machines, a collective
+// of two or more (a group of one is a local copy, no link's time).
+bool onALink(const plan::ProfileReport& r, const plan::CommTiming& c) {
+  return usable(c) && (c.op == CommOp::kPush || c.op == CommOp::kPull ? r.machines > 1 : c.groupSize > 1);
+}
+
 // Each communication step of option `o` for a tensor of `elements`: its
 // link, operation, group size and bytes as commTimeUs takes them (the option
 // compiled on unit links, no latency and 1 us per byte, each step's time
@@ -316,6 +322,48 @@ std::optional<plan::Plan> OnlineReplanner::runningPlan(const std::vector<plan::P
   return p;
 }
 
+CommCurves OnlineReplanner::commCurves(const std::vector<plan::ProfileReport>& reports) {
+  // kind -> bytes -> (calls, total us)
+  std::map<CommCurves::Key, std::map<uint64_t, std::pair<double, double>>> acc;
+  for (const auto& r : reports)
+    for (const auto& c : r.comms) {
+      if (!onALink(r, c)) continue;
+      auto& [calls, total] = acc[{c.op, c.scope, c.compressed, c.pullCompressed, c.groupSize}][c.bytes];
+      calls += double(c.calls);
+      total += c.totalUs;
+    }
+  CommCurves out;
+  for (const auto& [key, sizes] : acc) {
+    std::vector<std::array<double, 3>> xyw;
+    for (const auto& [bytes, x] : sizes) xyw.push_back({double(bytes), x.second / x.first, x.first});
+    out.curves[key] = planner::MeasuredCurve::monotone(xyw, std::get<4>(key));
+  }
+  return out;
+}
+
+LinkDrift OnlineReplanner::drift(const CommCurves& reference, const std::vector<plan::ProfileReport>& reports,
+                                 bool intra) {
+  double total = 0, covered = 0, expected = 0;
+  for (const auto& r : reports)
+    for (const auto& c : r.comms) {
+      if ((c.scope == Scope::kIntra) != intra || !onALink(r, c)) continue;
+      total += c.totalUs;
+      auto it = reference.curves.find({c.op, c.scope, c.compressed, c.pullCompressed, c.groupSize});
+      if (it == reference.curves.end() || it->second.points.empty()) continue;
+      const auto& pts = it->second.points;
+      const double b = double(c.bytes);
+      if (b < pts.front().first * (1 - 1e-9) || b > pts.back().first * (1 + 1e-9)) continue;
+      covered += c.totalUs;
+      expected += double(c.calls) * it->second.us(b);
+    }
+  LinkDrift d;
+  if (total > 0 && expected > 0) {
+    d.ratio = covered / expected;
+    d.coverage = covered / total;
+  }
+  return d;
+}
+
 std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
   CORTADO_ENFORCE(!reports.empty(), ErrorCode::kInvalidArgument, "re-planning without reports");
   const auto& r0 = reports.front();
@@ -369,62 +417,79 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   LinkFit intra = fitLink(reports, true, hw_.link(opts_.intra));
   LinkFit inter = fitLink(reports, false, hw_.link(opts_.inter));
   const double nowInter = inter.link.base.gbps, nowIntra = intra.link.base.gbps;
+  const CommCurves nowCurves = commCurves(reports);
+  // The links against the reference (the last decision's window, and kinds
+  // added since): a drift counts when the messages compared are at least a
+  // third of the link's time in this window.
+  constexpr double kCompared = 1.0 / 3;
+  const LinkDrift interDrift = drift(reference_, reports, false);
+  const LinkDrift intraDrift = drift(reference_, reports, true);
+  auto beyond = [&](const LinkDrift& d) {
+    return d.coverage >= kCompared && (d.ratio > 1 + opts_.threshold || d.ratio < 1 / (1 + opts_.threshold));
+  };
+  auto describe = [](const LinkDrift& d) {
+    return d.coverage > 0 ? fmt::format("{:.2f}x the time ({:.3g}% of it compared)", d.ratio, d.coverage * 100)
+                          : std::string("nothing compared");
+  };
+  // Message kinds the reference lacks (a new plan's), from their first window.
+  auto absorb = [&] {
+    for (const auto& [key, curve] : nowCurves.curves) reference_.curves.emplace(key, curve);
+  };
   // The measured check of the last plan handed out: the first window that
-  // ran it throughout, against the window that chose it.
+  // ran it throughout, against the window that chose it. A plan kept on the
+  // same links takes this window as its reference (its own messages from
+  // here on: the kinds both plans send need not take the same time under
+  // each).
+  bool rebase = false;
   if (check_ && oneVersion && runningVersion == version_) {
     const Check c = *check_;
     check_.reset();
-    auto same = [&](double now, double was) {
-      return was <= 0 || std::abs(now / was - 1.0) <= opts_.threshold;
+    // Did a link move since the window that chose it? The messages both
+    // plans send, when they compare; else the fitted rates.
+    auto moved = [&](const LinkDrift& d, double now, double was) {
+      if (d.coverage >= kCompared) return beyond(d);
+      return was > 0 && std::abs(now / was - 1.0) > opts_.threshold;
     };
-    if (measuredUs > 0 && measuredUs > c.beforeUs * (1.0 + opts_.revertMargin) && same(nowInter, c.inter) &&
-        same(nowIntra, c.intra)) {
+    const bool linksMoved = moved(interDrift, nowInter, c.inter) || moved(intraDrift, nowIntra, c.intra);
+    if (measuredUs > 0 && measuredUs > c.beforeUs * (1.0 + opts_.revertMargin) && !linksMoved) {
       reason_ = fmt::format("window {}: plan version {} measured {:.0f} us per iteration against {:.0f} us "
-                            "for the plan before it (more than {:.0f}% slower, links within {:.0f}%): "
-                            "that plan again",
+                            "for the plan before it (more than {:.0f}% slower; links: inter {}, intra {}, "
+                            "within {:.0f}%): that plan again",
                             r0.window, runningVersion, measuredUs, c.beforeUs, opts_.revertMargin * 100,
-                            opts_.threshold * 100);
-      rebase_ = true;  // re-plan only when a link moves from the reverted plan's rates
+                            describe(interDrift), describe(intraDrift), opts_.threshold * 100);
+      absorb();
       control::PlanUpdate u = handOut(c.before);
       CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", u.version, reason_, u.switchAt);
       return u;
     }
     reason_ = measuredUs > 0
                   ? fmt::format("window {}: plan version {} measured {:.0f} us per iteration, the plan "
-                                "before it {:.0f} us: kept",
-                                r0.window, runningVersion, measuredUs, c.beforeUs)
+                                "before it {:.0f} us{}: kept",
+                                r0.window, runningVersion, measuredUs, c.beforeUs,
+                                linksMoved ? " (a link moved)" : "")
                   : fmt::format("window {}: plan version {} has no measured time per iteration (a "
                                 "report without it): kept",
                                 r0.window, runningVersion);
     CORTADO_LOG_INFO("[replan] {}", reason_);
-  }
-  if (rebase_ && oneVersion && runningVersion == version_) {
-    rebase_ = false;
-    plannedInter_ = nowInter;
-    plannedIntra_ = nowIntra;
-    reason_ = fmt::format("window {}: the rates of plan version {} (reverted to), inter {:.3g} Gbit/s, "
-                          "intra {:.3g} Gbit/s: not re-planned",
-                          r0.window, version_, nowInter, nowIntra);
-    CORTADO_LOG_INFO("[replan] {}", reason_);
-    return std::nullopt;
+    rebase = !linksMoved;
   }
   if (decided_) {
-    auto moved = [&](const LinkFit& f, double now, double was) {
-      return f.points > 0 && was > 0 && std::abs(now / was - 1.0) > opts_.threshold;
-    };
-    const bool interMoved = moved(inter, nowInter, plannedInter_);
-    const bool intraMoved = moved(intra, nowIntra, plannedIntra_);
+    const bool interMoved = beyond(interDrift), intraMoved = beyond(intraDrift);
     if (!interMoved && !intraMoved) {
-      CORTADO_LOG_DEBUG("[replan] window {}: inter {:.3g} Gbit/s ({} points), intra {:.3g} Gbit/s "
-                        "({} points), planned with {:.3g} and {:.3g}: within the threshold",
-                        r0.window, nowInter, inter.points, nowIntra, intra.points, plannedInter_,
-                        plannedIntra_);
+      CORTADO_LOG_DEBUG("[replan] window {}: inter {} ({:.3g} Gbit/s fitted, {} points), intra {} "
+                        "({:.3g} Gbit/s, {} points) of the reference's: within the threshold",
+                        r0.window, describe(interDrift), nowInter, inter.points, describe(intraDrift),
+                        nowIntra, intra.points);
+      if (rebase) reference_ = nowCurves;
+      else absorb();
       return std::nullopt;
     }
-    reason_ = fmt::format("window {}: {} link rate {:.3g} Gbit/s, planned with {:.3g} (threshold {:.0f}%)",
+    // "link rate R Gbit/s" first: tests/testbed/replan_hosts_test.sh reads it.
+    reason_ = fmt::format("window {}: {} link rate {:.3g} Gbit/s, planned with {:.3g}: its messages took {} "
+                          "at the same sizes (threshold {:.0f}%)",
                           r0.window, interMoved ? "inter-machine" : "intra-machine",
-                          interMoved ? nowInter : nowIntra,
-                          interMoved ? plannedInter_ : plannedIntra_, opts_.threshold * 100);
+                          interMoved ? nowInter : nowIntra, interMoved ? plannedInter_ : plannedIntra_,
+                          describe(interMoved ? interDrift : intraDrift), opts_.threshold * 100);
   } else {
     reason_ = fmt::format("window {}: first complete profile", r0.window);
   }
@@ -619,8 +684,9 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                              newUs, curUs, running->version, firstDecision ? " (the workers' first)" : "",
                              opts_.minGain * 100);
       CORTADO_LOG_INFO("[replan] {}", reason_);
-      plannedInter_ = nowInter;  // the current plan is what these rates call for
+      plannedInter_ = nowInter;  // the current plan is what these links call for
       plannedIntra_ = nowIntra;
+      reference_ = nowCurves;
       return std::nullopt;
     }
     reason_ += fmt::format("; predicted {:.0f} us against {:.0f} us for plan version {}", newUs, curUs,
@@ -631,6 +697,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   const plan::Plan p = planner::toPlan(sim, s, 0);
   plannedInter_ = nowInter;
   plannedIntra_ = nowIntra;
+  reference_ = nowCurves;  // the links this plan was chosen on
   check_.reset();
   if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running, measuredUs, nowInter, nowIntra};
   control::PlanUpdate u = handOut(p);
