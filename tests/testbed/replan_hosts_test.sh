@@ -148,7 +148,7 @@ else
   # with it: either that plan was fitted to the slow link, or one from a
   # window that straddled the change already is what the slow link calls for,
   # and a later window at the slow rate keeps it (CORTADO_REPLAN_MIN_GAIN:
-  # "the plan stays").
+  # "the plan stays"; or the measured check of that plan: "...: kept").
   new_ver="" new_at="" new_rate="" confirmed=""
   for _ in $(seq 600); do
     new_ver="" new_at="" new_rate=""
@@ -160,6 +160,13 @@ else
         confirmed="fitted to inter $new_rate Gbit/s"
       elif r=$(kept_slow) && [[ -n $r ]]; then
         confirmed="fitted to inter $new_rate Gbit/s, kept by a window at $r Gbit/s"
+      elif grep -q "\[replan\] window [0-9]*: plan version $new_ver measured .*: kept" "$OUT/log"; then
+        # Since 2026-11-25 a link moves by its messages' time at the same
+        # sizes, so the window that straddles the change re-plans already,
+        # fitted between the two rates; the plan's first window, wholly at the
+        # slow rate, is its measured check, which keeps it, and that window
+        # is the reference from then on.
+        confirmed="fitted to inter $new_rate Gbit/s (a window straddling the change), kept by its measured check at the slow rate"
       fi
     elif [[ $verdict == plan ]] && r=$(kept_slow) && [[ -n $r ]]; then
       confirmed="the first plan (version $cut_ver, fitted to inter $first_rate Gbit/s) kept by a window at $r Gbit/s"
