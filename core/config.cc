@@ -52,7 +52,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_REPLAN_AHEAD", "", "10",
        "online re-planning: a new plan takes effect this many iterations after its window"},
       {"CORTADO_REPLAN_THRESHOLD", "", "0.25",
-       "online re-planning: relative change of a fitted link rate that makes the scheduler re-plan"},
+       "online re-planning: relative change of a link's time for the same messages that makes the "
+       "scheduler re-plan"},
       {"CORTADO_REPLAN_MIN_GAIN", "", "0.05",
        "online re-planning: a new plan is sent only when it is predicted this much faster (relative) "
        "than the current plan under the same refitted costs"},
@@ -92,8 +93,8 @@ void JobConfig::validate() const {
   if (profileWindow > 0 && replanCodec.empty())
     bad("CORTADO_REPLAN_CODEC is empty: name a codec (e.g. dgc:ratio=0.01)");
   if (!(replanThreshold > 0 && replanThreshold < 100))
-    bad(fmt::format("CORTADO_REPLAN_THRESHOLD {} must be in (0, 100) (0.25: re-plan when a link's "
-                    "rate moves by 25%)",
+    bad(fmt::format("CORTADO_REPLAN_THRESHOLD {} must be in (0, 100) (0.25: re-plan when the same "
+                    "messages take 25% longer, or 1/1.25 of the time)",
                     replanThreshold));
   if (!(replanMinGain >= 0 && replanMinGain < 1))
     bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "

@@ -80,6 +80,10 @@ bool onALink(const plan::ProfileReport& r, const plan::CommTiming& c) {
   return usable(c) && (c.op == CommOp::kPush || c.op == CommOp::kPull ? r.machines > 1 : c.groupSize > 1);
 }
 
+CommCurves::Key kindOf(const plan::CommTiming& c) {
+  return {c.op, c.scope, c.compressed, c.pullCompressed, c.groupSize};
+}
+
 // Each communication step of option `o` for a tensor of `elements`: its
 // link, operation, group size and bytes as commTimeUs takes them (the option
 // compiled on unit links, no latency and 1 us per byte, each step's time
@@ -328,7 +332,7 @@ CommCurves OnlineReplanner::commCurves(const std::vector<plan::ProfileReport>& r
   for (const auto& r : reports)
     for (const auto& c : r.comms) {
       if (!onALink(r, c)) continue;
-      auto& [calls, total] = acc[{c.op, c.scope, c.compressed, c.pullCompressed, c.groupSize}][c.bytes];
+      auto& [calls, total] = acc[kindOf(c)][c.bytes];
       calls += double(c.calls);
       total += c.totalUs;
     }
@@ -348,7 +352,7 @@ LinkDrift OnlineReplanner::drift(const CommCurves& reference, const std::vector<
     for (const auto& c : r.comms) {
       if ((c.scope == Scope::kIntra) != intra || !onALink(r, c)) continue;
       total += c.totalUs;
-      auto it = reference.curves.find({c.op, c.scope, c.compressed, c.pullCompressed, c.groupSize});
+      auto it = reference.curves.find(kindOf(c));
       if (it == reference.curves.end() || it->second.points.empty()) continue;
       const auto& pts = it->second.points;
       const double b = double(c.bytes);
@@ -434,6 +438,13 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   // Message kinds the reference lacks (a new plan's), from their first window.
   auto absorb = [&] {
     for (const auto& [key, curve] : nowCurves.curves) reference_.curves.emplace(key, curve);
+  };
+  // A decision (a plan handed out, or the workers' kept): its links are this
+  // window's, the reference from here on.
+  auto anchor = [&] {
+    plannedInter_ = nowInter;
+    plannedIntra_ = nowIntra;
+    reference_ = nowCurves;
   };
   // The measured check of the last plan handed out: the first window that
   // ran it throughout, against the window that chose it. A plan kept on the
@@ -684,9 +695,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                              newUs, curUs, running->version, firstDecision ? " (the workers' first)" : "",
                              opts_.minGain * 100);
       CORTADO_LOG_INFO("[replan] {}", reason_);
-      plannedInter_ = nowInter;  // the current plan is what these links call for
-      plannedIntra_ = nowIntra;
-      reference_ = nowCurves;
+      anchor();  // the current plan is what these links call for
       return std::nullopt;
     }
     reason_ += fmt::format("; predicted {:.0f} us against {:.0f} us for plan version {}", newUs, curUs,
@@ -695,9 +704,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
       reason_ += fmt::format(" ({} tensors kept their option: larger messages than measured)", kept);
   }
   const plan::Plan p = planner::toPlan(sim, s, 0);
-  plannedInter_ = nowInter;
-  plannedIntra_ = nowIntra;
-  reference_ = nowCurves;  // the links this plan was chosen on
+  anchor();
   check_.reset();
   if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running, measuredUs, nowInter, nowIntra};
   control::PlanUpdate u = handOut(p);

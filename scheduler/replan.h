@@ -49,9 +49,9 @@
 // is handed out again (a new version).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
-#include <map>
 #include <string>
 #include <tuple>
 #include <vector>

@@ -145,7 +145,6 @@ TEST(ReplanFit, DriftComparesTheSameMessagesAtTheSameSizes) {
   const auto ref = window(t, 2, 2, 0, 1);
   Truth slow = t;
   slow.interGbps = 5;
-  slow.intraGbps = t.intraGbps;
   auto now = window(slow, 2, 2, 1, 2);
   const CommCurves curves = OnlineReplanner::commCurves(ref);
   // Plain sum: every push round trip of `now`, over the same at 20 Gbit/s.
