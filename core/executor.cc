@@ -1126,6 +1126,13 @@ OnlineOptions onlineOptions(const JobConfig& job) {
   return o;
 }
 
+void Executor::setOnline(const OnlineOptions& o) {
+  online_ = o;
+  // Without this the window open last stayed open: every later run() was
+  // timed into it, and a window turned on again closed with those runs in it.
+  prof_.reset();
+}
+
 void Executor::schedulePlan(const plan::Plan& p, uint64_t switchAt) {
   const uint64_t current = plan_ ? plan_->version : 0;
   CORTADO_ENFORCE(!begun_ || switchAt > iteration_, ErrorCode::kMismatch,

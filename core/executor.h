@@ -178,7 +178,11 @@ class Executor {
   uint64_t runs(const std::string& name) const;
 
   // --- online re-planning -----------------------------------------------------
-  void setOnline(const OnlineOptions& o) { online_ = o; }
+  // Sets (or, with window 0, turns off) online profiling. An open window is
+  // dropped: its summaries stop there and no report is sent for it; with
+  // profiling on, the next window opens at the next beginIteration() past the
+  // warm-up. Verdicts already awaited are still taken by beginIteration().
+  void setOnline(const OnlineOptions& o);
   // Marks the start of training iteration `iteration` (strictly increasing,
   // and consecutive with online profiling on; every worker calls it with the
   // same numbers). In this order: closes a profiling window that ends here

@@ -1189,6 +1189,9 @@ int runModelBench(const ModelBenchOptions& o) {
       }
       std::fill(folding.begin(), folding.end(), false);
       ++r.iterationsRun;
+      if (lead)
+        CORTADO_LOG_DEBUG("[bench] {} round {} iteration {}: {:.1f} ms (this worker), plan version {}",
+                          r.strategy, round + 1, it, secs * 1e3, ex.currentPlan().version);
       bar.update(r.strategy, it + 1, secs * 1e3);
     }
     bar.done();

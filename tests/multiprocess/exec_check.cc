@@ -497,6 +497,31 @@ int runCheck(int argc, char** argv) {
                 [&] { cc.sendProfile(std::string(plan::kMaxProfileBytes + 1, ' '), deadline); });
     // The job still works after the refusals.
     cc.sendProfile(plan::toJsonString(*rep), deadline);
+    // Profiling off, runs, profiling on again: the window open when it was
+    // turned off is dropped, so the next report covers only iterations
+    // begun after it came back on (not the runs while it was off).
+    const uint64_t lastWindowEnd = rep->endIteration;
+    executor::OnlineOptions off = on;
+    off.window = 0;
+    ex.setOnline(off);
+    {
+      std::vector<float> in(n), out(n);
+      for (uint64_t i = 0; i < n; ++i) in[i] = exactInput(me, 0, 0, i);
+      for (int k = 0; k < 2; ++k) ex.run("t0", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      ex.setOnline(on);
+      const uint64_t resume = ex.iteration() + 1;
+      for (uint64_t it = resume; it <= resume + 3; ++it) {
+        ex.beginIteration(it, deadline);
+        if (it < resume + 3) ex.run("t0", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      }
+      const auto& again = ex.lastReport();
+      if (!again || again->endIteration == lastWindowEnd)
+        fail("no profiling window closed after profiling was turned on again");
+      else if (again->firstIteration != resume || again->endIteration != resume + 3)
+        fail(fmt::format("after profiling was off and on again the window spans iterations [{}, {}), "
+                         "expected [{}, {}): the window open when it was turned off was kept",
+                         again->firstIteration, again->endIteration, resume, resume + 3));
+    }
   } else if (mode == "errors") {
     ex.declare("a", DType::kFloat32, n);
     ex.declare("b", DType::kFloat32, n);
