@@ -1132,7 +1132,9 @@ int runModelBench(const ModelBenchOptions& o) {
           // window (its verdict may revert it, or a moved link re-plan);
           // later ones are taken as they come.
           if (++changes <= 3) {
-            const int checkFrom = windowFrom + (it - windowFrom + windowLen - 1) / windowLen * windowLen;
+            // The check is the first window that begins after the switch
+            // (one that begins with it holds the new plan's first touches).
+            const int checkFrom = windowFrom + ((it - windowFrom) / windowLen + 1) * windowLen;
             settled = checkFrom + windowLen + int(job.replanAhead);
             times.clear();  // iterations timed before it ran another plan
           }

@@ -174,12 +174,16 @@ class OnlineReplanner {
   double predictedRunning_ = 0, predictedNew_ = 0;
   std::optional<plan::Plan> current_;  // the last plan handed out
   // The check of the last plan handed out (not a revert): the plan it
-  // replaced, that plan's measured time per iteration and the fitted rates
-  // then (the link rule's fallback when too few messages compare).
+  // replaced, that plan's measured times per iteration (the window that
+  // chose the new plan, and each later window that ran the old one before
+  // its flushed last iteration; the check takes their median, so that one
+  // window's stall does not decide) and the fitted rates then (the link
+  // rule's fallback when too few messages compare).
   struct Check {
     plan::Plan before;
-    double beforeUs = 0;
+    std::vector<double> beforeUs;
     double inter = 0, intra = 0;
+    double medianBeforeUs() const;
   };
   std::optional<Check> check_;
   // What the link rule compares a window's communication with: the window of
