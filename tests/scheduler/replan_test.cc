@@ -782,6 +782,13 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
     ::unsetenv(n);
 }
 
+// A window's reports with a measured time per iteration (rank r: 1% more
+// per rank, as the slowest worker's counts differ).
+std::vector<plan::ProfileReport> timed(std::vector<plan::ProfileReport> reports, double us) {
+  for (auto& r : reports) r.iterationUs = us * (1 + 0.01 * r.rank);
+  return reports;
+}
+
 // Measured, not only predicted: workers on no compression get a plan that
 // the (here wrong) costs predict faster; the first window that ran it
 // measured more than revertMargin slower per iteration on the same links, so
@@ -799,10 +806,6 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
 TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
   World w = trueWorld("fp16");
   const plan::Plan raw = allRaw(w);
-  auto timed = [](std::vector<plan::ProfileReport> reports, double us) {
-    for (auto& r : reports) r.iterationUs = us * (1 + 0.01 * r.rank);
-    return reports;
-  };
   auto opts = tbfOptions();
   opts.codec = "fp16";
   OnlineReplanner r(opts);
@@ -863,47 +866,44 @@ TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
 TEST(ReplanTruth, TheCheckTakesTheMedianOfTheOldPlansWindowsAndSkipsTheSwitchWindow) {
   World w = trueWorld("fp16");
   const plan::Plan raw = allRaw(w);
-  auto timed = [](std::vector<plan::ProfileReport> reports, double us) {
-    for (auto& r : reports) r.iterationUs = us * (1 + 0.01 * r.rank);
-    return reports;
-  };
   auto opts = tbfOptions();
   opts.codec = "fp16";
-  // Windows of 10 iterations, [1 + 10k, 11 + 10k); a switch at 11 + 25 = 36.
-  opts.ahead = 25;
-  OnlineReplanner r(opts);
-  // Window 0 stalled (2x); windows 1 and 2 ran the old plan at its usual time.
-  auto u = r.onWindow(timed(windowOf(w, raw, 0, 9), 200000));
-  ASSERT_TRUE(u) << r.lastReason();
-  ASSERT_EQ(u->switchAt, 36u);
-  const plan::Plan chosen = plan::planFromJsonString(u->planJson);
-  EXPECT_FALSE(r.onWindow(timed(windowOf(w, raw, 1, 10), 100000)));
-  EXPECT_FALSE(r.onWindow(timed(windowOf(w, raw, 2, 11), 100000)));
+  // A re-planner whose first window (the raw plan, `us` per iteration)
+  // hands out a plan switching at window 0's end, 11, + `ahead`.
+  auto start = [&](uint64_t ahead, double us) {
+    auto o = opts;
+    o.ahead = ahead;
+    auto r = std::make_unique<OnlineReplanner>(o);
+    auto u = r->onWindow(timed(windowOf(w, raw, 0, 9), us));
+    EXPECT_TRUE(u) << r->lastReason();
+    EXPECT_EQ(u ? u->switchAt : 0, 11 + ahead);
+    plan::Plan chosen = u ? plan::planFromJsonString(u->planJson) : raw;
+    return std::make_pair(std::move(r), chosen);
+  };
+  // Windows of 10 iterations, [1 + 10k, 11 + 10k); a switch at 36. Window 0
+  // stalled (2x); windows 1 and 2 ran the old plan at its usual time.
+  auto [r, chosen] = start(25, 200000);
+  EXPECT_FALSE(r->onWindow(timed(windowOf(w, raw, 1, 10), 100000)));
+  EXPECT_FALSE(r->onWindow(timed(windowOf(w, raw, 2, 11), 100000)));
   // Window 3 [31, 41) holds the switch: not the check.
-  EXPECT_FALSE(r.onWindow(timed(windowOf(w, chosen, 3, 12), 900000)));
-  EXPECT_NE(r.lastReason().find("not re-planned"), std::string::npos) << r.lastReason();
+  EXPECT_FALSE(r->onWindow(timed(windowOf(w, chosen, 3, 12), 900000)));
+  EXPECT_NE(r->lastReason().find("not re-planned"), std::string::npos) << r->lastReason();
   // Window 4: 1.5x the median (100000), though under the stalled window's time.
-  auto back = r.onWindow(timed(windowOf(w, chosen, 4, 13), 150000));
-  ASSERT_TRUE(back) << r.lastReason();
-  EXPECT_NE(r.lastReason().find("that plan again"), std::string::npos) << r.lastReason();
-  EXPECT_NE(r.lastReason().find("median of 3 windows"), std::string::npos) << r.lastReason();
+  EXPECT_TRUE(r->onWindow(timed(windowOf(w, chosen, 4, 13), 150000)));
+  EXPECT_NE(r->lastReason().find("that plan again"), std::string::npos) << r->lastReason();
+  EXPECT_NE(r->lastReason().find("median of 3 windows"), std::string::npos) << r->lastReason();
 
   // A switch that falls on a window's first iteration: 11 + 10 = 21, window
   // 2's first. Window 2 (first touches, 9x) is not the check; window 3 is.
   // Window 1 [11, 21) holds the old plan's flushed last iteration, 20: not
   // one of its measurements.
-  opts.ahead = 10;
-  OnlineReplanner s(opts);
-  auto v = s.onWindow(timed(windowOf(w, raw, 0, 9), 100000));
-  ASSERT_TRUE(v) << s.lastReason();
-  ASSERT_EQ(v->switchAt, 21u);
-  const plan::Plan p2 = plan::planFromJsonString(v->planJson);
-  EXPECT_FALSE(s.onWindow(timed(windowOf(w, raw, 1, 10), 100000)));
-  EXPECT_FALSE(s.onWindow(timed(windowOf(w, p2, 2, 11), 900000)));
-  EXPECT_NE(s.lastReason().find("not re-planned"), std::string::npos) << s.lastReason();
-  EXPECT_FALSE(s.onWindow(timed(windowOf(w, p2, 3, 12), 101000)));
-  EXPECT_NE(s.lastReason().find(": kept"), std::string::npos) << s.lastReason();
-  EXPECT_NE(s.lastReason().find("(1 window)"), std::string::npos) << s.lastReason();
+  auto [s, p2] = start(10, 100000);
+  EXPECT_FALSE(s->onWindow(timed(windowOf(w, raw, 1, 10), 100000)));
+  EXPECT_FALSE(s->onWindow(timed(windowOf(w, p2, 2, 11), 900000)));
+  EXPECT_NE(s->lastReason().find("not re-planned"), std::string::npos) << s->lastReason();
+  EXPECT_FALSE(s->onWindow(timed(windowOf(w, p2, 3, 12), 101000)));
+  EXPECT_NE(s->lastReason().find(": kept"), std::string::npos) << s->lastReason();
+  EXPECT_NE(s->lastReason().find("(1 window)"), std::string::npos) << s->lastReason();
 }
 
 }  // namespace
