@@ -464,7 +464,8 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     reference_ = nowCurves;
   };
   // The measured check of the last plan handed out: the first window that
-  // ran it throughout, against the window that chose it. A plan kept on the
+  // begins after its switch, against the median of the old plan's windows
+  // (Check::beforeUs). A plan kept on the
   // same links takes this window as its reference (its own messages from
   // here on: the kinds both plans send need not take the same time under
   // each).
