@@ -70,6 +70,14 @@ CurvePoint curvePoint(const plan::ProfileReport& r, const plan::CommTiming& c) {
   return x;
 }
 
+// The median (the mean of the middle two for an even count); 0 when empty.
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 bool usable(const plan::CommTiming& c) {
   return c.calls > 0 && c.totalUs > 0 && std::isfinite(c.totalUs) && c.bytes > 0;
 }
@@ -210,10 +218,8 @@ std::vector<CodecFit> OnlineReplanner::fitCodecs(const std::vector<plan::Profile
     f.encode = k.second;
     std::vector<Point> pts;
     std::vector<std::array<double, 3>> xyw;
-    for (auto& [elements, x] : sizes) {
-      std::sort(x.perWorker.begin(), x.perWorker.end());
-      const size_t n = x.perWorker.size();
-      const double med = n % 2 ? x.perWorker[n / 2] : (x.perWorker[n / 2 - 1] + x.perWorker[n / 2]) / 2;
+    for (const auto& [elements, x] : sizes) {
+      const double med = median(x.perWorker);
       xyw.push_back({double(elements), med, double(x.calls)});
       pts.push_back({1.0, double(elements), med, double(x.calls) / (med * med)});
     }
@@ -368,14 +374,6 @@ LinkDrift OnlineReplanner::drift(const CommCurves& reference, const std::vector<
   return d;
 }
 
-double OnlineReplanner::Check::medianBeforeUs() const {
-  if (beforeUs.empty()) return 0;
-  std::vector<double> v = beforeUs;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
   CORTADO_ENFORCE(!reports.empty(), ErrorCode::kInvalidArgument, "re-planning without reports");
   const auto& r0 = reports.front();
@@ -480,7 +478,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
       return was > 0 && std::abs(now / was - 1.0) > opts_.threshold;
     };
     const bool linksMoved = moved(interDrift, nowInter, c.inter) || moved(intraDrift, nowIntra, c.intra);
-    const double beforeUs = c.medianBeforeUs();
+    const double beforeUs = median(c.beforeUs);
     const std::string over = c.beforeUs.size() == 1 ? std::string("1 window")
                                                     : fmt::format("median of {} windows", c.beforeUs.size());
     if (measuredUs > 0 && measuredUs > beforeUs * (1.0 + opts_.revertMargin) && !linksMoved) {

@@ -40,9 +40,11 @@
 // (bench model, 4 emulated hosts, 2026-11-25), and each swing re-planned.
 // Message kinds that the reference lacks (a new plan's) are added to it from
 // their first window.
-// Measured, not only predicted: the first window run wholly on a plan it
-// handed out is compared, by the workers' wall time per iteration
-// (ProfileReport::iterationUs), with the window that chose it; when the new
+// Measured, not only predicted: the first window that begins after the
+// switch to a plan it handed out is compared, by the workers' wall time per
+// iteration (ProfileReport::iterationUs), with the median of the old plan's
+// windows (the one that chose the new plan, and those that ended before the
+// old plan's flushed last iteration); when the new
 // plan ran more than `revertMargin` slower and the links did not move (the
 // messages both plans send, when they are a third of the window's time on
 // the link, else the fitted rates, within `threshold`), the plan before it
@@ -183,7 +185,6 @@ class OnlineReplanner {
     plan::Plan before;
     std::vector<double> beforeUs;
     double inter = 0, intra = 0;
-    double medianBeforeUs() const;
   };
   std::optional<Check> check_;
   // What the link rule compares a window's communication with: the window of
