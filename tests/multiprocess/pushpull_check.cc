@@ -156,7 +156,14 @@ int main(int argc, char** argv) {
         }
         checked += s.n;
       }
-      if (rank == 0 && !progressFile.empty()) std::ofstream(progressFile) << it + 1 << "\n";
+      if (rank == 0 && !progressFile.empty()) {
+        // Written aside and renamed: a reader never sees the file empty
+        // between the truncation and the write (launch_hosts_linkdown once
+        // read it in that instant and failed with "no progress").
+        const std::string tmp = progressFile + ".tmp";
+        std::ofstream(tmp) << it + 1 << "\n";
+        std::rename(tmp.c_str(), progressFile.c_str());
+      }
       if (slowMs) std::this_thread::sleep_for(std::chrono::milliseconds(slowMs));
     }
     w->shutdown(Deadline::after(job.opTimeout));

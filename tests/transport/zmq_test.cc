@@ -31,8 +31,15 @@ TransportFactory zmqTcpFactory() {
 
 TransportFactory zmqIpcFactory() {
   return {"zmq_ipc", [] {
-            auto counter = std::make_shared<std::atomic<int>>(0);
-            std::string prefix = fmt::format("/tmp/cortado-transport-test-{}", ::getpid());
+            static std::atomic<int> envs{0};
+            std::string prefix = fmt::format("/tmp/cortado-transport-test-{}-{}", ::getpid(), envs++);
+            // The socket files go with the env: ZeroMQ leaves one behind
+            // where a test's listener is not closed in order (hundreds piled
+            // up in /tmp over CI runs).
+            auto counter = std::shared_ptr<std::atomic<int>>(new std::atomic<int>(0), [prefix](std::atomic<int>* n) {
+              for (int i = 0; i < n->load(); ++i) ::unlink(fmt::format("{}-{}.sock", prefix, i).c_str());
+              delete n;
+            });
             return TransportEnv{
                 [](const NodeId& self) { return zmq::create(self, testOptions()); },
                 [counter, prefix] { return fmt::format("ipc://{}-{}.sock", prefix, (*counter)++); },
