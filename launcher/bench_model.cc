@@ -534,12 +534,6 @@ planner::ModelProfile scaled(planner::ModelProfile p, double k) {
   return p;
 }
 
-bool allCpu(const plan::TensorOption& o) {
-  for (const plan::Step& s : o.steps)
-    if (s.kind != plan::StepKind::kComm && s.device != plan::Device::kCpu) return false;
-  return true;
-}
-
 struct Prediction {
   std::string strategy;
   plan::Plan plan;
@@ -766,13 +760,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     } else if (name == "gpu") {
       s = pl.compressAllGpu();
     } else if (name == "cpu") {
-      // The best single all-CPU compressed option, as compressAllGpu() for the GPU.
-      s.iterUs = planner::Simulator::kInf;
-      for (int i = 0; i < int(options.size()); ++i) {
-        if (!options[i].compressed() || !allCpu(options[i])) continue;
-        planner::Strategy c = uniform(i);
-        if (c.iterUs < s.iterUs) s = c;
-      }
+      s = pl.compressAllCpu();
       CORTADO_ENFORCE(!s.choice.empty(), ErrorCode::kInvalidArgument,
                       "codec '{}' has no option compressed on the CPU", o.codec);
     } else if (name == "plan" || name == "replan") {

@@ -45,6 +45,9 @@ class Planner {
   Strategy noCompression();
   // The best single GPU-compressed option used by every tensor.
   Strategy compressAllGpu();
+  // The best single compressed option whose codec steps all run on the CPU,
+  // used by every tensor; an empty choice (iterUs kInf) when there is none.
+  Strategy compressAllCpu();
   // GPU pass from `start`; never worse than `start`.
   Strategy gpuPass(const Strategy& start);
   // Moves, per (size, option) group of GPU-compressed tensors, the best number
@@ -58,6 +61,10 @@ class Planner {
   // offload pass again. Never worse than `from`.
   Strategy refinePass(const Strategy& from);
   // noCompression -> gpuPass -> offloadPass -> refinePass (when `refine`).
+  // When tensors run one at a time the GPU pass starts from the best of no
+  // compression, compressAllGpu() and compressAllCpu() (each with its small
+  // tensors on a fused uncompressed option, fusedSmallStart), so the plan is
+  // never predicted slower than any of them.
   // By default (the estimated search, docs/planner.md) models of more than
   // 64 tensors score each tensor's options with estimates of the rest of the
   // iteration (Simulator::estimateOptions, Simulator::estimate) and simulate
