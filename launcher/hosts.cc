@@ -145,7 +145,13 @@ std::vector<std::string> mpirunArgv(const HostsOptions& h, int numWorkers,
     for (const auto& x : h.hosts) list += fmt::format("{}{}:{}", list.empty() ? "" : ",", x, h.workersPerHost);
     a.insert(a.end(), {"--host", list});
   }
-  if (!agentWrapper.empty()) a.insert(a.end(), {"--mca", "plm_rsh_agent", agentWrapper});
+  if (!agentWrapper.empty()) {
+    a.insert(a.end(), {"--mca", "plm_rsh_agent", agentWrapper});
+    // The agent is the rsh launcher's: another launcher that OpenMPI picks
+    // from its environment ignores it. On a GPU machine of ours the default
+    // refused the hosts' slots, or ran every worker on the first host.
+    if (!getenv("OMPI_MCA_plm")) a.insert(a.end(), {"--mca", "plm", "rsh"});
+  }
   if (!tcpSubnet.empty()) {
     if (!getenv("OMPI_MCA_oob_tcp_if_include"))
       a.insert(a.end(), {"--mca", "oob_tcp_if_include", tcpSubnet});
