@@ -255,8 +255,11 @@ int runLaunch(const LaunchOptions& opts) {
   sigset_t oldMask;
   pthread_sigmask(SIG_BLOCK, &waitSet, &oldMask);
 
-  auto sched = scheduler::Scheduler::create(
-      schedulerOptions(job, job.schedulerHost == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0"));
+  scheduler::SchedulerOptions so =
+      schedulerOptions(job, job.schedulerHost == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0");
+  // mpirun is told -w per host; the scheduler checks that it did so.
+  if (multiHost) so.workersPerHost.assign(hosts.hosts.size(), hosts.workersPerHost);
+  auto sched = scheduler::Scheduler::create(std::move(so));
   job.schedulerPort = sched->port();
   CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,
                    job.schedulerPort, job.numServers, job.numWorkers, job.transport);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <utility>  // before asio: Boost 1.74 needs it in C++20
 #include <boost/asio.hpp>
@@ -389,6 +390,10 @@ class SchedulerImpl final : public Scheduler {
       *free = s->id;  // counts were checked at registration, so a slot is free
       s->info.id.rank = static_cast<int32_t>(free - slots.begin());
     }
+    if (const std::string wrong = misplacedWorkers(all); !wrong.empty()) {
+      endJob(Status(ErrorCode::kInvalidArgument, wrong), 0);
+      return;
+    }
     Json servers = Json::array(), workers = Json::array();
     for (uint64_t sid : servers_) servers.push_back(control::nodeInfoToJson(find(sid)->info));
     for (uint64_t sid : workers_) workers.push_back(control::nodeInfoToJson(find(sid)->info));
@@ -401,6 +406,29 @@ class SchedulerImpl final : public Scheduler {
     CORTADO_LOG_INFO("[scheduler] all {} and {} registered; address book sent",
                      plural(opts_.numWorkers, "worker"), plural(opts_.numServers, "server"));
     for (Session* s : all) CORTADO_LOG_DEBUG("[scheduler]   {}", s->info.toString());
+  }
+
+  // Empty when the workers' hosts match SchedulerOptions::workersPerHost.
+  std::string misplacedWorkers(const std::vector<Session*>& all) const {
+    if (opts_.workersPerHost.empty()) return {};
+    std::map<std::string, int> byHost;
+    for (const Session* s : all)
+      if (s->info.id.role == Role::kWorker) ++byHost[s->info.hostname];
+    std::vector<int> got, want = opts_.workersPerHost;
+    for (const auto& [host, n] : byHost) got.push_back(n);
+    std::erase(want, 0);
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    if (got == want) return {};
+    std::vector<std::string> where;
+    for (const auto& [host, n] : byHost) where.push_back(fmt::format("{} on {}", plural(n, "worker"), host));
+    return fmt::format(
+        "the workers are not where the job placed them: {} on {} machines ({}) was asked for, "
+        "and they registered from {} ({}). The MPI launcher did not follow the host list: "
+        "check OMPI_MCA_plm and any resource manager's settings, and that every host's "
+        "hostname is its own",
+        plural(opts_.numWorkers, "worker"), want.size(), fmt::join(want, ", "),
+        plural(int(byHost.size()), "hostname"), fmt::join(where, ", "));
   }
 
   void onRegistrationDeadline() {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <vector>
 
 #include "core/control/control_client.h"
 #include "core/plan/profile_report.h"
@@ -43,6 +44,13 @@ struct SchedulerOptions {
   // every report says so, and the workers wait for the verdict on the window
   // before they run iteration e + replanAhead - 1. At least 1.
   uint64_t replanAhead = 10;
+  // How many workers each machine runs, when the launcher placed them
+  // (cortado launch --hosts: -w per host). Empty: not checked. Otherwise the
+  // workers' hostnames, counted, must give the same numbers (names are not
+  // compared: a host list may hold addresses); a job whose workers landed
+  // elsewhere (an MPI launcher that ignored the host list) fails at
+  // registration, naming where they are.
+  std::vector<int> workersPerHost;
 };
 
 class Scheduler {

@@ -535,6 +535,37 @@ TEST(ControlPlane, RegistrationDeadlineNamesTheMissingRoles) {
   EXPECT_EQ(st->message(), msg);
 }
 
+// cortado launch --hosts tells the scheduler how many workers each machine
+// runs; workers counted by hostname that do not give those numbers (an MPI
+// launcher that ran every rank on one host) fail the job at registration,
+// saying where they are. Names are not compared, only the counts.
+TEST(ControlPlane, WorkersOnOtherHostsThanPlacedFailTheJob) {
+  {
+    auto so = schedulerOptions(4, 1);
+    so.workersPerHost = {2, 2};
+    SchedulerRunner sched(so);
+    auto opts = jobOptions(sched.port(), 4, 1);
+    for (int w = 0; w < 4; ++w) opts[1 + w].hostname = w % 2 ? "node-b.example" : "node-a.example";
+    auto nodes = connectAll(opts);  // placed as asked, under other names
+    finishJob(nodes, sched);
+  }
+  LogCapture log;
+  auto so = schedulerOptions(4, 1);
+  so.workersPerHost = {1, 1, 1, 1};
+  SchedulerRunner sched(so);
+  auto opts = jobOptions(sched.port(), 4, 1);
+  for (int w = 0; w < 4; ++w) opts[1 + w].hostname = "h1";
+  std::string msg;
+  EXPECT_EQ(codeOf([&] { connectAll(opts); }, &msg), ErrorCode::kInvalidArgument);
+  for (const char* part : {"not where the job placed them", "4 workers on 4 machines (1, 1, 1, 1)",
+                           "1 hostname (4 workers on h1)", "OMPI_MCA_plm"})
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+  auto st = sched.result(5s);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(st->message(), msg);
+}
+
 TEST(ControlPlane, StopBeforeRunEndsRunAtOnce) {
   auto sched = scheduler::Scheduler::create(schedulerOptions(1, 1));
   sched->stop();
