@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Assembles, on this Debian 12 machine, what the lent GPU machine (Ubuntu,
+# no network, no Debian packages) needs to run Cortado's CUDA/NCCL checks and
+# the model replay on emulated hosts: the built binaries, the shared
+# libraries they link that such a machine lacks, and Debian 12's OpenMPI and
+# iproute2 packages (unpacked there by setup.sh). The bundle goes to DEST
+# (default .devrun, git-ignored through .git/info/exclude); pass it to the
+# device tool's `carry`, then run scripts/device/gpu_checks.sh or
+# scripts/device/model_replay.sh there (docs/benchmarks.md, "the lent GPU
+# machine").
+#
+#   scripts/device/bundle.sh [BUILD_DIR] [DEST]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+dest=${2:-$root/.devrun}
+mkdir -p "$dest"/{bin,lib,debs}
+grep -qx '/.devrun/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devrun/' >>"$root/.git/info/exclude"
+bins=("$build/launcher/cortado" "$build/tests/collective/collective_test"
+      "$build/tests/compressor/cortado_compressor_cuda_test" "$build/bench/codec/cortado_cuda_codec_bench")
+for b in "${bins[@]}"; do
+  [[ -x $b ]] || { echo "bundle.sh: $b is not built (the CUDA ones need nvcc)" >&2; exit 2; }
+  cp "$b" "$dest/bin/"
+done
+# Libraries that the binaries link, but NCCL (the GPU machine has its own;
+# 200 MB here), glibc, libstdc++ and friends (on any recent Linux).
+for b in "${bins[@]}"; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+  grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libresolv|libz|libnccl)\.so' |
+  while read -r lib; do cp -L "$lib" "$dest/lib/"; done
+# OpenMPI's programs and plugins (mpirun, orted) and iproute2 (ip, tc) for
+# the emulated hosts, with what they need.
+pkgs=(openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-2.1-7 libevent-core-2.1-7
+      libevent-pthreads-2.1-7 libfabric1 libibverbs1 ibverbs-providers librdmacm1 libnl-3-200
+      libnl-route-3-200 libpsm-infinipath1 libpsm2-2 libucx0 libnuma1 libltdl7 libmunge2 libatomic1
+      libxnvctrl0 iproute2 libbpf1 libelf1 libmnl0 libxtables12 libcap2 libdb5.3 libtirpc3 libtirpc-common)
+(cd "$dest/debs" && apt-get download "${pkgs[@]}" >"$dest/apt.log" 2>&1) ||
+  { cat "$dest/apt.log" >&2; echo "bundle.sh: apt-get download failed (run apt-get update first)" >&2; exit 1; }
+cp "$root/scripts/device/setup.sh" "$dest/"
+du -sh "$dest"

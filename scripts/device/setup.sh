@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sourced on the lent GPU machine from a bundle (scripts/device/bundle.sh):
+# unpacks Debian 12's OpenMPI and iproute2 beside /, copies them in without
+# replacing anything there (under /usr where / is merged), adds the bundle's
+# libraries, and makes the checkout reachable at the path compiled into the
+# binaries (the planner's data). Sets CORTADO_PLANNER_DATA, LD_LIBRARY_PATH
+# (NCCL) and OMPI_MCA_plm=rsh.
+D=${DEVRUN:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
+REPO=$(cd "$D/.." && pwd)
+mkdir -p /tmp/root
+for f in "$D"/debs/*.deb; do
+  dpkg-deb -x "$f" /tmp/root 2>/dev/null || (cd /tmp/root && ar p "$f" data.tar.xz | tar xJ)
+done
+for d in bin sbin lib lib64; do
+  if [ -L "/$d" ] && [ -d "/tmp/root/$d" ]; then cp -rn "/tmp/root/$d/." "/usr/$d/" 2>/dev/null; rm -rf "/tmp/root/$d"; fi
+done
+cp -rn /tmp/root/* / 2>&1 | grep -v "non-portable\|dangling" | head -3
+cp -n "$D"/lib/* /usr/lib/x86_64-linux-gnu/ 2>/dev/null
+[ -e /usr/bin/mpirun ] || ln -s orterun /usr/bin/mpirun
+ldconfig
+[ -e /work/main ] || { mkdir -p /work && ln -s "$REPO" /work/main; }
+export CORTADO_PLANNER_DATA=$REPO/scheduler/planner
+NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openmpi/lib:$NCCL_DIR:${LD_LIBRARY_PATH:-}"
+# The machine's default OpenMPI launcher is not the rsh one (run D2 in
+# docs/benchmarks.md); cortado launch --agent asks for it too.
+export OMPI_MCA_plm=rsh
