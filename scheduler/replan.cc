@@ -471,13 +471,16 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   if (check_ && oneVersion && runningVersion == version_) {
     const Check c = *check_;
     check_.reset();
-    // Did a link move since the window that chose it? The messages both
-    // plans send, when they compare; else the fitted rates.
-    auto moved = [&](const LinkDrift& d, double now, double was) {
-      if (d.coverage >= kCompared) return beyond(d);
-      return was > 0 && std::abs(now / was - 1.0) > opts_.threshold;
+    // Did a link slow down since the window that chose it? The messages
+    // both plans send, when they compare; else the fitted rates. Only a
+    // slower link excuses a slower plan: on the 2-core VM a link "moved" to
+    // 0.74x its reference time (noise) and kept a plan that ran 652 ms per
+    // iteration against the offline plan's 471 (docs/benchmarks.md, run R).
+    auto slowed = [&](const LinkDrift& d, double now, double was) {
+      if (d.coverage >= kCompared) return d.ratio > 1 + opts_.threshold;
+      return was > 0 && now < was / (1 + opts_.threshold);
     };
-    const bool linksMoved = moved(interDrift, nowInter, c.inter) || moved(intraDrift, nowIntra, c.intra);
+    const bool linksMoved = slowed(interDrift, nowInter, c.inter) || slowed(intraDrift, nowIntra, c.intra);
     const double beforeUs = median(c.beforeUs);
     const std::string over = c.beforeUs.size() == 1 ? std::string("1 window")
                                                     : fmt::format("median of {} windows", c.beforeUs.size());
@@ -497,7 +500,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                   ? fmt::format("window {}: plan version {} measured {:.0f} us per iteration, the plan "
                                 "before it {:.0f} us ({}){}: kept",
                                 r0.window, runningVersion, measuredUs, beforeUs, over,
-                                linksMoved ? " (a link moved)" : "")
+                                linksMoved ? " (a link slowed down)" : "")
                   : fmt::format("window {}: plan version {} has no measured time per iteration (a "
                                 "report without it): kept",
                                 r0.window, runningVersion);

@@ -793,8 +793,8 @@ std::vector<plan::ProfileReport> timed(std::vector<plan::ProfileReport> reports,
 // the (here wrong) costs predict faster; the first window that ran it
 // measured more than revertMargin slower per iteration on the same links, so
 // the plan before it comes back as a new version, and the same links do not
-// re-plan again. Within the margin, or with a link that moved (the link is
-// to blame), the new plan stays. Every message of the new plan is
+// re-plan again. Within the margin, or with a link that slowed down (the
+// link is to blame), the new plan stays; a link that sped up excuses nothing. Every message of the new plan is
 // compressed and those of the plan before it are not, so no message kind
 // compares between the two windows and the links' fitted rates decide
 // whether a link moved. With fp16, whose pushes are half the raw
@@ -850,6 +850,18 @@ TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
   auto after = moved.onWindow(timed(windowOf(slow, p3, 2, 11), 300000));
   EXPECT_EQ(moved.lastReason().find("that plan again"), std::string::npos) << moved.lastReason();
   if (after) EXPECT_NE(plan::planFromJsonString(after->planJson).tensors, raw.tensors);
+
+  // Slower, with a link that ran faster: the link is not to blame.
+  World fast = w;
+  for (CommOp op : {CommOp::kPush, CommOp::kPull})
+    for (auto& [bytes, us] : fast.cl.inter.curves[op].points) us /= 4;
+  OnlineReplanner faster(opts);
+  auto f = faster.onWindow(timed(windowOf(w, raw, 0, 9), 100000));
+  ASSERT_TRUE(f);
+  auto undo = faster.onWindow(timed(windowOf(fast, plan::planFromJsonString(f->planJson), 2, 11), 300000));
+  ASSERT_TRUE(undo) << faster.lastReason();
+  EXPECT_NE(faster.lastReason().find("that plan again"), std::string::npos) << faster.lastReason();
+  EXPECT_EQ(plan::planFromJsonString(undo->planJson).tensors, raw.tensors);
 
   // Reports without the measurement (older workers): never reverted.
   OnlineReplanner unmeasured(opts);

@@ -172,13 +172,13 @@ else
       confirmed="the first plan (version $cut_ver, fitted to inter $first_rate Gbit/s) kept by a window at $r Gbit/s"
     elif ((${cut_ver:-0} >= 1)) &&
       grep -q "\[replan\] plan version $cut_ver (.*): 8 of 8 tensors compressed" "$OUT/log" &&
-      grep -q "\[replan\] window [0-9]*: plan version $cut_ver measured .*(a link moved): kept" "$OUT/log"; then
+      grep -q "\[replan\] window [0-9]*: plan version $cut_ver measured .*(a link slowed down): kept" "$OUT/log"; then
       # A plan handed out after a first verdict that kept version 0, but
       # before the change (a window on the loaded fast link drifted beyond
       # the threshold: 1.54x in one fresh-clone CI run, 2026-11-26), already
       # compresses every tensor, what the slow link calls for; its measured
       # check, on the slow link, keeps it and sees the link moved.
-      confirmed="the plan running at the change (version $cut_ver, from a window before it) kept by its measured check at the slow rate (a link moved)"
+      confirmed="the plan running at the change (version $cut_ver, from a window before it) kept by its measured check at the slow rate (a link slowed down)"
     fi
     [[ -n $confirmed ]] && break
     kill -0 "$job" 2>/dev/null || break
