@@ -406,17 +406,14 @@ Strategy Planner::decide(bool refine) {
   };
   auto t0 = Clock::now();
   // The sweeps only accept improvements, from a start. When tensors run one
-  // at a time (Cluster::oneTensorAtATime) the start is the better of no
-  // compression and compressing every tensor on the GPU, so that the
-  // decision is never worse than either: from no compression alone the
-  // greedy sweep ended 6% above compress-everything for resnet101 with DGC
-  // (cortado bench model, docs/benchmarks.md). The overlapped model keeps
-  // starting from no compression (the scheduler's re-planning and its tests
-  // rely on the plans it makes; not re-examined).
-  // Compressing every tensor on the CPU is a start too: on 4 emulated hosts
-  // of a 16-core machine (bert-base, EFSignSGD) it was predicted at 569 ms,
-  // the GPU one at 799 (its codec delays the computation), and the sweeps
-  // from the GPU one ended at 634 ms.
+  // at a time (Cluster::oneTensorAtATime) the start is the best of no
+  // compression and compressing every tensor on the GPU or on the CPU, so
+  // that the decision is never worse than any: from no compression alone
+  // the greedy sweep ended 6% above compress-everything for resnet101 with
+  // DGC, and from the GPU one 11% above compress-everything on the CPU for
+  // bert-base with EFSignSGD on 16 cores (634 against 569 ms; cortado bench
+  // model, docs/benchmarks.md). The overlapped model keeps starting from no
+  // compression (not re-examined).
   Strategy start = noCompression();
   if (sim_.cluster().oneTensorAtATime) {
     for (Strategy all : {compressAllGpu(), compressAllCpu()}) {
