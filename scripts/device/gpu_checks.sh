@@ -3,11 +3,7 @@
 # the CUDA codec tests, the NCCL collective tests in three layouts (4 ranks
 # on the one GPU), and with BENCH=1 the CUDA codec benchmark. Logs to $OUT.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-D=$root/.devrun
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source "$D/setup.sh"
+source "$(dirname "$0")/../../.devrun/setup.sh"  # sets D, REPO, OUT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/machine.txt"
 echo "=== CUDA codec tests"
 timeout 120 "$D/bin/cortado_compressor_cuda_test" >"$OUT/cuda_codec_test.txt" 2>&1

@@ -5,12 +5,8 @@
 # EFSignSGD and DGC, strategies gpu,cpu,plan, one round). JSON lines to
 # $OUT/model.jsonl as each cell ends, the log to $OUT/model.err.xz.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-D=$root/.devrun
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source "$D/setup.sh"
-cd "$root"
+source "$(dirname "$0")/../../.devrun/setup.sh"  # sets D, REPO, OUT
+cd "$REPO"
 args=("$@")
 ((${#args[@]})) || args=(--models bert-base,resnet101 --codecs efsignsgd,dgc:ratio=0.01 --iterations 3
                          --warmup 1 --rounds 1 --strategies gpu,cpu,plan)

@@ -4,9 +4,12 @@
 # replacing anything there (under /usr where / is merged), adds the bundle's
 # libraries, and makes the checkout reachable at the path compiled into the
 # binaries (the planner's data). Sets CORTADO_PLANNER_DATA, LD_LIBRARY_PATH
-# (NCCL) and OMPI_MCA_plm=rsh.
+# (NCCL), OMPI_MCA_plm=rsh, D (the bundle), REPO (the checkout) and OUT
+# (where the scripts write their logs; made here).
 D=${DEVRUN:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 REPO=$(cd "$D/.." && pwd)
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
 mkdir -p /tmp/root
 for f in "$D"/debs/*.deb; do
   dpkg-deb -x "$f" /tmp/root 2>/dev/null || (cd /tmp/root && ar p "$f" data.tar.xz | tar xJ)
