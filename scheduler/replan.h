@@ -44,11 +44,11 @@
 // switch to a plan it handed out is compared, by the workers' wall time per
 // iteration (ProfileReport::iterationUs), with the median of the old plan's
 // windows (the one that chose the new plan, and those that ended before the
-// old plan's flushed last iteration); when the new
-// plan ran more than `revertMargin` slower and the links did not move (the
-// messages both plans send, when they are a third of the window's time on
-// the link, else the fitted rates, within `threshold`), the plan before it
-// is handed out again (a new version).
+// old plan's flushed last iteration); when the new plan ran more than
+// `revertMargin` slower and no link slowed down (the messages both plans
+// send, when they are a third of the window's time on the link, else the
+// fitted rates, by more than `threshold`; a faster link excuses nothing),
+// the plan before it is handed out again (a new version).
 #pragma once
 
 #include <map>

@@ -175,12 +175,7 @@ Strategy Planner::compressAllGpu() {
 Strategy Planner::compressAllCpu() {
   Strategy best{{}, Simulator::kInf};
   for (int o = 0; o < sim_.optionCount(); ++o) {
-    if (!compressed_[o]) continue;
-    const auto& steps = sim_.options()[size_t(o)].steps;
-    if (std::any_of(steps.begin(), steps.end(), [](const plan::Step& st) {
-          return st.kind != plan::StepKind::kComm && st.device != plan::Device::kCpu;
-        }))
-      continue;
+    if (!compressed_[o] || usesGpuCodec(sim_.options()[size_t(o)])) continue;
     std::vector<int> choice(sim_.tensors(), o);
     double f = sim_.simulate(choice);
     ++stats_.evaluations;

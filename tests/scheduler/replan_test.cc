@@ -794,15 +794,16 @@ std::vector<plan::ProfileReport> timed(std::vector<plan::ProfileReport> reports,
 // measured more than revertMargin slower per iteration on the same links, so
 // the plan before it comes back as a new version, and the same links do not
 // re-plan again. Within the margin, or with a link that slowed down (the
-// link is to blame), the new plan stays; a link that sped up excuses nothing. Every message of the new plan is
-// compressed and those of the plan before it are not, so no message kind
-// compares between the two windows and the links' fitted rates decide
-// whether a link moved. With fp16, whose pushes are half the raw
-// bytes: with DGC's 1% payloads (since 2026-11-22, fifth session, the
-// planner compresses 30 of the 33 tensors with them) the new plan moves only
-// small messages, and the alpha-beta refit of the token-bucket link from
-// those alone lands beyond the threshold (2.5 against 0.85 Gbit/s), so the
-// link, not the plan, took the blame.
+// link is to blame), the new plan stays; a link that sped up excuses
+// nothing. Every message of the new plan is compressed and those of the
+// plan before it are not, so no message kind compares between the two
+// windows and the links' fitted rates decide whether a link slowed down.
+// With fp16, whose pushes are half the raw bytes: with DGC's 1% payloads
+// (since 2026-11-22, fifth session, the planner compresses 30 of the 33
+// tensors with them) the new plan moves only small messages, and the
+// alpha-beta refit of the token-bucket link from those alone lands beyond
+// the threshold (2.5 against 0.85 Gbit/s), so the link, not the plan, took
+// the blame (until 2026-11-26, when a faster link still excused a plan).
 TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
   World w = trueWorld("fp16");
   const plan::Plan raw = allRaw(w);

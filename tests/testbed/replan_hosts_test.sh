@@ -177,7 +177,7 @@ else
       # before the change (a window on the loaded fast link drifted beyond
       # the threshold: 1.54x in one fresh-clone CI run, 2026-11-26), already
       # compresses every tensor, what the slow link calls for; its measured
-      # check, on the slow link, keeps it and sees the link moved.
+      # check, on the slow link, keeps it: the link slowed down.
       confirmed="the plan running at the change (version $cut_ver, from a window before it) kept by its measured check at the slow rate (a link slowed down)"
     fi
     [[ -n $confirmed ]] && break
