@@ -374,6 +374,20 @@ LinkDrift OnlineReplanner::drift(const CommCurves& reference, const std::vector<
   return d;
 }
 
+double OnlineReplanner::linkBytesPerIteration(const std::vector<plan::ProfileReport>& reports, bool intra) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& r : reports) {
+    if (r.endIteration <= r.firstIteration) continue;
+    double bytes = 0;
+    for (const auto& c : r.comms)
+      if ((c.scope == Scope::kIntra) == intra && onALink(r, c)) bytes += double(c.calls) * double(c.bytes);
+    sum += bytes / double(r.endIteration - r.firstIteration);
+    ++n;
+  }
+  return n ? sum / n : 0;
+}
+
 std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
   CORTADO_ENFORCE(!reports.empty(), ErrorCode::kInvalidArgument, "re-planning without reports");
   const auto& r0 = reports.front();
@@ -476,21 +490,37 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     // slower link excuses a slower plan: on the 2-core VM a link "moved" to
     // 0.74x its reference time (noise) and kept a plan that ran 652 ms per
     // iteration against the offline plan's 471 (docs/benchmarks.md, run R).
-    auto slowed = [&](const LinkDrift& d, double now, double was) {
+    // Nor a link on which the new plan moved more bytes per iteration than
+    // the plan before it: its own traffic slows the messages both plans
+    // send. Run T (docs/benchmarks.md): a plan that compressed 35 of
+    // resnet101's 314 tensors against most of them ran 2838 ms per iteration
+    // against 562 on the 1 Gbit/s link and was kept "(a link slowed down)".
+    constexpr double kMoreBytes = 1.05;
+    auto slowed = [&](const LinkDrift& d, double now, double was, double bytesNow, double bytesWas) {
+      if (bytesNow > bytesWas * kMoreBytes) return false;
       if (d.coverage >= kCompared) return d.ratio > 1 + opts_.threshold;
       return was > 0 && now < was / (1 + opts_.threshold);
     };
-    const bool linksMoved = slowed(interDrift, nowInter, c.inter) || slowed(intraDrift, nowIntra, c.intra);
+    const double interBytes = linkBytesPerIteration(reports, false);
+    const double intraBytes = linkBytesPerIteration(reports, true);
+    const bool linksMoved = slowed(interDrift, nowInter, c.inter, interBytes, c.interBytes) ||
+                            slowed(intraDrift, nowIntra, c.intra, intraBytes, c.intraBytes);
+    const bool moreBytes = interBytes > c.interBytes * kMoreBytes || intraBytes > c.intraBytes * kMoreBytes;
     const double beforeUs = median(c.beforeUs);
     const std::string over = c.beforeUs.size() == 1 ? std::string("1 window")
                                                     : fmt::format("median of {} windows", c.beforeUs.size());
     if (measuredUs > 0 && measuredUs > beforeUs * (1.0 + opts_.revertMargin) && !linksMoved) {
       reason_ = fmt::format("window {}: plan version {} measured {:.0f} us per iteration against {:.0f} us "
                             "for the plan before it ({}; more than {:.0f}% slower; links: inter {}, "
-                            "intra {}, within {:.0f}%): that plan again",
+                            "intra {}, within {:.0f}%{}): that plan again",
                             r0.window, runningVersion, measuredUs, beforeUs, over,
                             opts_.revertMargin * 100,
-                            describe(interDrift), describe(intraDrift), opts_.threshold * 100);
+                            describe(interDrift), describe(intraDrift), opts_.threshold * 100,
+                            moreBytes ? fmt::format(", or carrying more of its bytes: inter {:.3g} MB per "
+                                                    "iteration against {:.3g}, intra {:.3g} against {:.3g}",
+                                                    interBytes / 1e6, c.interBytes / 1e6,
+                                                    intraBytes / 1e6, c.intraBytes / 1e6)
+                                      : std::string());
       absorb();
       control::PlanUpdate u = handOut(c.before);
       CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", u.version, reason_, u.switchAt);
@@ -729,7 +759,12 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   const plan::Plan p = planner::toPlan(sim, s, 0);
   anchor();
   check_.reset();
-  if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running, {measuredUs}, nowInter, nowIntra};
+  if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running,
+                   {measuredUs},
+                   nowInter,
+                   nowIntra,
+                   linkBytesPerIteration(reports, false),
+                   linkBytesPerIteration(reports, true)};
   control::PlanUpdate u = handOut(p);
   int compressed = 0;
   for (const auto& [n, o] : p.tensors) compressed += o.compressed();

@@ -154,6 +154,10 @@ class OnlineReplanner {
   static CommCurves commCurves(const std::vector<plan::ProfileReport>& reports);
   static LinkDrift drift(const CommCurves& reference, const std::vector<plan::ProfileReport>& reports,
                          bool intra);
+  // The bytes a window's steps moved on the intra or the inter link per
+  // iteration (CommTiming::calls x bytes over the window's iterations), the
+  // mean over the workers.
+  static double linkBytesPerIteration(const std::vector<plan::ProfileReport>& reports, bool intra);
   uint64_t version() const { return version_; }
   double plannedInterGbps() const { return plannedInter_; }
   double plannedIntraGbps() const { return plannedIntra_; }
@@ -179,12 +183,14 @@ class OnlineReplanner {
   // replaced, that plan's measured times per iteration (the window that
   // chose the new plan, and each later window that ran the old one before
   // its flushed last iteration; the check takes their median, so that one
-  // window's stall does not decide) and the fitted rates then (the link
-  // rule's fallback when too few messages compare).
+  // window's stall does not decide), the fitted rates then (the link
+  // rule's fallback when too few messages compare) and the bytes per
+  // iteration it moved on each link.
   struct Check {
     plan::Plan before;
     std::vector<double> beforeUs;
     double inter = 0, intra = 0;
+    double interBytes = 0, intraBytes = 0;
   };
   std::optional<Check> check_;
   // What the link rule compares a window's communication with: the window of

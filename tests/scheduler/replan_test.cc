@@ -864,6 +864,44 @@ TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
   EXPECT_NE(faster.lastReason().find("that plan again"), std::string::npos) << faster.lastReason();
   EXPECT_EQ(plan::planFromJsonString(undo->planJson).tensors, raw.tensors);
 
+  // Slower on a link that slowed down, but the new plan moved more bytes
+  // per iteration on it than the plan before: its own traffic may be what
+  // slowed the link's messages (run T, docs/benchmarks.md), so the link is
+  // not to blame. Workers on a plan that compresses every other tensor (so
+  // that raw and compressed round trips are both measured at every size)
+  // get, on a 1000x faster link, a plan that compresses less; its window
+  // then runs on a 16x slower link than the first.
+  World fastest = w, slowest = w;
+  for (CommOp op : {CommOp::kPush, CommOp::kPull}) {
+    for (auto& [bytes, us] : fastest.cl.inter.curves[op].points) us /= 1000;
+    for (auto& [bytes, us] : slowest.cl.inter.curves[op].points) us *= 16;
+  }
+  planner::Simulator ref(slowest.cl, slowest.codec, slowest.prof,
+                         pushPullOptions(slowest.cl, slowest.codec.spec));
+  planner::Planner refPl(ref);
+  plan::Plan half = planOf(ref, refPl.decide().choice, 1);
+  for (size_t i = 0; i < w.prof.tensors.size(); i += 2) half.tensors[w.prof.tensors[i].name] = rawPushPull();
+  auto compressedIn = [](const plan::Plan& p) {
+    int n = 0;
+    for (const auto& [name, o] : p.tensors) n += o.compressed();
+    return n;
+  };
+  ASSERT_GE(compressedIn(half), int(w.prof.tensors.size()) / 2 - 1);
+  OnlineReplanner own(opts);
+  const auto halfOnFast = timed(windowOf(fastest, half, 0, 9), 100000);
+  auto lighter = own.onWindow(halfOnFast);
+  ASSERT_TRUE(lighter) << own.lastReason();
+  const plan::Plan loose = plan::planFromJsonString(lighter->planJson);
+  ASSERT_LT(compressedIn(loose), compressedIn(half)) << "the case needs a plan that compresses less";
+  const auto looseOnSlow = timed(windowOf(slowest, loose, 2, 11), 300000);
+  ASSERT_GT(OnlineReplanner::linkBytesPerIteration(looseOnSlow, false),
+            1.05 * OnlineReplanner::linkBytesPerIteration(halfOnFast, false));
+  auto revert = own.onWindow(looseOnSlow);
+  ASSERT_TRUE(revert) << own.lastReason();
+  EXPECT_NE(own.lastReason().find("that plan again"), std::string::npos) << own.lastReason();
+  EXPECT_NE(own.lastReason().find("more of its bytes"), std::string::npos) << own.lastReason();
+  EXPECT_EQ(plan::planFromJsonString(revert->planJson).tensors, half.tensors);
+
   // Reports without the measurement (older workers): never reverted.
   OnlineReplanner unmeasured(opts);
   auto n = unmeasured.onWindow(windowOf(w, raw, 0, 9));
