@@ -554,8 +554,10 @@ struct Prediction {
 // group as one execution of its summed size. An execution takes
 // what it takes alone (Simulator::runAlone: its operations chained on free
 // lanes). The planner's simulator models the same rule when oneTensorAtATime
-// is set (its ready times are delayed by GPU codec work, which the replay's
-// are not: its buffers are host memory). Returns the end of the last
+// is set, and the same ready times with Cluster::gpuCodecPausesCompute off
+// (predict() sets it: the replay's buffers are host memory; until
+// 2026-11-26 the planner searched with "gpu" codec work delaying the
+// gradients, which the replay's are not). Returns the end of the last
 // synchronization after the forward pass (us); `trace` gets the events on
 // that timeline.
 double serialized(planner::Simulator& sim, const std::vector<int>& choice,
@@ -709,8 +711,11 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     cl.intra.perOp = m.intra, cl.intra.perOpCompressed = m.intraCompressed;
     cl.intra.curves = m.intraCurves, cl.intra.curvesCompressed = m.intraCurvesCompressed;
   }
-  // No copies: the replay's buffers are host memory.
+  // No copies: the replay's buffers are host memory; a "gpu" step runs the
+  // CPU twin on the executor's thread while the gradients become ready on
+  // the wall clock (the planner's searches then see serialized()'s timeline).
   cl.d2h = cl.h2d = AlphaBeta{0, 1e9};
+  cl.gpuCodecPausesCompute = false;
   cl.cpuCores = cpuCores;
   cl.cpuSumGbps = m.sumGbps;
   cl.parameterServer = true;

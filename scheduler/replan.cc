@@ -635,7 +635,12 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   cl.inter = inter.link;
   cl.d2h = hw_.d2h;
   cl.h2d = hw_.h2d;
-  if (hostMemory) cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};  // nothing is copied
+  if (hostMemory) {
+    // Nothing is copied, and a "gpu" step runs the CPU twin on the
+    // executor's thread, not on the GPU that computes the gradients.
+    cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};
+    cl.gpuCodecPausesCompute = false;
+  }
   // Each worker runs its codec calls on its own thread (Executor::run).
   cl.cpuCores = std::max(1, std::min(opts_.cpuCores, r0.localSize));
   cl.cpuSumGbps = hw_.cpuSumGbps;

@@ -115,6 +115,15 @@ struct Cluster {
   // groups of at most this many bytes, each run as one execution of its
   // summed size (JobConfig::fusionBytes, CORTADO_FUSION_BYTES).
   uint64_t fusionBytes = 0;
+  // A "gpu" encode or decode runs on the GPU that computes the gradients,
+  // so the computation waits while it runs (true, the default). false where
+  // a "gpu" step runs the CPU twin on host buffers off the training thread
+  // (the plan executor, `cortado bench model`, whose computation is the
+  // wall clock): the steps still queue one after another on their lane, but
+  // the gradients become ready on time. On the lent H100 machine the
+  // compress-everything-on-"gpu" replay was predicted 10-34% slower than it
+  // ran while compress-everything-on-CPU was within 11-18% (2026-11-26).
+  bool gpuCodecPausesCompute = true;
   // With fusion: what forming a batch costs before it runs (the workers
   // agree on which tensors are ready: in bench model one flat allgather of
   // an int64), paid once per batch.

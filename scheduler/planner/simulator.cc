@@ -137,10 +137,11 @@ void Simulator::trim(SimState& st, double horizon) const {
   st.iv.resize(w);
 }
 
-// Computation progresses only while the GPU runs no codec kernel.
+// Computation progresses only while the GPU runs no codec kernel (unless
+// those steps run elsewhere: Cluster::gpuCodecPausesCompute).
 double Simulator::advanceCompute(const SimState& st, double from, double work) const {
   double t = from, rem = work;
-  if (rem <= 0) return t;
+  if (rem <= 0 || !cluster_.gpuCodecPausesCompute) return t + std::max(0.0, rem);
   const Interval* a = st.iv.data() + st.begin[kGpuLane];
   const Interval* b = st.iv.data() + st.begin[kGpuLane + 1];
   for (; a != b; ++a) {
@@ -675,7 +676,8 @@ void Simulator::updateTail() {
     // tensors' (the queue-bound case, whatever waits in between).
     for (int ch = 0; ch < 6; ++ch)
       if (work[ch] > 0) cur[ch] = std::max(cur[ch], work[ch] + nx[ch]);
-    cur[6] = profile_.tensors[j].backwardUs + std::max(lpNext, work[0] + nx[6]);
+    cur[6] = profile_.tensors[j].backwardUs +
+             std::max(lpNext, (cluster_.gpuCodecPausesCompute ? work[0] : 0.0) + nx[6]);
   }
   tailStale_ = -1;
 }
@@ -704,7 +706,7 @@ double Simulator::tailFrom(int k, double t0, double maxFinish, const double* bus
     if (a[ch] > -kInf) est = std::max(est, t0 + busy[ch] + a[ch]);
   if (a[5] > -kInf) est = std::max(est, t0 + busy[5] / cluster_.cpuCores + a[5]);
   // Codec kernels already queued on the GPU delay the computation still to come.
-  return std::max(est, t0 + busy[0] + a[6]);
+  return std::max(est, t0 + (cluster_.gpuCodecPausesCompute ? busy[0] : 0.0) + a[6]);
 }
 
 void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vector<double>& out,

@@ -125,6 +125,33 @@ TEST(Simulator, GpuCodecDelaysLaterComputation) {
   EXPECT_GT(j["traceEvents"].size(), trace.size());
 }
 
+TEST(Simulator, GpuCodecOffTheTrainingThreadDoesNotDelayComputation) {
+  // As GpuCodecDelaysLaterComputation, with the "gpu" steps run off the
+  // computation (Cluster::gpuCodecPausesCompute false: host buffers, the
+  // plan executor). t0: encode [10,13], allgather [13,14], decode [14,15].
+  // t1 is ready at 12 whatever the codec lane does; its allreduce (4 us)
+  // finds the flat link free in [12,13] only and runs [14,18].
+  Cluster c = cluster(1, 2, 4);
+  c.gpuCodecPausesCompute = false;
+  Simulator sim(c, codec(), model({{1000, 10}, {1000, 2}}),
+                {kAllreduce, gatherCompressed(Device::kGpu, Device::kGpu)});
+  std::vector<TensorTiming> t;
+  EXPECT_DOUBLE_EQ(sim.simulate({1, 0}, &t), 18.0);
+  EXPECT_DOUBLE_EQ(t[0].finish, 15.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 12.0);
+  // The codec steps still queue on their lane: two tensors that both encode
+  // there, ready at 10 and 11. t0 holds the lane [10,13] and [14,15], so
+  // t1 encodes [15,18], gathers [18,19] and decodes [19,20].
+  Simulator both(c, codec(), model({{1000, 10}, {1000, 1}}),
+                 {gatherCompressed(Device::kGpu, Device::kGpu)});
+  EXPECT_DOUBLE_EQ(both.simulate({0, 0}, &t), 20.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 11.0);
+  // The incremental paths agree with the full simulation.
+  both.setBase({0, 0});
+  EXPECT_DOUBLE_EQ(both.baseTime(), 20.0);
+  EXPECT_DOUBLE_EQ(both.estimate(0, 1, {}), 20.0);
+}
+
 TEST(Simulator, CpuCodecQueuesOnCoresAndCopies) {
   // One tensor of 1000 floats on 2 GPUs and 1 CPU core; CPU encode and decode.
   //   ready 10; copy d2h of 4000 B: 1 + 4 = 5 -> [10,15]
@@ -300,9 +327,14 @@ TEST(Simulator, TailEstimateIsExactWhenQueueBound) {
   EXPECT_DOUBLE_EQ(idle.estimate(0, 0, {}), 304.0);
 }
 
-TEST(Simulator, LazyBaseAndEstimatesMatchFullSimulation) {
+// Also with "gpu" codec steps off the computation (gpuCodecPausesCompute).
+class SimulatorLazy : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(GpuCodecPausesCompute, SimulatorLazy, ::testing::Bool());
+
+TEST_P(SimulatorLazy, LazyBaseAndEstimatesMatchFullSimulation) {
   std::mt19937 rng(11);
   Cluster c = cluster(4, 4, 3);
+  c.gpuCodecPausesCompute = GetParam();
   c.inter.base = AlphaBeta{20, 10};
   c.intra.base = AlphaBeta{5, 100};
   ModelProfile p;
@@ -488,10 +520,20 @@ TEST(Simulator, FusionFollowsTheExecutorsBatchesByHand) {
   EXPECT_NEAR(s.simulate({0, 0, 0}), 300 + A1, 1e-9);
 }
 
+// With "gpu" codec steps off the computation (the replay's host buffers,
+// Cluster::gpuCodecPausesCompute false) and such options among the choices,
+// the same holds: the simulator is `cortado bench model`'s timeline.
 TEST(Simulator, FusionMatchesTheBruteForceBatchLoop) {
   std::mt19937 rng(23);
-  const std::vector<TensorOption> opts{kAllreduce, kPushPull, kRsAg};
-  for (int trial = 0; trial < 60; ++trial) {
+  for (int trial = 0; trial < 120; ++trial) {
+    const bool gpuCodec = trial >= 60;
+    std::vector<TensorOption> opts{kAllreduce, kPushPull, kRsAg};
+    if (gpuCodec) opts.push_back(gatherCompressed(Device::kGpu, Device::kGpu));
+    auto clusterOf = [&](uint64_t threshold) {
+      Cluster c = fusionCluster(threshold);
+      c.gpuCodecPausesCompute = !gpuCodec;
+      return c;
+    };
     ModelProfile p;
     p.model = "random";
     const int N = 3 + int(rng() % 10);
@@ -500,14 +542,14 @@ TEST(Simulator, FusionMatchesTheBruteForceBatchLoop) {
                                         double(rng() % 4 == 0 ? rng() % 40 : rng() % 3)});
     const uint64_t threshold = trial % 5 == 0 ? 0 : 4 * (1 + rng() % 6000);
     std::vector<int> choice(N);
-    for (int& c : choice) c = rng() % 4 == 0 ? int(rng() % 3) : 0;
+    for (int& c : choice) c = rng() % 4 == 0 ? int(rng() % opts.size()) : 0;
     auto alone = [&](int64_t e, int o) {
-      Simulator one(fusionCluster(0), codec(), model({{e, 0}}), opts);
+      Simulator one(clusterOf(0), codec(), model({{e, 0}}), opts);
       return one.simulate({o});
     };
     const double agree = trial % 2 ? 0.0 : 1.5;
     const auto expect = referenceFinish(p, opts, choice, threshold, agree, alone);
-    Cluster c = fusionCluster(threshold);
+    Cluster c = clusterOf(threshold);
     c.batchAgreeUs = agree;
     Simulator sim(c, codec(), p, opts);
     std::vector<TensorTiming> t;
