@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -389,6 +390,12 @@ double OnlineReplanner::linkBytesPerIteration(const std::vector<plan::ProfileRep
 }
 
 std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
+  // How long a decision took (in its log lines): it runs on the scheduler's
+  // io thread, on the cores the job's workers and servers use.
+  const auto started = std::chrono::steady_clock::now();
+  auto tookMs = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  };
   CORTADO_ENFORCE(!reports.empty(), ErrorCode::kInvalidArgument, "re-planning without reports");
   const auto& r0 = reports.front();
   for (const auto& r : reports)
@@ -752,7 +759,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                              "stays",
                              newUs, curUs, running->version, firstDecision ? " (the workers' first)" : "",
                              opts_.minGain * 100);
-      CORTADO_LOG_INFO("[replan] {}", reason_);
+      CORTADO_LOG_INFO("[replan] {} (decided in {:.0f} ms)", reason_, tookMs());
       anchor();  // the current plan is what these links call for
       return std::nullopt;
     }
@@ -774,9 +781,10 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   int compressed = 0;
   for (const auto& [n, o] : p.tensors) compressed += o.compressed();
   CORTADO_LOG_INFO("[replan] plan version {} ({}): {} of {} tensors compressed, predicted {:.0f} us, "
+                   "decided in {:.0f} ms, "
                    "inter {:.3g} Gbit/s ({} points), intra {:.3g} Gbit/s ({} points), measured curves "
                    "inter {} intra {}; switch at {}",
-                   version_, reason_, compressed, p.tensors.size(), s.iterUs, nowInter, inter.points,
+                   version_, reason_, compressed, p.tensors.size(), s.iterUs, tookMs(), nowInter, inter.points,
                    nowIntra, intra.points, interCurves, intraCurves, u.switchAt);
   return u;
 }
