@@ -771,11 +771,8 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   const plan::Plan p = planner::toPlan(sim, s, 0);
   anchor();
   check_.reset();
-  if (running && !cur.empty() && measuredUs > 0) check_ = Check{*running,
-                   {measuredUs},
-                   nowInter,
-                   nowIntra,
-                   linkBytesPerIteration(reports, false),
+  if (running && !cur.empty() && measuredUs > 0)
+    check_ = Check{*running, {measuredUs}, nowInter, nowIntra, linkBytesPerIteration(reports, false),
                    linkBytesPerIteration(reports, true)};
   control::PlanUpdate u = handOut(p);
   int compressed = 0;

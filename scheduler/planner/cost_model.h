@@ -120,9 +120,10 @@ struct Cluster {
   // a "gpu" step runs the CPU twin on host buffers off the training thread
   // (the plan executor, `cortado bench model`, whose computation is the
   // wall clock): the steps still queue one after another on their lane, but
-  // the gradients become ready on time. On the lent H100 machine the
-  // compress-everything-on-"gpu" replay was predicted 10-34% slower than it
-  // ran while compress-everything-on-CPU was within 11-18% (2026-11-26).
+  // the gradients become ready on time. Until 2026-11-26 the planner
+  // searched the replay's plans with "gpu" steps delaying the gradients
+  // (its `overlapped_ms` for resnet101's compress-everything-on-"gpu" was
+  // 391 ms where the replay's own timeline gave 306).
   bool gpuCodecPausesCompute = true;
   // With fusion: what forming a batch costs before it runs (the workers
   // agree on which tensors are ready: in bench model one flat allgather of

@@ -255,7 +255,9 @@ TEST(Replan, SlowLinkCompressesMoreThanFastLink) {
   // Workers without collectives get push/pull plans only.
   for (const auto& [name, o] : p.tensors)
     for (const auto& s : o.steps)
-      if (s.kind == plan::StepKind::kComm) EXPECT_NE(s.scope, Scope::kFlat) << name;
+      if (s.kind == plan::StepKind::kComm) {
+        EXPECT_NE(s.scope, Scope::kFlat) << name;
+      }
 }
 
 TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
@@ -315,7 +317,9 @@ TEST(Replan, SendsANewPlanOnlyForThePredictedGain) {
   // The loose replanner sends any plan predicted faster at all, and keeps the
   // current one when the new one is no faster (the same plan, here).
   auto ub = b.onWindow(window(t, 2, 1, 2, 2, 1));
-  if (!ub) EXPECT_NE(b.lastReason().find("the plan stays"), std::string::npos) << b.lastReason();
+  if (!ub) {
+    EXPECT_NE(b.lastReason().find("the plan stays"), std::string::npos) << b.lastReason();
+  }
   // A large move beats any required gain: 28 -> 0.1 Gbit/s.
   t.interGbps = 0.1;
   auto ua = a.onWindow(window(t, 2, 1, 4, 4, 1));
@@ -850,7 +854,9 @@ TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
   const plan::Plan p3 = plan::planFromJsonString(m->planJson);
   auto after = moved.onWindow(timed(windowOf(slow, p3, 2, 11), 300000));
   EXPECT_EQ(moved.lastReason().find("that plan again"), std::string::npos) << moved.lastReason();
-  if (after) EXPECT_NE(plan::planFromJsonString(after->planJson).tensors, raw.tensors);
+  if (after) {
+    EXPECT_NE(plan::planFromJsonString(after->planJson).tensors, raw.tensors);
+  }
 
   // Slower, with a link that ran faster: the link is not to blame.
   World fast = w;
