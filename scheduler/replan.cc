@@ -150,6 +150,8 @@ OnlineReplanner::OnlineReplanner(ReplanOptions opts) : opts_(std::move(opts)) {
                   "CORTADO_REPLAN_AHEAD at least 1 (got {}) and CORTADO_REPLAN_MIN_GAIN in [0, 1) "
                   "(got {})",
                   opts_.threshold, opts_.ahead, opts_.minGain);
+  CORTADO_ENFORCE(opts_.confirmWindows >= 1, ErrorCode::kInvalidArgument,
+                  "re-planning: confirmWindows must be at least 1 (got {})", opts_.confirmWindows);
 }
 
 LinkFit OnlineReplanner::fitLink(const std::vector<plan::ProfileReport>& reports, bool intra,
@@ -424,6 +426,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   // A plan handed out: a version above the scheduler's and the workers',
   // switching `ahead` iterations after this window.
   auto handOut = [&](plan::Plan p) {
+    movedWindows_ = 0;
     version_ = std::max(version_, runningVersion) + 1;
     p.version = version_;
     current_ = p;
@@ -478,6 +481,7 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   // A decision (a plan handed out, or the workers' kept): its links are this
   // window's, the reference from here on.
   auto anchor = [&] {
+    movedWindows_ = 0;
     plannedInter_ = nowInter;
     plannedIntra_ = nowIntra;
     reference_ = nowCurves;
@@ -553,6 +557,17 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                         nowIntra, intra.points);
       if (rebase) reference_ = nowCurves;
       else absorb();
+      movedWindows_ = 0;
+      return std::nullopt;
+    }
+    // One window beyond the threshold is not yet a moved link: the next
+    // one, compared with the same reference, must be beyond it too.
+    if (++movedWindows_ < opts_.confirmWindows) {
+      reason_ = fmt::format("window {}: inter {}, intra {} of the reference's (threshold {:.0f}%): "
+                            "waiting for {} more window(s) beyond it before re-planning",
+                            r0.window, describe(interDrift), describe(intraDrift), opts_.threshold * 100,
+                            opts_.confirmWindows - movedWindows_);
+      CORTADO_LOG_INFO("[replan] {}", reason_);
       return std::nullopt;
     }
     // "link rate R Gbit/s" first: tests/testbed/replan_hosts_test.sh reads it.

@@ -31,7 +31,7 @@
 // refitted costs.
 // After the first decision a window is skipped while it began before the
 // last plan's switch iteration (one plan pending at a time), and plans again
-// only when a link moved: the window's communication, compared with the
+// only when a link moved (in `confirmWindows` consecutive windows): the window's communication, compared with the
 // same kind of message at the same sizes in the window of the last decision
 // (CommCurves, LinkDrift), took more than 1 + `threshold` times the time or
 // less than 1 / (1 + threshold). Not the fitted rates: an alpha-beta line
@@ -81,6 +81,13 @@ struct ReplanOptions {
   // decision's start: resnet101 went 475 -> 570 -> 656 -> 715 ms per
   // iteration over three such plans.
   double revertMargin = 0.05;
+  // After the first decision, a link must move beyond `threshold` in this
+  // many consecutive windows before the re-planner plans again: one window
+  // beyond it is often the shared machine's noise (1.29x on the quiet H100
+  // machine, 0.80x and 1.57x on the 2-core VM, 2026-11-26), and each such
+  // decision took 150-600 ms of the job's cores and could switch plans
+  // (a switch costs 15-30 iterations on the VM).
+  int confirmWindows = 2;
   std::string intra = "pcie";   // hardware.json links used until measured
   std::string inter = "10gbit";
   int cpuCores = 8;             // at most; the executor runs a worker's codec calls on one thread
@@ -193,6 +200,7 @@ class OnlineReplanner {
     double interBytes = 0, intraBytes = 0;
   };
   std::optional<Check> check_;
+  int movedWindows_ = 0;  // consecutive windows whose link moved beyond the threshold
   // What the link rule compares a window's communication with: the window of
   // the last decision, and message kinds it lacked from their first window.
   CommCurves reference_;

@@ -89,6 +89,9 @@ ReplanOptions options() {
   o.inter = "10gbit";
   o.intra = "pcie";
   o.cpuCores = 8;
+  // One window beyond the threshold re-plans in these tests of what a
+  // moved link does; the default's confirmation (2 windows) has its own.
+  o.confirmWindows = 1;
   return o;
 }
 
@@ -291,6 +294,36 @@ TEST(Replan, ReplansOnlyWhenTheLinkMovesBeyondTheThreshold) {
   auto u2 = r.onWindow(window(fast, 2, 1, 5, 6, 7));
   ASSERT_TRUE(u2);
   EXPECT_EQ(u2->version, 8u);
+}
+
+// By default a link must move beyond the threshold in two consecutive
+// windows: one window beyond it (noise) followed by one within re-plans
+// nothing; two in a row re-plan, at the second; confirmWindows < 1 is
+// refused.
+TEST(Replan, AMovedLinkIsConfirmedByASecondWindowBeforeReplanning) {
+  Truth t;
+  t.interGbps = 20;
+  auto opts = options();
+  opts.confirmWindows = ReplanOptions{}.confirmWindows;
+  ASSERT_EQ(opts.confirmWindows, 2);
+  OnlineReplanner r(opts);
+  ASSERT_TRUE(r.onWindow(window(t, 2, 1, 0, 1)));
+  // (Window 1 began before plan version 1 took effect at iteration 25.)
+  EXPECT_FALSE(r.onWindow(window(t, 2, 1, 1, 2, 1)));
+  Truth slow = t;
+  slow.interGbps = 0.1;
+  EXPECT_FALSE(r.onWindow(window(slow, 2, 1, 2, 3, 1)));  // one window at 0.1 Gbit/s
+  EXPECT_NE(r.lastReason().find("waiting for 1 more window"), std::string::npos) << r.lastReason();
+  EXPECT_FALSE(r.onWindow(window(t, 2, 1, 3, 4, 1)));  // back: nothing moved
+  EXPECT_FALSE(r.onWindow(window(slow, 2, 1, 4, 5, 1)));  // a new first window beyond it
+  EXPECT_NE(r.lastReason().find("waiting for 1 more window"), std::string::npos) << r.lastReason();
+  auto u = r.onWindow(window(slow, 2, 1, 5, 6, 1));  // the second in a row
+  ASSERT_TRUE(u) << r.lastReason();
+  EXPECT_EQ(u->version, 2u);
+  EXPECT_NE(r.lastReason().find("inter-machine link rate"), std::string::npos) << r.lastReason();
+  auto bad = options();
+  bad.confirmWindows = 0;
+  EXPECT_THROW(OnlineReplanner{bad}, Error);
 }
 
 // A link that moves beyond the threshold re-plans, but the new plan is sent
