@@ -507,16 +507,18 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     // resnet101's 314 tensors against most of them ran 2838 ms per iteration
     // against 562 on the 1 Gbit/s link and was kept "(a link slowed down)".
     constexpr double kMoreBytes = 1.05;
-    auto slowed = [&](const LinkDrift& d, double now, double was, double bytesNow, double bytesWas) {
-      if (bytesNow > bytesWas * kMoreBytes) return false;
+    const double interBytes = linkBytesPerIteration(reports, false);
+    const double intraBytes = linkBytesPerIteration(reports, true);
+    const bool interMore = interBytes > c.interBytes * kMoreBytes;
+    const bool intraMore = intraBytes > c.intraBytes * kMoreBytes;
+    auto slowed = [&](const LinkDrift& d, double now, double was, bool moreOnIt) {
+      if (moreOnIt) return false;
       if (d.coverage >= kCompared) return d.ratio > 1 + opts_.threshold;
       return was > 0 && now < was / (1 + opts_.threshold);
     };
-    const double interBytes = linkBytesPerIteration(reports, false);
-    const double intraBytes = linkBytesPerIteration(reports, true);
-    const bool linksMoved = slowed(interDrift, nowInter, c.inter, interBytes, c.interBytes) ||
-                            slowed(intraDrift, nowIntra, c.intra, intraBytes, c.intraBytes);
-    const bool moreBytes = interBytes > c.interBytes * kMoreBytes || intraBytes > c.intraBytes * kMoreBytes;
+    const bool linksMoved =
+        slowed(interDrift, nowInter, c.inter, interMore) || slowed(intraDrift, nowIntra, c.intra, intraMore);
+    const bool moreBytes = interMore || intraMore;
     const double beforeUs = median(c.beforeUs);
     const std::string over = c.beforeUs.size() == 1 ? std::string("1 window")
                                                     : fmt::format("median of {} windows", c.beforeUs.size());
