@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/common/crash.h"
 #include "core/common/env.h"
 #include "core/common/error.h"
 #include "core/common/logging.h"
@@ -194,6 +195,12 @@ int main(int argc, char** argv) {
     std::cerr << "cortado: unexpected error: " << e.what() << "\n";
     return 3;
   }
+
+  // A fatal signal prints which process died and its stack (roles refine
+  // the name with their rank).
+  std::string who = "cortado";
+  for (const auto* sub : app.get_subcommands()) who += " " + sub->get_name();
+  installCrashReport(who);
 
   try {
     JobConfig probe = readJobConfig(false);

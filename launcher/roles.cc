@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/backends.h"
+#include "core/common/crash.h"
 #include "core/common/logging.h"
 #include "core/control/control_client.h"
 #include "core/shm/shm_segment.h"
@@ -51,6 +52,7 @@ scheduler::SchedulerOptions schedulerOptions(const JobConfig& job, const std::st
 }
 
 int runSchedulerRole(const JobConfig& job) {
+  installCrashReport("cortado scheduler");
   auto sched = scheduler::Scheduler::create(schedulerOptions(job, "0.0.0.0"));
   CORTADO_LOG_INFO("listening on port {} for {} servers and {} workers", sched->port(),
                    job.numServers, job.numWorkers);
@@ -65,6 +67,7 @@ int runSchedulerRole(const JobConfig& job) {
 
 int runServerRole(const JobConfig& job) {
   const NodeId self{Role::kServer, job.rank};
+  installCrashReport(fmt::format("cortado server {}", job.rank));
   auto transport = makeTransport(job, self);
   server::ServerEngineOptions eo;
   eo.numWorkers = job.numWorkers;

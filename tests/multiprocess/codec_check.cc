@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/backends.h"
+#include "core/common/crash.h"
 #include "core/common/half.h"
 #include "core/common/logging.h"
 #include "core/partition.h"
@@ -81,6 +82,7 @@ uint64_t kOf(uint64_t n, double ratio) {  // compressor/format.h kFromRatio, res
 }  // namespace
 
 int main(int argc, char** argv) {
+  installCrashReport("codec_check worker");
   CLI::App app{"cortado multi-process compressed push-pull checker"};
   std::string mode = "topk";
   int tensors = 3, iters = 200, mismatchRank = -1;

@@ -79,6 +79,7 @@
 
 #include "core/backends.h"
 #include "core/collective/mpi/factory.h"
+#include "core/common/crash.h"
 #include "core/common/logging.h"
 #include "core/executor.h"
 #include "core/plan/profile_report.h"
@@ -165,6 +166,7 @@ void expectThrow(const std::string& what, const std::string& needle, F f) {
 int runCheck(int argc, char** argv);
 
 int main(int argc, char** argv) {
+  installCrashReport("exec_check worker");
   try {
     return runCheck(argc, argv);
   } catch (const std::exception& e) {

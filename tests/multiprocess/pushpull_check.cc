@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/backends.h"
+#include "core/common/crash.h"
 #include "core/common/half.h"
 #include "core/common/logging.h"
 #include "core/worker.h"
@@ -62,6 +63,7 @@ void store(DType t, uint8_t* p, uint64_t i, double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  installCrashReport("pushpull_check worker");
   CLI::App app{"cortado multi-process push-pull checker"};
   int tensors = 8, iters = 4, dieRank = -1, dieAt = -1, mismatchRank = -1, slowMs = 0;
   uint64_t seed = 1, maxElements = 1 << 16, bigElements = 0;
