@@ -57,6 +57,9 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_REPLAN_MIN_GAIN", "", "0.05",
        "online re-planning: a new plan is sent only when it is predicted this much faster (relative) "
        "than the current plan under the same refitted costs"},
+      {"CORTADO_REPLAN_CONFIRM", "", "2",
+       "online re-planning: consecutive windows a link must be beyond CORTADO_REPLAN_THRESHOLD in "
+       "before the scheduler re-plans (1: the first such window; more: fewer decisions on noise)"},
       {"CORTADO_UCX_DIRECT", "", "1",
        "ucx: same-host peers move data over UCX shared memory (sysv/posix FIFOs, no cma unless "
        "UCX_TLS names it); 0: over the connection manager's endpoints (TCP on one host) "
@@ -96,6 +99,8 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_REPLAN_THRESHOLD {} must be in (0, 100) (0.25: re-plan when the same "
                     "messages take 25% longer, or 1/1.25 of the time)",
                     replanThreshold));
+  if (profileWindow > 0 && (replanConfirm < 1 || replanConfirm > 1000))
+    bad(fmt::format("CORTADO_REPLAN_CONFIRM {} is out of range 1..1000", replanConfirm));
   if (!(replanMinGain >= 0 && replanMinGain < 1))
     bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "
                     "predicted gain of 5% or more)",
@@ -133,6 +138,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_REPLAN_AHEAD", std::to_string(replanAhead)},
       {"CORTADO_REPLAN_THRESHOLD", fmt::format("{}", replanThreshold)},
       {"CORTADO_REPLAN_MIN_GAIN", fmt::format("{}", replanMinGain)},
+      {"CORTADO_REPLAN_CONFIRM", std::to_string(replanConfirm)},
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
@@ -217,6 +223,12 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     if (*v < 1) throw Error(ErrorCode::kInvalidArgument,
                             fmt::format("CORTADO_REPLAN_AHEAD={} must be at least 1", *v));
     c.replanAhead = uint64_t(*v);
+  }
+  if (auto v = getEnvInt(names("CORTADO_REPLAN_CONFIRM"))) {
+    if (*v < 1)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_REPLAN_CONFIRM={} must be at least 1 (windows in a row)", *v));
+    c.replanConfirm = int(std::min<int64_t>(*v, 1000000));
   }
   auto getDouble = [&](const char* name, double& out, const char* example) {
     auto v = getEnv(names(name));

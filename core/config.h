@@ -45,6 +45,7 @@ struct JobConfig {
   uint64_t replanAhead = 10;              // CORTADO_REPLAN_AHEAD
   double replanThreshold = 0.25;          // CORTADO_REPLAN_THRESHOLD
   double replanMinGain = 0.05;            // CORTADO_REPLAN_MIN_GAIN
+  int replanConfirm = 2;                  // CORTADO_REPLAN_CONFIRM
   bool ucxDirect = true;                  // ucx: same-host direct endpoints (UcxOptions)
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s

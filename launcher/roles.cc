@@ -25,6 +25,7 @@ scheduler::Replanner replannerFor(const JobConfig& job) {
   ro.ahead = job.replanAhead;
   ro.threshold = job.replanThreshold;
   ro.minGain = job.replanMinGain;
+  ro.confirmWindows = job.replanConfirm;
   ro.cpuCores = int(std::max(1u, std::thread::hardware_concurrency()));
   ro.chunkBytes = double(job.partitionBytes);
   try {

@@ -393,7 +393,7 @@ double OnlineReplanner::linkBytesPerIteration(const std::vector<plan::ProfileRep
 
 std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<plan::ProfileReport>& reports) {
   // How long a decision took (in its log lines): it runs on the scheduler's
-  // io thread, on the cores the job's workers and servers use.
+  // planner thread, on the cores the job's workers and servers use.
   const auto started = std::chrono::steady_clock::now();
   auto tookMs = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();

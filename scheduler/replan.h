@@ -87,7 +87,7 @@ struct ReplanOptions {
   // machine, 0.80x and 1.57x on the 2-core VM, 2026-11-26), and each such
   // decision took 150-600 ms of the job's cores and could switch plans
   // (a switch costs 15-30 iterations on the VM).
-  int confirmWindows = 2;
+  int confirmWindows = 2;  // CORTADO_REPLAN_CONFIRM
   std::string intra = "pcie";   // hardware.json links used until measured
   std::string inter = "10gbit";
   int cpuCores = 8;             // at most; the executor runs a worker's codec calls on one thread
@@ -207,7 +207,7 @@ class OnlineReplanner {
 };
 
 // The hook for SchedulerOptions::replanner: one OnlineReplanner shared by the
-// calls (all on the scheduler's io thread). Throws like the constructor, so a
+// calls (all on the scheduler's planner thread, one at a time). Throws like the constructor, so a
 // bad setting fails the job at start, not at the first window.
 Replanner makeReplanner(ReplanOptions opts);
 

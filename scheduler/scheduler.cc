@@ -1,6 +1,7 @@
 // The scheduler service: one io_context, run on the thread that calls run().
 // Every session (one per node connection) and every table is touched only on
-// that thread; stop() posts to it.
+// that thread; stop() posts to it. Re-planning decisions run on a thread of
+// their own (planner_), which posts each verdict back to the io thread.
 #include "scheduler/scheduler.h"
 
 #include <fmt/format.h>
@@ -527,8 +528,12 @@ class SchedulerImpl final : public Scheduler {
     s.conn->send(MsgType::kProfileAck, Json{{"req", req}, {"switchAt", switchAt}});
     const uint64_t w = r.window;
     // A window whose verdict went out already (it cannot complete again):
-    // this worker still waits for one.
-    if (w < nextWindow_) return sendVerdict(&s, w, std::nullopt);
+    // this worker still waits for one. One still being decided: the verdict
+    // goes to every worker when it is.
+    if (w < nextWindow_) {
+      if (w < verdictsSent_) sendVerdict(&s, w, std::nullopt);
+      return;
+    }
     const int rank = r.rank;
     auto& got = windows_[w];
     got.resize(opts_.numWorkers);
@@ -539,14 +544,31 @@ class SchedulerImpl final : public Scheduler {
     for (auto& x : got) reports.push_back(std::move(*x));
     windows_.erase(windows_.begin(), windows_.upper_bound(w));
     nextWindow_ = w + 1;
-    std::optional<control::PlanUpdate> u;
-    try {
-      u = opts_.replanner(reports);
-    } catch (const std::exception& e) {
-      CORTADO_LOG_ERROR("[scheduler] re-planning after window {} failed, the current plan stays: {}",
-                        w, e.what());
-      u.reset();
-    }
+    // The decision (a planner search: 0.1-0.6 s on the benchmarks' models)
+    // runs off the io thread, so that heartbeats, barriers and the
+    // key-value store are served meanwhile; one window at a time, in order.
+    asio::post(planner_, [this, w, switchAt, windowEnd, reports = std::move(reports)] {
+      std::optional<control::PlanUpdate> u;
+      try {
+        u = opts_.replanner(reports);
+      } catch (const std::exception& e) {
+        CORTADO_LOG_ERROR("[scheduler] re-planning after window {} failed, the current plan "
+                          "stays: {}",
+                          w, e.what());
+        u.reset();
+      }
+      asio::post(io_, [this, w, switchAt, windowEnd, u = std::move(u)]() mutable {
+        decided(w, switchAt, windowEnd, std::move(u));
+      });
+    });
+  }
+
+  // The replanner's answer for window `w`, on the io thread: checked, then
+  // sent to every worker (the plan, or "keep the current plan").
+  void decided(uint64_t w, uint64_t switchAt, uint64_t windowEnd,
+               std::optional<control::PlanUpdate> u) {
+    verdictsSent_ = w + 1;
+    if (phase_ == Phase::kEnding) return;
     if (u && u->planJson.size() > control::kMaxPlanBytes) {
       CORTADO_LOG_ERROR("[scheduler] the new plan has {} bytes, over the limit {}; not sent",
                         u->planJson.size(), control::kMaxPlanBytes);
@@ -853,11 +875,16 @@ class SchedulerImpl final : public Scheduler {
   static constexpr size_t kMaxPendingGets = 65536;
   std::map<std::string, std::string> kv_;  // key -> value as hex
   std::map<uint64_t, std::vector<std::optional<plan::ProfileReport>>> windows_;  // by window
-  uint64_t nextWindow_ = 0;
+  uint64_t nextWindow_ = 0;    // windows below it are complete (decided or being decided)
+  uint64_t verdictsSent_ = 0;  // windows below it have had their verdict sent
   std::map<std::string, std::vector<Waiter>> kvWaiters_;
   size_t pendingGets_ = 0;
   int finishedWorkers_ = 0;
   Status final_;
+  // Last, so that it is joined first: a decision still running when the
+  // scheduler is destroyed finishes (its verdict, posted to an io_context
+  // that no longer runs, is dropped); one not started is not run.
+  asio::thread_pool planner_{1};
 };
 
 }  // namespace

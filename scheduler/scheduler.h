@@ -20,8 +20,10 @@
 
 namespace cortado::scheduler {
 
-// Online re-planning (docs/planner.md): called on the scheduler's io thread
-// with every worker's report of one profiling window (index = worker rank);
+// Online re-planning (docs/planner.md): called on the scheduler's planner
+// thread (not its io thread: the control plane is served while it runs), one
+// window at a time in window order, with every worker's report of one
+// profiling window (index = worker rank);
 // returns a plan to hand out to every worker (PlanUpdate), or nothing to keep
 // the current one. An exception is logged and the current plan kept.
 using Replanner =

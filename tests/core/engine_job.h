@@ -54,7 +54,10 @@ class Job {
       auto n = std::make_unique<ServerNode>();
       NodeId id{Role::kServer, s};
       n->transport = transport::inproc::create(hub_, id);
-      server::ServerEngineOptions eo{W, 2, async};
+      server::ServerEngineOptions eo;
+      eo.numWorkers = W;
+      eo.engineThreads = 2;
+      eo.async = async;
       eo.self = id;
       if (shm) eo.shmPrefix = shmPrefix;
       n->engine = std::make_unique<server::ServerEngine>(eo, *n->transport);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -292,6 +294,58 @@ TEST(ControlPlane, EveryReportedWindowGetsAVerdict) {
   EXPECT_EQ(calls.load(), 4);
   EXPECT_TRUE(log.contains("no fit")) << log.all();
   EXPECT_TRUE(log.contains("not at 12")) << log.all();
+  finishJob(nodes, sched);
+}
+
+// A decision runs off the scheduler's io thread: while the replanner works
+// on window 0, reports are acknowledged and the key-value store answers
+// (before, the io thread ran the search, and every message waited for it).
+// The replanner returns only once a put and a get made during its run were
+// answered (or after 10 s, and the test fails).
+TEST(ControlPlane, TheControlPlaneIsServedWhileADecisionRuns) {
+  auto so = schedulerOptions(2, 1);
+  so.replanAhead = 3;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, served = false, sawServed = false;
+  so.replanner = [&](const std::vector<plan::ProfileReport>&) -> std::optional<control::PlanUpdate> {
+    std::unique_lock g(mu);
+    entered = true;
+    cv.notify_all();
+    sawServed = cv.wait_for(g, 10s, [&] { return served; });
+    return std::nullopt;
+  };
+  SchedulerRunner sched(std::move(so));
+  auto nodes = connectAll(jobOptions(sched.port(), 2, 1));
+  plan::ProfileReport r;
+  r.machines = 2;
+  r.firstIteration = 1;
+  r.endIteration = 3;
+  r.ready.push_back({"t", 16, 10.0});
+  for (int i = 1; i <= 2; ++i) {
+    r.rank = nodes[i].client->self().rank;
+    EXPECT_EQ(nodes[i].client->sendProfile(plan::toJsonString(r), Deadline::after(5s)), 6u);
+  }
+  {
+    std::unique_lock g(mu);
+    ASSERT_TRUE(cv.wait_for(g, 5s, [&] { return entered; })) << "the replanner was not called";
+  }
+  nodes[1].client->put("during", "the decision", Deadline::after(5s));
+  EXPECT_EQ(nodes[2].client->get("during", Deadline::after(5s)), "the decision");
+  {
+    std::lock_guard g(mu);
+    served = true;
+  }
+  cv.notify_all();
+  for (int i = 1; i <= 2; ++i) {
+    control::PlanUpdate u = nodes[i].client->waitVerdict(0, Deadline::after(15s));
+    EXPECT_EQ(u.window, 0u);
+    EXPECT_EQ(u.version, 0u);
+  }
+  {
+    std::lock_guard g(mu);
+    EXPECT_TRUE(sawServed) << "the replanner waited 10 s for a put and a get that did not come";
+  }
   finishJob(nodes, sched);
 }
 

@@ -757,8 +757,11 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
   ::setenv("CORTADO_REPLAN_AHEAD", "3", 1);
   ::setenv("CORTADO_REPLAN_THRESHOLD", "0.5", 1);
   ::setenv("CORTADO_REPLAN_MIN_GAIN", "0.1", 1);
+  EXPECT_EQ(readJobConfig(false).replanConfirm, 2);  // the default
+  ::setenv("CORTADO_REPLAN_CONFIRM", "3", 1);
   JobConfig c = readJobConfig(false);
   EXPECT_EQ(c.replanMinGain, 0.1);
+  EXPECT_EQ(c.replanConfirm, 3);
   EXPECT_EQ(c.profileWindow, 7u);
   EXPECT_EQ(c.replanCodec, "efsignsgd");
   EXPECT_EQ(c.replanAhead, 3u);
@@ -785,12 +788,18 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
       EXPECT_EQ(v, "0.1");
       ++seen;
     }
+    if (k == "CORTADO_REPLAN_CONFIRM") {
+      EXPECT_EQ(v, "3");
+      ++seen;
+    }
   }
-  EXPECT_EQ(seen, 5);
+  EXPECT_EQ(seen, 6);
   for (auto [name, value, needle] :
        {std::tuple{"CORTADO_REPLAN_THRESHOLD", "abc", "not a number"},
         std::tuple{"CORTADO_REPLAN_MIN_GAIN", "x", "not a number"},
         std::tuple{"CORTADO_REPLAN_AHEAD", "0", "at least 1"},
+        std::tuple{"CORTADO_REPLAN_CONFIRM", "0", "at least 1 (windows in a row)"},
+        std::tuple{"CORTADO_REPLAN_CONFIRM", "two", "CORTADO_REPLAN_CONFIRM"},
         std::tuple{"CORTADO_PROFILE_WINDOW", "-2", "0 (off)"}}) {
     ::setenv(name, value, 1);
     try {
@@ -815,7 +824,8 @@ TEST(ReplanSettings, ReadCheckedAndPassedOn) {
     EXPECT_NE(std::string(e.what()).find("CORTADO_REPLAN_MIN_GAIN"), std::string::npos) << e.what();
   }
   for (const char* n : {"CORTADO_PROFILE_WINDOW", "CORTADO_REPLAN_CODEC", "CORTADO_REPLAN_AHEAD",
-                        "CORTADO_REPLAN_THRESHOLD", "CORTADO_REPLAN_MIN_GAIN"})
+                        "CORTADO_REPLAN_THRESHOLD", "CORTADO_REPLAN_MIN_GAIN",
+                        "CORTADO_REPLAN_CONFIRM"})
     ::unsetenv(n);
 }
 
