@@ -210,6 +210,9 @@ struct Executor::TensorState {
   // next input at their element offsets (empty when none).
   std::vector<float> carry;
   std::vector<std::string> shardKeys;  // push/pull keys, by shard
+  // The shard keys this worker pushed and pulled under the current plan:
+  // setPlan releases them (Worker::release), after their last round.
+  std::set<std::string> exchanged;
   std::vector<Region> shardRegions;
   std::vector<std::vector<ChunkSpan>> shardChunks;
   std::set<uint64_t> cuts;  // where payload pieces may start or end
@@ -404,6 +407,13 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
     }
     t.efPieces.clear();
     t.efReplicas.clear();
+    // The old plan's shard keys are done on this worker (its last round's
+    // answer is in): the servers free each once all its pushers said so.
+    // Without this every switch left a plan's sums, answers and residuals
+    // on the servers for the rest of the job (about 2.7x the model's bytes
+    // per switch on resnet101, docs/benchmarks.md run X).
+    for (const std::string& key : t.exchanged) worker_.release(key);
+    t.exchanged.clear();
     t.option = option;
     t.codec.reset();
     t.sparseDecoder.reset();
@@ -865,6 +875,7 @@ class Run {
     }
     ex.flushResidual = flushResidual_;
     Handle h = worker_.exchange(key, std::move(ex), 0);
+    t_.exchanged.insert(key);
     Status st = h.wait(d_);
     if (st.code() == ErrorCode::kTimeout) {
       // The round is half done and its answers would still land in the

@@ -86,6 +86,7 @@ struct TensorEntry {
   std::string codecSpec;
   uint64_t round = 0;      // rounds started so far
   bool inFlight = false;   // a pushPull has not completed yet
+  bool released = false;   // release(): no more rounds
 };
 
 // One push_pull in progress.
@@ -281,6 +282,10 @@ class WorkerImpl final : public Worker {
                     "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
                     "handle before starting another",
                     self_.rank, t.name);
+    CORTADO_ENFORCE(!t.released, ErrorCode::kInvalidArgument,
+                    "worker {}: tensor '{}' was released (its server state is freed); declare "
+                    "it under a new name to use it again",
+                    self_.rank, t.name);
     t.inFlight = true;
     task->handle = state;
     task->tensor = &t;
@@ -367,6 +372,49 @@ class WorkerImpl final : public Worker {
     }
     cv_.notify_all();
     return Handle(state);
+  }
+
+  void release(const std::string& name) override {
+    std::vector<std::pair<NodeId, Message>> out;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      checkFailedLocked();
+      TensorEntry& t = tensorLocked(name, "release");
+      CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
+                      "worker {}: tensor '{}' has a push_pull in flight; wait for its handle "
+                      "before releasing it",
+                      self_.rank, name);
+      if (t.released) return;
+      t.released = true;
+      t.ef.reset();  // its residuals: nothing pushes it again
+      // Its push regions: the servers read them before they answered.
+      for (size_t i = 0; arena_ && i < t.regions.size(); ++i)
+        arena_->free(t.regions[i], t.chunks[i].numElements * dtypeSize(t.dtype));
+      t.regions.assign(t.regions.size(), shm::Region());
+      for (const Chunk& c : t.chunks) {
+        DataHeader h;
+        h.op = Op::kRelease;
+        h.dtype = t.dtype;
+        h.flags = opts_.async ? wire::kFlagAsync : wire::kFlagNone;
+        h.key = c.key;
+        h.round = t.round;
+        h.numElements = c.numElements;
+        h.contributors = t.options.contributors;
+        Message m;
+        m.parts.push_back(wire::encodeHeader(h));
+        m.parts.push_back(Buffer());
+        out.emplace_back(book_.servers[c.server].id, std::move(m));
+      }
+    }
+    for (auto& [to, m] : out) {
+      try {
+        transport_->send(to, std::move(m));
+      } catch (const std::exception& e) {
+        // Only memory on that server is at stake, not a result.
+        CORTADO_LOG_WARN("worker {}: could not tell {} that tensor '{}' is released: {}",
+                         self_.rank, to.toString(), name, e.what());
+      }
+    }
   }
 
   void barrier(Deadline deadline) override {

@@ -180,6 +180,16 @@ class Worker {
   // the handle completes. Misuse throws kInvalidArgument naming the tensor.
   virtual Handle exchange(const std::string& name, Exchange ex, int priority) = 0;
 
+  // This worker is done with a declared tensor: no round of it is in flight
+  // (throws kInvalidArgument otherwise) and none will start (a later
+  // pushPull or exchange of it throws kInvalidArgument). Each of its chunks'
+  // servers frees the chunk's state (sum, answer, residual) once every
+  // worker that pushes it has released it, so call it only after this
+  // worker's last round of the tensor completed. Its own error-feedback
+  // residuals are dropped. The plan executor releases a replaced plan's
+  // shard keys (Executor::setPlan). Releasing twice is harmless.
+  virtual void release(const std::string& name) = 0;
+
   virtual void barrier(Deadline deadline) = 0;
 
   // The first failure, or OK.

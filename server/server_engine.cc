@@ -90,6 +90,10 @@ struct KeyState {
   uint64_t flushRound = kNoRound;
   uint64_t flushedRound = kNoRound;
 
+  // Op::kRelease: the workers that released the key so far.
+  std::vector<bool> releasedBy;
+  int releases = 0;
+
   // "tensor 'fc1' (key 1048576)" or "key 5" for error messages.
   std::string describe(uint64_t key) const {
     return tensorName.empty() ? fmt::format("key {}", key)
@@ -112,6 +116,8 @@ struct ServerEngine::Shard {
 
   void run();
   void process(const DataHeader& h, Message& msg);
+  // Op::kRelease: counts the sender; frees the key once every contributor has.
+  void release(const DataHeader& h, const NodeId& from);
   void processSync(KeyState& k, const DataHeader& h, Message& msg);
   void processAsync(KeyState& k, const DataHeader& h, Message& msg);
   void sendResult(const NodeId& to, uint32_t requestId, uint64_t key, uint64_t round,
@@ -189,6 +195,8 @@ ServerStats ServerEngine::stats() const {
     total.pulls += s->stats.pulls;
     total.roundsCompleted += s->stats.roundsCompleted;
     total.errors += s->stats.errors;
+    total.keys += s->stats.keys;
+    total.keysReleased += s->stats.keysReleased;
   }
   return total;
 }
@@ -253,6 +261,8 @@ void ServerEngine::Shard::run() {
     }
     try {
       process(item.first, item.second);
+      std::lock_guard<std::mutex> lk(mu);
+      stats.keys = keys.size();
     } catch (const Error& e) {
       {
         std::lock_guard<std::mutex> lk(mu);
@@ -273,7 +283,42 @@ void ServerEngine::Shard::run() {
   }
 }
 
+void ServerEngine::Shard::release(const DataHeader& h, const NodeId& from) {
+  auto it = keys.find(h.key);
+  if (it == keys.end()) {
+    CORTADO_LOG_DEBUG("key {}: released by {} before any push reached this server: nothing to free",
+                      h.key, from.toString());
+    return;
+  }
+  KeyState& k = it->second;
+  const int W = engine->opts_.numWorkers;
+  if (k.releasedBy.empty()) k.releasedBy.assign(W, false);
+  if (!k.releasedBy[from.rank]) {
+    k.releasedBy[from.rank] = true;
+    ++k.releases;
+  }
+  const int need = k.initialized ? k.expected : (h.contributors == 0 ? W : int(h.contributors));
+  if (k.releases < need) return;
+  // A pull still waiting for a round that will never complete (a worker
+  // that released without finishing it): answered with an error, not left.
+  for (const auto& p : k.waiting)
+    engine->replyError(p.from, p.requestId, h.key,
+                       fmt::format("{} was released by its {} contributors while this pull of "
+                                   "round {} waited for pushes that will not come",
+                                   k.describe(h.key), need, k.round));
+  CORTADO_LOG_DEBUG("{}: released by its {} contributors; freed", k.describe(h.key), need);
+  if (engine->arena_) {
+    const size_t outBytes = k.numElements * dtypeSize(k.dtype);
+    engine->arena_->free(k.regions[0], outBytes);
+    engine->arena_->free(k.regions[1], outBytes);
+  }
+  keys.erase(it);
+  std::lock_guard<std::mutex> lk(mu);
+  ++stats.keysReleased;
+}
+
 void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
+  if (h.op == Op::kRelease) return release(h, msg.from);
   const int W = engine->opts_.numWorkers;
   KeyState& k = keys[h.key];
   if (h.op == Op::kPush) {

@@ -27,6 +27,15 @@
 // residual: what the key sent over all its rounds then equals what it
 // received. Keys without a residual answer as always.
 //
+// Release (wire Op::kRelease): a worker done with a key (the plan executor,
+// for each shard key of a plan it replaced, after its last round's answer)
+// says so; once every worker that pushes the key (its contributors) has, the
+// server forgets the key and frees its buffers (sum, answer, residual).
+// Every contributor releases only after its own pull of the last round was
+// answered, so no pull of the key is left. A key released before any push
+// reached this server is nothing to free. Its same-host shared-memory result
+// regions go back to the arena for later keys of the same size.
+//
 // Threads: handle() is called on the transport's loop thread; it only
 // decodes the header and hands the message to one of `engineThreads` engine
 // threads, chosen by key, so each key's state is touched by one thread and
@@ -69,6 +78,8 @@ struct ServerStats {
   uint64_t pulls = 0;
   uint64_t roundsCompleted = 0;
   uint64_t errors = 0;
+  uint64_t keys = 0;          // keys held now
+  uint64_t keysReleased = 0;  // keys freed by their contributors' releases
 };
 
 class ServerEngine {

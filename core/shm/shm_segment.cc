@@ -35,7 +35,8 @@ int removeJobSegments(const std::string& prefix) {
   const std::string stem = prefix.substr(1) + "-";
   while (dirent* e = readdir(d)) {
     if (std::strncmp(e->d_name, stem.c_str(), stem.size()) == 0) {
-      removed += shm_unlink(("/" + std::string(e->d_name)).c_str()) == 0;
+      const std::string name = fmt::format("/{}", e->d_name);  // not "/" + ...: GCC 12's -Wrestrict misfires
+      removed += shm_unlink(name.c_str()) == 0;
     }
   }
   closedir(d);
@@ -98,10 +99,21 @@ Segment::~Segment() {
 Arena::Arena(std::string prefix, NodeId owner, size_t segmentBytes)
     : prefix_(std::move(prefix)), owner_(owner), segmentBytes_(segmentBytes) {}
 
+void Arena::free(const Region& r, size_t bytes) {
+  if (!r.data) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  free_[rounded(bytes)].push_back(r);
+}
+
 Region Arena::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   // 64-byte alignment keeps the vector loops on whole cache lines.
-  const size_t need = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+  const size_t need = rounded(bytes);
+  if (auto it = free_.find(need); it != free_.end() && !it->second.empty()) {
+    Region r = it->second.back();
+    it->second.pop_back();
+    return r;
+  }
   if (segments_.empty() || used_ + need > segments_.back()->size()) {
     uint32_t index = static_cast<uint32_t>(segments_.size());
     segments_.push_back(

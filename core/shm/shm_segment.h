@@ -17,6 +17,7 @@
 // when it is destroyed; the launcher removes whatever a killed process left.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -68,15 +69,22 @@ struct Region {
 };
 
 // A node's own regions: a bump allocator over segments of at least
-// `segmentBytes` each. Regions live as long as the arena (tensors are never
-// undeclared). Thread-safe.
+// `segmentBytes` each, with freed regions reused by later allocations of the
+// same (64-byte rounded) size: a released tensor's regions serve the next
+// plan's keys, which have the same chunk sizes. Segments live as long as the
+// arena. Thread-safe.
 class Arena {
  public:
   Arena(std::string prefix, NodeId owner, size_t segmentBytes = 8ull << 20);
   Region allocate(size_t bytes);
+  // `r` (from allocate(bytes)) is no longer read or written by anyone: a
+  // later allocate of the same size may return it.
+  void free(const Region& r, size_t bytes);
 
  private:
+  static size_t rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + 63) & ~size_t(63); }
   std::mutex mu_;
+  std::map<size_t, std::vector<Region>> free_;  // by rounded size
   std::string prefix_;
   NodeId owner_;
   size_t segmentBytes_;

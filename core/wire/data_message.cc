@@ -30,6 +30,7 @@ const char* opName(Op op) {
     case Op::kPullResponse: return "PULL_RESPONSE";
     case Op::kPushAck: return "PUSH_ACK";
     case Op::kError: return "ERROR";
+    case Op::kRelease: return "RELEASE";
   }
   return "INVALID";
 }
@@ -61,7 +62,7 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
   CORTADO_ENFORCE(r.version == kVersion, ErrorCode::kProtocol,
                   "data message version {} is not supported (this build speaks {})", r.version,
                   kVersion);
-  CORTADO_ENFORCE(r.op >= 1 && r.op <= 5, ErrorCode::kProtocol, "data message has unknown op {}",
+  CORTADO_ENFORCE(r.op >= 1 && r.op <= 6, ErrorCode::kProtocol, "data message has unknown op {}",
                   r.op);
   CORTADO_ENFORCE(isValidDType(r.dtype), ErrorCode::kProtocol,
                   "data message has unknown dtype {}", r.dtype);
@@ -80,6 +81,9 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
   h.numElements = r.numElements;
   h.bodyBytes = r.bodyBytes;
   h.contributors = r.contributors;
+  CORTADO_ENFORCE(h.op != Op::kRelease || h.bodyBytes == 0, ErrorCode::kProtocol,
+                  "data message RELEASE for key {} carries a {}-byte body; it has none", h.key,
+                  h.bodyBytes);
   // A dense body must be exactly the elements it claims; guards the overflow
   // of numElements * size too.
   const bool carriesData = h.op == Op::kPush || h.op == Op::kPullResponse;

@@ -48,6 +48,10 @@ enum class Op : uint8_t {
   kPullResponse = 3,
   kPushAck = 4,
   kError = 5,
+  // The sender is done with this key (its plan was retired): once every
+  // worker that pushes it (`contributors`, as on its pushes) has said so,
+  // the server frees the key's state. Empty body, no answer.
+  kRelease = 6,
 };
 const char* opName(Op op);
 

@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -123,6 +124,28 @@ class Job {
     co.connectTimeout = Millis(20000);
     co.heartbeatInterval = Millis(200);
     return co;
+  }
+
+  // Every server's counters, summed.
+  server::ServerStats serverStats() const {
+    server::ServerStats t;
+    for (const auto& s : servers_) {
+      server::ServerStats x = s->engine->stats();
+      t.pushes += x.pushes, t.pulls += x.pulls, t.roundsCompleted += x.roundsCompleted;
+      t.errors += x.errors, t.keys += x.keys, t.keysReleased += x.keysReleased;
+    }
+    return t;
+  }
+
+  // Polls serverStats() until `done` holds or 10 s passed; returns the last.
+  server::ServerStats waitServers(const std::function<bool(const server::ServerStats&)>& done) const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    server::ServerStats s = serverStats();
+    while (!done(s) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      s = serverStats();
+    }
+    return s;
   }
 
   // Runs f(rank) on every worker at once and waits.

@@ -113,6 +113,66 @@ TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
   });
 }
 
+// Worker::release: a key's server state goes once every worker that pushes
+// it has released it, not before; a released tensor refuses new rounds;
+// a round in flight refuses the release.
+TEST(Engine, ReleasedTensorsAreFreedOnceEveryWorkerReleasedThem) {
+  WorkerOptions wo;
+  wo.partitionBytes = 64;  // 40 floats: 3 chunks
+  Job job(2, 2, wo);
+  const uint64_t n = 40;
+  job.onEveryWorker([&](int r) {
+    job.workers[r]->declare("t", DType::kFloat32, n, soon());
+    job.workers[r]->declare("v", DType::kFloat32, n, soon());
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> in(n), out(n);
+      for (uint64_t i = 0; i < n; ++i) in[i] = float((r + 1) * i + round);
+      ASSERT_TRUE(job.workers[r]->pushPull("t", DType::kFloat32, n, in.data(), out.data(),
+                                           ReduceOp::kSum, 0).wait(soon()).ok());
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], float(3 * i + 2 * round)) << i;
+    }
+  });
+  const size_t chunks = job.workers[0]->chunks("t").size();
+  ASSERT_EQ(chunks, 3u);
+  server::ServerStats s = job.waitServers([&](const auto& x) { return x.keys == chunks; });
+  EXPECT_EQ(s.keys, chunks);
+  job.workers[0]->release("t");
+  job.workers[0]->release("t");  // twice: harmless, still one of two workers
+  std::vector<float> in(n, 1.0f), out(n);
+  try {
+    job.workers[0]->pushPull("t", DType::kFloat32, n, in.data(), out.data(), ReduceOp::kSum, 0);
+    ADD_FAILURE() << "a released tensor started a round";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'t' was released"), std::string::npos) << e.what();
+  }
+  // One release of two frees nothing (given time to be wrongly acted on).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s = job.serverStats();
+  EXPECT_EQ(s.keysReleased, 0u);
+  EXPECT_EQ(s.keys, chunks);
+  // A round in flight (worker 1 has not pushed "v"): the release is refused.
+  Handle h = job.workers[0]->pushPull("v", DType::kFloat32, n, in.data(), out.data(),
+                                      ReduceOp::kSum, 0);
+  try {
+    job.workers[0]->release("v");
+    ADD_FAILURE() << "released a tensor with a round in flight";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in flight"), std::string::npos) << e.what();
+  }
+  std::vector<float> in1(n, 2.0f), out1(n);
+  ASSERT_TRUE(job.workers[1]->pushPull("v", DType::kFloat32, n, in1.data(), out1.data(),
+                                       ReduceOp::kSum, 0).wait(soon()).ok());
+  ASSERT_TRUE(h.wait(soon()).ok());
+  for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], 3.0f);
+  // The second worker's release frees the three chunks of "t" only.
+  job.workers[1]->release("t");
+  s = job.waitServers([&](const auto& x) { return x.keysReleased >= chunks; });
+  EXPECT_EQ(s.keysReleased, chunks);
+  EXPECT_EQ(s.keys, chunks);  // "v"'s
+  EXPECT_EQ(s.errors, 0u);
+}
+
 TEST(Engine, AsyncModeAppliesEachPush) {
   Job job(1, 2, {}, /*async=*/true);
   Worker& w = *job.workers[0];

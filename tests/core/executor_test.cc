@@ -46,6 +46,49 @@ TEST(Executor, DefaultPlanSumsExactlyWithoutMpi) {
   });
 }
 
+// Each setPlan declares new shard keys; the old plan's are released after
+// their last round, so the servers hold one plan's keys, not every plan's
+// (before, four plans left four times the keys, and their sums, behind).
+// Results stay exact across the switches.
+TEST(Executor, ASwitchReleasesTheOldPlansKeysOnTheServers) {
+  // Bytes, and same-host shared memory, whose regions the next plan's keys
+  // reuse (shm::Arena::free): the sums must stay exact through that too.
+  for (bool shm : {false, true}) {
+    SCOPED_TRACE(shm ? "shared memory" : "bytes");
+    test::Job job(3, 2, smallChunks(), /*async=*/false, shm);
+    const uint64_t n = 101;
+    plan::Plan p;
+    p.tensors["w"] = executor::defaultOption();
+    p.tensors["b"] = executor::defaultOption();
+    const int plans = 4;
+    job.onEveryWorker([&](int r) {
+      executor::Executor ex(*job.workers[r], nullptr);
+      ex.declare("w", DType::kFloat32, n);
+      ex.declare("b", DType::kFloat32, 1);
+      for (int k = 0; k < plans; ++k) {
+        ex.setPlan(p, soon());
+        for (int iter = 0; iter < 2; ++iter) {
+          std::vector<float> in(n), out(n);
+          for (uint64_t i = 0; i < n; ++i) in[i] = float((r + 1) * (i % 7) + iter + k);
+          ex.run("w", in.data(), out.data(), n, ReduceOp::kSum, soon());
+          for (uint64_t i = 0; i < n; ++i)
+            ASSERT_EQ(out[i], float(6 * (i % 7) + 3 * (iter + k))) << "plan " << k << " i " << i;
+          float one = float(r), sum = 0;
+          ex.run("b", &one, &sum, 1, ReduceOp::kSum, soon());
+          ASSERT_EQ(sum, 3.0f);
+        }
+      }
+    });
+    // One plan's keys: 101 floats in 64-byte chunks (7) and one for "b".
+    const uint64_t perPlan = 7 + 1;
+    server::ServerStats s =
+        job.waitServers([&](const auto& x) { return x.keysReleased >= (plans - 1) * perPlan; });
+    EXPECT_EQ(s.keysReleased, (plans - 1) * perPlan);
+    EXPECT_EQ(s.keys, perPlan);
+    EXPECT_EQ(s.errors, 0u);
+  }
+}
+
 // fp16 with error feedback at the encode before a compressed push, the
 // servers answering the dense sum: each round's output must be the sum over
 // workers of fp16(g + e), with e replayed here per worker by plain loops.

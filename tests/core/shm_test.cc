@@ -62,6 +62,30 @@ TEST(Shm, PeerReadsWhatTheOwnerWrote) {
   EXPECT_EQ(segmentsOf(prefix), 0);
 }
 
+// A freed region serves the next allocation of its (64-byte rounded) size,
+// and only that size; nothing else moves, and no new segment is made for it.
+TEST(Shm, FreedRegionsAreReusedBySameSizedAllocations) {
+  const std::string prefix = testPrefix("free");
+  shm::Arena arena(prefix, NodeId{Role::kServer, 1}, /*segmentBytes=*/4096);
+  shm::Region a = arena.allocate(1000), b = arena.allocate(1000), c = arena.allocate(100);
+  arena.free(a, 1000);
+  shm::Region d = arena.allocate(2000);  // another size: fresh memory
+  EXPECT_NE(d.data, a.data);
+  shm::Region e = arena.allocate(990);  // 990 and 1000 both round to 1024
+  EXPECT_EQ(e.data, a.data);
+  EXPECT_EQ(e.segment, a.segment);
+  EXPECT_EQ(e.offset, a.offset);
+  shm::Region f = arena.allocate(1000);  // nothing freed of that size left
+  EXPECT_NE(f.data, a.data);
+  EXPECT_NE(f.data, b.data);
+  arena.free(b, 1000);
+  arena.free(c, 100);
+  EXPECT_EQ(arena.allocate(1000).data, b.data);
+  EXPECT_EQ(arena.allocate(100).data, c.data);
+  arena.free(shm::Region(), 64);  // an empty region: nothing
+  EXPECT_NE(arena.allocate(64).data, nullptr);
+}
+
 TEST(Shm, DescriptorsAreNeverTrusted) {
   const std::string prefix = testPrefix("bad");
   const NodeId owner{Role::kServer, 0};
