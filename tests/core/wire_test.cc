@@ -68,6 +68,14 @@ TEST(Wire, RejectsMalformedHeaders) {
   expectRejected(encodeHeader(h), 2000, "need 2002 bytes");
   h.numElements = (uint64_t(1) << 63) + 1000;
   expectRejected(encodeHeader(h), 2000, "elements");
+  // A release carries no body; op 7 is beyond the known ones.
+  DataHeader rel = sample();
+  rel.op = Op::kRelease;
+  rel.bodyBytes = 0;
+  EXPECT_EQ(decodeHeader(encodeHeader(rel), 0).op, Op::kRelease);
+  rel.bodyBytes = 16;
+  expectRejected(encodeHeader(rel), 16, "RELEASE for key");
+  expectRejected(corrupt(5, 7), 2000, "unknown op 7");
 }
 
 TEST(Wire, FuzzedHeadersNeverCrash) {
