@@ -535,6 +535,9 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
                                                     intraBytes / 1e6, c.intraBytes / 1e6)
                                       : std::string());
       absorb();
+      // With the rates it was chosen on (a window that ran it fits other
+      // rates from its other messages; the decision windows compare).
+      if (current_) reverted_.push_back({*current_, plannedInter_, plannedIntra_, r0.window});
       control::PlanUpdate u = handOut(c.before);
       CORTADO_LOG_WARN("[replan] plan version {} ({}); switch at {}", u.version, reason_, u.switchAt);
       return u;
@@ -786,6 +789,36 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
       reason_ += fmt::format(" ({} tensors kept their option: larger messages than measured)", kept);
   }
   const plan::Plan p = planner::toPlan(sim, s, 0);
+  // Not a plan the measured check reverted, on links much like those then.
+  const double near = (1 + opts_.threshold) * (1 + opts_.threshold);
+  auto within = [&](double now, double was) {
+    return was <= 0 || now <= 0 || (now < was * near && was < now * near);
+  };
+  // The same compression on every tensor, and the same options on tensors
+  // holding at least 95% of the elements (a slightly different fit moves
+  // small tensors between equivalent options).
+  auto nearCopy = [&](const plan::Plan& a) {
+    double all = 0, differ = 0;
+    for (const auto& t : prof.tensors) {
+      auto x = a.tensors.find(t.name), y = p.tensors.find(t.name);
+      if (x == a.tensors.end() || y == p.tensors.end() ||
+          x->second.compressed() != y->second.compressed())
+        return false;
+      all += double(t.elements);
+      if (!(x->second == y->second)) differ += double(t.elements);
+    }
+    return differ <= 0.05 * all;
+  };
+  for (const Reverted& rv : reverted_) {
+    if (!nearCopy(rv.plan) || !within(nowInter, rv.inter) || !within(nowIntra, rv.intra)) continue;
+    reason_ += fmt::format("; the plan found is the one measured slower and reverted after window "
+                           "{} (chosen on links of inter {:.3g}, intra {:.3g} Gbit/s; now {:.3g}, "
+                           "{:.3g}, within {:.0f}%): the plan stays",
+                           rv.window, rv.inter, rv.intra, nowInter, nowIntra, (near - 1) * 100);
+    CORTADO_LOG_INFO("[replan] {} (decided in {:.0f} ms)", reason_, tookMs());
+    anchor();
+    return std::nullopt;
+  }
   anchor();
   check_.reset();
   if (running && !cur.empty() && measuredUs > 0)

@@ -200,6 +200,18 @@ class OnlineReplanner {
     double interBytes = 0, intraBytes = 0;
   };
   std::optional<Check> check_;
+  // Plans the measured check reverted, with the links' fitted rates they
+  // were chosen on: such a plan, or one that compresses the same tensors and differs in
+  // options only on tensors holding under 5% of the elements, is not handed
+  // out again while both links stay within (1 + threshold)^2 of those rates (run X, docs/benchmarks.md: bert-base's
+  // 205-of-206-compressed plan was reverted, handed out again after a small
+  // link move, and reverted again: two switches each way for nothing).
+  struct Reverted {
+    plan::Plan plan;
+    double inter = 0, intra = 0;
+    uint64_t window = 0;
+  };
+  std::vector<Reverted> reverted_;
   int movedWindows_ = 0;  // consecutive windows whose link moved beyond the threshold
   // What the link rule compares a window's communication with: the window of
   // the last decision, and message kinds it lacked from their first window.

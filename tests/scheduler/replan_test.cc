@@ -877,6 +877,38 @@ TEST(ReplanTruth, APlanMeasuredSlowerThanTheOneBeforeIsReverted) {
   // The reverted plan runs; the same links do not re-plan, however it measures.
   EXPECT_FALSE(r.onWindow(timed(windowOf(w, again, 5, 12), 100000)));
   EXPECT_FALSE(r.onWindow(timed(windowOf(w, again, 6, 13), 160000)));
+  // The inter link's messages take 1.4x as long: a moved link (threshold
+  // 25%), on which a re-planner that had not seen the revert chooses the
+  // reverted plan again; this one does not hand it out, the link being
+  // within 1.25^2 of its rate at the revert. 4x slower is beyond that: the
+  // rule does not hold the decision back.
+  World slower = w, slowest4 = w;
+  for (CommOp op : {CommOp::kPush, CommOp::kPull}) {
+    for (auto& [bytes, us] : slower.cl.inter.curves[op].points) us *= 1.4;
+    for (auto& [bytes, us] : slowest4.cl.inter.curves[op].points) us *= 4;
+  }
+  ASSERT_EQ(opts.threshold, 0.25);
+  OnlineReplanner fresh(opts);
+  auto same = fresh.onWindow(timed(windowOf(slower, raw, 0, 14), 100000));
+  ASSERT_TRUE(same) << fresh.lastReason();
+  // The same compression on every tensor, the same options on all but a
+  // few small ones (0.7% of the elements): the reverted plan in all but name.
+  {
+    const plan::Plan sp = plan::planFromJsonString(same->planJson);
+    double all = 0, differ = 0;
+    for (const auto& t : w.prof.tensors) {
+      ASSERT_EQ(sp.tensors.at(t.name).compressed(), chosen.tensors.at(t.name).compressed()) << t.name;
+      all += double(t.elements);
+      if (!(sp.tensors.at(t.name) == chosen.tensors.at(t.name))) differ += double(t.elements);
+    }
+    ASSERT_GT(differ, 0) << "the case should show a near copy, not only an exact one";
+    ASSERT_LT(differ, 0.05 * all) << "the case needs the reverted plan (nearly) chosen again";
+  }
+  EXPECT_FALSE(r.onWindow(timed(windowOf(slower, again, 7, 15), 160000)));
+  EXPECT_NE(r.lastReason().find("measured slower and reverted after window 2"), std::string::npos)
+      << r.lastReason();
+  r.onWindow(timed(windowOf(slowest4, again, 8, 16), 160000));
+  EXPECT_EQ(r.lastReason().find("measured slower and reverted"), std::string::npos) << r.lastReason();
 
   // 1.04x: within the 5% margin, the new plan stays.
   ASSERT_EQ(opts.revertMargin, 0.05);
