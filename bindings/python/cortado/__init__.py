@@ -26,6 +26,7 @@ __all__ = [
     "CortadoError", "Compression", "Compressor", "Handle", "init", "shutdown", "is_initialized",
     "rank", "size", "local_rank", "local_size", "num_servers", "barrier", "declare",
     "push_pull", "push_pull_async", "broadcast", "broadcast_async", "poll", "synchronize",
+    "release",
 ]
 
 _DTYPES = {
@@ -51,6 +52,13 @@ def _check_array(array, api, what="array"):
         raise _runtime.error("invalid_argument",
                              f"cortado.{api}: {what} is not C-contiguous (strides "
                              f"{array.strides}); pass numpy.ascontiguousarray(...)")
+
+
+def release(name):
+    """Done with a tensor: call it after its last push_pull completed (every worker
+    that pushes it should). The servers free its state once every worker released
+    it; a later push_pull of the name raises CortadoError (invalid_argument)."""
+    _runtime.require("release").release(name)
 
 
 def declare(name, dtype, count):

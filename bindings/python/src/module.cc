@@ -172,6 +172,12 @@ class Runtime {
 
   bool isDeclared(const std::string& name) const { return worker().isDeclared(name); }
 
+  void release(const std::string& name) {
+    Worker& w = worker();
+    py::gil_scoped_release nogil;
+    w.release(name);
+  }
+
   // Raw pointers: `input` and `output` hold `count` elements of `dtype`;
   // `keepalive` owns that memory and is held until the operation completed.
   PyHandle pushPull(const std::string& name, const std::string& dtype, uint64_t count,
@@ -526,6 +532,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("timeout") = py::none(), py::arg("codec") = "",
            py::arg("error_feedback") = true)
       .def("is_declared", &Runtime::isDeclared, py::arg("name"))
+      .def("release", &Runtime::release, py::arg("name"),
+           "Done with a tensor (Worker::release): its servers free its state once every worker "
+           "released it; a later push_pull of the name raises.")
       .def("push_pull", &Runtime::pushPull, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("input"), py::arg("output"), py::arg("average"), py::arg("priority"),
            py::arg("keepalive"))

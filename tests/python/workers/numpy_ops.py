@@ -116,6 +116,22 @@ def check_async(rank, world):
     return n_tensors + 1
 
 
+def check_release(rank, world):
+    """A released name refuses another round, naming the tensor."""
+    x = np.full(8, rank + 1, np.float32)
+    got = cortado.push_pull(x, name="released.once", average=False)
+    np.testing.assert_array_equal(got, np.full(8, world * (world + 1) / 2, np.float32))
+    cortado.release("released.once")
+    cortado.release("released.once")  # twice: harmless
+    try:
+        cortado.push_pull(x, name="released.once", average=False)
+        raise AssertionError("push_pull of a released tensor returned")
+    except cortado.CortadoError as e:
+        assert e.code == "invalid_argument", e
+        assert "'released.once' was released" in str(e), e
+    return 2
+
+
 def check_broadcast(rank, world):
     root = world - 1
     for dtype in DTYPES:
@@ -161,6 +177,7 @@ def main():
     checked = check_sums(rank, world)
     checked += check_async(rank, world)
     checked += check_broadcast(rank, world)
+    checked += check_release(rank, world)
     checked += check_buffer_protocol(rank, world)
     write_result(args.out, rank, ok=True, checked=checked, world=world)
     cortado.shutdown()
