@@ -191,12 +191,7 @@ ServerStats ServerEngine::stats() const {
   ServerStats total;
   for (auto& s : shards_) {
     std::lock_guard<std::mutex> lk(s->mu);
-    total.pushes += s->stats.pushes;
-    total.pulls += s->stats.pulls;
-    total.roundsCompleted += s->stats.roundsCompleted;
-    total.errors += s->stats.errors;
-    total.keys += s->stats.keys;
-    total.keysReleased += s->stats.keysReleased;
+    total += s->stats;
   }
   return total;
 }
@@ -261,8 +256,6 @@ void ServerEngine::Shard::run() {
     }
     try {
       process(item.first, item.second);
-      std::lock_guard<std::mutex> lk(mu);
-      stats.keys = keys.size();
     } catch (const Error& e) {
       {
         std::lock_guard<std::mutex> lk(mu);
@@ -315,12 +308,18 @@ void ServerEngine::Shard::release(const DataHeader& h, const NodeId& from) {
   keys.erase(it);
   std::lock_guard<std::mutex> lk(mu);
   ++stats.keysReleased;
+  stats.keys = keys.size();
 }
 
 void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
   if (h.op == Op::kRelease) return release(h, msg.from);
   const int W = engine->opts_.numWorkers;
-  KeyState& k = keys[h.key];
+  auto [slot, added] = keys.try_emplace(h.key);
+  if (added) {
+    std::lock_guard<std::mutex> lk(mu);
+    stats.keys = keys.size();
+  }
+  KeyState& k = slot->second;
   if (h.op == Op::kPush) {
     const bool compressed = h.flags & wire::kFlagCompressed;
     if (!k.initialized) {

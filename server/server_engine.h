@@ -80,6 +80,12 @@ struct ServerStats {
   uint64_t errors = 0;
   uint64_t keys = 0;          // keys held now
   uint64_t keysReleased = 0;  // keys freed by their contributors' releases
+
+  ServerStats& operator+=(const ServerStats& o) {
+    pushes += o.pushes, pulls += o.pulls, roundsCompleted += o.roundsCompleted;
+    errors += o.errors, keys += o.keys, keysReleased += o.keysReleased;
+    return *this;
+  }
 };
 
 class ServerEngine {

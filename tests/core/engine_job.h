@@ -129,11 +129,7 @@ class Job {
   // Every server's counters, summed.
   server::ServerStats serverStats() const {
     server::ServerStats t;
-    for (const auto& s : servers_) {
-      server::ServerStats x = s->engine->stats();
-      t.pushes += x.pushes, t.pulls += x.pulls, t.roundsCompleted += x.roundsCompleted;
-      t.errors += x.errors, t.keys += x.keys, t.keysReleased += x.keysReleased;
-    }
+    for (const auto& s : servers_) t += s->engine->stats();
     return t;
   }
 
