@@ -7,7 +7,7 @@
 #
 #   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
 #                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
-#                  [--compute-scale 1] [--rounds 1] [--strategies none,gpu,cpu,plan] [--json]
+#                  [--compute-scale 1] [--rounds 1] [--probe-once] [--strategies none,gpu,cpu,plan] [--json]
 #                  (with replan among the strategies: CORTADO_PROFILE_WINDOW, default 3, and
 #                  CORTADO_REPLAN_CODEC, default the run's codec, are set for the job)
 #                  [--trace DIR]   (per run under DIR/<model>-<codec>/: the stage traces in run/,
@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
 TB=$here/tests/testbed/testbed.sh
 models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
-iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,plan json="" trace=""
+iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,plan json="" trace="" once=""
 while (($#)); do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -31,6 +31,7 @@ while (($#)); do
     --rounds) rounds=$2; shift 2 ;;
     --strategies) strategies=$2; shift 2 ;;
     --json) json=--json; shift ;;
+    --probe-once) once=--probe-once; shift ;;
     --trace) trace=$(realpath -m "$2"); shift 2 ;;
     *) echo "bench/model.sh: unknown option '$1' (see the header of this file)" >&2; exit 2 ;;
   esac
@@ -64,6 +65,6 @@ for m in "${M[@]}"; do
     env "${renv[@]}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
-      --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" $json
+      --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" $json $once
   done
 done

@@ -342,19 +342,22 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
 // Push and pull of one key by every worker, at the model's sizes; a machine
 // sends localSize times what one worker does. Push and pull are charged
 // a + frac * bytes * b each.
+// `tag` names this probe's keys apart from an earlier probe's (each round's
+// probe declares its own, and releases them when done).
 AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& topo,
                           uint64_t lo, uint64_t hi, uint64_t chunkBytes, Deadline d,
-                          planner::MeasuredCurve& curve, std::vector<std::string>& log) {
+                          planner::MeasuredCurve& curve, std::vector<std::string>& log, int tag) {
   lo = std::max<uint64_t>(4, lo / 4 * 4);
   hi = std::max(lo, std::min(hi, kMaxLinkProbe) / 4 * 4);
   std::vector<float> buf(hi / 4, 1.0f), out(hi / 4);
   std::map<uint64_t, std::string> keys;
   auto s = probe(world, probeSizes(lo, hi), [&](uint64_t bytes) {
     const uint64_t n = bytes / 4;
-    auto [it, added] = keys.emplace(n, fmt::format("bench.model.probe.{}", n));
+    auto [it, added] = keys.emplace(n, fmt::format("bench.model.probe{}.{}", tag, n));
     if (added) w.declare(it->second, DType::kFloat32, n, TensorOptions{}, d);
     w.pushPull(it->second, DType::kFloat32, n, buf.data(), out.data(), ReduceOp::kSum, 0).wait(d).check();
   });
+  for (const auto& [n, key] : keys) w.release(key);
   const int m = std::max(2, topo.numMachines);
   const double frac = double(m - 1) / m;
   const double L = topo.localSize;
@@ -666,13 +669,15 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
                         base.profile().forwardUs + sim.simulate(choice));
 }
 
-// Rank 0: the cost models from the measurements, and every strategy's plan
-// and predicted iteration time.
-std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
-                                const collective::Topology& topo, const Measured& m,
-                                int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
-                                std::string* costNote,
-                                std::shared_ptr<planner::Simulator>* keep) {
+// Rank 0: the cost models from the measurements, as a simulator over the
+// planner's options for this job (BytePS's default among them, at
+// *bytepsIndex); *costNote says what they are.
+std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
+                                                   const planner::ModelProfile& profile,
+                                                   const collective::Topology& topo, const Measured& m,
+                                                   int cpuCores, uint64_t chunkBytes,
+                                                   uint64_t fusionBytes, std::string* costNote,
+                                                   int* bytepsIndex) {
   const std::string dir = planner::resolveDataDir(o.dataDir);
   planner::CodecModel codecs = planner::CodecModel::load(dir + "/costs/codecs.json");
   json fits = {{"schema", "cortado.codec_costs.v1"},
@@ -738,10 +743,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     options.push_back(byteps);
     bytepsIdx = int(options.size()) - 1;
   }
-  *keep = std::make_shared<planner::Simulator>(cl, codec, profile, options);
-  planner::Simulator& sim = **keep;
-  planner::Planner pl(sim);
-  const int T = sim.tensors();
+  *bytepsIndex = bytepsIdx;
   *costNote = fmt::format(
       "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
       "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
@@ -751,6 +753,22 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
       m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
       m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
+  return std::make_shared<planner::Simulator>(cl, codec, profile, options);
+}
+
+// Rank 0: every strategy's plan and predicted iteration time under the cost
+// models from the measurements (*keep: their simulator).
+std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
+                                const collective::Topology& topo, const Measured& m,
+                                int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
+                                std::string* costNote,
+                                std::shared_ptr<planner::Simulator>* keep) {
+  int bytepsIdx = -1;
+  *keep = buildSimulator(o, profile, topo, m, cpuCores, chunkBytes, fusionBytes, costNote, &bytepsIdx);
+  planner::Simulator& sim = **keep;
+  const auto& options = sim.options();
+  planner::Planner pl(sim);
+  const int T = sim.tensors();
   auto uniform = [&](int option) {
     planner::Strategy s;
     s.choice.assign(T, option);
@@ -832,6 +850,9 @@ struct Result {
   double meanMs = 0, stdMs = 0, minMs = 0, predictedMs = 0;
   std::vector<double> timesMs;  // each timed iteration (every round), the slowest worker's
   std::vector<double> roundMs;  // each round's mean
+  // Rank 0: each round's prediction (from that round's probe; all from the
+  // first with --probe-once); predictedMs is their mean.
+  std::vector<double> roundPredictedMs;
   uint64_t offlineVersion = 0;  // the version of the plan rank 0 computed for it
   uint64_t planVersion = 0;  // replan: the version reached
   int switchedAt = -1;       // replan: the iteration of the first switch
@@ -936,31 +957,42 @@ int runModelBench(const ModelBenchOptions& o) {
     compressor::registerCpuCodecs(reg);
     maxPayload = std::max<uint64_t>(64, reg.create(reg.canonical(o.codec))->payloadBytes(std::min(maxElems, uint64_t(1) << 26)));
   }
-  if (topo.localSize > 1) {
-    measureGroup(world, *groups.intra, 4 * minElems, 4 * maxElems, maxPayload, setup,
-                 m.intra, m.intraCompressed, m.intraCurves, m.intraCurvesCompressed, m.probes, "intra");
-    m.hasIntra = true;
-  }
-  if (topo.numMachines > 1) {
-    measureGroup(world, *groups.inter, 4 * minElems, 4 * maxElems, maxPayload, setup,
-                 m.inter, m.interCompressed, m.interCurves, m.interCurvesCompressed, m.probes, "inter");
-    m.hasInter = true;
-  }
-  m.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
-                               job.partitionBytes, setup, m.pushPullCurve, m.probes);
-  measureCodec(world, o.codec, minElems, maxElems, m);
-  if (job.fusionBytes > 0) {
-    constexpr int kCalls = 30;
-    world.barrier();
-    for (int i = 0; i < 3; ++i) agreeOnBatch(*groups.world, 1, setup);
-    const auto a0 = Clock::now();
-    for (int i = 0; i < kCalls; ++i) agreeOnBatch(*groups.world, size_t(i), setup);
-    m.agreeUs = world.max({secondsSince(a0) * 1e6 / kCalls})[0];
-    m.probes.push_back(fmt::format("batch agreement (flat allgather of an int64, mean of {}): {:.0f} us",
-                                   kCalls, m.agreeUs));
-  }
-  if (lead)
-    for (const std::string& line : m.probes) fmt::print(stderr, "# cortado bench model: measured {}\n", line);
+  // Every probe, at the start and (--probe-once not given) again before
+  // every later round: the rounds' predictions then come from the costs of
+  // their own minutes on a machine whose speed drifts (docs/model_bench.md).
+  auto measureAll = [&](Measured& m, int tag) {
+    const Deadline d = Deadline::after(Millis(600000));
+    if (topo.localSize > 1) {
+      measureGroup(world, *groups.intra, 4 * minElems, 4 * maxElems, maxPayload, d, m.intra,
+                   m.intraCompressed, m.intraCurves, m.intraCurvesCompressed, m.probes, "intra");
+      m.hasIntra = true;
+    }
+    if (topo.numMachines > 1) {
+      measureGroup(world, *groups.inter, 4 * minElems, 4 * maxElems, maxPayload, d, m.inter,
+                   m.interCompressed, m.interCurves, m.interCurvesCompressed, m.probes, "inter");
+      m.hasInter = true;
+    }
+    m.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
+                                 job.partitionBytes, d, m.pushPullCurve, m.probes, tag);
+    measureCodec(world, o.codec, minElems, maxElems, m);
+    if (job.fusionBytes > 0) {
+      constexpr int kCalls = 30;
+      world.barrier();
+      for (int i = 0; i < 3; ++i) agreeOnBatch(*groups.world, 1, d);
+      const auto a0 = Clock::now();
+      for (int i = 0; i < kCalls; ++i) agreeOnBatch(*groups.world, size_t(i), d);
+      m.agreeUs = world.max({secondsSince(a0) * 1e6 / kCalls})[0];
+      m.probes.push_back(fmt::format("batch agreement (flat allgather of an int64, mean of {}): {:.0f} us",
+                                     kCalls, m.agreeUs));
+    }
+    if (lead)
+      for (const std::string& line : m.probes)
+        fmt::print(stderr, "# cortado bench model: measured{} {}\n",
+                   tag > 0 ? fmt::format(" (round {})", tag + 1) : std::string(), line);
+  };
+  const auto probe0 = Clock::now();
+  measureAll(m, 0);
+  const double probeSeconds = secondsSince(probe0);
   const int hw = std::max(1u, std::thread::hardware_concurrency());
   const int cpuCores = o.cpuCores > 0 ? o.cpuCores : std::max(1, hw / std::max(1, topo.numMachines));
 
@@ -1044,8 +1076,30 @@ int runModelBench(const ModelBenchOptions& o) {
   // machine's speed over the job (iterations of one strategy measured 20-30%
   // apart minutes apart, docs/benchmarks.md) weighs on every strategy alike
   // instead of on those that ran late.
+  // Rank 0: each later round's cost models from its own probe (round 0's is
+  // `simulator`), which predict the same plans again at the end.
+  std::vector<std::shared_ptr<planner::Simulator>> roundSims;
   for (int round = 0; round < o.rounds; ++round)
   for (size_t k = 0; k < S; ++k) {
+    if (k == 0 && round > 0 && !o.probeOnce) {
+      Measured mr;
+      measureAll(mr, round);
+      if (lead) {
+        std::shared_ptr<planner::Simulator> sim;
+        try {
+          std::string note;
+          int byteps = -1;
+          sim = buildSimulator(o, profile, topo, mr, cpuCores, job.partitionBytes, job.fusionBytes,
+                               &note, &byteps);
+        } catch (const Error& e) {
+          // The same inputs built round 1's; should they not now, that round's stand.
+          CORTADO_LOG_WARN("[bench] round {}: the cost models from its probe failed ({}); round 1's "
+                           "predict it",
+                           round + 1, e.what());
+        }
+        roundSims.push_back(sim ? sim : simulator);
+      }
+    }
     const size_t si = round % 2 ? S - 1 - k : k;
     Result& r = results[si];
     // replan: online profiling and the scheduler's switches in the first
@@ -1251,6 +1305,23 @@ int runModelBench(const ModelBenchOptions& o) {
                                       "iteration {}, timed from {}): {}",
                                       r.offlineVersion, r.planVersion, r.switchedAt, r.timedFrom, what);
       }
+      // Each later round's prediction from its own probe, the same plan:
+      // the strategy's is their mean, as its measured time is the mean over
+      // the rounds (each has --iterations).
+      r.roundPredictedMs = {r.predictedMs};
+      if (r.predictedMs > 0) {
+        const plan::Plan& p = replan ? *replanned : preds[si].plan;
+        double predSum = r.predictedMs, overSum = overlappedMs;
+        for (const auto& sim : roundSims) {
+          const auto pr = predictPlan(*sim, p, std::string());
+          const double ms = pr ? pr->first / 1e3 : r.predictedMs;
+          r.roundPredictedMs.push_back(ms);
+          predSum += ms;
+          overSum += pr ? pr->second / 1e3 : overlappedMs;
+        }
+        r.predictedMs = predSum / double(r.roundPredictedMs.size());
+        overlappedMs = overSum / double(r.roundPredictedMs.size());
+      }
       const double errPct = r.predictedMs > 0 ? 100.0 * (r.predictedMs - r.meanMs) / r.meanMs : 0;
       const std::string check = r.wrong ? fmt::format("WRONG ({} of {})", r.wrong, r.checked)
                                 : r.lossyTensors == T ? "lossy"
@@ -1261,6 +1332,7 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"predicted_ms", r.predictedMs}, {"error_pct", errPct},
                    {"overlapped_ms", overlappedMs},
                    {"iterations", o.iterations}, {"rounds", o.rounds}, {"round_ms", r.roundMs},
+                   {"round_predicted_ms", r.roundPredictedMs}, {"probe_s", probeSeconds},
                    {"workers", topo.size},
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},

@@ -33,6 +33,10 @@ struct ModelBenchOptions {
   // Every strategy runs this many times (warmup + iterations each time), the
   // order reversed every other round; the results are over all rounds.
   int rounds = 1;
+  // Measure the links and the codec once, before the first round, instead
+  // of again before every round (whose strategies are then predicted from
+  // their round's costs too, the prediction their mean).
+  bool probeOnce = false;
   double computeScale = 1.0;
   bool json = false;
   bool progress = false;  // force the progress bar (default: when stderr is a terminal)

@@ -162,6 +162,10 @@ int main(int argc, char** argv) {
                  "order reversed every other round, so that a drift of the machine's speed weighs "
                  "on all alike; results over all rounds")
       ->capture_default_str();
+  bm->add_flag("--probe-once", bmo.probeOnce,
+               "measure the links and the codec only before the first round (default: again "
+               "before every round, whose strategies are predicted from their round's costs too; "
+               "a strategy's prediction is the mean over the rounds)");
   bm->add_option("--compute-scale", bmo.computeScale,
                  "multiply the profile's forward and backward times (the replayed compute)")
       ->capture_default_str();

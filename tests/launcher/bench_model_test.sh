@@ -56,12 +56,15 @@ check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [
 # Between strategies too: `none` after a lossy compress-everything strategy
 # gets that strategy's unsent residuals in its first iteration (setPlan()
 # folds them), which is not checked; every later iteration must be exact.
+# Two rounds (gpu, none, then none, gpu), probed once (--probe-once).
 out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
-  --profile "$profile" --codec dgc:ratio=0.1 --strategies gpu,none --iterations 2 --warmup 0 2>&1)
+  --profile "$profile" --codec dgc:ratio=0.1 --strategies gpu,none --iterations 2 --warmup 0 \
+  --rounds 2 --probe-once 2>&1)
 rc=$?
 echo "$out"
 check "lossy-then-none run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "none after a lossy strategy exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "none not exact after gpu"
+check "--probe-once: no probe before round 2" "echo \"\$out\" | grep -q 'measured push+pull' && ! echo \"\$out\" | grep -q 'measured (round 2)'" "probed again"
 
 # replan: online profiling on (windows of 2 iterations, switch 5 after), the
 # scheduler plans with fp16 too, so every plan it hands out is exact here; the
@@ -85,6 +88,18 @@ check "replan summary" "echo \"\$out\" | grep -q replan_speedup_vs_none" "no rep
 for s in none replan; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "$s: 2 rounds of 3 timed iterations" "echo \"\$line\" | grep -q '\"rounds\":2' && echo \"\$line\" | grep -Eq '\"round_ms\":\[[0-9.e+-]+,[0-9.e+-]+\]' && echo \"\$line\" | grep -Eq '\"iteration_ms\":\[([0-9.e+-]+,){5}[0-9.e+-]+\]'" "$line"
+done
+# Each round probes the links and the codec again (--probe-once not given):
+# the round's prediction from its own costs, the strategy's their mean.
+check "round 2 probed again" "echo \"\$out\" | grep -q 'measured (round 2) push+pull'" "no probe of round 2"
+for s in none replan; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "$s: predicted per round, the mean reported" "echo \"\$line\" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+p = r[\"round_predicted_ms\"]
+assert len(p) == 2 and min(p) > 0 and abs(sum(p) / 2 - r[\"predicted_ms\"]) < 1e-6 * r[\"predicted_ms\"], r
+'" "$line"
 done
 line=$(echo "$out" | grep '"strategy":"none"')
 check "none exact in both rounds" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
