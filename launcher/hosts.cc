@@ -94,7 +94,10 @@ std::vector<std::string> agentArgv(const std::string& agent, const std::string& 
     // ssh runs the command line through the remote shell: quote each word.
     argv = {"ssh", "-o", "BatchMode=yes", host};
     std::string line;
-    for (const auto& c : command) line += (line.empty() ? "" : " ") + shellQuote(c);
+    for (const auto& c : command) {
+      if (!line.empty()) line += ' ';
+      line += shellQuote(c);
+    }
     argv.push_back(line);
     return argv;
   }

@@ -64,7 +64,9 @@ TEST(Tracer, KeepsTheIterationRangeAndWritesChromeEvents) {
   std::set<std::string> lanes;
   for (const json& e : doc["traceEvents"]) {
     if (e["ph"] == "M" && e["name"] == "thread_name") lanes.insert(e["args"]["name"].get<std::string>());
-    if (e["ph"] == "M" && e["name"] == "process_name") EXPECT_EQ(e["args"]["name"], "worker 3");
+    if (e["ph"] == "M" && e["name"] == "process_name") {
+      EXPECT_EQ(e["args"]["name"], "worker 3");
+    }
     if (e["ph"] != "X") continue;
     ++complete;
     const int64_t it = e["args"]["iteration"];

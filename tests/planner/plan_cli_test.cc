@@ -156,8 +156,11 @@ TEST(PlanCommand, JsonOutAndPcieWithEfSignSgd) {
   int compressed = 0;
   for (const auto& [name, o] : p.tensors) compressed += o.compressed();
   EXPECT_GT(compressed, 0);
-  for (const auto& [name, o] : p.tensors)
-    if (o.compressed()) EXPECT_EQ(o.codec, "efsignsgd") << name;
+  for (const auto& [name, o] : p.tensors) {
+    if (o.compressed()) {
+      EXPECT_EQ(o.codec, "efsignsgd") << name;
+    }
+  }
   EXPECT_LT(summaryMs(r.output, "Espresso plan"), summaryMs(r.output, "no compression"));
 
   auto j = runCommand(fmt::format("{} plan --model vgg16 --machines 2 --gpus-per-machine 2 --json",

@@ -1,6 +1,7 @@
 // The timeline simulator against timelines computed by hand. Links are set to
 // 8 Gbit/s (1000 bytes per microsecond) and zero latency so that every
 // duration below is a small round number; each test spells its timeline out.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -61,7 +62,7 @@ ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
   ModelProfile p;
   p.model = "hand";
   for (size_t i = 0; i < tensors.size(); ++i)
-    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), tensors[i].first, 4, tensors[i].second});
+    p.tensors.push_back(TensorProfile{fmt::format("t{}", i), tensors[i].first, 4, tensors[i].second});
   return p;
 }
 
@@ -279,7 +280,7 @@ TEST(Simulator, IncrementalEvaluationMatchesFullSimulation) {
   ModelProfile p;
   p.model = "random";
   for (int i = 0; i < 40; ++i)
-    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1000 + rng() % 3000000), 4,
+    p.tensors.push_back(TensorProfile{fmt::format("t{}", i), int64_t(1000 + rng() % 3000000), 4,
                                       double(rng() % 3000)});
   ResolvedCodec cd = codecWithPerElementEncode();
   auto opts = plannerOptions(c, "test");
@@ -341,7 +342,7 @@ TEST_P(SimulatorLazy, LazyBaseAndEstimatesMatchFullSimulation) {
   p.model = "random";
   const int N = 40;
   for (int i = 0; i < N; ++i)
-    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1000 + rng() % 3000000), 4,
+    p.tensors.push_back(TensorProfile{fmt::format("t{}", i), int64_t(1000 + rng() % 3000000), 4,
                                       double(rng() % 3000)});
   ResolvedCodec cd = codecWithPerElementEncode();
   auto opts = plannerOptions(c, "test");
@@ -538,7 +539,7 @@ TEST(Simulator, FusionMatchesTheBruteForceBatchLoop) {
     p.model = "random";
     const int N = 3 + int(rng() % 10);
     for (int i = 0; i < N; ++i)
-      p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(1 + rng() % 3000), 4,
+      p.tensors.push_back(TensorProfile{fmt::format("t{}", i), int64_t(1 + rng() % 3000), 4,
                                         double(rng() % 4 == 0 ? rng() % 40 : rng() % 3)});
     const uint64_t threshold = trial % 5 == 0 ? 0 : 4 * (1 + rng() % 6000);
     std::vector<int> choice(N);
@@ -571,7 +572,7 @@ TEST(Simulator, FusionIncrementalEvaluationMatchesFullSimulation) {
   p.model = "random";
   const int N = 40;
   for (int i = 0; i < N; ++i)
-    p.tensors.push_back(TensorProfile{"t" + std::to_string(i), int64_t(100 + rng() % (i % 3 ? 50000 : 3000000)), 4,
+    p.tensors.push_back(TensorProfile{fmt::format("t{}", i), int64_t(100 + rng() % (i % 3 ? 50000 : 3000000)), 4,
                                       double(rng() % 300)});
   ResolvedCodec cd = codecWithPerElementEncode();
   auto opts = plannerOptions(c, "test");
