@@ -671,7 +671,7 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
 
 // Rank 0: the cost models from the measurements, as a simulator over the
 // planner's options for this job (BytePS's default among them, at
-// *bytepsIndex); *costNote says what they are.
+// *bytepsIndex); *costNote says what they are. Either may be null.
 std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                                    const planner::ModelProfile& profile,
                                                    const collective::Topology& topo, const Measured& m,
@@ -743,16 +743,17 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
     options.push_back(byteps);
     bytepsIdx = int(options.size()) - 1;
   }
-  *bytepsIndex = bytepsIdx;
-  *costNote = fmt::format(
-      "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
-      "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
-      "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
-      "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
-      cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
-      cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
-      m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
-      m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
+  if (bytepsIndex) *bytepsIndex = bytepsIdx;
+  if (costNote)
+    *costNote = fmt::format(
+        "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
+        "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
+        "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
+        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
+        cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
+        cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
+        m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
+        m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
   return std::make_shared<planner::Simulator>(cl, codec, profile, options);
 }
 
@@ -960,33 +961,35 @@ int runModelBench(const ModelBenchOptions& o) {
   // Every probe, at the start and (--probe-once not given) again before
   // every later round: the rounds' predictions then come from the costs of
   // their own minutes on a machine whose speed drifts (docs/model_bench.md).
-  auto measureAll = [&](Measured& m, int tag) {
+  auto measureAll = [&](Measured& into, int tag) {
     const Deadline d = Deadline::after(Millis(600000));
     if (topo.localSize > 1) {
-      measureGroup(world, *groups.intra, 4 * minElems, 4 * maxElems, maxPayload, d, m.intra,
-                   m.intraCompressed, m.intraCurves, m.intraCurvesCompressed, m.probes, "intra");
-      m.hasIntra = true;
+      measureGroup(world, *groups.intra, 4 * minElems, 4 * maxElems, maxPayload, d, into.intra,
+                   into.intraCompressed, into.intraCurves, into.intraCurvesCompressed, into.probes,
+                   "intra");
+      into.hasIntra = true;
     }
     if (topo.numMachines > 1) {
-      measureGroup(world, *groups.inter, 4 * minElems, 4 * maxElems, maxPayload, d, m.inter,
-                   m.interCompressed, m.interCurves, m.interCurvesCompressed, m.probes, "inter");
-      m.hasInter = true;
+      measureGroup(world, *groups.inter, 4 * minElems, 4 * maxElems, maxPayload, d, into.inter,
+                   into.interCompressed, into.interCurves, into.interCurvesCompressed, into.probes,
+                   "inter");
+      into.hasInter = true;
     }
-    m.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
-                                 job.partitionBytes, d, m.pushPullCurve, m.probes, tag);
-    measureCodec(world, o.codec, minElems, maxElems, m);
+    into.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
+                                    job.partitionBytes, d, into.pushPullCurve, into.probes, tag);
+    measureCodec(world, o.codec, minElems, maxElems, into);
     if (job.fusionBytes > 0) {
       constexpr int kCalls = 30;
       world.barrier();
       for (int i = 0; i < 3; ++i) agreeOnBatch(*groups.world, 1, d);
       const auto a0 = Clock::now();
       for (int i = 0; i < kCalls; ++i) agreeOnBatch(*groups.world, size_t(i), d);
-      m.agreeUs = world.max({secondsSince(a0) * 1e6 / kCalls})[0];
-      m.probes.push_back(fmt::format("batch agreement (flat allgather of an int64, mean of {}): {:.0f} us",
-                                     kCalls, m.agreeUs));
+      into.agreeUs = world.max({secondsSince(a0) * 1e6 / kCalls})[0];
+      into.probes.push_back(fmt::format(
+          "batch agreement (flat allgather of an int64, mean of {}): {:.0f} us", kCalls, into.agreeUs));
     }
     if (lead)
-      for (const std::string& line : m.probes)
+      for (const std::string& line : into.probes)
         fmt::print(stderr, "# cortado bench model: measured{} {}\n",
                    tag > 0 ? fmt::format(" (round {})", tag + 1) : std::string(), line);
   };
@@ -1087,10 +1090,8 @@ int runModelBench(const ModelBenchOptions& o) {
       if (lead) {
         std::shared_ptr<planner::Simulator> sim;
         try {
-          std::string note;
-          int byteps = -1;
           sim = buildSimulator(o, profile, topo, mr, cpuCores, job.partitionBytes, job.fusionBytes,
-                               &note, &byteps);
+                               nullptr, nullptr);
         } catch (const Error& e) {
           // The same inputs built round 1's; should they not now, that round's stand.
           CORTADO_LOG_WARN("[bench] round {}: the cost models from its probe failed ({}); round 1's "
