@@ -4,10 +4,11 @@
 //
 // It is a worker command: run it under `cortado launch --mpi` (one machine)
 // or `cortado launch --hosts` (emulated or real machines). Every worker
-//  1. measures the job's links (MPI allreduce inside and across machines,
-//     push/pull through the servers: alpha-beta fits), the CPU codec's
-//     encode and decode (two sizes, a linear fit) and the CPU's sum rate,
-//     and rank 0 builds the planner's cost models from them;
+//  1. measures, at the model's own sizes, every collective the executor may
+//     run inside and across machines, push/pull through the servers, the
+//     codec's encode and decode-and-add and the CPU's sum rate
+//     (bench_model_probe.h; again before every later round unless
+//     --probe-once), and rank 0 builds the planner's cost models from them;
 //  2. rank 0 computes each strategy's plan and predicted iteration time with
 //     the simulator and sends the plans to every worker;
 //  3. for each strategy, replays the profile: after the forward time, the

@@ -1,0 +1,118 @@
+// The measurements behind `cortado bench model`'s predictions (bench_model.cc):
+// every collective the plan executor may run, per group and size; push and
+// pull through the servers; the codec's encode and decode-and-add; and the
+// replay's gradients, which the codec probe encodes too. Every worker calls
+// each function at once (they are collectives over `World`); each returns the
+// same numbers on every worker (the slowest worker's). Internal to the
+// launcher; the choices behind each probe are in bench_model_probe.cc.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/collective/collectives.h"
+#include "core/common/deadline.h"
+#include "core/worker.h"
+#include "scheduler/planner/cost_model.h"
+
+namespace cortado::launcher::replay {
+
+using Clock = std::chrono::steady_clock;
+
+inline double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A world-wide helper over the MPI groups.
+struct World {
+  collective::Collectives& c;
+  Deadline deadline() const { return Deadline::after(Millis(600000)); }
+  void barrier() {
+    int32_t x = 0, y = 0;
+    c.allreduce(&x, &y, 1, DType::kInt32, deadline());
+  }
+  // Element-wise mean over the world.
+  std::vector<double> mean(std::vector<double> v) {
+    std::vector<double> out(v.size());
+    c.allreduce(v.data(), out.data(), v.size(), DType::kFloat64, deadline());
+    for (double& x : out) x /= c.size();
+    return out;
+  }
+  // Element-wise maximum over the world.
+  std::vector<double> max(const std::vector<double>& v) {
+    std::vector<double> all(v.size() * c.size());
+    c.allgather(v.data(), v.size(), all.data(), DType::kFloat64, deadline());
+    std::vector<double> out(v);
+    for (int r = 0; r < c.size(); ++r)
+      for (size_t i = 0; i < v.size(); ++i) out[i] = std::max(out[i], all[r * v.size() + i]);
+    return out;
+  }
+  std::string broadcast(std::string s) {
+    int64_t n = int64_t(s.size());
+    c.broadcast(&n, 1, DType::kInt64, 0, deadline());
+    s.resize(size_t(n));
+    c.broadcast(s.data(), s.size(), DType::kUInt8, 0, deadline());
+    return s;
+  }
+};
+
+// The replay's gradients, integer-valued so that every fp32 and fp16 sum is
+// exact: worker `rank`'s element i of tensor j in iteration `it` is
+// factor(rank, it) * pattern(j, i, patternLevels(workers)).
+int patternLevels(int workers);
+float pattern(size_t j, uint64_t i, int levels);
+float factor(int rank, int it);
+
+// What the probes found: rank 0 builds the planner's cost models from it.
+struct Measured {
+  planner::AlphaBeta pushPull;
+  planner::MeasuredCurve pushPullCurve;  // one push (or pull), by a machine's bytes times the spread
+  // Per operation, on the intra-machine and the inter-machine groups; the
+  // compressed steps' own ways (sizes first, then the bytes) separately.
+  std::map<plan::CommOp, planner::AlphaBeta> intra, inter, intraCompressed, interCompressed;
+  std::map<plan::CommOp, planner::MeasuredCurve> intraCurves, interCurves, intraCurvesCompressed,
+      interCurvesCompressed;
+  bool hasIntra = false, hasInter = false;
+  double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
+  planner::MeasuredCurve encodeCurve, decodeCurve;  // us per call, by elements (what the planner uses)
+  double sumGbps = 40;
+  // With fusion: the workers' agreement on a batch (one flat allgather of an
+  // int64, agreeOnBatch), back to back, mean of the slowest worker's.
+  double agreeUs = 0;
+  std::vector<std::string> probes;  // what was measured, for the log
+};
+
+// The replay's batch agreement (tensor fusion on): the largest of the
+// workers' ready counts. A collective over `world`.
+size_t agreeOnBatch(collective::Collectives& world, size_t readyCount, Deadline d);
+
+// Every operation the executor may run on group g (uncompressed from lo to
+// hi bytes, compressed from 64 bytes to payloadHi), each fitted to the
+// planner's formula (`ops`, `compressedOps`) and kept as a curve; one line
+// per operation in `log`. `scope` names the group in the log.
+void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_t hi,
+                  uint64_t payloadHi, Deadline d, std::map<plan::CommOp, planner::AlphaBeta>& ops,
+                  std::map<plan::CommOp, planner::AlphaBeta>& compressedOps,
+                  std::map<plan::CommOp, planner::MeasuredCurve>& curves,
+                  std::map<plan::CommOp, planner::MeasuredCurve>& compressedCurves,
+                  std::vector<std::string>& log, const char* scope);
+
+// Push and pull of one key through the servers by every worker, lo to hi
+// bytes: the fit (per push and per pull), and `curve` by a machine's bytes.
+// `tag` keeps this probe's keys apart from an earlier probe's; they are
+// released before it returns.
+planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& topo,
+                                   uint64_t lo, uint64_t hi, uint64_t chunkBytes, Deadline d,
+                                   planner::MeasuredCurve& curve, std::vector<std::string>& log,
+                                   int tag);
+
+// The codec `spec`'s encode (with error feedback) and decode-and-add from lo
+// to hi elements, into m's encode and decode curves and fits, and the CPU's
+// sum rate into m.sumGbps.
+void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m);
+
+}  // namespace cortado::launcher::replay
