@@ -91,7 +91,8 @@ struct Measured {
 size_t agreeOnBatch(collective::Collectives& world, size_t readyCount, Deadline d);
 
 // Every operation the executor may run on group g (uncompressed from lo to
-// hi bytes, compressed from 64 bytes to payloadHi), each fitted to the
+// hi bytes, compressed from 64 bytes to payloadHi, a compressed broadcast to
+// p times that: it follows a gather*), each fitted to the
 // planner's formula (`ops`, `compressedOps`) and kept as a curve; one line
 // per operation in `log`. `scope` names the group in the log.
 void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_t hi,
