@@ -277,7 +277,7 @@ class WorkerImpl final : public Worker {
   // flight, then gives `task` its handle, tensor and round and queues every
   // chunk of it.
   void enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::State>& state,
-                     std::shared_ptr<Task> task) {
+                     const std::shared_ptr<Task>& task) {
     CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
                     "worker {}: tensor '{}' already has a push_pull in flight; wait for its "
                     "handle before starting another",
@@ -316,7 +316,7 @@ class WorkerImpl final : public Worker {
       task->output = static_cast<uint8_t*>(output);
       task->op = op;
       task->priority = priority;
-      enqueueLocked(t, state, std::move(task));
+      enqueueLocked(t, state, task);
     }
     cv_.notify_all();
     return Handle(state);
@@ -368,7 +368,7 @@ class WorkerImpl final : public Worker {
       task->answers = ex.answers;
       task->flushResidual = ex.flushResidual;
       if (task->answers) task->answers->assign(t.chunks.size(), ExchangeAnswer{});
-      enqueueLocked(t, state, std::move(task));
+      enqueueLocked(t, state, task);
     }
     cv_.notify_all();
     return Handle(state);

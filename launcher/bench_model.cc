@@ -687,7 +687,8 @@ int runModelBench(const ModelBenchOptions& o) {
             times.clear();  // iterations timed before it ran another plan
           }
           r.planVersion = ex.currentPlan().version;
-          const std::vector<bool> before = exact;
+          // A copy: classify() rewrites `exact`.
+          const std::vector<bool> before = exact;  // NOLINT(performance-unnecessary-copy-initialization)
           for (size_t j = 0; j < T; ++j) tainted[j] = tainted[j] || !before[j];
           classify(ex.currentPlan());
           for (size_t j = 0; j < T; ++j) folding[j] = !before[j];

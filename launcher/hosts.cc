@@ -122,7 +122,7 @@ std::string writeMpiAgentWrapper(const std::string& dir, const std::string& agen
   // `exec`: the daemon replaces the shell, so it keeps agent-exec's
   // parent-death signal (OpenMPI sends one simple command: orted ...).
   line += " /bin/sh -c \"exec $*\"";
-  const std::string path = dir + "/mpi_agent.sh";
+  std::string path = dir + "/mpi_agent.sh";
   std::ofstream f(path);
   f << "#!/bin/sh\n# Written by cortado launch: OpenMPI's rsh agent, through --agent.\n"
     << "host=$1\nshift\n" << line << "\n";

@@ -62,7 +62,8 @@ void printSettings() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The command; main() turns whatever escapes it into an exit status.
+static int cortadoMain(int argc, char** argv) {
   CLI::App app{"Cortado: gradient synchronization for data-parallel training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", CORTADO_VERSION);
@@ -303,4 +304,13 @@ int main(int argc, char** argv) {
     return 3;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return cortadoMain(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "cortado: unexpected error: " << e.what() << "\n";
+    return 3;
+  }
 }

@@ -150,7 +150,7 @@ struct ServerEngine::Shard {
 };
 
 ServerEngine::ServerEngine(ServerEngineOptions opts, transport::Transport& transport)
-    : opts_(opts), transport_(transport) {
+    : opts_(std::move(opts)), transport_(transport) {
   CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,
                   "server needs at least one worker, got {}", opts_.numWorkers);
   codecs_ = opts_.codecs;

@@ -57,7 +57,7 @@ void check(bool ok, const char* what) {
   if (!ok) throw Error(ErrorCode::kInternal, fmt::format("{}: {}", what, zmq_strerror(errno)));
 }
 
-void rawStream(const Config& c, size_t size, Buffer payload) {
+void rawStream(const Config& c, size_t size, const Buffer& payload) {
   void* ctx = zmq_ctx_new();
   zmq_ctx_set(ctx, ZMQ_IO_THREADS, c.ioThreads);
   void* router = zmq_socket(ctx, ZMQ_ROUTER);
@@ -163,7 +163,8 @@ void runTransport(const char* what, const Config& c, std::unique_ptr<Transport> 
             return;
           }
         }
-        bp->send(m.from, std::move(m));
+        const NodeId from = m.from;  // `m` moves into send's argument
+        bp->send(from, std::move(m));
       },
       [](const NodeId&, const Status&) {});
   a->setCallbacks(

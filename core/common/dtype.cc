@@ -6,14 +6,14 @@ namespace cortado {
 
 size_t dtypeSize(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kUInt8: return 1;
+    case DType::kUInt8:
     case DType::kInt8: return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32:
+    case DType::kInt32: return 4;
+    case DType::kFloat64:
+    case DType::kInt64: return 8;
   }
   throw Error(ErrorCode::kInvalidArgument, fmt::format("invalid dtype {}", static_cast<int>(t)));
 }

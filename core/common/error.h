@@ -27,9 +27,9 @@ const char* errorCodeName(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(std::string message, ErrorCode code = ErrorCode::kInternal)
-      : std::runtime_error(std::move(message)), code_(code) {}
-  Error(ErrorCode code, std::string message) : Error(std::move(message), code) {}
+  explicit Error(const std::string& message, ErrorCode code = ErrorCode::kInternal)
+      : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message) : Error(message, code) {}
   ErrorCode code() const noexcept { return code_; }
 
  private:

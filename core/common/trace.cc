@@ -70,7 +70,7 @@ Tracer::~Tracer() {
   if (!enabled() || !dirty) return;
   try {
     flush();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a destructor must not throw
     CORTADO_LOG_WARN("trace of {} not written: {}", opts_.process, e.what());
   }
 }

@@ -107,13 +107,17 @@ class ControlClientImpl final : public ControlClient {
   }
 
   ~ControlClientImpl() override {
-    close();
-    if (thread_.joinable()) {
-      if (std::this_thread::get_id() == thread_.get_id()) {
-        thread_.detach();  // destroyed from its own callback: nothing left to wait for
-      } else {
-        thread_.join();
+    try {
+      close();
+      if (thread_.joinable()) {
+        if (std::this_thread::get_id() == thread_.get_id()) {
+          thread_.detach();  // destroyed from its own callback: nothing left to wait for
+        } else {
+          thread_.join();
+        }
       }
+    } catch (const std::exception& e) {  // a destructor must not throw (join's system_error)
+      CORTADO_LOG_ERROR("{} closing: {}", logId_, e.what());
     }
   }
 
@@ -406,7 +410,7 @@ class ControlClientImpl final : public ControlClient {
     phase_ = Phase::kConnecting;
     resolver_.async_resolve(
         opts_.schedulerHost, std::to_string(opts_.schedulerPort),
-        [this](const boost::system::error_code& ec, tcp::resolver::results_type results) {
+        [this](const boost::system::error_code& ec, const tcp::resolver::results_type& results) {
           if (phase_ != Phase::kConnecting) return;
           if (ec) {
             lastConnectError_ = fmt::format("cannot resolve '{}': {}", opts_.schedulerHost,

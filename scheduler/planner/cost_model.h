@@ -153,7 +153,7 @@ struct CodecCost {
 };
 
 // A codec spec ("dgc:ratio=0.01") resolved against the cost table.
-struct ResolvedCodec {
+struct ResolvedCodec {  // NOLINT(bugprone-reserved-identifier): clang 14 names its implicit array copy
   std::string spec;
   CodecCost cost;
   double selectedFraction = 0;  // kept elements / elements (sparsifiers)

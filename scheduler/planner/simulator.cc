@@ -615,10 +615,9 @@ double Simulator::estimate(int lo, int hi, const std::vector<std::pair<int, int>
 void Simulator::updateTail() {
   if (tailStale_ < 0) return;
   const int N = tensors();
-  constexpr int C = kTailChains;
   constexpr double kNone = -kInf;
-  tail_.resize(size_t(N + 1) * C);
-  std::fill(tail_.begin() + size_t(N) * C, tail_.end(), kNone);
+  tail_.resize(size_t(N + 1) * kTailChains);
+  std::fill(tail_.begin() + size_t(N) * kTailChains, tail_.end(), kNone);
   auto chainsOf = [](Res r) -> unsigned {
     switch (r) {
       case Res::kGpu: return 1u << 0;
@@ -633,9 +632,9 @@ void Simulator::updateTail() {
   };
   std::vector<unsigned> first;
   for (int j = std::min(tailStale_, N - 1); j >= 0; --j) {
-    const double* nx = &tail_[size_t(j + 1) * C];
-    double* cur = &tail_[size_t(j) * C];
-    std::copy(nx, nx + C, cur);
+    const double* nx = &tail_[size_t(j + 1) * kTailChains];
+    double* cur = &tail_[size_t(j) * kTailChains];
+    std::copy(nx, nx + kTailChains, cur);
     const CompiledOption& c = compiled(j, base_[j]);
     const int m = int(c.ops.size());
     first.assign(m, 0);
@@ -658,7 +657,7 @@ void Simulator::updateTail() {
         // tasks; the pool is free for the later tensors' work once it has
         // done this op's share (its total work over the cores).
         const double share = op.us * op.tasks / cluster_.cpuCores;
-        d *= double((op.tasks + cluster_.cpuCores - 1) / cluster_.cpuCores);
+        d *= double((op.tasks + cluster_.cpuCores - 1) / cluster_.cpuCores);  // NOLINT(bugprone-integer-division): rounds
         work[5] += share;
         lpNext = std::max(d + lpNext, first[i] ? share + nx[5] : -kInf);
       } else {

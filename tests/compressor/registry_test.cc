@@ -11,7 +11,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::cpuRegistry;
 
-std::string errorOf(std::function<void()> fn, ErrorCode want = ErrorCode::kInvalidArgument) {
+std::string errorOf(const std::function<void()>& fn, ErrorCode want = ErrorCode::kInvalidArgument) {
   try {
     fn();
   } catch (const Error& e) {

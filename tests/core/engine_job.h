@@ -35,7 +35,7 @@ class Job {
  public:
   // shm: servers serve same-host shared memory (every node here shares the
   // host), so pushes and results travel as descriptors, not bytes.
-  Job(int W, int S, WorkerOptions wo = {}, bool async = false, bool shm = false)
+  Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false)
       : hub_(transport::inproc::createHub()), async_(async) {
     // A token per job: the shared-memory segments are named after it.
     static int jobs = 0;

@@ -28,7 +28,7 @@ using wire::Op;
 class RawWorker {
  public:
   RawWorker(std::shared_ptr<transport::inproc::Hub> hub, int rank, const std::string& serverAddr)
-      : id_{Role::kWorker, rank}, t_(transport::inproc::create(hub, id_)) {
+      : id_{Role::kWorker, rank}, t_(transport::inproc::create(std::move(hub), id_)) {
     t_->setCallbacks(
         [this](Message&& m) {
           {

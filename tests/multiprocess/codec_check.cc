@@ -81,7 +81,7 @@ uint64_t kOf(uint64_t n, double ratio) {  // compressor/format.h kFromRatio, res
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int checkMain(int argc, char** argv) {
   installCrashReport("codec_check worker");
   CLI::App app{"cortado multi-process compressed push-pull checker"};
   std::string mode = "topk";
@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
             for (int r = 0; r < W; ++r) s += halfToFloat(floatToHalf(fp16Input(seed, r, t, it, i)));
             float e = halfToFloat(floatToHalf(s));
             if (average) e *= 1.0f / float(W);
-            if (std::memcmp(&e, &out[t][i], 4) != 0) {
+            // Bit for bit (NaN and -0 included), on purpose.
+            if (std::memcmp(&e, &out[t][i], 4) != 0) {  // NOLINT(bugprone-suspicious-memory-comparison)
               fmt::print(stderr, "worker {}: WRONG fp16 result for g{} at iteration {} element {}: "
                                  "{} != reference {}\n", rank, t, it, i, out[t][i], e);
               return 1;
@@ -260,6 +261,15 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const Error& e) {
+    fmt::print(stderr, "worker: error: {}\n", e.what());
+    return 2;
+  }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return checkMain(argc, argv);
+  } catch (const std::exception& e) {
     fmt::print(stderr, "worker: error: {}\n", e.what());
     return 2;
   }

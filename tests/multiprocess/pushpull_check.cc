@@ -62,7 +62,7 @@ void store(DType t, uint8_t* p, uint64_t i, double v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int checkMain(int argc, char** argv) {
   installCrashReport("pushpull_check worker");
   CLI::App app{"cortado multi-process push-pull checker"};
   int tensors = 8, iters = 4, dieRank = -1, dieAt = -1, mismatchRank = -1, slowMs = 0;
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
           double v = sum;
           if (average && s.dtype == DType::kFloat64) v = sum * (1.0 / W);
           else if (average && isFloating(s.dtype)) v = double(float(sum) * (1.0f / float(W)));
-          else if (average) v = double(int64_t(sum) / W);
+          else if (average) v = double(int64_t(sum) / W);  // NOLINT(bugprone-integer-division): truncates, as the engine does
           store(s.dtype, ref.data(), i, v);
         }
         if (ref != out[t]) {
@@ -174,6 +174,15 @@ int main(int argc, char** argv) {
                rank, iters, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
     return 0;
   } catch (const Error& e) {
+    fmt::print(stderr, "worker: error: {}\n", e.what());
+    return 2;
+  }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return checkMain(argc, argv);
+  } catch (const std::exception& e) {
     fmt::print(stderr, "worker: error: {}\n", e.what());
     return 2;
   }

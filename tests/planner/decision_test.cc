@@ -12,7 +12,6 @@
 namespace cortado::planner {
 namespace {
 
-using plan::Device;
 
 struct Instance {
   Cluster cluster;

@@ -45,7 +45,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   transport::Transport* tp = t.get();
-  t->setCallbacks([tp](transport::Message&& m) { tp->send(m.from, std::move(m)); },
+  t->setCallbacks([tp](transport::Message&& m) {
+                    const NodeId from = m.from;  // `m` moves into send's argument
+                    tp->send(from, std::move(m));
+                  },
                   [](const NodeId& peer, const Status& s) {
                     std::fprintf(stderr, "transport_peer: %s: %s\n", peer.toString().c_str(),
                                  s.message().c_str());

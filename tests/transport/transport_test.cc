@@ -236,7 +236,10 @@ TEST_P(TransportTest, CallbackMaySend) {
   auto echo = fx.node(server(1));
   Transport* et = echo->t.get();
   // The echo server answers from its receive callback, on its loop thread.
-  echo->t->setCallbacks([et](Message&& m) { et->send(m.from, std::move(m)); },
+  echo->t->setCallbacks([et](Message&& m) {
+                          const NodeId from = m.from;  // `m` moves into send's argument
+                          et->send(from, std::move(m));
+                        },
                         [](const NodeId&, const Status&) {});
   echo->t->connect(worker(0), a->address);
   a->t->connect(server(1), echo->address);

@@ -141,7 +141,13 @@ class Runtime {
     return rt;
   }
 
-  ~Runtime() { close(); }
+  ~Runtime() {
+    try {
+      close();
+    } catch (const std::exception& e) {  // a destructor must not throw
+      CORTADO_LOG_ERROR("cortado: closing the worker: {}", e.what());
+    }
+  }
 
   Worker& worker() const {
     CORTADO_ENFORCE(worker_ != nullptr, ErrorCode::kClosed,
@@ -199,7 +205,7 @@ class Runtime {
 
   // Buffer protocol: C-contiguous `input` and writable `output` (may be the
   // same object) of one format and length. Declares the name on first use.
-  PyHandle pushPullBuffer(const std::string& name, py::buffer input, py::buffer output,
+  PyHandle pushPullBuffer(const std::string& name, const py::buffer& input, const py::buffer& output,
                           bool average, int priority) {
     auto in = std::make_shared<py::buffer_info>(input.request());
     auto out = std::make_shared<py::buffer_info>(output.request(true));
@@ -456,7 +462,8 @@ PYBIND11_MODULE(_C, m) {
       "unavailable, closed, internal.",
       PyExc_RuntimeError, nullptr);
   m.attr("CortadoError") = py::handle(gErrorType);
-  py::register_exception_translator([](std::exception_ptr p) {
+  // pybind11 takes a plain function of a std::exception_ptr by value.
+  py::register_exception_translator([](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param)
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {

@@ -173,8 +173,7 @@ class RecvPool : public std::enable_shared_from_this<RecvPool> {
 // "ucx://host:port" or "tcp://host:port" -> host, port.
 std::pair<std::string, std::string> splitAddress(const NodeId& self, const std::string& address) {
   std::string rest;
-  if (address.starts_with("ucx://")) rest = address.substr(6);
-  else if (address.starts_with("tcp://")) rest = address.substr(6);
+  if (address.starts_with("ucx://") || address.starts_with("tcp://")) rest = address.substr(6);
   auto colon = rest.rfind(':');
   CORTADO_ENFORCE(!rest.empty() && colon != std::string::npos && colon > 0 && colon + 1 < rest.size(),
                   ErrorCode::kInvalidArgument,
