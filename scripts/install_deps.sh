@@ -26,6 +26,8 @@ PACKAGES=(
   iproute2 procps psmisc util-linux iputils-ping iperf3
   # fuzzing
   clang libclang-rt-14-dev
+  # developer checks: scripts/tidy.sh, git clang-format
+  clang-tidy clang-format
 )
 
 stamp=/var/lib/apt/periodic/update-success-stamp

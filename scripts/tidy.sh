@@ -2,14 +2,14 @@
 # clang-tidy over Cortado's C++ with the checks in .clang-tidy: every tracked
 # .cc file of the build, or only the files named (scripts/tidy.sh
 # core/worker.cc ...). Needs a build (scripts/build.sh: its
-# compile_commands.json) and Debian's clang-tidy package (apt-get install
-# clang-tidy); optional, like clang-format: not needed to build or test.
+# compile_commands.json) and Debian's clang-tidy package (scripts/
+# install_deps.sh installs it); not part of the test command.
 # Prints what the checks report; exits 1 when they report anything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${CORTADO_BUILD_DIR:-build}"
 if ! command -v run-clang-tidy >/dev/null; then
-  echo "tidy: run-clang-tidy not found: apt-get install clang-tidy" >&2
+  echo "tidy: run-clang-tidy not found: run scripts/install_deps.sh (Debian's clang-tidy)" >&2
   exit 2
 fi
 if [ ! -f "$build/compile_commands.json" ]; then
