@@ -688,7 +688,8 @@ int runModelBench(const ModelBenchOptions& o) {
           }
           r.planVersion = ex.currentPlan().version;
           // A copy: classify() rewrites `exact`.
-          const std::vector<bool> before = exact;  // NOLINT(performance-unnecessary-copy-initialization)
+          // NOLINTNEXTLINE(performance-unnecessary-copy-initialization)
+          const std::vector<bool> before = exact;
           for (size_t j = 0; j < T; ++j) tainted[j] = tainted[j] || !before[j];
           classify(ex.currentPlan());
           for (size_t j = 0; j < T; ++j) folding[j] = !before[j];

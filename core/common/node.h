@@ -23,7 +23,8 @@ struct NodeId {
   int32_t rank = -1;
 
   bool operator==(const NodeId&) const = default;
-  auto operator<=>(const NodeId&) const = default;  // NOLINT(modernize-use-nullptr): clang 14 misreads the defaulted <=>
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang 14 misreads the defaulted <=>
+  auto operator<=>(const NodeId&) const = default;
   std::string toString() const { return fmt::format("{} {}", roleName(role), rank); }
   // Compact and reversible: used as a transport routing id ("w3", "s0", "h").
   std::string toWire() const;

@@ -153,7 +153,8 @@ struct CodecCost {
 };
 
 // A codec spec ("dgc:ratio=0.01") resolved against the cost table.
-struct ResolvedCodec {  // NOLINT(bugprone-reserved-identifier): clang 14 names its implicit array copy
+// NOLINTNEXTLINE(bugprone-reserved-identifier): clang 14 names its implicit array copy
+struct ResolvedCodec {
   std::string spec;
   CodecCost cost;
   double selectedFraction = 0;  // kept elements / elements (sparsifiers)

@@ -657,7 +657,8 @@ void Simulator::updateTail() {
         // tasks; the pool is free for the later tensors' work once it has
         // done this op's share (its total work over the cores).
         const double share = op.us * op.tasks / cluster_.cpuCores;
-        d *= double((op.tasks + cluster_.cpuCores - 1) / cluster_.cpuCores);  // NOLINT(bugprone-integer-division): rounds
+        // NOLINTNEXTLINE(bugprone-integer-division): whole rounds, on purpose
+        d *= double((op.tasks + cluster_.cpuCores - 1) / cluster_.cpuCores);
         work[5] += share;
         lpNext = std::max(d + lpNext, first[i] ? share + nx[5] : -kInf);
       } else {

@@ -25,7 +25,6 @@
 namespace cortado {
 namespace {
 
-
 using test::Job;
 
 const Deadline soon() { return Deadline::after(Millis(20000)); }
@@ -180,7 +179,9 @@ TEST(Engine, AsyncModeAppliesEachPush) {
   for (int it = 1; it <= 4; ++it) {
     std::fill(in.begin(), in.end(), float(it));
     ASSERT_TRUE(w.pushPull("x", DType::kFloat32, 3000, in.data(), out.data(), ReduceOp::kSum, 0).wait(soon()).ok());
-    float expect = float(it * (it + 1) / 2);  // NOLINT(bugprone-integer-division): exact, it(it+1) is even  // the running sum of all pushes
+    // The running sum of all pushes (exact: it(it+1) is even).
+    // NOLINTNEXTLINE(bugprone-integer-division)
+    float expect = float(it * (it + 1) / 2);
     for (float v : out) ASSERT_EQ(v, expect);
   }
 }
@@ -339,7 +340,8 @@ TEST(Engine, CompressedAsyncModeAppliesEachPushDensely) {
                    .wait(soon());
     ASSERT_TRUE(s.ok()) << s.message();
     // Small integers survive fp16; the server keeps the running sum in fp32.
-    float expect = float(it * (it + 1) / 2);  // NOLINT(bugprone-integer-division): exact, it(it+1) is even
+    // NOLINTNEXTLINE(bugprone-integer-division): exact, it(it+1) is even
+    float expect = float(it * (it + 1) / 2);
     for (float v : out) ASSERT_EQ(v, expect);
   }
 }

@@ -158,7 +158,8 @@ static int checkMain(int argc, char** argv) {
             float e = halfToFloat(floatToHalf(s));
             if (average) e *= 1.0f / float(W);
             // Bit for bit (NaN and -0 included), on purpose.
-            if (std::memcmp(&e, &out[t][i], 4) != 0) {  // NOLINT(bugprone-suspicious-memory-comparison)
+            // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
+            if (std::memcmp(&e, &out[t][i], 4) != 0) {
               fmt::print(stderr, "worker {}: WRONG fp16 result for g{} at iteration {} element {}: "
                                  "{} != reference {}\n", rank, t, it, i, out[t][i], e);
               return 1;

@@ -146,7 +146,8 @@ static int checkMain(int argc, char** argv) {
           double v = sum;
           if (average && s.dtype == DType::kFloat64) v = sum * (1.0 / W);
           else if (average && isFloating(s.dtype)) v = double(float(sum) * (1.0f / float(W)));
-          else if (average) v = double(int64_t(sum) / W);  // NOLINT(bugprone-integer-division): truncates, as the engine does
+          // NOLINTNEXTLINE(bugprone-integer-division): truncates, as the engine does
+          else if (average) v = double(int64_t(sum) / W);
           store(s.dtype, ref.data(), i, v);
         }
         if (ref != out[t]) {

@@ -472,7 +472,8 @@ TEST(Simulator, FusionFollowsTheExecutorsBatchesByHand) {
   const double A1 = alone(1000, 0), A2 = alone(2000, 0), A05 = alone(500, 0), A25 = alone(2500, 0);
   ASSERT_GT(A1, 1.0);  // t1 is ready before t0 ends
   ASSERT_LT(A2, 2 * A1);  // one latency less
-  auto run = [&](uint64_t threshold, const std::vector<int>& choice, std::vector<TensorTiming>* t = nullptr,
+  auto run = [&](uint64_t threshold, const std::vector<int>& choice,
+                 std::vector<TensorTiming>* t = nullptr,
                  std::vector<TraceEvent>* trace = nullptr) {
     Simulator sim(fusionCluster(threshold), codec(), p, opts);
     return sim.simulate(choice, t, trace);

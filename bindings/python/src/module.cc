@@ -205,8 +205,8 @@ class Runtime {
 
   // Buffer protocol: C-contiguous `input` and writable `output` (may be the
   // same object) of one format and length. Declares the name on first use.
-  PyHandle pushPullBuffer(const std::string& name, const py::buffer& input, const py::buffer& output,
-                          bool average, int priority) {
+  PyHandle pushPullBuffer(const std::string& name, const py::buffer& input,
+                          const py::buffer& output, bool average, int priority) {
     auto in = std::make_shared<py::buffer_info>(input.request());
     auto out = std::make_shared<py::buffer_info>(output.request(true));
     const std::string dtype = formatToDType(in->format, in->itemsize, "input");
@@ -463,7 +463,8 @@ PYBIND11_MODULE(_C, m) {
       PyExc_RuntimeError, nullptr);
   m.attr("CortadoError") = py::handle(gErrorType);
   // pybind11 takes a plain function of a std::exception_ptr by value.
-  py::register_exception_translator([](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param)
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
+  py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
