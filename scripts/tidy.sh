@@ -28,7 +28,10 @@ fi
 # each path (a file the build does not compile, e.g. CUDA code without
 # nvcc, matches nothing and is not checked).
 patterns=()
-for f in "${files[@]}"; do patterns+=("^$PWD/${f//./\\.}\$"); done
+for f in "${files[@]}"; do
+  f="${f#"$PWD"/}"  # paths relative to the repository root, or absolute
+  patterns+=("^$PWD/${f//./\\.}\$")
+done
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 run-clang-tidy -p "$build" -j "${CORTADO_BUILD_JOBS:-2}" -quiet "${patterns[@]}" >"$out" 2>&1 || true
