@@ -62,8 +62,9 @@ void printSettings() {
 
 }  // namespace
 
-// The command; main() turns whatever escapes it into an exit status.
-static int cortadoMain(int argc, char** argv) {
+// A function-try-block: what escapes the command (its set-up included)
+// becomes an exit status, not std::terminate.
+int main(int argc, char** argv) try {
   CLI::App app{"Cortado: gradient synchronization for data-parallel training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", CORTADO_VERSION);
@@ -304,13 +305,7 @@ static int cortadoMain(int argc, char** argv) {
     return 3;
   }
   return 0;
-}
-
-int main(int argc, char** argv) {
-  try {
-    return cortadoMain(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "cortado: unexpected error: " << e.what() << "\n";
-    return 3;
-  }
+} catch (const std::exception& e) {
+  std::cerr << "cortado: unexpected error: " << e.what() << "\n";
+  return 3;
 }

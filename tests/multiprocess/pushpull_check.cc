@@ -62,7 +62,7 @@ void store(DType t, uint8_t* p, uint64_t i, double v) {
 
 }  // namespace
 
-static int checkMain(int argc, char** argv) {
+int main(int argc, char** argv) try {
   installCrashReport("pushpull_check worker");
   CLI::App app{"cortado multi-process push-pull checker"};
   int tensors = 8, iters = 4, dieRank = -1, dieAt = -1, mismatchRank = -1, slowMs = 0;
@@ -83,108 +83,97 @@ static int checkMain(int argc, char** argv) {
   app.add_option("--slow-ms", slowMs);
   CLI11_PARSE(app, argc, argv);
 
-  try {
-    JobConfig job = readJobConfig(true);
-    setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
-    WorkerOptions wo = workerOptions(job);
-    control::ClientOptions co = controlOptions(job, Role::kWorker);
-    auto transport = makeTransport(job, NodeId{Role::kWorker, job.rank});
-    const std::string transportName = transport->name();
-    auto w = Worker::start(wo, co, std::move(transport), Deadline::after(job.connectTimeout));
-    const int W = w->size(), rank = w->rank();
+  JobConfig job = readJobConfig(true);
+  setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
+  WorkerOptions wo = workerOptions(job);
+  control::ClientOptions co = controlOptions(job, Role::kWorker);
+  auto transport = makeTransport(job, NodeId{Role::kWorker, job.rank});
+  const std::string transportName = transport->name();
+  auto w = Worker::start(wo, co, std::move(transport), Deadline::after(job.connectTimeout));
+  const int W = w->size(), rank = w->rank();
 
-    std::vector<DType> types;
-    for (size_t b = 0; b <= dtypes.size();) {
-      size_t e = dtypes.find(',', b);
-      if (e == std::string::npos) e = dtypes.size();
-      types.push_back(parseDType(dtypes.substr(b, e - b)));
-      b = e + 1;
+  std::vector<DType> types;
+  for (size_t b = 0; b <= dtypes.size();) {
+    size_t e = dtypes.find(',', b);
+    if (e == std::string::npos) e = dtypes.size();
+    types.push_back(parseDType(dtypes.substr(b, e - b)));
+    b = e + 1;
+  }
+  // The same shapes on every worker: drawn from the shared seed.
+  std::mt19937_64 shapes(seed);
+  std::vector<TensorSpec> specs;
+  for (int t = 0; t < tensors; ++t) {
+    // Log-uniform sizes from 1 element to maxElements.
+    double lg = std::uniform_real_distribution<double>(0, std::log2(double(maxElements)))(shapes);
+    specs.push_back({fmt::format("t{}", t), types[t % types.size()], uint64_t(std::exp2(lg))});
+  }
+  if (bigElements) specs.push_back({"big", DType::kFloat32, bigElements});
+  for (size_t t = 0; t < specs.size(); ++t) {
+    uint64_t n = specs[t].n + (t == 0 && rank == mismatchRank ? 1 : 0);
+    w->declare(specs[t].name, specs[t].dtype, n, Deadline::after(job.opTimeout));
+  }
+
+  uint64_t checked = 0;
+  for (int it = 0; it < iters; ++it) {
+    if (rank == dieRank && it == dieAt) {
+      fmt::print(stderr, "worker {}: dying on purpose at iteration {}\n", rank, it);
+      std::fflush(stderr);
+      raise(SIGKILL);
     }
-    // The same shapes on every worker: drawn from the shared seed.
-    std::mt19937_64 shapes(seed);
-    std::vector<TensorSpec> specs;
-    for (int t = 0; t < tensors; ++t) {
-      // Log-uniform sizes from 1 element to maxElements.
-      double lg = std::uniform_real_distribution<double>(0, std::log2(double(maxElements)))(shapes);
-      specs.push_back({fmt::format("t{}", t), types[t % types.size()], uint64_t(std::exp2(lg))});
-    }
-    if (bigElements) specs.push_back({"big", DType::kFloat32, bigElements});
+    std::vector<std::vector<uint8_t>> in(specs.size()), out(specs.size());
+    std::vector<Handle> handles;
     for (size_t t = 0; t < specs.size(); ++t) {
-      uint64_t n = specs[t].n + (t == 0 && rank == mismatchRank ? 1 : 0);
-      w->declare(specs[t].name, specs[t].dtype, n, Deadline::after(job.opTimeout));
+      const auto& s = specs[t];
+      const size_t esz = dtypeSize(s.dtype);
+      in[t].resize(s.n * esz);
+      out[t].assign(s.n * esz, 0xcd);
+      for (uint64_t i = 0; i < s.n; ++i) store(s.dtype, in[t].data(), i, valueOf(seed, rank, t, it, i));
+      // Priority by position, as a binding does for layers.
+      handles.push_back(w->pushPull(s.name, s.dtype, s.n, in[t].data(), out[t].data(),
+                                    average ? ReduceOp::kAverage : ReduceOp::kSum, -int(t)));
     }
-
-    uint64_t checked = 0;
-    for (int it = 0; it < iters; ++it) {
-      if (rank == dieRank && it == dieAt) {
-        fmt::print(stderr, "worker {}: dying on purpose at iteration {}\n", rank, it);
-        std::fflush(stderr);
-        raise(SIGKILL);
+    for (auto& h : handles) h.wait(Deadline::after(job.opTimeout)).check();
+    for (size_t t = 0; t < specs.size(); ++t) {
+      const auto& s = specs[t];
+      const size_t esz = dtypeSize(s.dtype);
+      std::vector<uint8_t> ref(s.n * esz);
+      for (uint64_t i = 0; i < s.n; ++i) {
+        double sum = 0;
+        for (int r = 0; r < W; ++r) sum += valueOf(seed, r, t, it, i);
+        // The engine averages as sum * (1/W) in the element's precision
+        // (fp32 for fp16/bf16), and truncates for integers.
+        double v = sum;
+        if (average && s.dtype == DType::kFloat64) v = sum * (1.0 / W);
+        else if (average && isFloating(s.dtype)) v = double(float(sum) * (1.0f / float(W)));
+        // NOLINTNEXTLINE(bugprone-integer-division): truncates, as the engine does
+        else if (average) v = double(int64_t(sum) / W);
+        store(s.dtype, ref.data(), i, v);
       }
-      std::vector<std::vector<uint8_t>> in(specs.size()), out(specs.size());
-      std::vector<Handle> handles;
-      for (size_t t = 0; t < specs.size(); ++t) {
-        const auto& s = specs[t];
-        const size_t esz = dtypeSize(s.dtype);
-        in[t].resize(s.n * esz);
-        out[t].assign(s.n * esz, 0xcd);
-        for (uint64_t i = 0; i < s.n; ++i) store(s.dtype, in[t].data(), i, valueOf(seed, rank, t, it, i));
-        // Priority by position, as a binding does for layers.
-        handles.push_back(w->pushPull(s.name, s.dtype, s.n, in[t].data(), out[t].data(),
-                                      average ? ReduceOp::kAverage : ReduceOp::kSum, -int(t)));
+      if (ref != out[t]) {
+        uint64_t bad = 0;
+        while (bad < s.n && std::memcmp(&ref[bad * esz], &out[t][bad * esz], esz) == 0) ++bad;
+        fmt::print(stderr, "worker {}: WRONG result for tensor {} ({} x {}) at iteration {}, first at element {}\n",
+                   rank, s.name, s.n, dtypeName(s.dtype), it, bad);
+        return 1;
       }
-      for (auto& h : handles) h.wait(Deadline::after(job.opTimeout)).check();
-      for (size_t t = 0; t < specs.size(); ++t) {
-        const auto& s = specs[t];
-        const size_t esz = dtypeSize(s.dtype);
-        std::vector<uint8_t> ref(s.n * esz);
-        for (uint64_t i = 0; i < s.n; ++i) {
-          double sum = 0;
-          for (int r = 0; r < W; ++r) sum += valueOf(seed, r, t, it, i);
-          // The engine averages as sum * (1/W) in the element's precision
-          // (fp32 for fp16/bf16), and truncates for integers.
-          double v = sum;
-          if (average && s.dtype == DType::kFloat64) v = sum * (1.0 / W);
-          else if (average && isFloating(s.dtype)) v = double(float(sum) * (1.0f / float(W)));
-          // NOLINTNEXTLINE(bugprone-integer-division): truncates, as the engine does
-          else if (average) v = double(int64_t(sum) / W);
-          store(s.dtype, ref.data(), i, v);
-        }
-        if (ref != out[t]) {
-          uint64_t bad = 0;
-          while (bad < s.n && std::memcmp(&ref[bad * esz], &out[t][bad * esz], esz) == 0) ++bad;
-          fmt::print(stderr, "worker {}: WRONG result for tensor {} ({} x {}) at iteration {}, first at element {}\n",
-                     rank, s.name, s.n, dtypeName(s.dtype), it, bad);
-          return 1;
-        }
-        checked += s.n;
-      }
-      if (rank == 0 && !progressFile.empty()) {
-        // Written aside and renamed: a reader never sees the file empty
-        // between the truncation and the write (launch_hosts_linkdown once
-        // read it in that instant and failed with "no progress").
-        const std::string tmp = progressFile + ".tmp";
-        std::ofstream(tmp) << it + 1 << "\n";
-        std::rename(tmp.c_str(), progressFile.c_str());
-      }
-      if (slowMs) std::this_thread::sleep_for(std::chrono::milliseconds(slowMs));
+      checked += s.n;
     }
-    w->shutdown(Deadline::after(job.opTimeout));
-    fmt::print("worker {}: {} iterations of {} tensors correct ({} elements checked, "
-               "transport {}, shm {})\n",
-               rank, iters, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
-    return 0;
-  } catch (const Error& e) {
-    fmt::print(stderr, "worker: error: {}\n", e.what());
-    return 2;
+    if (rank == 0 && !progressFile.empty()) {
+      // Written aside and renamed: a reader never sees the file empty
+      // between the truncation and the write (launch_hosts_linkdown once
+      // read it in that instant and failed with "no progress").
+      const std::string tmp = progressFile + ".tmp";
+      std::ofstream(tmp) << it + 1 << "\n";
+      std::rename(tmp.c_str(), progressFile.c_str());
+    }
+    if (slowMs) std::this_thread::sleep_for(std::chrono::milliseconds(slowMs));
   }
-}
-
-int main(int argc, char** argv) {
-  try {
-    return checkMain(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "worker: error: {}\n", e.what());
-    return 2;
-  }
+  w->shutdown(Deadline::after(job.opTimeout));
+  fmt::print("worker {}: {} iterations of {} tensors correct ({} elements checked, "
+             "transport {}, shm {})\n",
+             rank, iters, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
+  return 0;
+} catch (const std::exception& e) {  // whatever the steps above throw, setup included
+  fmt::print(stderr, "worker: error: {}\n", e.what());
+  return 2;
 }
