@@ -37,6 +37,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "plan executor: the tensors of a batch with the same uncompressed collective-only option "
        "run as one collective on a fusion buffer up to this many bytes (0: off; "
        "docs/executor.md)"},
+      {"CORTADO_PHASE_BYTES", "", "64MiB",
+       "plan executor: the tensors of a batch that run alone go in phases of up to this many "
+       "bytes: every tensor's encode, then every tensor's communication step, then every "
+       "decode (0: one tensor after the other; docs/executor.md, \"Phases\")"},
       {"CORTADO_PIPELINE", "", "0",
        "plan executor: encode the next tensor of a batch on a second thread while this one "
        "communicates (the planner does not model it yet; docs/executor.md)"},
@@ -130,6 +134,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_PLAN", planFile},
       {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
+      {"CORTADO_PHASE_BYTES", std::to_string(phaseBytes)},
       {"CORTADO_PIPELINE", pipeline ? "1" : "0"},
       {"CORTADO_TRACE_DIR", traceDir},
       {"CORTADO_TRACE_ITERATIONS", traceIterations},
@@ -207,6 +212,18 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("CORTADO_FUSION_BYTES='{}': {}; give the fusion threshold in bytes "
                               "(e.g. 64MiB; 0 switches tensor fusion off)",
+                              v->value, e.what()));
+    }
+  }
+  if (auto v = getEnv(names("CORTADO_PHASE_BYTES"))) {
+    try {
+      CORTADO_ENFORCE(v->value.find('-') == std::string::npos, ErrorCode::kInvalidArgument,
+                      "a size cannot be negative");
+      c.phaseBytes = parseBytes(v->value);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_PHASE_BYTES='{}': {}; give a phase's size in bytes "
+                              "(e.g. 64MiB; 0 runs a batch's tensors one after the other)",
                               v->value, e.what()));
     }
   }

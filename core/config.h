@@ -32,6 +32,11 @@ struct JobConfig {
   // CORTADO_FUSION_BYTES: the plan executor's tensor fusion threshold
   // (Executor::runBatch, docs/executor.md); 0: off. 64 MiB, as Horovod's.
   uint64_t fusionBytes = 64ull << 20;
+  // CORTADO_PHASE_BYTES: the plan executor runs the tensors of a batch that
+  // run alone in phases of up to this many bytes, each step kind for all of
+  // a phase's tensors in turn (Executor::setPhaseBytes); 0: one tensor after
+  // the other.
+  uint64_t phaseBytes = 64ull << 20;
   // CORTADO_PIPELINE: the plan executor encodes the next tensor of a batch
   // while this one communicates (Executor::setPipeline); off by default.
   bool pipeline = false;

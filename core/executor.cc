@@ -513,24 +513,38 @@ class Run {
     }
     r_ = Region{0, t_.n};
     step_ = 0;
-    runSteps(true);
+    runSteps(Until::kBeforeComm);
   }
 
   // The remaining steps, then the average's scale.
   void finish(ReduceOp op) {
-    runSteps(false);
+    runSteps(Until::kEnd);
+    scale(op);
+  }
+
+  // Phases (Executor::setPhaseBytes), after start(): communicate() runs the
+  // communication step at step_ (a push with its pull), compute() the local
+  // steps up to the next communication step; scale() once done().
+  void communicate() { runSteps(Until::kAfterComm); }
+  void compute() { runSteps(Until::kBeforeComm); }
+  bool done() const { return step_ >= t_.option.steps.size(); }
+  void scale(ReduceOp op) {
     const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
     if (scale != 1.0f)
       for (uint64_t i = 0; i < t_.n; ++i) x_[i] *= scale;
   }
 
  private:
-  // Steps from step_ on; `localOnly`: stop at the first communication step.
-  void runSteps(bool localOnly) {
+  enum class Until { kBeforeComm, kAfterComm, kEnd };
+
+  // Steps from step_ on, until the end, or just before the next
+  // communication step, or just after it.
+  void runSteps(Until until) {
     const auto& steps = t_.option.steps;
-    for (; step_ < steps.size(); ++step_) {
+    while (step_ < steps.size()) {
       const Step& s = steps[step_];
-      if (localOnly && s.kind == StepKind::kComm) return;
+      const bool comm = s.kind == StepKind::kComm;
+      if (comm && until == Until::kBeforeComm) return;
       try {
         const bool wasActive = active_;
         const size_t at = step_;
@@ -546,6 +560,8 @@ class Run {
                                           topo_.rank, t_.name, step_, describeStep(s),
                                           t_.option.describe(), e.what()));
       }
+      ++step_;
+      if (comm && until == Until::kAfterComm) return;
     }
   }
 
@@ -972,6 +988,56 @@ bool Executor::lastRound() const {
   return begun_ && scheduled_ && scheduled_->second == iteration_ + 1;
 }
 
+namespace {
+
+// The items that run alone, in phases (setPhaseBytes): consecutive items up
+// to phaseBytes of input, each tensor at most once (a tensor twice in a
+// batch runs its rounds in turn). In a phase every item's local steps run,
+// then every item's next communication step, and so on until all are done.
+template <typename MakeRun>
+void runPhases(const std::vector<size_t>& alone, const MakeRun& makeRun, std::span<const BatchItem> items,
+               std::span<Executor::TensorState* const> states, ReduceOp op, uint64_t phaseBytes,
+               uint64_t& phasedSteps) {
+  for (size_t k = 0; k < alone.size();) {
+    std::vector<size_t> phase;
+    uint64_t bytes = 0;
+    for (; k < alone.size(); ++k) {
+      const size_t i = alone[k];
+      const uint64_t b = states[i]->n * sizeof(float);
+      if (!phase.empty() && bytes + b > phaseBytes) break;
+      if (std::any_of(phase.begin(), phase.end(), [&](size_t j) { return states[j] == states[i]; })) break;
+      phase.push_back(i);
+      bytes += b;
+    }
+    std::vector<std::unique_ptr<Run>> runs;
+    for (size_t i : phase) {
+      runs.push_back(makeRun(i));
+      runs.back()->start(items[i].input, items[i].output);
+    }
+    for (bool more = true; more;) {
+      size_t communicated = 0;
+      for (auto& r : runs) {
+        if (r->done()) continue;
+        r->communicate();
+        ++communicated;
+      }
+      if (communicated > 1) ++phasedSteps;
+      more = false;
+      for (auto& r : runs) {
+        if (r->done()) continue;
+        r->compute();
+        more = more || !r->done();
+      }
+    }
+    for (size_t n = 0; n < phase.size(); ++n) {
+      runs[n]->scale(op);
+      ++states[phase[n]]->round;
+    }
+  }
+}
+
+}  // namespace
+
 void Executor::run(const std::string& name, const float* input, float* output,
                    uint64_t numElements, ReduceOp op, Deadline deadline) {
   BatchItem item{name, input, output, numElements};
@@ -1030,6 +1096,10 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   };
   std::unique_ptr<Run> next;
   std::future<void> nextStarted;
+  if (!pipeline_ && phaseBytes_ > 0) {
+    runPhases(alone, makeRun, items, states, op, phaseBytes_, phasedSteps_);
+    alone.clear();
+  }
   for (size_t k = 0; k < alone.size(); ++k) {
     const size_t i = alone[k];
     if (!pipeline_) {

@@ -82,6 +82,7 @@ plan::TensorOption defaultOption();
 // The fusion threshold a job gets without CORTADO_FUSION_BYTES: 64 MiB,
 // Horovod's default fusion buffer.
 inline constexpr uint64_t kDefaultFusionBytes = 64ull << 20;
+inline constexpr uint64_t kDefaultPhaseBytes = 64ull << 20;
 
 // One tensor of a batch (Executor::runBatch): sums `input` over all workers
 // into `output` (may alias), as run() does.
@@ -147,6 +148,24 @@ class Executor {
   // Every worker sets the same one.
   void setFusionBytes(uint64_t bytes) { fusionBytes_ = bytes; }
   uint64_t fusionBytes() const { return fusionBytes_; }
+  // Phases (JobConfig::phaseBytes, CORTADO_PHASE_BYTES; default
+  // kDefaultPhaseBytes): runBatch() runs the items that run alone (not fused)
+  // in phases of consecutive items up to this many bytes of input, a tensor
+  // at most once in a phase: every item's steps before its first
+  // communication, then every item's first communication step, then every
+  // item's steps up to its next one, and so on. Every rank computes while
+  // the others do and communicates while they do, so a collective does not
+  // wait for a peer still encoding another tensor, nor for a core that a
+  // peer's next encode holds (docs/executor.md, "Phases"). Each tensor runs
+  // the same steps on the same data as one after the other, so results are
+  // bit for bit the same, and every rank issues the same collectives in the
+  // same order. A phase holds its items' payloads at once. 0: one item after
+  // the other. The pipeline, when on, takes precedence. Every worker sets
+  // the same value.
+  void setPhaseBytes(uint64_t bytes) { phaseBytes_ = bytes; }
+  uint64_t phaseBytes() const { return phaseBytes_; }
+  // Communication steps run for two or more items in a row of a phase so far.
+  uint64_t phasedSteps() const { return phasedSteps_; }
   // The encode pipeline (JobConfig::pipeline, CORTADO_PIPELINE; default off):
   // in runBatch(), while one item that runs alone communicates, the next
   // one's leading encode (the steps before its first communication) runs on
@@ -219,6 +238,8 @@ class Executor {
   uint64_t fusionBytes_ = kDefaultFusionBytes;
   bool pipeline_ = false;
   uint64_t pipelinedStarts_ = 0;
+  uint64_t phaseBytes_ = kDefaultPhaseBytes;
+  uint64_t phasedSteps_ = 0;
   std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
   std::vector<float> fusionBuffer_;
 

@@ -437,6 +437,7 @@ int runModelBench(const ModelBenchOptions& o) {
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   executor::Executor ex(*worker, &groups);
   ex.setFusionBytes(job.fusionBytes);  // CORTADO_FUSION_BYTES
+  ex.setPhaseBytes(job.phaseBytes);    // CORTADO_PHASE_BYTES
   ex.setPipeline(job.pipeline);        // CORTADO_PIPELINE
   auto tracer = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", job.rank)));
   if (tracer->enabled()) ex.setTracer(tracer);
@@ -532,7 +533,7 @@ int runModelBench(const ModelBenchOptions& o) {
   if (lead && !o.json) {
     fmt::print("# cortado bench model: {} ({} tensors, {:.1f} M elements), codec {}, {} workers on "
                "{} machines x {}, {} servers, compute scale {} (forward {:.1f} ms, backward {:.1f} "
-               "ms), {} iterations after {} warm-up, tensor fusion {}{}\n# measured {}\n",
+               "ms), {} iterations after {} warm-up, tensor fusion {}, {}{}\n# measured {}\n",
                profile.model, T, totalElements / 1e6, o.codec, topo.size, topo.numMachines,
                topo.localSize, worker->numServers(), o.computeScale, profile.forwardUs / 1e3,
                profile.backwardUs() / 1e3, o.iterations, o.warmup,
@@ -540,6 +541,8 @@ int runModelBench(const ModelBenchOptions& o) {
                                                  "agreement {:.0f} us)",
                                                  job.fusionBytes, m.agreeUs)
                                    : std::string("off (CORTADO_FUSION_BYTES=0)"),
+               job.phaseBytes > 0 ? fmt::format("phases of up to {} bytes (CORTADO_PHASE_BYTES)", job.phaseBytes)
+                                  : std::string("one tensor after the other (CORTADO_PHASE_BYTES=0)"),
                job.pipeline ? ", encode pipeline on (CORTADO_PIPELINE=1: the predictions do not "
                               "model its overlap)"
                             : "",
@@ -841,6 +844,7 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
                    {"lossy_tensors", r.lossyTensors}, {"options", r.options},
                    {"fusion_bytes", job.fusionBytes},
+                   {"phase_bytes", job.phaseBytes},
                    {"pipeline", job.pipeline},
                    {"batches_per_iteration", double(r.batches) / double(std::max<uint64_t>(1, r.iterationsRun))},
                    {"iteration_ms", r.timesMs}};

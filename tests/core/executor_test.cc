@@ -252,6 +252,34 @@ TEST(Executor, FusionThresholdFromTheJobConfig) {
   EXPECT_TRUE(found);
 }
 
+// CORTADO_PHASE_BYTES: sizes with units, 0 for one item after the other, the
+// default 64 MiB; anything else refused naming the variable and what to give.
+TEST(Executor, PhaseBytesFromTheJobConfig) {
+  unsetenv("CORTADO_PHASE_BYTES");
+  EXPECT_EQ(readJobConfig(false).phaseBytes, executor::kDefaultPhaseBytes);
+  setenv("CORTADO_PHASE_BYTES", "2MiB", 1);
+  EXPECT_EQ(readJobConfig(false).phaseBytes, 2u << 20);
+  setenv("CORTADO_PHASE_BYTES", "0", 1);
+  EXPECT_EQ(readJobConfig(false).phaseBytes, 0u);
+  for (const char* bad : {"-1", "many", "4X"}) {
+    setenv("CORTADO_PHASE_BYTES", bad, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CORTADO_PHASE_BYTES"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("0 runs a batch's tensors one after the other"), std::string::npos)
+          << e.what();
+    }
+  }
+  unsetenv("CORTADO_PHASE_BYTES");
+  JobConfig c;
+  c.phaseBytes = 4321;
+  bool found = false;
+  for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_PHASE_BYTES" && v == "4321";
+  EXPECT_TRUE(found);
+}
+
 // CORTADO_PIPELINE: off by default, 1/0 (and the other boolean spellings),
 // anything else refused naming the variable; passed on to launched roles.
 TEST(Executor, PipelineFromTheJobConfig) {

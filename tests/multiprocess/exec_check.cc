@@ -182,7 +182,7 @@ int runCheck(int argc, char** argv) {
   uint64_t n = 11;
   double bound = 0;
   bool noMpi = false;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline", "phased"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -650,6 +650,83 @@ int runCheck(int argc, char** argv) {
       }
     }
     if (me == 0) std::printf("pipeline: %s\n", failures ? "FAILED" : "exact");
+  } else if (mode == "phased") {
+    // Phases (Executor::setPhaseBytes): every option of the tree, compressed
+    // (fp16: exact on these inputs) and not, each beside the default
+    // push/pull, as one batch per iteration with a push/pull tensor in it
+    // twice (its two rounds cannot share a phase). Under four phase sizes:
+    // 0 (one item after the other), phases of about three items, the
+    // default, and one phase for everything; against a plain sum.
+    planner::TreeConfig tc;
+    tc.parameterServer = true;
+    tc.codec = codec;
+    auto options = planner::enumerateOptions(tc);
+    plan::Plan p;
+    p.version = 1;
+    std::vector<std::string> names;
+    std::vector<uint64_t> lens;
+    for (const plan::TensorOption& opt : options) {
+      if (opt.fusible()) continue;  // fused options run in groups, not in phases
+      for (const plan::TensorOption& o : {opt, executor::defaultOption()}) {
+        names.push_back(fmt::format("q{}", names.size()));
+        lens.push_back(n + names.size() % 5);
+        p.tensors[names.back()] = o;
+      }
+    }
+    for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
+    ex.setPlan(p, opDeadline());
+    std::vector<size_t> order(names.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    order.insert(order.begin() + 2, 1);  // q1 (push/pull: a key's two rounds) twice in a row
+    const uint64_t three = 3 * (n + 4) * sizeof(float);
+    const std::vector<uint64_t> sizes = {0, three, executor::kDefaultPhaseBytes, uint64_t(1) << 40};
+    if (me == 0)
+      std::printf("phased: %zu tensors of %zu options in batches of %zu, %d ranks on %d machines\n",
+                  names.size(), options.size(), order.size(), W, topo.numMachines);
+    std::vector<std::vector<float>> in(order.size()), out(order.size());
+    int iter = 0;
+    for (uint64_t size : sizes) {
+      ex.setPhaseBytes(size);
+      for (int rep = 0; rep < iters; ++rep, ++iter) {
+        std::vector<executor::BatchItem> batch;
+        for (size_t b = 0; b < order.size(); ++b) {
+          const size_t k = order[b];
+          in[b].resize(lens[k]);
+          out[b].assign(lens[k], -1000.0f);
+          // Item b's own data, so that a mix-up between q0's two rounds shows.
+          for (uint64_t i = 0; i < lens[k]; ++i) in[b][i] = exactInput(me, b, iter, i);
+          float* o = b % 2 ? in[b].data() : out[b].data();  // half in place
+          batch.push_back({names[k], in[b].data(), o, lens[k]});
+        }
+        const uint64_t before = ex.phasedSteps();
+        try {
+          ex.runBatch(batch, ReduceOp::kSum, opDeadline());
+        } catch (const Error& e) {
+          fail(fmt::format("phased, phases of {} bytes, iteration {}: {}", size, iter, e.what()));
+          continue;
+        }
+        const uint64_t phased = ex.phasedSteps() - before;
+        if ((size == 0) != (phased == 0))
+          fail(fmt::format("phased, phases of {} bytes, iteration {}: {} communication steps ran for several "
+                           "items in a row",
+                           size, iter, phased));
+        for (size_t b = 0; b < order.size(); ++b) {
+          const size_t k = order[b];
+          for (uint64_t i = 0; i < lens[k]; ++i) {
+            float ref = 0;
+            for (int w = 0; w < W; ++w) ref += exactInput(w, b, iter, i);
+            if (batch[b].output[i] != ref) {
+              fail(fmt::format("phased, phases of {} bytes: item {} (tensor {}, {}), iteration {}, element {}: "
+                               "{} != reference {}",
+                               size, b, names[k], p.tensors[names[k]].describe(), iter, i, batch[b].output[i],
+                               ref));
+              break;
+            }
+          }
+        }
+      }
+    }
+    if (me == 0) std::printf("phased: %s\n", failures ? "FAILED" : "exact");
   } else if (mode == "fusion") {
     planner::TreeConfig tc;
     tc.parameterServer = true;

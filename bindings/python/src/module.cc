@@ -338,7 +338,10 @@ class PyExecutor {
  public:
   explicit PyExecutor(Runtime& rt)
       : rt_(rt), job_(readJobConfig(false)),
-        ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {}
+        ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {
+    ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
+    ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
+  }
 
   // Without the worker (after cortado shut down) nothing may touch it.
   executor::Executor& ex() {
