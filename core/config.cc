@@ -203,30 +203,22 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
   if (auto v = getEnvBool(names("CORTADO_SHM"))) c.sharedMemory = *v;
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
-  if (auto v = getEnv(names("CORTADO_FUSION_BYTES"))) {
+  // A size in bytes that may be 0; a bad one is refused naming the variable and what to give.
+  auto sizeSetting = [&](const char* name, uint64_t& field, const char* what) {
+    auto v = getEnv(names(name));
+    if (!v) return;
     try {
       CORTADO_ENFORCE(v->value.find('-') == std::string::npos, ErrorCode::kInvalidArgument,
                       "a size cannot be negative");
-      c.fusionBytes = parseBytes(v->value);
+      field = parseBytes(v->value);
     } catch (const Error& e) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("CORTADO_FUSION_BYTES='{}': {}; give the fusion threshold in bytes "
-                              "(e.g. 64MiB; 0 switches tensor fusion off)",
-                              v->value, e.what()));
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("{}='{}': {}; {}", name, v->value, e.what(), what));
     }
-  }
-  if (auto v = getEnv(names("CORTADO_PHASE_BYTES"))) {
-    try {
-      CORTADO_ENFORCE(v->value.find('-') == std::string::npos, ErrorCode::kInvalidArgument,
-                      "a size cannot be negative");
-      c.phaseBytes = parseBytes(v->value);
-    } catch (const Error& e) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("CORTADO_PHASE_BYTES='{}': {}; give a phase's size in bytes "
-                              "(e.g. 64MiB; 0 runs a batch's tensors one after the other)",
-                              v->value, e.what()));
-    }
-  }
+  };
+  sizeSetting("CORTADO_FUSION_BYTES", c.fusionBytes,
+              "give the fusion threshold in bytes (e.g. 64MiB; 0 switches tensor fusion off)");
+  sizeSetting("CORTADO_PHASE_BYTES", c.phaseBytes,
+              "give a phase's size in bytes (e.g. 64MiB; 0 runs a batch's tensors one after the other)");
   if (auto v = getEnvBool(names("CORTADO_PIPELINE"))) c.pipeline = *v;
   if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;

@@ -225,59 +225,45 @@ TEST(Executor, MismatchedSizesFailEveryWorker) {
   });
 }
 
-// CORTADO_FUSION_BYTES: sizes with units, 0 for off, the default 64 MiB;
-// anything else refused naming the variable and what to give.
-TEST(Executor, FusionThresholdFromTheJobConfig) {
-  unsetenv("CORTADO_FUSION_BYTES");
-  EXPECT_EQ(readJobConfig(false).fusionBytes, executor::kDefaultFusionBytes);
-  setenv("CORTADO_FUSION_BYTES", "1M", 1);
-  EXPECT_EQ(readJobConfig(false).fusionBytes, 1u << 20);
-  setenv("CORTADO_FUSION_BYTES", "0", 1);
-  EXPECT_EQ(readJobConfig(false).fusionBytes, 0u);
+// A size setting: units, 0, the default when unset; anything else refused
+// naming the variable and saying what to give (`hint`); passed on to
+// launched roles.
+void expectSizeSetting(const char* var, uint64_t JobConfig::*field, uint64_t def, const char* hint) {
+  unsetenv(var);
+  EXPECT_EQ(readJobConfig(false).*field, def);
+  setenv(var, "1M", 1);
+  EXPECT_EQ(readJobConfig(false).*field, 1u << 20);
+  setenv(var, "2MiB", 1);
+  EXPECT_EQ(readJobConfig(false).*field, 2u << 20);
+  setenv(var, "0", 1);
+  EXPECT_EQ(readJobConfig(false).*field, 0u);
   for (const char* bad : {"-1", "lots", "4X"}) {
-    setenv("CORTADO_FUSION_BYTES", bad, 1);
+    setenv(var, bad, 1);
     try {
       readJobConfig(false);
-      ADD_FAILURE() << bad << " was accepted";
+      ADD_FAILURE() << var << "=" << bad << " was accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("CORTADO_FUSION_BYTES"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("0 switches tensor fusion off"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(hint), std::string::npos) << e.what();
     }
   }
-  unsetenv("CORTADO_FUSION_BYTES");
+  unsetenv(var);
   JobConfig c;
-  c.fusionBytes = 12345;
+  c.*field = 12345;
   bool found = false;
-  for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_FUSION_BYTES" && v == "12345";
-  EXPECT_TRUE(found);
+  for (const auto& [k, v] : c.toEnv()) found |= k == var && v == "12345";
+  EXPECT_TRUE(found) << var;
 }
 
-// CORTADO_PHASE_BYTES: sizes with units, 0 for one item after the other, the
-// default 64 MiB; anything else refused naming the variable and what to give.
+// CORTADO_FUSION_BYTES and CORTADO_PHASE_BYTES, each 64 MiB by default.
+TEST(Executor, FusionThresholdFromTheJobConfig) {
+  expectSizeSetting("CORTADO_FUSION_BYTES", &JobConfig::fusionBytes, executor::kDefaultFusionBytes,
+                    "0 switches tensor fusion off");
+}
+
 TEST(Executor, PhaseBytesFromTheJobConfig) {
-  unsetenv("CORTADO_PHASE_BYTES");
-  EXPECT_EQ(readJobConfig(false).phaseBytes, executor::kDefaultPhaseBytes);
-  setenv("CORTADO_PHASE_BYTES", "2MiB", 1);
-  EXPECT_EQ(readJobConfig(false).phaseBytes, 2u << 20);
-  setenv("CORTADO_PHASE_BYTES", "0", 1);
-  EXPECT_EQ(readJobConfig(false).phaseBytes, 0u);
-  for (const char* bad : {"-1", "many", "4X"}) {
-    setenv("CORTADO_PHASE_BYTES", bad, 1);
-    try {
-      readJobConfig(false);
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("CORTADO_PHASE_BYTES"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("0 runs a batch's tensors one after the other"), std::string::npos)
-          << e.what();
-    }
-  }
-  unsetenv("CORTADO_PHASE_BYTES");
-  JobConfig c;
-  c.phaseBytes = 4321;
-  bool found = false;
-  for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_PHASE_BYTES" && v == "4321";
-  EXPECT_TRUE(found);
+  expectSizeSetting("CORTADO_PHASE_BYTES", &JobConfig::phaseBytes, executor::kDefaultPhaseBytes,
+                    "0 runs a batch's tensors one after the other");
 }
 
 // CORTADO_PIPELINE: off by default, 1/0 (and the other boolean spellings),

@@ -105,6 +105,29 @@ float exactInput(int rank, size_t option, int iter, uint64_t i) {
   return float(int((rank * 7 + i * 3 + option * 5 + iter * 11 + (i * i) % 7) % 9) - 4);
 }
 
+// Each of `options` that `keep` accepts, followed by the default push/pull,
+// as tensors "<prefix><k>" of n + (k + 1) % 5 elements, in one plan.
+struct TreeTensors {
+  plan::Plan plan;
+  std::vector<std::string> names;
+  std::vector<uint64_t> lens;
+};
+template <typename Keep>
+TreeTensors withDefaults(const std::vector<plan::TensorOption>& options, const Keep& keep, const char* prefix,
+                         uint64_t n) {
+  TreeTensors t;
+  t.plan.version = 1;
+  for (const plan::TensorOption& opt : options) {
+    if (!keep(opt)) continue;
+    for (const plan::TensorOption& o : {opt, executor::defaultOption()}) {
+      t.names.push_back(fmt::format("{}{}", prefix, t.names.size()));
+      t.lens.push_back(n + t.names.size() % 5);
+      t.plan.tensors[t.names.back()] = o;
+    }
+  }
+  return t;
+}
+
 // Lossy mode gradients: a per-element mean plus per-rank noise.
 float lossyInput(int rank, size_t option, int iter, uint64_t i) {
   double mean = std::sin(double(i * 13 + option));
@@ -596,21 +619,11 @@ int runCheck(int argc, char** argv) {
     planner::TreeConfig tc;
     tc.parameterServer = true;
     tc.codec = codec;
-    auto options = planner::enumerateOptions(tc);
-    plan::Plan p;
-    p.version = 1;
-    std::vector<std::string> names;
-    std::vector<uint64_t> lens;
+    auto [p, names, lens] = withDefaults(
+        planner::enumerateOptions(tc), [](const plan::TensorOption& o) { return o.compressed(); }, "p", n);
     uint64_t expectStarts = 0;  // per batch: items after the first whose option starts with an encode
-    for (size_t k = 0; k < options.size(); ++k) {
-      if (!options[k].compressed()) continue;
-      for (const plan::TensorOption& o : {options[k], executor::defaultOption()}) {
-        names.push_back(fmt::format("p{}", names.size()));
-        lens.push_back(n + names.size() % 5);
-        p.tensors[names.back()] = o;
-        if (names.size() > 1 && o.steps.front().kind != plan::StepKind::kComm) ++expectStarts;
-      }
-    }
+    for (size_t k = 1; k < names.size(); ++k)
+      if (p.tensors[names[k]].steps.front().kind != plan::StepKind::kComm) ++expectStarts;
     for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
     ex.setPlan(p, opDeadline());
     ex.setPipeline(true);
@@ -660,19 +673,10 @@ int runCheck(int argc, char** argv) {
     planner::TreeConfig tc;
     tc.parameterServer = true;
     tc.codec = codec;
-    auto options = planner::enumerateOptions(tc);
-    plan::Plan p;
-    p.version = 1;
-    std::vector<std::string> names;
-    std::vector<uint64_t> lens;
-    for (const plan::TensorOption& opt : options) {
-      if (opt.fusible()) continue;  // fused options run in groups, not in phases
-      for (const plan::TensorOption& o : {opt, executor::defaultOption()}) {
-        names.push_back(fmt::format("q{}", names.size()));
-        lens.push_back(n + names.size() % 5);
-        p.tensors[names.back()] = o;
-      }
-    }
+    const auto options = planner::enumerateOptions(tc);
+    // Fused options run in groups, not in phases.
+    auto [p, names, lens] = withDefaults(
+        options, [](const plan::TensorOption& o) { return !o.fusible(); }, "q", n);
     for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
     ex.setPlan(p, opDeadline());
     std::vector<size_t> order(names.size());
