@@ -82,6 +82,7 @@ plan::TensorOption defaultOption();
 // The fusion threshold a job gets without CORTADO_FUSION_BYTES: 64 MiB,
 // Horovod's default fusion buffer.
 inline constexpr uint64_t kDefaultFusionBytes = 64ull << 20;
+// The phase size a job gets without CORTADO_PHASE_BYTES (Executor::setPhaseBytes).
 inline constexpr uint64_t kDefaultPhaseBytes = 64ull << 20;
 
 // One tensor of a batch (Executor::runBatch): sums `input` over all workers

@@ -697,7 +697,7 @@ int runCheck(int argc, char** argv) {
           const size_t k = order[b];
           in[b].resize(lens[k]);
           out[b].assign(lens[k], -1000.0f);
-          // Item b's own data, so that a mix-up between q0's two rounds shows.
+          // Item b's own data, so that a mix-up between q1's two rounds shows.
           for (uint64_t i = 0; i < lens[k]; ++i) in[b][i] = exactInput(me, b, iter, i);
           float* o = b % 2 ? in[b].data() : out[b].data();  // half in place
           batch.push_back({names[k], in[b].data(), o, lens[k]});
