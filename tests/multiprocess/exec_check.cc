@@ -664,8 +664,9 @@ int runCheck(int argc, char** argv) {
     }
     if (me == 0) std::printf("pipeline: %s\n", failures ? "FAILED" : "exact");
   } else if (mode == "phased") {
-    // Phases (Executor::setPhaseBytes): every option of the tree, compressed
-    // (fp16: exact on these inputs) and not, each beside the default
+    // Phases (Executor::setPhaseBytes): every option of the tree that does
+    // not fuse, compressed (fp16: exact on these inputs) or with push/pull,
+    // each beside the default
     // push/pull, as one batch per iteration with a push/pull tensor in it
     // twice (its two rounds cannot share a phase). Under four phase sizes:
     // 0 (one item after the other), phases of about three items, the
