@@ -991,8 +991,8 @@ bool Executor::lastRound() const {
 namespace {
 
 // The items that run alone, in phases (setPhaseBytes): consecutive items up
-// to phaseBytes of input, each tensor at most once (a tensor twice in a
-// batch runs its rounds in turn). In a phase every item's local steps run,
+// to phaseBytes of input (0: one item a phase, so one after the other), each
+// tensor at most once (a tensor twice in a batch runs its rounds in turn). In a phase every item's local steps run,
 // then every item's next communication step, and so on until all are done.
 template <typename MakeRun>
 void runPhases(const std::vector<size_t>& alone, const MakeRun& makeRun, std::span<const BatchItem> items,
@@ -1087,54 +1087,51 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
     if (it == byOption.end()) byOption.push_back({i});
     else it->push_back(i);
   }
-  // The items that run alone. With the pipeline, the next one's leading
+  // The items that run alone: in phases (0 bytes: one item a phase, one
+  // after the other), or with the pipeline, where the next one's leading
   // encode (Run::start: no communication) runs on another thread while this
   // one communicates; the order of every collective and push is unchanged.
-  auto startsLocal = [&](size_t k) {
-    const auto& steps = states[alone[k]]->option.steps;
-    return steps.front().kind != plan::StepKind::kComm && states[alone[k]] != states[alone[k - 1]];
-  };
-  std::unique_ptr<Run> next;
-  std::future<void> nextStarted;
-  if (!pipeline_ && phaseBytes_ > 0) {
+  if (!pipeline_) {
     runPhases(alone, makeRun, items, states, op, phaseBytes_, phasedSteps_);
-    alone.clear();
-  }
-  for (size_t k = 0; k < alone.size(); ++k) {
-    const size_t i = alone[k];
-    if (!pipeline_) {
-      runAlone(i);
-      continue;
-    }
-    std::unique_ptr<Run> cur = std::move(next);
-    if (cur) {
-      nextStarted.get();  // its start's error, if any, is this item's
-    } else {
-      cur = makeRun(i);
-      cur->start(items[i].input, items[i].output);
-    }
-    if (k + 1 < alone.size() && startsLocal(k + 1)) {
-      const size_t j = alone[k + 1];
-      auto r = makeRun(j);
-      try {
-        nextStarted = std::async(std::launch::async, [r = r.get(), in = items[j].input,
-                                                      out = items[j].output] { r->start(in, out); });
-        next = std::move(r);
-        ++pipelinedStarts_;
-      } catch (const std::system_error& e) {
-        // No thread to be had: the next item starts in turn, as without the pipeline.
-        CORTADO_LOG_WARN("encode pipeline: no second thread ({}); running in turn", e.what());
+  } else {
+    auto startsLocal = [&](size_t k) {
+      const auto& steps = states[alone[k]]->option.steps;
+      return steps.front().kind != plan::StepKind::kComm && states[alone[k]] != states[alone[k - 1]];
+    };
+    std::unique_ptr<Run> next;
+    std::future<void> nextStarted;
+    for (size_t k = 0; k < alone.size(); ++k) {
+      const size_t i = alone[k];
+      std::unique_ptr<Run> cur = std::move(next);
+      if (cur) {
+        nextStarted.get();  // its start's error, if any, is this item's
+      } else {
+        cur = makeRun(i);
+        cur->start(items[i].input, items[i].output);
       }
+      if (k + 1 < alone.size() && startsLocal(k + 1)) {
+        const size_t j = alone[k + 1];
+        auto r = makeRun(j);
+        try {
+          nextStarted = std::async(std::launch::async, [r = r.get(), in = items[j].input,
+                                                        out = items[j].output] { r->start(in, out); });
+          next = std::move(r);
+          ++pipelinedStarts_;
+        } catch (const std::system_error& e) {
+          // No thread to be had: the next item starts in turn, as without the pipeline.
+          CORTADO_LOG_WARN("encode pipeline: no second thread ({}); running in turn", e.what());
+        }
+      }
+      try {
+        cur->finish(op);
+      } catch (...) {
+        // The next item's encode ran (its residual counts this round's
+        // gradient as sent); the batch fails here, as after any failed step.
+        if (nextStarted.valid()) nextStarted.wait();
+        throw;
+      }
+      ++states[i]->round;
     }
-    try {
-      cur->finish(op);
-    } catch (...) {
-      // The next item's encode ran (its residual counts this round's
-      // gradient as sent); the batch fails here, as after any failed step.
-      if (nextStarted.valid()) nextStarted.wait();
-      throw;
-    }
-    ++states[i]->round;
   }
   std::vector<size_t> group;
   auto runGroup = [&] {

@@ -128,6 +128,45 @@ TreeTensors withDefaults(const std::vector<plan::TensorOption>& options, const K
   return t;
 }
 
+// A batch of t's tensors in `order` (a tensor may come twice): item b gets
+// exactInput(rank, b, iter, .), and every other item runs in place.
+std::vector<executor::BatchItem> exactBatch(const TreeTensors& t, const std::vector<size_t>& order, int rank,
+                                            int iter, std::vector<std::vector<float>>& in,
+                                            std::vector<std::vector<float>>& out) {
+  in.resize(order.size());
+  out.resize(order.size());
+  std::vector<executor::BatchItem> batch;
+  for (size_t b = 0; b < order.size(); ++b) {
+    const size_t k = order[b];
+    in[b].resize(t.lens[k]);
+    out[b].assign(t.lens[k], -1000.0f);
+    for (uint64_t i = 0; i < t.lens[k]; ++i) in[b][i] = exactInput(rank, b, iter, i);
+    float* o = b % 2 ? in[b].data() : out[b].data();  // half in place
+    batch.push_back({t.names[k], in[b].data(), o, t.lens[k]});
+  }
+  return batch;
+}
+
+// For each item of an exactBatch whose output is not the plain sum over W
+// ranks, where and what: "item b (tensor, option), element i: x != reference r".
+std::vector<std::string> exactMismatches(const TreeTensors& t, const std::vector<size_t>& order,
+                                         const std::vector<executor::BatchItem>& batch, int W, int iter) {
+  std::vector<std::string> bad;
+  for (size_t b = 0; b < order.size(); ++b) {
+    const std::string& name = t.names[order[b]];
+    for (uint64_t i = 0; i < batch[b].numElements; ++i) {
+      float ref = 0;
+      for (int w = 0; w < W; ++w) ref += exactInput(w, b, iter, i);
+      if (batch[b].output[i] != ref) {
+        bad.push_back(fmt::format("item {} (tensor {}, {}), element {}: {} != reference {}", b, name,
+                                  t.plan.tensors.at(name).describe(), i, batch[b].output[i], ref));
+        break;
+      }
+    }
+  }
+  return bad;
+}
+
 // Lossy mode gradients: a per-element mean plus per-rank noise.
 float lossyInput(int rank, size_t option, int iter, uint64_t i) {
   double mean = std::sin(double(i * 13 + option));
@@ -619,27 +658,22 @@ int runCheck(int argc, char** argv) {
     planner::TreeConfig tc;
     tc.parameterServer = true;
     tc.codec = codec;
-    auto [p, names, lens] = withDefaults(
+    const TreeTensors t = withDefaults(
         planner::enumerateOptions(tc), [](const plan::TensorOption& o) { return o.compressed(); }, "p", n);
     uint64_t expectStarts = 0;  // per batch: items after the first whose option starts with an encode
-    for (size_t k = 1; k < names.size(); ++k)
-      if (p.tensors[names[k]].steps.front().kind != plan::StepKind::kComm) ++expectStarts;
-    for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
-    ex.setPlan(p, opDeadline());
+    for (size_t k = 1; k < t.names.size(); ++k)
+      if (t.plan.tensors.at(t.names[k]).steps.front().kind != plan::StepKind::kComm) ++expectStarts;
+    for (size_t k = 0; k < t.names.size(); ++k) ex.declare(t.names[k], DType::kFloat32, t.lens[k]);
+    ex.setPlan(t.plan, opDeadline());
     ex.setPipeline(true);
     if (me == 0)
       std::printf("pipeline: %zu tensors (%llu leading encodes pipelined a batch), %d ranks on %d machines\n",
-                  names.size(), (unsigned long long)expectStarts, W, topo.numMachines);
-    std::vector<std::vector<float>> in(names.size()), out(names.size());
+                  t.names.size(), (unsigned long long)expectStarts, W, topo.numMachines);
+    std::vector<size_t> order(t.names.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::vector<std::vector<float>> in, out;
     for (int iter = 0; iter < iters; ++iter) {
-      std::vector<executor::BatchItem> batch;
-      for (size_t k = 0; k < names.size(); ++k) {
-        in[k].resize(lens[k]);
-        out[k].assign(lens[k], -1000.0f);
-        for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = exactInput(me, k, iter, i);
-        float* o = k % 2 ? in[k].data() : out[k].data();  // half in place
-        batch.push_back({names[k], in[k].data(), o, lens[k]});
-      }
+      const auto batch = exactBatch(t, order, me, iter, in, out);
       const uint64_t before = ex.pipelinedStarts();
       try {
         ex.runBatch(batch, ReduceOp::kSum, opDeadline());
@@ -650,59 +684,42 @@ int runCheck(int argc, char** argv) {
       if (ex.pipelinedStarts() - before != expectStarts)
         fail(fmt::format("pipeline, iteration {}: {} leading encodes ran beside another item, expected {}",
                          iter, ex.pipelinedStarts() - before, expectStarts));
-      for (size_t k = 0; k < names.size(); ++k) {
-        for (uint64_t i = 0; i < lens[k]; ++i) {
-          float ref = 0;
-          for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
-          if (batch[k].output[i] != ref) {
-            fail(fmt::format("pipeline: tensor {} ({}), iteration {}, element {}: {} != reference {}",
-                             names[k], p.tensors[names[k]].describe(), iter, i, batch[k].output[i], ref));
-            break;
-          }
-        }
-      }
+      for (const std::string& m : exactMismatches(t, order, batch, W, iter))
+        fail(fmt::format("pipeline, iteration {}: {}", iter, m));
     }
     if (me == 0) std::printf("pipeline: %s\n", failures ? "FAILED" : "exact");
   } else if (mode == "phased") {
     // Phases (Executor::setPhaseBytes): every option of the tree that does
     // not fuse, compressed (fp16: exact on these inputs) or with push/pull,
-    // each beside the default
-    // push/pull, as one batch per iteration with a push/pull tensor in it
-    // twice (its two rounds cannot share a phase). Under four phase sizes:
-    // 0 (one item after the other), phases of about three items, the
-    // default, and one phase for everything; against a plain sum.
+    // each beside the default push/pull, as one batch per iteration with a
+    // push/pull tensor in it twice (its two rounds cannot share a phase).
+    // Under four phase sizes: 0 (one item after the other), phases of about
+    // three items, the default, and one phase for everything; against a
+    // plain sum.
     planner::TreeConfig tc;
     tc.parameterServer = true;
     tc.codec = codec;
     const auto options = planner::enumerateOptions(tc);
     // Fused options run in groups, not in phases.
-    auto [p, names, lens] = withDefaults(
+    const TreeTensors t = withDefaults(
         options, [](const plan::TensorOption& o) { return !o.fusible(); }, "q", n);
-    for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
-    ex.setPlan(p, opDeadline());
-    std::vector<size_t> order(names.size());
+    for (size_t k = 0; k < t.names.size(); ++k) ex.declare(t.names[k], DType::kFloat32, t.lens[k]);
+    ex.setPlan(t.plan, opDeadline());
+    std::vector<size_t> order(t.names.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = k;
     order.insert(order.begin() + 2, 1);  // q1 (push/pull: a key's two rounds) twice in a row
     const uint64_t three = 3 * (n + 4) * sizeof(float);
     const std::vector<uint64_t> sizes = {0, three, executor::kDefaultPhaseBytes, uint64_t(1) << 40};
     if (me == 0)
       std::printf("phased: %zu tensors of %zu options in batches of %zu, %d ranks on %d machines\n",
-                  names.size(), options.size(), order.size(), W, topo.numMachines);
-    std::vector<std::vector<float>> in(order.size()), out(order.size());
+                  t.names.size(), options.size(), order.size(), W, topo.numMachines);
+    std::vector<std::vector<float>> in, out;
     int iter = 0;
     for (uint64_t size : sizes) {
       ex.setPhaseBytes(size);
       for (int rep = 0; rep < iters; ++rep, ++iter) {
-        std::vector<executor::BatchItem> batch;
-        for (size_t b = 0; b < order.size(); ++b) {
-          const size_t k = order[b];
-          in[b].resize(lens[k]);
-          out[b].assign(lens[k], -1000.0f);
-          // Item b's own data, so that a mix-up between q1's two rounds shows.
-          for (uint64_t i = 0; i < lens[k]; ++i) in[b][i] = exactInput(me, b, iter, i);
-          float* o = b % 2 ? in[b].data() : out[b].data();  // half in place
-          batch.push_back({names[k], in[b].data(), o, lens[k]});
-        }
+        // Item b's own data, so that a mix-up between q1's two rounds shows.
+        const auto batch = exactBatch(t, order, me, iter, in, out);
         const uint64_t before = ex.phasedSteps();
         try {
           ex.runBatch(batch, ReduceOp::kSum, opDeadline());
@@ -715,20 +732,8 @@ int runCheck(int argc, char** argv) {
           fail(fmt::format("phased, phases of {} bytes, iteration {}: {} communication steps ran for several "
                            "items in a row",
                            size, iter, phased));
-        for (size_t b = 0; b < order.size(); ++b) {
-          const size_t k = order[b];
-          for (uint64_t i = 0; i < lens[k]; ++i) {
-            float ref = 0;
-            for (int w = 0; w < W; ++w) ref += exactInput(w, b, iter, i);
-            if (batch[b].output[i] != ref) {
-              fail(fmt::format("phased, phases of {} bytes: item {} (tensor {}, {}), iteration {}, element {}: "
-                               "{} != reference {}",
-                               size, b, names[k], p.tensors[names[k]].describe(), iter, i, batch[b].output[i],
-                               ref));
-              break;
-            }
-          }
-        }
+        for (const std::string& m : exactMismatches(t, order, batch, W, iter))
+          fail(fmt::format("phased, phases of {} bytes, iteration {}: {}", size, iter, m));
       }
     }
     if (me == 0) std::printf("phased: %s\n", failures ? "FAILED" : "exact");
