@@ -1,0 +1,535 @@
+// One tensor's run of its plan option (Run, core/executor_run.h): the
+// steps in order, with the payload framing and the variable-size
+// collectives that compressed steps move their pieces with.
+#include "core/executor_run.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "compressor/format.h"
+#include "compressor/payload.h"
+#include "compressor/registry.h"
+
+namespace cortado::executor::detail {
+namespace {
+
+// Blob framing for collectives: u64 count, then per segment u64 off, u64
+// count, u64 dense, u64 bytes, bytes. Sized once, then filled: no
+// reallocation while a phase's payloads are packed.
+std::vector<std::byte> pack(const Segs& segs) {
+  size_t total = 8;
+  for (const Seg& s : segs) total += 32 + s.bytes.size();
+  std::vector<std::byte> out(total);
+  size_t at = 0;
+  auto put = [&](const void* p, size_t n) {
+    if (n > 0) std::memcpy(out.data() + at, p, n);
+    at += n;
+  };
+  auto putU64 = [&](uint64_t v) { put(&v, 8); };
+  putU64(segs.size());
+  for (const Seg& s : segs) {
+    putU64(s.off);
+    putU64(s.count);
+    putU64(s.dense ? 1 : 0);
+    putU64(s.bytes.size());
+    put(s.bytes.data(), s.bytes.size());
+  }
+  return out;
+}
+void unpackInto(const std::byte* p, size_t n, Segs& out, uint64_t tensorLen) {
+  size_t at = 0;
+  auto get = [&]() {
+    CORTADO_ENFORCE(at + 8 <= n, ErrorCode::kProtocol, "truncated compressed blob ({} bytes)", n);
+    uint64_t v;
+    std::memcpy(&v, p + at, 8);
+    at += 8;
+    return v;
+  };
+  const uint64_t count = get();
+  for (uint64_t i = 0; i < count; ++i) {
+    Seg s;
+    s.off = get();
+    s.count = get();
+    s.dense = get() != 0;
+    const uint64_t bytes = get();
+    CORTADO_ENFORCE(s.off <= tensorLen && s.count <= tensorLen - s.off && bytes <= n - at,
+                    ErrorCode::kProtocol, "malformed compressed blob: segment [{}, +{}) of {} bytes",
+                    s.off, s.count, bytes);
+    s.bytes.assign(p + at, p + at + bytes);
+    at += bytes;
+    out.push_back(std::move(s));
+  }
+}
+
+using Blob = std::vector<std::byte>;
+
+std::vector<Blob> allgatherBlob(Group g, const Blob& mine, Deadline d) {
+  if (g.size() == 1) return {mine};
+  std::vector<int64_t> sizes(g.size());
+  int64_t my = static_cast<int64_t>(mine.size());
+  g.c->allgather(&my, 1, sizes.data(), DType::kInt64, d);
+  std::vector<size_t> counts(sizes.begin(), sizes.end());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  Blob all(total);
+  g.c->allgatherv(mine.data(), mine.size(), all.data(), counts, DType::kUInt8, d);
+  std::vector<Blob> out;
+  size_t at = 0;
+  for (size_t c : counts) {
+    out.emplace_back(all.begin() + at, all.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+std::vector<Blob> alltoallBlob(Group g, const std::vector<Blob>& toEach, Deadline d) {
+  if (g.size() == 1) return toEach;
+  const int n = g.size();
+  std::vector<int64_t> sendSizes(n), recvSizes(n);
+  for (int i = 0; i < n; ++i) sendSizes[i] = static_cast<int64_t>(toEach[i].size());
+  g.c->alltoall(sendSizes.data(), recvSizes.data(), 1, DType::kInt64, d);
+  std::vector<size_t> sc(sendSizes.begin(), sendSizes.end()), rc(recvSizes.begin(), recvSizes.end());
+  Blob send;
+  for (const Blob& b : toEach) send.insert(send.end(), b.begin(), b.end());
+  size_t total = 0;
+  for (size_t c : rc) total += c;
+  Blob recv(total);
+  g.c->alltoallv(send.data(), sc, recv.data(), rc, DType::kUInt8, d);
+  std::vector<Blob> out;
+  size_t at = 0;
+  for (size_t c : rc) {
+    out.emplace_back(recv.begin() + at, recv.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+// On the root: every rank's blob; elsewhere empty.
+std::vector<Blob> gatherBlob(Group g, const Blob& mine, Deadline d) {
+  if (g.size() == 1) return {mine};
+  std::vector<int64_t> sizes(g.size());
+  int64_t my = static_cast<int64_t>(mine.size());
+  g.c->gather(&my, 1, sizes.data(), DType::kInt64, 0, d);
+  std::vector<size_t> counts;
+  size_t total = 0;
+  if (g.rank() == 0) {
+    counts.assign(sizes.begin(), sizes.end());
+    for (size_t c : counts) total += c;
+  }
+  Blob all(total);
+  g.c->gatherv(mine.data(), mine.size(), all.data(), counts, DType::kUInt8, 0, d);
+  std::vector<Blob> out;
+  size_t at = 0;
+  for (size_t c : counts) {
+    out.emplace_back(all.begin() + at, all.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+void broadcastBlob(Group g, Blob& blob, Deadline d) {
+  if (g.size() == 1) return;
+  int64_t size = static_cast<int64_t>(blob.size());
+  g.c->broadcast(&size, 1, DType::kInt64, 0, d);
+  blob.resize(static_cast<size_t>(size));
+  g.c->broadcast(blob.data(), blob.size(), DType::kUInt8, 0, d);
+}
+
+bool isFirst(CommOp op) {
+  return op == CommOp::kReduceScatter || op == CommOp::kReduce || op == CommOp::kAlltoall ||
+         op == CommOp::kGather;
+}
+
+}  // namespace
+
+std::string describeStep(const Step& s) {
+  if (s.kind == StepKind::kEncode) return fmt::format("encode on {}", plan::toString(s.device));
+  if (s.kind == StepKind::kDecode) return fmt::format("decode on {}", plan::toString(s.device));
+  return fmt::format("{} {}{}", plan::toString(s.scope), plan::toString(s.op),
+                     s.compressed ? " compressed" : "");
+}
+
+void Run::start(const float* in, float* out) {
+  // Work in the output: no copy of the tensor beyond the input's.
+  x_ = out;
+  if (in != out) std::copy_n(in, t_.n, out);
+  if (!t_.carry.empty()) {  // residuals of encode points the last switch retired
+    for (uint64_t i = 0; i < t_.n; ++i) x_[i] += t_.carry[i];
+    t_.carry.clear();
+  }
+  r_ = Region{0, t_.n};
+  step_ = 0;
+  runSteps(Until::kBeforeComm);
+}
+
+void Run::scale(ReduceOp op) {
+  const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
+  if (scale != 1.0f)
+    for (uint64_t i = 0; i < t_.n; ++i) x_[i] *= scale;
+}
+
+void Run::runSteps(Until until) {
+  const auto& steps = t_.option.steps;
+  while (step_ < steps.size()) {
+    const Step& s = steps[step_];
+    const bool comm = s.kind == StepKind::kComm;
+    if (comm && until == Until::kBeforeComm) return;
+    try {
+      const bool wasActive = active_;
+      const size_t at = step_;
+      const double start = tracer_ ? Tracer::now() : 0;
+      if (prof_) {
+        timedStep(s);
+      } else {
+        runStep(s);
+      }
+      if (tracer_ && (wasActive || active_)) record(steps, at, start);
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("worker {}: tensor '{}', step {} ({}) of plan '{}': {}",
+                                        topo_.rank, t_.name, step_, describeStep(s),
+                                        t_.option.describe(), e.what()));
+    }
+    ++step_;
+    if (comm && until == Until::kAfterComm) return;
+  }
+}
+
+void Run::record(const std::vector<Step>& steps, size_t i, double start) {
+  const Step& s = steps[i];
+  std::string stage, lane;
+  if (s.kind == StepKind::kEncode || s.kind == StepKind::kDecode) {
+    stage = s.kind == StepKind::kEncode ? "encode" : "decode";
+    lane = "cpu";  // host buffers: the CPU twin runs, also for "gpu" steps
+  } else if (s.op == CommOp::kPush) {
+    const Step& pull = steps.at(i + 1);
+    stage = fmt::format("inter push{}+pull{}", s.compressed ? "*" : "", pull.compressed ? "*" : "");
+    lane = "network";
+  } else {
+    stage = fmt::format("{} {}{}", plan::toString(s.scope), plan::toString(s.op),
+                        s.compressed ? "*" : "");
+    lane = s.scope == Scope::kIntra ? "intra" : "network";
+  }
+  tracer_->record(stage, t_.name, int64_t(t_.round), lane, start, Tracer::now());
+}
+
+float* Run::scratch(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+uint64_t Run::bytesHeld(bool compressed) const {
+  if (!compressed) return r_.len * sizeof(float);
+  uint64_t b = 0;
+  for (const Seg& s : segs_) b += s.bytes.size();
+  return b;
+}
+
+void Run::timedStep(const Step& s) {
+  using Clock = Executor::Profiler::Clock;
+  const bool active = active_;
+  const size_t first = step_;
+  uint64_t elements = r_.len, bytes = 0, chunks = 0;
+  int gsize = 1;
+  if (s.kind == StepKind::kDecode) {
+    elements = 0;
+    for (const Seg& x : segs_) elements += x.dense ? 0 : x.count;
+  }
+  if (s.kind == StepKind::kComm) {
+    bytes = bytesHeld(s.compressed);
+    gsize = group(s.scope).size();
+    if (s.op == CommOp::kPush) {
+      bytes *= std::max<size_t>(1, t_.shardKeys.size());
+      for (const auto& c : t_.shardChunks) chunks += c.size();
+    }
+  }
+  const auto t0 = Clock::now();
+  runStep(s);
+  const double us = Executor::Profiler::since(t0);
+  if (!active) return;
+  if (s.kind == StepKind::kEncode) {
+    prof_->codec(t_.codecSpec, true, elements, us);
+  } else if (s.kind == StepKind::kDecode) {
+    prof_->codec(t_.codecSpec, false, elements, us);
+  } else {
+    const bool push = s.op == CommOp::kPush;
+    prof_->comm(s.op, s.scope, s.compressed, gsize, bytes, chunks, push ? uint64_t(r_.len) : 0,
+                push && t_.option.steps.at(first + 1).compressed, us);
+  }
+}
+
+Group Run::group(Scope s) const {
+  if (!groups_) return Group{};
+  switch (s) {
+    case Scope::kFlat: return Group{groups_->world.get()};
+    case Scope::kIntra: return Group{groups_->intra.get()};
+    case Scope::kInter: return Group{groups_->inter.get()};
+  }
+  return Group{};
+}
+
+void Run::runStep(const Step& s) {
+  if (s.kind == StepKind::kEncode) {
+    if (active_) encode();
+    return;
+  }
+  if (s.kind == StepKind::kDecode) {
+    if (active_) decode();
+    return;
+  }
+  Group g = group(s.scope);
+  if (s.op == CommOp::kPush) {
+    replicas_ *= uint64_t(topo_.numMachines);  // every machine's pusher pulls the same sum
+    if (active_) pushPull(s, t_.option.steps.at(step_ + 1));
+    ++step_;  // the pull ran with it
+    return;
+  }
+  if (isFirst(s.op)) {
+    frames_.push_back({r_, active_, s.scope});
+    if (!active_) return;
+    switch (s.op) {
+      case CommOp::kReduceScatter: reduceScatter(g); break;
+      case CommOp::kReduce:
+        if (g.size() > 1) {
+          float* sum = scratch(t_.scratch1, r_.len);
+          g.c->reduce(x_ + r_.off, sum, r_.len, DType::kFloat32, 0, d_);
+          if (g.rank() == 0) std::copy_n(sum, r_.len, x_ + r_.off);
+        }
+        active_ = g.rank() == 0;
+        break;
+      case CommOp::kAlltoall: alltoall(g); break;
+      case CommOp::kGather: {
+        if (g.size() > 1) {
+          auto blobs = gatherBlob(g, pack(segs_), d_);
+          segs_.clear();
+          for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
+        }
+        active_ = g.rank() == 0;
+        break;
+      }
+      default: break;
+    }
+    return;
+  }
+  // Second steps close the open pair of their scope; else indivisible.
+  const bool second = !frames_.empty() && frames_.back().scope == s.scope &&
+                      (s.op == CommOp::kAllgather || s.op == CommOp::kBroadcast);
+  if (!second) {
+    replicas_ *= uint64_t(g.size());  // allreduce, compressed allgather
+    if (!active_) return;
+    if (s.op == CommOp::kAllreduce) {
+      if (g.size() > 1)
+        g.c->allreduce(x_ + r_.off, x_ + r_.off, r_.len, DType::kFloat32, d_);
+    } else {  // compressed allgather
+      allgatherSegs(g);
+    }
+    return;
+  }
+  Frame f = frames_.back();
+  frames_.pop_back();
+  replicas_ *= uint64_t(g.size());  // the pair's members end with the same data
+  if (!f.active) return;  // this rank sat the whole pair out
+  if (s.op == CommOp::kAllgather) {
+    if (s.compressed) {
+      allgatherSegs(g);
+    } else {
+      allgatherRaw(g, f.parent);
+    }
+    r_ = f.parent;
+  } else {  // broadcast from the root of the pair
+    if (s.compressed && g.size() > 1) {
+      Blob b = active_ ? pack(segs_) : Blob{};
+      broadcastBlob(g, b, d_);
+      segs_.clear();
+      unpackInto(b.data(), b.size(), segs_, t_.n);
+    } else if (g.size() > 1) {
+      g.c->broadcast(x_ + f.parent.off, f.parent.len, DType::kFloat32, 0, d_);
+    }
+    r_ = f.parent;
+    active_ = true;
+  }
+}
+
+void Run::reduceScatter(Group g) {
+  const int n = g.size();
+  const Region mine = block(r_, n, g.rank());
+  if (n > 1) {
+    const uint64_t b = blockSize(r_, n);
+    float* padded = scratch(t_.scratch1, b * n);
+    float* recv = scratch(t_.scratch2, b);
+    std::copy_n(x_ + r_.off, r_.len, padded);
+    std::fill(padded + r_.len, padded + b * n, 0.0f);
+    g.c->reduceScatter(padded, recv, b, DType::kFloat32, d_);
+    std::copy_n(recv, mine.len, x_ + mine.off);
+  }
+  r_ = mine;
+}
+
+void Run::allgatherRaw(Group g, const Region& parent) {
+  const int n = g.size();
+  if (n == 1) return;
+  const uint64_t b = blockSize(parent, n);
+  float* send = scratch(t_.scratch2, b);
+  float* recv = scratch(t_.scratch1, b * n);
+  std::copy_n(x_ + r_.off, r_.len, send);
+  std::fill(send + r_.len, send + b, 0.0f);
+  g.c->allgather(send, b, recv, DType::kFloat32, d_);
+  std::copy_n(recv, parent.len, x_ + parent.off);
+}
+
+void Run::allgatherSegs(Group g) {
+  if (g.size() == 1) return;
+  auto blobs = allgatherBlob(g, pack(segs_), d_);
+  segs_.clear();
+  for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
+}
+
+void Run::alltoall(Group g) {
+  const int n = g.size();
+  if (n == 1) return;  // every piece stays here; block(r_, 1, 0) is r_
+  std::vector<Segs> out(n);
+  for (Seg& s : segs_) {
+    int dest = -1;
+    for (int i = 0; i < n; ++i) {
+      Region b = block(r_, n, i);
+      if (s.off >= b.off && s.off + s.count <= b.end() && (s.count > 0 || b.len == 0)) {
+        dest = i;
+        break;
+      }
+    }
+    CORTADO_ENFORCE(dest >= 0, ErrorCode::kInternal,
+                    "payload piece [{}, +{}) crosses the alltoall blocks of [{}, +{})", s.off,
+                    s.count, r_.off, r_.len);
+    out[dest].push_back(std::move(s));
+  }
+  std::vector<Blob> blobs;
+  for (const Segs& s : out) blobs.push_back(pack(s));
+  auto got = alltoallBlob(g, blobs, d_);
+  segs_.clear();
+  for (const Blob& b : got) unpackInto(b.data(), b.size(), segs_, t_.n);
+  r_ = block(r_, n, g.rank());
+}
+
+uint64_t Run::seed(uint64_t piece) const {
+  uint64_t s = compressor::format::hash2(t_.seedBase, (uint64_t(step_) << 40) ^ piece);
+  s = compressor::format::hash2(s, t_.round);
+  if (t_.codec->id() == compressor::CodecId::kRandomK) return s;  // the same on every worker
+  // Ranks that hold the same data here (replicas_ > 1) draw the same
+  // numbers, so their stochastic encodes and residuals stay equal, as the
+  // switch's fold of 1/replicas of each assumes (deterministic codecs
+  // ignore the seed).
+  if (replicas_ > 1) return s;
+  return compressor::format::hash2(s, uint64_t(topo_.rank) + 1);
+}
+
+void Run::encode() {
+  auto& ef = t_.ef[step_];
+  if (!ef) ef = std::make_unique<compressor::ErrorFeedback>(t_.codec);
+  segs_.clear();
+  std::vector<uint64_t> cuts{r_.off};
+  for (auto it = t_.cuts.upper_bound(r_.off); it != t_.cuts.end() && *it < r_.end(); ++it)
+    cuts.push_back(*it);
+  cuts.push_back(r_.end());
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    Seg s;
+    s.off = cuts[i];
+    s.count = cuts[i + 1] - cuts[i];
+    if (s.count == 0) continue;
+    s.bytes.resize(ef->payloadBytes(s.count));
+    t_.efPieces[step_][s.off] = s.count;
+    t_.efReplicas[step_] = replicas_;
+    compressor::EncodeContext ctx;
+    ctx.seed = seed(s.off);
+    ef->encode(s.off, x_ + s.off, s.count, s.bytes, ctx);
+    segs_.push_back(std::move(s));
+  }
+}
+
+void Run::decode() {
+  std::fill_n(x_ + r_.off, r_.len, 0.0f);
+  for (const Seg& s : segs_) {
+    CORTADO_ENFORCE(s.off >= r_.off && s.off + s.count <= r_.end(), ErrorCode::kInternal,
+                    "payload piece [{}, +{}) outside the data's region [{}, +{})", s.off,
+                    s.count, r_.off, r_.len);
+    float* dst = x_ + s.off;
+    if (s.dense) {
+      CORTADO_ENFORCE(s.bytes.size() == s.count * sizeof(float), ErrorCode::kProtocol,
+                      "dense piece of {} bytes for {} elements", s.bytes.size(), s.count);
+      const float* src = reinterpret_cast<const float*>(s.bytes.data());
+      for (uint64_t i = 0; i < s.count; ++i) dst[i] += src[i];
+      continue;
+    }
+    const compressor::PayloadHeader h = compressor::parseHeader(s.bytes);
+    const compressor::Codec* dec = nullptr;
+    if (h.codec == t_.codec->id()) dec = t_.codec.get();
+    else if (h.codec == compressor::CodecId::kTopK && t_.sparseDecoder) dec = t_.sparseDecoder.get();
+    CORTADO_ENFORCE(dec != nullptr, ErrorCode::kProtocol,
+                    "a {} payload for a tensor compressed with '{}'",
+                    compressor::codecIdName(h.codec), t_.codecSpec);
+    dec->decompressAdd(s.bytes, dst, s.count);
+  }
+  segs_.clear();
+}
+
+void Run::pushPull(const Step& push, const Step& pull) {
+  // The shard: this rank's intra block after a split, else the whole tensor.
+  size_t shard = 0;
+  if (t_.shardKeys.size() > 1) shard = static_cast<size_t>(topo_.localRank);
+  CORTADO_ENFORCE(shard < t_.shardKeys.size() && t_.shardRegions[shard] == r_,
+                  ErrorCode::kInternal, "push of [{}, +{}) matches no shard key", r_.off, r_.len);
+  const std::string& key = t_.shardKeys[shard];
+  const auto& chunks = t_.shardChunks[shard];
+  Exchange ex;
+  if (push.compressed) {
+    for (const ChunkSpan& c : chunks) {
+      Buffer b;
+      std::vector<std::byte> cat;
+      for (const Seg& s : segs_) {
+        if (s.off != r_.off + c.offset) continue;
+        CORTADO_ENFORCE(s.count == c.numElements && !s.dense, ErrorCode::kInternal,
+                        "payload piece [{}, +{}) does not match server chunk [{}, +{})", s.off,
+                        s.count, r_.off + c.offset, c.numElements);
+        cat.insert(cat.end(), s.bytes.begin(), s.bytes.end());
+      }
+      ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
+    }
+  } else {
+    ex.rawInput = x_ + r_.off;
+  }
+  auto answersOwned = std::make_shared<std::vector<ExchangeAnswer>>();
+  auto& answers = *answersOwned;
+  if (pull.compressed) {
+    ex.answers = answersOwned;
+  } else {
+    // In place, as pushPull allows: the answer comes only after the servers
+    // have every push of the round, ours included.
+    ex.rawOutput = x_ + r_.off;
+  }
+  ex.flushResidual = flushResidual_;
+  Handle h = worker_.exchange(key, std::move(ex), 0);
+  t_.exchanged.insert(key);
+  Status st = h.wait(d_);
+  if (st.code() == ErrorCode::kTimeout) {
+    // The round is half done and its answers would still land in the
+    // output after run() returned: end this worker's operations first (the
+    // job cannot go on, as after a collective that timed out).
+    Status why(ErrorCode::kTimeout, fmt::format("push/pull of key '{}': {}", key, st.message()));
+    worker_.abort(why);
+    throw Error(why.code(), why.message());
+  }
+  if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
+  segs_.clear();
+  if (pull.compressed) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i].numElements == 0) continue;
+      Seg s;
+      s.off = r_.off + chunks[i].offset;
+      s.count = chunks[i].numElements;
+      s.dense = !answers[i].compressed;
+      const auto* p = reinterpret_cast<const std::byte*>(answers[i].bytes.data());
+      s.bytes.assign(p, p + answers[i].bytes.size());
+      segs_.push_back(std::move(s));
+    }
+  }
+}
+
+}  // namespace cortado::executor::detail

@@ -1,0 +1,243 @@
+// The plan executor's insides (core/executor.h), shared by its three files:
+// executor.cc (plans, batches, fusion, phases), executor_run.cc (one
+// tensor's steps: Run) and executor_online.cc (profiling windows, the
+// scheduler's verdicts, plan switches at an iteration). Private to core/.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "compressor/error_feedback.h"
+#include "core/executor.h"
+
+namespace cortado::executor {
+namespace detail {
+
+using plan::CommOp;
+using plan::Scope;
+using plan::Step;
+using plan::StepKind;
+
+// A part of the tensor: elements [off, off + len).
+struct Region {
+  uint64_t off = 0;
+  uint64_t len = 0;
+  uint64_t end() const { return off + len; }
+  bool operator==(const Region&) const = default;
+};
+
+// Block i of g of a region: ceil-sized blocks, the last ones shorter or empty.
+// The same split on every rank, so blocks line up with padded collectives.
+inline uint64_t blockSize(const Region& r, int g) { return (r.len + g - 1) / g; }
+inline Region block(const Region& r, int g, int i) {
+  const uint64_t b = blockSize(r, g);
+  const uint64_t s = std::min<uint64_t>(uint64_t(i) * b, r.len);
+  const uint64_t e = std::min<uint64_t>(uint64_t(i + 1) * b, r.len);
+  return {r.off + s, e - s};
+}
+
+// Compressed data: pieces of the tensor, each one payload (or a dense piece).
+// Several segments may cover the same elements (contributions not yet summed).
+struct Seg {
+  uint64_t off = 0;
+  uint64_t count = 0;
+  bool dense = false;  // bytes are fp32 elements (a server's dense answer)
+  std::vector<std::byte> bytes;
+};
+using Segs = std::vector<Seg>;
+
+// A group, or none (a worker without MPI: a group of one).
+struct Group {
+  collective::Collectives* c = nullptr;
+  int size() const { return c ? c->size() : 1; }
+  int rank() const { return c ? c->rank() : 0; }
+  std::string name() const { return c ? c->name() : std::string("self"); }
+};
+
+// "encode on gpu", "flat allgather compressed": a step, for error messages.
+std::string describeStep(const Step& s);
+
+}  // namespace detail
+
+struct Executor::TensorState {
+  std::string name;
+  uint64_t n = 0;
+  plan::TensorOption option;
+  std::string codecSpec;
+  compressor::CodecPtr codec;
+  compressor::CodecPtr sparseDecoder;  // top-k form of the servers' sparse sums
+  std::map<size_t, std::unique_ptr<compressor::ErrorFeedback>> ef;  // by step index
+  std::map<size_t, std::map<uint64_t, uint64_t>> efPieces;  // step -> piece offset -> count
+  // step -> how many ranks encode the same data there (after an allreduce,
+  // an allgather, a broadcast or a pull, every member holds the same sum and
+  // keeps the same residual): a switch folds 1/replicas of it on each.
+  std::map<size_t, uint64_t> efReplicas;
+  // Residuals of the encode points a plan switch retired, folded into the
+  // next input at their element offsets (empty when none).
+  std::vector<float> carry;
+  std::vector<std::string> shardKeys;  // push/pull keys, by shard
+  // The shard keys this worker pushed and pulled under the current plan:
+  // setPlan releases them (Worker::release), after their last round.
+  std::set<std::string> exchanged;
+  std::vector<detail::Region> shardRegions;
+  std::vector<std::vector<ChunkSpan>> shardChunks;
+  std::set<uint64_t> cuts;  // where payload pieces may start or end
+  uint64_t round = 0;
+  uint64_t seedBase = 0;
+  std::vector<float> scratch1, scratch2;  // padded collective buffers, kept across runs
+};
+
+// The open profiling window's summaries (plan::ProfileReport's lists, keyed).
+struct Executor::Profiler {
+  using Clock = std::chrono::steady_clock;
+  struct Acc {
+    uint64_t calls = 0;
+    double us = 0;
+    double maxUs = 0;  // the slowest call (codecs)
+  };
+  uint64_t firstIteration = 0;
+  bool active = false;  // inside a window (past the warm-up)
+  std::chrono::steady_clock::time_point windowStart;  // beginIteration(firstIteration)
+  bool batched = false;  // runBatch ran a batch of several in the window (fusion as fusionBytes_ says)
+  Clock::time_point iterStart;
+  double inRunUs = 0;                  // spent inside run() since iterStart
+  std::set<std::string> readyThisIter;
+  std::map<std::string, std::pair<uint64_t, Acc>> ready;  // tensor -> (elements, acc)
+  std::map<std::tuple<std::string, bool, uint64_t>, Acc> codecs;  // (spec, encode, elements)
+  // (op, scope, compressed, group, bytes; push: chunks, elements, pull compressed)
+  std::map<std::tuple<int, int, bool, int, uint64_t, uint64_t, uint64_t, bool>, Acc> comms;
+
+  static double since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
+  // codec() may come from the pipeline's thread (Executor::setPipeline).
+  std::mutex mu;
+  void codec(const std::string& spec, bool encode, uint64_t elements, double us) {
+    std::lock_guard<std::mutex> lk(mu);
+    Acc& a = codecs[{spec, encode, elements}];
+    ++a.calls;
+    a.us += us;
+    a.maxUs = std::max(a.maxUs, us);
+  }
+  void comm(plan::CommOp op, plan::Scope scope, bool compressed, int group, uint64_t bytes,
+            uint64_t chunks, uint64_t elements, bool pullCompressed, double us) {
+    std::lock_guard<std::mutex> lk(mu);
+    Acc& a = comms[{int(op), int(scope), compressed, group, bytes, chunks, elements, pullCompressed}];
+    ++a.calls;
+    a.us += us;
+  }
+};
+
+namespace detail {
+
+// One tensor's run: the data, where it is valid, and the pairs still open.
+class Run {
+ public:
+  Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups,
+      const collective::Topology& topo, Deadline d, Tracer* tracer, Executor::Profiler* prof,
+      bool flushResidual)
+      : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d),
+        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr), prof_(prof),
+        flushResidual_(flushResidual) {}
+
+  void go(const float* in, float* out, ReduceOp op) {
+    start(in, out);
+    finish(op);
+  }
+
+  // The input in the output, then the option's leading encode and decode
+  // steps: everything before its first communication, which touches only
+  // this tensor's own state (no collective, no server), so that another
+  // thread may run it while the executor's thread communicates another
+  // tensor (Executor::setPipeline).
+  void start(const float* in, float* out);
+
+  // The remaining steps, then the average's scale.
+  void finish(ReduceOp op) {
+    runSteps(Until::kEnd);
+    scale(op);
+  }
+
+  // Phases (Executor::setPhaseBytes), after start(): communicate() runs the
+  // communication step at step_ (a push with its pull), compute() the local
+  // steps up to the next communication step; scale() once done().
+  void communicate() { runSteps(Until::kAfterComm); }
+  void compute() { runSteps(Until::kBeforeComm); }
+  bool done() const { return step_ >= t_.option.steps.size(); }
+  void scale(ReduceOp op);
+
+ private:
+  enum class Until { kBeforeComm, kAfterComm, kEnd };
+
+  // Steps from step_ on, until the end, or just before the next
+  // communication step, or just after it.
+  void runSteps(Until until);
+
+  // The simulator's stage name and lane of step `i`.
+  void record(const std::vector<Step>& steps, size_t i, double start);
+
+  struct Frame {
+    Region parent;
+    bool active;
+    Scope scope;
+  };
+
+  static float* scratch(std::vector<float>& v, size_t n);
+
+  // What this rank holds before a step: payload bytes while compressed, else
+  // its region's fp32 bytes.
+  uint64_t bytesHeld(bool compressed) const;
+
+  // runStep, timed into the profiler (only what this rank took part in).
+  void timedStep(const Step& s);
+
+  Group group(Scope s) const;
+
+  void runStep(const Step& s);
+
+  void reduceScatter(Group g);
+
+  void allgatherRaw(Group g, const Region& parent);
+
+  // Groups of one keep their pieces as they are: packing and unpacking them
+  // copies every byte twice (a server's dense answer too: 94 MB for
+  // bert-base's embedding in a plan switch's flushed round).
+  void allgatherSegs(Group g);
+
+  void alltoall(Group g);
+
+  uint64_t seed(uint64_t piece) const;
+
+  void encode();
+
+  // Sums every segment into the region, in fp32.
+  void decode();
+
+  void pushPull(const Step& push, const Step& pull);
+
+  Executor::TensorState& t_;
+  Worker& worker_;
+  const collective::Groups* groups_;
+  const collective::Topology& topo_;
+  Deadline d_;
+  float* x_ = nullptr;
+  Region r_;
+  Segs segs_;
+  bool active_ = true;
+  std::vector<Frame> frames_;
+  size_t step_ = 0;
+  Tracer* tracer_ = nullptr;
+  uint64_t replicas_ = 1;  // ranks that hold the same data as this one
+  Executor::Profiler* prof_ = nullptr;
+  bool flushResidual_ = false;  // the key's last round: Exchange::flushResidual
+};
+
+}  // namespace detail
+}  // namespace cortado::executor
