@@ -87,6 +87,7 @@ struct TensorEntry {
   uint64_t round = 0;      // rounds started so far
   bool inFlight = false;   // a pushPull has not completed yet
   bool released = false;   // release(): no more rounds
+  uint32_t incarnation = 0;  // declarations of the name after a release before this one
 };
 
 // One push_pull in progress.
@@ -181,7 +182,12 @@ class WorkerImpl final : public Worker {
     {
       std::lock_guard<std::mutex> lk(mu_);
       checkFailedLocked();
-      if (auto it = tensors_.find(name); it != tensors_.end()) {
+      if (auto it = tensors_.find(name); it != tensors_.end() && it->second->released) {
+        // Declared again after its release: a new tensor under the old name
+        // (any shape), with a new key, so that nothing of the old one's
+        // server state, freed or not yet, is reused.
+        entry->incarnation = it->second->incarnation + 1;
+      } else if (it != tensors_.end()) {
         const auto& t = *it->second;
         CORTADO_ENFORCE(t.dtype == dtype && t.numElements == numElements,
                         ErrorCode::kInvalidArgument,
@@ -201,6 +207,7 @@ class WorkerImpl final : public Worker {
       }
     }
     control::TensorDecl decl{name, dtype, numElements, entry->codecSpec, ef};
+    decl.incarnation = entry->incarnation;
     uint64_t key = control_->declare(decl, deadline);
     entry->key = key;
     if (ef) entry->ef = std::make_unique<compressor::ErrorFeedback>(entry->codec);
@@ -284,7 +291,7 @@ class WorkerImpl final : public Worker {
                     self_.rank, t.name);
     CORTADO_ENFORCE(!t.released, ErrorCode::kInvalidArgument,
                     "worker {}: tensor '{}' was released (its server state is freed); declare "
-                    "it under a new name to use it again",
+                    "it again to use the name for a new tensor",
                     self_.rank, t.name);
     t.inFlight = true;
     task->handle = state;

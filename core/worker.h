@@ -187,7 +187,10 @@ class Worker {
   // worker that pushes it has released it, so call it only after this
   // worker's last round of the tensor completed. Its own error-feedback
   // residuals are dropped. The plan executor releases a replaced plan's
-  // shard keys (Executor::setPlan). Releasing twice is harmless.
+  // shard keys (Executor::setPlan). Releasing twice is harmless. Declaring
+  // the name again afterwards makes a new tensor (any shape or codec) with a
+  // new key: every worker that pushes it must release and declare it again,
+  // in the same order as its other declarations.
   virtual void release(const std::string& name) = 0;
 
   virtual void barrier(Deadline deadline) = 0;

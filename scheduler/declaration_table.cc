@@ -21,18 +21,23 @@ std::string DeclarationTable::describe(const control::TensorDecl& d) {
                                          : fmt::format(", {} pushes per round", d.contributors));
 }
 
+std::string DeclarationTable::label(const control::TensorDecl& d) {
+  if (d.incarnation == 0) return fmt::format("'{}'", d.name);
+  return fmt::format("'{}' (declaration {}, after a release)", d.name, uint64_t(d.incarnation) + 1);
+}
+
 DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::TensorDecl& decl) {
   Outcome out;
-  Entry& e = entries_[decl.name];
+  Entry& e = entries_[{decl.name, decl.incarnation}];
   if (e.byWorker.empty()) e.byWorker.resize(numWorkers_);
   auto& mine = e.byWorker[worker];
   if (mine) {
     if (!(*mine == decl)) {
       out.kind = Outcome::Kind::kRejected;
       out.status = Status(ErrorCode::kInvalidArgument,
-                          fmt::format("worker {} declared tensor '{}' again with different values: "
+                          fmt::format("worker {} declared tensor {} again with different values: "
                                       "first {}, now {}; a tensor keeps its declaration",
-                                      worker, decl.name, describe(*mine), describe(decl)));
+                                      worker, label(decl), describe(*mine), describe(decl)));
       return out;
     }
     out.kind = e.agreed ? Outcome::Kind::kAgreed : Outcome::Kind::kPending;
@@ -45,7 +50,7 @@ DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::T
   for (const auto& other : e.byWorker) {
     if (other && !(*other == decl)) {
       out.kind = Outcome::Kind::kMismatch;
-      out.status = mismatch(decl.name, e);
+      out.status = mismatch(decl, e);
       return out;
     }
   }
@@ -58,7 +63,7 @@ DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::T
   return out;
 }
 
-Status DeclarationTable::mismatch(const std::string& name, const Entry& e) const {
+Status DeclarationTable::mismatch(const control::TensorDecl& decl, const Entry& e) const {
   // Group the workers by what they declared, in order of first appearance.
   std::vector<std::pair<control::TensorDecl, std::vector<int>>> groups;
   for (int w = 0; w < numWorkers_; ++w) {
@@ -92,7 +97,7 @@ Status DeclarationTable::mismatch(const std::string& name, const Entry& e) const
                                 fmt::join(workers, ", "), describe(decl)));
   }
   return Status(ErrorCode::kMismatch,
-                fmt::format("declaration mismatch for tensor '{}' ({} differ{}): {}", name,
+                fmt::format("declaration mismatch for tensor {} ({} differ{}): {}", label(decl),
                             fmt::join(fields, ", "), fields.size() == 1 ? "s" : "",
                             fmt::join(parts, "; ")));
 }

@@ -4,12 +4,15 @@
 // Keys: the n-th distinct name that worker 0 declares gets key n. That depends
 // only on worker 0's program order, not on which worker's message arrives
 // first, so a job declaring the same tensors gets the same keys on every run.
+// A name declared again after its release (TensorDecl::incarnation) is a new
+// tensor: it is agreed on afresh and gets the next key.
 // Pure logic, touched only on the scheduler's io thread.
 #pragma once
 
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/common/error.h"
@@ -40,6 +43,8 @@ class DeclarationTable {
 
   // "float32 x 1024, codec none"
   static std::string describe(const control::TensorDecl& d);
+  // "'fc.weight'", or "'fc.weight' (declaration 2, after a release)"
+  static std::string label(const control::TensorDecl& d);
 
  private:
   struct Entry {
@@ -49,10 +54,10 @@ class DeclarationTable {
     bool agreed = false;
   };
 
-  Status mismatch(const std::string& name, const Entry& e) const;
+  Status mismatch(const control::TensorDecl& decl, const Entry& e) const;
 
   int numWorkers_;
-  std::map<std::string, Entry> entries_;
+  std::map<std::pair<std::string, uint32_t>, Entry> entries_;  // (name, incarnation)
   uint64_t nextKey_ = 0;
   size_t numAgreed_ = 0;
 };

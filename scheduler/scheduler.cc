@@ -475,21 +475,29 @@ class SchedulerImpl final : public Scheduler {
                     ErrorCode::kProtocol,
                     "field 'contributors' of the declaration of tensor '{}' is not a count", d.name);
     d.contributors = contributors == body.end() ? 0 : contributors->get<uint32_t>();
+    // Absent from older workers: the first declaration of the name.
+    auto incarnation = body.find("incarnation");
+    CORTADO_ENFORCE(incarnation == body.end() || incarnation->is_number_unsigned() ||
+                        (incarnation->is_number_integer() && incarnation->get<int64_t>() >= 0),
+                    ErrorCode::kProtocol,
+                    "field 'incarnation' of the declaration of tensor '{}' is not a count", d.name);
+    d.incarnation = incarnation == body.end() ? 0 : incarnation->get<uint32_t>();
     auto out = decls_.declare(s.info.id.rank, d);
+    const auto waitKey = std::make_pair(d.name, d.incarnation);
     using Kind = DeclarationTable::Outcome::Kind;
     switch (out.kind) {
       case Kind::kPending:
-        declWaiters_[d.name].push_back({s.id, req});
+        declWaiters_[waitKey].push_back({s.id, req});
         return;
       case Kind::kAgreed: {
-        declWaiters_[d.name].push_back({s.id, req});
-        auto waiters = std::move(declWaiters_[d.name]);
-        declWaiters_.erase(d.name);
+        declWaiters_[waitKey].push_back({s.id, req});
+        auto waiters = std::move(declWaiters_[waitKey]);
+        declWaiters_.erase(waitKey);
         for (const auto& w : waiters) {
           if (Session* ws = find(w.session))
             ws->conn->send(MsgType::kDeclared, Json{{"req", w.req}, {"key", out.key}});
         }
-        CORTADO_LOG_DEBUG("[scheduler] tensor '{}' ({}) has key {}", d.name,
+        CORTADO_LOG_DEBUG("[scheduler] tensor {} ({}) has key {}", DeclarationTable::label(d),
                           DeclarationTable::describe(d), out.key);
         return;
       }
@@ -870,7 +878,7 @@ class SchedulerImpl final : public Scheduler {
   std::vector<uint64_t> servers_;  // session by rank, once registration completed
   std::vector<uint64_t> workers_;
   DeclarationTable decls_;
-  std::map<std::string, std::vector<Waiter>> declWaiters_;
+  std::map<std::pair<std::string, uint32_t>, std::vector<Waiter>> declWaiters_;  // (name, incarnation)
   std::map<std::pair<int, std::string>, BarrierState> barriers_;
   static constexpr size_t kMaxPendingGets = 65536;
   std::map<std::string, std::string> kv_;  // key -> value as hex

@@ -165,7 +165,8 @@ class ControlClientImpl final : public ControlClient {
               {"numElements", decl.numElements},
               {"codec", decl.codec},
               {"errorFeedback", decl.errorFeedback},
-              {"contributors", decl.contributors}};
+              {"contributors", decl.contributors},
+              {"incarnation", decl.incarnation}};
     Json reply = request(MsgType::kDeclare, std::move(body), deadline,
                          fmt::format("declare of tensor '{}'", decl.name));
     return getUInt(reply, "key");

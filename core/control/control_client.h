@@ -78,6 +78,10 @@ struct TensorDecl {
   // Pushes that complete a round of each of its keys; 0 = every worker (the
   // plan executor's hierarchical shard keys: one worker per machine).
   uint32_t contributors = 0;
+  // How many times this worker declared the name before and released it
+  // (Worker::release): each declaration after a release is a new tensor
+  // with a new key, so that no server state of the old one is reused.
+  uint32_t incarnation = 0;
   bool operator==(const TensorDecl&) const = default;
 };
 

@@ -171,6 +171,44 @@ TEST(Engine, ReleasedTensorsAreFreedOnceEveryWorkerReleasedThem) {
   EXPECT_EQ(s.errors, 0u);
 }
 
+// Declaring a released name again makes a new tensor (another shape and a
+// codec here) with new keys; the old keys are freed on the servers, none is
+// reused, and the new tensor sums right.
+TEST(Engine, AReleasedNameDeclaredAgainIsANewTensor) {
+  WorkerOptions wo;
+  wo.partitionBytes = 64;
+  Job job(2, 2, wo);
+  const uint64_t n = 40, m = 24;
+  std::vector<uint64_t> keys(2);
+  job.onEveryWorker([&](int r) {
+    Worker& w = *job.workers[r];
+    const uint64_t first = w.declare("t", DType::kFloat32, n, soon());
+    std::vector<float> in(n, float(r + 1)), out(n);
+    ASSERT_TRUE(w.pushPull("t", DType::kFloat32, n, in.data(), out.data(), ReduceOp::kSum, 0)
+                    .wait(soon()).ok());
+    for (float v : out) ASSERT_EQ(v, 3.0f);
+    w.release("t");
+    TensorOptions o;
+    o.codec = "fp16";
+    keys[r] = w.declare("t", DType::kFloat32, m, o, soon());
+    EXPECT_NE(keys[r], first);
+    EXPECT_EQ(w.declare("t", DType::kFloat32, m, o, soon()), keys[r]);  // again, not released: the same
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> in2(m), out2(m);
+      for (uint64_t i = 0; i < m; ++i) in2[i] = float((r + 1) * i + round);
+      ASSERT_TRUE(w.pushPull("t", DType::kFloat32, m, in2.data(), out2.data(), ReduceOp::kSum, 0)
+                      .wait(soon()).ok());
+      for (uint64_t i = 0; i < m; ++i) ASSERT_EQ(out2[i], float(3 * i + 2 * round)) << i;
+    }
+  });
+  EXPECT_EQ(keys[0], keys[1]);
+  const size_t oldChunks = 3;  // 40 floats in 64-byte chunks
+  server::ServerStats s = job.waitServers([&](const auto& x) { return x.keysReleased >= oldChunks; });
+  EXPECT_EQ(s.keysReleased, oldChunks);
+  EXPECT_EQ(s.keys, job.workers[0]->chunks("t").size());
+  EXPECT_EQ(s.errors, 0u);
+}
+
 TEST(Engine, AsyncModeAppliesEachPush) {
   Job job(1, 2, {}, /*async=*/true);
   Worker& w = *job.workers[0];

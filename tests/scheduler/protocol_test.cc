@@ -78,6 +78,32 @@ TEST(DeclarationTable, AgreesInWorkerZeroOrder) {
   EXPECT_NE(again.status.message().find("x 11"), std::string::npos);
 }
 
+// A name declared again after its release is a new tensor: agreed on afresh,
+// with the next key, in any shape; a mismatch names the declaration.
+TEST(DeclarationTable, ANameDeclaredAfterItsReleaseIsANewTensor) {
+  DeclarationTable t(2);
+  TensorDecl a{"a", DType::kFloat32, 10, ""};
+  EXPECT_EQ(t.declare(0, a).kind, Kind::kPending);
+  EXPECT_EQ(t.declare(1, a).key, 0u);
+  TensorDecl again{"a", DType::kFloat32, 7, "fp16"};
+  again.incarnation = 1;
+  EXPECT_EQ(t.declare(1, again).kind, Kind::kPending);
+  auto r = t.declare(0, again);
+  EXPECT_EQ(r.kind, Kind::kAgreed);
+  EXPECT_EQ(r.key, 1u);
+  EXPECT_EQ(t.numAgreed(), 2u);
+  EXPECT_EQ(t.declare(0, a).key, 0u);  // the first declaration keeps its key
+  TensorDecl third = again;
+  third.incarnation = 2;
+  EXPECT_EQ(t.declare(0, third).kind, Kind::kPending);
+  third.numElements = 8;
+  auto m = t.declare(1, third);
+  ASSERT_EQ(m.kind, Kind::kMismatch);
+  EXPECT_NE(m.status.message().find("tensor 'a' (declaration 3, after a release) (numElements differs)"),
+            std::string::npos)
+      << m.status.message();
+}
+
 TEST(DeclarationTable, MismatchNamesWorkersAndValues) {
   DeclarationTable t(3);
   EXPECT_EQ(t.declare(0, {"w", DType::kFloat32, 8, ""}).kind, Kind::kPending);

@@ -57,13 +57,16 @@ def _check_array(array, api, what="array"):
 def release(name):
     """Done with a tensor: call it after its last push_pull completed (every worker
     that pushes it should). The servers free its state once every worker released
-    it; a later push_pull of the name raises CortadoError (invalid_argument)."""
+    it; a later push_pull of the name raises CortadoError (invalid_argument) until
+    the name is declared again (declare), which makes a new tensor."""
     _runtime.require("release").release(name)
 
 
 def declare(name, dtype, count):
     """Declares a tensor ahead of its first push_pull (optional; every worker must
-    declare the same name with the same dtype and element count)."""
+    declare the same name with the same dtype and element count). After
+    release(name), declaring the name again (on every worker) makes a new tensor,
+    of any dtype and count."""
     rt = _runtime.require("declare")
     return _runtime.declare(rt, name, _DTYPES.get(_np.dtype(dtype), str(dtype)), int(count))
 

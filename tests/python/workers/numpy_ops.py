@@ -117,7 +117,8 @@ def check_async(rank, world):
 
 
 def check_release(rank, world):
-    """A released name refuses another round, naming the tensor."""
+    """A released name refuses another round, naming the tensor; declared
+    again, it is a new tensor (here of another size)."""
     x = np.full(8, rank + 1, np.float32)
     got = cortado.push_pull(x, name="released.once", average=False)
     np.testing.assert_array_equal(got, np.full(8, world * (world + 1) / 2, np.float32))
@@ -129,7 +130,10 @@ def check_release(rank, world):
     except cortado.CortadoError as e:
         assert e.code == "invalid_argument", e
         assert "'released.once' was released" in str(e), e
-    return 2
+    cortado.declare("released.once", np.float32, 5)
+    got = cortado.push_pull(np.full(5, rank + 1, np.float32), name="released.once", average=False)
+    np.testing.assert_array_equal(got, np.full(5, world * (world + 1) / 2, np.float32))
+    return 3
 
 
 def check_broadcast(rank, world):
