@@ -63,6 +63,18 @@ void unpackInto(const std::byte* p, size_t n, Segs& out, uint64_t tensorLen) {
 
 using Blob = std::vector<std::byte>;
 
+// The concatenation `all` cut into blobs of `counts` bytes, in order.
+std::vector<Blob> cutBlobs(const Blob& all, const std::vector<size_t>& counts) {
+  std::vector<Blob> out;
+  out.reserve(counts.size());
+  size_t at = 0;
+  for (size_t c : counts) {
+    out.emplace_back(all.begin() + at, all.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
 std::vector<Blob> allgatherBlob(Group g, const Blob& mine, Deadline d) {
   if (g.size() == 1) return {mine};
   std::vector<int64_t> sizes(g.size());
@@ -73,13 +85,7 @@ std::vector<Blob> allgatherBlob(Group g, const Blob& mine, Deadline d) {
   for (size_t c : counts) total += c;
   Blob all(total);
   g.c->allgatherv(mine.data(), mine.size(), all.data(), counts, DType::kUInt8, d);
-  std::vector<Blob> out;
-  size_t at = 0;
-  for (size_t c : counts) {
-    out.emplace_back(all.begin() + at, all.begin() + at + c);
-    at += c;
-  }
-  return out;
+  return cutBlobs(all, counts);
 }
 
 std::vector<Blob> alltoallBlob(Group g, const std::vector<Blob>& toEach, Deadline d) {
@@ -95,13 +101,7 @@ std::vector<Blob> alltoallBlob(Group g, const std::vector<Blob>& toEach, Deadlin
   for (size_t c : rc) total += c;
   Blob recv(total);
   g.c->alltoallv(send.data(), sc, recv.data(), rc, DType::kUInt8, d);
-  std::vector<Blob> out;
-  size_t at = 0;
-  for (size_t c : rc) {
-    out.emplace_back(recv.begin() + at, recv.begin() + at + c);
-    at += c;
-  }
-  return out;
+  return cutBlobs(recv, rc);
 }
 
 // On the root: every rank's blob; elsewhere empty.
@@ -118,13 +118,7 @@ std::vector<Blob> gatherBlob(Group g, const Blob& mine, Deadline d) {
   }
   Blob all(total);
   g.c->gatherv(mine.data(), mine.size(), all.data(), counts, DType::kUInt8, 0, d);
-  std::vector<Blob> out;
-  size_t at = 0;
-  for (size_t c : counts) {
-    out.emplace_back(all.begin() + at, all.begin() + at + c);
-    at += c;
-  }
-  return out;
+  return cutBlobs(all, counts);
 }
 
 void broadcastBlob(Group g, Blob& blob, Deadline d) {

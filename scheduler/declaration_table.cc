@@ -63,7 +63,7 @@ DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::T
   return out;
 }
 
-Status DeclarationTable::mismatch(const control::TensorDecl& decl, const Entry& e) const {
+Status DeclarationTable::mismatch(const control::TensorDecl& latest, const Entry& e) const {
   // Group the workers by what they declared, in order of first appearance.
   std::vector<std::pair<control::TensorDecl, std::vector<int>>> groups;
   for (int w = 0; w < numWorkers_; ++w) {
@@ -97,7 +97,7 @@ Status DeclarationTable::mismatch(const control::TensorDecl& decl, const Entry& 
                                 fmt::join(workers, ", "), describe(decl)));
   }
   return Status(ErrorCode::kMismatch,
-                fmt::format("declaration mismatch for tensor {} ({} differ{}): {}", label(decl),
+                fmt::format("declaration mismatch for tensor {} ({} differ{}): {}", label(latest),
                             fmt::join(fields, ", "), fields.size() == 1 ? "s" : "",
                             fmt::join(parts, "; ")));
 }

@@ -54,7 +54,7 @@ class DeclarationTable {
     bool agreed = false;
   };
 
-  Status mismatch(const control::TensorDecl& decl, const Entry& e) const;
+  Status mismatch(const control::TensorDecl& latest, const Entry& e) const;
 
   int numWorkers_;
   std::map<std::pair<std::string, uint32_t>, Entry> entries_;  // (name, incarnation)

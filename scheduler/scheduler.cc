@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <utility>  // before asio: Boost 1.74 needs it in C++20
 #include <boost/asio.hpp>
 #include <map>
@@ -468,20 +469,19 @@ class SchedulerImpl final : public Scheduler {
                     "field 'errorFeedback' of the declaration of tensor '{}' is not a boolean",
                     d.name);
     d.errorFeedback = ef != body.end() && ef->get<bool>();
-    // Absent from older workers: every worker pushes.
-    auto contributors = body.find("contributors");
-    CORTADO_ENFORCE(contributors == body.end() || contributors->is_number_unsigned() ||
-                        (contributors->is_number_integer() && contributors->get<int64_t>() >= 0),
-                    ErrorCode::kProtocol,
-                    "field 'contributors' of the declaration of tensor '{}' is not a count", d.name);
-    d.contributors = contributors == body.end() ? 0 : contributors->get<uint32_t>();
-    // Absent from older workers: the first declaration of the name.
-    auto incarnation = body.find("incarnation");
-    CORTADO_ENFORCE(incarnation == body.end() || incarnation->is_number_unsigned() ||
-                        (incarnation->is_number_integer() && incarnation->get<int64_t>() >= 0),
-                    ErrorCode::kProtocol,
-                    "field 'incarnation' of the declaration of tensor '{}' is not a count", d.name);
-    d.incarnation = incarnation == body.end() ? 0 : incarnation->get<uint32_t>();
+    // A count that older workers leave out: 0 then.
+    auto optionalCount = [&](const char* field) -> uint32_t {
+      auto it = body.find(field);
+      if (it == body.end()) return 0;
+      const bool count = it->is_number_unsigned() ||
+                         (it->is_number_integer() && it->get<int64_t>() >= 0);
+      CORTADO_ENFORCE(count && it->get<uint64_t>() <= UINT32_MAX,
+                      ErrorCode::kProtocol,
+                      "field '{}' of the declaration of tensor '{}' is not a count", field, d.name);
+      return it->get<uint32_t>();
+    };
+    d.contributors = optionalCount("contributors");  // 0: every worker pushes
+    d.incarnation = optionalCount("incarnation");    // 0: the name's first declaration
     auto out = decls_.declare(s.info.id.rank, d);
     const auto waitKey = std::make_pair(d.name, d.incarnation);
     using Kind = DeclarationTable::Outcome::Kind;
