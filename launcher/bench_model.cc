@@ -351,6 +351,11 @@ struct Result {
   double meanMs = 0, stdMs = 0, minMs = 0, predictedMs = 0;
   std::vector<double> timesMs;  // each timed iteration (every round), the slowest worker's
   std::vector<double> roundMs;  // each round's mean
+  // replan: Executor::beginIteration before each timed iteration of the first
+  // round (closing a profiling window: its report; the scheduler's verdicts),
+  // the slowest worker's. Outside the iteration time, as the barrier after it.
+  std::vector<double> beginMs;
+  double beginMeanMs = 0;
   // Rank 0: each round's prediction (from that round's probe; all from the
   // first with --probe-once); predictedMs is their mean.
   std::vector<double> roundPredictedMs;
@@ -662,7 +667,8 @@ int runModelBench(const ModelBenchOptions& o) {
     Progress bar(progressOn, replan ? cap + 3 * (2 * windowLen + int(job.replanAhead)) + o.warmup +
                                           o.iterations
                                     : o.warmup + o.iterations);
-    std::vector<double> times;
+    std::vector<double> times, begins;  // begins: replan's beginIteration
+    double beginSecs = 0;
     for (int it = 0;; ++it) {
       if (!replan && it >= o.warmup + o.iterations) break;
       if (replan) {
@@ -676,7 +682,9 @@ int runModelBench(const ModelBenchOptions& o) {
                         "iterations after {} warm-up, CORTADO_REPLAN_AHEAD {}): the scheduler "
                         "handed out none; see its log for the re-planning error",
                         it, job.profileWindow, std::max(1, o.warmup), job.replanAhead);
+        const auto b0 = Clock::now();
         ex.beginIteration(uint64_t(it), opDeadline);
+        beginSecs = secondsSince(b0);
         if (ex.currentPlan().version != r.planVersion) {
           if (r.switchedAt < 0) r.switchedAt = it;
           // Each of the first 3 plans handed out is checked by its first
@@ -688,6 +696,7 @@ int runModelBench(const ModelBenchOptions& o) {
             const int checkFrom = windowFrom + ((it - windowFrom) / windowLen + 1) * windowLen;
             settled = checkFrom + windowLen + int(job.replanAhead);
             times.clear();  // iterations timed before it ran another plan
+            begins.clear();
           }
           r.planVersion = ex.currentPlan().version;
           // A copy: classify() rewrites `exact`.
@@ -735,7 +744,10 @@ int runModelBench(const ModelBenchOptions& o) {
         j = end;
       }
       const double secs = secondsSince(t0);
-      if (replan ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) times.push_back(secs);
+      if (replan ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) {
+        times.push_back(secs);
+        if (replan) begins.push_back(beginSecs);
+      }
       const float want = float(sumFactor * (1 + it % 3));
       for (size_t j = 0; j < T; ++j) {
         if (!exact[j] || folding[j]) continue;
@@ -759,6 +771,8 @@ int runModelBench(const ModelBenchOptions& o) {
     if (replan) {
       ex.setOnline({});  // no later plan may replace the next strategy's
       replanned = ex.currentPlan();
+      for (double t : world.max(begins)) r.beginMs.push_back(t * 1e3), r.beginMeanMs += t * 1e3;
+      if (!r.beginMs.empty()) r.beginMeanMs /= double(r.beginMs.size());
     }
     times = world.max(times);  // an iteration ends when the last worker is done
     double roundSum = 0;
@@ -810,6 +824,10 @@ int runModelBench(const ModelBenchOptions& o) {
                         : fmt::format("offline plan (version {}), then version {} (first switch at "
                                       "iteration {}, timed from {}): {}",
                                       r.offlineVersion, r.planVersion, r.switchedAt, r.timedFrom, what);
+        if (!r.beginMs.empty())
+          r.options += fmt::format("; beginIteration (window reports, verdicts) {:.1f} ms per "
+                                   "timed iteration of the first round, outside the timing",
+                                   r.beginMeanMs);
       }
       // Each later round's prediction from its own probe, the same plan:
       // the strategy's is their mean, as its measured time is the mean over
@@ -854,6 +872,7 @@ int runModelBench(const ModelBenchOptions& o) {
           jr["error_pct"] = nullptr;
         }
         if (replan) {
+          jr["begin_iteration_ms"] = r.beginMeanMs;
           jr["plan_version"] = r.planVersion;
           jr["switched_at"] = r.switchedAt;
           jr["timed_from"] = r.timedFrom;

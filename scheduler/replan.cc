@@ -557,9 +557,10 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     const bool interMoved = beyond(interDrift), intraMoved = beyond(intraDrift);
     if (!interMoved && !intraMoved) {
       CORTADO_LOG_DEBUG("[replan] window {}: inter {} ({:.3g} Gbit/s fitted, {} points), intra {} "
-                        "({:.3g} Gbit/s, {} points) of the reference's: within the threshold",
+                        "({:.3g} Gbit/s, {} points) of the reference's: within the threshold "
+                        "(checked in {:.1f} ms)",
                         r0.window, describe(interDrift), nowInter, inter.points, describe(intraDrift),
-                        nowIntra, intra.points);
+                        nowIntra, intra.points, tookMs());
       if (rebase) reference_ = nowCurves;
       else absorb();
       movedWindows_ = 0;

@@ -85,6 +85,7 @@ check "replan exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo
 # is predicted CORTADO_REPLAN_MIN_GAIN faster; timed from 8 either way.
 check "replan decided at the first window" "echo \"\$line\" | grep -Eq '\"plan_version\":([1-9]|[1-9][0-9])' && echo \"\$line\" | grep -q '\"switched_at\":8'" "$line"
 check "replan summary" "echo \"\$out\" | grep -q replan_speedup_vs_none" "no replan summary line"
+check "replan reports what beginIteration took" "echo \"\$line\" | grep -Eq '\"begin_iteration_ms\":[0-9]'" "$line"
 for s in none replan; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "$s: 2 rounds of 3 timed iterations" "echo \"\$line\" | grep -q '\"rounds\":2' && echo \"\$line\" | grep -Eq '\"round_ms\":\[[0-9.e+-]+,[0-9.e+-]+\]' && echo \"\$line\" | grep -Eq '\"iteration_ms\":\[([0-9.e+-]+,){5}[0-9.e+-]+\]'" "$line"
