@@ -1,16 +1,11 @@
 #include "core/executor.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <fstream>
 #include <functional>
 #include <future>
-#include <mutex>
-#include <set>
 #include <sstream>
 #include <system_error>
-#include <tuple>
 
 #include "compressor/registry.h"
 #include "core/common/logging.h"

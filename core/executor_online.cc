@@ -7,7 +7,6 @@
 
 namespace cortado::executor {
 
-
 void Executor::noteReady(TensorState& t) {
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   if (prof && prof->readyThisIter.insert(t.name).second) {
