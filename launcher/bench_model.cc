@@ -351,10 +351,10 @@ struct Result {
   double meanMs = 0, stdMs = 0, minMs = 0, predictedMs = 0;
   std::vector<double> timesMs;  // each timed iteration (every round), the slowest worker's
   std::vector<double> roundMs;  // each round's mean
-  // replan: Executor::beginIteration before each timed iteration of the first
-  // round (closing a profiling window: its report; the scheduler's verdicts),
-  // the slowest worker's. Outside the iteration time, as the barrier after it.
-  std::vector<double> beginMs;
+  // replan: the mean of Executor::beginIteration before each timed iteration
+  // of the first round (closing a profiling window: its report; the
+  // scheduler's verdicts), each the slowest worker's. Outside the iteration
+  // time, as the barrier after it.
   double beginMeanMs = 0;
   // Rank 0: each round's prediction (from that round's probe; all from the
   // first with --probe-once); predictedMs is their mean.
@@ -771,8 +771,8 @@ int runModelBench(const ModelBenchOptions& o) {
     if (replan) {
       ex.setOnline({});  // no later plan may replace the next strategy's
       replanned = ex.currentPlan();
-      for (double t : world.max(begins)) r.beginMs.push_back(t * 1e3), r.beginMeanMs += t * 1e3;
-      if (!r.beginMs.empty()) r.beginMeanMs /= double(r.beginMs.size());
+      begins = world.max(begins);
+      for (double t : begins) r.beginMeanMs += t * 1e3 / double(begins.size());
     }
     times = world.max(times);  // an iteration ends when the last worker is done
     double roundSum = 0;
@@ -824,10 +824,9 @@ int runModelBench(const ModelBenchOptions& o) {
                         : fmt::format("offline plan (version {}), then version {} (first switch at "
                                       "iteration {}, timed from {}): {}",
                                       r.offlineVersion, r.planVersion, r.switchedAt, r.timedFrom, what);
-        if (!r.beginMs.empty())
-          r.options += fmt::format("; beginIteration (window reports, verdicts) {:.1f} ms per "
-                                   "timed iteration of the first round, outside the timing",
-                                   r.beginMeanMs);
+        r.options += fmt::format("; beginIteration (window reports, verdicts) {:.1f} ms per "
+                                 "timed iteration of the first round, outside the timing",
+                                 r.beginMeanMs);
       }
       // Each later round's prediction from its own probe, the same plan:
       // the strategy's is their mean, as its measured time is the mean over
