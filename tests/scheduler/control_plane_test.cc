@@ -432,6 +432,63 @@ TEST(ControlPlane, MismatchedDeclarationsFailEveryWorker) {
   EXPECT_NE(st->message().find("'fc.weight'"), std::string::npos) << st->message();
 }
 
+// A registered worker that sends a declaration with a malformed field (one
+// that ControlClient never sends) is closed as a malformed peer: the job ends
+// with kPeerDead naming the field and the tensor, at once, on every node.
+TEST(ControlPlane, MalformedDeclarationFieldsEndTheJobNamingTheField) {
+  LogCapture log;
+  struct Case {
+    const char* field;
+    control::Json value;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"incarnation", -1, "field 'incarnation' of the declaration of tensor 'bad' is not a count"},
+      {"incarnation", "1", "field 'incarnation' of the declaration of tensor 'bad' is not a count"},
+      {"incarnation", 1.5, "field 'incarnation' of the declaration of tensor 'bad' is not a count"},
+      {"incarnation", uint64_t(1) << 32,
+       "field 'incarnation' of the declaration of tensor 'bad' is not a count"},
+      {"contributors", -2, "field 'contributors' of the declaration of tensor 'bad' is not a count"},
+      {"errorFeedback", "yes",
+       "field 'errorFeedback' of the declaration of tensor 'bad' is not a boolean"},
+      {"dtype", 999, "unknown dtype 999 for tensor 'bad'"},
+      {"numElements", -8, "field 'numElements' is missing or not an unsigned integer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} = {}", c.field, c.value.dump()));
+    SchedulerRunner sched(schedulerOptions(1, 1));
+    auto server = std::async(std::launch::async, [&] {
+      return connectAll({clientOptions(sched.port(), Role::kServer)});
+    });
+    RawWorker w(sched.port());
+    w.waitForAddressBook();
+    auto nodes = server.get();
+    // A well-formed declaration first: answered with its key.
+    control::Json good = {{"req", 1},         {"name", "good"},          {"dtype", 0},
+                          {"numElements", 8}, {"codec", ""},             {"errorFeedback", false},
+                          {"contributors", 0}, {"incarnation", 0}};
+    w.send(control::MsgType::kDeclare, good);
+    auto declared = w.expect(control::MsgType::kDeclared);
+    EXPECT_EQ(declared["req"], 1);
+    EXPECT_EQ(declared["key"], 0);
+    control::Json bad = good;
+    bad["req"] = 2;
+    bad["name"] = "bad";
+    bad[c.field] = c.value;
+    w.send(control::MsgType::kDeclare, bad);
+    EXPECT_TRUE(closedByPeer(w.socket(), 3s)) << "the scheduler kept the connection open";
+    auto st = sched.result(5s);
+    ASSERT_TRUE(st.has_value()) << "the job did not end";
+    EXPECT_EQ(st->code(), ErrorCode::kPeerDead) << st->message();
+    EXPECT_NE(st->message().find("sent a malformed message"), std::string::npos) << st->message();
+    EXPECT_NE(st->message().find(c.says), std::string::npos) << st->message();
+    auto told = nodes[0].probe->waitFor(3s);
+    ASSERT_TRUE(told.has_value()) << "the server was not told";
+    EXPECT_EQ(told->code(), ErrorCode::kPeerDead) << told->message();
+    EXPECT_NE(told->message().find(c.says), std::string::npos) << told->message();
+  }
+}
+
 TEST(ControlPlane, WrongTokenIsRefusedAndTheJobGoesOn) {
   LogCapture log;
   SchedulerRunner sched(schedulerOptions(1, 1));

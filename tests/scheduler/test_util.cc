@@ -3,9 +3,12 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <unistd.h>
+
 #include <thread>
 
 #include "core/common/logging.h"
+#include "core/control/auth.h"
 
 namespace cortado::testing {
 
@@ -173,15 +176,90 @@ void writeFrame(tcp::socket& s, control::MsgType type, const control::Json& body
   asio::write(s, asio::buffer(control::encodeFrame(type, body)));
 }
 
-std::pair<control::MsgType, control::Json> readFrame(tcp::socket& s) {
+std::pair<control::MsgType, control::Json> readFrame(tcp::socket& s, Millis timeout) {
+  // Read asynchronously on the socket's own io_context (nothing else runs it
+  // in these tests), so that the wait has a deadline.
+  auto& io = static_cast<asio::io_context&>(s.get_executor().context());
   uint8_t h[control::kFrameHeaderSize];
-  asio::read(s, asio::buffer(h, sizeof(h)));
-  auto hd = control::decodeHeader(h);
+  std::string body;
+  boost::system::error_code failed;
+  bool done = false;
+  control::FrameHeader hd;
+  asio::async_read(s, asio::buffer(h, sizeof(h)), [&](const boost::system::error_code& e, size_t) {
+    if (e) {
+      failed = e;
+      done = true;
+      return;
+    }
+    hd = control::decodeHeader(h);
+    if (!control::checkHeader(hd, control::kMaxBody).empty()) {
+      done = true;
+      return;
+    }
+    body.resize(hd.bodyLength);
+    asio::async_read(s, asio::buffer(body.data(), body.size()),
+                     [&](const boost::system::error_code& e2, size_t) {
+                       failed = e2;
+                       done = true;
+                     });
+  });
+  io.restart();
+  io.run_for(timeout);
+  if (!done) {
+    s.cancel();
+    io.restart();
+    io.run();
+    throw Error(ErrorCode::kTimeout,
+                fmt::format("no whole frame from the peer within {} ms", timeout.count()));
+  }
+  if (failed) throw Error(ErrorCode::kPeerDead, "reading a frame: " + failed.message());
   std::string err = control::checkHeader(hd, control::kMaxBody);
   if (!err.empty()) throw Error(ErrorCode::kProtocol, err);
-  std::string body(hd.bodyLength, '\0');
-  asio::read(s, asio::buffer(body.data(), body.size()));
   return {static_cast<control::MsgType>(hd.type), control::Json::parse(body)};
+}
+
+RawWorker::RawWorker(int port) : socket_(io_) {
+  socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+  const std::string nonce = control::makeNonce();
+  writeFrame(socket_, control::MsgType::kHello,
+             {{"version", control::kProtocolVersion},
+              {"nonce", control::toHex(nonce)},
+              {"role", static_cast<int>(Role::kWorker)}});
+  auto challenge = expect(control::MsgType::kChallenge);
+  auto schedulerNonce = control::fromHex(challenge["nonce"].get<std::string>(), control::kNonceSize);
+  CORTADO_ENFORCE(schedulerNonce.has_value(), ErrorCode::kProtocol, "bad challenge nonce");
+  writeFrame(socket_, control::MsgType::kProof,
+             {{"mac", control::toHex(control::authProof(kToken, control::Prover::kNode, nonce,
+                                                        *schedulerNonce))}});
+  expect(control::MsgType::kWelcome);
+  const auto o = clientOptions(port, Role::kWorker);
+  writeFrame(socket_, control::MsgType::kRegister,
+             {{"role", static_cast<int>(Role::kWorker)},
+              {"requestedRank", -1},
+              {"dataAddress", o.dataAddress},
+              {"hostname", "localhost"},
+              {"pid", static_cast<int>(getpid())},
+              {"sharedMemory", false}});
+}
+
+void RawWorker::waitForAddressBook() { expect(control::MsgType::kAddressBook); }
+
+void RawWorker::send(control::MsgType type, const control::Json& body) {
+  writeFrame(socket_, type, body);
+}
+
+control::Json RawWorker::expect(control::MsgType type, Millis timeout) {
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+    CORTADO_ENFORCE(left.count() > 0, ErrorCode::kTimeout, "no {} from the scheduler within {} ms",
+                    control::msgTypeName(type), timeout.count());
+    auto [t, body] = readFrame(socket_, left);
+    if (t == type) return body;
+    CORTADO_ENFORCE(t == control::MsgType::kPing || t == control::MsgType::kHeartbeat,
+                    ErrorCode::kProtocol, "expected {} from the scheduler, got {}: {}",
+                    control::msgTypeName(type), control::msgTypeName(t), body.dump());
+  }
 }
 
 bool closedByPeer(tcp::socket& s, Millis timeout) {

@@ -89,9 +89,30 @@ std::vector<Connected> connectAll(const std::vector<control::ClientOptions>& opt
 // Raw frames on a blocking socket, for fake peers.
 void writeFrame(boost::asio::ip::tcp::socket& s, control::MsgType type,
                 const control::Json& body);
-std::pair<control::MsgType, control::Json> readFrame(boost::asio::ip::tcp::socket& s);
+// readFrame runs the socket's io_context (nothing else may run it) and throws
+// Error(kTimeout) when no whole frame came within `timeout`.
+std::pair<control::MsgType, control::Json> readFrame(boost::asio::ip::tcp::socket& s,
+                                                     Millis timeout = Millis(5000));
 // True when the peer closes the socket within `timeout` (reading and
 // discarding what it sends first).
 bool closedByPeer(boost::asio::ip::tcp::socket& s, Millis timeout);
+
+// A worker that speaks the control protocol by hand, for messages that
+// ControlClient never sends: it authenticates with kToken and registers in the
+// constructor; every wait has a deadline.
+class RawWorker {
+ public:
+  explicit RawWorker(int port);
+  // Returns once every node registered (the scheduler's AddressBook).
+  void waitForAddressBook();
+  void send(control::MsgType type, const control::Json& body);
+  // The next frame of `type` (pings skipped); throws on anything else.
+  control::Json expect(control::MsgType type, Millis timeout = Millis(5000));
+  boost::asio::ip::tcp::socket& socket() { return socket_; }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::socket socket_;
+};
 
 }  // namespace cortado::testing
