@@ -1,0 +1,289 @@
+// The predictions of `cortado bench model` (bench_model_predict.h): the
+// replay's timeline on the planner's simulator, and the cost models built
+// from the probes.
+#include "launcher/bench_model_predict.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include "core/common/logging.h"
+#include "core/executor.h"
+#include "scheduler/planner/decision.h"
+#include "scheduler/planner/option_tree.h"
+#include "scheduler/planner/report.h"
+
+namespace cortado::launcher::replay {
+namespace {
+
+using nlohmann::json;
+using planner::AlphaBeta;
+
+// The replay's timeline: the executor runs one batch at a time
+// (Executor::runBatch is synchronous, on one thread). Tensor j is ready at the
+// profile's backward times (a wall-clock schedule that codec work does not
+// delay). Without fusion (Cluster::fusionBytes 0) each tensor is a batch of
+// its own: its synchronization starts when it is ready and tensor j-1's has
+// ended. With fusion, each time the executor is free every tensor ready by
+// then is the batch (none: the next one, when it is ready); the workers agree
+// on it (Cluster::batchAgreeUs); its lone tensors run first, then per
+// fusible option its tensors packed in order within the threshold, each
+// group as one execution of its summed size. An execution takes
+// what it takes alone (Simulator::runAlone: its operations chained on free
+// lanes). The planner's simulator models the same rule when oneTensorAtATime
+// is set, and the same ready times with Cluster::gpuCodecPausesCompute off
+// (predict() sets it: the replay's buffers are host memory; until
+// 2026-11-26 the planner searched with "gpu" codec work delaying the
+// gradients, which the replay's are not). Returns the end of the last
+// synchronization after the forward pass (us); `trace` gets the events on
+// that timeline.
+double serialized(planner::Simulator& sim, const std::vector<int>& choice,
+                  std::vector<planner::TraceEvent>* trace) {
+  const auto& ts = sim.profile().tensors;
+  const int N = sim.tensors();
+  const uint64_t threshold = sim.cluster().fusionBytes;
+  std::vector<double> ready(N);
+  double readyUs = 0;
+  for (int j = 0; j < N; ++j) {
+    const double bw = ts[j].backwardUs;
+    readyUs += bw;
+    ready[j] = readyUs;
+    if (trace && bw > 0) trace->push_back({"backward " + ts[j].name, -1, j, readyUs - bw, bw});
+  }
+  std::vector<planner::TraceEvent> ev;
+  double free = 0;
+  for (int j = 0; j < N;) {
+    const double formed = std::max(free, ready[j]);
+    int end = j + 1;
+    if (threshold > 0)
+      while (end < N && ready[end] <= formed) ++end;
+    double t = formed + (threshold > 0 ? sim.cluster().batchAgreeUs : 0.0);
+    auto execute = [&](int last, int64_t elements, int option, int count, int first) {
+      const std::string label =
+          count > 1 ? fmt::format("fused{}:{}..{}", count, ts[first].name, ts[last].name) : std::string();
+      ev.clear();
+      const double d = sim.runAlone(last, elements, option, trace ? &ev : nullptr,
+                                    label.empty() ? nullptr : &label);
+      for (planner::TraceEvent& e : ev) {
+        e.start += t;
+        trace->push_back(std::move(e));
+      }
+      t += d;
+    };
+    // Executor::runBatch: the lone executions in order, then per fusible
+    // option (in the order of its first tensor) its tensors packed in order
+    // within the threshold.
+    std::vector<std::vector<int>> byOption;
+    for (int i = j; i < end; ++i) {
+      if (threshold == 0 || !sim.options()[choice[i]].fusible()) {
+        execute(i, ts[i].elements, choice[i], 1, i);
+        continue;
+      }
+      auto it = std::find_if(byOption.begin(), byOption.end(), [&](const std::vector<int>& g) {
+        return choice[g.front()] == choice[i] && ts[g.front()].dtypeBytes == ts[i].dtypeBytes;
+      });
+      if (it == byOption.end()) byOption.push_back({i});
+      else it->push_back(i);
+    }
+    for (const std::vector<int>& members : byOption) {
+      int first = -1, count = 0, last = -1;
+      int64_t elements = 0;
+      for (int i : members) {
+        if (count > 0 && double(elements + ts[i].elements) * ts[i].dtypeBytes > double(threshold)) {
+          execute(last, elements, choice[last], count, first);
+          count = 0, elements = 0;
+        }
+        if (count == 0) first = i;
+        last = i, elements += ts[i].elements, ++count;
+      }
+      if (count > 0) execute(last, elements, choice[last], count, first);
+    }
+    free = t;
+    j = end;
+  }
+  return free;
+}
+
+}  // namespace
+
+std::string predictedTracePath(const std::string& file, const std::string& strategy) {
+  if (strategy == "plan") return file;
+  const size_t slash = file.find_last_of('/');
+  const size_t dot = file.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return file + "-" + strategy;
+  return file.substr(0, dot) + "-" + strategy + file.substr(dot);
+}
+
+std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& base,
+                                                     const plan::Plan& p, const std::string& tracePath) {
+  std::vector<plan::TensorOption> options = base.options();
+  std::vector<int> choice;
+  for (const auto& t : base.profile().tensors) {
+    auto it = p.tensors.find(t.name);
+    if (it == p.tensors.end()) return std::nullopt;
+    if (it->second.compressed() && it->second.codec != base.codec().spec) return std::nullopt;
+    auto at = std::find(options.begin(), options.end(), it->second);
+    if (at == options.end()) at = options.insert(options.end(), it->second);
+    choice.push_back(int(at - options.begin()));
+  }
+  planner::Simulator sim(base.cluster(), base.codec(), base.profile(), options);
+  if (!tracePath.empty()) {
+    std::vector<planner::TraceEvent> ev;
+    serialized(sim, choice, &ev);
+    std::ofstream f(tracePath);
+    f << planner::chromeTrace(sim, ev) << "\n";
+  }
+  return std::make_pair(base.profile().forwardUs + serialized(sim, choice, nullptr),
+                        base.profile().forwardUs + sim.simulate(choice));
+}
+
+std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
+                                                   const planner::ModelProfile& profile,
+                                                   const collective::Topology& topo, const Measured& m,
+                                                   int cpuCores, uint64_t chunkBytes,
+                                                   uint64_t fusionBytes, std::string* costNote,
+                                                   int* bytepsIndex) {
+  const std::string dir = planner::resolveDataDir(o.dataDir);
+  planner::CodecModel codecs = planner::CodecModel::load(dir + "/costs/codecs.json");
+  json fits = {{"schema", "cortado.codec_costs.v1"},
+               {"date", "this run"},
+               {"machine", "this job's workers"},
+               {"threads", 1},
+               {"entries", json::array()}};
+  // Buffers are host memory: a "gpu" encode or decode runs the CPU twin, so
+  // both devices get the CPU's fits.
+  for (const char* dev : {"cpu", "gpu"}) {
+    fits["entries"].push_back({{"codec", o.codec}, {"device", dev}, {"op", "encode"},
+                               {"alpha", m.encodeAlpha}, {"beta", m.encodeBeta}});
+    fits["entries"].push_back({{"codec", o.codec}, {"device", dev}, {"op", "decompress_add"},
+                               {"alpha", m.decodeAlpha}, {"beta", m.decodeBeta}});
+  }
+  codecs.applyMeasured(fits, "cortado bench model");
+  planner::Cluster cl;
+  cl.machines = topo.numMachines;
+  cl.gpusPerMachine = topo.localSize;
+  // Every operation as measured on its own (OpenMPI's reduce ran at 0.35
+  // Gbit/s where its allreduce ran at 7-18 in a traced run; a compressed
+  // allgather is two collectives).
+  cl.inter.name = "measured inter";
+  cl.inter.base = m.hasInter ? m.inter.at(plan::CommOp::kAllreduce) : m.pushPull;
+  if (m.hasInter) {
+    cl.inter.perOp = m.inter, cl.inter.perOpCompressed = m.interCompressed;
+    cl.inter.curves = m.interCurves, cl.inter.curvesCompressed = m.interCurvesCompressed;
+  }
+  cl.inter.perOp[plan::CommOp::kPush] = m.pushPull;
+  cl.inter.perOp[plan::CommOp::kPull] = m.pushPull;
+  cl.inter.curves[plan::CommOp::kPush] = m.pushPullCurve;
+  cl.inter.curves[plan::CommOp::kPull] = m.pushPullCurve;
+  cl.intra.name = "measured intra";
+  cl.intra.base = m.hasIntra ? m.intra.at(plan::CommOp::kAllreduce) : cl.inter.base;
+  if (m.hasIntra) {
+    cl.intra.perOp = m.intra, cl.intra.perOpCompressed = m.intraCompressed;
+    cl.intra.curves = m.intraCurves, cl.intra.curvesCompressed = m.intraCurvesCompressed;
+  }
+  // No copies: the replay's buffers are host memory; a "gpu" step runs the
+  // CPU twin on the executor's thread while the gradients become ready on
+  // the wall clock (the planner's searches then see serialized()'s timeline).
+  cl.d2h = cl.h2d = AlphaBeta{0, 1e9};
+  cl.gpuCodecPausesCompute = false;
+  cl.cpuCores = cpuCores;
+  cl.cpuSumGbps = m.sumGbps;
+  cl.parameterServer = true;
+  cl.chunkBytes = double(chunkBytes);
+  cl.oneTensorAtATime = true;  // Executor::runBatch: one tensor (or fused group) at a time
+  // The replay's batches and fusion, as the executor runs them (serialized()).
+  cl.fusionBytes = fusionBytes;
+  cl.batchAgreeUs = m.agreeUs;
+  planner::ResolvedCodec codec = codecs.resolve(o.codec);
+  for (int d = 0; d < 2; ++d) {  // both devices run the CPU twin here
+    codec.encodeCurve[d] = m.encodeCurve;
+    codec.decodeCurve[d] = m.decodeCurve;
+  }
+  auto options = planner::plannerOptions(cl, codec.spec);
+  const plan::TensorOption byteps = executor::defaultOption();
+  int bytepsIdx = -1;
+  for (size_t i = 0; i < options.size(); ++i)
+    if (options[i] == byteps) bytepsIdx = int(i);
+  if (bytepsIdx < 0) {
+    options.push_back(byteps);
+    bytepsIdx = int(options.size()) - 1;
+  }
+  if (bytepsIndex) *bytepsIndex = bytepsIdx;
+  if (costNote)
+    *costNote = fmt::format(
+        "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
+        "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
+        "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
+        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
+        cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
+        cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
+        m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
+        m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
+  return std::make_shared<planner::Simulator>(cl, codec, profile, options);
+}
+
+std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
+                                const collective::Topology& topo, const Measured& m,
+                                int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
+                                std::string* costNote,
+                                std::shared_ptr<planner::Simulator>* keep) {
+  int bytepsIdx = -1;
+  *keep = buildSimulator(o, profile, topo, m, cpuCores, chunkBytes, fusionBytes, costNote, &bytepsIdx);
+  planner::Simulator& sim = **keep;
+  const auto& options = sim.options();
+  planner::Planner pl(sim);
+  const int T = sim.tensors();
+  auto uniform = [&](int option) {
+    planner::Strategy s;
+    s.choice.assign(T, option);
+    s.iterUs = sim.simulate(s.choice);
+    return s;
+  };
+  std::vector<Prediction> out;
+  for (const std::string& name : o.strategies) {
+    planner::Strategy s;
+    if (name == "none") {
+      s = uniform(bytepsIdx);
+    } else if (name == "gpu") {
+      s = pl.compressAllGpu();
+    } else if (name == "cpu") {
+      s = pl.compressAllCpu();
+      CORTADO_ENFORCE(!s.choice.empty(), ErrorCode::kInvalidArgument,
+                      "codec '{}' has no option compressed on the CPU", o.codec);
+    } else if (name == "plan" || name == "replan") {
+      // replan starts from the offline plan; what the scheduler switches it
+      // to is reported after the run.
+      s = pl.decide();
+    }
+    if (name != "replan" && !o.predictedTrace.empty()) {
+      std::vector<planner::TraceEvent> ev;
+      serialized(sim, s.choice, &ev);
+      const std::string path = predictedTracePath(o.predictedTrace, name);
+      std::ofstream f(path);
+      f << planner::chromeTrace(sim, ev) << "\n";
+      CORTADO_ENFORCE(f.good(), ErrorCode::kInvalidArgument, "--predicted-trace: cannot write '{}'",
+                      path);
+    }
+    Prediction p;
+    p.strategy = name;
+    p.plan = planner::toPlan(sim, s, 1);
+    p.predictedUs = profile.forwardUs + serialized(sim, s.choice, nullptr);
+    p.overlappedUs = profile.forwardUs + s.iterUs;
+    std::map<std::string, int> count;
+    for (int c : s.choice) ++count[options[c].describe() + (options[c].codec.empty() ? "" : " " + options[c].codec)];
+    if (count.size() == 1) {
+      p.options = count.begin()->first;
+    } else {
+      int compressed = 0;
+      for (int c : s.choice) compressed += options[c].compressed();
+      p.options = fmt::format("{} distinct options, {} of {} tensors compressed", count.size(),
+                              compressed, T);
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace cortado::launcher::replay

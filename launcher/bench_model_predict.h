@@ -1,0 +1,61 @@
+// The predictions behind `cortado bench model` (bench_model.cc): the replay's
+// timeline under the planner's cost models built from the probes
+// (bench_model_probe.h), each strategy's plan, and the prediction of a plan
+// handed out during the run. Rank 0 runs these. Internal to the launcher.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/collective/collectives.h"
+#include "core/plan/plan.h"
+#include "launcher/bench_model.h"
+#include "launcher/bench_model_probe.h"
+#include "scheduler/planner/profile.h"
+#include "scheduler/planner/simulator.h"
+
+namespace cortado::launcher::replay {
+
+struct Prediction {
+  std::string strategy;
+  plan::Plan plan;
+  double predictedUs = 0;  // forward + backward and synchronization, one tensor at a time
+  double overlappedUs = 0;  // forward + the simulator's overlapped timeline (the planner's model)
+  std::string options;     // the one option everybody runs, or a summary
+};
+
+// --predicted-trace FILE: the plan strategy's timeline goes to FILE, every
+// other strategy's beside it with the strategy's name before the extension
+// (predicted.json -> predicted-none.json).
+std::string predictedTracePath(const std::string& file, const std::string& strategy);
+
+// The prediction for a plan handed out during the run (replan), by the same
+// cost models as the other strategies (`base`: the simulator predict() made):
+// forward + the serialized timeline, and the overlapped one. Nothing when the
+// plan names a tensor the profile lacks or compresses with another codec
+// than --codec (no measured costs for it).
+std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& base,
+                                                     const plan::Plan& p, const std::string& tracePath);
+
+// Rank 0: the cost models from the measurements, as a simulator over the
+// planner's options for this job (BytePS's default among them, at
+// *bytepsIndex); *costNote says what they are. Either may be null.
+std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
+                                                   const planner::ModelProfile& profile,
+                                                   const collective::Topology& topo, const Measured& m,
+                                                   int cpuCores, uint64_t chunkBytes,
+                                                   uint64_t fusionBytes, std::string* costNote,
+                                                   int* bytepsIndex);
+
+// Rank 0: every strategy's plan and predicted iteration time under the cost
+// models from the measurements (*keep: their simulator).
+std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
+                                const collective::Topology& topo, const Measured& m,
+                                int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
+                                std::string* costNote,
+                                std::shared_ptr<planner::Simulator>* keep);
+
+}  // namespace cortado::launcher::replay
