@@ -1,904 +1,272 @@
-// The scheduler service: one io_context, run on the thread that calls run().
-// Every session (one per node connection) and every table is touched only on
-// that thread; stop() posts to it. Re-planning decisions run on a thread of
-// their own (planner_), which posts each verdict back to the io thread.
-#include "scheduler/scheduler.h"
-
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <utility>  // before asio: Boost 1.74 needs it in C++20
-#include <boost/asio.hpp>
-#include <map>
-#include <set>
-#include <vector>
-
-#include "core/common/dtype.h"
-#include "core/common/logging.h"
-#include "core/common/node.h"
-#include "core/control/auth.h"
-#include "core/control/connection.h"
-#include "core/control/control_client.h"
-#include "core/control/protocol.h"
-#include "scheduler/declaration_table.h"
+// The scheduler's life (scheduler_impl.h): construction, run/stop/fail,
+// listening and accepting, sessions, liveness, and the end of the job.
+#include "scheduler/scheduler_impl.h"
 
 namespace cortado::scheduler {
+namespace detail {
 
-namespace {
-
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using control::Connection;
-using control::Json;
-using control::MsgType;
-using namespace std::chrono_literals;
-
-// How long a closing connection may take to read our last frame and close.
-constexpr Millis kLinger{2000};
-
-std::string plural(int n, const char* word) {
-  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+SchedulerImpl::SchedulerImpl(SchedulerOptions opts)
+    : opts_(std::move(opts)),
+      acceptor_(io_),
+      registrationTimer_(io_),
+      heartbeatTimer_(io_),
+      lingerTimer_(io_),
+      decls_(std::max(opts_.numWorkers, 1)) {
+  CORTADO_ENFORCE(!opts_.token.empty(), ErrorCode::kInvalidArgument,
+                  "scheduler: the job token is empty (set CORTADO_JOB_TOKEN)");
+  CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,
+                  "scheduler: the job needs at least 1 worker, got {} (CORTADO_NUM_WORKERS)",
+                  opts_.numWorkers);
+  CORTADO_ENFORCE(opts_.numServers >= 0, ErrorCode::kInvalidArgument,
+                  "scheduler: negative number of servers {} (CORTADO_NUM_SERVERS)",
+                  opts_.numServers);
+  CORTADO_ENFORCE(opts_.replanAhead >= 1, ErrorCode::kInvalidArgument,
+                  "scheduler: CORTADO_REPLAN_AHEAD {} must be at least 1", opts_.replanAhead);
+  CORTADO_ENFORCE(opts_.port >= 0 && opts_.port < 65536, ErrorCode::kInvalidArgument,
+                  "scheduler: port {} is out of range 0..65535 (CORTADO_SCHEDULER_PORT)",
+                  opts_.port);
+  CORTADO_ENFORCE(opts_.heartbeatTimeout.count() > 0 && opts_.registrationTimeout.count() > 0 &&
+                      opts_.handshakeTimeout.count() > 0,
+                  ErrorCode::kInvalidArgument,
+                  "scheduler: timeouts must be positive (heartbeat {} ms, registration {} ms, "
+                  "handshake {} ms)",
+                  opts_.heartbeatTimeout.count(), opts_.registrationTimeout.count(),
+                  opts_.handshakeTimeout.count());
+  listen();
 }
 
-struct Session {
-  enum class State { kHandshake, kAuthenticated, kRegistered, kClosing };
-
-  Session(uint64_t id, std::shared_ptr<Connection> c, asio::io_context& io)
-      : id(id), conn(std::move(c)), timer(io) {}
-
-  // "127.0.0.1:4242" before registration; "worker 3 at 127.0.0.1:4242" after.
-  std::string label() const {
-    if (state == State::kRegistered || (state == State::kClosing && registered)) {
-      if (info.id.rank >= 0) return fmt::format("{} at {}", info.id.toString(), conn->remote());
-      return fmt::format("{} (rank not yet assigned) at {}", roleName(info.id.role),
-                         conn->remote());
-    }
-    return conn->remote();
-  }
-
-  uint64_t id;
-  std::shared_ptr<Connection> conn;
-  asio::steady_timer timer;  // handshake deadline, then the linger on refusal
-  State state = State::kHandshake;
-  bool registered = false;
-  std::string nodeNonce;
-  std::string schedulerNonce;
-  NodeInfo info;
-  int requestedRank = -1;
-  uint64_t arrival = 0;
-  Clock::time_point lastHeard = Clock::now();
-  bool finished = false;
-};
-
-class SchedulerImpl final : public Scheduler {
- public:
-  explicit SchedulerImpl(SchedulerOptions opts)
-      : opts_(std::move(opts)),
-        acceptor_(io_),
-        registrationTimer_(io_),
-        heartbeatTimer_(io_),
-        lingerTimer_(io_),
-        decls_(std::max(opts_.numWorkers, 1)) {
-    CORTADO_ENFORCE(!opts_.token.empty(), ErrorCode::kInvalidArgument,
-                    "scheduler: the job token is empty (set CORTADO_JOB_TOKEN)");
-    CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,
-                    "scheduler: the job needs at least 1 worker, got {} (CORTADO_NUM_WORKERS)",
-                    opts_.numWorkers);
-    CORTADO_ENFORCE(opts_.numServers >= 0, ErrorCode::kInvalidArgument,
-                    "scheduler: negative number of servers {} (CORTADO_NUM_SERVERS)",
-                    opts_.numServers);
-    CORTADO_ENFORCE(opts_.replanAhead >= 1, ErrorCode::kInvalidArgument,
-                    "scheduler: CORTADO_REPLAN_AHEAD {} must be at least 1", opts_.replanAhead);
-    CORTADO_ENFORCE(opts_.port >= 0 && opts_.port < 65536, ErrorCode::kInvalidArgument,
-                    "scheduler: port {} is out of range 0..65535 (CORTADO_SCHEDULER_PORT)",
-                    opts_.port);
-    CORTADO_ENFORCE(opts_.heartbeatTimeout.count() > 0 && opts_.registrationTimeout.count() > 0 &&
-                        opts_.handshakeTimeout.count() > 0,
-                    ErrorCode::kInvalidArgument,
-                    "scheduler: timeouts must be positive (heartbeat {} ms, registration {} ms, "
-                    "handshake {} ms)",
-                    opts_.heartbeatTimeout.count(), opts_.registrationTimeout.count(),
-                    opts_.handshakeTimeout.count());
-    listen();
-  }
-
-  int port() const override { return port_; }
-
-  Status run() override {
-    CORTADO_ENFORCE(!started_.exchange(true), ErrorCode::kInvalidArgument,
-                    "Scheduler::run() called twice");
-    CORTADO_LOG_INFO("[scheduler] listening on {} for {} and {}", listenAddress_,
-                     plural(opts_.numWorkers, "worker"), plural(opts_.numServers, "server"));
-    accept();
-    registrationTimer_.expires_after(opts_.registrationTimeout);
-    registrationTimer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) onRegistrationDeadline();
-    });
-    heartbeatTick();
-    for (;;) {
-      try {
-        io_.run();
-        break;
-      } catch (const std::exception& e) {
-        CORTADO_LOG_ERROR("[scheduler] unexpected exception on the io thread: {}", e.what());
-      }
-    }
-    return final_;
-  }
-
-  void stop() override {
-    asio::post(io_, [this] {
-      endJob(Status(ErrorCode::kClosed, "the scheduler was stopped"), 0);
-    });
-  }
-
-  void fail(Status reason) override {
-    asio::post(io_, [this, reason = std::move(reason)] { endJob(reason, 0); });
-  }
-
- private:
-  enum class Phase { kRegistering, kRunning, kEnding };
-
-  struct Waiter {
-    uint64_t session;
-    uint64_t req;
-  };
-  struct BarrierState {
-    std::set<NodeId> entered;
-    std::vector<Waiter> waiters;
-  };
-
-  // --- listening ----------------------------------------------------------------
-
-  void listen() {
-    boost::system::error_code ec;
-    auto addr = asio::ip::make_address(opts_.bindHost, ec);
-    if (ec) {
-      tcp::resolver resolver(io_);
-      auto results = resolver.resolve(opts_.bindHost, std::to_string(opts_.port), ec);
-      CORTADO_ENFORCE(!ec && !results.empty(), ErrorCode::kInvalidArgument,
-                      "scheduler: cannot resolve bind host '{}': {}", opts_.bindHost,
-                      ec ? ec.message() : "no address");
-      addr = results.begin()->endpoint().address();
-    }
-    tcp::endpoint ep(addr, static_cast<uint16_t>(opts_.port));
-    std::string where = fmt::format("{}:{}", opts_.bindHost, opts_.port);
-    acceptor_.open(ep.protocol(), ec);
-    CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable, "scheduler: cannot open a socket for {}: {}",
-                    where, ec.message());
-    acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    acceptor_.bind(ep, ec);
-    CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable,
-                    "scheduler: cannot listen on {}: {} (is another scheduler or program using "
-                    "this port? choose another CORTADO_SCHEDULER_PORT)",
-                    where, ec.message());
-    acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable, "scheduler: cannot listen on {}: {}", where,
-                    ec.message());
-    port_ = acceptor_.local_endpoint().port();
-    listenAddress_ = fmt::format("{}:{}", opts_.bindHost, port_);
-  }
-
-  void accept() {
-    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-      if (phase_ == Phase::kEnding || !acceptor_.is_open()) return;
-      if (ec) {
-        CORTADO_LOG_WARN("[scheduler] accept failed: {}", ec.message());
-      } else {
-        onAccepted(std::move(socket));
-      }
-      accept();
-    });
-  }
-
-  void onAccepted(tcp::socket socket) {
-    uint64_t sid = nextSession_++;
-    auto conn = Connection::create(std::move(socket));
-    auto s = std::make_unique<Session>(sid, conn, io_);
-    CORTADO_LOG_DEBUG("[scheduler] connection from {}", conn->remote());
-    s->timer.expires_after(opts_.handshakeTimeout);
-    s->timer.async_wait([this, sid](const boost::system::error_code& ec) {
-      if (ec) return;
-      Session* s = find(sid);
-      if (!s || s->state == Session::State::kRegistered) return;
-      if (s->state != Session::State::kClosing) {
-        CORTADO_LOG_WARN("[scheduler] closing the connection from {}: it did not authenticate "
-                         "and register within {} ms",
-                         s->label(), opts_.handshakeTimeout.count());
-      }
-      drop(sid);
-    });
-    sessions_[sid] = std::move(s);
-    conn->start([this, sid](MsgType t, const Json& b) { onMessage(sid, t, b); },
-                [this, sid](const std::string& reason, bool malformed) {
-                  onClosed(sid, reason, malformed);
-                });
-  }
-
-  Session* find(uint64_t sid) {
-    auto it = sessions_.find(sid);
-    return it == sessions_.end() ? nullptr : it->second.get();
-  }
-
-  // Closes and forgets a session (no death semantics: the caller decided).
-  void drop(uint64_t sid) {
-    auto it = sessions_.find(sid);
-    if (it == sessions_.end()) return;
-    it->second->conn->close();
-    it->second->timer.cancel();
-    if (it->second->registered && phase_ == Phase::kRegistering) {
-      --registered_[static_cast<int>(it->second->info.id.role)];
-    }
-    sessions_.erase(it);
-    if (phase_ == Phase::kEnding && sessions_.empty()) lingerTimer_.cancel();
-  }
-
-  // --- messages -----------------------------------------------------------------
-
-  void onMessage(uint64_t sid, MsgType type, const Json& body) {
-    Session* s = find(sid);
-    if (!s) return;
-    s->lastHeard = Clock::now();
-    switch (s->state) {
-      case Session::State::kHandshake:
-        if (type == MsgType::kHello && s->nodeNonce.empty()) return onHello(*s, body);
-        if (type == MsgType::kProof && !s->nodeNonce.empty()) return onProof(*s, body);
-        break;
-      case Session::State::kAuthenticated:
-        if (type == MsgType::kRegister) return onRegister(*s, body);
-        if (type == MsgType::kHeartbeat) return;
-        break;
-      case Session::State::kRegistered:
-        switch (type) {
-          case MsgType::kHeartbeat: return;
-          case MsgType::kDeclare: return onDeclare(*s, body);
-          case MsgType::kBarrier: return onBarrier(*s, body);
-          case MsgType::kPut: return onPut(*s, body);
-          case MsgType::kGet: return onGet(*s, body);
-          case MsgType::kProfile: return onProfile(*s, body);
-          case MsgType::kFinish: return onFinish(*s);
-          default: break;
-        }
-        break;
-      case Session::State::kClosing:
-        return;  // it has been answered for the last time
-    }
-    // Connection turns this into a close with the reason, which onClosed logs.
-    throw Error(ErrorCode::kProtocol,
-                fmt::format("unexpected {} in this state of the conversation", msgTypeName(type)));
-  }
-
-  void onHello(Session& s, const Json& body) {
-    int64_t version = control::getInt(body, "version");
-    if (version != control::kProtocolVersion) {
-      return refuse(s, ErrorCode::kProtocol,
-                    fmt::format("protocol version {} is not supported (the scheduler speaks {})",
-                                version, control::kProtocolVersion));
-    }
-    auto nonce = control::fromHex(control::getString(body, "nonce"), control::kNonceSize);
-    CORTADO_ENFORCE(nonce.has_value(), ErrorCode::kProtocol,
-                    "the Hello nonce is not {} hex-encoded bytes", control::kNonceSize);
-    s.nodeNonce = *nonce;
-    s.schedulerNonce = control::makeNonce();
-    s.conn->send(MsgType::kChallenge, Json{{"nonce", control::toHex(s.schedulerNonce)},
-                                           {"pingIntervalMs", pingInterval().count()}});
-  }
-
-  void onProof(Session& s, const Json& body) {
-    auto mac = control::fromHex(control::getString(body, "mac"), control::kProofSize);
-    auto expected =
-        control::authProof(opts_.token, control::Prover::kNode, s.nodeNonce, s.schedulerNonce);
-    if (!mac || !control::proofMatches(expected, *mac)) {
-      return refuse(s, ErrorCode::kProtocol,
-                    "job token refused: this node's proof does not match the job token of the "
-                    "scheduler (check CORTADO_JOB_TOKEN)");
-    }
-    s.state = Session::State::kAuthenticated;
-    s.conn->setMaxBody(control::kMaxBody);
-    s.conn->send(MsgType::kWelcome,
-                 Json{{"mac", control::toHex(control::authProof(opts_.token,
-                                                                control::Prover::kScheduler,
-                                                                s.nodeNonce, s.schedulerNonce))}});
-    CORTADO_LOG_DEBUG("[scheduler] {} proved the job token", s.label());
-  }
-
-  void onRegister(Session& s, const Json& body) {
-    int64_t roleRaw = control::getInt(body, "role");
-    CORTADO_ENFORCE(roleRaw == static_cast<int>(Role::kServer) ||
-                        roleRaw == static_cast<int>(Role::kWorker),
-                    ErrorCode::kProtocol, "role {} is neither server nor worker", roleRaw);
-    Role role = static_cast<Role>(roleRaw);
-    int64_t requested = control::getInt(body, "requestedRank");
-    NodeInfo info;
-    info.id = NodeId{role, -1};
-    info.dataAddress = control::getString(body, "dataAddress");
-    info.hostname = control::getString(body, "hostname");
-    info.pid = static_cast<int32_t>(control::getInt(body, "pid"));
-    if (auto it = body.find("sharedMemory"); it != body.end() && it->is_boolean())
-      info.sharedMemory = it->get<bool>();
-    const int total = role == Role::kServer ? opts_.numServers : opts_.numWorkers;
-    const char* what = roleName(role);
-    std::string who = fmt::format("{} from {} (host {}, pid {})", what, s.conn->remote(),
-                                  info.hostname, info.pid);
-
-    if (phase_ != Phase::kRegistering) {
-      return refuse(s, ErrorCode::kInvalidArgument,
-                    fmt::format("registration of {} refused: the job's registration is complete "
-                                "({} and {} registered)",
-                                who, plural(opts_.numWorkers, "worker"),
-                                plural(opts_.numServers, "server")));
-    }
-    if (requested < -1 || requested >= total) {
-      return refuse(s, ErrorCode::kInvalidArgument,
-                    fmt::format("registration of {} refused: requested {} rank {} is out of "
-                                "range: the job has {}{}",
-                                who, what, requested, plural(total, what),
-                                total > 0 ? fmt::format(" (ranks 0..{})", total - 1) : ""));
-    }
-    if (registered_[roleRaw] >= total) {
-      return refuse(s, ErrorCode::kInvalidArgument,
-                    fmt::format("registration of {} refused: the job already has all {} "
-                                "registered",
-                                who, plural(total, what)));
-    }
-    if (requested >= 0) {
-      for (const auto& [id, other] : sessions_) {
-        if (other->registered && other->info.id.role == role &&
-            other->requestedRank == requested) {
-          return refuse(s, ErrorCode::kInvalidArgument,
-                        fmt::format("registration of {} refused: {} rank {} is already taken by "
-                                    "the {} from {} (host {}, pid {})",
-                                    who, what, requested, what, other->conn->remote(),
-                                    other->info.hostname, other->info.pid));
-        }
-      }
-    }
-    s.info = std::move(info);
-    s.requestedRank = static_cast<int>(requested);
-    s.arrival = nextArrival_++;
-    s.state = Session::State::kRegistered;
-    s.registered = true;
-    s.timer.cancel();
-    ++registered_[roleRaw];
-    CORTADO_LOG_INFO("[scheduler] registered {}{}, data address {}; {}/{} workers, {}/{} servers",
-                     who, requested >= 0 ? fmt::format(" as rank {}", requested) : "",
-                     s.info.dataAddress, registered_[2], opts_.numWorkers, registered_[1],
-                     opts_.numServers);
-    if (registered_[1] == opts_.numServers && registered_[2] == opts_.numWorkers) {
-      completeRegistration();
-    }
-  }
-
-  void completeRegistration() {
-    std::vector<Session*> all;
-    for (auto& [id, s] : sessions_)
-      if (s->registered && s->state == Session::State::kRegistered) all.push_back(s.get());
-    std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->arrival < b->arrival; });
-    servers_.assign(opts_.numServers, 0);
-    workers_.assign(opts_.numWorkers, 0);
-    for (Session* s : all) {
-      auto& slots = s->info.id.role == Role::kServer ? servers_ : workers_;
-      if (s->requestedRank >= 0) {
-        slots[s->requestedRank] = s->id;
-        s->info.id.rank = s->requestedRank;
-      }
-    }
-    for (Session* s : all) {
-      if (s->requestedRank >= 0) continue;
-      auto& slots = s->info.id.role == Role::kServer ? servers_ : workers_;
-      auto free = std::find(slots.begin(), slots.end(), 0);
-      *free = s->id;  // counts were checked at registration, so a slot is free
-      s->info.id.rank = static_cast<int32_t>(free - slots.begin());
-    }
-    if (const std::string wrong = misplacedWorkers(all); !wrong.empty()) {
-      endJob(Status(ErrorCode::kInvalidArgument, wrong), 0);
-      return;
-    }
-    Json servers = Json::array(), workers = Json::array();
-    for (uint64_t sid : servers_) servers.push_back(control::nodeInfoToJson(find(sid)->info));
-    for (uint64_t sid : workers_) workers.push_back(control::nodeInfoToJson(find(sid)->info));
-    for (Session* s : all) {
-      s->conn->send(MsgType::kAddressBook,
-                    Json{{"rank", s->info.id.rank}, {"servers", servers}, {"workers", workers}});
-    }
-    phase_ = Phase::kRunning;
-    registrationTimer_.cancel();
-    CORTADO_LOG_INFO("[scheduler] all {} and {} registered; address book sent",
-                     plural(opts_.numWorkers, "worker"), plural(opts_.numServers, "server"));
-    for (Session* s : all) CORTADO_LOG_DEBUG("[scheduler]   {}", s->info.toString());
-  }
-
-  // Empty when the workers' hosts match SchedulerOptions::workersPerHost.
-  std::string misplacedWorkers(const std::vector<Session*>& all) const {
-    if (opts_.workersPerHost.empty()) return {};
-    std::map<std::string, int> byHost;
-    for (const Session* s : all)
-      if (s->info.id.role == Role::kWorker) ++byHost[s->info.hostname];
-    std::vector<int> got, want = opts_.workersPerHost;
-    for (const auto& [host, n] : byHost) got.push_back(n);
-    std::erase(want, 0);
-    std::sort(got.begin(), got.end());
-    std::sort(want.begin(), want.end());
-    if (got == want) return {};
-    std::vector<std::string> where;
-    for (const auto& [host, n] : byHost) where.push_back(fmt::format("{} on {}", plural(n, "worker"), host));
-    return fmt::format(
-        "the workers are not where the job placed them: {} on {} machines ({}) was asked for, "
-        "and they registered from {} ({}). The MPI launcher did not follow the host list: "
-        "check OMPI_MCA_plm and any resource manager's settings, and that every host's "
-        "hostname is its own",
-        plural(opts_.numWorkers, "worker"), want.size(), fmt::join(want, ", "),
-        plural(int(byHost.size()), "hostname"), fmt::join(where, ", "));
-  }
-
-  void onRegistrationDeadline() {
-    if (phase_ != Phase::kRegistering) return;
-    int missingW = opts_.numWorkers - registered_[2];
-    int missingS = opts_.numServers - registered_[1];
-    std::vector<std::string> missing;
-    if (missingW > 0) missing.push_back(plural(missingW, "worker"));
-    if (missingS > 0) missing.push_back(plural(missingS, "server"));
-    endJob(Status(ErrorCode::kTimeout,
-                  fmt::format("registration deadline of {} ms passed with {}/{} workers and {}/{} "
-                              "servers registered: {} missing (were they started with this "
-                              "scheduler's address and job token?)",
-                              opts_.registrationTimeout.count(), registered_[2], opts_.numWorkers,
-                              registered_[1], opts_.numServers, fmt::join(missing, " and "))),
-           0);
-  }
-
-  void onDeclare(Session& s, const Json& body) {
-    uint64_t req = control::getUInt(body, "req");
-    if (s.info.id.role != Role::kWorker) {
-      return replyFailed(s, req, ErrorCode::kInvalidArgument,
-                         fmt::format("{}: only workers declare tensors", s.info.id.toString()));
-    }
-    control::TensorDecl d;
-    d.name = control::getString(body, "name");
-    int64_t dt = control::getInt(body, "dtype");
-    CORTADO_ENFORCE(dt >= 0 && dt < 256 && isValidDType(static_cast<uint8_t>(dt)),
-                    ErrorCode::kProtocol, "unknown dtype {} for tensor '{}'", dt, d.name);
-    d.dtype = static_cast<DType>(dt);
-    d.numElements = control::getUInt(body, "numElements");
-    d.codec = control::getString(body, "codec");
-    // Absent from older workers: no error feedback.
-    auto ef = body.find("errorFeedback");
-    CORTADO_ENFORCE(ef == body.end() || ef->is_boolean(), ErrorCode::kProtocol,
-                    "field 'errorFeedback' of the declaration of tensor '{}' is not a boolean",
-                    d.name);
-    d.errorFeedback = ef != body.end() && ef->get<bool>();
-    // A count that older workers leave out: 0 then.
-    auto optionalCount = [&](const char* field) -> uint32_t {
-      auto it = body.find(field);
-      if (it == body.end()) return 0;
-      const bool count = it->is_number_unsigned() ||
-                         (it->is_number_integer() && it->get<int64_t>() >= 0);
-      CORTADO_ENFORCE(count && it->get<uint64_t>() <= UINT32_MAX,
-                      ErrorCode::kProtocol,
-                      "field '{}' of the declaration of tensor '{}' is not a count", field, d.name);
-      return it->get<uint32_t>();
-    };
-    d.contributors = optionalCount("contributors");  // 0: every worker pushes
-    d.incarnation = optionalCount("incarnation");    // 0: the name's first declaration
-    auto out = decls_.declare(s.info.id.rank, d);
-    const auto waitKey = std::make_pair(d.name, d.incarnation);
-    using Kind = DeclarationTable::Outcome::Kind;
-    switch (out.kind) {
-      case Kind::kPending:
-        declWaiters_[waitKey].push_back({s.id, req});
-        return;
-      case Kind::kAgreed: {
-        declWaiters_[waitKey].push_back({s.id, req});
-        auto waiters = std::move(declWaiters_[waitKey]);
-        declWaiters_.erase(waitKey);
-        for (const auto& w : waiters) {
-          if (Session* ws = find(w.session))
-            ws->conn->send(MsgType::kDeclared, Json{{"req", w.req}, {"key", out.key}});
-        }
-        CORTADO_LOG_DEBUG("[scheduler] tensor {} ({}) has key {}", DeclarationTable::label(d),
-                          DeclarationTable::describe(d), out.key);
-        return;
-      }
-      case Kind::kRejected:
-        return replyFailed(s, req, out.status.code(), out.status.message());
-      case Kind::kMismatch:
-        return endJob(out.status, 0);
-    }
-  }
-
-  // --- online re-planning (ControlClient::sendProfile, PlanUpdate) -------------
-
-  // A malformed report is refused to its sender (kProtocol naming the field);
-  // the job goes on. When every worker reported a window, the replanner runs
-  // and its plan goes to every worker.
-  void onProfile(Session& s, const Json& body) {
-    uint64_t req = control::getUInt(body, "req");
-    std::string text = control::getString(body, "report");
-    plan::ProfileReport r;
+Status SchedulerImpl::run() {
+  CORTADO_ENFORCE(!started_.exchange(true), ErrorCode::kInvalidArgument,
+                  "Scheduler::run() called twice");
+  CORTADO_LOG_INFO("[scheduler] listening on {} for {} and {}", listenAddress_,
+                   plural(opts_.numWorkers, "worker"), plural(opts_.numServers, "server"));
+  accept();
+  registrationTimer_.expires_after(opts_.registrationTimeout);
+  registrationTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) onRegistrationDeadline();
+  });
+  heartbeatTick();
+  for (;;) {
     try {
-      r = plan::profileFromJsonString(text);
-      CORTADO_ENFORCE(s.info.id.role == Role::kWorker && r.rank == s.info.id.rank, ErrorCode::kProtocol,
-                      "profile report: rank {} sent by {} (a worker reports its own rank)", r.rank,
-                      s.info.id.toString());
-    } catch (const Error& e) {
-      CORTADO_LOG_WARN("[scheduler] refused a profile report from {}: {}", s.label(), e.what());
-      return replyFailed(s, req, e.code(), fmt::format("{} sent a report the scheduler refused: {}",
-                                                       s.info.id.toString(), e.what()));
-    }
-    if (!opts_.replanner) {
-      s.conn->send(MsgType::kProfileAck, Json{{"req", req}, {"switchAt", 0}});
-      return;
-    }
-    const uint64_t windowEnd = r.endIteration;
-    const uint64_t switchAt = windowEnd + opts_.replanAhead;
-    s.conn->send(MsgType::kProfileAck, Json{{"req", req}, {"switchAt", switchAt}});
-    const uint64_t w = r.window;
-    // A window whose verdict went out already (it cannot complete again):
-    // this worker still waits for one. One still being decided: the verdict
-    // goes to every worker when it is.
-    if (w < nextWindow_) {
-      if (w < verdictsSent_) sendVerdict(&s, w, std::nullopt);
-      return;
-    }
-    const int rank = r.rank;
-    auto& got = windows_[w];
-    got.resize(opts_.numWorkers);
-    got[rank] = std::move(r);
-    for (const auto& x : got)
-      if (!x) return;
-    std::vector<plan::ProfileReport> reports;
-    for (auto& x : got) reports.push_back(std::move(*x));
-    windows_.erase(windows_.begin(), windows_.upper_bound(w));
-    nextWindow_ = w + 1;
-    // The decision (a planner search: 0.1-0.6 s on the benchmarks' models)
-    // runs off the io thread, so that heartbeats, barriers and the
-    // key-value store are served meanwhile; one window at a time, in order.
-    asio::post(planner_, [this, w, switchAt, windowEnd, reports = std::move(reports)] {
-      std::optional<control::PlanUpdate> u;
-      try {
-        u = opts_.replanner(reports);
-      } catch (const std::exception& e) {
-        CORTADO_LOG_ERROR("[scheduler] re-planning after window {} failed, the current plan "
-                          "stays: {}",
-                          w, e.what());
-        u.reset();
-      }
-      asio::post(io_, [this, w, switchAt, windowEnd, u = std::move(u)]() mutable {
-        decided(w, switchAt, windowEnd, std::move(u));
-      });
-    });
-  }
-
-  // The replanner's answer for window `w`, on the io thread: checked, then
-  // sent to every worker (the plan, or "keep the current plan").
-  void decided(uint64_t w, uint64_t switchAt, uint64_t windowEnd,
-               std::optional<control::PlanUpdate> u) {
-    verdictsSent_ = w + 1;
-    if (phase_ == Phase::kEnding) return;
-    if (u && u->planJson.size() > control::kMaxPlanBytes) {
-      CORTADO_LOG_ERROR("[scheduler] the new plan has {} bytes, over the limit {}; not sent",
-                        u->planJson.size(), control::kMaxPlanBytes);
-      u.reset();
-    }
-    if (u && (u->version == 0 || u->switchAt != switchAt)) {
-      CORTADO_LOG_ERROR("[scheduler] the re-planner's plan version {} switches at iteration {}, "
-                        "not at {} (window end {} + CORTADO_REPLAN_AHEAD {}); not sent",
-                        u->version, u->switchAt, switchAt, windowEnd, opts_.replanAhead);
-      u.reset();
-    }
-    if (u)
-      CORTADO_LOG_INFO("[scheduler] plan version {} after window {}: every worker switches at "
-                       "iteration {}",
-                       u->version, w, u->switchAt);
-    sendVerdict(nullptr, w, u);
-  }
-
-  // The verdict on window `w` (a plan, or "keep the current plan" when `u` is
-  // empty) to one worker, or to every registered worker when `to` is null.
-  void sendVerdict(Session* to, uint64_t w, const std::optional<control::PlanUpdate>& u) {
-    Json body = u ? Json{{"window", w}, {"version", u->version}, {"switchAt", u->switchAt}, {"plan", u->planJson}}
-                  : Json{{"window", w}, {"version", 0}, {"switchAt", 0}, {"plan", ""}};
-    if (to) return to->conn->send(MsgType::kPlanUpdate, body);
-    for (auto& [id, ws] : sessions_) {
-      if (ws->info.id.role != Role::kWorker || ws->state != Session::State::kRegistered) continue;
-      ws->conn->send(MsgType::kPlanUpdate, body);
+      io_.run();
+      break;
+    } catch (const std::exception& e) {
+      CORTADO_LOG_ERROR("[scheduler] unexpected exception on the io thread: {}", e.what());
     }
   }
+  return final_;
+}
 
-  // --- key-value rendezvous (ControlClient::put/get) ---------------------------
+void SchedulerImpl::stop() {
+  asio::post(io_, [this] {
+    endJob(Status(ErrorCode::kClosed, "the scheduler was stopped"), 0);
+  });
+}
 
-  // The key of a Put or Get; a malformed one closes the session (kProtocol).
-  static std::string kvKey(const Json& body) {
-    std::string key = control::getString(body, "key");
-    CORTADO_ENFORCE(!key.empty() && key.size() <= control::kMaxKvKey, ErrorCode::kProtocol,
-                    "key-value key of {} bytes (limit {})", key.size(), control::kMaxKvKey);
-    return key;
+void SchedulerImpl::fail(Status reason) {
+  asio::post(io_, [this, reason = std::move(reason)] { endJob(reason, 0); });
+}
+
+void SchedulerImpl::listen() {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(opts_.bindHost, ec);
+  if (ec) {
+    tcp::resolver resolver(io_);
+    auto results = resolver.resolve(opts_.bindHost, std::to_string(opts_.port), ec);
+    CORTADO_ENFORCE(!ec && !results.empty(), ErrorCode::kInvalidArgument,
+                    "scheduler: cannot resolve bind host '{}': {}", opts_.bindHost,
+                    ec ? ec.message() : "no address");
+    addr = results.begin()->endpoint().address();
   }
+  tcp::endpoint ep(addr, static_cast<uint16_t>(opts_.port));
+  std::string where = fmt::format("{}:{}", opts_.bindHost, opts_.port);
+  acceptor_.open(ep.protocol(), ec);
+  CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable, "scheduler: cannot open a socket for {}: {}",
+                  where, ec.message());
+  acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  acceptor_.bind(ep, ec);
+  CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable,
+                  "scheduler: cannot listen on {}: {} (is another scheduler or program using "
+                  "this port? choose another CORTADO_SCHEDULER_PORT)",
+                  where, ec.message());
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  CORTADO_ENFORCE(!ec, ErrorCode::kUnavailable, "scheduler: cannot listen on {}: {}", where,
+                  ec.message());
+  port_ = acceptor_.local_endpoint().port();
+  listenAddress_ = fmt::format("{}:{}", opts_.bindHost, port_);
+}
 
-  void onPut(Session& s, const Json& body) {
-    uint64_t req = control::getUInt(body, "req");
-    std::string key = kvKey(body);
-    std::string hex = control::getString(body, "value");
-    CORTADO_ENFORCE(hex.size() % 2 == 0 && hex.size() <= 2 * control::kMaxKvValue &&
-                        control::fromHex(hex, hex.size() / 2).has_value(),
-                    ErrorCode::kProtocol, "the value put under key '{}' is not hex of at most {} bytes",
-                    key, control::kMaxKvValue);
-    auto it = kv_.find(key);
-    if (it != kv_.end()) {
-      if (it->second != hex) {
-        return replyFailed(s, req, ErrorCode::kInvalidArgument,
-                           fmt::format("{} put key '{}' with another value than the one already "
-                                       "there (a key is written once per job; use a new key)",
-                                       s.info.id.toString(), key));
-      }
-      return s.conn->send(MsgType::kValue, Json{{"req", req}, {"value", hex}});
+void SchedulerImpl::accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (phase_ == Phase::kEnding || !acceptor_.is_open()) return;
+    if (ec) {
+      CORTADO_LOG_WARN("[scheduler] accept failed: {}", ec.message());
+    } else {
+      onAccepted(std::move(socket));
     }
-    if (kv_.size() >= control::kMaxKvEntries) {
-      return replyFailed(s, req, ErrorCode::kInvalidArgument,
-                         fmt::format("{} cannot put key '{}': the job already holds {} keys, the "
-                                     "limit",
-                                     s.info.id.toString(), key, control::kMaxKvEntries));
-    }
-    kv_.emplace(key, hex);
-    s.conn->send(MsgType::kValue, Json{{"req", req}, {"value", hex}});
-    auto waiters = kvWaiters_.extract(key);
-    if (waiters.empty()) return;
-    pendingGets_ -= waiters.mapped().size();
-    for (const auto& w : waiters.mapped()) {
-      if (Session* ws = find(w.session)) ws->conn->send(MsgType::kValue, Json{{"req", w.req}, {"value", hex}});
-    }
-  }
+    accept();
+  });
+}
 
-  void onGet(Session& s, const Json& body) {
-    uint64_t req = control::getUInt(body, "req");
-    std::string key = kvKey(body);
-    if (auto it = kv_.find(key); it != kv_.end())
-      return s.conn->send(MsgType::kValue, Json{{"req", req}, {"value", it->second}});
-    // A waiter whose caller gave up is answered later and ignored there; the
-    // bound keeps a node that polls absent keys from growing this forever.
-    if (pendingGets_ >= kMaxPendingGets) {
-      return replyFailed(s, req, ErrorCode::kInvalidArgument,
-                         fmt::format("{} cannot wait for key '{}': {} gets are already waiting",
-                                     s.info.id.toString(), key, kMaxPendingGets));
-    }
-    kvWaiters_[key].push_back({s.id, req});
-    ++pendingGets_;
-  }
-
-  void onBarrier(Session& s, const Json& body) {
-    uint64_t req = control::getUInt(body, "req");
-    int64_t g = control::getInt(body, "group");
-    CORTADO_ENFORCE(g >= 0 && g <= 2, ErrorCode::kProtocol, "unknown barrier group {}", g);
-    auto group = static_cast<control::Group>(g);
-    std::string name = control::getString(body, "name");
-    const char* groupName = group == control::Group::kAll       ? "all"
-                            : group == control::Group::kWorkers ? "workers"
-                                                                : "servers";
-    Role role = s.info.id.role;
-    bool member = group == control::Group::kAll ||
-                  (group == control::Group::kWorkers && role == Role::kWorker) ||
-                  (group == control::Group::kServers && role == Role::kServer);
-    if (!member) {
-      return replyFailed(s, req, ErrorCode::kInvalidArgument,
-                         fmt::format("{} cannot enter barrier '{}' of group {}: not a member",
-                                     s.info.id.toString(), name, groupName));
-    }
-    size_t size = group == control::Group::kAll ? opts_.numWorkers + opts_.numServers
-                  : group == control::Group::kWorkers ? opts_.numWorkers
-                                                      : opts_.numServers;
-    auto& b = barriers_[{static_cast<int>(g), name}];
-    if (!b.entered.insert(s.info.id).second) {
-      return replyFailed(s, req, ErrorCode::kInvalidArgument,
-                         fmt::format("{} entered barrier '{}' (group {}) twice",
-                                     s.info.id.toString(), name, groupName));
-    }
-    b.waiters.push_back({s.id, req});
-    if (b.entered.size() < size) return;
-    auto waiters = std::move(b.waiters);
-    barriers_.erase({static_cast<int>(g), name});
-    for (const auto& w : waiters) {
-      if (Session* ws = find(w.session))
-        ws->conn->send(MsgType::kBarrierDone, Json{{"req", w.req}});
-    }
-    CORTADO_LOG_DEBUG("[scheduler] barrier '{}' (group {}) of {} nodes passed", name, groupName,
-                      size);
-  }
-
-  void onFinish(Session& s) {
-    if (s.info.id.role != Role::kWorker) {
-      CORTADO_LOG_WARN("[scheduler] {} sent Finish, which only workers send; ignored", s.label());
-      return;
-    }
-    if (s.finished) return;
-    s.finished = true;
-    ++finishedWorkers_;
-    CORTADO_LOG_INFO("[scheduler] {} finished ({}/{} workers)", s.info.id.toString(),
-                     finishedWorkers_, opts_.numWorkers);
-    if (finishedWorkers_ == opts_.numWorkers) endJob(Status(), 0);
-  }
-
-  void refuse(Session& s, ErrorCode code, const std::string& message) {
-    CORTADO_LOG_WARN("[scheduler] refused {}: {}", s.label(), message);
-    s.conn->send(MsgType::kRefused, Json{{"code", control::errorCodeToWire(code)},
-                                         {"message", message}});
-    s.conn->finishSending();
-    s.state = Session::State::kClosing;
-    // The node closes when it reads the refusal; bound the wait if it does not.
-    uint64_t sid = s.id;
-    s.timer.expires_after(kLinger);
-    s.timer.async_wait([this, sid](const boost::system::error_code& ec) {
-      if (!ec) drop(sid);
-    });
-  }
-
-  void replyFailed(Session& s, uint64_t req, ErrorCode code, const std::string& message) {
-    CORTADO_LOG_WARN("[scheduler] {}", message);
-    s.conn->send(MsgType::kRequestFailed, Json{{"req", req},
-                                               {"code", control::errorCodeToWire(code)},
-                                               {"message", message}});
-  }
-
-  // --- liveness -----------------------------------------------------------------
-
-  Millis pingInterval() const {
-    return std::max(Millis(1), opts_.heartbeatTimeout / 4);
-  }
-
-  void heartbeatTick() {
-    auto now = Clock::now();
-    std::vector<uint64_t> silentBeforeStart;
-    for (auto& [sid, s] : sessions_) {
-      if (s->state != Session::State::kRegistered && s->state != Session::State::kAuthenticated)
-        continue;
-      s->conn->send(MsgType::kPing, Json::object());
-      if (s->state != Session::State::kRegistered || s->finished) continue;
-      auto silent = std::chrono::duration_cast<Millis>(now - s->lastHeard);
-      if (silent <= opts_.heartbeatTimeout) continue;
-      if (phase_ == Phase::kRegistering) {
-        silentBeforeStart.push_back(sid);
-        continue;
-      }
-      return nodeDead(*s, fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)",
-                                      silent.count(), opts_.heartbeatTimeout.count()));
-    }
-    for (uint64_t sid : silentBeforeStart) {
-      CORTADO_LOG_WARN("[scheduler] {} went silent before registration completed; dropping it "
-                       "and freeing its slot",
-                       find(sid)->label());
-      drop(sid);
-    }
-    heartbeatTimer_.expires_after(pingInterval());
-    heartbeatTimer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec && phase_ != Phase::kEnding) heartbeatTick();
-    });
-  }
-
-  void onClosed(uint64_t sid, const std::string& reason, bool malformed) {
+void SchedulerImpl::onAccepted(tcp::socket socket) {
+  uint64_t sid = nextSession_++;
+  auto conn = Connection::create(std::move(socket));
+  auto s = std::make_unique<Session>(sid, conn, io_);
+  CORTADO_LOG_DEBUG("[scheduler] connection from {}", conn->remote());
+  s->timer.expires_after(opts_.handshakeTimeout);
+  s->timer.async_wait([this, sid](const boost::system::error_code& ec) {
+    if (ec) return;
     Session* s = find(sid);
-    if (!s) return;
-    if (malformed) {
-      CORTADO_LOG_WARN("[scheduler] closing the connection from {}: {}", s->label(), reason);
-    }
-    if (s->state == Session::State::kRegistered) {
-      if (phase_ == Phase::kRegistering) {
-        CORTADO_LOG_WARN("[scheduler] {} left before registration completed ({}); its slot is "
-                         "free again",
-                         s->label(), reason);
-      } else if (phase_ == Phase::kRunning && !s->finished) {
-        nodeDead(*s, fmt::format("its control connection {} before it finished ({})",
-                                 malformed ? "sent a malformed message" : "closed", reason));
-      } else {
-        CORTADO_LOG_DEBUG("[scheduler] {} closed its connection ({})", s->label(), reason);
-      }
-    } else if (!malformed) {
-      CORTADO_LOG_DEBUG("[scheduler] connection from {} closed ({})", s->label(), reason);
+    if (!s || s->state == Session::State::kRegistered) return;
+    if (s->state != Session::State::kClosing) {
+      CORTADO_LOG_WARN("[scheduler] closing the connection from {}: it did not authenticate "
+                       "and register within {} ms",
+                       s->label(), opts_.handshakeTimeout.count());
     }
     drop(sid);
-  }
+  });
+  sessions_[sid] = std::move(s);
+  conn->start([this, sid](MsgType t, const Json& b) { onMessage(sid, t, b); },
+              [this, sid](const std::string& reason, bool malformed) {
+                onClosed(sid, reason, malformed);
+              });
+}
 
-  void nodeDead(Session& s, const std::string& why) {
-    std::string msg = fmt::format("{} is dead: {}", s.info.toString(), why);
-    endJob(Status(ErrorCode::kPeerDead, msg), s.id);
-  }
+Session* SchedulerImpl::find(uint64_t sid) {
+  auto it = sessions_.find(sid);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
 
-  // Ends the job once: tells every authenticated node (Shutdown when `st` is
-  // OK, else Abort with `st`), half-closes, and lets run() return when every
-  // connection has closed or the linger passed.
-  void endJob(const Status& st, uint64_t deadSid) {
-    if (phase_ == Phase::kEnding) return;
-    phase_ = Phase::kEnding;
-    final_ = st;
-    if (st.ok()) {
-      CORTADO_LOG_INFO("[scheduler] all {} finished; shutting down {} nodes",
-                       plural(opts_.numWorkers, "worker"), opts_.numWorkers + opts_.numServers);
+void SchedulerImpl::drop(uint64_t sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  it->second->conn->close();
+  it->second->timer.cancel();
+  if (it->second->registered && phase_ == Phase::kRegistering) {
+    --registered_[static_cast<int>(it->second->info.id.role)];
+  }
+  sessions_.erase(it);
+  if (phase_ == Phase::kEnding && sessions_.empty()) lingerTimer_.cancel();
+}
+
+Millis SchedulerImpl::pingInterval() const {
+  return std::max(Millis(1), opts_.heartbeatTimeout / 4);
+}
+
+void SchedulerImpl::heartbeatTick() {
+  auto now = Clock::now();
+  std::vector<uint64_t> silentBeforeStart;
+  for (auto& [sid, s] : sessions_) {
+    if (s->state != Session::State::kRegistered && s->state != Session::State::kAuthenticated)
+      continue;
+    s->conn->send(MsgType::kPing, Json::object());
+    if (s->state != Session::State::kRegistered || s->finished) continue;
+    auto silent = std::chrono::duration_cast<Millis>(now - s->lastHeard);
+    if (silent <= opts_.heartbeatTimeout) continue;
+    if (phase_ == Phase::kRegistering) {
+      silentBeforeStart.push_back(sid);
+      continue;
+    }
+    return nodeDead(*s, fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)",
+                                    silent.count(), opts_.heartbeatTimeout.count()));
+  }
+  for (uint64_t sid : silentBeforeStart) {
+    CORTADO_LOG_WARN("[scheduler] {} went silent before registration completed; dropping it "
+                     "and freeing its slot",
+                     find(sid)->label());
+    drop(sid);
+  }
+  heartbeatTimer_.expires_after(pingInterval());
+  heartbeatTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && phase_ != Phase::kEnding) heartbeatTick();
+  });
+}
+
+void SchedulerImpl::onClosed(uint64_t sid, const std::string& reason, bool malformed) {
+  Session* s = find(sid);
+  if (!s) return;
+  if (malformed) {
+    CORTADO_LOG_WARN("[scheduler] closing the connection from {}: {}", s->label(), reason);
+  }
+  if (s->state == Session::State::kRegistered) {
+    if (phase_ == Phase::kRegistering) {
+      CORTADO_LOG_WARN("[scheduler] {} left before registration completed ({}); its slot is "
+                       "free again",
+                       s->label(), reason);
+    } else if (phase_ == Phase::kRunning && !s->finished) {
+      nodeDead(*s, fmt::format("its control connection {} before it finished ({})",
+                               malformed ? "sent a malformed message" : "closed", reason));
     } else {
-      CORTADO_LOG_ERROR("[scheduler] the job failed: {}", st.message());
+      CORTADO_LOG_DEBUG("[scheduler] {} closed its connection ({})", s->label(), reason);
     }
-    boost::system::error_code ec;
-    acceptor_.close(ec);
-    registrationTimer_.cancel();
-    heartbeatTimer_.cancel();
-    Json deadNode;
-    if (Session* dead = find(deadSid)) deadNode = control::nodeInfoToJson(dead->info);
-    std::vector<uint64_t> toDrop;
-    for (auto& [sid, s] : sessions_) {
-      bool told = s->state == Session::State::kRegistered ||
-                  s->state == Session::State::kAuthenticated;
-      if (!told || !s->conn->isOpen()) {
-        if (s->state != Session::State::kClosing) toDrop.push_back(sid);
-        continue;
-      }
-      if (st.ok()) {
-        s->conn->send(MsgType::kShutdown, Json::object());
-      } else {
-        Json body{{"code", control::errorCodeToWire(st.code())},
-                  {"message", sid == deadSid ? "this node was declared dead by the scheduler: " +
-                                                   st.message()
-                                             : st.message()}};
-        if (!deadNode.is_null()) body["node"] = deadNode;
-        s->conn->send(MsgType::kAbort, body);
-      }
-      s->conn->finishSending();
-      s->state = Session::State::kClosing;
-    }
-    for (uint64_t sid : toDrop) drop(sid);
-    if (sessions_.empty()) return;
-    lingerTimer_.expires_after(kLinger);
-    lingerTimer_.async_wait([this](const boost::system::error_code& ec) {
-      if (ec) return;
-      for (auto& [sid, s] : sessions_) {
-        CORTADO_LOG_WARN("[scheduler] {} did not close within {} ms of the end of the job; "
-                         "closing it",
-                         s->label(), kLinger.count());
-        s->conn->close();
-        s->timer.cancel();
-      }
-      sessions_.clear();
-    });
+  } else if (!malformed) {
+    CORTADO_LOG_DEBUG("[scheduler] connection from {} closed ({})", s->label(), reason);
   }
+  drop(sid);
+}
 
-  SchedulerOptions opts_;
-  asio::io_context io_;
-  tcp::acceptor acceptor_;
-  asio::steady_timer registrationTimer_;
-  asio::steady_timer heartbeatTimer_;
-  asio::steady_timer lingerTimer_;
-  int port_ = 0;
-  std::string listenAddress_;
-  std::atomic<bool> started_{false};
+void SchedulerImpl::nodeDead(Session& s, const std::string& why) {
+  std::string msg = fmt::format("{} is dead: {}", s.info.toString(), why);
+  endJob(Status(ErrorCode::kPeerDead, msg), s.id);
+}
 
-  // io-thread state
-  Phase phase_ = Phase::kRegistering;
-  std::map<uint64_t, std::unique_ptr<Session>> sessions_;
-  uint64_t nextSession_ = 1;  // 0 means "no session"
-  uint64_t nextArrival_ = 0;
-  int registered_[3] = {0, 0, 0};  // indexed by Role
-  std::vector<uint64_t> servers_;  // session by rank, once registration completed
-  std::vector<uint64_t> workers_;
-  DeclarationTable decls_;
-  std::map<std::pair<std::string, uint32_t>, std::vector<Waiter>> declWaiters_;  // (name, incarnation)
-  std::map<std::pair<int, std::string>, BarrierState> barriers_;
-  static constexpr size_t kMaxPendingGets = 65536;
-  std::map<std::string, std::string> kv_;  // key -> value as hex
-  std::map<uint64_t, std::vector<std::optional<plan::ProfileReport>>> windows_;  // by window
-  uint64_t nextWindow_ = 0;    // windows below it are complete (decided or being decided)
-  uint64_t verdictsSent_ = 0;  // windows below it have had their verdict sent
-  std::map<std::string, std::vector<Waiter>> kvWaiters_;
-  size_t pendingGets_ = 0;
-  int finishedWorkers_ = 0;
-  Status final_;
-  // Last, so that it is joined first: a decision still running when the
-  // scheduler is destroyed finishes (its verdict, posted to an io_context
-  // that no longer runs, is dropped); one not started is not run.
-  asio::thread_pool planner_{1};
-};
+void SchedulerImpl::endJob(const Status& st, uint64_t deadSid) {
+  if (phase_ == Phase::kEnding) return;
+  phase_ = Phase::kEnding;
+  final_ = st;
+  if (st.ok()) {
+    CORTADO_LOG_INFO("[scheduler] all {} finished; shutting down {} nodes",
+                     plural(opts_.numWorkers, "worker"), opts_.numWorkers + opts_.numServers);
+  } else {
+    CORTADO_LOG_ERROR("[scheduler] the job failed: {}", st.message());
+  }
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  registrationTimer_.cancel();
+  heartbeatTimer_.cancel();
+  Json deadNode;
+  if (Session* dead = find(deadSid)) deadNode = control::nodeInfoToJson(dead->info);
+  std::vector<uint64_t> toDrop;
+  for (auto& [sid, s] : sessions_) {
+    bool told = s->state == Session::State::kRegistered ||
+                s->state == Session::State::kAuthenticated;
+    if (!told || !s->conn->isOpen()) {
+      if (s->state != Session::State::kClosing) toDrop.push_back(sid);
+      continue;
+    }
+    if (st.ok()) {
+      s->conn->send(MsgType::kShutdown, Json::object());
+    } else {
+      Json body{{"code", control::errorCodeToWire(st.code())},
+                {"message", sid == deadSid ? "this node was declared dead by the scheduler: " +
+                                                 st.message()
+                                           : st.message()}};
+      if (!deadNode.is_null()) body["node"] = deadNode;
+      s->conn->send(MsgType::kAbort, body);
+    }
+    s->conn->finishSending();
+    s->state = Session::State::kClosing;
+  }
+  for (uint64_t sid : toDrop) drop(sid);
+  if (sessions_.empty()) return;
+  lingerTimer_.expires_after(kLinger);
+  lingerTimer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    for (auto& [sid, s] : sessions_) {
+      CORTADO_LOG_WARN("[scheduler] {} did not close within {} ms of the end of the job; "
+                       "closing it",
+                       s->label(), kLinger.count());
+      s->conn->close();
+      s->timer.cancel();
+    }
+    sessions_.clear();
+  });
+}
 
-}  // namespace
+}  // namespace detail
 
 std::unique_ptr<Scheduler> Scheduler::create(SchedulerOptions opts) {
-  return std::make_unique<SchedulerImpl>(std::move(opts));
+  return std::make_unique<detail::SchedulerImpl>(std::move(opts));
 }
 
 }  // namespace cortado::scheduler
