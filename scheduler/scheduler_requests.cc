@@ -334,7 +334,7 @@ void SchedulerImpl::onProfile(Session& s, const Json& body) {
 }
 
 void SchedulerImpl::decided(uint64_t w, uint64_t switchAt, uint64_t windowEnd,
-             std::optional<control::PlanUpdate> u) {
+                            std::optional<control::PlanUpdate> u) {
   verdictsSent_ = w + 1;
   if (phase_ == Phase::kEnding) return;
   if (u && u->planJson.size() > control::kMaxPlanBytes) {

@@ -1,0 +1,231 @@
+// The worker's implementation (private to core/): the class and its tensor
+// and task records, shared by worker.cc (declarations, push_pull and
+// exchange, release, the worker's life) and worker_data.cc (the data path:
+// the dispatcher, chunks on the wire, answers, peer losses).
+#pragma once
+
+#include "core/worker.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "compressor/error_feedback.h"
+#include "compressor/format.h"
+#include "compressor/payload.h"
+#include "compressor/registry.h"
+#include "core/common/logging.h"
+#include "core/common/reduce.h"
+#include "core/partition.h"
+#include "core/shm/shm_segment.h"
+#include "core/wire/data_message.h"
+
+namespace cortado {
+
+struct Handle::State {
+  std::string name;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  size_t remaining = 0;  // chunks not yet back; guarded by mu
+
+  // Completes once; the first error wins.
+  void complete(const Status& s) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (done) return;
+      done = true;
+      status = s;
+    }
+    cv.notify_all();
+  }
+};
+
+namespace detail {
+
+using transport::Message;
+using wire::DataHeader;
+using wire::Op;
+
+struct TensorEntry {
+  std::string name;
+  DType dtype;
+  uint64_t numElements;
+  uint64_t key;
+  std::vector<Chunk> chunks;
+  std::vector<shm::Region> regions;  // per chunk; data == nullptr: send bytes
+  TensorOptions options;
+  // Compression (null codec: none); codecSpec is canonical and travels in
+  // every compressed push's preamble (core/wire).
+  compressor::CodecPtr codec;
+  compressor::CodecPtr sparseDecoder;  // top-k: the servers' sparse sums
+  std::unique_ptr<compressor::ErrorFeedback> ef;  // residuals keyed by chunk index
+  std::string codecSpec;
+  uint64_t round = 0;      // rounds started so far
+  bool inFlight = false;   // a pushPull has not completed yet
+  bool released = false;   // release(): no more rounds
+  uint32_t incarnation = 0;  // declarations of the name after a release before this one
+};
+
+// One push_pull in progress.
+struct Task {
+  std::shared_ptr<Handle::State> handle;
+  TensorEntry* tensor;
+  uint64_t round;
+  const uint8_t* input;
+  uint8_t* output;
+  ReduceOp op;
+  int priority;
+  Status firstError;  // guarded by handle->mu
+  // exchange(): caller-prepared payloads per chunk (empty: raw input), and
+  // where compressed answers go (null: dense into output).
+  bool exchange = false;
+  std::vector<Buffer> payloads;
+  std::shared_ptr<std::vector<ExchangeAnswer>> answers;
+  bool flushResidual = false;  // Exchange::flushResidual
+};
+
+struct ChunkOp {
+  std::shared_ptr<Task> task;
+  size_t chunk;
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+struct ByPriority {
+  bool operator()(const ChunkOp& a, const ChunkOp& b) const {
+    if (a.task->priority != b.task->priority) return a.task->priority < b.task->priority;
+    return a.seq > b.seq;  // FIFO among equals
+  }
+};
+
+class WorkerImpl final : public Worker {
+ public:
+  WorkerImpl(WorkerOptions opts, std::unique_ptr<transport::Transport> t);
+
+  ~WorkerImpl() override { closeAll(); }
+
+  void start(control::ClientOptions copts, Deadline deadline);
+
+  int rank() const override { return self_.rank; }
+  int size() const override { return static_cast<int>(book_.workers.size()); }
+  int numServers() const override { return static_cast<int>(book_.servers.size()); }
+  const control::AddressBook& addressBook() const override { return book_; }
+  control::ControlClient& controlClient() override { return *control_; }
+
+  uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
+                   const TensorOptions& options, Deadline deadline) override;
+
+  // Validates the tensor's codec spec and builds the codec; throws
+  // kInvalidArgument naming the tensor and what is valid.
+  void setUpCodec(TensorEntry& t);
+
+  // Seeds of one chunk's round. Random-k needs the same one on every worker
+  // (its indices follow from it, so payloads line up); the stochastic
+  // quantizers need independent ones per worker.
+  static uint64_t sharedSeed(uint64_t chunkKey, uint64_t round);
+  uint64_t encodeSeed(const TensorEntry& t, uint64_t chunkKey, uint64_t round) const;
+
+  bool isDeclared(const std::string& name) const override;
+
+  // Under mu_: the declared tensor `name`, or kInvalidArgument naming `what`
+  // (the operation asked for).
+  TensorEntry& tensorLocked(const std::string& name, const char* what) const;
+
+  // Under mu_: refuses a second operation on a tensor that has one in
+  // flight, then gives `task` its handle, tensor and round and queues every
+  // chunk of it.
+  void enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::State>& state,
+                     const std::shared_ptr<Task>& task);
+
+  Handle pushPull(const std::string& name, DType dtype, uint64_t numElements, const void* input,
+                  void* output, ReduceOp op, int priority) override;
+
+  std::vector<ChunkSpan> chunks(const std::string& name) const override;
+
+  Handle exchange(const std::string& name, Exchange ex, int priority) override;
+
+  void release(const std::string& name) override;
+
+  void barrier(Deadline deadline) override;
+
+  Status failure() const override;
+
+  void abort(const Status& why) override;
+
+  void shutdown(Deadline deadline) override;
+
+ private:
+  void checkFailedLocked() const;
+
+  void closeAll();
+
+  // Sends chunks in priority order while the credits allow.
+  void dispatchLoop();
+
+  void sendChunk(const ChunkOp& op, uint32_t id);
+
+  void onMessage(Message&& m);
+
+  std::string tensorOfRequest(uint32_t id);
+
+  // Completes one chunk (with the response, or with an error). Returns false
+  // when the request id is unknown.
+  bool finishChunk(uint32_t id, const Status& status, Message* m, const DataHeader* h = nullptr);
+
+  // A compressed answer: the tensor's codec payload, or (sparse codecs) the
+  // servers' lossless sparse sum in top-k form. Validated before anything is
+  // written; throws kProtocol naming the server.
+  void decodeAnswer(const TensorEntry& t, const Task& task, const Chunk& c, const Message& m);
+
+  // A server lost on the data plane is often an effect, not the cause: a
+  // server exits when the scheduler declares another node dead, and its
+  // sockets close before the scheduler's word reaches us. So the loss fails
+  // the worker only after a grace period, unless the control plane names the
+  // root cause first (failAll from its callback wins).
+  static constexpr Millis kPeerLossGrace{3000};
+
+  void onPeerError(const NodeId& peer, const Status& s);
+
+  // Fails every pending and queued operation, and all later calls.
+  void failAll(const Status& s);
+
+  WorkerOptions opts_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<control::ControlClient> control_;
+  control::AddressBook book_;
+  NodeId self_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<TensorEntry>> tensors_;
+  std::unique_ptr<ServerPlacement> placement_;
+  std::shared_ptr<const compressor::Registry> codecs_;
+  std::vector<bool> sameHost_;                      // per server
+  std::unique_ptr<shm::Arena> arena_;               // our push regions
+  std::unique_ptr<shm::PeerMappings> peerShm_;      // servers' result regions
+  std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
+  std::unordered_map<uint32_t, ChunkOp> pending_;
+  uint64_t inFlightBytes_ = 0;
+  int writing_ = 0;  // answers popped from pending_ and not yet written
+  uint64_t seq_ = 0;
+  uint32_t nextRequest_ = 1;
+  Status failure_;
+  Status peerLoss_;                              // see onPeerError
+  std::optional<Clock::time_point> peerLossAt_;
+  bool closed_ = false;
+  std::atomic<bool> closing_{false};
+  std::thread dispatcher_;
+};
+
+}  // namespace detail
+}  // namespace cortado
