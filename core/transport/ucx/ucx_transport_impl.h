@@ -1,0 +1,407 @@
+// Private to the UCX transport (factory.h is its public face): the wire
+// constants and header, the contexts of UCX requests and endpoints, and the
+// UcxTransport class, whose members are defined by concern in
+// ucx_transport.cc (construction, the loop thread, close; the wire format and
+// threads are described there), ucx_endpoints.cc (listener, connect,
+// hello/welcome, direct endpoints, failures, close of endpoints) and
+// ucx_messages.cc (send, receive, the message layouts, in-order delivery).
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/common/deadline.h"
+#include "core/transport/ucx/factory.h"
+
+namespace cortado::transport::ucx::detail {
+
+constexpr unsigned kAmData = 1;
+constexpr unsigned kAmHello = 2;
+constexpr unsigned kAmBye = 3;
+constexpr unsigned kAmWelcome = 4;
+// A Welcome's payload: the host id (boot id and host name, NUL-padded), then
+// the UCP worker address.
+constexpr size_t kHostIdBytes = 128;
+constexpr uint32_t kMagic = 0x43545558;  // "CTUX"
+constexpr uint8_t kLayoutPacked = 0;
+constexpr uint8_t kLayoutOneBig = 1;
+// A part this large is sent as the contiguous payload (kLayoutOneBig) ...
+constexpr size_t kBigPartBytes = 16 << 10;
+// ... when the other parts and the part table fit in this many header bytes.
+constexpr size_t kMaxInlineBytes = 1024;
+constexpr Millis kLoopCallTimeout{10000};
+// Queued operations the loop runs between two rounds of UCX progress.
+constexpr int kOpsPerTurn = 256;
+
+struct WireHeader {
+  uint32_t magic = kMagic;
+  uint8_t version = 2;
+  uint8_t idLen = 0;
+  char id[18] = {};
+  uint64_t stream = 0;
+  uint64_t seq = 0;
+  uint8_t layout = kLayoutPacked;
+  uint8_t pad[3] = {};
+  uint32_t bigIndex = 0;  // kLayoutOneBig: which part is the payload
+};
+
+// The WireHeader at the start of an AM header (more bytes may follow it).
+inline std::optional<NodeId> senderOf(const void* header, size_t length,
+                                      WireHeader* out = nullptr) {
+  if (length < sizeof(WireHeader)) return std::nullopt;
+  WireHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  if (h.magic != kMagic || h.version != 2 || h.idLen > sizeof(h.id)) return std::nullopt;
+  if (h.layout == kLayoutPacked && length != sizeof(WireHeader)) return std::nullopt;
+  if (h.layout != kLayoutPacked && h.layout != kLayoutOneBig) return std::nullopt;
+  if (out) *out = h;
+  return NodeId::fromWire(std::string_view(h.id, h.idLen));
+}
+
+// (sender, stream): the unit of ordering.
+using StreamKey = std::pair<NodeId, uint64_t>;
+
+// Receive buffers for rendezvous data, not zero-filled (UCX writes all of
+// it), reused: a fresh multi-MiB allocation is mapped anew by the allocator
+// (a loop thread's arena trims what is freed), and its page faults cost about
+// as much as the copy itself (perf, docs/benchmarks.md "Transports"). A
+// buffer returns here when the last Buffer that shares it goes, from any
+// thread; the pool keeps at most kMaxBytes and outlives the transport while
+// buffers are out.
+class RecvPool : public std::enable_shared_from_this<RecvPool> {
+ public:
+  static constexpr size_t kMaxBytes = 256ull << 20;
+
+  Buffer take(size_t size) {
+    if (size == 0) return Buffer();
+    void* p = nullptr;
+    {
+      std::lock_guard g(mu_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        bytes_ -= size;
+      }
+    }
+    if (!p) p = ::operator new(size, std::align_val_t(64));
+    std::shared_ptr<void> owner(p, [pool = shared_from_this(), size](void* q) { pool->give(q, size); });
+    return Buffer::wrap(p, size, std::move(owner));
+  }
+
+  ~RecvPool() {
+    for (auto& [size, list] : free_) {
+      for (void* p : list) ::operator delete(p, std::align_val_t(64));
+    }
+  }
+
+ private:
+  void give(void* p, size_t size) {
+    {
+      std::lock_guard g(mu_);
+      if (bytes_ + size <= kMaxBytes) {
+        free_[size].push_back(p);
+        bytes_ += size;
+        return;
+      }
+    }
+    ::operator delete(p, std::align_val_t(64));
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t bytes_ = 0;
+};
+
+class UcxTransport;
+
+// Context of one UCX request; owns what the request reads until it completes.
+struct SendCtx {
+  UcxTransport* t = nullptr;
+  NodeId peer;
+  ucp_ep_h ep = nullptr;
+  unsigned am = kAmData;
+  WireHeader header;
+  std::vector<uint8_t> head;    // kLayoutOneBig: WireHeader, part table, small parts
+  std::vector<uint8_t> packed;  // kLayoutPacked: part table and parts
+  std::vector<Buffer> parts;    // kLayoutOneBig: kept alive until sent
+};
+
+struct Pending {
+  Buffer data;                  // the payload
+  std::vector<Buffer> parts;    // kLayoutOneBig: the parts, the big one empty
+  int bigIndex = -1;            // kLayoutOneBig: where `data` goes
+  bool ready = false;
+  bool failed = false;
+};
+
+struct Stream {
+  uint64_t next = 0;                 // the sequence number to deliver next
+  std::map<uint64_t, Pending> slots;  // arrived or arriving, by sequence number
+};
+
+struct RecvCtx {
+  UcxTransport* t = nullptr;
+  StreamKey key;
+  Pending* slot = nullptr;
+  ucp_worker_h worker = nullptr;  // where the receive runs
+  void* request = nullptr;        // its request while in progress (for the cancel at close)
+};
+
+// One endpoint: a client endpoint to a peer we connect()ed to, or one that a
+// peer opened to our listener.
+struct EpCtx {
+  UcxTransport* t = nullptr;
+  bool accepted = false;
+  // A same-host data endpoint (from the peer's worker address, without
+  // peer-failure handling); the peer's liveness comes from its client
+  // endpoint, which has it.
+  bool direct = false;
+  NodeId peer;  // client and direct endpoints only
+  ucp_ep_h ep = nullptr;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(NodeId self, UcxOptions options);
+  ~UcxTransport() override;
+  std::string name() const override { return "ucx"; }
+  NodeId self() const override { return self_; }
+  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override;
+  std::string listen(const std::string& address) override;
+  void connect(const NodeId& peer, const std::string& address) override;
+  void send(const NodeId& peer, Message msg) override;
+  void disconnect(const NodeId& peer) override;
+  void close() override;
+
+  // ---- UCX callbacks (loop thread, inside ucp_worker_progress) ----
+
+  static void onSendDone(void* request, ucs_status_t status, void* user);
+  static void onRecvDone(void* request, ucs_status_t status, size_t, void* user);
+  static void onEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void onConnRequest(ucp_conn_request_h request, void* arg);
+  static ucs_status_t onAm(void* arg, const void* header, size_t headerLength, void* data,
+                           size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t onAmDirect(void* arg, const void* header, size_t headerLength, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t onBye(void* arg, const void* header, size_t headerLength, void*, size_t,
+                            const ucp_am_recv_param_t*);
+
+  // A client endpoint's first message; answered with a Welcome over the
+  // endpoint it came on (the accepted one), which carries our worker address.
+  static ucs_status_t onHello(void* arg, const void* header, size_t headerLength, void*, size_t,
+                              const ucp_am_recv_param_t* param);
+
+  static ucs_status_t onWelcome(void* arg, const void* header, size_t headerLength, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+
+ private:
+  struct Op {
+    NodeId peer;
+    Message msg;
+    std::function<void()> task;
+  };
+
+  struct Peer {
+    std::string address;
+    ucp_ep_h ep = nullptr;      // client endpoint (connection manager, peer-failure handling)
+    ucp_ep_h dataEp = nullptr;  // same host: the direct endpoint that carries the data
+    uint64_t stream = 0;
+    uint64_t nextSeq = 0;
+    bool up = false;
+    bool reported = false;  // failed and reported; sends are dropped
+    Clock::time_point deadline;
+  };
+
+  struct Held {
+    std::deque<Message> msgs;
+    Clock::time_point deadline;
+    bool failed = false;
+  };
+
+  struct EpFailure {
+    EpCtx* ctx;
+    ucs_status_t status;
+  };
+
+  struct Hello {
+    ucp_ep_h replyEp;
+    uint64_t stream;
+  };
+
+  struct Welcome {
+    NodeId from;
+    uint64_t stream = 0;
+    std::string host;
+    std::vector<uint8_t> address;  // empty: the peer offers no direct endpoint
+  };
+
+  // ---- any thread ----
+
+  bool post(Op op);
+  void wake();
+  std::string callOnLoop(std::function<std::string()> fn, const std::string& what);
+
+  // A UCP context with active messages and wake-ups, named `name`, from
+  // `config` (released here), and its single-threaded worker. On failure both
+  // handles stay null and `*step` names the call that failed.
+  static ucs_status_t createUcp(ucp_config_t* config, const std::string& name,
+                                ucp_context_h* context, ucp_worker_h* worker, const char** step);
+
+  // ---- loop thread ----
+
+  Status init();
+
+  // The context and worker of same-host direct endpoints, and our Welcome's
+  // worker address. UCX_TLS, when the user set it, decides their transports
+  // as it does everywhere; otherwise kDirectTls (no cma) does.
+  Status initDirect();
+
+  void releaseDirect();
+  void releaseAfterFailedInit();
+  void loop();
+  unsigned progressWorkers();
+
+  // Whether both workers are armed, i.e. the loop may sleep on their fds.
+  bool armWorkers();
+
+  // How long the loop may sleep on the workers' fds: until the next timer,
+  // and never long while shared memory is in use. UCX 1.13's shared-memory
+  // transports can miss a wake-up: a send queued on a full FIFO completes
+  // when the peer drains it, which no fd reports, and a receiver armed while
+  // a message lands can sleep past it. Sleeping without a timeout, 2 runs in
+  // 18 with 6 at once on 2 cores stalled a 5000-message stream at ~3900 for
+  // good (TransportTest.ManyMessagesFromOneSenderArriveInOrder/ucx_direct);
+  // polling sends in flight every 1 ms left 2 in 36 stalled at 4957-4981 (a
+  // receiver's wake-up); with 10 ms otherwise, none in 72.
+  int waitTimeoutMs() const;
+
+  std::string startListener(const std::string& address);
+  void accept(ucp_conn_request_h request);
+  ucp_ep_h createClientEp(const NodeId& peer, const std::string& address);
+  void connectPeer(const NodeId& peer, const std::string& address);
+  void sendTo(const NodeId& peer, Message msg);
+
+  // Starts one active message on `ep`; the SendCtx lives until it completes.
+  void startSend(const NodeId& peer, ucp_ep_h ep, unsigned am, std::vector<Buffer> parts,
+                 uint64_t stream = 0, uint64_t seq = 0);
+
+  // Chooses kLayoutOneBig when exactly one part is large and the rest fit in
+  // the AM header; then fills ctx->head.
+  bool packOneBig(SendCtx* ctx, const std::vector<Buffer>& parts);
+
+  // Reads a kLayoutOneBig header's part table and small parts; `bigSize` is
+  // the payload's length, which must match the table.
+  static bool unpackOneBig(const WireHeader& h, const void* header, size_t headerLength,
+                           size_t bigSize, Pending& slot);
+
+  void sendDone(SendCtx* ctx, ucs_status_t status);
+
+  // `worker`: the one the message came on, which owns its rendezvous.
+  ucs_status_t receive(ucp_worker_h worker, const void* header, size_t headerLength, void* data,
+                       size_t length, const ucp_am_recv_param_t* param);
+
+  void recvDone(RecvCtx* ctx, ucs_status_t status);
+  void epFailed(EpCtx* ctx, ucs_status_t status) { epFailures_.push_back({ctx, status}); }
+
+  // User callbacks, endpoint clean-up: after ucp_worker_progress() returns.
+  void afterProgress();
+
+  // A peer's Welcome: on the same host, a direct endpoint to its worker
+  // address takes over the data (UCX then picks shared memory: posix or sysv
+  // for active messages, cma for rendezvous). It asks for no peer-failure
+  // handling, which in UCX 1.13 would leave shared memory out; the client
+  // endpoint keeps it and watches the peer: when that endpoint fails, or the
+  // peer says Bye, both are closed and the peer is reported.
+  void welcomed(const Welcome& w);
+
+  void fail(const NodeId& peer, Peer& p, ErrorCode code, std::string message);
+
+  // Hands over, in the order sent, the messages of a stream that are complete.
+  void deliver(const StreamKey& key);
+
+  static bool parse(const Buffer& data, std::vector<Buffer>& parts);
+
+  // Endpoints with peer-failure handling are closed by force (their sends
+  // are cancelled). A direct endpoint has none, and UCX documents forcing
+  // such an endpoint as undefined for a peer that is alive, so it is flushed
+  // unless `force` says the peer failed; close() bounds the flush.
+  void closeEp(ucp_ep_h ep, bool force = false);
+
+  void reapClosing();
+  void expireTimers();
+  void report(const NodeId& peer, ErrorCode code, std::string message);
+
+  // Progresses until `done` or the deadline.
+  template <typename Done>
+  void progressUntil(Done done, Deadline deadline);
+
+  void shutdown();
+
+  const NodeId self_;
+  const UcxOptions options_;
+  int efd_ = -1;
+
+  std::mutex mu_;
+  std::deque<Op> ops_;
+  bool closed_ = false;
+  std::atomic<bool> stop_{false};
+
+  std::mutex closeMu_;
+  std::thread thread_;
+  std::thread::id loopId_;
+
+  // Loop thread only.
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  // Same-host direct endpoints live on their own context and worker, whose
+  // transports may differ from the connection manager's (kDirectTls).
+  ucp_context_h directContext_ = nullptr;
+  ucp_worker_h directWorker_ = nullptr;
+  int directWorkerFd_ = -1;
+  ucp_listener_h listener_ = nullptr;
+  int workerFd_ = -1;
+  size_t maxInlineBytes_ = 0;  // AM header bytes kLayoutOneBig may use
+  int epfd_ = -1;
+  RecvCallback onRecv_;
+  ErrorCallback onError_;
+  std::unordered_map<NodeId, Peer> peers_;
+  std::unordered_map<NodeId, Held> held_;
+  std::unordered_map<ucp_ep_h, std::unique_ptr<EpCtx>> eps_;
+  std::vector<std::unique_ptr<EpCtx>> closingCtx_;
+  std::vector<void*> closing_;
+  std::unordered_set<SendCtx*> inflight_;
+  std::unordered_set<RecvCtx*> recvs_;  // rendezvous receives in progress
+  size_t byesInFlight_ = 0;
+  std::map<StreamKey, Stream> inbound_;
+  std::set<StreamKey> ready_;
+  std::mt19937_64 streamIds_{std::random_device{}()};
+  std::vector<NodeId> byes_;
+  std::vector<Hello> hellos_;
+  std::vector<Welcome> welcomes_;
+  std::vector<uint8_t> welcome_;  // our Welcome's payload
+  std::shared_ptr<RecvPool> recvPool_ = std::make_shared<RecvPool>();
+  std::string host_;
+  bool direct_ = false;  // same-host peers may open direct endpoints to us, and we to them
+  std::string directTls_;  // the direct context's transports, for the log
+  std::vector<EpFailure> epFailures_;
+  std::vector<std::pair<NodeId, std::string>> failures_;
+};
+
+}  // namespace cortado::transport::ucx::detail
