@@ -1,5 +1,6 @@
 #include "tests/scheduler/test_util.h"
 
+#include <gtest/gtest.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -170,6 +171,23 @@ std::vector<Connected> connectAll(const std::vector<control::ClientOptions>& opt
   }
   if (first) std::rethrow_exception(first);
   return nodes;
+}
+
+std::vector<control::ClientOptions> jobOptions(int port, int workers, int servers) {
+  std::vector<control::ClientOptions> v;
+  for (int s = 0; s < servers; ++s) v.push_back(clientOptions(port, Role::kServer));
+  for (int w = 0; w < workers; ++w) v.push_back(clientOptions(port, Role::kWorker));
+  return v;
+}
+
+void finishJob(std::vector<Connected>& nodes, SchedulerRunner& sched) {
+  for (auto& n : nodes)
+    if (n.client->self().role == Role::kWorker) n.client->finish();
+  for (auto& n : nodes) EXPECT_TRUE(n.client->waitShutdown(Deadline::after(Millis(5000))));
+  auto st = sched.result(Millis(5000));
+  ASSERT_TRUE(st.has_value()) << "the scheduler did not return after every worker finished";
+  EXPECT_TRUE(st->ok()) << st->message();
+  for (auto& n : nodes) EXPECT_EQ(n.probe->calls(), 0) << n.client->self().toString();
 }
 
 void writeFrame(tcp::socket& s, control::MsgType type, const control::Json& body) {

@@ -86,6 +86,24 @@ struct Connected {
 std::vector<Connected> connectAll(const std::vector<control::ClientOptions>& opts,
                                   Millis timeout = Millis(10000));
 
+// Options for a job of `workers` workers and `servers` servers (servers first).
+std::vector<control::ClientOptions> jobOptions(int port, int workers, int servers);
+
+// Finishes every worker and checks that the job ends in order.
+void finishJob(std::vector<Connected>& nodes, SchedulerRunner& sched);
+
+// The error code f() throws (kOk when none), and its message.
+template <typename F>
+ErrorCode codeOf(F&& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
 // Raw frames on a blocking socket, for fake peers.
 void writeFrame(boost::asio::ip::tcp::socket& s, control::MsgType type,
                 const control::Json& body);
