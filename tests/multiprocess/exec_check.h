@@ -1,0 +1,139 @@
+// What the modes of the plan executor's multi-process check share
+// (exec_check.cc has the modes' description and main; exec_check_switch.cc
+// the switch and replan modes; exec_check_batches.cc fusion, pipeline and
+// phased).
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/collective/collectives.h"
+#include "core/config.h"
+#include "core/executor.h"
+#include "core/worker.h"
+
+namespace exec_check {
+
+using namespace cortado;
+
+// Started before main: the bound on the reports' wall times.
+extern const std::chrono::steady_clock::time_point kProgramStart;
+
+// Failures so far (fail() counts and prints the first 20).
+extern int failures;
+void fail(const std::string& what);
+
+// Integer-valued inputs in [-4, 4]: sums of 4 are exact in fp16 and fp32.
+float exactInput(int rank, size_t option, int iter, uint64_t i);
+
+// Each of `options` that `keep` accepts, followed by the default push/pull,
+// as tensors "<prefix><k>" of n + (k + 1) % 5 elements, in one plan.
+struct TreeTensors {
+  plan::Plan plan;
+  std::vector<std::string> names;
+  std::vector<uint64_t> lens;
+};
+template <typename Keep>
+TreeTensors withDefaults(const std::vector<plan::TensorOption>& options, const Keep& keep, const char* prefix,
+                         uint64_t n) {
+  TreeTensors t;
+  t.plan.version = 1;
+  for (const plan::TensorOption& opt : options) {
+    if (!keep(opt)) continue;
+    for (const plan::TensorOption& o : {opt, executor::defaultOption()}) {
+      t.names.push_back(fmt::format("{}{}", prefix, t.names.size()));
+      t.lens.push_back(n + t.names.size() % 5);
+      t.plan.tensors[t.names.back()] = o;
+    }
+  }
+  return t;
+}
+
+// A batch of t's tensors in `order` (a tensor may come twice): item b gets
+// exactInput(rank, b, iter, .), and every other item runs in place.
+std::vector<executor::BatchItem> exactBatch(const TreeTensors& t, const std::vector<size_t>& order, int rank,
+                                            int iter, std::vector<std::vector<float>>& in,
+                                            std::vector<std::vector<float>>& out);
+
+// For each item of an exactBatch whose output is not the plain sum over W
+// ranks, where and what: "item b (tensor, option), element i: x != reference r".
+std::vector<std::string> exactMismatches(const TreeTensors& t, const std::vector<size_t>& order,
+                                         const std::vector<executor::BatchItem>& batch, int W, int iter);
+
+// Lossy mode gradients: a per-element mean plus per-rank noise.
+float lossyInput(int rank, size_t option, int iter, uint64_t i);
+
+// The lossy mode's bound, per option. With error feedback at every encode
+// point (the workers' encode steps and the servers' re-encode for a
+// compressed pull), every point sends over rounds 0..T what it was given
+// minus its current residual, and everything after a point is a sum, so
+//   running sum of outputs - running sum of true sums = -(sum of the current
+//   residuals of every point and encoder that covers the element)
+// up to fp32 rounding. It does not grow with T. Per element a residual is
+// e = p - decode(encode(p)) with |e_i| <= c * max|p|: c = 1 for onebit and
+// efsignsgd (sign times a mean magnitude that is at most max|p|: the error is
+// at most max(|p_i| - mean, mean)) and for terngrad (0 or max|p| times a sign:
+// at most max(|p_i|, max|p| - |p_i|)). max|p| is taken as the data's scale A:
+// the largest sum of all W ranks' inputs (1.5 W here: |mean| <= 1, |noise| <=
+// 0.5), which bounds every partial sum a point encodes; that leaves out the
+// residual's own share of p (a bounded-residual assumption, not a proof). At
+// most W workers encode an element at one worker step, one server at the
+// servers' re-encode. So
+//   bound = (workerEncodeSteps * W + serverReencodes) * c * A.
+// Dropped mass instead grows with T: without the servers' residuals onebit's
+// error reached 41 after 30 iterations here and grows linearly past this bound
+// (about 70-90 for these options) by 90 iterations.
+// Sparse codecs answer losslessly at the servers (no server point); other
+// codecs get no derived bound here (pass --bound).
+double derivedBound(const plan::TensorOption& o, const std::string& codec, int W);
+
+template <typename F>
+void expectThrow(const std::string& what, const std::string& needle, F f) {
+  try {
+    f();
+    fail(what + ": did not throw");
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(needle) == std::string::npos)
+      fail(what + ": error does not mention '" + needle + "': " + e.what());
+    else
+      std::printf("ok (refused): %s: %s\n", what.c_str(), e.what());
+  }
+}
+
+// Each operation's own deadline in the modes (every option over emulated
+// hosts takes minutes in all).
+inline Deadline opDeadline() { return Deadline::after(Millis(60000)); }
+
+// One rank's check: the options parsed and the job started (runCheck).
+struct Check {
+  std::string mode, codec;
+  int shard = 0, shards = 1, iters = 2, stride = 1;
+  uint64_t n = 11;
+  double bound = 0;
+  bool noMpi = false;
+  int switchAt = 4, switchAt2 = 8;
+  int tensors = 8, after = 3, minVersions = 0;
+  double maxSeconds = 60;
+  std::string stopFile, progressFile;
+  bool batch = false;
+  Deadline deadline;  // start-up and the error checks
+  collective::Groups& groups;
+  const JobConfig& job;
+  Worker& worker;
+  executor::Executor& ex;
+  const collective::Topology& topo;
+  int W = 0, me = 0;
+};
+
+// The modes (--mode): all and lossy share runSweep.
+void runReplan(Check& check);
+void runSwitch(Check& check);
+void runErrors(Check& check);
+void runPipeline(Check& check);
+void runPhased(Check& check);
+void runFusion(Check& check);
+void runSweep(Check& check);
+
+}  // namespace exec_check
