@@ -158,15 +158,7 @@ double derivedBound(const plan::TensorOption& o, const std::string& codec, int W
   return (workerPoints * W + serverPoints) * c * A;
 }
 
-void runErrors(Check& check) {
-  const uint64_t n = check.n;
-  const bool noMpi = check.noMpi;
-  const Deadline deadline = check.deadline;
-  collective::Groups& groups = check.groups;
-  Worker* const worker = &check.worker;
-  executor::Executor& ex = check.ex;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runErrors() {
   ex.declare("a", DType::kFloat32, n);
   ex.declare("b", DType::kFloat32, n);
   plan::Plan p;
@@ -232,19 +224,7 @@ void runErrors(Check& check) {
   std::printf("default plan: %s\n", failures ? "FAILED" : "exact");
 }
 
-void runSweep(Check& check) {
-  const std::string& mode = check.mode;
-  const std::string& codec = check.codec;
-  const int shard = check.shard;
-  const int shards = check.shards;
-  const int iters = check.iters;
-  const int stride = check.stride;
-  const uint64_t n = check.n;
-  const double bound = check.bound;
-  executor::Executor& ex = check.ex;
-  const collective::Topology& topo = check.topo;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runSweep() {
   planner::TreeConfig tc;
   tc.parameterServer = true;
   tc.codec = codec;
@@ -393,22 +373,22 @@ int runCheck(int argc, char** argv) {
   Check c{mode,     codec,   shard,    shards,       iters,        stride,   n,
           bound,    noMpi,   switchAt, switchAt2,    tensors,      after,    minVersions,
           maxSeconds, stopFile, progressFile, batch,
-          deadline, groups,  job,      *worker,      ex,           topo,     W,
+          deadline, groups,  job,      worker.get(), ex,           topo,     W,
           me};
   if (mode == "replan") {
-    runReplan(c);
+    c.runReplan();
   } else if (mode == "switch") {
-    runSwitch(c);
+    c.runSwitch();
   } else if (mode == "errors") {
-    runErrors(c);
+    c.runErrors();
   } else if (mode == "pipeline") {
-    runPipeline(c);
+    c.runPipeline();
   } else if (mode == "phased") {
-    runPhased(c);
+    c.runPhased();
   } else if (mode == "fusion") {
-    runFusion(c);
+    c.runFusion();
   } else {
-    runSweep(c);
+    c.runSweep();
   }
   std::printf("rank %d: %s (%d failures)\n", me, failures ? "FAILED" : "PASSED", failures);
   std::fflush(stdout);

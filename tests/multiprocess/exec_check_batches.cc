@@ -10,14 +10,7 @@
 
 namespace exec_check {
 
-void runFusion(Check& check) {
-  const std::string& codec = check.codec;
-  const int iters = check.iters;
-  const uint64_t n = check.n;
-  executor::Executor& ex = check.ex;
-  const collective::Topology& topo = check.topo;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runFusion() {
   planner::TreeConfig tc;
   tc.parameterServer = true;
   tc.codec = codec;
@@ -153,14 +146,7 @@ void runFusion(Check& check) {
   if (x[0] != 1.0f) fail("the refused batch ran its first item");
 }
 
-void runPipeline(Check& check) {
-  const std::string& codec = check.codec;
-  const int iters = check.iters;
-  const uint64_t n = check.n;
-  executor::Executor& ex = check.ex;
-  const collective::Topology& topo = check.topo;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runPipeline() {
   // The encode pipeline (Executor::setPipeline): every option of the tree
   // that compresses (its leading encode runs beside the previous item's
   // communication) and the default push/pull between them, as one batch
@@ -200,14 +186,7 @@ void runPipeline(Check& check) {
   if (me == 0) std::printf("pipeline: %s\n", failures ? "FAILED" : "exact");
 }
 
-void runPhased(Check& check) {
-  const std::string& codec = check.codec;
-  const int iters = check.iters;
-  const uint64_t n = check.n;
-  executor::Executor& ex = check.ex;
-  const collective::Topology& topo = check.topo;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runPhased() {
   // Phases (Executor::setPhaseBytes): every option of the tree that does
   // not fuse, compressed (fp16: exact on these inputs) or with push/pull,
   // each beside the default push/pull, as one batch per iteration with a

@@ -16,18 +16,7 @@
 
 namespace exec_check {
 
-void runSwitch(Check& check) {
-  const std::string& codec = check.codec;
-  const int iters = check.iters;
-  const uint64_t n = check.n;
-  const double bound = check.bound;
-  const int switchAt = check.switchAt;
-  const int switchAt2 = check.switchAt2;
-  const Deadline deadline = check.deadline;
-  Worker* const worker = &check.worker;
-  executor::Executor& ex = check.ex;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runSwitch() {
   planner::TreeConfig tc;
   tc.parameterServer = true;
   tc.codec = codec;
@@ -214,23 +203,7 @@ void runSwitch(Check& check) {
   }
 }
 
-void runReplan(Check& check) {
-  const int iters = check.iters;
-  const uint64_t n = check.n;
-  const int tensors = check.tensors;
-  const int after = check.after;
-  const int minVersions = check.minVersions;
-  const double maxSeconds = check.maxSeconds;
-  const std::string& stopFile = check.stopFile;
-  const std::string& progressFile = check.progressFile;
-  const bool batch = check.batch;
-  const Deadline deadline = check.deadline;
-  collective::Groups& groups = check.groups;
-  const JobConfig& job = check.job;
-  executor::Executor& ex = check.ex;
-  const collective::Topology& topo = check.topo;
-  const int W = check.W;
-  const int me = check.me;
+void Check::runReplan() {
   ex.setOnline(executor::onlineOptions(job));
   if (me == 0)
     std::printf("replan: %d tensors of %llu elements, %d ranks on %d machines, profiling window "
