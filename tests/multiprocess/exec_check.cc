@@ -158,6 +158,13 @@ double derivedBound(const plan::TensorOption& o, const std::string& codec, int W
   return (workerPoints * W + serverPoints) * c * A;
 }
 
+std::vector<plan::TensorOption> Check::treeOptions() const {
+  planner::TreeConfig tc;
+  tc.parameterServer = true;
+  tc.codec = codec;
+  return planner::enumerateOptions(tc);
+}
+
 void Check::runErrors() {
   ex.declare("a", DType::kFloat32, n);
   ex.declare("b", DType::kFloat32, n);
@@ -225,10 +232,7 @@ void Check::runErrors() {
 }
 
 void Check::runSweep() {
-  planner::TreeConfig tc;
-  tc.parameterServer = true;
-  tc.codec = codec;
-  auto options = planner::enumerateOptions(tc);
+  auto options = treeOptions();
   std::vector<size_t> chosen;
   for (size_t i = 0; i < options.size(); ++i) {
     if (int(i % shards) != shard) continue;

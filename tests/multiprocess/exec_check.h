@@ -126,6 +126,10 @@ struct Check {
   const collective::Topology& topo;
   int W = 0, me = 0;
 
+  // Every option of the planner's tree with the servers' push/pull, with
+  // --codec where an option compresses.
+  std::vector<plan::TensorOption> treeOptions() const;
+
   // The modes (--mode), each in its own member so that it reads these
   // fields as the one function it was; all and lossy share runSweep.
   void runReplan();

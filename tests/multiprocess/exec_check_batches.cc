@@ -5,16 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/planner/option_tree.h"
 #include "tests/multiprocess/exec_check.h"
 
 namespace exec_check {
 
 void Check::runFusion() {
-  planner::TreeConfig tc;
-  tc.parameterServer = true;
-  tc.codec = codec;
-  auto options = planner::enumerateOptions(tc);
+  auto options = treeOptions();
   std::vector<size_t> fusible, compressed;
   for (size_t i = 0; i < options.size(); ++i) {
     if (options[i].fusible()) fusible.push_back(i);
@@ -151,11 +147,8 @@ void Check::runPipeline() {
   // that compresses (its leading encode runs beside the previous item's
   // communication) and the default push/pull between them, as one batch
   // per iteration; with fp16 on these inputs every result is exact.
-  planner::TreeConfig tc;
-  tc.parameterServer = true;
-  tc.codec = codec;
   const TreeTensors t = withDefaults(
-      planner::enumerateOptions(tc), [](const plan::TensorOption& o) { return o.compressed(); }, "p", n);
+      treeOptions(), [](const plan::TensorOption& o) { return o.compressed(); }, "p", n);
   uint64_t expectStarts = 0;  // per batch: items after the first whose option starts with an encode
   for (size_t k = 1; k < t.names.size(); ++k)
     if (t.plan.tensors.at(t.names[k]).steps.front().kind != plan::StepKind::kComm) ++expectStarts;
@@ -194,10 +187,7 @@ void Check::runPhased() {
   // Under four phase sizes: 0 (one item after the other), phases of about
   // three items, the default, and one phase for everything; against a
   // plain sum.
-  planner::TreeConfig tc;
-  tc.parameterServer = true;
-  tc.codec = codec;
-  const auto options = planner::enumerateOptions(tc);
+  const auto options = treeOptions();
   // Fused options run in groups, not in phases.
   const TreeTensors t = withDefaults(
       options, [](const plan::TensorOption& o) { return !o.fusible(); }, "q", n);

@@ -11,16 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/plan/profile_report.h"
-#include "scheduler/planner/option_tree.h"
 #include "tests/multiprocess/exec_check.h"
 
 namespace exec_check {
 
 void Check::runSwitch() {
-  planner::TreeConfig tc;
-  tc.parameterServer = true;
-  tc.codec = codec;
-  auto options = planner::enumerateOptions(tc);
+  auto options = treeOptions();
   const bool exact = codec.rfind("fp16", 0) == 0;
   // A: hierarchical options with push/pull, every other tensor one whose
   // pull is compressed (the servers re-encode the sum and keep a residual:
