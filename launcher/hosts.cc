@@ -3,10 +3,12 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -173,6 +175,35 @@ std::vector<std::string> mpirunArgv(const HostsOptions& h, int numWorkers,
   for (const auto& v : forwardVars) a.insert(a.end(), {"-x", v});
   a.insert(a.end(), command.begin(), command.end());
   return a;
+}
+
+bool reapMpirun(pid_t pid, int& status) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid)
+    return false;
+  // OpenMPI 4: <base>/ompi.<host name up to its first dot>.<uid>/pid.<mpirun's pid>,
+  // base = orte_tmpdir_base (or orte_local_tmpdir_base), else $TMPDIR, $TEMP,
+  // $TMP, /tmp.
+  std::string base = "/tmp";
+  for (const char* v : {"OMPI_MCA_orte_local_tmpdir_base", "OMPI_MCA_orte_tmpdir_base", "TMPDIR",
+                        "TEMP", "TMP"}) {
+    if (const char* e = getenv(v); e && *e) {
+      base = e;
+      break;
+    }
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0 && host[0]) {
+    std::string h = host;
+    h = h.substr(0, h.find('.'));
+    const std::filesystem::path top =
+        std::filesystem::path(base) / fmt::format("ompi.{}.{}", h, getuid());
+    std::error_code ec;
+    std::filesystem::remove_all(top / fmt::format("pid.{}", pid), ec);
+    rmdir(top.c_str());  // only when empty: other jobs' mpiruns keep theirs
+  }
+  return waitpid(pid, &status, 0) == pid;
 }
 
 int runAgentExec(const std::vector<std::string>& command) {

@@ -47,6 +47,14 @@ std::vector<std::string> mpirunArgv(const HostsOptions& h, int numWorkers,
                                     const std::string& agentWrapper, const std::string& tcpSubnet,
                                     const std::vector<std::string>& command);
 
+// Reaps the exited mpirun `pid` into `status` (false while it runs). Before
+// the reap, while its zombie still holds the pid, removes the session
+// directory that OpenMPI's mpirun keeps on this machine
+// (TMPDIR/ompi.HOST.UID/pid.PID, or under orte_tmpdir_base), which it
+// removes itself on a normal exit and a killed mpirun leaves behind, and
+// the directory above it when that is then empty.
+bool reapMpirun(pid_t pid, int& status);
+
 // `cortado agent-exec -- CMD...`: bind to the parent's life (PR_SET_PDEATHSIG)
 // and exec CMD. Returns only on failure (exit code).
 int runAgentExec(const std::vector<std::string>& command);

@@ -169,7 +169,7 @@ int runMpiOnly(const LaunchOptions& opts, const std::vector<std::string>& argv) 
       killAt = Clock::now() + opts.killAfterTerm;
     }
     if (Clock::now() >= killAt) kill(-pid, SIGKILL);
-    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    if (reapMpirun(pid, status)) break;
   }
   kill(-pid, SIGKILL);
   pthread_sigmask(SIG_SETMASK, &oldMask, nullptr);
@@ -348,8 +348,8 @@ int runLaunch(const LaunchOptions& opts) {
     for (auto& c : children) {
       if (!c.running) continue;
       int st = 0;
-      pid_t r = waitpid(c.pid, &st, WNOHANG);
-      if (r == c.pid) {
+      const bool ended = c.rank < 0 ? reapMpirun(c.pid, st) : waitpid(c.pid, &st, WNOHANG) == c.pid;
+      if (ended) {
         c.running = false;
         c.exitStatus = st;
         if (c.stdinFd >= 0) close(c.stdinFd), c.stdinFd = -1;

@@ -74,6 +74,26 @@ TEST(MpiLaunch, KilledWorkerStopsEveryoneAndIsNamed) {
   EXPECT_EQ(processesWith(marker), 0) << "workers outlived the launcher";
 }
 
+// A killed mpirun cannot remove its session directory (OpenMPI's
+// ompi.HOST.UID/pid.PID in /tmp); the launcher removes it.
+TEST(MpiLaunch, KilledMpirunLeavesNoSessionDirectory) {
+  const std::string record = fmt::format("{}/mpi_session_{}", testing::TempDir(), getpid());
+  std::filesystem::remove(record);
+  auto r = runCommand(fmt::format("{} launch --mpi-only -w 1 -- sh -c 'echo \"$PMIX_SERVER_TMPDIR\" "
+                                  "> {}; kill -9 $PPID; sleep 5'",
+                                  kCortado, record),
+                      60);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "mpirun failed: killed by signal 9")) << r.output;
+  std::ifstream f(record);
+  std::string session;
+  std::getline(f, session);
+  std::filesystem::remove(record);
+  ASSERT_TRUE(contains(session, "/ompi.")) << "session directory '" << session << "'";
+  EXPECT_FALSE(std::filesystem::exists(session)) << session;
+}
+
 TEST(HostsErrors, BadArgumentsAreNamed) {
   struct Case {
     std::string args, want;

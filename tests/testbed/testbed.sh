@@ -225,6 +225,9 @@ cmd_down() {
     ip link del "${name}v$i" 2>/dev/null || true
     ip link del "${name}p$i" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
+    # OpenMPI's session directories of the host's daemons (ompi.HOSTNAME.UID):
+    # a daemon killed with its job (a cut link, a failed test) leaves its own.
+    rm -rf "${TMPDIR:-/tmp}/ompi.$ns."*
     if [[ -e $state/uts/h$i ]]; then
       umount "$state/uts/h$i" 2>/dev/null || true
     fi
@@ -240,6 +243,7 @@ cmd_leftovers() {
     [[ -e /run/netns/$name-h$i ]] && { echo "network namespace $name-h$i"; left=1; }
     ip link show "${name}v$i" >/dev/null 2>&1 && { echo "interface ${name}v$i"; left=1; }
     [[ -e /etc/netns/$name-h$i ]] && { echo "/etc/netns/$name-h$i"; left=1; }
+    compgen -G "${TMPDIR:-/tmp}/ompi.$name-h$i.*" >/dev/null && { echo "OpenMPI session directory ${TMPDIR:-/tmp}/ompi.$name-h$i.*"; left=1; }
   done
   ip link show "$name-br" >/dev/null 2>&1 && { echo "bridge $name-br"; left=1; }
   grep -q " $STATE_ROOT/$name/" /proc/self/mounts && { echo "UTS namespace mounts under $STATE_ROOT/$name"; left=1; }

@@ -147,6 +147,21 @@ else
   ((bps >= 60000000)) || fail "measured $bps bit/s, below 60% of the new 100 Mbit/s"
 fi
 
+# --- an OpenMPI session directory left by a killed mpirun on host 2 ----------
+# (as a daemon killed with a cut-off job leaves it); down removes it.
+if command -v mpirun >/dev/null; then
+  session="${TMPDIR:-/tmp}/ompi.$NAME-h2.$(id -u)"
+  "$TB" exec "$NAME" 2 mpirun --allow-run-as-root -np 1 sleep 30 >/dev/null 2>&1 &
+  mpi=$!
+  for _ in $(seq 100); do [[ -d $session ]] && break; sleep 0.1; done
+  [[ -d $session ]] || fail "mpirun on host 2 made no session directory $session within 10 s"
+  pkill -KILL -f "mpirun --allow-run-as-root -np 1 sleep 30" 2>/dev/null
+  wait "$mpi" 2>/dev/null
+  [[ -d $session ]] || fail "the killed mpirun removed its session directory: nothing for down to check"
+  left=$("$TB" leftovers "$NAME" || true)
+  [[ $left == *"OpenMPI session directory"* ]] || fail "leftovers does not list $session: $left"
+fi
+
 # --- down --------------------------------------------------------------------
 "$TB" down "$NAME" || fail "testbed.sh down failed"
 if ! left=$("$TB" leftovers "$NAME"); then
