@@ -51,8 +51,9 @@ std::vector<std::string> mpirunArgv(const HostsOptions& h, int numWorkers,
 // the reap, while its zombie still holds the pid, removes the session
 // directory that OpenMPI's mpirun keeps on this machine
 // (TMPDIR/ompi.HOST.UID/pid.PID, or under orte_tmpdir_base), which it
-// removes itself on a normal exit and a killed mpirun leaves behind, and
-// the directory above it when that is then empty.
+// removes itself on a normal exit and a killed mpirun leaves behind, the
+// directory above it when that is then empty, and the job's ranks' shared
+// memory segments in /dev/shm (OpenMPI's vader_segment.*).
 bool reapMpirun(pid_t pid, int& status);
 
 // `cortado agent-exec -- CMD...`: bind to the parent's life (PR_SET_PDEATHSIG)

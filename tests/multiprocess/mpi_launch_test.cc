@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -75,23 +76,37 @@ TEST(MpiLaunch, KilledWorkerStopsEveryoneAndIsNamed) {
 }
 
 // A killed mpirun cannot remove its session directory (OpenMPI's
-// ompi.HOST.UID/pid.PID in /tmp); the launcher removes it.
-TEST(MpiLaunch, KilledMpirunLeavesNoSessionDirectory) {
+// ompi.HOST.UID/pid.PID in /tmp) nor its ranks' shared-memory segments
+// (/dev/shm/vader_segment.HOST.UID.JOBID.LOCALRANK); the launcher removes
+// them. Each rank runs the MPI benchmark, waits for its segment, records
+// both paths and kills mpirun.
+TEST(MpiLaunch, KilledMpirunLeavesNoSessionDirectoryOrSegments) {
   const std::string record = fmt::format("{}/mpi_session_{}", testing::TempDir(), getpid());
   std::filesystem::remove(record);
-  auto r = runCommand(fmt::format("{} launch --mpi-only -w 1 -- sh -c 'echo \"$PMIX_SERVER_TMPDIR\" "
-                                  "> {}; kill -9 $PPID; sleep 5'",
-                                  kCortado, record),
-                      60);
+  const std::string rank =
+      fmt::format("{} --min-bytes 4096 --max-bytes 4096 --iters 100000000 >/dev/null & "
+                  "seg=/dev/shm/vader_segment.$(hostname | cut -d. -f1).$(id -u)."
+                  "$(printf %x $OMPI_MCA_ess_base_jobid).$OMPI_COMM_WORLD_LOCAL_RANK; "
+                  "for i in $(seq 200); do [ -e $seg ] && break; sleep 0.05; done; "
+                  "echo $seg >> {}; echo $PMIX_SERVER_TMPDIR >> {}; kill -9 $PPID; wait",
+                  kMpiBench, record, record);
+  auto r = runCommand(fmt::format("{} launch --mpi-only -w 2 -- sh -c '{}'", kCortado, rank), 60);
   ASSERT_FALSE(r.timedOut) << r.output;
   EXPECT_NE(r.exitCode, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "mpirun failed: killed by signal 9")) << r.output;
   std::ifstream f(record);
-  std::string session;
-  std::getline(f, session);
+  std::vector<std::string> paths;
+  for (std::string line; std::getline(f, line);) paths.push_back(line);
   std::filesystem::remove(record);
-  ASSERT_TRUE(contains(session, "/ompi.")) << "session directory '" << session << "'";
-  EXPECT_FALSE(std::filesystem::exists(session)) << session;
+  ASSERT_FALSE(paths.empty()) << "no rank recorded its paths\n" << r.output;
+  int segments = 0, sessions = 0;
+  for (const auto& p : paths) {
+    segments += contains(p, "/vader_segment.");
+    sessions += contains(p, "/ompi.");
+    EXPECT_FALSE(std::filesystem::exists(p)) << p << " outlived the job";
+  }
+  EXPECT_GE(segments, 1) << r.output;
+  EXPECT_GE(sessions, 1) << r.output;
 }
 
 TEST(HostsErrors, BadArgumentsAreNamed) {
