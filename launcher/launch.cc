@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include <fmt/ranges.h>
@@ -34,6 +35,7 @@ struct Child {
   std::string host;   // where it runs; empty: here
   int stdinFd = -1;   // our end of its stdin (remote roles), closed when it ends
   bool running = true;
+  bool signalled = false;  // the launcher sent it SIGTERM or SIGKILL
   int exitStatus = 0;  // raw waitpid status
   std::string label() const {
     if (rank < 0) return "workers (mpirun)";
@@ -335,7 +337,31 @@ int runLaunch(const LaunchOptions& opts) {
 
   auto signalAll = [&](int sig) {
     for (auto& c : children)
-      if (c.running) kill(-c.pid, sig);
+      if (c.running) kill(-c.pid, sig), c.signalled = true;
+  };
+  // When the job fails: a role started on this machine that never registered
+  // cannot hear the job's end from the scheduler (a server still connecting,
+  // a worker that never got to Cortado), so it is stopped now rather than
+  // after the grace. A role counts as registered when a process of its
+  // process group did (a worker command may be a shell around the program).
+  // The workers' mpirun and roles on other hosts are left to the grace.
+  auto stopUnregistered = [&] {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) return;
+    std::set<pid_t> groups;
+    for (const auto& [host, pid] : sched->registeredProcesses())
+      if (host == name)
+        if (pid_t g = getpgid(pid); g > 0) groups.insert(g);
+    for (auto& c : children) {
+      if (!c.running || c.rank < 0 || (!c.host.empty() && !isLocalHost(c.host)) ||
+          groups.count(c.pid))
+        continue;
+      CORTADO_LOG_WARN("{} (pid {}) never registered with the scheduler, so it cannot hear that "
+                       "the job failed: stopping it now",
+                       c.label(), c.pid);
+      kill(-c.pid, SIGTERM);
+      c.signalled = true;
+    }
   };
   auto anyRunning = [&] {
     for (auto& c : children)
@@ -357,12 +383,15 @@ int runLaunch(const LaunchOptions& opts) {
         kill(-c.pid, SIGKILL);
         if (cleanExit(st)) {
           CORTADO_LOG_INFO("{} (pid {}) finished", c.label(), c.pid);
+        } else if (c.signalled && WIFSIGNALED(st)) {
+          CORTADO_LOG_WARN("{} (pid {}) stopped by the launcher: {}", c.label(), c.pid,
+                           describeStatus(st));
         } else {
           std::string what = fmt::format("{} (pid {}) failed: {}", c.label(), c.pid, describeStatus(st));
           CORTADO_LOG_ERROR("{}", what);
           // A role killed by a signal that we did not send is the root cause;
           // the others then exit with errors that name it.
-          bool killed = WIFSIGNALED(st) && phase < Phase::kTerm;
+          bool killed = WIFSIGNALED(st) && !c.signalled;
           if (failure.empty() || (killed && !rootIsSignal)) {
             failure = what;
             rootIsSignal = killed;
@@ -420,6 +449,7 @@ int runLaunch(const LaunchOptions& opts) {
       // The others must hear which role died (a no-op when the scheduler
       // already ended the job with its own word on it).
       sched->fail(Status(ErrorCode::kPeerDead, failure));
+      stopUnregistered();
     }
     if (Clock::now() >= phaseEnd) {
       if (phase == Phase::kGrace) {

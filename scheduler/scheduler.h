@@ -9,7 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
+#include <utility>
 #include <vector>
 
 #include "core/control/control_client.h"
@@ -78,6 +78,11 @@ class Scheduler {
   // a role's process dies, so that the others hear which one even when the
   // process exit is noticed before its control connection closes.
   virtual void fail(Status reason) = 0;
+
+  // Thread-safe: (host name, pid) of every node that registered so far, as
+  // the nodes reported them. The launcher stops at once, when the job fails,
+  // a role of its own that never registered: it cannot hear the job's end.
+  virtual std::vector<std::pair<std::string, int>> registeredProcesses() const = 0;
 };
 
 }  // namespace cortado::scheduler

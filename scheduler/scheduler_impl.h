@@ -20,6 +20,7 @@
 #include <utility>  // before asio: Boost 1.74 needs it in C++20
 #include <boost/asio.hpp>
 #include <map>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -89,6 +90,11 @@ class SchedulerImpl final : public Scheduler {
   void stop() override;
 
   void fail(Status reason) override;
+
+  std::vector<std::pair<std::string, int>> registeredProcesses() const override {
+    std::lock_guard<std::mutex> lk(processesMu_);
+    return processes_;
+  }
 
  private:
   enum class Phase { kRegistering, kRunning, kEnding };
@@ -191,6 +197,8 @@ class SchedulerImpl final : public Scheduler {
   int port_ = 0;
   std::string listenAddress_;
   std::atomic<bool> started_{false};
+  mutable std::mutex processesMu_;  // registeredProcesses(), from any thread
+  std::vector<std::pair<std::string, int>> processes_;
 
   // io-thread state
   Phase phase_ = Phase::kRegistering;

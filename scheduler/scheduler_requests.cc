@@ -130,6 +130,10 @@ void SchedulerImpl::onRegister(Session& s, const Json& body) {
   s.registered = true;
   s.timer.cancel();
   ++registered_[roleRaw];
+  {
+    std::lock_guard<std::mutex> lk(processesMu_);
+    processes_.emplace_back(s.info.hostname, s.info.pid);
+  }
   CORTADO_LOG_INFO("[scheduler] registered {}{}, data address {}; {}/{} workers, {}/{} servers",
                    who, requested >= 0 ? fmt::format(" as rank {}", requested) : "",
                    s.info.dataAddress, registered_[2], opts_.numWorkers, registered_[1],

@@ -467,6 +467,26 @@ TEST(LaunchErrors, MissingEnvironmentIsNamed) {
   EXPECT_TRUE(contains(r.output, "CORTADO_NUM_WORKERS")) << r.output;
 }
 
+// Worker 0 fails before it registers; worker 1 never registers (a program
+// that never reaches Cortado) and would wait forever: it cannot hear the
+// job's end from the scheduler, so the launcher stops it at once instead of
+// after its 10 s grace, and says why. The failure reported stays worker 0's.
+TEST(LaunchErrors, RolesThatNeverRegisteredAreStoppedAtOnceWhenTheJobFails) {
+  auto r = runCommand(fmt::format("CORTADO_LOG_LEVEL=warn {} launch -w 2 -s 1 -- sh -c "
+                                  "'if [ \"$CORTADO_RANK\" = 0 ]; then sleep 0.3; exit 3; fi; "
+                                  "exec sleep 120'",
+                                  kCortado),
+                      60);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_EQ(r.exitCode, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "job failed: worker 0")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exit status 3")) << r.output;
+  EXPECT_TRUE(contains(r.output, "never registered with the scheduler")) << r.output;
+  EXPECT_TRUE(contains(r.output, "worker 1 (pid")) << r.output;
+  EXPECT_FALSE(contains(r.output, "after the failure: sending SIGTERM")) << r.output;  // no grace
+  EXPECT_LT(r.seconds, 30) << r.output;
+}
+
 TEST(LaunchErrors, PortInUseIsNamed) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
