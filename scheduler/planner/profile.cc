@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <type_traits>
 
 #include "core/common/error.h"
 
@@ -24,43 +25,95 @@ double ModelProfile::totalBytes() const {
   return b;
 }
 
-ModelProfile ModelProfile::fromJson(const json& j) {
-  try {
-    CORTADO_ENFORCE(j.value("format", "") == "cortado-profile", ErrorCode::kInvalidArgument,
-                    "not a cortado profile (\"format\" must be \"cortado-profile\")");
-    ModelProfile p;
-    p.model = j.at("model").get<std::string>();
-    p.source = j.value("source", "");
-    p.forwardUs = j.value("forward_us", 0.0);
-    for (const json& t : j.at("tensors")) {
-      TensorProfile x;
-      x.name = t.at("name").get<std::string>();
-      x.elements = t.at("elements").get<int64_t>();
-      x.dtypeBytes = t.value("dtype_bytes", 4);
-      x.backwardUs = t.at("backward_us").get<double>();
-      CORTADO_ENFORCE(x.elements > 0 && x.backwardUs >= 0 && x.dtypeBytes > 0,
-                      ErrorCode::kInvalidArgument,
-                      "profile '{}', tensor '{}': elements and dtype_bytes must be > 0 and "
-                      "backward_us >= 0",
-                      p.model, x.name);
-      p.tensors.push_back(std::move(x));
-    }
-    CORTADO_ENFORCE(!p.tensors.empty(), ErrorCode::kInvalidArgument, "profile '{}' has no tensors",
-                    p.model);
-    return p;
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed profile: {}", e.what()));
+namespace {
+
+constexpr const char* kFormatHint =
+    " (the format: docs/planner.md, \"Computation\"; a bundled name or "
+    "scheduler/planner/tools/measure_profile.py gives a valid one)";
+
+// `key` of the object `j` as a T, or an Error saying where, which field, and
+// what it is instead. Optional fields give `fallback` when absent.
+template <typename T>
+T field(const json& j, const char* key, const std::string& where, const char* what,
+        const T* fallback = nullptr) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    if (fallback) return *fallback;
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: field \"{}\" is missing; it must be {}{}", where, key, what,
+                            kFormatHint));
   }
+  bool ok = false;
+  if constexpr (std::is_same_v<T, std::string>) {
+    ok = it->is_string();
+  } else if constexpr (std::is_integral_v<T>) {
+    ok = it->is_number_integer();
+  } else {
+    ok = it->is_number();
+  }
+  if (!ok)
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: field \"{}\" is {} ({}), it must be {}{}", where, key,
+                            it->type_name(), it->dump().substr(0, 40), what, kFormatHint));
+  return it->get<T>();
+}
+
+}  // namespace
+
+ModelProfile ModelProfile::fromJson(const json& j) {
+  CORTADO_ENFORCE(j.is_object() && j.value("format", "") == "cortado-profile",
+                  ErrorCode::kInvalidArgument,
+                  "not a cortado profile (\"format\" must be \"cortado-profile\"){}", kFormatHint);
+  ModelProfile p;
+  const std::string noSource;
+  const double noForward = 0.0;
+  const int fourBytes = 4;
+  p.model = field<std::string>(j, "model", "profile", "a string, the model's name");
+  const std::string where = fmt::format("profile '{}'", p.model);
+  p.source = field<std::string>(j, "source", where, "a string", &noSource);
+  p.forwardUs = field<double>(j, "forward_us", where, "a number of microseconds", &noForward);
+  CORTADO_ENFORCE(std::isfinite(p.forwardUs) && p.forwardUs >= 0, ErrorCode::kInvalidArgument,
+                  "{}: forward_us is {}, it must be >= 0", where, p.forwardUs);
+  auto ts = j.find("tensors");
+  CORTADO_ENFORCE(ts != j.end() && ts->is_array(), ErrorCode::kInvalidArgument,
+                  "{}: field \"tensors\" is {}, it must be an array of tensors{}", where,
+                  ts == j.end() ? "missing" : ts->type_name(), kFormatHint);
+  for (size_t i = 0; i < ts->size(); ++i) {
+    const json& t = (*ts)[i];
+    std::string at = fmt::format("{}, tensor {}", where, i);
+    CORTADO_ENFORCE(t.is_object(), ErrorCode::kInvalidArgument, "{} is {}, it must be an object{}",
+                    at, t.type_name(), kFormatHint);
+    TensorProfile x;
+    x.name = field<std::string>(t, "name", at, "a string");
+    at = fmt::format("{} ('{}')", at, x.name);
+    x.elements = field<int64_t>(t, "elements", at, "an integer > 0");
+    x.dtypeBytes = field<int>(t, "dtype_bytes", at, "an integer > 0", &fourBytes);
+    x.backwardUs = field<double>(t, "backward_us", at, "a number of microseconds >= 0");
+    CORTADO_ENFORCE(x.elements > 0 && x.dtypeBytes > 0 && std::isfinite(x.backwardUs) &&
+                        x.backwardUs >= 0,
+                    ErrorCode::kInvalidArgument,
+                    "{}: elements ({}) and dtype_bytes ({}) must be > 0 and backward_us ({}) >= 0",
+                    at, x.elements, x.dtypeBytes, x.backwardUs);
+    p.tensors.push_back(std::move(x));
+  }
+  CORTADO_ENFORCE(!p.tensors.empty(), ErrorCode::kInvalidArgument, "{} has no tensors", where);
+  return p;
 }
 
 ModelProfile ModelProfile::load(const std::string& path) {
   std::ifstream in(path);
   CORTADO_ENFORCE(in.good(), ErrorCode::kInvalidArgument, "cannot open profile '{}'", path);
+  json j;
   try {
-    return fromJson(json::parse(in));
+    j = json::parse(in);
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("profile '{}' is not valid JSON: {}", path, e.what()));
+  }
+  try {
+    return fromJson(j);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", path, e.what()));
   }
 }
 
