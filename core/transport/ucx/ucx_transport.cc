@@ -251,36 +251,13 @@ void UcxTransport::wake() {
 
 std::string UcxTransport::callOnLoop(std::function<std::string()> fn, const std::string& what) {
   if (std::this_thread::get_id() == loopId_) return fn();
-  struct Result {
-    std::string value;
-    Status status;
-  };
-  auto promise = std::make_shared<std::promise<Result>>();
-  auto future = promise->get_future();
-  Op op;
-  op.task = [promise, fn = std::move(fn)] {
-    Result r;
-    try {
-      r.value = fn();
-    } catch (const Error& e) {
-      r.status = Status::fromError(e);
-    }
-    promise->set_value(std::move(r));
-  };
-  CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "ucx {}: {} after close()", self_,
-                  what);
-  if (future.wait_for(kLoopCallTimeout) != std::future_status::ready) {
-    throw Error(ErrorCode::kTimeout, fmt::format("ucx {}: {} did not complete within {} ms",
-                                                 self_, what, kLoopCallTimeout.count()));
-  }
-  Result r;
-  try {
-    r = future.get();
-  } catch (const std::future_error&) {
-    throw Error(ErrorCode::kClosed, fmt::format("ucx {}: {} cut short by close()", self_, what));
-  }
-  r.status.check();
-  return std::move(r.value);
+  return callOnLoopThread(
+      [this](std::function<void()> task) {
+        Op op;
+        op.task = std::move(task);
+        return post(std::move(op));
+      },
+      std::move(fn), "ucx " + self_.toString(), what, kLoopCallTimeout);
 }
 
 ucs_status_t UcxTransport::createUcp(ucp_config_t* config, const std::string& name,

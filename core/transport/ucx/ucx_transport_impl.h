@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/common/deadline.h"
+#include "core/transport/loop_call.h"
 #include "core/transport/ucx/factory.h"
 
 namespace cortado::transport::ucx::detail {

@@ -25,6 +25,7 @@
 
 #include "core/common/deadline.h"
 #include "core/common/logging.h"
+#include "core/transport/loop_call.h"
 #include "core/transport/zmq/factory.h"
 
 namespace cortado::transport::zmq {
@@ -238,44 +239,16 @@ class ZmqTransport final : public Transport {
     (void)n;  // only fails when the counter is saturated, which still wakes
   }
 
-  // Runs `fn` on the loop and waits for it. An Error thrown there travels
-  // back as a Status and is thrown again here, on the caller's thread.
+  // Runs `fn` on the loop and waits for it (core/transport/loop_call.h).
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
     if (std::this_thread::get_id() == loopId_) return fn();
-    struct Result {
-      std::string value;
-      Status status;
-    };
-    auto promise = std::make_shared<std::promise<Result>>();
-    auto future = promise->get_future();
-    Op op;
-    op.task = [promise, fn = std::move(fn)] {
-      Result r;
-      try {
-        r.value = fn();
-      } catch (const Error& e) {
-        r.status = Status::fromError(e);
-      } catch (const std::exception& e) {
-        r.status = Status(ErrorCode::kInternal, e.what());
-      }
-      promise->set_value(std::move(r));
-    };
-    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "zmq {}: {} after close()", self_,
-                    what);
-    if (future.wait_for(kLoopCallTimeout) != std::future_status::ready) {
-      throw Error(ErrorCode::kTimeout,
-                  fmt::format("zmq {}: {} did not complete within {} ms: the loop thread is busy "
-                              "(a callback that blocks?)",
-                              self_, what, kLoopCallTimeout.count()));
-    }
-    Result r;
-    try {
-      r = future.get();
-    } catch (const std::future_error&) {
-      throw Error(ErrorCode::kClosed, fmt::format("zmq {}: {} cut short by close()", self_, what));
-    }
-    r.status.check();
-    return std::move(r.value);
+    return callOnLoopThread(
+        [this](std::function<void()> task) {
+          Op op;
+          op.task = std::move(task);
+          return post(std::move(op));
+        },
+        std::move(fn), "zmq " + self_.toString(), what, kLoopCallTimeout);
   }
 
   void setOpt(void* socket, int option, int value, const char* name) const {
