@@ -331,6 +331,10 @@ void Executor::run(const std::string& name, const float* input, float* output,
   runBatch(std::span<const BatchItem>(&item, 1), op, deadline);
 }
 
+void Executor::run(const BatchItem& item, ReduceOp op, Deadline deadline) {
+  runBatch(std::span<const BatchItem>(&item, 1), op, deadline);
+}
+
 void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
   std::vector<TensorState*> states;
   states.reserve(items.size());
@@ -346,7 +350,7 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   // run() is a batch of one: a worker that never hands over more than one
   // tensor at a time never fuses, and its reports say so (fusionBytes 0).
   if (prof && items.size() > 1) prof->batched = true;
-  for (TensorState* t : states) noteReady(*t);
+  for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
   const bool flush = lastRound();
   auto makeRun = [&](size_t i) {
     return std::make_unique<Run>(*states[i], worker_, groups_, topo_, deadline, tracer_.get(),

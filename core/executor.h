@@ -33,6 +33,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <chrono>
 #include <optional>
 #include <span>
 #include <string>
@@ -92,6 +93,11 @@ struct BatchItem {
   const float* input = nullptr;
   float* output = nullptr;
   uint64_t numElements = 0;
+  // When the gradient became ready, for online profiling: a caller that runs
+  // gradients on another thread while the computation goes on (the Python
+  // binding's submit) gives it. Unset: the time of the call less the time
+  // spent in the executor since the iteration began (one thread doing both).
+  std::optional<std::chrono::steady_clock::time_point> readyAt = std::nullopt;
 };
 
 class Executor {
@@ -129,6 +135,8 @@ class Executor {
   // option. `numElements` must be the declared count.
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
+  // The same for one item (its readyAt included).
+  void run(const BatchItem& item, ReduceOp op, Deadline deadline);
 
   // Runs `items`, each as run() would, with tensor fusion (docs/executor.md,
   // "Tensor fusion"): items whose options are equal and fusible
@@ -247,7 +255,7 @@ class Executor {
   void ensurePlan(Deadline deadline);
   TensorState& checkedState(const std::string& name, const float* input, const float* output,
                             uint64_t numElements);
-  void noteReady(TensorState& t);
+  void noteReady(TensorState& t, const BatchItem& item);
   bool lastRound() const;
   void runFused(std::span<const BatchItem> batch, std::span<TensorState* const> states,
                 const std::vector<size_t>& members, ReduceOp op, Deadline deadline);

@@ -7,15 +7,20 @@
 
 namespace cortado::executor {
 
-void Executor::noteReady(TensorState& t) {
+void Executor::noteReady(TensorState& t, const BatchItem& item) {
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   if (prof && prof->readyThisIter.insert(t.name).second) {
-    // Ready time: compute time since the iteration began (time spent in the
-    // executor taken out, as if communication overlapped it).
+    // Ready time: compute time since the iteration began; given by a caller
+    // that runs gradients beside the computation, else now with the time
+    // spent in the executor taken out (as if communication overlapped it).
     auto& [elements, acc] = prof->ready[t.name];
     elements = t.n;
     ++acc.calls;
-    acc.us += std::max(0.0, Profiler::since(prof->iterStart) - prof->inRunUs);
+    const double us =
+        item.readyAt
+            ? std::chrono::duration<double, std::micro>(*item.readyAt - prof->iterStart).count()
+            : Profiler::since(prof->iterStart) - prof->inRunUs;
+    acc.us += std::max(0.0, us);
   }
 }
 

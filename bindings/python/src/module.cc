@@ -21,9 +21,14 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/backends.h"
@@ -343,6 +348,127 @@ class PyExecutor {
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
   }
 
+  // Submitted runs not yet started are dropped; one in progress ends within
+  // its deadline.
+  ~PyExecutor() {
+    {
+      std::lock_guard<std::mutex> lk(qmu_);
+      queue_.clear();
+      stop_ = true;
+    }
+    qcv_.notify_all();
+    if (thread_.joinable()) {
+      py::gil_scoped_release nogil;
+      thread_.join();
+    }
+  }
+
+  void declare(const std::string& name, uint64_t count) {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.declare(name, DType::kFloat32, count);
+  }
+
+  void setPlan(const std::string& json, std::optional<double> timeout) {
+    plan::Plan p = plan::planFromJsonString(json);
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    drain(d);
+    auto& e = ex();
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.setPlan(p, d);
+  }
+
+  std::string planJson() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return e.hasPlan() ? plan::toJsonString(e.currentPlan()) : std::string();
+  }
+  uint64_t planVersion() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return e.hasPlan() ? e.currentPlan().version : 0;
+  }
+
+  // Online re-planning as the job asks for it (CORTADO_PROFILE_WINDOW);
+  // returns the window (0: off).
+  uint64_t enableOnline() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.setOnline(executor::onlineOptions(job_));
+    return job_.profileWindow;
+  }
+
+  // Waits for the submitted runs first (their errors are raised here).
+  void beginIteration(uint64_t iteration, std::optional<double> timeout) {
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    drain(d);
+    auto& e = ex();
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.beginIteration(iteration, d);
+  }
+
+  // `input` and `output` hold `count` float32 values (may be the same).
+  // Waits for the submitted runs first, so that every worker runs its
+  // tensors in the order it handed them over.
+  void run(const std::string& name, uint64_t count, uintptr_t input, uintptr_t output,
+           bool average, std::optional<double> timeout) {
+    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    drain(d);
+    auto& e = ex();
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.run(name, reinterpret_cast<const float*>(input), reinterpret_cast<float*>(output), count,
+          average ? ReduceOp::kAverage : ReduceOp::kSum, d);
+  }
+
+  // Queues the same run on the executor's own thread and returns at once:
+  // runs go in submission order, one at a time, each with the job's
+  // operation deadline (CORTADO_TIMEOUT_MS), while the caller goes on (the
+  // optimizer's hooks during the backward pass). The gradient counts as
+  // ready now (online profiling). The buffers must stay alive and unchanged
+  // until wait() returns.
+  void submit(const std::string& name, uint64_t count, uintptr_t input, uintptr_t output,
+              bool average) {
+    ex();
+    executor::BatchItem item{name, reinterpret_cast<const float*>(input),
+                             reinterpret_cast<float*>(output), count,
+                             std::chrono::steady_clock::now()};
+    std::lock_guard<std::mutex> lk(qmu_);
+    queue_.push_back({std::move(item), average ? ReduceOp::kAverage : ReduceOp::kSum});
+    ++pending_;
+    if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
+    qcv_.notify_all();
+  }
+
+  // Returns when every submitted run has finished. Raises the first one's
+  // error (the runs queued after it are not run: a failed step leaves the
+  // executor's keys mid-round), or "timeout" when `timeout` seconds passed
+  // first (None: the job's CORTADO_TIMEOUT_MS per run still queued).
+  void wait(std::optional<double> timeout) {
+    size_t pending;
+    {
+      std::lock_guard<std::mutex> lk(qmu_);
+      pending = pending_;
+    }
+    drain(timeout ? deadlineFromSeconds(timeout, job_.opTimeout)
+                  : Deadline::after(job_.opTimeout * static_cast<int64_t>(pending + 1)));
+  }
+
+  // Submitted runs not finished yet.
+  size_t pending() {
+    std::lock_guard<std::mutex> lk(qmu_);
+    return pending_;
+  }
+
+  std::string lastReport() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return e.lastReport() ? plan::toJsonString(*e.lastReport()) : std::string();
+  }
+
+ private:
   // Without the worker (after cortado shut down) nothing may touch it.
   executor::Executor& ex() {
     CORTADO_ENFORCE(!rt_.closed(), ErrorCode::kClosed,
@@ -351,58 +477,84 @@ class PyExecutor {
     return *ex_;
   }
 
-  void declare(const std::string& name, uint64_t count) { ex().declare(name, DType::kFloat32, count); }
-
-  void setPlan(const std::string& json, std::optional<double> timeout) {
-    plan::Plan p = plan::planFromJsonString(json);
-    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
-    auto& e = ex();
-    py::gil_scoped_release nogil;
-    e.setPlan(p, d);
+  // Waits (without the GIL, in slices that let Ctrl-C through) until the
+  // submitted runs have finished, then raises the first error among them.
+  void drain(Deadline deadline) {
+    constexpr Millis kSlice{200};
+    for (;;) {
+      {
+        py::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> lk(qmu_);
+        qcv_.wait_for(lk, std::min(kSlice, deadline.remaining()), [&] { return pending_ == 0; });
+        if (pending_ == 0) {
+          Status first = std::exchange(error_, Status());
+          lk.unlock();
+          first.check();
+          return;
+        }
+        if (deadline.expired()) {
+          throw Error(ErrorCode::kTimeout,
+                      fmt::format("plan executor: {} submitted run{} not finished in time (running "
+                                  "'{}'): a peer or the servers may be stuck; "
+                                  "CORTADO_TIMEOUT_MS sets the deadline of each run",
+                                  pending_, pending_ == 1 ? "" : "s", running_));
+        }
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
   }
 
-  std::string planJson() {
-    auto& e = ex();
-    return e.hasPlan() ? plan::toJsonString(e.currentPlan()) : std::string();
-  }
-  uint64_t planVersion() {
-    auto& e = ex();
-    return e.hasPlan() ? e.currentPlan().version : 0;
-  }
-
-  // Online re-planning as the job asks for it (CORTADO_PROFILE_WINDOW);
-  // returns the window (0: off).
-  uint64_t enableOnline() {
-    ex().setOnline(executor::onlineOptions(job_));
-    return job_.profileWindow;
-  }
-
-  void beginIteration(uint64_t iteration, std::optional<double> timeout) {
-    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
-    auto& e = ex();
-    py::gil_scoped_release nogil;
-    e.beginIteration(iteration, d);
-  }
-
-  // `input` and `output` hold `count` float32 values (may be the same).
-  void run(const std::string& name, uint64_t count, uintptr_t input, uintptr_t output,
-           bool average, std::optional<double> timeout) {
-    Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
-    auto& e = ex();
-    py::gil_scoped_release nogil;
-    e.run(name, reinterpret_cast<const float*>(input), reinterpret_cast<float*>(output), count,
-          average ? ReduceOp::kAverage : ReduceOp::kSum, d);
-  }
-
-  std::string lastReport() {
-    auto& e = ex();
-    return e.lastReport() ? plan::toJsonString(*e.lastReport()) : std::string();
+  // The executor's thread: runs the queue in order; after a failure, drops
+  // what is queued until wait() has taken the error.
+  void serve() {
+    std::unique_lock<std::mutex> lk(qmu_);
+    for (;;) {
+      qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      Queued q = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = !error_.ok();
+      running_ = q.item.name;
+      lk.unlock();
+      Status st;
+      if (!skip) {
+        try {
+          CORTADO_ENFORCE(!rt_.closed(), ErrorCode::kClosed,
+                          "the plan executor's worker was shut down before tensor '{}' ran",
+                          q.item.name);
+          std::lock_guard<std::mutex> exLk(exMu_);
+          ex_->run(q.item, q.op, Deadline::after(job_.opTimeout));
+        } catch (const Error& e) {
+          st = Status::fromError(e);
+        } catch (const std::exception& e) {
+          st = Status(ErrorCode::kInternal, e.what());
+        }
+      }
+      lk.lock();
+      if (!st.ok() && error_.ok()) error_ = st;
+      running_.clear();
+      --pending_;
+      qcv_.notify_all();
+    }
   }
 
- private:
+  struct Queued {
+    executor::BatchItem item;
+    ReduceOp op;
+  };
+
   Runtime& rt_;
   JobConfig job_;
   std::unique_ptr<executor::Executor> ex_;
+  std::mutex exMu_;  // one executor call at a time (the executor is not thread-safe)
+  std::mutex qmu_;   // the queue and what goes with it
+  std::condition_variable qcv_;
+  std::deque<Queued> queue_;
+  size_t pending_ = 0;  // queued or running
+  Status error_;        // the first failure since the last drain
+  std::string running_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 // The CPU codecs, as workers and servers know them. Built once, never
@@ -525,7 +677,14 @@ PYBIND11_MODULE(_C, m) {
       .def("run", &PyExecutor::run, py::arg("name"), py::arg("count"), py::arg("input"),
            py::arg("output"), py::arg("average") = true, py::arg("timeout") = py::none(),
            "Sums (or averages) a float32 tensor over every worker by its plan option; blocks "
-           "without the GIL.")
+           "without the GIL (after the submitted runs).")
+      .def("submit", &PyExecutor::submit, py::arg("name"), py::arg("count"), py::arg("input"),
+           py::arg("output"), py::arg("average") = true,
+           "Queues the same run on the executor's thread and returns at once (runs go in "
+           "submission order); the buffers must stay alive until wait().")
+      .def("wait", &PyExecutor::wait, py::arg("timeout") = py::none(),
+           "Returns when every submitted run finished; raises the first one's error.")
+      .def_property_readonly("pending", &PyExecutor::pending)
       .def_property_readonly("last_report", &PyExecutor::lastReport);
 
   py::class_<Runtime>(m, "Runtime")

@@ -6,8 +6,10 @@ Covered: the executor's default plan (BytePS's push/pull, exact), a plan set
 from Python (fp16 push/pull for every gradient: looser tolerance), and online
 re-planning (CORTADO_PROFILE_WINDOW, given by the test): the workers profile
 a window, every worker switches to the scheduler's plan at the same
-iteration, and training still matches the reference. Bad arguments are
-refused with messages that say what to do.
+iteration, and training still matches the reference. The optimizer hands
+each gradient to the executor's thread (Executor.submit) and waits in step();
+submit/wait are also checked on their own. Bad arguments are refused with
+messages that say what to do.
 """
 
 import json
@@ -38,6 +40,43 @@ def distributed(rank, world, prefix, **kwargs):
         opt.step()
         versions.append(opt.executor.plan_version)
     return model, opt, versions
+
+
+def raw_submit(rank, world):
+    """Executor.submit/wait on their own: four tensors queued at once come
+    back summed exactly (against a plain sum of what every rank gives); a
+    tensor never declared fails at wait() naming it, the run queued after it
+    is dropped (on every worker alike), and the executor goes on."""
+    from cortado import _C, _runtime
+    ex = _C.Executor(_runtime.require("executor_check"))
+    sizes = [5, 1000, 70000, 3]
+    for i, n in enumerate(sizes):
+        ex.declare(f"raw.{i}", n)
+    bufs = [torch.arange(n, dtype=torch.float32) * (rank + 1) + i for i, n in enumerate(sizes)]
+    for i, b in enumerate(bufs):
+        ex.submit(f"raw.{i}", b.numel(), b.data_ptr(), b.data_ptr(), False)
+    ex.wait()
+    assert ex.pending == 0, ex.pending
+    ranks = sum(r + 1 for r in range(world))
+    for i, (n, b) in enumerate(zip(sizes, bufs)):
+        want = torch.arange(n, dtype=torch.float32) * ranks + i * world
+        assert torch.equal(b, want), (i, (b - want).abs().max().item())
+    # An error on the executor's thread reaches wait(); the next run queued
+    # behind it is not run (its buffer keeps its values).
+    keep = torch.full((5,), 7.0)
+    ex.submit("raw.never_declared", 4, keep.data_ptr(), keep.data_ptr(), False)
+    ex.submit("raw.0", 5, keep.data_ptr(), keep.data_ptr(), False)
+    message = expect_error("an undeclared tensor on the executor's thread", "raw.never_declared",
+                           ex.wait)
+    assert torch.equal(keep, torch.full((5,), 7.0)), keep
+    assert ex.pending == 0, ex.pending
+    # Still usable: run() (synchronous) and submit() again.
+    again = torch.ones(5)
+    ex.run("raw.0", 5, again.data_ptr(), again.data_ptr(), False)
+    ex.submit("raw.3", 3, bufs[3].data_ptr(), bufs[3].data_ptr(), True)
+    ex.wait(timeout=60)
+    assert torch.equal(again, torch.full((5,), float(world))), again
+    return message
 
 
 def expect_error(label, needle, fn):
@@ -75,6 +114,7 @@ def main():
         assert all(o.get("codec") == "fp16" for o in used["tensors"].values()), used
         report["fp16"] = max_diff(ref, got)
         assert report["fp16"] <= 1e-3, report
+        report["submit_error"] = raw_submit(rank, world)
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         report["errors"] = [

@@ -180,11 +180,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad is None:
             grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         if self.executor is not None:
-            # Synchronous: the executor's time is taken out of the ready
-            # times it measures for the re-planner.
+            # On the executor's thread, in the order the hooks fire, while the
+            # backward pass goes on; synchronize() waits for it. The handle
+            # slot keeps the buffer alive until then.
             tmp = grad if grad.is_contiguous() else grad.contiguous()
-            self.executor.run(self._names[p], tmp.numel(), tmp.data_ptr(), tmp.data_ptr(), True)
-            return None, (None if tmp is grad else tmp)
+            self.executor.submit(self._names[p], tmp.numel(), tmp.data_ptr(), tmp.data_ptr(), True)
+            return tmp, (None if tmp is grad else tmp)
         if grad.is_contiguous():
             handle = submit("DistributedOptimizer", grad, grad, True, self._names[p],
                              self._priority[p], self._compressors[p])
@@ -202,8 +203,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if p not in self._handles:
                 self._handles[p] = self._push_pull_grad_async(p)
         try:
+            if self.executor is not None:
+                self.executor.wait()
             for p, (handle, tmp) in self._handles.items():
-                if handle is not None:
+                if handle is not None and self.executor is None:
                     _runtime.synchronize(handle)
                 if tmp is not None:
                     with torch.no_grad():
@@ -274,9 +277,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       for the job, the workers profile each window and switch to the
       scheduler's plans at the same iteration (online re-planning); each
       step() begins the next iteration. Python workers have no MPI groups, so
-      plans use push/pull (compressed or not). The executor runs each
-      gradient synchronously in its hook; `optimizer.executor` has
-      plan_version, plan_json and last_report.
+      plans use push/pull (compressed or not). Each gradient's hook hands it
+      to the executor's own thread, which runs them one at a time in that
+      order while the backward pass goes on; step() (or synchronize()) waits
+      for them and raises the first failure. `optimizer.executor` has
+      plan_version, plan_json, last_report and pending.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
     """
