@@ -118,6 +118,14 @@ def test_optimizer_switches_to_the_schedulers_plan(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+def test_shutdown_with_runs_still_submitted(run_job):
+    # cortado.shutdown() while the executor's thread has runs queued: no run
+    # on a closed worker, the dropped ones reported by wait(), a clean exit.
+    job = run_job(2, 1, "executor_check.py", "--mode", "shutdown", timeout=120)
+    results = assert_all_ok(job, 2)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
 def test_errors_in_a_running_job(run_job):
     job = run_job(1, 1, "errors_local.py")
     results = assert_all_ok(job, 1)

@@ -23,10 +23,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -254,8 +257,10 @@ class Runtime {
   void shutdown(std::optional<double> timeout) {
     if (!worker_) return;
     Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
+    auto hooks = std::exchange(closeHooks_, {});
     {
       py::gil_scoped_release nogil;
+      for (auto& [id, stop] : hooks) stop();
       worker_->shutdown(d);
       worker_.reset();
     }
@@ -266,11 +271,21 @@ class Runtime {
   // that this worker finished, so the others fail fast instead of waiting.
   void close() {
     if (worker_) {
+      auto hooks = std::exchange(closeHooks_, {});
       py::gil_scoped_release nogil;
+      for (auto& [id, stop] : hooks) stop();
       worker_.reset();
     }
     inflight_.clear();
   }
+
+  // What must stop before the worker goes (an executor's thread): run by
+  // shutdown() and close() without the GIL, once. Called with the GIL.
+  uint64_t addCloseHook(std::function<void()> stop) {
+    closeHooks_[++lastHook_] = std::move(stop);
+    return lastHook_;
+  }
+  void removeCloseHook(uint64_t id) { closeHooks_.erase(id); }
 
   bool closed() const { return worker_ == nullptr; }
   size_t inflightCount() const { return inflight_.size(); }
@@ -327,6 +342,8 @@ class Runtime {
   // Declared first, destroyed last: the keepalives outlive the worker.
   std::vector<Inflight> inflight_;
   std::unique_ptr<Worker> worker_;
+  std::map<uint64_t, std::function<void()>> closeHooks_;
+  uint64_t lastHook_ = 0;
   JobConfig job_;
   int localRank_ = 0;
   int localSize_ = 1;
@@ -346,20 +363,21 @@ class PyExecutor {
         ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
+    // cortado.shutdown() (or an abrupt close) stops the thread before the
+    // worker it runs on goes.
+    hook_ = rt_.addCloseHook([this] { stopThread(); });
   }
 
   // Submitted runs not yet started are dropped; one in progress ends within
   // its deadline.
   ~PyExecutor() {
-    {
-      std::lock_guard<std::mutex> lk(qmu_);
-      queue_.clear();
-      stop_ = true;
-    }
-    qcv_.notify_all();
-    if (thread_.joinable()) {
+    rt_.removeCloseHook(hook_);
+    try {
       py::gil_scoped_release nogil;
-      thread_.join();
+      stopThread();
+    } catch (const std::exception& e) {  // releasing the GIL failed: stop with it held
+      CORTADO_LOG_WARN("plan executor: {}", e.what());
+      stopThread();
     }
   }
 
@@ -432,6 +450,12 @@ class PyExecutor {
   void submit(const std::string& name, uint64_t count, uintptr_t input, uintptr_t output,
               bool average) {
     ex();
+    {
+      std::lock_guard<std::mutex> lk(qmu_);
+      CORTADO_ENFORCE(!stop_, ErrorCode::kClosed,
+                      "the plan executor was stopped (cortado was shut down): tensor '{}' not run",
+                      name);
+    }
     executor::BatchItem item{name, reinterpret_cast<const float*>(input),
                              reinterpret_cast<float*>(output), count,
                              std::chrono::steady_clock::now()};
@@ -504,6 +528,31 @@ class PyExecutor {
     }
   }
 
+  // Drops the runs not started (wait() then says so), lets the one in
+  // progress finish (within its deadline) and ends the thread. No GIL held.
+  void stopThread() noexcept {
+    {
+      std::lock_guard<std::mutex> lk(qmu_);
+      if (!queue_.empty() && error_.ok())
+        error_ = Status(ErrorCode::kClosed,
+                        fmt::format("cortado was shut down with {} submitted run{} not started "
+                                    "(the first: tensor '{}')",
+                                    queue_.size(), queue_.size() == 1 ? "" : "s",
+                                    queue_.front().item.name));
+      pending_ -= queue_.size();
+      queue_.clear();
+      stop_ = true;
+    }
+    qcv_.notify_all();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+      try {
+        thread_.join();
+      } catch (const std::system_error&) {
+        thread_.detach();
+      }
+    }
+  }
+
   // The executor's thread: runs the queue in order; after a failure, drops
   // what is queued until wait() has taken the error.
   void serve() {
@@ -555,6 +604,7 @@ class PyExecutor {
   std::string running_;
   bool stop_ = false;
   std::thread thread_;
+  uint64_t hook_ = 0;  // in rt_'s close hooks
 };
 
 // The CPU codecs, as workers and servers know them. Built once, never

@@ -89,11 +89,41 @@ def expect_error(label, needle, fn):
 
 
 def main():
-    args = parse_args(lambda p: p.add_argument("--mode", choices=["plans", "online", "file"],
+    args = parse_args(lambda p: p.add_argument("--mode",
+                                               choices=["plans", "online", "file", "shutdown"],
                                                required=True))
     torch.set_num_threads(1)
     ct.init()
     rank, world = ct.rank(), ct.size()
+    if args.mode == "shutdown":
+        # cortado.shutdown() with submitted runs still queued: it stops the
+        # executor's thread before the worker goes (the runs not started are
+        # dropped and wait() says so), and nothing runs on a closed worker.
+        from cortado import _C, _runtime
+        ex = _C.Executor(_runtime.require("executor_check"))
+        bufs = [torch.ones(1 << 20) for _ in range(12)]
+        for i, b in enumerate(bufs):
+            ex.declare(f"late.{i}", b.numel())
+        for i, b in enumerate(bufs):
+            ex.submit(f"late.{i}", b.numel(), b.data_ptr(), b.data_ptr(), False)
+        queued = ex.pending
+        ct.shutdown()
+        try:
+            ex.wait(timeout=30)
+            outcome = "every run had finished"
+        except cortado.CortadoError as e:
+            assert "shut down" in str(e), e
+            outcome = str(e)
+        assert ex.pending == 0, ex.pending
+        done = [i for i, b in enumerate(bufs) if b[0].item() == float(world)]
+        untouched = [i for i, b in enumerate(bufs) if b[0].item() == 1.0]
+        assert len(done) + len(untouched) == len(bufs), [b[0].item() for b in bufs]
+        expect_error("submit after shutdown", "shut down",
+                     lambda: ex.submit("late.0", 4, bufs[0].data_ptr(), bufs[0].data_ptr(), False))
+        report = {"queued": queued, "done": len(done), "outcome": outcome}
+        write_result(args.out, rank, ok=True, report=report)
+        print(f"worker {rank}: {report}", flush=True)
+        return 0
     ref = reference(world, 1)
     moved = max_diff(make_model(), ref)
     assert moved > 0.05, f"training barely moved the parameters ({moved})"
