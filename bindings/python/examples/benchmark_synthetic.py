@@ -8,6 +8,8 @@ a torchvision model trained on random images, reporting images per second.
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --backend gloo --workers 4
     # Both, one after the other, with a comparison table (and --json for a record):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --compare --workers 4 --servers 2
+    # The same with every gradient through the plan executor (its default plan):
+    /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --compare --executor
     # The same with the model on the GPU (--device cuda; CUDA gradients stage through the host):
     python3 bindings/python/examples/benchmark_synthetic.py --compare --device cuda --workers 2 --servers 1
 
@@ -45,6 +47,10 @@ def parse_args(argv=None):
                    help="cortado only: none, fp16, auto, or an engine codec (topk:ratio=0.01, "
                         "dgc, efsignsgd, ...)")
     p.add_argument("--fp16-pushpull", action="store_true", help="same as --compression fp16")
+    p.add_argument("--executor", action="store_true",
+                   help="cortado only: DistributedOptimizer(executor=True), every gradient "
+                        "through the plan executor (CORTADO_PLAN or the default plan; float32 "
+                        "CPU models, compression none)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the model trains (cuda: every worker on GPU local_rank %% GPUs; "
@@ -94,6 +100,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
               + (f", compression {args.compression}" if args.backend == "cortado" else "")
+            + (", plan executor" if args.backend == "cortado" and args.executor else "")
               + f", {threads} threads per worker, on {args.device}")
     log(rank, "Running warmup...")
     timeit.timeit(step, number=args.num_warmup_batches)
@@ -110,6 +117,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     return {"backend": args.backend, "model": args.model, "batch_size": args.batch_size,
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
             "compression": args.compression if args.backend == "cortado" else "none",
+            "executor": args.backend == "cortado" and args.executor,
             "device": args.device,
             "img_sec_per_worker": mean, "img_sec_total": size * mean, "conf95_total": size * conf}
 
@@ -124,7 +132,7 @@ def run_cortado(args):
 
     def wrap_optimizer(model, optimizer):
         optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),
-                                            compression=compression)
+                                            compression=compression, executor=args.executor)
         ct.broadcast_parameters(model.state_dict(), root_rank=0)
         ct.broadcast_optimizer_state(optimizer, root_rank=0)
         return optimizer
@@ -173,7 +181,8 @@ def run_compare(args):
     runs = [
         ("cortado", [launcher, "launch", "-w", str(args.workers), "-s", str(args.servers), "--",
                      sys.executable, str(here), "--backend", "cortado",
-                     "--compression", args.compression, *common]),
+                     "--compression", args.compression,
+                     *(["--executor"] if args.executor else []), *common]),
         ("gloo", [sys.executable, str(here), "--backend", "gloo", "--workers",
                   str(args.workers), *common]),
     ]
@@ -202,8 +211,9 @@ def run_compare(args):
           f"alternating round(s)")
     print("| backend | workers | img/sec total | img/sec per worker | all rounds (total) |")
     print("| --- | --- | --- | --- | --- |")
-    for name, r, key in (("Cortado (" + c["compression"] + f", {args.servers} servers)", c,
-                          "cortado"), ("DDP + Gloo", g, "gloo")):
+    label = "Cortado (" + ("plan executor, " if c.get("executor") else "") + c["compression"] + \
+        f", {args.servers} servers)"
+    for name, r, key in ((label, c, "cortado"), ("DDP + Gloo", g, "gloo")):
         every = ", ".join(f"{x['img_sec_total']:.1f}" for x in results[key])
         print(f"| {name} | {r['workers']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {every} |")
