@@ -246,6 +246,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.executor.begin_iteration(self._iteration)
         return result
 
+    def __del__(self):
+        # The executor's thread may still be writing into a gradient buffer
+        # that only _handles holds: drop the executor first (its destructor
+        # waits for the run in progress), then the rest.
+        self.__dict__.pop("executor", None)
+
     def zero_grad(self, *args, **kwargs):
         if self._handles:
             raise _runtime.error("invalid_argument",
