@@ -442,9 +442,10 @@ class PyExecutor {
   }
 
   // Queues the same run on the executor's own thread and returns at once:
-  // runs go in submission order, one at a time, each with the job's
-  // operation deadline (CORTADO_TIMEOUT_MS), while the caller goes on (the
-  // optimizer's hooks during the backward pass). The gradient counts as
+  // runs go in submission order, in batches of what is queued when the
+  // thread is free (serve()), each batch with the job's operation deadline
+  // (CORTADO_TIMEOUT_MS), while the caller goes on (the optimizer's hooks
+  // during the backward pass). The gradient counts as
   // ready now (online profiling). The buffers must stay alive and unchanged
   // until wait() returns.
   void submit(const std::string& name, uint64_t count, uintptr_t input, uintptr_t output,
@@ -553,26 +554,37 @@ class PyExecutor {
     }
   }
 
-  // The executor's thread: runs the queue in order; after a failure, drops
-  // what is queued until wait() has taken the error.
+  // The executor's thread: whenever it is free, runs everything queued by
+  // then (with the same reduction) as one batch (Executor::runBatch: the
+  // pushes of a batch are in flight together, and its phases run every
+  // encode, then every exchange, then every decode). Python plans are
+  // push/pull only (no MPI groups), so the workers need not agree on the
+  // batches: each key's round completes whatever the order. After a
+  // failure, drops what is queued until wait() has taken the error.
   void serve() {
     std::unique_lock<std::mutex> lk(qmu_);
     for (;;) {
       qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      Queued q = std::move(queue_.front());
-      queue_.pop_front();
+      std::vector<executor::BatchItem> batch;
+      const ReduceOp op = queue_.front().op;
+      while (!queue_.empty() && queue_.front().op == op) {
+        batch.push_back(std::move(queue_.front().item));
+        queue_.pop_front();
+      }
       const bool skip = !error_.ok();
-      running_ = q.item.name;
+      running_ = batch.size() == 1 ? batch[0].name
+                                   : fmt::format("{} .. {}, {} tensors", batch.front().name,
+                                                 batch.back().name, batch.size());
       lk.unlock();
       Status st;
       if (!skip) {
         try {
           CORTADO_ENFORCE(!rt_.closed(), ErrorCode::kClosed,
                           "the plan executor's worker was shut down before tensor '{}' ran",
-                          q.item.name);
+                          batch[0].name);
           std::lock_guard<std::mutex> exLk(exMu_);
-          ex_->run(q.item, q.op, Deadline::after(job_.opTimeout));
+          ex_->runBatch(batch, op, Deadline::after(job_.opTimeout));
         } catch (const Error& e) {
           st = Status::fromError(e);
         } catch (const std::exception& e) {
@@ -582,7 +594,7 @@ class PyExecutor {
       lk.lock();
       if (!st.ok() && error_.ok()) error_ = st;
       running_.clear();
-      --pending_;
+      pending_ -= batch.size();
       qcv_.notify_all();
     }
   }
@@ -731,7 +743,8 @@ PYBIND11_MODULE(_C, m) {
       .def("submit", &PyExecutor::submit, py::arg("name"), py::arg("count"), py::arg("input"),
            py::arg("output"), py::arg("average") = true,
            "Queues the same run on the executor's thread and returns at once (runs go in "
-           "submission order); the buffers must stay alive until wait().")
+           "submission order, what is queued when the thread is free as one batch); the "
+           "buffers must stay alive until wait().")
       .def("wait", &PyExecutor::wait, py::arg("timeout") = py::none(),
            "Returns when every submitted run finished; raises the first one's error.")
       .def_property_readonly("pending", &PyExecutor::pending)
