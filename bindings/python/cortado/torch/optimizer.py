@@ -284,9 +284,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       scheduler's plans at the same iteration (online re-planning); each
       step() begins the next iteration. Python workers have no MPI groups, so
       plans use push/pull (compressed or not). Each gradient's hook hands it
-      to the executor's own thread, which runs them one at a time in that
-      order while the backward pass goes on; step() (or synchronize()) waits
-      for them and raises the first failure. `optimizer.executor` has
+      to the executor's own thread, which runs what is queued whenever it is
+      free as one batch, in that order, while the backward pass goes on;
+      step() (or synchronize()) waits for them and raises the first failure. `optimizer.executor` has
       plan_version, plan_json, last_report and pending.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
