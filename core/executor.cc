@@ -331,10 +331,6 @@ void Executor::run(const std::string& name, const float* input, float* output,
   runBatch(std::span<const BatchItem>(&item, 1), op, deadline);
 }
 
-void Executor::run(const BatchItem& item, ReduceOp op, Deadline deadline) {
-  runBatch(std::span<const BatchItem>(&item, 1), op, deadline);
-}
-
 void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
   std::vector<TensorState*> states;
   states.reserve(items.size());

@@ -135,8 +135,6 @@ class Executor {
   // option. `numElements` must be the declared count.
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
-  // The same for one item (its readyAt included).
-  void run(const BatchItem& item, ReduceOp op, Deadline deadline);
 
   // Runs `items`, each as run() would, with tensor fusion (docs/executor.md,
   // "Tensor fusion"): items whose options are equal and fusible

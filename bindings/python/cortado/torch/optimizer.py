@@ -286,8 +286,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       plans use push/pull (compressed or not). Each gradient's hook hands it
       to the executor's own thread, which runs what is queued whenever it is
       free as one batch, in that order, while the backward pass goes on;
-      step() (or synchronize()) waits for them and raises the first failure. `optimizer.executor` has
-      plan_version, plan_json, last_report and pending.
+      step() (or synchronize()) waits for them and raises the first failure.
+      `optimizer.executor` has plan_version, plan_json, last_report and
+      pending.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
     """
