@@ -119,8 +119,9 @@ def test_optimizer_switches_to_the_schedulers_plan(run_job):
 
 
 def test_shutdown_with_runs_still_submitted(run_job):
-    # cortado.shutdown() while the executor's thread has runs queued: no run
-    # on a closed worker, the dropped ones reported by wait(), a clean exit.
+    # cortado.shutdown() while the executor's thread has runs queued: they
+    # finish first (on every worker alike), no run on a closed worker, a
+    # clean exit.
     job = run_job(2, 1, "executor_check.py", "--mode", "shutdown", timeout=120)
     results = assert_all_ok(job, 2)
     print({rank: r["report"] for rank, r in results.items()})

@@ -260,7 +260,7 @@ class Runtime {
     auto hooks = std::exchange(closeHooks_, {});
     {
       py::gil_scoped_release nogil;
-      for (auto& [id, stop] : hooks) stop();
+      for (auto& [id, stop] : hooks) stop(false);
       worker_->shutdown(d);
       worker_.reset();
     }
@@ -273,15 +273,16 @@ class Runtime {
     if (worker_) {
       auto hooks = std::exchange(closeHooks_, {});
       py::gil_scoped_release nogil;
-      for (auto& [id, stop] : hooks) stop();
+      for (auto& [id, stop] : hooks) stop(true);
       worker_.reset();
     }
     inflight_.clear();
   }
 
   // What must stop before the worker goes (an executor's thread): run by
-  // shutdown() and close() without the GIL, once. Called with the GIL.
-  uint64_t addCloseHook(std::function<void()> stop) {
+  // shutdown() (argument false: let the submitted work finish) and close()
+  // (true: abort it) without the GIL, once. Called with the GIL.
+  uint64_t addCloseHook(std::function<void(bool)> stop) {
     closeHooks_[++lastHook_] = std::move(stop);
     return lastHook_;
   }
@@ -342,7 +343,7 @@ class Runtime {
   // Declared first, destroyed last: the keepalives outlive the worker.
   std::vector<Inflight> inflight_;
   std::unique_ptr<Worker> worker_;
-  std::map<uint64_t, std::function<void()>> closeHooks_;
+  std::map<uint64_t, std::function<void(bool)>> closeHooks_;
   uint64_t lastHook_ = 0;
   JobConfig job_;
   int localRank_ = 0;
@@ -365,19 +366,18 @@ class PyExecutor {
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
     // cortado.shutdown() (or an abrupt close) stops the thread before the
     // worker it runs on goes.
-    hook_ = rt_.addCloseHook([this] { stopThread(); });
+    hook_ = rt_.addCloseHook([this](bool abort) { stopThread(abort); });
   }
 
-  // Submitted runs not yet started are dropped; one in progress ends within
-  // its deadline.
+  // The submitted runs finish first (within their deadlines).
   ~PyExecutor() {
     rt_.removeCloseHook(hook_);
     try {
       py::gil_scoped_release nogil;
-      stopThread();
+      stopThread(false);
     } catch (const std::exception& e) {  // releasing the GIL failed: stop with it held
       CORTADO_LOG_WARN("plan executor: {}", e.what());
-      stopThread();
+      stopThread(false);
     }
   }
 
@@ -529,21 +529,32 @@ class PyExecutor {
     }
   }
 
-  // Drops the runs not started (wait() then says so), lets the one in
-  // progress finish (within its deadline) and ends the thread. No GIL held.
-  void stopThread() noexcept {
-    {
-      std::lock_guard<std::mutex> lk(qmu_);
-      if (!queue_.empty() && error_.ok())
-        error_ = Status(ErrorCode::kClosed,
-                        fmt::format("cortado was shut down with {} submitted run{} not started "
-                                    "(the first: tensor '{}')",
-                                    queue_.size(), queue_.size() == 1 ? "" : "s",
-                                    queue_.front().item.name));
-      pending_ -= queue_.size();
-      queue_.clear();
-      stop_ = true;
+  // Ends the thread. Without `abort` (cortado.shutdown(), the executor
+  // dropped) the submitted runs finish first: every worker runs the same
+  // tensors, so none waits on a peer that dropped one; only when they do not
+  // finish within their deadlines are they aborted. With `abort` (an abrupt
+  // close) the runs not started are dropped (wait() says so) and the one in
+  // progress is failed at once (Worker::abort). No GIL held.
+  void stopThread(bool abort) noexcept {
+    std::unique_lock<std::mutex> lk(qmu_);
+    if (!abort) {
+      const auto limit = job_.opTimeout * static_cast<int64_t>(pending_ + 1);
+      abort = !qcv_.wait_for(lk, limit, [&] { return pending_ == 0; });
     }
+    if (!queue_.empty() && error_.ok())
+      error_ = Status(ErrorCode::kClosed,
+                      fmt::format("cortado was shut down with {} submitted run{} not started "
+                                  "(the first: tensor '{}')",
+                                  queue_.size(), queue_.size() == 1 ? "" : "s",
+                                  queue_.front().item.name));
+    pending_ -= queue_.size();
+    queue_.clear();
+    stop_ = true;
+    if (abort && pending_ > 0 && !rt_.closed())
+      rt_.worker().abort(Status(ErrorCode::kClosed,
+                                fmt::format("cortado was shut down while the plan executor ran {}",
+                                            running_)));
+    lk.unlock();
     qcv_.notify_all();
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
       try {
