@@ -21,6 +21,7 @@
 
 #include "core/common/error.h"
 #include "core/common/logging.h"
+#include "core/common/net.h"
 
 namespace cortado::launcher {
 namespace {
@@ -194,33 +195,30 @@ bool reapMpirun(pid_t pid, int& status) {
       break;
     }
   }
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) == 0 && host[0]) {
-    std::string h = host;
-    h = h.substr(0, h.find('.'));
-    const std::filesystem::path top =
-        std::filesystem::path(base) / fmt::format("ompi.{}.{}", h, getuid());
-    const std::filesystem::path session = top / fmt::format("pid.{}", pid);
-    // The job family (the upper 16 bits of the jobid that contact.txt
-    // starts with) names the shared-memory segments of the job's ranks on
-    // this machine, /dev/shm/vader_segment.<host>.<uid>.<jobid, hex>.<local
-    // rank>: mpirun removes them when the job ends, and a killed one cannot.
-    std::ifstream contact(session / "contact.txt");
-    unsigned long long jobid = 0;
-    if (contact >> jobid) {
-      const std::string prefix = fmt::format("vader_segment.{}.{}.", h, getuid());
-      std::error_code ec;
-      for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind(prefix, 0) != 0) continue;
-        const unsigned long long id = std::strtoull(name.c_str() + prefix.size(), nullptr, 16);
-        if (id >> 16 == jobid >> 16) unlink(e.path().c_str());
-      }
-    }
+  const std::string host = net::localHostname();
+  const std::string h = host.substr(0, host.find('.'));
+  const std::filesystem::path top =
+      std::filesystem::path(base) / fmt::format("ompi.{}.{}", h, getuid());
+  const std::filesystem::path session = top / fmt::format("pid.{}", pid);
+  // The job family (the upper 16 bits of the jobid that contact.txt
+  // starts with) names the shared-memory segments of the job's ranks on
+  // this machine, /dev/shm/vader_segment.<host>.<uid>.<jobid, hex>.<local
+  // rank>: mpirun removes them when the job ends, and a killed one cannot.
+  std::ifstream contact(session / "contact.txt");
+  unsigned long long jobid = 0;
+  if (contact >> jobid) {
+    const std::string prefix = fmt::format("vader_segment.{}.{}.", h, getuid());
     std::error_code ec;
-    std::filesystem::remove_all(session, ec);
-    rmdir(top.c_str());  // only when empty: other jobs' mpiruns keep theirs
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const unsigned long long id = std::strtoull(name.c_str() + prefix.size(), nullptr, 16);
+      if (id >> 16 == jobid >> 16) unlink(e.path().c_str());
+    }
   }
+  std::error_code ec;
+  std::filesystem::remove_all(session, ec);
+  rmdir(top.c_str());  // only when empty: other jobs' mpiruns keep theirs
   return waitpid(pid, &status, 0) == pid;
 }
 

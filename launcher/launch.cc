@@ -346,11 +346,10 @@ int runLaunch(const LaunchOptions& opts) {
   // process group did (a worker command may be a shell around the program).
   // The workers' mpirun and roles on other hosts are left to the grace.
   auto stopUnregistered = [&] {
-    char name[256] = {};
-    if (gethostname(name, sizeof(name) - 1) != 0) return;
+    const std::string here = net::localHostname();
     std::set<pid_t> groups;
     for (const auto& [host, pid] : sched->registeredProcesses())
-      if (host == name)
+      if (host == here)
         if (pid_t g = getpgid(pid); g > 0) groups.insert(g);
     for (auto& c : children) {
       if (!c.running || c.rank < 0 || (!c.host.empty() && !isLocalHost(c.host)) ||

@@ -76,4 +76,10 @@ std::string subnetOf(const std::string& address) {
 
 bool isLoopback(const std::string& address) { return address.rfind("127.", 0) == 0; }
 
+std::string localHostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
 }  // namespace cortado::net

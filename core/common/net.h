@@ -25,4 +25,9 @@ std::string subnetOf(const std::string& address);
 // True for 127.0.0.0/8.
 bool isLoopback(const std::string& address);
 
+// This machine's host name as gethostname() gives it ("unknown-host" when it
+// fails): what a node registers with the scheduler, so what the launcher
+// compares its own roles' registrations with.
+std::string localHostname();
+
 }  // namespace cortado::net

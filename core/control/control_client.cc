@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/common/logging.h"
+#include "core/common/net.h"
 #include "core/control/auth.h"
 #include "core/control/connection.h"
 #include "core/control/protocol.h"
@@ -40,12 +41,6 @@ Clock::time_point earlierOf(Deadline d, Millis fromNow) {
 
 long long msSince(Clock::time_point t) {
   return std::chrono::duration_cast<Millis>(Clock::now() - t).count();
-}
-
-std::string localHostname() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
-  return buf;
 }
 
 template <typename T>
@@ -100,7 +95,7 @@ class ControlClientImpl final : public ControlClient {
     CORTADO_ENFORCE(opts_.requestedRank >= -1, ErrorCode::kInvalidArgument,
                     "control client: requested rank {} is negative (use -1 for any)",
                     opts_.requestedRank);
-    if (opts_.hostname.empty()) opts_.hostname = localHostname();
+    if (opts_.hostname.empty()) opts_.hostname = net::localHostname();
     scheduler_ = fmt::format("{}:{}", opts_.schedulerHost, opts_.schedulerPort);
     logId_ = fmt::format("[control {}]", roleName(opts_.role));
     thread_ = std::thread([this] { runLoop(); });
