@@ -76,21 +76,34 @@ void setPythonError(ErrorCode code, const std::string& message) {
   PyErr_SetObject(gErrorType, exc.ptr());
 }
 
-// Waits for `h` until `deadline`, in slices so that signals (Ctrl-C) are
-// seen. Called with the GIL held; releases it while waiting.
-Status waitInterruptibly(const Handle& h, Deadline deadline) {
+// Calls `waitSlice(slice)` without the GIL, in slices of at most 200 ms,
+// until it returns true (done) or `deadline` passes (returns false), and
+// between slices lets signals (Ctrl-C) through. Called with the GIL held.
+template <typename F>
+bool waitInSlices(Deadline deadline, F&& waitSlice) {
   constexpr Millis kSlice{200};
   for (;;) {
-    Deadline slice = Deadline::after(std::min(kSlice, deadline.remaining()));
-    Status s;
+    bool done;
     {
       py::gil_scoped_release nogil;
-      s = h.wait(slice);
+      done = waitSlice(std::min(kSlice, deadline.remaining()));
     }
-    if (s.code() != ErrorCode::kTimeout || deadline.expired()) return s;
-    if (h.poll()) return h.wait(Deadline::after(Millis(0)));
+    if (done) return true;
+    if (deadline.expired()) return false;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
+}
+
+// Waits for `h` until `deadline` (waitInSlices). Called with the GIL held.
+Status waitInterruptibly(const Handle& h, Deadline deadline) {
+  Status s;
+  waitInSlices(deadline, [&](Millis slice) {
+    s = h.wait(Deadline::after(slice));
+    if (s.code() == ErrorCode::kTimeout && !deadline.expired() && h.poll())
+      s = h.wait(Deadline::after(Millis(0)));
+    return s.code() != ErrorCode::kTimeout;
+  });
+  return s;
 }
 
 Deadline deadlineFromSeconds(std::optional<double> timeout, Millis fallback) {
@@ -478,7 +491,7 @@ class PyExecutor {
       pending = pending_;
     }
     drain(timeout ? deadlineFromSeconds(timeout, job_.opTimeout)
-                  : Deadline::after(job_.opTimeout * static_cast<int64_t>(pending + 1)));
+                  : Deadline::after(queueTime(pending)));
   }
 
   // Submitted runs not finished yet.
@@ -502,31 +515,30 @@ class PyExecutor {
     return *ex_;
   }
 
-  // Waits (without the GIL, in slices that let Ctrl-C through) until the
-  // submitted runs have finished, then raises the first error among them.
+  // The longest `pending` submitted runs may take: each run's deadline
+  // (CORTADO_TIMEOUT_MS), and one more for the run in progress.
+  Millis queueTime(size_t pending) const {
+    return job_.opTimeout * static_cast<int64_t>(pending + 1);
+  }
+
+  // Waits (waitInSlices) until the submitted runs have finished, then raises
+  // the first error among them. Called with the GIL held.
   void drain(Deadline deadline) {
-    constexpr Millis kSlice{200};
-    for (;;) {
-      {
-        py::gil_scoped_release nogil;
-        std::unique_lock<std::mutex> lk(qmu_);
-        qcv_.wait_for(lk, std::min(kSlice, deadline.remaining()), [&] { return pending_ == 0; });
-        if (pending_ == 0) {
-          Status first = std::exchange(error_, Status());
-          lk.unlock();
-          first.check();
-          return;
-        }
-        if (deadline.expired()) {
-          throw Error(ErrorCode::kTimeout,
-                      fmt::format("plan executor: {} submitted run{} not finished in time (running "
-                                  "'{}'): a peer or the servers may be stuck; "
-                                  "CORTADO_TIMEOUT_MS sets the deadline of each run",
-                                  pending_, pending_ == 1 ? "" : "s", running_));
-        }
-      }
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    const bool done = waitInSlices(deadline, [&](Millis slice) {
+      std::unique_lock<std::mutex> lk(qmu_);
+      return qcv_.wait_for(lk, slice, [&] { return pending_ == 0; });
+    });
+    std::unique_lock<std::mutex> lk(qmu_);
+    if (!done) {
+      throw Error(ErrorCode::kTimeout,
+                  fmt::format("plan executor: {} submitted run{} not finished in time (running "
+                              "'{}'): a peer or the servers may be stuck; "
+                              "CORTADO_TIMEOUT_MS sets the deadline of each run",
+                              pending_, pending_ == 1 ? "" : "s", running_));
     }
+    Status first = std::exchange(error_, Status());
+    lk.unlock();
+    first.check();
   }
 
   // Ends the thread. Without `abort` (cortado.shutdown(), the executor
@@ -538,8 +550,7 @@ class PyExecutor {
   void stopThread(bool abort) noexcept {
     std::unique_lock<std::mutex> lk(qmu_);
     if (!abort) {
-      const auto limit = job_.opTimeout * static_cast<int64_t>(pending_ + 1);
-      abort = !qcv_.wait_for(lk, limit, [&] { return pending_ == 0; });
+      abort = !qcv_.wait_for(lk, queueTime(pending_), [&] { return pending_ == 0; });
     }
     if (!queue_.empty() && error_.ok())
       error_ = Status(ErrorCode::kClosed,
