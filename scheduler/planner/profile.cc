@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <type_traits>
 
@@ -35,7 +36,7 @@ constexpr const char* kFormatHint =
 // what it is instead. Optional fields give `fallback` when absent.
 template <typename T>
 T field(const json& j, const char* key, const std::string& where, const char* what,
-        const T* fallback = nullptr) {
+        std::optional<T> fallback = std::nullopt) {
   auto it = j.find(key);
   if (it == j.end()) {
     if (fallback) return *fallback;
@@ -65,13 +66,10 @@ ModelProfile ModelProfile::fromJson(const json& j) {
                   ErrorCode::kInvalidArgument,
                   "not a cortado profile (\"format\" must be \"cortado-profile\"){}", kFormatHint);
   ModelProfile p;
-  const std::string noSource;
-  const double noForward = 0.0;
-  const int fourBytes = 4;
   p.model = field<std::string>(j, "model", "profile", "a string, the model's name");
   const std::string where = fmt::format("profile '{}'", p.model);
-  p.source = field<std::string>(j, "source", where, "a string", &noSource);
-  p.forwardUs = field<double>(j, "forward_us", where, "a number of microseconds", &noForward);
+  p.source = field<std::string>(j, "source", where, "a string", std::string());
+  p.forwardUs = field<double>(j, "forward_us", where, "a number of microseconds", 0.0);
   CORTADO_ENFORCE(std::isfinite(p.forwardUs) && p.forwardUs >= 0, ErrorCode::kInvalidArgument,
                   "{}: forward_us is {}, it must be >= 0", where, p.forwardUs);
   auto ts = j.find("tensors");
@@ -87,7 +85,7 @@ ModelProfile ModelProfile::fromJson(const json& j) {
     x.name = field<std::string>(t, "name", at, "a string");
     at = fmt::format("{} ('{}')", at, x.name);
     x.elements = field<int64_t>(t, "elements", at, "an integer > 0");
-    x.dtypeBytes = field<int>(t, "dtype_bytes", at, "an integer > 0", &fourBytes);
+    x.dtypeBytes = field<int>(t, "dtype_bytes", at, "an integer > 0", 4);
     x.backwardUs = field<double>(t, "backward_us", at, "a number of microseconds >= 0");
     CORTADO_ENFORCE(x.elements > 0 && x.dtypeBytes > 0 && std::isfinite(x.backwardUs) &&
                         x.backwardUs >= 0,
