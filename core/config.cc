@@ -69,6 +69,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "UCX_TLS names it); 0: over the connection manager's endpoints (TCP on one host) "
        "(docs/transports.md)"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
+      {"CORTADO_STALL_CHECK_MS", "", "60000",
+       "a server round that some workers pushed and others have not for this long is reported "
+       "in the scheduler's log, naming the tensor and the workers (0: never)"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
@@ -109,6 +112,9 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "
                     "predicted gain of 5% or more)",
                     replanMinGain));
+  if (stallCheck.count() < 0)
+    bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
+                    stallCheck.count()));
   if (opTimeout.count() <= 0 || connectTimeout.count() <= 0 || heartbeatInterval.count() <= 0 ||
       heartbeatTimeout <= heartbeatInterval)
     bad("timeouts must be positive, and CORTADO_HEARTBEAT_TIMEOUT_MS must exceed "
@@ -146,6 +152,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_REPLAN_CONFIRM", std::to_string(replanConfirm)},
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
+      {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", std::to_string(heartbeatTimeout.count())},
@@ -258,6 +265,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   getDouble("CORTADO_REPLAN_MIN_GAIN", c.replanMinGain, "0.05");
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
+  if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_TIMEOUT_MS"))) c.heartbeatTimeout = Millis(*v);

@@ -23,6 +23,9 @@ struct Chunk {
 // The chunk key of chunk `index` of the tensor with key `tensorKey`.
 inline uint64_t chunkKey(uint64_t tensorKey, uint64_t index) { return (tensorKey << 20) | index; }
 inline constexpr uint64_t kMaxChunksPerTensor = uint64_t(1) << 20;
+// The tensor key and the chunk index a chunk key was made of.
+inline uint64_t tensorKeyOf(uint64_t chunkKey) { return chunkKey >> 20; }
+inline uint64_t chunkIndexOf(uint64_t chunkKey) { return chunkKey & (kMaxChunksPerTensor - 1); }
 
 class ServerPlacement {
  public:

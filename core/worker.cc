@@ -16,8 +16,10 @@ Status Handle::wait(Deadline deadline) const {
   std::unique_lock<std::mutex> lk(state_->mu);
   if (!state_->cv.wait_until(lk, deadline.at(), [&] { return state_->done; })) {
     return Status(ErrorCode::kTimeout,
-                  fmt::format("push_pull of tensor '{}' did not complete before the deadline "
-                              "(a worker that never pushes it, or a slow peer?)",
+                  fmt::format("push_pull of tensor '{}' did not complete before the deadline: a "
+                              "worker that never pushes it or pushes its tensors in another "
+                              "order, or a slow peer (the scheduler's log names the workers a "
+                              "round waits for)",
                               state_->name));
   }
   return state_->status;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "core/backends.h"
@@ -79,6 +80,18 @@ int runServerRole(const JobConfig& job) {
   TraceOptions to = TraceOptions::fromEnv(fmt::format("server {}", job.rank));
   if (!job.traceDir.empty()) to.dir = job.traceDir;
   if (to.dir.empty() == false) eo.tracer = std::make_shared<Tracer>(to);
+  // Stalled rounds go to the scheduler, which names the tensor and the
+  // workers; the engine's threads may report from now until the client goes.
+  struct StallSink {
+    std::mutex mu;
+    control::ControlClient* client = nullptr;
+  };
+  auto sink = std::make_shared<StallSink>();
+  eo.stallAfter = job.stallCheck;
+  eo.onStall = [sink](const StallReport& r) {
+    std::lock_guard<std::mutex> lk(sink->mu);
+    if (sink->client) sink->client->reportStall(r);
+  };
   server::ServerEngine engine(eo, *transport);
   transport->setCallbacks([&](transport::Message&& m) { engine.handle(std::move(m)); },
                           [&](const NodeId& peer, const Status& st) {
@@ -90,6 +103,17 @@ int runServerRole(const JobConfig& job) {
   co.dataAddress = transport->listen(dataListenAddress(job));
   co.sharedMemory = !eo.shmPrefix.empty();
   auto control = control::ControlClient::create(co);
+  struct SinkUnset {  // before the client goes, whatever way this returns
+    std::shared_ptr<StallSink> s;
+    ~SinkUnset() {
+      std::lock_guard<std::mutex> lk(s->mu);
+      s->client = nullptr;
+    }
+  } unset{sink};
+  {
+    std::lock_guard<std::mutex> lk(sink->mu);
+    sink->client = control.get();
+  }
   int code = 0;
   try {
     auto book = control->connect(Deadline::after(job.connectTimeout));

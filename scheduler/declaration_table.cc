@@ -26,6 +26,12 @@ std::string DeclarationTable::label(const control::TensorDecl& d) {
   return fmt::format("'{}' (declaration {}, after a release)", d.name, uint64_t(d.incarnation) + 1);
 }
 
+std::optional<std::string> DeclarationTable::labelOfKey(uint64_t key) const {
+  auto it = labels_.find(key);
+  if (it == labels_.end()) return std::nullopt;
+  return it->second;
+}
+
 DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::TensorDecl& decl) {
   Outcome out;
   Entry& e = entries_[{decl.name, decl.incarnation}];
@@ -46,7 +52,10 @@ DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::T
   }
   mine = decl;
   ++e.count;
-  if (worker == 0) e.key = nextKey_++;
+  if (worker == 0) {
+    e.key = nextKey_++;
+    labels_[*e.key] = label(decl);
+  }
   for (const auto& other : e.byWorker) {
     if (other && !(*other == decl)) {
       out.kind = Outcome::Kind::kMismatch;

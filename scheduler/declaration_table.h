@@ -41,6 +41,10 @@ class DeclarationTable {
 
   size_t numAgreed() const { return numAgreed_; }
 
+  // The label (as label() writes it) of the tensor that has `key`, once
+  // worker 0 declared it; nullopt for a key never handed out.
+  std::optional<std::string> labelOfKey(uint64_t key) const;
+
   // "float32 x 1024, codec none"
   static std::string describe(const control::TensorDecl& d);
   // "'fc.weight'", or "'fc.weight' (declaration 2, after a release)"
@@ -58,6 +62,7 @@ class DeclarationTable {
 
   int numWorkers_;
   std::map<std::pair<std::string, uint32_t>, Entry> entries_;  // (name, incarnation)
+  std::map<uint64_t, std::string> labels_;                     // key -> label()
   uint64_t nextKey_ = 0;
   size_t numAgreed_ = 0;
 };

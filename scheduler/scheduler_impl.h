@@ -169,6 +169,10 @@ class SchedulerImpl final : public Scheduler {
 
   void onFinish(Session& s);
 
+  // A server's stall report (ControlClient::reportStall): logged, naming the
+  // tensor, its chunk and the workers whose pushes the round waits for.
+  void onStall(Session& s, const Json& body);
+
   void refuse(Session& s, ErrorCode code, const std::string& message);
 
   void replyFailed(Session& s, uint64_t req, ErrorCode code, const std::string& message);
@@ -209,6 +213,10 @@ class SchedulerImpl final : public Scheduler {
   std::vector<uint64_t> servers_;  // session by rank, once registration completed
   std::vector<uint64_t> workers_;
   DeclarationTable decls_;
+  // onStall: the (tensor key, round) pairs logged, and whether the first
+  // line explained what a stall means.
+  std::set<std::pair<uint64_t, uint64_t>> stallsLogged_;
+  bool stallExplained_ = false;
   std::map<std::pair<std::string, uint32_t>, std::vector<Waiter>> declWaiters_;  // (name, incarnation)
   std::map<std::pair<int, std::string>, BarrierState> barriers_;
   static constexpr size_t kMaxPendingGets = 65536;

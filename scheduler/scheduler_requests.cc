@@ -3,6 +3,8 @@
 // the key-value rendezvous, barriers, and finishing.
 #include "scheduler/scheduler_impl.h"
 
+#include "core/partition.h"
+
 namespace cortado::scheduler::detail {
 
 void SchedulerImpl::onMessage(uint64_t sid, MsgType type, const Json& body) {
@@ -27,6 +29,7 @@ void SchedulerImpl::onMessage(uint64_t sid, MsgType type, const Json& body) {
         case MsgType::kGet: return onGet(*s, body);
         case MsgType::kProfile: return onProfile(*s, body);
         case MsgType::kFinish: return onFinish(*s);
+        case MsgType::kStall: return onStall(*s, body);
         default: break;
       }
       break;
@@ -464,6 +467,63 @@ void SchedulerImpl::onBarrier(Session& s, const Json& body) {
   }
   CORTADO_LOG_DEBUG("[scheduler] barrier '{}' (group {}) of {} nodes passed", name, groupName,
                     size);
+}
+
+void SchedulerImpl::onStall(Session& s, const Json& body) {
+  if (s.info.id.role != Role::kServer) {
+    CORTADO_LOG_WARN("[scheduler] {} sent Stall, which only servers send; ignored", s.label());
+    return;
+  }
+  const uint64_t key = control::getUInt(body, "key");
+  const uint64_t round = control::getUInt(body, "round");
+  const int64_t expected = control::getInt(body, "expected");
+  const uint64_t waitedMs = control::getUInt(body, "waitedMs");
+  const std::string tensor = control::getString(body, "tensor");
+  CORTADO_ENFORCE(body.contains("pushed") && body["pushed"].is_array(), ErrorCode::kProtocol,
+                  "Stall: field 'pushed' is missing or not an array");
+  std::set<int64_t> pushed;
+  for (const auto& w : body["pushed"]) {
+    CORTADO_ENFORCE(
+        w.is_number_integer() && w.get<int64_t>() >= 0 && w.get<int64_t>() < opts_.numWorkers,
+        ErrorCode::kProtocol, "Stall: 'pushed' holds {}, not a worker rank of this job", w.dump());
+    pushed.insert(w.get<int64_t>());
+  }
+  const uint64_t tensorKey = tensorKeyOf(key), chunk = chunkIndexOf(key);
+  std::string what = decls_.labelOfKey(tensorKey).value_or(
+      tensor.empty() ? fmt::format("of key {}", tensorKey) : fmt::format("'{}'", tensor));
+  auto ranks = [](const std::vector<int64_t>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i)
+      out += fmt::format("{}{}", i == 0 ? "" : i + 1 == v.size() ? " and " : ", ", v[i]);
+    return fmt::format("worker{} {}", v.size() == 1 ? "" : "s", out);
+  };
+  std::vector<int64_t> have(pushed.begin(), pushed.end()), missing;
+  std::string waitsFor;
+  if (expected == opts_.numWorkers) {
+    for (int64_t w = 0; w < opts_.numWorkers; ++w)
+      if (!pushed.count(w)) missing.push_back(w);
+    waitsFor = ranks(missing);
+  } else {
+    waitsFor = fmt::format("{} more of the workers that push it ({} per round)",
+                           expected - int64_t(have.size()), expected);
+  }
+  // One line per tensor and round (its other chunks stall with it); the
+  // explanation with the first.
+  if (!stallsLogged_.insert({tensorKey, round}).second) return;
+  if (stallsLogged_.size() > 4096) stallsLogged_ = {{tensorKey, round}};
+  CORTADO_LOG_WARN(
+      "[scheduler] stall: tensor {} (chunk {}, on {}): round {} has the pushes of {} "
+      "for {:.1f} s and still waits for {}.{}",
+      what, chunk, s.info.id.toString(), round, have.empty() ? "no worker" : ranks(have),
+      double(waitedMs) / 1000.0, waitsFor,
+      std::exchange(stallExplained_, true)
+          ? ""
+          : " A worker that never pushes this tensor (a parameter without a gradient "
+            "on that worker, a branch only some workers take), or that pushes its "
+            "tensors in another order than the others, stalls the job: every worker "
+            "must push the same tensors in the same order. The waits fail at their "
+            "deadline (CORTADO_TIMEOUT_MS); CORTADO_STALL_CHECK_MS sets when a round "
+            "is reported (0: never).");
 }
 
 void SchedulerImpl::onFinish(Session& s) {

@@ -3,6 +3,8 @@
 // key's rounds are in server_rounds.cc.
 #include "server/server_engine.h"
 
+#include <algorithm>
+
 #include "server/server_shard.h"
 
 namespace cortado::server {
@@ -103,15 +105,35 @@ void ServerEngine::handle(Message&& msg) {
 }
 
 void ServerEngine::Shard::run() {
+  using Clock = std::chrono::steady_clock;
+  const auto& o = engine->opts_;
+  const bool checkStalls = o.stallAfter.count() > 0 && o.onStall && !o.async;
+  // A stall is reported within a quarter of its time after it begins.
+  const auto period = std::clamp<std::chrono::milliseconds>(
+      o.stallAfter / 4, std::chrono::milliseconds(5), std::chrono::milliseconds(1000));
+  auto nextCheck = Clock::now() + period;
   for (;;) {
     std::pair<DataHeader, Message> item;
+    bool got = false;
     {
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return stop || !queue.empty(); });
+      auto ready = [&] { return stop || !queue.empty(); };
+      if (checkStalls)
+        cv.wait_until(lk, nextCheck, ready);
+      else
+        cv.wait(lk, ready);
       if (stop) return;
-      item = std::move(queue.front());
-      queue.pop_front();
+      if (!queue.empty()) {
+        item = std::move(queue.front());
+        queue.pop_front();
+        got = true;
+      }
     }
+    if (checkStalls && Clock::now() >= nextCheck) {
+      reportStalls();
+      nextCheck = Clock::now() + period;
+    }
+    if (!got) continue;
     try {
       process(item.first, item.second);
     } catch (const Error& e) {
@@ -130,6 +152,32 @@ void ServerEngine::Shard::run() {
       engine->replyError(item.second.from, item.first.requestId, item.first.key,
                          fmt::format("key {}: {} elements: {}", item.first.key,
                                      item.first.numElements, e.what()));
+    }
+  }
+}
+
+void ServerEngine::Shard::reportStalls() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto& o = engine->opts_;
+  for (auto& [key, k] : keys) {
+    // pushes > 0: the round has begun and is not complete (completion resets it).
+    if (k.pushes == 0 || k.stallReported || now - k.roundStart < o.stallAfter) continue;
+    k.stallReported = true;
+    StallReport r;
+    r.key = key;
+    r.round = k.round;
+    for (size_t w = 0; w < k.pushedBy.size(); ++w)
+      if (k.pushedBy[w]) r.pushed.push_back(int(w));
+    r.expected = k.expected;
+    r.waitedMs =
+        uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(now - k.roundStart).count());
+    r.tensor = k.tensorName;
+    CORTADO_LOG_DEBUG("{}: round {} has {} of {} pushes after {} ms", k.describe(key), k.round,
+                      k.pushes, k.expected, r.waitedMs);
+    try {
+      o.onStall(r);
+    } catch (const std::exception& e) {
+      CORTADO_LOG_WARN("{}: the stall report failed: {}", k.describe(key), e.what());
     }
   }
 }

@@ -42,15 +42,18 @@
 // needs no lock. Replies are sent from the engine threads.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "compressor/registry.h"
+#include "core/common/stall.h"
 #include "core/common/trace.h"
 #include "core/shm/shm_segment.h"
 #include "core/transport/transport.h"
@@ -71,6 +74,11 @@ struct ServerEngineOptions {
   // the round's answer on the last push) as a "server" stage, the iteration
   // being the key's round (docs/tracing.md). nullptr: off.
   std::shared_ptr<Tracer> tracer;
+  // Stall check (sync mode): a round that is still incomplete this long
+  // after its first push is handed to onStall once (on an engine thread;
+  // keep it short). Zero or no onStall: no check.
+  std::chrono::milliseconds stallAfter{0};
+  std::function<void(const StallReport&)> onStall;
 };
 
 struct ServerStats {

@@ -72,7 +72,7 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       accumulate(k.dtype, acc, src, k.numElements);
     }
     k.pushedBy[w] = true;
-    ++k.pushes;
+    if (k.pushes++ == 0) k.roundStart = std::chrono::steady_clock::now();
     if (h.flags & wire::kFlagFlushResidual) k.flushRound = k.round;
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -126,6 +126,12 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     ++k.round;
     k.pushes = 0;
     std::fill(k.pushedBy.begin(), k.pushedBy.end(), false);
+    if (k.stallReported) {
+      CORTADO_LOG_INFO(
+          "{}: stalled round {} completed after {:.1f} s", k.describe(h.key), k.doneRound,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - k.roundStart).count());
+      k.stallReported = false;
+    }
     {
       std::lock_guard<std::mutex> lk(mu);
       ++stats.roundsCompleted;

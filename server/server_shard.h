@@ -40,6 +40,10 @@ struct KeyState {
   uint64_t round = 0;
   int pushes = 0;
   std::vector<bool> pushedBy;
+  // The stall check: when the round's first push came, and whether this
+  // round was reported.
+  std::chrono::steady_clock::time_point roundStart;
+  bool stallReported = false;
   Buffer acc;                   // accumulator dtype
   uint64_t doneRound = kNoRound;
   Buffer result;                // tensor dtype; shared with replies in flight
@@ -125,6 +129,8 @@ struct ServerEngine::Shard {
   ServerStats stats;  // guarded by mu
 
   void run();
+  // The stall check: reports each round waiting longer than stallAfter once.
+  void reportStalls();
   void process(const DataHeader& h, Message& msg);
   // Op::kRelease: counts the sender; frees the key once every contributor has.
   void release(const DataHeader& h, const NodeId& from);

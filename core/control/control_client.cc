@@ -254,6 +254,19 @@ class ControlClientImpl final : public ControlClient {
     }
   }
 
+  void reportStall(const StallReport& r) override {
+    CORTADO_ENFORCE(opts_.role == Role::kServer, ErrorCode::kInvalidArgument,
+                    "reportStall: only servers report stalls, this node is a {}",
+                    roleName(opts_.role));
+    Json body{{"key", r.key},           {"round", r.round},       {"pushed", r.pushed},
+              {"expected", r.expected}, {"waitedMs", r.waitedMs}, {"tensor", r.tensor}};
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!connected_ || !failure_.ok() || closed_ || shutdown_) return;
+    asio::post(io_, [this, body = std::move(body)] {
+      if (phase_ == Phase::kReady) conn_->send(MsgType::kStall, body);
+    });
+  }
+
   bool waitShutdown(Deadline deadline) override {
     std::unique_lock<std::mutex> lk(mu_);
     auto done = [this] { return shutdown_ || !failure_.ok() || closed_; };

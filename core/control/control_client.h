@@ -44,6 +44,7 @@
 #include "core/common/dtype.h"
 #include "core/common/error.h"
 #include "core/common/node.h"
+#include "core/common/stall.h"
 
 namespace cortado::control {
 
@@ -146,6 +147,12 @@ class ControlClient {
   // came earlier is returned at once, and forgotten with older windows'.
   // Thread-safe.
   virtual PlanUpdate waitVerdict(uint64_t window, Deadline deadline) = 0;
+
+  // Servers: a round of one of this server's keys that waits for some
+  // workers' pushes (core/common/stall.h); the scheduler logs it, naming the
+  // tensor and those workers. Non-blocking, no answer; a no-op before
+  // connect() returned and after a failure. Throws kInvalidArgument on a worker.
+  virtual void reportStall(const StallReport& report) = 0;
 
   // Workers: this worker is done. Non-blocking; a no-op after a failure.
   // Throws kInvalidArgument on a server or before connect().

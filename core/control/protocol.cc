@@ -29,6 +29,7 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kProfile: return "Profile";
     case MsgType::kProfileAck: return "ProfileAck";
     case MsgType::kPlanUpdate: return "PlanUpdate";
+    case MsgType::kStall: return "Stall";
   }
   return "unknown";
 }

@@ -25,6 +25,8 @@
 //                                     (unasked, to every worker, once every worker
 //                                     reported the window: version 0 and an empty
 //                                     plan when the plan stays)
+//   N->S Stall{key, round, pushed, expected, waitedMs, tensor}      (servers; no answer:
+//                                     a round of `key` waits for some workers' pushes)
 //   N->S Finish{}                     S->N Shutdown{} | Abort{code, message, node?}
 // After Refused, Shutdown or Abort the scheduler sends nothing more and
 // half-closes; the node closes its side.
@@ -75,8 +77,9 @@ enum class MsgType : uint16_t {
   kProfile = 21,
   kProfileAck = 22,
   kPlanUpdate = 23,
+  kStall = 24,
 };
-inline constexpr uint16_t kMaxMsgType = 23;
+inline constexpr uint16_t kMaxMsgType = 24;
 // A plan handed out in PlanUpdate: checked by the scheduler before sending and
 // by the client on receipt.
 inline constexpr size_t kMaxPlanBytes = 4 * 1024 * 1024;

@@ -87,6 +87,7 @@ class ServerCodec : public ::testing::Test {
     server::ServerEngineOptions o;
     o.numWorkers = kWorkers;
     o.engineThreads = 2;
+    configure(o);
     engine_ = std::make_unique<server::ServerEngine>(o, *st_);
     st_->setCallbacks([this](Message&& m) { engine_->handle(std::move(m)); },
                       [](const NodeId&, const Status&) {});
@@ -96,6 +97,8 @@ class ServerCodec : public ::testing::Test {
       st_->connect(workers_.back()->id_, workers_.back()->address);
     }
   }
+  // Options of the engine under test beyond the workers and threads.
+  virtual void configure(server::ServerEngineOptions&) {}
   void TearDown() override {
     engine_->stop();
     workers_.clear();
@@ -759,5 +762,97 @@ TEST_F(ServerCodec, DenseKeyRefusesABadBodyInAnyPayloadBeforeAddingAny) {
     }
   }
 }
+
+// The stall check (ServerEngineOptions::stallAfter): a round that one worker
+// pushed and the other has not is reported once, naming the key, the round
+// and who pushed; it still completes, with the exact sum, when the late push
+// comes; rounds that complete in time are never reported.
+class ServerStall : public ServerCodec {
+ protected:
+  void configure(server::ServerEngineOptions& o) override {
+    o.stallAfter = std::chrono::milliseconds(150);
+    o.onStall = [this](const StallReport& r) {
+      std::lock_guard<std::mutex> lk(mu_);
+      reports_.push_back(r);
+      cv_.notify_all();
+    };
+  }
+  // The reports so far, once there are at least `n` or `wait` has passed.
+  std::vector<StallReport> reports(size_t n, std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, wait, [&] { return reports_.size() >= n; });
+    return reports_;
+  }
+  static DataHeader rawPush(uint64_t key, uint64_t round, uint64_t n) {
+    DataHeader h = header(Op::kPush, key, round, n, 3);
+    h.flags = wire::kFlagNone;
+    return h;
+  }
+  static Buffer floats(const std::vector<float>& x) {
+    return Buffer::copyOf(x.data(), 4 * x.size());
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<StallReport> reports_;
+};
+
+TEST_F(ServerStall, ARoundMissingAWorkersPushIsReportedOnceAndStillCompletes) {
+  const size_t n = 64;
+  std::vector<float> x0(n), x1(n), want(n);
+  for (size_t i = 0; i < n; ++i) {
+    x0[i] = float(i);
+    x1[i] = 1000.0f - 3.0f * float(i);
+    want[i] = x0[i] + x1[i];
+  }
+  const auto start = std::chrono::steady_clock::now();
+  workers_[1]->send(rawPush(9, 0, n), floats(x1));  // worker 0 is late
+  auto got = reports(1, std::chrono::seconds(10));
+  ASSERT_EQ(got.size(), 1u);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(150));
+  EXPECT_EQ(got[0].key, 9u);
+  EXPECT_EQ(got[0].round, 0u);
+  EXPECT_EQ(got[0].pushed, std::vector<int>{1});
+  EXPECT_EQ(got[0].expected, kWorkers);
+  EXPECT_GE(got[0].waitedMs, 150u);
+  EXPECT_EQ(got[0].tensor, "");  // uncompressed pushes carry no name
+  // Once per round: still one report after several more checks.
+  EXPECT_EQ(reports(2, std::chrono::milliseconds(600)).size(), 1u);
+  // The late push completes the round with the exact sum.
+  workers_[0]->send(rawPush(9, 0, n), floats(x0));
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 9, 0, n), want);
+  // Rounds whose pushes come together are not reported.
+  for (uint64_t round = 1; round <= 3; ++round) {
+    workers_[0]->send(rawPush(9, round, n), floats(x0));
+    workers_[1]->send(rawPush(9, round, n), floats(x1));
+    for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 9, round, n), want);
+  }
+  EXPECT_EQ(reports(2, std::chrono::milliseconds(500)).size(), 1u);
+}
+
+TEST_F(ServerStall, ACompressedKeysReportNamesItsTensorAndALaterRoundIsReportedAgain) {
+  const size_t n = 200;
+  auto x0 = ramp(n, 1.0f, 3), x1 = ramp(n, 2.0f, 5);
+  workers_[0]->send(header(Op::kPush, 4, 0, n, 1),
+                    pushBody("topk:ratio=0.005", "layer1.weight", x0));
+  auto got = reports(1, std::chrono::seconds(10));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tensor, "layer1.weight");
+  EXPECT_EQ(got[0].pushed, std::vector<int>{0});
+  workers_[1]->send(header(Op::kPush, 4, 0, n, 2),
+                    pushBody("topk:ratio=0.005", "layer1.weight", x1));
+  std::vector<float> expect(n, 0.0f);
+  expect[3] = x0[3], expect[5] = x1[5];  // each worker's one largest magnitude
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 4, 0, n), expect);
+  // Round 1 stalls on the other worker: a report of its own.
+  workers_[1]->send(header(Op::kPush, 4, 1, n, 3),
+                    pushBody("topk:ratio=0.005", "layer1.weight", x1));
+  got = reports(2, std::chrono::seconds(10));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].round, 1u);
+  EXPECT_EQ(got[1].pushed, std::vector<int>{1});
+}
+
 }  // namespace
 }  // namespace cortado

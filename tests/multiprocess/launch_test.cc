@@ -222,6 +222,24 @@ TEST_P(LaunchFailure, MismatchedDeclarationsFailEveryWorkerClearly) {
   EXPECT_TRUE(contains(r.output, "t0")) << r.output;  // names the tensor
 }
 
+// A worker that leaves out a tensor the others push: the servers' stall check
+// makes the scheduler name the tensor and the worker within
+// CORTADO_STALL_CHECK_MS, and the others' waits fail at their deadline with
+// an error that names the tensor; no hang.
+TEST_P(LaunchFailure, AWorkerThatSkipsATensorIsNamedByTheStallCheck) {
+  auto r = runCommand(
+      launchCmd(3, 2, "--tensors 3 --iters 3 --skip-rank 1 --skip-at 1",
+                GetParam().env() + " CORTADO_STALL_CHECK_MS=300 CORTADO_TIMEOUT_MS=5000"),
+      60);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "stall: tensor 't2'")) << r.output;
+  EXPECT_TRUE(contains(r.output, "round 1 has the pushes of workers 0 and 2")) << r.output;
+  EXPECT_TRUE(contains(r.output, "still waits for worker 1.")) << r.output;
+  EXPECT_TRUE(contains(r.output, "push_pull of tensor 't2' did not complete before the deadline"))
+      << r.output;
+}
+
 TEST_P(LaunchFailure, WrongJobTokenIsRefused) {
   // A scheduler started by hand with one token; a server with another.
   CommandResult server;

@@ -6,7 +6,9 @@
 //
 // Fault injection (for the failure tests): --die-rank R --die-at I makes
 // worker R kill itself with SIGKILL at iteration I; --mismatch-rank R makes
-// worker R declare the first tensor with one element more; --progress-file F
+// worker R declare the first tensor with one element more; --skip-rank R
+// --skip-at I makes worker R leave out the last tensor's push_pull at
+// iteration I and stop there (the others' rounds of it wait); --progress-file F
 // is written by rank 0 after each iteration; --slow-ms M sleeps between
 // iterations.
 #include <CLI/CLI.hpp>
@@ -66,6 +68,7 @@ int main(int argc, char** argv) try {
   installCrashReport("pushpull_check worker");
   CLI::App app{"cortado multi-process push-pull checker"};
   int tensors = 8, iters = 4, dieRank = -1, dieAt = -1, mismatchRank = -1, slowMs = 0;
+  int skipRank = -1, skipAt = -1;
   uint64_t seed = 1, maxElements = 1 << 16, bigElements = 0;
   bool average = false;
   std::string dtypes = "float32,float64,float16,bfloat16,int32,int64", progressFile;
@@ -79,6 +82,8 @@ int main(int argc, char** argv) try {
   app.add_option("--die-rank", dieRank);
   app.add_option("--die-at", dieAt);
   app.add_option("--mismatch-rank", mismatchRank);
+  app.add_option("--skip-rank", skipRank);
+  app.add_option("--skip-at", skipAt);
   app.add_option("--progress-file", progressFile);
   app.add_option("--slow-ms", slowMs);
   CLI11_PARSE(app, argc, argv);
@@ -114,7 +119,8 @@ int main(int argc, char** argv) try {
   }
 
   uint64_t checked = 0;
-  for (int it = 0; it < iters; ++it) {
+  int done = 0;
+  for (int it = 0; it < iters; ++it, ++done) {
     if (rank == dieRank && it == dieAt) {
       fmt::print(stderr, "worker {}: dying on purpose at iteration {}\n", rank, it);
       std::fflush(stderr);
@@ -122,7 +128,11 @@ int main(int argc, char** argv) try {
     }
     std::vector<std::vector<uint8_t>> in(specs.size()), out(specs.size());
     std::vector<Handle> handles;
-    for (size_t t = 0; t < specs.size(); ++t) {
+    const bool skip = rank == skipRank && it == skipAt;
+    if (skip)
+      fmt::print(stderr, "worker {}: leaving out tensor {} at iteration {} on purpose\n", rank,
+                 specs.back().name, it);
+    for (size_t t = 0; t < specs.size() - (skip ? 1 : 0); ++t) {
       const auto& s = specs[t];
       const size_t esz = dtypeSize(s.dtype);
       in[t].resize(s.n * esz);
@@ -133,6 +143,7 @@ int main(int argc, char** argv) try {
                                     average ? ReduceOp::kAverage : ReduceOp::kSum, -int(t)));
     }
     for (auto& h : handles) h.wait(Deadline::after(job.opTimeout)).check();
+    if (skip) break;
     for (size_t t = 0; t < specs.size(); ++t) {
       const auto& s = specs[t];
       const size_t esz = dtypeSize(s.dtype);
@@ -169,9 +180,10 @@ int main(int argc, char** argv) try {
     if (slowMs) std::this_thread::sleep_for(std::chrono::milliseconds(slowMs));
   }
   w->shutdown(Deadline::after(job.opTimeout));
-  fmt::print("worker {}: {} iterations of {} tensors correct ({} elements checked, "
-             "transport {}, shm {})\n",
-             rank, iters, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
+  fmt::print(
+      "worker {}: {} iterations of {} tensors correct ({} elements checked, "
+      "transport {}, shm {})\n",
+      rank, done, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
   return 0;
 } catch (const std::exception& e) {  // whatever the steps above throw, setup included
   fmt::print(stderr, "worker: error: {}\n", e.what());

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "core/partition.h"
 #include "core/plan/plan.h"
 #include "core/plan/profile_report.h"
 #include "tests/scheduler/test_util.h"
@@ -363,6 +364,68 @@ TEST(ControlPlane, DeclarationsAgreeOnOneKeyPerTensor) {
   EXPECT_TRUE(w.failure().ok());
   EXPECT_EQ(codeOf([&] { nodes[0].client->declare(decls[0], Deadline::after(1s)); }),
             ErrorCode::kInvalidArgument);  // servers do not declare
+  finishJob(nodes, sched);
+}
+
+// ControlClient::reportStall: a server's stalled round is logged by the
+// scheduler with the tensor's declared name (from the chunk key), the chunk,
+// the workers that pushed and the ones the round waits for.
+TEST(ControlPlane, AServersStallReportIsLoggedNamingTheTensorAndTheMissingWorkers) {
+  LogCapture log;
+  SchedulerRunner sched(schedulerOptions(3, 1));
+  auto nodes = connectAll(jobOptions(sched.port(), 3, 1));
+  const std::vector<TensorDecl> decls = {{"conv1.weight", DType::kFloat32, 1000, ""},
+                                         {"fc.weight", DType::kFloat32, 5000000, ""}};
+  std::vector<std::thread> ts;
+  for (size_t i = 1; i < nodes.size(); ++i)
+    ts.emplace_back([&, i] {
+      for (const auto& d : decls) nodes[i].client->declare(d, Deadline::after(5s));
+    });
+  for (auto& t : ts) t.join();
+  auto& server = *nodes[0].client;
+  StallReport r;
+  r.key = chunkKey(1, 2);  // fc.weight's third chunk
+  r.round = 7;
+  r.pushed = {0, 2};
+  r.expected = 3;
+  r.waitedMs = 61500;
+  server.reportStall(r);
+  EXPECT_TRUE(log.waitFor({"stall: tensor 'fc.weight' (chunk 2, on server 0)",
+                           "round 7 has the pushes of workers 0 and 2 for 61.5 s",
+                           "still waits for worker 1.", "CORTADO_TIMEOUT_MS"},
+                          5000ms))
+      << log.all();
+  // A key pushed by one worker per machine (the plan executor's shard keys):
+  // how many more pushes the round needs.
+  StallReport fewer;
+  fewer.key = chunkKey(0, 0);
+  fewer.pushed = {1};
+  fewer.expected = 2;
+  fewer.waitedMs = 2000;
+  server.reportStall(fewer);
+  EXPECT_TRUE(log.waitFor(
+      {"stall: tensor 'conv1.weight' (chunk 0, on server 0)", "the pushes of worker 1 for 2.0 s",
+       "still waits for 1 more of the workers that push it (2 per round)"},
+      5000ms))
+      << log.all();
+  // The explanation comes with the first line only; another chunk of a
+  // tensor and round already logged adds no line.
+  EXPECT_EQ(log.all().find("CORTADO_TIMEOUT_MS"), log.all().rfind("CORTADO_TIMEOUT_MS"))
+      << log.all();
+  StallReport sibling = r;
+  sibling.key = chunkKey(1, 3);
+  server.reportStall(sibling);
+  // A key no declaration has: the name its compressed pushes carry.
+  StallReport unknown = r;
+  unknown.key = chunkKey(40, 0);
+  unknown.tensor = "x.weight";
+  server.reportStall(unknown);
+  EXPECT_TRUE(log.waitFor({"stall: tensor 'x.weight' (chunk 0, on server 0)"}, 5000ms))
+      << log.all();
+  EXPECT_EQ(log.all().find("(chunk 3"), std::string::npos) << log.all();
+  // Only servers report; the job goes on.
+  EXPECT_EQ(codeOf([&] { nodes[1].client->reportStall(r); }), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(server.failure().ok());
   finishJob(nodes, sched);
 }
 
