@@ -15,6 +15,15 @@ Status Handle::wait(Deadline deadline) const {
   CORTADO_ENFORCE(state_, ErrorCode::kInvalidArgument, "wait() on an empty handle");
   std::unique_lock<std::mutex> lk(state_->mu);
   if (!state_->cv.wait_until(lk, deadline.at(), [&] { return state_->done; })) {
+    // The scheduler's word on this tensor's stalled round, when it came.
+    auto note =
+        state_->stalls ? state_->stalls->find(state_->tensorKey, state_->round) : std::nullopt;
+    if (note)
+      return Status(ErrorCode::kTimeout,
+                    fmt::format("push_pull of tensor '{}' did not complete before the deadline. "
+                                "The scheduler reported: {} Every worker must push the same "
+                                "tensors in the same order.",
+                                state_->name, *note));
     return Status(ErrorCode::kTimeout,
                   fmt::format("push_pull of tensor '{}' did not complete before the deadline: a "
                               "worker that never pushes it or pushes its tensors in another "
@@ -186,6 +195,9 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   task->tensor = &t;
   task->round = t.round++;
   state->remaining = t.chunks.size();
+  state->tensorKey = t.key;
+  state->round = task->round;
+  state->stalls = control_->stallNotes();
   for (size_t i = 0; i < t.chunks.size(); ++i)
     queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(t.dtype)});
 }

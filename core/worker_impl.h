@@ -32,6 +32,8 @@ namespace cortado {
 
 struct Handle::State {
   std::string name;
+  uint64_t tensorKey = 0, round = 0;
+  std::shared_ptr<const StallNotes> stalls;  // the control client's, for a timeout's message
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;

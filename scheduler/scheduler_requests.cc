@@ -511,19 +511,25 @@ void SchedulerImpl::onStall(Session& s, const Json& body) {
   // explanation with the first.
   if (!stallsLogged_.insert({tensorKey, round}).second) return;
   if (stallsLogged_.size() > 4096) stallsLogged_ = {{tensorKey, round}};
-  CORTADO_LOG_WARN(
-      "[scheduler] stall: tensor {} (chunk {}, on {}): round {} has the pushes of {} "
-      "for {:.1f} s and still waits for {}.{}",
+  const std::string line = fmt::format(
+      "stall: tensor {} (chunk {}, on {}): round {} has the pushes of {} for {:.1f} s "
+      "and still waits for {}.",
       what, chunk, s.info.id.toString(), round, have.empty() ? "no worker" : ranks(have),
-      double(waitedMs) / 1000.0, waitsFor,
-      std::exchange(stallExplained_, true)
-          ? ""
-          : " A worker that never pushes this tensor (a parameter without a gradient "
-            "on that worker, a branch only some workers take), or that pushes its "
-            "tensors in another order than the others, stalls the job: every worker "
-            "must push the same tensors in the same order. The waits fail at their "
-            "deadline (CORTADO_TIMEOUT_MS); CORTADO_STALL_CHECK_MS sets when a round "
-            "is reported (0: never).");
+      double(waitedMs) / 1000.0, waitsFor);
+  CORTADO_LOG_WARN("[scheduler] {}{}", line,
+                   std::exchange(stallExplained_, true)
+                       ? ""
+                       : " A worker that never pushes this tensor (a parameter without a gradient "
+                         "on that worker, a branch only some workers take), or that pushes its "
+                         "tensors in another order than the others, stalls the job: every worker "
+                         "must push the same tensors in the same order. The waits fail at their "
+                         "deadline (CORTADO_TIMEOUT_MS); CORTADO_STALL_CHECK_MS sets when a round "
+                         "is reported (0: never).");
+  // The workers' waits that time out quote it (ControlClient::stallNotes).
+  const Json notice{{"key", tensorKey}, {"round", round}, {"text", line}};
+  for (auto& [id, ws] : sessions_)
+    if (ws->state == Session::State::kRegistered && ws->info.id.role == Role::kWorker)
+      ws->conn->send(MsgType::kStalled, notice);
 }
 
 void SchedulerImpl::onFinish(Session& s) {

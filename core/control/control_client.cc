@@ -267,6 +267,8 @@ class ControlClientImpl final : public ControlClient {
     });
   }
 
+  std::shared_ptr<const StallNotes> stallNotes() const override { return stallNotes_; }
+
   bool waitShutdown(Deadline deadline) override {
     std::unique_lock<std::mutex> lk(mu_);
     auto done = [this] { return shutdown_ || !failure_.ok() || closed_; };
@@ -557,6 +559,13 @@ class ControlClientImpl final : public ControlClient {
           cv_.notify_all();
           return;
         }
+        if (type == MsgType::kStalled) {
+          std::string text = getString(body, "text");
+          CORTADO_ENFORCE(text.size() <= 4096, ErrorCode::kProtocol,
+                          "stall notice of {} bytes (limit 4096)", text.size());
+          stallNotes_->add(getUInt(body, "key"), getUInt(body, "round"), std::move(text));
+          return;
+        }
         if (type == MsgType::kDeclared || type == MsgType::kBarrierDone || type == MsgType::kValue ||
             type == MsgType::kProfileAck) {
           if (auto p = takePending(getUInt(body, "req"))) p->promise.set_value(body);
@@ -780,6 +789,7 @@ class ControlClientImpl final : public ControlClient {
   bool shutdown_ = false;
   bool closed_ = false;
   std::map<uint64_t, PlanUpdate> verdicts_;  // by window, until waitVerdict takes them
+  const std::shared_ptr<StallNotes> stallNotes_ = std::make_shared<StallNotes>();  // Stalled
 };
 
 }  // namespace

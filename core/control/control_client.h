@@ -153,6 +153,10 @@ class ControlClient {
   // tensor and those workers. Non-blocking, no answer; a no-op before
   // connect() returned and after a failure. Throws kInvalidArgument on a worker.
   virtual void reportStall(const StallReport& report) = 0;
+  // Workers: what the scheduler said of stalled rounds, by tensor key (the
+  // worker engine's waits that time out quote it). Lives as long as the
+  // last holder.
+  virtual std::shared_ptr<const StallNotes> stallNotes() const = 0;
 
   // Workers: this worker is done. Non-blocking; a no-op after a failure.
   // Throws kInvalidArgument on a server or before connect().

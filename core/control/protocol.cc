@@ -30,6 +30,7 @@ const char* msgTypeName(MsgType t) {
     case MsgType::kProfileAck: return "ProfileAck";
     case MsgType::kPlanUpdate: return "PlanUpdate";
     case MsgType::kStall: return "Stall";
+    case MsgType::kStalled: return "Stalled";
   }
   return "unknown";
 }

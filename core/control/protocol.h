@@ -27,6 +27,8 @@
 //                                     plan when the plan stays)
 //   N->S Stall{key, round, pushed, expected, waitedMs, tensor}      (servers; no answer:
 //                                     a round of `key` waits for some workers' pushes)
+//                                     S->N Stalled{key, round, text}  (unasked, to every
+//                                     worker: tensor `key`'s stalled round, as logged)
 //   N->S Finish{}                     S->N Shutdown{} | Abort{code, message, node?}
 // After Refused, Shutdown or Abort the scheduler sends nothing more and
 // half-closes; the node closes its side.
@@ -78,8 +80,9 @@ enum class MsgType : uint16_t {
   kProfileAck = 22,
   kPlanUpdate = 23,
   kStall = 24,
+  kStalled = 25,
 };
-inline constexpr uint16_t kMaxMsgType = 24;
+inline constexpr uint16_t kMaxMsgType = 25;
 // A plan handed out in PlanUpdate: checked by the scheduler before sending and
 // by the client on receipt.
 inline constexpr size_t kMaxPlanBytes = 4 * 1024 * 1024;

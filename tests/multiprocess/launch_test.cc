@@ -236,7 +236,10 @@ TEST_P(LaunchFailure, AWorkerThatSkipsATensorIsNamedByTheStallCheck) {
   EXPECT_TRUE(contains(r.output, "stall: tensor 't2'")) << r.output;
   EXPECT_TRUE(contains(r.output, "round 1 has the pushes of workers 0 and 2")) << r.output;
   EXPECT_TRUE(contains(r.output, "still waits for worker 1.")) << r.output;
-  EXPECT_TRUE(contains(r.output, "push_pull of tensor 't2' did not complete before the deadline"))
+  // The waiting workers' errors quote the scheduler.
+  EXPECT_TRUE(contains(r.output,
+                       "push_pull of tensor 't2' did not complete before the deadline. The "
+                       "scheduler reported: stall: tensor 't2' (chunk 0, on server"))
       << r.output;
 }
 

@@ -395,6 +395,19 @@ TEST(ControlPlane, AServersStallReportIsLoggedNamingTheTensorAndTheMissingWorker
                            "still waits for worker 1.", "CORTADO_TIMEOUT_MS"},
                           5000ms))
       << log.all();
+  // Every worker hears it (ControlClient::stallNotes), for that round only.
+  for (size_t i = 1; i < nodes.size(); ++i) {
+    auto notes = nodes[i].client->stallNotes();
+    std::optional<std::string> note;
+    for (int tries = 0; tries < 500 && !(note = notes->find(1, 7)); ++tries)
+      std::this_thread::sleep_for(10ms);
+    ASSERT_TRUE(note.has_value()) << i;
+    EXPECT_NE(note->find("tensor 'fc.weight' (chunk 2, on server 0): round 7"), std::string::npos)
+        << *note;
+    EXPECT_NE(note->find("still waits for worker 1."), std::string::npos) << *note;
+    EXPECT_FALSE(notes->find(1, 6).has_value());
+    EXPECT_FALSE(notes->find(0, 7).has_value());
+  }
   // A key pushed by one worker per machine (the plan executor's shard keys):
   // how many more pushes the round needs.
   StallReport fewer;
@@ -427,6 +440,18 @@ TEST(ControlPlane, AServersStallReportIsLoggedNamingTheTensorAndTheMissingWorker
   EXPECT_EQ(codeOf([&] { nodes[1].client->reportStall(r); }), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(server.failure().ok());
   finishJob(nodes, sched);
+}
+
+TEST(StallNotes, KeepTheLatestRoundPerTensorAndTheLatestTensors) {
+  StallNotes n;
+  n.add(3, 1, "first");
+  n.add(3, 2, "second");
+  EXPECT_EQ(n.find(3, 2), std::optional<std::string>("second"));
+  EXPECT_FALSE(n.find(3, 1).has_value());  // an older round of it
+  for (uint64_t k = 100; k < 100 + StallNotes::kMax; ++k) n.add(k, 0, "x");
+  EXPECT_FALSE(n.find(3, 2).has_value());  // the oldest tensor made room
+  EXPECT_TRUE(n.find(100, 0).has_value());
+  EXPECT_TRUE(n.find(99 + StallNotes::kMax, 0).has_value());
 }
 
 TEST(ControlPlane, MismatchedDeclarationsFailEveryWorker) {
