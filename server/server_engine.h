@@ -36,6 +36,13 @@
 // reached this server is nothing to free. Its same-host shared-memory result
 // regions go back to the arena for later keys of the same size.
 //
+// Stall check (ServerEngineOptions::stallAfter, CORTADO_STALL_CHECK_MS in a
+// server role): a sync round that some workers pushed and others have not
+// for that long is handed to onStall once, with the workers that pushed; the
+// server role sends it to the scheduler (core/common/stall.h), which names
+// the tensor and the missing workers. The engine threads look every quarter
+// of that time (at most every second) while they wait for messages.
+//
 // Threads: handle() is called on the transport's loop thread; it only
 // decodes the header and hands the message to one of `engineThreads` engine
 // threads, chosen by key, so each key's state is touched by one thread and
