@@ -98,7 +98,7 @@ void Check::runFusion() {
         batch.push_back({t.name, in[k].data(), o, t.len});
       }
       try {
-        ex.runBatch(batch, ReduceOp::kSum, opDeadline());
+        ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
       } catch (const Error& e) {
         fail(fmt::format("{}: {}", c.what, e.what()));
         continue;
@@ -165,7 +165,7 @@ void Check::runPipeline() {
     const auto batch = exactBatch(t, order, me, iter, in, out);
     const uint64_t before = ex.pipelinedStarts();
     try {
-      ex.runBatch(batch, ReduceOp::kSum, opDeadline());
+      ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
     } catch (const Error& e) {
       fail(fmt::format("pipeline, iteration {}: {}", iter, e.what()));
       continue;
@@ -210,7 +210,7 @@ void Check::runPhased() {
       const auto batch = exactBatch(t, order, me, iter, in, out);
       const uint64_t before = ex.phasedSteps();
       try {
-        ex.runBatch(batch, ReduceOp::kSum, opDeadline());
+        ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
       } catch (const Error& e) {
         fail(fmt::format("phased, phases of {} bytes, iteration {}: {}", size, iter, e.what()));
         continue;
