@@ -218,6 +218,27 @@ def test_dead_worker_makes_the_others_raise_within_30s(run_job):
     print(results[0]["message"], f"({results[0]['time'] - died_at:.1f} s after the kill)")
 
 
+def test_a_worker_that_skips_a_gradient_is_named_in_the_others_errors(run_job):
+    """The stall check (CORTADO_STALL_CHECK_MS): the scheduler names the
+    tensor and the worker that did not push it, and the waiting workers'
+    errors quote it."""
+    job = run_job(3, 1, "skips.py", timeout=90,
+                  env={"CORTADO_STALL_CHECK_MS": "300", "CORTADO_TIMEOUT_MS": "5000"})
+    results = job.results()
+    assert sorted(results) == [0, 1, 2], job.describe()
+    assert results[1]["skipped"], (results[1], job.describe())
+    for rank in (0, 2):
+        r = results[rank]
+        assert r["raised"] and r["type"] == "CortadoError", (rank, r, job.describe())
+        assert "push_pull of tensor 'head.weight' did not complete" in r["message"], r["message"]
+        assert "The scheduler reported: stall: tensor 'head.weight'" in r["message"], r["message"]
+        assert "round 1 has the pushes of workers 0 and 2" in r["message"], r["message"]
+        assert "still waits for worker 1." in r["message"], r["message"]
+        assert r["seconds"] < 30, r
+    assert job.returncode != 0
+    print(results[0]["message"])
+
+
 # -- errors without a job -----------------------------------------------------
 
 def test_calls_before_init_raise():
