@@ -48,7 +48,9 @@ namespace cortado::control {
 using Json = nlohmann::json;
 
 inline constexpr uint32_t kFrameMagic = 0x43544c31;  // "CTL1"
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: Stall and Stalled (2026-11-27); a node of another version is refused at
+// its first frame, not later at a message the other side does not know.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderSize = 12;
 // Body limits: small until the peer proved the job token, larger after (an
 // address book of thousands of nodes fits).
