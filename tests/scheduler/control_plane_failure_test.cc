@@ -333,13 +333,18 @@ TEST(ControlPlane, MalformedFramesAreLoggedAndClosed) {
   const uint16_t hello = static_cast<uint16_t>(control::MsgType::kHello);
   std::vector<Case> cases = {
       {"http", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bad magic"},
-      {"oversize", header(control::kFrameMagic, control::kProtocolVersion, hello, 0xffffffffu), "over the limit"},
-      {"over the pre-auth limit", header(control::kFrameMagic, control::kProtocolVersion, hello, 5000),
+      {"oversize", header(control::kFrameMagic, control::kProtocolVersion, hello, 0xffffffffu),
+       "over the limit"},
+      {"over the pre-auth limit",
+       header(control::kFrameMagic, control::kProtocolVersion, hello, 5000),
        "over the limit of 4096"},
       {"version", header(control::kFrameMagic, 9, hello, 0), "unsupported protocol version 9"},
-      {"type", header(control::kFrameMagic, control::kProtocolVersion, 999, 0), "unknown message type 999"},
-      {"not json", header(control::kFrameMagic, control::kProtocolVersion, hello, 9) + "not json{", "not a JSON object"},
-      {"missing field", control::encodeFrame(control::MsgType::kHello, {{"version", control::kProtocolVersion}}),
+      {"type", header(control::kFrameMagic, control::kProtocolVersion, 999, 0),
+       "unknown message type 999"},
+      {"not json", header(control::kFrameMagic, control::kProtocolVersion, hello, 9) + "not json{",
+       "not a JSON object"},
+      {"missing field",
+       control::encodeFrame(control::MsgType::kHello, {{"version", control::kProtocolVersion}}),
        "bad Hello message: field 'nonce' is missing"},
       {"register before auth", control::encodeFrame(control::MsgType::kRegister, {{"role", 2}}),
        "unexpected Register"},
@@ -359,7 +364,8 @@ TEST(ControlPlane, MalformedFramesAreLoggedAndClosed) {
   {
     tcp::socket s(io);
     s.connect(endpoint);
-    asio::write(s, asio::buffer(header(control::kFrameMagic, control::kProtocolVersion, hello, 100) + "{"));
+    asio::write(
+        s, asio::buffer(header(control::kFrameMagic, control::kProtocolVersion, hello, 100) + "{"));
     s.close();
   }
   auto nodes = connectAll(jobOptions(sched.port(), 1, 1));
