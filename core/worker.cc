@@ -27,8 +27,9 @@ Status Handle::wait(Deadline deadline) const {
     return Status(ErrorCode::kTimeout,
                   fmt::format("push_pull of tensor '{}' did not complete before the deadline: a "
                               "worker that never pushes it or pushes its tensors in another "
-                              "order, or a slow peer (the scheduler's log names the workers a "
-                              "round waits for)",
+                              "order, or a slow peer (a round that waits longer than "
+                              "CORTADO_STALL_CHECK_MS is reported in the scheduler's log with "
+                              "the workers it waits for)",
                               state_->name));
   }
   return state_->status;
