@@ -477,6 +477,13 @@ int runLaunch(const LaunchOptions& opts) {
     failure = fmt::format("scheduler: {}", schedStatus.message());
   if (!failure.empty()) {
     fmt::print(stderr, "cortado launch: job failed: {}\n", failure);
+    // A stalled round is the likelier cause than the timeouts it led to.
+    if (auto stalls = sched->stalls(); !stalls.empty())
+      fmt::print(stderr, "cortado launch: before that, the scheduler reported {}{}\n", stalls[0],
+                 stalls.size() == 1 ? ""
+                 : stalls.size() < 16
+                     ? fmt::format(" (and {} more stalled rounds)", stalls.size() - 1)
+                     : " (and at least 15 more stalled rounds)");
     return forwardedSignal ? 128 + forwardedSignal : 1;
   }
   CORTADO_LOG_INFO("job finished: {} workers and {} servers exited cleanly", job.numWorkers,

@@ -83,6 +83,11 @@ class Scheduler {
   // the nodes reported them. The launcher stops at once, when the job fails,
   // a role of its own that never registered: it cannot hear the job's end.
   virtual std::vector<std::pair<std::string, int>> registeredProcesses() const = 0;
+
+  // Thread-safe: the stalled rounds the servers reported, as logged ("stall:
+  // tensor 't2' (chunk 0, on server 0): round 1 has ..."), the first 16. The
+  // launcher repeats the first when the job fails.
+  virtual std::vector<std::string> stalls() const = 0;
 };
 
 }  // namespace cortado::scheduler

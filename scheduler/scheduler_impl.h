@@ -96,6 +96,11 @@ class SchedulerImpl final : public Scheduler {
     return processes_;
   }
 
+  std::vector<std::string> stalls() const override {
+    std::lock_guard<std::mutex> lk(processesMu_);
+    return stallLines_;
+  }
+
  private:
   enum class Phase { kRegistering, kRunning, kEnding };
 
@@ -201,8 +206,9 @@ class SchedulerImpl final : public Scheduler {
   int port_ = 0;
   std::string listenAddress_;
   std::atomic<bool> started_{false};
-  mutable std::mutex processesMu_;  // registeredProcesses(), from any thread
+  mutable std::mutex processesMu_;  // registeredProcesses() and stalls(), from any thread
   std::vector<std::pair<std::string, int>> processes_;
+  std::vector<std::string> stallLines_;  // the first 16 onStall lines
 
   // io-thread state
   Phase phase_ = Phase::kRegistering;

@@ -525,6 +525,10 @@ void SchedulerImpl::onStall(Session& s, const Json& body) {
                          "must push the same tensors in the same order. The waits fail at their "
                          "deadline (CORTADO_TIMEOUT_MS); CORTADO_STALL_CHECK_MS sets when a round "
                          "is reported (0: never).");
+  {
+    std::lock_guard<std::mutex> lk(processesMu_);
+    if (stallLines_.size() < 16) stallLines_.push_back(line);
+  }
   // The workers' waits that time out quote it (ControlClient::stallNotes).
   const Json notice{{"key", tensorKey}, {"round", round}, {"text", line}};
   for (auto& [id, ws] : sessions_)

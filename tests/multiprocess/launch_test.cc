@@ -241,6 +241,10 @@ TEST_P(LaunchFailure, AWorkerThatSkipsATensorIsNamedByTheStallCheck) {
                        "push_pull of tensor 't2' did not complete before the deadline. The "
                        "scheduler reported: stall: tensor 't2' (chunk 0, on server"))
       << r.output;
+  // And the launcher's last words repeat it after the failure they led to.
+  EXPECT_TRUE(
+      contains(r.output, "cortado launch: before that, the scheduler reported stall: tensor 't2'"))
+      << r.output;
 }
 
 TEST_P(LaunchFailure, WrongJobTokenIsRefused) {
