@@ -489,6 +489,10 @@ void SchedulerImpl::onStall(Session& s, const Json& body) {
     pushed.insert(w.get<int64_t>());
   }
   const uint64_t tensorKey = tensorKeyOf(key), chunk = chunkIndexOf(key);
+  // One line per tensor and round (its other chunks stall with it), decided
+  // before the line is built; the explanation comes with the first.
+  if (!stallsLogged_.insert({tensorKey, round}).second) return;
+  if (stallsLogged_.size() > 4096) stallsLogged_ = {{tensorKey, round}};
   std::string what = decls_.labelOfKey(tensorKey).value_or(
       tensor.empty() ? fmt::format("of key {}", tensorKey) : fmt::format("'{}'", tensor));
   auto ranks = [](const std::vector<int64_t>& v) {
@@ -507,10 +511,6 @@ void SchedulerImpl::onStall(Session& s, const Json& body) {
     waitsFor = fmt::format("{} more of the workers that push it ({} per round)",
                            expected - int64_t(have.size()), expected);
   }
-  // One line per tensor and round (its other chunks stall with it); the
-  // explanation with the first.
-  if (!stallsLogged_.insert({tensorKey, round}).second) return;
-  if (stallsLogged_.size() > 4096) stallsLogged_ = {{tensorKey, round}};
   const std::string line = fmt::format(
       "stall: tensor {} (chunk {}, on {}): round {} has the pushes of {} for {:.1f} s "
       "and still waits for {}.",
