@@ -460,6 +460,9 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   f.n = total;
   f.option = states.front()->option;
   f.round = states.front()->round;  // the trace's iteration
+  f.members.clear();
+  for (const TensorState* t : states)
+    f.members += fmt::format("{}{}#{}", f.members.empty() ? "" : ", ", t->name, t->round);
   if (fusionBuffer_.size() < total) fusionBuffer_.resize(total);
   float* buf = fusionBuffer_.data();
   uint64_t at = 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "compressor/format.h"
 #include "compressor/payload.h"
@@ -172,6 +173,12 @@ void Run::runSteps(Until until) {
       const bool wasActive = active_;
       const size_t at = step_;
       const double start = tracer_ ? Tracer::now() : 0;
+      // The members of each collective compare this (checkArguments): ranks
+      // on different tensors, runs or steps fail naming each one's.
+      std::optional<collective::CallLabel> label;
+      if (comm)
+        label.emplace(fmt::format("tensor '{}' run {} step {} ({}){}", t_.name, t_.round, step_,
+                                  describeStep(s), t_.members.empty() ? "" : " of " + t_.members));
       if (prof_) {
         timedStep(s);
       } else {

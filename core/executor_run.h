@@ -68,6 +68,10 @@ std::string describeStep(const Step& s);
 
 struct Executor::TensorState {
   std::string name;
+  // A fused group's members with their run counts, in order ("a#2, b#2";
+  // empty for a tensor): the end of its collectives' label, so that groups
+  // with the same first and last member but others between them differ.
+  std::string members;
   uint64_t n = 0;
   plan::TensorOption option;
   std::string codecSpec;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -27,6 +28,19 @@ const char* collOpName(CollOp op) {
   }
   return "unknown-op";
 }
+
+namespace {
+const std::string kNoLabel;
+thread_local const CallLabel* tCurrentLabel = nullptr;
+}  // namespace
+
+CallLabel::CallLabel(std::string label) : label_(std::move(label)), previous_(tCurrentLabel) {
+  tCurrentLabel = this;
+}
+
+CallLabel::~CallLabel() { tCurrentLabel = previous_; }
+
+const std::string& CallLabel::current() { return tCurrentLabel ? tCurrentLabel->label_ : kNoLabel; }
 
 const char* groupKindName(GroupKind kind) {
   switch (kind) {
@@ -75,7 +89,30 @@ struct Signature {
   int64_t badPeerSends;    // what badPeer says it sends us
   int64_t badPeerExpects;  // our recvCounts[badPeer]
   uint64_t countsHash;     // allgatherv: of the counts list (it must be the same everywhere)
+  uint64_t labelHash;      // of CallLabel::current(), the whole text
+  char label[CallLabel::kShownBytes + 1];  // its first bytes, NUL-terminated ("..." when cut)
 };
+
+uint64_t hashBytes(std::string_view v) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : v) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void setLabel(Signature& s, const std::string& label) {
+  s.labelHash = hashBytes(label);
+  std::memset(s.label, 0, sizeof s.label);
+  const size_t shown = CallLabel::kShownBytes;
+  if (label.size() <= shown) {
+    std::memcpy(s.label, label.data(), label.size());
+  } else {
+    std::memcpy(s.label, label.data(), shown - 3);
+    std::memcpy(s.label + shown - 3, "...", 3);
+  }
+}
 
 // gatherv: the root's finding, which only the root can make (it alone reads counts).
 struct RootVerdict {
@@ -210,8 +247,12 @@ void Collectives::checkLocal(const Call& c) const {
 }
 
 void Collectives::checkAcrossRanks(const Call& c, Deadline deadline) {
-  Signature mine{static_cast<int32_t>(c.op), static_cast<int32_t>(c.dtype), hasRoot(c.op) ? c.root : -1, -1,
-                 static_cast<int64_t>(c.count), 0, 0, 0};
+  Signature mine{};
+  mine.op = static_cast<int32_t>(c.op);
+  mine.dtype = static_cast<int32_t>(c.dtype);
+  mine.root = hasRoot(c.op) ? c.root : -1;
+  mine.badPeer = -1;
+  mine.count = static_cast<int64_t>(c.count);
   if (c.op == CollOp::kAlltoallv) {
     std::vector<int64_t> out(c.sendCounts.begin(), c.sendCounts.end()), in(size_);
     alltoallCounts(c.op, out, in, deadline);
@@ -226,18 +267,31 @@ void Collectives::checkAcrossRanks(const Call& c, Deadline deadline) {
     mine.count = 0;
   }
   if (c.op == CollOp::kAllgatherv) mine.countsHash = hashCounts(c.counts);
+  setLabel(mine, CallLabel::current());
   std::vector<Signature> all(size_);
   allgatherBytes(c.op, &mine, sizeof mine, all.data(), deadline);
 
   const char* op = collOpName(c.op);
+  auto differs = [&](auto field) {
+    return std::any_of(all.begin(), all.end(),
+                       [&](const Signature& s) { return field(s) != field(all[0]); });
+  };
+  // First: members on different tensors also disagree on everything else,
+  // and this says why.
+  if (differs([](const Signature& s) { return s.labelHash; }))
+    throw Error(
+        ErrorCode::kMismatch,
+        fmt::format(
+            "{} on group '{}' (rank {} of {}): the members are not running the same thing: {}; "
+            "every worker must run the same tensors in the same order",
+            op, name_, rank_, size_, listValues(all, [](const Signature& s) {
+              return s.label[0] ? std::string(s.label) : std::string("an unlabeled call");
+            })));
   auto fail = [&](const std::string& what) {
     throw Error(ErrorCode::kMismatch,
                 fmt::format("{} on group '{}' (rank {} of {}): the members disagree on {}; every member must call "
                             "the same operation with matching arguments",
                             op, name_, rank_, size_, what));
-  };
-  auto differs = [&](auto field) {
-    return std::any_of(all.begin(), all.end(), [&](const Signature& s) { return field(s) != field(all[0]); });
   };
   if (differs([](const Signature& s) { return s.op; }))
     fail("the operation: " + listValues(all, [](const Signature& s) {

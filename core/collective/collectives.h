@@ -23,7 +23,10 @@
 //   communication. With `checkArguments` on (the default), the members also
 //   compare the operation, dtype, root and counts with each other first, and
 //   every member throws the same Error(kMismatch) naming the ranks that
-//   disagree, instead of letting the backend hang or truncate.
+//   disagree, instead of letting the backend hang or truncate. They also
+//   compare what the call is for (CallLabel), so that members running
+//   different tensors of the same size fail instead of summing one into the
+//   other.
 // - Sums of float16 and bfloat16 are accumulated in float32 and rounded once.
 #pragma once
 
@@ -62,6 +65,31 @@ struct Topology {
   int numMachines = 1;
   int localRank = 0;  // within the machine
   int localSize = 1;
+};
+
+// What this thread's collective calls are for, compared across the members
+// with checkArguments on. A caller that runs a named thing's collectives (the
+// plan executor: a tensor, its run and its step) labels them for as long as
+// the object lives. Members whose labels differ throw the same
+// Error(kMismatch), listing every member's label, before any data moves:
+// workers that run their tensors in different orders would otherwise sum one
+// tensor into another of the same size, silently. An unlabeled call's label
+// is empty and matches only another unlabeled call. Labels nest (the
+// innermost counts, and the outer one is back when it ends); they are
+// compared by a hash of the whole text and shown up to kShownBytes bytes.
+class CallLabel {
+ public:
+  static constexpr size_t kShownBytes = 127;
+  explicit CallLabel(std::string label);
+  ~CallLabel();
+  CallLabel(const CallLabel&) = delete;
+  CallLabel& operator=(const CallLabel&) = delete;
+  // This thread's label ("" when none).
+  static const std::string& current();
+
+ private:
+  std::string label_;
+  const CallLabel* previous_;
 };
 
 class Collectives {

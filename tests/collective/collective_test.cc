@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/common/error.h"
@@ -443,6 +445,58 @@ TEST_P(CollectiveTest, MismatchedArgumentsFailOnEveryRank) {
   a.set(std::vector<double>(64, 2.0));
   g.allreduce(a.get(), b.get(), 64, t, deadline());
   EXPECT_EQ(b.read()[63], 2.0 * g.size());
+}
+
+TEST_P(CollectiveTest, MembersRunningDifferentThingsFailNamingEachLabel) {
+  Collectives& g = *groups_.world;
+  const DType t = DType::kInt32;
+  Mem a(backend(), t, 64), b(backend(), t, 64);
+  a.set(std::vector<double>(64, 3.0));
+  // Same operation, count and dtype: without the labels rank 1's call would
+  // sum into the others'.
+  auto e = expectError(ErrorCode::kMismatch, [&] {
+    CallLabel label(g.rank() == 1 ? "tensor 'b' run 0" : "tensor 'a' run 0");
+    g.allreduce(a.get(), b.get(), 64, t, deadline());
+  });
+  expectMentions(e, {"allreduce", "world", "not running the same thing", "rank 0: tensor 'a' run 0",
+                     "rank 1: tensor 'b' run 0", "rank 2: tensor 'a' run 0",
+                     "same tensors in the same order"});
+  // A labelled call against unlabelled ones.
+  e = expectError(ErrorCode::kMismatch, [&] {
+    std::optional<CallLabel> label;
+    if (g.rank() == 2) label.emplace("tensor 'c' run 4");
+    g.broadcast(a.get(), 8, t, 0, deadline());
+  });
+  expectMentions(e, {"broadcast", "rank 1: an unlabeled call", "rank 2: tensor 'c' run 4"});
+  // Labels past the shown length are compared whole: these differ only at
+  // the end, and are shown cut.
+  const std::string prefix(200, 'x');
+  e = expectError(ErrorCode::kMismatch, [&] {
+    CallLabel label(prefix + (g.rank() == 3 ? "3" : "0"));
+    g.allreduce(a.get(), b.get(), 64, t, deadline());
+  });
+  expectMentions(e, {"rank 3: " + std::string(CallLabel::kShownBytes - 3, 'x') + "..."});
+  // Nested labels: the inner one counts, and the outer one is back after it.
+  {
+    CallLabel outer("outer");
+    {
+      CallLabel inner("inner");
+      EXPECT_EQ(CallLabel::current(), "inner");
+      g.allreduce(a.get(), b.get(), 64, t, deadline());
+    }
+    EXPECT_EQ(CallLabel::current(), "outer");
+    e = expectError(ErrorCode::kMismatch, [&] {
+      std::optional<CallLabel> inner;
+      if (g.rank() == 0) inner.emplace("inner");
+      g.allreduce(a.get(), b.get(), 64, t, deadline());
+    });
+    expectMentions(e, {"rank 0: inner", "rank 1: outer"});
+  }
+  EXPECT_EQ(CallLabel::current(), "");
+  // Nothing moved: equal labels run, and the sums are right.
+  CallLabel same("tensor 'a' run 1");
+  g.allreduce(a.get(), b.get(), 64, t, deadline());
+  EXPECT_EQ(b.read()[63], 3.0 * g.size());
 }
 
 TEST_P(CollectiveTest, TimedOutWaitNamesTheOperationAndBreaksTheGroup) {

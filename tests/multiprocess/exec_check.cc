@@ -229,6 +229,74 @@ void Check::runErrors() {
     }
   }
   std::printf("default plan: %s\n", failures ? "FAILED" : "exact");
+  if (!noMpi) {
+    // Workers on different tensors of the same size and option: rank 0 runs
+    // "a" while the others run "b". Every rank is refused, naming both, and
+    // nothing moved: both then run exactly.
+    plan::TensorOption flat;
+    flat.steps = {plan::Step::comm(plan::Scope::kFlat, plan::CommOp::kAllreduce, false)};
+    plan::Plan q;
+    q.version = 2;
+    q.tensors["a"] = flat;
+    q.tensors["b"] = flat;
+    ex.setPlan(q, deadline);
+    std::vector<float> keep(n);
+    for (uint64_t i = 0; i < n; ++i) keep[i] = in[i] = exactInput(me, 1, 0, i);
+    out.assign(n, -1000.0f);
+    const char* mine = me == 0 ? "a" : "b";
+    expectThrow("workers on different tensors",
+                "every worker must run the same tensors in the same order",
+                [&] { ex.run(mine, in.data(), out.data(), n, ReduceOp::kSum, deadline); });
+    expectThrow("workers on different tensors (names)",
+                "rank 0: tensor 'a' run 2 step 0 (flat allreduce), rank 1: tensor 'b' run 0",
+                [&] { ex.run(mine, in.data(), out.data(), n, ReduceOp::kSum, deadline); });
+    if (in != keep) fail("workers on different tensors: the refused run changed its input");
+    for (const char* name : {"a", "b"}) {
+      ex.run(name, in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      for (uint64_t i = 0; i < n; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
+        if (out[i] != ref) {
+          fail(fmt::format("after the refusal, tensor {}: element {} = {}, expected {}", name, i,
+                           out[i], ref));
+          break;
+        }
+      }
+    }
+    // The same in a fused batch: rank 0 fuses a, b, c, the others a, d, c
+    // (the same group name, fused3:a..c, and the same total size).
+    ex.declare("c", DType::kFloat32, n);
+    ex.declare("d", DType::kFloat32, n);
+    q.version = 3;
+    q.tensors["c"] = flat;
+    q.tensors["d"] = flat;
+    ex.setPlan(q, deadline);
+    std::vector<std::vector<float>> ins(3, keep), outs(3, std::vector<float>(n, -1000.0f));
+    auto batchOf = [&](const char* middle) {
+      std::vector<executor::BatchItem> b;
+      const char* names[] = {"a", middle, "c"};
+      for (size_t k = 0; k < 3; ++k) b.push_back({names[k], ins[k].data(), outs[k].data(), n});
+      return b;
+    };
+    const auto mixed = batchOf(me == 0 ? "b" : "d");
+    expectThrow("fused groups with other members",
+                "rank 0: tensor 'fused3:a..c' run 3 step 0 (flat allreduce) of a#3, b#1, c#0",
+                [&] { ex.runBatch(mixed, ReduceOp::kSum, deadline); });
+    const auto same = batchOf("b");
+    ex.runBatch(same, ReduceOp::kSum, deadline);
+    for (size_t k = 0; k < 3; ++k) {
+      for (uint64_t i = 0; i < n; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
+        if (outs[k][i] != ref) {
+          fail(fmt::format("after the refused batch, item {}: element {} = {}, expected {}", k, i,
+                           outs[k][i], ref));
+          break;
+        }
+      }
+    }
+    std::printf("workers on different tensors: %s\n", failures ? "FAILED" : "refused, then exact");
+  }
 }
 
 void Check::runSweep() {
