@@ -29,19 +29,6 @@ const char* collOpName(CollOp op) {
   return "unknown-op";
 }
 
-namespace {
-const std::string kNoLabel;
-thread_local const CallLabel* tCurrentLabel = nullptr;
-}  // namespace
-
-CallLabel::CallLabel(std::string label) : label_(std::move(label)), previous_(tCurrentLabel) {
-  tCurrentLabel = this;
-}
-
-CallLabel::~CallLabel() { tCurrentLabel = previous_; }
-
-const std::string& CallLabel::current() { return tCurrentLabel ? tCurrentLabel->label_ : kNoLabel; }
-
 const char* groupKindName(GroupKind kind) {
   switch (kind) {
     case GroupKind::kWorld: return "world";
@@ -49,6 +36,23 @@ const char* groupKindName(GroupKind kind) {
     case GroupKind::kInter: return "inter";
   }
   return "unknown-group";
+}
+
+CallLabel::CallLabel(Collectives& group, const std::string& label) { this->label(&group, label); }
+
+CallLabel::CallLabel(const Groups& groups, const std::string& label) {
+  for (const auto* g : {&groups.world, &groups.intra, &groups.inter}) this->label(g->get(), label);
+}
+
+void CallLabel::label(Collectives* group, const std::string& label) {
+  if (!group) return;
+  replaced_.emplace_back(group, group->callLabel());
+  group->setCallLabel(label);
+}
+
+CallLabel::~CallLabel() {
+  for (auto it = replaced_.rbegin(); it != replaced_.rend(); ++it)
+    it->first->setCallLabel(std::move(it->second));
 }
 
 Collectives& Groups::get(GroupKind kind) const {
@@ -89,8 +93,9 @@ struct Signature {
   int64_t badPeerSends;    // what badPeer says it sends us
   int64_t badPeerExpects;  // our recvCounts[badPeer]
   uint64_t countsHash;     // allgatherv: of the counts list (it must be the same everywhere)
-  uint64_t labelHash;      // of CallLabel::current(), the whole text
-  char label[CallLabel::kShownBytes + 1];  // its first bytes, NUL-terminated ("..." when cut)
+  uint64_t labelHash;      // of the group's callLabel(), the whole text
+  char
+      label[Collectives::kShownLabelBytes + 1];  // its first bytes, NUL-terminated ("..." when cut)
 };
 
 uint64_t hashBytes(std::string_view v) {
@@ -105,7 +110,7 @@ uint64_t hashBytes(std::string_view v) {
 void setLabel(Signature& s, const std::string& label) {
   s.labelHash = hashBytes(label);
   std::memset(s.label, 0, sizeof s.label);
-  const size_t shown = CallLabel::kShownBytes;
+  const size_t shown = Collectives::kShownLabelBytes;
   if (label.size() <= shown) {
     std::memcpy(s.label, label.data(), label.size());
   } else {
@@ -267,7 +272,7 @@ void Collectives::checkAcrossRanks(const Call& c, Deadline deadline) {
     mine.count = 0;
   }
   if (c.op == CollOp::kAllgatherv) mine.countsHash = hashCounts(c.counts);
-  setLabel(mine, CallLabel::current());
+  setLabel(mine, label_);
   std::vector<Signature> all(size_);
   allgatherBytes(c.op, &mine, sizeof mine, all.data(), deadline);
 

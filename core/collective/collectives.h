@@ -24,9 +24,9 @@
 //   compare the operation, dtype, root and counts with each other first, and
 //   every member throws the same Error(kMismatch) naming the ranks that
 //   disagree, instead of letting the backend hang or truncate. They also
-//   compare what the call is for (CallLabel), so that members running
-//   different tensors of the same size fail instead of summing one into the
-//   other.
+//   compare what the call is for (setCallLabel, CallLabel), so that members
+//   running different tensors of the same size fail instead of summing one
+//   into the other.
 // - Sums of float16 and bfloat16 are accumulated in float32 and rounded once.
 #pragma once
 
@@ -35,6 +35,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/common/deadline.h"
 #include "core/common/dtype.h"
@@ -67,31 +69,6 @@ struct Topology {
   int localSize = 1;
 };
 
-// What this thread's collective calls are for, compared across the members
-// with checkArguments on. A caller that runs a named thing's collectives (the
-// plan executor: a tensor, its run and its step) labels them for as long as
-// the object lives. Members whose labels differ throw the same
-// Error(kMismatch), listing every member's label, before any data moves:
-// workers that run their tensors in different orders would otherwise sum one
-// tensor into another of the same size, silently. An unlabeled call's label
-// is empty and matches only another unlabeled call. Labels nest (the
-// innermost counts, and the outer one is back when it ends); they are
-// compared by a hash of the whole text and shown up to kShownBytes bytes.
-class CallLabel {
- public:
-  static constexpr size_t kShownBytes = 127;
-  explicit CallLabel(std::string label);
-  ~CallLabel();
-  CallLabel(const CallLabel&) = delete;
-  CallLabel& operator=(const CallLabel&) = delete;
-  // This thread's label ("" when none).
-  static const std::string& current();
-
- private:
-  std::string label_;
-  const CallLabel* previous_;
-};
-
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -103,6 +80,14 @@ class Collectives {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual MemoryKind memory() const = 0;
+
+  // What the next calls are for, compared across the members with
+  // checkArguments on (see CallLabel, which sets it for a scope). Empty: an
+  // unlabeled call, which matches only other unlabeled calls. Labels are
+  // compared by a hash of the whole text and shown up to kShownLabelBytes.
+  static constexpr size_t kShownLabelBytes = 127;
+  void setCallLabel(std::string label) { label_ = std::move(label); }
+  const std::string& callLabel() const { return label_; }
 
   // recv[i] = sum over ranks of send[i]; send == recv is allowed (in place).
   void allreduce(const void* send, void* recv, size_t count, DType dtype, Deadline deadline);
@@ -174,6 +159,7 @@ class Collectives {
   int rank_;
   int size_;
   bool checkArguments_;
+  std::string label_;
 };
 
 enum class GroupKind : uint8_t { kWorld, kIntra, kInter };
@@ -194,6 +180,27 @@ struct Groups {
 
   // The group, or Error(kInvalidArgument) saying why this rank has none.
   Collectives& get(GroupKind kind) const;
+};
+
+// Labels a group's calls, or every group of a Groups, with what they are for
+// while it lives, and puts the labels it replaced back when it ends (so
+// labels nest). A caller that runs a named thing's collectives (the plan
+// executor: a tensor, its run and its step) labels them; members whose
+// labels differ throw the same Error(kMismatch), listing every member's
+// label, before any data moves: workers that run their tensors in different
+// orders would otherwise sum one tensor into another of the same size,
+// silently. Like the group's calls, on the thread that uses the group.
+class CallLabel {
+ public:
+  CallLabel(Collectives& group, const std::string& label);
+  CallLabel(const Groups& groups, const std::string& label);
+  ~CallLabel();
+  CallLabel(const CallLabel&) = delete;
+  CallLabel& operator=(const CallLabel&) = delete;
+
+ private:
+  void label(Collectives* group, const std::string& label);
+  std::vector<std::pair<Collectives*, std::string>> replaced_;
 };
 
 }  // namespace cortado::collective

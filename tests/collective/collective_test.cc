@@ -455,7 +455,7 @@ TEST_P(CollectiveTest, MembersRunningDifferentThingsFailNamingEachLabel) {
   // Same operation, count and dtype: without the labels rank 1's call would
   // sum into the others'.
   auto e = expectError(ErrorCode::kMismatch, [&] {
-    CallLabel label(g.rank() == 1 ? "tensor 'b' run 0" : "tensor 'a' run 0");
+    CallLabel label(g, g.rank() == 1 ? "tensor 'b' run 0" : "tensor 'a' run 0");
     g.allreduce(a.get(), b.get(), 64, t, deadline());
   });
   expectMentions(e, {"allreduce", "world", "not running the same thing", "rank 0: tensor 'a' run 0",
@@ -464,7 +464,7 @@ TEST_P(CollectiveTest, MembersRunningDifferentThingsFailNamingEachLabel) {
   // A labelled call against unlabelled ones.
   e = expectError(ErrorCode::kMismatch, [&] {
     std::optional<CallLabel> label;
-    if (g.rank() == 2) label.emplace("tensor 'c' run 4");
+    if (g.rank() == 2) label.emplace(g, "tensor 'c' run 4");
     g.broadcast(a.get(), 8, t, 0, deadline());
   });
   expectMentions(e, {"broadcast", "rank 1: an unlabeled call", "rank 2: tensor 'c' run 4"});
@@ -472,29 +472,31 @@ TEST_P(CollectiveTest, MembersRunningDifferentThingsFailNamingEachLabel) {
   // the end, and are shown cut.
   const std::string prefix(200, 'x');
   e = expectError(ErrorCode::kMismatch, [&] {
-    CallLabel label(prefix + (g.rank() == 3 ? "3" : "0"));
+    CallLabel label(g, prefix + (g.rank() == 3 ? "3" : "0"));
     g.allreduce(a.get(), b.get(), 64, t, deadline());
   });
-  expectMentions(e, {"rank 3: " + std::string(CallLabel::kShownBytes - 3, 'x') + "..."});
+  expectMentions(e, {"rank 3: " + std::string(Collectives::kShownLabelBytes - 3, 'x') + "..."});
   // Nested labels: the inner one counts, and the outer one is back after it.
   {
-    CallLabel outer("outer");
+    CallLabel outer(g, "outer");
     {
-      CallLabel inner("inner");
-      EXPECT_EQ(CallLabel::current(), "inner");
+      CallLabel inner(groups_, "inner");  // every group
+      EXPECT_EQ(g.callLabel(), "inner");
+      EXPECT_EQ(groups_.intra->callLabel(), "inner");
       g.allreduce(a.get(), b.get(), 64, t, deadline());
     }
-    EXPECT_EQ(CallLabel::current(), "outer");
+    EXPECT_EQ(g.callLabel(), "outer");
+    EXPECT_EQ(groups_.intra->callLabel(), "");
     e = expectError(ErrorCode::kMismatch, [&] {
       std::optional<CallLabel> inner;
-      if (g.rank() == 0) inner.emplace("inner");
+      if (g.rank() == 0) inner.emplace(g, "inner");
       g.allreduce(a.get(), b.get(), 64, t, deadline());
     });
     expectMentions(e, {"rank 0: inner", "rank 1: outer"});
   }
-  EXPECT_EQ(CallLabel::current(), "");
+  EXPECT_EQ(g.callLabel(), "");
   // Nothing moved: equal labels run, and the sums are right.
-  CallLabel same("tensor 'a' run 1");
+  CallLabel same(g, "tensor 'a' run 1");
   g.allreduce(a.get(), b.get(), 64, t, deadline());
   EXPECT_EQ(b.read()[63], 3.0 * g.size());
 }

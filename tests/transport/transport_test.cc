@@ -272,9 +272,9 @@ TEST_P(TransportTest, CallbackMaySend) {
   a->t->connect(server(1), echo->address);
   constexpr uint64_t kCount = 200;
   for (uint64_t i = 0; i < kCount; ++i) a->t->send(server(1), msgOf({u64(i), pattern(100, i)}));
-  ASSERT_TRUE(a->inbox.waitFor(kCount)) << "got " << a->inbox.size() << " of " << kCount << "; the echo received "
-                                        << echoed.load() << "; errors at the sender: " << errorsOf(*a)
-                                        << "; at the echo: " << errorsOf(*echo);
+  ASSERT_TRUE(a->inbox.waitFor(kCount))
+      << "got " << a->inbox.size() << " of " << kCount << "; the echo received " << echoed.load()
+      << "; errors at the sender: " << errorsOf(*a) << "; at the echo: " << errorsOf(*echo);
   auto got = a->inbox.take();
   for (uint64_t i = 0; i < kCount; ++i) {
     EXPECT_EQ(got[i].from, server(1));
