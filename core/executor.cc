@@ -145,6 +145,28 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
                     "run without a plan for BytePS's default)",
                     name);
   }
+  // Every worker must set the same plan. With MPI groups one tiny labelled
+  // allreduce compares them (the collective check compares the labels), so
+  // that workers given different plans (other plan files, other declared
+  // tensors) fail here, naming each one's, instead of waiting on pushes and
+  // collectives that the others never make. Nothing has changed yet.
+  if (groups_) {
+    const std::string label =
+        fmt::format("plan version {} of {} tensors, digest {:016x}", p.version, p.tensors.size(),
+                    std::hash<std::string>{}(plan::toJsonString(p, -1)));
+    try {
+      collective::CallLabel scope(*groups_->world, label);
+      int64_t one = 1, sum = 0;
+      groups_->world->allreduce(&one, &sum, 1, DType::kInt64, deadline);
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("setting plan version {}: {}{}", p.version, e.what(),
+                                        e.code() == ErrorCode::kMismatch
+                                            ? " (here: every worker must set the same plan; are "
+                                              "the workers' CORTADO_PLAN files or declared tensors "
+                                              "different?)"
+                                            : ""));
+    }
+  }
   const uint64_t gen = ++generation_;  // names each plan's shard keys apart
   const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
   for (const auto& [name, option] : p.tensors) {

@@ -295,6 +295,23 @@ void Check::runErrors() {
         }
       }
     }
+    // Workers that set different plans (rank 0 has b on push/pull) are
+    // refused at setPlan, every one, before anything changed.
+    plan::Plan other = q;
+    other.version = q.version = 4;
+    other.tensors["b"] = executor::defaultOption();
+    expectThrow("workers setting different plans", "every worker must set the same plan",
+                [&] { ex.setPlan(me == 0 ? other : q, deadline); });
+    ex.setPlan(q, deadline);
+    ex.run("b", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+    for (uint64_t i = 0; i < n; ++i) {
+      float ref = 0;
+      for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
+      if (out[i] != ref) {
+        fail(fmt::format("after the refused plan: element {} = {}, expected {}", i, out[i], ref));
+        break;
+      }
+    }
     std::printf("workers on different tensors: %s\n", failures ? "FAILED" : "refused, then exact");
   }
 }
