@@ -94,8 +94,8 @@ struct Signature {
   int64_t badPeerExpects;  // our recvCounts[badPeer]
   uint64_t countsHash;     // allgatherv: of the counts list (it must be the same everywhere)
   uint64_t labelHash;      // of the group's callLabel(), the whole text
-  char
-      label[Collectives::kShownLabelBytes + 1];  // its first bytes, NUL-terminated ("..." when cut)
+  // The label's first bytes, NUL-terminated ("..." where it was cut).
+  char label[Collectives::kShownLabelBytes + 1];
 };
 
 uint64_t hashBytes(std::string_view v) {
