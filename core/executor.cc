@@ -150,7 +150,7 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
   // that workers given different plans (other plan files, other declared
   // tensors) fail here, naming each one's, instead of waiting on pushes and
   // collectives that the others never make. Nothing has changed yet.
-  if (groups_) {
+  if (groups_ && groups_->world->checksArguments()) {
     const std::string label =
         fmt::format("plan version {} of {} tensors, digest {:016x}", p.version, p.tensors.size(),
                     std::hash<std::string>{}(plan::toJsonString(p, -1)));

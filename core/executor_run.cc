@@ -176,7 +176,7 @@ void Run::runSteps(Until until) {
       // The members of each collective compare this (checkArguments): ranks
       // on different tensors, runs or steps fail naming each one's.
       std::optional<collective::CallLabel> label;
-      if (comm && groups_)
+      if (comm && groups_ && groups_->world->checksArguments())
         label.emplace(*groups_,
                       fmt::format("tensor '{}' run {} step {} ({}){}", t_.name, t_.round, step_,
                                   describeStep(s), t_.members.empty() ? "" : " of " + t_.members));

@@ -88,6 +88,9 @@ class Collectives {
   static constexpr size_t kShownLabelBytes = 127;
   void setCallLabel(std::string label) { label_ = std::move(label); }
   const std::string& callLabel() const { return label_; }
+  // Whether the members compare their arguments and labels (checkArguments);
+  // without it a label has no effect, and callers need not build one.
+  bool checksArguments() const { return checkArguments_; }
 
   // recv[i] = sum over ranks of send[i]; send == recv is allowed (in place).
   void allreduce(const void* send, void* recv, size_t count, DType dtype, Deadline deadline);
