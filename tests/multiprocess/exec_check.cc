@@ -243,6 +243,17 @@ void Check::runErrors() {
     std::vector<float> keep(n);
     for (uint64_t i = 0; i < n; ++i) keep[i] = in[i] = exactInput(me, 1, 0, i);
     out.assign(n, -1000.0f);
+    // Each result below must be the plain sum of every rank's input.
+    auto expectExact = [&](const std::string& what, const std::vector<float>& got) {
+      for (uint64_t i = 0; i < n; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
+        if (got[i] != ref) {
+          fail(fmt::format("{}: element {} = {}, expected {}", what, i, got[i], ref));
+          return;
+        }
+      }
+    };
     const char* mine = me == 0 ? "a" : "b";
     expectThrow("workers on different tensors",
                 "every worker must run the same tensors in the same order",
@@ -253,15 +264,7 @@ void Check::runErrors() {
     if (in != keep) fail("workers on different tensors: the refused run changed its input");
     for (const char* name : {"a", "b"}) {
       ex.run(name, in.data(), out.data(), n, ReduceOp::kSum, deadline);
-      for (uint64_t i = 0; i < n; ++i) {
-        float ref = 0;
-        for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
-        if (out[i] != ref) {
-          fail(fmt::format("after the refusal, tensor {}: element {} = {}, expected {}", name, i,
-                           out[i], ref));
-          break;
-        }
-      }
+      expectExact(fmt::format("after the refusal, tensor {}", name), out);
     }
     // The same in a fused batch: rank 0 fuses a, b, c, the others a, d, c
     // (the same group name, fused3:a..c, and the same total size).
@@ -284,17 +287,8 @@ void Check::runErrors() {
                 [&] { ex.runBatch(mixed, ReduceOp::kSum, deadline); });
     const auto same = batchOf("b");
     ex.runBatch(same, ReduceOp::kSum, deadline);
-    for (size_t k = 0; k < 3; ++k) {
-      for (uint64_t i = 0; i < n; ++i) {
-        float ref = 0;
-        for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
-        if (outs[k][i] != ref) {
-          fail(fmt::format("after the refused batch, item {}: element {} = {}, expected {}", k, i,
-                           outs[k][i], ref));
-          break;
-        }
-      }
-    }
+    for (size_t k = 0; k < 3; ++k)
+      expectExact(fmt::format("after the refused batch, item {}", k), outs[k]);
     // Workers that set different plans (rank 0 has b on push/pull) are
     // refused at setPlan, every one, before anything changed.
     plan::Plan other = q;
@@ -304,14 +298,7 @@ void Check::runErrors() {
                 [&] { ex.setPlan(me == 0 ? other : q, deadline); });
     ex.setPlan(q, deadline);
     ex.run("b", in.data(), out.data(), n, ReduceOp::kSum, deadline);
-    for (uint64_t i = 0; i < n; ++i) {
-      float ref = 0;
-      for (int w = 0; w < W; ++w) ref += exactInput(w, 1, 0, i);
-      if (out[i] != ref) {
-        fail(fmt::format("after the refused plan: element {} = {}, expected {}", i, out[i], ref));
-        break;
-      }
-    }
+    expectExact("after the refused plan", out);
     std::printf("workers on different tensors: %s\n", failures ? "FAILED" : "refused, then exact");
   }
 }
