@@ -263,6 +263,43 @@ void validate(const TensorOption& option, std::string_view tensor) {
 
 void validate(const Plan& plan) {
   for (const auto& [name, option] : plan.tensors) validate(option, name);
+  std::map<std::string_view, size_t> seen;  // tensor -> its group
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const auto& members = plan.groups[g];
+    CORTADO_ENFORCE(members.size() >= 2, ErrorCode::kInvalidArgument,
+                    "plan group {} has {} member(s): a group fuses two or more tensors (leave a "
+                    "lone tensor out of the groups)",
+                    g, members.size());
+    for (const std::string& m : members) {
+      auto it = plan.tensors.find(m);
+      CORTADO_ENFORCE(it != plan.tensors.end(), ErrorCode::kInvalidArgument,
+                      "plan group {} names tensor '{}', which has no option in the plan", g, m);
+      auto [at, fresh] = seen.emplace(it->first, g);
+      CORTADO_ENFORCE(fresh, ErrorCode::kInvalidArgument,
+                      "tensor '{}' is in plan group {} and again in group {}: a tensor belongs "
+                      "to one group at most",
+                      m, at->second, g);
+      const TensorOption& first = plan.tensors.at(members.front());
+      CORTADO_ENFORCE(
+          it->second == first, ErrorCode::kInvalidArgument,
+          "plan group {}: tensor '{}' has option {} but '{}' has {}: a group's "
+          "tensors share one option",
+          g, m, it->second.describe() + (it->second.codec.empty() ? "" : " " + it->second.codec),
+          members.front(), first.describe() + (first.codec.empty() ? "" : " " + first.codec));
+    }
+    const std::string& codec = plan.tensors.at(members.front()).codec;
+    CORTADO_ENFORCE(codec.rfind("powersgd", 0) != 0, ErrorCode::kInvalidArgument,
+                    "plan group {} ('{}' ..): codec '{}' needs each tensor's matrix shape and "
+                    "cannot encode a concatenation; leave its tensors out of the groups",
+                    g, members.front(), codec);
+  }
+}
+
+int Plan::groupOf(std::string_view tensor) const {
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const std::string& m : groups[g])
+      if (m == tensor) return int(g);
+  return -1;
 }
 
 std::string_view toString(Device d) { return nameOf(kDevices, d); }
@@ -291,7 +328,9 @@ json toJson(const TensorOption& option) {
 json toJson(const Plan& plan) {
   json tensors = json::object();
   for (const auto& [name, option] : plan.tensors) tensors[name] = toJson(option);
-  return json{{"format", "cortado-plan"}, {"version", plan.version}, {"tensors", std::move(tensors)}};
+  json j{{"format", "cortado-plan"}, {"version", plan.version}, {"tensors", std::move(tensors)}};
+  if (!plan.groups.empty()) j["groups"] = plan.groups;
+  return j;
 }
 
 TensorOption optionFromJson(const json& j, std::string_view tensor) {
@@ -328,6 +367,9 @@ Plan planFromJson(const json& j) {
     p.version = j.at("version").get<uint64_t>();
     for (const auto& [name, option] : j.at("tensors").items())
       p.tensors.emplace(name, optionFromJson(option, name));
+    if (j.contains("groups"))
+      p.groups = j.at("groups").get<std::vector<std::vector<std::string>>>();
+    validate(p);
     return p;
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed plan JSON: {}", e.what()));

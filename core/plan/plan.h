@@ -80,6 +80,17 @@ struct TensorOption {
 struct Plan {
   uint64_t version = 0;
   std::map<std::string, TensorOption> tensors;  // keyed by tensor name
+  // Fused groups (Cupcake, MergeComp; docs/executor.md, "Fused groups"): each
+  // a list of two or more tensors, consecutive in gradient-ready order, that
+  // share one option and run it once on their concatenation (one encode, one
+  // communication step or server key, one decode). A tensor is in at most
+  // one group; tensors in none run on their own. Any option may be grouped,
+  // compressed and push/pull included; the codec's statistics are then the
+  // group's (top-k selects over the whole group).
+  std::vector<std::vector<std::string>> groups;
+
+  // The index into `groups` of the group holding `tensor`, or -1.
+  int groupOf(std::string_view tensor) const;
 };
 
 // Throws cortado::Error (kInvalidArgument) naming the tensor and the step when
@@ -88,6 +99,9 @@ struct Plan {
 // an unpaired first step, a flat step in a hierarchical option, data left
 // compressed at the end, a missing codec, and so on.
 void validate(const TensorOption& option, std::string_view tensor = "<tensor>");
+// A plan: every option, and every group: two or more members, each a tensor of
+// the plan, in one group at most, all on the same option, with a codec that
+// can encode a concatenation (not powersgd, which needs a matrix shape).
 void validate(const Plan& plan);
 
 std::string_view toString(Device d);

@@ -130,5 +130,55 @@ TEST(PlanTypes, MalformedJsonNamesTheProblem) {
               "unknown scheme");
 }
 
+// Fused groups: carried through JSON, found by groupOf, and each way a group
+// can be wrong refused naming the group and the tensor.
+TEST(PlanTypes, GroupsRoundTripAndAreChecked) {
+  Plan p;
+  p.version = 3;
+  for (const char* n : {"a", "b", "c", "d"}) p.tensors[n] = flatDgc();
+  p.tensors["e"] = hierPs();
+  p.groups = {{"a", "b", "c"}};
+  EXPECT_NO_THROW(validate(p));
+  Plan q = planFromJsonString(toJsonString(p));
+  EXPECT_EQ(q.groups, p.groups);
+  EXPECT_EQ(q.groupOf("b"), 0);
+  EXPECT_EQ(q.groupOf("d"), -1);
+  // A plan without groups has no "groups" key (older readers see no change).
+  Plan none = p;
+  none.groups.clear();
+  EXPECT_FALSE(toJson(none).contains("groups"));
+
+  auto errorOfPlan = [](const Plan& bad) -> std::string {
+    try {
+      validate(bad);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return e.what();
+    }
+    return "";
+  };
+  Plan bad = p;
+  bad.groups = {{"a"}};
+  EXPECT_NE(errorOfPlan(bad).find("two or more"), std::string::npos) << errorOfPlan(bad);
+  bad.groups = {{"a", "zz"}};
+  EXPECT_NE(errorOfPlan(bad).find("'zz'"), std::string::npos) << errorOfPlan(bad);
+  bad.groups = {{"a", "b"}, {"c", "a"}};
+  EXPECT_NE(errorOfPlan(bad).find("tensor 'a' is in plan group 0 and again in group 1"),
+            std::string::npos)
+      << errorOfPlan(bad);
+  bad.groups = {{"d", "e"}};
+  EXPECT_NE(errorOfPlan(bad).find("share one option"), std::string::npos) << errorOfPlan(bad);
+  bad.tensors["d"].codec = "powersgd:rank=2";
+  bad.tensors["c"].codec = "powersgd:rank=2";
+  bad.groups = {{"c", "d"}};
+  EXPECT_NE(errorOfPlan(bad).find("matrix shape"), std::string::npos) << errorOfPlan(bad);
+  // The JSON reader checks groups too.
+  nlohmann::json j = toJson(p);
+  j["groups"] = {{"a", "nope"}};
+  EXPECT_THROW(planFromJson(j), Error);
+  j["groups"] = "a,b";
+  EXPECT_THROW(planFromJson(j), Error);
+}
+
 }  // namespace
 }  // namespace cortado::plan
