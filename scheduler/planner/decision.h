@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scheduler/planner/option_tree.h"
@@ -17,6 +18,12 @@ namespace cortado::planner {
 struct Strategy {
   std::vector<int> choice;  // option index per tensor
   double iterUs = 0;        // simulated synchronization end (backward + sync)
+  // Fused groups (Cupcake, fusion_search.h): [first, last] tensor ranges,
+  // last > first, ascending and disjoint, whose members share one option in
+  // `choice` and run it once on their concatenation; every other tensor runs
+  // alone. Empty for the per-tensor searches. Simulate with
+  // Simulator::simulateGroups(); toPlan() turns them into Plan::groups.
+  std::vector<std::pair<int, int>> groups = {};
 };
 
 struct DecisionStats {
@@ -130,11 +137,17 @@ class Planner {
 
 // Everything `cortado plan` reports, for one configuration.
 struct PlanReport {
-  Strategy noCompression, compressAllGpu, espresso, upperBound;
+  // `espresso` is the plan: Espresso's per-tensor decision (`perTensor`)
+  // with Cupcake's fused groups where they pay (fusion_search.h; equal to
+  // it when they do not, or when fusion is off).
+  Strategy noCompression, compressAllGpu, espresso, upperBound, perTensor;
   double forwardUs = 0;  // added to iteration times when reporting speedups
   DecisionStats stats;
-  double decisionMs = 0;     // wall clock
-  double decisionCpuMs = 0;  // the deciding thread's CPU time (what a shared machine's load does not inflate)
+  double decisionMs = 0;  // wall clock
+  double decisionCpuMs =
+      0;  // the deciding thread's CPU time (what a shared machine's load does not inflate)
+  // The fusion search after the decision (not in decisionMs; 0 when off).
+  double fusionMs = 0, fusionCpuMs = 0;
 };
 
 // The option list the planner uses for a cluster: the full tree (with the

@@ -76,9 +76,17 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   run.report.decisionCpuMs = threadCpuMs() - c0;
   run.report.decisionMs = std::chrono::duration<double, std::milli>(t1 - t0).count();
   run.report.stats = planner.stats();
+  run.report.perTensor = run.report.espresso;
+  if (cfg.fuse) {
+    FusionSearch fusion(*run.sim);
+    run.report.espresso = fusion.search(run.report.perTensor);
+    run.fusion = fusion.stats();
+    run.report.fusionMs = run.fusion.ms;
+    run.report.fusionCpuMs = run.fusion.cpuMs;
+  }
   run.report.noCompression = planner.noCompression();
   run.report.compressAllGpu = planner.compressAllGpu();
-  run.sim->simulate(run.report.espresso.choice, &run.timings);
+  run.sim->simulateGroups(run.report.espresso.choice, run.report.espresso.groups, &run.timings);
 
   if (cfg.upperBound) {
     // Compression at zero cost: the best any strategy could do with this
@@ -87,6 +95,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
     Planner fp(free);
     fp.setExact(cfg.exact);
     Strategy a = fp.decide(), b = fp.compressAllGpu();
+    if (cfg.fuse) a = FusionSearch(free).search(a);
     run.report.upperBound = a.iterUs <= b.iterUs ? a : b;
   }
   run.plan = toPlan(*run.sim, run.report.espresso, cfg.planVersion);
@@ -99,6 +108,10 @@ plan::Plan toPlan(const Simulator& sim, const Strategy& s, uint64_t version) {
   p.version = version;
   for (int j = 0; j < sim.tensors(); ++j)
     p.tensors[sim.profile().tensors[j].name] = sim.options()[s.choice[j]];
+  for (const auto& [first, last] : s.groups) {
+    std::vector<std::string>& g = p.groups.emplace_back();
+    for (int k = first; k <= last; ++k) g.push_back(sim.profile().tensors[size_t(k)].name);
+  }
   return p;
 }
 
@@ -126,6 +139,9 @@ std::string summaryText(const PlanRun& run) {
   };
   line("no compression", r.noCompression);
   line("compress everything on GPU", r.compressAllGpu);
+  // With fused groups the plan is Espresso's per-tensor decision with
+  // Cupcake's groups: both lines, the plan's last.
+  if (!r.espresso.groups.empty()) line("Espresso per tensor", r.perTensor);
   line("Espresso plan", r.espresso);
   if (c.upperBound) {
     line("upper bound (free codec)", r.upperBound);
@@ -147,25 +163,51 @@ std::string summaryText(const PlanRun& run) {
       "  GPU pass {:.2f} ms ({} simulations), offload {:.2f} ms ({}), refinement {:.2f} ms ({})\n",
       r.stats.gpuPassMs, r.stats.gpuPassEvaluations, r.stats.offloadMs, r.stats.offloadEvaluations,
       r.stats.refineMs, r.stats.refineEvaluations);
+  if (c.fuse) {
+    const FusionStats& f = run.fusion;
+    out += fmt::format(
+        "fused groups (Cupcake): {} groups of {} tensors, {:.2f}% faster than per tensor; "
+        "search {:.2f} ms ({:.2f} ms CPU), {} group simulations, {} states kept, at most {} "
+        "per position{}\n",
+        f.groups, f.fusedTensors, 100.0 * (1.0 - iter(r.espresso) / iter(r.perTensor)), f.ms,
+        f.cpuMs, f.groupSimulations, f.statesKept, f.maxFrontier,
+        f.finishOnly ? " (exact: one state per position)" : "");
+    for (size_t g = 0; g < r.espresso.groups.size(); ++g) {
+      const auto [first, last] = r.espresso.groups[g];
+      const auto& ts = run.sim->profile().tensors;
+      double bytes = 0;
+      for (int k = first; k <= last; ++k) bytes += ts[size_t(k)].bytes();
+      out += fmt::format("  group {}: tensors {}..{} ({} tensors, {:.3f} MB) {} .. {}, option {}\n",
+                         g, first, last, last - first + 1, bytes / 1e6, ts[size_t(first)].name,
+                         ts[size_t(last)].name,
+                         run.sim->options()[size_t(r.espresso.choice[size_t(first)])].describe());
+    }
+  }
   return out;
 }
 
 std::string tensorTable(const PlanRun& run) {
-  std::string out = fmt::format("{:>4}  {:<44} {:>11}  {:>9}  {:>9}  {}\n", "#", "tensor",
-                                "elements", "ready ms", "done ms", "option");
+  // The group column: gN for the members of fused group N.
+  const auto& groups = run.report.espresso.groups;
+  std::vector<int> groupOf(size_t(run.sim->tensors()), -1);
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int k = groups[g].first; k <= groups[g].second; ++k) groupOf[size_t(k)] = int(g);
+  std::string out = fmt::format("{:>4}  {:<44} {:>11}  {:>9}  {:>9}  {:>5}  {}\n", "#", "tensor",
+                                "elements", "ready ms", "done ms", "group", "option");
   const auto& ts = run.sim->profile().tensors;
   for (int j = 0; j < run.sim->tensors(); ++j) {
-    out += fmt::format("{:>4}  {:<44} {:>11}  {:>9.3f}  {:>9.3f}  {}\n", j, ts[j].name,
-                       ts[j].elements, run.timings[j].ready / 1000.0,
-                       run.timings[j].finish / 1000.0,
-                       run.sim->options()[run.report.espresso.choice[j]].describe());
+    out += fmt::format(
+        "{:>4}  {:<44} {:>11}  {:>9.3f}  {:>9.3f}  {:>5}  {}\n", j, ts[j].name, ts[j].elements,
+        run.timings[j].ready / 1000.0, run.timings[j].finish / 1000.0,
+        groupOf[size_t(j)] < 0 ? std::string("-") : fmt::format("g{}", groupOf[size_t(j)]),
+        run.sim->options()[run.report.espresso.choice[j]].describe());
   }
   return out;
 }
 
 std::string traceJson(PlanRun& run) {
   std::vector<TraceEvent> events;
-  run.sim->simulate(run.report.espresso.choice, nullptr, &events);
+  run.sim->simulateGroups(run.report.espresso.choice, run.report.espresso.groups, nullptr, &events);
   return chromeTrace(*run.sim, events);
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/plan/plan.h"
 #include "scheduler/planner/decision.h"
+#include "scheduler/planner/fusion_search.h"
 
 namespace cortado::planner {
 
@@ -31,6 +32,10 @@ struct PlanConfig {
   // The exact search (every candidate simulated to the end) instead of the
   // default estimated one: slower, what the estimated search is measured against.
   bool exact = false;
+  // Cupcake's fusion search after the decision (fusion_search.h): the plan
+  // carries fused groups where they are predicted faster. The upper bound
+  // is searched the same way, so that it stays a bound.
+  bool fuse = true;
   // When set, used instead of loading `model` (the benchmark's synthetic model).
   std::shared_ptr<const ModelProfile> profile;
 };
@@ -40,19 +45,20 @@ struct PlanRun {
   std::unique_ptr<Simulator> sim;
   PlanReport report;
   plan::Plan plan;
-  std::vector<TensorTiming> timings;  // of Espresso's strategy
+  std::vector<TensorTiming> timings;  // of the plan (report.espresso, its groups included)
+  FusionStats fusion;                 // of the plan's fusion search (when config.fuse)
 };
 
 // Throws cortado::Error (kInvalidArgument) with the valid values on a bad
 // model, link or codec.
 PlanRun runPlanner(const PlanConfig& config);
 
-// The plan the runtime executes for a strategy.
+// The plan the runtime executes for a strategy, its fused groups included.
 plan::Plan toPlan(const Simulator& sim, const Strategy& s, uint64_t version);
 
 std::string summaryText(const PlanRun& run);
 std::string tensorTable(const PlanRun& run);
-std::string traceJson(PlanRun& run);  // Chrome trace of Espresso's strategy
+std::string traceJson(PlanRun& run);  // Chrome trace of the plan
 
 std::string resolveDataDir(const std::string& dataDir);
 

@@ -344,6 +344,100 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
   return t;
 }
 
+double Simulator::readyAfter(const SimState& st, double from, int tensor) const {
+  return advanceCompute(st, from, profile_.tensors[tensor].backwardUs);
+}
+
+double Simulator::placeGroup(SimState& st, int first, int last, int option, double ready,
+                             std::vector<TraceEvent>* trace) {
+  const auto& ts = profile_.tensors;
+  int64_t elements = 0;
+  for (int k = first; k <= last; ++k) elements += ts[k].elements;
+  trim(st, ready);
+  // As step(): a runtime that runs one execution at a time starts the group
+  // when the previous one has ended.
+  double t = cluster_.oneTensorAtATime ? std::max(ready, st.maxFinish) : ready;
+  // Fused sizes differ with every group: bound the cache before taking a
+  // reference into it.
+  if (fusedCache_.size() > kFusedCacheBound) fusedCache_.clear();
+  const CompiledOption& c =
+      first == last ? compiled(last, option) : compiledFused(elements, ts[last].dtypeBytes, option);
+  std::string label;
+  if (trace && first != last)
+    label = fmt::format("fused{}:{}..{}", last - first + 1, ts[first].name, ts[last].name);
+  t = scheduleOps(st, c, last, t, trace, trace && first != last ? &label : nullptr);
+  st.prevReady = ready;
+  st.maxFinish = std::max(st.maxFinish, t);
+  return t;
+}
+
+double Simulator::stepGroup(SimState& st, int first, int last, int option,
+                            std::vector<TraceEvent>* trace, TensorTiming* timings) {
+  CORTADO_ENFORCE(first >= 0 && first <= last && last < tensors(), ErrorCode::kInvalidArgument,
+                  "stepGroup: group [{}, {}] is not a range of the model's {} tensors", first, last,
+                  tensors());
+  CORTADO_ENFORCE(option >= 0 && option < optionCount(), ErrorCode::kInvalidArgument,
+                  "stepGroup: option {} of group [{}, {}] is not one of the {} options", option,
+                  first, last, optionCount());
+  if (first == last) return step(st, first, option, trace, timings);
+  CORTADO_ENFORCE(
+      !fusion(), ErrorCode::kInvalidArgument,
+      "stepGroup: fused group [{}, {}] with the runtime's tensor fusion (fusionBytes {}) on: the "
+      "simulator does not model both",
+      first, last, cluster_.fusionBytes);
+  const auto& ts = profile_.tensors;
+  double b = st.prevReady;
+  for (int k = first; k <= last; ++k) {
+    CORTADO_ENFORCE_EQ(
+        ts[k].dtypeBytes, ts[first].dtypeBytes, ErrorCode::kInvalidArgument,
+        "stepGroup: group [{}, {}] mixes dtypes ('{}' and '{}'): a group is one buffer", first,
+        last, ts[first].name, ts[k].name);
+    const double nb = readyAfter(st, b, k);
+    if (trace && nb > b) trace->push_back(TraceEvent{"backward " + ts[k].name, -1, k, b, nb - b});
+    b = nb;
+    if (timings) timings[k - first].ready = b;
+  }
+  const double t = placeGroup(st, first, last, option, b, trace);
+  if (timings)
+    for (int k = first; k <= last; ++k) timings[k - first].finish = t;
+  return t;
+}
+
+double Simulator::simulateGroups(const std::vector<int>& choice,
+                                 const std::vector<std::pair<int, int>>& groups,
+                                 std::vector<TensorTiming>* timings,
+                                 std::vector<TraceEvent>* trace) {
+  const int N = tensors();
+  CORTADO_ENFORCE_EQ(int(choice.size()), N, ErrorCode::kInvalidArgument,
+                     "simulateGroups: one option per tensor");
+  if (groups.empty()) return simulate(choice, timings, trace);
+  SimState st = initialState();
+  if (timings) timings->assign(N, {});
+  size_t g = 0;
+  for (int j = 0; j < N;) {
+    int last = j;
+    if (g < groups.size() && groups[g].first == j) {
+      last = groups[g].second;
+      CORTADO_ENFORCE(last > j && last < N, ErrorCode::kInvalidArgument,
+                      "simulateGroups: group {} is [{}, {}]: two or more of the {} tensors", g, j,
+                      last, N);
+      for (int k = j; k <= last; ++k)
+        CORTADO_ENFORCE_EQ(choice[k], choice[j], ErrorCode::kInvalidArgument,
+                           "simulateGroups: tensor {} of group [{}, {}] has another option", k, j,
+                           last);
+      ++g;
+    }
+    CORTADO_ENFORCE(
+        g >= groups.size() || groups[g].first > last, ErrorCode::kInvalidArgument,
+        "simulateGroups: group {} starts at tensor {}, inside or before tensor {}: groups must be "
+        "ascending and disjoint",
+        g, groups[g].first, last);
+    stepGroup(st, j, last, choice[j], trace, timings ? timings->data() + j : nullptr);
+    j = last + 1;
+  }
+  return st.maxFinish;
+}
+
 // `op.tasks` equal tasks, each on the core where it can start first (ties to
 // the lowest core). Tasks that land back to back on a core are kept as one
 // interval, so a tensor split into hundreds of partitions costs a few

@@ -192,6 +192,36 @@ class Simulator {
   double runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace = nullptr,
                   const std::string* label = nullptr);
 
+  // Explicit fused groups (Plan::groups; Cupcake, fusion_search.h): tensors
+  // first..last, consecutive in ready order and of one dtype, run `option`
+  // once on their summed size, from when `last` is ready, on the same lanes
+  // and with the same gap rule as a lone tensor; their backward runs as for
+  // lone tensors (nothing of theirs is reserved before the group starts).
+  // The execution is the one runAlone() costs for a fused group of that
+  // size. first == last is step() itself. Not with the runtime's tensor
+  // fusion (fusion()), which this model does not compose with groups.
+  // `timings`, when given, gets one entry per member (all finish together).
+  double stepGroup(SimState& st, int first, int last, int option,
+                   std::vector<TraceEvent>* trace = nullptr, TensorTiming* timings = nullptr);
+  // The two halves of stepGroup(), for the search that extends a group one
+  // tensor at a time: when `tensor` becomes ready if its backward starts at
+  // `from` (GPU codec work reserved in `st` pauses it), and the group's
+  // execution placed against `st` once its last member is ready at `ready`.
+  double readyAfter(const SimState& st, double from, int tensor) const;
+  double placeGroup(SimState& st, int first, int last, int option, double ready,
+                    std::vector<TraceEvent>* trace = nullptr);
+  // When `work` microseconds of backward started at `from` end, paused by
+  // the GPU codec work reserved in `st` (later reservations only delay it).
+  double backwardEnd(const SimState& st, double from, double work) const {
+    return advanceCompute(st, from, work);
+  }
+  // simulate() with fused groups: `groups` lists [first, last] ranges
+  // (last > first, ascending, disjoint) whose members share one option in
+  // `choice`; every other tensor runs alone.
+  double simulateGroups(const std::vector<int>& choice,
+                        const std::vector<std::pair<int, int>>& groups,
+                        std::vector<TensorTiming>* timings = nullptr,
+                        std::vector<TraceEvent>* trace = nullptr);
   // Lane names for traces.
   std::string laneName(int lane) const;
   int lanes() const { return kCpuLane0 + cluster_.cpuCores; }
