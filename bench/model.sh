@@ -7,7 +7,11 @@
 #
 #   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
 #                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
-#                  [--compute-scale 1] [--rounds 1] [--probe-once] [--strategies none,gpu,cpu,plan] [--json]
+#                  [--compute-scale 1] [--rounds 1] [--probe-once] [--strategies none,gpu,cpu,pertensor,plan] [--json]
+#                  (strategies: docs/model_bench.md; plan is the planner's plan with Cupcake's fused
+#                  groups, pertensor the same without groups, mergecomp the groups MergeComp's search
+#                  finds by timing iterations. CORTADO_FUSION_BYTES defaults to 0 here: the plan's
+#                  groups take the place of fusion by size, which the group search does not compose with)
 #                  (with replan among the strategies: CORTADO_PROFILE_WINDOW, default 3, and
 #                  CORTADO_REPLAN_CODEC, default the run's codec, are set for the job)
 #                  [--trace DIR]   (per run under DIR/<model>-<codec>/: the stage traces in run/,
@@ -18,7 +22,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
 TB=$here/tests/testbed/testbed.sh
 models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
-iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,plan json="" trace="" once=""
+iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once=""
 while (($#)); do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -62,7 +66,7 @@ for m in "${M[@]}"; do
     renv=()
     [[ ,$strategies, == *,replan,* ]] &&
       renv=(CORTADO_PROFILE_WINDOW="${CORTADO_PROFILE_WINDOW:-3}" CORTADO_REPLAN_CODEC="${CORTADO_REPLAN_CODEC:-$c}")
-    env "${renv[@]}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
+    env "${renv[@]}" CORTADO_FUSION_BYTES="${CORTADO_FUSION_BYTES:-0}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
       --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" $json $once

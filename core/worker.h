@@ -68,7 +68,7 @@ struct TensorOptions {
   // Without it top-k and the sign codecs lose what they do not send.
   bool errorFeedback = true;
   // How many workers push each round; 0 = all of them. The plan executor
-  // (core/executor.h) declares its hierarchical shard keys with one pusher per
+  // (core/executor/executor.h) declares its hierarchical shard keys with one pusher per
   // machine. Every worker must declare the same value (the scheduler checks).
   uint32_t contributors = 0;
 };

@@ -20,7 +20,7 @@
 #include "core/collective/mpi/factory.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "scheduler/planner/cost_model.h"
 #include "scheduler/planner/profile.h"
 #include "scheduler/planner/report.h"
@@ -82,11 +82,14 @@ struct Result {
   int timedFrom = -1;        // replan: the iteration the timing starts (after the check of a switch)
   uint64_t checked = 0, wrong = 0, lossyTensors = 0;
   uint64_t batches = 0, iterationsRun = 0;  // Executor::runBatch calls, replay iterations
+  std::string searchSummary;  // mergecomp (rank 0): FusionSearch::summary()
 };
 
 }  // namespace
 
-std::vector<std::string> modelBenchStrategies() { return {"none", "gpu", "cpu", "plan", "replan"}; }
+std::vector<std::string> modelBenchStrategies() {
+  return {"none", "gpu", "cpu", "pertensor", "plan", "mergecomp", "replan"};
+}
 
 void validateModelBench(const ModelBenchOptions& o) {
   CORTADO_ENFORCE(!o.profile.empty(), ErrorCode::kInvalidArgument,
@@ -98,11 +101,12 @@ void validateModelBench(const ModelBenchOptions& o) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("--profile: {}", e.what()));
   }
   CORTADO_ENFORCE(!o.strategies.empty(), ErrorCode::kInvalidArgument,
-                  "--strategies is empty: name some of none, gpu, cpu, plan");
+                  "--strategies is empty: name some of {}", fmt::join(modelBenchStrategies(), ", "));
   for (const std::string& s : o.strategies) {
     const auto all = modelBenchStrategies();
     CORTADO_ENFORCE(std::find(all.begin(), all.end(), s) != all.end(), ErrorCode::kInvalidArgument,
-                    "--strategies: unknown strategy '{}' (valid: none, gpu, cpu, plan, replan)", s);
+                    "--strategies: unknown strategy '{}' (valid: {})", s,
+                    fmt::join(modelBenchStrategies(), ", "));
     if (s == "replan") {
       const auto w = getEnvInt({"CORTADO_PROFILE_WINDOW"});
       CORTADO_ENFORCE(w && *w > 0, ErrorCode::kInvalidArgument,
@@ -296,6 +300,9 @@ int runModelBench(const ModelBenchOptions& o) {
   // replan: the plan the scheduler settled on in the first round, which the
   // later rounds run as a fixed plan.
   std::optional<plan::Plan> replanned;
+  // mergecomp: the plan its search ended on in the first round, which the
+  // later rounds run as a fixed plan.
+  std::optional<plan::Plan> searched;
   // Tensors that were lossy under the strategy before: setPlan() retires
   // their encode points and folds the residuals into the next input too.
   std::vector<bool> compressedBefore(T, false);
@@ -331,8 +338,12 @@ int runModelBench(const ModelBenchOptions& o) {
     // replan: online profiling and the scheduler's switches in the first
     // round only.
     const bool replan = r.strategy == "replan" && round == 0;
-    const plan::Plan p = r.strategy == "replan" && round > 0 ? *replanned
-                                                             : plan::planFromJsonString(planJson[si]);
+    // mergecomp: MergeComp's search for the groups (Executor::setFusionSearch)
+    // in the first round only, from the per-tensor plan.
+    const bool mergecomp = r.strategy == "mergecomp" && round == 0;
+    const plan::Plan p = r.strategy == "replan" && round > 0      ? *replanned
+                         : r.strategy == "mergecomp" && round > 0 ? *searched
+                                                                  : plan::planFromJsonString(planJson[si]);
     ex.setPlan(p, opDeadline);
     std::vector<bool> exact(T);
     // At a switch the retired lossy encode points' error-feedback residuals
@@ -380,6 +391,15 @@ int runModelBench(const ModelBenchOptions& o) {
       windowFrom = int(ol.warmup);
       windowLen = int(std::max<uint64_t>(1, ol.window));
     }
+    if (mergecomp) {
+      // Short windows: each candidate costs settle + window + 1 iterations.
+      executor::FusionSearchOptions fo;
+      fo.warmup = uint64_t(std::max(1, o.warmup));
+      fo.window = 3;
+      fo.settle = 1;
+      ex.setFusionSearch(fo);
+      cap = 2000;  // the search ends well before (about 2 log2(N) + 2 candidates a group)
+    }
     if (round == 0) r.planVersion = r.offlineVersion = p.version;
     Progress bar(progressOn, replan ? cap + 3 * (2 * windowLen + int(job.replanAhead)) + o.warmup +
                                           o.iterations
@@ -387,7 +407,31 @@ int runModelBench(const ModelBenchOptions& o) {
     std::vector<double> times, begins;  // begins: replan's beginIteration
     double beginSecs = 0;
     for (int it = 0;; ++it) {
-      if (!replan && it >= o.warmup + o.iterations) break;
+      if (!replan && !mergecomp && it >= o.warmup + o.iterations) break;
+      if (mergecomp) {
+        if (settled >= 0 && it - settled >= o.warmup + o.iterations) break;
+        CORTADO_ENFORCE(it < cap, ErrorCode::kTimeout,
+                        "--strategies mergecomp: the fusion search has not ended by iteration {}", it);
+        const auto b0 = Clock::now();
+        ex.beginIteration(uint64_t(it), opDeadline);
+        beginSecs = secondsSince(b0);
+        if (ex.currentPlan().version != r.planVersion) {
+          // A candidate's groups: residuals of the previous one's encode
+          // points are folded into this iteration's inputs.
+          r.planVersion = ex.currentPlan().version;
+          ++changes;
+          // NOLINTNEXTLINE(performance-unnecessary-copy-initialization)
+          const std::vector<bool> before = exact;
+          for (size_t j = 0; j < T; ++j) tainted[j] = tainted[j] || !before[j];
+          classify(ex.currentPlan());
+          for (size_t j = 0; j < T; ++j) folding[j] = !before[j];
+          times.clear();
+        }
+        if (settled < 0 && ex.fusionSearch() && ex.fusionSearch()->done() && !ex.hasScheduledPlan()) {
+          settled = it;  // the search's answer runs from here
+          r.switchedAt = it;
+        }
+      }
       if (replan) {
         // After the switch, --warmup untimed iterations again: the new plan's
         // first iterations pay its first touches (new error-feedback
@@ -438,15 +482,23 @@ int runModelBench(const ModelBenchOptions& o) {
       auto readyAt = [&](size_t j) {
         return t0 + std::chrono::nanoseconds(int64_t(readyTimes[j] * 1e3));
       };
+      // The plan's groups are handed over whole: a batch that would end
+      // inside one waits for its last tensor (Executor::runBatch runs a group
+      // once when the batch holds all of it).
+      std::vector<size_t> groupEnd(T);
+      for (size_t j = 0; j < T; ++j) groupEnd[j] = j + 1;
+      for (const auto& [first, last] : groupRanges(profile, ex.currentPlan()))
+        for (int j = first; j <= last; ++j) groupEnd[size_t(j)] = size_t(last) + 1;
       for (size_t j = 0; j < T;) {
         std::this_thread::sleep_until(readyAt(j));
-        size_t end = j + 1;
+        size_t end = groupEnd[j];
         if (ex.fusionBytes() > 0) {
           const auto now = Clock::now();
           while (end < T && readyAt(end) <= now) ++end;
+          end = groupEnd[end - 1];
           end = agreeOnBatch(*groups.world, end, opDeadline);
-          std::this_thread::sleep_until(readyAt(end - 1));
         }
+        std::this_thread::sleep_until(readyAt(end - 1));
         batch.clear();
         for (size_t k = j; k < end; ++k) {
           const auto& t = profile.tensors[k];
@@ -461,7 +513,7 @@ int runModelBench(const ModelBenchOptions& o) {
         j = end;
       }
       const double secs = secondsSince(t0);
-      if (replan ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) {
+      if (replan || mergecomp ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) {
         times.push_back(secs);
         if (replan) begins.push_back(beginSecs);
       }
@@ -479,7 +531,12 @@ int runModelBench(const ModelBenchOptions& o) {
       bar.update(r.strategy, it + 1, secs * 1e3);
     }
     bar.done();
-    if (replan) r.timedFrom = settled + o.warmup;
+    if (replan || mergecomp) r.timedFrom = settled + o.warmup;
+    if (mergecomp) {
+      searched = ex.currentPlan();
+      if (lead) r.searchSummary = ex.fusionSearch()->summary();
+      ex.setFusionSearch(std::nullopt);  // the next strategy's plan stays
+    }
     for (size_t j = 0; j < T; ++j) {
       // Lossless codecs on this data (fp16 of integers) leave zero residuals.
       const auto& opt = ex.currentPlan().tensors.at(profile.tensors[j].name);
@@ -499,6 +556,7 @@ int runModelBench(const ModelBenchOptions& o) {
   for (size_t si = 0; si < S; ++si) {
     Result& r = results[si];
     const bool replan = r.strategy == "replan";
+    const bool mergecomp = r.strategy == "mergecomp";
     const std::vector<double>& times = r.timesMs;
     double sum = 0, sq = 0;
     for (double t : times) sum += t, sq += t * t;
@@ -545,12 +603,27 @@ int runModelBench(const ModelBenchOptions& o) {
                                  "timed iteration of the first round, outside the timing",
                                  r.beginMeanMs);
       }
+      if (mergecomp) {
+        // The groups the search ended on, predicted as every other plan.
+        r.predictedMs = 0, overlappedMs = 0;
+        const std::string tracePath =
+            o.predictedTrace.empty() ? std::string() : predictedTracePath(o.predictedTrace, "mergecomp");
+        if (auto pr = predictPlan(*simulator, *searched, tracePath)) {
+          r.predictedMs = pr->first / 1e3;
+          overlappedMs = pr->second / 1e3;
+        }
+        size_t fused = 0;
+        for (const auto& g : searched->groups) fused += g.size();
+        r.options = fmt::format("{}; {} groups of {} tensors; searched until iteration {}, timed from {} "
+                                "(the per-tensor plan's options)",
+                                r.searchSummary, searched->groups.size(), fused, r.switchedAt, r.timedFrom);
+      }
       // Each later round's prediction from its own probe, the same plan:
       // the strategy's is their mean, as its measured time is the mean over
       // the rounds (each has --iterations).
       r.roundPredictedMs = {r.predictedMs};
       if (r.predictedMs > 0) {
-        const plan::Plan& p = replan ? *replanned : preds[si].plan;
+        const plan::Plan& p = replan ? *replanned : mergecomp ? *searched : preds[si].plan;
         double predSum = r.predictedMs, overSum = overlappedMs;
         for (const auto& sim : roundSims) {
           const auto pr = predictPlan(*sim, p, std::string());
@@ -587,6 +660,10 @@ int runModelBench(const ModelBenchOptions& o) {
           jr["overlapped_ms"] = nullptr;
           jr["error_pct"] = nullptr;
         }
+        if (r.strategy == "mergecomp") {
+          jr["search"] = r.searchSummary;
+          jr["timed_from"] = r.timedFrom;
+        }
         if (replan) {
           jr["begin_iteration_ms"] = r.beginMeanMs;
           jr["plan_version"] = r.planVersion;
@@ -617,7 +694,22 @@ int runModelBench(const ModelBenchOptions& o) {
       return nullptr;
     };
     const Result *plan = find("plan"), *none = find("none"), *gpu = find("gpu"), *cpu = find("cpu"),
-                 *replanned = find("replan");
+                 *replanned = find("replan"), *perTensor = find("pertensor"), *mc = find("mergecomp");
+    // Fused groups: the plan against Espresso's per-tensor plan (the best
+    // unfused one), and MergeComp's measured groups against the plan's.
+    if (plan && (perTensor || mc)) {
+      const double vsPer = perTensor ? perTensor->meanMs / plan->meanMs : 0;
+      const double mcVs = mc ? plan->meanMs / mc->meanMs : 0;
+      if (o.json) {
+        json js = {{"model", profile.model}, {"codec", o.codec}, {"summary", true}};
+        if (perTensor) js["plan_speedup_vs_pertensor"] = vsPer;
+        if (mc) js["mergecomp_speed_vs_plan"] = mcVs;
+        fmt::print("{}\n", js.dump());
+      } else {
+        if (perTensor) fmt::print("plan (fused) vs pertensor: {:.2f}x\n", vsPer);
+        if (mc) fmt::print("mergecomp vs plan (fused): {:.2f}x\n", mcVs);
+      }
+    }
     if (replanned && none) {
       if (o.json)
         fmt::print("{}\n", json({{"model", profile.model}, {"codec", o.codec}, {"summary", true},

@@ -10,8 +10,9 @@
 #include <map>
 
 #include "core/common/logging.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "scheduler/planner/decision.h"
+#include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/option_tree.h"
 #include "scheduler/planner/report.h"
 
@@ -39,8 +40,13 @@ using planner::AlphaBeta;
 // gradients, which the replay's are not). Returns the end of the last
 // synchronization after the forward pass (us); `trace` gets the events on
 // that timeline.
+//
+// The plan's fused groups ([first, last] ranges, Plan::groups): a batch that
+// would end inside a group takes the rest of it and starts when its last
+// tensor is ready (the replay waits for it), and the group runs as one
+// execution of its summed size at the place of its last tensor.
 double serialized(planner::Simulator& sim, const std::vector<int>& choice,
-                  std::vector<planner::TraceEvent>* trace) {
+                  const std::vector<std::pair<int, int>>& groups, std::vector<planner::TraceEvent>* trace) {
   const auto& ts = sim.profile().tensors;
   const int N = sim.tensors();
   const uint64_t threshold = sim.cluster().fusionBytes;
@@ -52,13 +58,19 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
     ready[j] = readyUs;
     if (trace && bw > 0) trace->push_back({"backward " + ts[j].name, -1, j, readyUs - bw, bw});
   }
+  std::vector<int> groupLast(N), groupFirst(N);
+  for (int j = 0; j < N; ++j) groupLast[j] = groupFirst[j] = j;
+  for (const auto& [first, last] : groups)
+    for (int j = first; j <= last; ++j) groupFirst[j] = first, groupLast[j] = last;
   std::vector<planner::TraceEvent> ev;
   double free = 0;
   for (int j = 0; j < N;) {
-    const double formed = std::max(free, ready[j]);
+    double formed = std::max(free, ready[j]);
     int end = j + 1;
     if (threshold > 0)
       while (end < N && ready[end] <= formed) ++end;
+    end = groupLast[end - 1] + 1;  // a group is handed over whole
+    formed = std::max(formed, ready[end - 1]);
     double t = formed + (threshold > 0 ? sim.cluster().batchAgreeUs : 0.0);
     auto execute = [&](int last, int64_t elements, int option, int count, int first) {
       const std::string label =
@@ -77,6 +89,13 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
     // within the threshold.
     std::vector<std::vector<int>> byOption;
     for (int i = j; i < end; ++i) {
+      if (groupLast[i] != groupFirst[i]) {  // a plan group: once, at its last tensor
+        if (i != groupLast[i]) continue;
+        int64_t elements = 0;
+        for (int k = groupFirst[i]; k <= i; ++k) elements += ts[k].elements;
+        execute(i, elements, choice[i], i - groupFirst[i] + 1, groupFirst[i]);
+        continue;
+      }
       if (threshold == 0 || !sim.options()[choice[i]].fusible()) {
         execute(i, ts[i].elements, choice[i], 1, i);
         continue;
@@ -120,6 +139,8 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
                                                      const plan::Plan& p, const std::string& tracePath) {
   std::vector<plan::TensorOption> options = base.options();
   std::vector<int> choice;
+  const std::vector<std::pair<int, int>> groups = groupRanges(base.profile(), p);
+  if (groups.size() != p.groups.size()) return std::nullopt;
   for (const auto& t : base.profile().tensors) {
     auto it = p.tensors.find(t.name);
     if (it == p.tensors.end()) return std::nullopt;
@@ -131,12 +152,35 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
   planner::Simulator sim(base.cluster(), base.codec(), base.profile(), options);
   if (!tracePath.empty()) {
     std::vector<planner::TraceEvent> ev;
-    serialized(sim, choice, &ev);
+    serialized(sim, choice, groups, &ev);
     std::ofstream f(tracePath);
     f << planner::chromeTrace(sim, ev) << "\n";
   }
-  return std::make_pair(base.profile().forwardUs + serialized(sim, choice, nullptr),
-                        base.profile().forwardUs + sim.simulate(choice));
+  return std::make_pair(base.profile().forwardUs + serialized(sim, choice, groups, nullptr),
+                        base.profile().forwardUs +
+                            (groups.empty() ? sim.simulate(choice) : sim.simulateGroups(choice, groups)));
+}
+
+std::vector<std::pair<int, int>> groupRanges(const planner::ModelProfile& profile, const plan::Plan& p) {
+  std::map<std::string, int> index;
+  for (size_t j = 0; j < profile.tensors.size(); ++j) index[profile.tensors[j].name] = int(j);
+  std::vector<std::pair<int, int>> out;
+  for (const auto& g : p.groups) {
+    int first = -1, prev = -1;
+    bool consecutive = true;
+    for (const std::string& name : g) {
+      auto it = index.find(name);
+      if (it == index.end() || (prev >= 0 && it->second != prev + 1)) {
+        consecutive = false;
+        break;
+      }
+      if (first < 0) first = it->second;
+      prev = it->second;
+    }
+    if (consecutive && first >= 0) out.emplace_back(first, prev);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
@@ -252,14 +296,21 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       s = pl.compressAllCpu();
       CORTADO_ENFORCE(!s.choice.empty(), ErrorCode::kInvalidArgument,
                       "codec '{}' has no option compressed on the CPU", o.codec);
-    } else if (name == "plan" || name == "replan") {
-      // replan starts from the offline plan; what the scheduler switches it
-      // to is reported after the run.
+    } else if (name == "pertensor" || name == "replan" || name == "mergecomp") {
+      // Espresso's per-tensor decision. replan starts from it (what the
+      // scheduler switches it to is reported after the run); mergecomp
+      // searches its groups by timing iterations (the groups it ends on are
+      // predicted after the run).
       s = pl.decide();
+    } else if (name == "plan") {
+      // The planner's plan: Espresso's decision with Cupcake's fused groups
+      // where they are predicted to pay.
+      planner::FusionSearch fs(sim);
+      s = fs.search(pl.decide());
     }
-    if (name != "replan" && !o.predictedTrace.empty()) {
+    if (name != "replan" && name != "mergecomp" && !o.predictedTrace.empty()) {
       std::vector<planner::TraceEvent> ev;
-      serialized(sim, s.choice, &ev);
+      serialized(sim, s.choice, s.groups, &ev);
       const std::string path = predictedTracePath(o.predictedTrace, name);
       std::ofstream f(path);
       f << planner::chromeTrace(sim, ev) << "\n";
@@ -269,8 +320,8 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     Prediction p;
     p.strategy = name;
     p.plan = planner::toPlan(sim, s, 1);
-    p.predictedUs = profile.forwardUs + serialized(sim, s.choice, nullptr);
-    p.overlappedUs = profile.forwardUs + s.iterUs;
+    p.predictedUs = profile.forwardUs + serialized(sim, s.choice, s.groups, nullptr);
+    p.overlappedUs = profile.forwardUs + (s.groups.empty() ? s.iterUs : sim.simulateGroups(s.choice, s.groups));
     std::map<std::string, int> count;
     for (int c : s.choice) ++count[options[c].describe() + (options[c].codec.empty() ? "" : " " + options[c].codec)];
     if (count.size() == 1) {
@@ -280,6 +331,11 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       for (int c : s.choice) compressed += options[c].compressed();
       p.options = fmt::format("{} distinct options, {} of {} tensors compressed", count.size(),
                               compressed, T);
+    }
+    if (!s.groups.empty()) {
+      int fused = 0;
+      for (const auto& [first, last] : s.groups) fused += last - first + 1;
+      p.options += fmt::format("; {} fused groups of {} tensors", s.groups.size(), fused);
     }
     out.push_back(std::move(p));
   }

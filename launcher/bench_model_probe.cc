@@ -167,7 +167,7 @@ size_t agreeOnBatch(collective::Collectives& world, size_t readyCount, Deadline 
 // Every operation the executor may run on group g, at sizes from lo to hi
 // bytes (the model's own tensor sizes, capped at kMaxLinkProbe), each fitted
 // to the planner's formula for it. Compressed steps are probed the way the
-// executor moves payloads (executor_run.cc, allgatherBlob and friends): the sizes
+// executor moves payloads (core/executor/steps.cc, allgatherBlob and friends): the sizes
 // first, then the bytes.
 void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_t hi, uint64_t payloadHi,
                   Deadline d, std::map<plan::CommOp, AlphaBeta>& ops,

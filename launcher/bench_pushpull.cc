@@ -13,7 +13,7 @@
 #include "cortado/config.h"
 #if CORTADO_MPI
 #include "core/collective/mpi/factory.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #endif
 
 namespace cortado::launcher {

@@ -26,7 +26,7 @@ struct PushPullBenchOptions {
   // are small integers, which they carry exactly); other codecs are lossy and
   // their column says "lossy" (tests/multiprocess checks them).
   std::string codec;
-  // Also run every size through the plan executor (core/executor.h) with its
+  // Also run every size through the plan executor (core/executor/executor.h) with its
   // default plan (intra reduce-scatter, push/pull of each shard, intra
   // allgather), the workers under mpirun, and print its time next to plain
   // push_pull's, measured in the same run. float32, uncompressed.

@@ -10,7 +10,7 @@
 #include "core/common/error.h"
 #include "core/common/logging.h"
 #include "core/config.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "cortado/config.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_pushpull.h"
@@ -151,7 +151,10 @@ int main(int argc, char** argv) try {
                  "vgg16, resnet50, resnet101, bert-base, gpt2, lstm, or a profile .json")->required();
   bm->add_option("--strategies", bmo.strategies,
                  "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
-                 "(compress all on the CPU), plan (the planner's plan), replan (the offline plan, then the "
+                 "(compress all on the CPU), pertensor (Espresso's per-tensor plan, no groups), plan "
+                 "(the planner's plan: per-tensor options with Cupcake's fused groups where they pay), "
+                 "mergecomp (the per-tensor plan's options, groups found by MergeComp's search timing "
+                 "iterations; timed once the search has ended), replan (the offline plan, then the "
                  "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
                  "timed once the plan has settled; later --rounds run the plan it settled on)")
       ->delimiter(',')->capture_default_str();

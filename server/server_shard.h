@@ -72,7 +72,7 @@ struct KeyState {
   bool accZero = false;
   compressor::IndexUnion touched;
 
-  // Plan executor (core/executor.h): pushes that complete a round (0 until the
+  // Plan executor (core/executor/executor.h): pushes that complete a round (0 until the
   // first push fixes it), a compressed key answered dense, and an
   // uncompressed key's answer re-encoded for pulls that ask so.
   int expected = 0;

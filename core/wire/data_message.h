@@ -15,7 +15,7 @@
 // name the tensor in its errors. A compressed PULL_RESPONSE body is a payload
 // alone. Compressed messages never use kFlagShm.
 //
-// The plan executor (core/executor.h) adds two forms: a compressed PUSH body
+// The plan executor (core/executor/executor.h) adds two forms: a compressed PUSH body
 // may hold several payloads of the same chunk back to back (a machine's
 // gathered, still-encoded contributions; the server decodes and adds each),
 // and a PULL with kFlagCompressed whose body is a preamble alone asks for the

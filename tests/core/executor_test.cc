@@ -7,7 +7,7 @@
 #include <future>
 
 #include "core/common/half.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "engine_job.h"
 
 namespace cortado {

@@ -307,7 +307,7 @@ TEST_F(ServerCodec, UnknownCodecOnAFirstPushIsRefused) {
 }
 
 
-// The plan executor's forms (core/executor.h): one pusher per round for a key
+// The plan executor's forms (core/executor/executor.h): one pusher per round for a key
 // declared with contributors, several payloads in one push, a dense answer.
 TEST_F(ServerCodec, ContributorsAndSeveralPayloadsPerPushWithADenseAnswer) {
   const size_t n = 50;

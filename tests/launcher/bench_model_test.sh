@@ -40,6 +40,23 @@ for s in none plan; do
   check "fusion off: $s exact, one batch per tensor" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -q '\"fusion_bytes\":0' && echo \"\$line\" | grep -q '\"batches_per_iteration\":7'" "$line"
 done
 
+# Fused groups: the per-tensor plan, the plan with Cupcake's groups, and
+# MergeComp's search for groups by timing iterations (timed once it ended),
+# every result exact (fp16 on integers), each predicted; the summary compares
+# them.
+out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_FUSION_BYTES=0 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- \
+  "$cortado" bench model --profile "$profile" --codec fp16 --strategies pertensor,plan,mergecomp \
+  --iterations 2 --warmup 1 --json 2>&1)
+rc=$?
+echo "$out"
+check "groups run exits 0" "[ $rc = 0 ]" "rc=$rc"
+for s in pertensor plan mergecomp; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "groups: $s exact and predicted" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
+done
+check "mergecomp reports its search" "echo \"\$out\" | grep '\"strategy\":\"mergecomp\"' | grep -q '\"search\":\"fusion search: '" "no search summary"
+check "groups summary" "echo \"\$out\" | grep -q plan_speedup_vs_pertensor && echo \"\$out\" | grep -q mergecomp_speed_vs_plan" "no summary"
+
 # replan too: a tensor that is lossy before a switch gets the retired
 # residuals folded into the switch iteration's input (not checked there),
 # every other lossless result is.

@@ -63,6 +63,27 @@
 //                  inputs), and the profile's communication entries show the
 //                  fused sizes where fusion is on and only single sizes
 //                  where it is off.
+//   --mode groups  the plan's fused groups (plan::Plan::groups): per option of
+//                  the tree (--shard of --shards) a group of three tensors
+//                  (--elements, --elements + 5 and 3 elements), every group
+//                  in one plan, over --iters iterations whose batches hold
+//                  the groups whole, split over two batches (every member
+//                  alone), reversed, or one tensor at a time, so that the
+//                  group boundaries change between iterations. With --codec
+//                  fp16 (integer inputs) every result must equal the plain
+//                  sum; with a lossy codec (the compressed options, every
+//                  --stride-th) the running sums must track the true ones
+//                  within derivedBound (servers' points counted twice: a
+//                  residual may wait on the group's key or a member's own):
+//                  error feedback across changing boundaries loses nothing
+//                  and sends nothing twice. Each iteration checks that the
+//                  groups ran as one execution exactly when whole.
+//   --mode search  MergeComp's fusion search (Executor::setFusionSearch) over
+//                  --tensors tensors (every fourth on the default option,
+//                  the others on one compressed option, fp16), rank 1
+//                  slower than the others: every iteration exact, and at the
+//                  end every rank on the same cuts and the same plan, with
+//                  the other option's tensors kept apart.
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
 #include "tests/multiprocess/exec_check.h"
@@ -84,7 +105,7 @@
 #include "core/collective/mpi/factory.h"
 #include "core/common/crash.h"
 #include "core/common/logging.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "core/plan/profile_report.h"
 #include <nlohmann/json.hpp>
 #include "scheduler/planner/option_tree.h"
@@ -144,7 +165,7 @@ float lossyInput(int rank, size_t option, int iter, uint64_t i) {
   return float(mean + noise);
 }
 
-double derivedBound(const plan::TensorOption& o, const std::string& codec, int W) {
+double derivedBound(const plan::TensorOption& o, const std::string& codec, int W, int serverKeys) {
   const std::string name = codec.substr(0, codec.find(':'));
   double c = 0;
   if (name == "onebit" || name == "efsignsgd" || name == "terngrad") c = 1;
@@ -155,7 +176,7 @@ double derivedBound(const plan::TensorOption& o, const std::string& codec, int W
     if (st.kind == plan::StepKind::kComm && st.op == plan::CommOp::kPull && st.compressed) ++serverPoints;
   }
   const double A = 1.5 * W;
-  return (workerPoints * W + serverPoints) * c * A;
+  return (workerPoints * W + serverPoints * serverKeys) * c * A;
 }
 
 std::vector<plan::TensorOption> Check::treeOptions() const {
@@ -402,7 +423,9 @@ int runCheck(int argc, char** argv) {
   uint64_t n = 11;
   double bound = 0;
   bool noMpi = false;
-  app.add_option("--mode", mode)->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline", "phased"}));
+  app.add_option("--mode", mode)
+      ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
+                             "phased", "groups", "search"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -463,6 +486,10 @@ int runCheck(int argc, char** argv) {
     c.runPhased();
   } else if (mode == "fusion") {
     c.runFusion();
+  } else if (mode == "groups") {
+    c.runGroups();
+  } else if (mode == "search") {
+    c.runSearch();
   } else {
     c.runSweep();
   }

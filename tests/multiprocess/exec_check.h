@@ -11,7 +11,7 @@
 
 #include "core/collective/collectives.h"
 #include "core/config.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "core/worker.h"
 
 namespace exec_check {
@@ -87,7 +87,10 @@ float lossyInput(int rank, size_t option, int iter, uint64_t i);
 // (about 70-90 for these options) by 90 iterations.
 // Sparse codecs answer losslessly at the servers (no server point); other
 // codecs get no derived bound here (pass --bound).
-double derivedBound(const plan::TensorOption& o, const std::string& codec, int W);
+// serverKeys: the keys whose residual may be held at once per server point
+// (2 where group boundaries change: the group's key and the tensor's own).
+double derivedBound(const plan::TensorOption& o, const std::string& codec, int W,
+                    int serverKeys = 1);
 
 template <typename F>
 void expectThrow(const std::string& what, const std::string& needle, F f) {
@@ -143,6 +146,8 @@ struct Check {
   void runPipeline();
   void runPhased();
   void runFusion();
+  void runGroups();
+  void runSearch();
   void runSweep();
 };
 

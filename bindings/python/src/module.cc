@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -38,7 +39,7 @@
 #include "core/common/env.h"
 #include "core/common/logging.h"
 #include "core/config.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 #include "core/plan/plan.h"
 #include "core/worker.h"
 #include "compressor/registry.h"
@@ -363,7 +364,7 @@ class Runtime {
   int localSize_ = 1;
 };
 
-// The plan executor (core/executor.h) over a Runtime's worker: each tensor
+// The plan executor (core/executor/executor.h) over a Runtime's worker: each tensor
 // runs its plan option (BytePS's default, a CORTADO_PLAN file, a plan set
 // from Python, or the scheduler's plans with online re-planning). Python
 // workers run without MPI groups: every worker is its machine's only worker,
@@ -494,6 +495,43 @@ class PyExecutor {
                   : Deadline::after(queueTime(pending)));
   }
 
+  // MergeComp's fusion search (Executor::setFusionSearch).
+  void enableFusionSearch(uint64_t warmup, uint64_t window, uint64_t settle, uint64_t step,
+                          double minGain, int maxGroups) {
+    executor::FusionSearchOptions o;
+    o.warmup = warmup;
+    o.window = window;
+    o.settle = settle;
+    o.step = step;
+    o.minGain = minGain;
+    o.maxGroups = maxGroups;
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.setFusionSearch(o);
+  }
+  // None while the search has not started (or is off), else its summary.
+  std::optional<py::dict> fusionSearch() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    const executor::FusionSearch* s = e.fusionSearch();
+    if (!s) return std::nullopt;
+    py::dict d;
+    d["done"] = s->done();
+    d["summary"] = s->summary();
+    d["timed"] = s->history().size();
+    if (!s->history().empty()) {
+      const auto best = s->best();
+      d["cuts"] = std::vector<uint64_t>(best.begin(), best.end());
+    }
+    return d;
+  }
+
+  uint64_t groupRuns() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return e.groupRuns();
+  }
+
   // Submitted runs not finished yet.
   size_t pending() {
     std::lock_guard<std::mutex> lk(qmu_);
@@ -524,11 +562,24 @@ class PyExecutor {
   // Waits (waitInSlices) until the submitted runs have finished, then raises
   // the first error among them. Called with the GIL held.
   void drain(Deadline deadline) {
-    const bool done = waitInSlices(deadline, [&](Millis slice) {
-      std::unique_lock<std::mutex> lk(qmu_);
-      return qcv_.wait_for(lk, slice, [&] { return pending_ == 0; });
-    });
+    {
+      std::lock_guard<std::mutex> lk(qmu_);
+      ++draining_;  // serve() runs what it holds back
+    }
+    qcv_.notify_all();
+    bool done = false;
+    try {
+      done = waitInSlices(deadline, [&](Millis slice) {
+        std::unique_lock<std::mutex> lk(qmu_);
+        return qcv_.wait_for(lk, slice, [&] { return pending_ == 0; });
+      });
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(qmu_);
+      --draining_;
+      throw;
+    }
     std::unique_lock<std::mutex> lk(qmu_);
+    --draining_;
     if (!done) {
       throw Error(ErrorCode::kTimeout,
                   fmt::format("plan executor: {} submitted run{} not finished in time (running "
@@ -550,8 +601,13 @@ class PyExecutor {
   void stopThread(bool abort) noexcept {
     std::unique_lock<std::mutex> lk(qmu_);
     if (!abort) {
+      ++draining_;  // what is held back runs too
+      qcv_.notify_all();
       abort = !qcv_.wait_for(lk, queueTime(pending_), [&] { return pending_ == 0; });
+      --draining_;
     }
+    for (Queued& q : held_) queue_.push_back(std::move(q));
+    held_.clear();
     if (!queue_.empty() && error_.ok())
       error_ = Status(ErrorCode::kClosed,
                       fmt::format("cortado was shut down with {} submitted run{} not started "
@@ -583,16 +639,42 @@ class PyExecutor {
   // push/pull only (no MPI groups), so the workers need not agree on the
   // batches: each key's round completes whatever the order. After a
   // failure, drops what is queued until wait() has taken the error.
+  //
+  // The plan's fused groups (plan::Plan::groups) run as one execution only
+  // when a batch holds all their tensors; a batch of some of them would run
+  // those on their own, and a worker whose batches were cut elsewhere would
+  // push the group's key while this one pushes the tensors' keys: both would
+  // wait. So the tensors of a group not yet complete are held back (held_)
+  // until its last one is submitted, and the group then runs whole on every
+  // worker, whatever the timing. A drain (wait(), begin_iteration(), run(),
+  // set_plan(), shutdown) runs what is held as it is.
   void serve() {
     std::unique_lock<std::mutex> lk(qmu_);
     for (;;) {
-      qcv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      qcv_.wait(lk, [&] { return stop_ || !queue_.empty() || (draining_ > 0 && !held_.empty()); });
       if (stop_) return;
+      // Held tensors first (they were submitted first), then the queue.
+      std::deque<Queued> take = std::exchange(held_, {});
+      for (Queued& q : queue_) take.push_back(std::move(q));
+      queue_.clear();
+      const ReduceOp op = take.front().op;
       std::vector<executor::BatchItem> batch;
-      const ReduceOp op = queue_.front().op;
-      while (!queue_.empty() && queue_.front().op == op) {
-        batch.push_back(std::move(queue_.front().item));
-        queue_.pop_front();
+      while (!take.empty() && take.front().op == op) {
+        batch.push_back(std::move(take.front().item));
+        take.pop_front();
+      }
+      // Another reduction waits for the next batch, in order.
+      for (auto it = take.rbegin(); it != take.rend(); ++it) queue_.push_front(std::move(*it));
+      if (draining_ == 0 && error_.ok()) {
+        lk.unlock();
+        std::vector<executor::BatchItem> later;
+        {
+          std::lock_guard<std::mutex> exLk(exMu_);
+          later = holdIncompleteGroups(batch);
+        }
+        lk.lock();
+        for (executor::BatchItem& item : later) held_.push_back({std::move(item), op});
+        if (batch.empty()) continue;
       }
       const bool skip = !error_.ok();
       running_ = batch.size() == 1 ? batch[0].name
@@ -626,6 +708,36 @@ class PyExecutor {
     ReduceOp op;
   };
 
+  // Moves the items of `batch` whose plan group the batch does not hold
+  // whole out of it, and returns them (serve()). The plan is set first (the
+  // CORTADO_PLAN file or the default), so that the first batch sees its
+  // groups too. Called with exMu_ held.
+  std::vector<executor::BatchItem> holdIncompleteGroups(std::vector<executor::BatchItem>& batch) {
+    if (rt_.closed()) return {};
+    try {
+      ex_->ensurePlan(Deadline::after(job_.opTimeout));
+    } catch (const Error&) {
+      return {};  // runBatch reports it
+    }
+    const plan::Plan& p = ex_->currentPlan();
+    if (p.groups.empty()) return {};
+    std::map<int, std::set<std::string>> present;  // group -> its tensors in the batch
+    for (const auto& item : batch) {
+      const int g = p.groupOf(item.name);
+      if (g >= 0) present[g].insert(item.name);
+    }
+    std::vector<executor::BatchItem> keep, later;
+    for (auto& item : batch) {
+      const int g = p.groupOf(item.name);
+      if (g >= 0 && present[g].size() < p.groups[size_t(g)].size())
+        later.push_back(std::move(item));
+      else
+        keep.push_back(std::move(item));
+    }
+    batch = std::move(keep);
+    return later;
+  }
+
   Runtime& rt_;
   JobConfig job_;
   std::unique_ptr<executor::Executor> ex_;
@@ -633,8 +745,10 @@ class PyExecutor {
   std::mutex qmu_;   // the queue and what goes with it
   std::condition_variable qcv_;
   std::deque<Queued> queue_;
-  size_t pending_ = 0;  // queued or running
-  Status error_;        // the first failure since the last drain
+  std::deque<Queued> held_;  // tensors of plan groups not yet complete (serve())
+  int draining_ = 0;         // drain() calls waiting: run what is held
+  size_t pending_ = 0;       // queued, held or running
+  Status error_;             // the first failure since the last drain
   std::string running_;
   bool stop_ = false;
   std::thread thread_;
@@ -770,6 +884,16 @@ PYBIND11_MODULE(_C, m) {
       .def("wait", &PyExecutor::wait, py::arg("timeout") = py::none(),
            "Returns when every submitted run finished; raises the first one's error.")
       .def_property_readonly("pending", &PyExecutor::pending)
+      .def("enable_fusion_search", &PyExecutor::enableFusionSearch, py::arg("warmup") = 3,
+           py::arg("window") = 5, py::arg("settle") = 1, py::arg("step") = 2,
+           py::arg("min_gain") = 0.02, py::arg("max_groups") = 4,
+           "MergeComp's search for the plan's groups by timing real iterations "
+           "(Executor::setFusionSearch); needs begin_iteration() every iteration")
+      .def_property_readonly("fusion_search", &PyExecutor::fusionSearch,
+                             "None, or the fusion search's state: done, summary, timed, cuts")
+      .def_property_readonly("group_runs", &PyExecutor::groupRuns,
+                             "executions of the plan's fused groups so far (each: one encode, "
+                             "one server key, one decode for all its tensors)")
       .def_property_readonly("last_report", &PyExecutor::lastReport);
 
   py::class_<Runtime>(m, "Runtime")

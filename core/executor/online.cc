@@ -1,13 +1,18 @@
-// Online re-planning on the worker (core/executor.h, "online re-planning"):
+// Online re-planning on the worker (core/executor/executor.h, "online re-planning"):
 // profiling windows and their reports, the scheduler's verdicts, and plan
 // switches at an iteration boundary.
-#include "core/executor_run.h"
-
 #include <algorithm>
+#include <chrono>
+
+#include "core/common/logging.h"
+#include "core/executor/run.h"
 
 namespace cortado::executor {
 
 void Executor::noteReady(TensorState& t, const BatchItem& item) {
+  if (searchRecording_ &&
+      std::find(searchOrder_.begin(), searchOrder_.end(), t.name) == searchOrder_.end())
+    searchOrder_.push_back(t.name);
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   if (prof && prof->readyThisIter.insert(t.name).second) {
     // Ready time: compute time since the iteration began; given by a caller
@@ -112,6 +117,11 @@ void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
                   "worker {}: beginIteration({}) after iteration {}: with online re-planning "
                   "(CORTADO_PROFILE_WINDOW) every iteration is begun, one after the other",
                   topo_.rank, iteration, iteration_);
+  const bool consecutive = begun_ && iteration == iteration_ + 1;
+  CORTADO_ENFORCE(!begun_ || !searchOptions_ || consecutive, ErrorCode::kInvalidArgument,
+                  "worker {}: beginIteration({}) after iteration {}: the fusion search times "
+                  "every iteration, one after the other",
+                  topo_.rank, iteration, iteration_);
   begun_ = true;
   iteration_ = iteration;
   // 1. Close the window that ends here; open the next.
@@ -157,6 +167,8 @@ void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
       scheduled_ = std::make_pair(std::move(p), u.switchAt);
     }
   }
+  // The fusion search's next candidate, scheduled for the next iteration.
+  if (searchOptions_) stepFusionSearch(deadline);
   // 3. Switch.
   if (scheduled_ && scheduled_->second == iteration) {
     plan::Plan p = std::move(scheduled_->first);
@@ -168,6 +180,110 @@ void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
     prof_->inRunUs = 0;
     prof_->readyThisIter.clear();
   }
+}
+
+void Executor::setFusionSearch(std::optional<FusionSearchOptions> o) {
+  if (o) {
+    validate(*o);
+    CORTADO_ENFORCE(online_.window == 0, ErrorCode::kInvalidArgument,
+                    "the fusion search and online re-planning (CORTADO_PROFILE_WINDOW) both change "
+                    "the plan while the job runs; turn one off");
+  }
+  searchOptions_ = o;
+  search_.reset();
+  searchOrder_.clear();
+  searchRecording_ = false;
+  searchTimes_.clear();
+  searchFrom_ = begun_ ? iteration_ + 1 : 0;
+}
+
+void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts) {
+  plan::Plan p = scheduled_ ? scheduled_->first : currentPlan();
+  p.version = std::max(p.version, plan_ ? plan_->version : 0) + 1;
+  p.groups.clear();
+  const uint64_t n = searchOrder_.size();
+  uint64_t start = 0;
+  for (uint64_t c = 1; c <= n; ++c) {
+    if (c < n && !cuts.count(c)) continue;
+    if (c - start >= 2)
+      p.groups.emplace_back(searchOrder_.begin() + int64_t(start),
+                            searchOrder_.begin() + int64_t(c));
+    start = c;
+  }
+  scheduled_ = std::make_pair(std::move(p), iteration_ + 1);
+  candidateAt_ = iteration_ + 1;
+  searchTimes_.clear();
+}
+
+double Executor::agreedMean(double seconds, Deadline deadline) {
+  double sum = 0;
+  if (groups_) {
+    collective::CallLabel scope(*groups_->world, "fusion search: an iteration's time");
+    groups_->world->allreduce(&seconds, &sum, 1, DType::kFloat64, deadline);
+  } else {
+    const std::string key = "cortado.fusion_search.time";
+    if (!searchKeyDeclared_) {
+      worker_.declare(key, DType::kFloat64, 1, deadline);
+      searchKeyDeclared_ = true;
+    }
+    Status st =
+        worker_.pushPull(key, DType::kFloat64, 1, &seconds, &sum, ReduceOp::kSum, 0).wait(deadline);
+    st.check();
+  }
+  return sum / double(topo_.size);
+}
+
+// At beginIteration(iteration_): the iteration before it just ended.
+void Executor::stepFusionSearch(Deadline deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  const double last = std::chrono::duration<double>(now - lastBegin_).count();
+  lastBegin_ = now;
+  const FusionSearchOptions& o = *searchOptions_;
+  if (!search_) {
+    // Warm-up; then one iteration whose batches give the order.
+    const uint64_t orderAt = searchFrom_ + std::max<uint64_t>(o.warmup, 1);
+    if (iteration_ == orderAt) {
+      searchRecording_ = true;
+      return;
+    }
+    if (iteration_ < orderAt + 1) return;
+    searchRecording_ = false;
+    CORTADO_ENFORCE(!searchOrder_.empty(), ErrorCode::kInvalidArgument,
+                    "worker {}: the fusion search saw no tensor run in iteration {}: run the "
+                    "training's tensors between beginIteration() calls",
+                    topo_.rank, orderAt);
+    std::vector<uint64_t> bytes;
+    FusionSearch::Cuts forced;
+    for (size_t k = 0; k < searchOrder_.size(); ++k) {
+      const TensorState& t = *tensors_.at(searchOrder_[k]);
+      bytes.push_back(t.n * sizeof(float));
+      const bool apart = t.option.codec.rfind("powersgd", 0) == 0;
+      if (k > 0 && (apart || !(t.option == tensors_.at(searchOrder_[k - 1])->option)))
+        forced.insert(k);
+    }
+    search_ = std::make_unique<FusionSearch>(std::move(bytes), std::move(forced), o);
+    scheduleCandidate(*search_->next());
+    return;
+  }
+  if (search_->done()) return;
+  // The candidate took effect at candidateAt_ (that iteration and `settle`
+  // more are left out); iteration_ - 1 just ended.
+  const uint64_t ended = iteration_ - 1;
+  if (ended < candidateAt_ + o.settle) return;
+  searchTimes_.push_back(last);
+  if (searchTimes_.size() < o.window) return;
+  double mean = 0;
+  for (double t : searchTimes_) mean += t;
+  mean = agreedMean(mean / double(searchTimes_.size()), deadline);
+  search_->measured(mean);
+  if (const auto& next = search_->next()) {
+    scheduleCandidate(*next);
+    return;
+  }
+  // Done: the fastest grouping timed, unless it runs already.
+  const FusionSearch::Cuts best = search_->best();
+  if (best != search_->history().back().first) scheduleCandidate(best);
+  if (topo_.rank == 0) CORTADO_LOG_INFO("{}", search_->summary());
 }
 
 }  // namespace cortado::executor

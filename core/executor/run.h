@@ -1,6 +1,7 @@
-// The plan executor's insides (core/executor.h), shared by its three files:
-// executor.cc (plans, batches, fusion, phases), executor_run.cc (one
-// tensor's steps: Run) and executor_online.cc (profiling windows, the
+// The plan executor's insides (core/executor/executor.h), shared by its files:
+// plans.cc (setting a plan: tensor states, shard keys, residuals folded),
+// batch.cc (batches: phases, the pipeline), groups.cc (fused groups),
+// steps.cc (one tensor's steps: Run) and online.cc (profiling windows, the
 // scheduler's verdicts, plan switches at an iteration). Private to core/.
 #pragma once
 
@@ -15,7 +16,7 @@
 #include <vector>
 
 #include "compressor/error_feedback.h"
-#include "core/executor.h"
+#include "core/executor/executor.h"
 
 namespace cortado::executor {
 namespace detail {
@@ -95,6 +96,18 @@ struct Executor::TensorState {
   std::set<uint64_t> cuts;  // where payload pieces may start or end
   uint64_t round = 0;
   uint64_t seedBase = 0;
+  // A plan group's state (Plan::groups) runs its option on the concatenation
+  // of `parts`, each at its offset; a tensor's has none.
+  std::vector<Executor::TensorState*> parts;
+  std::vector<uint64_t> partOffsets;
+  std::vector<float> buffer;  // a group's concatenation, kept across runs
+  // A tensor's plan group under the current plan (nullptr: none).
+  Executor::TensorState* group = nullptr;
+  // The state whose encode points hold this tensor's residuals: itself,
+  // its group, or nullptr when no encode point holds any. A run on another
+  // state first retires this one (Executor::retire), so that group
+  // boundaries may change between batches with nothing lost or sent twice.
+  Executor::TensorState* layout = nullptr;
   std::vector<float> scratch1, scratch2;  // padded collective buffers, kept across runs
 };
 

@@ -1,7 +1,7 @@
-// One tensor's run of its plan option (Run, core/executor_run.h): the
+// One tensor's run of its plan option (Run, core/executor/run.h): the
 // steps in order, with the payload framing and the variable-size
 // collectives that compressed steps move their pieces with.
-#include "core/executor_run.h"
+#include "core/executor/run.h"
 
 #include <algorithm>
 #include <cstring>

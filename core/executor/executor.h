@@ -43,6 +43,7 @@
 #include "core/common/deadline.h"
 #include "core/common/trace.h"
 #include "core/config.h"
+#include "core/executor/fusion_search.h"
 #include "core/plan/plan.h"
 #include "core/plan/profile_report.h"
 #include "core/worker.h"
@@ -129,6 +130,10 @@ class Executor {
   // Every declared tensor on defaultOption().
   void setDefaultPlan(Deadline deadline);
   bool hasPlan() const { return plan_.has_value(); }
+  // Sets the plan a run would set when none is set: the plan file given to
+  // the constructor (CORTADO_PLAN), else the default plan (collective, like
+  // setPlan). Does nothing when a plan is set.
+  void ensurePlan(Deadline deadline);
   const plan::Plan& currentPlan() const;
 
   // Sums `input` over all workers into `output` (may alias) by the tensor's
@@ -136,15 +141,19 @@ class Executor {
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
 
-  // Runs `items`, each as run() would, with tensor fusion (docs/executor.md,
-  // "Tensor fusion"): items whose options are equal and fusible
+  // Runs `items`, each as run() would, with the plan's groups (groupRuns():
+  // a group whose every tensor the batch holds once runs as one execution)
+  // and tensor fusion (docs/executor.md, "Tensor fusion"): items outside
+  // complete groups whose options are equal and fusible
   // (plan::TensorOption::fusible: uncompressed, collectives only) run as one
   // execution of that option on a fusion buffer (their inputs concatenated,
   // the results scattered to their outputs), packed in item order into
   // groups whose summed bytes stay within fusionBytes(). Order: the items
-  // that run alone first (in order), then the groups, option by option in
-  // the order of each option's first item. Results equal running each item
-  // alone (exact for integer-valued data). Every worker calls it with the
+  // that run alone and the plan's groups first (in order, a group at the
+  // place of its last tensor), then the fused-by-size groups, option by
+  // option in the order of each option's first item. Uncompressed results
+  // equal running each item alone (exact for integer-valued data); a plan
+  // group's codec sees the group's statistics. Every worker calls it with the
   // same items in the same order (collective, like run()). An item's input
   // may alias its own output, not another item's buffers. Every item is
   // checked (declared, element count, buffers) before anything runs; an
@@ -187,6 +196,17 @@ class Executor {
   bool pipeline() const { return pipeline_; }
   // Leading encodes the pipeline has run beside another item's steps so far.
   uint64_t pipelinedStarts() const { return pipelinedStarts_; }
+  // Executions of the plan's groups (plan::Plan::groups) so far: a batch
+  // that holds each tensor of a group exactly once runs the group's option
+  // once on their concatenation, at the place of its last tensor (one
+  // encode, one communication step or server key, one decode; the codec's
+  // statistics are the group's). A batch that holds only some of a group's
+  // tensors (or one twice) runs those on their own. Error feedback follows:
+  // before a tensor runs on another state than the one whose encode points
+  // hold its residual, those residuals are folded into its next input
+  // (retire), so boundaries may change between batches with nothing lost or
+  // sent twice.
+  uint64_t groupRuns() const { return groupRuns_; }
 
   // Records every step of every run() (docs/tracing.md): stage names as the
   // planner's simulator has them ("encode", "intra reduce_scatter",
@@ -229,8 +249,35 @@ class Executor {
   // The last complete window's report, if any.
   const std::optional<plan::ProfileReport>& lastReport() const { return lastReport_; }
 
+  // --- MergeComp's fusion search (docs/executor.md, "Fusion search") -------
+  // Finds the plan's groups by timing real iterations, without a profile:
+  // the tensors' gradient-ready order is taken from the first iteration run
+  // after `o.warmup` iterations, then each candidate grouping (FusionSearch:
+  // layer-wise, one group, then a binary search over the cut of one group
+  // more while that pays) becomes the plan's groups for `o.settle` + 1
+  // iterations left out and `o.window` iterations timed (begin to begin,
+  // so the training's own compute counts), the mean agreed across workers
+  // (an allreduce, or a push_pull without MPI groups) so that every worker
+  // takes the same next candidate. Candidates switch as scheduled plans do
+  // (schedulePlan: at an iteration boundary, the servers' residuals
+  // flushed), with the plan's options kept and its version raised. At the
+  // end the fastest grouping timed stays. Needs beginIteration() every
+  // iteration and no online re-planning (both change the plan). nullopt:
+  // off (a search under way stops where it is). Every worker calls it alike.
+  void setFusionSearch(std::optional<FusionSearchOptions> o);
+  // The search (nullptr before its order is known or when off).
+  const FusionSearch* fusionSearch() const { return search_.get(); }
+
   struct TensorState;
   struct Profiler;
+  // What a batch runs as one execution: one item on its tensor's state, or a
+  // plan group's items (in the group's order) on the group's state.
+  struct Unit {
+    TensorState* state = nullptr;
+    const float* in = nullptr;  // a group's: its buffer, once prepared
+    float* out = nullptr;
+    std::vector<size_t> items;  // indices into the batch
+  };
 
  private:
   Worker& worker_;
@@ -245,15 +292,31 @@ class Executor {
   uint64_t fusionBytes_ = kDefaultFusionBytes;
   bool pipeline_ = false;
   uint64_t pipelinedStarts_ = 0;
+  uint64_t groupRuns_ = 0;
   uint64_t phaseBytes_ = kDefaultPhaseBytes;
   uint64_t phasedSteps_ = 0;
+  std::vector<std::unique_ptr<TensorState>> groupStates_;  // the plan's groups, in order
   std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
   std::vector<float> fusionBuffer_;
 
-  void ensurePlan(Deadline deadline);
+  // A state's option, codec, cut points and shard keys ("<keyBase>/plan<gen>/shard<s>").
+  void configure(TensorState& t, const plan::TensorOption& option, const std::string& keyBase,
+                 uint64_t gen, Deadline deadline);
+  // Folds the residuals of every encode point of `s` into its tensors' next
+  // inputs and clears them; with releaseKeys, also releases its shard keys.
+  void retire(TensorState& s, bool releaseKeys);
   TensorState& checkedState(const std::string& name, const float* input, const float* output,
                             uint64_t numElements);
   void noteReady(TensorState& t, const BatchItem& item);
+  // runBatch's units in order; the items left to fusion by size (fusible
+  // options, per option) go to byOption.
+  std::vector<Unit> units(std::span<const BatchItem> items, std::span<TensorState* const> states,
+                          std::vector<std::vector<size_t>>& byOption) const;
+  // Before a unit starts: residuals held by other states come back as carry,
+  // and a group's inputs (with their carry) are gathered into its buffer.
+  void prepare(Unit& u, std::span<const BatchItem> items);
+  // After it ran: a group's results scattered to its items' outputs; run counts.
+  void complete(const Unit& u, std::span<const BatchItem> items);
   bool lastRound() const;
   void runFused(std::span<const BatchItem> batch, std::span<TensorState* const> states,
                 const std::vector<size_t>& members, ReduceOp op, Deadline deadline);
@@ -271,6 +334,20 @@ class Executor {
   std::deque<std::pair<uint64_t, uint64_t>> awaiting_;
   std::optional<std::pair<plan::Plan, uint64_t>> scheduled_;  // plan and switch iteration
   std::optional<plan::ProfileReport> lastReport_;
+
+  // The fusion search's driver (online.cc).
+  void stepFusionSearch(Deadline deadline);
+  void scheduleCandidate(const FusionSearch::Cuts& cuts);
+  double agreedMean(double seconds, Deadline deadline);
+  std::optional<FusionSearchOptions> searchOptions_;
+  std::unique_ptr<FusionSearch> search_;
+  std::vector<std::string> searchOrder_;  // gradient-ready order, recorded
+  bool searchRecording_ = false;
+  uint64_t searchFrom_ = 0;          // the iteration the search was turned on at
+  uint64_t candidateAt_ = 0;         // the iteration the current candidate took effect
+  std::vector<double> searchTimes_;  // the current candidate's timed iterations
+  std::chrono::steady_clock::time_point lastBegin_;
+  bool searchKeyDeclared_ = false;
 };
 
 }  // namespace executor

@@ -1,0 +1,275 @@
+// Batches (Executor::run, Executor::runBatch): which items run alone and which
+// fused, and how the lone ones are interleaved: in phases (every item's local
+// steps, then every item's next communication step, ...) or with the encode
+// pipeline. One tensor's steps are in steps.cc, fused groups in groups.cc.
+#include <algorithm>
+#include <future>
+#include <map>
+#include <system_error>
+
+#include "core/common/logging.h"
+#include "core/executor/executor.h"
+#include "core/executor/run.h"
+
+namespace cortado::executor {
+
+using detail::Run;
+
+namespace {
+
+// The units that run alone, in phases (setPhaseBytes): consecutive units up
+// to phaseBytes of input (0: one unit a phase, so one after the other), each
+// state at most once (a tensor twice in a batch runs its rounds in turn). In
+// a phase every unit's local steps run, then every unit's next communication
+// step, and so on until all are done.
+template <typename Start, typename Complete>
+void runPhases(std::vector<Executor::Unit>& units, const Start& start, const Complete& complete,
+               ReduceOp op, uint64_t phaseBytes, uint64_t& phasedSteps) {
+  for (size_t k = 0; k < units.size();) {
+    std::vector<Executor::Unit*> phase;
+    uint64_t bytes = 0;
+    for (; k < units.size(); ++k) {
+      Executor::Unit& u = units[k];
+      const uint64_t b = u.state->n * sizeof(float);
+      if (!phase.empty() && bytes + b > phaseBytes) break;
+      if (std::any_of(phase.begin(), phase.end(),
+                      [&](const Executor::Unit* v) { return v->state == u.state; }))
+        break;
+      phase.push_back(&u);
+      bytes += b;
+    }
+    std::vector<std::unique_ptr<Run>> runs;
+    for (Executor::Unit* u : phase) runs.push_back(start(*u));
+    for (bool more = true; more;) {
+      size_t communicated = 0;
+      for (auto& r : runs) {
+        if (r->done()) continue;
+        r->communicate();
+        ++communicated;
+      }
+      if (communicated > 1) ++phasedSteps;
+      more = false;
+      for (auto& r : runs) {
+        if (r->done()) continue;
+        r->compute();
+        more = more || !r->done();
+      }
+    }
+    for (size_t n = 0; n < phase.size(); ++n) {
+      runs[n]->scale(op);
+      complete(*phase[n]);
+    }
+  }
+}
+
+}  // namespace
+
+void Executor::run(const std::string& name, const float* input, float* output, uint64_t numElements,
+                   ReduceOp op, Deadline deadline) {
+  BatchItem item{name, input, output, numElements};
+  runBatch(std::span<const BatchItem>(&item, 1), op, deadline);
+}
+
+std::vector<Executor::Unit> Executor::units(std::span<const BatchItem> items,
+                                            std::span<TensorState* const> states,
+                                            std::vector<std::vector<size_t>>& byOption) const {
+  // A plan group runs as one unit when the batch holds each of its tensors
+  // exactly once, at the place of its last one (when the group is complete);
+  // otherwise its tensors run on their own states.
+  std::map<const TensorState*, int> count;
+  for (const TensorState* t : states) ++count[t];
+  auto whole = [&](const TensorState& g) {
+    return std::all_of(g.parts.begin(), g.parts.end(), [&](const TensorState* p) {
+      auto it = count.find(p);
+      return it != count.end() && it->second == 1;
+    });
+  };
+  std::map<TensorState*, std::vector<size_t>> seen;  // group -> its items so far
+  std::vector<Unit> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    TensorState* t = states[i];
+    if (t->group && whole(*t->group)) {
+      auto& got = seen[t->group];
+      got.push_back(i);
+      if (got.size() < t->group->parts.size()) continue;
+      Unit u{t->group, nullptr, nullptr, {}};
+      for (const TensorState* p : t->group->parts)  // the members' order
+        u.items.push_back(
+            *std::find_if(got.begin(), got.end(), [&](size_t j) { return states[j] == p; }));
+      out.push_back(std::move(u));
+      continue;
+    }
+    // Tensor fusion by size: per fusible option in the order of its first
+    // item, its items packed in order (runBatch runs them after the units).
+    if (fusionBytes_ != 0 && t->option.fusible()) {
+      auto it = std::find_if(byOption.begin(), byOption.end(), [&](const std::vector<size_t>& g) {
+        return states[g.front()]->option == t->option;
+      });
+      if (it == byOption.end())
+        byOption.push_back({i});
+      else
+        it->push_back(i);
+      continue;
+    }
+    out.push_back(Unit{t, items[i].input, items[i].output, {i}});
+  }
+  return out;
+}
+
+void Executor::prepare(Unit& u, std::span<const BatchItem> items) {
+  TensorState& s = *u.state;
+  // A tensor whose residuals are held by another state's encode points (its
+  // group's, or its own after running in a group) gets them back as carry
+  // first: the group boundaries changed.
+  auto adopt = [&](TensorState& t) {
+    if (t.layout && t.layout != &s) retire(*t.layout, false);
+    t.layout = &s;
+  };
+  if (s.parts.empty()) {
+    adopt(s);
+    return;
+  }
+  for (TensorState* t : s.parts) adopt(*t);
+  s.round = s.parts.front()->round;  // the trace's iteration, as for fusion by size
+  if (s.buffer.size() < s.n) s.buffer.resize(s.n);
+  s.members.clear();
+  for (size_t k = 0; k < s.parts.size(); ++k) {
+    TensorState& t = *s.parts[k];
+    float* dst = s.buffer.data() + s.partOffsets[k];
+    std::copy_n(items[u.items[k]].input, t.n, dst);
+    if (!t.carry.empty()) {  // residuals of retired encode points
+      for (uint64_t i = 0; i < t.n; ++i) dst[i] += t.carry[i];
+      t.carry.clear();
+    }
+    s.members += fmt::format("{}{}#{}", s.members.empty() ? "" : ", ", t.name, t.round);
+  }
+  u.in = u.out = s.buffer.data();
+}
+
+void Executor::complete(const Unit& u, std::span<const BatchItem> items) {
+  TensorState& s = *u.state;
+  for (size_t k = 0; k < s.parts.size(); ++k) {
+    TensorState& t = *s.parts[k];
+    std::copy_n(s.buffer.data() + s.partOffsets[k], t.n, items[u.items[k]].output);
+    ++t.round;
+  }
+  if (s.parts.empty())
+    ++s.round;
+  else
+    ++groupRuns_;
+}
+
+void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
+  std::vector<TensorState*> states;
+  states.reserve(items.size());
+  for (const BatchItem& it : items)
+    states.push_back(&checkedState(it.name, it.input, it.output, it.numElements));
+  if (items.empty()) return;
+  ensurePlan(deadline);
+  for (TensorState* t : states)
+    CORTADO_ENFORCE(!t->option.steps.empty(), ErrorCode::kInvalidArgument,
+                    "tensor '{}' was declared after the plan was set: set the plan again", t->name);
+  Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
+  const auto t0 = Profiler::Clock::now();
+  // run() is a batch of one: a worker that never hands over more than one
+  // tensor at a time never fuses, and its reports say so (fusionBytes 0).
+  if (prof && items.size() > 1) prof->batched = true;
+  for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
+  const bool flush = lastRound();
+  auto makeRun = [&](TensorState& t) {
+    return std::make_unique<Run>(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush);
+  };
+  auto start = [&](Unit& u) {
+    prepare(u, items);
+    auto r = makeRun(*u.state);
+    r->start(u.in, u.out);
+    return r;
+  };
+  auto done = [&](const Unit& u) { complete(u, items); };
+  auto runAlone = [&](size_t i) {
+    Unit u{states[i], items[i].input, items[i].output, {i}};
+    start(u)->finish(op);
+    done(u);
+  };
+  // Units first, in order: the items that run on their own and the plan's
+  // groups (Plan::groups) whose every tensor the batch holds, at the place
+  // of their last tensor. Then, per fusible option in the order of its first
+  // item, its items packed in order into groups within the threshold
+  // (Horovod too fuses every ready tensor of a kind, not only neighbours).
+  // The batch's end is the same in any order; grouping by option lets
+  // tensors between compressed ones fuse.
+  std::vector<std::vector<size_t>> byOption;
+  std::vector<Unit> alone = units(items, states, byOption);
+  // The units: in phases (0 bytes: one unit a phase, one after the other),
+  // or with the pipeline, where the next one's leading encode (Run::start:
+  // no communication) runs on another thread while this one communicates;
+  // the order of every collective and push is unchanged.
+  if (!pipeline_) {
+    runPhases(alone, start, done, op, phaseBytes_, phasedSteps_);
+  } else {
+    auto startsLocal = [&](size_t k) {
+      const auto& steps = alone[k].state->option.steps;
+      return steps.front().kind != plan::StepKind::kComm && alone[k].state != alone[k - 1].state;
+    };
+    std::unique_ptr<Run> next;
+    std::future<void> nextStarted;
+    for (size_t k = 0; k < alone.size(); ++k) {
+      std::unique_ptr<Run> cur = std::move(next);
+      if (cur) {
+        nextStarted.get();  // its start's error, if any, is this unit's
+      } else {
+        cur = start(alone[k]);
+      }
+      if (k + 1 < alone.size() && startsLocal(k + 1)) {
+        // Its inputs gathered (and any residuals moved) here, on this
+        // thread: no other unit's state is touched (units share no tensor).
+        Unit& u = alone[k + 1];
+        prepare(u, items);
+        auto r = makeRun(*u.state);
+        try {
+          nextStarted = std::async(std::launch::async,
+                                   [r = r.get(), in = u.in, out = u.out] { r->start(in, out); });
+          next = std::move(r);
+          ++pipelinedStarts_;
+        } catch (const std::system_error& e) {
+          // No thread to be had: the next unit starts in turn, as without the pipeline.
+          CORTADO_LOG_WARN("encode pipeline: no second thread ({}); running in turn", e.what());
+          r->start(u.in, u.out);
+          next = std::move(r);
+          nextStarted = std::async(std::launch::deferred, [] {});
+        }
+      }
+      try {
+        cur->finish(op);
+      } catch (...) {
+        // The next unit's encode ran (its residual counts this round's
+        // gradient as sent); the batch fails here, as after any failed step.
+        if (nextStarted.valid()) nextStarted.wait();
+        throw;
+      }
+      done(alone[k]);
+    }
+  }
+  std::vector<size_t> group;
+  auto runGroup = [&] {
+    if (group.size() == 1) {
+      runAlone(group[0]);
+    } else if (!group.empty()) {
+      runFused(items, states, group, op, deadline);
+    }
+    group.clear();
+  };
+  for (const std::vector<size_t>& members : byOption) {
+    uint64_t bytes = 0;
+    for (size_t i : members) {
+      const uint64_t b = states[i]->n * sizeof(float);
+      if (!group.empty() && bytes + b > fusionBytes_) runGroup(), bytes = 0;
+      group.push_back(i);
+      bytes += b;
+    }
+    runGroup();
+  }
+  if (prof) prof->inRunUs += Profiler::since(t0);
+}
+
+}  // namespace cortado::executor

@@ -1,0 +1,275 @@
+// The plan executor's check, modes groups and search (exec_check.cc
+// describes them): the plan's fused groups (plan::Plan::groups) on every
+// option of the tree, compressed and push/pull included, with group
+// boundaries that change from one iteration to the next; and MergeComp's
+// search for the groups by timing iterations.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <fmt/ranges.h>
+
+#include "tests/multiprocess/exec_check.h"
+
+namespace exec_check {
+
+namespace {
+
+// How an iteration hands its tensors over. Whole: every group's members in
+// one batch (each group runs as one execution). Split: each group's first
+// two members in one batch, its third in the next (every member on its own:
+// the group is incomplete in both). Reversed: one batch, each group's members
+// backwards (the group still runs, at the place of its last member). Single:
+// one batch per tensor.
+enum class Pattern { kWhole, kSplit, kReversed, kSingle };
+constexpr Pattern kPatterns[] = {Pattern::kWhole, Pattern::kSplit,  Pattern::kReversed,
+                                 Pattern::kWhole, Pattern::kSingle, Pattern::kWhole};
+const char* patternName(Pattern p) {
+  switch (p) {
+    case Pattern::kWhole: return "whole groups";
+    case Pattern::kSplit: return "groups split over two batches";
+    case Pattern::kReversed: return "whole groups, members reversed";
+    case Pattern::kSingle: return "one tensor a batch";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void Check::runGroups() {
+  const bool exact = codec == "fp16";  // integer inputs: every sum exact
+  auto options = treeOptions();
+  std::vector<size_t> chosen;
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (int(i % shards) != shard) continue;
+    if (!exact && (!options[i].compressed() || (i / shards) % stride != 0)) continue;
+    chosen.push_back(i);
+  }
+  // Per option a group of three tensors of different sizes; the third is
+  // small, so that a codec's per-group statistics differ from its own.
+  const uint64_t sizes[3] = {n, n + 5, 3};
+  plan::Plan p;
+  p.version = 1;
+  std::vector<std::string> names;
+  std::vector<uint64_t> lens;
+  std::vector<size_t> optionOf;
+  for (size_t o : chosen) {
+    std::vector<std::string> group;
+    for (int m = 0; m < 3; ++m) {
+      names.push_back(fmt::format("g{}_{}", o, m));
+      lens.push_back(sizes[m]);
+      optionOf.push_back(o);
+      p.tensors[names.back()] = options[o];
+      group.push_back(names.back());
+    }
+    p.groups.push_back(std::move(group));
+  }
+  for (size_t k = 0; k < names.size(); ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
+  ex.setPlan(p, opDeadline(names.size()));
+  if (me == 0)
+    std::printf(
+        "groups: %zu options (shard %d of %d), %zu tensors in %zu groups, codec %s, %d ranks "
+        "on %d machines, %d iterations\n",
+        chosen.size(), shard, shards, names.size(), p.groups.size(), codec.c_str(), W,
+        topo.numMachines, iters);
+  // The lossy bound: derivedBound's, with the servers' points counted twice.
+  // A compressed pull's residual stays on the key that last carried it: the
+  // group's key while members run alone, a member's own key while the group
+  // runs, until that key's next round.
+  std::vector<double> bounds(chosen.size(), bound);
+  if (!exact && bound <= 0)
+    for (size_t c = 0; c < chosen.size(); ++c) {
+      bounds[c] = derivedBound(options[chosen[c]], codec, W, 2);
+      if (bounds[c] <= 0) {
+        fail(fmt::format("no derived bound for codec '{}': pass --bound", codec));
+        bounds[c] = 1e30;
+      }
+    }
+  auto input = [&](int rank, size_t k, int iter, uint64_t i) {
+    return exact ? exactInput(rank, k, iter, i) : lossyInput(rank, k, iter, i);
+  };
+  std::vector<std::vector<float>> in(names.size()), out(names.size());
+  std::vector<std::vector<double>> runOut(names.size()), runRef(names.size());
+  double worstRatio = 0;
+  for (int iter = 0; iter < iters; ++iter) {
+    const Pattern pat = kPatterns[iter % std::size(kPatterns)];
+    for (size_t k = 0; k < names.size(); ++k) {
+      in[k].resize(lens[k]);
+      out[k].assign(lens[k], -1000.0f);
+      for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = input(me, k, iter, i);
+    }
+    // The batches of this iteration, as indices into names.
+    std::vector<std::vector<size_t>> batches;
+    const size_t G = p.groups.size();
+    if (pat == Pattern::kWhole || pat == Pattern::kReversed) {
+      batches.emplace_back();
+      for (size_t g = 0; g < G; ++g)
+        for (int m = 0; m < 3; ++m)
+          batches.back().push_back(3 * g + (pat == Pattern::kWhole ? m : 2 - m));
+    } else if (pat == Pattern::kSplit) {
+      batches.resize(2);
+      for (size_t g = 0; g < G; ++g) {
+        batches[0].push_back(3 * g);
+        batches[0].push_back(3 * g + 1);
+        batches[1].push_back(3 * g + 2);
+      }
+    } else {
+      for (size_t k = 0; k < names.size(); ++k) batches.push_back({k});
+    }
+    ex.setPipeline(iter % 2 == 1);  // with and without the encode pipeline
+    const uint64_t before = ex.groupRuns();
+    for (const auto& b : batches) {
+      std::vector<executor::BatchItem> batch;
+      for (size_t k : b) {
+        // Half of them in place, as bench model runs them.
+        float* o = k % 2 ? in[k].data() : out[k].data();
+        batch.push_back({names[k], in[k].data(), o, lens[k]});
+      }
+      try {
+        ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+      } catch (const Error& e) {
+        fail(fmt::format("groups, iteration {} ({}): {}", iter, patternName(pat), e.what()));
+        return;
+      }
+    }
+    // Every group ran as one execution exactly when the batch held it whole.
+    const uint64_t fused = ex.groupRuns() - before;
+    const uint64_t expected = pat == Pattern::kWhole || pat == Pattern::kReversed ? G : 0;
+    if (fused != expected)
+      fail(fmt::format("groups, iteration {} ({}): {} group executions, expected {}", iter,
+                       patternName(pat), fused, expected));
+    for (size_t k = 0; k < names.size(); ++k) {
+      const float* o = k % 2 ? in[k].data() : out[k].data();
+      const size_t c = k / 3;
+      runOut[k].resize(lens[k], 0.0);
+      runRef[k].resize(lens[k], 0.0);
+      for (uint64_t i = 0; i < lens[k]; ++i) {
+        double ref = 0;
+        for (int w = 0; w < W; ++w) ref += input(w, k, iter, i);
+        if (exact && o[i] != float(ref)) {
+          fail(
+              fmt::format("groups, iteration {} ({}): tensor {} of option {} ({}), element {}: {} "
+                          "!= reference {}",
+                          iter, patternName(pat), names[k], optionOf[k],
+                          options[optionOf[k]].describe(), i, o[i], ref));
+          break;
+        }
+        // Error feedback: the running sum of the outputs tracks the running
+        // sum of the true sums within the residuals still held.
+        runOut[k][i] += o[i];
+        runRef[k][i] += ref;
+        const double err = std::abs(runOut[k][i] - runRef[k][i]);
+        if (!exact) worstRatio = std::max(worstRatio, err / bounds[c]);
+        if (!exact && err > bounds[c]) {
+          fail(fmt::format(
+              "groups, iteration {} ({}): tensor {} of option {} ({}), element {}: running "
+              "sum {} vs reference {}: error {} > bound {}",
+              iter, patternName(pat), names[k], optionOf[k], options[optionOf[k]].describe(), i,
+              runOut[k][i], runRef[k][i], err, bounds[c]));
+          break;
+        }
+      }
+    }
+  }
+  ex.setPipeline(false);
+  if (me == 0) {
+    if (exact)
+      std::printf("groups: %s\n", failures ? "FAILED" : "exact");
+    else
+      std::printf("groups: %s, worst running-sum error/bound %.3f\n",
+                  failures ? "FAILED" : "within the bound", worstRatio);
+  }
+}
+
+void Check::runSearch() {
+  // --tensors tensors of mixed sizes on one compressed option (fp16 with
+  // integer inputs: exact), and every fourth a default push/pull tensor
+  // (forced cuts around it).
+  auto options = treeOptions();
+  size_t compressed = options.size();
+  for (size_t i = 0; i < options.size() && compressed == options.size(); ++i)
+    if (options[i].compressed() && options[i].hierarchical) compressed = i;
+  if (compressed == options.size())
+    throw Error(ErrorCode::kInternal, "no compressed option in the tree");
+  plan::Plan p;
+  p.version = 1;
+  std::vector<std::string> names;
+  std::vector<uint64_t> lens;
+  for (int k = 0; k < tensors; ++k) {
+    names.push_back(fmt::format("s{:02d}", k));
+    lens.push_back(k % 3 == 0 ? n * 4 : n + uint64_t(k));
+    p.tensors[names.back()] = k % 4 == 3 ? executor::defaultOption() : options[compressed];
+    ex.declare(names.back(), DType::kFloat32, lens.back());
+  }
+  ex.setPlan(p, opDeadline(names.size()));
+  executor::FusionSearchOptions so;
+  so.warmup = 1;
+  so.window = 2;
+  so.settle = 0;
+  so.step = 1;
+  ex.setFusionSearch(so);
+  if (me == 0)
+    std::printf("search: %zu tensors (option %zu: %s), %d ranks on %d machines, rank 1 slower\n",
+                names.size(), compressed, options[compressed].describe().c_str(), W,
+                topo.numMachines);
+  std::vector<std::vector<float>> in(names.size());
+  int iter = 0;
+  for (; iter < 400; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearch() && ex.fusionSearch()->done()) break;
+    if (me == 1) ::usleep(20000);  // a slower worker: its own times differ
+    std::vector<executor::BatchItem> batch;
+    for (size_t k = 0; k < names.size(); ++k) {
+      in[k].resize(lens[k]);
+      for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = exactInput(me, k, iter, i);
+      batch.push_back({names[k], in[k].data(), in[k].data(), lens[k]});
+    }
+    try {
+      ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+    } catch (const Error& e) {
+      fail(fmt::format("search, iteration {}: {}", iter, e.what()));
+      return;
+    }
+    for (size_t k = 0; k < names.size(); ++k)
+      for (uint64_t i = 0; i < lens[k]; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
+        if (in[k][i] != ref) {
+          fail(fmt::format("search, iteration {}: tensor {}, element {}: {} != reference {}", iter,
+                           names[k], i, in[k][i], ref));
+          break;
+        }
+      }
+  }
+  const executor::FusionSearch* s = ex.fusionSearch();
+  if (!s || !s->done()) {
+    fail(fmt::format("search: not done after {} iterations", iter));
+    return;
+  }
+  // Every rank ends on the same groups: compare each rank's cuts and plan.
+  const executor::FusionSearch::Cuts best = s->best();
+  const std::string mine = fmt::format("{}", fmt::join(best, ","));
+  const uint64_t h[2] = {std::hash<std::string>{}(mine),
+                         std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
+  std::vector<uint64_t> all(2 * size_t(W));
+  groups.world->allgather(h, 2, all.data(), DType::kInt64, opDeadline());
+  for (int w = 0; w < W; ++w)
+    if (all[2 * size_t(w)] != h[0] || all[2 * size_t(w) + 1] != h[1])
+      fail(fmt::format("search: rank {} ended on other cuts or another plan than rank {} ({})", w,
+                       me, mine));
+  if (s->history().size() < 3)
+    fail(fmt::format("search: only {} candidates timed", s->history().size()));
+  for (uint64_t c = 3; c < names.size(); c += 4) {  // the default tensors stay apart
+    if (!best.count(c) || (c + 1 < names.size() && !best.count(c + 1)))
+      fail(
+          fmt::format("search: the cuts {} do not keep tensor {} (another option) apart", mine, c));
+  }
+  if (me == 0)
+    std::printf("search: %s after %d iterations; %s\n",
+                failures ? "FAILED" : "same groups on every rank", iter, s->summary().c_str());
+}
+
+}  // namespace exec_check
