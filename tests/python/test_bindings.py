@@ -118,6 +118,19 @@ def test_optimizer_switches_to_the_schedulers_plan(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+def test_fusion_search_ends_with_the_same_groups_on_every_worker(run_job):
+    # MergeComp's search by timing real steps, one worker slower than the
+    # others: every worker takes the same candidates (their times agreed) and
+    # ends on the same groups, with the same parameters.
+    job = run_job(3, 1, "executor_check.py", "--mode", "search", timeout=240)
+    results = assert_all_ok(job, 3)
+    reports = {rank: r["report"] for rank, r in results.items()}
+    for key in ("cuts", "groups", "timed", "steps", "checksum"):
+        assert len({json.dumps(r[key]) for r in reports.values()}) == 1, (key, reports)
+    assert reports[0]["timed"] >= 3, reports[0]
+    print(reports[0]["summary"])
+
+
 def test_shutdown_with_runs_still_submitted(run_job):
     # cortado.shutdown() while the executor's thread has runs queued: they
     # finish first (on every worker alike), no run on a closed worker, a

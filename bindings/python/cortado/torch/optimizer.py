@@ -16,8 +16,57 @@ import warnings
 import torch
 
 from .. import _C, _runtime
-from ..compression import AutoCompression, Compression, Compressor
+from ..compression import AutoCompression, Codec, Compression, Compressor
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
+
+
+# The executor path's default group size: DDP's default bucket (25 MiB).
+DEFAULT_FUSION_BYTES = 25 << 20
+
+
+def push_pull_option(codec=None):
+    """BytePS's path as a plan option (JSON dict): push/pull through the
+    servers, with the gradient encoded on this worker's CPU and the servers'
+    answer decoded there when `codec` (a codec spec) is given. The intra
+    steps do nothing for a worker that is its machine's only one (Python
+    workers have no MPI groups)."""
+    steps = [{"op": "reduce_scatter", "scope": "intra", "compressed": False}]
+    if codec:
+        steps += [{"op": "encode", "device": "cpu"},
+                  {"op": "push", "scope": "inter", "compressed": True},
+                  {"op": "pull", "scope": "inter", "compressed": True},
+                  {"op": "decode", "device": "cpu"}]
+    else:
+        steps += [{"op": "push", "scope": "inter", "compressed": False},
+                  {"op": "pull", "scope": "inter", "compressed": False}]
+    steps.append({"op": "allgather", "scope": "intra", "compressed": False})
+    option = {"scheme": "hierarchical", "steps": steps}
+    if codec:
+        option["codec"] = codec
+    return option
+
+
+def fused_plan(tensors, codec=None, fusion_bytes=DEFAULT_FUSION_BYTES):
+    """A plan (dict) for `tensors`, (name, bytes) in gradient-ready order:
+    every tensor on push_pull_option(codec), cut into groups of consecutive
+    tensors, each closed once it holds `fusion_bytes` or more (0: no
+    groups). A group of one is no group."""
+    option = push_pull_option(codec)
+    groups, cur, size = [], [], 0
+    for name, nbytes in tensors:
+        cur.append(name)
+        size += nbytes
+        if fusion_bytes and size >= fusion_bytes:
+            groups.append(cur)
+            cur, size = [], 0
+    if cur:
+        groups.append(cur)
+    # Version 0, as the default plan: the scheduler's re-plans (1, 2, ...) replace it.
+    plan = {"format": "cortado-plan", "version": 0,
+            "tensors": {name: option for name, _ in tensors}}
+    if fusion_bytes:
+        plan["groups"] = [g for g in groups if len(g) > 1]
+    return plan
 
 
 def _compressor_for(compression, name, param):
@@ -46,7 +95,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # Mixed into the wrapped optimizer's class by DistributedOptimizer(); its
     # __init__ runs the wrapped class's __init__ on the same param_groups.
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 name_prefix, executor=False, plan=None):
+                 name_prefix, executor=False, plan=None, fusion_bytes=None,
+                 fusion_search=None):
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -86,7 +136,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         rt = _runtime.require("DistributedOptimizer")
         self.executor = None
         if executor:
-            self._start_executor(rt, compression, plan)
+            self._start_executor(rt, compression, plan, fusion_bytes, fusion_search)
         elif plan is not None:
             raise _runtime.error("invalid_argument",
                                  "DistributedOptimizer: plan= needs executor=True (the plan "
@@ -115,22 +165,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  c.engine_codec)
         self._register_hooks()
 
-    def _start_executor(self, rt, compression, plan):
-        """The plan executor runs every gradient: the plan (or, with
-        CORTADO_PROFILE_WINDOW, the scheduler's re-plans) decides the path and
-        the compression of each, so `compression` must stay none."""
+    def _start_executor(self, rt, compression, plan, fusion_bytes, fusion_search):
+        """The plan executor runs every gradient. The plan decides the path
+        and the compression of each: `plan`, else CORTADO_PLAN, else a plan
+        made here from `compression` (one codec for every gradient) with the
+        gradients fused into groups of about `fusion_bytes` (and with
+        CORTADO_PROFILE_WINDOW, the scheduler's re-plans later)."""
         per_tensor = isinstance(compression, dict) or (
             callable(compression) and not isinstance(compression, (Compressor, str)))
-        if per_tensor or Compression.lookup(compression) is not Compression.none:
+        c = None if per_tensor else Compression.lookup(compression)
+        if per_tensor or isinstance(c, AutoCompression):
             raise _runtime.error("invalid_argument",
-                                 "DistributedOptimizer: with executor=True the plan chooses each "
-                                 "gradient's compression; leave compression none")
+                                 "DistributedOptimizer: with executor=True one compression "
+                                 "applies to every gradient (none, fp16 or an engine codec); "
+                                 "per-gradient choices are the plan's: pass plan= (cortado plan "
+                                 "--json) or set CORTADO_PROFILE_WINDOW for the scheduler's")
+        if (plan is not None or os.environ.get("CORTADO_PLAN")) and c is not Compression.none:
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer: a plan (plan= or CORTADO_PLAN) chooses "
+                                 "each gradient's compression; leave compression none")
+        if fusion_bytes is None:
+            fusion_bytes = DEFAULT_FUSION_BYTES
+        if not isinstance(fusion_bytes, int) or isinstance(fusion_bytes, bool) or fusion_bytes < 0:
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: fusion_bytes must be a number of bytes "
+                                 f"(0: no groups), got {fusion_bytes!r}")
         for _, p in self._ordered:
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise _runtime.error(
                     "invalid_argument",
                     f"DistributedOptimizer: executor=True runs float32 CPU gradients; "
                     f"parameter '{self._names[p]}' is {p.dtype} on {p.device}")
+        own_plan = plan is None and not os.environ.get("CORTADO_PLAN")
+        codec = None
+        if own_plan:
+            codec = None if c is Compression.none else ("fp16" if c is Compression.fp16 else c.spec)
+        if fusion_search is None:  # on where a codec is named and nothing else
+            fusion_search = bool(codec) and os.environ.get("CORTADO_PROFILE_WINDOW", "0") in ("", "0")
+        if not isinstance(fusion_search, (bool, dict)):
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: fusion_search must be True, False or a "
+                                 f"dict of its settings (warmup, window, settle, step, min_gain, "
+                                 f"max_groups), got {fusion_search!r}")
+        if own_plan:
+            plan = fused_plan([(self._names[p], p.numel() * p.element_size())
+                               for _, p in reversed(self._ordered)], codec, fusion_bytes)
         ex = _C.Executor(rt)
         for _, p in self._ordered:
             ex.declare(self._names[p], p.numel())
@@ -148,6 +227,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      f"text or a file holding it; got {plan!r}")
             ex.set_plan(text)
         ex.enable_online()
+        if fusion_search:
+            try:
+                ex.enable_fusion_search(**(fusion_search if isinstance(fusion_search, dict) else {}))
+            except TypeError as e:
+                raise _runtime.error("invalid_argument",
+                                     f"DistributedOptimizer: fusion_search settings: {e}") from None
         self.executor = ex
         self._iteration = 0
         ex.begin_iteration(0)
@@ -262,7 +347,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, name_prefix="grad", executor=False,
-                         plan=None):
+                         plan=None, fusion_bytes=None, fusion_search=None):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 
     - named_parameters: model.named_parameters(); its order is the layer order
@@ -276,10 +361,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     - backward_passes_per_step: gradients accumulate locally (summed, as
       autograd does) over this many backward passes before they are pushed.
     - executor: run every gradient through the plan executor (float32 CPU
-      parameters; compression stays none): each tensor follows its plan
-      option, BytePS's default (push/pull through the servers) unless
-      `plan` (a plan dict, its JSON text, or a file, as `cortado plan --json`
-      writes it) or CORTADO_PLAN gives one. With CORTADO_PROFILE_WINDOW set
+      parameters): each tensor follows its plan option. The plan is `plan`
+      (a plan dict, its JSON text, or a file, as `cortado plan --json`
+      writes it; compression then stays none), or CORTADO_PLAN, or else one
+      made from `compression` (none, fp16 or an engine codec for every
+      gradient, with error feedback at the encode) over BytePS's path
+      (push/pull through the servers), with the gradients fused into
+      groups: consecutive gradients in backward order (the reverse of
+      named_parameters) of about `fusion_bytes` bytes each (default
+      DEFAULT_FUSION_BYTES, 25 MiB as DDP's buckets; 0: no groups). A group
+      is one encode, one server key and one decode for all its gradients
+      (Cupcake's fused compression); it runs once its last gradient is
+      ready. fusion_search: MergeComp's search for the groups by timing real
+      iterations (the plan's groups change every few steps until it ends,
+      `optimizer.executor.fusion_search` tells where it stands); on by
+      default where `compression` names a codec and no plan is given
+      (and CORTADO_PROFILE_WINDOW is not set); True, False, or a dict of its
+      settings (warmup, window, settle, step, min_gain, max_groups). With CORTADO_PROFILE_WINDOW set
       for the job, the workers profile each window and switch to the
       scheduler's plans at the same iteration (online re-planning); each
       step() begins the next iteration. Python workers have no MPI groups, so
@@ -304,7 +402,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
-               name_prefix, executor, plan)
+               name_prefix, executor, plan, fusion_bytes, fusion_search)
 
 
 def _scalar_tensor(value):
