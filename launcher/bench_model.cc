@@ -614,8 +614,9 @@ int runModelBench(const ModelBenchOptions& o) {
         }
         size_t fused = 0;
         for (const auto& g : searched->groups) fused += g.size();
-        r.options = fmt::format("{}; {} groups of {} tensors; searched until iteration {}, timed from {} "
-                                "(the per-tensor plan's options)",
+        r.options = fmt::format("{} {}; {}; {} groups of {} tensors; searched until iteration {}, "
+                                "timed from {}",
+                                searched->tensors.begin()->second.describe(), searched->tensors.begin()->second.codec,
                                 r.searchSummary, searched->groups.size(), fused, r.switchedAt, r.timedFrom);
       }
       // Each later round's prediction from its own probe, the same plan:

@@ -72,12 +72,13 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
     end = groupLast[end - 1] + 1;  // a group is handed over whole
     formed = std::max(formed, ready[end - 1]);
     double t = formed + (threshold > 0 ? sim.cluster().batchAgreeUs : 0.0);
-    auto execute = [&](int last, int64_t elements, int option, int count, int first) {
+    auto execute = [&](int last, int64_t elements, int option, int count, int first, bool group = false) {
       const std::string label =
           count > 1 ? fmt::format("fused{}:{}..{}", count, ts[first].name, ts[last].name) : std::string();
       ev.clear();
-      const double d = sim.runAlone(last, elements, option, trace ? &ev : nullptr,
-                                    label.empty() ? nullptr : &label);
+      const double d = group ? sim.runGroup(last, elements, option, trace ? &ev : nullptr, &label)
+                             : sim.runAlone(last, elements, option, trace ? &ev : nullptr,
+                                            label.empty() ? nullptr : &label);
       for (planner::TraceEvent& e : ev) {
         e.start += t;
         trace->push_back(std::move(e));
@@ -93,7 +94,7 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
         if (i != groupLast[i]) continue;
         int64_t elements = 0;
         for (int k = groupFirst[i]; k <= i; ++k) elements += ts[k].elements;
-        execute(i, elements, choice[i], i - groupFirst[i] + 1, groupFirst[i]);
+        execute(i, elements, choice[i], i - groupFirst[i] + 1, groupFirst[i], true);
         continue;
       }
       if (threshold == 0 || !sim.options()[choice[i]].fusible()) {
@@ -296,12 +297,20 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       s = pl.compressAllCpu();
       CORTADO_ENFORCE(!s.choice.empty(), ErrorCode::kInvalidArgument,
                       "codec '{}' has no option compressed on the CPU", o.codec);
-    } else if (name == "pertensor" || name == "replan" || name == "mergecomp") {
+    } else if (name == "pertensor" || name == "replan") {
       // Espresso's per-tensor decision. replan starts from it (what the
-      // scheduler switches it to is reported after the run); mergecomp
-      // searches its groups by timing iterations (the groups it ends on are
-      // predicted after the run).
+      // scheduler switches it to is reported after the run).
       s = pl.decide();
+    } else if (name == "mergecomp") {
+      // MergeComp's setting: one codec for every tensor, no model of the
+      // system; the replay searches the groups by timing iterations (the
+      // groups it ends on are predicted after the run). The option is the
+      // better predicted of the compress-everything ones, so that the
+      // search may cut anywhere (tensors on different options never share
+      // a group).
+      s = pl.compressAllGpu();
+      planner::Strategy c = pl.compressAllCpu();
+      if (!c.choice.empty() && (s.choice.empty() || c.iterUs < s.iterUs)) s = std::move(c);
     } else if (name == "plan") {
       // The planner's plan: Espresso's decision with Cupcake's fused groups
       // where they are predicted to pay.

@@ -153,8 +153,8 @@ int main(int argc, char** argv) try {
                  "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
                  "(compress all on the CPU), pertensor (Espresso's per-tensor plan, no groups), plan "
                  "(the planner's plan: per-tensor options with Cupcake's fused groups where they pay), "
-                 "mergecomp (the per-tensor plan's options, groups found by MergeComp's search timing "
-                 "iterations; timed once the search has ended), replan (the offline plan, then the "
+                 "mergecomp (every tensor on the better compress-everything option, groups found by "
+                 "MergeComp's search timing iterations; timed once the search has ended), replan (the offline plan, then the "
                  "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
                  "timed once the plan has settled; later --rounds run the plan it settled on)")
       ->delimiter(',')->capture_default_str();

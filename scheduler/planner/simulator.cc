@@ -158,7 +158,9 @@ void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lan
   switch (op.kind) {
     case OpKind::kEncode: what = "encode"; break;
     case OpKind::kDecode: what = "decode"; break;
-    case OpKind::kCopy: what = op.res == Res::kD2H ? "copy d2h" : "copy h2d"; break;
+    case OpKind::kCopy:
+      what = op.res == Res::kD2H ? "copy d2h" : op.res == Res::kH2D ? "copy h2d" : "group copy";
+      break;
     case OpKind::kServer: what = "server"; break;
     case OpKind::kComm:
       what = fmt::format("{} {}{}", plan::toString(op.scope), plan::toString(op.comm),
@@ -209,7 +211,7 @@ double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, doub
         break;
       }
       case Res::kCpu: {
-        t = scheduleCpu(st, op, j, t, trace);
+        t = scheduleCpu(st, op, j, t, trace, label);
         break;
       }
     }
@@ -222,6 +224,33 @@ const CompiledOption& Simulator::compiledFused(int64_t elements, int dtype, int 
   if (!slot)
     slot = std::make_unique<CompiledOption>(compileOption(cluster_, codec_, elements, dtype, options_[option]));
   return *slot;
+}
+
+const CompiledOption& Simulator::compiledGroup(int64_t elements, int dtype, int option) {
+  auto& slot = groupCache_[{elements, dtype, option}];
+  if (!slot) {
+    slot = std::make_unique<CompiledOption>(compileOption(cluster_, codec_, elements, dtype, options_[option]));
+    SimOp copy;
+    copy.res = Res::kCpu;
+    copy.kind = OpKind::kCopy;
+    copy.tasks = 1;
+    copy.us = double(elements) * dtype * 8.0 / (cluster_.cpuSumGbps * 1000.0);
+    if (copy.us > 0) {  // (an infinite rate: no copies to model)
+      slot->ops.insert(slot->ops.begin(), copy);
+      slot->ops.push_back(copy);
+      slot->pathUs += 2 * copy.us;
+      slot->work[kWorkCpu] += 2 * copy.us;
+    }
+  }
+  return *slot;
+}
+
+double Simulator::runGroup(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace,
+                           const std::string* label) {
+  SimState st = initialState();
+  if (groupCache_.size() > kFusedCacheBound) groupCache_.clear();
+  return scheduleOps(st, compiledGroup(elements, profile_.tensors[tensor].dtypeBytes, option), tensor, 0,
+                     trace, label);
 }
 
 double Simulator::runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace,
@@ -359,9 +388,9 @@ double Simulator::placeGroup(SimState& st, int first, int last, int option, doub
   double t = cluster_.oneTensorAtATime ? std::max(ready, st.maxFinish) : ready;
   // Fused sizes differ with every group: bound the cache before taking a
   // reference into it.
-  if (fusedCache_.size() > kFusedCacheBound) fusedCache_.clear();
+  if (groupCache_.size() > kFusedCacheBound) groupCache_.clear();
   const CompiledOption& c =
-      first == last ? compiled(last, option) : compiledFused(elements, ts[last].dtypeBytes, option);
+      first == last ? compiled(last, option) : compiledGroup(elements, ts[last].dtypeBytes, option);
   std::string label;
   if (trace && first != last)
     label = fmt::format("fused{}:{}..{}", last - first + 1, ts[first].name, ts[last].name);
@@ -497,14 +526,14 @@ double Simulator::placeCpu(const SimState& st, const SimOp& op, double t) {
 }
 
 double Simulator::scheduleCpu(SimState& st, const SimOp& op, int j, double t,
-                              std::vector<TraceEvent>* trace) {
+                              std::vector<TraceEvent>* trace, const std::string* label) {
   const double end = placeCpu(st, op, t);
   for (const auto& [c, s, e] : runs_) {
     insert(st, kCpuLane0 + c, s, e);
     if (trace) {
       SimOp run = op;
       run.us = e - s;
-      traceOp(trace, run, kCpuLane0 + c, j, s);
+      traceOp(trace, run, kCpuLane0 + c, j, s, label);
     }
   }
   return end;

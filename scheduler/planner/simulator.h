@@ -191,6 +191,10 @@ class Simulator {
   // given (a fused group's "fused<N>:<first>..<last>").
   double runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace = nullptr,
                   const std::string* label = nullptr);
+  // runAlone() of a plan group of `elements` (its last tensor `tensor`):
+  // compiledGroup(), with the copies into and out of the group's buffer.
+  double runGroup(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace = nullptr,
+                  const std::string* label = nullptr);
 
   // Explicit fused groups (Plan::groups; Cupcake, fusion_search.h): tensors
   // first..last, consecutive in ready order and of one dtype, run `option`
@@ -237,7 +241,7 @@ class Simulator {
   double advanceCompute(const SimState& st, double from, double work) const;
   double lowerBound(const SimState& st, int next) const;
   double scheduleCpu(SimState& st, const SimOp& op, int tensor, double t,
-                     std::vector<TraceEvent>* trace);
+                     std::vector<TraceEvent>* trace, const std::string* label = nullptr);
   // scheduleCpu() without reserving: fills runs_ and returns the end.
   double placeCpu(const SimState& st, const SimOp& op, double t);
   double tailFrom(int k, double t0, double maxFinish, const double* busy) const;
@@ -247,6 +251,12 @@ class Simulator {
                      std::vector<TraceEvent>* trace, const std::string* label);
   // Tensor fusion: the compiled option of a fused group's summed size.
   const CompiledOption& compiledFused(int64_t elements, int dtype, int option);
+  // A plan group's execution: compiledFused() between the executor's two
+  // copies of the members into the group's buffer and back out
+  // (Executor::prepare/complete), each a memory-bound pass over the group's
+  // bytes on the executor's core at the CPU's summing rate
+  // (Cluster::cpuSumGbps).
+  const CompiledOption& compiledGroup(int64_t elements, int dtype, int option);
   // Drops every reservation at or after `t` (the open group's).
   void truncate(SimState& st, double t) const;
   // With fusion: the finish of every fused member of the current batch so
@@ -258,6 +268,7 @@ class Simulator {
   double schedulePending(SimState& st, std::vector<TraceEvent>* trace);
   std::vector<char> fusible_;  // by option
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<CompiledOption>> fusedCache_;
+  std::map<std::tuple<int64_t, int, int>, std::unique_ptr<CompiledOption>> groupCache_;
   static constexpr size_t kFusedCacheBound = 100000;  // fused sizes differ with every choice
 
   Cluster cluster_;

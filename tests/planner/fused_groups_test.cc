@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -115,6 +116,9 @@ Cluster handCluster() {
   c.intra.base = AlphaBeta{2.5, 8};
   c.inter.base = AlphaBeta{2.5, 8};
   c.cpuCores = 4;
+  // The executor's copies into and out of a group's buffer: 8000 bytes in
+  // 0.1 us.
+  c.cpuSumGbps = 640;
   return c;
 }
 
@@ -133,27 +137,32 @@ TEST(FusedGroups, HandComputedTimeline) {
   // Flat allreduce over 2 GPUs of B bytes: 2 * 2.5 + 2 * 1/2 * B / 1000 us.
   // t0 (1000 floats) ready at 10, t1 (1000 floats) ready at 12.
   // Alone: t0 [10,19], t1 waits for the link: [19,28].
-  // Grouped: from 12, 8000 bytes: [12,25] (one latency less, 2 us later start).
+  // Grouped: from 12, 8000 bytes: [12,25.2] (one latency less, 2 us later
+  // start, and the two copies of the group's buffer, 0.1 us each).
   Simulator sim(handCluster(), ResolvedCodec{}, handModel({{1000, 10}, {1000, 2}}), {kAllreduce});
   EXPECT_DOUBLE_EQ(sim.simulate({0, 0}), 28.0);
   std::vector<TensorTiming> t;
   std::vector<TraceEvent> trace;
-  EXPECT_DOUBLE_EQ(sim.simulateGroups({0, 0}, {{0, 1}}, &t, &trace), 25.0);
+  EXPECT_DOUBLE_EQ(sim.simulateGroups({0, 0}, {{0, 1}}, &t, &trace), 25.2);
   EXPECT_DOUBLE_EQ(t[0].ready, 10.0);
   EXPECT_DOUBLE_EQ(t[1].ready, 12.0);
-  EXPECT_DOUBLE_EQ(t[0].finish, 25.0);
-  EXPECT_DOUBLE_EQ(t[1].finish, 25.0);
-  int fused = 0;
-  for (const TraceEvent& e : trace) fused += e.name.find("fused2:t0..t1") != std::string::npos;
+  EXPECT_DOUBLE_EQ(t[0].finish, 25.2);
+  EXPECT_DOUBLE_EQ(t[1].finish, 25.2);
+  int fused = 0, copies = 0;
+  for (const TraceEvent& e : trace) {
+    fused += e.name == "flat allreduce fused2:t0..t1";
+    copies += e.name == "group copy fused2:t0..t1";
+  }
   EXPECT_EQ(fused, 1);
-  // t1 ready at 40: grouping waits for it: [40,53] against t1 alone [40,49].
+  EXPECT_EQ(copies, 2);
+  // t1 ready at 40: grouping waits for it: [40,53.2] against t1 alone [40,49].
   Simulator late(handCluster(), ResolvedCodec{}, handModel({{1000, 10}, {1000, 30}}), {kAllreduce});
   EXPECT_DOUBLE_EQ(late.simulate({0, 0}), 49.0);
-  EXPECT_DOUBLE_EQ(late.simulateGroups({0, 0}, {{0, 1}}), 53.0);
+  EXPECT_DOUBLE_EQ(late.simulateGroups({0, 0}, {{0, 1}}), 53.2);
   // The search takes the group only where it pays.
   FusionSearch pays(sim), not_(late);
   Strategy a = pays.search(Strategy{{0, 0}, 0});
-  EXPECT_DOUBLE_EQ(a.iterUs, 25.0);
+  EXPECT_DOUBLE_EQ(a.iterUs, 25.2);
   EXPECT_EQ(a.groups, (std::vector<std::pair<int, int>>{{0, 1}}));
   Strategy b = not_.search(Strategy{{0, 0}, 0});
   EXPECT_DOUBLE_EQ(b.iterUs, 49.0);
@@ -187,12 +196,14 @@ TEST(FusedGroups, SingletonsAreThePerTensorSimulation) {
 }
 
 // A group's execution is a lone tensor of the summed size, ready when the
-// last member is: the same model with the members merged into one tensor
-// (summed elements and backward time) gives the same time.
+// last member is, plus the copies of its buffer: with copies free, the same
+// model with the members merged into one tensor (summed elements and
+// backward time) gives the same time.
 TEST(FusedGroups, GroupIsOneTensorOfTheSummedSize) {
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 200; ++trial) {
     Instance in = randomInstance(rng, 3, 16);
+    in.cluster.cpuSumGbps = std::numeric_limits<double>::infinity();  // copies take 0 us
     const int N = int(in.profile.tensors.size());
     const auto options = plannerOptions(in.cluster, in.codec.spec);
     Simulator sim(in.cluster, in.codec, in.profile, options);
