@@ -45,6 +45,9 @@ OnlineOptions onlineOptions(const JobConfig& job) {
 }
 
 void Executor::setOnline(const OnlineOptions& o) {
+  CORTADO_ENFORCE(o.window == 0 || !searchOptions_, ErrorCode::kInvalidArgument,
+                  "online re-planning (CORTADO_PROFILE_WINDOW) and the fusion search both change "
+                  "the plan while the job runs; turn one off (setFusionSearch(std::nullopt))");
   online_ = o;
   // Without this the window open last stayed open: every later run() was
   // timed into it, and a window turned on again closed with those runs in it.

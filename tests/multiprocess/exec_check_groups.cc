@@ -211,6 +211,11 @@ void Check::runSearch() {
   so.settle = 0;
   so.step = 1;
   ex.setFusionSearch(so);
+  // Online re-planning beside it is refused (both change the plan).
+  executor::OnlineOptions on;
+  on.window = 2;
+  on.exchange = false;
+  expectThrow("online re-planning beside the fusion search", "fusion search", [&] { ex.setOnline(on); });
   if (me == 0)
     std::printf("search: %zu tensors (option %zu: %s), %d ranks on %d machines, rank 1 slower\n",
                 names.size(), compressed, options[compressed].describe().c_str(), W,
