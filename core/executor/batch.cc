@@ -137,10 +137,7 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items) {
     TensorState& t = *s.parts[k];
     float* dst = s.buffer.data() + s.partOffsets[k];
     std::copy_n(items[u.items[k]].input, t.n, dst);
-    if (!t.carry.empty()) {  // residuals of retired encode points
-      for (uint64_t i = 0; i < t.n; ++i) dst[i] += t.carry[i];
-      t.carry.clear();
-    }
+    detail::foldCarry(t, dst);
     s.members += fmt::format("{}{}#{}", s.members.empty() ? "" : ", ", t.name, t.round);
   }
   u.in = u.out = s.buffer.data();

@@ -37,10 +37,7 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   for (size_t k = 0; k < states.size(); ++k) {
     TensorState& t = *states[k];
     std::copy_n(items[k]->input, t.n, buf + at);
-    if (!t.carry.empty()) {  // residuals of encode points the last switch retired
-      for (uint64_t i = 0; i < t.n; ++i) buf[at + i] += t.carry[i];
-      t.carry.clear();
-    }
+    detail::foldCarry(t, buf + at);
     at += t.n;
   }
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;

@@ -111,6 +111,17 @@ struct Executor::TensorState {
   std::vector<float> scratch1, scratch2;  // padded collective buffers, kept across runs
 };
 
+namespace detail {
+// Adds the residuals of retired encode points that `t` still owes (carry)
+// to its data at `x` (t.n elements) and clears them: once, in whichever
+// execution runs the tensor next (alone, in a group, or fused by size).
+inline void foldCarry(Executor::TensorState& t, float* x) {
+  if (t.carry.empty()) return;
+  for (uint64_t i = 0; i < t.n; ++i) x[i] += t.carry[i];
+  t.carry.clear();
+}
+}  // namespace detail
+
 // The open profiling window's summaries (plan::ProfileReport's lists, keyed).
 struct Executor::Profiler {
   using Clock = std::chrono::steady_clock;

@@ -148,10 +148,7 @@ void Run::start(const float* in, float* out) {
   // Work in the output: no copy of the tensor beyond the input's.
   x_ = out;
   if (in != out) std::copy_n(in, t_.n, out);
-  if (!t_.carry.empty()) {  // residuals of encode points the last switch retired
-    for (uint64_t i = 0; i < t_.n; ++i) x_[i] += t_.carry[i];
-    t_.carry.clear();
-  }
+  foldCarry(t_, x_);
   r_ = Region{0, t_.n};
   step_ = 0;
   runSteps(Until::kBeforeComm);
