@@ -131,25 +131,26 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items) {
   }
   for (TensorState* t : s.parts) adopt(*t);
   s.round = s.parts.front()->round;  // the trace's iteration, as for fusion by size
-  if (s.buffer.size() < s.n) s.buffer.resize(s.n);
   s.members.clear();
+  std::vector<const BatchItem*> its;
   for (size_t k = 0; k < s.parts.size(); ++k) {
-    TensorState& t = *s.parts[k];
-    float* dst = s.buffer.data() + s.partOffsets[k];
-    std::copy_n(items[u.items[k]].input, t.n, dst);
-    detail::foldCarry(t, dst);
+    const TensorState& t = *s.parts[k];
+    its.push_back(&items[u.items[k]]);
     s.members += fmt::format("{}{}#{}", s.members.empty() ? "" : ", ", t.name, t.round);
   }
-  u.in = u.out = s.buffer.data();
+  float* at = detail::gatherGroup(s.parts, its, s.buffer);
+  if (at != s.buffer.data()) ++inPlaceGroupRuns_;
+  u.in = u.out = at;
 }
 
 void Executor::complete(const Unit& u, std::span<const BatchItem> items) {
   TensorState& s = *u.state;
-  for (size_t k = 0; k < s.parts.size(); ++k) {
-    TensorState& t = *s.parts[k];
-    std::copy_n(s.buffer.data() + s.partOffsets[k], t.n, items[u.items[k]].output);
-    ++t.round;
+  if (!s.parts.empty()) {
+    std::vector<const BatchItem*> its;
+    for (size_t k = 0; k < s.parts.size(); ++k) its.push_back(&items[u.items[k]]);
+    detail::scatterGroup(u.out, s.parts, its);
   }
+  for (TensorState* t : s.parts) ++t->round;
   if (s.parts.empty())
     ++s.round;
   else

@@ -147,7 +147,8 @@ class Executor {
   // complete groups whose options are equal and fusible
   // (plan::TensorOption::fusible: uncompressed, collectives only) run as one
   // execution of that option on a fusion buffer (their inputs concatenated,
-  // the results scattered to their outputs), packed in item order into
+  // the results scattered to their outputs; in place instead when the
+  // outputs are consecutive, see inPlaceGroupRuns()), packed in item order into
   // groups whose summed bytes stay within fusionBytes(). Order: the items
   // that run alone and the plan's groups first (in order, a group at the
   // place of its last tensor), then the fused-by-size groups, option by
@@ -207,6 +208,14 @@ class Executor {
   // (retire), so boundaries may change between batches with nothing lost or
   // sent twice.
   uint64_t groupRuns() const { return groupRuns_; }
+  // Executions of a plan group or a fused-by-size group that ran in place,
+  // with no copy: their items' outputs were consecutive in memory in the
+  // group's order (one flat gradient buffer, as DDP's
+  // gradient_as_bucket_view and cortado.torch's DistributedOptimizer lay
+  // gradients out) and every input was its output or lay outside them.
+  // The others were gathered into a buffer and scattered back: two passes
+  // over the group's bytes.
+  uint64_t inPlaceGroupRuns() const { return inPlaceGroupRuns_; }
 
   // Records every step of every run() (docs/tracing.md): stage names as the
   // planner's simulator has them ("encode", "intra reduce_scatter",
@@ -274,7 +283,7 @@ class Executor {
   // plan group's items (in the group's order) on the group's state.
   struct Unit {
     TensorState* state = nullptr;
-    const float* in = nullptr;  // a group's: its buffer, once prepared
+    const float* in = nullptr;  // a group's: where it runs, once prepared (detail::gatherGroup)
     float* out = nullptr;
     std::vector<size_t> items;  // indices into the batch
   };
@@ -293,6 +302,7 @@ class Executor {
   bool pipeline_ = false;
   uint64_t pipelinedStarts_ = 0;
   uint64_t groupRuns_ = 0;
+  uint64_t inPlaceGroupRuns_ = 0;
   uint64_t phaseBytes_ = kDefaultPhaseBytes;
   uint64_t phasedSteps_ = 0;
   std::vector<std::unique_ptr<TensorState>> groupStates_;  // the plan's groups, in order

@@ -1,6 +1,8 @@
-// Fused groups (docs/executor.md, "Tensor fusion"): several tensors run their
-// option once, on the concatenation of their inputs.
+// Fused groups (docs/executor.md, "Fused groups" and "Tensor fusion"):
+// several tensors run their option once, on the concatenation of their
+// inputs, in place where the caller's buffers are already consecutive.
 #include <algorithm>
+#include <cstdint>
 
 #include "core/common/logging.h"
 #include "core/executor/executor.h"
@@ -10,11 +12,74 @@ namespace cortado::executor {
 
 using detail::Run;
 
+namespace detail {
+
+namespace {
+
+// Whether [a, a + n) and [b, b + m) share an element (as addresses: the
+// buffers may belong to different allocations).
+bool overlaps(const float* a, uint64_t n, const float* b, uint64_t m) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return n != 0 && m != 0 && x < y + m * sizeof(float) && y < x + n * sizeof(float);
+}
+
+// gatherGroup's in-place test.
+bool inPlace(std::span<Executor::TensorState* const> parts, std::span<const BatchItem* const> items,
+             uint64_t total) {
+  float* const base = items.front()->output;
+  if (base == nullptr) return false;
+  uint64_t at = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const uint64_t n = parts[k]->n;
+    if (n != 0 && items[k]->output != base + at) return false;
+    at += n;
+  }
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const BatchItem& it = *items[k];
+    if (it.input != it.output && overlaps(it.input, parts[k]->n, base, total)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+float* gatherGroup(std::span<Executor::TensorState* const> parts,
+                   std::span<const BatchItem* const> items, std::vector<float>& buffer) {
+  uint64_t total = 0;
+  for (const Executor::TensorState* t : parts) total += t->n;
+  float* at = nullptr;
+  if (inPlace(parts, items, total)) {
+    at = items.front()->output;
+  } else {
+    if (buffer.size() < total) buffer.resize(total);
+    at = buffer.data();
+  }
+  uint64_t off = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    Executor::TensorState& t = *parts[k];
+    if (items[k]->input != at + off) std::copy_n(items[k]->input, t.n, at + off);
+    foldCarry(t, at + off);
+    off += t.n;
+  }
+  return at;
+}
+
+void scatterGroup(const float* at, std::span<Executor::TensorState* const> parts,
+                  std::span<const BatchItem* const> items) {
+  uint64_t off = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (items[k]->output != at + off) std::copy_n(at + off, parts[k]->n, items[k]->output);
+    off += parts[k]->n;
+  }
+}
+
+}  // namespace detail
+
 // One execution of the group's option on the concatenation of its members'
 // inputs (members: indices into the batch, in order; each input with the
-// residual a plan switch folded into it), the results scattered to the
-// outputs. Collectives sum element by element, so every element gets what
-// running its tensor alone gives it.
+// residual a plan switch folded into it), the results in the outputs.
+// Collectives sum element by element, so every element gets what running
+// its tensor alone gives it.
 void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState* const> all,
                         const std::vector<size_t>& members, ReduceOp op, Deadline deadline) {
   std::vector<TensorState*> states;
@@ -31,15 +96,8 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   f.members.clear();
   for (const TensorState* t : states)
     f.members += fmt::format("{}{}#{}", f.members.empty() ? "" : ", ", t->name, t->round);
-  if (fusionBuffer_.size() < total) fusionBuffer_.resize(total);
-  float* buf = fusionBuffer_.data();
-  uint64_t at = 0;
-  for (size_t k = 0; k < states.size(); ++k) {
-    TensorState& t = *states[k];
-    std::copy_n(items[k]->input, t.n, buf + at);
-    detail::foldCarry(t, buf + at);
-    at += t.n;
-  }
+  float* buf = detail::gatherGroup(states, items, fusionBuffer_);
+  if (buf != fusionBuffer_.data()) ++inPlaceGroupRuns_;
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   try {
     Run(f, worker_, groups_, topo_, deadline, tracer_.get(), prof, false).go(buf, buf, op);
@@ -49,13 +107,8 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
                                       e.what(), states.size(), states.front()->name,
                                       states.back()->name, total * sizeof(float)));
   }
-  at = 0;
-  for (size_t k = 0; k < states.size(); ++k) {
-    TensorState& t = *states[k];
-    std::copy_n(buf + at, t.n, items[k]->output);
-    at += t.n;
-    ++t.round;
-  }
+  detail::scatterGroup(buf, states, items);
+  for (TensorState* t : states) ++t->round;
 }
 
 }  // namespace cortado::executor

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -120,6 +121,21 @@ inline void foldCarry(Executor::TensorState& t, float* x) {
   for (uint64_t i = 0; i < t.n; ++i) x[i] += t.carry[i];
   t.carry.clear();
 }
+// A group's concatenation (a plan group, or tensors fused by size): its
+// members' inputs, each with the carry it owes, as one span of consecutive
+// elements in the members' order. In place, with no copy, when the outputs
+// are consecutive in memory in that order (a framework's flat gradient
+// buffer: DDP's gradient_as_bucket_view, cortado.torch's DistributedOptimizer,
+// the model replay) and every input either is its output or lies outside
+// the outputs' span; gathered into `buffer` otherwise. Returns the span's
+// start: the output of the first member, or buffer.data().
+float* gatherGroup(std::span<Executor::TensorState* const> parts,
+                   std::span<const BatchItem* const> items, std::vector<float>& buffer);
+// After the group ran at `at` (gatherGroup's answer): a gathered group's
+// results copied to its members' outputs; nothing to do in place.
+void scatterGroup(const float* at, std::span<Executor::TensorState* const> parts,
+                  std::span<const BatchItem* const> items);
+
 }  // namespace detail
 
 // The open profiling window's summaries (plan::ProfileReport's lists, keyed).

@@ -133,6 +133,67 @@ TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
   });
 }
 
+// A plan group runs in place when its outputs are consecutive in the
+// group's order (one flat gradient buffer), whatever the batch's order, and
+// is gathered into a buffer otherwise; the sums are the same either way, and
+// an input apart from its output is left as it was.
+TEST(Executor, AGroupRunsInPlaceOnConsecutiveOutputs) {
+  const int W = 3;
+  test::Job job(W, 2, smallChunks());
+  const std::vector<std::string> names = {"a", "b", "c"};
+  const std::vector<uint64_t> lens = {50, 31, 7};
+  const uint64_t total = 88;
+  plan::Plan p;
+  for (const auto& name : names) p.tensors[name] = executor::defaultOption();
+  p.groups = {names};
+  auto input = [](int r, int iter, size_t k, uint64_t i) { return float((r + 1) * (i % 5) + 10 * k + iter); };
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    for (size_t k = 0; k < 3; ++k) ex.declare(names[k], DType::kFloat32, lens[k]);
+    ex.setPlan(p, soon());
+    struct Case {
+      const char* what;
+      bool reversed;      // the batch's order c, b, a
+      bool swapped;       // b's output before a's in the flat buffer
+      bool inputsApart;   // inputs in buffers of their own
+      uint64_t inPlace;   // expected in-place executions
+    };
+    const Case cases[] = {{"flat, in place", false, false, false, 1},
+                          {"flat, batch reversed", true, false, false, 1},
+                          {"outputs out of the group's order", false, true, false, 0},
+                          {"flat outputs, inputs apart", false, false, true, 1}};
+    int iter = 0;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.what);
+      std::vector<float> flat(total, -1.0f);
+      std::vector<std::vector<float>> apart(3);
+      std::vector<uint64_t> off = {0, lens[0], lens[0] + lens[1]};
+      if (c.swapped) off = {lens[1], 0, lens[0] + lens[1]};
+      std::vector<executor::BatchItem> batch;
+      for (size_t k = 0; k < 3; ++k) {
+        float* out = flat.data() + off[k];
+        apart[k].resize(lens[k]);
+        for (uint64_t i = 0; i < lens[k]; ++i) apart[k][i] = input(r, iter, k, i);
+        if (!c.inputsApart) std::copy(apart[k].begin(), apart[k].end(), out);
+        batch.push_back({names[k], c.inputsApart ? apart[k].data() : out, out, lens[k]});
+      }
+      if (c.reversed) std::reverse(batch.begin(), batch.end());
+      const uint64_t groups = ex.groupRuns(), inPlace = ex.inPlaceGroupRuns();
+      ex.runBatch(batch, ReduceOp::kSum, soon());
+      EXPECT_EQ(ex.groupRuns() - groups, 1u);
+      EXPECT_EQ(ex.inPlaceGroupRuns() - inPlace, c.inPlace);
+      for (size_t k = 0; k < 3; ++k)
+        for (uint64_t i = 0; i < lens[k]; ++i) {
+          float want = 0;
+          for (int w = 0; w < W; ++w) want += input(w, iter, k, i);
+          ASSERT_EQ(flat[off[k] + i], want) << names[k] << " element " << i;
+          if (c.inputsApart) ASSERT_EQ(apart[k][i], input(r, iter, k, i)) << names[k] << " input " << i;
+        }
+      ++iter;
+    }
+  });
+}
+
 TEST(Executor, RefusalsNameTheTensorAndWhatToDo) {
   test::Job job(2, 1);
   job.onEveryWorker([&](int r) {

@@ -76,8 +76,12 @@
 //                  within derivedBound (servers' points counted twice: a
 //                  residual may wait on the group's key or a member's own):
 //                  error feedback across changing boundaries loses nothing
-//                  and sends nothing twice. Each iteration checks that the
-//                  groups ran as one execution exactly when whole.
+//                  and sends nothing twice. The buffers change too, two
+//                  iterations each: a buffer per tensor, one flat buffer in
+//                  place (a framework's flat gradient buffer), flat outputs
+//                  with inputs apart. Each iteration checks that the groups
+//                  ran as one execution exactly when whole, and in place
+//                  exactly when their outputs were consecutive.
 //   --mode search  MergeComp's fusion search (Executor::setFusionSearch) over
 //                  --tensors tensors (every fourth on the default option,
 //                  the others on one compressed option, fp16), rank 1

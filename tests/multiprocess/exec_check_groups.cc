@@ -37,6 +37,23 @@ const char* patternName(Pattern p) {
   return "?";
 }
 
+// Where an iteration's tensors live. Separate: a buffer each, half of them
+// in place (input = output), half with an output of their own (each group
+// is gathered into a buffer and scattered back). Flat: one buffer for all,
+// in declaration order, in place, as a framework's flat gradient buffer
+// (each group runs in place). Flat outputs: the outputs in one buffer, the
+// inputs apart (copied into the outputs, then in place).
+enum class Layout { kSeparate, kFlat, kFlatOutputs };
+Layout layoutOf(int iter) { return Layout((iter / 2) % 3); }
+const char* layoutName(Layout l) {
+  switch (l) {
+    case Layout::kSeparate: return "separate buffers";
+    case Layout::kFlat: return "one flat buffer";
+    case Layout::kFlatOutputs: return "flat outputs";
+  }
+  return "?";
+}
+
 }  // namespace
 
 void Check::runGroups() {
@@ -92,14 +109,30 @@ void Check::runGroups() {
     return exact ? exactInput(rank, k, iter, i) : lossyInput(rank, k, iter, i);
   };
   std::vector<std::vector<float>> in(names.size()), out(names.size());
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  for (uint64_t len : lens) offsets.push_back(total), total += len;
+  std::vector<float> flat(total);
+  std::vector<const float*> inAt(names.size());
+  std::vector<float*> outAt(names.size());
   std::vector<std::vector<double>> runOut(names.size()), runRef(names.size());
   double worstRatio = 0;
   for (int iter = 0; iter < iters; ++iter) {
     const Pattern pat = kPatterns[iter % std::size(kPatterns)];
+    const Layout lay = layoutOf(iter);
+    std::fill(flat.begin(), flat.end(), -1000.0f);
     for (size_t k = 0; k < names.size(); ++k) {
       in[k].resize(lens[k]);
       out[k].assign(lens[k], -1000.0f);
       for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = input(me, k, iter, i);
+      inAt[k] = in[k].data();
+      outAt[k] = k % 2 ? in[k].data() : out[k].data();
+      if (lay == Layout::kFlat) {
+        std::copy(in[k].begin(), in[k].end(), flat.begin() + int64_t(offsets[k]));
+        inAt[k] = outAt[k] = flat.data() + offsets[k];
+      } else if (lay == Layout::kFlatOutputs) {
+        outAt[k] = flat.data() + offsets[k];
+      }
     }
     // The batches of this iteration, as indices into names.
     std::vector<std::vector<size_t>> batches;
@@ -120,14 +153,10 @@ void Check::runGroups() {
       for (size_t k = 0; k < names.size(); ++k) batches.push_back({k});
     }
     ex.setPipeline(iter % 2 == 1);  // with and without the encode pipeline
-    const uint64_t before = ex.groupRuns();
+    const uint64_t before = ex.groupRuns(), beforeInPlace = ex.inPlaceGroupRuns();
     for (const auto& b : batches) {
       std::vector<executor::BatchItem> batch;
-      for (size_t k : b) {
-        // Half of them in place, as bench model runs them.
-        float* o = k % 2 ? in[k].data() : out[k].data();
-        batch.push_back({names[k], in[k].data(), o, lens[k]});
-      }
+      for (size_t k : b) batch.push_back({names[k], inAt[k], outAt[k], lens[k]});
       try {
         ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
       } catch (const Error& e) {
@@ -141,8 +170,14 @@ void Check::runGroups() {
     if (fused != expected)
       fail(fmt::format("groups, iteration {} ({}): {} group executions, expected {}", iter,
                        patternName(pat), fused, expected));
+    // ... and in place exactly when its outputs were consecutive.
+    const uint64_t inPlace = ex.inPlaceGroupRuns() - beforeInPlace;
+    const uint64_t expectedInPlace = lay == Layout::kSeparate ? 0 : expected;
+    if (inPlace != expectedInPlace)
+      fail(fmt::format("groups, iteration {} ({}, {}): {} group executions in place, expected {}",
+                       iter, patternName(pat), layoutName(lay), inPlace, expectedInPlace));
     for (size_t k = 0; k < names.size(); ++k) {
-      const float* o = k % 2 ? in[k].data() : out[k].data();
+      const float* o = outAt[k];
       const size_t c = k / 3;
       runOut[k].resize(lens[k], 0.0);
       runRef[k].resize(lens[k], 0.0);
@@ -151,9 +186,9 @@ void Check::runGroups() {
         for (int w = 0; w < W; ++w) ref += input(w, k, iter, i);
         if (exact && o[i] != float(ref)) {
           fail(
-              fmt::format("groups, iteration {} ({}): tensor {} of option {} ({}), element {}: {} "
+              fmt::format("groups, iteration {} ({}, {}): tensor {} of option {} ({}), element {}: {} "
                           "!= reference {}",
-                          iter, patternName(pat), names[k], optionOf[k],
+                          iter, patternName(pat), layoutName(lay), names[k], optionOf[k],
                           options[optionOf[k]].describe(), i, o[i], ref));
           break;
         }
@@ -165,9 +200,9 @@ void Check::runGroups() {
         if (!exact) worstRatio = std::max(worstRatio, err / bounds[c]);
         if (!exact && err > bounds[c]) {
           fail(fmt::format(
-              "groups, iteration {} ({}): tensor {} of option {} ({}), element {}: running "
+              "groups, iteration {} ({}, {}): tensor {} of option {} ({}), element {}: running "
               "sum {} vs reference {}: error {} > bound {}",
-              iter, patternName(pat), names[k], optionOf[k], options[optionOf[k]].describe(), i,
+              iter, patternName(pat), layoutName(lay), names[k], optionOf[k], options[optionOf[k]].describe(), i,
               runOut[k][i], runRef[k][i], err, bounds[c]));
           break;
         }
