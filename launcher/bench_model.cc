@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "compressor/registry.h"
@@ -146,8 +147,12 @@ int runModelBench(const ModelBenchOptions& o) {
                   "`cortado launch --mpi -w 4 -s 2 -- cortado bench model --profile {}` (or "
                   "--hosts ... for several machines)",
                   o.profile);
-  const planner::ModelProfile profile =
-      scaled(planner::loadModel(o.profile, planner::resolveDataDir(o.dataDir)), o.computeScale);
+  const planner::ModelProfile profile = [&] {
+    planner::ModelProfile p =
+        scaled(planner::loadModel(o.profile, planner::resolveDataDir(o.dataDir)), o.computeScale);
+    p.contiguousGradients = !o.separateBuffers;
+    return p;
+  }();
 
   collective::mpi::Runtime mpi;
   auto mo = collective::mpi::Options::fromEnv();
@@ -259,10 +264,12 @@ int runModelBench(const ModelBenchOptions& o) {
   if (lead && !o.json) {
     fmt::print("# cortado bench model: {} ({} tensors, {:.1f} M elements), codec {}, {} workers on "
                "{} machines x {}, {} servers, compute scale {} (forward {:.1f} ms, backward {:.1f} "
-               "ms), {} iterations after {} warm-up, tensor fusion {}, {}{}\n# measured {}\n",
+               "ms), {} iterations after {} warm-up, gradients {}, tensor fusion {}, {}{}\n# measured {}\n",
                profile.model, T, totalElements / 1e6, o.codec, topo.size, topo.numMachines,
                topo.localSize, worker->numServers(), o.computeScale, profile.forwardUs / 1e3,
                profile.backwardUs() / 1e3, o.iterations, o.warmup,
+               o.separateBuffers ? "in buffers of their own (--separate-buffers: groups copied)"
+                                 : "in one flat buffer (groups in place)",
                job.fusionBytes > 0 ? fmt::format("up to {} bytes (CORTADO_FUSION_BYTES; batch "
                                                  "agreement {:.0f} us)",
                                                  job.fusionBytes, m.agreeUs)
@@ -275,13 +282,24 @@ int runModelBench(const ModelBenchOptions& o) {
                costNote);
     std::fflush(stdout);
   }
-  std::vector<std::vector<float>> pat(T), buf(T);
+  // The gradients: spans of one flat buffer in gradient-ready order (a
+  // plan group's tensors consecutive, so that it runs in place), or each in
+  // a buffer of its own (--separate-buffers).
+  std::vector<std::vector<float>> pat(T), own(T);
+  std::vector<float> flat(o.separateBuffers ? 0 : totalElements);
+  std::vector<std::span<float>> buf(T);
   const int levels = patternLevels(topo.size);
-  for (size_t j = 0; j < T; ++j) {
+  for (size_t j = 0, at = 0; j < T; ++j) {
     const auto& t = profile.tensors[j];
     ex.declare(t.name, DType::kFloat32, uint64_t(t.elements));
     pat[j].resize(size_t(t.elements));
-    buf[j].resize(size_t(t.elements));
+    if (o.separateBuffers) {
+      own[j].resize(size_t(t.elements));
+      buf[j] = own[j];
+    } else {
+      buf[j] = std::span<float>(flat).subspan(at, size_t(t.elements));
+      at += size_t(t.elements);
+    }
     for (uint64_t i = 0; i < uint64_t(t.elements); ++i) pat[j][i] = pattern(j, i, levels);
   }
   // Gradient j is ready this long after an iteration starts (forward pass

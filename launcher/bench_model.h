@@ -39,6 +39,11 @@ struct ModelBenchOptions {
   // their round's costs too, the prediction their mean).
   bool probeOnce = false;
   double computeScale = 1.0;
+  // Every gradient in a buffer of its own, instead of one flat buffer in
+  // gradient-ready order (as cortado.torch and DDP's bucket views lay them
+  // out): a fused group is then gathered into a buffer and scattered back,
+  // and the predictions count those copies (ModelProfile::contiguousGradients).
+  bool separateBuffers = false;
   bool json = false;
   bool progress = false;  // force the progress bar (default: when stderr is a terminal)
   int cpuCores = 0;       // per machine, for the cost model; 0: this host's cores / machines

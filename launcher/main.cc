@@ -174,6 +174,10 @@ int main(int argc, char** argv) try {
   bm->add_option("--compute-scale", bmo.computeScale,
                  "multiply the profile's forward and backward times (the replayed compute)")
       ->capture_default_str();
+  bm->add_flag("--separate-buffers", bmo.separateBuffers,
+               "every gradient in a buffer of its own (default: one flat buffer in gradient-ready "
+               "order, where fused groups run in place): groups are gathered into a buffer and "
+               "scattered back, and the predictions count those copies");
   bm->add_option("--cpu-cores", bmo.cpuCores,
                  "CPU cores per machine in the cost model (0: this host's cores / machines)");
   bm->add_option("--data-dir", bmo.dataDir, "planner data folder (profiles/, costs/)");

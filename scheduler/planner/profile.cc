@@ -72,6 +72,12 @@ ModelProfile ModelProfile::fromJson(const json& j) {
   p.forwardUs = field<double>(j, "forward_us", where, "a number of microseconds", 0.0);
   CORTADO_ENFORCE(std::isfinite(p.forwardUs) && p.forwardUs >= 0, ErrorCode::kInvalidArgument,
                   "{}: forward_us is {}, it must be >= 0", where, p.forwardUs);
+  if (auto c = j.find("contiguous_gradients"); c != j.end()) {
+    CORTADO_ENFORCE(c->is_boolean(), ErrorCode::kInvalidArgument,
+                    "{}: field \"contiguous_gradients\" is {} ({}), it must be true or false{}",
+                    where, c->type_name(), c->dump().substr(0, 40), kFormatHint);
+    p.contiguousGradients = c->get<bool>();
+  }
   auto ts = j.find("tensors");
   CORTADO_ENFORCE(ts != j.end() && ts->is_array(), ErrorCode::kInvalidArgument,
                   "{}: field \"tensors\" is {}, it must be an array of tensors{}", where,
@@ -121,7 +127,7 @@ json ModelProfile::toJson() const {
     ts.push_back({{"name", t.name}, {"elements", t.elements}, {"dtype_bytes", t.dtypeBytes},
                   {"backward_us", t.backwardUs}});
   return json{{"format", "cortado-profile"}, {"model", model}, {"source", source},
-              {"forward_us", forwardUs},
+              {"forward_us", forwardUs}, {"contiguous_gradients", contiguousGradients},
               {"tensors", std::move(ts)}};
 }
 

@@ -26,6 +26,13 @@ struct ModelProfile {
   std::string source;  // how the shapes and times were obtained
   double forwardUs = 0;  // constant per iteration; only used to report speedups
   std::vector<TensorProfile> tensors;
+  // Whether the job hands the executor its gradients as consecutive spans of
+  // one buffer in this order (cortado.torch's DistributedOptimizer, DDP's
+  // gradient_as_bucket_view, the model replay): a fused group then runs in
+  // place. When false, each group's execution pays two copies of its bytes
+  // (gathered into a buffer and scattered back; Executor::inPlaceGroupRuns).
+  // JSON "contiguous_gradients", default true.
+  bool contiguousGradients = true;
 
   double backwardUs() const;
   double totalBytes() const;

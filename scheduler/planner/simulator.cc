@@ -235,7 +235,9 @@ const CompiledOption& Simulator::compiledGroup(int64_t elements, int dtype, int 
     copy.kind = OpKind::kCopy;
     copy.tasks = 1;
     copy.us = double(elements) * dtype * 8.0 / (cluster_.cpuSumGbps * 1000.0);
-    if (copy.us > 0) {  // (an infinite rate: no copies to model)
+    // In place on a flat gradient buffer (ModelProfile::contiguousGradients);
+    // an infinite rate: no copies to model either.
+    if (!profile_.contiguousGradients && copy.us > 0) {
       slot->ops.insert(slot->ops.begin(), copy);
       slot->ops.push_back(copy);
       slot->pathUs += 2 * copy.us;

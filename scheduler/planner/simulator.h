@@ -251,10 +251,11 @@ class Simulator {
                      std::vector<TraceEvent>* trace, const std::string* label);
   // Tensor fusion: the compiled option of a fused group's summed size.
   const CompiledOption& compiledFused(int64_t elements, int dtype, int option);
-  // A plan group's execution: compiledFused() between the executor's two
-  // copies of the members into the group's buffer and back out
-  // (Executor::prepare/complete), each a memory-bound pass over the group's
-  // bytes on the executor's core at the CPU's summing rate
+  // A plan group's execution: compiledFused(), in place on a flat gradient
+  // buffer (ModelProfile::contiguousGradients); otherwise between the
+  // executor's two copies of the members into the group's buffer and back
+  // out (detail::gatherGroup/scatterGroup), each a memory-bound pass over
+  // the group's bytes on the executor's core at the CPU's summing rate
   // (Cluster::cpuSumGbps).
   const CompiledOption& compiledGroup(int64_t elements, int dtype, int option);
   // Drops every reservation at or after `t` (the open group's).

@@ -46,8 +46,14 @@ TEST(ModelProfile, ValidProfileRoundTrips) {
   EXPECT_EQ(p.tensors[1].dtypeBytes, 4);  // the default
   EXPECT_DOUBLE_EQ(p.backwardUs(), 3.5);
   EXPECT_DOUBLE_EQ(p.totalBytes(), 100 * 2 + 7 * 4);
+  EXPECT_TRUE(p.contiguousGradients);  // the default
   const ModelProfile q = ModelProfile::fromJson(p.toJson());
   EXPECT_EQ(q.toJson(), p.toJson());
+  json apart = valid();
+  apart["contiguous_gradients"] = false;
+  const ModelProfile r = ModelProfile::fromJson(apart);
+  EXPECT_FALSE(r.contiguousGradients);
+  EXPECT_FALSE(ModelProfile::fromJson(r.toJson()).contiguousGradients);
 }
 
 TEST(ModelProfile, MalformedProfilesNameTheTensorAndTheField) {
@@ -62,6 +68,8 @@ TEST(ModelProfile, MalformedProfilesNameTheTensorAndTheField) {
       {"no model", [](json& j) { j.erase("model"); }, {"field \"model\" is missing", "a string"}},
       {"model a number", [](json& j) { j["model"] = 5; }, {"field \"model\" is number", "a string"}},
       {"forward negative", [](json& j) { j["forward_us"] = -1; }, {"profile 'm'", "forward_us"}},
+      {"contiguous a string", [](json& j) { j["contiguous_gradients"] = "yes"; },
+       {"profile 'm'", "\"contiguous_gradients\" is string", "true or false"}},
       {"no tensors", [](json& j) { j.erase("tensors"); },
        {"profile 'm'", "\"tensors\" is missing", "an array"}},
       {"tensors an object", [](json& j) { j["tensors"] = json::object(); },

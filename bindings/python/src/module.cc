@@ -532,6 +532,12 @@ class PyExecutor {
     return e.groupRuns();
   }
 
+  uint64_t inPlaceGroupRuns() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return e.inPlaceGroupRuns();
+  }
+
   // Submitted runs not finished yet.
   size_t pending() {
     std::lock_guard<std::mutex> lk(qmu_);
@@ -894,6 +900,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("group_runs", &PyExecutor::groupRuns,
                              "executions of the plan's fused groups so far (each: one encode, "
                              "one server key, one decode for all its tensors)")
+      .def_property_readonly("in_place_group_runs", &PyExecutor::inPlaceGroupRuns,
+                             "of those and of the groups fused by size, the executions that ran "
+                             "in place on consecutive gradients, with no copy")
       .def_property_readonly("last_report", &PyExecutor::lastReport);
 
   py::class_<Runtime>(m, "Runtime")

@@ -25,7 +25,7 @@ from optimizer_check import STEPS, batches, make_model, max_diff, reference
 PER_WORKER = 8
 
 
-def distributed(rank, world, prefix, **kwargs):
+def distributed(rank, world, prefix, set_to_none=False, **kwargs):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -34,7 +34,7 @@ def distributed(rank, world, prefix, **kwargs):
     loss_fn = torch.nn.CrossEntropyLoss()
     versions = [opt.executor.plan_version]
     for x, y in batches(world):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         lo, hi = rank * PER_WORKER, (rank + 1) * PER_WORKER
         loss_fn(model(x[lo:hi]), y[lo:hi]).backward()
         opt.step()
@@ -111,8 +111,19 @@ def fused_against_unfused(rank, world, ref, fused_default, moved):
     groups = json.loads(opt.executor.plan_json)["groups"]
     assert len(groups) >= 2, groups
     assert opt.executor.group_runs == STEPS * len(groups), (opt.executor.group_runs, groups)
+    # The gradients are views into one flat buffer in backward order: every
+    # group runs in place.
+    assert opt.executor.in_place_group_runs == opt.executor.group_runs, \
+        (opt.executor.in_place_group_runs, opt.executor.group_runs)
     out["small_groups"] = max_diff(ref, small)
     assert out["small_groups"] <= 1e-5, out
+    # zero_grad(set_to_none=True) drops the views; each gradient goes back
+    # into its view when submitted, and the groups still run in place.
+    dropped, opt, _ = distributed(rank, world, "grad.to_none", set_to_none=True)
+    assert opt.executor.in_place_group_runs == opt.executor.group_runs == STEPS, \
+        (opt.executor.in_place_group_runs, opt.executor.group_runs)
+    out["set_to_none"] = max_diff(ref, dropped)
+    assert out["set_to_none"] <= 1e-5, out
     for codec in ("fp16", "efsignsgd", "dgc:ratio=0.1", "topk:ratio=0.1"):
         fused, opt, _ = distributed(rank, world, f"grad.{codec}.fused", compression=codec,
                                     fusion_search=False)
@@ -265,6 +276,7 @@ def main():
         # backward order), run once per step.
         assert plan["groups"] == [[f"grad.default.{n}" for n in reversed(MODEL_PARAMS)]], plan
         assert opt.executor.group_runs == STEPS, opt.executor.group_runs
+        assert opt.executor.in_place_group_runs == STEPS, opt.executor.in_place_group_runs
         report.update(fused_against_unfused(rank, world, ref, got, moved))
         # Every gradient through fp16 push/pull.
         plan = plan_of([n.replace("grad.default.", "grad.fp16.", 1) for n in plan["tensors"]],

@@ -235,7 +235,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      f"DistributedOptimizer: fusion_search settings: {e}") from None
         self.executor = ex
         self._iteration = 0
+        self._flatten_grads()
         ex.begin_iteration(0)
+
+    def _flatten_grads(self):
+        """Every gradient becomes a view into one flat buffer, in
+        gradient-ready order (the model's order reversed, as the hooks fire
+        and as fused_plan groups them), as DDP's gradient_as_bucket_view: a
+        group of consecutive gradients then runs in place, with no copy into
+        a group buffer and back (the executor's in_place_group_runs). Backward
+        accumulates into the views; zero_grad() zeroes them in place. A
+        gradient that no longer is its view (zero_grad(set_to_none=True), an
+        assignment) is copied back into it when it is submitted."""
+        ready = [p for _, p in reversed(self._ordered)]
+        self._flat_grads = torch.zeros(sum(p.numel() for p in ready), dtype=torch.float32)
+        self._grad_views = {}
+        at = 0
+        with torch.no_grad():
+            for p in ready:
+                view = self._flat_grads[at:at + p.numel()].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+                self._grad_views[p] = view
+                at += p.numel()
 
     def _register_hooks(self):
         for _, p in self._ordered:
@@ -262,15 +285,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _push_pull_grad_async(self, p):
         grad = p.grad
-        if grad is None:
-            grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         if self.executor is not None:
             # On the executor's thread, in the order the hooks fire, while the
             # backward pass goes on; synchronize() waits for it. The handle
             # slot keeps the buffer alive until then.
-            tmp = grad if grad.is_contiguous() else grad.contiguous()
-            self.executor.submit(self._names[p], tmp.numel(), tmp.data_ptr(), tmp.data_ptr(), True)
-            return tmp, (None if tmp is grad else tmp)
+            view = self._grad_views[p]
+            if grad is None or grad.data_ptr() != view.data_ptr():
+                with torch.no_grad():
+                    if grad is None:
+                        view.zero_()
+                    else:
+                        view.copy_(grad)
+                p.grad = view
+            self.executor.submit(self._names[p], view.numel(), view.data_ptr(), view.data_ptr(),
+                                 True)
+            return view, None
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         if grad.is_contiguous():
             handle = submit("DistributedOptimizer", grad, grad, True, self._names[p],
                              self._priority[p], self._compressors[p])
