@@ -505,7 +505,7 @@ int runModelBench(const ModelBenchOptions& o) {
       // once when the batch holds all of it).
       std::vector<size_t> groupEnd(T);
       for (size_t j = 0; j < T; ++j) groupEnd[j] = j + 1;
-      for (const auto& [first, last] : groupRanges(profile, ex.currentPlan()))
+      for (const auto& [first, last] : planner::groupRanges(profile, ex.currentPlan()))
         for (int j = first; j <= last; ++j) groupEnd[size_t(j)] = size_t(last) + 1;
       for (size_t j = 0; j < T;) {
         std::this_thread::sleep_until(readyAt(j));

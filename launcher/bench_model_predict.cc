@@ -140,7 +140,7 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
                                                      const plan::Plan& p, const std::string& tracePath) {
   std::vector<plan::TensorOption> options = base.options();
   std::vector<int> choice;
-  const std::vector<std::pair<int, int>> groups = groupRanges(base.profile(), p);
+  const std::vector<std::pair<int, int>> groups = planner::groupRanges(base.profile(), p);
   if (groups.size() != p.groups.size()) return std::nullopt;
   for (const auto& t : base.profile().tensors) {
     auto it = p.tensors.find(t.name);
@@ -162,27 +162,6 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
                             (groups.empty() ? sim.simulate(choice) : sim.simulateGroups(choice, groups)));
 }
 
-std::vector<std::pair<int, int>> groupRanges(const planner::ModelProfile& profile, const plan::Plan& p) {
-  std::map<std::string, int> index;
-  for (size_t j = 0; j < profile.tensors.size(); ++j) index[profile.tensors[j].name] = int(j);
-  std::vector<std::pair<int, int>> out;
-  for (const auto& g : p.groups) {
-    int first = -1, prev = -1;
-    bool consecutive = true;
-    for (const std::string& name : g) {
-      auto it = index.find(name);
-      if (it == index.end() || (prev >= 0 && it->second != prev + 1)) {
-        consecutive = false;
-        break;
-      }
-      if (first < 0) first = it->second;
-      prev = it->second;
-    }
-    if (consecutive && first >= 0) out.emplace_back(first, prev);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                                    const planner::ModelProfile& profile,

@@ -40,10 +40,6 @@ std::string predictedTracePath(const std::string& file, const std::string& strat
 std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& base,
                                                      const plan::Plan& p, const std::string& tracePath);
 
-// The plan's groups as [first, last] ranges of the profile's tensors (in its
-// order), sorted; a group that is not a run of consecutive profile tensors
-// is left out (predictPlan() then predicts nothing).
-std::vector<std::pair<int, int>> groupRanges(const planner::ModelProfile& profile, const plan::Plan& p);
 
 // Rank 0: the cost models from the measurements, as a simulator over the
 // planner's options for this job (BytePS's default among them, at

@@ -16,6 +16,7 @@
 #include "core/common/logging.h"
 #include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
+#include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/report.h"
 #include "scheduler/planner/simulator.h"
 #include "scheduler/replan_fit.h"
@@ -459,6 +460,9 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
     }
     if (kept > 0) s.iterUs = sim.simulate(s.choice);
   }
+  // Cupcake's groups over the decided options, as for an offline plan
+  // (none where the workers fuse by size: FusionSearch returns `s` as it is).
+  if (opts_.fuse) s = planner::FusionSearch(sim).search(s);
   if (spdlog::should_log(spdlog::level::debug)) {
     for (const auto* l : {&cl.inter, &cl.intra})
       for (int k = 0; k < 2; ++k)
@@ -471,8 +475,18 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   }
   const bool firstDecision = !decided_;
   decided_ = true;
-  predictedNew_ = sim.simulate(s.choice);
-  predictedRunning_ = cur.empty() ? 0 : sim.simulate(cur);
+  predictedNew_ = s.groups.empty() ? sim.simulate(s.choice) : sim.simulateGroups(s.choice, s.groups);
+  // The running plan with its groups (the executor runs them whole).
+  std::vector<std::pair<int, int>> curGroups;
+  if (!cur.empty() && opts_.fuse && cl.fusionBytes == 0) {
+    curGroups = planner::groupRanges(prof, *running);
+    for (const auto& [first, last] : curGroups)
+      for (int j = first + 1; j <= last && !curGroups.empty(); ++j)
+        if (cur[size_t(j)] != cur[size_t(first)]) curGroups.clear();  // not a plan the executor runs
+  }
+  predictedRunning_ = cur.empty()           ? 0
+                      : curGroups.empty() ? sim.simulate(cur)
+                                          : sim.simulateGroups(cur, curGroups);
   if (!cur.empty()) {
     const double curUs = predictedRunning_, newUs = predictedNew_;
     if (!(newUs < curUs * (1.0 - opts_.minGain))) {

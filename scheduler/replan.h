@@ -88,6 +88,11 @@ struct ReplanOptions {
   // decision took 150-600 ms of the job's cores and could switch plans
   // (a switch costs 15-30 iterations on the VM).
   int confirmWindows = 2;  // CORTADO_REPLAN_CONFIRM
+  // Cupcake's fusion search after the decision, as for an offline plan: the
+  // new plan carries fused groups where predicted faster, and the running
+  // plan's groups are modelled when it is compared (none where the workers
+  // fuse by size, CORTADO_FUSION_BYTES > 0).
+  bool fuse = true;
   std::string intra = "pcie";   // hardware.json links used until measured
   std::string inter = "10gbit";
   int cpuCores = 8;             // at most; the executor runs a worker's codec calls on one thread

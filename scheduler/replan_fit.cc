@@ -269,6 +269,11 @@ std::optional<plan::Plan> OnlineReplanner::runningPlan(const std::vector<plan::P
     if (t.option < 0 || size_t(t.option) >= with->options.size()) return std::nullopt;
     p.tensors[t.tensor] = with->options[size_t(t.option)];
   }
+  // Its groups where they name tensors of the window (groupRanges() keeps
+  // those that are runs of the profile's order).
+  for (const auto& g : with->groups)
+    if (std::all_of(g.begin(), g.end(), [&](const std::string& n) { return p.tensors.count(n) > 0; }))
+      p.groups.push_back(g);
   return p;
 }
 

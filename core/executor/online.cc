@@ -82,6 +82,7 @@ void Executor::closeWindow(Deadline deadline) {
     r.iterationUs = Profiler::since(pr.windowStart) / double(iteration_ - pr.firstIteration);
   r.hostMemory = true;  // this executor's buffers; "gpu" codec steps run the CPU codec
   r.fusionBytes = pr.batched ? fusionBytes_ : 0;
+  if (plan_) r.groups = plan_->groups;
   for (const auto& [name, e] : pr.ready) {
     plan::ReadyTime t{name, e.first, e.second.us / double(std::max<uint64_t>(1, e.second.calls))};
     // The plan it runs, each distinct option once.

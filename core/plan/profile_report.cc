@@ -43,6 +43,7 @@ json toJson(const ProfileReport& r) {
   j["codecs"] = std::move(codecs);
   j["comms"] = std::move(comms);
   j["options"] = std::move(options);
+  if (!r.groups.empty()) j["groups"] = r.groups;
   return j;
 }
 
@@ -132,6 +133,26 @@ ProfileReport profileFromJson(const json& j) {
       r.options.push_back(optionFromJson(options[i], w));
     } catch (const Error& e) {
       bad(e.what());
+    }
+  }
+  if (j.contains("groups")) {
+    const json& groups = getList(j, "groups");
+    size_t names = 0;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const std::string w = fmt::format("groups[{}]", i);
+      const json& g = groups[i];
+      if (!g.is_array() || g.size() < 2) bad(w + ": a group must be a list of two or more tensor names");
+      names += g.size();
+      if (names > kMaxProfileEntries)
+        bad(fmt::format("'groups' name more than {} tensors", kMaxProfileEntries));
+      std::vector<std::string> members;
+      for (const json& n : g) {
+        if (!n.is_string() || n.get_ref<const std::string&>().empty() ||
+            n.get_ref<const std::string&>().size() > 1024)
+          bad(w + ": tensor names must be strings of 1 to 1024 bytes");
+        members.push_back(n.get<std::string>());
+      }
+      r.groups.push_back(std::move(members));
     }
   }
   const json& ready = getList(j, "ready");

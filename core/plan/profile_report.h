@@ -16,7 +16,8 @@
 //  - the plan it ran: the distinct options of the plan in force at the
 //    window's end, once each (`options`), and per ready tensor the index of
 //    its option, so that the scheduler knows the plan the workers run (also
-//    one it did not hand out, e.g. a plan file) at a few hundred bytes;
+//    one it did not hand out, e.g. a plan file) at a few hundred bytes,
+//    with its fused groups (`groups`, by tensor name);
 //  - hostMemory: the buffers are host memory (the plan executor's), so a
 //    "gpu" encode or decode ran the CPU codec and no copy was made;
 //  - iterationUs: the window's mean wall time per iteration (from its first
@@ -91,6 +92,9 @@ struct ProfileReport {
   std::vector<CodecTiming> codecs;
   std::vector<CommTiming> comms;
   std::vector<TensorOption> options;  // the plan's distinct options (ReadyTime::option)
+  // The plan's fused groups (Plan::groups), by tensor name: with `options`,
+  // the plan the workers run. JSON "groups", optional (none: no groups).
+  std::vector<std::vector<std::string>> groups;
 };
 
 nlohmann::json toJson(const ProfileReport& r);

@@ -2,8 +2,10 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 
 #include "core/common/error.h"
 
@@ -101,6 +103,28 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   run.plan = toPlan(*run.sim, run.report.espresso, cfg.planVersion);
   plan::validate(run.plan);
   return run;
+}
+
+std::vector<std::pair<int, int>> groupRanges(const ModelProfile& profile, const plan::Plan& p) {
+  std::map<std::string, int> index;
+  for (size_t j = 0; j < profile.tensors.size(); ++j) index[profile.tensors[j].name] = int(j);
+  std::vector<std::pair<int, int>> out;
+  for (const auto& g : p.groups) {
+    int first = -1, prev = -1;
+    bool consecutive = true;
+    for (const std::string& name : g) {
+      auto it = index.find(name);
+      if (it == index.end() || (prev >= 0 && it->second != prev + 1)) {
+        consecutive = false;
+        break;
+      }
+      if (first < 0) first = it->second;
+      prev = it->second;
+    }
+    if (consecutive && first >= 0) out.emplace_back(first, prev);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 plan::Plan toPlan(const Simulator& sim, const Strategy& s, uint64_t version) {

@@ -56,6 +56,11 @@ PlanRun runPlanner(const PlanConfig& config);
 // The plan the runtime executes for a strategy, its fused groups included.
 plan::Plan toPlan(const Simulator& sim, const Strategy& s, uint64_t version);
 
+// The plan's groups as [first, last] ranges of the profile's tensors (in its
+// order), sorted: Strategy::groups of a plan. A group that is not a run of
+// consecutive profile tensors is left out.
+std::vector<std::pair<int, int>> groupRanges(const ModelProfile& profile, const plan::Plan& p);
+
 std::string summaryText(const PlanRun& run);
 std::string tensorTable(const PlanRun& run);
 std::string traceJson(PlanRun& run);  // Chrome trace of the plan

@@ -113,6 +113,7 @@ std::vector<plan::ProfileReport> windowOf(const World& w, const plan::Plan& p, u
     r.window = win;
     r.firstIteration = 1 + win * 10;
     r.endIteration = 11 + win * 10;
+    r.groups = p.groups;
     double at = 0;
     for (const auto& t : w.prof.tensors) {
       at += t.backwardUs;
@@ -178,13 +179,18 @@ double trueUs(const World& w, const plan::Plan& p) {
     choice.push_back(int(k - options.begin()));
   }
   planner::Simulator sim(w.cl, w.codec, w.prof, options);
-  return sim.simulate(choice);
+  const auto groups = planner::groupRanges(w.prof, p);
+  return groups.empty() ? sim.simulate(choice) : sim.simulateGroups(choice, groups);
 }
 
+// The truth tests compare the re-planner's per-tensor decisions with the
+// planner's on the true costs: without the fusion search, which
+// FusedReplansCarryTheirGroups checks.
 ReplanOptions tbfOptions() {
   ReplanOptions o = options();
   o.cpuCores = 2;  // at most; one worker per machine runs its codec calls on one thread
   o.chunkBytes = 4 << 20;
+  o.fuse = false;
   return o;
 }
 
@@ -295,6 +301,44 @@ TEST(ReplanTruth, FirstWindowKeepsTheWorkersPlanUnlessPredictedFaster) {
   EXPECT_NEAR(change.predictedNewUs(), newTrue, 0.05 * newTrue);
 }
 
+// With the fusion search (the default), a re-plan from raw push/pull carries
+// fused groups, predicted as the true costs give them (groups included), and
+// faster than the per-tensor re-plan; the plan of workers already on it is
+// modelled with its groups.
+TEST(ReplanTruth, FusedReplansCarryTheirGroups) {
+  World w = trueWorld();
+  ReplanOptions fused = tbfOptions(), alone = tbfOptions();
+  fused.fuse = true;
+  OnlineReplanner r(fused), perTensor(alone);
+  auto u = r.onWindow(windowOf(w, allRaw(w), 0, 9));
+  ASSERT_TRUE(u) << r.lastReason();
+  const plan::Plan p = plan::planFromJsonString(u->planJson);
+  ASSERT_FALSE(p.groups.empty()) << u->planJson;
+  EXPECT_EQ(planner::groupRanges(w.prof, p).size(), p.groups.size());
+  const double trueFused = trueUs(w, p);
+  EXPECT_NEAR(r.predictedNewUs(), trueFused, 0.05 * trueFused);
+  auto v = perTensor.onWindow(windowOf(w, allRaw(w), 0, 9));
+  ASSERT_TRUE(v) << perTensor.lastReason();
+  const plan::Plan q = plan::planFromJsonString(v->planJson);
+  EXPECT_TRUE(q.groups.empty());
+  EXPECT_LT(trueFused, trueUs(w, q));
+
+  // Workers on that plan: its groups are modelled (the report carries
+  // them), so the running plan is predicted as the true costs give it.
+  // (Whether a window on it keeps it is not asserted: this synthetic window
+  // reports per-tensor messages where the executor would report the groups',
+  // and a group's message beyond the measured sizes is extrapolated.)
+  plan::Plan running = p;
+  running.version = 3;
+  OnlineReplanner next(fused);
+  next.onWindow(windowOf(w, running, 0, 9));
+  EXPECT_NEAR(next.predictedRunningUs(), trueFused, 0.05 * trueFused);
+  OnlineReplanner ungrouped(fused);
+  running.groups.clear();
+  ungrouped.onWindow(windowOf(w, running, 0, 9));
+  EXPECT_GT(ungrouped.predictedRunningUs(), 1.1 * next.predictedRunningUs());
+}
+
 // A descheduled worker's one slow call, and one worker slow throughout, do
 // not move the codec's per-size cost: per worker the slowest call is left
 // out, and the median over the workers is taken.
@@ -328,6 +372,29 @@ TEST(ProfileReportJson, PlanOptionsChunksAndSlowestCallRoundTrip) {
   j = plan::toJson(r);
   j["ready"][0].erase("option");
   EXPECT_FALSE(OnlineReplanner::runningPlan({plan::profileFromJson(j)}));
+  // The plan's groups: carried and in the running plan; optional; checked.
+  EXPECT_FALSE(plan::toJson(r).contains("groups"));
+  plan::ProfileReport grouped = r;
+  grouped.groups = {{w.prof.tensors[0].name, w.prof.tensors[1].name}, {"gone", w.prof.tensors[3].name}};
+  back = plan::profileFromJsonString(plan::toJsonString(grouped));
+  EXPECT_EQ(back.groups, grouped.groups);
+  plan = OnlineReplanner::runningPlan({back});
+  ASSERT_TRUE(plan);
+  // (a group naming a tensor the window did not is left out)
+  EXPECT_EQ(plan->groups, (std::vector<std::vector<std::string>>{grouped.groups[0]}));
+  for (const auto& [spoil, want] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nlohmann::json::array({nlohmann::json::array({"a"})}), "groups[0]: a group must be a list of two"},
+           {nlohmann::json::array({nlohmann::json::array({"a", 5})}), "groups[0]: tensor names must be strings"},
+           {nlohmann::json::object(), "field 'groups' must be a list"}}) {
+    j = plan::toJson(r);
+    j["groups"] = spoil;
+    try {
+      plan::profileFromJson(j);
+      ADD_FAILURE() << "accepted groups " << spoil.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
   // The window's time per iteration: carried, optional (0: not measured),
   // refused when negative.
   plan::ProfileReport timed = r;
