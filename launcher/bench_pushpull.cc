@@ -144,9 +144,11 @@ int runPushPullBench(const PushPullBenchOptions& o) {
     fmt::print("# cortado bench pushpull: {} workers, {} servers, dtype {}, transport {}, codec {}\n",
                W, worker->numServers(), dtypeName(dtype), job.transport,
                o.codec.empty() ? "none" : o.codec);
+#if CORTADO_MPI
     if (o.executor)
       fmt::print("# executor: default plan on {} machines (time(us) and algbw: push_pull)\n",
                  groups.topology.numMachines);
+#endif
     fmt::print("# {:>12} {:>12} {:>10} {:>12} {:>12} {:>12} {:>6}{}\n", "size(B)", "count", "iters",
                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check",
                o.executor ? fmt::format(" {:>12} {:>12}", "exec(us)", "exec/pp") : "");
