@@ -1,0 +1,143 @@
+"""cortado.tensorflow end to end: two jobs of 2 workers under `cortado launch`
+(workers/tf_check.py), each worker checking against references computed
+without Cortado; the tests below read their reports.
+
+ctest runs this file as python_tensorflow, with the Python of the project's
+virtual environment (run_venv.sh), where scripts/install_deps.sh installs
+TensorFlow and Keras. Without TensorFlow the tests skip, saying so, only
+while that install step has not run (no <venv>/cortado-requirements.txt):
+once it ran, a TensorFlow that does not import fails them.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+import conftest
+from conftest import WORKERS, _cortado_bin
+
+VENV = pathlib.Path(os.environ.get("CORTADO_VENV") or sys.prefix)
+INSTALLED = VENV / "cortado-requirements.txt"
+
+
+def _require_tensorflow():
+    missing = [m for m in ("tensorflow", "keras") if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    what = (f"{' and '.join(missing)} cannot be imported by {sys.executable}")
+    if INSTALLED.exists():
+        pytest.fail(f"{what}, although scripts/install_deps.sh installed the TensorFlow "
+                    f"binding's packages into {VENV} ({INSTALLED} exists): run the tests with "
+                    f"{VENV}/bin/python (ctest's python_tensorflow does)", pytrace=False)
+    pytest.skip(f"{what}: TensorFlow is installed by scripts/install_deps.sh into the "
+                f"virtual environment {VENV} (CORTADO_VENV), which has not run here; the "
+                f"TensorFlow binding's tests need it", allow_module_level=True)
+
+
+_require_tensorflow()
+
+
+class _Jobs:
+    """Runs each mode's job once for the module; the tests read its reports."""
+
+    def __init__(self, base):
+        self.base = base
+        self.done = {}
+
+    def get(self, mode, workers=2, timeout=480):
+        if mode not in self.done:
+            out = self.base / f"job-{mode}-{time.monotonic_ns()}"
+            out.mkdir()
+            cmd = [_cortado_bin(), "launch", "-w", str(workers), "-s", "1", "--",
+                   sys.executable, str(WORKERS / "tf_check.py"), "--out", str(out),
+                   "--mode", mode]
+            env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                       TF_CPP_MIN_LOG_LEVEL="2")
+            env.setdefault("CORTADO_LOG_LEVEL", "warn")
+            # Two workers importing TensorFlow on a busy 2-core machine take a while.
+            env.setdefault("CORTADO_CONNECT_TIMEOUT_MS", "240000")
+            start = time.monotonic()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                      env=env)
+            except subprocess.TimeoutExpired as e:
+                pytest.fail(f"job {' '.join(cmd)} did not end within {timeout} s (a hang)\n"
+                            f"stdout: {e.stdout}\nstderr: {e.stderr}")
+            job = conftest.Job(proc, out, time.monotonic() - start)
+            results = job.results()
+            assert job.returncode == 0 and sorted(results) == list(range(workers)), \
+                job.describe()
+            for rank, r in results.items():
+                assert r.get("ok"), (rank, r, job.describe())
+            self.done[mode] = {rank: r["report"] for rank, r in results.items()}
+        return self.done[mode]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return _Jobs(tmp_path_factory.mktemp("tensorflow"))
+
+
+def test_push_pull_eager_and_in_tf_function(jobs):
+    # Every worker compared its results with NumPy sums of every worker's
+    # inputs: push_pull and allreduce eagerly (5 dtypes, 3 shapes, sum and
+    # average), fp16 compression, and a tf.function traced once and run 3
+    # times.
+    reports = jobs.get("ops")
+    for r in reports.values():
+        assert r["sums_checked"] == 37 and r["graph_traces"] == 1, r
+
+
+def test_distributed_gradient_tape_matches_one_process_on_the_summed_batch(jobs):
+    # 3 SGD steps, eagerly and traced: the averaged gradients and the weights
+    # against a plain tape on both workers' batches together.
+    reports = jobs.get("ops")
+    for r in reports.values():
+        assert r["tape_eager_max_diff"] < 1e-5 and r["tape_graph_max_diff"] < 1e-5, r
+
+
+def test_broadcast_of_differing_initial_values(jobs):
+    # Variables (float32, int64, uint32) that start different on each worker
+    # hold the root's values after broadcast_variables, eagerly and inside a
+    # tf.function; and model.fit's BroadcastGlobalVariablesCallback gives
+    # every worker rank 0's initial weights (checked before the first batch).
+    assert all(r["broadcast"] == "ok" for r in jobs.get("ops").values())
+    assert all(r["epochs"] == 2 for r in jobs.get("fit").values())
+
+
+def test_model_fit_two_epochs_ends_with_identical_weights(jobs):
+    reports = jobs.get("fit")
+    assert reports[0]["weights"] == reports[1]["weights"], "the workers' weights differ"
+    assert reports[0]["optimizer_iterations"] == reports[1]["optimizer_iterations"] == 16
+    # MetricAverageCallback: every worker saw the same (averaged) epoch loss.
+    assert reports[0]["losses"] == reports[1]["losses"]
+    assert reports[0]["losses"][1] < reports[0]["losses"][0], reports[0]["losses"]
+    print(json.dumps({"losses": reports[0]["losses"]}))
+
+
+def test_xla_is_refused_with_a_clear_error(jobs):
+    # tf.function(jit_compile=True) around push_pull, and model.fit of a model
+    # compiled with jit_compile=True: CortadoError at trace time, saying what
+    # to do.
+    for r in jobs.get("ops").values():
+        assert "jit_compile=False" in r["xla_refusal"], r["xla_refusal"]
+    for r in jobs.get("fit").values():
+        assert "jit_compile=False" in r["fit_xla_refusal"], r["fit_xla_refusal"]
+        print(r["fit_xla_refusal"])
+
+
+def test_import_without_init_names_the_call():
+    # Needs no job: calls before init() raise CortadoError naming the call.
+    code = ("import cortado.tensorflow as ct, tensorflow as tf\n"
+            "try:\n    ct.push_pull(tf.ones(2))\nexcept ct.CortadoError as e:\n"
+            "    print('ERR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert r.returncode == 0 and "ERR cortado.push_pull() was called before cortado.init()" \
+        in r.stdout, (r.stdout, r.stderr)
