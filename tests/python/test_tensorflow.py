@@ -121,6 +121,14 @@ def test_model_fit_two_epochs_ends_with_identical_weights(jobs):
     print(json.dumps({"losses": reports[0]["losses"]}))
 
 
+def test_eager_fit_compression_and_a_custom_loop_keep_workers_equal(jobs):
+    # model.fit run eagerly, with top-k (error feedback) and with fp16
+    # compression, and a custom loop through DistributedOptimizer.apply_gradients:
+    # every worker ends on the same weights.
+    for r in jobs.get("fit").values():
+        assert r["same_weights"] == {"eager": True, "topk": True, "fp16": True, "loop": True}, r
+
+
 def test_xla_is_refused_with_a_clear_error(jobs):
     # tf.function(jit_compile=True) around push_pull, and model.fit of a model
     # compiled with jit_compile=True: CortadoError at trace time, saying what

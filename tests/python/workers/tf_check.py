@@ -11,7 +11,10 @@ refusal (tf.function(jit_compile=True)).
 --mode fit: model.fit with DistributedOptimizer, BroadcastGlobalVariablesCallback
 and MetricAverageCallback for 2 epochs on this worker's shard, from initial
 weights that differ by rank; reports the final weights (the test compares
-the workers'); first, model.fit with jit_compile=True must be refused.
+the workers'); first, model.fit with jit_compile=True must be refused; then
+short runs of model.fit run eagerly, with top-k and with fp16 compression,
+and a custom loop through DistributedOptimizer.apply_gradients, each checked
+for the same weights on every worker.
 """
 
 import os
@@ -226,6 +229,42 @@ def run_fit(rank, world, report):
     report["losses"] = record.losses
     report["weights"] = [w.ravel().tolist() for w in model.get_weights()]
     report["optimizer_iterations"] = int(model.optimizer.iterations.numpy())
+
+    # The other ways in, one short run each, every worker ending on the same
+    # weights: model.fit run eagerly; compression (top-k with error feedback,
+    # an engine codec; fp16, cast in the binding) through DistributedOptimizer
+    # in model.fit; a custom loop calling DistributedOptimizer.apply_gradients
+    # eagerly. (Adam: every variable moves, whatever the gradient's scale.)
+    same = {}
+    for label, run_eagerly, compression in (("eager", True, ct.Compression.none),
+                                            ("topk", False, ct.Compression.topk(0.25)),
+                                            ("fp16", False, ct.Compression.fp16)):
+        model = make_model(200 + rank)
+        model.compile(optimizer=ct.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                        compression=compression,
+                                                        name_prefix=label),
+                      loss="mse", jit_compile=False, run_eagerly=run_eagerly)
+        model.fit(xs[shard][:32], ys[shard][:32], epochs=1, batch_size=8, verbose=0,
+                  callbacks=[ct.BroadcastGlobalVariablesCallback(0)])
+        same[label] = _same_everywhere(model, f"check.{label}")
+    model = make_model(300 + rank)
+    ct.broadcast_variables(model.variables, 0, prefix="broadcast.loop")
+    optimizer = ct.DistributedOptimizer(keras.optimizers.SGD(0.1), name_prefix="loop")
+    for i in range(2):
+        with tf.GradientTape() as tape:
+            loss = keras.losses.MeanSquaredError()(ys[shard][:8], model(xs[shard][:8]))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    same["loop"] = _same_everywhere(model, "check.loop")
+    report["same_weights"] = same
+
+
+def _same_everywhere(model, name):
+    """True when every worker holds the same weights as this one: the sum of
+    every worker's weights equals size() times this worker's."""
+    flat = np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float64)
+    total = ct.push_pull(tf.constant(flat), name=name, average=False).numpy()
+    return bool(np.array_equal(total, flat * ct.size()))
 
 
 def main():
