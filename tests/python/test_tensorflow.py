@@ -121,12 +121,16 @@ def test_model_fit_two_epochs_ends_with_identical_weights(jobs):
     print(json.dumps({"losses": reports[0]["losses"]}))
 
 
-def test_eager_fit_compression_and_a_custom_loop_keep_workers_equal(jobs):
+def test_eager_fit_compression_custom_loop_and_load_model_keep_workers_equal(jobs):
     # model.fit run eagerly, with top-k (error feedback) and with fp16
-    # compression, and a custom loop through DistributedOptimizer.apply_gradients:
-    # every worker ends on the same weights.
+    # compression, a custom loop through DistributedOptimizer.apply_gradients,
+    # and the fitted model saved, loaded with cortado.tensorflow.keras.load_model
+    # (its DistributedOptimizer and state back) and trained on: every worker
+    # ends on the same weights.
     for r in jobs.get("fit").values():
-        assert r["same_weights"] == {"eager": True, "topk": True, "fp16": True, "loop": True}, r
+        assert r["same_weights"] == {"eager": True, "topk": True, "fp16": True, "loop": True,
+                                     "loaded": True}, r
+        assert r["loaded_iterations"] == 18, r
 
 
 def test_xla_is_refused_with_a_clear_error(jobs):

@@ -14,7 +14,8 @@ weights that differ by rank; reports the final weights (the test compares
 the workers'); first, model.fit with jit_compile=True must be refused; then
 short runs of model.fit run eagerly, with top-k and with fp16 compression,
 and a custom loop through DistributedOptimizer.apply_gradients, each checked
-for the same weights on every worker.
+for the same weights on every worker; and the fitted model saved and loaded
+back with cortado.tensorflow.keras.load_model, training on.
 """
 
 import os
@@ -177,7 +178,7 @@ def check_xla(rank, world, report):
         raise AssertionError("push_pull inside tf.function(jit_compile=True) was not refused")
 
 
-def run_fit(rank, world, report):
+def run_fit(rank, world, report, args_out):
     # Refused under XLA, at the train step's trace, before anything moved.
     model = make_model(100 + rank)
     model.compile(optimizer=ct.DistributedOptimizer(keras.optimizers.SGD(0.05),
@@ -230,6 +231,19 @@ def run_fit(rank, world, report):
     report["weights"] = [w.ravel().tolist() for w in model.get_weights()]
     report["optimizer_iterations"] = int(model.optimizer.iterations.numpy())
 
+    # Saved with its DistributedOptimizer, loaded back with ct.keras.load_model:
+    # the same weights and optimizer state, training on in step.
+    path = os.path.join(args_out, f"model.{rank}.keras")
+    model.save(path)
+    loaded = ct.keras.load_model(path)
+    assert type(loaded.optimizer).__module__ == "cortado.tensorflow.keras.optimizer", \
+        type(loaded.optimizer)
+    assert int(loaded.optimizer.iterations.numpy()) == 16
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    loaded.fit(xs[shard][:16], ys[shard][:16], epochs=1, batch_size=8, verbose=0)
+    report["loaded_iterations"] = int(loaded.optimizer.iterations.numpy())
+
     # The other ways in, one short run each, every worker ending on the same
     # weights: model.fit run eagerly; compression (top-k with error feedback,
     # an engine codec; fp16, cast in the binding) through DistributedOptimizer
@@ -256,6 +270,7 @@ def run_fit(rank, world, report):
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
     same["loop"] = _same_everywhere(model, "check.loop")
+    same["loaded"] = _same_everywhere(loaded, "check.loaded")
     report["same_weights"] = same
 
 
@@ -278,7 +293,7 @@ def main():
         check_tape(rank, world, report)
         check_xla(rank, world, report)
     else:
-        run_fit(rank, world, report)
+        run_fit(rank, world, report, args.out)
     ct.shutdown()
     write_result(args.out, rank, ok=True, report=report)
 

@@ -32,12 +32,13 @@ from ..compression import Compression, Compressor
 from .ops import (Average, Sum, allreduce, broadcast, broadcast_variables, push_pull)
 from .tape import DistributedGradientTape
 from .keras import (BroadcastGlobalVariablesCallback, DistributedOptimizer,
-                    MetricAverageCallback)
+                    MetricAverageCallback, load_model)
 from . import keras
 
 __all__ = [
     "CortadoError", "Compression", "Compressor", "init", "shutdown", "is_initialized", "rank",
     "size", "local_rank", "local_size", "num_servers", "barrier", "Average", "Sum", "push_pull",
     "allreduce", "broadcast", "broadcast_variables", "DistributedGradientTape",
-    "DistributedOptimizer", "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "keras",
+    "DistributedOptimizer", "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+    "load_model", "keras",
 ]

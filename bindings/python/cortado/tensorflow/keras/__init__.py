@@ -14,11 +14,11 @@ from .. import (Average, Compression, Compressor, CortadoError, Sum, allreduce, 
                 push_pull, rank, shutdown, size)
 from . import callbacks
 from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, load_model
 
 __all__ = [
     "Average", "Compression", "Compressor", "CortadoError", "Sum", "allreduce", "barrier",
     "broadcast", "broadcast_variables", "init", "is_initialized", "local_rank", "local_size",
     "push_pull", "rank", "shutdown", "size", "callbacks", "BroadcastGlobalVariablesCallback",
-    "MetricAverageCallback", "DistributedOptimizer",
+    "MetricAverageCallback", "DistributedOptimizer", "load_model",
 ]

@@ -72,3 +72,34 @@ def DistributedOptimizer(optimizer, compression=Compression.none, average=True,
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._cortado = _Settings(reducer)
     return wrapped
+
+
+class _Loader:
+    """What keras.models.load_model finds for an optimizer class's name:
+    from_config() makes the optimizer and wraps it in DistributedOptimizer."""
+
+    def __init__(self, cls, compression, average, name_prefix):
+        self._cls = cls
+        self._args = (compression, average, name_prefix)
+
+    def from_config(self, config):
+        return DistributedOptimizer(self._cls.from_config(config), *self._args)
+
+
+def load_model(filepath, compression=Compression.none, average=True, name_prefix="grad",
+               custom_objects=None, **kwargs):
+    """keras.models.load_model for a model saved with a DistributedOptimizer
+    (whose class Keras cannot find by itself): every Keras optimizer comes back
+    wrapped in DistributedOptimizer (with these settings), its state restored.
+    `custom_objects` and `kwargs` go to keras.models.load_model; an entry in
+    `custom_objects` under an optimizer's class name takes precedence."""
+    import keras
+
+    objects = {}
+    for attr in dir(keras.optimizers):
+        cls = getattr(keras.optimizers, attr)
+        if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer) \
+                and cls is not keras.optimizers.Optimizer:
+            objects[cls.__name__] = _Loader(cls, compression, average, name_prefix)
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects, **kwargs)
