@@ -156,11 +156,11 @@ _declare_lock = threading.Lock()
 def declare_all(specs):
     """Declares every spec that is not declared yet, in the order given (the
     same on every worker). Specs of unknown size are declared by their first
-    push_pull instead."""
+    push_pull instead; empty ones never (nothing is sent for them)."""
     rt = _runtime.require("push_pull")
     with _declare_lock:
         for s in specs:
-            if s.count is None or rt.is_declared(s.name):
+            if not s.count or rt.is_declared(s.name):
                 continue
             sent, _ = s.compressor.compress(np.empty(0, dtype=s.dtype.as_numpy_dtype))
             _runtime.declare(rt, s.name, sent.dtype.name, s.count, s.compressor.engine_codec)
