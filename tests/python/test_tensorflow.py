@@ -144,6 +144,15 @@ def test_xla_is_refused_with_a_clear_error(jobs):
         print(r["fit_xla_refusal"])
 
 
+def test_misuse_is_refused_naming_the_tensor(jobs):
+    # A codec on an integer tensor (eagerly and in a tf.function), an op other
+    # than Average/Sum, an unsupported dtype, a root rank out of range, a
+    # DistributedOptimizer around something that is not a Keras optimizer.
+    errors = jobs.get("ops")[0]["errors"]
+    assert len(errors) == 6, errors
+    print("\n".join(errors))
+
+
 def test_import_without_init_names_the_call():
     # Needs no job: calls before init() raise CortadoError naming the call.
     code = ("import cortado.tensorflow as ct, tensorflow as tf\n"

@@ -177,6 +177,30 @@ def check_xla(rank, world, report):
     else:
         raise AssertionError("push_pull inside tf.function(jit_compile=True) was not refused")
 
+    # Misuse raises CortadoError before anything is sent, eagerly and when traced.
+    def refused(call, needle):
+        try:
+            call()
+        except ct.CortadoError as e:
+            assert needle in str(e), (needle, str(e))
+            return str(e).split("\n")[-2 if str(e).endswith("\n") else -1]
+        raise AssertionError(f"not refused: expected an error with {needle!r}")
+
+    @tf.function
+    def traced_codec_on_int64():
+        return ct.push_pull(tf.ones(2, tf.int64), name="e.g", compression="dgc")
+
+    report["errors"] = [
+        refused(lambda: ct.push_pull(tf.ones(2, tf.int32), name="e.int", compression="topk"),
+                "encodes float32 tensors"),
+        refused(lambda: ct.allreduce(tf.ones(2), op="max", name="e.max"), "is not supported"),
+        refused(lambda: ct.push_pull(tf.constant([True]), name="e.bool"), "does not sum"),
+        refused(traced_codec_on_int64, "encodes float32 tensors"),
+        refused(lambda: ct.broadcast(tf.ones(2), root_rank=world, name="e.root"),
+                "out of range"),
+        refused(lambda: ct.DistributedOptimizer(object()), "Keras 3 optimizer"),
+    ]
+
 
 def run_fit(rank, world, report, args_out):
     # Refused under XLA, at the train step's trace, before anything moved.
