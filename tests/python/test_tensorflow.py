@@ -162,3 +162,20 @@ def test_import_without_init_names_the_call():
                        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert r.returncode == 0 and "ERR cortado.push_pull() was called before cortado.init()" \
         in r.stdout, (r.stdout, r.stderr)
+
+
+def test_keras_digits_example(tmp_path):
+    # bindings/python/examples/train_digits_keras.py for 3 epochs on 2 workers:
+    # one line per epoch from rank 0, and the small CNN already classifies
+    # most held-out digits (about 0.97 in the runs so far).
+    example = conftest.REPO / "bindings" / "python" / "examples" / "train_digits_keras.py"
+    cmd = [_cortado_bin(), "launch", "-w", "2", "-s", "1", "--", sys.executable, str(example),
+           "--epochs", "3"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               CORTADO_CONNECT_TIMEOUT_MS="240000")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=480, env=env)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("epoch ")]
+    assert r.returncode == 0 and len(lines) == 3, (r.stdout[-4000:], r.stderr[-4000:])
+    accuracy = float(lines[-1].split("test-acc")[1].split()[0])
+    print("\n".join(lines))
+    assert accuracy > 0.85, lines
