@@ -160,8 +160,8 @@ def test_import_without_init_names_the_call():
             "    print('ERR', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert r.returncode == 0 and "ERR cortado.push_pull() was called before cortado.init()" \
-        in r.stdout, (r.stdout, r.stderr)
+    want = "ERR cortado.tensorflow.push_pull() was called before cortado.init()"
+    assert r.returncode == 0 and want in r.stdout, (r.stdout, r.stderr)
 
 
 def test_keras_digits_example(tmp_path):

@@ -31,7 +31,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16, help="per worker")
-    p.add_argument("--lr", type=float, default=0.025, help="per worker; scaled by the worker count")
+    p.add_argument("--lr", type=float, default=0.025,
+                   help="per worker; scaled by the worker count")
     p.add_argument("--compression", default="none",
                    help="none, fp16, auto, or an engine codec: topk:ratio=0.01, dgc, efsignsgd, ...")
     p.add_argument("--seed", type=int, default=0)

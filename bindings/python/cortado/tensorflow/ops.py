@@ -129,7 +129,7 @@ def _check_compressor(api, name, dtype, compressor):
 def make_specs(api, names, dtypes, shapes, average, compression, priorities=None):
     """The specs of one reduction; "auto" compression is planned here, for all
     of its tensors together (in the order given: model order)."""
-    rt = _runtime.require(api)
+    rt = _runtime.require(f"tensorflow.{api}")
     compressor = Compression.lookup(compression)
     counts = [int(np.prod(s.as_list())) if s.is_fully_defined() else None for s in shapes]
     if isinstance(compressor, AutoCompression):
@@ -157,7 +157,7 @@ def declare_all(specs):
     """Declares every spec that is not declared yet, in the order given (the
     same on every worker). Specs of unknown size are declared by their first
     push_pull instead; empty ones never (nothing is sent for them)."""
-    rt = _runtime.require("push_pull")
+    rt = _runtime.require("tensorflow.push_pull")
     with _declare_lock:
         for s in specs:
             if not s.count or rt.is_declared(s.name):
@@ -187,9 +187,9 @@ def _submit(api, spec, array):
     dtype = inp.dtype.name
     if dtype not in ENGINE_DTYPES:
         raise _error(api, f"tensor '{spec.name}' has dtype {dtype}, which Cortado does not sum")
-    return _runtime.submit(api, spec.name, dtype, inp.size, inp.ctypes.data, out.ctypes.data,
-                           spec.average, spec.priority, (inp, out, array, output), finish,
-                           compressor.engine_codec)
+    return _runtime.submit(f"tensorflow.{api}", spec.name, dtype, inp.size, inp.ctypes.data,
+                           out.ctypes.data, spec.average, spec.priority,
+                           (inp, out, array, output), finish, compressor.engine_codec)
 
 
 class _Inflight:
@@ -296,7 +296,7 @@ def _broadcast_submit(api, name, array, root_rank):
     """Starts the broadcast of `array`: a sum in which the workers other than
     root_rank contribute zeros (exact for every dtype). A dtype the engine does
     not sum travels as its bytes (uint8)."""
-    rt = _runtime.require(api)
+    rt = _runtime.require(f"tensorflow.{api}")
     array = np.ascontiguousarray(array)
     carrier = array if array.dtype.name in ENGINE_DTYPES else array.reshape(-1).view(np.uint8)
     source = carrier if rt.rank == root_rank else np.zeros_like(carrier)
@@ -310,7 +310,7 @@ def _broadcast_submit(api, name, array, root_rank):
 
 
 def _check_root(api, root_rank):
-    rt = _runtime.require(api)
+    rt = _runtime.require(f"tensorflow.{api}")
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < rt.size:
         raise _error(api, f"root_rank {root_rank!r} is out of range for {rt.size} workers")
 

@@ -65,7 +65,7 @@ def DistributedOptimizer(optimizer, compression=Compression.none, average=True,
                              f"optimizer (keras.optimizers.Optimizer), got "
                              f"{type(optimizer).__module__}.{type(optimizer).__name__}")
     reducer = GradientReducer("DistributedOptimizer", compression, average, name_prefix)
-    _runtime.require("DistributedOptimizer")
+    _runtime.require("tensorflow.keras.DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {k: v for k, v in _DistributedOptimizer.__dict__.items()
                 if k not in ("__dict__", "__weakref__")})
