@@ -79,6 +79,26 @@ def check_sums(rank, world, report):
     want = sum(values(r, 300, (64,), np.float32) for r in range(world))
     np.testing.assert_array_equal(got.numpy(), want)
     checked += 1
+    # The gradient of a push_pull: d/dx of sum_r loss_r(push_pull(x)) is the
+    # push_pull of the workers' upstream gradients (Horovod's allreduce
+    # gradient), eagerly and traced.
+    x = tf.constant(values(rank, 600, (4,), np.float32))
+    scale = float(rank + 1)
+
+    def grad_of(average, name):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(ct.push_pull(x, name=name, average=average) * scale)
+        return tape.gradient(loss, x)
+
+    every = sum(float(r + 1) for r in range(world))
+    for traced in (False, True):
+        f = tf.function(grad_of) if traced else grad_of
+        g_sum = f(False, f"grad.sum.{traced}")
+        g_avg = f(True, f"grad.avg.{traced}")
+        np.testing.assert_allclose(g_sum.numpy(), np.full(4, every), rtol=1e-6)
+        np.testing.assert_allclose(g_avg.numpy(), np.full(4, every / world), rtol=1e-6)
+        checked += 2
     report["sums_checked"] = checked
 
 

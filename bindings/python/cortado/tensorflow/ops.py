@@ -261,7 +261,23 @@ def _single(api, tensor, name, average, priority, compression):
         raise _error(api, f"name must be a string or None, got {type(name).__name__} {name!r}")
     specs = make_specs(api, [name], [tensor.dtype], [tensor.shape], bool(average), compression,
                        [int(priority)])
-    return reduce_tensors(api, [tensor], specs)[0]
+    if not tensor.dtype.is_floating:
+        return reduce_tensors(api, [tensor], specs)[0]
+
+    # Differentiable as Horovod's allreduce: every worker's loss depends on
+    # the one result, so the gradient of a sum (average) is the sum
+    # (average) of the workers' gradients: a push_pull of its own, named
+    # `<name>.grad`, which every worker runs when it takes the gradient.
+    @tf.custom_gradient
+    def reduced(x):
+        def grad(dy):
+            dy = tf.convert_to_tensor(dy)
+            grad_specs = make_specs(api, [f"{name}.grad"], [dy.dtype], [dy.shape],
+                                    bool(average), compression, [int(priority)])
+            return reduce_tensors(api, [dy], grad_specs)[0]
+        return reduce_tensors(api, [x], specs)[0], grad
+
+    return reduced(tensor)
 
 
 def push_pull(tensor, name=None, average=True, priority=0, compression=None):
@@ -272,7 +288,9 @@ def push_pull(tensor, name=None, average=True, priority=0, compression=None):
     an unnamed call is named by call order when it runs eagerly, or when it
     is traced inside a tf.function (one name per op, reused on every run).
     `compression`: as cortado.Compression (none, fp16, the engine codecs,
-    "auto"). Higher `priority` is sent first. No gradient is defined.
+    "auto"). Higher `priority` is sent first. For floating-point tensors the
+    op has a gradient: the push_pull (sum or average) of the workers'
+    gradients, as a tensor named `<name>.grad`.
     """
     return _single("push_pull", tensor, name, average, priority, compression)
 
