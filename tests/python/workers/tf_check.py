@@ -34,13 +34,17 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 
 
 def values(rank, salt, shape, dtype):
+    """Small integers (exact in every dtype, sums included; non-negative for
+    uint8) as a NumPy array of `dtype` (bfloat16: ml_dtypes', as TensorFlow's)."""
     rng = np.random.default_rng(1000003 * rank + 7919 * salt)
-    return rng.integers(-8, 9, size=shape).astype(dtype)
+    low = 0 if np.dtype(dtype) == np.uint8 else -8
+    return rng.integers(low, 9, size=shape).astype(dtype)
 
 
 def check_sums(rank, world, report):
     checked = 0
-    dtypes = [np.float32, np.float64, np.float16, np.int32, np.int64]
+    dtypes = [np.float32, np.float64, np.float16, tf.bfloat16.as_numpy_dtype, np.int32,
+              np.int64, np.uint8, np.int8]
     for salt, dtype in enumerate(dtypes):
         for shape in ((1,), (3, 11), (20_000,)):
             x = tf.constant(values(rank, salt, shape, dtype))
