@@ -26,21 +26,28 @@ VENV = pathlib.Path(os.environ.get("CORTADO_VENV") or sys.prefix)
 INSTALLED = VENV / "cortado-requirements.txt"
 
 
-def _require_tensorflow():
+def _tensorflow_missing():
+    """None when TensorFlow and Keras import here, else why not."""
     missing = [m for m in ("tensorflow", "keras") if importlib.util.find_spec(m) is None]
-    if not missing:
+    return f"{' and '.join(missing)} cannot be imported by {sys.executable}" if missing else None
+
+
+MISSING = _tensorflow_missing()
+
+
+@pytest.fixture(autouse=True)
+def _require_tensorflow():
+    # Per test, not for the module: a module skipped whole collects no test,
+    # which pytest reports with exit status 5 (a failure for ctest).
+    if MISSING is None:
         return
-    what = (f"{' and '.join(missing)} cannot be imported by {sys.executable}")
     if INSTALLED.exists():
-        pytest.fail(f"{what}, although scripts/install_deps.sh installed the TensorFlow "
+        pytest.fail(f"{MISSING}, although scripts/install_deps.sh installed the TensorFlow "
                     f"binding's packages into {VENV} ({INSTALLED} exists): run the tests with "
                     f"{VENV}/bin/python (ctest's python_tensorflow does)", pytrace=False)
-    pytest.skip(f"{what}: TensorFlow is installed by scripts/install_deps.sh into the "
+    pytest.skip(f"{MISSING}: TensorFlow is installed by scripts/install_deps.sh into the "
                 f"virtual environment {VENV} (CORTADO_VENV), which has not run here; the "
-                f"TensorFlow binding's tests need it", allow_module_level=True)
-
-
-_require_tensorflow()
+                f"TensorFlow binding's tests need it")
 
 
 class _Jobs:
