@@ -1,6 +1,7 @@
 """cortado.tensorflow end to end: two jobs of 2 workers under `cortado launch`
 (workers/tf_check.py), each worker checking against references computed
-without Cortado; the tests below read their reports.
+without Cortado, whose reports the tests below read; and a third job, the
+Keras example (examples/train_digits_keras.py).
 
 ctest runs this file as python_tensorflow, with the Python of the project's
 virtual environment (run_venv.sh), where scripts/install_deps.sh installs
@@ -51,39 +52,48 @@ def _require_tensorflow():
 
 
 class _Jobs:
-    """Runs each mode's job once for the module; the tests read its reports."""
+    """Runs each mode's job once for the module; the tests read its reports.
+    A job that failed fails every test that reads it, with its first report,
+    without running it again."""
 
     def __init__(self, base):
         self.base = base
         self.done = {}
+        self.failed = {}
 
     def get(self, mode, workers=2, timeout=480):
+        if mode in self.failed:
+            pytest.fail(f"the '{mode}' job failed (reported by the first test that ran it):\n"
+                        f"{self.failed[mode]}", pytrace=False)
         if mode not in self.done:
-            out = self.base / f"job-{mode}-{time.monotonic_ns()}"
-            out.mkdir()
-            cmd = [_cortado_bin(), "launch", "-w", str(workers), "-s", "1", "--",
-                   sys.executable, str(WORKERS / "tf_check.py"), "--out", str(out),
-                   "--mode", mode]
-            env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-                       TF_CPP_MIN_LOG_LEVEL="2")
-            env.setdefault("CORTADO_LOG_LEVEL", "warn")
-            # Two workers importing TensorFlow on a busy 2-core machine take a while.
-            env.setdefault("CORTADO_CONNECT_TIMEOUT_MS", "240000")
-            start = time.monotonic()
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                      env=env)
-            except subprocess.TimeoutExpired as e:
-                pytest.fail(f"job {' '.join(cmd)} did not end within {timeout} s (a hang)\n"
-                            f"stdout: {e.stdout}\nstderr: {e.stderr}")
-            job = conftest.Job(proc, out, time.monotonic() - start)
-            results = job.results()
-            assert job.returncode == 0 and sorted(results) == list(range(workers)), \
-                job.describe()
-            for rank, r in results.items():
-                assert r.get("ok"), (rank, r, job.describe())
-            self.done[mode] = {rank: r["report"] for rank, r in results.items()}
+                self.done[mode] = self._run(mode, workers, timeout)
+            except AssertionError as e:
+                self.failed[mode] = str(e)
+                raise
         return self.done[mode]
+
+    def _run(self, mode, workers, timeout):
+        out = self.base / f"job-{mode}-{time.monotonic_ns()}"
+        out.mkdir()
+        cmd = [_cortado_bin(), "launch", "-w", str(workers), "-s", "1", "--", sys.executable,
+               str(WORKERS / "tf_check.py"), "--out", str(out), "--mode", mode]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+        env.setdefault("CORTADO_LOG_LEVEL", "warn")
+        # Two workers importing TensorFlow on a busy 2-core machine take a while.
+        env.setdefault("CORTADO_CONNECT_TIMEOUT_MS", "240000")
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"job {' '.join(cmd)} did not end within {timeout} s (a hang)\n"
+                                 f"stdout: {e.stdout}\nstderr: {e.stderr}") from None
+        job = conftest.Job(proc, out, time.monotonic() - start)
+        results = job.results()
+        assert job.returncode == 0 and sorted(results) == list(range(workers)), job.describe()
+        for rank, r in results.items():
+            assert r.get("ok"), (rank, r, job.describe())
+        return {rank: r["report"] for rank, r in results.items()}
 
 
 @pytest.fixture(scope="module")
