@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Installs every build, test and benchmark dependency of Cortado from Debian's
-# packages. Safe to run again: apt-get skips what is already installed, and the
-# package index is refreshed only when it is older than a day.
+# Installs every build, test and benchmark dependency of Cortado: Debian's
+# packages, then the PyPI packages of the TensorFlow binding (pinned in
+# scripts/requirements-tensorflow.txt) into a virtual environment made from
+# /usr/bin/python3 with --system-site-packages, so that it still sees Debian's
+# torch and NumPy. The environment is CORTADO_VENV (default: .venv in the
+# repository). Safe to run again: apt-get skips what is already installed, the
+# package index is refreshed only when it is older than a day, and pip runs
+# only when a pinned package is missing or at another version.
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 
 if [[ $(id -u) -ne 0 ]]; then
   SUDO=sudo
@@ -20,7 +26,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # bindings and the peer benchmarks
-  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-venv
   python3-torch libtorch-dev python3-torchvision python3-sklearn python3-tqdm
   # emulated hosts for multi-machine tests
   iproute2 procps psmisc util-linux iputils-ping iperf3
@@ -52,3 +58,43 @@ if (( ${#missing[@]} )); then
 else
   echo "cortado: all dependencies are installed"
 fi
+
+# The TensorFlow binding's packages, from PyPI, into the virtual environment.
+venv=${CORTADO_VENV:-$repo/.venv}
+requirements=$repo/scripts/requirements-tensorflow.txt
+if [[ ! -x $venv/bin/python ]]; then
+  echo "cortado: creating the virtual environment $venv (/usr/bin/python3, --system-site-packages)"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+# Every pinned package at its version? (importlib.metadata reads what pip
+# installed; a second run finds them all and skips pip.)
+if "$venv/bin/python" - "$requirements" <<'PY'
+import importlib.metadata as md, re, sys
+wrong = []
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        continue
+    name, version = re.split(r"==", line)
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        have = None
+    if have != version:
+        wrong.append(f"{name} {have or 'missing'} (want {version})")
+import numpy
+if int(numpy.__version__.split(".")[0]) >= 2:
+    wrong.append(f"numpy {numpy.__version__} (want <2)")
+if wrong:
+    print("cortado: python packages to install: " + ", ".join(wrong))
+    sys.exit(1)
+PY
+then
+  echo "cortado: the python packages of $requirements are installed in $venv"
+else
+  "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --only-binary=:all: \
+    -r "$requirements" "numpy<2"
+fi
+# Tells the tests that this step ran: from here on, a TensorFlow that does
+# not import fails them instead of skipping them.
+cp "$requirements" "$venv/cortado-requirements.txt"

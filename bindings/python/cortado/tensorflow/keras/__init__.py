@@ -1,0 +1,24 @@
+"""cortado.tensorflow for Keras 3 (model.fit), in the manner of
+horovod.tensorflow.keras:
+
+    import cortado.tensorflow.keras as ck
+    ck.init()
+    model.compile(optimizer=ck.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                  loss=..., jit_compile=False)
+    model.fit(x, y, callbacks=[ck.callbacks.BroadcastGlobalVariablesCallback(0),
+                               ck.callbacks.MetricAverageCallback()])
+"""
+
+from .. import (Average, Compression, Compressor, CortadoError, Sum, allreduce, barrier,
+                broadcast, broadcast_variables, init, is_initialized, local_rank, local_size,
+                push_pull, rank, shutdown, size)
+from . import callbacks
+from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
+from .optimizer import DistributedOptimizer, load_model
+
+__all__ = [
+    "Average", "Compression", "Compressor", "CortadoError", "Sum", "allreduce", "barrier",
+    "broadcast", "broadcast_variables", "init", "is_initialized", "local_rank", "local_size",
+    "push_pull", "rank", "shutdown", "size", "callbacks", "BroadcastGlobalVariablesCallback",
+    "MetricAverageCallback", "DistributedOptimizer", "load_model",
+]
