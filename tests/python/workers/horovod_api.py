@@ -491,23 +491,28 @@ def check_optimizer_controls(rank, world):
     opt2 = hvd.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1),
                                     m2.named_parameters(), hvd.Compression.none, 1, hvd.Sum)
     assert opt2._average is False
-    # Sparse gradients (an embedding) are reduced dense.
-    emb = torch.nn.Embedding(10, 4, sparse=True)
-    torch.manual_seed(3)
-    with torch.no_grad():
-        emb.weight.copy_(torch.randn(10, 4))
-    opt3 = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
-                                    named_parameters=emb.named_parameters(),
-                                    name_prefix="grad.sparse", sparse_as_dense=True)
-    before = emb.weight.detach().clone()
-    emb(torch.tensor([rank, rank + 1])).sum().backward()
-    opt3.step()
-    want = torch.zeros(10, 4)
-    for r in range(world):
-        want[r] += 1.0 / world
-        want[r + 1] += 1.0 / world
-    assert torch.allclose(before - emb.weight.detach(), want, atol=1e-6)
-    return 3
+    # Sparse gradients (an embedding; workers look up different rows, rank r
+    # r + 1 rows): as dense tensors, or gathered as indices and values.
+    for dense in (True, False):
+        emb = torch.nn.Embedding(10, 4, sparse=True)
+        torch.manual_seed(3)
+        with torch.no_grad():
+            emb.weight.copy_(torch.randn(10, 4))
+        opt3 = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
+                                        named_parameters=emb.named_parameters(),
+                                        name_prefix=f"grad.sparse.{dense}",
+                                        sparse_as_dense=dense)
+        for step in range(2):
+            before = emb.weight.detach().clone()
+            opt3.zero_grad()
+            emb(torch.arange(rank, 2 * rank + 1) + step).sum().backward()
+            opt3.step()
+            want = torch.zeros(10, 4)
+            for r in range(world):
+                want[torch.arange(r, 2 * r + 1) + step] += 1.0 / world
+            assert torch.allclose(before - emb.weight.detach(), want, atol=1e-6), (dense, step)
+            assert emb.weight.grad.is_sparse != dense, emb.weight.grad.layout
+    return 4
 
 
 def part_train(args, rank, world):

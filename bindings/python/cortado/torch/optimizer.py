@@ -17,7 +17,8 @@ import torch
 
 from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
-from .horovod import Average, Sum, _check_process_set, global_process_set, resolve_op
+from .horovod import (Average, Sum, _check_process_set, allgather_async, global_process_set,
+                      resolve_op)
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
 
@@ -291,10 +292,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad is None:
             grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         elif grad.layout != torch.strided:
-            # Sparse gradients (embeddings) are reduced dense, as Horovod's
-            # sparse_as_dense=True does.
+            # A sparse gradient reduced dense (sparse_as_dense=True, a
+            # group, or the plan executor).
             grad = p.grad = grad.to_dense()
         return grad
+
+    def _push_pull_sparse_async(self, p):
+        """A sparse gradient, reduced as Horovod reduces one: every worker's
+        indices and values gathered (allgather; the row counts may differ),
+        then added up (and averaged) into a sparse gradient. The sizes are
+        exchanged here (blocking); the gathers complete in synchronize()."""
+        g = p.grad.coalesce()
+        values = g.values().contiguous()
+        if self._predivide != 1.0:
+            values = values * (1.0 / self._predivide)
+        indices = g.indices().t().contiguous()  # (nnz, sparse dims)
+        gathered_values = allgather_async(values)
+        gathered_indices = allgather_async(indices)
+
+        def write_back():
+            all_values = _runtime.synchronize(gathered_values)
+            all_indices = _runtime.synchronize(gathered_indices)
+            total = torch.sparse_coo_tensor(all_indices.t(), all_values, g.shape).coalesce()
+            p.grad = total / _runtime.size() if self._average else total
+        return None, write_back
 
     def _grad_ready(self, p):
         """p's gradient is final for this step: push it, or, in a group, push
@@ -388,6 +409,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return handle, write_back
 
     def _push_pull_grad_async(self, p):
+        if p.grad is not None and p.grad.layout == torch.sparse_coo and \
+                not self._sparse_as_dense and self.executor is None:
+            return self._push_pull_sparse_async(p)
         grad = self._dense_grad(p)
         if self._predivide != 1.0:
             with torch.no_grad():
@@ -534,8 +558,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       order, split evenly), or lists of parameters: each group's gradients
       travel fused, as one engine tensor per dtype, once all of them are
       ready (with executor=True, as the plan's fused groups).
-    - sparse_as_dense: sparse gradients are always reduced dense here, so
-      True and False do the same.
+    - sparse_as_dense: reduce sparse gradients (nn.Embedding(sparse=True))
+      as dense tensors; without it (the default), as Horovod, every worker's
+      indices and values are gathered and added up into a sparse gradient
+      (in a group or with executor=True they are always reduced dense).
     - process_set: the global one only.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
