@@ -113,6 +113,10 @@ def check_allreduce(rank, world):
             assert hvd.synchronize(h) is y
             same(y, want, what + " async in place", exact)
             n += 1
+    # Ops given as Horovod's plain ints work too.
+    x = values(torch.int64, (5,), rank, 2)
+    same(hvd.allreduce(x, op=int(hvd.Max), name="int.op"),
+         reference(hvd.Max, every(torch.int64, (5,), world, 2)), "op as int")
     # The default op is Average; Horovod's deprecated average= still works.
     x = values(torch.float32, (10,), rank, 1)
     mean = reference(hvd.Average, every(torch.float32, (10,), world, 1))
@@ -234,7 +238,9 @@ def check_reducescatter(rank, world):
             want = full[start:start + base + (1 if rank < extra else 0)]
             same(hvd.reducescatter(x, op=op, name=f"rs.{op}.{rows}"), want,
                  f"reducescatter {op} {rows}", exact=op is hvd.Sum)
-            checked += 1
+            same(hvd.synchronize(hvd.reducescatter_async(x, op=op)), want,
+                 f"reducescatter_async {op} {rows}", exact=op is hvd.Sum)
+            checked += 2
     return checked
 
 
@@ -467,7 +473,16 @@ def check_sync_batch_norm(rank, world):
     sync.eval()
     plain.eval()
     assert torch.allclose(sync(xs[0]), plain(xs[0]), atol=1e-5)
-    return 5
+    # convert_sync_batchnorm keeps the parameters and statistics.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3))
+    model[1].running_mean.fill_(0.5)
+    converted = hvd.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert isinstance(converted[1], hvd.SyncBatchNorm)
+    assert converted[1].weight is model[1].weight
+    assert torch.equal(converted[1].running_mean, torch.full((3,), 0.5))
+    converted.train()
+    converted(xs[rank]).sum().backward()  # runs synchronized, every worker alike
+    return 6
 
 
 def check_optimizer_controls(rank, world):
