@@ -45,8 +45,7 @@ def test_horovod_style_example(run_job):
     # broadcast_optimizer_state, metric averaging with allreduce), unchanged
     # but for its import, under `cortado launch`.
     example = REPO / "bindings" / "python" / "examples" / "horovod_style.py"
-    job = run_job(2, 1, example, "--epochs", "3", timeout=240, out_arg=False,
-                  env={"HOROVOD_LOG_LEVEL": "warning"})
+    job = run_job(2, 1, example, "--epochs", "3", timeout=240, out_arg=False)
     assert job.returncode == 0, job.describe()
     lines = [l for l in job.stdout.splitlines() if l.startswith("Test set:")]
     assert len(lines) == 3, job.describe()
