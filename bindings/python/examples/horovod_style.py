@@ -23,21 +23,20 @@ from sklearn.datasets import load_digits
 
 import cortado.torch as hvd  # with Horovod: import horovod.torch as hvd
 
-parser = argparse.ArgumentParser(description="Horovod-style digits example")
-parser.add_argument("--batch-size", type=int, default=32, help="input batch size for training")
-parser.add_argument("--test-batch-size", type=int, default=100, help="input batch size for testing")
-parser.add_argument("--epochs", type=int, default=5, help="number of epochs to train")
-parser.add_argument("--lr", type=float, default=0.02, help="learning rate (per worker)")
-parser.add_argument("--momentum", type=float, default=0.5, help="SGD momentum")
-parser.add_argument("--seed", type=int, default=42, help="random seed")
-parser.add_argument("--log-interval", type=int, default=10,
-                    help="how many batches to wait before logging training status")
-parser.add_argument("--fp16-allreduce", action="store_true", default=False,
-                    help="use fp16 compression during allreduce")
-parser.add_argument("--use-adasum", action="store_true", default=False,
-                    help="use adasum algorithm to do reduction (Cortado refuses it)")
+parser = argparse.ArgumentParser(description="digits with SyncBatchNorm, Horovod-style")
+parser.add_argument("--batch-size", type=int, default=32, help="training samples per worker and step")
+parser.add_argument("--test-batch-size", type=int, default=100, help="evaluation batch")
+parser.add_argument("--epochs", type=int, default=5)
+parser.add_argument("--lr", type=float, default=0.02, help="per worker; scaled by hvd.size()")
+parser.add_argument("--momentum", type=float, default=0.5)
+parser.add_argument("--seed", type=int, default=42)
+parser.add_argument("--log-interval", type=int, default=10, help="steps between loss lines")
+parser.add_argument("--fp16-allreduce", action="store_true",
+                    help="gradients travel as fp16 (hvd.Compression.fp16)")
+parser.add_argument("--use-adasum", action="store_true",
+                    help="op=hvd.Adasum (Cortado refuses it and says what to use)")
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0,
-                    help="apply gradient predivide factor in optimizer (default: 1.0)")
+                    help="the optimizer's gradient_predivide_factor")
 
 
 class Net(nn.Module):
@@ -78,15 +77,12 @@ def train(epoch):
         loss.backward()
         optimizer.step()
         if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
-            print("Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
-                epoch, batch_idx * len(data), len(train_sampler),
-                100. * batch_idx / len(train_loader), loss.item()))
+            print(f"epoch {epoch} step {batch_idx}/{len(train_loader)} loss {loss.item():.4f}")
 
 
-def metric_average(val, name):
-    tensor = torch.tensor(val)
-    avg_tensor = hvd.allreduce(tensor, name=name)
-    return avg_tensor.item()
+def averaged(value, name):
+    # The mean over the workers (allreduce's default op is Average).
+    return hvd.allreduce(torch.tensor(value), name=name).item()
 
 
 def test():
@@ -101,11 +97,10 @@ def test():
             test_accuracy += pred.eq(target.data.view_as(pred)).float().sum().item()
     test_loss /= len(test_sampler)
     test_accuracy /= len(test_sampler)
-    test_loss = metric_average(test_loss, "avg_loss")
-    test_accuracy = metric_average(test_accuracy, "avg_accuracy")
+    test_loss = averaged(test_loss, "test.loss")
+    test_accuracy = averaged(test_accuracy, "test.accuracy")
     if hvd.rank() == 0:
-        print("Test set: Average loss: {:.4f}, Accuracy: {:.2f}%".format(
-            test_loss, 100. * test_accuracy), flush=True)
+        print(f"Test set: loss {test_loss:.4f}, Accuracy: {100 * test_accuracy:.2f}%", flush=True)
 
 
 if __name__ == "__main__":
@@ -126,11 +121,12 @@ if __name__ == "__main__":
                                               sampler=test_sampler)
 
     model = Net()
-    # By default, Adasum doesn't need scaling up learning rate.
-    lr_scaler = hvd.size() if not args.use_adasum else 1
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
+    # The averaged gradient of size() workers' batches: a size()-times larger lr
+    # (Adasum would keep it).
+    scale = 1 if args.use_adasum else hvd.size()
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * scale, momentum=args.momentum)
 
-    # Horovod: broadcast parameters & optimizer state.
+    # Every worker starts from rank 0's weights and optimizer state.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
