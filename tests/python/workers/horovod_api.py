@@ -76,6 +76,8 @@ def check_basics(rank, world):
     assert hvd.gloo_built() is False and hvd.mpi_threads_supported() is False
     assert int(hvd.Average) != int(hvd.Sum) and repr(hvd.Max) == "cortado.torch.Max"
     hvd.barrier()
+    hvd.barrier(30)
+    hvd.barrier(timeout=30)
     return 4
 
 

@@ -854,10 +854,14 @@ def join(device=-1):
     return int(torch.argmax(buf).item())
 
 
-def barrier(process_set=global_process_set):
-    """Returns when every worker entered the barrier (the scheduler's)."""
+def barrier(process_set=global_process_set, timeout=None):
+    """Returns when every worker entered the barrier (the scheduler's), or
+    raises CortadoError after `timeout` seconds (None: CORTADO_TIMEOUT_MS).
+    A number as the first argument is the timeout, as cortado.barrier takes it."""
+    if isinstance(process_set, (int, float)) and not isinstance(process_set, bool):
+        process_set, timeout = global_process_set, process_set
     _check_process_set(process_set, "barrier")
-    _runtime.barrier()
+    _runtime.barrier(timeout)
 
 
 def cross_rank():
