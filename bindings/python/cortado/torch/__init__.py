@@ -12,7 +12,9 @@ CUDA) tensor of a supported dtype; anything else raises CortadoError before
 any data moves. The tensors stay referenced until their operation completes.
 BytePS's calls (push_pull*) are in ops.py; Horovod's (allreduce, allgather,
 broadcast, alltoall, reducescatter, objects, join, the ops Average/Sum/Min/
-Max/Product) in horovod.py, which says how each is built from push_pull;
+Max/Product) in horovod.py, which says how each is built from push_pull
+(horovod_basics.py: ops, process sets, build queries; horovod_checks.py: what
+workers compare before a name's first use);
 SyncBatchNorm in sync_batch_norm.py; DistributedOptimizer (both APIs) in
 optimizer.py.
 """
@@ -21,16 +23,17 @@ from .. import _runtime
 from .._runtime import (CortadoError, Handle, init, is_initialized, local_rank, local_size,
                         num_servers, poll, rank, shutdown, size, synchronize)
 from ..compression import Compression, Compressor
-from .horovod import (Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
-                      add_process_set, allgather, allgather_async, allgather_object, allreduce,
-                      allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async,
-                      barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
-                      broadcast_object, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                      gloo_built, gloo_enabled, global_process_set, grouped_allreduce,
-                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                      is_homogeneous, join, mpi_built, mpi_enabled, mpi_threads_supported,
-                      nccl_built, reducescatter, reducescatter_async, remove_process_set,
-                      rocm_built, start_timeline, stop_timeline)
+from .horovod import (allgather, allgather_async, allgather_object, allreduce, allreduce_,
+                      allreduce_async, allreduce_async_, alltoall, alltoall_async, broadcast,
+                      broadcast_, broadcast_async, broadcast_async_, broadcast_object,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                      grouped_allreduce_async_, join, reducescatter, reducescatter_async)
+from .horovod_basics import (Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
+                             add_process_set, barrier, ccl_built, cross_rank, cross_size,
+                             cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set,
+                             is_homogeneous, mpi_built, mpi_enabled, mpi_threads_supported,
+                             nccl_built, remove_process_set, rocm_built, start_timeline,
+                             stop_timeline)
 from .ops import (DTYPES, broadcast_parameters, check_tensor, push_pull, push_pull_,
                   push_pull_async, push_pull_async_)
 from .optimizer import DistributedOptimizer, broadcast_optimizer_state

@@ -17,8 +17,8 @@ import torch
 
 from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
-from .horovod import (Average, Sum, _check_process_set, allgather_async, global_process_set,
-                      resolve_op)
+from .horovod import allgather_async
+from .horovod_basics import Average, Sum, _check_process_set, global_process_set, resolve_op
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
 

@@ -49,8 +49,8 @@ class _SyncBatchNormFn(torch.autograd.Function):
         n = total[0].item()
         if n < 1:
             raise _runtime.error("invalid_argument",
-                                 f"cortado.torch.SyncBatchNorm: the global batch is empty "
-                                 f"(every worker passed 0 samples)")
+                                 "cortado.torch.SyncBatchNorm: the global batch is empty "
+                                 "(every worker passed 0 samples)")
         g_mean = total[1:c + 1] / n
         g_var = (total[c + 1:] / n - g_mean * g_mean).clamp_(min=0)
         invstd = torch.rsqrt(g_var + eps)
