@@ -368,7 +368,10 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set, priority=0):
     """Starts overwriting `tensor` with root_rank's on every worker.
-    synchronize(handle) returns `tensor`."""
+    synchronize(handle) returns `tensor`. (A number as the fourth argument
+    is the priority, as cortado.torch's broadcast_async_ took it before.)"""
+    if isinstance(process_set, int) and not isinstance(process_set, bool):
+        process_set, priority = global_process_set, process_set
     _check_process_set(process_set, "broadcast_async_")
     rt = _runtime.require("broadcast")
     ops.check_tensor(_carrier(tensor) if isinstance(tensor, torch.Tensor) else tensor,
