@@ -1,6 +1,8 @@
 #include "core/config.h"
 
+#include <cctype>
 #include <cmath>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -24,7 +26,9 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_DATA_HOST", "DMLC_NODE_HOST", "127.0.0.1",
        "address the data plane listens on and advertises; `auto`: the local address that "
        "reaches the scheduler (what `cortado launch --hosts` sets)"},
-      {"CORTADO_LOG_LEVEL", "", "info", "trace, debug, info, warn, error, off"},
+      {"CORTADO_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "info",
+       "trace, debug, info, warn, error, off (any case; Horovod's warning and fatal read as warn "
+       "and error)"},
       {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB", "chunk size of large tensors"},
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
       {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
@@ -33,7 +37,7 @@ const std::vector<SettingInfo>& settingsTable() {
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
        "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
-      {"CORTADO_FUSION_BYTES", "", "64MiB",
+      {"CORTADO_FUSION_BYTES", "HOROVOD_FUSION_THRESHOLD", "64MiB",
        "plan executor: the tensors of a batch with the same uncompressed collective-only option "
        "run as one collective on a fusion buffer up to this many bytes (0: off; "
        "docs/executor.md)"},
@@ -71,7 +75,9 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
-       "in the scheduler's log, naming the tensor and the workers (0: never)"},
+       "in the scheduler's log, naming the tensor and the workers (0: never); when unset, "
+       "Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS (seconds) and HOROVOD_STALL_CHECK_DISABLE=1 "
+       "are read"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
@@ -161,14 +167,27 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
 
 namespace {
 
+// The variable and its aliases (SettingInfo::alias: space-separated, BytePS's
+// and Horovod's names), in the order they are looked up.
 std::vector<std::string> names(const char* name) {
   for (const auto& s : settingsTable()) {
     if (std::string(s.name) == name) {
-      if (*s.alias) return {s.name, s.alias};
-      return {s.name};
+      std::vector<std::string> all = {s.name};
+      std::istringstream aliases(s.alias);
+      for (std::string a; aliases >> a;) all.push_back(a);
+      return all;
     }
   }
   return {name};
+}
+
+// Log levels as CORTADO_LOG_LEVEL takes them: lower case, with Horovod's
+// names for the levels that Cortado calls otherwise.
+std::string normalizeLogLevel(std::string level) {
+  for (char& ch : level) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (level == "warning") return "warn";
+  if (level == "fatal") return "error";
+  return level;
 }
 
 }  // namespace
@@ -203,7 +222,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   else if (requireJob && c.rank < 0 && c.role != Role::kScheduler) missing.push_back("CORTADO_RANK");
   if (auto v = getEnv(names("CORTADO_TRANSPORT"))) c.transport = v->value;
   if (auto v = getEnv(names("CORTADO_DATA_HOST"))) c.dataHost = v->value;
-  if (auto v = getEnv(names("CORTADO_LOG_LEVEL"))) c.logLevel = v->value;
+  if (auto v = getEnv(names("CORTADO_LOG_LEVEL"))) c.logLevel = normalizeLogLevel(v->value);
   if (auto v = getEnv(names("CORTADO_PARTITION_BYTES"))) c.partitionBytes = parseBytes(v->value);
   if (auto v = getEnv(names("CORTADO_MAX_INFLIGHT_BYTES"))) c.maxInflightBytes = parseBytes(v->value);
   if (auto v = getEnvInt(names("CORTADO_SERVER_THREADS"))) c.serverThreads = static_cast<int>(*v);
@@ -266,6 +285,10 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
+  else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)
+    c.stallCheck = Millis(0);
+  else if (auto s = getEnvInt({"HOROVOD_STALL_CHECK_TIME_SECONDS"}))
+    c.stallCheck = Millis(*s * 1000);
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_TIMEOUT_MS"))) c.heartbeatTimeout = Millis(*v);

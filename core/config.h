@@ -67,7 +67,7 @@ struct JobConfig {
 // One row of the settings table.
 struct SettingInfo {
   const char* name;     // CORTADO_* variable
-  const char* alias;    // DMLC_* alias or ""
+  const char* alias;    // aliases, space-separated (BytePS's, Horovod's), or ""
   const char* fallback; // default, as text
   const char* meaning;
 };

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "core/common/crash.h"
 #include "core/common/env.h"
@@ -55,8 +56,11 @@ struct JobFlags {
 void printSettings() {
   std::cout << "| variable | alias | default | meaning |\n| --- | --- | --- | --- |\n";
   for (const auto& s : settingsTable()) {
-    std::cout << "| `" << s.name << "` | " << (*s.alias ? std::string("`") + s.alias + "`" : "")
-              << " | " << s.fallback << " | " << s.meaning << " |\n";
+    std::string aliases;
+    std::istringstream in(s.alias);
+    for (std::string a; in >> a;) aliases += (aliases.empty() ? "`" : ", `") + a + "`";
+    std::cout << "| `" << s.name << "` | " << aliases << " | " << s.fallback << " | " << s.meaning
+              << " |\n";
   }
 }
 

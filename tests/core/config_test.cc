@@ -1,5 +1,6 @@
 // The job settings that roles read from the environment (core/config.h):
-// here the stall check's, read, handed to children and refused with its name.
+// here the stall check's, read, handed to children and refused with its name,
+// and Horovod's names read as aliases.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -51,6 +52,37 @@ TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
         << e.what();
   }
   ::unsetenv("CORTADO_STALL_CHECK_MS");
+}
+
+TEST(Settings, HorovodNamesAreReadAsAliases) {
+  for (const char* v : {"CORTADO_LOG_LEVEL", "CORTADO_FUSION_BYTES", "CORTADO_STALL_CHECK_MS",
+                        "HOROVOD_LOG_LEVEL", "HOROVOD_FUSION_THRESHOLD",
+                        "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_DISABLE"})
+    ::unsetenv(v);
+  ::setenv("HOROVOD_LOG_LEVEL", "WARNING", 1);
+  ::setenv("HOROVOD_FUSION_THRESHOLD", "33554432", 1);
+  ::setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "7", 1);
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.logLevel, "warn");
+  EXPECT_EQ(c.fusionBytes, 33554432u);
+  EXPECT_EQ(c.stallCheck, Millis(7000));
+  ::setenv("HOROVOD_STALL_CHECK_DISABLE", "1", 1);
+  EXPECT_EQ(readJobConfig(false).stallCheck, Millis(0));
+  // Cortado's own names win over the aliases.
+  ::setenv("CORTADO_LOG_LEVEL", "error", 1);
+  ::setenv("CORTADO_FUSION_BYTES", "1M", 1);
+  ::setenv("CORTADO_STALL_CHECK_MS", "250", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.logLevel, "error");
+  EXPECT_EQ(c.fusionBytes, 1u << 20);
+  EXPECT_EQ(c.stallCheck, Millis(250));
+  ::setenv("HOROVOD_LOG_LEVEL", "fatal", 1);
+  ::unsetenv("CORTADO_LOG_LEVEL");
+  EXPECT_EQ(readJobConfig(false).logLevel, "error");
+  for (const char* v : {"CORTADO_LOG_LEVEL", "CORTADO_FUSION_BYTES", "CORTADO_STALL_CHECK_MS",
+                        "HOROVOD_LOG_LEVEL", "HOROVOD_FUSION_THRESHOLD",
+                        "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_DISABLE"})
+    ::unsetenv(v);
 }
 
 }  // namespace

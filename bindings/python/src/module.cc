@@ -158,8 +158,10 @@ class Runtime {
     // caller (a multi-machine launcher) says otherwise.
     rt->localRank_ = rt->worker_->rank();
     rt->localSize_ = rt->worker_->size();
-    if (auto v = getEnvInt({"CORTADO_LOCAL_RANK", "BYTEPS_LOCAL_RANK"})) rt->localRank_ = int(*v);
-    if (auto v = getEnvInt({"CORTADO_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE"})) rt->localSize_ = int(*v);
+    if (auto v = getEnvInt({"CORTADO_LOCAL_RANK", "BYTEPS_LOCAL_RANK", "HOROVOD_LOCAL_RANK"}))
+      rt->localRank_ = int(*v);
+    if (auto v = getEnvInt({"CORTADO_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"}))
+      rt->localSize_ = int(*v);
     return rt;
   }
 
@@ -832,6 +834,11 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.attr("built_with_cuda") = bool(CORTADO_CUDA);
+  // The collective backends compiled into the core (core/collective). The
+  // Python layer's operations go through the servers (Python workers have
+  // no MPI or NCCL groups); Horovod's nccl_built()/mpi_built() report these.
+  m.attr("built_with_nccl") = bool(CORTADO_NCCL);
+  m.attr("built_with_mpi") = bool(CORTADO_MPI);
   // The worker engine encodes declared codecs in push-pull (core/worker.h
   // TensorOptions); the Python layer checks this before it offers them.
   m.attr("engine_codecs") = true;

@@ -17,6 +17,8 @@ import torch
 
 from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
+from .horovod import allgather_async
+from .horovod_basics import Average, Sum, _check_process_set, global_process_set, resolve_op
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
 
@@ -46,26 +48,30 @@ def push_pull_option(codec=None):
     return option
 
 
-def fused_plan(tensors, codec=None, fusion_bytes=DEFAULT_FUSION_BYTES):
+def fused_plan(tensors, codec=None, fusion_bytes=DEFAULT_FUSION_BYTES, groups=None):
     """A plan (dict) for `tensors`, (name, bytes) in gradient-ready order:
     every tensor on push_pull_option(codec), cut into groups of consecutive
     tensors, each closed once it holds `fusion_bytes` or more (0: no
-    groups). A group of one is no group."""
+    groups), or into `groups` (lists of names) when given. A group of one is
+    no group."""
     option = push_pull_option(codec)
-    groups, cur, size = [], [], 0
-    for name, nbytes in tensors:
-        cur.append(name)
-        size += nbytes
-        if fusion_bytes and size >= fusion_bytes:
+    if groups is None:
+        groups, cur, size = [], [], 0
+        for name, nbytes in tensors:
+            cur.append(name)
+            size += nbytes
+            if fusion_bytes and size >= fusion_bytes:
+                groups.append(cur)
+                cur, size = [], 0
+        if cur:
             groups.append(cur)
-            cur, size = [], 0
-    if cur:
-        groups.append(cur)
+        if not fusion_bytes:
+            groups = []
     # Version 0, as the default plan: the scheduler's re-plans (1, 2, ...) replace it.
     plan = {"format": "cortado-plan", "version": 0,
             "tensors": {name: option for name, _ in tensors}}
-    if fusion_bytes:
-        plan["groups"] = [g for g in groups if len(g) > 1]
+    if groups:
+        plan["groups"] = [list(g) for g in groups if len(g) > 1]
     return plan
 
 
@@ -96,7 +102,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # __init__ runs the wrapped class's __init__ on the same param_groups.
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  name_prefix, executor=False, plan=None, fusion_bytes=None,
-                 fusion_search=None):
+                 fusion_search=None, op=Average, predivide=1.0, groups=None,
+                 sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -134,6 +141,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for _, p in self._ordered:
             check_tensor(p, "DistributedOptimizer", "parameter")
         rt = _runtime.require("DistributedOptimizer")
+        self._average = op is Average
+        self._predivide = float(predivide)
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._groups = self._make_groups(groups)
         self.executor = None
         if executor:
             self._start_executor(rt, compression, plan, fusion_bytes, fusion_search)
@@ -149,9 +160,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
-        # Every worker declares every gradient up front, in the same order,
-        # so that hooks firing in any order never wait on one another.
+        # Every worker declares every gradient (and group) up front, in the
+        # same order, so that hooks firing in any order never wait on one another.
+        self._group_of = {}
+        if self.executor is None:
+            for g, members in enumerate(self._groups):
+                for q in members:
+                    self._group_of[q] = g
+                self._declare_group(rt, g, members)
         for _, p in ([] if self.executor is not None else self._ordered):
+            if p in self._group_of:
+                continue
             c = self._compressors[p]
             sent, _ = c.compress(torch.empty(0, dtype=p.dtype))
             if c.engine_codec is not None and p.dtype != torch.float32:
@@ -208,8 +227,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"dict of its settings (warmup, window, settle, step, min_gain, "
                                  f"max_groups), got {fusion_search!r}")
         if own_plan:
+            explicit = None if not self._groups else \
+                [[self._names[q] for q in members] for members in self._groups]
             plan = fused_plan([(self._names[p], p.numel() * p.element_size())
-                               for _, p in reversed(self._ordered)], codec, fusion_bytes)
+                               for _, p in reversed(self._ordered)], codec, fusion_bytes,
+                              explicit)
+        elif self._groups:
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer: groups= with a plan (plan= or "
+                                 "CORTADO_PLAN): the plan's groups decide; pass one of them")
         ex = _C.Executor(rt)
         for _, p in self._ordered:
             ex.declare(self._names[p], p.numel())
@@ -280,34 +306,159 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     f"call step() after each backward pass")
             self._delay[p] -= 1
             if self._delay[p] == 0:
-                self._handles[p] = self._push_pull_grad_async(p)
+                self._grad_ready(p)
         return hook
 
-    def _push_pull_grad_async(self, p):
+    def _dense_grad(self, p):
+        """p.grad, made a dense tensor (zeros when backward left it None)."""
         grad = p.grad
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        elif grad.layout != torch.strided:
+            # A sparse gradient reduced dense (sparse_as_dense=True, a
+            # group, or the plan executor).
+            grad = p.grad = grad.to_dense()
+        return grad
+
+    def _push_pull_sparse_async(self, p):
+        """A sparse gradient, reduced as Horovod reduces one: every worker's
+        indices and values gathered (allgather; the row counts may differ),
+        then added up (and averaged) into a sparse gradient. The sizes are
+        exchanged here (blocking); the gathers complete in synchronize()."""
+        g = p.grad.coalesce()
+        values = g.values().contiguous()
+        if self._predivide != 1.0:
+            values = values * (1.0 / self._predivide)
+        indices = g.indices().t().contiguous()  # (nnz, sparse dims)
+        gathered_values = allgather_async(values)
+        gathered_indices = allgather_async(indices)
+
+        def write_back():
+            all_values = _runtime.synchronize(gathered_values)
+            all_indices = _runtime.synchronize(gathered_indices)
+            total = torch.sparse_coo_tensor(all_indices.t(), all_values, g.shape).coalesce()
+            p.grad = total / _runtime.size() if self._average else total
+        return None, write_back
+
+    def _grad_ready(self, p):
+        """p's gradient is final for this step: push it, or, in a group, push
+        the group once all its gradients are final."""
+        g = self._group_of.get(p)
+        if g is None:
+            self._handles[p] = self._push_pull_grad_async(p)
+            return
+        self._handles[p] = (None, None)
+        members = self._groups[g]
+        if all(q in self._handles for q in members):
+            self._handles[members[0]] = self._push_pull_group_async(g)
+
+    def _make_groups(self, groups):
+        """Horovod's groups: a number of groups (parameters in model order,
+        split evenly), or lists of parameters. Each becomes one fused engine
+        tensor per dtype (or a plan group, with executor=True)."""
+        if groups is None or groups == 0:
+            return []
+        order = [p for _, p in self._ordered]
+        if isinstance(groups, int) and not isinstance(groups, bool):
+            if groups < 0:
+                raise _runtime.error("invalid_argument",
+                                     f"DistributedOptimizer: groups={groups} must be positive")
+            n = min(groups, len(order))
+            bounds = [round(i * len(order) / n) for i in range(n + 1)] if n else []
+            lists = [order[bounds[i]:bounds[i + 1]] for i in range(n)]
+        elif isinstance(groups, (list, tuple)):
+            known = {id(p) for p in order}
+            seen = set()
+            lists = []
+            for i, g in enumerate(groups):
+                members = [p for p in g if id(p) in known]
+                if any(not isinstance(p, torch.Tensor) for p in g):
+                    raise _runtime.error("invalid_argument",
+                                         f"DistributedOptimizer: groups[{i}] must hold "
+                                         f"parameters (tensors)")
+                for p in members:
+                    if id(p) in seen:
+                        raise _runtime.error("invalid_argument",
+                                             f"DistributedOptimizer: parameter "
+                                             f"'{self._names[p]}' is in two groups")
+                    seen.add(id(p))
+                lists.append(sorted(members, key=lambda p: -self._priority[p]))
+        else:
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: groups must be a number of groups or a "
+                                 f"list of lists of parameters, got {type(groups).__name__}")
+        out = []
+        for members in lists:
+            # One engine tensor per dtype and compression in a group.
+            kinds = {}
+            for p in members:
+                kinds.setdefault((p.dtype, self._compressors[p]), []).append(p)
+            out += [m for m in kinds.values() if len(m) > 1]
+        return out
+
+    def _group_name(self, g):
+        first = self._groups[g][0]
+        return f"{self._names[first]}.group{len(self._groups[g])}"
+
+    def _declare_group(self, rt, g, members):
+        name = self._group_name(g)
+        c = self._compressors[members[0]]
+        if c.engine_codec is not None and members[0].dtype != torch.float32:
+            raise _runtime.error(
+                "invalid_argument",
+                f"DistributedOptimizer: group of '{self._names[members[0]]}' is "
+                f"{members[0].dtype}, but compression '{c.engine_codec[0]}' encodes float32")
+        sent, _ = c.compress(torch.empty(0, dtype=members[0].dtype))
+        if not rt.is_declared(name):
+            _runtime.declare(rt, name, DTYPES[sent.dtype], sum(q.numel() for q in members),
+                             c.engine_codec)
+
+    def _push_pull_group_async(self, g):
+        members = self._groups[g]
+        grads = [self._dense_grad(q) for q in members]
+        flat = torch.cat([x.reshape(-1) for x in grads])
+        if self._predivide != 1.0:
+            flat.mul_(1.0 / self._predivide)
+        handle = submit("DistributedOptimizer", flat, flat, self._average, self._group_name(g),
+                        max(self._priority[q] for q in members), self._compressors[members[0]])
+
+        def write_back():
+            at = 0
+            with torch.no_grad():
+                for q in members:
+                    n = q.numel()
+                    q.grad.copy_(flat[at:at + n].view_as(q.grad))
+                    at += n
+        return handle, write_back
+
+    def _push_pull_grad_async(self, p):
+        if p.grad is not None and p.grad.layout == torch.sparse_coo and \
+                not self._sparse_as_dense and self.executor is None:
+            return self._push_pull_sparse_async(p)
+        grad = self._dense_grad(p)
+        if self._predivide != 1.0:
+            with torch.no_grad():
+                grad.mul_(1.0 / self._predivide)
         if self.executor is not None:
             # On the executor's thread, in the order the hooks fire, while the
             # backward pass goes on; synchronize() waits for it. The handle
             # slot keeps the buffer alive until then.
             view = self._grad_views[p]
-            if grad is None or grad.data_ptr() != view.data_ptr():
+            if grad.data_ptr() != view.data_ptr():
+                # Not its view any more (zero_grad(set_to_none=True), an
+                # assignment): back into the flat buffer.
                 with torch.no_grad():
-                    if grad is None:
-                        view.zero_()
-                    else:
-                        view.copy_(grad)
+                    view.copy_(grad)
                 p.grad = view
             self.executor.submit(self._names[p], view.numel(), view.data_ptr(), view.data_ptr(),
-                                 True)
+                                 self._average)
             return view, None
-        if grad is None:
-            grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         if grad.is_contiguous():
-            handle = submit("DistributedOptimizer", grad, grad, True, self._names[p],
+            handle = submit("DistributedOptimizer", grad, grad, self._average, self._names[p],
                              self._priority[p], self._compressors[p])
             return handle, None
         tmp = grad.contiguous()
-        handle = submit("DistributedOptimizer", tmp, tmp, True, self._names[p],
+        handle = submit("DistributedOptimizer", tmp, tmp, self._average, self._names[p],
                          self._priority[p], self._compressors[p])
         return handle, tmp
 
@@ -317,16 +468,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gradients into p.grad."""
         for _, p in self._ordered:
             if p not in self._handles:
-                self._handles[p] = self._push_pull_grad_async(p)
+                self._grad_ready(p)
         try:
             if self.executor is not None:
                 self.executor.wait()
-            for p, (handle, tmp) in self._handles.items():
+            for p, (handle, tmp) in list(self._handles.items()):
                 if handle is not None and self.executor is None:
                     _runtime.synchronize(handle)
-                if tmp is not None:
+                if callable(tmp):
+                    tmp()
+                elif tmp is not None:
                     with torch.no_grad():
                         p.grad.copy_(tmp)
+            if self._predivide != 1.0:
+                with torch.no_grad():
+                    for _, p in self._ordered:
+                        if p.grad is not None:
+                            p.grad.mul_(self._predivide)
         finally:
             self._handles.clear()
             for p in self._delay:
@@ -378,7 +536,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, name_prefix="grad", executor=False,
-                         plan=None, fusion_bytes=None, fusion_search=None):
+                         plan=None, fusion_bytes=None, fusion_search=None, *, op=Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=global_process_set):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 
     - named_parameters: model.named_parameters(); its order is the layer order
@@ -418,9 +578,55 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       step() (or synchronize()) waits for them and raises the first failure.
       `optimizer.executor` has plan_version, plan_json, last_report and
       pending.
+    Horovod's arguments (keywords; Horovod's positional order from the
+    fifth argument on, op first, is recognized too):
+    - op: Average (default) or Sum over the workers; Adasum is refused.
+    - gradient_predivide_factor: gradients are divided by it before the
+      sum and multiplied by it after the average (op=Average only).
+    - groups (or num_groups): a number of groups (the parameters in model
+      order, split evenly), or lists of parameters: each group's gradients
+      travel fused, as one engine tensor per dtype, once all of them are
+      ready (with executor=True, as the plan's fused groups).
+    - sparse_as_dense: reduce sparse gradients (nn.Embedding(sparse=True))
+      as dense tensors; without it (the default), as Horovod, every worker's
+      indices and values are gathered and added up into a sparse gradient
+      (in a group or with executor=True they are always reduced dense).
+    - process_set: the global one only.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
     """
+    if not isinstance(name_prefix, str) and isinstance(name_prefix, (int, float)):
+        # Horovod's order: (optimizer, named_parameters, compression,
+        # backward_passes_per_step, op, gradient_predivide_factor, num_groups,
+        # groups, sparse_as_dense).
+        horovod = [name_prefix, executor, plan, fusion_bytes, fusion_search]
+        defaults = [Average, False, None, None, None]
+        name_prefix, executor, plan, fusion_bytes, fusion_search = "grad", False, None, None, None
+        op = horovod[0]
+        if horovod[1] is not defaults[1]:
+            gradient_predivide_factor = horovod[1]
+        if horovod[2] is not None:
+            num_groups = horovod[2]
+        if horovod[3] is not None:
+            groups = horovod[3]
+        if horovod[4] is not None:
+            sparse_as_dense = horovod[4]
+    op = resolve_op(op, None, "DistributedOptimizer", allowed=(Average, Sum))
+    _check_process_set(process_set, "DistributedOptimizer")
+    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
+        raise _runtime.error("invalid_argument",
+                             f"DistributedOptimizer: gradient_predivide_factor must be a "
+                             f"positive number, got {gradient_predivide_factor!r}")
+    if gradient_predivide_factor != 1.0 and op is not Average:
+        raise _runtime.error("invalid_argument",
+                             "DistributedOptimizer: gradient_predivide_factor applies to "
+                             "op=Average only")
+    if num_groups and groups is not None:
+        raise _runtime.error("invalid_argument",
+                             "DistributedOptimizer: pass groups= or the deprecated num_groups=, "
+                             "not both")
+    if num_groups:
+        groups = num_groups
     # Validate the compression first, so that a bad name is the error the
     # user sees, even before init().
     if isinstance(compression, dict):
@@ -433,7 +639,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
-               name_prefix, executor, plan, fusion_bytes, fusion_search)
+               name_prefix, executor, plan, fusion_bytes, fusion_search, op,
+               gradient_predivide_factor, groups, sparse_as_dense)
 
 
 def _scalar_tensor(value):
