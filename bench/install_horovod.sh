@@ -24,7 +24,7 @@ force=""
 while (($#)); do
   case $1 in
     --force) force=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/install_horovod.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done

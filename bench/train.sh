@@ -71,7 +71,7 @@ die() {
   exit 2
 }
 usage() {
-  sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
@@ -260,7 +260,7 @@ ddp_job() {  # ddp_job LOG
     [[ -n $LOCAL ]] && h=1
     at_host "$h"
     start_job "$log.$((i - 1))" "${AT[@]}" env RANK=$((i - 1)) WORLD_SIZE="$NW" \
-      LOCAL_WORLD_SIZE=$([[ -n $LOCAL ]] && echo "$NW" || echo 1) MASTER_ADDR="$ADDR1" MASTER_PORT="$port" \
+      LOCAL_WORLD_SIZE="$([[ -n $LOCAL ]] && echo "$NW" || echo 1)" MASTER_ADDR="$ADDR1" MASTER_PORT="$port" \
       GLOO_SOCKET_IFNAME="$IFACE" timeout -s TERM -k 10 "$RUN_TIMEOUT" "$PY" "$BENCH" --backend gloo "${COMMON[@]}"
     pids+=("$LAST_PID")
   done
@@ -286,7 +286,7 @@ horovod_job() {  # horovod_job LOG COMPRESSION
   local port
   port=$(awk '$1 == "port" { print $2 }' "$log.rdv")
   local pids=()
-  while read -r rank host settings; do
+  while read -r rank _host settings; do
     [[ $rank =~ ^[0-9]+$ ]] || continue
     local h=$((rank + 1))
     [[ -n $LOCAL ]] && h=1
