@@ -154,6 +154,10 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     log(rank, f"Total img/sec on {size} worker(s): {size * mean:.1f} +-{size * conf:.1f}")
     log(rank, f"Loss after {len(losses)} steps: {float(last[0]):.4f} (rank 0), "
               f"{last_mean:.4f} (mean over workers); first step {losses[0].item():.4f}")
+    executor = getattr(optimizer, "executor", None)
+    search = str(executor.fusion_search) if executor is not None else None
+    if search is not None:
+        log(rank, f"Executor: {search}")
     return {"backend": args.backend, "label": args.label, "model": args.model,
             "batch_size": args.batch_size,
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
@@ -162,7 +166,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
             "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
             "device": args.device, "seed": args.seed, "data_batches": args.data_batches,
             "steps": len(losses), "loss_first": float(losses[0]), "loss_last": float(last[0]),
-            "loss_last_mean": last_mean,
+            "loss_last_mean": last_mean, "executor_fusion_search": search,
             "img_sec_per_worker": mean, "img_sec_total": size * mean, "conf95_total": size * conf}
 
 
