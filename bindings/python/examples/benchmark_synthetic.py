@@ -6,6 +6,8 @@ a torchvision model trained on random images, reporting images per second.
     cortado launch -w 4 -s 2 -- /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py
     # torch.distributed DistributedDataParallel with Gloo, 4 processes (spawned here):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --backend gloo --workers 4
+    # Horovod with Gloo (bench/install_horovod.sh installs it), 4 processes:
+    horovodrun --gloo -np 4 -H localhost:4 python bindings/python/examples/benchmark_synthetic.py --backend horovod
     # Both, one after the other, with a comparison table (and --json for a record):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --compare --workers 4 --servers 2
     # The same with every gradient through the plan executor (its default plan):
@@ -16,6 +18,15 @@ a torchvision model trained on random images, reporting images per second.
 Each timed iteration is --num-batches-per-iter training steps; the result is
 the mean over --num-iters iterations, per worker and in total. On a CPU-only
 machine the workers share the cores: each gets cores // workers threads.
+
+The model starts from --seed on every worker (and is broadcast from rank 0
+besides); each worker trains on --data-batches fixed random batches of its
+own (seeded from --seed and its rank), in turn. So runs with the same seed,
+sizes and step count see the same data, and the loss after the last step
+(rank 0's, and the mean over the workers) compares the backends' training,
+as bench/train.sh does. With --backend gloo and WORLD_SIZE, RANK and
+MASTER_ADDR set (as torchrun sets them), this process is one DDP worker
+instead of spawning --workers of them.
 """
 
 import argparse
@@ -35,7 +46,10 @@ from torchvision import models
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Synthetic benchmark (images/sec)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--backend", choices=["cortado", "gloo"], default="cortado")
+    p.add_argument("--backend", choices=["cortado", "gloo", "horovod"], default="cortado",
+                   help="cortado (under cortado launch), gloo (DDP with Gloo), horovod "
+                        "(Horovod's DistributedOptimizer, under horovodrun or with its "
+                        "HOROVOD_* rendezvous settings)")
     p.add_argument("--model", default="resnet50", help="a torchvision.models name")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--image-size", type=int, default=224)
@@ -44,13 +58,24 @@ def parse_args(argv=None):
     p.add_argument("--num-batches-per-iter", type=int, default=10)
     p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--compression", default="none",
-                   help="cortado only: none, fp16, auto, or an engine codec (topk:ratio=0.01, "
-                        "dgc, efsignsgd, ...)")
+                   help="cortado: none, fp16, auto, or an engine codec (topk:ratio=0.01, "
+                        "dgc, efsignsgd, ...); horovod: none or fp16 (hvd.Compression)")
     p.add_argument("--fp16-pushpull", action="store_true", help="same as --compression fp16")
     p.add_argument("--executor", action="store_true",
                    help="cortado only: DistributedOptimizer(executor=True), every gradient "
                         "through the plan executor (CORTADO_PLAN or the default plan; float32 "
                         "CPU models, compression none)")
+    p.add_argument("--fusion-bytes", type=int, default=None,
+                   help="cortado --executor: DistributedOptimizer(fusion_bytes=...), the group "
+                        "size (0: one gradient at a time; default: the binding's, 25 MiB)")
+    p.add_argument("--fusion-search", choices=["default", "on", "off"], default="default",
+                   help="cortado --executor: DistributedOptimizer(fusion_search=...), MergeComp's "
+                        "online search for the groups (default: the binding's, on with a codec)")
+    p.add_argument("--seed", type=int, default=0, help="model and data seed")
+    p.add_argument("--data-batches", type=int, default=1,
+                   help="distinct random batches per worker, trained on in turn")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate, times the workers")
+    p.add_argument("--label", default="", help="a name for this run in its JSON line")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the model trains (cuda: every worker on GPU local_rank %% GPUs; "
@@ -73,34 +98,45 @@ def log(rank, *a):
         print(*a, flush=True)
 
 
-def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_rank=0):
-    """The timed loop, the same for both backends."""
+def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_rank=0,
+              average=None):
+    """The timed loop, the same for every backend. `average(tensor)` returns
+    the mean of a CPU tensor over the workers (for the final loss)."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_size)
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     model = getattr(models, args.model)(num_classes=args.num_classes).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size)
     model = wrap_model(model)
     optimizer = wrap_optimizer(model, optimizer)
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
-    target = torch.randint(0, args.num_classes, (args.batch_size,), device=device)
+    # This worker's own batches, the same in every run with this seed and rank.
+    gen = torch.Generator().manual_seed(args.seed * 100003 + rank + 1)
+    batches = [(torch.randn(args.batch_size, 3, args.image_size, args.image_size,
+                            generator=gen).to(device),
+                torch.randint(0, args.num_classes, (args.batch_size,), generator=gen).to(device))
+               for _ in range(max(1, args.data_batches))]
+    losses = []
 
     def step():
+        data, target = batches[len(losses) % len(batches)]
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data), target)
         loss.backward()
         optimizer.step()
+        losses.append(loss.detach())
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step's GPU work, inside the timing
 
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
-              + (f", compression {args.compression}" if args.backend == "cortado" else "")
-            + (", plan executor" if args.backend == "cortado" and args.executor else "")
+              + (f", compression {args.compression}" if args.backend != "gloo" else "")
+              + (", plan executor" if args.backend == "cortado" and args.executor else "")
+              + (f", fusion_bytes {args.fusion_bytes}" if args.fusion_bytes is not None else "")
+              + (f", fusion search {args.fusion_search}" if args.fusion_search != "default" else "")
               + f", {threads} threads per worker, on {args.device}")
     log(rank, "Running warmup...")
     timeit.timeit(step, number=args.num_warmup_batches)
@@ -109,16 +145,28 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     for i in range(args.num_iters):
         t = timeit.timeit(step, number=args.num_batches_per_iter)
         img_sec = args.batch_size * args.num_batches_per_iter / t
-        log(rank, f"Iter #{i}: {img_sec:.1f} img/sec per worker")
+        log(rank, f"Iter #{i}: {img_sec:.1f} img/sec per worker, loss {losses[-1].item():.4f}")
         img_secs.append(img_sec)
     mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
+    last = losses[-1].detach().float().cpu().reshape(1).clone()
+    last_mean = float(average(last.clone())[0]) if average is not None else float(last[0])
     log(rank, f"Img/sec per worker: {mean:.1f} +-{conf:.1f}")
     log(rank, f"Total img/sec on {size} worker(s): {size * mean:.1f} +-{size * conf:.1f}")
-    return {"backend": args.backend, "model": args.model, "batch_size": args.batch_size,
+    log(rank, f"Loss after {len(losses)} steps: {float(last[0]):.4f} (rank 0), "
+              f"{last_mean:.4f} (mean over workers); first step {losses[0].item():.4f}")
+    executor = getattr(optimizer, "executor", None)
+    search = str(executor.fusion_search) if executor is not None else None
+    if search is not None:
+        log(rank, f"Executor: {search}")
+    return {"backend": args.backend, "label": args.label, "model": args.model,
+            "batch_size": args.batch_size,
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
-            "compression": args.compression if args.backend == "cortado" else "none",
+            "compression": args.compression if args.backend != "gloo" else "none",
             "executor": args.backend == "cortado" and args.executor,
-            "device": args.device,
+            "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
+            "device": args.device, "seed": args.seed, "data_batches": args.data_batches,
+            "steps": len(losses), "loss_first": float(losses[0]), "loss_last": float(last[0]),
+            "loss_last_mean": last_mean, "executor_fusion_search": search,
             "img_sec_per_worker": mean, "img_sec_total": size * mean, "conf95_total": size * conf}
 
 
@@ -131,39 +179,89 @@ def run_cortado(args):
     rank, size = ct.rank(), ct.size()
 
     def wrap_optimizer(model, optimizer):
+        extra = {}
+        if args.executor:
+            extra["fusion_bytes"] = args.fusion_bytes
+            if args.fusion_search != "default":
+                extra["fusion_search"] = args.fusion_search == "on"
+        elif args.fusion_bytes is not None or args.fusion_search != "default":
+            raise SystemExit("--fusion-bytes and --fusion-search need --executor")
         optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),
-                                            compression=compression, executor=args.executor)
+                                            compression=compression, executor=args.executor,
+                                            **extra)
         ct.broadcast_parameters(model.state_dict(), root_rank=0)
         ct.broadcast_optimizer_state(optimizer, root_rank=0)
         return optimizer
 
     result = benchmark(args, rank, size, ct.local_size(), lambda m: m, wrap_optimizer,
-                       ct.local_rank())
+                       ct.local_rank(), lambda t: ct.push_pull(t, name="bench.loss"))
     if args.json and rank == 0:
         print(json.dumps(result), flush=True)
     ct.shutdown()
 
 
-def _gloo_worker(rank, args, port):
+def _gloo_worker(rank, args, port, size=None, local_size=None):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.workers)
-    result = benchmark(args, rank, args.workers, args.workers, DistributedDataParallel,
-                       lambda model, optimizer: optimizer, rank)
+    if port is not None:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+    size = size or args.workers
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+
+    def average(t):
+        dist.all_reduce(t)
+        return t / size
+
+    result = benchmark(args, rank, size, local_size or size, DistributedDataParallel,
+                       lambda model, optimizer: optimizer, rank, average)
     if args.json and rank == 0:
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 
 def run_gloo(args):
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        # One worker of a job started elsewhere (torchrun, bench/train.sh).
+        _gloo_worker(int(os.environ["RANK"]), args, None, int(os.environ["WORLD_SIZE"]),
+                     int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        return
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_gloo_worker, args=(args, port), nprocs=args.workers, join=True)
+
+
+def run_horovod(args):
+    """One Horovod worker: Horovod's DistributedOptimizer (its gradient
+    allreduce over Gloo on CPU), with hvd.Compression.fp16 for --compression
+    fp16. Under horovodrun, or with the HOROVOD_* settings it would set."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:
+        raise SystemExit(f"--backend horovod: cannot import horovod.torch ({e}); "
+                         f"bench/install_horovod.sh installs Horovod 0.28.1") from None
+    codecs = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+    if args.compression not in codecs:
+        raise SystemExit(f"--backend horovod: --compression must be none or fp16 "
+                         f"(got {args.compression!r})")
+    hvd.init()
+
+    def wrap_optimizer(model, optimizer):
+        optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters(),
+                                             compression=codecs[args.compression])
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return optimizer
+
+    result = benchmark(args, hvd.rank(), hvd.size(), hvd.local_size(), lambda m: m,
+                       wrap_optimizer, hvd.local_rank(),
+                       lambda t: hvd.allreduce(t, name="bench.loss", op=hvd.Average))
+    if args.json and hvd.rank() == 0:
+        print(json.dumps(result), flush=True)
+    hvd.shutdown()
 
 
 def run_compare(args):
@@ -177,12 +275,16 @@ def run_compare(args):
               "--num-warmup-batches", str(args.num_warmup_batches),
               "--num-batches-per-iter", str(args.num_batches_per_iter),
               "--num-iters", str(args.num_iters), "--threads", str(args.threads),
-              "--device", args.device, "--json"]
+              "--device", args.device, "--seed", str(args.seed),
+              "--data-batches", str(args.data_batches), "--lr", str(args.lr), "--json"]
     runs = [
         ("cortado", [launcher, "launch", "-w", str(args.workers), "-s", str(args.servers), "--",
                      sys.executable, str(here), "--backend", "cortado",
                      "--compression", args.compression,
-                     *(["--executor"] if args.executor else []), *common]),
+                     *(["--executor"] if args.executor else []),
+                     *(["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None
+                       else []),
+                     "--fusion-search", args.fusion_search, *common]),
         ("gloo", [sys.executable, str(here), "--backend", "gloo", "--workers",
                   str(args.workers), *common]),
     ]
@@ -232,6 +334,8 @@ def main():
         run_compare(args)
     elif args.backend == "gloo":
         run_gloo(args)
+    elif args.backend == "horovod":
+        run_horovod(args)
     else:
         run_cortado(args)
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# ctest: bench/train.sh, the Python training benchmark, at tiny size on 2
+# emulated hosts (a small torchvision model, 16x16 images, batch 2, 2 steps):
+#   1. Cortado fused and one gradient at a time with DGC, and DDP with Gloo
+#      (and Horovod with Gloo where horovod.torch imports, else the table
+#      says it was skipped): exit 0, one table row and one JSON row per
+#      configuration, each after 2 steps from the same first loss (same seed
+#      and data), and the ratios against DDP and one-at-a-time;
+#   2. a run that fails (an unknown model) exits non-zero;
+#   3. a run stopped by SIGINT mid-run exits within 30 s;
+# and after each, nothing is left: no testbed, no process of the runs.
+#   bench_train_test.sh BUILD_DIR
+# Skips (exit 77) where it cannot run: not root, no network namespaces, no
+# mpirun, no torch/torchvision for the interpreter (CORTADO_TEST_PYTHON,
+# default /usr/bin/python3).
+set -uo pipefail
+BUILD=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+TRAIN=$ROOT/bench/train.sh
+PY=${CORTADO_TEST_PYTHON:-/usr/bin/python3}  # a venv with Horovod runs its rows too
+NAME=b$(printf '%04x%03x' $((RANDOM % 65536)) $(($$ % 4096)))
+OUT=$(mktemp -d /tmp/cortado-train-test.XXXXXX)
+FAILED=0
+job=""
+fail() {
+  echo "FAIL: $*" >&2
+  FAILED=1
+}
+ok() { echo "ok: $*"; }
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+cleanup() {
+  [[ -n $job ]] && kill "$job" 2>/dev/null
+  "$ROOT/tests/testbed/testbed.sh" down "$NAME" >/dev/null 2>&1 || true
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+[[ $(id -u) -eq 0 ]] || skip "the emulated hosts need root (network namespaces, veth pairs, tc); run ctest as root"
+command -v mpirun >/dev/null || skip "mpirun is not installed (scripts/install_deps.sh installs OpenMPI); cortado launch --hosts starts the workers under it"
+"$PY" -c 'import torch, torchvision' 2>/dev/null || skip "$PY cannot import torch and torchvision (scripts/install_deps.sh installs python3-torch python3-torchvision)"
+if ! err=$(ip netns add "${NAME}x" 2>&1); then
+  skip "this machine does not allow network namespaces ('ip netns add' failed: $err)"
+fi
+ip netns del "${NAME}x"
+[[ -x $BUILD/launcher/cortado && -d $BUILD/bindings/python/cortado ]] ||
+  { echo "FAIL: $BUILD has no launcher/cortado or bindings/python/cortado (configure with -DCORTADO_WITH_PYTHON=ON and build)"; exit 1; }
+
+# Nothing of testbed NAME and no process of its runs may be left.
+check_clean() {
+  local what=$1 left
+  if left=$("$ROOT/tests/testbed/testbed.sh" leftovers "$NAME" 2>&1); then
+    ok "$what: no testbed left"
+  else
+    fail "$what: left behind: $left"
+  fi
+  left=$(pgrep -f "benchmark_synthetic.py.*--num-classes 4 --data-batches 2 " | grep -v "^$$\$" || true)
+  [[ -z $left ]] && ok "$what: no benchmark process left" || fail "$what: benchmark processes left: $(ps -o pid,args -p "${left//$'\n'/,}" 2>/dev/null)"
+}
+
+SIZES=(--model mobilenet_v3_small --image-size 16 --batch-size 2 --num-classes 4 --data-batches 2
+  --warmup 0 --iters 1 --steps-per-iter 2 --threads 1 --run-timeout 240)
+configs=cortado-fused,cortado-single,ddp,horovod
+export CORTADO_LOG_LEVEL=warn
+
+# 1. A full tiny run.
+timeout -s INT 600 bash "$TRAIN" --hosts 2 --name "$NAME" --build "$BUILD" --python "$PY" \
+  --configs "$configs" "${SIZES[@]}" --json "$OUT/table.json" >"$OUT/out" 2>"$OUT/err"
+rc=$?
+cat "$OUT/out"
+if ((rc != 0)); then
+  fail "the tiny run exited $rc"
+  tail -40 "$OUT/err" >&2
+else
+  ok "the tiny run exits 0"
+fi
+for row in "fused groups of 25 MiB" "one gradient at a time" "DDP with Gloo" "Horovod with Gloo"; do
+  grep -q "^| .*$row" "$OUT/out" && ok "table row: $row" || fail "no table row '$row'"
+done
+if "$PY" - "$OUT/table.json" <<'EOF'; then ok "JSON rows: 2 steps each, same first loss, ratios"; else fail "JSON rows (above)"; fi
+import json, math, sys
+t = json.load(open(sys.argv[1]))
+rows = [r for r in t["rows"] if "skipped" not in r]
+names = [r["config"] for r in rows]
+assert names[:3] == ["cortado-fused", "cortado-single", "ddp"], names
+skipped = [r["config"] for r in t["rows"] if "skipped" in r]
+assert "horovod" in names or skipped == ["horovod"], (names, skipped)
+firsts = {round(r["loss_first"], 4) for r in rows}
+assert len(firsts) == 1, f"first-step losses differ: {firsts}"
+for r in rows:
+    assert r["steps"] == 2 and r["workers"] == 2, r
+    assert r["img_sec_total"] > 0 and math.isfinite(r["loss_last_mean"]), r
+    assert abs(r["vs_ddp"] - r["img_sec_total"] / rows[2]["img_sec_total"]) < 1e-9, r
+    assert abs(r["vs_single"] - r["img_sec_total"] / rows[1]["img_sec_total"]) < 1e-9, r
+print("rows:", names, "skipped:", skipped)
+EOF
+check_clean "the tiny run"
+
+# 2. A failing run: exits non-zero, leaves nothing.
+timeout -s INT 300 bash "$TRAIN" --hosts 2 --name "$NAME" --build "$BUILD" --python "$PY" \
+  --configs ddp "${SIZES[@]}" --model no_such_model >"$OUT/out" 2>"$OUT/err"
+rc=$?
+((rc != 0)) && grep -q "ddp failed" "$OUT/err" && ok "a failing run exits $rc, naming the configuration" ||
+  fail "a failing run: exit $rc, stderr: $(tail -5 "$OUT/err")"
+check_clean "the failing run"
+
+# 3. SIGINT mid-run (as Ctrl-C sends it): exits within 30 s, leaves nothing.
+# A background job of a script starts with SIGINT ignored, which bash then
+# cannot trap: env restores the default first, as a terminal's shell has it.
+env --default-signal=INT bash "$TRAIN" --hosts 2 --name "$NAME" --build "$BUILD" --python "$PY" --configs ddp "${SIZES[@]}" \
+  --iters 1000 >"$OUT/out" 2>"$OUT/err" &
+job=$!
+for _ in $(seq 120); do
+  pgrep -f "benchmark_synthetic.py --backend gloo .*--num-iters 1000" >/dev/null && break
+  sleep 1
+done
+sleep 3
+kill -INT "$job"
+stopped=""
+for _ in $(seq 30); do
+  kill -0 "$job" 2>/dev/null || { stopped=1; break; }
+  sleep 1
+done
+if [[ -n $stopped ]]; then
+  wait "$job"
+  rc=$?
+  job=""
+  ((rc == 130)) && ok "SIGINT: exits 130 within 30 s" || fail "SIGINT: exit $rc (expected 130)"
+else
+  fail "SIGINT: still running 30 s later"
+  kill -KILL "$job" 2>/dev/null
+  job=""
+fi
+check_clean "the interrupted run"
+
+((FAILED)) && { echo "bench_train: FAILED"; exit 1; }
+echo "bench_train: all passed"
