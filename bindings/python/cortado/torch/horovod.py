@@ -620,5 +620,3 @@ def join(device=-1):
     buf[rt.rank] = time.time_ns()
     _runtime.synchronize(ops.submit("join", buf, buf, False, "cortado.hvd.join", 0, None))
     return int(torch.argmax(buf).item())
-
-

@@ -193,4 +193,3 @@ def start_timeline(file_path, mark_cycles=False):
 
 def stop_timeline():
     """See start_timeline."""
-

@@ -151,4 +151,3 @@ class _All:
 
 def _handle(name, handles, finish):
     return Handle(name, _All(handles), finish)
-

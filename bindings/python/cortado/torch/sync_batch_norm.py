@@ -145,4 +145,3 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         for child_name, child in module.named_children():
             out.add_module(child_name, cls.convert_sync_batchnorm(child))
         return out
-
