@@ -23,6 +23,7 @@
 #include "core/common/net.h"
 #include "core/shm/shm_segment.h"
 #include "launcher/roles.h"
+#include "launcher/shm_reaper.h"
 #include "scheduler/scheduler.h"
 
 namespace cortado::launcher {
@@ -231,6 +232,8 @@ int runLaunch(const LaunchOptions& opts) {
     return runMpiOnly(opts, mpirunArgv(hosts, job.numWorkers, forwardedVars({}), agentWrapper,
                                        tcpSubnet, opts.command));
   job.validate();
+  // Removes the job's segments if this process is killed (shm_reaper.h).
+  ShmReaper reaper(shm::jobPrefix(job.token));
   // One decision for the whole job, before anything starts: every role gets
   // the resolved transport, so no two nodes disagree, and an explicit ucx
   // that cannot work here fails now, with UCX's reason.
@@ -283,6 +286,11 @@ int runLaunch(const LaunchOptions& opts) {
     mkdir(opts.pidDir.c_str(), 0755);
     std::ofstream(fmt::format("{}/{}.pid", opts.pidDir, c.pidFile())) << c.pid << "\n";
   };
+  if (!opts.pidDir.empty()) {
+    mkdir(opts.pidDir.c_str(), 0755);
+    std::ofstream(fmt::format("{}/launcher.pid", opts.pidDir)) << getpid() << "\n";
+    std::ofstream(fmt::format("{}/shm-prefix", opts.pidDir)) << shm::jobPrefix(job.token) << "\n";
+  }
   const std::string self = selfExecutable();
   std::string failure;  // first failure, names the role
   // Server rank i runs on host i / serversPerHost of hosts + server hosts
@@ -472,6 +480,7 @@ int runLaunch(const LaunchOptions& opts) {
   // Shared memory that a killed role could not unlink.
   if (int n = shm::removeJobSegments(shm::jobPrefix(job.token)))
     CORTADO_LOG_INFO("removed {} shared-memory segments left by the job", n);
+  reaper.jobCleanedUp();
   pthread_sigmask(SIG_SETMASK, &oldMask, nullptr);
   if (failure.empty() && !schedStatus.ok() && schedStatus.code() != ErrorCode::kClosed)
     failure = fmt::format("scheduler: {}", schedStatus.message());

@@ -4,7 +4,10 @@
 // environment. The launcher forwards SIGINT/SIGTERM, and when any role fails
 // it gives the others a grace period to exit on the control plane's word
 // (which names the failed node), then stops what is left. No child outlives
-// it: each is also bound to it with PR_SET_PDEATHSIG.
+// it: each is also bound to it with PR_SET_PDEATHSIG. When the job ends the
+// launcher removes the job's shared-memory segments that killed roles left,
+// and a reaper process does it if the launcher itself is killed
+// (shm_reaper.h).
 //
 // With --mpi the workers are the MPI processes of one mpirun; with --hosts
 // that mpirun spans the hosts (OpenMPI's rsh launch through the host agent),

@@ -18,6 +18,7 @@
 #include "launcher/hosts.h"
 #include "launcher/launch.h"
 #include "launcher/roles.h"
+#include "launcher/shm_reaper.h"
 #include "launcher/trace_command.h"
 #include "scheduler/planner/plan_command.h"
 
@@ -122,6 +123,13 @@ int main(int argc, char** argv) try {
   agentExec->group("");
   std::vector<std::string> agentCommand;
   agentExec->add_option("command", agentCommand)->required();
+  // Started by `cortado launch` (launcher/shm_reaper.h).
+  auto* reaperCmd = app.add_subcommand("shm-reaper", "");
+  reaperCmd->group("");
+  int reaperFd = -1;
+  std::string reaperPrefix;
+  reaperCmd->add_option("--fd", reaperFd)->required();
+  reaperCmd->add_option("--prefix", reaperPrefix)->required();
 
   // bench
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -227,6 +235,7 @@ int main(int argc, char** argv) try {
       return 0;
     }
     if (*agentExec) return launcher::runAgentExec(agentCommand);
+    if (*reaperCmd) return launcher::runShmReaper(reaperFd, reaperPrefix);
     if (*launch) {
       setupLogging("launch", level);
       launcher::LaunchOptions lo;

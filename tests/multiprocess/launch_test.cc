@@ -212,6 +212,103 @@ INSTANTIATE_TEST_SUITE_P(Modes, KilledNode,
                                                     kUcxCmNoShm})),
                          modeName);
 
+// Nothing of a job stays after a kill -9 of any of its processes: the
+// launcher (which hosts the scheduler; its shared-memory reaper removes the
+// segments, launcher/shm_reaper.h), a server or a worker (the launcher
+// removes what they left). The job runs with same-host shared memory, so it
+// has segments to leave.
+struct Victim {
+  std::string pidFile;  // in --pid-dir
+  std::string name;
+};
+void PrintTo(const Victim& v, std::ostream* os) { *os << v.name; }
+
+class KilledProcessLeavesNothing : public ::testing::TestWithParam<std::tuple<Mode, Victim>> {};
+
+// Names in /dev/shm of the segments whose name starts with `prefix` (from
+// --pid-dir's shm-prefix, "/cortado-<hash>").
+std::vector<std::string> segmentsOf(const std::string& prefix) {
+  std::vector<std::string> found;
+  const std::string stem = prefix.substr(1) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind(stem, 0) == 0) found.push_back(e.path().filename());
+  return found;
+}
+
+// A process that exists and is not a zombie.
+bool running(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+TEST_P(KilledProcessLeavesNothing, NoSegmentAndNoRoleRemain) {
+  namespace fs = std::filesystem;
+  const auto& [mode, victim] = GetParam();
+  fs::path dir = fs::temp_directory_path() /
+                 fmt::format("cortado-leave-{}-{}-{}", getpid(), mode.name(), victim.name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string progress = (dir / "progress").string();
+  auto job = std::async(std::launch::async, [&] {
+    return runCommand(
+        fmt::format("{} CORTADO_LOG_LEVEL=warn CORTADO_HEARTBEAT_TIMEOUT_MS=5000 {} launch -w 2 -s 2 "
+                    "--pid-dir {} -- {} --tensors 4 --iters 100000 --max-elements 100000 "
+                    "--slow-ms 10 --progress-file {}",
+                    mode.env(), kCortado, dir.string(), kCheck, progress),
+        90);
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (std::chrono::steady_clock::now() < deadline && !fs::exists(progress))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(progress)) << "the job never made progress";
+  std::string prefix;
+  std::ifstream(dir / "shm-prefix") >> prefix;
+  ASSERT_EQ(prefix.rfind("/cortado-", 0), 0u) << "shm-prefix: '" << prefix << "'";
+  // The job has segments to leave behind.
+  ASSERT_FALSE(segmentsOf(prefix).empty()) << "the job made no shared-memory segment";
+  std::vector<int> pids;
+  for (const char* f : {"launcher.pid", "server.0.pid", "server.1.pid", "worker.0.pid", "worker.1.pid"}) {
+    int pid = 0;
+    std::ifstream(dir / f) >> pid;
+    ASSERT_GT(pid, 0) << f;
+    pids.push_back(pid);
+  }
+  int victimPid = 0;
+  std::ifstream(dir / victim.pidFile) >> victimPid;
+  ASSERT_GT(victimPid, 0);
+  ASSERT_EQ(kill(victimPid, SIGKILL), 0);
+  auto r = job.get();
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  // Every process of the job ends, and then no segment is left (the reaper
+  // sweeps within about a second of the launcher's death).
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto anyRunning = [&] {
+    for (int pid : pids)
+      if (running(pid)) return true;
+    return false;
+  };
+  while (std::chrono::steady_clock::now() < deadline && (anyRunning() || !segmentsOf(prefix).empty()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int pid : pids) EXPECT_FALSE(running(pid)) << "pid " << pid << " still runs" << r.output;
+  auto left = segmentsOf(prefix);
+  EXPECT_TRUE(left.empty()) << left.size() << " segments left, e.g. " << left.front();
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Roles, KilledProcessLeavesNothing,
+    ::testing::Combine(::testing::ValuesIn(modes({kZmq, kUcx})),
+                       ::testing::Values(Victim{"launcher.pid", "Launcher"},
+                                         Victim{"server.1.pid", "Server"},
+                                         Victim{"worker.1.pid", "Worker"})),
+    [](const auto& info) {
+      return std::get<0>(info.param).name() + std::get<1>(info.param).name;
+    });
+
 class LaunchFailure : public OnTransport {};
 
 TEST_P(LaunchFailure, MismatchedDeclarationsFailEveryWorkerClearly) {
