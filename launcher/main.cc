@@ -205,6 +205,7 @@ int main(int argc, char** argv) try {
   planner::addPlanCommand(app);
   launcher::addTraceCommand(app);
   planner::addPlanBenchCommand(*bench);
+  planner::addScaleBenchCommand(*bench);
 
   // settings table
   auto* settings = app.add_subcommand("settings", "print the table of CORTADO_* settings (Markdown)");

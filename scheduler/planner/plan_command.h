@@ -14,5 +14,8 @@ void addPlanCommand(CLI::App& app);
 // `plan` under `bench`: decision time per bundled model (and a synthetic
 // 1000-tensor model) and predicted speedups per codec.
 void addPlanBenchCommand(CLI::App& benchApp);
+// `scale` under `bench`: the simulator's allreduce and push/pull times from
+// 16 to 1024 GPUs next to the alpha-beta formulas (scale_command.cc).
+void addScaleBenchCommand(CLI::App& benchApp);
 
 }  // namespace cortado::planner

@@ -269,5 +269,21 @@ TEST(BenchPlanCommand, PrintsTargetsNextToMeasurements) {
   EXPECT_TRUE(contains(bad.output, "unknown codec 'zip'")) << bad.output;
 }
 
+TEST(BenchScaleCommand, SimulatorMatchesTheAlphaBetaFormulasFrom16To1024Gpus) {
+  auto r = runCommand(fmt::format("{} bench scale 2>&1", kCortado), kDeadlineS);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  // A flat ring over 1024 GPUs at 25 Gbit/s (alpha 30 us, 22 Gbit/s in the
+  // default hardware model), 100 MB: 2 * 1023 * 30 us + 2 * 1023/1024 *
+  // 100e6 B * 8 / 22e3 Mbit/s = 134.04 ms, by hand.
+  EXPECT_TRUE(contains(r.output, "| 25gbit | 1024 | 128 | 134.04 | 134.04 |")) << r.output;
+  for (const char* row : {"| 25gbit | 16 | 2 |", "| 100gbit | 16 | 2 |", "| 100gbit | 1024 | 128 |"})
+    EXPECT_TRUE(contains(r.output, row)) << row << "\n" << r.output;
+
+  auto bad = runCommand(fmt::format("{} bench scale --gpus 12 2>&1", kCortado), kDeadlineS);
+  EXPECT_EQ(bad.exitCode, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "--gpus 12 is not a multiple of --gpus-per-machine 8"))
+      << bad.output;
+}
+
 }  // namespace
 }  // namespace cortado::test
