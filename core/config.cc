@@ -78,6 +78,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "in the scheduler's log, naming the tensor and the workers (0: never); when unset, "
        "Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS (seconds) and HOROVOD_STALL_CHECK_DISABLE=1 "
        "are read"},
+      {"CORTADO_REPORT_MEMORY", "", "0",
+       "1: each server prints its peak memory against the bytes of the keys it owns when the "
+       "job ends, and `cortado bench pushpull` and `cortado bench model` their workers' against "
+       "the gradients' bytes (the benchmarks set it)"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
@@ -159,6 +163,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
+      {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", std::to_string(heartbeatTimeout.count())},
@@ -289,6 +294,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     c.stallCheck = Millis(0);
   else if (auto s = getEnvInt({"HOROVOD_STALL_CHECK_TIME_SECONDS"}))
     c.stallCheck = Millis(*s * 1000);
+  if (auto v = getEnvBool(names("CORTADO_REPORT_MEMORY"))) c.reportMemory = *v;
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_TIMEOUT_MS"))) c.heartbeatTimeout = Millis(*v);

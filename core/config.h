@@ -54,6 +54,7 @@ struct JobConfig {
   bool ucxDirect = true;                  // ucx: same-host direct endpoints (UcxOptions)
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
+  bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s
   Millis heartbeatInterval{1000};
   Millis heartbeatTimeout{10000};

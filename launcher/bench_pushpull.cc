@@ -8,6 +8,8 @@
 #include "core/common/env.h"
 #include "core/common/half.h"
 #include "core/common/logging.h"
+#include "core/common/memory.h"
+#include "core/shm/shm_segment.h"
 #include "core/worker.h"
 #include "launcher/launch.h"
 #include "cortado/config.h"
@@ -78,6 +80,7 @@ int relaunch(const PushPullBenchOptions& o) {
   lo.job.numServers = o.servers;
   if (!o.transport.empty()) lo.job.transport = o.transport;
   if (!getEnv({"CORTADO_LOG_LEVEL"})) lo.job.logLevel = "warn";
+  if (!getEnv({"CORTADO_REPORT_MEMORY"})) lo.job.reportMemory = true;
   lo.command = {selfExecutable(), "bench", "pushpull",
                 "--min-bytes", std::to_string(o.minBytes),
                 "--max-bytes", std::to_string(o.maxBytes),
@@ -125,6 +128,7 @@ int runPushPullBench(const PushPullBenchOptions& o) {
                   "--executor needs MPI, and this build has none (install OpenMPI with "
                   "scripts/install_deps.sh and reconfigure)");
 #endif
+  MemoryPeaks memory;  // the baseline: before the engine starts
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   const int W = worker->size(), rank = worker->rank();
   const bool lead = rank == 0;
@@ -154,6 +158,7 @@ int runPushPullBench(const PushPullBenchOptions& o) {
                o.executor ? fmt::format(" {:>12} {:>12}", "exec(us)", "exec/pp") : "");
   }
   int failures = 0;
+  uint64_t declaredBytes = 0;
   int32_t okFlag = 0, okSum = 0;
   worker->declare("bench.check", DType::kInt32, 1, Deadline::after(job.opTimeout));
   for (uint64_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 2) {
@@ -193,6 +198,30 @@ int runPushPullBench(const PushPullBenchOptions& o) {
       execWrong = countWrong(DType::kFloat32, xout.data(), n, W) != 0;
     }
 #endif
+    // The memory report at the largest size, while its buffers are alive:
+    // the overhead is what the process holds beyond the baseline and the
+    // benchmark's own buffers (in, out), against every tensor declared.
+    declaredBytes += n * esz;
+    if (job.reportMemory && bytes * 2 > o.maxBytes) {
+      memory.sample();
+      const MemoryUse now = currentMemory();
+      const MemoryUse& base = memory.baseline();
+      const uint64_t own = in.size() + out.size();
+      const uint64_t privateAbove =
+          now.anon > base.anon + own ? now.anon - base.anon - own : 0;
+      const uint64_t segments =
+          job.sharedMemory ? shm::ownedSegmentBytes(shm::jobPrefix(job.token),
+                                                    NodeId{Role::kWorker, rank})
+                           : 0;
+      const uint64_t overhead = privateAbove + segments;
+      fmt::print(stderr,
+                 "memory: worker {}: gradients {}; overhead {} ({} private above its start and "
+                 "the benchmark's own {}, {} of its own shared-memory segments): {:.2f}x the "
+                 "gradients; resident {} with the peers' segments it maps, proportional {}\n",
+                 rank, mebibytes(declaredBytes), mebibytes(overhead), mebibytes(privateAbove),
+                 mebibytes(own), mebibytes(segments), double(overhead) / double(declaredBytes),
+                 mebibytes(now.rss), mebibytes(now.pss));
+    }
     // Every worker checks its own result; the job-wide verdict is one more sum.
     const bool checked = o.codec.empty() || o.codec.rfind("fp16", 0) == 0 ||
                          o.codec.rfind("bf16", 0) == 0;

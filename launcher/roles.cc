@@ -9,6 +9,7 @@
 #include "core/backends.h"
 #include "core/common/crash.h"
 #include "core/common/logging.h"
+#include "core/common/memory.h"
 #include "core/control/control_client.h"
 #include "core/shm/shm_segment.h"
 #include "scheduler/replan.h"
@@ -67,6 +68,26 @@ int runSchedulerRole(const JobConfig& job) {
   return 0;
 }
 
+namespace {
+
+// One line per server on stderr, for `cortado bench pushpull` and `cortado
+// bench model` (CORTADO_REPORT_MEMORY=1; docs/transports.md, "Memory").
+void printServerMemory(int rank, const MemoryPeaks& m, uint64_t keyBytes, uint64_t segmentBytes) {
+  const MemoryUse& p = m.peak();
+  const MemoryUse& b = m.baseline();
+  const uint64_t privateGrown = p.anon > b.anon ? p.anon - b.anon : 0;
+  const uint64_t owned = privateGrown + segmentBytes;
+  fmt::print(stderr,
+             "memory: server {}: keys {}; owns {} ({} private above its start, {} of its own "
+             "shared-memory segments): {:.2f}x the keys; peak resident {} with the peers' "
+             "segments it maps, proportional {}\n",
+             rank, mebibytes(keyBytes), mebibytes(owned), mebibytes(privateGrown),
+             mebibytes(segmentBytes), keyBytes ? double(owned) / double(keyBytes) : 0.0,
+             mebibytes(p.hwm), mebibytes(p.pss));
+}
+
+}  // namespace
+
 int runServerRole(const JobConfig& job) {
   const NodeId self{Role::kServer, job.rank};
   installCrashReport(fmt::format("cortado server {}", job.rank));
@@ -92,6 +113,7 @@ int runServerRole(const JobConfig& job) {
     std::lock_guard<std::mutex> lk(sink->mu);
     if (sink->client) sink->client->reportStall(r);
   };
+  MemoryPeaks memory;  // the baseline: before any key
   server::ServerEngine engine(eo, *transport);
   transport->setCallbacks([&](transport::Message&& m) { engine.handle(std::move(m)); },
                           [&](const NodeId& peer, const Status& st) {
@@ -124,11 +146,23 @@ int runServerRole(const JobConfig& job) {
     CORTADO_LOG_INFO("serving {} workers with {} engine threads ({} mode, transport {})",
                      book.workers.size(), eo.engineThreads, eo.async ? "async" : "sync",
                      transport->name());
-    // Wake now and then only to notice a failure that the client recorded.
-    while (!control->waitShutdown(Deadline::after(Millis(1000)))) {
+    // Wake now and then only to notice a failure that the client recorded
+    // (and to sample the memory report's peaks).
+    uint64_t peakKeyBytes = 0;
+    auto sample = [&] {
+      if (!job.reportMemory) return;
+      memory.sample();
+      peakKeyBytes = std::max(peakKeyBytes, engine.stats().keyBytes);
+    };
+    while (!control->waitShutdown(Deadline::after(Millis(job.reportMemory ? 200 : 1000)))) {
       Status f = control->failure();
       if (!f.ok()) f.check();
+      sample();
     }
+    sample();
+    if (job.reportMemory)
+      printServerMemory(job.rank, memory, peakKeyBytes,
+                        eo.shmPrefix.empty() ? 0 : shm::ownedSegmentBytes(eo.shmPrefix, self));
     auto st = engine.stats();
     CORTADO_LOG_INFO("shutdown: {} pushes, {} pulls, {} rounds, {} errors", st.pushes, st.pulls,
                      st.roundsCompleted, st.errors);

@@ -211,10 +211,12 @@ void ServerEngine::Shard::release(const DataHeader& h, const NodeId& from) {
     engine->arena_->free(k.regions[0], outBytes);
     engine->arena_->free(k.regions[1], outBytes);
   }
+  const uint64_t bytes = k.initialized ? k.numElements * dtypeSize(k.dtype) : 0;
   keys.erase(it);
   std::lock_guard<std::mutex> lk(mu);
   ++stats.keysReleased;
   stats.keys = keys.size();
+  stats.keyBytes -= bytes;
 }
 
 void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
@@ -246,6 +248,8 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
       k.expected = h.contributors == 0 ? W : static_cast<int>(h.contributors);
       k.denseAnswer = h.flags & wire::kFlagDenseAnswer;
       k.errorFeedback = (h.flags & wire::kFlagErrorFeedback) && !(h.flags & wire::kFlagAsync);
+      std::lock_guard<std::mutex> lk(mu);
+      stats.keyBytes += k.numElements * dtypeSize(k.dtype);
     }
     CORTADO_ENFORCE(h.dtype == k.dtype && h.numElements == k.numElements, ErrorCode::kMismatch,
                     "{}: {} pushed {} elements of {}, but this key holds {} elements of {} "

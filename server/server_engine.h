@@ -95,10 +95,12 @@ struct ServerStats {
   uint64_t errors = 0;
   uint64_t keys = 0;          // keys held now
   uint64_t keysReleased = 0;  // keys freed by their contributors' releases
+  uint64_t keyBytes = 0;      // the tensor bytes of the keys held now (elements x dtype)
 
   ServerStats& operator+=(const ServerStats& o) {
     pushes += o.pushes, pulls += o.pulls, roundsCompleted += o.roundsCompleted;
     errors += o.errors, keys += o.keys, keysReleased += o.keysReleased;
+    keyBytes += o.keyBytes;
     return *this;
   }
 };

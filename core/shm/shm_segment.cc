@@ -43,6 +43,21 @@ int removeJobSegments(const std::string& prefix) {
   return removed;
 }
 
+uint64_t ownedSegmentBytes(const std::string& prefix, const NodeId& owner) {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return 0;
+  uint64_t bytes = 0;
+  const std::string stem = fmt::format("{}-{}-", prefix.substr(1), owner.toWire());
+  while (dirent* e = readdir(d)) {
+    struct stat st {};
+    if (std::strncmp(e->d_name, stem.c_str(), stem.size()) == 0 &&
+        fstatat(dirfd(d), e->d_name, &st, 0) == 0)
+      bytes += uint64_t(st.st_size);
+  }
+  closedir(d);
+  return bytes;
+}
+
 std::unique_ptr<Segment> Segment::create(const std::string& name, size_t bytes) {
   int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
   CORTADO_ENFORCE(fd >= 0, ErrorCode::kUnavailable, "cannot create shared memory {}: {}", name,

@@ -36,6 +36,9 @@ std::string jobPrefix(const std::string& token);
 std::string segmentName(const std::string& prefix, const NodeId& owner, uint32_t index);
 // Removes every segment of the job (the launcher's cleanup).
 int removeJobSegments(const std::string& prefix);
+// The bytes of the segments `owner` created in the job (their sizes in
+// /dev/shm): the shared memory that node spends, for the memory reports.
+uint64_t ownedSegmentBytes(const std::string& prefix, const NodeId& owner);
 
 class Segment {
  public:

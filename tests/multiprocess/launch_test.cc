@@ -577,6 +577,43 @@ TEST_P(Compression, BenchRunsWithACodec) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, Compression, ::testing::ValuesIn(modes({kZmq, kUcx})), modeName);
 
+// The benchmark's memory report (CORTADO_REPORT_MEMORY, which it sets): a
+// line per server and per worker, with the bytes of what they hold counted
+// from the sizes the benchmark declared, and the shared memory a node
+// created (1 server owns every key: with shared memory on, its two result
+// regions per key, at least 2x the keys).
+TEST_P(OnTransport, BenchPushPullReportsEachRolesMemory) {
+  const Mode& mode = GetParam();
+  auto r =
+      runCommand(fmt::format("{} {} bench pushpull -w 2 -s 1 -b 256K -e 1M -n 2 --transport {}",
+                             mode.env(), kCortado, mode.transport),
+                 120);
+  ASSERT_FALSE(r.timedOut) << r.output;
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  // 256K + 512K + 1M declared, plus the 4-byte check tensor on the server.
+  const double mib = (256 + 512 + 1024) / 1024.0;
+  EXPECT_TRUE(contains(r.output, fmt::format("memory: worker 0: gradients {:.1f} MiB;", mib)))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, fmt::format("memory: worker 1: gradients {:.1f} MiB;", mib)))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, fmt::format("memory: server 0: keys {:.1f} MiB;", mib)))
+      << r.output;
+  const std::string ownSegments =
+      mode.shm ? "MiB of its own shared-memory segments" : "0.0 MiB of its own";
+  EXPECT_TRUE(contains(r.output, ownSegments)) << r.output;
+  auto pos = r.output.find("memory: server 0:");
+  ASSERT_NE(pos, std::string::npos);
+  auto line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+  auto x = line.find("x the keys");
+  ASSERT_NE(x, std::string::npos) << line;
+  const double ratio = std::stod(line.substr(line.rfind(' ', x - 1) + 1));
+  if (mode.shm) EXPECT_GE(ratio, 2.0) << line;  // the two result regions per key
+  EXPECT_LT(ratio, 50.0) << line;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OnTransport,
+                         ::testing::ValuesIn(modes({kZmq, kZmqNoShm, kUcx})), modeName);
+
 TEST(LaunchErrors, UnknownOptionIsNamed) {
   auto r = runCommand(kCortado + " launch -w 1 -s 1 --bogus-flag -- true", 20);
   EXPECT_NE(r.exitCode, 0);

@@ -1,0 +1,51 @@
+#include "core/common/memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace cortado {
+namespace {
+
+// "Key:   1234 kB" lines.
+void readKb(const char* path, std::initializer_list<std::pair<const char*, uint64_t*>> fields) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    for (const auto& [key, out] : fields) {
+      const size_t n = std::char_traits<char>::length(key);
+      if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':') {
+        std::istringstream v(line.substr(n + 1));
+        uint64_t kb = 0;
+        if (v >> kb) *out = kb * 1024;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+MemoryUse currentMemory() {
+  MemoryUse m;
+  readKb("/proc/self/status",
+         {{"VmRSS", &m.rss}, {"VmHWM", &m.hwm}, {"RssAnon", &m.anon}, {"RssShmem", &m.shmem}});
+  readKb("/proc/self/smaps_rollup", {{"Pss", &m.pss}});
+  return m;
+}
+
+MemoryPeaks::MemoryPeaks() : baseline_(currentMemory()), peak_(baseline_) {}
+
+void MemoryPeaks::sample() {
+  const MemoryUse m = currentMemory();
+  peak_.rss = std::max(peak_.rss, m.rss);
+  peak_.hwm = std::max(peak_.hwm, m.hwm);
+  peak_.anon = std::max(peak_.anon, m.anon);
+  peak_.shmem = std::max(peak_.shmem, m.shmem);
+  peak_.pss = std::max(peak_.pss, m.pss);
+}
+
+std::string mebibytes(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+
+}  // namespace cortado
