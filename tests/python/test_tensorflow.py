@@ -150,6 +150,17 @@ def test_eager_fit_compression_custom_loop_and_load_model_keep_workers_equal(job
         assert r["loaded_iterations"] == 18, r
 
 
+def test_backward_passes_per_step_matches_one_step_on_the_union_of_the_batches(jobs):
+    # Horovod's backward_passes_per_step=2 through Keras's gradient
+    # accumulation, the sum (default) and the mean over the passes, against
+    # plain SGD on the union of every worker's batches of each update.
+    for r in jobs.get("fit").values():
+        for label in ("accumulate_sum", "accumulate_mean"):
+            assert r[f"{label}_moved"] > 1e-3, r
+            assert r[f"{label}_max_diff"] < 1e-5, r
+        assert r["accumulation_refusals"] == 2, r
+
+
 def test_xla_is_refused_with_a_clear_error(jobs):
     # tf.function(jit_compile=True) around push_pull, and model.fit of a model
     # compiled with jit_compile=True: CortadoError at trace time, saying what

@@ -320,6 +320,51 @@ def run_fit(rank, world, report, args_out):
     same["loop"] = _same_everywhere(model, "check.loop")
     same["loaded"] = _same_everywhere(loaded, "check.loaded")
     report["same_weights"] = same
+    check_accumulation(rank, world, report, xs, ys)
+
+
+def check_accumulation(rank, world, report, xs, ys):
+    """backward_passes_per_step=2 in model.fit: 4 batches of 8 per worker are
+    2 updates, each from the gradients of 2 batches, summed over the passes
+    (Horovod's default) or averaged, and averaged over the workers. The
+    reference is one plain SGD step per update on the union of those batches
+    (every worker's 2 batches: the mean loss's gradient is the mean of the
+    batches' gradients), with the learning rate times 2 for the sum."""
+    for average_aggregated in (False, True):
+        label = "accumulate_mean" if average_aggregated else "accumulate_sum"
+        model = make_model(400)
+        model.compile(optimizer=ct.DistributedOptimizer(
+            keras.optimizers.SGD(0.05), name_prefix=label, backward_passes_per_step=2,
+            average_aggregated_gradients=average_aggregated), loss="mse", jit_compile=False)
+        shard = slice(rank * 64, rank * 64 + 32)
+        model.fit(xs[shard], ys[shard], epochs=1, batch_size=8, verbose=0, shuffle=False)
+        reference = make_model(400)
+        reference.compile(optimizer=keras.optimizers.SGD(0.05 if average_aggregated else 0.1),
+                          loss="mse", jit_compile=False)
+        for update in range(2):
+            rows = np.concatenate([np.arange(r * 64 + 16 * update, r * 64 + 16 * update + 16)
+                                   for r in range(world)])
+            reference.train_on_batch(xs[rows], ys[rows])
+        diff = max(float(np.max(np.abs(a - b)))
+                   for a, b in zip(model.get_weights(), reference.get_weights()))
+        moved = max(float(np.max(np.abs(a - b)))
+                    for a, b in zip(model.get_weights(), make_model(400).get_weights()))
+        report[f"{label}_max_diff"] = diff
+        report[f"{label}_moved"] = moved
+    # Refused: a bad count, and accumulation asked twice.
+    for bad, needle in ((lambda: ct.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                         backward_passes_per_step=0),
+                         "backward_passes_per_step must be an integer of at least 1"),
+                        (lambda: ct.DistributedOptimizer(
+                            keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+                            backward_passes_per_step=3), "not both")):
+        try:
+            bad()
+        except ct.CortadoError as e:
+            assert needle in str(e), str(e)
+        else:
+            raise AssertionError(f"not refused: {needle}")
+    report["accumulation_refusals"] = 2
 
 
 def _same_everywhere(model, name):

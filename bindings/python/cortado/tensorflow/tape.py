@@ -32,7 +32,7 @@ class _DistributedGradientTape(tf.GradientTape):
 
 
 def DistributedGradientTape(gradtape, compression=Compression.none, average=True,
-                            name_prefix="tape"):
+                            name_prefix="tape", sparse_as_dense=False):
     """Wraps `gradtape` so that gradient() returns gradients averaged (or, with
     average=False, summed) over all workers.
 
@@ -42,6 +42,8 @@ def DistributedGradientTape(gradtape, compression=Compression.none, average=True
     - name_prefix: gradients are named `<name_prefix>.<index>.<variable path>`;
       two tapes whose sources differ at the same index need different
       prefixes.
+    - sparse_as_dense: accepted for Horovod's scripts; sparse gradients
+      (tf.IndexedSlices) are always made dense before they are reduced.
     Every worker must take the gradients of the same sources.
     """
     reducer = GradientReducer("DistributedGradientTape", compression, average, name_prefix)
