@@ -50,7 +50,8 @@ def parse_args():
                    help="per worker; scaled by the worker count, then decayed (cosine) to 0")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--compression", default="none",
-                   help="none, fp16, auto, or an engine codec: topk:ratio=0.01, dgc, efsignsgd, ...")
+                   help="none, fp16, auto, an engine codec (topk:ratio=0.01, dgc, efsignsgd, ...), "
+                        "or gravac (adaptive ratio; settings as gravac:codec=topk,window=50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args()
@@ -129,6 +130,11 @@ def main():
             print(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[2]:.4f}  "
                   f"train-acc {totals[1] / totals[2]:.4f}  test-acc {test[0] / test[1]:.4f}  "
                   f"({time.monotonic() - start:.1f} s, {size} workers)", flush=True)
+            ratios = optimizer.compression_ratio_history  # GraVAC: the ratio of every step
+            if ratios:
+                recent = ratios[-steps:]
+                print(f"  gravac: ratios this epoch {min(recent):g}x-{max(recent):g}x, last "
+                      f"{recent[-1]:g}x, {sum(r == 1.0 for r in recent)} dense steps", flush=True)
     ct.shutdown()
 
 

@@ -1,0 +1,132 @@
+"""GraVAC's exchange for DistributedOptimizer (cortado.gravac has the settings).
+
+At each synchronize(), for the optimizer's gradients in model order:
+1. every gradient is prepared: folded into its error feedback and encoded at
+   the minimum and the candidate ratio (the core, without the GIL);
+2. one push_pull of four float64 numbers sums the workers' energies and step
+   times, so every worker's controller sees the same inputs and takes the
+   same decision (level and ratio) for this step;
+3. every gradient's message goes out: a dense gradient or a random-k
+   payload's values are averaged by push_pull (random-k payloads of one
+   step and ratio are summable); a top-k or DGC payload (indices differ per
+   worker) is gathered: each worker writes its payload, of the same size on
+   every worker, into its own slot of a zeroed buffer, one push_pull (sum)
+   concatenates them, and every worker decodes all of them;
+4. the decoded average replaces p.grad.
+
+A ratio change takes effect at the next step's encode; the error feedback
+keeps what a step did not send, whatever the ratios.
+"""
+
+import time
+
+import torch
+
+from .. import _runtime
+from .ops import push_pull_async
+from .._runtime import synchronize
+
+HEADER_BYTES = 48  # compressor/payload.h
+
+
+class GravacSync:
+    def __init__(self, compression, ordered, names, average):
+        rt = _runtime.require("DistributedOptimizer")
+        for _, p in ordered:
+            if p.dtype != torch.float32:
+                raise _runtime.error(
+                    "invalid_argument",
+                    f"DistributedOptimizer: compression gravac encodes float32 gradients; "
+                    f"parameter '{names[p]}' is {p.dtype}")
+        self.compression = compression
+        self.size = rt.size
+        self.rank = rt.rank
+        self.average = average
+        self.core = compression.make(rt.size)
+        self.params = [p for _, p in ordered]
+        self.names = names
+        self.iteration = 0
+        self.last_sync = None
+
+    def _grad(self, p):
+        g = p.grad
+        if g is None:
+            g = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if g.layout != torch.strided:
+            raise _runtime.error(
+                "invalid_argument",
+                f"DistributedOptimizer: compression gravac takes dense gradients; "
+                f"'{self.names[p]}' has a {g.layout} gradient (use sparse_as_dense or "
+                f"another compression)")
+        return g
+
+    def synchronize(self):
+        now = time.monotonic()
+        previous = now - self.last_sync if self.last_sync is not None else 0.0
+        self.last_sync = now
+        seed = self.iteration
+        self.iteration += 1
+        hosts = []
+        for key, p in enumerate(self.params):
+            g = self._grad(p).detach()
+            host = g.reshape(-1).to("cpu", torch.float32).contiguous()
+            hosts.append(host)
+            self.core.prepare(key, host.data_ptr(), host.numel(), seed)
+
+        # One decision for all workers: the sums of their energies and times.
+        sums = torch.tensor(list(self.core.local_sums()) + [previous], dtype=torch.float64)
+        sums = synchronize(push_pull_async(sums, name="gravac.sums", average=False))
+        agreed = sums.tolist()
+        step = self.core.decide(agreed[0], agreed[1], agreed[2],
+                                agreed[3] / self.size if previous > 0 else 0.0)
+        level = step["level"]
+
+        pending, pushed = [], 0
+        for key, p in enumerate(self.params):
+            nbytes = self.core.message_bytes(key)
+            name = f"gravac.{self.names[p]}.{level}.{nbytes}"
+            if level == "dense":
+                msg = torch.empty(nbytes // 4, dtype=torch.float32)
+                self.core.copy_message(key, msg.data_ptr(), nbytes)
+                pending.append((key, p, "dense", msg, push_pull_async(
+                    msg, name=name, average=self.average)))
+                pushed += nbytes
+            elif self.core.summable:
+                msg = torch.empty(nbytes, dtype=torch.uint8)
+                self.core.copy_message(key, msg.data_ptr(), nbytes)
+                values = msg[HEADER_BYTES:].view(torch.float32)
+                pending.append((key, p, "summable", msg, push_pull_async(
+                    values, name=name, average=self.average)))
+                pushed += nbytes - HEADER_BYTES
+            else:
+                # Payloads are whole 4-byte words (a 48-byte header, u32 and
+                # f32 entries): int32 sums with zeros carry them exactly.
+                slots = torch.zeros(self.size, nbytes // 4, dtype=torch.int32)
+                self.core.copy_message(key, slots[self.rank].data_ptr(), nbytes)
+                pending.append((key, p, "gathered", slots, push_pull_async(
+                    slots, name=name, average=False)))
+                pushed += slots.numel() * 4
+
+        alpha = 1.0 / self.size if self.average else 1.0
+        for key, p, kind, msg, handle in pending:
+            result = synchronize(handle)
+            if kind == "dense":
+                out = result
+            else:
+                out = torch.zeros(p.numel(), dtype=torch.float32)
+                if kind == "summable":
+                    msg[HEADER_BYTES:].view(torch.float32).copy_(result)
+                    self.core.decompress_add(key, msg.data_ptr(), msg.numel(), out.data_ptr(),
+                                             1.0)
+                else:
+                    nbytes = result.shape[1] * 4
+                    for r in range(self.size):
+                        self.core.decompress_add(key, result[r].data_ptr(), nbytes,
+                                                 out.data_ptr(), alpha)
+            with torch.no_grad():
+                p.grad.copy_(out.view_as(p.grad))
+        record = dict(step)
+        record["bytes"] = pushed
+        record["previous_seconds"] = agreed[3] / self.size if previous > 0 else 0.0
+        self.compression.history.append(record)
+        return record
