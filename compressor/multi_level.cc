@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "compressor/cpu/topk_select.h"
@@ -68,8 +69,14 @@ size_t MultiLevelCodec::encode(const float* in, size_t n, double cf, std::span<s
 size_t MultiLevelCodec::recompress(std::span<const std::byte> first, size_t n, double cf,
                                    std::span<std::byte> out, const EncodeContext& ctx) const {
   checkRatio(cf);
-  base_->validate(first, n);
+  // The header and the body's size: enough to read it safely. The indices
+  // are copied, never followed, and a decoder checks them.
   PayloadHeader h1 = parseHeader(first);
+  expectHeader(h1, id_, n);
+  CORTADO_ENFORCE(
+      h1.count <= n && h1.bodyBytes == (id_ == CodecId::kRandomK ? format::randomKBody(h1.count)
+                                                                 : format::sparseBody(h1.count)),
+      ErrorCode::kProtocol, "{} first-level payload is malformed: {}", name_, describe(h1));
   const size_t k1 = h1.count;
   const size_t k2 = keptAt(n, cf);
   CORTADO_ENFORCE(k2 <= k1, ErrorCode::kInvalidArgument,
@@ -96,10 +103,11 @@ size_t MultiLevelCodec::recompress(std::span<const std::byte> first, size_t n, d
   }
   // Top-k among the first level's values; their indices ascend, so the
   // chosen positions (ascending) map to ascending tensor indices.
-  std::vector<float> values(k1);
-  std::memcpy(values.data(), body + 4 * k1, 4 * k1);
+  // Uninitialized: the copy writes every element.
+  std::unique_ptr<float[]> values(new float[k1]);
+  std::memcpy(values.get(), body + 4 * k1, 4 * k1);
   std::vector<uint32_t> pos(k2);
-  cpu::selectTopK(values.data(), k1, k2, std::max<size_t>(std::min<size_t>(k1, 65536), 1024),
+  cpu::selectTopK(values.get(), k1, k2, std::max<size_t>(std::min<size_t>(k1, 65536), 1024),
                   ctx.pool, pos.data());
   h2.bodyBytes = format::sparseBody(k2);
   writeHeader(h2, out);
