@@ -9,7 +9,10 @@ from cortado import Compression
 
 
 def test_workers_with_different_gradients_take_one_ratio_sequence(run_job):
-    job = run_job(3, 1, "gravac_check.py", timeout=240)
+    # 4 KiB chunks: the larger weights' top-k payloads are gathered, the
+    # smaller tensors' travel as the engine's top-k codec; both are checked.
+    job = run_job(3, 1, "gravac_check.py", timeout=240,
+                  env={"CORTADO_PARTITION_BYTES": "4K"})
     results = job.results()
     assert job.returncode == 0 and sorted(results) == [0, 1, 2], job.describe()
     for rank, r in results.items():

@@ -9,24 +9,43 @@ At each synchronize(), for the optimizer's gradients in model order:
 3. every gradient's message goes out: a dense gradient or a random-k
    payload's values are averaged by push_pull (random-k payloads of one
    step and ratio are summable); a top-k or DGC payload (indices differ per
-   worker) is gathered: each worker writes its payload, of the same size on
-   every worker, into its own slot of a zeroed buffer, one push_pull (sum)
-   concatenates them, and every worker decodes all of them;
+   worker) travels as the engine's top-k codec at the same ratio, without
+   error feedback, which encodes exactly the payload's k elements again
+   (the only non-zeros of its decoded tensor): one payload pushed per
+   worker, the servers answer the lossless sparse sum. A tensor larger
+   than one engine chunk (CORTADO_PARTITION_BYTES) would be encoded per
+   chunk, k each, so its payload is gathered instead: each worker writes it
+   into its own slot of a zeroed buffer, one push_pull (sum) concatenates
+   them, and every worker decodes all of them (N payloads pushed);
 4. the decoded average replaces p.grad.
 
 A ratio change takes effect at the next step's encode; the error feedback
 keeps what a step did not send, whatever the ratios.
 """
 
+import logging
+import os
+import re
 import time
 
 import torch
 
 from .. import _runtime
+from ..compression import Codec
 from .ops import push_pull_async
 from .._runtime import synchronize
 
 HEADER_BYTES = 48  # compressor/payload.h
+# Each change of the ratios (at a window boundary) is logged at INFO here.
+log = logging.getLogger("cortado.gravac")
+
+
+def _chunk_bytes():
+    """The engine's chunk size (core/config.cc's default and syntax); 0 when unreadable."""
+    text = os.environ.get("CORTADO_PARTITION_BYTES") or \
+        os.environ.get("BYTEPS_PARTITION_BYTES") or "4MiB"
+    m = re.fullmatch(r"(\d+)([KMG]?)(I?B)?", text.strip().upper())
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)] if m else 0
 
 
 class GravacSync:
@@ -47,6 +66,13 @@ class GravacSync:
         self.names = names
         self.iteration = 0
         self.last_sync = None
+        self.chunk_bytes = _chunk_bytes()
+        self.codecs = {}  # CF -> the engine's top-k Codec that carries a payload of that CF
+
+    def _topk_at(self, ratio):
+        if ratio not in self.codecs:
+            self.codecs[ratio] = Codec(f"topk:ratio={1.0 / ratio!r}", error_feedback=False)
+        return self.codecs[ratio]
 
     def _grad(self, p):
         g = p.grad
@@ -98,6 +124,16 @@ class GravacSync:
                 pending.append((key, p, "summable", msg, push_pull_async(
                     values, name=name, average=self.average)))
                 pushed += nbytes - HEADER_BYTES
+            elif p.numel() * 4 <= self.chunk_bytes:
+                msg = torch.empty(nbytes, dtype=torch.uint8)
+                self.core.copy_message(key, msg.data_ptr(), nbytes)
+                sent = torch.zeros(p.numel(), dtype=torch.float32)
+                self.core.decompress_add(key, msg.data_ptr(), nbytes, sent.data_ptr(), 1.0)
+                name = f"gravac.{self.names[p]}.topk.{step['ratio']!r}"  # one codec per name
+                pending.append((key, p, "dense", sent, push_pull_async(
+                    sent, name=name, average=self.average,
+                    compression=self._topk_at(step["ratio"]))))
+                pushed += nbytes
             else:
                 # Payloads are whole 4-byte words (a 48-byte header, u32 and
                 # f32 entries): int32 sums with zeros carry them exactly.
@@ -125,6 +161,13 @@ class GravacSync:
                                                  out.data_ptr(), alpha)
             with torch.no_grad():
                 p.grad.copy_(out.view_as(p.grad))
+        if (step["next_min_ratio"], step["next_candidate_ratio"]) != \
+                (step["min_ratio"], step["candidate_ratio"]):
+            log.info("rank %d step %d: gains %.3f (min %gx), %.3f (candidate %gx): next min %gx, "
+                     "candidate %gx%s", self.rank, step["iteration"], step["gain_min"],
+                     step["min_ratio"], step["gain_candidate"], step["candidate_ratio"],
+                     step["next_min_ratio"], step["next_candidate_ratio"],
+                     " (saturated)" if step["saturated"] else "")
         record = dict(step)
         record["bytes"] = pushed
         record["previous_seconds"] = agreed[3] / self.size if previous > 0 else 0.0
