@@ -18,8 +18,8 @@ import torch
 from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
 from ..gravac import GravacCompression
-from .horovod import allgather_async
 from .gravac_sync import GravacSync
+from .horovod import allgather_async
 from .horovod_basics import Average, Sum, _check_process_set, global_process_set, resolve_op
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
@@ -184,7 +184,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for q in members:
                     self._group_of[q] = g
                 self._declare_group(rt, g, members)
-        for _, p in ([] if self.executor is not None or self._gravac else self._ordered):
+        for _, p in ([] if self.executor is not None or self._gravac is not None else self._ordered):
             if p in self._group_of:
                 continue
             c = self._compressors[p]
@@ -590,7 +590,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       (none, fp16, topk(0.01), dgc(0.01), efsignsgd(), ... or "auto": the
       planner chooses per parameter), a dict {parameter name: compression}, or
       a function (name, param) -> compression. Engine codecs keep their error
-      feedback residuals on this worker, per gradient.
+      feedback residuals on this worker, per gradient. Compression.gravac(...)
+      (one for all gradients) adapts the ratio every step, the same on every
+      worker; optimizer.compression_ratio_history has the ratios sent.
     - backward_passes_per_step: gradients accumulate locally (summed, as
       autograd does) over this many backward passes before they are pushed.
     - executor: run every gradient through the plan executor (float32 CPU
