@@ -15,6 +15,9 @@ Three kinds:
 - `Compression.auto` (or "auto"): the Espresso planner (scheduler/planner)
   decides per tensor whether to compress and with which codec; see
   AutoCompression.
+- `Compression.gravac(...)` (or "gravac:codec=topk,window=50"): GraVAC, a
+  sparsifier whose ratio adapts every step, the same on every worker; for
+  DistributedOptimizer only (cortado/gravac.py).
 """
 
 import json
@@ -92,7 +95,7 @@ def engine_has_codecs():
 
 
 def _valid_names():
-    return ", ".join(LOCAL + ("auto",) + tuple(ENGINE_CODECS))
+    return ", ".join(LOCAL + ("auto",) + tuple(ENGINE_CODECS) + ("gravac",))
 
 
 class Codec(Compressor):
@@ -213,6 +216,34 @@ class AutoCompression(Compressor):
         return chosen
 
 
+def _gravac_from_text(text):
+    """"gravac" or "gravac:codec=topk,min_ratio=10,window=50,..."."""
+    _, _, rest = text.partition(":")
+    kwargs = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise error("invalid_argument",
+                        f"compression '{text}': '{item}' is not key=value (e.g. "
+                        f"gravac:codec=topk,min_ratio=10,max_ratio=1000,window=500)")
+        key = key.strip()
+        value = value.strip()
+        if key not in ("codec", "policy"):
+            try:
+                value = int(value) if key in ("window", "seed") else float(value)
+            except ValueError:
+                raise error("invalid_argument",
+                            f"compression '{text}': {key}={value} is not a number") from None
+        kwargs[key] = value
+    try:
+        return Compression.gravac(**kwargs)
+    except TypeError:
+        raise error("invalid_argument",
+                    f"compression '{text}': unknown setting; gravac takes codec, min_ratio, "
+                    f"max_ratio, window, epsilon, omega, policy, step, alpha, seed, "
+                    f"batch_size") from None
+
+
 class Compression:
     """Choose with `compression=cortado.Compression.topk(0.01)` (or the string
     "topk:ratio=0.01").
@@ -221,7 +252,8 @@ class Compression:
     onebit(), signsgd(), efsignsgd(), qsgd(levels), terngrad(), natural(),
     bf16(), codec(spec): applied by the engine and the servers (float32), with
     error feedback where `error_feedback` (default: on for the biased codecs).
-    auto: the planner decides per tensor.
+    auto: the planner decides per tensor. gravac(codec, min_ratio, max_ratio,
+    window, epsilon, omega, policy): an adaptive ratio (DistributedOptimizer).
     """
 
     none = NoneCompressor()
@@ -274,6 +306,16 @@ class Compression:
         return Codec("bf16", False)
 
     @staticmethod
+    def gravac(codec="dgc", min_ratio=10.0, max_ratio=1000.0, window=500, epsilon=0.9,
+               omega=0.01, policy="exponential", **kwargs):
+        """GraVAC: a ratio in [min_ratio, max_ratio] (compression factors: 10
+        keeps 10%) chosen every step from the compression gain, the same on
+        every worker; for DistributedOptimizer (cortado.gravac has the details)."""
+        from .gravac import GravacCompression
+        return GravacCompression(codec, min_ratio, max_ratio, window, epsilon, omega, policy,
+                                 **kwargs)
+
+    @staticmethod
     def powersgd(rank=4):
         raise error("invalid_argument", f"compression 'powersgd': {REFUSED['powersgd']}")
 
@@ -295,6 +337,8 @@ class Compression:
                 return Compression.fp16
             if name == "auto":
                 return Compression.auto
+            if name == "gravac":
+                return _gravac_from_text(text)
             return Codec(text)
         raise error("invalid_argument",
                     f"compression must be a cortado.Compression member or a name, got "

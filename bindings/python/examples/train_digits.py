@@ -13,6 +13,7 @@ The three lines a Horovod/BytePS user changes are marked "Cortado:".
 """
 
 import argparse
+import json
 import math
 import os
 import time
@@ -50,9 +51,12 @@ def parse_args():
                    help="per worker; scaled by the worker count, then decayed (cosine) to 0")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--compression", default="none",
-                   help="none, fp16, auto, or an engine codec: topk:ratio=0.01, dgc, efsignsgd, ...")
+                   help="none, fp16, auto, an engine codec (topk:ratio=0.01, dgc, efsignsgd, ...), "
+                        "or gravac (adaptive ratio; settings as gravac:codec=topk,window=50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", help="rank 0 writes the per-epoch accuracies, times and the bytes "
+                                  "each worker pushed to this file")
     return p.parse_args()
 
 
@@ -64,6 +68,28 @@ def load(seed):
     n_test = len(y) // 5
     test, train = order[:n_test], order[n_test:]
     return (x[train], y[train]), (x[test], y[test])
+
+
+def pushed_bytes(compression, params):
+    """Bytes one worker pushes per step for a fixed compression (the payload
+    sizes of docs/codecs.md); None where it varies (gravac: see its history)."""
+    if getattr(compression, "name", "") == "gravac":
+        return None
+    spec = getattr(compression, "engine_codec", None)
+    total = 0
+    for p in params:
+        n = p.numel()
+        if spec is None:
+            total += n * (2 if compression is ct.Compression.fp16 else 4)
+            continue
+        name, _, rest = spec[0].partition(":")
+        ratio = dict(kv.split("=") for kv in rest.split(",") if kv).get("ratio")
+        if name in ("topk", "dgc", "randomk"):
+            k = max(1, min(n, int(n * float(ratio))))
+            total += 48 + (8 if name != "randomk" else 4) * k
+        else:
+            return None
+    return total
 
 
 def main():
@@ -98,6 +124,9 @@ def main():
     # without compression.
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * steps)
 
+    record = {"compression": args.compression, "workers": size, "epochs": []}
+    began = time.monotonic()
+    per_step = pushed_bytes(compression, list(model.parameters()))
     for epoch in range(1, args.epochs + 1):
         start = time.monotonic()
         model.train()
@@ -129,6 +158,21 @@ def main():
             print(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[2]:.4f}  "
                   f"train-acc {totals[1] / totals[2]:.4f}  test-acc {test[0] / test[1]:.4f}  "
                   f"({time.monotonic() - start:.1f} s, {size} workers)", flush=True)
+            history = optimizer.gravac_history
+            pushed = sum(h["bytes"] for h in history) if history is not None \
+                else per_step * epoch * steps if per_step is not None else None
+            record["epochs"].append({"epoch": epoch, "loss": float(totals[0] / totals[2]),
+                                     "test_acc": float(test[0] / test[1]),
+                                     "seconds": time.monotonic() - began, "pushed": pushed})
+            ratios = optimizer.compression_ratio_history  # GraVAC: the ratio of every step
+            if ratios:
+                recent = ratios[-steps:]
+                print(f"  gravac: ratios this epoch {min(recent):g}x-{max(recent):g}x, last "
+                      f"{recent[-1]:g}x, {sum(r == 1.0 for r in recent)} dense steps", flush=True)
+    if rank == 0 and args.json:
+        record["history"] = optimizer.gravac_history
+        with open(args.json, "w") as f:
+            json.dump(record, f)
     ct.shutdown()
 
 

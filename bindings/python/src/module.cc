@@ -49,6 +49,10 @@
 namespace py = pybind11;
 
 namespace cortado::python {
+
+// cortado._C.Gravac (gravac_module.cc).
+void bindGravac(py::module_& m, const compressor::Registry& registry);
+
 namespace {
 
 // The Python exception type; created once when the module is imported.
@@ -859,6 +863,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("spec"),
         "The spec with defaults filled in ('topk' -> 'topk:ratio=...'); raises CortadoError "
         "naming the valid codecs or parameters when the spec is wrong.");
+  bindGravac(m, cpuCodecs());
   m.def("plan_model", &planModel, py::arg("profile"), py::arg("codec"), py::arg("machines"),
         py::arg("gpus_per_machine"), py::arg("intra"), py::arg("inter"), py::arg("cpu_cores"),
         py::arg("parameter_server") = true,

@@ -17,6 +17,8 @@ import torch
 
 from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
+from ..gravac import GravacCompression
+from .gravac_sync import GravacSync
 from .horovod import allgather_async
 from .horovod_basics import Average, Sum, _check_process_set, global_process_set, resolve_op
 from .ops import DTYPES, broadcast_async_, check_tensor, submit
@@ -148,6 +150,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._average = op is Average
         self._predivide = float(predivide)
         self._sparse_as_dense = bool(sparse_as_dense)
+        # GraVAC: one ratio for all gradients per step, decided at synchronize().
+        self._gravac = None
+        if isinstance(compression, GravacCompression):
+            if executor or groups or self._predivide != 1.0:
+                raise _runtime.error("invalid_argument",
+                                     "DistributedOptimizer: compression gravac runs its own "
+                                     "exchange; it takes no executor, groups or "
+                                     "gradient_predivide_factor")
+            self._gravac = GravacSync(compression, self._ordered, self._names, self._average)
+            self._compressors = {p: Compression.none for _, p in self._ordered}
         self._groups = self._make_groups(groups)
         self.executor = None
         if executor:
@@ -172,7 +184,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for q in members:
                     self._group_of[q] = g
                 self._declare_group(rt, g, members)
-        for _, p in ([] if self.executor is not None else self._ordered):
+        for _, p in ([] if self.executor is not None or self._gravac is not None else self._ordered):
             if p in self._group_of:
                 continue
             c = self._compressors[p]
@@ -359,6 +371,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """p's gradient is final for this step: push it, or, in a group, push
         the group once all its gradients are final."""
         g = self._group_of.get(p)
+        if self._gravac is not None:
+            self._handles[p] = (None, None)  # all of them at synchronize()
+            return
         if g is None:
             self._handles[p] = self._push_pull_grad_async(p)
             return
@@ -485,6 +500,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if p not in self._handles:
                 self._grad_ready(p)
         try:
+            if self._gravac is not None:
+                self._gravac.synchronize()
             if self.executor is not None:
                 self.executor.wait()
             for p, (handle, tmp) in list(self._handles.items()):
@@ -505,6 +522,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._delay:
                 self._delay[p] = self._backward_passes_per_step
         self._synchronized = True
+
+    @property
+    def compression_ratio_history(self):
+        """compression gravac: the ratio each step sent (1.0: dense); None otherwise.
+        `optimizer.gravac_history` has the full record of each step."""
+        return None if self._gravac is None else self._gravac.compression.ratio_history
+
+    @property
+    def gravac_history(self):
+        return None if self._gravac is None else self._gravac.compression.history
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -563,7 +590,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       (none, fp16, topk(0.01), dgc(0.01), efsignsgd(), ... or "auto": the
       planner chooses per parameter), a dict {parameter name: compression}, or
       a function (name, param) -> compression. Engine codecs keep their error
-      feedback residuals on this worker, per gradient.
+      feedback residuals on this worker, per gradient. Compression.gravac(...)
+      (one for all gradients) adapts the ratio every step, the same on every
+      worker; optimizer.compression_ratio_history has the ratios sent.
     - backward_passes_per_step: gradients accumulate locally (summed, as
       autograd does) over this many backward passes before they are pushed.
     - executor: run every gradient through the plan executor (float32 CPU

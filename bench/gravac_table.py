@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""GraVAC's Table 2 on scikit-learn's digits: train_digits.py with each
+compression in turn (dense, static top-k and DGC ratios, GraVAC), on H
+emulated hosts (tests/testbed/testbed.sh, 1 worker and 1 server per host,
+links shaped at --rate; needs root) or on this machine (--local), and a
+markdown table of final accuracy, the bytes each worker pushed (and how
+much less than dense), and the time to --target test accuracy (and the
+speedup over each static ratio that reaches it).
+
+    bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
+                          [--target 0.95] [--configs none,topk:ratio=0.1,...]
+                          [--build build] [--json FILE] [--python PY]
+
+Progress on stderr, the table on stdout.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TB = ROOT / "tests" / "testbed" / "testbed.sh"
+EXAMPLE = ROOT / "bindings" / "python" / "examples" / "train_digits.py"
+CONFIGS = ["none", "topk:ratio=0.1", "topk:ratio=0.01", "topk:ratio=0.001", "dgc:ratio=0.1",
+           "dgc:ratio=0.01", "dgc:ratio=0.001", "gravac:codec=dgc,window=20,epsilon=0.7",
+           "gravac:codec=topk,window=20,epsilon=0.5"]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--local", action="store_true", help="no emulated hosts: --hosts workers here")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--target", type=float, default=0.95)
+    p.add_argument("--configs", default=",".join(CONFIGS).replace(",", ";"),
+                   help="';'-separated compressions (default: %(default)s)")
+    p.add_argument("--build", default=str(ROOT / "build"))
+    p.add_argument("--json", help="also write every run's record here")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    p.add_argument("--python", default="/usr/bin/python3", help="the workers' interpreter")
+    return p.parse_args()
+
+
+def run(args, compression, out, name):
+    build = pathlib.Path(args.build).resolve()
+    env = dict(os.environ, PYTHONPATH=str(build / "bindings" / "python"),
+               CORTADO_LOG_LEVEL="warn", OMP_NUM_THREADS="1",
+               CORTADO_CONNECT_TIMEOUT_MS="180000")
+    cortado = str(build / "launcher" / "cortado")
+    script = [args.python, str(EXAMPLE), "--epochs", str(args.epochs), "--no-progress",
+              "--compression", compression, "--json", str(out)]
+    if args.local:
+        cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2", "--"] + script
+    else:
+        hosts = ",".join(f"{name}-h{i}" for i in range(1, args.hosts + 1))
+        cmd = [str(TB), "exec", name, "1", "env"] + [f"{k}={env[k]}" for k in (
+            "PYTHONPATH", "CORTADO_LOG_LEVEL", "OMP_NUM_THREADS", "CORTADO_CONNECT_TIMEOUT_MS")] + \
+            [cortado, "launch", "-w", "1", "-s", "1", "--hosts", hosts, "--agent",
+             f"{TB} exec-host {{host}}", "--"] + script
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0 or not out.exists():
+        print(f"# {compression}: failed (exit {proc.returncode})\n{proc.stdout[-2000:]}\n"
+              f"{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    record = json.loads(out.read_text())
+    record["wall"] = time.monotonic() - start
+    return record
+
+
+def main():
+    args = parse_args()
+    configs = [c for c in args.configs.split(";") if c]
+    name = "g" + "".join(random.choice("0123456789abcdef") for _ in range(6))
+    records = []
+    up = False
+    try:
+        if not args.local:
+            subprocess.run([str(TB), "up", name, str(args.hosts), "--rate", args.rate],
+                           check=True, stdout=subprocess.DEVNULL)
+            up = True
+        with tempfile.TemporaryDirectory(prefix="gravac-table-") as tmp:
+            os.chmod(tmp, 0o755)
+            for i, c in enumerate(configs):
+                print(f"# {time.strftime('%H:%M:%S')} {c}", file=sys.stderr, flush=True)
+                r = run(args, c, pathlib.Path(tmp) / f"run{i}.json", name)
+                if r is not None:
+                    r["config"] = c
+                    records.append(r)
+    finally:
+        if up:
+            subprocess.run([str(TB), "down", name], stdout=subprocess.DEVNULL)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(records))
+    print_table(records, args)
+
+
+def print_table(records, args):
+    dense = next((r for r in records if r["config"] == "none"), None)
+    dense_bytes = dense["epochs"][-1]["pushed"] if dense else None
+
+    def to_target(r):
+        return next((e["seconds"] for e in r["epochs"] if e["test_acc"] >= args.target), None)
+
+    static = [r for r in records if not r["config"].startswith(("none", "gravac"))]
+    print(f"| compression | final test acc | pushed per worker (MB) | less than dense | "
+          f"time to {args.target:.0%} (s) | faster than (static that reach it) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in records:
+        last = r["epochs"][-1]
+        t = to_target(r)
+        less = f"{dense_bytes / last['pushed']:.1f}x" if dense_bytes and last["pushed"] else "-"
+        vs = ""
+        if r["config"].startswith("gravac") and t is not None:
+            vs = ", ".join(f"{s['config']} {to_target(s) / t:.2f}x" for s in static
+                           if to_target(s) is not None)
+        ratios = ""
+        if r.get("history"):
+            rs = [h["ratio"] for h in r["history"]]
+            ratios = f" (ratios {min(rs):g}-{max(rs):g}x, last {rs[-1]:g}x)"
+        reached = f"{t:.1f}" if t is not None else "not reached"
+        print(f"| {r['config']}{ratios} | {last['test_acc']:.4f} | {last['pushed'] / 1e6:.2f} | "
+              f"{less} | {reached} | {vs} |")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Compression.gravac: workers agree on one ratio per step (a job through
+`cortado launch`, against a replay of the whole job in each worker), and
+bad settings are refused with a message that names them."""
+
+import pytest
+
+import cortado
+from cortado import Compression
+
+
+def test_workers_with_different_gradients_take_one_ratio_sequence(run_job):
+    # 4 KiB chunks: the larger weights' top-k payloads are gathered, the
+    # smaller tensors' travel as the engine's top-k codec; both are checked.
+    job = run_job(3, 1, "gravac_check.py", timeout=240,
+                  env={"CORTADO_PARTITION_BYTES": "4K"})
+    results = job.results()
+    assert job.returncode == 0 and sorted(results) == [0, 1, 2], job.describe()
+    for rank, r in results.items():
+        assert r["ok"], (rank, r["report"], job.describe())
+    for codec in ("topk", "dgc", "randomk"):
+        sequences = {rank: tuple(r["report"][codec]["ratios"]) for rank, r in results.items()}
+        assert len(set(sequences.values())) == 1, (codec, sequences)
+        # Compressed levels were used and the ratio moved.
+        assert len(set(sequences[0])) >= 2 and max(sequences[0]) > 1, (codec, sequences[0])
+    print({c: results[0]["report"][c]["ratios"] for c in ("topk", "dgc", "randomk")})
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(min_ratio=100, max_ratio=10), "out of order"),
+    (dict(epsilon=0), "epsilon is 0"),
+    (dict(epsilon=1.5), "epsilon is 1.5"),
+    (dict(omega=1.0), "omega"),
+    (dict(min_ratio=0.5), "min_ratio is 0.5"),
+    (dict(window=0), "window"),
+    (dict(policy="linear"), "policy 'linear'"),
+    (dict(codec="qsgd"), "codec 'qsgd'"),
+])
+def test_bad_settings_are_refused(kwargs, needle):
+    with pytest.raises(cortado.CortadoError) as e:
+        Compression.gravac(**kwargs)
+    assert needle in str(e.value)
+    assert e.value.code == "invalid_argument"
+
+
+def test_lookup_reads_settings():
+    c = Compression.lookup("gravac:codec=topk,min_ratio=5,max_ratio=500,window=20")
+    assert c.settings["codec"] == "topk" and c.settings["window"] == 20
+    assert c.settings["min_ratio"] == 5.0 and c.settings["max_ratio"] == 500.0
+    assert Compression.lookup("gravac").settings["codec"] == "dgc"
+    for bad in ("gravac:window", "gravac:window=x", "gravac:speed=3"):
+        with pytest.raises(cortado.CortadoError):
+            Compression.lookup(bad)
+
+
+def test_core_decides_alike_from_the_same_sums():
+    # Two cores, different gradients, the same summed energies: one decision.
+    import numpy as np
+    a = Compression.gravac(codec="topk", window=2, min_ratio=4, max_ratio=64, epsilon=0.3).make(2)
+    b = Compression.gravac(codec="topk", window=2, min_ratio=4, max_ratio=64, epsilon=0.3).make(2)
+    rng = np.random.default_rng(0)
+    seen = set()
+    for step in range(8):
+        ga = rng.standard_normal(1000).astype(np.float32)
+        gb = (3 * rng.standard_normal(1000)).astype(np.float32)
+        a.prepare(0, ga.ctypes.data, ga.size, step)
+        b.prepare(0, gb.ctypes.data, gb.size, step)
+        sums = [x + y for x, y in zip(a.local_sums(), b.local_sums())]
+        da, db = a.decide(*sums, 0.1), b.decide(*sums, 0.1)
+        assert da == db
+        seen.add(da["ratio"])
+        assert a.message_bytes(0) == b.message_bytes(0)
+    assert len(seen) >= 2, seen
