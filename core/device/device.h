@@ -71,7 +71,7 @@ class Event {
   // never recorded).
   virtual bool query() = 0;
   // Waits on the host until it has, or throws kTimeout naming `what`.
-  virtual void synchronize(Deadline deadline, const std::string& what) = 0;
+  virtual void synchronize(Deadline deadline, const char* what) = 0;
 };
 
 // Error feedback at one encode point (compressor/error_feedback.h's algebra)

@@ -22,13 +22,13 @@ void Lanes::bind(Executor::TensorState& t) const {
 void Lanes::settle(Executor::TensorState& t, Deadline d, const char* what) const {
   bind(t);
   t.computed->record(*compute);
-  t.computed->synchronize(d, fmt::format("tensor '{}': {}", t.name, what));
+  t.computed->synchronize(d, what);
 }
 
 float* Lanes::hostStaging(Executor::TensorState& t, uint64_t n, Deadline d) const {
   bind(t);
   // The host may not write the staging while a copy from it is in flight.
-  t.copied->synchronize(d, fmt::format("tensor '{}': the copy from pinned memory", t.name));
+  t.copied->synchronize(d, "the copy from pinned memory");
   return t.pinned.floats(n);
 }
 
@@ -38,7 +38,7 @@ float* Lanes::toHost(Executor::TensorState& t, const float* src, uint64_t n, Dea
   dev->wait(*copy, *t.computed);
   dev->copy(h, src, n * sizeof(float), CopyKind::kDeviceToHost, *copy);
   t.copied->record(*copy);
-  t.copied->synchronize(d, fmt::format("tensor '{}': the copy to pinned memory", t.name));
+  t.copied->synchronize(d, "the copy to pinned memory");
   return h;
 }
 

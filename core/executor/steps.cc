@@ -491,13 +491,13 @@ void Run::encode() {
   // The payloads to pinned memory, then into the pieces (which the
   // collectives and the servers take from host memory).
   lanes_.bind(t_);
-  t_.copied->synchronize(d_, fmt::format("tensor '{}': the copy from pinned memory", t_.name));
+  t_.copied->synchronize(d_, "the copy from pinned memory");
   std::byte* pinned = t_.pinnedBytes.bytes(total);
   t_.computed->record(*lanes_.compute);
   lanes_.dev->wait(*lanes_.copy, *t_.computed);
   lanes_.dev->copy(pinned, payloads, total, device::CopyKind::kDeviceToHost, *lanes_.copy);
   t_.copied->record(*lanes_.copy);
-  t_.copied->synchronize(d_, fmt::format("tensor '{}': the payloads' copy to pinned memory", t_.name));
+  t_.copied->synchronize(d_, "the payloads' copy to pinned memory");
   for (size_t k = 0; k < segs_.size(); ++k)
     std::copy_n(pinned + at[k], segs_[k].bytes.size(), segs_[k].bytes.data());
 }
@@ -585,7 +585,7 @@ void Run::decode() {
   addDenseOnDevice();
   if (total > 0) {
     lanes_.bind(t_);
-    t_.copied->synchronize(d_, fmt::format("tensor '{}': the copy from pinned memory", t_.name));
+    t_.copied->synchronize(d_, "the copy from pinned memory");
     std::byte* pinned = t_.pinnedBytes.bytes(total);
     std::byte* payloads = t_.payloads.bytes(total);
     std::vector<size_t> at;

@@ -90,6 +90,12 @@
 //                  the other option's tensors kept apart.
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
+//   --queued-streams  the host device with a thread per stream (its work runs
+//                  after the call returns, as on a GPU): the executor's event
+//                  waits must order every copy, or the sums come out wrong.
+// The executor runs on the device CORTADO_DEVICE names (host by default;
+// cuda on a GPU machine, scripts/device/exec_checks.sh): its host vectors are
+// mirrored in device memory there (exec_check_device.cc).
 #include "tests/multiprocess/exec_check.h"
 
 #include <CLI/CLI.hpp>
@@ -111,6 +117,7 @@
 #include "core/collective/mpi/factory.h"
 #include "core/common/crash.h"
 #include "core/common/logging.h"
+#include "core/device/host/factory.h"
 #include "core/executor/executor.h"
 #include "core/plan/profile_report.h"
 #include <nlohmann/json.hpp>
@@ -451,7 +458,10 @@ int runCheck(int argc, char** argv) {
   int shard = 0, shards = 1, iters = 2, stride = 1;
   uint64_t n = 11;
   double bound = 0;
-  bool noMpi = false;
+  bool noMpi = false, queuedStreams = false;
+  app.add_flag("--queued-streams", queuedStreams,
+               "on the host device, run each stream's work on a thread of its own (after the "
+               "call returns, as a GPU does), so that missing event waits give wrong sums");
   app.add_option("--mode", mode)
       ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
                              "phased", "groups", "search"}));
@@ -494,7 +504,15 @@ int runCheck(int argc, char** argv) {
   JobConfig job = readJobConfig(true, base);
   auto worker = startWorker(job, deadline);
   if (job.device == "cuda" && mpi) shareGpusAsMachines(*mpi);
-  auto dev = makeDevice(job, noMpi ? nullptr : &groups, nullptr, deadline);
+  std::shared_ptr<device::Device> dev;
+  if (queuedStreams && job.device == "host") {
+    device::host::Options o;
+    o.queued = true;
+    o.groups = noMpi ? nullptr : &groups;
+    dev = device::host::create(o);
+  } else {
+    dev = makeDevice(job, noMpi ? nullptr : &groups, nullptr, deadline);
+  }
   executor::Executor ex(*worker, noMpi ? nullptr : &groups, nullptr, job.planFile, dev);
   if (ex.topology().rank == 0) std::printf("device: %s\n", dev->name().c_str());
   const auto& topo = ex.topology();

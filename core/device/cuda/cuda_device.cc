@@ -62,7 +62,7 @@ class CudaEvent final : public Event {
     return true;
   }
   // Polled against the deadline: cudaEventSynchronize cannot be given one.
-  void synchronize(Deadline deadline, const std::string& what) override {
+  void synchronize(Deadline deadline, const char* what) override {
     for (long spins = 0; !query(); ++spins) {
       if (deadline.expired())
         throw Error(ErrorCode::kTimeout,

@@ -66,14 +66,15 @@ class HostStream final : public Stream {
     thread_.join();
   }
   // Runs fn now (inline) or after the work enqueued before it (queued).
-  void enqueue(std::function<void()> fn) {
+  template <typename F>
+  void enqueue(F&& fn) {
     if (!queued_) {
       fn();
       return;
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
-      work_.push_back(std::move(fn));
+      work_.emplace_back(std::forward<F>(fn));
     }
     cv_.notify_all();
   }
@@ -123,13 +124,17 @@ class HostEvent final : public Event {
       std::lock_guard<std::mutex> lk(state_->mu);
       n = ++state_->recorded;
     }
+    if (!hs.queued()) {
+      state_->complete(n);
+      return;
+    }
     hs.enqueue([st = state_, n] { st->complete(n); });
   }
   bool query() override {
     std::lock_guard<std::mutex> lk(state_->mu);
     return state_->done >= state_->recorded;
   }
-  void synchronize(Deadline deadline, const std::string& what) override {
+  void synchronize(Deadline deadline, const char* what) override {
     std::unique_lock<std::mutex> lk(state_->mu);
     const uint64_t target = state_->recorded;
     if (!state_->cv.wait_until(lk, deadline.at(), [&] { return state_->done >= target; }))
