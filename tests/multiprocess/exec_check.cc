@@ -127,6 +127,7 @@ namespace exec_check {
 
 const std::chrono::steady_clock::time_point kProgramStart = std::chrono::steady_clock::now();
 int failures = 0;
+bool mirrorAlways = false;
 
 void fail(const std::string& what) {
   ++failures;
@@ -462,6 +463,8 @@ int runCheck(int argc, char** argv) {
   app.add_flag("--queued-streams", queuedStreams,
                "on the host device, run each stream's work on a thread of its own (after the "
                "call returns, as a GPU does), so that missing event waits give wrong sums");
+  app.add_flag("--mirror", mirrorAlways,
+               "mirror the buffers in device memory also on the host device (as on CUDA)");
   app.add_option("--mode", mode)
       ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
                              "phased", "groups", "search"}));

@@ -99,6 +99,8 @@ double derivedBound(const plan::TensorOption& o, const std::string& codec, int W
 // consecutive outputs stay as they were), and the outputs copied back.
 // Items the executor will refuse (undeclared, another size) go through
 // untouched, so its errors are the same.
+// --mirror: mirror on the host device too (to check the mirroring here).
+extern bool mirrorAlways;
 void runBatchOn(executor::Executor& ex, std::span<const executor::BatchItem> items, ReduceOp op,
                 Deadline deadline);
 void runOn(executor::Executor& ex, const std::string& name, const float* in, float* out,
