@@ -284,7 +284,7 @@ std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
                   "run on a GPU machine or use CORTADO_DEVICE=host");
   collective::Collectives* world = hostGroups->world.get();
   collective::nccl::UniqueIdExchange exchange = [world](const std::string&,
-                                                         const std::string& rootId, Deadline d) {
+                                                        const std::string& rootId, Deadline d) {
     std::string id(128, '\0');
     if (world->rank() == 0) id = rootId;
     id.resize(128);

@@ -44,8 +44,8 @@ class HostErrorFeedback final : public ErrorFeedback {
 }  // namespace
 
 std::unique_ptr<ErrorFeedback> hostErrorFeedback(compressor::CodecPtr codec) {
-  CORTADO_ENFORCE(codec && codec->device() == compressor::Device::kCpu,
-                  ErrorCode::kInvalidArgument, "host error feedback wraps CPU codecs, not '{}'",
+  CORTADO_ENFORCE(codec && codec->device() == compressor::Device::kCpu, ErrorCode::kInvalidArgument,
+                  "host error feedback wraps CPU codecs, not '{}'",
                   codec ? codec->spec() : std::string("(null)"));
   return std::make_unique<HostErrorFeedback>(std::move(codec));
 }

@@ -123,8 +123,8 @@ class Executor {
   // the codecs run; nullptr: the host device over `groups`. Its groups, when
   // it has any, must span the same ranks as `groups`.
   Executor(Worker& worker, const collective::Groups* groups,
-           std::shared_ptr<const compressor::Registry> codecs = nullptr,
-           std::string planFile = {}, std::shared_ptr<device::Device> device = nullptr);
+           std::shared_ptr<const compressor::Registry> codecs = nullptr, std::string planFile = {},
+           std::shared_ptr<device::Device> device = nullptr);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -332,7 +332,7 @@ class Executor {
   uint64_t phasedSteps_ = 0;
   std::vector<std::unique_ptr<TensorState>> groupStates_;  // the plan's groups, in order
   std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
-  device::Buffer fusionBuffer_;  // device memory
+  device::Buffer fusionBuffer_;         // device memory
 
   // A state's option, codec, cut points and shard keys ("<keyBase>/plan<gen>/shard<s>").
   void configure(TensorState& t, const plan::TensorOption& option, const std::string& keyBase,

@@ -57,8 +57,8 @@ float* gatherGroup(const Lanes& l, std::span<Executor::TensorState* const> parts
   for (size_t k = 0; k < parts.size(); ++k) {
     Executor::TensorState& t = *parts[k];
     if (items[k]->input != at + off)
-      l.dev->copy(at + off, items[k]->input, t.n * sizeof(float),
-                  device::CopyKind::kDeviceToDevice, *l.compute);
+      l.dev->copy(at + off, items[k]->input, t.n * sizeof(float), device::CopyKind::kDeviceToDevice,
+                  *l.compute);
     l.bind(t);
     foldCarry(l, t, at + off, d);
     off += t.n;

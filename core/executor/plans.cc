@@ -50,7 +50,10 @@ plan::TensorOption defaultOption() {
 Executor::Executor(Worker& worker, const collective::Groups* groups,
                    std::shared_ptr<const compressor::Registry> codecs, std::string planFile,
                    std::shared_ptr<device::Device> device)
-    : worker_(worker), groups_(groups), codecs_(std::move(codecs)), planFile_(std::move(planFile)),
+    : worker_(worker),
+      groups_(groups),
+      codecs_(std::move(codecs)),
+      planFile_(std::move(planFile)),
       device_(std::move(device)) {
   if (!codecs_) {
     auto r = std::make_shared<compressor::Registry>();
@@ -70,9 +73,8 @@ Executor::Executor(Worker& worker, const collective::Groups* groups,
                     ErrorCode::kInvalidArgument,
                     "device {}: its groups (rank {} of {} on {} machines) are not the MPI "
                     "groups' (rank {} of {} on {} machines): form them over the same ranks",
-                    device_->name(), dg->topology.rank, dg->topology.size,
-                    dg->topology.numMachines, groups_->topology.rank, groups_->topology.size,
-                    groups_->topology.numMachines);
+                    device_->name(), dg->topology.rank, dg->topology.size, dg->topology.numMachines,
+                    groups_->topology.rank, groups_->topology.size, groups_->topology.numMachines);
   }
   CORTADO_ENFORCE(groups_ || !device_->groups(), ErrorCode::kInvalidArgument,
                   "device {} has collective groups but the executor has no MPI groups for "
@@ -103,7 +105,9 @@ Executor::Executor(Worker& worker, const collective::Groups* groups,
 
 Executor::~Executor() = default;
 
-detail::Lanes Executor::lanes() const { return detail::Lanes{device_.get(), compute_.get(), copy_.get()}; }
+detail::Lanes Executor::lanes() const {
+  return detail::Lanes{device_.get(), compute_.get(), copy_.get()};
+}
 
 void Executor::declare(const std::string& name, DType dtype, uint64_t numElements) {
   CORTADO_ENFORCE(dtype == DType::kFloat32, ErrorCode::kInvalidArgument,
@@ -306,8 +310,8 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
           t.deviceSparseDecoder = reg.create("topk", where);
         if (t.codec->sparse() && !t.deviceSparseDecoder) t.deviceCodec.reset();
       } else {
-        CORTADO_LOG_INFO("tensor '{}': {} has no '{}' codec; its gpu steps run on the CPU",
-                         t.name, device_->name(), name);
+        CORTADO_LOG_INFO("tensor '{}': {} has no '{}' codec; its gpu steps run on the CPU", t.name,
+                         device_->name(), name);
       }
     }
   }

@@ -225,8 +225,14 @@ class Run {
   Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups, const Lanes& lanes,
       const collective::Topology& topo, Deadline d, Tracer* tracer, Executor::Profiler* prof,
       bool flushResidual)
-      : t_(t), worker_(w), groups_(groups), lanes_(lanes), topo_(topo), d_(d),
-        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr), prof_(prof),
+      : t_(t),
+        worker_(w),
+        groups_(groups),
+        lanes_(lanes),
+        topo_(topo),
+        d_(d),
+        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr),
+        prof_(prof),
         flushResidual_(flushResidual) {
     lanes_.bind(t_);
   }
@@ -273,7 +279,6 @@ class Run {
     bool active;
     Scope scope;
   };
-
 
   // What this rank holds before a step: payload bytes while compressed, else
   // its region's fp32 bytes.
@@ -338,7 +343,7 @@ class Run {
   uint64_t replicas_ = 1;  // ranks that hold the same data as this one
   Executor::Profiler* prof_ = nullptr;
   bool flushResidual_ = false;  // the key's last round: Exchange::flushResidual
-  const char* lane_ = "cpu";     // where the last encode or decode ran (trace lanes)
+  const char* lane_ = "cpu";    // where the last encode or decode ran (trace lanes)
 };
 
 }  // namespace detail

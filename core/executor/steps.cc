@@ -453,7 +453,8 @@ void Run::encode() {
   const bool dev = onDevice();
   lane_ = dev ? lanes_.dev->lane() : "cpu";
   auto& ef = t_.ef[step_];
-  if (!ef) ef = dev ? lanes_.dev->errorFeedback(t_.deviceCodec) : device::hostErrorFeedback(t_.codec);
+  if (!ef)
+    ef = dev ? lanes_.dev->errorFeedback(t_.deviceCodec) : device::hostErrorFeedback(t_.codec);
   segs_.clear();
   std::vector<uint64_t> cuts{r_.off};
   for (auto it = t_.cuts.upper_bound(r_.off); it != t_.cuts.end() && *it < r_.end(); ++it)
@@ -518,8 +519,8 @@ const compressor::Codec& decoderOf(const Seg& s, const compressor::CodecPtr& cod
   const compressor::PayloadHeader h = compressor::parseHeader(s.bytes);
   if (h.codec == codec->id()) return *codec;
   CORTADO_ENFORCE(h.codec == compressor::CodecId::kTopK && sparse, ErrorCode::kProtocol,
-                  "a {} payload for a tensor compressed with '{}'", compressor::codecIdName(h.codec),
-                  spec);
+                  "a {} payload for a tensor compressed with '{}'",
+                  compressor::codecIdName(h.codec), spec);
   return *sparse;
 }
 }  // namespace
@@ -604,7 +605,8 @@ void Run::decode() {
     size_t k = 0;
     for (const Seg& s : segs_) {
       if (s.dense) continue;
-      lanes_.dev->decompressAdd(*decs[k], std::span<const std::byte>(payloads + at[k], s.bytes.size()),
+      lanes_.dev->decompressAdd(*decs[k],
+                                std::span<const std::byte>(payloads + at[k], s.bytes.size()),
                                 x_ + s.off, s.count, *lanes_.compute);
       ++k;
     }

@@ -1,7 +1,7 @@
 // The device conformance suite on the CUDA device. Without a GPU every case
 // skips, saying so.
-#include "core/device/cuda/factory.h"
 #include "core/common/error.h"
+#include "core/device/cuda/factory.h"
 #include "tests/device/device_test.h"
 
 namespace cortado::device::testing {
@@ -12,8 +12,9 @@ Backend cudaBackend() {
   b.name = "Cuda";
   b.skipReason = [] {
     return cuda::deviceCount() == 0
-               ? std::string("no CUDA device visible (cudaGetDeviceCount() == 0): the CUDA "
-                             "device's conformance tests need a GPU")
+               ? std::string(
+                     "no CUDA device visible (cudaGetDeviceCount() == 0): the CUDA "
+                     "device's conformance tests need a GPU")
                : std::string();
   };
   b.make = [] { return cuda::create(cuda::Options{}); };

@@ -148,7 +148,8 @@ TEST_P(DeviceConformance, SynchronizeHonoursItsDeadline) {
                      "were queued";
   } catch (const Error& err) {
     EXPECT_EQ(err.code(), ErrorCode::kTimeout) << err.what();
-    EXPECT_NE(std::string(err.what()).find("six fills of 256 MiB"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("six fills of 256 MiB"), std::string::npos)
+        << err.what();
   }
   e->synchronize(Deadline::after(Millis(60000)), "the fills");
   EXPECT_TRUE(e->query());
@@ -235,7 +236,8 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
       dev_->copy(got, pay.bytes(bytes), bytes, CopyKind::kDeviceToHost, *s);
       e->record(*s);
       e->synchronize(d, "encode");
-      ASSERT_EQ(std::memcmp(got, want.data(), bytes), 0) << "round " << round << ": payloads differ";
+      ASSERT_EQ(std::memcmp(got, want.data(), bytes), 0)
+          << "round " << round << ": payloads differ";
       auto r = ef->residual(5);
       auto rr = ref.residual(5);
       ASSERT_EQ(r.size(), rr.size());
@@ -246,7 +248,8 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
       hostCodec->decompressAdd(want, hsum.data(), n);
       float* ds = sum.floats(n);
       dev_->fill(ds, 1.0f, n, *s);
-      dev_->decompressAdd(*devCodec, std::span<const std::byte>(pay.bytes(bytes), bytes), ds, n, *s);
+      dev_->decompressAdd(*devCodec, std::span<const std::byte>(pay.bytes(bytes), bytes), ds, n,
+                          *s);
       dev_->copy(p, ds, n * sizeof(float), CopyKind::kDeviceToHost, *s);
       e->record(*s);
       e->synchronize(d, "decode");
@@ -254,9 +257,8 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
     }
   }
   EXPECT_GE(tested, 4) << "the device has too few of the codecs the executor's tests use";
-  EXPECT_TRUE(dev_->errorFeedback(dev_->codecs().create("fp16", dev_->codecDevice()))
-                  ->residual(3)
-                  .empty());
+  EXPECT_TRUE(
+      dev_->errorFeedback(dev_->codecs().create("fp16", dev_->codecDevice()))->residual(3).empty());
 }
 
 // A payload whose header names another codec is refused before the sum is

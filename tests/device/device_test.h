@@ -37,6 +37,7 @@ class DeviceConformance : public ::testing::TestWithParam<Backend> {
 
 }  // namespace cortado::device::testing
 
-#define CORTADO_DEVICE_CONFORMANCE(Name, backend)                                     \
-  INSTANTIATE_TEST_SUITE_P(Name, DeviceConformance, ::testing::Values(backend),       \
-                           [](const ::testing::TestParamInfo<Backend>& i) { return i.param.name; })
+#define CORTADO_DEVICE_CONFORMANCE(Name, backend)          \
+  INSTANTIATE_TEST_SUITE_P(                                \
+      Name, DeviceConformance, ::testing::Values(backend), \
+      [](const ::testing::TestParamInfo<Backend>& i) { return i.param.name; })

@@ -1,7 +1,7 @@
 // The device conformance suite on the host device, with streams run inline
 // (the executor's default) and on a queue thread each.
-#include "core/device/host/factory.h"
 #include "core/common/error.h"
+#include "core/device/host/factory.h"
 #include "tests/device/device_test.h"
 
 namespace cortado::device::testing {

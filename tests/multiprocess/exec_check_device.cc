@@ -62,7 +62,8 @@ void runBatchOn(executor::Executor& ex, std::span<const executor::BatchItem> ite
     add(it.input, it.numElements, false);
     add(it.output, it.numElements, true);
   }
-  std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.lo < b.lo; });
+  std::sort(blocks.begin(), blocks.end(),
+            [](const Block& a, const Block& b) { return a.lo < b.lo; });
   std::vector<Block> merged;
   for (Block& b : blocks) {
     if (!merged.empty() && b.lo <= merged.back().hi) {
@@ -105,8 +106,8 @@ void runBatchOn(executor::Executor& ex, std::span<const executor::BatchItem> ite
   arena.event->synchronize(deadline, "exec_check: outputs from the device");
 }
 
-void runOn(executor::Executor& ex, const std::string& name, const float* in, float* out,
-           uint64_t n, ReduceOp op, Deadline deadline) {
+void runOn(executor::Executor& ex, const std::string& name, const float* in, float* out, uint64_t n,
+           ReduceOp op, Deadline deadline) {
   executor::BatchItem item{name, in, out, n};
   runBatchOn(ex, std::span<const executor::BatchItem>(&item, 1), op, deadline);
 }

@@ -20,7 +20,8 @@ namespace {
 
 void check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess)
-    throw Error(ErrorCode::kInternal, fmt::format("cuda device: {}: {}", what, cudaGetErrorString(e)));
+    throw Error(ErrorCode::kInternal,
+                fmt::format("cuda device: {}: {}", what, cudaGetErrorString(e)));
 }
 
 class CudaStream final : public Stream {
@@ -211,8 +212,8 @@ class CudaDevice final : public Device {
   std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec) override {
     return std::make_unique<CudaDeviceErrorFeedback>(std::move(codec), device_);
   }
-  void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload,
-                     float* sum, size_t n, Stream& s) override {
+  void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
+                     size_t n, Stream& s) override {
     bindThread();
     codec.decompressAdd(payload, sum, n, 1.0f, context(s));
   }

@@ -260,8 +260,8 @@ class HostDevice final : public Device {
   std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec) override {
     return std::make_unique<HostDeviceErrorFeedback>(std::move(codec));
   }
-  void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload,
-                     float* sum, size_t n, Stream& s) override {
+  void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
+                     size_t n, Stream& s) override {
     hostStream(s).drain();
     codec.decompressAdd(payload, sum, n);
   }
