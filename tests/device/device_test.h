@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,9 @@ struct Backend {
   // an event can be seen pending; false: every event completes when recorded.
   bool asynchronous = true;
 };
+
+// The name in test listings (not the object's bytes).
+inline void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
 
 class DeviceConformance : public ::testing::TestWithParam<Backend> {
  protected:
