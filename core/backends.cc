@@ -10,8 +10,13 @@
 
 #include "core/common/logging.h"
 #include "core/common/net.h"
+#include "core/device/host/factory.h"
 #include "core/transport/zmq/factory.h"
 #include "cortado/config.h"
+#if CORTADO_CUDA && CORTADO_NCCL
+#include "core/collective/nccl/factory.h"
+#include "core/device/cuda/factory.h"
+#endif
 #if CORTADO_UCX
 #include "core/transport/ucx/factory.h"
 #endif
@@ -246,6 +251,60 @@ std::string dataListenAddress(const JobConfig& config) {
   const std::string host = dataHostOf(config);
   if (config.transport == "ucx") return fmt::format("ucx://{}:0", host);
   return fmt::format("tcp://{}:0", host);
+}
+
+bool cudaDeviceBuilt() { return CORTADO_CUDA && CORTADO_NCCL; }
+
+int cudaDeviceCount() {
+#if CORTADO_CUDA && CORTADO_NCCL
+  return device::cuda::deviceCount();
+#else
+  return 0;
+#endif
+}
+
+std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
+                                           const collective::Groups* hostGroups,
+                                           std::shared_ptr<const compressor::Registry> codecs,
+                                           Deadline deadline) {
+  const device::Kind kind = device::parseKind(job.device);
+  if (kind == device::Kind::kHost) {
+    device::host::Options o;
+    o.groups = hostGroups;
+    o.codecs = std::move(codecs);
+    return device::host::create(o);
+  }
+#if CORTADO_CUDA && CORTADO_NCCL
+  CORTADO_ENFORCE(hostGroups != nullptr && hostGroups->world, ErrorCode::kInvalidArgument,
+                  "CORTADO_DEVICE=cuda needs the workers started under mpirun (cortado launch "
+                  "--mpi): the NCCL groups are formed over the MPI groups' topology");
+  const int gpus = device::cuda::deviceCount();
+  CORTADO_ENFORCE(gpus > 0, ErrorCode::kUnavailable,
+                  "CORTADO_DEVICE=cuda but no CUDA device is visible (cudaGetDeviceCount() == 0): "
+                  "run on a GPU machine or use CORTADO_DEVICE=host");
+  collective::Collectives* world = hostGroups->world.get();
+  collective::nccl::UniqueIdExchange exchange = [world](const std::string&,
+                                                        const std::string& rootId, Deadline d) {
+    std::string id(128, '\0');
+    if (world->rank() == 0) id = rootId;
+    id.resize(128);
+    world->broadcast(id.data(), id.size(), DType::kUInt8, 0, d);
+    return id;
+  };
+  collective::nccl::Options no;
+  no.device = hostGroups->topology.localRank % gpus;
+  device::cuda::Options o;
+  o.device = no.device;
+  o.groups = collective::nccl::createGroups(hostGroups->topology, exchange, no, deadline);
+  return device::cuda::create(std::move(o));
+#else
+  (void)hostGroups;
+  (void)deadline;
+  throw Error(ErrorCode::kUnavailable,
+              "CORTADO_DEVICE=cuda but this build has no CUDA device (it needs CUDA and NCCL: "
+              "configure with -DCORTADO_WITH_CUDA=ON -DCORTADO_WITH_NCCL=ON where nvcc and NCCL "
+              "are installed), or use CORTADO_DEVICE=host");
+#endif
 }
 
 }  // namespace cortado

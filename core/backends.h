@@ -11,6 +11,7 @@
 #include "core/collective/collectives.h"
 #include "core/config.h"
 #include "core/control/control_client.h"
+#include "core/device/device.h"
 #include "core/transport/transport.h"
 #include "core/worker.h"
 
@@ -42,6 +43,24 @@ collective::Topology workerTopology(const control::AddressBook& book, int rank);
 // rank 0 never puts it, the job's failure when a node dies meanwhile.
 std::function<std::string(const std::string& key, const std::string& rootId, Deadline deadline)>
 schedulerIdExchange(control::ControlClient& client);
+
+// The device a worker's plan executor runs on (JobConfig::device,
+// CORTADO_DEVICE; core/device/device.h):
+// - "host": host memory, the CPU codecs (`codecs`; nullptr: its own), and
+//   `hostGroups` (the MPI groups; may be null) for the collectives.
+// - "cuda": CUDA device localRank % deviceCount(), the CUDA codecs, and NCCL
+//   groups formed over hostGroups' topology, the ranks agreeing on the NCCL
+//   id through hostGroups' world broadcast (every rank calls this; the
+//   ranks run under mpirun). Error(kUnavailable) when this build has no
+//   CUDA or NCCL, or no GPU is visible; kInvalidArgument without hostGroups.
+// bool cudaDeviceBuilt(): whether "cuda" can be asked for in this build.
+std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
+                                           const collective::Groups* hostGroups,
+                                           std::shared_ptr<const compressor::Registry> codecs,
+                                           Deadline deadline);
+bool cudaDeviceBuilt();
+// CUDA devices visible to this process; 0 without a GPU or in a build without CUDA.
+int cudaDeviceCount();
 
 // True when this build has the UCX transport (libucx was found at configure).
 bool ucxBuilt();

@@ -48,6 +48,10 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_PIPELINE", "", "0",
        "plan executor: encode the next tensor of a batch on a second thread while this one "
        "communicates (the planner does not model it yet; docs/executor.md)"},
+      {"CORTADO_DEVICE", "", "host",
+       "plan executor: where its buffers live and its codecs run: host (host memory, the CPU "
+       "codecs, MPI) or cuda (CUDA buffers, the CUDA codecs, NCCL; a build with CUDA and NCCL; "
+       "docs/executor.md, \"Devices\")"},
       {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
        "every worker and server writes a Chrome trace of its stages here at the end of the job "
        "(`cortado launch --trace DIR`; docs/tracing.md)"},
@@ -152,6 +156,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
       {"CORTADO_PHASE_BYTES", std::to_string(phaseBytes)},
       {"CORTADO_PIPELINE", pipeline ? "1" : "0"},
+      {"CORTADO_DEVICE", device},
       {"CORTADO_TRACE_DIR", traceDir},
       {"CORTADO_TRACE_ITERATIONS", traceIterations},
       {"CORTADO_PROFILE_WINDOW", std::to_string(profileWindow)},
@@ -251,6 +256,14 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   sizeSetting("CORTADO_PHASE_BYTES", c.phaseBytes,
               "give a phase's size in bytes (e.g. 64MiB; 0 runs a batch's tensors one after the other)");
   if (auto v = getEnvBool(names("CORTADO_PIPELINE"))) c.pipeline = *v;
+  if (auto v = getEnv(names("CORTADO_DEVICE"))) {
+    if (v->value != "host" && v->value != "cuda")
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_DEVICE='{}': use host (host memory, the CPU codecs, MPI) or "
+                              "cuda (CUDA buffers, the CUDA codecs, NCCL)",
+                              v->value));
+    c.device = v->value;
+  }
   if (auto v = getEnv(names("CORTADO_TRACE_DIR"))) c.traceDir = v->value;
   if (auto v = getEnv(names("CORTADO_TRACE_ITERATIONS"))) c.traceIterations = v->value;
   if (auto v = getEnvInt(names("CORTADO_PROFILE_WINDOW"))) {

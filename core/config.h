@@ -40,6 +40,10 @@ struct JobConfig {
   // CORTADO_PIPELINE: the plan executor encodes the next tensor of a batch
   // while this one communicates (Executor::setPipeline); off by default.
   bool pipeline = false;
+  // CORTADO_DEVICE: where the plan executor's buffers live and its codecs
+  // run: "host" (host memory, the CPU codecs, MPI) or "cuda" (CUDA buffers,
+  // the CUDA codecs, NCCL); core/device/device.h.
+  std::string device = "host";
   std::string planFile;                   // CORTADO_PLAN: the plan executor's plan (empty: default)
   std::string traceDir;                   // CORTADO_TRACE_DIR: stage traces go here (empty: off)
   std::string traceIterations = "all";    // CORTADO_TRACE_ITERATIONS: "10:19", "5:" or "all"

@@ -116,7 +116,7 @@ std::vector<Executor::Unit> Executor::units(std::span<const BatchItem> items,
   return out;
 }
 
-void Executor::prepare(Unit& u, std::span<const BatchItem> items) {
+void Executor::prepare(Unit& u, std::span<const BatchItem> items, Deadline deadline) {
   TensorState& s = *u.state;
   // A tensor whose residuals are held by another state's encode points (its
   // group's, or its own after running in a group) gets them back as carry
@@ -138,17 +138,21 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items) {
     its.push_back(&items[u.items[k]]);
     s.members += fmt::format("{}{}#{}", s.members.empty() ? "" : ", ", t.name, t.round);
   }
-  float* at = detail::gatherGroup(s.parts, its, s.buffer);
+  const detail::Lanes l = lanes();
+  l.bind(s);
+  float* at = detail::gatherGroup(l, s.parts, its, s.buffer, deadline);
   if (at != s.buffer.data()) ++inPlaceGroupRuns_;
   u.in = u.out = at;
 }
 
-void Executor::complete(const Unit& u, std::span<const BatchItem> items) {
+void Executor::complete(const Unit& u, std::span<const BatchItem> items, Deadline deadline) {
   TensorState& s = *u.state;
   if (!s.parts.empty()) {
     std::vector<const BatchItem*> its;
     for (size_t k = 0; k < s.parts.size(); ++k) its.push_back(&items[u.items[k]]);
-    detail::scatterGroup(u.out, s.parts, its);
+    const detail::Lanes l = lanes();
+    detail::scatterGroup(l, u.out, s.parts, its);
+    l.settle(s, deadline, "the group's results");
   }
   for (TensorState* t : s.parts) ++t->round;
   if (s.parts.empty())
@@ -174,16 +178,18 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
   if (prof && items.size() > 1) prof->batched = true;
   for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
   const bool flush = lastRound();
+  const detail::Lanes lanes = this->lanes();
   auto makeRun = [&](TensorState& t) {
-    return std::make_unique<Run>(t, worker_, groups_, topo_, deadline, tracer_.get(), prof, flush);
+    return std::make_unique<Run>(t, worker_, groups_, lanes, topo_, deadline, tracer_.get(), prof,
+                                 flush);
   };
   auto start = [&](Unit& u) {
-    prepare(u, items);
+    prepare(u, items, deadline);
     auto r = makeRun(*u.state);
     r->start(u.in, u.out);
     return r;
   };
-  auto done = [&](const Unit& u) { complete(u, items); };
+  auto done = [&](const Unit& u) { complete(u, items, deadline); };
   auto runAlone = [&](size_t i) {
     Unit u{states[i], items[i].input, items[i].output, {i}};
     start(u)->finish(op);
@@ -222,7 +228,7 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
         // Its inputs gathered (and any residuals moved) here, on this
         // thread: no other unit's state is touched (units share no tensor).
         Unit& u = alone[k + 1];
-        prepare(u, items);
+        prepare(u, items, deadline);
         auto r = makeRun(*u.state);
         try {
           nextStarted = std::async(std::launch::async,

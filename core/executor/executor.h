@@ -14,10 +14,17 @@
 // - Error feedback lives at every encode step, keyed by tensor, step index
 //   and piece (a piece is the part of the tensor that one payload covers: an
 //   alltoall block or a server chunk), across iterations.
-// - Buffers are host memory, so every encode and decode runs the CPU codec,
-//   also where the plan says "gpu": the CPU twin reads and writes the same
-//   payloads as the CUDA codec that a CUDA buffer would run. Nothing here
-//   pretends to use a GPU.
+// - Buffers live on the executor's device (core/device/device.h; docs/
+//   executor.md, "Devices"): host memory on the host device (the default),
+//   CUDA memory on the CUDA device. Each step runs where the plan puts it:
+//   a "gpu" encode or decode runs the device's codec on device memory (on
+//   the host device that is the CPU twin, which reads and writes the same
+//   payloads as the CUDA codec); a "cpu" one copies the data to pinned host
+//   memory first and runs the CPU codec there; a push/pull goes from pinned
+//   host memory and its answer is copied back. Dense collectives run on the
+//   device's groups (MPI on host, NCCL on CUDA), payload blobs on the MPI
+//   groups in host memory. Two streams (compute, copy) and per-tensor events
+//   order the work; run() waits only for its own tensor's work.
 //
 // Without a plan each tensor runs BytePS's default: hierarchical and
 // uncompressed, intra reduce-scatter, push/pull of each shard, intra
@@ -43,6 +50,7 @@
 #include "core/common/deadline.h"
 #include "core/common/trace.h"
 #include "core/config.h"
+#include "core/device/device.h"
 #include "core/executor/fusion_search.h"
 #include "core/plan/plan.h"
 #include "core/plan/profile_report.h"
@@ -54,6 +62,10 @@ class Registry;
 }
 
 namespace executor {
+
+namespace detail {
+struct Lanes;
+}
 
 // Online profiling and plan switches (docs/planner.md, "Online re-planning").
 struct OnlineOptions {
@@ -107,14 +119,19 @@ class Executor {
   // be the registry the servers know.
   // `planFile` (JobConfig::planFile, CORTADO_PLAN): the plan that the first
   // run() applies when no plan was set; empty: the default plan.
+  // `device` (makeDevice in core/backends.h): where run()'s buffers live and
+  // the codecs run; nullptr: the host device over `groups`. Its groups, when
+  // it has any, must span the same ranks as `groups`.
   Executor(Worker& worker, const collective::Groups* groups,
-           std::shared_ptr<const compressor::Registry> codecs = nullptr,
-           std::string planFile = {});
+           std::shared_ptr<const compressor::Registry> codecs = nullptr, std::string planFile = {},
+           std::shared_ptr<device::Device> device = nullptr);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
   const collective::Topology& topology() const { return topo_; }
+  // The device the buffers of run() and runBatch() are memory of.
+  device::Device& device() const { return *device_; }
 
   // Registers a tensor (local only; the keys are declared with the servers
   // when the plan is applied). Float32 only. Re-registering with another
@@ -137,7 +154,9 @@ class Executor {
   const plan::Plan& currentPlan() const;
 
   // Sums `input` over all workers into `output` (may alias) by the tensor's
-  // option. `numElements` must be the declared count.
+  // option. `numElements` must be the declared count. Both are memory of
+  // device() (host memory on the host device); the output is written when
+  // run() returns.
   void run(const std::string& name, const float* input, float* output, uint64_t numElements,
            ReduceOp op, Deadline deadline);
 
@@ -229,6 +248,9 @@ class Executor {
   void setTracer(std::shared_ptr<Tracer> tracer) { tracer_ = std::move(tracer); }
   const std::shared_ptr<Tracer>& tracer() const { return tracer_; }
 
+  // The element count `name` was declared with; nullopt when it was not.
+  std::optional<uint64_t> declaredElements(const std::string& name) const;
+
   // How many times run() has completed for `name` (its iteration count).
   uint64_t runs(const std::string& name) const;
 
@@ -293,6 +315,9 @@ class Executor {
   const collective::Groups* groups_;
   std::shared_ptr<const compressor::Registry> codecs_;
   std::string planFile_;
+  std::shared_ptr<device::Device> device_;
+  std::unique_ptr<device::Stream> compute_, copy_;  // the device's two lanes (detail::Lanes)
+  detail::Lanes lanes() const;
   collective::Topology topo_;
   std::map<std::string, std::unique_ptr<TensorState>> tensors_;
   std::optional<plan::Plan> plan_;
@@ -307,7 +332,7 @@ class Executor {
   uint64_t phasedSteps_ = 0;
   std::vector<std::unique_ptr<TensorState>> groupStates_;  // the plan's groups, in order
   std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
-  std::vector<float> fusionBuffer_;
+  device::Buffer fusionBuffer_;         // device memory
 
   // A state's option, codec, cut points and shard keys ("<keyBase>/plan<gen>/shard<s>").
   void configure(TensorState& t, const plan::TensorOption& option, const std::string& keyBase,
@@ -324,9 +349,9 @@ class Executor {
                           std::vector<std::vector<size_t>>& byOption) const;
   // Before a unit starts: residuals held by other states come back as carry,
   // and a group's inputs (with their carry) are gathered into its buffer.
-  void prepare(Unit& u, std::span<const BatchItem> items);
+  void prepare(Unit& u, std::span<const BatchItem> items, Deadline deadline);
   // After it ran: a group's results scattered to its items' outputs; run counts.
-  void complete(const Unit& u, std::span<const BatchItem> items);
+  void complete(const Unit& u, std::span<const BatchItem> items, Deadline deadline);
   bool lastRound() const;
   void runFused(std::span<const BatchItem> batch, std::span<TensorState* const> states,
                 const std::vector<size_t>& members, ReduceOp op, Deadline deadline);

@@ -43,32 +43,36 @@ bool inPlace(std::span<Executor::TensorState* const> parts, std::span<const Batc
 
 }  // namespace
 
-float* gatherGroup(std::span<Executor::TensorState* const> parts,
-                   std::span<const BatchItem* const> items, std::vector<float>& buffer) {
+float* gatherGroup(const Lanes& l, std::span<Executor::TensorState* const> parts,
+                   std::span<const BatchItem* const> items, device::Buffer& buffer, Deadline d) {
   uint64_t total = 0;
   for (const Executor::TensorState* t : parts) total += t->n;
   float* at = nullptr;
   if (inPlace(parts, items, total)) {
     at = items.front()->output;
   } else {
-    if (buffer.size() < total) buffer.resize(total);
-    at = buffer.data();
+    at = buffer.floats(total);
   }
   uint64_t off = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
     Executor::TensorState& t = *parts[k];
-    if (items[k]->input != at + off) std::copy_n(items[k]->input, t.n, at + off);
-    foldCarry(t, at + off);
+    if (items[k]->input != at + off)
+      l.dev->copy(at + off, items[k]->input, t.n * sizeof(float), device::CopyKind::kDeviceToDevice,
+                  *l.compute);
+    l.bind(t);
+    foldCarry(l, t, at + off, d);
     off += t.n;
   }
   return at;
 }
 
-void scatterGroup(const float* at, std::span<Executor::TensorState* const> parts,
+void scatterGroup(const Lanes& l, const float* at, std::span<Executor::TensorState* const> parts,
                   std::span<const BatchItem* const> items) {
   uint64_t off = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
-    if (items[k]->output != at + off) std::copy_n(at + off, parts[k]->n, items[k]->output);
+    if (items[k]->output != at + off)
+      l.dev->copy(items[k]->output, at + off, parts[k]->n * sizeof(float),
+                  device::CopyKind::kDeviceToDevice, *l.compute);
     off += parts[k]->n;
   }
 }
@@ -96,18 +100,20 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   f.members.clear();
   for (const TensorState* t : states)
     f.members += fmt::format("{}{}#{}", f.members.empty() ? "" : ", ", t->name, t->round);
-  float* buf = detail::gatherGroup(states, items, fusionBuffer_);
+  const detail::Lanes l = lanes();
+  float* buf = detail::gatherGroup(l, states, items, fusionBuffer_, deadline);
   if (buf != fusionBuffer_.data()) ++inPlaceGroupRuns_;
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   try {
-    Run(f, worker_, groups_, topo_, deadline, tracer_.get(), prof, false).go(buf, buf, op);
+    Run(f, worker_, groups_, l, topo_, deadline, tracer_.get(), prof, false).go(buf, buf, op);
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("{} (tensor fusion: the {} tensors '{}' .. '{}' ran as one, "
                                       "{} bytes; CORTADO_FUSION_BYTES=0 runs them one by one)",
                                       e.what(), states.size(), states.front()->name,
                                       states.back()->name, total * sizeof(float)));
   }
-  detail::scatterGroup(buf, states, items);
+  detail::scatterGroup(l, buf, states, items);
+  l.settle(f, deadline, "the fused group's results");
   for (TensorState* t : states) ++t->round;
 }
 

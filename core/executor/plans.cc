@@ -9,6 +9,7 @@
 
 #include "compressor/registry.h"
 #include "core/common/logging.h"
+#include "core/device/host/factory.h"
 #include "core/executor/run.h"
 
 namespace cortado::executor {
@@ -47,13 +48,41 @@ plan::TensorOption defaultOption() {
 }
 
 Executor::Executor(Worker& worker, const collective::Groups* groups,
-                   std::shared_ptr<const compressor::Registry> codecs, std::string planFile)
-    : worker_(worker), groups_(groups), codecs_(std::move(codecs)), planFile_(std::move(planFile)) {
+                   std::shared_ptr<const compressor::Registry> codecs, std::string planFile,
+                   std::shared_ptr<device::Device> device)
+    : worker_(worker),
+      groups_(groups),
+      codecs_(std::move(codecs)),
+      planFile_(std::move(planFile)),
+      device_(std::move(device)) {
   if (!codecs_) {
     auto r = std::make_shared<compressor::Registry>();
     compressor::registerCpuCodecs(*r);
     codecs_ = std::move(r);
   }
+  if (!device_) {
+    device::host::Options o;
+    o.groups = groups_;
+    o.codecs = codecs_;
+    device_ = device::host::create(o);
+  }
+  if (const collective::Groups* dg = device_->groups(); dg && groups_) {
+    CORTADO_ENFORCE(dg->topology.size == groups_->topology.size &&
+                        dg->topology.rank == groups_->topology.rank &&
+                        dg->topology.numMachines == groups_->topology.numMachines,
+                    ErrorCode::kInvalidArgument,
+                    "device {}: its groups (rank {} of {} on {} machines) are not the MPI "
+                    "groups' (rank {} of {} on {} machines): form them over the same ranks",
+                    device_->name(), dg->topology.rank, dg->topology.size, dg->topology.numMachines,
+                    groups_->topology.rank, groups_->topology.size, groups_->topology.numMachines);
+  }
+  CORTADO_ENFORCE(groups_ || !device_->groups(), ErrorCode::kInvalidArgument,
+                  "device {} has collective groups but the executor has no MPI groups for "
+                  "its compressed payloads: start the workers under mpirun",
+                  device_->name());
+  compute_ = device_->createStream();
+  copy_ = device_->createStream();
+  fusionBuffer_ = device::Buffer(*device_, false);
   if (groups_) {
     topo_ = groups_->topology;
     CORTADO_ENFORCE(topo_.size == worker_.size(), ErrorCode::kInvalidArgument,
@@ -75,6 +104,10 @@ Executor::Executor(Worker& worker, const collective::Groups* groups,
 }
 
 Executor::~Executor() = default;
+
+detail::Lanes Executor::lanes() const {
+  return detail::Lanes{device_.get(), compute_.get(), copy_.get()};
+}
 
 void Executor::declare(const std::string& name, DType dtype, uint64_t numElements) {
   CORTADO_ENFORCE(dtype == DType::kFloat32, ErrorCode::kInvalidArgument,
@@ -219,7 +252,7 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
     if (it == s.ef.end()) continue;
     const float share = 1.0f / float(std::max<uint64_t>(1, s.efReplicas[step]));
     for (const auto& [off, count] : pieces) {
-      auto r = it->second->residual(off);
+      const std::vector<float> r = it->second->residual(off);
       for (uint64_t i = 0; i < r.size() && off + i < s.n; ++i) {
         if (r[i] == 0.0f) continue;
         auto [t, base] = partAt(off + i);
@@ -250,6 +283,8 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
   t.option = option;
   t.codec.reset();
   t.sparseDecoder.reset();
+  t.deviceCodec.reset();
+  t.deviceSparseDecoder.reset();
   t.ef.clear();
   t.shardKeys.clear();
   t.shardRegions.clear();
@@ -260,6 +295,25 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
     t.codecSpec = codecs_->canonical(option.codec);
     t.codec = codecs_->create(t.codecSpec);
     if (t.codec->sparse()) t.sparseDecoder = codecs_->create("topk");
+    // The device's twins; none where the device has no such codec (its
+    // "gpu" steps then run on the CPU).
+    if (device_->kind() == device::Kind::kHost) {
+      t.deviceCodec = t.codec;
+      t.deviceSparseDecoder = t.sparseDecoder;
+    } else {
+      const auto& reg = device_->codecs();
+      const compressor::Device where = device_->codecDevice();
+      const std::string name = t.codecSpec.substr(0, t.codecSpec.find(':'));
+      if (reg.has(name, where)) {
+        t.deviceCodec = reg.create(t.codecSpec, where);
+        if (t.codec->sparse() && reg.has("topk", where))
+          t.deviceSparseDecoder = reg.create("topk", where);
+        if (t.codec->sparse() && !t.deviceSparseDecoder) t.deviceCodec.reset();
+      } else {
+        CORTADO_LOG_INFO("tensor '{}': {} has no '{}' codec; its gpu steps run on the CPU", t.name,
+                         device_->name(), name);
+      }
+    }
   }
   const Region whole{0, t.n};
   t.cuts = {0, t.n};
@@ -318,6 +372,12 @@ uint64_t Executor::runs(const std::string& name) const {
   CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
                   "tensor '{}' was never declared to the executor", name);
   return it->second->round;
+}
+
+std::optional<uint64_t> Executor::declaredElements(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return std::nullopt;
+  return it->second->n;
 }
 
 Executor::TensorState& Executor::checkedState(const std::string& name, const float* input,

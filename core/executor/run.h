@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "compressor/error_feedback.h"
+#include "core/device/device.h"
 #include "core/executor/executor.h"
 
 namespace cortado::executor {
@@ -79,7 +80,14 @@ struct Executor::TensorState {
   std::string codecSpec;
   compressor::CodecPtr codec;
   compressor::CodecPtr sparseDecoder;  // top-k form of the servers' sparse sums
-  std::map<size_t, std::unique_ptr<compressor::ErrorFeedback>> ef;  // by step index
+  // The same codecs for the executor's device memory (the CUDA codecs on a
+  // CUDA device; on the host device the ones above); null where the device
+  // has no such codec: its "gpu" steps then run on the CPU (copied to pinned).
+  compressor::CodecPtr deviceCodec;
+  compressor::CodecPtr deviceSparseDecoder;
+  // Error feedback by step index, in the memory of the device that encodes
+  // there (device::hostErrorFeedback for steps run on the CPU).
+  std::map<size_t, std::unique_ptr<device::ErrorFeedback>> ef;
   std::map<size_t, std::map<uint64_t, uint64_t>> efPieces;  // step -> piece offset -> count
   // step -> how many ranks encode the same data there (after an allreduce,
   // an allgather, a broadcast or a pull, every member holds the same sum and
@@ -101,7 +109,7 @@ struct Executor::TensorState {
   // of `parts`, each at its offset; a tensor's has none.
   std::vector<Executor::TensorState*> parts;
   std::vector<uint64_t> partOffsets;
-  std::vector<float> buffer;  // a group's concatenation, kept across runs
+  device::Buffer buffer;  // a group's concatenation (device memory), kept across runs
   // A tensor's plan group under the current plan (nullptr: none).
   Executor::TensorState* group = nullptr;
   // The state whose encode points hold this tensor's residuals: itself,
@@ -109,18 +117,48 @@ struct Executor::TensorState {
   // state first retires this one (Executor::retire), so that group
   // boundaries may change between batches with nothing lost or sent twice.
   Executor::TensorState* layout = nullptr;
-  std::vector<float> scratch1, scratch2;  // padded collective buffers, kept across runs
+  // Kept across runs, made at the first use (Executor::lanes): padded
+  // collective buffers and payloads in device memory, pinned staging for the
+  // copies to and from the host, and the events that order them.
+  device::Buffer scratch1, scratch2, payloads;
+  device::Buffer pinned, pinnedBytes;
+  std::unique_ptr<device::Event> computed;  // the compute stream's work so far
+  std::unique_ptr<device::Event> copied;    // the copy stream's work so far
 };
 
 namespace detail {
+
+// The executor's device and its two streams: compute (codecs, kernels,
+// copies within the device) and copy (to and from pinned host memory), with
+// each tensor state's events between them. Every helper orders its work
+// after what the state's earlier work left on the streams; nothing waits
+// for the whole device.
+struct Lanes {
+  device::Device* dev = nullptr;
+  device::Stream* compute = nullptr;
+  device::Stream* copy = nullptr;
+
+  // The state's buffers and events on this device, made at the first use.
+  void bind(Executor::TensorState& t) const;
+  // Waits on the host until the compute stream's work so far is done (before
+  // a collective, which orders itself after nothing, and before run() returns).
+  void settle(Executor::TensorState& t, Deadline d, const char* what) const;
+  // `n` floats of device memory at `src` copied to the state's pinned buffer,
+  // after the compute stream's work so far; the host may read the answer.
+  float* toHost(Executor::TensorState& t, const float* src, uint64_t n, Deadline d) const;
+  // The state's pinned buffer for the host to write `n` floats into (after
+  // its last copy from it).
+  float* hostStaging(Executor::TensorState& t, uint64_t n, Deadline d) const;
+  // The pinned buffer's first `n` floats copied to `dst` (device memory); the
+  // compute stream's later work waits for it.
+  void toDevice(Executor::TensorState& t, float* dst, uint64_t n) const;
+};
+
 // Adds the residuals of retired encode points that `t` still owes (carry)
-// to its data at `x` (t.n elements) and clears them: once, in whichever
-// execution runs the tensor next (alone, in a group, or fused by size).
-inline void foldCarry(Executor::TensorState& t, float* x) {
-  if (t.carry.empty()) return;
-  for (uint64_t i = 0; i < t.n; ++i) x[i] += t.carry[i];
-  t.carry.clear();
-}
+// to its data at `x` (t.n elements, device memory) and clears them: once, in
+// whichever execution runs the tensor next (alone, in a group, or fused by
+// size).
+void foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d);
 // A group's concatenation (a plan group, or tensors fused by size): its
 // members' inputs, each with the carry it owes, as one span of consecutive
 // elements in the members' order. In place, with no copy, when the outputs
@@ -129,11 +167,11 @@ inline void foldCarry(Executor::TensorState& t, float* x) {
 // the model replay) and every input either is its output or lies outside
 // the outputs' span; gathered into `buffer` otherwise. Returns the span's
 // start: the output of the first member, or buffer.data().
-float* gatherGroup(std::span<Executor::TensorState* const> parts,
-                   std::span<const BatchItem* const> items, std::vector<float>& buffer);
+float* gatherGroup(const Lanes& l, std::span<Executor::TensorState* const> parts,
+                   std::span<const BatchItem* const> items, device::Buffer& buffer, Deadline d);
 // After the group ran at `at` (gatherGroup's answer): a gathered group's
 // results copied to its members' outputs; nothing to do in place.
-void scatterGroup(const float* at, std::span<Executor::TensorState* const> parts,
+void scatterGroup(const Lanes& l, const float* at, std::span<Executor::TensorState* const> parts,
                   std::span<const BatchItem* const> items);
 
 }  // namespace detail
@@ -184,12 +222,20 @@ namespace detail {
 // One tensor's run: the data, where it is valid, and the pairs still open.
 class Run {
  public:
-  Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups,
+  Run(Executor::TensorState& t, Worker& w, const collective::Groups* groups, const Lanes& lanes,
       const collective::Topology& topo, Deadline d, Tracer* tracer, Executor::Profiler* prof,
       bool flushResidual)
-      : t_(t), worker_(w), groups_(groups), topo_(topo), d_(d),
-        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr), prof_(prof),
-        flushResidual_(flushResidual) {}
+      : t_(t),
+        worker_(w),
+        groups_(groups),
+        lanes_(lanes),
+        topo_(topo),
+        d_(d),
+        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr),
+        prof_(prof),
+        flushResidual_(flushResidual) {
+    lanes_.bind(t_);
+  }
 
   void go(const float* in, float* out, ReduceOp op) {
     start(in, out);
@@ -203,7 +249,7 @@ class Run {
   // tensor (Executor::setPipeline).
   void start(const float* in, float* out);
 
-  // The remaining steps, then the average's scale.
+  // The remaining steps, then the average's scale; the output is ready.
   void finish(ReduceOp op) {
     runSteps(Until::kEnd);
     scale(op);
@@ -215,6 +261,7 @@ class Run {
   void communicate() { runSteps(Until::kAfterComm); }
   void compute() { runSteps(Until::kBeforeComm); }
   bool done() const { return step_ >= t_.option.steps.size(); }
+  // The average's scale; then waits until the output is written.
   void scale(ReduceOp op);
 
  private:
@@ -233,8 +280,6 @@ class Run {
     Scope scope;
   };
 
-  static float* scratch(std::vector<float>& v, size_t n);
-
   // What this rank holds before a step: payload bytes while compressed, else
   // its region's fp32 bytes.
   uint64_t bytesHeld(bool compressed) const;
@@ -242,7 +287,17 @@ class Run {
   // runStep, timed into the profiler (only what this rank took part in).
   void timedStep(const Step& s);
 
+  // The group for data in device memory (the device's: NCCL on CUDA), and
+  // the one for payload blobs in host memory (the MPI groups).
   Group group(Scope s) const;
+  Group hostGroup(Scope s) const;
+  // dst = src, n floats of device memory, on the compute stream.
+  void copyOnDevice(float* dst, const float* src, uint64_t n) {
+    lanes_.dev->copy(dst, src, n * sizeof(float), device::CopyKind::kDeviceToDevice,
+                     *lanes_.compute);
+  }
+  // Before a collective on device memory: the compute stream's work is done.
+  void settle(const char* what) { lanes_.settle(t_, d_, what); }
 
   void runStep(const Step& s);
 
@@ -259,16 +314,23 @@ class Run {
 
   uint64_t seed(uint64_t piece) const;
 
+  // Where the step at step_ runs its codec: on the device (its codec on
+  // device memory) or on the CPU (after a copy to pinned memory).
+  bool onDevice() const;
   void encode();
 
   // Sums every segment into the region, in fp32.
   void decode();
+  void decodeOnHost();
+  // The dense pieces (servers' answers) added into the region on the device.
+  void addDenseOnDevice();
 
   void pushPull(const Step& push, const Step& pull);
 
   Executor::TensorState& t_;
   Worker& worker_;
   const collective::Groups* groups_;
+  const Lanes& lanes_;
   const collective::Topology& topo_;
   Deadline d_;
   float* x_ = nullptr;
@@ -281,6 +343,7 @@ class Run {
   uint64_t replicas_ = 1;  // ranks that hold the same data as this one
   Executor::Profiler* prof_ = nullptr;
   bool flushResidual_ = false;  // the key's last round: Exchange::flushResidual
+  const char* lane_ = "cpu";    // where the last encode or decode ran (trace lanes)
 };
 
 }  // namespace detail

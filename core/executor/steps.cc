@@ -146,9 +146,12 @@ std::string describeStep(const Step& s) {
 
 void Run::start(const float* in, float* out) {
   // Work in the output: no copy of the tensor beyond the input's.
+  lanes_.dev->bindThread();
   x_ = out;
-  if (in != out) std::copy_n(in, t_.n, out);
-  foldCarry(t_, x_);
+  if (in != out)
+    lanes_.dev->copy(out, in, t_.n * sizeof(float), device::CopyKind::kDeviceToDevice,
+                     *lanes_.compute);
+  foldCarry(lanes_, t_, x_, d_);
   r_ = Region{0, t_.n};
   step_ = 0;
   runSteps(Until::kBeforeComm);
@@ -156,8 +159,8 @@ void Run::start(const float* in, float* out) {
 
 void Run::scale(ReduceOp op) {
   const float scale = op == ReduceOp::kAverage ? 1.0f / float(topo_.size) : 1.0f;
-  if (scale != 1.0f)
-    for (uint64_t i = 0; i < t_.n; ++i) x_[i] *= scale;
+  if (scale != 1.0f) lanes_.dev->scale(x_, scale, t_.n, *lanes_.compute);
+  settle("the result");
 }
 
 void Run::runSteps(Until until) {
@@ -172,11 +175,16 @@ void Run::runSteps(Until until) {
       const double start = tracer_ ? Tracer::now() : 0;
       // The members of each collective compare this (checkArguments): ranks
       // on different tensors, runs or steps fail naming each one's.
-      std::optional<collective::CallLabel> label;
-      if (comm && groups_ && groups_->world->checksArguments())
-        label.emplace(*groups_,
-                      fmt::format("tensor '{}' run {} step {} ({}){}", t_.name, t_.round, step_,
-                                  describeStep(s), t_.members.empty() ? "" : " of " + t_.members));
+      std::optional<collective::CallLabel> label, deviceLabel;
+      const collective::Groups* dg = lanes_.dev->groups();
+      if (comm && ((groups_ && groups_->world->checksArguments()) ||
+                   (dg && dg != groups_ && dg->world->checksArguments()))) {
+        const std::string text =
+            fmt::format("tensor '{}' run {} step {} ({}){}", t_.name, t_.round, step_,
+                        describeStep(s), t_.members.empty() ? "" : " of " + t_.members);
+        if (groups_) label.emplace(*groups_, text);
+        if (dg && dg != groups_) deviceLabel.emplace(*dg, text);
+      }
       if (prof_) {
         timedStep(s);
       } else {
@@ -198,7 +206,7 @@ void Run::record(const std::vector<Step>& steps, size_t i, double start) {
   std::string stage, lane;
   if (s.kind == StepKind::kEncode || s.kind == StepKind::kDecode) {
     stage = s.kind == StepKind::kEncode ? "encode" : "decode";
-    lane = "cpu";  // host buffers: the CPU twin runs, also for "gpu" steps
+    lane = lane_;  // where it ran: a "gpu" step on the host device runs the CPU twin
   } else if (s.op == CommOp::kPush) {
     const Step& pull = steps.at(i + 1);
     stage = fmt::format("inter push{}+pull{}", s.compressed ? "*" : "", pull.compressed ? "*" : "");
@@ -209,11 +217,6 @@ void Run::record(const std::vector<Step>& steps, size_t i, double start) {
     lane = s.scope == Scope::kIntra ? "intra" : "network";
   }
   tracer_->record(stage, t_.name, int64_t(t_.round), lane, start, Tracer::now());
-}
-
-float* Run::scratch(std::vector<float>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
 }
 
 uint64_t Run::bytesHeld(bool compressed) const {
@@ -256,15 +259,20 @@ void Run::timedStep(const Step& s) {
   }
 }
 
-Group Run::group(Scope s) const {
-  if (!groups_) return Group{};
+namespace {
+Group groupOf(const collective::Groups* groups, Scope s) {
+  if (!groups) return Group{};
   switch (s) {
-    case Scope::kFlat: return Group{groups_->world.get()};
-    case Scope::kIntra: return Group{groups_->intra.get()};
-    case Scope::kInter: return Group{groups_->inter.get()};
+    case Scope::kFlat: return Group{groups->world.get()};
+    case Scope::kIntra: return Group{groups->intra.get()};
+    case Scope::kInter: return Group{groups->inter.get()};
   }
   return Group{};
 }
+}  // namespace
+
+Group Run::group(Scope s) const { return groupOf(lanes_.dev->groups(), s); }
+Group Run::hostGroup(Scope s) const { return groupOf(groups_, s); }
 
 void Run::runStep(const Step& s) {
   if (s.kind == StepKind::kEncode) {
@@ -275,7 +283,8 @@ void Run::runStep(const Step& s) {
     if (active_) decode();
     return;
   }
-  Group g = group(s.scope);
+  Group g = group(s.scope);       // dense data, device memory
+  Group hg = hostGroup(s.scope);  // payload blobs, host memory
   if (s.op == CommOp::kPush) {
     replicas_ *= uint64_t(topo_.numMachines);  // every machine's pusher pulls the same sum
     if (active_) pushPull(s, t_.option.steps.at(step_ + 1));
@@ -289,20 +298,21 @@ void Run::runStep(const Step& s) {
       case CommOp::kReduceScatter: reduceScatter(g); break;
       case CommOp::kReduce:
         if (g.size() > 1) {
-          float* sum = scratch(t_.scratch1, r_.len);
+          float* sum = t_.scratch1.floats(r_.len);
+          settle("the data before a reduce");
           g.c->reduce(x_ + r_.off, sum, r_.len, DType::kFloat32, 0, d_);
-          if (g.rank() == 0) std::copy_n(sum, r_.len, x_ + r_.off);
+          if (g.rank() == 0) copyOnDevice(x_ + r_.off, sum, r_.len);
         }
         active_ = g.rank() == 0;
         break;
-      case CommOp::kAlltoall: alltoall(g); break;
+      case CommOp::kAlltoall: alltoall(hg); break;
       case CommOp::kGather: {
-        if (g.size() > 1) {
-          auto blobs = gatherBlob(g, pack(segs_), d_);
+        if (hg.size() > 1) {
+          auto blobs = gatherBlob(hg, pack(segs_), d_);
           segs_.clear();
           for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
         }
-        active_ = g.rank() == 0;
+        active_ = hg.rank() == 0;
         break;
       }
       default: break;
@@ -316,10 +326,12 @@ void Run::runStep(const Step& s) {
     replicas_ *= uint64_t(g.size());  // allreduce, compressed allgather
     if (!active_) return;
     if (s.op == CommOp::kAllreduce) {
-      if (g.size() > 1)
+      if (g.size() > 1) {
+        settle("the data before an allreduce");
         g.c->allreduce(x_ + r_.off, x_ + r_.off, r_.len, DType::kFloat32, d_);
+      }
     } else {  // compressed allgather
-      allgatherSegs(g);
+      allgatherSegs(hg);
     }
     return;
   }
@@ -329,18 +341,19 @@ void Run::runStep(const Step& s) {
   if (!f.active) return;  // this rank sat the whole pair out
   if (s.op == CommOp::kAllgather) {
     if (s.compressed) {
-      allgatherSegs(g);
+      allgatherSegs(hg);
     } else {
       allgatherRaw(g, f.parent);
     }
     r_ = f.parent;
   } else {  // broadcast from the root of the pair
-    if (s.compressed && g.size() > 1) {
+    if (s.compressed && hg.size() > 1) {
       Blob b = active_ ? pack(segs_) : Blob{};
-      broadcastBlob(g, b, d_);
+      broadcastBlob(hg, b, d_);
       segs_.clear();
       unpackInto(b.data(), b.size(), segs_, t_.n);
-    } else if (g.size() > 1) {
+    } else if (!s.compressed && g.size() > 1) {
+      settle("the data before a broadcast");
       g.c->broadcast(x_ + f.parent.off, f.parent.len, DType::kFloat32, 0, d_);
     }
     r_ = f.parent;
@@ -353,12 +366,13 @@ void Run::reduceScatter(Group g) {
   const Region mine = block(r_, n, g.rank());
   if (n > 1) {
     const uint64_t b = blockSize(r_, n);
-    float* padded = scratch(t_.scratch1, b * n);
-    float* recv = scratch(t_.scratch2, b);
-    std::copy_n(x_ + r_.off, r_.len, padded);
-    std::fill(padded + r_.len, padded + b * n, 0.0f);
+    float* padded = t_.scratch1.floats(b * n);
+    float* recv = t_.scratch2.floats(b);
+    copyOnDevice(padded, x_ + r_.off, r_.len);
+    lanes_.dev->fill(padded + r_.len, 0.0f, b * n - r_.len, *lanes_.compute);
+    settle("the data before a reduce-scatter");
     g.c->reduceScatter(padded, recv, b, DType::kFloat32, d_);
-    std::copy_n(recv, mine.len, x_ + mine.off);
+    copyOnDevice(x_ + mine.off, recv, mine.len);
   }
   r_ = mine;
 }
@@ -367,12 +381,13 @@ void Run::allgatherRaw(Group g, const Region& parent) {
   const int n = g.size();
   if (n == 1) return;
   const uint64_t b = blockSize(parent, n);
-  float* send = scratch(t_.scratch2, b);
-  float* recv = scratch(t_.scratch1, b * n);
-  std::copy_n(x_ + r_.off, r_.len, send);
-  std::fill(send + r_.len, send + b, 0.0f);
+  float* send = t_.scratch2.floats(b);
+  float* recv = t_.scratch1.floats(b * n);
+  copyOnDevice(send, x_ + r_.off, r_.len);
+  lanes_.dev->fill(send + r_.len, 0.0f, b - r_.len, *lanes_.compute);
+  settle("the data before an allgather");
   g.c->allgather(send, b, recv, DType::kFloat32, d_);
-  std::copy_n(recv, parent.len, x_ + parent.off);
+  copyOnDevice(x_ + parent.off, recv, parent.len);
 }
 
 void Run::allgatherSegs(Group g) {
@@ -420,51 +435,181 @@ uint64_t Run::seed(uint64_t piece) const {
   return compressor::format::hash2(s, uint64_t(topo_.rank) + 1);
 }
 
+bool Run::onDevice() const {
+  const Step& s = t_.option.steps.at(step_);
+  // The host device's memory is the CPU's: every step runs there as placed
+  // on "gpu" (the CPU twin, no copy); a "cpu" step still takes its copy
+  // stage, so that CPU-only runs exercise the copies and their ordering.
+  return s.device == plan::Device::kGpu && t_.deviceCodec != nullptr;
+}
+
+namespace {
+// Payloads in one device buffer: each at a 16-byte aligned offset (the CUDA
+// codecs read 4-byte words).
+size_t alignUp(size_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
 void Run::encode() {
+  const bool dev = onDevice();
+  lane_ = dev ? lanes_.dev->lane() : "cpu";
   auto& ef = t_.ef[step_];
-  if (!ef) ef = std::make_unique<compressor::ErrorFeedback>(t_.codec);
+  if (!ef)
+    ef = dev ? lanes_.dev->errorFeedback(t_.deviceCodec) : device::hostErrorFeedback(t_.codec);
   segs_.clear();
   std::vector<uint64_t> cuts{r_.off};
   for (auto it = t_.cuts.upper_bound(r_.off); it != t_.cuts.end() && *it < r_.end(); ++it)
     cuts.push_back(*it);
   cuts.push_back(r_.end());
+  // On the CPU: the region in pinned memory first (a copy stage of its own).
+  const float* host = dev ? nullptr : lanes_.toHost(t_, x_ + r_.off, r_.len, d_);
+  std::vector<size_t> at;  // each piece's offset in the device payload buffer
+  size_t total = 0;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     Seg s;
     s.off = cuts[i];
     s.count = cuts[i + 1] - cuts[i];
     if (s.count == 0) continue;
     s.bytes.resize(ef->payloadBytes(s.count));
+    at.push_back(total);
+    total += alignUp(s.bytes.size());
+    segs_.push_back(std::move(s));
+  }
+  std::byte* payloads = dev ? t_.payloads.bytes(total) : nullptr;
+  for (size_t k = 0; k < segs_.size(); ++k) {
+    Seg& s = segs_[k];
     t_.efPieces[step_][s.off] = s.count;
     t_.efReplicas[step_] = replicas_;
     compressor::EncodeContext ctx;
     ctx.seed = seed(s.off);
-    ef->encode(s.off, x_ + s.off, s.count, s.bytes, ctx);
-    segs_.push_back(std::move(s));
+    if (dev) {
+      ef->encode(s.off, x_ + s.off, s.count, std::span<std::byte>(payloads + at[k], s.bytes.size()),
+                 ctx, lanes_.compute);
+    } else {
+      ef->encode(s.off, host + (s.off - r_.off), s.count, s.bytes, ctx, nullptr);
+    }
   }
+  if (!dev || segs_.empty()) return;
+  // The payloads to pinned memory, then into the pieces (which the
+  // collectives and the servers take from host memory).
+  lanes_.bind(t_);
+  t_.copied->synchronize(d_, "the copy from pinned memory");
+  std::byte* pinned = t_.pinnedBytes.bytes(total);
+  t_.computed->record(*lanes_.compute);
+  lanes_.dev->wait(*lanes_.copy, *t_.computed);
+  lanes_.dev->copy(pinned, payloads, total, device::CopyKind::kDeviceToHost, *lanes_.copy);
+  t_.copied->record(*lanes_.copy);
+  t_.copied->synchronize(d_, "the payloads' copy to pinned memory");
+  for (size_t k = 0; k < segs_.size(); ++k)
+    std::copy_n(pinned + at[k], segs_[k].bytes.size(), segs_[k].bytes.data());
 }
 
-void Run::decode() {
-  std::fill_n(x_ + r_.off, r_.len, 0.0f);
+namespace {
+void checkInside(const Seg& s, const Region& r) {
+  CORTADO_ENFORCE(s.off >= r.off && s.off + s.count <= r.end(), ErrorCode::kInternal,
+                  "payload piece [{}, +{}) outside the data's region [{}, +{})", s.off, s.count,
+                  r.off, r.len);
+  CORTADO_ENFORCE(!s.dense || s.bytes.size() == s.count * sizeof(float), ErrorCode::kProtocol,
+                  "dense piece of {} bytes for {} elements", s.bytes.size(), s.count);
+}
+
+// The codec that decodes `s`: the tensor's, or the top-k form of the servers'
+// sparse sums.
+const compressor::Codec& decoderOf(const Seg& s, const compressor::CodecPtr& codec,
+                                   const compressor::CodecPtr& sparse, const std::string& spec) {
+  const compressor::PayloadHeader h = compressor::parseHeader(s.bytes);
+  if (h.codec == codec->id()) return *codec;
+  CORTADO_ENFORCE(h.codec == compressor::CodecId::kTopK && sparse, ErrorCode::kProtocol,
+                  "a {} payload for a tensor compressed with '{}'",
+                  compressor::codecIdName(h.codec), spec);
+  return *sparse;
+}
+}  // namespace
+
+void Run::decodeOnHost() {
+  // In pinned memory, then copied to the region (a copy stage of its own).
+  float* h = lanes_.hostStaging(t_, r_.len, d_);
+  std::fill_n(h, r_.len, 0.0f);
   for (const Seg& s : segs_) {
-    CORTADO_ENFORCE(s.off >= r_.off && s.off + s.count <= r_.end(), ErrorCode::kInternal,
-                    "payload piece [{}, +{}) outside the data's region [{}, +{})", s.off,
-                    s.count, r_.off, r_.len);
-    float* dst = x_ + s.off;
+    checkInside(s, r_);
+    float* dst = h + (s.off - r_.off);
     if (s.dense) {
-      CORTADO_ENFORCE(s.bytes.size() == s.count * sizeof(float), ErrorCode::kProtocol,
-                      "dense piece of {} bytes for {} elements", s.bytes.size(), s.count);
       const float* src = reinterpret_cast<const float*>(s.bytes.data());
       for (uint64_t i = 0; i < s.count; ++i) dst[i] += src[i];
       continue;
     }
-    const compressor::PayloadHeader h = compressor::parseHeader(s.bytes);
-    const compressor::Codec* dec = nullptr;
-    if (h.codec == t_.codec->id()) dec = t_.codec.get();
-    else if (h.codec == compressor::CodecId::kTopK && t_.sparseDecoder) dec = t_.sparseDecoder.get();
-    CORTADO_ENFORCE(dec != nullptr, ErrorCode::kProtocol,
-                    "a {} payload for a tensor compressed with '{}'",
-                    compressor::codecIdName(h.codec), t_.codecSpec);
-    dec->decompressAdd(s.bytes, dst, s.count);
+    decoderOf(s, t_.codec, t_.sparseDecoder, t_.codecSpec).decompressAdd(s.bytes, dst, s.count);
+  }
+  lanes_.toDevice(t_, x_ + r_.off, r_.len);
+}
+
+void Run::addDenseOnDevice() {
+  uint64_t dense = 0;
+  for (const Seg& s : segs_) dense += s.dense ? s.count : 0;
+  if (dense == 0) return;
+  float* h = lanes_.hostStaging(t_, dense, d_);
+  uint64_t at = 0;
+  for (const Seg& s : segs_) {
+    if (!s.dense) continue;
+    std::copy_n(reinterpret_cast<const float*>(s.bytes.data()), s.count, h + at);
+    at += s.count;
+  }
+  float* src = t_.scratch2.floats(dense);
+  lanes_.toDevice(t_, src, dense);
+  at = 0;
+  for (const Seg& s : segs_) {
+    if (!s.dense) continue;
+    lanes_.dev->add(x_ + s.off, src + at, s.count, *lanes_.compute);
+    at += s.count;
+  }
+}
+
+void Run::decode() {
+  for (const Seg& s : segs_) checkInside(s, r_);
+  if (!onDevice()) {
+    lane_ = "cpu";
+    decodeOnHost();
+    segs_.clear();
+    return;
+  }
+  lane_ = lanes_.dev->lane();
+  // Every payload checked on the host before anything is written (the
+  // device codecs check again on the device).
+  std::vector<const compressor::Codec*> decs;
+  size_t total = 0;
+  for (const Seg& s : segs_) {
+    if (s.dense) continue;
+    decoderOf(s, t_.codec, t_.sparseDecoder, t_.codecSpec);
+    decs.push_back(&decoderOf(s, t_.deviceCodec, t_.deviceSparseDecoder, t_.codecSpec));
+    total += alignUp(s.bytes.size());
+  }
+  lanes_.dev->fill(x_ + r_.off, 0.0f, r_.len, *lanes_.compute);
+  addDenseOnDevice();
+  if (total > 0) {
+    lanes_.bind(t_);
+    t_.copied->synchronize(d_, "the copy from pinned memory");
+    std::byte* pinned = t_.pinnedBytes.bytes(total);
+    std::byte* payloads = t_.payloads.bytes(total);
+    std::vector<size_t> at;
+    size_t off = 0;
+    for (const Seg& s : segs_) {
+      if (s.dense) continue;
+      std::copy_n(s.bytes.data(), s.bytes.size(), pinned + off);
+      at.push_back(off);
+      off += alignUp(s.bytes.size());
+    }
+    t_.computed->record(*lanes_.compute);
+    lanes_.dev->wait(*lanes_.copy, *t_.computed);
+    lanes_.dev->copy(payloads, pinned, total, device::CopyKind::kHostToDevice, *lanes_.copy);
+    t_.copied->record(*lanes_.copy);
+    lanes_.dev->wait(*lanes_.compute, *t_.copied);
+    size_t k = 0;
+    for (const Seg& s : segs_) {
+      if (s.dense) continue;
+      lanes_.dev->decompressAdd(*decs[k],
+                                std::span<const std::byte>(payloads + at[k], s.bytes.size()),
+                                x_ + s.off, s.count, *lanes_.compute);
+      ++k;
+    }
   }
   segs_.clear();
 }
@@ -492,16 +637,18 @@ void Run::pushPull(const Step& push, const Step& pull) {
       ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
     }
   } else {
-    ex.rawInput = x_ + r_.off;
+    // From pinned memory: the region copied there first.
+    ex.rawInput = lanes_.toHost(t_, x_ + r_.off, r_.len, d_);
   }
   auto answersOwned = std::make_shared<std::vector<ExchangeAnswer>>();
   auto& answers = *answersOwned;
   if (pull.compressed) {
     ex.answers = answersOwned;
   } else {
-    // In place, as pushPull allows: the answer comes only after the servers
-    // have every push of the round, ours included.
-    ex.rawOutput = x_ + r_.off;
+    // In place in pinned memory, as pushPull allows (the answer comes only
+    // after the servers have every push of the round, ours included), then
+    // copied back to the region.
+    ex.rawOutput = lanes_.hostStaging(t_, r_.len, d_);
   }
   ex.flushResidual = flushResidual_;
   Handle h = worker_.exchange(key, std::move(ex), 0);
@@ -516,6 +663,7 @@ void Run::pushPull(const Step& push, const Step& pull) {
     throw Error(why.code(), why.message());
   }
   if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
+  if (!pull.compressed) lanes_.toDevice(t_, x_ + r_.off, r_.len);
   segs_.clear();
   if (pull.compressed) {
     for (size_t i = 0; i < chunks.size(); ++i) {

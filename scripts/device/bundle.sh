@@ -5,8 +5,8 @@
 # libraries they link that such a machine lacks, and Debian 12's OpenMPI and
 # iproute2 packages (unpacked there by setup.sh). The bundle goes to DEST
 # (default .devrun, git-ignored through .git/info/exclude); pass it to the
-# device tool's `carry`, then run scripts/device/gpu_checks.sh or
-# scripts/device/model_replay.sh there (docs/benchmarks.md, "the lent GPU
+# device tool's `carry`, then run scripts/device/gpu_checks.sh,
+# scripts/device/exec_checks.sh or scripts/device/model_replay.sh there (docs/benchmarks.md, "the lent GPU
 # machine").
 #
 #   scripts/device/bundle.sh [BUILD_DIR] [DEST]
@@ -17,7 +17,8 @@ dest=${2:-$root/.devrun}
 mkdir -p "$dest"/{bin,lib,debs}
 grep -qx '/.devrun/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devrun/' >>"$root/.git/info/exclude"
 bins=("$build/launcher/cortado" "$build/tests/collective/collective_test"
-      "$build/tests/compressor/cortado_compressor_cuda_test" "$build/bench/codec/cortado_cuda_codec_bench")
+      "$build/tests/compressor/cortado_compressor_cuda_test" "$build/bench/codec/cortado_cuda_codec_bench"
+      "$build/tests/device/cortado_device_cuda_test" "$build/tests/multiprocess/exec_check")
 for b in "${bins[@]}"; do
   [[ -x $b ]] || { echo "bundle.sh: $b is not built (the CUDA ones need nvcc)" >&2; exit 2; }
   cp "$b" "$dest/bin/"

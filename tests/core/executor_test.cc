@@ -7,6 +7,7 @@
 #include <future>
 
 #include "core/common/half.h"
+#include "core/device/host/factory.h"
 #include "core/executor/executor.h"
 #include "engine_job.h"
 
@@ -92,6 +93,10 @@ TEST(Executor, ASwitchReleasesTheOldPlansKeysOnTheServers) {
 // fp16 with error feedback at the encode before a compressed push, the
 // servers answering the dense sum: each round's output must be the sum over
 // workers of fp16(g + e), with e replayed here per worker by plain loops.
+// The encode placed on "gpu" (the host device's codec on its memory) and on
+// "cpu" (a copy to pinned memory first), with the host device's streams
+// inline and queued on threads of their own (work after the call returns, as
+// on a GPU): the same sums, each matching a replay with plain loops.
 TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
   const int W = 3;
   test::Job job(W, 2, smallChunks());
@@ -100,12 +105,24 @@ TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
   o.hierarchical = true;
   o.codec = "fp16";
   o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-             Step::encode(plan::Device::kGpu),  // a host buffer: runs the CPU twin
+             Step::encode(plan::Device::kGpu),  // set per case below
              Step::comm(Scope::kInter, CommOp::kPush, true),
              Step::comm(Scope::kInter, CommOp::kPull, false),
              Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  struct Case {
+    const char* name;
+    plan::Device where;
+    bool queued;
+  };
+  const Case cases[] = {{"gpu_inline", plan::Device::kGpu, false},
+                        {"cpu_inline", plan::Device::kCpu, false},
+                        {"gpu_queued", plan::Device::kGpu, true},
+                        {"cpu_queued", plan::Device::kCpu, true}};
   plan::Plan p;
-  p.tensors["g"] = o;
+  for (const Case& c : cases) {
+    o.steps[1] = Step::encode(c.where);
+    p.tensors[c.name] = o;
+  }
   // Inputs in [0.5, 8): fp16 values there sum exactly in fp32 in any order.
   auto input = [](int r, int iter, uint64_t i) {
     return 0.5f + 7.4f * float((r * 131 + iter * 17 + i * 29) % 1000) / 1000.0f + 1e-4f * float(i % 3);
@@ -121,14 +138,21 @@ TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
         expect[iter][i] += sent;
       }
   job.onEveryWorker([&](int r) {
-    executor::Executor ex(*job.workers[r], nullptr);
-    ex.declare("g", DType::kFloat32, n);
-    ex.setPlan(p, soon());
-    for (int iter = 0; iter < 5; ++iter) {
-      std::vector<float> in(n), out(n);
-      for (uint64_t i = 0; i < n; ++i) in[i] = input(r, iter, i);
-      ex.run("g", in.data(), out.data(), n, ReduceOp::kSum, soon());
-      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], expect[iter][i]) << "iter " << iter << " i " << i;
+    for (const Case& c : cases) {
+      device::host::Options d;
+      d.queued = c.queued;
+      executor::Executor ex(*job.workers[r], nullptr, nullptr, {}, device::host::create(d));
+      ex.declare(c.name, DType::kFloat32, n);  // a tensor (and server key) per case
+      plan::Plan mine;
+      mine.tensors[c.name] = p.tensors.at(c.name);
+      ex.setPlan(mine, soon());
+      for (int iter = 0; iter < 5; ++iter) {
+        std::vector<float> in(n), out(n);
+        for (uint64_t i = 0; i < n; ++i) in[i] = input(r, iter, i);
+        ex.run(c.name, in.data(), out.data(), n, ReduceOp::kSum, soon());
+        for (uint64_t i = 0; i < n; ++i)
+          ASSERT_EQ(out[i], expect[iter][i]) << c.name << " iter " << iter << " i " << i;
+      }
     }
   });
 }

@@ -90,12 +90,20 @@
 //                  the other option's tensors kept apart.
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
+//   --queued-streams  the host device with a thread per stream (its work runs
+//                  after the call returns, as on a GPU): the executor's event
+//                  waits must order every copy, or the sums come out wrong.
+// The executor runs on the device CORTADO_DEVICE names (host by default;
+// cuda on a GPU machine, scripts/device/exec_checks.sh): its host vectors are
+// mirrored in device memory there (exec_check_device.cc).
 #include "tests/multiprocess/exec_check.h"
 
 #include <CLI/CLI.hpp>
 
 
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <algorithm>
 #include <chrono>
@@ -109,6 +117,7 @@
 #include "core/collective/mpi/factory.h"
 #include "core/common/crash.h"
 #include "core/common/logging.h"
+#include "core/device/host/factory.h"
 #include "core/executor/executor.h"
 #include "core/plan/profile_report.h"
 #include <nlohmann/json.hpp>
@@ -118,6 +127,7 @@ namespace exec_check {
 
 const std::chrono::steady_clock::time_point kProgramStart = std::chrono::steady_clock::now();
 int failures = 0;
+bool mirrorAlways = false;
 
 void fail(const std::string& what) {
   ++failures;
@@ -232,21 +242,21 @@ void Check::runErrors() {
     ex2.declare("a", DType::kFloat32, n);
     std::vector<float> in(n), out(n);
     expectThrow("CORTADO_PLAN file naming another tensor", "'fc9'", [&] {
-      ex2.run("a", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      runOn(ex2, "a", in.data(), out.data(), n, ReduceOp::kSum, deadline);
     });
     std::remove(path.c_str());
   }
   std::vector<float> in(n), out(n);
   expectThrow("size mismatch", "declared with", [&] {
-    ex.run("a", in.data(), out.data(), n + 1, ReduceOp::kSum, deadline);
+    runOn(ex, "a", in.data(), out.data(), n + 1, ReduceOp::kSum, deadline);
   });
   expectThrow("undeclared tensor", "never declared", [&] {
-    ex.run("zz", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+    runOn(ex, "zz", in.data(), out.data(), n, ReduceOp::kSum, deadline);
   });
   // The default plan (no plan set) still runs and sums exactly.
   for (int iter = 0; iter < 2; ++iter) {
     for (uint64_t i = 0; i < n; ++i) in[i] = exactInput(me, 0, iter, i);
-    ex.run("a", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+    runOn(ex, "a", in.data(), out.data(), n, ReduceOp::kSum, deadline);
     for (uint64_t i = 0; i < n; ++i) {
       float ref = 0;
       for (int w = 0; w < W; ++w) ref += exactInput(w, 0, iter, i);
@@ -282,13 +292,13 @@ void Check::runErrors() {
     const char* mine = me == 0 ? "a" : "b";
     expectThrow("workers on different tensors",
                 "every worker must run the same tensors in the same order",
-                [&] { ex.run(mine, in.data(), out.data(), n, ReduceOp::kSum, deadline); });
+                [&] { runOn(ex, mine, in.data(), out.data(), n, ReduceOp::kSum, deadline); });
     expectThrow("workers on different tensors (names)",
                 "rank 0: tensor 'a' run 2 step 0 (flat allreduce), rank 1: tensor 'b' run 0",
-                [&] { ex.run(mine, in.data(), out.data(), n, ReduceOp::kSum, deadline); });
+                [&] { runOn(ex, mine, in.data(), out.data(), n, ReduceOp::kSum, deadline); });
     if (in != keep) fail("workers on different tensors: the refused run changed its input");
     for (const char* name : {"a", "b"}) {
-      ex.run(name, in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      runOn(ex, name, in.data(), out.data(), n, ReduceOp::kSum, deadline);
       expectExact(fmt::format("after the refusal, tensor {}", name), out);
     }
     // The same in a fused batch: rank 0 fuses a, b, c, the others a, d, c
@@ -309,9 +319,9 @@ void Check::runErrors() {
     const auto mixed = batchOf(me == 0 ? "b" : "d");
     expectThrow("fused groups with other members",
                 "rank 0: tensor 'fused3:a..c' run 3 step 0 (flat allreduce) of a#3, b#1, c#0",
-                [&] { ex.runBatch(mixed, ReduceOp::kSum, deadline); });
+                [&] { runBatchOn(ex, mixed, ReduceOp::kSum, deadline); });
     const auto same = batchOf("b");
-    ex.runBatch(same, ReduceOp::kSum, deadline);
+    runBatchOn(ex, same, ReduceOp::kSum, deadline);
     for (size_t k = 0; k < 3; ++k)
       expectExact(fmt::format("after the refused batch, item {}", k), outs[k]);
     // Workers that set different plans (rank 0 has b on push/pull) are
@@ -322,7 +332,7 @@ void Check::runErrors() {
     expectThrow("workers setting different plans", "every worker must set the same plan",
                 [&] { ex.setPlan(me == 0 ? other : q, deadline); });
     ex.setPlan(q, deadline);
-    ex.run("b", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+    runOn(ex, "b", in.data(), out.data(), n, ReduceOp::kSum, deadline);
     expectExact("after the refused plan", out);
     std::printf("workers on different tensors: %s\n", failures ? "FAILED" : "refused, then exact");
   }
@@ -372,7 +382,7 @@ void Check::runSweep() {
         ref[i] = float(r);
       }
       try {
-        ex.run(fmt::format("opt{}", o), in.data(), out.data(), n, ReduceOp::kSum, opDeadline());
+        runOn(ex, fmt::format("opt{}", o), in.data(), out.data(), n, ReduceOp::kSum, opDeadline());
       } catch (const Error& e) {
         fail(e.what());
         continue;
@@ -410,6 +420,29 @@ using namespace exec_check;
 
 int runCheck(int argc, char** argv);
 
+namespace {
+// NCCL refuses two ranks of one machine on one GPU; where the ranks here
+// outnumber the GPUs (4 ranks on the one GPU of a lent machine), every rank
+// is a machine of its own to NCCL (NCCL_HOSTID), connected over loopback,
+// as the collective suite does (tests/collective/nccl_test.cc). The
+// emulated machines of CORTADO_FAKE_HOST_SIZE stay the executor's topology.
+void shareGpusAsMachines(collective::mpi::Runtime& mpi) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranksHere = local ? std::atoi(local) : 1;
+  const int gpus = cudaDeviceCount();
+  if (ranksHere > gpus && gpus > 0 && !std::getenv("NCCL_HOSTID")) {
+    const std::string id = "cortado-exec-rank-" + std::to_string(mpi.worldRank());
+    setenv("NCCL_HOSTID", id.c_str(), 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    if (mpi.worldRank() == 0)
+      std::fprintf(stderr,
+                   "exec_check: %d ranks share %d GPU(s): each rank is its own machine to NCCL "
+                   "(NCCL_HOSTID), over loopback sockets\n",
+                   ranksHere, gpus);
+  }
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   installCrashReport("exec_check worker");
   try {
@@ -426,7 +459,12 @@ int runCheck(int argc, char** argv) {
   int shard = 0, shards = 1, iters = 2, stride = 1;
   uint64_t n = 11;
   double bound = 0;
-  bool noMpi = false;
+  bool noMpi = false, queuedStreams = false;
+  app.add_flag("--queued-streams", queuedStreams,
+               "on the host device, run each stream's work on a thread of its own (after the "
+               "call returns, as a GPU does), so that missing event waits give wrong sums");
+  app.add_flag("--mirror", mirrorAlways,
+               "mirror the buffers in device memory also on the host device (as on CUDA)");
   app.add_option("--mode", mode)
       ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
                              "phased", "groups", "search"}));
@@ -468,7 +506,18 @@ int runCheck(int argc, char** argv) {
   }
   JobConfig job = readJobConfig(true, base);
   auto worker = startWorker(job, deadline);
-  executor::Executor ex(*worker, noMpi ? nullptr : &groups, nullptr, job.planFile);
+  if (job.device == "cuda" && mpi) shareGpusAsMachines(*mpi);
+  std::shared_ptr<device::Device> dev;
+  if (queuedStreams && job.device == "host") {
+    device::host::Options o;
+    o.queued = true;
+    o.groups = noMpi ? nullptr : &groups;
+    dev = device::host::create(o);
+  } else {
+    dev = makeDevice(job, noMpi ? nullptr : &groups, nullptr, deadline);
+  }
+  executor::Executor ex(*worker, noMpi ? nullptr : &groups, nullptr, job.planFile, dev);
+  if (ex.topology().rank == 0) std::printf("device: %s\n", dev->name().c_str());
   const auto& topo = ex.topology();
   const int W = topo.size;
   const int me = topo.rank;

@@ -92,6 +92,20 @@ float lossyInput(int rank, size_t option, int iter, uint64_t i);
 double derivedBound(const plan::TensorOption& o, const std::string& codec, int W,
                     int serverKeys = 1);
 
+// Executor::runBatch and run on host vectors, whatever the executor's device:
+// on the host device straight through; on another (CORTADO_DEVICE=cuda) the
+// buffers are mirrored in device memory first, each run of touching or
+// overlapping host buffers as one device allocation (so that aliasing and
+// consecutive outputs stay as they were), and the outputs copied back.
+// Items the executor will refuse (undeclared, another size) go through
+// untouched, so its errors are the same.
+// --mirror: mirror on the host device too (to check the mirroring here).
+extern bool mirrorAlways;
+void runBatchOn(executor::Executor& ex, std::span<const executor::BatchItem> items, ReduceOp op,
+                Deadline deadline);
+void runOn(executor::Executor& ex, const std::string& name, const float* in, float* out,
+           uint64_t n, ReduceOp op, Deadline deadline);
+
 template <typename F>
 void expectThrow(const std::string& what, const std::string& needle, F f) {
   try {

@@ -98,7 +98,7 @@ void Check::runFusion() {
         batch.push_back({t.name, in[k].data(), o, t.len});
       }
       try {
-        ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+        runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
       } catch (const Error& e) {
         fail(fmt::format("{}: {}", c.what, e.what()));
         continue;
@@ -127,7 +127,7 @@ void Check::runFusion() {
     ex.beginIteration(iteration, opDeadline());
     for (size_t j = 0; j < ts.size(); ++j) {
       for (uint64_t i = 0; i < ts[j].len; ++i) in[j][i] = exactInput(me, ts[j].seed, int(iteration), i);
-      ex.run(ts[j].name, in[j].data(), out[j].data(), ts[j].len, ReduceOp::kSum, opDeadline());
+      runOn(ex, ts[j].name, in[j].data(), out[j].data(), ts[j].len, ReduceOp::kSum, opDeadline());
     }
   }
   if (ex.lastReport()->fusionBytes != 0)
@@ -138,7 +138,7 @@ void Check::runFusion() {
   std::vector<executor::BatchItem> bad{{ts[0].name, x.data(), x.data(), ts[0].len},
                                        {"nope", x.data(), x.data(), n}};
   expectThrow("runBatch with an undeclared tensor", "'nope'",
-              [&] { ex.runBatch(bad, ReduceOp::kSum, opDeadline()); });
+              [&] { runBatchOn(ex, bad, ReduceOp::kSum, opDeadline()); });
   if (x[0] != 1.0f) fail("the refused batch ran its first item");
 }
 
@@ -165,7 +165,7 @@ void Check::runPipeline() {
     const auto batch = exactBatch(t, order, me, iter, in, out);
     const uint64_t before = ex.pipelinedStarts();
     try {
-      ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+      runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
     } catch (const Error& e) {
       fail(fmt::format("pipeline, iteration {}: {}", iter, e.what()));
       continue;
@@ -210,7 +210,7 @@ void Check::runPhased() {
       const auto batch = exactBatch(t, order, me, iter, in, out);
       const uint64_t before = ex.phasedSteps();
       try {
-        ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+        runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
       } catch (const Error& e) {
         fail(fmt::format("phased, phases of {} bytes, iteration {}: {}", size, iter, e.what()));
         continue;

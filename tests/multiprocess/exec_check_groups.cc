@@ -158,7 +158,7 @@ void Check::runGroups() {
       std::vector<executor::BatchItem> batch;
       for (size_t k : b) batch.push_back({names[k], inAt[k], outAt[k], lens[k]});
       try {
-        ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+        runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
       } catch (const Error& e) {
         fail(fmt::format("groups, iteration {} ({}): {}", iter, patternName(pat), e.what()));
         return;
@@ -268,7 +268,7 @@ void Check::runSearch() {
       batch.push_back({names[k], in[k].data(), in[k].data(), lens[k]});
     }
     try {
-      ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()));
+      runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
     } catch (const Error& e) {
       fail(fmt::format("search, iteration {}: {}", iter, e.what()));
       return;

@@ -85,7 +85,7 @@ void Check::runSwitch() {
       for (uint64_t i = 0; i < len; ++i)
         in[i] = exact ? exactInput(me, j, iter, i) : lossyInput(me, j, iter, i);
       try {
-        ex.run(fmt::format("t{}", j), in.data(), out.data(), len, ReduceOp::kSum, deadline);
+        runOn(ex, fmt::format("t{}", j), in.data(), out.data(), len, ReduceOp::kSum, deadline);
       } catch (const Error& e) {
         fail(e.what());
         continue;
@@ -182,12 +182,12 @@ void Check::runSwitch() {
   {
     std::vector<float> in(n), out(n);
     for (uint64_t i = 0; i < n; ++i) in[i] = exactInput(me, 0, 0, i);
-    for (int k = 0; k < 2; ++k) ex.run("t0", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+    for (int k = 0; k < 2; ++k) runOn(ex, "t0", in.data(), out.data(), n, ReduceOp::kSum, deadline);
     ex.setOnline(on);
     const uint64_t resume = ex.iteration() + 1;
     for (uint64_t it = resume; it <= resume + 3; ++it) {
       ex.beginIteration(it, deadline);
-      if (it < resume + 3) ex.run("t0", in.data(), out.data(), n, ReduceOp::kSum, deadline);
+      if (it < resume + 3) runOn(ex, "t0", in.data(), out.data(), n, ReduceOp::kSum, deadline);
     }
     const auto& again = ex.lastReport();
     if (!again || again->endIteration == lastWindowEnd)
@@ -268,7 +268,7 @@ void Check::runReplan() {
         batchItems.push_back({fmt::format("g{}", t), bin[t].data(), bout[t].data(), len});
       }
       try {
-        ex.runBatch(batchItems, ReduceOp::kSum, itDeadline);
+        runBatchOn(ex, batchItems, ReduceOp::kSum, itDeadline);
       } catch (const Error& e) {
         fail(fmt::format("iteration {}, batch (plan version {}): {}", iter, version, e.what()));
         batchFailed = true;
@@ -281,7 +281,7 @@ void Check::runReplan() {
       } else {
         for (uint64_t i = 0; i < len; ++i) in[i] = exactInput(me, size_t(t), iter, i);
         try {
-          ex.run(fmt::format("g{}", t), in.data(), out.data(), len, ReduceOp::kSum, itDeadline);
+          runOn(ex, fmt::format("g{}", t), in.data(), out.data(), len, ReduceOp::kSum, itDeadline);
         } catch (const Error& e) {
           fail(fmt::format("iteration {}, tensor g{} (plan version {}): {}", iter, t, version, e.what()));
           continue;
