@@ -181,7 +181,7 @@ void WorkerImpl::decodeSparseAnswer(const TensorEntry& t, Task& task, size_t chu
   uint64_t nonzeros = 0;
   try {
     // Checked whole before anything is written.
-    zen::decodeBitmap(payload, t.zen->ownership(), p, t.zen->of(p), [&](uint32_t i, float v) {
+    zen::decodeAnswer(payload, t.zen->ownership(), p, t.zen->of(p), [&](uint32_t i, float v) {
       out[i] = task.op == ReduceOp::kAverage ? v * scale : v;
       ++nonzeros;
     });

@@ -224,7 +224,38 @@ void decodeImpl(std::span<const std::byte> payload, const Ownership& own, uint32
   }
 }
 
+template <typename Fn>
+void decodeAnswerImpl(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                      std::span<const uint32_t> list, Fn&& fn) {
+  const ZenHeader h = parseZenHeader(payload);
+  if (h.kind == Kind::kBitmap) return decodeImpl(payload, own, server, list, fn);
+  expectPartition(h, own, server);
+  const CooView v = parseCoo(payload);
+  // Check every index before calling fn once.
+  for (uint64_t i = 0; i < h.count; ++i) {
+    const uint32_t idx = v.indexAt(i);
+    CORTADO_ENFORCE(idx < own.numElements() && own.owner(idx) == server, ErrorCode::kProtocol,
+                    "sparse answer of server {}: pair #{} has index {}, which the server does not "
+                    "own",
+                    server, i, idx);
+    CORTADO_ENFORCE(i == 0 || v.indexAt(i - 1) < idx, ErrorCode::kProtocol,
+                    "sparse answer of server {}: index {} at pair #{} does not ascend", server, idx,
+                    i);
+  }
+  for (uint64_t i = 0; i < h.count; ++i) fn(v.indexAt(i), v.valueAt(i));
+}
+
 }  // namespace
+
+void decodeAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                  std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn) {
+  decodeAnswerImpl(payload, own, server, list, fn);
+}
+
+void decodeAnswerInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                      std::span<const uint32_t> list, float* dense) {
+  decodeAnswerImpl(payload, own, server, list, [dense](uint32_t i, float v) { dense[i] = v; });
+}
 
 void decodeBitmap(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                   std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn) {

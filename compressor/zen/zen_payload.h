@@ -3,7 +3,9 @@
 // pull is a hash bitmap, one bit per index of I_p (ascending, zen_hash.h)
 // set where the round's sum is non-zero, then those non-zero values in I_p
 // order. The bitmap costs |G| / 8 bytes over all servers whatever their
-// number, so it stays smaller than the dense sum up to very high densities.
+// number, so it stays smaller than the dense sum up to very high densities;
+// below about 1/32 density the sum's pairs are smaller, and a server answers
+// with those instead (decodeAnswer reads both).
 //
 // Both start with the same 48-byte little-endian header:
 //
@@ -99,6 +101,17 @@ std::vector<std::byte> encodeBitmap(const Ownership& own, uint32_t server,
 // ascending index order. Nothing is called for a malformed answer.
 void decodeBitmap(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                   std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn);
+// A server's answer in either form: the bitmap above, or, where that is
+// smaller (a sum denser than about 1/32 of I_p costs more as pairs), a COO
+// payload of the sum's non-zeros with indices ascending. For COO the indices
+// are checked: in range, owned by `server`, strictly ascending. fn(index,
+// value) is called for each non-zero in ascending order, nothing for a
+// malformed answer.
+void decodeAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                  std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn);
+void decodeAnswerInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                      std::span<const uint32_t> list, float* dense);
+
 // The same, writing dense[index] = value (other elements untouched).
 void decodeBitmapInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                       std::span<const uint32_t> list, float* dense);

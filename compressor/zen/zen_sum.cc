@@ -77,7 +77,7 @@ void ServerSum::densify() {
   pending_.clear();
 }
 
-std::vector<std::byte> ServerSum::answer() {
+std::vector<std::byte> ServerSum::answer(Form form) {
   std::vector<uint64_t> present((list_.size() + 63) / 64, 0);
   std::vector<float> values;
   if (dense_) {
@@ -109,6 +109,15 @@ std::vector<std::byte> ServerSum::answer() {
   }
   dense_ = false;
   pairs_ = 0;
+  if (form == Form::kSmaller &&
+      cooBytes(values.size()) < bitmapBytes(list_.size(), values.size())) {
+    std::vector<uint32_t> index;
+    index.reserve(values.size());
+    for (size_t w = 0; w < present.size(); ++w)
+      for (uint64_t b = present[w]; b; b &= b - 1)
+        index.push_back(list_[w * 64 + std::countr_zero(b)]);
+    return encodeCoo(own_, server_, index, values);
+  }
   return encodeBitmap(own_, server_, list_, present, values);
 }
 

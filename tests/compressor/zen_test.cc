@@ -68,7 +68,8 @@ Pairs drawPairs(uint64_t n, double density, double skew, uint64_t seed) {
 // pushes, servers' sums, bitmap answers decoded into each worker's output.
 // Returns worker 0's output and checks that every worker decodes the same.
 std::vector<float> zenRound(const Ownership& own, const std::vector<Pairs>& in,
-                            std::vector<ServerSum>& servers, ThreadPool* pool = nullptr) {
+                            std::vector<ServerSum>& servers, ThreadPool* pool = nullptr,
+                            ServerSum::Form form = ServerSum::Form::kSmaller) {
   const uint32_t S = own.numServers();
   for (size_t w = 0; w < in.size(); ++w) {
     PlacementOptions po;
@@ -82,8 +83,8 @@ std::vector<float> zenRound(const Ownership& own, const std::vector<Pairs>& in,
   IndexLists lists(own);
   std::vector<float> out(own.numElements(), 0.0f);
   for (uint32_t p = 0; p < S; ++p) {
-    auto answer = servers[p].answer();
-    decodeBitmapInto(answer, own, p, lists.of(p), out.data());
+    auto answer = servers[p].answer(form);
+    decodeAnswerInto(answer, own, p, lists.of(p), out.data());
   }
   return out;
 }
@@ -246,8 +247,11 @@ TEST_P(ZenSums, MatchTheDenseSum) {
   auto servers = makeServers(own);
   ThreadPool pool(2);
   const auto ref = denseSum(n, in);
-  for (int round = 0; round < 2; ++round) {  // the sums are cleared between rounds
-    auto got = zenRound(own, in, servers, round ? &pool : nullptr);
+  // The sums are cleared between rounds; round 1 answers as bitmaps
+  // whatever the density, round 0 in the smaller form.
+  for (int round = 0; round < 2; ++round) {
+    auto got = zenRound(own, in, servers, round ? &pool : nullptr,
+                        round ? ServerSum::Form::kBitmap : ServerSum::Form::kSmaller);
     ASSERT_EQ(got, ref) << "round " << round;
   }
 }
@@ -277,17 +281,17 @@ TEST(ZenServerSum, CancellationRoundsAndDensifying) {
   s.add(encodeCoo(own, 1, idx, std::vector<float>{-2, 1}));
   EXPECT_FALSE(s.densified());
   std::map<uint32_t, float> got;
-  decodeBitmap(s.answer(), own, 1, list, [&](uint32_t i, float v) { got[i] = v; });
+  decodeAnswer(s.answer(), own, 1, list, [&](uint32_t i, float v) { got[i] = v; });
   EXPECT_EQ(got, (std::map<uint32_t, float>{{list[1], 4.0f}}));
   std::vector<uint32_t> many(list.begin(), list.begin() + list.size() / 4);
   s.add(encodeCoo(own, 1, many, std::vector<float>(many.size(), 1.0f)));
   EXPECT_TRUE(s.densified());
   got.clear();
-  decodeBitmap(s.answer(), own, 1, list, [&](uint32_t i, float v) { got[i] = v; });
+  decodeAnswer(s.answer(), own, 1, list, [&](uint32_t i, float v) { got[i] = v; });
   EXPECT_EQ(got.size(), many.size());
   EXPECT_EQ(got[list[1]], 1.0f);  // not 5: round 2 started from zero
   got.clear();
-  decodeBitmap(s.answer(), own, 1, list, [&](uint32_t i, float v) { got[i] = v; });
+  decodeAnswer(s.answer(), own, 1, list, [&](uint32_t i, float v) { got[i] = v; });
   EXPECT_TRUE(got.empty());  // an empty round answers an empty bitmap
 }
 
@@ -424,7 +428,7 @@ TEST(ZenMalformed, PushesAreRefusedAndLeaveTheSum) {
   }
   // The sum is the first push's alone.
   std::map<uint32_t, float> got;
-  decodeBitmap(s.answer(), own, 2, list, [&](uint32_t i, float v) { got[i] = v; });
+  decodeAnswer(s.answer(), own, 2, list, [&](uint32_t i, float v) { got[i] = v; });
   EXPECT_EQ(got, (std::map<uint32_t, float>{{list[0], 1}, {list[5], 2}, {list[9], 3}}));
 }
 
@@ -467,6 +471,54 @@ TEST(ZenMalformed, BitmapAnswersAreRefused) {
     std::vector<std::byte> cut(good.begin(), good.begin() + k);
     EXPECT_THROW(decodeBitmapInto(cut, own, 1, list, out.data()), Error) << k;
   }
+}
+
+// Sparse sums answer with their pairs where those are smaller than the
+// bitmap (below about 1/32 of I_p), as bitmaps above; COO answers are
+// checked as strictly as bitmaps.
+TEST(ZenAnswer, SmallerFormAndMalformedPairAnswers) {
+  const uint64_t n = 64000;
+  Ownership own(n, 2, 3);
+  ServerSum s(own, 0);
+  auto list = s.list();
+  auto kindOf = [](const std::vector<std::byte>& p) { return parseZenHeader(p).kind; };
+  std::vector<uint32_t> few(list.begin(), list.begin() + 10),
+      many(list.begin(), list.begin() + list.size() / 8);
+  s.add(encodeCoo(own, 0, few, std::vector<float>(few.size(), 2.0f)));
+  auto sparseAnswer = s.answer();
+  EXPECT_EQ(kindOf(sparseAnswer), Kind::kCoo);
+  EXPECT_EQ(sparseAnswer.size(), cooBytes(10));
+  s.add(encodeCoo(own, 0, many, std::vector<float>(many.size(), 1.0f)));
+  auto denseAnswer = s.answer();
+  EXPECT_EQ(kindOf(denseAnswer), Kind::kBitmap);
+  std::vector<float> out(n, 0.0f);
+  decodeAnswerInto(sparseAnswer, own, 0, list, out.data());
+  for (uint32_t i : few) EXPECT_EQ(out[i], 2.0f);
+  EXPECT_EQ(std::count(out.begin(), out.end(), 2.0f), 10);
+
+  uint32_t notMine = 0;
+  while (own.owner(notMine) == 0) ++notMine;
+  auto answerOf = [&](std::vector<uint32_t> idx) {
+    return encodeCoo(own, 0, idx, std::vector<float>(idx.size(), 1.0f));
+  };
+  expectProtocol(
+      [&] {
+        decodeAnswerInto(answerOf({list[3], list[2]}), own, 0, list, out.data());
+      },
+      "does not ascend");
+  expectProtocol(
+      [&] {
+        decodeAnswerInto(answerOf({list[3], list[3]}), own, 0, list, out.data());
+      },
+      "does not ascend");
+  expectProtocol([&] { decodeAnswerInto(answerOf({notMine}), own, 0, list, out.data()); },
+                 "does not own");
+  expectProtocol([&] { decodeAnswerInto(answerOf({uint32_t(n)}), own, 0, list, out.data()); },
+                 "does not own");
+  expectProtocol([&] { decodeAnswerInto(sparseAnswer, own, 1, list, out.data()); },
+                 "expected server 1");
+  // Nothing was written by the refused answers.
+  EXPECT_EQ(std::count(out.begin(), out.end(), 1.0f), 0);
 }
 
 // The scheme choice on synthetic profiles: tensors that overlap much (the

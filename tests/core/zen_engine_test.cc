@@ -262,7 +262,7 @@ TEST_F(ServerSparse, MalformedPushesAreRefusedNamingTensorAndSender) {
   ASSERT_EQ(h.op, Op::kPullResponse);
   EXPECT_TRUE(h.flags & wire::kFlagSparse);
   std::map<uint32_t, float> got;
-  zen::decodeBitmap({reinterpret_cast<const std::byte*>(answer.data()), answer.size()}, own_, 0,
+  zen::decodeAnswer({reinterpret_cast<const std::byte*>(answer.data()), answer.size()}, own_, 0,
                     list, [&](uint32_t i, float v) { got[i] = v; });
   EXPECT_EQ(got, (std::map<uint32_t, float>{{list[0], 2}, {list[3], 4}, {list[4], 1}}));
   EXPECT_EQ(engine_->stats().errors, bads.size() + 2);
