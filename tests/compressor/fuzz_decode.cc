@@ -1,8 +1,9 @@
 // libFuzzer target: arbitrary bytes as a payload for every decoder entry
 // point. Input: byte 0 picks the codec (fuzz_specs.h) or, one past the
 // codecs, Zen's sparse payloads (a server's COO push check and sum, and a
-// worker's bitmap decode; compressor/zen/), the rest is the payload, copied into a buffer of exactly its size so that AddressSanitizer
-// catches any read past the end. A decoder may accept the input or throw
+// worker's answer decode; compressor/zen/); the rest is the payload, copied
+// into a buffer of exactly its size so that AddressSanitizer catches any
+// read past the end. A decoder may accept the input or throw
 // cortado::Error(kProtocol); anything else (a crash, another exception, an
 // ASan report) is a bug.
 #include <cstdint>
