@@ -3,10 +3,34 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
+
+#include <sys/mman.h>
 
 #include "core/common/error.h"
 
 namespace cortado::compressor::zen {
+
+void* allocateLarge(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < kHuge) return ::operator new(bytes);
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  // Transparent huge pages where the kernel gives them on request: the
+  // tables are read at random, and a TLB miss per access (two-level page
+  // walks in a VM) costs more than the access.
+  madvise(p, rounded, MADV_HUGEPAGE);
+  return p;
+}
+
+void freeLarge(void* p, size_t bytes) {
+  if (bytes < (size_t{2} << 20))
+    ::operator delete(p);
+  else
+    std::free(p);
+}
 
 Ownership::Ownership(uint64_t numElements, uint32_t numServers, uint64_t seed)
     : numElements_(numElements), numServers_(numServers), seed_(seed) {
@@ -63,19 +87,18 @@ HierarchicalHash::HierarchicalHash(const Ownership& own, PlacementOptions opts)
 void HierarchicalHash::placeOne(uint32_t idx, float v) {
   const uint32_t p = own_.owner(idx);
   const uint64_t width = r1_ + r2_;
-  uint32_t* table = slots_.data() + p * width;
-  float* vals = vals_.data() + p * width;
+  Slot* table = slots_.data() + p * width;
   for (uint32_t t = 1; t <= opts_.probes; ++t) {
     // Level 2: slot h_t(idx) of the owner's parallel area. A claimed slot
     // is never emptied, so an index that found its k slots held finds them
     // held on every later visit: it is in one probe slot or in none.
     const uint64_t q = format::hash2(opts_.probeSeed + t, idx) % r1_;
     uint32_t seen = kEmpty;
-    std::atomic_ref<uint32_t> slot(table[q]);
+    std::atomic_ref<uint32_t> slot(table[q].index);
     if (slot.compare_exchange_strong(seen, idx, std::memory_order_acq_rel) || seen == idx) {
       // Values start at 0, and a duplicate may add before the claimer does:
       // both add.
-      std::atomic_ref<float>(vals[q]).fetch_add(v, std::memory_order_relaxed);
+      std::atomic_ref<float>(table[q].value).fetch_add(v, std::memory_order_relaxed);
       return;
     }
   }
@@ -83,8 +106,8 @@ void HierarchicalHash::placeOne(uint32_t idx, float v) {
   // may both end here; extract() merges them.
   const uint64_t q = std::atomic_ref<uint64_t>(next_[p]).fetch_add(1, std::memory_order_relaxed);
   if (q < width) {
-    std::atomic_ref<uint32_t>(table[q]).store(idx, std::memory_order_relaxed);
-    vals[q] = v;
+    std::atomic_ref<uint32_t>(table[q].index).store(idx, std::memory_order_relaxed);
+    table[q].value = v;
     return;
   }
   // The overflow area is full (the artifact would write into the next
@@ -103,11 +126,31 @@ void HierarchicalHash::place(std::span<const uint32_t> index, std::span<const fl
     CORTADO_ENFORCE(index[i] < n, ErrorCode::kInvalidArgument,
                     "sparse tensor of {} elements: index #{} is {}, out of range", n, i, index[i]);
   const uint32_t S = own_.numServers();
+  bool ascending = opts_.directWhenAscending;
+  for (size_t i = 1; ascending && i < index.size(); ++i) ascending = index[i - 1] < index[i];
+  if (ascending) {
+    out.indices.resize(S);
+    out.values.resize(S);
+    for (uint32_t p = 0; p < S; ++p) {
+      out.indices[p].clear();
+      out.values[p].clear();
+      out.indices[p].reserve(index.size() / S + index.size() / (8 * S) + 16);
+      out.values[p].reserve(index.size() / S + index.size() / (8 * S) + 16);
+    }
+    for (size_t i = 0; i < index.size(); ++i) {
+      const uint32_t p = own_.owner(index[i]);
+      out.indices[p].push_back(index[i]);
+      out.values[p].push_back(value[i]);
+    }
+    out.probed = out.overflowed = out.spilled = out.merged = 0;
+    out.direct = true;
+    return;
+  }
+  out.direct = false;
   const double perServer = double(index.size()) / S;
   r1_ = std::max<uint64_t>(8, uint64_t(std::ceil(opts_.slotFactor * perServer)));
   r2_ = std::max<uint64_t>(8, uint64_t(std::ceil(opts_.serialFactor * double(r1_))));
-  slots_.assign(S * (r1_ + r2_), kEmpty);
-  vals_.assign(S * (r1_ + r2_), 0.0f);
+  slots_.assign(S * (r1_ + r2_), Slot{kEmpty, 0.0f});
   next_.assign(S, r1_);
   spill_.assign(S, {});
   if (pool && index.size() > 4096) {
@@ -145,18 +188,17 @@ void HierarchicalHash::extract(Partitioned& out) {
     auto& ov = out.values[p];
     oi.clear();
     ov.clear();
-    const uint32_t* table = slots_.data() + p * width;
-    const float* vals = vals_.data() + p * width;
+    const Slot* table = slots_.data() + p * width;
     for (uint64_t q = 0; q < r1_; ++q) {
-      if (table[q] == kEmpty) continue;
-      oi.push_back(table[q]);
-      ov.push_back(vals[q]);
+      if (table[q].index == kEmpty) continue;
+      oi.push_back(table[q].index);
+      ov.push_back(table[q].value);
     }
     out.probed += oi.size();
     // Overflow and spill: sorted so that duplicates sit together and merge.
     const uint64_t used = std::min(next_[p], width);
     tail.clear();
-    for (uint64_t q = r1_; q < used; ++q) tail.emplace_back(table[q], vals[q]);
+    for (uint64_t q = r1_; q < used; ++q) tail.emplace_back(table[q].index, table[q].value);
     out.overflowed += tail.size();
     out.spilled += spill_[p].size();
     tail.insert(tail.end(), spill_[p].begin(), spill_[p].end());

@@ -10,6 +10,17 @@ namespace cortado::compressor::zen {
 ServerSum::ServerSum(const Ownership& own, uint32_t server)
     : own_(own), server_(server), list_(ownedIndices(own, server)) {
   seen_.assign((list_.size() + 63) / 64, 0);
+  // Per block of 64 indices: which of them this server owns, and how many
+  // it owns before the block.
+  const uint64_t blocks = (own.numElements() + 63) / 64;
+  blockMask_.assign(blocks, 0);
+  blockRank_.assign(blocks, 0);
+  for (uint32_t idx : list_) blockMask_[idx >> 6] |= uint64_t{1} << (idx & 63);
+  uint32_t before = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    blockRank_[b] = before;
+    before += static_cast<uint32_t>(std::popcount(blockMask_[b]));
+  }
 }
 
 void ServerSum::add(std::span<const std::byte> payload) {
@@ -26,7 +37,9 @@ void ServerSum::add(std::span<const std::byte> payload) {
   };
   for (uint64_t i = 0; i < n; ++i) {
     const uint32_t idx = v.indexAt(i);
-    if (idx >= numel || own_.owner(idx) != server_) {
+    const uint64_t mask = idx < numel ? blockMask_[idx >> 6] : 0;
+    const uint64_t below = (uint64_t{1} << (idx & 63)) - 1;
+    if (!(mask >> (idx & 63) & 1)) {
       unmark();
       CORTADO_ENFORCE(idx < numel, ErrorCode::kProtocol,
                       "sparse push: pair #{} has index {}, out of range for {} elements", i, idx,
@@ -36,8 +49,7 @@ void ServerSum::add(std::span<const std::byte> payload) {
                               "(its owner is server {} of {})",
                               i, idx, server_, own_.owner(idx), own_.numServers()));
     }
-    const uint32_t t =
-        static_cast<uint32_t>(std::lower_bound(list_.begin(), list_.end(), idx) - list_.begin());
+    const uint32_t t = blockRank_[idx >> 6] + static_cast<uint32_t>(std::popcount(mask & below));
     const uint64_t bit = uint64_t{1} << (t & 63);
     if (seen_[t >> 6] & bit) {
       unmark();

@@ -54,6 +54,12 @@ class ServerSum {
   Ownership own_;
   uint32_t server_ = 0;
   std::vector<uint32_t> list_;
+  // The position of an index in I_p in O(1) (a binary search of I_p costs a
+  // cache miss per step on large tensors): bit (i & 63) of blockMask_[i >> 6]
+  // says whether this server owns i, blockRank_[i >> 6] counts the indices
+  // it owns before that block. 12 bytes per 64 elements.
+  LargeVector<uint64_t> blockMask_;
+  LargeVector<uint32_t> blockRank_;
   // Checking one push: its positions, and a bit per position it listed.
   std::vector<uint32_t> pos_;
   std::vector<uint64_t> seen_;
@@ -61,7 +67,7 @@ class ServerSum {
   std::vector<std::pair<uint32_t, float>> pending_;
   // Dense mode.
   bool dense_ = false;
-  std::vector<float> acc_;
+  LargeVector<float> acc_;
   std::vector<uint64_t> touched_;
   uint64_t pairs_ = 0;
 };

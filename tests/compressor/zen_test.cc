@@ -73,7 +73,8 @@ std::vector<float> zenRound(const Ownership& own, const std::vector<Pairs>& in,
   const uint32_t S = own.numServers();
   for (size_t w = 0; w < in.size(); ++w) {
     PlacementOptions po;
-    po.probeSeed = 1000 + w;  // level-2 hashes may differ between workers
+    po.probeSeed = 1000 + w;                // level-2 hashes may differ between workers
+    po.directWhenAscending = (w % 2) == 0;  // odd workers through the table
     HierarchicalHash hh(own, po);
     Partitioned parts;
     hh.place(in[w].index, in[w].value, parts, pool);
@@ -187,11 +188,41 @@ TEST(ZenPlacement, EveryPairLandsOnceOnItsOwnerUnderForcedCollisions) {
   }
   // With the paper's settings collisions are rare (< 1% with 3-4 hashes).
   Pairs in = drawPairs(n, 0.1, 0, 12);
-  HierarchicalHash hh(own);
+  PlacementOptions paper;
+  paper.directWhenAscending = false;
+  HierarchicalHash hh(own, paper);
   Partitioned parts;
   hh.place(in.index, in.value, parts);
+  EXPECT_FALSE(parts.direct);
   EXPECT_LT(double(parts.overflowed + parts.spilled), 0.03 * double(in.index.size()));
   EXPECT_EQ(parts.spilled, 0u);
+}
+
+// Ascending input (a coalesced gradient, a dense scan) takes the direct
+// pass; it must split the pairs as the table does.
+TEST(ZenPlacement, AscendingInputSplitsAsTheTableDoes) {
+  const uint64_t n = 100000;
+  Ownership own(n, 5, 21);
+  Pairs in = drawPairs(n, 0.05, 1.0, 33);
+  in.index.insert(in.index.begin(), 0u);  // index 0 first, still ascending
+  in.value.insert(in.value.begin(), 9.0f);
+  if (in.index[1] == 0) in.index.erase(in.index.begin() + 1), in.value.erase(in.value.begin() + 1);
+  PlacementOptions tableOnly;
+  tableOnly.directWhenAscending = false;
+  HierarchicalHash direct(own), table(own, tableOnly);
+  Partitioned a, b;
+  direct.place(in.index, in.value, a);
+  table.place(in.index, in.value, b);
+  EXPECT_TRUE(a.direct);
+  EXPECT_FALSE(b.direct);
+  for (uint32_t p = 0; p < 5; ++p) {
+    std::map<uint32_t, float> ma, mb;
+    for (size_t i = 0; i < a.indices[p].size(); ++i) ma[a.indices[p][i]] = a.values[p][i];
+    for (size_t i = 0; i < b.indices[p].size(); ++i) mb[b.indices[p][i]] = b.values[p][i];
+    EXPECT_EQ(ma, mb) << "server " << p;
+    EXPECT_EQ(ma.size(), a.indices[p].size());  // none twice
+  }
+  EXPECT_EQ(a.pairs(), in.index.size());
 }
 
 TEST(ZenPlacement, BadInputPlacesNothing) {
