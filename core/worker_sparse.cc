@@ -82,11 +82,10 @@ Handle WorkerImpl::pushPullSparse(const std::string& name, const SparseInput& in
   }
   CORTADO_ENFORCE(numElements == 0 || output != nullptr, ErrorCode::kInvalidArgument,
                   "push_pull_sparse of tensor '{}': null output", name);
-  CORTADO_ENFORCE((in.dense != nullptr) != (in.indices != nullptr || in.values != nullptr),
-                  ErrorCode::kInvalidArgument,
-                  "worker {}: push_pull_sparse of tensor '{}' needs either pairs or a dense "
-                  "buffer, not {}",
-                  self_.rank, name, in.dense ? "both" : "neither");
+  CORTADO_ENFORCE(!(in.dense && (in.indices || in.values || in.count)), ErrorCode::kInvalidArgument,
+                  "worker {}: push_pull_sparse of tensor '{}' with both pairs and a dense "
+                  "buffer; give one",
+                  self_.rank, name);
   CORTADO_ENFORCE(in.dense || in.count == 0 || (in.indices && in.values),
                   ErrorCode::kInvalidArgument,
                   "worker {}: push_pull_sparse of tensor '{}': {} pairs but a null index or "

@@ -5,6 +5,7 @@
 // refused by the server naming the tensor and the sender, leaving the sum.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -154,11 +155,19 @@ TEST(ZenEngineErrors, BadInputIsRefusedNamingTheTensor) {
   ex.rawInput = out.data();
   ex.rawOutput = out.data();
   expectInvalid([&] { w.exchange("emb", std::move(ex), 0); }, {"'emb'", "sparse"});
+  SparseInput pairsAndDense = si;
+  pairsAndDense.dense = out.data();
+  expectInvalid([&] { w.pushPullSparse("emb", pairsAndDense, out.data(), ReduceOp::kSum, 0); },
+                {"'emb'", "both"});
   // The worker still works after the refusals.
   si.count = 1;
   ASSERT_TRUE(w.pushPullSparse("emb", si, out.data(), ReduceOp::kSum, 0).wait(soon()).ok());
   EXPECT_EQ(out[3], 1.0f);
   EXPECT_EQ(out[4], 0.0f);
+  // A round without non-zeros (no pairs, no pointers): all zeros back.
+  ASSERT_TRUE(
+      w.pushPullSparse("emb", SparseInput{}, out.data(), ReduceOp::kSum, 0).wait(soon()).ok());
+  EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), 100);
 }
 
 // The server alone, driven by hand-built messages from two raw workers.
