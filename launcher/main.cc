@@ -149,16 +149,21 @@ int main(int argc, char** argv) try {
 
   // bench sparse
   auto* sp = bench->add_subcommand(
-      "sparse", "Zen's sparse push/pull against dense push/pull, an allgather of the pairs and "
-                "MPI_Allreduce, in one job (docs/zen.md)");
+      "sparse",
+      "Zen's sparse push/pull against dense push/pull, an allgather of the pairs and "
+      "MPI_Allreduce, in one job (docs/zen.md)");
   launcher::SparseBenchOptions spo;
-  sp->add_option("-w,--workers", spo.workers, "workers when it launches its own job")->check(CLI::Range(1, 256));
-  sp->add_option("-s,--servers", spo.servers, "servers when it launches its own job")->check(CLI::Range(1, 256));
+  sp->add_option("-w,--workers", spo.workers, "workers when it launches its own job")
+      ->check(CLI::Range(1, 256));
+  sp->add_option("-s,--servers", spo.servers, "servers when it launches its own job")
+      ->check(CLI::Range(1, 256));
   sp->add_option("--elements", spo.elements, "float32 elements of the tensor")
       ->check(CLI::Range(uint64_t(1), uint64_t(0xfffffffe)));
   sp->add_option("--densities", spo.densities, "percent non-zero per worker, comma-separated");
-  sp->add_option("-n,--iters", spo.iters, "timed iterations per density")->check(CLI::Range(1, 10000));
-  sp->add_option("--warmup", spo.warmup, "untimed iterations per density")->check(CLI::Range(0, 10000));
+  sp->add_option("-n,--iters", spo.iters, "timed iterations per density")
+      ->check(CLI::Range(1, 10000));
+  sp->add_option("--warmup", spo.warmup, "untimed iterations per density")
+      ->check(CLI::Range(0, 10000));
 
   // bench model
   auto* bm = bench->add_subcommand(

@@ -87,12 +87,12 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
   // A dense body must be exactly the elements it claims; guards the overflow
   // of numElements * size too.
   const bool carriesData = h.op == Op::kPush || h.op == Op::kPullResponse;
-  CORTADO_ENFORCE(!(h.flags & kFlagSparse) ||
-                      !(h.flags & (kFlagShm | kFlagCompressed | kFlagAsync)),
-                  ErrorCode::kProtocol,
-                  "data message {} for key {}: a sparse message with flags 0x{:02x} (sparse "
-                  "tensors travel as bytes, uncompressed, in sync mode)",
-                  opName(h.op), h.key, h.flags);
+  CORTADO_ENFORCE(
+      !(h.flags & kFlagSparse) || !(h.flags & (kFlagShm | kFlagCompressed | kFlagAsync)),
+      ErrorCode::kProtocol,
+      "data message {} for key {}: a sparse message with flags 0x{:02x} (sparse "
+      "tensors travel as bytes, uncompressed, in sync mode)",
+      opName(h.op), h.key, h.flags);
   if (carriesData && (h.flags & kFlagShm)) {
     CORTADO_ENFORCE(h.bodyBytes == kShmDescriptorBytes && h.numElements <= (uint64_t(1) << 40),
                     ErrorCode::kProtocol,

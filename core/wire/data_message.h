@@ -76,10 +76,11 @@ enum Flags : uint8_t {
                             // a key holding an error-feedback residual answers this
                             // round with the dense fp32 sum plus the residual and clears
                             // it (sync mode; any push of the round may say so)
-  kFlagSparse = 64,  // PUSH: the body is a preamble (codec spec "zen") and a Zen COO
-                     // payload of the pairs the server owns; PULL: a sparse key's sum;
-                     // PULL_RESPONSE: a Zen bitmap answer (compressor/zen/zen_payload.h).
-                     // Sync mode only; never with kFlagShm or kFlagCompressed
+  kFlagSparse = 64,         // PUSH: the body is a preamble (codec spec "zen") and a Zen
+                            // COO payload of the pairs the server owns; PULL: a sparse
+                            // key's sum; PULL_RESPONSE: a Zen answer, bitmap or pairs
+                            // (compressor/zen/zen_payload.h). Sync mode only; never with
+                            // kFlagShm or kFlagCompressed
 };
 inline constexpr uint8_t kAllFlags = kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer |
                                      kFlagErrorFeedback | kFlagFlushResidual | kFlagSparse;

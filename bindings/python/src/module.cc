@@ -949,8 +949,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("closed", &Runtime::closed)
       .def_property_readonly("inflight_count", &Runtime::inflightCount)
       .def("declare", &Runtime::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
-           py::arg("timeout") = py::none(), py::arg("codec") = "",
-           py::arg("error_feedback") = true, py::arg("sparse") = false)
+           py::arg("timeout") = py::none(), py::arg("codec") = "", py::arg("error_feedback") = true,
+           py::arg("sparse") = false)
       .def("is_declared", &Runtime::isDeclared, py::arg("name"))
       .def("release", &Runtime::release, py::arg("name"),
            "Done with a tensor (Worker::release): its servers free its state once every worker "
