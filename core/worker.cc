@@ -85,6 +85,7 @@ uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numE
   entry->numElements = numElements;
   entry->options = options;
   if (!options.codec.empty()) setUpCodec(*entry);
+  if (options.sparse) setUpSparse(*entry);
   const bool ef = entry->codec && options.errorFeedback;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -119,6 +120,11 @@ uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numE
   entry->key = key;
   if (ef) entry->ef = std::make_unique<compressor::ErrorFeedback>(entry->codec);
   std::lock_guard<std::mutex> lk(mu_);
+  if (options.sparse) {
+    sparseChunks(*entry);  // one key per server, not placed by bytes
+    tensors_[name] = std::move(entry);
+    return key;
+  }
   // Placement runs in declaration order, the same on every worker.
   entry->chunks = placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes);
   entry->regions.resize(entry->chunks.size());
@@ -199,12 +205,39 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   state->tensorKey = t.key;
   state->round = task->round;
   state->stalls = control_->stallNotes();
+  // Credits count the bytes a chunk pushes: a sparse tensor's pairs, not its
+  // dense size.
   for (size_t i = 0; i < t.chunks.size(); ++i)
-    queue_.push(ChunkOp{task, i, seq_++, t.chunks[i].numElements * dtypeSize(t.dtype)});
+    queue_.push(ChunkOp{task, i, seq_++,
+                        task->sparse.empty() ? t.chunks[i].numElements * dtypeSize(t.dtype)
+                                             : uint64_t(task->sparse[i].size())});
 }
 
 Handle WorkerImpl::pushPull(const std::string& name, DType dtype, uint64_t numElements,
                             const void* input, void* output, ReduceOp op, int priority) {
+  bool sparse = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = tensors_.find(name);
+    sparse = it != tensors_.end() && it->second->zen;
+  }
+  if (sparse) {
+    // A dense buffer of a sparse tensor: its non-zeros go as pairs.
+    CORTADO_ENFORCE(dtype == DType::kFloat32, ErrorCode::kInvalidArgument,
+                    "worker {}: push_pull of sparse tensor '{}' with {} data; it is float32",
+                    self_.rank, name, dtypeName(dtype));
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const TensorEntry& t = tensorLocked(name, "push_pull");
+      CORTADO_ENFORCE(t.numElements == numElements, ErrorCode::kInvalidArgument,
+                      "worker {}: push_pull of sparse tensor '{}' with {} elements, but it was "
+                      "declared with {}",
+                      self_.rank, name, numElements, t.numElements);
+    }
+    SparseInput in;
+    in.dense = static_cast<const float*>(input);
+    return pushPullSparse(name, in, static_cast<float*>(output), op, priority);
+  }
   auto state = std::make_shared<Handle::State>();
   state->name = name;
   {
@@ -244,6 +277,10 @@ Handle WorkerImpl::exchange(const std::string& name, Exchange ex, int priority) 
     std::lock_guard<std::mutex> lk(mu_);
     checkFailedLocked();
     TensorEntry& t = tensorLocked(name, "exchange");
+    CORTADO_ENFORCE(!t.zen, ErrorCode::kInvalidArgument,
+                    "worker {}: exchange of sparse tensor '{}': use push_pull or "
+                    "push_pull_sparse",
+                    self_.rank, name);
     const bool compressedIn = !ex.payloads.empty();
     CORTADO_ENFORCE(compressedIn != (ex.rawInput != nullptr || t.numElements == 0),
                     ErrorCode::kInvalidArgument,

@@ -71,6 +71,23 @@ struct TensorOptions {
   // (core/executor/executor.h) declares its hierarchical shard keys with one pusher per
   // machine. Every worker must declare the same value (the scheduler checks).
   uint32_t contributors = 0;
+  // Zen (docs/zen.md): a float32 tensor that is mostly zeros (an embedding's
+  // gradient) travels as (index, value) pairs, each index to the server that
+  // the tensor's ownership hash names, and comes back as each server's hash
+  // bitmap. Every server holds one key of it. Sync mode, no codec, at most
+  // 2^32 - 1 elements. pushPull() scans its input for the non-zeros;
+  // pushPullSparse() takes the pairs.
+  bool sparse = false;
+};
+
+// The input of Worker::pushPullSparse: (index, value) pairs, or a dense
+// buffer of the declared element count to scan for non-zeros. It is read
+// before pushPullSparse returns.
+struct SparseInput {
+  const uint32_t* indices = nullptr;  // `count` of them; an index may repeat (values add up)
+  const float* values = nullptr;
+  uint64_t count = 0;
+  const float* dense = nullptr;  // instead of the pairs
 };
 
 // One chunk of a declared tensor: elements [offset, offset + numElements).
@@ -171,6 +188,14 @@ class Worker {
   // until the handle completes.
   virtual Handle pushPull(const std::string& name, DType dtype, uint64_t numElements,
                           const void* input, void* output, ReduceOp op, int priority) = 0;
+
+  // Sums a sparse tensor (declared with TensorOptions::sparse) across
+  // workers into `output`, the declared count of floats, which stays valid
+  // and untouched until the handle completes; elements that no worker sent
+  // are zero. The input is consumed before the call returns. An index out of
+  // range throws kInvalidArgument naming the tensor and the position.
+  virtual Handle pushPullSparse(const std::string& name, const SparseInput& input, float* output,
+                                ReduceOp op, int priority) = 0;
 
   // The chunks a declared tensor is pushed in (placement order).
   virtual std::vector<ChunkSpan> chunks(const std::string& name) const = 0;

@@ -54,6 +54,7 @@ void WorkerImpl::dispatchLoop() {
 }
 
 void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
+  if (op.task->tensor->zen) return sendSparseChunk(op, id);
   const TensorEntry& t = *op.task->tensor;
   const Chunk& c = t.chunks[op.chunk];
   const size_t esz = dtypeSize(t.dtype);
@@ -227,6 +228,12 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
                              t.name, m->from.toString(), h->key, h->round, h->numElements,
                              dtypeName(h->dtype), c.key, task.round, c.numElements,
                              dtypeName(t.dtype)));
+    } else if (t.zen) {
+      try {
+        decodeSparseAnswer(t, task, op.chunk, *m, *h);
+      } catch (const Error& e) {
+        s = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
+      }
     } else if (task.answers) {
       (*task.answers)[op.chunk] =
           ExchangeAnswer{m->parts[1], (h->flags & wire::kFlagCompressed) != 0};
@@ -272,6 +279,7 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
     result = task.firstError;
   }
   if (last) {
+    if (t.zen && result.ok()) noteSparseRound(t, task);
     {
       std::lock_guard<std::mutex> lk(mu_);
       t.inFlight = false;

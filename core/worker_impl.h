@@ -22,6 +22,8 @@
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
+#include "compressor/zen/zen_hash.h"
+#include "compressor/zen/zen_scheme.h"
 #include "core/common/logging.h"
 #include "core/common/reduce.h"
 #include "core/partition.h"
@@ -76,6 +78,12 @@ struct TensorEntry {
   bool inFlight = false;   // a pushPull has not completed yet
   bool released = false;   // release(): no more rounds
   uint32_t incarnation = 0;  // declarations of the name after a release before this one
+  // Sparse (Zen) tensors: the ownership of every index (seeded by the key,
+  // so alike on every node), each server's index list I_p for decoding the
+  // answers, and the sparsity of the first rounds for the scheme choice.
+  std::unique_ptr<compressor::zen::IndexLists> zen;
+  uint64_t profiledPairs = 0, profiledUnion = 0;
+  int profiledRounds = 0;
 };
 
 // One push_pull in progress.
@@ -94,6 +102,10 @@ struct Task {
   std::vector<Buffer> payloads;
   std::shared_ptr<std::vector<ExchangeAnswer>> answers;
   bool flushResidual = false;  // Exchange::flushResidual
+  // pushPullSparse(): each server's COO payload; the pairs this worker sent
+  // and the non-zeros of the answers so far (guarded by handle->mu).
+  std::vector<Buffer> sparse;
+  uint64_t sparsePairs = 0, sparseUnion = 0;
 };
 
 struct ChunkOp {
@@ -152,6 +164,9 @@ class WorkerImpl final : public Worker {
   Handle pushPull(const std::string& name, DType dtype, uint64_t numElements, const void* input,
                   void* output, ReduceOp op, int priority) override;
 
+  Handle pushPullSparse(const std::string& name, const SparseInput& input, float* output,
+                        ReduceOp op, int priority) override;
+
   std::vector<ChunkSpan> chunks(const std::string& name) const override;
 
   Handle exchange(const std::string& name, Exchange ex, int priority) override;
@@ -175,6 +190,17 @@ class WorkerImpl final : public Worker {
   void dispatchLoop();
 
   void sendChunk(const ChunkOp& op, uint32_t id);
+
+  // Sparse tensors (worker_sparse.cc): the declaration's checks and index
+  // lists, the chunks' push and pull, the answers' decoding, and the log of
+  // the scheme choice after the first rounds.
+  void setUpSparse(TensorEntry& t);
+  void sparseChunks(TensorEntry& t);
+  void sendSparseChunk(const ChunkOp& op, uint32_t id);
+  void decodeSparseAnswer(const TensorEntry& t, Task& task, size_t chunk, const Message& m,
+                          const DataHeader& h);
+  void noteSparseRound(TensorEntry& t, const Task& task);
+  static constexpr int kProfileRounds = 3;
 
   void onMessage(Message&& m);
 

@@ -15,6 +15,7 @@
 #include "cortado/config.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_pushpull.h"
+#include "launcher/bench_sparse.h"
 #include "launcher/hosts.h"
 #include "launcher/launch.h"
 #include "launcher/roles.h"
@@ -153,6 +154,24 @@ int main(int argc, char** argv) try {
                "also run each size through the plan executor's default plan (workers under "
                "mpirun; CORTADO_FAKE_HOST_SIZE emulates machines) and print its time and ratio "
                "to push_pull");
+
+  // bench sparse
+  auto* sp = bench->add_subcommand(
+      "sparse",
+      "Zen's sparse push/pull against dense push/pull, an allgather of the pairs and "
+      "MPI_Allreduce, in one job (docs/zen.md)");
+  launcher::SparseBenchOptions spo;
+  sp->add_option("-w,--workers", spo.workers, "workers when it launches its own job")
+      ->check(CLI::Range(1, 256));
+  sp->add_option("-s,--servers", spo.servers, "servers when it launches its own job")
+      ->check(CLI::Range(1, 256));
+  sp->add_option("--elements", spo.elements, "float32 elements of the tensor")
+      ->check(CLI::Range(uint64_t(1), uint64_t(0xfffffffe)));
+  sp->add_option("--densities", spo.densities, "percent non-zero per worker, comma-separated");
+  sp->add_option("-n,--iters", spo.iters, "timed iterations per density")
+      ->check(CLI::Range(1, 10000));
+  sp->add_option("--warmup", spo.warmup, "untimed iterations per density")
+      ->check(CLI::Range(0, 10000));
 
   // bench model
   auto* bm = bench->add_subcommand(
@@ -302,6 +321,16 @@ int main(int argc, char** argv) try {
       setupLogging(job.role == Role::kServer ? fmt::format("server {}", job.rank) : "scheduler",
                    job.logLevel);
       return *schedCmd ? launcher::runSchedulerRole(job) : launcher::runServerRole(job);
+    }
+    if (*sp) {
+#if CORTADO_MPI
+      setupLogging("bench", level);
+      return launcher::runSparseBench(spo);
+#else
+      throw Error(ErrorCode::kUnavailable,
+                  "cortado bench sparse needs MPI, and this build has none: install OpenMPI "
+                  "(scripts/install_deps.sh) and reconfigure");
+#endif
     }
     if (*bm) {
 #if CORTADO_MPI

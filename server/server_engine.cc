@@ -228,6 +228,7 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
     stats.keys = keys.size();
   }
   KeyState& k = slot->second;
+  if ((h.flags & wire::kFlagSparse) || k.zen) return processSparse(k, h, msg);
   if (h.op == Op::kPush) {
     const bool compressed = h.flags & wire::kFlagCompressed;
     if (!k.initialized) {

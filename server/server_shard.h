@@ -13,6 +13,7 @@
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/sparse_sum.h"
+#include "compressor/zen/zen_sum.h"
 #include "core/common/logging.h"
 #include "core/common/reduce.h"
 #include "core/wire/data_message.h"
@@ -97,6 +98,10 @@ struct KeyState {
   uint64_t flushRound = kNoRound;
   uint64_t flushedRound = kNoRound;
 
+  // Sparse (Zen) keys: this server's sum of the pairs it owns and the
+  // round's bitmap answer in `result` (server_sparse.cc).
+  std::unique_ptr<compressor::zen::ServerSum> zen;
+
   // Op::kRelease: the workers that released the key so far.
   std::vector<bool> releasedBy;
   int releases = 0;
@@ -136,6 +141,9 @@ struct ServerEngine::Shard {
   void release(const DataHeader& h, const NodeId& from);
   void processSync(KeyState& k, const DataHeader& h, Message& msg);
   void processAsync(KeyState& k, const DataHeader& h, Message& msg);
+  // A sparse key's push or pull (wire kFlagSparse), and the mismatches of
+  // dense messages on a sparse key.
+  void processSparse(KeyState& k, const DataHeader& h, Message& msg);
   void sendResult(const NodeId& to, uint32_t requestId, uint64_t key, uint64_t round,
                   const KeyState& k, const Buffer& body, uint8_t flags, bool wantsShm = false);
   Buffer takeBuffer(Buffer& recycled, size_t bytes);

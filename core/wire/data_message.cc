@@ -87,13 +87,19 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
   // A dense body must be exactly the elements it claims; guards the overflow
   // of numElements * size too.
   const bool carriesData = h.op == Op::kPush || h.op == Op::kPullResponse;
+  CORTADO_ENFORCE(
+      !(h.flags & kFlagSparse) || !(h.flags & (kFlagShm | kFlagCompressed | kFlagAsync)),
+      ErrorCode::kProtocol,
+      "data message {} for key {}: a sparse message with flags 0x{:02x} (sparse "
+      "tensors travel as bytes, uncompressed, in sync mode)",
+      opName(h.op), h.key, h.flags);
   if (carriesData && (h.flags & kFlagShm)) {
     CORTADO_ENFORCE(h.bodyBytes == kShmDescriptorBytes && h.numElements <= (uint64_t(1) << 40),
                     ErrorCode::kProtocol,
                     "data message {} for key {}: a shared-memory body is {} bytes, got {}",
                     opName(h.op), h.key, kShmDescriptorBytes, h.bodyBytes);
-  } else if (carriesData && (h.flags & kFlagCompressed)) {
-    // The body is a codec payload, checked by the codec; bound the tensor.
+  } else if (carriesData && (h.flags & (kFlagCompressed | kFlagSparse))) {
+    // The body is a codec or Zen payload, checked by its parser; bound the tensor.
     CORTADO_ENFORCE(h.numElements <= (uint64_t(1) << 40), ErrorCode::kProtocol,
                     "data message {} for key {}: {} elements is beyond any chunk", opName(h.op),
                     h.key, h.numElements);

@@ -21,6 +21,11 @@
 // and a PULL with kFlagCompressed whose body is a preamble alone asks for the
 // round's sum of an uncompressed key in that codec's form.
 //
+// Sparse tensors (kFlagSparse; docs/zen.md): a tensor's key p lives on
+// server p; a PUSH body is the compressed preamble with codec spec "zen" and
+// a Zen COO payload of the (index, value) pairs that server p owns, and a
+// PULL_RESPONSE body is a Zen hash-bitmap payload (compressor/zen/).
+//
 // Flow (sync mode): for each key and round a worker sends PUSH then PULL; the
 // server sums the PUSHes of all workers for that round and answers each PULL
 // with the round's sum once all have arrived. Async mode: each PUSH is added
@@ -71,9 +76,14 @@ enum Flags : uint8_t {
                             // a key holding an error-feedback residual answers this
                             // round with the dense fp32 sum plus the residual and clears
                             // it (sync mode; any push of the round may say so)
+  kFlagSparse = 64,         // PUSH: the body is a preamble (codec spec "zen") and a Zen
+                            // COO payload of the pairs the server owns; PULL: a sparse
+                            // key's sum; PULL_RESPONSE: a Zen answer, bitmap or pairs
+                            // (compressor/zen/zen_payload.h). Sync mode only; never with
+                            // kFlagShm or kFlagCompressed
 };
 inline constexpr uint8_t kAllFlags = kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer |
-                                     kFlagErrorFeedback | kFlagFlushResidual;
+                                     kFlagErrorFeedback | kFlagFlushResidual | kFlagSparse;
 inline constexpr uint64_t kShmDescriptorBytes = 16;
 
 struct DataHeader {

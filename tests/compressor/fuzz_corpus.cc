@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "compressor/registry.h"
+#include "compressor/zen/zen_payload.h"
+#include "compressor/zen/zen_sum.h"
 #include "fuzz_specs.h"
 
 int main(int argc, char** argv) {
@@ -35,6 +37,26 @@ int main(int argc, char** argv) {
       char idx = static_cast<char>(c);
       f.write(&idx, 1);
       f.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size()));
+      ++files;
+    }
+  }
+  // Zen (byte 0 one past the codecs): COO pushes and bitmap answers.
+  for (uint64_t n : {1, 40, 300}) {
+    zen::Ownership own(n, 3, 9);
+    auto list = zen::ownedIndices(own, 1);
+    std::vector<uint32_t> idx(list.begin(), list.begin() + list.size() / 2);
+    std::vector<float> val(idx.size(), 1.5f);
+    zen::ServerSum sum(own, 1);
+    auto coo = zen::encodeCoo(own, 1, idx, val);
+    sum.add(coo);
+    auto bitmap = sum.answer();
+    for (const auto* p : {&coo, &bitmap}) {
+      std::ofstream f(std::string(argv[1]) + "/seed_zen_" + std::to_string(n) +
+                          (p == &coo ? "_coo" : "_bitmap"),
+                      std::ios::binary);
+      char pick = static_cast<char>(fuzz::kSpecs.size());
+      f.write(&pick, 1);
+      f.write(reinterpret_cast<const char*>(p->data()), static_cast<std::streamsize>(p->size()));
       ++files;
     }
   }

@@ -1,7 +1,9 @@
 // libFuzzer target: arbitrary bytes as a payload for every decoder entry
-// point. Input: byte 0 picks the codec (fuzz_specs.h), the rest is the
-// payload, copied into a buffer of exactly its size so that AddressSanitizer
-// catches any read past the end. A decoder may accept the input or throw
+// point. Input: byte 0 picks the codec (fuzz_specs.h) or, one past the
+// codecs, Zen's sparse payloads (a server's COO push check and sum, and a
+// worker's answer decode; compressor/zen/); the rest is the payload, copied
+// into a buffer of exactly its size so that AddressSanitizer catches any
+// read past the end. A decoder may accept the input or throw
 // cortado::Error(kProtocol); anything else (a crash, another exception, an
 // ASan report) is a bug.
 #include <cstdint>
@@ -12,6 +14,8 @@
 
 #include "compressor/payload.h"
 #include "compressor/registry.h"
+#include "compressor/zen/zen_payload.h"
+#include "compressor/zen/zen_sum.h"
 #include "core/common/error.h"
 #include "fuzz_specs.h"
 
@@ -41,15 +45,44 @@ void expectProtocolOrOk(Fn&& fn) {
   }
 }
 
+// Zen: the ownership is taken from the header when it is small enough to
+// hash (so that well-formed payloads reach the index checks), else a fixed
+// one that the header's check refuses.
+void fuzzZen(std::span<const std::byte> payload) {
+  using namespace cortado::compressor::zen;
+  Ownership own(64, 2, 1);
+  uint32_t server = 0;
+  try {
+    ZenHeader h = parseZenHeader(payload);
+    if (h.numel <= (1u << 16) && h.servers <= 64) {
+      own = Ownership(h.numel, h.servers, h.seed);
+      server = h.server;
+    }
+  } catch (const Error&) {
+  }
+  ServerSum sum(own, server);
+  expectProtocolOrOk([&] { sum.add(payload); });
+  expectProtocolOrOk([&] { sum.add(payload); });  // again: a duplicate push of the same pairs
+  expectProtocolOrOk([&] { (void)sum.answer(); });
+  std::vector<float> out(own.numElements(), 0.0f);
+  expectProtocolOrOk([&] { decodeBitmapInto(payload, own, server, sum.list(), out.data()); });
+  expectProtocolOrOk([&] { decodeAnswerInto(payload, own, server, sum.list(), out.data()); });
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Codecs* codecs = new Codecs;  // built once, never freed: the harness's own state
   if (size < 1) return 0;
-  const Codec& codec = *codecs->list[data[0] % codecs->list.size()];
   std::unique_ptr<std::byte[]> buf(new std::byte[size - 1]);
   if (size > 1) std::memcpy(buf.get(), data + 1, size - 1);
   std::span<const std::byte> payload(buf.get(), size - 1);
+  const size_t pick = data[0] % (codecs->list.size() + 1);
+  if (pick == codecs->list.size()) {
+    fuzzZen(payload);
+    return 0;
+  }
+  const Codec& codec = *codecs->list[pick];
 
   // The server knows n from the tensor's declaration; take it from the header
   // when it is plausible so that valid-looking payloads get past the n check.

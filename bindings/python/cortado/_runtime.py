@@ -193,6 +193,22 @@ def submit(api, name, dtype, count, input_ptr, output_ptr, average, priority, ke
     return Handle(name, core, finish)
 
 
+def submit_sparse(api, name, count, indices, values, output, average, priority, finish):
+    """Declares `name` as a sparse (Zen) float32 tensor of `count` elements on
+    first use (every worker must), then starts summing the pairs: `indices`
+    (a numpy uint32 array) and `values` (a contiguous float32 CPU tensor of as
+    many elements) into `output` (a contiguous float32 CPU tensor of `count`
+    elements). `finish` runs when the caller synchronizes."""
+    rt = require(api)
+    if not rt.is_declared(name):
+        rt.declare(name, "float32", count, sparse=True)
+        _ctx.codecs[name] = None
+    core = rt.push_pull_sparse(name, indices.ctypes.data, values.data_ptr(), int(indices.size),
+                               output.data_ptr(), bool(average), int(priority),
+                               (indices, values, output))
+    return Handle(name, core, finish)
+
+
 def declare(rt, name, dtype, count, codec=None):
     """Declares `name` (a collective step) with its codec, and remembers the codec."""
     if codec is None:

@@ -192,14 +192,17 @@ class Runtime {
 
   // `codec`: "" (uncompressed) or a registry spec that the engine encodes
   // with, keeping error-feedback residuals here when `errorFeedback`.
+  // `sparse`: a Zen tensor (TensorOptions::sparse; docs/zen.md).
   uint64_t declare(const std::string& name, const std::string& dtype, uint64_t count,
-                   std::optional<double> timeout, const std::string& codec, bool errorFeedback) {
+                   std::optional<double> timeout, const std::string& codec, bool errorFeedback,
+                   bool sparse) {
     DType t = parseDType(dtype);
     Worker& w = worker();
     Deadline d = deadlineFromSeconds(timeout, job_.opTimeout);
     TensorOptions options;
     options.codec = codec;
     options.errorFeedback = errorFeedback;
+    options.sparse = sparse;
     py::gil_scoped_release nogil;
     return w.declare(name, t, count, options, d);
   }
@@ -231,6 +234,28 @@ class Runtime {
     return PyHandle(h, job_.opTimeout);
   }
 
+  // A sparse tensor's pairs: `count` u32 indices and f32 values (read before
+  // this returns) and an output of the declared count of f32, which
+  // `keepalive` owns until the operation completed.
+  PyHandle pushPullSparse(const std::string& name, uintptr_t indices, uintptr_t values,
+                          uint64_t count, uintptr_t output, bool average, int priority,
+                          py::object keepalive) {
+    prune();
+    Worker& w = worker();
+    SparseInput in;
+    in.indices = reinterpret_cast<const uint32_t*>(indices);
+    in.values = reinterpret_cast<const float*>(values);
+    in.count = count;
+    Handle h;
+    {
+      py::gil_scoped_release nogil;
+      h = w.pushPullSparse(name, in, reinterpret_cast<float*>(output),
+                           average ? ReduceOp::kAverage : ReduceOp::kSum, priority);
+    }
+    inflight_.push_back({h, std::move(keepalive)});
+    return PyHandle(h, job_.opTimeout);
+  }
+
   // Buffer protocol: C-contiguous `input` and writable `output` (may be the
   // same object) of one format and length. Declares the name on first use.
   PyHandle pushPullBuffer(const std::string& name, const py::buffer& input,
@@ -247,7 +272,7 @@ class Runtime {
     checkContiguous(*in, name, "input");
     checkContiguous(*out, name, "output");
     const auto count = static_cast<uint64_t>(in->size);
-    if (!worker().isDeclared(name)) declare(name, dtype, count, std::nullopt, "", false);
+    if (!worker().isDeclared(name)) declare(name, dtype, count, std::nullopt, "", false, false);
     // The buffer views pin the memory (a bytearray cannot be resized while
     // viewed); they are released with the keepalive, under the GIL.
     using Views = std::pair<std::shared_ptr<py::buffer_info>, std::shared_ptr<py::buffer_info>>;
@@ -929,8 +954,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("closed", &Runtime::closed)
       .def_property_readonly("inflight_count", &Runtime::inflightCount)
       .def("declare", &Runtime::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
-           py::arg("timeout") = py::none(), py::arg("codec") = "",
-           py::arg("error_feedback") = true)
+           py::arg("timeout") = py::none(), py::arg("codec") = "", py::arg("error_feedback") = true,
+           py::arg("sparse") = false)
       .def("is_declared", &Runtime::isDeclared, py::arg("name"))
       .def("release", &Runtime::release, py::arg("name"),
            "Done with a tensor (Worker::release): its servers free its state once every worker "
@@ -938,6 +963,10 @@ PYBIND11_MODULE(_C, m) {
       .def("push_pull", &Runtime::pushPull, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("input"), py::arg("output"), py::arg("average"), py::arg("priority"),
            py::arg("keepalive"))
+      .def("push_pull_sparse", &Runtime::pushPullSparse, py::arg("name"), py::arg("indices"),
+           py::arg("values"), py::arg("count"), py::arg("output"), py::arg("average"),
+           py::arg("priority"), py::arg("keepalive"),
+           "A sparse tensor's (index, value) pairs, summed through Zen (docs/zen.md).")
       .def("push_pull_buffer", &Runtime::pushPullBuffer, py::arg("name"), py::arg("input"),
            py::arg("output"), py::arg("average") = false, py::arg("priority") = 0)
       .def("barrier", &Runtime::barrier, py::arg("timeout") = py::none())

@@ -18,6 +18,7 @@ import torch
 from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
 from ..gravac import GravacCompression
+from . import zen
 from .gravac_sync import GravacSync
 from .horovod import allgather_async
 from .horovod_basics import Average, Sum, _check_process_set, global_process_set, resolve_op
@@ -160,6 +161,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      "gradient_predivide_factor")
             self._gravac = GravacSync(compression, self._ordered, self._names, self._average)
             self._compressors = {p: Compression.none for _, p in self._ordered}
+        # Sparse gradients go through Zen where it can carry them
+        # (zen.usable), else they are gathered.
+        self._zen = True
         self._groups = self._make_groups(groups)
         self.executor = None
         if executor:
@@ -353,6 +357,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         then added up (and averaged) into a sparse gradient. The sizes are
         exchanged here (blocking); the gathers complete in synchronize()."""
         g = p.grad.coalesce()
+        if self._zen and zen.usable(g, p):
+            # Zen (docs/zen.md): the pairs through the servers, hash-balanced.
+            handle, result = zen.push_pull_async(g, self._names[p] + ".zen", self._average,
+                                                 self._priority[p], 1.0 / self._predivide)
+
+            def write_back_zen():
+                p.grad = result()
+            return handle, write_back_zen
         values = g.values().contiguous()
         if self._predivide != 1.0:
             values = values * (1.0 / self._predivide)

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Zen's sparse push/pull against its peers across emulated hosts
+# (tests/testbed/testbed.sh; the machinery of bench/multihost.sh).
+#
+#   bench/zen_multihost.sh [options]     (as root)
+#
+# Builds a testbed of H hosts (links shaped with tc tbf at --rate) and runs
+# one job on it, 1 worker and 1 server per host, the workers under the
+# launcher's mpirun: `cortado bench sparse` times, per density and in the
+# same run, Zen (push of hashed COO pairs, pull of hash bitmaps), dense
+# push/pull of the tensor, an allgather of the pairs (MPI_Allgatherv) and
+# MPI_Allreduce of the dense tensor, checks every sum, and prints a markdown
+# table with the ratios to Zen. This script adds the date, the command and
+# the load average.
+#
+# Options:
+#   --rate R          link rate, tc syntax (default 1gbit)
+#   --elements N      float32 elements of the tensor (default 16777216)
+#   --densities D     percent non-zero per worker, comma-separated (default 0.1,1,5)
+#   --iters N         timed iterations per density (default 5)
+#   --warmup N        untimed iterations per density (default 1)
+#   --hosts H         hosts (default 4)
+#   --transport T     zmq or ucx (default zmq)
+#   --build DIR       build directory (default: build next to this script's parent)
+#   --name NAME       testbed name, 1-8 of [a-z0-9] (default: zen + pid)
+set -Eeuo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+TB=$ROOT/tests/testbed/testbed.sh
+RATE=1gbit ELEMENTS=16777216 DENSITIES=0.1,1,5 ITERS=5 WARMUP=1 HOSTS=4 TRANSPORT=zmq
+BUILD=$ROOT/build NAME=zen$(($$ % 100000))
+
+die() {
+  echo "zen_multihost.sh: $*" >&2
+  exit 2
+}
+need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
+while (($#)); do
+  case $1 in
+    --rate) need_value "$@"; RATE=$2; shift 2 ;;
+    --elements) need_value "$@"; ELEMENTS=$2; shift 2 ;;
+    --densities) need_value "$@"; DENSITIES=$2; shift 2 ;;
+    --iters) need_value "$@"; ITERS=$2; shift 2 ;;
+    --warmup) need_value "$@"; WARMUP=$2; shift 2 ;;
+    --hosts) need_value "$@"; HOSTS=$2; shift 2 ;;
+    --transport) need_value "$@"; TRANSPORT=$2; shift 2 ;;
+    --build) need_value "$@"; BUILD=$2; shift 2 ;;
+    --name) need_value "$@"; NAME=$2; shift 2 ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+[[ $ELEMENTS =~ ^[0-9]+$ ]] || die "--elements must be a number (got '$ELEMENTS')"
+[[ $HOSTS =~ ^[2-8]$ ]] || die "--hosts must be 2 to 8 (got '$HOSTS')"
+[[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || die "--name must be 1 to 8 characters of a-z and 0-9 (got '$NAME')"
+[[ $(id -u) -eq 0 ]] || die "must run as root: the emulated hosts are network namespaces (try: sudo $0 $*)"
+CORTADO=$BUILD/launcher/cortado
+[[ -x $CORTADO ]] || die "$CORTADO is missing: build it first (ninja -C $BUILD cortado)"
+command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM HUP
+  "$TB" down "$NAME" >/dev/null 2>&1 || true
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "# testbed $NAME: $HOSTS hosts at $RATE" >&2
+"$TB" up "$NAME" "$HOSTS" --rate "$RATE" >/dev/null
+HOST_LIST=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
+# Generous: every method moves at most the dense tensor a few times per iteration.
+LIMIT=$((300 + (ITERS + WARMUP) * 4 * ELEMENTS * 8 * 12 / 1000000000 * 4))
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# bench/zen_multihost.sh --rate $RATE --elements $ELEMENTS --densities $DENSITIES --iters $ITERS --warmup $WARMUP --hosts $HOSTS --transport $TRANSPORT"
+CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$LIMIT" "$CORTADO" launch --hosts "$HOST_LIST" \
+  -w 1 -s 1 --transport "$TRANSPORT" --agent "$TB exec-host {host}" -- \
+  "$CORTADO" bench sparse --elements "$ELEMENTS" --densities "$DENSITIES" --iters "$ITERS" --warmup "$WARMUP"
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,119 @@
+// Zen's two payloads (specs/zen.md §3, §7.5): a worker's push to server p
+// is a COO list of the (index, value) pairs that p owns; p's answer to a
+// pull is a hash bitmap, one bit per index of I_p (ascending, zen_hash.h)
+// set where the round's sum is non-zero, then those non-zero values in I_p
+// order. The bitmap costs |G| / 8 bytes over all servers whatever their
+// number, so it stays smaller than the dense sum up to very high densities;
+// below about 1/32 density the sum's pairs are smaller, and a server answers
+// with those instead (decodeAnswer reads both).
+//
+// Both start with the same 48-byte little-endian header:
+//
+//   off size field
+//     0    4 magic "ZENS"
+//     4    1 version (kZenVersion)
+//     5    1 kind: 1 = COO push, 2 = bitmap answer
+//     6    1 dtype: float32 (the only one for now)
+//     7    1 reserved, zero
+//     8    8 numel |G| of the dense tensor (<= kMaxElements)
+//    16    4 servers n
+//    20    4 server p (< n)
+//    24    8 seed of the ownership hash h0
+//    32    8 count: pairs (COO) or non-zeros (bitmap)
+//    40    8 list size |I_p| (bitmap); zero for COO
+//
+//   COO body:    count x u32 index, then count x f32 value
+//   bitmap body: ceil(|I_p| / 8) bytes of bits, LSB first (bits past |I_p|
+//                zero), then count x f32 value; count = bits set
+//
+// Every parse checks the whole payload before anything is written and never
+// reads past its end; what is wrong is thrown as Error(kProtocol), which the
+// server or worker extends with the tensor and the sender.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "compressor/zen/zen_hash.h"
+
+namespace cortado::compressor::zen {
+
+inline constexpr uint32_t kZenMagic = 0x534e455au;  // "ZENS" in memory order
+inline constexpr uint8_t kZenVersion = 1;
+inline constexpr size_t kZenHeaderBytes = 48;
+
+enum class Kind : uint8_t { kCoo = 1, kBitmap = 2 };
+
+struct ZenHeader {
+  Kind kind = Kind::kCoo;
+  uint64_t numel = 0;
+  uint32_t servers = 1;
+  uint32_t server = 0;
+  uint64_t seed = 0;
+  uint64_t count = 0;
+  uint64_t listSize = 0;
+  bool operator==(const ZenHeader&) const = default;
+};
+
+// Bytes of a COO push of `pairs` pairs, and of a bitmap answer.
+size_t cooBytes(uint64_t pairs);
+size_t bitmapBytes(uint64_t listSize, uint64_t nonzeros);
+
+// Parses and checks what the header alone can tell (size, magic, version,
+// kind, dtype, reserved, numel, server < servers, body size exact for the
+// kind and count). Safe on any input.
+ZenHeader parseZenHeader(std::span<const std::byte> payload);
+
+// The ownership a header promises; throws kProtocol when it differs from
+// `own` (another tensor size, server count or seed) or names another server.
+void expectPartition(const ZenHeader& h, const Ownership& own, uint32_t server);
+
+// Writes a COO push for server p of ownership `own`; out must hold
+// cooBytes(index.size()). Returns the bytes written.
+size_t writeCoo(const Ownership& own, uint32_t server, std::span<const uint32_t> index,
+                std::span<const float> value, std::span<std::byte> out);
+std::vector<std::byte> encodeCoo(const Ownership& own, uint32_t server,
+                                 std::span<const uint32_t> index, std::span<const float> value);
+
+// A parsed COO push: views into the payload. Indices are unchecked here;
+// ServerSum::add checks range, ownership and duplicates.
+struct CooView {
+  ZenHeader header;
+  const std::byte* index = nullptr;  // count x u32, little-endian, unaligned
+  const std::byte* value = nullptr;  // count x f32
+  uint32_t indexAt(size_t i) const;
+  float valueAt(size_t i) const;
+};
+CooView parseCoo(std::span<const std::byte> payload);
+
+// Writes the bitmap answer of server p: list = I_p, present[t] says whether
+// position t is non-zero, values are those non-zeros in order.
+std::vector<std::byte> encodeBitmap(const Ownership& own, uint32_t server,
+                                    std::span<const uint32_t> list,
+                                    std::span<const uint64_t> presentBits,
+                                    std::span<const float> values);
+
+// Checks a bitmap answer against I_p (the list size, the bit count, the
+// padding bits) and then calls fn(index, value) for each non-zero in
+// ascending index order. Nothing is called for a malformed answer.
+void decodeBitmap(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                  std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn);
+// A server's answer in either form: the bitmap above, or, where that is
+// smaller (a sum denser than about 1/32 of I_p costs more as pairs), a COO
+// payload of the sum's non-zeros with indices ascending. For COO the indices
+// are checked: in range, owned by `server`, strictly ascending. fn(index,
+// value) is called for each non-zero in ascending order, nothing for a
+// malformed answer.
+void decodeAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                  std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn);
+void decodeAnswerInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                      std::span<const uint32_t> list, float* dense);
+
+// The same, writing dense[index] = value (other elements untouched).
+void decodeBitmapInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                      std::span<const uint32_t> list, float* dense);
+
+}  // namespace cortado::compressor::zen

@@ -1,0 +1,75 @@
+// The server side of Zen (specs/zen.md §3, §7.3): one server's sum of the
+// COO pushes of a round for the indices it owns, and the round's answer as
+// a hash bitmap over I_p, or as the sum's pairs where those are smaller
+// (zen_payload.h).
+//
+// The sum starts sparse: pushed pairs are kept as (position in I_p, value)
+// and merged by a sort when the round is answered. Once the round's pairs
+// pass an eighth of |I_p| a dense accumulator of |I_p| floats with a bit per
+// touched position is cheaper in time and hardly more in memory, and the sum
+// switches to it ("densifies") until the end of the round. Either way the
+// answer lists the non-zeros of the sum in I_p order; a position whose
+// pushes cancel to exactly zero is left out like any zero.
+//
+// Every push is checked completely before anything of it is added: the
+// header against this server's partition, each index in range, owned by
+// this server, and listed once. A refused push leaves the sum as it was.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "compressor/zen/zen_hash.h"
+#include "compressor/zen/zen_payload.h"
+
+namespace cortado::compressor::zen {
+
+class ServerSum {
+ public:
+  // Builds I_p by hashing every index of the tensor once.
+  ServerSum(const Ownership& own, uint32_t server);
+
+  const Ownership& ownership() const { return own_; }
+  uint32_t server() const { return server_; }
+  std::span<const uint32_t> list() const { return list_; }
+
+  // Adds one worker's COO push. Throws Error(kProtocol) saying what is wrong
+  // (the caller adds the tensor and the sender), adding nothing.
+  void add(std::span<const std::byte> payload);
+
+  // The round's answer, a hash bitmap or (kSmaller, where fewer bytes) the
+  // sum's pairs ascending (zen_payload.h); clears the sum for the next round.
+  enum class Form { kSmaller, kBitmap };
+  std::vector<std::byte> answer(Form form = Form::kSmaller);
+
+  // This round: pairs added so far, and whether the sum densified.
+  uint64_t pairs() const { return pairs_; }
+  bool densified() const { return dense_; }
+
+ private:
+  void densify();
+
+  Ownership own_;
+  uint32_t server_ = 0;
+  std::vector<uint32_t> list_;
+  // The position of an index in I_p in O(1) (a binary search of I_p costs a
+  // cache miss per step on large tensors): bit (i & 63) of blockMask_[i >> 6]
+  // says whether this server owns i, blockRank_[i >> 6] counts the indices
+  // it owns before that block. 12 bytes per 64 elements.
+  LargeVector<uint64_t> blockMask_;
+  LargeVector<uint32_t> blockRank_;
+  // Checking one push: its positions, and a bit per position it listed.
+  std::vector<uint32_t> pos_;
+  std::vector<uint64_t> seen_;
+  // Sparse mode.
+  std::vector<std::pair<uint32_t, float>> pending_;
+  // Dense mode.
+  bool dense_ = false;
+  LargeVector<float> acc_;
+  std::vector<uint64_t> touched_;
+  uint64_t pairs_ = 0;
+};
+
+}  // namespace cortado::compressor::zen
