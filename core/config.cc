@@ -83,9 +83,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS (seconds) and HOROVOD_STALL_CHECK_DISABLE=1 "
        "are read"},
       {"CORTADO_REPORT_MEMORY", "", "0",
-       "1: each server prints its peak memory against the bytes of the keys it owns when the "
-       "job ends, and `cortado bench pushpull` and `cortado bench model` their workers' against "
-       "the gradients' bytes (the benchmarks set it)"},
+       "1: each server prints the memory it owns against the bytes of its keys when the job "
+       "ends, and `cortado bench pushpull`'s workers theirs against the gradients' bytes (the "
+       "benchmark sets it; docs/transports.md, \"Memory\")"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
