@@ -128,7 +128,7 @@ int runPushPullBench(const PushPullBenchOptions& o) {
                   "--executor needs MPI, and this build has none (install OpenMPI with "
                   "scripts/install_deps.sh and reconfigure)");
 #endif
-  MemoryPeaks memory;  // the baseline: before the engine starts
+  const MemoryUse base = currentMemory();  // before the engine starts
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   const int W = worker->size(), rank = worker->rank();
   const bool lead = rank == 0;
@@ -203,9 +203,7 @@ int runPushPullBench(const PushPullBenchOptions& o) {
     // benchmark's own buffers (in, out), against every tensor declared.
     declaredBytes += n * esz;
     if (job.reportMemory && bytes * 2 > o.maxBytes) {
-      memory.sample();
       const MemoryUse now = currentMemory();
-      const MemoryUse& base = memory.baseline();
       const uint64_t own = in.size() + out.size();
       const uint64_t privateAbove =
           now.anon > base.anon + own ? now.anon - base.anon - own : 0;

@@ -70,8 +70,8 @@ int runSchedulerRole(const JobConfig& job) {
 
 namespace {
 
-// One line per server on stderr, for `cortado bench pushpull` and `cortado
-// bench model` (CORTADO_REPORT_MEMORY=1; docs/transports.md, "Memory").
+// One line per server on stderr when the job ends (CORTADO_REPORT_MEMORY=1,
+// which `cortado bench pushpull` sets; docs/transports.md, "Memory").
 void printServerMemory(int rank, const MemoryPeaks& m, uint64_t keyBytes, uint64_t segmentBytes) {
   const MemoryUse& p = m.peak();
   const MemoryUse& b = m.baseline();
