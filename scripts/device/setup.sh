@@ -4,7 +4,7 @@
 # replacing anything there (under /usr where / is merged), adds the bundle's
 # libraries, and makes the checkout reachable at the path compiled into the
 # binaries (the planner's data). Sets CORTADO_PLANNER_DATA, LD_LIBRARY_PATH
-# (NCCL), OMPI_MCA_plm=rsh, D (the bundle), REPO (the checkout) and OUT
+# (NCCL), OMPI_MCA_plm_rsh_agent (where ssh is missing), D (the bundle), REPO (the checkout) and OUT
 # (where the scripts write their logs; made here).
 D=${DEVRUN:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 REPO=$(cd "$D/.." && pwd)
@@ -25,6 +25,9 @@ ldconfig
 export CORTADO_PLANNER_DATA=$REPO/scheduler/planner
 NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openmpi/lib:$NCCL_DIR:${LD_LIBRARY_PATH:-}"
-# The machine's default OpenMPI launcher is not the rsh one (run D2 in
-# docs/benchmarks.md); cortado launch --agent asks for it too.
-export OMPI_MCA_plm=rsh
+# OpenMPI's rsh launcher refuses to start, even for ranks on this machine
+# alone, when its agent (ssh) is missing, as on the H200 machine of
+# 2026-11-28; it never calls the agent for local ranks, so any program will
+# do. `cortado launch --hosts --agent` names its own agent and launcher
+# (run D2 in docs/benchmarks.md).
+command -v ssh >/dev/null || export OMPI_MCA_plm_rsh_agent=/bin/false
