@@ -371,7 +371,16 @@ void Check::runSweep() {
       }
     }
   }
+  const auto sweepStart = std::chrono::steady_clock::now();
   for (int iter = 0; iter < iters; ++iter) {
+    if (me == 0 && iter > 0) {
+      // Progress, so that a run stopped by its time limit (a GPU machine's
+      // budget) still says how far it got and what an option costs.
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sweepStart).count();
+      std::printf("%d of %d iterations in %.1f s (%.2f ms per option and iteration)\n", iter, iters, s,
+                  1e3 * s / (double(iter) * double(std::max<size_t>(chosen.size(), 1))));
+      std::fflush(stdout);
+    }
     for (size_t c = 0; c < chosen.size(); ++c) {
       const size_t o = chosen[c];
       const bool exact = mode == "all";
