@@ -59,7 +59,7 @@ if [[ -n ${FULL:-} ]]; then
   exec_run all_2x2 2 400 --mode all
   exec_run all_4x1 1 400 --mode all
   exec_run lossy_topk_2x2 2 300 --mode lossy --codec topk:ratio=0.25 --stride 8 --iters 30 --bound 40
-  exec_run lossy_efsignsgd_4x1 1 400 --mode lossy --codec efsignsgd --stride 16 --iters 90
+  exec_run lossy_efsignsgd_4x1 1 600 --mode lossy --codec efsignsgd --stride 16 --iters 90
   exec_run lossy_terngrad_2x2 2 60 --mode lossy --codec terngrad --stride 64 --iters 30
   exec_run groups_2x2 2 400 --mode groups --elements 300 --iters 6
   exec_run pipeline_2x2 2 200 --mode pipeline --elements 300 --iters 2
