@@ -74,6 +74,13 @@ struct EncodeContext {
   size_t rows = 0;
   // CUDA codecs: the cudaStream_t to run on (nullptr = default stream).
   void* stream = nullptr;
+  // Error feedback with momentum (DGC): zero all of u after this encode, not
+  // only where the payload sent something. The plan executor sets it when
+  // the input carries residuals that a change of plan or of group boundaries
+  // folded in (v and m u of retired encode points): they are velocity
+  // already, so they enter v once and must not stay in u, where every later
+  // step would add m times them again (error_feedback.h).
+  bool restartMomentum = false;
 };
 
 class Codec {

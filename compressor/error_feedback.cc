@@ -1,5 +1,7 @@
 #include "compressor/error_feedback.h"
 
+#include <algorithm>
+
 #include "compressor/cpu/kernels.h"
 #include "core/common/error.h"
 
@@ -52,7 +54,10 @@ size_t ErrorFeedback::encode(uint64_t key, const float* grad, size_t n, std::spa
   size_t bytes = codec_->encode(e, n, out, ctx);
   auto payload = std::span<const std::byte>(out.data(), bytes);
   codec_->decompressAdd(payload, e, n, -1.0f, ctx);
-  if (momentum_ > 0) codec_->zeroSent(payload, s.velocity.data(), n, ctx);
+  if (momentum_ > 0 && ctx.restartMomentum)
+    std::fill(s.velocity.begin(), s.velocity.end(), 0.0f);
+  else if (momentum_ > 0)
+    codec_->zeroSent(payload, s.velocity.data(), n, ctx);
   return bytes;
 }
 

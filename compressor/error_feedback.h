@@ -9,7 +9,8 @@
 // exactly for sparse codecs, whose sent elements leave a zero residual).
 // With momentum m > 0 (DGC, Lin et al. 2018), u and v per key:
 //   u = m u + g;  v = v + u;  payload = encode(v);  v = v - decode(payload);
-//   u = 0 where the payload sent something (sparse codecs).
+//   u = 0 where the payload sent something (sparse codecs);
+//   u = 0 everywhere with EncodeContext::restartMomentum.
 //
 // Threads: encode() for different keys may run concurrently; calls for the
 // same key must not overlap (a tensor's pipeline runs one round at a time).

@@ -45,6 +45,8 @@ class CudaErrorFeedback {
                 const EncodeContext& ctx = {});
   // Device pointer to the key's residual (v with momentum); nullptr when none.
   const float* residual(uint64_t key) const;
+  // Device pointer to the key's momentum u; nullptr when none (or m = 0).
+  const float* velocity(uint64_t key) const;
   void reset(uint64_t key);
 
  private:

@@ -63,8 +63,17 @@ size_t CudaErrorFeedback::encode(uint64_t key, const float* grad, size_t n,
   size_t bytes = codec_->encode(st.residual, n, out, ctx);
   auto payload = std::span<const std::byte>(out.data(), bytes);
   codec_->decompressAdd(payload, st.residual, n, -1.0f, ctx);
-  if (momentum_ > 0) codec_->zeroSent(payload, st.velocity, n, ctx);
+  if (momentum_ > 0 && ctx.restartMomentum)
+    check(cudaMemsetAsync(st.velocity, 0, n * sizeof(float), s), "restart the momentum");
+  else if (momentum_ > 0)
+    codec_->zeroSent(payload, st.velocity, n, ctx);
   return bytes;
+}
+
+const float* CudaErrorFeedback::velocity(uint64_t key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = states_.find(key);
+  return it == states_.end() ? nullptr : it->second->velocity;
 }
 
 const float* CudaErrorFeedback::residual(uint64_t key) const {

@@ -36,6 +36,11 @@ class HostErrorFeedback final : public ErrorFeedback {
     auto r = ef_.residual(key);
     return {r.begin(), r.end()};
   }
+  float momentum() const override { return ef_.momentum(); }
+  std::vector<float> velocity(uint64_t key) const override {
+    auto u = ef_.velocity(key);
+    return {u.begin(), u.end()};
+  }
 
  private:
   compressor::ErrorFeedback ef_;

@@ -90,6 +90,10 @@ class ErrorFeedback {
   // A host copy of the key's residual (v with momentum); empty when the key
   // has no state. Waits for the key's pending encode.
   virtual std::vector<float> residual(uint64_t key) const = 0;
+  // The momentum correction m (DGC's; 0 without), and a host copy of the
+  // key's u, empty when m = 0 or the key has no state.
+  virtual float momentum() const = 0;
+  virtual std::vector<float> velocity(uint64_t key) const = 0;
 };
 
 // Error feedback on host memory (compressor::ErrorFeedback): the host

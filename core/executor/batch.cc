@@ -140,7 +140,7 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items, Deadline deadl
   }
   const detail::Lanes l = lanes();
   l.bind(s);
-  float* at = detail::gatherGroup(l, s.parts, its, s.buffer, deadline);
+  float* at = detail::gatherGroup(l, s.parts, its, s.buffer, deadline, s.carried);
   if (at != s.buffer.data()) ++inPlaceGroupRuns_;
   u.in = u.out = at;
 }

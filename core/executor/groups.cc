@@ -44,7 +44,9 @@ bool inPlace(std::span<Executor::TensorState* const> parts, std::span<const Batc
 }  // namespace
 
 float* gatherGroup(const Lanes& l, std::span<Executor::TensorState* const> parts,
-                   std::span<const BatchItem* const> items, device::Buffer& buffer, Deadline d) {
+                   std::span<const BatchItem* const> items, device::Buffer& buffer, Deadline d,
+                   bool& carried) {
+  carried = false;
   uint64_t total = 0;
   for (const Executor::TensorState* t : parts) total += t->n;
   float* at = nullptr;
@@ -60,7 +62,7 @@ float* gatherGroup(const Lanes& l, std::span<Executor::TensorState* const> parts
       l.dev->copy(at + off, items[k]->input, t.n * sizeof(float), device::CopyKind::kDeviceToDevice,
                   *l.compute);
     l.bind(t);
-    foldCarry(l, t, at + off, d);
+    if (foldCarry(l, t, at + off, d)) carried = true;
     off += t.n;
   }
   return at;
@@ -101,7 +103,7 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   for (const TensorState* t : states)
     f.members += fmt::format("{}{}#{}", f.members.empty() ? "" : ", ", t->name, t->round);
   const detail::Lanes l = lanes();
-  float* buf = detail::gatherGroup(l, states, items, fusionBuffer_, deadline);
+  float* buf = detail::gatherGroup(l, states, items, fusionBuffer_, deadline, f.carried);
   if (buf != fusionBuffer_.data()) ++inPlaceGroupRuns_;
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   try {

@@ -51,8 +51,8 @@ void Lanes::toDevice(Executor::TensorState& t, float* dst, uint64_t n) const {
   dev->wait(*compute, *t.copied);
 }
 
-void foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
-  if (t.carry.empty()) return;
+bool foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
+  if (t.carry.empty()) return false;
   float* h = l.hostStaging(t, t.n, d);
   std::copy_n(t.carry.data(), t.n, h);
   float* dev = t.scratch2.floats(t.n);
@@ -64,6 +64,7 @@ void foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
   l.dev->wait(*l.compute, *t.copied);
   l.dev->add(x, dev, t.n, *l.compute);
   t.carry.clear();
+  return true;
 }
 
 }  // namespace cortado::executor::detail

@@ -239,7 +239,11 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
   // so that whatever runs them next sends it; the encode points start again
   // from zero. Sums are linear, so nothing is lost or sent twice. An encode
   // point that several ranks run on the same data (replicas) holds the same
-  // residual on each, owed once: each folds its share.
+  // residual on each, owed once: each folds its share. With DGC's momentum
+  // the carry is v + m u: what the point's next step would have put into v
+  // besides the new gradient; the run that takes the carry then restarts the
+  // momentum (EncodeContext::restartMomentum), so that v gets the carry once
+  // and u does not keep it (Run::restart_).
   auto partAt = [&](uint64_t element) -> std::pair<TensorState*, uint64_t> {
     if (s.parts.empty()) return {&s, 0};
     size_t k = size_t(std::upper_bound(s.partOffsets.begin(), s.partOffsets.end(), element) -
@@ -251,8 +255,13 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
     auto it = s.ef.find(step);
     if (it == s.ef.end()) continue;
     const float share = 1.0f / float(std::max<uint64_t>(1, s.efReplicas[step]));
+    const float m = it->second->momentum();
     for (const auto& [off, count] : pieces) {
-      const std::vector<float> r = it->second->residual(off);
+      std::vector<float> r = it->second->residual(off);
+      if (m > 0) {
+        const std::vector<float> u = it->second->velocity(off);
+        for (size_t i = 0; i < r.size() && i < u.size(); ++i) r[i] += m * u[i];
+      }
       for (uint64_t i = 0; i < r.size() && off + i < s.n; ++i) {
         if (r[i] == 0.0f) continue;
         auto [t, base] = partAt(off + i);

@@ -96,6 +96,9 @@ struct Executor::TensorState {
   // Residuals of the encode points a plan switch retired, folded into the
   // next input at their element offsets (empty when none).
   std::vector<float> carry;
+  // A group's: its gathered input holds some member's carry (gatherGroup);
+  // its next run restarts the momentum of its encodes (Run::restart_).
+  bool carried = false;
   std::vector<std::string> shardKeys;  // push/pull keys, by shard
   // The shard keys this worker pushed and pulled under the current plan:
   // setPlan releases them (Worker::release), after their last round.
@@ -157,8 +160,8 @@ struct Lanes {
 // Adds the residuals of retired encode points that `t` still owes (carry)
 // to its data at `x` (t.n elements, device memory) and clears them: once, in
 // whichever execution runs the tensor next (alone, in a group, or fused by
-// size).
-void foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d);
+// size). Returns whether it owed any.
+bool foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d);
 // A group's concatenation (a plan group, or tensors fused by size): its
 // members' inputs, each with the carry it owes, as one span of consecutive
 // elements in the members' order. In place, with no copy, when the outputs
@@ -167,8 +170,10 @@ void foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d);
 // the model replay) and every input either is its output or lies outside
 // the outputs' span; gathered into `buffer` otherwise. Returns the span's
 // start: the output of the first member, or buffer.data().
+// `carried`: whether some member's carry was folded in.
 float* gatherGroup(const Lanes& l, std::span<Executor::TensorState* const> parts,
-                   std::span<const BatchItem* const> items, device::Buffer& buffer, Deadline d);
+                   std::span<const BatchItem* const> items, device::Buffer& buffer, Deadline d,
+                   bool& carried);
 // After the group ran at `at` (gatherGroup's answer): a gathered group's
 // results copied to its members' outputs; nothing to do in place.
 void scatterGroup(const Lanes& l, const float* at, std::span<Executor::TensorState* const> parts,
@@ -233,7 +238,9 @@ class Run {
         d_(d),
         tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr),
         prof_(prof),
-        flushResidual_(flushResidual) {
+        flushResidual_(flushResidual),
+        restart_(t.carried) {
+    t_.carried = false;
     lanes_.bind(t_);
   }
 
@@ -343,6 +350,9 @@ class Run {
   uint64_t replicas_ = 1;  // ranks that hold the same data as this one
   Executor::Profiler* prof_ = nullptr;
   bool flushResidual_ = false;  // the key's last round: Exchange::flushResidual
+  // The input holds folded residuals (carry): every encode of this run
+  // restarts its momentum (EncodeContext::restartMomentum).
+  bool restart_ = false;
   const char* lane_ = "cpu";    // where the last encode or decode ran (trace lanes)
 };
 

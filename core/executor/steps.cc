@@ -151,7 +151,7 @@ void Run::start(const float* in, float* out) {
   if (in != out)
     lanes_.dev->copy(out, in, t_.n * sizeof(float), device::CopyKind::kDeviceToDevice,
                      *lanes_.compute);
-  foldCarry(lanes_, t_, x_, d_);
+  if (foldCarry(lanes_, t_, x_, d_)) restart_ = true;
   r_ = Region{0, t_.n};
   step_ = 0;
   runSteps(Until::kBeforeComm);
@@ -481,6 +481,7 @@ void Run::encode() {
     t_.efReplicas[step_] = replicas_;
     compressor::EncodeContext ctx;
     ctx.seed = seed(s.off);
+    ctx.restartMomentum = restart_;
     if (dev) {
       ef->encode(s.off, x_ + s.off, s.count, std::span<std::byte>(payloads + at[k], s.bytes.size()),
                  ctx, lanes_.compute);

@@ -94,6 +94,43 @@ TEST(ErrorFeedback, DgcMomentumCorrectionMatchesReference) {
   }
 }
 
+// EncodeContext::restartMomentum (an input that carries folded residuals):
+// the same v as a plain step, and u zero everywhere afterwards, not only
+// where the payload sent something; the next step starts from u = 0.
+TEST(ErrorFeedback, RestartMomentumZeroesAllOfU) {
+  const size_t n = 500, k = 5;
+  const float m = 0.9f;
+  ErrorFeedback ef(cpuRegistry().create("dgc:ratio=0.01,momentum=0.9"));
+  std::vector<float> u(n, 0.0f), v(n, 0.0f);
+  for (int step = 0; step < 4; ++step) {
+    const bool restart = step == 1;
+    auto g = randomTensor(n, 300 + step);
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + g[i];
+      v[i] += u[i];
+    }
+    std::vector<uint32_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+    idx.resize(k);
+    std::vector<std::byte> out(ef.payloadBytes(n));
+    EncodeContext ctx;
+    ctx.restartMomentum = restart;
+    ef.encode(7, g.data(), n, out, ctx);
+    for (uint32_t i : idx) u[i] = v[i] = 0.0f;
+    if (restart) std::fill(u.begin(), u.end(), 0.0f);
+    auto ev = ef.residual(7), eu = ef.velocity(7);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(ev[i], v[i]) << "step " << step << " element " << i;
+      ASSERT_EQ(eu[i], u[i]) << "step " << step << " element " << i;
+    }
+    if (restart) {
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(eu[i], 0.0f) << i;
+    }
+  }
+}
+
 TEST(ErrorFeedback, RejectsMomentumOnDenseCodecs) {
   EXPECT_THROW(ErrorFeedback(cpuRegistry().create("fp16"), 0.9f), Error);
 }

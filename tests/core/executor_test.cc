@@ -4,7 +4,10 @@
 // mpirun by tests/multiprocess/exec_check.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <future>
+#include <numeric>
 
 #include "core/common/half.h"
 #include "core/device/host/factory.h"
@@ -214,6 +217,142 @@ TEST(Executor, AGroupRunsInPlaceOnConsecutiveOutputs) {
           if (c.inputsApart) ASSERT_EQ(apart[k][i], input(r, iter, k, i)) << names[k] << " input " << i;
         }
       ++iter;
+    }
+  });
+}
+
+// DGC (momentum correction) while the group boundaries change: a plan group
+// {a, b} that runs whole in some iterations and member by member in others,
+// so each change retires the encode points that hold the residuals. The sums
+// match a replay with plain loops of DGC's algebra (u = m u + g; v += u; the
+// exact top-k of |v| sent, v and u zeroed there) in which a retired point's
+// v + m u joins its tensors' next input and that run then restarts u at zero
+// everywhere: the carried residual is counted once. (Folded into the input
+// with the momentum left running, it entered u and was sent again, up to
+// 1 / (1 - m) times, at every change.)
+TEST(Executor, DgcAcrossChangingGroupBoundariesMatchesAReplay) {
+  const int W = 2;  // two workers: the servers' sums are exact in any order
+  test::Job job(W, 2);
+  const float m = 0.9f;
+  const std::vector<uint64_t> lens = {40, 24};
+  plan::TensorOption o;
+  o.hierarchical = true;
+  o.codec = "dgc:ratio=0.25,momentum=0.9";
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+             Step::encode(plan::Device::kCpu),
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, false),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::Plan p;
+  p.tensors["a"] = p.tensors["b"] = o;
+  p.groups = {{"a", "b"}};
+  // Per iteration: the group whole (true), or a then b alone (false).
+  const std::vector<bool> whole = {true, true, false, false, true, false, true, true, false};
+  const int iters = int(whole.size());
+  auto grad = [](int r, int iter, size_t k, uint64_t i) {
+    // Distinct magnitudes (no ties in the top-k), both signs.
+    const uint64_t h = (uint64_t(r) * 7919 + uint64_t(iter) * 104729 + k * 1299709 + i * 15485863) % 100003;
+    return (float(h) / 100003.0f - 0.45f) * (1.0f + 0.001f * float(i));
+  };
+  // The replay: per worker, an encode point's state (v, u) and the carry
+  // each tensor owes.
+  struct Point {
+    std::vector<float> v, u;
+  };
+  auto step = [&](Point& pt, const std::vector<float>& x, bool restart, std::vector<float>& sent) {
+    const size_t n = x.size(), k = std::max<size_t>(1, size_t(double(n) * 0.25));
+    if (pt.v.empty()) pt.v.assign(n, 0.0f), pt.u.assign(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) {
+      pt.u[i] = m * pt.u[i] + x[i];
+      pt.v[i] += pt.u[i];
+    }
+    std::vector<size_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](size_t a, size_t b) { return std::fabs(pt.v[a]) > std::fabs(pt.v[b]); });
+    sent.assign(n, 0.0f);
+    for (size_t j = 0; j < k; ++j) {
+      sent[idx[j]] = pt.v[idx[j]];
+      pt.v[idx[j]] = pt.u[idx[j]] = 0.0f;
+    }
+    if (restart) std::fill(pt.u.begin(), pt.u.end(), 0.0f);
+  };
+  auto retire = [&](Point& pt, std::vector<std::vector<float>*> carries) {
+    size_t at = 0;
+    for (auto* c : carries) {  // each sized to its tensor, in the point's order
+      for (size_t i = 0; i < c->size(); ++i, ++at)
+        if (!pt.v.empty()) (*c)[i] += pt.v[at] + m * pt.u[at];
+    }
+    pt = Point{};
+  };
+  // expect[iter][k]: the sum of what the workers sent for tensor k.
+  std::vector<std::vector<std::vector<float>>> expect(
+      size_t(iters), {std::vector<float>(lens[0], 0.0f), std::vector<float>(lens[1], 0.0f)});
+  for (int r = 0; r < W; ++r) {
+    Point G, A, B;
+    std::vector<float> carryA, carryB;
+    enum { kNone, kGroup, kAlone } layout = kNone;
+    for (int iter = 0; iter < iters; ++iter) {
+      std::vector<float> xa(lens[0]), xb(lens[1]);
+      for (uint64_t i = 0; i < lens[0]; ++i) xa[i] = grad(r, iter, 0, i);
+      for (uint64_t i = 0; i < lens[1]; ++i) xb[i] = grad(r, iter, 1, i);
+      if (whole[size_t(iter)]) {
+        if (layout == kAlone) {
+          carryA.assign(lens[0], 0.0f), carryB.assign(lens[1], 0.0f);
+          retire(A, {&carryA});
+          retire(B, {&carryB});
+        }
+        const bool restart = !carryA.empty() || !carryB.empty();
+        for (size_t i = 0; i < carryA.size(); ++i) xa[i] += carryA[i];
+        for (size_t i = 0; i < carryB.size(); ++i) xb[i] += carryB[i];
+        carryA.clear(), carryB.clear();
+        std::vector<float> x(xa), sent;
+        x.insert(x.end(), xb.begin(), xb.end());
+        step(G, x, restart, sent);
+        for (uint64_t i = 0; i < lens[0]; ++i) expect[size_t(iter)][0][i] += sent[i];
+        for (uint64_t i = 0; i < lens[1]; ++i) expect[size_t(iter)][1][i] += sent[lens[0] + i];
+        layout = kGroup;
+      } else {
+        if (layout == kGroup) {
+          carryA.assign(lens[0], 0.0f), carryB.assign(lens[1], 0.0f);
+          retire(G, {&carryA, &carryB});
+        }
+        const bool restartA = !carryA.empty(), restartB = !carryB.empty();
+        for (size_t i = 0; i < carryA.size(); ++i) xa[i] += carryA[i];
+        for (size_t i = 0; i < carryB.size(); ++i) xb[i] += carryB[i];
+        carryA.clear(), carryB.clear();
+        std::vector<float> sent;
+        step(A, xa, restartA, sent);
+        for (uint64_t i = 0; i < lens[0]; ++i) expect[size_t(iter)][0][i] += sent[i];
+        step(B, xb, restartB, sent);
+        for (uint64_t i = 0; i < lens[1]; ++i) expect[size_t(iter)][1][i] += sent[i];
+        layout = kAlone;
+      }
+    }
+  }
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    ex.declare("a", DType::kFloat32, lens[0]);
+    ex.declare("b", DType::kFloat32, lens[1]);
+    ex.setPlan(p, soon());
+    for (int iter = 0; iter < iters; ++iter) {
+      std::vector<float> flat(lens[0] + lens[1]);
+      for (uint64_t i = 0; i < lens[0]; ++i) flat[i] = grad(r, iter, 0, i);
+      for (uint64_t i = 0; i < lens[1]; ++i) flat[lens[0] + i] = grad(r, iter, 1, i);
+      executor::BatchItem a{"a", flat.data(), flat.data(), lens[0]};
+      executor::BatchItem b{"b", flat.data() + lens[0], flat.data() + lens[0], lens[1]};
+      if (whole[size_t(iter)]) {
+        std::vector<executor::BatchItem> both = {a, b};
+        ex.runBatch(both, ReduceOp::kSum, soon());
+      } else {
+        ex.runBatch(std::span<const executor::BatchItem>(&a, 1), ReduceOp::kSum, soon());
+        ex.runBatch(std::span<const executor::BatchItem>(&b, 1), ReduceOp::kSum, soon());
+      }
+      for (uint64_t i = 0; i < lens[0]; ++i)
+        ASSERT_EQ(flat[i], expect[size_t(iter)][0][i]) << "iteration " << iter << ", a[" << i << "]";
+      for (uint64_t i = 0; i < lens[1]; ++i)
+        ASSERT_EQ(flat[lens[0] + i], expect[size_t(iter)][1][i])
+            << "iteration " << iter << ", b[" << i << "]";
     }
   });
 }

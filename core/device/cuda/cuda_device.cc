@@ -96,6 +96,16 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
     streams_[key] = static_cast<cudaStream_t>(ctx.stream);
   }
   std::vector<float> residual(uint64_t key) const override {
+    return toHost(key, ef_.residual(key), "residual");
+  }
+  float momentum() const override { return ef_.momentum(); }
+  std::vector<float> velocity(uint64_t key) const override {
+    return toHost(key, ef_.velocity(key), "velocity");
+  }
+
+ private:
+  // A host copy of the key's state at p (device memory), after its encode.
+  std::vector<float> toHost(uint64_t key, const float* p, const char* what) const {
     size_t n = 0;
     cudaStream_t s = nullptr;
     {
@@ -105,16 +115,15 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
       n = it->second;
       s = streams_.at(key);
     }
-    const float* r = ef_.residual(key);
-    if (r == nullptr) return {};
+    if (p == nullptr) return {};
     std::vector<float> out(n);
     check(cudaSetDevice(device_), "cudaSetDevice");
-    check(cudaStreamSynchronize(s), "residual: synchronize the encode's stream");
-    check(cudaMemcpy(out.data(), r, n * sizeof(float), cudaMemcpyDeviceToHost), "residual: copy");
+    check(cudaStreamSynchronize(s), fmt::format("{}: synchronize the encode's stream", what));
+    check(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost),
+          fmt::format("{}: copy", what));
     return out;
   }
 
- private:
   compressor::cuda::CudaErrorFeedback ef_;
   int device_;
   mutable std::mutex mu_;

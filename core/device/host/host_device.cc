@@ -176,6 +176,8 @@ class HostDeviceErrorFeedback final : public ErrorFeedback {
     ef_->encode(key, grad, n, out, ctx, nullptr);
   }
   std::vector<float> residual(uint64_t key) const override { return ef_->residual(key); }
+  float momentum() const override { return ef_->momentum(); }
+  std::vector<float> velocity(uint64_t key) const override { return ef_->velocity(key); }
 
  private:
   std::unique_ptr<ErrorFeedback> ef_;
