@@ -2,8 +2,10 @@
 """Draws the plots of docs/benchmarks.md from the tables printed there.
 
 Each plot reads the Markdown table that follows a `<!-- plot: NAME -->` line
-in docs/benchmarks.md, so a figure always shows the numbers beside it. Writes
-PNG files (matplotlib, Debian's python3-matplotlib) into docs/figures/.
+in docs/benchmarks.md, so a figure always shows the numbers beside it; the
+text after a `;` in the marker (`<!-- plot: NAME; 2026-11-28, 2-core VM -->`)
+goes into the plot's title. Writes PNG files (matplotlib, Debian's
+python3-matplotlib) into docs/figures/.
 
     /usr/bin/python3 bench/plot_figures.py             # every figure
     /usr/bin/python3 bench/plot_figures.py --check     # parse the tables only
@@ -21,11 +23,11 @@ class TableError(Exception):
 
 
 def marked_tables(path):
-    """{name: (header, rows)} for every table after a `<!-- plot: NAME -->` line."""
+    """{name: (header, rows, note)} for every table after a `<!-- plot: NAME[; NOTE] -->` line."""
     lines = open(path, encoding="utf-8").read().split("\n")
     tables = {}
     for i, line in enumerate(lines):
-        m = re.fullmatch(r"<!-- plot: ([\w-]+) -->", line.strip())
+        m = re.fullmatch(r"<!-- plot: ([\w-]+)(?:; (.*?))? -->", line.strip())
         if not m:
             continue
         j = i + 1
@@ -39,15 +41,17 @@ def marked_tables(path):
             j += 1
         if len(rows) < 3:
             raise TableError(f"{path}:{i + 1}: no table after the marker '{m.group(1)}'")
-        tables[m.group(1)] = (rows[0], rows[2:])
+        tables[m.group(1)] = (rows[0], rows[2:], m.group(2) or "")
     return tables
 
 
-def column(header, name, table):
-    for k, h in enumerate(header):
-        if h == name:
-            return k
-    raise TableError(f"table '{table}' has no column '{name}' (columns: {', '.join(header)})")
+def column(header, names, table):
+    """The index of the first of `names` (one name or a list of alternatives) in the header."""
+    names = [names] if isinstance(names, str) else names
+    for name in names:
+        if name in header:
+            return header.index(name)
+    raise TableError(f"table '{table}' has no column '{' or '.join(names)}' (columns: {', '.join(header)})")
 
 
 def number(text, table):
@@ -71,22 +75,24 @@ def get(tables, name):
 
 
 def pushpull_series(tables):
-    header, rows = get(tables, "pushpull")
+    header, rows, note = get(tables, "pushpull")
     sizes = [size_bytes(r[0], "pushpull") for r in rows]
     series = {}
-    for label, col in [("Cortado (shared memory)", "cortado GB/s"), ("MPI_Allreduce, shared memory", "mpi_shm GB/s"),
+    # compare_pushpull.py names Cortado's column after its transport.
+    for label, col in [("Cortado (shared memory)", ["zmq GB/s", "cortado GB/s"]),
+                       ("MPI_Allreduce, shared memory", "mpi_shm GB/s"),
                        ("MPI_Allreduce, TCP", "mpi_tcp GB/s"), ("Gloo allreduce", "gloo GB/s")]:
         k = column(header, col, "pushpull")
         series[label] = (sizes, [number(r[k], "pushpull") for r in rows])
-    header, rows = get(tables, "pushpull-tcp")
-    k = column(header, "cortado GB/s", "pushpull-tcp")
+    header, rows, _ = get(tables, "pushpull-tcp")
+    k = column(header, ["zmq noshm GB/s", "cortado GB/s"], "pushpull-tcp")
     series["Cortado, CORTADO_SHM=0 (TCP)"] = ([size_bytes(r[0], "pushpull-tcp") for r in rows],
                                               [number(r[k], "pushpull-tcp") for r in rows])
-    return series
+    return series, note
 
 
 def replay_cells(tables):
-    header, rows = get(tables, "model-replay")
+    header, rows, note = get(tables, "model-replay")
     strategies = ["none", "gpu", "cpu", "plan", "replan"]
     cols = [column(header, s, "model-replay") for s in strategies]
     err_col = column(header, "errors none/gpu/cpu/plan/replan", "model-replay")
@@ -99,15 +105,15 @@ def replay_cells(tables):
         # An error is the prediction's against the measured time: predicted = measured x (1 + error).
         predicted = [m * (1 + e) for m, e in zip(measured, errors)]
         cells.append((f"{r[0]}\n{r[1]}", measured, predicted))
-    return strategies, cells
+    return strategies, cells, note
 
 
 def training_runs(tables):
-    runs = []
+    runs, notes = [], []
     for name, title in [("training-hosts", "4 emulated hosts at 1 Gbit/s, batch 8"),
                         ("training-hosts-b4", "4 emulated hosts at 1 Gbit/s, batch 4"),
                         ("training-local", "one machine, 4 workers, batch 8")]:
-        header, rows = get(tables, name)
+        header, rows, note = get(tables, name)
         k = column(header, "img/sec total", name)
         configs, rates, spreads = [], [], []
         for r in rows:
@@ -118,10 +124,11 @@ def training_runs(tables):
             rates.append(float(m.group(1)))
             spreads.append(float(m.group(2)))
         runs.append((title, configs, rates, spreads))
-    return runs
+        notes.append(note)
+    return runs, notes[0]
 
 
-def draw_pushpull(series, out):
+def draw_pushpull(series, note, out):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"Cortado (shared memory)": dict(color="C3", marker="o", linewidth=2.5),
@@ -139,7 +146,7 @@ def draw_pushpull(series, out):
     ax.set_xticklabels([f"{t >> 20} MiB" if t >= 1 << 20 else f"{t >> 10} KiB" for t in ticks])
     ax.set_xlabel("tensor size")
     ax.set_ylabel("algorithm bandwidth (GB/s)")
-    ax.set_title("Push-pull on one machine, 4 workers, 2 servers (2026-11-21, 2-core VM, loaded)")
+    ax.set_title(f"Push-pull on one machine, 4 workers, 2 servers ({note})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -147,7 +154,7 @@ def draw_pushpull(series, out):
     plt.close(fig)
 
 
-def draw_replay(strategies, cells, out):
+def draw_replay(strategies, cells, note, out):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5))
     width = 0.8 / len(strategies)
@@ -160,7 +167,7 @@ def draw_replay(strategies, cells, out):
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([c[0] for c in cells])
     ax.set_ylabel("iteration time (ms, log scale)")
-    ax.set_title("Model replay on 4 emulated hosts at 1 Gbit/s (2026-11-27, 2-core VM)")
+    ax.set_title(f"Model replay on 4 emulated hosts at 1 Gbit/s ({note})", fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(ncol=3)
     fig.tight_layout()
@@ -168,7 +175,7 @@ def draw_replay(strategies, cells, out):
     plt.close(fig)
 
 
-def draw_training(runs, out):
+def draw_training(runs, note, out):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(runs), figsize=(15, 5), sharey=True)
     for ax, (title, configs, rates, spreads) in zip(axes, runs):
@@ -181,7 +188,7 @@ def draw_training(runs, out):
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(runs[0][1])))
     axes[0].set_yticklabels([c.replace(", ", ",\n", 1) for c in runs[0][1]], fontsize=8)
-    fig.suptitle("resnet18 training with the Python binding against DDP and Horovod with Gloo (2026-11-28, 2-core VM, loaded)")
+    fig.suptitle(f"resnet18 training with the Python binding against DDP and Horovod with Gloo ({note})")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -195,9 +202,9 @@ def main():
     args = ap.parse_args()
     try:
         tables = marked_tables(args.doc)
-        pushpull = pushpull_series(tables)
-        strategies, cells = replay_cells(tables)
-        runs = training_runs(tables)
+        pushpull, pushpull_note = pushpull_series(tables)
+        strategies, cells, replay_note = replay_cells(tables)
+        runs, training_note = training_runs(tables)
         if any(r[1] != runs[0][1] for r in runs):
             raise TableError("the training tables must list the same configurations in the same order")
     except (OSError, TableError) as e:
@@ -214,9 +221,9 @@ def main():
         return 1
     matplotlib.use("Agg")
     os.makedirs(args.out_dir, exist_ok=True)
-    for name, draw in [("pushpull.png", lambda p: draw_pushpull(pushpull, p)),
-                       ("model_replay.png", lambda p: draw_replay(strategies, cells, p)),
-                       ("training.png", lambda p: draw_training(runs, p))]:
+    for name, draw in [("pushpull.png", lambda p: draw_pushpull(pushpull, pushpull_note, p)),
+                       ("model_replay.png", lambda p: draw_replay(strategies, cells, replay_note, p)),
+                       ("training.png", lambda p: draw_training(runs, training_note, p))]:
         path = os.path.join(args.out_dir, name)
         draw(path)
         print(f"plot_figures: wrote {os.path.relpath(path, ROOT)}")
