@@ -108,6 +108,21 @@ def replay_cells(tables):
     return strategies, cells, note
 
 
+def fused_cells(tables):
+    header, rows, note = get(tables, "fused-groups")
+    strategies = [("gpu", "gpu ms"), ("cpu", "cpu ms"), ("pertensor (unfused plan)", "pertensor ms"),
+                  ("plan (fused groups)", "plan ms (pred.)")]
+    cols = [column(header, c, "fused-groups") for _, c in strategies]
+    cells = []
+    for r in rows:
+        measured = [number(r[k], "fused-groups") for k in cols]
+        m = re.fullmatch(r"[\d.]+ \(([\d.]+)\)", r[cols[-1]])
+        if not m:
+            raise TableError(f"table 'fused-groups': '{r[cols[-1]]}' is not 'MEASURED (PREDICTED)'")
+        cells.append((r[0].replace(" / ", "\n"), measured, float(m.group(1))))
+    return [s for s, _ in strategies], cells, note
+
+
 def training_runs(tables):
     runs, notes = [], []
     for name, title in [("training-hosts", "4 emulated hosts at 1 Gbit/s, batch 8"),
@@ -175,6 +190,27 @@ def draw_replay(strategies, cells, note, out):
     plt.close(fig)
 
 
+def draw_fused(strategies, cells, note, out):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / len(strategies)
+    for s, strategy in enumerate(strategies):
+        xs = [c + (s - (len(strategies) - 1) / 2) * width for c in range(len(cells))]
+        ax.bar(xs, [cell[1][s] for cell in cells], width, label=strategy, color=f"C{s}")
+    xs = [c + (len(strategies) - 1) / 2 * width for c in range(len(cells))]
+    ax.scatter(xs, [cell[2] for cell in cells], marker="_", s=200, color="black", zorder=3,
+               label="plan, predicted")
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([c[0] for c in cells])
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title(f"Fused groups in the model replay, 4 emulated hosts at 1 Gbit/s ({note})", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def draw_training(runs, note, out):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(runs), figsize=(15, 5), sharey=True)
@@ -205,6 +241,7 @@ def main():
         pushpull, pushpull_note = pushpull_series(tables)
         strategies, cells, replay_note = replay_cells(tables)
         runs, training_note = training_runs(tables)
+        fused_strategies, fused, fused_note = fused_cells(tables)
         if any(r[1] != runs[0][1] for r in runs):
             raise TableError("the training tables must list the same configurations in the same order")
     except (OSError, TableError) as e:
@@ -223,6 +260,7 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     for name, draw in [("pushpull.png", lambda p: draw_pushpull(pushpull, pushpull_note, p)),
                        ("model_replay.png", lambda p: draw_replay(strategies, cells, replay_note, p)),
+                       ("fused_groups.png", lambda p: draw_fused(fused_strategies, fused, fused_note, p)),
                        ("training.png", lambda p: draw_training(runs, training_note, p))]:
         path = os.path.join(args.out_dir, name)
         draw(path)
