@@ -16,7 +16,10 @@ setting and each variant's ratio against the peers named in --against.
 
 Usage: bench/compare_pushpull.py [-w 4] [-s 2] [--min-bytes 4096]
        [--max-bytes 268435456] [--transports zmq,ucx] [--shm 1|0|both]
-       [--against gloo] [--markdown]
+       [--against gloo] [--markdown] [--plot FILE]
+
+--plot FILE writes a PNG of every variant's and peer's algorithm bandwidth
+against the size (matplotlib: Debian's python3-matplotlib).
 """
 import argparse
 import datetime
@@ -67,7 +70,15 @@ def main():
                     help="peers for the ratio columns when several Cortado variants run")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--plot", metavar="FILE", help="write a PNG of bandwidth against size (matplotlib)")
     args = ap.parse_args()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (checked before the runs, not after them)
+        except ImportError:
+            print("compare_pushpull: --plot needs matplotlib: run scripts/install_deps.sh "
+                  "(Debian's python3-matplotlib)", file=sys.stderr)
+            return 2
 
     sizes = ["--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
              "--iters", str(args.iters)]
@@ -145,7 +156,37 @@ def main():
         print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
         for r in rows:
             print("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+    if args.plot and variants:
+        plot(args.plot, header, [(f"cortado {v}", results[v]) for v in variants] +
+             [(PEER_NAMES[p], results[p]) for p in peers])
+        print(f"# plot written to {args.plot}", file=sys.stderr)
     return 0 if variants else 1
+
+
+PEER_NAMES = {"mpi_shm": "MPI_Allreduce, shared memory", "mpi_tcp": "MPI_Allreduce, TCP",
+              "gloo": "Gloo allreduce"}
+
+
+def plot(path, title, series):
+    """Algorithm bandwidth against size, one line per variant or peer (log-log)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, rows in series:
+        points = sorted((size, r["algbw_gbps"]) for size, r in rows.items() if r["algbw_gbps"] > 0)
+        style = dict(linewidth=2.5, marker="o") if label.startswith("cortado") else dict(marker="s")
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=label, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tensor size (bytes)")
+    ax.set_ylabel("algorithm bandwidth (GB/s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def human(n):

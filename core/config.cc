@@ -316,8 +316,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("missing environment variable(s) {}: start this process with "
-                            "`cortado launch -w W -s S -- CMD`, or set them as README.md "
-                            "(\"Environment\") describes",
+                            "`cortado launch -w W -s S -- CMD`, or set them as docs/running.md "
+                            "(\"Settings\") describes",
                             list));
   }
   if (requireJob) c.validate();

@@ -1,7 +1,7 @@
 // The job's configuration, read once per process from CORTADO_* environment
 // variables (BytePS's DMLC_* names are accepted as aliases) and, for the
 // role commands, overridden by flags. This is the single table of settings:
-// README.md documents it row by row.
+// docs/running.md ("Settings") documents it row by row.
 #pragma once
 
 #include <cstdint>

@@ -28,7 +28,7 @@ using namespace cortado;
 namespace {
 
 // Flags shared by `launch` and the role commands; they override the
-// environment (see README's settings table).
+// environment (see docs/running.md, "Settings").
 struct JobFlags {
   std::string transport, logLevel, partition, inflight, host;
   int port = -1, serverThreads = -1;
@@ -314,7 +314,7 @@ int main(int argc, char** argv) try {
         for (auto& m : missing) list += (list.empty() ? "" : ", ") + m;
         throw Error(ErrorCode::kInvalidArgument,
                     fmt::format("cortado {}: missing {}. Use `cortado launch`, or set them as "
-                                "README.md (\"Environment\") describes",
+                                "docs/running.md (\"Settings\") describes",
                                 roleName(job.role), list));
       }
       job.validate();

@@ -28,6 +28,8 @@ PACKAGES=(
   # bindings and the peer benchmarks
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-venv
   python3-torch libtorch-dev python3-torchvision python3-sklearn python3-tqdm
+  # the benchmarks' plots (bench/plot_figures.py)
+  python3-matplotlib
   # emulated hosts for multi-machine tests
   iproute2 procps psmisc util-linux iputils-ping iperf3
   # fuzzing

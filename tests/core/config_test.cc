@@ -21,7 +21,7 @@ std::string valueIn(const JobConfig& c, const std::string& name) {
 TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
   ::unsetenv("CORTADO_STALL_CHECK_MS");
   JobConfig c = readJobConfig(false);
-  EXPECT_EQ(c.stallCheck, Millis(60000));  // the default, as README's table says
+  EXPECT_EQ(c.stallCheck, Millis(60000));  // the default, as docs/running.md's table says
   EXPECT_EQ(valueIn(c, "CORTADO_STALL_CHECK_MS"), "60000");
   ::setenv("CORTADO_STALL_CHECK_MS", "250", 1);
   c = readJobConfig(false);

@@ -1,0 +1,113 @@
+"""The README and docs/*.md against the code: every relative link resolves,
+every `cortado` flag the README shows exists, and the tables that
+bench/plot_figures.py draws parse (seconds, no job)."""
+
+import re
+import subprocess
+import sys
+
+from conftest import REPO, _cortado_bin
+
+DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+
+
+def _anchors(path):
+    """GitHub's anchors of a Markdown file's headings."""
+    out = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"#+ (.*)", line)
+        if m:
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+def _links(path):
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return [m.group(1) for m in re.finditer(r"\]\(([^)\s]+)\)", text) if not m.group(1).startswith("http")]
+
+
+def broken_links(paths):
+    broken = []
+    for path in paths:
+        for link in _links(path):
+            target, _, anchor = link.partition("#")
+            resolved = (path.parent / target).resolve() if target else path
+            if not resolved.exists():
+                broken.append(f"{path.name}: {link} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{path.name}: {link} (no heading '{anchor}' in {resolved.name})")
+    return broken
+
+
+def test_every_relative_link_resolves():
+    assert broken_links(DOCS) == []
+
+
+def test_a_broken_link_and_a_missing_anchor_are_found(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\n\n[x](b.md) [y](#title) [z](#nothing)\n")
+    assert broken_links([tmp_path / "a.md"]) == ["a.md: b.md (no such file)",
+                                                 "a.md: #nothing (no heading 'nothing' in a.md)"]
+
+
+def readme_commands(text):
+    """(subcommand path, flags) of every `cortado ...` command in the README's sh blocks."""
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0]
+            for part in line.split(" -- "):
+                words = part.split()
+                if "cortado" not in words:
+                    continue
+                words = words[words.index("cortado") + 1:]
+                path = []
+                while words and re.fullmatch(r"[a-z]+", words[0]):
+                    path.append(words.pop(0))
+                flags = {w.split("=")[0] for w in words if re.fullmatch(r"--?[a-z][\w-]*(=.*)?", w)}
+                commands.append((path, sorted(flags)))
+    return commands
+
+
+def test_the_readme_shows_only_flags_that_cortado_has():
+    commands = readme_commands((REPO / "README.md").read_text(encoding="utf-8"))
+    assert len(commands) >= 3, "the README's tour shows cortado commands"
+    missing = []
+    for path, flags in commands:
+        # The subcommand path stops at the first positional word (a command after --).
+        while True:
+            p = subprocess.run([_cortado_bin()] + path + ["--help"], capture_output=True, text=True, timeout=30)
+            if p.returncode == 0 or not path:
+                break
+            path = path[:-1]
+        assert p.returncode == 0, p.stderr
+        missing += [f"cortado {' '.join(path)} {f}" for f in flags
+                    if not re.search(r"(?<![\w-])" + re.escape(f) + r"\b", p.stdout)]
+    assert missing == []
+
+
+def test_a_made_up_flag_is_caught():
+    [(path, flags)] = readme_commands("```sh\ncortado plan --model x --no-such-flag\n```\n")
+    assert path == ["plan"] and flags == ["--model", "--no-such-flag"]
+    [(_, flags)] = readme_commands("```sh\ncortado bench pushpull -w 4 -q 2\n```\n")
+    assert flags == ["-q", "-w"]
+    help_text = subprocess.run([_cortado_bin(), "plan", "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    assert "--no-such-flag" not in help_text and "--model" in help_text
+    help_text = subprocess.run([_cortado_bin(), "bench", "pushpull", "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    assert re.search(r"(?<![\w-])-w\b", help_text) and not re.search(r"(?<![\w-])-q\b", help_text)
+
+
+def test_the_benchmark_tables_that_are_plotted_parse():
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "plot_figures.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_missing_plotted_table_is_named(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# nothing marked here\n")
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "plot_figures.py"), "--check", "--doc", str(doc)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert "no table marked '<!-- plot: pushpull -->'" in p.stderr
