@@ -28,11 +28,6 @@ from .ops import DTYPES, broadcast_async_, check_tensor, submit
 # The executor path's default group size: DDP's default bucket (25 MiB).
 DEFAULT_FUSION_BYTES = 25 << 20
 
-# Codecs whose error feedback applies momentum correction (DGC's u = m u + g):
-# the fusion search stays off by default for them (see _start_executor).
-MOMENTUM_CODECS = {"dgc"}
-
-
 def push_pull_option(codec=None):
     """BytePS's path as a plan option (JSON dict): push/pull through the
     servers, with the gradient encoded on this worker's CPU and the servers'
@@ -239,19 +234,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         codec = None
         if own_plan:
             codec = None if c is Compression.none else ("fp16" if c is Compression.fp16 else c.spec)
-        # A codec with momentum correction (DGC) keeps its groups fixed: each
-        # change of boundaries folds the residuals into the next input, where
-        # the correction's momentum counts them again (up to 1 / (1 - m)
-        # times), and a search that moves the boundaries every few
-        # iterations made DGC diverge (bench/train.sh, 2026-11-28).
-        momentum = bool(codec) and codec.split(":")[0] in MOMENTUM_CODECS
         if fusion_search is None:  # on where a codec is named and nothing else
-            fusion_search = bool(codec) and not momentum and \
+            fusion_search = bool(codec) and \
                 os.environ.get("CORTADO_PROFILE_WINDOW", "0") in ("", "0")
-        elif fusion_search and momentum:
-            warnings.warn(f"DistributedOptimizer: fusion_search with '{codec}' (momentum "
-                          f"correction) counts the residuals again at every change of the groups "
-                          f"and may not converge; fixed groups (fusion_bytes) do not")
         if not isinstance(fusion_search, (bool, dict)):
             raise _runtime.error("invalid_argument",
                                  f"DistributedOptimizer: fusion_search must be True, False or a "
