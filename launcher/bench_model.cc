@@ -21,7 +21,9 @@
 #include "core/collective/mpi/factory.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
+#include "core/common/memory.h"
 #include "core/executor/executor.h"
+#include "core/shm/shm_segment.h"
 #include "scheduler/planner/cost_model.h"
 #include "scheduler/planner/profile.h"
 #include "scheduler/planner/report.h"
@@ -165,6 +167,9 @@ int runModelBench(const ModelBenchOptions& o) {
   CORTADO_ENFORCE(job.role == Role::kWorker, ErrorCode::kInvalidArgument,
                   "cortado bench model runs as a worker, but CORTADO_ROLE is {}", roleName(job.role));
   setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
+  // The memory report (CORTADO_REPORT_MEMORY=1): the worker and its
+  // executor's memory counts against the gradients, from before they start.
+  MemoryPeaks memory;
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   executor::Executor ex(*worker, &groups);
   ex.setFusionBytes(job.fusionBytes);  // CORTADO_FUSION_BYTES
@@ -570,6 +575,15 @@ int runModelBench(const ModelBenchOptions& o) {
     double roundSum = 0;
     for (double t : times) r.timesMs.push_back(t * 1e3), roundSum += t;
     r.roundMs.push_back(roundSum / double(times.size()) * 1e3);
+    if (job.reportMemory) memory.sample();
+  }
+  if (job.reportMemory) {
+    // The benchmark's own buffers: the gradients and their input patterns.
+    const uint64_t gradientBytes = uint64_t(totalElements) * sizeof(float);
+    printWorkerMemory(job.rank, memory.baseline(), memory.peak(), 2 * gradientBytes, gradientBytes,
+                      job.sharedMemory ? shm::ownedSegmentBytes(shm::jobPrefix(job.token),
+                                                                NodeId{Role::kWorker, job.rank})
+                                       : 0);
   }
   for (size_t si = 0; si < S; ++si) {
     Result& r = results[si];

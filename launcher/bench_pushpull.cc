@@ -203,22 +203,10 @@ int runPushPullBench(const PushPullBenchOptions& o) {
     // benchmark's own buffers (in, out), against every tensor declared.
     declaredBytes += n * esz;
     if (job.reportMemory && bytes * 2 > o.maxBytes) {
-      const MemoryUse now = currentMemory();
-      const uint64_t own = in.size() + out.size();
-      const uint64_t privateAbove =
-          now.anon > base.anon + own ? now.anon - base.anon - own : 0;
-      const uint64_t segments =
-          job.sharedMemory ? shm::ownedSegmentBytes(shm::jobPrefix(job.token),
-                                                    NodeId{Role::kWorker, rank})
-                           : 0;
-      const uint64_t overhead = privateAbove + segments;
-      fmt::print(stderr,
-                 "memory: worker {}: gradients {}; overhead {} ({} private above its start and "
-                 "the benchmark's own {}, {} of its own shared-memory segments): {:.2f}x the "
-                 "gradients; resident {} with the peers' segments it maps, proportional {}\n",
-                 rank, mebibytes(declaredBytes), mebibytes(overhead), mebibytes(privateAbove),
-                 mebibytes(own), mebibytes(segments), double(overhead) / double(declaredBytes),
-                 mebibytes(now.rss), mebibytes(now.pss));
+      printWorkerMemory(rank, base, currentMemory(), in.size() + out.size(), declaredBytes,
+                        job.sharedMemory ? shm::ownedSegmentBytes(shm::jobPrefix(job.token),
+                                                                  NodeId{Role::kWorker, rank})
+                                         : 0);
     }
     // Every worker checks its own result; the job-wide verdict is one more sum.
     const bool checked = o.codec.empty() || o.codec.rfind("fp16", 0) == 0 ||

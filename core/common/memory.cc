@@ -48,4 +48,18 @@ void MemoryPeaks::sample() {
 
 std::string mebibytes(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
+void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
+                       uint64_t gradientBytes, uint64_t segmentBytes) {
+  const uint64_t privateAbove = now.anon > base.anon + ownBytes ? now.anon - base.anon - ownBytes : 0;
+  const uint64_t overhead = privateAbove + segmentBytes;
+  fmt::print(stderr,
+             "memory: worker {}: gradients {}; overhead {} ({} private above its start and "
+             "the benchmark's own {}, {} of its own shared-memory segments): {:.2f}x the "
+             "gradients; resident {} with the peers' segments it maps, proportional {}\n",
+             rank, mebibytes(gradientBytes), mebibytes(overhead), mebibytes(privateAbove),
+             mebibytes(ownBytes), mebibytes(segmentBytes),
+             gradientBytes ? double(overhead) / double(gradientBytes) : 0.0, mebibytes(now.rss),
+             mebibytes(now.pss));
+}
+
 }  // namespace cortado

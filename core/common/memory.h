@@ -42,4 +42,13 @@ class MemoryPeaks {
 // "123.4 MiB"
 std::string mebibytes(uint64_t bytes);
 
+// A worker's line of the memory report, on stderr: its overhead is the
+// private memory it holds above `base` (taken before its gradients existed)
+// beyond the caller's own buffers (`ownBytes`: the gradients and anything
+// else the benchmark itself keeps), plus the shared-memory segments it owns
+// (`segmentBytes`), against `gradientBytes`. `now` is a later reading or a
+// peak (MemoryPeaks::peak).
+void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
+                       uint64_t gradientBytes, uint64_t segmentBytes);
+
 }  // namespace cortado
