@@ -31,11 +31,15 @@ line=$(echo "$out" | grep '"strategy":"plan"')
 check "fusion on by default" "echo \"\$line\" | grep -q '\"fusion_bytes\":67108864' && echo \"\$line\" | grep -Eq '\"batches_per_iteration\":[1-6](\.|,)'" "$line"
 # Off: one batch per gradient (a plan group, handed over whole, one batch
 # for its tensors), every result still exact.
-out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_FUSION_BYTES=0 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- \
+# With the memory report: a line for each worker (its gradients: the
+# profile's 4.0 MiB) and each server.
+out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_FUSION_BYTES=0 CORTADO_REPORT_MEMORY=1 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- \
   "$cortado" bench model --profile "$profile" --codec fp16 --strategies none,plan --iterations 2 --warmup 0 --json 2>&1)
 rc=$?
 echo "$out"
 check "fusion-off run exits 0" "[ $rc = 0 ]" "rc=$rc"
+check "a memory line per worker" "[ \"\$(echo \"\$out\" | grep -Ec '^memory: worker [0-3]: gradients 4\.0 MiB; overhead .*x the gradients')\" = 4 ]" "$(echo "$out" | grep '^memory:')"
+check "a memory line per server" "[ \"\$(echo \"\$out\" | grep -Ec '^memory: server [01]: keys .*x the keys')\" = 2 ]" "$(echo "$out" | grep '^memory:')"
 for s in none plan; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   want=7
