@@ -60,13 +60,17 @@ TEST(ErrorFeedback, TopKLeavesZeroResidualWhereSent) {
   EXPECT_TRUE(ef.residual(7).empty());
 }
 
-TEST(ErrorFeedback, DgcMomentumCorrectionMatchesReference) {
-  const size_t n = 2000, k = 20;
+// DGC's error feedback against a replay with plain loops: u = m u + g;
+// v += u; the k largest |v| sent (ties to the lower index), v and u zeroed
+// there; at step `restartAt` (EncodeContext::restartMomentum, an input that
+// carries folded residuals) u zeroed everywhere instead.
+void checkDgcAgainstReplay(size_t n, size_t k, int steps, int restartAt) {
   const float m = 0.9f;
-  ErrorFeedback ef(cpuRegistry().create("dgc:ratio=0.01,momentum=0.9"));
+  ErrorFeedback ef(cpuRegistry().create(fmt::format("dgc:ratio={},momentum=0.9", double(k) / double(n))));
   EXPECT_EQ(ef.momentum(), m);
   std::vector<float> u(n, 0.0f), v(n, 0.0f);
-  for (int step = 0; step < 6; ++step) {
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE(fmt::format("step {}", step));
     auto g = randomTensor(n, 100 + step);
     for (size_t i = 0; i < n; ++i) {
       u[i] = m * u[i] + g[i];
@@ -80,56 +84,31 @@ TEST(ErrorFeedback, DgcMomentumCorrectionMatchesReference) {
     idx.resize(k);
     std::sort(idx.begin(), idx.end());
     std::vector<std::byte> out(ef.payloadBytes(n));
-    ef.encode(3, g.data(), n, out);
+    EncodeContext ctx;
+    ctx.restartMomentum = step == restartAt;
+    ef.encode(3, g.data(), n, out, ctx);
     for (size_t i = 0; i < k; ++i) {
       ASSERT_EQ(loadLe<uint32_t>(out.data() + kHeaderBytes + 4 * i), idx[i]);
       ASSERT_EQ(loadLe<float>(out.data() + kHeaderBytes + 4 * k + 4 * i), v[idx[i]]);
     }
     for (uint32_t i : idx) u[i] = v[i] = 0.0f;
+    if (step == restartAt) std::fill(u.begin(), u.end(), 0.0f);
     auto ev = ef.residual(3), eu = ef.velocity(3);
     for (size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(ev[i], v[i]);
-      ASSERT_EQ(eu[i], u[i]);
+      ASSERT_EQ(ev[i], v[i]) << i;
+      ASSERT_EQ(eu[i], u[i]) << i;
+    }
+    if (step == restartAt) {
+      EXPECT_EQ(std::count(eu.begin(), eu.end(), 0.0f), static_cast<long>(n));
     }
   }
 }
 
-// EncodeContext::restartMomentum (an input that carries folded residuals):
-// the same v as a plain step, and u zero everywhere afterwards, not only
-// where the payload sent something; the next step starts from u = 0.
-TEST(ErrorFeedback, RestartMomentumZeroesAllOfU) {
-  const size_t n = 500, k = 5;
-  const float m = 0.9f;
-  ErrorFeedback ef(cpuRegistry().create("dgc:ratio=0.01,momentum=0.9"));
-  std::vector<float> u(n, 0.0f), v(n, 0.0f);
-  for (int step = 0; step < 4; ++step) {
-    const bool restart = step == 1;
-    auto g = randomTensor(n, 300 + step);
-    for (size_t i = 0; i < n; ++i) {
-      u[i] = m * u[i] + g[i];
-      v[i] += u[i];
-    }
-    std::vector<uint32_t> idx(n);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(),
-                     [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
-    idx.resize(k);
-    std::vector<std::byte> out(ef.payloadBytes(n));
-    EncodeContext ctx;
-    ctx.restartMomentum = restart;
-    ef.encode(7, g.data(), n, out, ctx);
-    for (uint32_t i : idx) u[i] = v[i] = 0.0f;
-    if (restart) std::fill(u.begin(), u.end(), 0.0f);
-    auto ev = ef.residual(7), eu = ef.velocity(7);
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(ev[i], v[i]) << "step " << step << " element " << i;
-      ASSERT_EQ(eu[i], u[i]) << "step " << step << " element " << i;
-    }
-    if (restart) {
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(eu[i], 0.0f) << i;
-    }
-  }
-}
+TEST(ErrorFeedback, DgcMomentumCorrectionMatchesReference) { checkDgcAgainstReplay(2000, 20, 6, -1); }
+
+// The same v as a plain step, and u zero everywhere after the restart, not
+// only where the payload sent something; the next steps start from u = 0.
+TEST(ErrorFeedback, RestartMomentumZeroesAllOfU) { checkDgcAgainstReplay(500, 5, 4, 1); }
 
 TEST(ErrorFeedback, RejectsMomentumOnDenseCodecs) {
   EXPECT_THROW(ErrorFeedback(cpuRegistry().create("fp16"), 0.9f), Error);
