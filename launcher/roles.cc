@@ -68,26 +68,6 @@ int runSchedulerRole(const JobConfig& job) {
   return 0;
 }
 
-namespace {
-
-// One line per server on stderr when the job ends (CORTADO_REPORT_MEMORY=1,
-// which `cortado bench pushpull` sets; docs/transports.md, "Memory").
-void printServerMemory(int rank, const MemoryPeaks& m, uint64_t keyBytes, uint64_t segmentBytes) {
-  const MemoryUse& p = m.peak();
-  const MemoryUse& b = m.baseline();
-  const uint64_t privateGrown = p.anon > b.anon ? p.anon - b.anon : 0;
-  const uint64_t owned = privateGrown + segmentBytes;
-  fmt::print(stderr,
-             "memory: server {}: keys {}; owns {} ({} private above its start, {} of its own "
-             "shared-memory segments): {:.2f}x the keys; peak resident {} with the peers' "
-             "segments it maps, proportional {}\n",
-             rank, mebibytes(keyBytes), mebibytes(owned), mebibytes(privateGrown),
-             mebibytes(segmentBytes), keyBytes ? double(owned) / double(keyBytes) : 0.0,
-             mebibytes(p.hwm), mebibytes(p.pss));
-}
-
-}  // namespace
-
 int runServerRole(const JobConfig& job) {
   const NodeId self{Role::kServer, job.rank};
   installCrashReport(fmt::format("cortado server {}", job.rank));

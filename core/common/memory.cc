@@ -62,4 +62,18 @@ void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, ui
              mebibytes(now.pss));
 }
 
+void printServerMemory(int rank, const MemoryPeaks& m, uint64_t keyBytes, uint64_t segmentBytes) {
+  const MemoryUse& p = m.peak();
+  const MemoryUse& b = m.baseline();
+  const uint64_t privateGrown = p.anon > b.anon ? p.anon - b.anon : 0;
+  const uint64_t owned = privateGrown + segmentBytes;
+  fmt::print(stderr,
+             "memory: server {}: keys {}; owns {} ({} private above its start, {} of its own "
+             "shared-memory segments): {:.2f}x the keys; peak resident {} with the peers' "
+             "segments it maps, proportional {}\n",
+             rank, mebibytes(keyBytes), mebibytes(owned), mebibytes(privateGrown),
+             mebibytes(segmentBytes), keyBytes ? double(owned) / double(keyBytes) : 0.0,
+             mebibytes(p.hwm), mebibytes(p.pss));
+}
+
 }  // namespace cortado

@@ -51,4 +51,10 @@ std::string mebibytes(uint64_t bytes);
 void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
                        uint64_t gradientBytes, uint64_t segmentBytes);
 
+// A server's line of the memory report, on stderr, when the job ends
+// (CORTADO_REPORT_MEMORY=1; docs/transports.md, "Memory"): what it owns (its
+// private memory's peak above the baseline, and its own shared-memory
+// segments) against the peak bytes of its keys.
+void printServerMemory(int rank, const MemoryPeaks& m, uint64_t keyBytes, uint64_t segmentBytes);
+
 }  // namespace cortado
