@@ -30,6 +30,9 @@ PACKAGES=(
   python3-torch libtorch-dev python3-torchvision python3-sklearn python3-tqdm
   # emulated hosts for multi-machine tests
   iproute2 procps psmisc util-linux iputils-ping iperf3
+  # Slurm (cortado launch inside an allocation; tests/slurm runs its own
+  # munged, slurmctld and slurmd with a generated configuration)
+  slurmd slurmctld slurm-client munge
   # fuzzing
   clang libclang-rt-14-dev
   # developer checks: scripts/tidy.sh, git clang-format
