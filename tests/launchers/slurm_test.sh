@@ -11,8 +11,9 @@
 #   pushpull  cortado launch -s 1 -- pushpull_check: every worker's results
 #             equal the plain sum of all workers' inputs; the workers
 #             registered from every node.
-#   python    cortado launch -- /usr/bin/python3 allreduce_sum.py (Debian's
-#             torch): each rank's allreduce equals the plain sum.
+#   python    cortado launch -w 1 -s 2 -- /usr/bin/python3 allreduce_sum.py
+#             (Debian's torch): -w/-s per node, each rank's allreduce
+#             equals the plain sum.
 #   fail      one worker task exits 3: the job fails within its deadline,
 #             the launcher names the workers' srun step, nothing is left.
 #   sigint    SIGINT to the launcher mid-job (Ctrl-C under salloc): it stops
@@ -169,14 +170,19 @@ left_after pushpull
 t0=$(date +%s)
 submit python 90 <<JOB
 #!/bin/bash
-"$CORTADO" launch -- /usr/bin/python3 "$HERE/allreduce_sum.py"
+CORTADO_LOG_LEVEL=info "$CORTADO" launch -w 1 -s 2 -- /usr/bin/python3 "$HERE/allreduce_sum.py"
 JOB
 rc=$?
 echo "python: sbatch exited $rc after $(($(date +%s) - t0)) s"
 before=$FAILED
 ((rc == 0)) || fail "python: the job exited with $rc"
-for ((r = 0; r < W; r++)); do
-  grep -q "^rank $r of $W: allreduce sum correct" "$DIR/python.out" || fail "python: rank $r did not report a correct sum"
+# -w and -s count per node: HOSTS workers, 2 x HOSTS servers.
+grep -q "inside Slurm job [0-9]*: 1 workers and 2 servers on each of $HOSTS nodes" "$DIR/python.out" ||
+  fail "python: the launcher did not take -w 1 -s 2 per node"
+grep -q "all $HOSTS workers\? and $((2 * HOSTS)) servers registered" "$DIR/python.out" ||
+  fail "python: the scheduler did not see $HOSTS workers and $((2 * HOSTS)) servers"
+for ((r = 0; r < HOSTS; r++)); do
+  grep -q "^rank $r of $HOSTS: allreduce sum correct" "$DIR/python.out" || fail "python: rank $r did not report a correct sum"
 done
 ((FAILED == before)) || show python
 left_after python
