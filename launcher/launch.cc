@@ -197,10 +197,29 @@ std::string selfExecutable() {
 }
 
 int runLaunch(const LaunchOptions& opts) {
-  CORTADO_ENFORCE(!opts.command.empty(), ErrorCode::kInvalidArgument,
+  CORTADO_ENFORCE(!opts.command.empty() || opts.serversOnly, ErrorCode::kInvalidArgument,
                   "cortado launch needs a worker command after `--`, e.g. "
                   "`cortado launch -w 2 -s 1 -- python3 train.py`");
   JobConfig job = opts.job;
+  if (opts.serversOnly) {
+    CORTADO_ENFORCE(opts.command.empty(), ErrorCode::kInvalidArgument,
+                    "cortado launch --servers-only starts no worker: drop the command after `--` "
+                    "(start the workers with their own launcher, e.g. torchrun)");
+    CORTADO_ENFORCE(!opts.slurm && opts.hosts.hosts.empty() && !opts.hosts.mpi && !opts.mpiOnly,
+                    ErrorCode::kInvalidArgument,
+                    "--servers-only runs the scheduler and the servers on this machine: it does "
+                    "not go with --slurm, --hosts, --mpi or --mpi-only");
+    CORTADO_ENFORCE(!job.token.empty(), ErrorCode::kInvalidArgument,
+                    "cortado launch --servers-only needs CORTADO_JOB_TOKEN in the environment, the "
+                    "same as the workers' (e.g. export CORTADO_JOB_TOKEN=$(openssl rand -hex 24))");
+    CORTADO_ENFORCE(job.schedulerPort > 0, ErrorCode::kInvalidArgument,
+                    "cortado launch --servers-only needs --port (or CORTADO_SCHEDULER_PORT): the "
+                    "workers must be told where the scheduler listens");
+    // Workers on other machines reach the servers at their own address.
+    if (job.schedulerHost != "127.0.0.1" && job.schedulerHost != "localhost" &&
+        !getenv("CORTADO_DATA_HOST") && !getenv("DMLC_NODE_HOST"))
+      job.dataHost = "auto";
+  }
   if (job.token.empty()) job.token = makeToken();
   const HostsOptions& hosts = opts.hosts;
   checkHosts(hosts);
@@ -289,6 +308,11 @@ int runLaunch(const LaunchOptions& opts) {
   job.schedulerPort = sched->port();
   CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,
                    job.schedulerPort, job.numServers, job.numWorkers, job.transport);
+  if (opts.serversOnly)
+    CORTADO_LOG_INFO(
+        "servers only: waiting for {} workers started elsewhere with this job's "
+        "CORTADO_JOB_TOKEN and CORTADO_SCHEDULER_PORT={}",
+        job.numWorkers, job.schedulerPort);
 
   std::mutex schedMu;
   bool schedDone = false;
@@ -362,8 +386,8 @@ int runLaunch(const LaunchOptions& opts) {
       }
       writePid(children.back());
     }
-    if (slurm) {
-      // Started above.
+    if (slurm || opts.serversOnly) {
+      // Started above, or by another launcher.
     } else if (mpi) {
       JobConfig c = job;
       c.role = Role::kWorker;
@@ -492,7 +516,10 @@ int runLaunch(const LaunchOptions& opts) {
     }
     bool workersLeft = false;
     for (auto& c : children) workersLeft |= c.running && c.role == Role::kWorker;
-    if (phase == Phase::kRunning && failure.empty() && !workersLeft) {
+    // With --servers-only the workers are another launcher's: the job is
+    // over when the scheduler has seen them all finish.
+    const bool workersDone = opts.serversOnly ? sd && ss.ok() : !workersLeft;
+    if (phase == Phase::kRunning && failure.empty() && workersDone) {
       // Every worker exited cleanly: the servers have nothing left to serve.
       sched->stop();
       phase = Phase::kGrace;

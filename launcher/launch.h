@@ -45,6 +45,11 @@ struct LaunchOptions {
   // Set: the roles run as srun steps over these nodes, hosts.serversPerHost
   // servers and hosts.workersPerHost workers on each.
   std::optional<SlurmAllocation> slurm;
+  // --servers-only: the scheduler and the servers, no worker command; the
+  // job's numWorkers workers come from another launcher (torchrun) with the
+  // job's token and scheduler port, and the job ends when the scheduler
+  // has seen them all finish.
+  bool serversOnly = false;
 };
 
 // Returns the process exit code: 0 when every role finished cleanly.

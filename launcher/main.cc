@@ -118,7 +118,12 @@ int main(int argc, char** argv) try {
                      "the plan every worker's plan executor runs (a plan file as `cortado plan "
                      "--json` writes it; CORTADO_PLAN), checked before anything starts");
   launchFlags.add(launch);
-  launch->add_option("command", command, "the worker command, after --")->required();
+  bool serversOnly = false;
+  launch->add_flag("--servers-only", serversOnly,
+                   "run the scheduler and the servers only, for -w workers that another launcher "
+                   "(torchrun) starts with the same CORTADO_JOB_TOKEN and scheduler port "
+                   "(docs/launchers.md)");
+  launch->add_option("command", command, "the worker command, after --");
 
   // roles
   auto* schedCmd = app.add_subcommand("scheduler", "run the scheduler role (settings from the environment)");
@@ -278,9 +283,8 @@ int main(int argc, char** argv) try {
                       "--agent needs --hosts (it says how to reach them)");
       // Inside an allocation (not in one of its steps) the roles go to srun,
       // unless the command line asks for another way.
-      const bool useSlurm =
-          slurmOn || (!slurmOff && launcher::insideSlurmAllocation() && hostList.empty() && !mpi &&
-                      !mpiOnly);
+      const bool useSlurm = slurmOn || (!slurmOff && launcher::insideSlurmAllocation() &&
+                                        hostList.empty() && !mpi && !mpiOnly && !serversOnly);
       if (useSlurm) {
         lo.slurm = launcher::readSlurmAllocation();
         if (workers == 0) workers = lo.slurm->tasksPerNode;
@@ -316,7 +320,11 @@ int main(int argc, char** argv) try {
           : dedicatedServers     ? int(lo.hosts.serverHosts.size())
                                  : int(lo.hosts.hosts.size() + lo.hosts.serverHosts.size());
       lo.job.numServers = std::max(1, servers) * serverHostCount;
-      lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
+      // A job of its own picks a free port; with --servers-only the workers'
+      // launcher was given CORTADO_SCHEDULER_PORT too.
+      lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port
+                             : serversOnly         ? probe.schedulerPort
+                                                   : 0;
       if (!traceDir.empty()) lo.job.traceDir = std::filesystem::absolute(traceDir).string();
       if (!planFile.empty()) {
         try {
@@ -327,6 +335,7 @@ int main(int argc, char** argv) try {
         lo.job.planFile = std::filesystem::absolute(planFile).string();
       }
       lo.command = command;
+      lo.serversOnly = serversOnly;
       lo.pidDir = pidDir;
       return launcher::runLaunch(lo);
     }

@@ -1,7 +1,8 @@
 """A tiny Cortado PyTorch job: every worker allreduces (Sum) a tensor that
 depends on its rank and compares the result with the plain sum of every
 worker's tensor, computed locally. Used by the Slurm and torchrun tests
-(tests/slurm); prints one line per worker, exits 1 on a wrong result."""
+(tests/launchers); prints one line per worker, exits 1 on a wrong result.
+ALLREDUCE_SUM_DIE_RANK=R makes rank R exit with 3 after joining the job."""
 import os
 import socket
 import sys
@@ -24,6 +25,10 @@ if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         print(f"rank {r} of {n}: torch's RANK={os.environ['RANK']} "
               f"WORLD_SIZE={os.environ['WORLD_SIZE']} differ", flush=True)
         sys.exit(1)
+if os.environ.get("ALLREDUCE_SUM_DIE_RANK") == str(r):
+    # The error path of the tests: this worker dies after joining the job.
+    print(f"rank {r} of {n}: exiting with 3 as asked", flush=True)
+    os._exit(3)
 got = cdt.allreduce(rank_input(r), op=cdt.Sum, name="sum_check")
 want = sum(rank_input(k) for k in range(n))
 cdt.shutdown()
