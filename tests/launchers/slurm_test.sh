@@ -18,6 +18,11 @@
 #             the launcher names the workers' srun step, nothing is left.
 #   sigint    SIGINT to the launcher mid-job (Ctrl-C under salloc): it stops
 #             every role and exits 130, nothing is left.
+#   sigkill   SIGKILL to the launcher mid-job: the job ends (137) and
+#             nothing of it is left on any node.
+# After sigint and sigkill no shared-memory segment of the job may be left
+# (the emulated hosts share this machine's /dev/shm, so this checks the
+# launcher's sweep and its reaper's).
 # CORTADO_SLURM_TEST_KEEP=1 keeps the cluster's directory (logs) when it
 # fails. Exits 77 (skipped, with the reason) where it cannot run: not root, Slurm
 # or munge not installed.
@@ -125,6 +130,18 @@ submit() {
   env "$MARK" timeout -s KILL "$limit" sbatch --wait --parsable -J "$name" -N "$HOSTS" --ntasks-per-node="$PER" \
     -o "$DIR/$name.out" "$DIR/$name.sh" >"$DIR/$name.id" 2>"$DIR/$name.err"
 }
+# The job's shared-memory segments (the emulated hosts share this /dev/shm):
+# gone once the launcher, or its reaper when the launcher was killed, swept.
+no_segments_after() {
+  local prefix left=""
+  prefix=$(cat "$DIR/$1.pids/shm-prefix" 2>/dev/null) || { fail "$1: no shm-prefix in the pid dir"; return; }
+  for _ in $(seq 100); do
+    left=$(compgen -G "/dev/shm${prefix}*" | tr '\n' ' ')
+    [[ -z $left ]] && return 0
+    sleep 0.2
+  done
+  fail "$1: shared-memory segments left after the job: $left"
+}
 left_after() {
   # Job processes still running once a job ended (slurmd's steps end
   # with the job; allow them a moment).
@@ -227,6 +244,32 @@ else
 fi
 ((FAILED == before)) || show sigint
 left_after sigint
+no_segments_after sigint
+
+# 5. SIGKILL to the launcher: its sruns die with it, the batch script ends,
+# and Slurm ends the steps with the job: nothing may be left.
+t0=$(date +%s)
+submit sigkill 60 <<JOB &
+#!/bin/bash
+"$CORTADO" launch --pid-dir "$DIR/sigkill.pids" -- "$CHECK" --tensors 4 --iters 100000 --max-elements 1000 \
+  --slow-ms 10 --progress-file "$DIR/sigkill.progress"
+JOB
+sub=$!
+for _ in $(seq 150); do [[ -s $DIR/sigkill.progress && -s $DIR/sigkill.pids/launcher.pid ]] && break; sleep 0.2; done
+before=$FAILED
+if [[ -s $DIR/sigkill.progress && -s $DIR/sigkill.pids/launcher.pid ]]; then
+  kill -KILL "$(cat "$DIR/sigkill.pids/launcher.pid")"
+  wait "$sub"
+  rc=$?
+  echo "sigkill: sbatch exited $rc $(($(date +%s) - t0)) s after submission"
+  ((rc == 137)) || fail "sigkill: the job exited with $rc, not 137 (128 + SIGKILL)"
+else
+  fail "sigkill: the job made no progress within 30 s"
+  wait "$sub"
+fi
+((FAILED == before)) || show sigkill
+left_after sigkill
+no_segments_after sigkill
 
 ((FAILED)) && exit 1
 echo "cortado launch under Slurm passed on $HOSTS node(s), $(($(date +%s) - start)) s"
