@@ -245,6 +245,15 @@ int runLaunch(const LaunchOptions& opts) {
       for (const auto* list : lists)
         for (const auto& h : *list)
           if (isLocalHost(toward) && !isLocalHost(h)) toward = h;
+      // A Slurm node's name may not resolve outside the cluster's nodes
+      // (salloc on a login node): then Slurm's own address for it.
+      if (slurm) {
+        try {
+          net::resolveIPv4(toward);
+        } catch (const Error&) {
+          toward = slurmNodeAddress(toward);
+        }
+      }
       job.schedulerHost = net::localAddressToward(toward);
     }
     // Each role advertises the address of its own interface toward the

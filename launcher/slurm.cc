@@ -42,30 +42,52 @@ int slurmTasksPerNode(const char* ntasksPerNode, const char* tasksPerNode) {
   return count;
 }
 
-std::vector<std::string> expandSlurmNodeList(const std::string& list) {
-  static const std::regex kList(R"([A-Za-z0-9._,\[\]-]+)");
-  CORTADO_ENFORCE(std::regex_match(list, kList), ErrorCode::kInvalidArgument,
-                  "SLURM_JOB_NODELIST '{}' is not a Slurm host list (names, ranges in [], commas)",
-                  list);
-  const std::string cmd = fmt::format("timeout 20 scontrol show hostnames '{}' 2>&1", list);
+namespace {
+
+// Runs `scontrol ARGS` (ARGS checked by the caller: no shell characters)
+// under a 20 s deadline and returns its output; throws naming the command.
+std::string scontrol(const std::string& args) {
+  const std::string cmd = fmt::format("timeout 20 scontrol {} 2>&1", args);
   FILE* p = popen(cmd.c_str(), "r");
-  CORTADO_ENFORCE(p, ErrorCode::kUnavailable, "cannot run scontrol to expand the node list '{}'",
-                  list);
+  CORTADO_ENFORCE(p, ErrorCode::kUnavailable, "cannot run `scontrol {}`", args);
   std::string out;
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
   int status = pclose(p);
   CORTADO_ENFORCE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
                   ErrorCode::kUnavailable,
-                  "`scontrol show hostnames {}` failed ({}): are Slurm's client (slurm-client) and "
-                  "its configuration (slurm.conf, SLURM_CONF) on this node?",
-                  list, out.empty() ? fmt::format("status {}", status) : out.substr(0, 300));
+                  "`scontrol {}` failed ({}): are Slurm's client (slurm-client) and its "
+                  "configuration (slurm.conf, SLURM_CONF) on this node?",
+                  args, out.empty() ? fmt::format("status {}", status) : out.substr(0, 300));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> expandSlurmNodeList(const std::string& list) {
+  static const std::regex kList(R"([A-Za-z0-9._,\[\]-]+)");
+  CORTADO_ENFORCE(std::regex_match(list, kList), ErrorCode::kInvalidArgument,
+                  "SLURM_JOB_NODELIST '{}' is not a Slurm host list (names, ranges in [], commas)",
+                  list);
+  const std::string out = scontrol(fmt::format("show hostnames '{}'", list));
   std::vector<std::string> nodes;
   std::istringstream words(out);
   for (std::string w; words >> w;) nodes.push_back(w);
   CORTADO_ENFORCE(!nodes.empty(), ErrorCode::kInvalidArgument,
                   "the Slurm node list '{}' names no node", list);
   return nodes;
+}
+
+std::string slurmNodeAddress(const std::string& node) {
+  static const std::regex kName("[A-Za-z0-9._-]+");
+  CORTADO_ENFORCE(std::regex_match(node, kName), ErrorCode::kInvalidArgument,
+                  "'{}' is not a Slurm node name", node);
+  const std::string out = scontrol(fmt::format("show node -o '{}'", node));
+  static const std::regex kAddr(R"((^|\s)NodeAddr=([^\s]+))");
+  std::smatch m;
+  CORTADO_ENFORCE(std::regex_search(out, m, kAddr), ErrorCode::kUnavailable,
+                  "`scontrol show node {}` names no NodeAddr: {}", node, out.substr(0, 300));
+  return m[2].str();
 }
 
 SlurmAllocation readSlurmAllocation() {

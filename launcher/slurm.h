@@ -36,6 +36,11 @@ int slurmTasksPerNode(const char* ntasksPerNode, const char* tasksPerNode);
 // hostnames`, under a 20 s deadline.
 std::vector<std::string> expandSlurmNodeList(const std::string& list);
 
+// The address Slurm has for `node` (NodeAddr in `scontrol show node`), for
+// a node whose name does not resolve where the launcher runs. Throws
+// Error(kUnavailable) naming the node when scontrol does not say.
+std::string slurmNodeAddress(const std::string& node);
+
 // The srun argv of one job step: `tasksPerNode` tasks on each of the
 // allocation's nodes, sharing the nodes with the other step (--overlap,
 // --overcommit), no CPU binding (the roles' threads are ours to place), and

@@ -11,6 +11,8 @@
 #   pushpull  cortado launch -s 1 -- pushpull_check: every worker's results
 #             equal the plain sum of all workers' inputs; the workers
 #             registered from every node.
+#   salloc    the same push-pull job through `salloc -N 2 cortado launch`,
+#             the launcher outside the nodes (emulated hosts only).
 #   python    cortado launch -w 1 -s 2 -- /usr/bin/python3 allreduce_sum.py
 #             (Debian's torch): -w/-s per node, each rank's allreduce
 #             equals the plain sum.
@@ -182,6 +184,26 @@ hosts_seen=$(grep -o 'registered worker from [^ ]* (host [^,]*' "$DIR/pushpull.o
 ((hosts_seen == HOSTS)) || fail "pushpull: workers registered from $hosts_seen hosts, not $HOSTS"
 ((FAILED == before)) || show pushpull
 left_after pushpull
+
+# 1b. The same through salloc: the launcher (and the scheduler) on this
+# machine, outside the nodes, as from a login node.
+if ((HOSTS > 1)); then
+  t0=$(date +%s)
+  CORTADO_LOG_LEVEL=info CORTADO_PARTITION_BYTES=262144 env "$MARK" timeout -s KILL 60 \
+    salloc -N "$HOSTS" --ntasks-per-node="$PER" "$CORTADO" launch -s 1 -- \
+    "$CHECK" --tensors 6 --iters 3 --max-elements 20000 --big-elements 1048576 >"$DIR/salloc.out" 2>&1
+  rc=$?
+  echo "salloc: exited $rc after $(($(date +%s) - t0)) s"
+  before=$FAILED
+  ((rc == 0)) || fail "salloc: the job exited with $rc"
+  for ((r = 0; r < W; r++)); do
+    grep -q "^worker $r: 3 iterations of 7 tensors correct" "$DIR/salloc.out" || fail "salloc: worker $r did not report correct sums"
+  done
+  grep -q "Slurm job [0-9]* on nodes ${NODES[0]},${NODES[1]}: scheduler at " "$DIR/salloc.out" ||
+    fail "salloc: the launcher did not run the roles over both nodes with the scheduler here"
+  ((FAILED == before)) || { echo "---- salloc ----"; tail -40 "$DIR/salloc.out"; }
+  left_after salloc
+fi
 
 # 2. A PyTorch job (Debian's torch): allreduce against the plain sum.
 t0=$(date +%s)
