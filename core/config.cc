@@ -214,20 +214,31 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   } else if (requireJob) {
     missing.push_back("CORTADO_ROLE");
   }
+  // torch.distributed's launchers (torchrun) start each worker with RANK,
+  // WORLD_SIZE and MASTER_ADDR; a worker without the CORTADO_* ones takes
+  // those (docs/launchers.md).
+  const bool torchEnv = c.role == Role::kWorker && getEnvInt({"RANK"}) && getEnvInt({"WORLD_SIZE"});
   if (auto v = getEnvInt(names("CORTADO_NUM_WORKERS"))) c.numWorkers = static_cast<int>(*v);
+  else if (torchEnv) c.numWorkers = static_cast<int>(*getEnvInt({"WORLD_SIZE"}));
   else if (requireJob && c.numWorkers == 0) missing.push_back("CORTADO_NUM_WORKERS");
   if (auto v = getEnvInt(names("CORTADO_NUM_SERVERS"))) c.numServers = static_cast<int>(*v);
   else if (requireJob && c.numServers == 0) missing.push_back("CORTADO_NUM_SERVERS");
   if (auto v = getEnv(names("CORTADO_SCHEDULER_HOST"))) c.schedulerHost = v->value;
+  else if (auto m = getEnv({"MASTER_ADDR"}); m && torchEnv && !m->value.empty()) c.schedulerHost = m->value;
   if (auto v = getEnvInt(names("CORTADO_SCHEDULER_PORT"))) c.schedulerPort = static_cast<int>(*v);
   else if (requireJob && c.schedulerPort == 0) missing.push_back("CORTADO_SCHEDULER_PORT");
   if (auto v = getEnv(names("CORTADO_JOB_TOKEN"))) c.token = v->value;
   else if (requireJob && c.token.empty()) missing.push_back("CORTADO_JOB_TOKEN");
   if (auto v = getEnvInt(names("CORTADO_RANK"))) c.rank = static_cast<int>(*v);
+  else if (torchEnv) c.rank = static_cast<int>(*getEnvInt({"RANK"}));
   // Workers that `cortado launch --mpi/--hosts` starts under mpirun take
   // their rank from MPI, so that worker rank r is MPI rank r.
   else if (auto m = getEnvInt({"OMPI_COMM_WORLD_RANK", "PMIX_RANK"}); m && c.role == Role::kWorker)
     c.rank = static_cast<int>(*m);
+  // Servers and workers that `cortado launch` starts as srun steps in a
+  // Slurm allocation: the task's rank in its step.
+  else if (auto p = getEnvInt({"SLURM_PROCID"}); p && c.role != Role::kScheduler)
+    c.rank = static_cast<int>(*p);
   // A node's data-plane identity is its rank, fixed before it registers.
   else if (requireJob && c.rank < 0 && c.role != Role::kScheduler) missing.push_back("CORTADO_RANK");
   if (auto v = getEnv(names("CORTADO_TRANSPORT"))) c.transport = v->value;

@@ -31,19 +31,22 @@ namespace {
 
 struct Child {
   Role role;
-  int rank;  // -1: the mpirun of all workers
+  int rank;  // -1: the mpirun of all workers, or an srun step of all of its role
   pid_t pid;
   std::string host;   // where it runs; empty: here
   int stdinFd = -1;   // our end of its stdin (remote roles), closed when it ends
   bool running = true;
   bool signalled = false;  // the launcher sent it SIGTERM or SIGKILL
   int exitStatus = 0;  // raw waitpid status
+  bool srun = false;   // an srun job step (rank -1)
   std::string label() const {
+    if (rank < 0 && srun) return fmt::format("{}s (srun)", roleName(role));
     if (rank < 0) return "workers (mpirun)";
     std::string l = fmt::format("{} {}", roleName(role), rank);
     return host.empty() ? l : fmt::format("{} on host {}", l, host);
   }
   std::string pidFile() const {
+    if (rank < 0 && srun) return fmt::format("srun.{}s", roleName(role));
     return rank < 0 ? "mpirun" : fmt::format("{}.{}", roleName(role), rank);
   }
 };
@@ -194,33 +197,76 @@ std::string selfExecutable() {
 }
 
 int runLaunch(const LaunchOptions& opts) {
-  CORTADO_ENFORCE(!opts.command.empty(), ErrorCode::kInvalidArgument,
+  CORTADO_ENFORCE(!opts.command.empty() || opts.serversOnly, ErrorCode::kInvalidArgument,
                   "cortado launch needs a worker command after `--`, e.g. "
                   "`cortado launch -w 2 -s 1 -- python3 train.py`");
   JobConfig job = opts.job;
+  if (opts.serversOnly) {
+    CORTADO_ENFORCE(opts.command.empty(), ErrorCode::kInvalidArgument,
+                    "cortado launch --servers-only starts no worker: drop the command after `--` "
+                    "(start the workers with their own launcher, e.g. torchrun)");
+    CORTADO_ENFORCE(!opts.slurm && opts.hosts.hosts.empty() && !opts.hosts.mpi && !opts.mpiOnly,
+                    ErrorCode::kInvalidArgument,
+                    "--servers-only runs the scheduler and the servers on this machine: it does "
+                    "not go with --slurm, --hosts, --mpi or --mpi-only");
+    CORTADO_ENFORCE(!job.token.empty(), ErrorCode::kInvalidArgument,
+                    "cortado launch --servers-only needs CORTADO_JOB_TOKEN in the environment, the "
+                    "same as the workers' (e.g. export CORTADO_JOB_TOKEN=$(openssl rand -hex 24))");
+    CORTADO_ENFORCE(job.schedulerPort > 0, ErrorCode::kInvalidArgument,
+                    "cortado launch --servers-only needs --port (or CORTADO_SCHEDULER_PORT): the "
+                    "workers must be told where the scheduler listens");
+    // Workers on other machines reach the servers at their own address.
+    if (job.schedulerHost != "127.0.0.1" && job.schedulerHost != "localhost" &&
+        !getenv("CORTADO_DATA_HOST") && !getenv("DMLC_NODE_HOST"))
+      job.dataHost = "auto";
+  }
   if (job.token.empty()) job.token = makeToken();
   const HostsOptions& hosts = opts.hosts;
   checkHosts(hosts);
-  const bool multiHost = !hosts.hosts.empty();
-  const bool mpi = hosts.mpi || multiHost || opts.mpiOnly;
+  const bool slurm = opts.slurm.has_value();
+  CORTADO_ENFORCE(!slurm || (hosts.hosts.empty() && !hosts.mpi && !opts.mpiOnly),
+                  ErrorCode::kInvalidArgument,
+                  "inside a Slurm allocation the roles run under srun: --hosts, --mpi and "
+                  "--mpi-only do not apply (give --no-slurm to run them as outside Slurm)");
+  // Under Slurm: the allocation's nodes, unless it is this machine alone.
+  std::vector<std::string> slurmNodes;
+  if (slurm)
+    for (const auto& n : opts.slurm->nodes)
+      if (!isLocalHost(n) || opts.slurm->nodes.size() > 1) slurmNodes.push_back(n);
+  const bool multiHost = !hosts.hosts.empty() || !slurmNodes.empty();
+  const bool mpi = !slurm && (hosts.mpi || multiHost || opts.mpiOnly);
   std::string tcpSubnet;
   if (multiHost) {
     // The scheduler runs here and must be reached from every host: unless
     // --host names an address, advertise the one that routes to the hosts.
     if (job.schedulerHost == "127.0.0.1" || job.schedulerHost == "localhost") {
-      std::string toward = hosts.hosts.front();
-      for (const auto* list : {&hosts.hosts, &hosts.serverHosts})
+      std::string toward = slurm ? slurmNodes.front() : hosts.hosts.front();
+      const std::vector<std::string>* lists[] = {&hosts.hosts, &hosts.serverHosts, &slurmNodes};
+      for (const auto* list : lists)
         for (const auto& h : *list)
           if (isLocalHost(toward) && !isLocalHost(h)) toward = h;
+      // A Slurm node's name may not resolve outside the cluster's nodes
+      // (salloc on a login node): then Slurm's own address for it.
+      if (slurm) {
+        try {
+          net::resolveIPv4(toward);
+        } catch (const Error&) {
+          toward = slurmNodeAddress(toward);
+        }
+      }
       job.schedulerHost = net::localAddressToward(toward);
     }
     // Each role advertises the address of its own interface toward the
     // scheduler, never 127.0.0.1.
     job.dataHost = "auto";
     tcpSubnet = net::subnetOf(job.schedulerHost);
-    CORTADO_LOG_INFO("hosts {} (+ server-only {}): scheduler at {}, MPI TCP on {}",
-                     fmt::join(hosts.hosts, ","), fmt::join(hosts.serverHosts, ","),
-                     job.schedulerHost, tcpSubnet.empty() ? "(OpenMPI's choice)" : tcpSubnet);
+    if (slurm)
+      CORTADO_LOG_INFO("Slurm job {} on nodes {}: scheduler at {}", opts.slurm->jobId,
+                       fmt::join(slurmNodes, ","), job.schedulerHost);
+    else
+      CORTADO_LOG_INFO("hosts {} (+ server-only {}): scheduler at {}, MPI TCP on {}",
+                       fmt::join(hosts.hosts, ","), fmt::join(hosts.serverHosts, ","),
+                       job.schedulerHost, tcpSubnet.empty() ? "(OpenMPI's choice)" : tcpSubnet);
   }
   std::unique_ptr<TempDir> tmp;
   std::string agentWrapper;
@@ -262,12 +308,20 @@ int runLaunch(const LaunchOptions& opts) {
 
   scheduler::SchedulerOptions so =
       schedulerOptions(job, job.schedulerHost == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0");
-  // mpirun is told -w per host; the scheduler checks that it did so.
-  if (multiHost) so.workersPerHost.assign(hosts.hosts.size(), hosts.workersPerHost);
+  // mpirun (srun) is told -w per host; the scheduler checks that it did so.
+  if (slurm)
+    so.workersPerHost.assign(opts.slurm->nodes.size(), hosts.workersPerHost);
+  else if (multiHost)
+    so.workersPerHost.assign(hosts.hosts.size(), hosts.workersPerHost);
   auto sched = scheduler::Scheduler::create(std::move(so));
   job.schedulerPort = sched->port();
   CORTADO_LOG_INFO("scheduler on {}:{}, {} servers, {} workers, transport {}", job.schedulerHost,
                    job.schedulerPort, job.numServers, job.numWorkers, job.transport);
+  if (opts.serversOnly)
+    CORTADO_LOG_INFO(
+        "servers only: waiting for {} workers started elsewhere with this job's "
+        "CORTADO_JOB_TOKEN and CORTADO_SCHEDULER_PORT={}",
+        job.numWorkers, job.schedulerPort);
 
   std::mutex schedMu;
   bool schedDone = false;
@@ -301,8 +355,32 @@ int runLaunch(const LaunchOptions& opts) {
     for (const auto& h : *list)
       for (int k = 0; k < hosts.serversPerHost; ++k) serverHostOf.push_back(h);
   }
+  // Under Slurm each role is one srun step whose tasks take their ranks from
+  // SLURM_PROCID (core/config.cc): the launcher's own CORTADO_RANK, if any,
+  // must not reach them.
+  auto srunEnv = [&](Role role) {
+    JobConfig c = job;
+    c.role = role;
+    c.rank = -1;
+    auto env = c.toEnv();
+    std::erase_if(env, [](const auto& kv) { return kv.first == "CORTADO_RANK"; });
+    return env;
+  };
+  if (slurm) unsetenv("CORTADO_RANK");
   try {
-    for (int i = 0; i < job.numServers; ++i) {
+    if (slurm) {
+      auto argv = srunArgv(*opts.slurm, hosts.serversPerHost, "cortado-servers", {self, "server"});
+      CORTADO_LOG_DEBUG("servers: {}", fmt::join(argv, " "));
+      children.push_back({Role::kServer, -1, spawn(argv, srunEnv(Role::kServer)), ""});
+      children.back().srun = true;
+      writePid(children.back());
+      argv = srunArgv(*opts.slurm, hosts.workersPerHost, "cortado-workers", opts.command);
+      CORTADO_LOG_DEBUG("workers: {}", fmt::join(argv, " "));
+      children.push_back({Role::kWorker, -1, spawn(argv, srunEnv(Role::kWorker)), ""});
+      children.back().srun = true;
+      writePid(children.back());
+    }
+    for (int i = 0; i < job.numServers && !slurm; ++i) {
       JobConfig c = job;
       c.role = Role::kServer;
       c.rank = i;
@@ -317,7 +395,9 @@ int runLaunch(const LaunchOptions& opts) {
       }
       writePid(children.back());
     }
-    if (mpi) {
+    if (slurm || opts.serversOnly) {
+      // Started above, or by another launcher.
+    } else if (mpi) {
       JobConfig c = job;
       c.role = Role::kWorker;
       c.rank = -1;
@@ -381,7 +461,8 @@ int runLaunch(const LaunchOptions& opts) {
     for (auto& c : children) {
       if (!c.running) continue;
       int st = 0;
-      const bool ended = c.rank < 0 ? reapMpirun(c.pid, st) : waitpid(c.pid, &st, WNOHANG) == c.pid;
+      const bool ended =
+          c.rank < 0 && !c.srun ? reapMpirun(c.pid, st) : waitpid(c.pid, &st, WNOHANG) == c.pid;
       if (ended) {
         c.running = false;
         c.exitStatus = st;
@@ -444,7 +525,10 @@ int runLaunch(const LaunchOptions& opts) {
     }
     bool workersLeft = false;
     for (auto& c : children) workersLeft |= c.running && c.role == Role::kWorker;
-    if (phase == Phase::kRunning && failure.empty() && !workersLeft) {
+    // With --servers-only the workers are another launcher's: the job is
+    // over when the scheduler has seen them all finish.
+    const bool workersDone = opts.serversOnly ? sd && ss.ok() : !workersLeft;
+    if (phase == Phase::kRunning && failure.empty() && workersDone) {
       // Every worker exited cleanly: the servers have nothing left to serve.
       sched->stop();
       phase = Phase::kGrace;

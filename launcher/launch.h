@@ -14,13 +14,19 @@
 // servers start on each host through the agent (their settings on stdin,
 // whose end tells them the launcher is gone), and every role advertises the
 // address that reaches the scheduler (CORTADO_DATA_HOST=auto).
+//
+// With --slurm (inside an allocation, by default) the servers and the
+// workers are two srun job steps over the allocation's nodes (slurm.h), and
+// each srun is supervised as the workers' mpirun is.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "launcher/hosts.h"
+#include "launcher/slurm.h"
 
 namespace cortado::launcher {
 
@@ -36,6 +42,14 @@ struct LaunchOptions {
   // --mpi-only: run `command` under the same mpirun (hosts, agent) and
   // nothing else: no scheduler, no servers (for MPI peers in benchmarks).
   bool mpiOnly = false;
+  // Set: the roles run as srun steps over these nodes, hosts.serversPerHost
+  // servers and hosts.workersPerHost workers on each.
+  std::optional<SlurmAllocation> slurm;
+  // --servers-only: the scheduler and the servers, no worker command; the
+  // job's numWorkers workers come from another launcher (torchrun) with the
+  // job's token and scheduler port, and the job ends when the scheduler
+  // has seen them all finish.
+  bool serversOnly = false;
 };
 
 // Returns the process exit code: 0 when every role finished cleanly.

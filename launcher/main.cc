@@ -20,6 +20,7 @@
 #include "launcher/launch.h"
 #include "launcher/roles.h"
 #include "launcher/shm_reaper.h"
+#include "launcher/slurm.h"
 #include "launcher/trace_command.h"
 #include "scheduler/planner/plan_command.h"
 
@@ -85,8 +86,19 @@ int main(int argc, char** argv) try {
   JobFlags launchFlags;
   std::string hostList, serverHostList, agent, traceDir, planFile;
   bool mpi = false, mpiOnly = false, dedicatedServers = false;
-  launch->add_option("-w,--workers", workers, "number of workers (per host with --hosts)")->required()->check(CLI::Range(1, 4096));
-  launch->add_option("-s,--servers", servers, "number of servers (per host with --hosts)")->check(CLI::Range(1, 4096));
+  bool slurmOn = false, slurmOff = false;
+  launch->add_option("-w,--workers", workers,
+                     "number of workers (per host with --hosts, per node under Slurm, where the "
+                     "allocation's tasks per node are the default)")
+      ->check(CLI::Range(1, 4096));
+  launch->add_option("-s,--servers", servers,
+                     "number of servers (per host with --hosts, per node under Slurm, default 1)")
+      ->check(CLI::Range(1, 4096));
+  auto* slurmOpt = launch->add_flag("--slurm", slurmOn,
+                                    "start servers and workers with srun over the Slurm "
+                                    "allocation's nodes (the default inside salloc/sbatch)");
+  launch->add_flag("--no-slurm", slurmOff, "inside a Slurm allocation, run the job as outside it")
+      ->excludes(slurmOpt);
   launch->add_option("--pid-dir", pidDir, "write <role>.<rank>.pid files here");
   launch->add_option("--hosts", hostList,
                      "run across these hosts (h1,h2,...): W workers (under mpirun) and S servers on each");
@@ -106,7 +118,12 @@ int main(int argc, char** argv) try {
                      "the plan every worker's plan executor runs (a plan file as `cortado plan "
                      "--json` writes it; CORTADO_PLAN), checked before anything starts");
   launchFlags.add(launch);
-  launch->add_option("command", command, "the worker command, after --")->required();
+  bool serversOnly = false;
+  launch->add_flag("--servers-only", serversOnly,
+                   "run the scheduler and the servers only, for -w workers that another launcher "
+                   "(torchrun) starts with the same CORTADO_JOB_TOKEN and scheduler port "
+                   "(docs/launchers.md)");
+  launch->add_option("command", command, "the worker command, after --");
 
   // roles
   auto* schedCmd = app.add_subcommand("scheduler", "run the scheduler role (settings from the environment)");
@@ -264,6 +281,25 @@ int main(int argc, char** argv) try {
         lo.hosts.serverHosts = launcher::parseHostList("--server-hosts", serverHostList);
       CORTADO_ENFORCE(agent.empty() || !lo.hosts.hosts.empty(), ErrorCode::kInvalidArgument,
                       "--agent needs --hosts (it says how to reach them)");
+      // Inside an allocation (not in one of its steps) the roles go to srun,
+      // unless the command line asks for another way.
+      const bool useSlurm = slurmOn || (!slurmOff && launcher::insideSlurmAllocation() &&
+                                        hostList.empty() && !mpi && !mpiOnly && !serversOnly);
+      if (useSlurm) {
+        lo.slurm = launcher::readSlurmAllocation();
+        if (workers == 0) workers = lo.slurm->tasksPerNode;
+        CORTADO_ENFORCE(workers > 0, ErrorCode::kInvalidArgument,
+                        "cortado launch under Slurm: the allocation sets no uniform tasks per node "
+                        "(SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE='{}'): give -w/--workers "
+                        "per node",
+                        getenv("SLURM_TASKS_PER_NODE") ? getenv("SLURM_TASKS_PER_NODE") : "");
+        if (servers == 0) servers = 1;
+        CORTADO_LOG_INFO("inside Slurm job {}: {} workers and {} servers on each of {} nodes, "
+                         "started with srun (--no-slurm runs them here)",
+                         lo.slurm->jobId, workers, servers, lo.slurm->nodes.size());
+      }
+      CORTADO_ENFORCE(workers > 0, ErrorCode::kInvalidArgument,
+                      "cortado launch needs -w/--workers (per host with --hosts)");
       CORTADO_ENFORCE(servers > 0 || mpiOnly, ErrorCode::kInvalidArgument,
                       "cortado launch needs -s/--servers (per host with --hosts)");
       lo.hosts.dedicatedServers = dedicatedServers;
@@ -272,17 +308,23 @@ int main(int argc, char** argv) try {
       lo.hosts.workersPerHost = workers;
       lo.hosts.serversPerHost = servers;
       lo.mpiOnly = mpiOnly;
-      const int nHosts = std::max<int>(1, lo.hosts.hosts.size());
+      const int nHosts =
+          lo.slurm ? int(lo.slurm->nodes.size()) : std::max<int>(1, lo.hosts.hosts.size());
       lo.job = probe;
       lo.job.logLevel = level;
       launchFlags.apply(lo.job);
       lo.job.numWorkers = workers * nHosts;
       const int serverHostCount =
-          lo.hosts.hosts.empty() ? 1
+          lo.slurm               ? nHosts
+          : lo.hosts.hosts.empty() ? 1
           : dedicatedServers     ? int(lo.hosts.serverHosts.size())
                                  : int(lo.hosts.hosts.size() + lo.hosts.serverHosts.size());
       lo.job.numServers = std::max(1, servers) * serverHostCount;
-      lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port : 0;
+      // A job of its own picks a free port; with --servers-only the workers'
+      // launcher was given CORTADO_SCHEDULER_PORT too.
+      lo.job.schedulerPort = launchFlags.port >= 0 ? launchFlags.port
+                             : serversOnly         ? probe.schedulerPort
+                                                   : 0;
       if (!traceDir.empty()) lo.job.traceDir = std::filesystem::absolute(traceDir).string();
       if (!planFile.empty()) {
         try {
@@ -293,6 +335,7 @@ int main(int argc, char** argv) try {
         lo.job.planFile = std::filesystem::absolute(planFile).string();
       }
       lo.command = command;
+      lo.serversOnly = serversOnly;
       lo.pidDir = pidDir;
       return launcher::runLaunch(lo);
     }

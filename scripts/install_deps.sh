@@ -32,6 +32,9 @@ PACKAGES=(
   python3-matplotlib
   # emulated hosts for multi-machine tests
   iproute2 procps psmisc util-linux iputils-ping iperf3
+  # Slurm (cortado launch inside an allocation; tests/slurm runs its own
+  # munged, slurmctld and slurmd with a generated configuration)
+  slurmd slurmctld slurm-client munge
   # fuzzing
   clang libclang-rt-14-dev
   # developer checks: scripts/tidy.sh, git clang-format

@@ -85,5 +85,72 @@ TEST(Settings, HorovodNamesAreReadAsAliases) {
     ::unsetenv(v);
 }
 
+// The variables other launchers set: torchrun's RANK, WORLD_SIZE and
+// MASTER_ADDR for a worker, SLURM_PROCID for srun's tasks, each below the
+// CORTADO_* ones and in the order core/config.cc documents.
+TEST(Settings, OtherLaunchersVariablesFillTheGaps) {
+  const char* vars[] = {"CORTADO_ROLE", "CORTADO_RANK", "CORTADO_NUM_WORKERS", "CORTADO_NUM_SERVERS",
+                        "CORTADO_SCHEDULER_HOST", "CORTADO_SCHEDULER_PORT", "CORTADO_JOB_TOKEN",
+                        "DMLC_ROLE", "DMLC_WORKER_ID", "DMLC_NUM_WORKER", "DMLC_PS_ROOT_URI",
+                        "RANK", "WORLD_SIZE", "MASTER_ADDR", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                        "SLURM_PROCID"};
+  for (const char* v : vars) ::unsetenv(v);
+  ::setenv("CORTADO_NUM_SERVERS", "2", 1);
+  ::setenv("CORTADO_SCHEDULER_PORT", "4000", 1);
+  ::setenv("CORTADO_JOB_TOKEN", "t", 1);
+
+  // torchrun: a worker takes rank, size and scheduler host from torch's.
+  ::setenv("CORTADO_ROLE", "worker", 1);
+  ::setenv("RANK", "3", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  ::setenv("MASTER_ADDR", "10.1.2.3", 1);
+  ::setenv("SLURM_PROCID", "1", 1);  // torchrun under srun: the agent's task, not the worker's rank
+  JobConfig c = readJobConfig(true);
+  EXPECT_EQ(c.rank, 3);
+  EXPECT_EQ(c.numWorkers, 4);
+  EXPECT_EQ(c.schedulerHost, "10.1.2.3");
+  // The CORTADO_* settings win.
+  ::setenv("CORTADO_RANK", "0", 1);
+  ::setenv("CORTADO_NUM_WORKERS", "8", 1);
+  ::setenv("CORTADO_SCHEDULER_HOST", "10.9.9.9", 1);
+  c = readJobConfig(true);
+  EXPECT_EQ(c.rank, 0);
+  EXPECT_EQ(c.numWorkers, 8);
+  EXPECT_EQ(c.schedulerHost, "10.9.9.9");
+  ::unsetenv("CORTADO_RANK");
+  ::unsetenv("CORTADO_SCHEDULER_HOST");
+  // torch's variables are a worker's only: a server does not read them.
+  ::setenv("CORTADO_ROLE", "server", 1);
+  c = readJobConfig(true);
+  EXPECT_EQ(c.rank, 1);  // SLURM_PROCID
+  EXPECT_EQ(c.schedulerHost, "127.0.0.1");
+
+  // srun: a worker without torch's variables takes SLURM_PROCID, but an
+  // MPI rank first (mpirun inside an allocation).
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("MASTER_ADDR");
+  ::setenv("CORTADO_ROLE", "worker", 1);
+  ::setenv("SLURM_PROCID", "5", 1);
+  EXPECT_EQ(readJobConfig(true).rank, 5);
+  ::setenv("OMPI_COMM_WORLD_RANK", "6", 1);
+  EXPECT_EQ(readJobConfig(true).rank, 6);
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  // The scheduler has no rank.
+  ::setenv("CORTADO_ROLE", "scheduler", 1);
+  EXPECT_LT(readJobConfig(true).rank, 0);
+
+  // Without any of them a worker is refused, naming CORTADO_RANK.
+  ::unsetenv("SLURM_PROCID");
+  ::setenv("CORTADO_ROLE", "worker", 1);
+  try {
+    readJobConfig(true);
+    ADD_FAILURE() << "a worker without a rank was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_RANK"), std::string::npos) << e.what();
+  }
+  for (const char* v : vars) ::unsetenv(v);
+}
+
 }  // namespace
 }  // namespace cortado
