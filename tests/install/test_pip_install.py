@@ -76,7 +76,7 @@ def wheel(tmp_path_factory):
         # serves another at any other place.
         env["CCACHE_BASEDIR"] = str(SOURCE)
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", "2")
-    run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+    run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
          "--disable-pip-version-check", "-w", dist, *settings, SOURCE],
         timeout=1500, env=env, cwd=dist)
     wheels = list(dist.glob("cortado-*.whl"))
@@ -90,7 +90,7 @@ def venv(wheel, tmp_path_factory):
     (offline: NumPy, its one dependency, is Debian's)."""
     where = tmp_path_factory.mktemp("venv") / "env"
     run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", where], timeout=120)
-    run([where / "bin" / "python", "-m", "pip", "install", "--no-index",
+    run([where / "bin" / "python", "-m", "pip", "install", "--no-index", "--no-cache-dir",
          "--disable-pip-version-check", wheel], timeout=300, env=clean_env())
     return where
 
