@@ -142,6 +142,45 @@ def test_installed_command_plans(venv, tmp_path):
     assert len(plan["tensors"]) > 100  # resnet50 has 161 gradient tensors
 
 
+def test_command_without_data_says_what_to_do(venv, tmp_path):
+    """A copy of the command with no planner data next to it falls back to
+    nothing of the checkout: `cortado plan` fails naming where it looked and
+    what to do."""
+    bin_dir = tmp_path / "elsewhere" / "bin"
+    bin_dir.mkdir(parents=True)
+    shutil.copy(venv / "bin" / "cortado", bin_dir / "cortado")
+    p = subprocess.run([bin_dir / "cortado", "plan", "--model", "resnet50"], capture_output=True,
+                       text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+    assert p.returncode != 0, p.stdout
+    assert "planner's data" in p.stderr, p.stderr
+    # The one place it looked: next to the command (none compiled in).
+    tried = p.stderr.split(" is not in ", 1)[1].split(": install", 1)[0]
+    assert tried == str(tmp_path / "elsewhere" / "share" / "cortado" / "planner"), p.stderr
+    assert "CORTADO_PLANNER_DATA" in p.stderr and "pip install" in p.stderr, p.stderr
+
+
+def test_environment_comes_first(venv, tmp_path):
+    """CORTADO_BIN and CORTADO_PLANNER_DATA override the installed copies; a
+    data folder without the cost models makes Compression.auto raise
+    CortadoError naming the missing file (no crash)."""
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    code = ("import json, cortado, cortado.paths\n"
+            "r = [cortado.paths.command(), cortado.paths.planner_data()]\n"
+            "try:\n"
+            "    cortado.Compression.auto.plan([('w', 1000, 4)], 2)\n"
+            "    r.append('planned')\n"
+            "except cortado.CortadoError as e:\n"
+            "    r.append(str(e))\n"
+            "print(json.dumps(r))\n")
+    out = run([venv / "bin" / "python", "-c", code], timeout=180, cwd=tmp_path,
+              env=clean_env(CORTADO_BIN="/opt/other/cortado", CORTADO_PLANNER_DATA=str(empty)))
+    command, data, planned = json.loads(out.strip().splitlines()[-1])
+    assert command == "/opt/other/cortado"
+    assert data == str(empty)
+    assert str(empty / "costs" / "hardware.json") in planned, planned
+
+
 def test_launch_job(venv, tmp_path):
     """cortado launch -w 2 -s 1 -- python pip_worker.py, all from the
     environment (PATH), none from the checkout's build."""
