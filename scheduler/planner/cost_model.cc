@@ -418,8 +418,8 @@ std::string defaultDataDir() {
     for (const auto& d : tried) list += (list.empty() ? "" : ", ") + d.string();
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("the planner's data (costs/, profiles/) is not in {}: install cortado "
-                            "(pip install . or cmake --install) or point CORTADO_PLANNER_DATA (or --data-dir) at "
-                            "a copy of scheduler/planner",
+                            "(pip install . or cmake --install) or point CORTADO_PLANNER_DATA "
+                            "(or --data-dir) at a copy of scheduler/planner",
                             list));
   }();
   return dir;
