@@ -3,12 +3,12 @@
 # packages, then the PyPI packages of the TensorFlow binding (pinned in
 # scripts/requirements-tensorflow.txt) and of `pip install .`'s build
 # (scikit-build-core, scripts/requirements-build.txt) into a virtual
-# environment made from
-# /usr/bin/python3 with --system-site-packages, so that it still sees Debian's
-# torch and NumPy. The environment is CORTADO_VENV (default: .venv in the
-# repository). Safe to run again: apt-get skips what is already installed, the
-# package index is refreshed only when it is older than a day, and pip runs
-# only when a pinned package is missing or at another version.
+# environment made from /usr/bin/python3 with --system-site-packages, so
+# that it still sees Debian's torch and NumPy. The environment is
+# CORTADO_VENV (default: .venv in the repository). Safe to run again:
+# apt-get skips what is already installed, the package index is refreshed
+# only when it is older than a day, and pip runs only when a pinned package
+# is missing or at another version.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
