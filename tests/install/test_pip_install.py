@@ -9,6 +9,8 @@ check their sums against a plain sum (pip_worker.py).
 
 Run by ctest (tests/install/CMakeLists.txt) with
   CORTADO_SOURCE_DIR   the checkout to build
+  CORTADO_BUILD_DIR    the CMake build the test belongs to (its package is
+                       checked to find that build's launcher)
   CORTADO_WHEEL_BUILD  the wheel's CMake build folder, kept between runs so
                        that a second run rebuilds only what changed
   CORTADO_VENV         the environment that builds it (scikit-build-core is
@@ -30,6 +32,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 SOURCE = pathlib.Path(os.environ.get("CORTADO_SOURCE_DIR", HERE.parent.parent)).resolve()
 VENV = pathlib.Path(os.environ.get("CORTADO_VENV") or SOURCE / ".venv")
 WHEEL_BUILD = pathlib.Path(os.environ.get("CORTADO_WHEEL_BUILD") or SOURCE / "build" / "pip-wheel")
+CMAKE_BUILD = pathlib.Path(os.environ.get("CORTADO_BUILD_DIR") or SOURCE / "build")
 
 
 def run(cmd, timeout, **kwargs):
@@ -179,6 +182,24 @@ def test_environment_comes_first(venv, tmp_path):
     assert command == "/opt/other/cortado"
     assert data == str(empty)
     assert str(empty / "costs" / "hardware.json") in planned, planned
+
+
+def test_build_tree_package_finds_the_build(venv, tmp_path):
+    """The package used from the CMake build (PYTHONPATH) finds the build's
+    launcher and leaves the planner data to the C++ default, though the
+    environment it runs in has an installed copy of cortado (whose files it
+    must not take)."""
+    package = CMAKE_BUILD / "bindings" / "python"
+    if not (package / "cortado" / "paths.py").exists():
+        pytest.fail(f"no built package in {package}: build the target cortado_python")
+    out = run([venv / "bin" / "python", "-c",
+               "import json, cortado, cortado.paths as p; "
+               "print(json.dumps([cortado.__file__, p.command(), p.planner_data()]))"],
+              timeout=120, env=clean_env(PYTHONPATH=str(package)), cwd=tmp_path)
+    init, command, data = json.loads(out.strip().splitlines()[-1])
+    assert pathlib.Path(init).resolve() == (package / "cortado" / "__init__.py").resolve()
+    assert pathlib.Path(command) == CMAKE_BUILD / "launcher" / "cortado"
+    assert data is None
 
 
 def test_launch_job(venv, tmp_path):
