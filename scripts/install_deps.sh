@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs every build, test and benchmark dependency of Cortado: Debian's
 # packages, then the PyPI packages of the TensorFlow binding (pinned in
-# scripts/requirements-tensorflow.txt) into a virtual environment made from
-# /usr/bin/python3 with --system-site-packages, so that it still sees Debian's
-# torch and NumPy. The environment is CORTADO_VENV (default: .venv in the
-# repository). Safe to run again: apt-get skips what is already installed, the
-# package index is refreshed only when it is older than a day, and pip runs
-# only when a pinned package is missing or at another version.
+# scripts/requirements-tensorflow.txt) and of `pip install .`'s build
+# (scikit-build-core, scripts/requirements-build.txt) into a virtual
+# environment made from /usr/bin/python3 with --system-site-packages, so
+# that it still sees Debian's torch and NumPy. The environment is
+# CORTADO_VENV (default: .venv in the repository). Safe to run again:
+# apt-get skips what is already installed, the package index is refreshed
+# only when it is older than a day, and pip runs only when a pinned package
+# is missing or at another version.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -18,7 +20,7 @@ fi
 
 PACKAGES=(
   # build
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   # control plane, data plane, collectives
   libboost-dev libboost-system-dev libzmq3-dev cppzmq-dev libucx-dev ucx-utils
   libopenmpi-dev openmpi-bin libssl-dev
@@ -64,19 +66,21 @@ else
   echo "cortado: all dependencies are installed"
 fi
 
-# The TensorFlow binding's packages, from PyPI, into the virtual environment.
+# The TensorFlow binding's packages and the wheel build's, from PyPI, into
+# the virtual environment.
 venv=${CORTADO_VENV:-$repo/.venv}
 requirements=$repo/scripts/requirements-tensorflow.txt
+build_requirements=$repo/scripts/requirements-build.txt
 if [[ ! -x $venv/bin/python ]]; then
   echo "cortado: creating the virtual environment $venv (/usr/bin/python3, --system-site-packages)"
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
 # Every pinned package at its version? (importlib.metadata reads what pip
 # installed; a second run finds them all and skips pip.)
-if "$venv/bin/python" - "$requirements" <<'PY'
+if "$venv/bin/python" - "$requirements" "$build_requirements" <<'PY'
 import importlib.metadata as md, re, sys
 wrong = []
-for line in open(sys.argv[1]):
+for line in (l for f in sys.argv[1:] for l in open(f)):
     line = line.split("#", 1)[0].strip()
     if not line:
         continue
@@ -95,10 +99,10 @@ if wrong:
     sys.exit(1)
 PY
 then
-  echo "cortado: the python packages of $requirements are installed in $venv"
+  echo "cortado: the python packages of $requirements and $build_requirements are installed in $venv"
 else
   "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --only-binary=:all: \
-    -r "$requirements" "numpy<2"
+    -r "$requirements" -r "$build_requirements" "numpy<2"
 fi
 # Tells the tests that this step ran: from here on, a TensorFlow that does
 # not import fails them instead of skipping them.

@@ -13,6 +13,12 @@
 #ifndef CORTADO_PLANNER_DATA_DIR
 #define CORTADO_PLANNER_DATA_DIR "scheduler/planner"
 #endif
+#ifndef CORTADO_PLANNER_INSTALL_REL
+#define CORTADO_PLANNER_INSTALL_REL "share/cortado/planner"
+#endif
+#ifndef CORTADO_PLANNER_INSTALL_DIR
+#define CORTADO_PLANNER_INSTALL_DIR ""
+#endif
 
 namespace cortado::planner {
 namespace {
@@ -403,16 +409,17 @@ std::string defaultDataDir() {
     std::error_code ec;
     const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
     if (!ec) tried.push_back(exe.parent_path().parent_path() / CORTADO_PLANNER_INSTALL_REL);
-    tried.push_back(CORTADO_PLANNER_DATA_DIR);
-    tried.push_back(CORTADO_PLANNER_INSTALL_DIR);
+    // Empty in a wheel's build, which compiles in no build-machine path.
+    for (const char* d : {CORTADO_PLANNER_DATA_DIR, CORTADO_PLANNER_INSTALL_DIR})
+      if (*d) tried.push_back(d);
     for (const auto& d : tried)
       if (fs::exists(d / "costs" / "hardware.json", ec)) return d.lexically_normal().string();
     std::string list;
     for (const auto& d : tried) list += (list.empty() ? "" : ", ") + d.string();
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("the planner's data (costs/, profiles/) is not in {}: install cortado "
-                            "(cmake --install) or point CORTADO_PLANNER_DATA (or --data-dir) at "
-                            "a copy of scheduler/planner",
+                            "(pip install . or cmake --install) or point CORTADO_PLANNER_DATA "
+                            "(or --data-dir) at a copy of scheduler/planner",
                             list));
   }();
   return dir;

@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 
-from . import _C
+from . import _C, paths
 from ._runtime import error
 
 
@@ -193,9 +193,10 @@ class AutoCompression(Compressor):
             path = f.name
         try:
             runs = []
+            data_dir = paths.planner_data() or ""
             for codec in self.candidates:
                 r = _C.plan_model(path, codec, max(1, int(workers)), 1, self.intra, self.inter,
-                                  int(self.cpu_cores), True)
+                                  int(self.cpu_cores), True, data_dir)
                 runs.append((r["iter_us"], codec, r))
         finally:
             os.unlink(path)

@@ -84,7 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=4, help="gloo/--compare: process count")
     p.add_argument("--servers", type=int, default=2, help="--compare: Cortado servers")
     p.add_argument("--compare", action="store_true", help="run Cortado, then DDP with Gloo")
-    p.add_argument("--cortado-bin", default=None, help="the cortado launcher (for --compare)")
+    p.add_argument("--cortado-bin", default=None,
+                   help="the cortado launcher (for --compare; default: the one that goes with "
+                        "the cortado package, cortado.paths.command())")
     p.add_argument("--rounds", type=int, default=1,
                    help="--compare: runs of each backend, alternating; the median is reported")
     p.add_argument("--run-timeout", type=float, default=1800,
@@ -269,7 +271,11 @@ def run_compare(args):
     shared, so the two sides see the same drift); the table has the median
     round of each and the ratio of the medians."""
     here = pathlib.Path(__file__).resolve()
-    launcher = args.cortado_bin or str(here.parents[3] / "build" / "launcher" / "cortado")
+    import cortado.paths
+    # The command that goes with the imported package (CORTADO_BIN, the
+    # installed copy, the build's), else the checkout's build.
+    launcher = (args.cortado_bin or cortado.paths.command()
+                or str(here.parents[3] / "build" / "launcher" / "cortado"))
     common = ["--model", args.model, "--batch-size", str(args.batch_size),
               "--image-size", str(args.image_size), "--num-classes", str(args.num_classes),
               "--num-warmup-batches", str(args.num_warmup_batches),

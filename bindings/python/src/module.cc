@@ -805,11 +805,14 @@ const compressor::Registry& cpuCodecs() {
 
 // One run of the Espresso planner (scheduler/planner) for a model profile,
 // as `cortado plan --model PROFILE --json` does: the plan JSON plus the
-// simulated iteration times that the caller compares across codecs.
+// simulated iteration times that the caller compares across codecs. The
+// planner's data (costs/) is dataDir, else CORTADO_PLANNER_DATA, else the
+// planner's default (the Python side passes the installed copy it found).
 py::dict planModel(const std::string& profilePath, const std::string& codec, int machines,
                    int gpusPerMachine, const std::string& intra, const std::string& inter,
-                   int cpuCores, bool parameterServer) {
+                   int cpuCores, bool parameterServer, const std::string& dataDir) {
   planner::PlanConfig cfg;
+  cfg.dataDir = dataDir;
   cfg.model = profilePath;
   cfg.codec = codec;
   cfg.machines = machines;
@@ -891,9 +894,10 @@ PYBIND11_MODULE(_C, m) {
   bindGravac(m, cpuCodecs());
   m.def("plan_model", &planModel, py::arg("profile"), py::arg("codec"), py::arg("machines"),
         py::arg("gpus_per_machine"), py::arg("intra"), py::arg("inter"), py::arg("cpu_cores"),
-        py::arg("parameter_server") = true,
-        "Runs the Espresso planner on a model profile (.json, scheduler/planner/profile.h); "
-        "returns {plan: JSON text, iter_us, no_compression_us, compress_all_us}.");
+        py::arg("parameter_server") = true, py::arg("data_dir") = "",
+        "Runs the Espresso planner on a model profile (.json, scheduler/planner/profile.h) "
+        "with the cost models of data_dir (empty: CORTADO_PLANNER_DATA or the planner's "
+        "default); returns {plan: JSON text, iter_us, no_compression_us, compress_all_us}.");
 
   py::class_<PyHandle>(m, "Handle")
       .def_property_readonly("name", &PyHandle::name)
