@@ -109,6 +109,11 @@ class Device {
   virtual Kind kind() const = 0;
   // "host", "host (queued streams)", "cuda:0 (NVIDIA H200)": in errors and logs.
   virtual std::string name() const = 0;
+  // Whether device memory is the host's and stream work runs on the calling
+  // thread as it is enqueued (the host device with inline streams): the host
+  // may then read and write device buffers directly, and the executor skips
+  // its copies through pinned staging (a CPU-only job's memory and time).
+  virtual bool hostAddressable() const { return false; }
   // The planner's name for where codecs run here: "gpu" or "cpu" (trace lanes).
   const char* lane() const { return kind() == Kind::kCuda ? "gpu" : "cpu"; }
 

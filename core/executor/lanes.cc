@@ -32,7 +32,8 @@ float* Lanes::hostStaging(Executor::TensorState& t, uint64_t n, Deadline d) cons
   return t.pinned.floats(n);
 }
 
-float* Lanes::toHost(Executor::TensorState& t, const float* src, uint64_t n, Deadline d) const {
+const float* Lanes::toHost(Executor::TensorState& t, const float* src, uint64_t n, Deadline d) const {
+  if (direct) return src;
   float* h = hostStaging(t, n, d);
   t.computed->record(*compute);
   dev->wait(*copy, *t.computed);
@@ -53,6 +54,12 @@ void Lanes::toDevice(Executor::TensorState& t, float* dst, uint64_t n) const {
 
 bool foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
   if (t.carry.empty()) return false;
+  if (l.direct) {
+    l.bind(t);
+    l.dev->add(x, t.carry.data(), t.n, *l.compute);
+    t.carry.clear();
+    return true;
+  }
   float* h = l.hostStaging(t, t.n, d);
   std::copy_n(t.carry.data(), t.n, h);
   float* dev = t.scratch2.floats(t.n);

@@ -106,7 +106,7 @@ Executor::Executor(Worker& worker, const collective::Groups* groups,
 Executor::~Executor() = default;
 
 detail::Lanes Executor::lanes() const {
-  return detail::Lanes{device_.get(), compute_.get(), copy_.get()};
+  return detail::Lanes{device_.get(), compute_.get(), copy_.get(), device_->hostAddressable()};
 }
 
 void Executor::declare(const std::string& name, DType dtype, uint64_t numElements) {

@@ -140,6 +140,10 @@ struct Lanes {
   device::Device* dev = nullptr;
   device::Stream* compute = nullptr;
   device::Stream* copy = nullptr;
+  // Device memory is host memory and streams run inline
+  // (Device::hostAddressable): toHost answers the data itself, stagingFor
+  // the destination itself, and fromStaging copies nothing.
+  bool direct = false;
 
   // The state's buffers and events on this device, made at the first use.
   void bind(Executor::TensorState& t) const;
@@ -147,14 +151,24 @@ struct Lanes {
   // a collective, which orders itself after nothing, and before run() returns).
   void settle(Executor::TensorState& t, Deadline d, const char* what) const;
   // `n` floats of device memory at `src` copied to the state's pinned buffer,
-  // after the compute stream's work so far; the host may read the answer.
-  float* toHost(Executor::TensorState& t, const float* src, uint64_t n, Deadline d) const;
+  // after the compute stream's work so far; the host may read the answer
+  // (`src` itself where direct).
+  const float* toHost(Executor::TensorState& t, const float* src, uint64_t n, Deadline d) const;
   // The state's pinned buffer for the host to write `n` floats into (after
   // its last copy from it).
   float* hostStaging(Executor::TensorState& t, uint64_t n, Deadline d) const;
   // The pinned buffer's first `n` floats copied to `dst` (device memory); the
   // compute stream's later work waits for it.
   void toDevice(Executor::TensorState& t, float* dst, uint64_t n) const;
+  // Where the host writes `n` floats bound for `dst`: the pinned buffer
+  // (hostStaging), or `dst` itself where direct; then fromStaging(t, dst, n)
+  // puts them there (toDevice, or nothing where direct).
+  float* stagingFor(Executor::TensorState& t, float* dst, uint64_t n, Deadline d) const {
+    return direct ? dst : hostStaging(t, n, d);
+  }
+  void fromStaging(Executor::TensorState& t, float* dst, uint64_t n) const {
+    if (!direct) toDevice(t, dst, n);
+  }
 };
 
 // Adds the residuals of retired encode points that `t` still owes (carry)

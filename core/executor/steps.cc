@@ -438,8 +438,9 @@ uint64_t Run::seed(uint64_t piece) const {
 bool Run::onDevice() const {
   const Step& s = t_.option.steps.at(step_);
   // The host device's memory is the CPU's: every step runs there as placed
-  // on "gpu" (the CPU twin, no copy); a "cpu" step still takes its copy
-  // stage, so that CPU-only runs exercise the copies and their ordering.
+  // on "gpu" (the CPU twin, no copy); a "cpu" step takes its copy stage
+  // only with queued streams, which tests use to exercise the copies and
+  // their ordering (with inline streams Lanes::direct skips the staging).
   return s.device == plan::Device::kGpu && t_.deviceCodec != nullptr;
 }
 
@@ -527,8 +528,9 @@ const compressor::Codec& decoderOf(const Seg& s, const compressor::CodecPtr& cod
 }  // namespace
 
 void Run::decodeOnHost() {
-  // In pinned memory, then copied to the region (a copy stage of its own).
-  float* h = lanes_.hostStaging(t_, r_.len, d_);
+  // In pinned memory, then copied to the region (a copy stage of its own;
+  // in the region itself where the host addresses device memory).
+  float* h = lanes_.stagingFor(t_, x_ + r_.off, r_.len, d_);
   std::fill_n(h, r_.len, 0.0f);
   for (const Seg& s : segs_) {
     checkInside(s, r_);
@@ -540,13 +542,20 @@ void Run::decodeOnHost() {
     }
     decoderOf(s, t_.codec, t_.sparseDecoder, t_.codecSpec).decompressAdd(s.bytes, dst, s.count);
   }
-  lanes_.toDevice(t_, x_ + r_.off, r_.len);
+  lanes_.fromStaging(t_, x_ + r_.off, r_.len);
 }
 
 void Run::addDenseOnDevice() {
   uint64_t dense = 0;
   for (const Seg& s : segs_) dense += s.dense ? s.count : 0;
   if (dense == 0) return;
+  if (lanes_.direct) {
+    for (const Seg& s : segs_)
+      if (s.dense)
+        lanes_.dev->add(x_ + s.off, reinterpret_cast<const float*>(s.bytes.data()), s.count,
+                        *lanes_.compute);
+    return;
+  }
   float* h = lanes_.hostStaging(t_, dense, d_);
   uint64_t at = 0;
   for (const Seg& s : segs_) {
@@ -648,8 +657,9 @@ void Run::pushPull(const Step& push, const Step& pull) {
   } else {
     // In place in pinned memory, as pushPull allows (the answer comes only
     // after the servers have every push of the round, ours included), then
-    // copied back to the region.
-    ex.rawOutput = lanes_.hostStaging(t_, r_.len, d_);
+    // copied back to the region (in the region itself where the host
+    // addresses device memory).
+    ex.rawOutput = lanes_.stagingFor(t_, x_ + r_.off, r_.len, d_);
   }
   ex.flushResidual = flushResidual_;
   Handle h = worker_.exchange(key, std::move(ex), 0);
@@ -664,7 +674,7 @@ void Run::pushPull(const Step& push, const Step& pull) {
     throw Error(why.code(), why.message());
   }
   if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
-  if (!pull.compressed) lanes_.toDevice(t_, x_ + r_.off, r_.len);
+  if (!pull.compressed) lanes_.fromStaging(t_, x_ + r_.off, r_.len);
   segs_.clear();
   if (pull.compressed) {
     for (size_t i = 0; i < chunks.size(); ++i) {

@@ -196,6 +196,9 @@ class HostDevice final : public Device {
 
   Kind kind() const override { return Kind::kHost; }
   std::string name() const override { return queued_ ? "host (queued streams)" : "host"; }
+  // Queued streams keep the staging copies, so that CPU-only tests exercise
+  // them and their ordering.
+  bool hostAddressable() const override { return !queued_; }
 
   void* allocate(size_t bytes) override {
     const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
