@@ -8,6 +8,7 @@
 #   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
 #                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
 #                  [--compute-scale 1] [--rounds 1] [--probe-once] [--strategies none,gpu,cpu,pertensor,plan] [--json]
+#                  [--plot FILE]   (a PNG of every cell's measured and predicted times; implies --json)
 #                  (strategies: docs/model_bench.md; plan is the planner's plan with Cupcake's fused
 #                  groups, pertensor the same without groups, mergecomp the groups MergeComp's search
 #                  finds by timing iterations. CORTADO_FUSION_BYTES defaults to 0 here: the plan's
@@ -22,7 +23,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
 TB=$here/tests/testbed/testbed.sh
 models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
-iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once=""
+iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once="" plot=""
 while (($#)); do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -35,18 +36,22 @@ while (($#)); do
     --rounds) rounds=$2; shift 2 ;;
     --strategies) strategies=$2; shift 2 ;;
     --json) json=--json; shift ;;
+    --plot) plot=$(realpath -m "$2"); json=--json; shift 2 ;;
     --probe-once) once=--probe-once; shift ;;
     --trace) trace=$(realpath -m "$2"); shift 2 ;;
     *) echo "bench/model.sh: unknown option '$1' (see the header of this file)" >&2; exit 2 ;;
   esac
 done
 [[ $(id -u) -eq 0 ]] || { echo "bench/model.sh: the emulated hosts need root" >&2; exit 2; }
+[[ -z $plot ]] || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
+  { echo "bench/model.sh: --plot needs matplotlib (scripts/install_deps.sh installs python3-matplotlib)" >&2; exit 2; }
+lines=$(mktemp)
 [[ -x $CORTADO ]] || { echo "bench/model.sh: build first (ninja -C build cortado), or set CORTADO" >&2; exit 2; }
 # A testbed name of its own (8 characters at most): "bmodel" + the first two
 # digits of the PID let two runs whose PIDs share them take down each
 # other's hosts.
 NAME=m$(printf '%07x' $(( (($$ << 15) ^ RANDOM) & 0xfffffff )))
-trap '"$TB" down "$NAME" >/dev/null 2>&1 || true' EXIT
+trap '"$TB" down "$NAME" >/dev/null 2>&1 || true; rm -f "$lines"' EXIT
 "$TB" up "$NAME" "$hosts" --rate "$rate" >/dev/null
 list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
 echo "# bench/model.sh: $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg), $hosts hosts at $rate, 1 worker + 1 server each"
@@ -69,6 +74,11 @@ for m in "${M[@]}"; do
     env "${renv[@]}" CORTADO_FUSION_BYTES="${CORTADO_FUSION_BYTES:-0}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
-      --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" $json $once
+      --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" $json $once |
+      tee -a "$lines"
   done
 done
+if [[ -n $plot ]]; then
+  /usr/bin/python3 "$here/bench/plot_figures.py" --run replay "$lines" "$plot" \
+    --note "$hosts emulated hosts at $rate, $(date -u +%F)"
+fi

@@ -169,7 +169,7 @@ def draw_pushpull(series, note, out):
     plt.close(fig)
 
 
-def draw_replay(strategies, cells, note, out):
+def draw_replay(strategies, cells, note, out, where="4 emulated hosts at 1 Gbit/s"):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5))
     width = 0.8 / len(strategies)
@@ -182,7 +182,7 @@ def draw_replay(strategies, cells, note, out):
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([c[0] for c in cells])
     ax.set_ylabel("iteration time (ms, log scale)")
-    ax.set_title(f"Model replay on 4 emulated hosts at 1 Gbit/s ({note})", fontsize=10)
+    ax.set_title(f"Model replay on {where} ({note})" if where else f"Model replay ({note})", fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(ncol=3)
     fig.tight_layout()
@@ -213,7 +213,8 @@ def draw_fused(strategies, cells, note, out):
 
 def draw_training(runs, note, out):
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(runs), figsize=(15, 5), sharey=True)
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 5), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, (title, configs, rates, spreads) in zip(axes, runs):
         colors = ["C3" if c.startswith("Cortado") else "C0" if c.startswith("DDP") else "C2" for c in configs]
         ys = list(range(len(configs)))
@@ -230,12 +231,65 @@ def draw_training(runs, note, out):
     plt.close(fig)
 
 
+def replay_from_json(lines):
+    """The model-replay cells of `cortado bench model --json` lines (bench/model.sh --json):
+    (strategies, [(label, measured, predicted)]), each strategy's mean and prediction in ms."""
+    rows = [r for r in lines if "strategy" in r and "measured_ms" in r]
+    if not rows:
+        raise TableError("no strategy lines (cortado bench model --json) to plot")
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["model"], r["codec"]), {})[r["strategy"]] = r
+    out = []
+    for (model, codec), by in cells.items():
+        measured = [by[s]["measured_ms"] if s in by else float("nan") for s in strategies]
+        predicted = [by[s].get("predicted_ms", float("nan")) if s in by else float("nan") for s in strategies]
+        out.append((f"{model}\n{codec}", measured, predicted))
+    return strategies, out
+
+
+def plot_run(kind, path, out, note):
+    """--plot of a benchmark script: draws one run's results into the PNG `out`.
+    kind "replay": `path` holds bench/model.sh's --json lines; "training":
+    bench/train_table.py's --json file."""
+    import json
+    import matplotlib
+    matplotlib.use("Agg")
+    if kind == "replay":
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(l) for l in f if l.strip().startswith("{")]
+        strategies, cells = replay_from_json(lines)
+        draw_replay(strategies, cells, note, out, where=None)
+    else:
+        with open(path, encoding="utf-8") as f:
+            rows = [r for r in json.load(f)["rows"] if "skipped" not in r]
+        draw_training([("", [r["name"] for r in rows], [r["img_sec_total"] for r in rows],
+                        [r["conf95_total"] for r in rows])], note, out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "docs", "figures"))
     ap.add_argument("--check", action="store_true", help="parse the marked tables, draw nothing")
+    ap.add_argument("--run", nargs=3, metavar=("KIND", "RESULTS", "PNG"),
+                    help="draw one run's results (KIND replay: bench/model.sh --json lines; training: "
+                         "bench/train_table.py --json) into PNG, as the scripts' --plot does")
+    ap.add_argument("--note", default="", help="with --run: the plot's title note")
     args = ap.parse_args()
+    if args.run:
+        try:
+            plot_run(args.run[0], args.run[1], args.run[2], args.note)
+        except ImportError:
+            print("plot_figures: matplotlib is missing: run scripts/install_deps.sh (Debian's "
+                  "python3-matplotlib)", file=sys.stderr)
+            return 1
+        except (OSError, ValueError, KeyError, TableError) as e:
+            print(f"plot_figures: {e}", file=sys.stderr)
+            return 1
+        print(f"plot_figures: wrote {args.run[2]}", file=sys.stderr)
+        return 0
     try:
         tables = marked_tables(args.doc)
         pushpull, pushpull_note = pushpull_series(tables)

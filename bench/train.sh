@@ -47,6 +47,7 @@
 #   --rounds R           runs of every configuration, alternating; medians reported (default 1)
 #   --run-timeout S      seconds one run may take (default 900)
 #   --json FILE          also write every run's result and the table's rows as JSON
+#   --plot FILE          also draw the table's images/sec as a PNG (matplotlib)
 #   --logs DIR           keep every run's output under DIR
 #   --build DIR          Cortado's build directory (default <repo>/build)
 #   --python PY          the interpreter for every run (default $CORTADO_VENV/bin/python
@@ -64,7 +65,7 @@ HOSTS=4 LOCAL="" WORKERS=4 SERVERS="" RATE=1gbit
 CONFIGS=cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16
 CODEC=dgc:ratio=0.01 FUSION=25M MODEL=resnet18 IMAGE=32 BATCH=16 CLASSES=10 DATA=4
 WARMUP=2 ITERS=5 PER_ITER=2 THREADS=1 LR=0.01 SEED=0 ROUNDS=1 RUN_TIMEOUT=900
-JSON="" LOGS="" BUILD=$ROOT/build PY="" NAME=t$(printf '%07x' $(((($$ << 15) ^ RANDOM) & 0xfffffff)))
+JSON="" PLOT="" LOGS="" BUILD=$ROOT/build PY="" NAME=t$(printf '%07x' $(((($$ << 15) ^ RANDOM) & 0xfffffff)))
 
 die() {
   echo "bench/train.sh: $*" >&2
@@ -111,6 +112,7 @@ while (($#)); do
     --rounds) need_value "$@"; ROUNDS=$2; shift 2 ;;
     --run-timeout) need_value "$@"; RUN_TIMEOUT=$2; shift 2 ;;
     --json) need_value "$@"; JSON=$2; shift 2 ;;
+    --plot) need_value "$@"; PLOT=$(realpath -m "$2"); shift 2 ;;
     --logs) need_value "$@"; LOGS=$2; shift 2 ;;
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     --python) need_value "$@"; PY=$2; shift 2 ;;
@@ -148,6 +150,8 @@ PYPATH=$BUILD/bindings/python
 [[ -x $CORTADO ]] || die "$CORTADO is missing: build it first (ninja -C $BUILD cortado cortado_python) or pass --build DIR"
 [[ -d $PYPATH/cortado ]] || die "$PYPATH/cortado is missing: configure with -DCORTADO_WITH_PYTHON=ON and build cortado_python"
 "$PY" -c 'import torch, torchvision' 2>/dev/null || die "$PY cannot import torch and torchvision (Debian: python3-torch python3-torchvision)"
+[[ -z $PLOT ]] || "$PY" -c 'import matplotlib' 2>/dev/null ||
+  die "--plot: $PY cannot import matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 HAVE_HOROVOD=""
 HOROVOD_WHY=""
 if [[ ,$CONFIGS, == *,horovod* ]]; then
@@ -364,4 +368,8 @@ where="$HOSTS emulated hosts at $RATE, 1 worker and $SERVERS server(s) each"
 "$PY" "$HERE/train_table.py" "$OUT/results" \
   --title "bench/train.sh $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg): $where; $MODEL ${IMAGE}x$IMAGE, batch $BATCH per worker, $THREADS thread(s) per worker; codec $CODEC; fusion $FUSION_BYTES bytes${HAVE_HOROVOD:+; horovod $HAVE_HOROVOD}" \
   --command "bench/train.sh ${ARGS[*]}" --configs "$CONFIGS" \
-  ${HOROVOD_WHY:+--skipped "horovod,horovod-fp16=$HOROVOD_WHY"} ${JSON:+--json "$JSON"}
+  ${HOROVOD_WHY:+--skipped "horovod,horovod-fp16=$HOROVOD_WHY"} --json "${JSON:-$OUT/table.json}"
+if [[ -n $PLOT ]]; then
+  "$PY" "$HERE/plot_figures.py" --run training "${JSON:-$OUT/table.json}" "$PLOT" \
+    --note "$MODEL ${IMAGE}x$IMAGE, batch $BATCH per worker, codec $CODEC; $where; $(date -u +%F)"
+fi

@@ -111,3 +111,28 @@ def test_a_missing_plotted_table_is_named(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     assert "no table marked '<!-- plot: pushpull -->'" in p.stderr
+
+
+def test_a_runs_results_plot_as_the_scripts_plot_option_draws_them(tmp_path):
+    # bench/model.sh --plot: `cortado bench model --json` lines, comments and
+    # summaries among them; bench/train.sh --plot: train_table.py's --json.
+    lines = tmp_path / "model.jsonl"
+    lines.write_text("# bench/model.sh header\n"
+                     '{"model": "resnet50", "codec": "dgc", "strategy": "gpu", "measured_ms": 130.0, "predicted_ms": 120.0}\n'
+                     '{"model": "resnet50", "codec": "dgc", "strategy": "plan", "measured_ms": 100.0, "predicted_ms": 95.0}\n'
+                     '{"model": "resnet50", "codec": "dgc", "summary": true}\n')
+    table = tmp_path / "table.json"
+    table.write_text('{"rows": [{"name": "Cortado", "img_sec_total": 10.0, "conf95_total": 1.0}, '
+                     '{"config": "horovod", "skipped": "not installed"}]}')
+    script = str(REPO / "bench" / "plot_figures.py")
+    for kind, results in (("replay", lines), ("training", table)):
+        png = tmp_path / f"{kind}.png"
+        r = subprocess.run([sys.executable, script, "--run", kind, str(results), str(png), "--note", "t"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Nothing to draw: said, and no file.
+    r = subprocess.run([sys.executable, script, "--run", "replay", str(table), str(tmp_path / "x.png")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no strategy lines" in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
