@@ -134,33 +134,34 @@ void forEachNested(const PayloadHeader& h, size_t n, Fn fn) {
 
 }  // namespace
 
-void MultiLevelCodec::decompressAdd(std::span<const std::byte> payload, size_t n, float* sum,
-                                    float alpha) const {
-  PayloadHeader h = parseHeader(payload);
-  if (id_ != CodecId::kRandomK || h.numel == n) {
-    base_->decompressAdd(payload, sum, n, alpha);
-    return;
-  }
+bool MultiLevelCodec::nested(std::span<const std::byte> payload, const PayloadHeader& h,
+                             size_t n) const {
+  if (id_ != CodecId::kRandomK || h.numel == n) return false;
   CORTADO_ENFORCE(h.numel < n, ErrorCode::kProtocol,
                   "random-k second-level payload describes {} first-level values, more than the "
                   "tensor's {} elements: {}",
                   h.numel, n, describe(h));
   base_->validate(payload, h.numel);
+  return true;
+}
+
+void MultiLevelCodec::decompressAdd(std::span<const std::byte> payload, size_t n, float* sum,
+                                    float alpha) const {
+  PayloadHeader h = parseHeader(payload);
+  if (!nested(payload, h, n)) {
+    base_->decompressAdd(payload, sum, n, alpha);
+    return;
+  }
   const std::byte* vals = payload.data() + kHeaderBytes;
   forEachNested(h, n, [&](size_t b, uint64_t i) { sum[i] += alpha * loadLe<float>(vals + 4 * b); });
 }
 
 void MultiLevelCodec::zeroSent(std::span<const std::byte> payload, size_t n, float* buf) const {
   PayloadHeader h = parseHeader(payload);
-  if (id_ != CodecId::kRandomK || h.numel == n) {
+  if (!nested(payload, h, n)) {
     base_->zeroSent(payload, buf, n);
     return;
   }
-  CORTADO_ENFORCE(h.numel < n, ErrorCode::kProtocol,
-                  "random-k second-level payload describes {} first-level values, more than the "
-                  "tensor's {} elements: {}",
-                  h.numel, n, describe(h));
-  base_->validate(payload, h.numel);
   forEachNested(h, n, [&](size_t, uint64_t i) { buf[i] = 0.0f; });
 }
 

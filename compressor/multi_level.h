@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include "compressor/codec.h"
+#include "compressor/payload.h"
 #include "compressor/registry.h"
 
 namespace cortado::compressor {
@@ -75,6 +76,10 @@ class MultiLevelCodec {
 
  private:
   std::string spec(double cf) const;
+  // Whether `payload` (header h) is a random-k second level nested in the
+  // first (fewer values than n), checked and validated; false for a payload
+  // the base codec decodes as it is.
+  bool nested(std::span<const std::byte> payload, const PayloadHeader& h, size_t n) const;
 
   const Registry& registry_;
   std::string name_;
