@@ -242,56 +242,45 @@ grep -q "cortado launch: job failed: workers (srun) (pid [0-9]*) failed" "$DIR/f
 ((FAILED == before)) || show fail
 left_after fail
 
-# 4. SIGINT to the launcher (Ctrl-C in an salloc shell).
-t0=$(date +%s)
-submit sigint 60 <<JOB &
+# signal_case NAME SIGNAL: a long job whose launcher gets SIGNAL once it
+# made progress; sbatch must end with 128 + the signal's number, and nothing
+# of the job, no process and no segment, may stay.
+signal_case() {
+  local name=$1 sig=$2 t0 sub rc before want
+  want=$((128 + $(kill -l "$sig")))
+  t0=$(date +%s)
+  submit "$name" 60 <<JOB &
 #!/bin/bash
-"$CORTADO" launch --pid-dir "$DIR/sigint.pids" -- "$CHECK" --tensors 4 --iters 100000 --max-elements 1000 \
-  --slow-ms 10 --progress-file "$DIR/sigint.progress"
+"$CORTADO" launch --pid-dir "$DIR/$name.pids" -- "$CHECK" --tensors 4 --iters 100000 --max-elements 1000 \
+  --slow-ms 10 --progress-file "$DIR/$name.progress"
 JOB
-sub=$!
-for _ in $(seq 150); do [[ -s $DIR/sigint.progress && -s $DIR/sigint.pids/launcher.pid ]] && break; sleep 0.2; done
-before=$FAILED
-if [[ -s $DIR/sigint.progress && -s $DIR/sigint.pids/launcher.pid ]]; then
-  kill -INT "$(cat "$DIR/sigint.pids/launcher.pid")"
-  wait "$sub"
-  rc=$?
-  echo "sigint: sbatch exited $rc $(($(date +%s) - t0)) s after submission"
-  ((rc == 130)) || fail "sigint: the job exited with $rc, not 130 (128 + SIGINT)"
-  grep -q "cortado launch: job failed: stopped by signal 2" "$DIR/sigint.out" ||
-    fail "sigint: the launcher did not report the signal: $(grep 'job failed' "$DIR/sigint.out")"
-else
-  fail "sigint: the job made no progress within 30 s"
-  wait "$sub"
-fi
-((FAILED == before)) || show sigint
-left_after sigint
-no_segments_after sigint
+  sub=$!
+  for _ in $(seq 150); do [[ -s $DIR/$name.progress && -s $DIR/$name.pids/launcher.pid ]] && break; sleep 0.2; done
+  before=$FAILED
+  if [[ -s $DIR/$name.progress && -s $DIR/$name.pids/launcher.pid ]]; then
+    kill "-$sig" "$(cat "$DIR/$name.pids/launcher.pid")"
+    wait "$sub"
+    rc=$?
+    echo "$name: sbatch exited $rc $(($(date +%s) - t0)) s after submission"
+    ((rc == want)) || fail "$name: the job exited with $rc, not $want (128 + SIG$sig)"
+    if [[ $sig == INT ]]; then
+      grep -q "cortado launch: job failed: stopped by signal 2" "$DIR/$name.out" ||
+        fail "$name: the launcher did not report the signal: $(grep 'job failed' "$DIR/$name.out")"
+    fi
+  else
+    fail "$name: the job made no progress within 30 s"
+    wait "$sub"
+  fi
+  ((FAILED == before)) || show "$name"
+  left_after "$name"
+  no_segments_after "$name"
+}
 
+# 4. SIGINT to the launcher (Ctrl-C in an salloc shell).
+signal_case sigint INT
 # 5. SIGKILL to the launcher: its sruns die with it, the batch script ends,
 # and Slurm ends the steps with the job: nothing may be left.
-t0=$(date +%s)
-submit sigkill 60 <<JOB &
-#!/bin/bash
-"$CORTADO" launch --pid-dir "$DIR/sigkill.pids" -- "$CHECK" --tensors 4 --iters 100000 --max-elements 1000 \
-  --slow-ms 10 --progress-file "$DIR/sigkill.progress"
-JOB
-sub=$!
-for _ in $(seq 150); do [[ -s $DIR/sigkill.progress && -s $DIR/sigkill.pids/launcher.pid ]] && break; sleep 0.2; done
-before=$FAILED
-if [[ -s $DIR/sigkill.progress && -s $DIR/sigkill.pids/launcher.pid ]]; then
-  kill -KILL "$(cat "$DIR/sigkill.pids/launcher.pid")"
-  wait "$sub"
-  rc=$?
-  echo "sigkill: sbatch exited $rc $(($(date +%s) - t0)) s after submission"
-  ((rc == 137)) || fail "sigkill: the job exited with $rc, not 137 (128 + SIGKILL)"
-else
-  fail "sigkill: the job made no progress within 30 s"
-  wait "$sub"
-fi
-((FAILED == before)) || show sigkill
-left_after sigkill
-no_segments_after sigkill
+signal_case sigkill KILL
 
 ((FAILED)) && exit 1
 echo "cortado launch under Slurm passed on $HOSTS node(s), $(($(date +%s) - start)) s"
