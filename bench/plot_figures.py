@@ -143,6 +143,14 @@ def training_runs(tables):
     return runs, notes[0]
 
 
+def save(fig, out):
+    """Writes a drawn figure to the PNG `out` and frees it."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def draw_pushpull(series, note, out):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -164,9 +172,7 @@ def draw_pushpull(series, note, out):
     ax.set_title(f"Push-pull on one machine, 4 workers, 2 servers ({note})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def draw_replay(strategies, cells, note, out, where="4 emulated hosts at 1 Gbit/s"):
@@ -185,9 +191,7 @@ def draw_replay(strategies, cells, note, out, where="4 emulated hosts at 1 Gbit/
     ax.set_title(f"Model replay on {where} ({note})" if where else f"Model replay ({note})", fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(ncol=3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def draw_fused(strategies, cells, note, out):
@@ -206,9 +210,7 @@ def draw_fused(strategies, cells, note, out):
     ax.set_title(f"Fused groups in the model replay, 4 emulated hosts at 1 Gbit/s ({note})", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def draw_training(runs, note, out):
@@ -226,9 +228,7 @@ def draw_training(runs, note, out):
     axes[0].set_yticks(range(len(runs[0][1])))
     axes[0].set_yticklabels([c.replace(", ", ",\n", 1) for c in runs[0][1]], fontsize=8)
     fig.suptitle(f"resnet18 training with the Python binding against DDP and Horovod with Gloo ({note})")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def replay_from_json(lines):
