@@ -134,6 +134,14 @@ void fail(const std::string& what) {
   if (failures <= 20) std::fprintf(stderr, "FAIL: %s\n", what.c_str());
 }
 
+void progress(int done, int iters, size_t units, const char* unit,
+              std::chrono::steady_clock::time_point start) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%d of %d iterations in %.1f s (%.2f ms per %s and iteration)\n", done, iters, s,
+              1e3 * s / (double(done) * double(std::max<size_t>(units, 1))), unit);
+  std::fflush(stdout);
+}
+
 float exactInput(int rank, size_t option, int iter, uint64_t i) {
   return float(int((rank * 7 + i * 3 + option * 5 + iter * 11 + (i * i) % 7) % 9) - 4);
 }
@@ -373,14 +381,7 @@ void Check::runSweep() {
   }
   const auto sweepStart = std::chrono::steady_clock::now();
   for (int iter = 0; iter < iters; ++iter) {
-    if (me == 0 && iter > 0) {
-      // Progress, so that a run stopped by its time limit (a GPU machine's
-      // budget) still says how far it got and what an option costs.
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sweepStart).count();
-      std::printf("%d of %d iterations in %.1f s (%.2f ms per option and iteration)\n", iter, iters, s,
-                  1e3 * s / (double(iter) * double(std::max<size_t>(chosen.size(), 1))));
-      std::fflush(stdout);
-    }
+    if (me == 0 && iter > 0) progress(iter, iters, chosen.size(), "option", sweepStart);
     for (size_t c = 0; c < chosen.size(); ++c) {
       const size_t o = chosen[c];
       const bool exact = mode == "all";

@@ -25,6 +25,13 @@ extern const std::chrono::steady_clock::time_point kProgramStart;
 extern int failures;
 void fail(const std::string& what);
 
+// Progress of a check's loop, printed after `done` of `iters` iterations
+// over `units` options or groups (`unit` names them) since `start`: a run
+// stopped by its time limit (a GPU machine's budget) still says how far it
+// got and what one costs.
+void progress(int done, int iters, size_t units, const char* unit,
+              std::chrono::steady_clock::time_point start);
+
 // Integer-valued inputs in [-4, 4]: sums of 4 are exact in fp16 and fp32.
 float exactInput(int rank, size_t option, int iter, uint64_t i);
 

@@ -120,14 +120,7 @@ void Check::runGroups() {
   double worstRatio = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int iter = 0; iter < iters; ++iter) {
-    if (me == 0 && iter > 0) {
-      // Progress, as the sweeps print it (a GPU run stopped by its limit
-      // still says how far it got).
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("%d of %d iterations in %.1f s (%.2f ms per group and iteration)\n", iter, iters,
-                  sec, 1e3 * sec / (double(iter) * double(std::max<size_t>(p.groups.size(), 1))));
-      std::fflush(stdout);
-    }
+    if (me == 0 && iter > 0) progress(iter, iters, p.groups.size(), "group", start);
     const Pattern pat = kPatterns[iter % std::size(kPatterns)];
     const Layout lay = layoutOf(iter);
     std::fill(flat.begin(), flat.end(), -1000.0f);
