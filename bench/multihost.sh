@@ -31,6 +31,8 @@
 #   --hosts H             worker hosts (default 4)
 #   --server-only-hosts K extra hosts with a server and no worker (default 2; 0: skip job 3)
 #   --dedicated-hosts D   run job 4 with D server hosts (default 0: skip it)
+#   --jobs LIST           only these of mpi,ps,ps_sonly,ps_ded (default: all that the
+#                         host counts allow)
 #   --build DIR           build directory (default: build next to this script's parent)
 #   --name NAME           testbed name, 1-8 of [a-z0-9] (default: mhb + pid)
 #   --save FILE           keep the raw results (bench/multihost_table.py FILE ... reprints the table)
@@ -43,14 +45,14 @@ MONITOR=$HERE/multihost_monitor.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2 DED=0
-BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE=""
+BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded
 
 die() {
   echo "multihost.sh: $*" >&2
   exit 2
 }
 usage() {
-  sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
@@ -67,6 +69,7 @@ while (($#)); do
     --hosts) need_value "$@"; HOSTS=$2; shift 2 ;;
     --server-only-hosts) need_value "$@"; SONLY=$2; shift 2 ;;
     --dedicated-hosts) need_value "$@"; DED=$2; shift 2 ;;
+    --jobs) need_value "$@"; JOBS=$2; shift 2 ;;
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     --name) need_value "$@"; NAME=$2; shift 2 ;;
     --save) need_value "$@"; SAVE=$2; shift 2 ;;
@@ -101,6 +104,11 @@ is_count "$WARMUP" 0 10000 || die "--warmup must be 0 to 10000 (got '$WARMUP')"
 is_count "$HOSTS" 2 8 || die "--hosts must be 2 to 8 (got '$HOSTS')"
 is_count "$SONLY" 0 6 || die "--server-only-hosts must be 0 to 6 (got '$SONLY')"
 is_count "$DED" 0 6 || die "--dedicated-hosts must be 0 to 6 (got '$DED')"
+IFS=, read -ra JOB_LIST <<<"$JOBS"
+for j in "${JOB_LIST[@]}"; do
+  [[ $j =~ ^(mpi|ps|ps_sonly|ps_ded)$ ]] || die "--jobs: unknown job '$j' (mpi, ps, ps_sonly, ps_ded)"
+done
+want() { [[ ,$JOBS, == *,$1,* ]]; }
 EXTRA=$((SONLY > DED ? SONLY : DED))
 ((HOSTS + EXTRA <= 8)) ||
   die "--hosts + the larger of --server-only-hosts and --dedicated-hosts is $((HOSTS + EXTRA)); the testbed has at most 8 hosts"
@@ -215,10 +223,10 @@ run() {
 
 for bytes in "${BYTES_LIST[@]}"; do
   for ((rep = 1; rep <= REPS; rep++)); do
-    run mpi "$bytes" "$rep"
-    run ps "$bytes" "$rep"
-    ((SONLY)) && run ps_sonly "$bytes" "$rep"
-    ((DED)) && run ps_ded "$bytes" "$rep"
+    want mpi && run mpi "$bytes" "$rep"
+    want ps && run ps "$bytes" "$rep"
+    ((SONLY)) && want ps_sonly && run ps_sonly "$bytes" "$rep"
+    ((DED)) && want ps_ded && run ps_ded "$bytes" "$rep"
   done
 done
 

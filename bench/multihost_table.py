@@ -78,7 +78,8 @@ for size in sorted({s for s, _ in runs}):
         # The busiest link's mean load over the data phase.
         busiest_load = statistics.mean(m["busiest_link_bytes"] * 8 / (m["active_intervals"] * m["interval_s"]) / rate_bps
                                        for m in mons) if mons else float("nan")
-        print(f"| {names[job]} | {size >> 20} MiB | {med:.4f}{spread} | {med / mpi:.2f} | "
+        vs_mpi = f"{med / mpi:.2f}" if mpi == mpi else "-"  # no MPI job run: NaN
+        print(f"| {names[job]} | {size >> 20} MiB | {med:.4f}{spread} | {vs_mpi} | "
               f"{med / link:.0%} | {bound[job]:.0%} / {1 / per_iter:.0%} | "
               f"{busiest_load:.0%} / {mean('link_util_mean'):.0%} ({mean('link_util_peak'):.0%}) | "
               f"{mean('machine_busy_cores'):.2f} ({mean('machine_softirq_cores'):.2f}) | "
