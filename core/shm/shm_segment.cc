@@ -52,7 +52,7 @@ uint64_t ownedSegmentBytes(const std::string& prefix, const NodeId& owner) {
     struct stat st {};
     if (std::strncmp(e->d_name, stem.c_str(), stem.size()) == 0 &&
         fstatat(dirfd(d), e->d_name, &st, 0) == 0)
-      bytes += uint64_t(st.st_size);
+      bytes += uint64_t(st.st_blocks) * 512;  // allocated, not the size
   }
   closedir(d);
   return bytes;
@@ -62,17 +62,7 @@ std::unique_ptr<Segment> Segment::create(const std::string& name, size_t bytes) 
   int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
   CORTADO_ENFORCE(fd >= 0, ErrorCode::kUnavailable, "cannot create shared memory {}: {}", name,
                   strerror(errno));
-  // Reserve the pages now: a tmpfs that runs out later would kill the
-  // process with SIGBUS on a write, where this fails cleanly.
-  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (err != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
-    throw Error(ErrorCode::kUnavailable,
-                fmt::format("cannot reserve {} bytes of shared memory for {}: {} (is /dev/shm "
-                            "full? enlarge it, or set CORTADO_SHM=0)",
-                            bytes, name, strerror(err)));
-  }
+  // No pages yet: the arena reserves each region's as it hands it out.
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int err = errno;
     close(fd);
@@ -82,13 +72,39 @@ std::unique_ptr<Segment> Segment::create(const std::string& name, size_t bytes) 
                             bytes, strerror(err)));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
+    int err = errno;
+    close(fd);
     shm_unlink(name.c_str());
     throw Error(ErrorCode::kUnavailable,
-                fmt::format("cannot map shared memory {}: {}", name, strerror(errno)));
+                fmt::format("cannot map shared memory {}: {}", name, strerror(err)));
   }
-  return std::unique_ptr<Segment>(new Segment(name, static_cast<uint8_t*>(p), bytes, true));
+  return std::unique_ptr<Segment>(new Segment(name, static_cast<uint8_t*>(p), bytes, fd));
+}
+
+void Segment::reserve(uint64_t offset, uint64_t len) {
+  CORTADO_ENFORCE(fd_ >= 0 && offset <= size_ && len <= size_ - offset, ErrorCode::kInternal,
+                  "shared memory {}: reserve [{}, +{}) outside the creator's {} bytes", name_,
+                  offset, len, size_);
+  if (len == 0) return;
+  int err = posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(len));
+  if (err != 0) {
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("cannot reserve {} bytes of shared memory in {}: {} (is /dev/shm "
+                            "full? enlarge it, or set CORTADO_SHM=0)",
+                            len, name_, strerror(err)));
+  }
+}
+
+void Segment::release(uint64_t offset, uint64_t len) {
+  if (fd_ < 0 || offset > size_ || len > size_ - offset) return;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t first = (offset + page - 1) / page * page;  // whole pages only: the
+  const uint64_t last = (offset + len) / page * page;        // edges may be a neighbour's
+  if (last <= first) return;
+  // Best effort: a kernel without hole punching on tmpfs keeps the pages.
+  (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+                  static_cast<off_t>(last - first));
 }
 
 std::unique_ptr<Segment> Segment::open(const std::string& name) {
@@ -103,12 +119,15 @@ std::unique_ptr<Segment> Segment::open(const std::string& name) {
   CORTADO_ENFORCE(bytes > 0 && p != MAP_FAILED, ErrorCode::kProtocol,
                   "cannot map the peer's shared memory {} ({} bytes): {}", name, bytes,
                   strerror(errno));
-  return std::unique_ptr<Segment>(new Segment(name, static_cast<uint8_t*>(p), bytes, false));
+  return std::unique_ptr<Segment>(new Segment(name, static_cast<uint8_t*>(p), bytes, -1));
 }
 
 Segment::~Segment() {
   if (data_) munmap(data_, size_);
-  if (owner_) shm_unlink(name_.c_str());
+  if (fd_ >= 0) {
+    close(fd_);
+    shm_unlink(name_.c_str());
+  }
 }
 
 Arena::Arena(std::string prefix, NodeId owner, size_t segmentBytes)
@@ -117,6 +136,7 @@ Arena::Arena(std::string prefix, NodeId owner, size_t segmentBytes)
 void Arena::free(const Region& r, size_t bytes) {
   if (!r.data) return;
   std::lock_guard<std::mutex> lk(mu_);
+  segments_.at(r.segment)->release(r.offset, rounded(bytes));
   free_[rounded(bytes)].push_back(r);
 }
 
@@ -126,6 +146,7 @@ Region Arena::allocate(size_t bytes) {
   const size_t need = rounded(bytes);
   if (auto it = free_.find(need); it != free_.end() && !it->second.empty()) {
     Region r = it->second.back();
+    segments_.at(r.segment)->reserve(r.offset, need);  // throws: the region stays free
     it->second.pop_back();
     return r;
   }
@@ -137,6 +158,7 @@ Region Arena::allocate(size_t bytes) {
     CORTADO_LOG_DEBUG("{}: shared memory segment {} ({} bytes)", owner_.toString(),
                       segments_.back()->name(), segments_.back()->size());
   }
+  segments_.back()->reserve(used_, need);  // throws: nothing handed out
   Region r;
   r.segment = static_cast<uint32_t>(segments_.size() - 1);
   r.offset = used_;

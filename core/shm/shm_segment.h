@@ -36,13 +36,16 @@ std::string jobPrefix(const std::string& token);
 std::string segmentName(const std::string& prefix, const NodeId& owner, uint32_t index);
 // Removes every segment of the job (the launcher's cleanup).
 int removeJobSegments(const std::string& prefix);
-// The bytes of the segments `owner` created in the job (their sizes in
-// /dev/shm): the shared memory that node spends, for the memory reports.
+// The bytes of memory the segments `owner` created in the job hold (the
+// pages allocated to them in /dev/shm, not their sizes: an arena reserves
+// only the pages of the regions in use): the shared memory that node spends,
+// for the memory reports.
 uint64_t ownedSegmentBytes(const std::string& prefix, const NodeId& owner);
 
 class Segment {
  public:
-  // Creates (and truncates) a segment; throws Error(kUnavailable) naming it.
+  // Creates (and truncates) a segment of `bytes` that holds no memory yet
+  // (see reserve); throws Error(kUnavailable) naming it.
   static std::unique_ptr<Segment> create(const std::string& name, size_t bytes);
   // Maps an existing segment read-write; throws Error(kProtocol) naming it
   // when it does not exist.
@@ -55,13 +58,21 @@ class Segment {
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
 
+  // The creator's side. reserve() allocates the pages under [offset, +len)
+  // now, so that a tmpfs that runs out fails here with Error(kUnavailable)
+  // instead of killing a process with SIGBUS on a later write. release()
+  // gives the pages wholly inside [offset, +len) back to the system (the
+  // mappings read zeros there until the range is written again).
+  void reserve(uint64_t offset, uint64_t len);
+  void release(uint64_t offset, uint64_t len);
+
  private:
-  Segment(std::string name, uint8_t* data, size_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  Segment(std::string name, uint8_t* data, size_t size, int fd)
+      : name_(std::move(name)), data_(data), size_(size), fd_(fd) {}
   std::string name_;
   uint8_t* data_;
   size_t size_;
-  bool owner_;
+  int fd_;  // the creator's descriptor (-1: a peer's mapping)
 };
 
 // Where a region lives: what a descriptor on the wire carries.
@@ -74,8 +85,9 @@ struct Region {
 // A node's own regions: a bump allocator over segments of at least
 // `segmentBytes` each, with freed regions reused by later allocations of the
 // same (64-byte rounded) size: a released tensor's regions serve the next
-// plan's keys, which have the same chunk sizes. Segments live as long as the
-// arena. Thread-safe.
+// plan's keys, which have the same chunk sizes. Only the pages of the
+// regions in use hold memory: allocate() reserves a region's pages, free()
+// releases them. Segments live as long as the arena. Thread-safe.
 class Arena {
  public:
   Arena(std::string prefix, NodeId owner, size_t segmentBytes = 8ull << 20);

@@ -86,6 +86,42 @@ TEST(Shm, FreedRegionsAreReusedBySameSizedAllocations) {
   EXPECT_NE(arena.allocate(64).data, nullptr);
 }
 
+// Only the regions in use hold memory: a segment's pages are reserved as
+// regions are handed out and given back when they are freed, so a node that
+// released its tensors (a plan's profiling keys, an old plan's) does not keep
+// their memory, and the memory report counts what is held, not segment sizes.
+TEST(Shm, OnlyRegionsInUseHoldMemory) {
+  const std::string prefix = testPrefix("held");
+  const NodeId owner{Role::kServer, 2};
+  const uint64_t mib = 1 << 20;
+  shm::Arena arena(prefix, owner, /*segmentBytes=*/8 * mib);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), 0u);
+  shm::Region a = arena.allocate(mib), b = arena.allocate(2 * mib);
+  // The segment is 8 MiB; the two regions hold 3 MiB (whole pages).
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), 3 * mib);
+  std::memset(b.data, 7, 2 * mib);
+  shm::PeerMappings peers(prefix);
+  const uint8_t* pb = peers.resolve(owner, b.segment, b.offset, 2 * mib);
+  arena.free(b, 2 * mib);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), mib);
+  // Reused: held again, and what the owner writes the peer reads.
+  shm::Region c = arena.allocate(2 * mib);
+  EXPECT_EQ(c.data, b.data);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), 3 * mib);
+  c.data[12345] = 42;
+  EXPECT_EQ(pb[12345], 42);
+  // A freed region smaller than a page shares its pages with its
+  // neighbours: they stay held.
+  shm::Region d = arena.allocate(100), e = arena.allocate(100);
+  const uint64_t held = shm::ownedSegmentBytes(prefix, owner);
+  arena.free(d, 100);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), held);
+  e.data[99] = 1;
+  arena.free(a, mib);
+  arena.free(c, 2 * mib);
+  EXPECT_LE(shm::ownedSegmentBytes(prefix, owner), uint64_t(2 * 4096));
+}
+
 TEST(Shm, DescriptorsAreNeverTrusted) {
   const std::string prefix = testPrefix("bad");
   const NodeId owner{Role::kServer, 0};
