@@ -317,6 +317,7 @@ class Executor {
   std::string planFile_;
   std::shared_ptr<device::Device> device_;
   std::unique_ptr<device::Stream> compute_, copy_;  // the device's two lanes (detail::Lanes)
+  mutable device::Buffer padded_, block_;          // the collectives' (detail::Lanes)
   detail::Lanes lanes() const;
   collective::Topology topo_;
   std::map<std::string, std::unique_ptr<TensorState>> tensors_;

@@ -9,8 +9,7 @@ using device::CopyKind;
 
 void Lanes::bind(Executor::TensorState& t) const {
   if (t.computed) return;
-  t.scratch1 = device::Buffer(*dev, false);
-  t.scratch2 = device::Buffer(*dev, false);
+  t.staged = device::Buffer(*dev, false);
   t.payloads = device::Buffer(*dev, false);
   t.buffer = device::Buffer(*dev, false);
   t.pinned = device::Buffer(*dev, true);
@@ -62,8 +61,8 @@ bool foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
   }
   float* h = l.hostStaging(t, t.n, d);
   std::copy_n(t.carry.data(), t.n, h);
-  float* dev = t.scratch2.floats(t.n);
-  // The scratch may still be read by the compute stream's earlier work.
+  float* dev = t.staged.floats(t.n);
+  // The staging may still be read by the compute stream's earlier work.
   t.computed->record(*l.compute);
   l.dev->wait(*l.copy, *t.computed);
   l.dev->copy(dev, h, t.n * sizeof(float), CopyKind::kHostToDevice, *l.copy);

@@ -82,6 +82,8 @@ Executor::Executor(Worker& worker, const collective::Groups* groups,
                   device_->name());
   compute_ = device_->createStream();
   copy_ = device_->createStream();
+  padded_ = device::Buffer(*device_, false);
+  block_ = device::Buffer(*device_, false);
   fusionBuffer_ = device::Buffer(*device_, false);
   if (groups_) {
     topo_ = groups_->topology;
@@ -106,7 +108,8 @@ Executor::Executor(Worker& worker, const collective::Groups* groups,
 Executor::~Executor() = default;
 
 detail::Lanes Executor::lanes() const {
-  return detail::Lanes{device_.get(), compute_.get(), copy_.get(), device_->hostAddressable()};
+  return detail::Lanes{device_.get(), compute_.get(), copy_.get(),
+                       device_->hostAddressable(), &padded_, &block_};
 }
 
 void Executor::declare(const std::string& name, DType dtype, uint64_t numElements) {

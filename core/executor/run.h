@@ -120,10 +120,11 @@ struct Executor::TensorState {
   // state first retires this one (Executor::retire), so that group
   // boundaries may change between batches with nothing lost or sent twice.
   Executor::TensorState* layout = nullptr;
-  // Kept across runs, made at the first use (Executor::lanes): padded
-  // collective buffers and payloads in device memory, pinned staging for the
-  // copies to and from the host, and the events that order them.
-  device::Buffer scratch1, scratch2, payloads;
+  // Kept across runs, made at the first use (Executor::lanes): payloads and
+  // host data staged into device memory, pinned staging for the copies to
+  // and from the host, and the events that order them. (The collectives'
+  // padded buffers are the executor's, shared by every state: Lanes.)
+  device::Buffer staged, payloads;
   device::Buffer pinned, pinnedBytes;
   std::unique_ptr<device::Event> computed;  // the compute stream's work so far
   std::unique_ptr<device::Event> copied;    // the copy stream's work so far
@@ -144,6 +145,15 @@ struct Lanes {
   // (Device::hostAddressable): toHost answers the data itself, stagingFor
   // the destination itself, and fromStaging copies nothing.
   bool direct = false;
+  // The collective steps' padded send and receive buffers (device memory),
+  // one pair per executor, sized by the largest tensor: a step fills them
+  // on the compute stream, waits for it (settle), runs its collective, which
+  // returns when done, and copies out on the compute stream, so the next
+  // user, whatever its tensor, is ordered after it. Only the steps that
+  // communicate use them, and those run on one thread (Executor::runBatch's
+  // pipeline starts the next unit's local steps alone).
+  device::Buffer* whole = nullptr;  // n blocks
+  device::Buffer* block = nullptr;  // one block
 
   // The state's buffers and events on this device, made at the first use.
   void bind(Executor::TensorState& t) const;

@@ -298,7 +298,7 @@ void Run::runStep(const Step& s) {
       case CommOp::kReduceScatter: reduceScatter(g); break;
       case CommOp::kReduce:
         if (g.size() > 1) {
-          float* sum = t_.scratch1.floats(r_.len);
+          float* sum = lanes_.whole->floats(r_.len);
           settle("the data before a reduce");
           g.c->reduce(x_ + r_.off, sum, r_.len, DType::kFloat32, 0, d_);
           if (g.rank() == 0) copyOnDevice(x_ + r_.off, sum, r_.len);
@@ -366,8 +366,8 @@ void Run::reduceScatter(Group g) {
   const Region mine = block(r_, n, g.rank());
   if (n > 1) {
     const uint64_t b = blockSize(r_, n);
-    float* padded = t_.scratch1.floats(b * n);
-    float* recv = t_.scratch2.floats(b);
+    float* padded = lanes_.whole->floats(b * n);
+    float* recv = lanes_.block->floats(b);
     copyOnDevice(padded, x_ + r_.off, r_.len);
     lanes_.dev->fill(padded + r_.len, 0.0f, b * n - r_.len, *lanes_.compute);
     settle("the data before a reduce-scatter");
@@ -381,8 +381,8 @@ void Run::allgatherRaw(Group g, const Region& parent) {
   const int n = g.size();
   if (n == 1) return;
   const uint64_t b = blockSize(parent, n);
-  float* send = t_.scratch2.floats(b);
-  float* recv = t_.scratch1.floats(b * n);
+  float* send = lanes_.block->floats(b);
+  float* recv = lanes_.whole->floats(b * n);
   copyOnDevice(send, x_ + r_.off, r_.len);
   lanes_.dev->fill(send + r_.len, 0.0f, b - r_.len, *lanes_.compute);
   settle("the data before an allgather");
@@ -563,7 +563,7 @@ void Run::addDenseOnDevice() {
     std::copy_n(reinterpret_cast<const float*>(s.bytes.data()), s.count, h + at);
     at += s.count;
   }
-  float* src = t_.scratch2.floats(dense);
+  float* src = t_.staged.floats(dense);
   lanes_.toDevice(t_, src, dense);
   at = 0;
   for (const Seg& s : segs_) {
