@@ -18,6 +18,10 @@
 #   --local              no emulated hosts: --workers workers on this machine
 #   --workers N          --local: workers (default 4)
 #   --servers S          Cortado servers per host (default 1), or in all with --local (default 2)
+#   --dedicated-hosts D  Cortado's servers on D more emulated hosts of their own, none
+#                        beside the workers (BytePS's layout with CPU machines; `cortado
+#                        launch --dedicated-servers`); DDP and Horovod use the H worker
+#                        hosts only (default 0: the servers beside the workers)
 #   --rate R             link rate, tc syntax (default 1gbit)
 #   --configs LIST       what to run, in this order (default
 #                        cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16):
@@ -61,7 +65,7 @@ TB=$ROOT/tests/testbed/testbed.sh
 BENCH=$ROOT/bindings/python/examples/benchmark_synthetic.py
 VENV=${CORTADO_VENV:-$ROOT/.venv}
 
-HOSTS=4 LOCAL="" WORKERS=4 SERVERS="" RATE=1gbit
+HOSTS=4 LOCAL="" WORKERS=4 SERVERS="" RATE=1gbit DED=0
 CONFIGS=cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16
 CODEC=dgc:ratio=0.01 FUSION=25M MODEL=resnet18 IMAGE=32 BATCH=16 CLASSES=10 DATA=4
 WARMUP=2 ITERS=5 PER_ITER=2 THREADS=1 LR=0.01 SEED=0 ROUNDS=1 RUN_TIMEOUT=900
@@ -94,6 +98,7 @@ while (($#)); do
     --local) LOCAL=1; shift ;;
     --workers) need_value "$@"; WORKERS=$2; shift 2 ;;
     --servers) need_value "$@"; SERVERS=$2; shift 2 ;;
+    --dedicated-hosts) need_value "$@"; DED=$2; shift 2 ;;
     --rate) need_value "$@"; RATE=$2; shift 2 ;;
     --configs) need_value "$@"; CONFIGS=$2; shift 2 ;;
     --codec) need_value "$@"; CODEC=$2; shift 2 ;;
@@ -123,6 +128,9 @@ while (($#)); do
 done
 
 is_count "$HOSTS" 2 8 || die "--hosts must be 2 to 8 (got '$HOSTS')"
+is_count "$DED" 0 6 || die "--dedicated-hosts must be 0 to 6 (got '$DED')"
+((HOSTS + DED <= 8)) || die "--hosts $HOSTS and --dedicated-hosts $DED make more than the testbed's 8 hosts"
+[[ -n $LOCAL && $DED -gt 0 ]] && die "--dedicated-hosts needs emulated hosts: it does not go with --local"
 is_count "$WORKERS" 1 64 || die "--workers must be 1 to 64 (got '$WORKERS')"
 [[ -z $SERVERS ]] && SERVERS=$([[ -n $LOCAL ]] && echo 2 || echo 1)
 is_count "$SERVERS" 1 64 || die "--servers must be 1 to 64 (got '$SERVERS')"
@@ -198,10 +206,11 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 if [[ -z $LOCAL ]]; then
-  echo "# testbed $NAME: $HOSTS hosts at $RATE" >&2
+  echo "# testbed $NAME: $((HOSTS + DED)) hosts at $RATE" >&2
   TB_UP=1
-  "$TB" up "$NAME" "$HOSTS" --rate "$RATE" >"$OUT/hosts"
+  "$TB" up "$NAME" "$((HOSTS + DED))" --rate "$RATE" >"$OUT/hosts"
   HOST_LIST=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
+  SERVER_LIST=$( ((DED)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + DED)) || true)
   ADDR1=$(awk '$1 == 1 { print $3 }' "$OUT/hosts")
   IFACE=eth0
 else
@@ -315,6 +324,7 @@ cortado_job() {  # cortado_job LOG BENCH-ARGS...
   shift
   local launch=("$CORTADO" launch -w "$WORKERS" -s "$SERVERS")
   [[ -z $LOCAL ]] && launch=("$CORTADO" launch -w 1 -s "$SERVERS" --hosts "$HOST_LIST" --agent "$TB exec-host {host}")
+  ((DED)) && launch+=(--server-hosts "$SERVER_LIST" --dedicated-servers)
   at_host 1  # the launcher runs on host 1, as on a head node
   start_job "$log" "${AT[@]}" env PYTHONPATH="$PYPATH" CORTADO_LOG_LEVEL="${CORTADO_LOG_LEVEL:-warn}" \
     CORTADO_CONNECT_TIMEOUT_MS="${CORTADO_CONNECT_TIMEOUT_MS:-180000}" \
@@ -364,6 +374,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 
 where="$HOSTS emulated hosts at $RATE, 1 worker and $SERVERS server(s) each"
+((DED)) && where="$HOSTS emulated hosts at $RATE with 1 worker each, Cortado's servers on $DED more ($SERVERS each)"
 [[ -n $LOCAL ]] && where="this machine, $WORKERS workers, $SERVERS Cortado server(s)"
 "$PY" "$HERE/train_table.py" "$OUT/results" \
   --title "bench/train.sh $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg): $where; $MODEL ${IMAGE}x$IMAGE, batch $BATCH per worker, $THREADS thread(s) per worker; codec $CODEC; fusion $FUSION_BYTES bytes${HAVE_HOROVOD:+; horovod $HAVE_HOROVOD}" \
