@@ -148,7 +148,8 @@ CooList mergeSum(const CooList& a, const CooList& b) {
   return out;
 }
 
-CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairExchange& exchange) {
+CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairExchange& exchange,
+                                   const HcOptions& options) {
   CORTADO_ENFORCE(size >= 1 && rank >= 0 && rank < size && mine.index.size() == mine.value.size(),
                   ErrorCode::kInvalidArgument,
                   "hierarchical centralization: rank {} of {} with {} indices and {} values", rank,
@@ -177,15 +178,36 @@ CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairE
   }
   int p = 1;
   while (p * 2 <= size) p *= 2;
+  const bool folds = size > p;
+  auto idle = [&] {
+    if (options.everyStage) exchange(-1, CooList{});
+  };
+  if (options.stageSizes) *options.stageSizes = {mine.index.size()};
   if (rank >= p) {
     // Fold in: give the list to rank - p, take the result from it at the end.
     exchange(rank - p, mine);
+    for (int mask = 1; mask < p; mask *= 2) idle();
     return exchange(rank - p, CooList{});
   }
-  if (rank + p < size) mine = mergeSum(mine, exchange(rank + p, CooList{}));
-  for (int mask = 1; mask < p; mask *= 2) mine = mergeSum(mine, exchange(rank ^ mask, mine));
-  if (rank + p < size) exchange(rank + p, mine);
+  if (rank + p < size)
+    mine = mergeSum(mine, exchange(rank + p, CooList{}));
+  else if (folds)
+    idle();
+  for (int mask = 1; mask < p; mask *= 2) {
+    mine = mergeSum(mine, exchange(rank ^ mask, mine));
+    if (options.stageSizes) options.stageSizes->push_back(mine.index.size());
+  }
+  if (rank + p < size)
+    exchange(rank + p, mine);
+  else if (folds)
+    idle();
   return mine;
+}
+
+int hierarchicalCentralizationStages(int size) {
+  int p = 1, stages = 0;
+  while (p * 2 <= size) p *= 2, ++stages;
+  return stages + (size > p ? 2 : 0);
 }
 
 }  // namespace cortado::compressor::zen
