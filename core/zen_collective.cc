@@ -33,6 +33,9 @@ struct ZenCollective::Input {
   std::span<const uint32_t> index;
   std::span<const float> value;
   const float* dense = nullptr;
+  // A misuse found before the round (a null buffer): refused in the round's
+  // first exchange, like bad input, so that no other member waits.
+  const char* misuse = nullptr;
 };
 
 ZenCollective::ZenCollective(collective::Collectives& group, std::string tensor,
@@ -44,6 +47,10 @@ ZenCollective::ZenCollective(collective::Collectives& group, std::string tensor,
   CORTADO_ENFORCE(numElements_ <= zen::kMaxElements, ErrorCode::kInvalidArgument,
                   "zen '{}': {} elements; indices are u32, so at most {}: split the tensor",
                   tensor_, numElements_, zen::kMaxElements);
+  CORTADO_ENFORCE(group_.memory() == collective::MemoryKind::kHost, ErrorCode::kInvalidArgument,
+                  "zen '{}': group {} works on CUDA memory; Zen's pairs are host buffers: give "
+                  "it a host (MPI) group",
+                  tensor_, group_.name());
   CORTADO_ENFORCE(options_.scheme || options_.profileRounds >= 1, ErrorCode::kInvalidArgument,
                   "zen '{}': profileRounds {} without a fixed scheme; measure at least one round",
                   tensor_, options_.profileRounds);
@@ -70,16 +77,16 @@ void ZenCollective::allreduce(std::span<const uint32_t> index, std::span<const f
 }
 
 void ZenCollective::allreduceDense(const float* dense, float* out, ReduceOp op, Deadline deadline) {
-  CORTADO_ENFORCE(numElements_ == 0 || dense != nullptr, ErrorCode::kInvalidArgument,
-                  "zen '{}': null dense input", tensor_);
+  static const float kNone = 0.0f;
   Input in;
-  in.dense = dense;
+  in.dense = dense ? dense : &kNone;
+  if (!dense && numElements_ > 0) in.misuse = "null dense input";
   run(in, out, op, deadline);
 }
 
-void ZenCollective::run(const Input& in, float* out, ReduceOp op, Deadline deadline) {
-  CORTADO_ENFORCE(numElements_ == 0 || out != nullptr, ErrorCode::kInvalidArgument,
-                  "zen '{}': null output", tensor_);
+void ZenCollective::run(const Input& given, float* out, ReduceOp op, Deadline deadline) {
+  Input in = given;
+  if (!in.misuse && numElements_ > 0 && !out) in.misuse = "null output";
   collective::CallLabel label(group_, "zen:" + tensor_);
   const zen::Scheme scheme = nextScheme();
   if (scheme == zen::Scheme::kBalancedParallelism)
@@ -118,6 +125,7 @@ void ZenCollective::runBalanced(const Input& in, float* out, Deadline deadline) 
   std::vector<int64_t> sendCounts(size_t(n), -1), recvCounts(size_t(n), 0);
   std::vector<std::byte> send;
   try {
+    CORTADO_ENFORCE(!in.misuse, ErrorCode::kInvalidArgument, "{}", in.misuse ? in.misuse : "");
     CORTADO_ENFORCE(in.dense || in.index.size() == in.value.size(), ErrorCode::kInvalidArgument,
                     "{} indices but {} values", in.index.size(), in.value.size());
     if (!hash_) hash_ = std::make_unique<zen::HierarchicalHash>(own_, options_.placement);
@@ -257,6 +265,7 @@ void ZenCollective::runCentralized(const Input& in, float* out, Deadline deadlin
   std::optional<Error> failed;
   zen::CooList mine;
   try {
+    CORTADO_ENFORCE(!in.misuse, ErrorCode::kInvalidArgument, "{}", in.misuse ? in.misuse : "");
     if (in.dense) {
       for (uint64_t i = 0; i < numElements_; ++i)
         if (in.dense[i] != 0.0f) {

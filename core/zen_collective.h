@@ -29,14 +29,16 @@
 // running another tensor fails with kMismatch when the group checks its
 // arguments). Calls are synchronous on the calling thread, like the group's.
 // Input pairs with the same index add up (as in Worker::pushPullSparse).
-// Bad input (an index past the tensor, spans of different lengths) and a
-// malformed list from a peer (out of range, not owned by the receiver,
-// listed twice, not ascending, truncated) throw on every member, not only
-// where it was found, so no member waits for one that gave up: the rank
-// that found it throws kInvalidArgument or kProtocol naming the tensor and
-// the position or the sending rank, the others kInvalidArgument naming that
-// rank. Nothing of a refused round is written to the output. Every wait has
-// the caller's deadline (the group's kTimeout).
+// Bad input (an index past the tensor, spans of different lengths, a null
+// buffer) and a malformed list from a peer (out of range, not owned by the
+// receiver, listed twice, not ascending, truncated) throw on every member,
+// not only where it was found, so no member waits for one that gave up: the
+// rank that found it throws kInvalidArgument or kProtocol naming the tensor
+// and the position or the sending rank, the others kInvalidArgument naming
+// that rank. A refused round leaves the output as it was, except where a
+// share's answer proves malformed while it is decoded (every rank then
+// fails alike, the output partly written). Every wait has the caller's
+// deadline (the group's kTimeout).
 #pragma once
 
 #include <cstddef>
@@ -74,8 +76,9 @@ struct ZenCollectiveOptions {
 
 class ZenCollective {
  public:
-  // `group` must outlive this object. Throws kInvalidArgument for
-  // numElements > kMaxElements or profileRounds < 1 without a fixed scheme.
+  // `group` (host memory: the MPI backend) must outlive this object.
+  // Throws kInvalidArgument for a CUDA group, numElements > kMaxElements,
+  // or profileRounds < 1 without a fixed scheme.
   ZenCollective(collective::Collectives& group, std::string tensor, uint64_t numElements,
                 ZenCollectiveOptions options = {});
   ~ZenCollective();

@@ -221,6 +221,37 @@ TEST(ZenCollective, OutOfRangeIndexFailsEveryRankAndNamesIt) {
   }
 }
 
+// Settings that cannot work are refused before any communication.
+TEST(ZenCollective, BadSettingsAreRefused) {
+  auto& g = world();
+  ZenCollectiveOptions o;
+  o.profileRounds = 0;
+  try {
+    ZenCollective z(g, "emb.settings", 100, o);
+    ADD_FAILURE() << "profileRounds 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("profileRounds 0"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ZenCollective(g, "emb.huge", zen::kMaxElements + 1), Error);
+  // A null buffer on one member fails every member (none waits for it).
+  ZenCollective z(g, "emb.null", 10);
+  std::vector<uint32_t> idx = {1};
+  std::vector<float> val = {1}, out(10), dense(10, 1.0f);
+  const bool bad = g.rank() == 0;
+  try {
+    z.allreduce(idx, val, bad ? nullptr : out.data(), ReduceOp::kSum, soon());
+    ADD_FAILURE() << "null output accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad ? "null output" : "rank 0"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(z.allreduceDense(bad ? nullptr : dense.data(), out.data(), ReduceOp::kSum, soon()),
+               Error);
+  z.allreduceDense(dense.data(), out.data(), ReduceOp::kSum, soon());
+  EXPECT_EQ(out, std::vector<float>(10, float(g.size())));
+}
+
 // Members running different tensors fail with kMismatch (the call label)
 // instead of summing one into the other.
 TEST(ZenCollective, DifferentTensorsOnTheMembersAreRefused) {
