@@ -234,29 +234,12 @@ std::vector<std::byte> sumShares(zen::ServerSum& sum,
 
 zen::CooList parseStageList(std::span<const std::byte> bytes, uint64_t numElements,
                             const std::string& tensor, int peer) {
-  CORTADO_ENFORCE(bytes.size() % 8 == 0, ErrorCode::kProtocol,
-                  "tensor '{}': the list from rank {} is {} bytes, not a whole number of "
-                  "(u32 index, f32 value) pairs: truncated",
-                  tensor, peer, bytes.size());
-  const size_t count = bytes.size() / 8;
-  zen::CooList l;
-  l.index.resize(count);
-  l.value.resize(count);
-  if (count) {
-    std::memcpy(l.index.data(), bytes.data(), count * 4);
-    std::memcpy(l.value.data(), bytes.data() + count * 4, count * 4);
+  try {
+    return zen::parseStageList(bytes, numElements);
+  } catch (const Error& e) {
+    throw Error(e.code(),
+                fmt::format("tensor '{}': the list from rank {}: {}", tensor, peer, e.what()));
   }
-  for (size_t i = 0; i < count; ++i) {
-    CORTADO_ENFORCE(l.index[i] < numElements, ErrorCode::kProtocol,
-                    "tensor '{}': the list from rank {} has index {} at position {}, past the "
-                    "tensor's {} elements",
-                    tensor, peer, l.index[i], i, numElements);
-    CORTADO_ENFORCE(i == 0 || l.index[i - 1] < l.index[i], ErrorCode::kProtocol,
-                    "tensor '{}': the list from rank {} has index {} at position {} after {}: "
-                    "not strictly ascending (a duplicate or out of order)",
-                    tensor, peer, l.index[i], i, l.index[i - 1]);
-  }
-  return l;
 }
 
 void ZenCollective::runCentralized(const Input& in, float* out, Deadline deadline) {
@@ -298,12 +281,8 @@ void ZenCollective::runCentralized(const Input& in, float* out, Deadline deadlin
     for (int r = 0; r < n; ++r)
       CORTADO_ENFORCE(rc[size_t(r)] >= 0, ErrorCode::kInvalidArgument,
                       "{}: rank {} failed in an earlier stage (its error says why)", where, r);
-    std::vector<std::byte> send;
-    if (peer >= 0 && !list.index.empty()) {
-      send.resize(8 * list.index.size());
-      std::memcpy(send.data(), list.index.data(), 4 * list.index.size());
-      std::memcpy(send.data() + 4 * list.index.size(), list.value.data(), 4 * list.value.size());
-    }
+    const std::vector<std::byte> send =
+        peer >= 0 ? zen::encodeStageList(list) : std::vector<std::byte>{};
     size_t total = 0;
     for (int64_t c : rc) total += size_t(c);
     std::vector<std::byte> recv(total);

@@ -149,9 +149,8 @@ std::vector<std::byte> sumShares(compressor::zen::ServerSum& sum,
                                  std::span<const std::span<const std::byte>> payloads,
                                  const std::string& tensor);
 
-// A list received in a stage of hierarchical centralization: `bytes` holds
-// n u32 indices then n f32 values; they must be strictly ascending and
-// below numElements. Throws kProtocol naming the tensor and the peer.
+// A list received in a stage of hierarchical centralization
+// (zen::parseStageList); throws kProtocol naming the tensor and the peer.
 compressor::zen::CooList parseStageList(std::span<const std::byte> bytes, uint64_t numElements,
                                         const std::string& tensor, int peer);
 

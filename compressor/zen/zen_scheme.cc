@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/common/error.h"
 
@@ -202,6 +203,40 @@ CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairE
   else if (folds)
     idle();
   return mine;
+}
+
+std::vector<std::byte> encodeStageList(const CooList& list) {
+  std::vector<std::byte> b(8 * list.index.size());
+  if (!b.empty()) {
+    std::memcpy(b.data(), list.index.data(), 4 * list.index.size());
+    std::memcpy(b.data() + 4 * list.index.size(), list.value.data(), 4 * list.value.size());
+  }
+  return b;
+}
+
+CooList parseStageList(std::span<const std::byte> bytes, uint64_t numElements) {
+  CORTADO_ENFORCE(bytes.size() % 8 == 0, ErrorCode::kProtocol,
+                  "a list of {} bytes is not a whole number of (u32 index, f32 value) pairs: "
+                  "truncated",
+                  bytes.size());
+  const size_t count = bytes.size() / 8;
+  CooList l;
+  l.index.resize(count);
+  l.value.resize(count);
+  if (count) {
+    std::memcpy(l.index.data(), bytes.data(), count * 4);
+    std::memcpy(l.value.data(), bytes.data() + count * 4, count * 4);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    CORTADO_ENFORCE(l.index[i] < numElements, ErrorCode::kProtocol,
+                    "index {} at position {} is past the tensor's {} elements", l.index[i], i,
+                    numElements);
+    CORTADO_ENFORCE(i == 0 || l.index[i - 1] < l.index[i], ErrorCode::kProtocol,
+                    "index {} at position {} after {}: not strictly ascending (a duplicate or "
+                    "out of order)",
+                    l.index[i], i, l.index[i - 1]);
+  }
+  return l;
 }
 
 int hierarchicalCentralizationStages(int size) {

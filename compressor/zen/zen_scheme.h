@@ -100,4 +100,12 @@ int hierarchicalCentralizationStages(int size);
 // The sum of two ascending lists, ascending (sparse + sparse).
 CooList mergeSum(const CooList& a, const CooList& b);
 
+// A list as one stage of hierarchical centralization carries it between
+// ranks (core/zen_collective.h): n u32 indices, then n f32 values,
+// little-endian. parseStageList checks the whole list first (a whole
+// number of pairs, indices strictly ascending and below numElements) and
+// throws Error(kProtocol) saying what is wrong; it never reads past the end.
+std::vector<std::byte> encodeStageList(const CooList& list);
+CooList parseStageList(std::span<const std::byte> bytes, uint64_t numElements);
+
 }  // namespace cortado::compressor::zen

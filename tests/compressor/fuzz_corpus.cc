@@ -8,6 +8,7 @@
 
 #include "compressor/registry.h"
 #include "compressor/zen/zen_payload.h"
+#include "compressor/zen/zen_scheme.h"
 #include "compressor/zen/zen_sum.h"
 #include "fuzz_specs.h"
 
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
       EncodeContext ctx;
       ctx.seed = n;
       ctx.rows = codec->id() == CodecId::kPowerSgd && n == 100 ? 10 : 0;
-      std::vector<std::byte> p(ctx.rows ? codec->payloadBytes(n, ctx.rows) : codec->payloadBytes(n));
+      std::vector<std::byte> p(ctx.rows ? codec->payloadBytes(n, ctx.rows)
+                                        : codec->payloadBytes(n));
       codec->encode(x.data(), n, p, ctx);
       std::ofstream f(std::string(argv[1]) + "/seed_" + std::to_string(c) + "_" + std::to_string(n),
                       std::ios::binary);
@@ -50,9 +52,13 @@ int main(int argc, char** argv) {
     auto coo = zen::encodeCoo(own, 1, idx, val);
     sum.add(coo);
     auto bitmap = sum.answer();
-    for (const auto* p : {&coo, &bitmap}) {
+    zen::CooList stage{idx, val};
+    auto stageBytes = zen::encodeStageList(stage);
+    for (const auto* p : {&coo, &bitmap, &stageBytes}) {
       std::ofstream f(std::string(argv[1]) + "/seed_zen_" + std::to_string(n) +
-                          (p == &coo ? "_coo" : "_bitmap"),
+                          (p == &coo      ? "_coo"
+                           : p == &bitmap ? "_bitmap"
+                                          : "_stage"),
                       std::ios::binary);
       char pick = static_cast<char>(fuzz::kSpecs.size());
       f.write(&pick, 1);

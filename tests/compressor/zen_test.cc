@@ -677,3 +677,33 @@ TEST(ZenScheme, HierarchicalCentralizationSumsOnEveryRank) {
 
 }  // namespace
 }  // namespace cortado::compressor::zen
+
+namespace cortado::compressor::zen {
+namespace {
+
+// A centralization stage's list: the round trip, and every malformed form
+// refused with kProtocol before anything is returned.
+TEST(ZenScheme, StageListRoundTripAndMalformedLists) {
+  CooList l{{0, 7, 4999}, {1.5f, -2.0f, 3.0f}};
+  const auto bytes = encodeStageList(l);
+  ASSERT_EQ(bytes.size(), 24u);
+  const CooList back = parseStageList(bytes, 5000);
+  EXPECT_EQ(back.index, l.index);
+  EXPECT_EQ(back.value, l.value);
+  EXPECT_TRUE(parseStageList({}, 5000).index.empty());
+  for (const CooList& bad :
+       {CooList{{3, 3}, {1, 1}}, CooList{{7, 4}, {1, 1}}, CooList{{0, 5000}, {1, 1}}}) {
+    try {
+      parseStageList(encodeStageList(bad), 5000);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kProtocol) << e.what();
+    }
+  }
+  auto cut = bytes;
+  cut.pop_back();
+  EXPECT_THROW(parseStageList(cut, 5000), Error);
+}
+
+}  // namespace
+}  // namespace cortado::compressor::zen
