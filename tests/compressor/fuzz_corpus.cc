@@ -31,8 +31,7 @@ int main(int argc, char** argv) {
       EncodeContext ctx;
       ctx.seed = n;
       ctx.rows = codec->id() == CodecId::kPowerSgd && n == 100 ? 10 : 0;
-      std::vector<std::byte> p(ctx.rows ? codec->payloadBytes(n, ctx.rows)
-                                        : codec->payloadBytes(n));
+      std::vector<std::byte> p(ctx.rows ? codec->payloadBytes(n, ctx.rows) : codec->payloadBytes(n));
       codec->encode(x.data(), n, p, ctx);
       std::ofstream f(std::string(argv[1]) + "/seed_" + std::to_string(c) + "_" + std::to_string(n),
                       std::ios::binary);
