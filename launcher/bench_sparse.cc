@@ -14,6 +14,7 @@
 #include "core/common/env.h"
 #include "core/common/logging.h"
 #include "core/worker.h"
+#include "core/zen_collective.h"
 #include "launcher/launch.h"
 
 namespace cortado::launcher {
@@ -104,6 +105,9 @@ int runSparseBench(const SparseBenchOptions& o) {
   sparse.sparse = true;
   worker->declare("bench.zen", DType::kFloat32, n, sparse, late);
   worker->declare("bench.dense", DType::kFloat32, n, late);
+  collective::mpi::Options mo = collective::mpi::Options::fromEnv();
+  mo.checkArguments = false;
+  const collective::Groups groups = collective::mpi::createGroups(mpi, mo, late);
   std::vector<float> dense(n), out(n), ref(n);
   if (rank == 0) {
     fmt::print(
@@ -113,7 +117,9 @@ int runSparseBench(const SparseBenchOptions& o) {
     fmt::print(
         "| density/worker | density of sum | Zen ms | dense push/pull ms | allgather "
         "pairs ms | MPI_Allreduce ms | dense PP / Zen | allgather / Zen | Allreduce / "
-        "Zen | check |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        "Zen | Zen-MPI BP ms | Zen-MPI HC ms | measured choice | allgather / Zen-MPI BP | "
+        "allgather / Zen-MPI HC | Allreduce / Zen-MPI BP | check |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
   }
   int failures = 0;
@@ -186,16 +192,37 @@ int runSparseBench(const SparseBenchOptions& o) {
       MPI_Allreduce(dense.data(), out.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     });
     check("MPI_Allreduce");
+    // Zen without servers over the MPI world group, each scheme forced, then
+    // the one chosen from the sparsity measured in its first rounds.
+    namespace zen = compressor::zen;
+    auto zenMpi = [&](std::optional<zen::Scheme> scheme, const char* tag) {
+      ZenCollectiveOptions zo;
+      zo.scheme = scheme;
+      ZenCollective z(*groups.world, fmt::format("bench.zen.{}.{}", tag, di), n, zo);
+      const double t = timed([&] {
+        z.allreduce(mine.index, mine.value, out.data(), ReduceOp::kSum, late);
+      });
+      check(tag);
+      return std::make_pair(t, z.choice() ? z.choice()->scheme : z.nextScheme());
+    };
+    const double tBp = zenMpi(zen::Scheme::kBalancedParallelism, "bp").first;
+    const double tHc = zenMpi(zen::Scheme::kHierarchicalCentralization, "hc").first;
+    ZenCollective probe(*groups.world, fmt::format("bench.zen.choice.{}", di), n);
+    for (int i = 0; i < 2; ++i)
+      probe.allreduce(mine.index, mine.value, out.data(), ReduceOp::kSum, late);
+    check("zen-mpi measured");
+    const char* chosen = probe.nextScheme() == zen::Scheme::kBalancedParallelism ? "BP" : "HC";
     int bad = ok ? 0 : 1, anyBad = 0;
     MPI_Allreduce(&bad, &anyBad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     failures += anyBad;
     if (rank == 0) {
       fmt::print(
           "| {:.2f}% | {:.2f}% | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | "
-          "{:.2f} | {} |\n",
+          "{:.2f} | {:.1f} | {:.1f} | {} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
           100.0 * double(mine.index.size()) / double(n), 100.0 * double(unionNnz) / double(n),
           1e3 * tZen, 1e3 * tDense, 1e3 * tGather, 1e3 * tAllreduce, tDense / tZen, tGather / tZen,
-          tAllreduce / tZen, anyBad ? "WRONG" : "ok");
+          tAllreduce / tZen, 1e3 * tBp, 1e3 * tHc, chosen, tGather / tBp, tGather / tHc,
+          tAllreduce / tBp, anyBad ? "WRONG" : "ok");
       std::fflush(stdout);
     }
   }

@@ -4,8 +4,13 @@
 // skewed (index, value) pairs of an `elements`-float32 tensor and the job
 // times, one after the other: Zen (Worker::pushPullSparse through the
 // servers), dense push/pull of the same tensor, an allgather of the pairs
-// (MPI_Allgatherv, then a scatter-add: AGsparse), and MPI_Allreduce of the
-// dense tensor. Every result is checked against the plain sum; rank 0 prints
+// (MPI_Allgatherv, then a scatter-add: AGsparse), MPI_Allreduce of the
+// dense tensor, and Zen without servers over the MPI world group
+// (core/zen_collective.h): balanced parallelism (alltoallv push, allgatherv
+// pull) and hierarchical centralization, each forced, and the scheme that
+// the measured sparsity chooses (equations 1 and 2) printed beside them.
+// The group does not compare its arguments across ranks (the peers are raw
+// MPI calls). Every result is checked against the plain sum; rank 0 prints
 // a markdown table of the slowest worker's mean times and the ratios to Zen.
 // Needs MPI (the build's CORTADO_MPI).
 #pragma once

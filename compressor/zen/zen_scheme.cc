@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/common/error.h"
 
@@ -148,7 +149,8 @@ CooList mergeSum(const CooList& a, const CooList& b) {
   return out;
 }
 
-CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairExchange& exchange) {
+CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairExchange& exchange,
+                                   const HcOptions& options) {
   CORTADO_ENFORCE(size >= 1 && rank >= 0 && rank < size && mine.index.size() == mine.value.size(),
                   ErrorCode::kInvalidArgument,
                   "hierarchical centralization: rank {} of {} with {} indices and {} values", rank,
@@ -177,15 +179,70 @@ CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairE
   }
   int p = 1;
   while (p * 2 <= size) p *= 2;
+  const bool folds = size > p;
+  auto idle = [&] {
+    if (options.everyStage) exchange(-1, CooList{});
+  };
+  if (options.stageSizes) *options.stageSizes = {mine.index.size()};
   if (rank >= p) {
     // Fold in: give the list to rank - p, take the result from it at the end.
     exchange(rank - p, mine);
+    for (int mask = 1; mask < p; mask *= 2) idle();
     return exchange(rank - p, CooList{});
   }
-  if (rank + p < size) mine = mergeSum(mine, exchange(rank + p, CooList{}));
-  for (int mask = 1; mask < p; mask *= 2) mine = mergeSum(mine, exchange(rank ^ mask, mine));
-  if (rank + p < size) exchange(rank + p, mine);
+  if (rank + p < size)
+    mine = mergeSum(mine, exchange(rank + p, CooList{}));
+  else if (folds)
+    idle();
+  for (int mask = 1; mask < p; mask *= 2) {
+    mine = mergeSum(mine, exchange(rank ^ mask, mine));
+    if (options.stageSizes) options.stageSizes->push_back(mine.index.size());
+  }
+  if (rank + p < size)
+    exchange(rank + p, mine);
+  else if (folds)
+    idle();
   return mine;
+}
+
+std::vector<std::byte> encodeStageList(const CooList& list) {
+  std::vector<std::byte> b(8 * list.index.size());
+  if (!b.empty()) {
+    std::memcpy(b.data(), list.index.data(), 4 * list.index.size());
+    std::memcpy(b.data() + 4 * list.index.size(), list.value.data(), 4 * list.value.size());
+  }
+  return b;
+}
+
+CooList parseStageList(std::span<const std::byte> bytes, uint64_t numElements) {
+  CORTADO_ENFORCE(bytes.size() % 8 == 0, ErrorCode::kProtocol,
+                  "a list of {} bytes is not a whole number of (u32 index, f32 value) pairs: "
+                  "truncated",
+                  bytes.size());
+  const size_t count = bytes.size() / 8;
+  CooList l;
+  l.index.resize(count);
+  l.value.resize(count);
+  if (count) {
+    std::memcpy(l.index.data(), bytes.data(), count * 4);
+    std::memcpy(l.value.data(), bytes.data() + count * 4, count * 4);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    CORTADO_ENFORCE(l.index[i] < numElements, ErrorCode::kProtocol,
+                    "index {} at position {} is past the tensor's {} elements", l.index[i], i,
+                    numElements);
+    CORTADO_ENFORCE(i == 0 || l.index[i - 1] < l.index[i], ErrorCode::kProtocol,
+                    "index {} at position {} after {}: not strictly ascending (a duplicate or "
+                    "out of order)",
+                    l.index[i], i, l.index[i - 1]);
+  }
+  return l;
+}
+
+int hierarchicalCentralizationStages(int size) {
+  int p = 1, stages = 0;
+  while (p * 2 <= size) p *= 2, ++stages;
+  return stages + (size > p ? 2 : 0);
 }
 
 }  // namespace cortado::compressor::zen

@@ -78,8 +78,34 @@ struct CooList {
   std::vector<float> value;
 };
 using PairExchange = std::function<CooList(int peer, const CooList& mine)>;
-CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairExchange& exchange);
+struct HcOptions {
+  // Every rank calls `exchange` once per stage, with peer -1 (and an empty
+  // list, whose answer is ignored) in the stages it sits out: the fold-in and
+  // fold-out when size is no power of two, the doubling stages for ranks >=
+  // p. A caller whose exchange is a collective that every member must enter
+  // (core/zen_collective.h: an alltoallv per stage) needs this.
+  bool everyStage = false;
+  // Where given: this rank's list size (duplicates merged, zeros left out),
+  // then on ranks < p its size after each doubling stage (log2 p more
+  // entries): what 1, 2, 4, ..., p ranks summed, the gamma profile of
+  // equation (2) measured (with the folded-in ranks counted in when size is
+  // no power of two).
+  std::vector<uint64_t>* stageSizes = nullptr;
+};
+CooList hierarchicalCentralization(int rank, int size, CooList mine, const PairExchange& exchange,
+                                   const HcOptions& options = {});
+// The exchanges each rank makes with everyStage: log2 p for the largest
+// power of two p <= size, plus the fold-in and fold-out when size > p.
+int hierarchicalCentralizationStages(int size);
 // The sum of two ascending lists, ascending (sparse + sparse).
 CooList mergeSum(const CooList& a, const CooList& b);
+
+// A list as one stage of hierarchical centralization carries it between
+// ranks (core/zen_collective.h): n u32 indices, then n f32 values,
+// little-endian. parseStageList checks the whole list first (a whole
+// number of pairs, indices strictly ascending and below numElements) and
+// throws Error(kProtocol) saying what is wrong; it never reads past the end.
+std::vector<std::byte> encodeStageList(const CooList& list);
+CooList parseStageList(std::span<const std::byte> bytes, uint64_t numElements);
 
 }  // namespace cortado::compressor::zen

@@ -8,6 +8,7 @@
 
 #include "compressor/registry.h"
 #include "compressor/zen/zen_payload.h"
+#include "compressor/zen/zen_scheme.h"
 #include "compressor/zen/zen_sum.h"
 #include "fuzz_specs.h"
 
@@ -50,9 +51,13 @@ int main(int argc, char** argv) {
     auto coo = zen::encodeCoo(own, 1, idx, val);
     sum.add(coo);
     auto bitmap = sum.answer();
-    for (const auto* p : {&coo, &bitmap}) {
+    zen::CooList stage{idx, val};
+    auto stageBytes = zen::encodeStageList(stage);
+    for (const auto* p : {&coo, &bitmap, &stageBytes}) {
       std::ofstream f(std::string(argv[1]) + "/seed_zen_" + std::to_string(n) +
-                          (p == &coo ? "_coo" : "_bitmap"),
+                          (p == &coo      ? "_coo"
+                           : p == &bitmap ? "_bitmap"
+                                          : "_stage"),
                       std::ios::binary);
       char pick = static_cast<char>(fuzz::kSpecs.size());
       f.write(&pick, 1);

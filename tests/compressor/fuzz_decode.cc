@@ -1,7 +1,8 @@
 // libFuzzer target: arbitrary bytes as a payload for every decoder entry
 // point. Input: byte 0 picks the codec (fuzz_specs.h) or, one past the
-// codecs, Zen's sparse payloads (a server's COO push check and sum, and a
-// worker's answer decode; compressor/zen/); the rest is the payload, copied
+// codecs, Zen's sparse payloads (a server's COO push check and sum, a
+// worker's answer decode, a centralization stage's list; compressor/zen/);
+// the rest is the payload, copied
 // into a buffer of exactly its size so that AddressSanitizer catches any
 // read past the end. A decoder may accept the input or throw
 // cortado::Error(kProtocol); anything else (a crash, another exception, an
@@ -15,6 +16,7 @@
 #include "compressor/payload.h"
 #include "compressor/registry.h"
 #include "compressor/zen/zen_payload.h"
+#include "compressor/zen/zen_scheme.h"
 #include "compressor/zen/zen_sum.h"
 #include "core/common/error.h"
 #include "fuzz_specs.h"
@@ -67,6 +69,12 @@ void fuzzZen(std::span<const std::byte> payload) {
   std::vector<float> out(own.numElements(), 0.0f);
   expectProtocolOrOk([&] { decodeBitmapInto(payload, own, server, sum.list(), out.data()); });
   expectProtocolOrOk([&] { decodeAnswerInto(payload, own, server, sum.list(), out.data()); });
+  // A hierarchical-centralization stage's list (core/zen_collective.h), then
+  // merged as a stage merges it.
+  expectProtocolOrOk([&] {
+    CooList l = parseStageList(payload, own.numElements());
+    (void)mergeSum(l, l);
+  });
 }
 
 }  // namespace

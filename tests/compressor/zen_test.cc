@@ -606,46 +606,103 @@ TEST(ZenScheme, EachSchemeWinsWhereItShould) {
 // Hierarchical centralization: ranks as threads exchanging through
 // mailboxes; every rank ends with the dense reference's non-zeros, also
 // for sizes that are no power of two.
+// With everyStage every rank makes the same number of exchanges (peer -1
+// in the stages it sits out), and the stage sizes are the partial unions.
 TEST(ZenScheme, HierarchicalCentralizationSumsOnEveryRank) {
-  for (int size : {1, 2, 3, 4, 5, 8}) {
-    const uint64_t n = 20000;
-    std::vector<Pairs> in;
-    for (int r = 0; r < size; ++r) in.push_back(drawPairs(n, 0.02, r % 2 ? 1.0 : 0.0, 40 + r));
-    in[0].index.push_back(in[0].index.front());  // a duplicate on rank 0: summed
-    in[0].value.push_back(1.0f);
-    const auto ref = denseSum(n, in);
-    // mailbox[from][to]
-    std::mutex mu;
-    std::condition_variable cv;
-    std::map<std::pair<int, int>, std::vector<CooList>> box;
-    std::vector<CooList> results(size);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < size; ++r) {
-      ts.emplace_back([&, r] {
-        auto ex = [&](int peer, const CooList& mine) {
-          std::unique_lock<std::mutex> lk(mu);
-          box[{r, peer}].push_back(mine);
-          cv.notify_all();
-          const bool ok = cv.wait_for(lk, std::chrono::seconds(20), [&] {
-            return !box[{peer, r}].empty();
-          });
-          if (!ok) throw Error(ErrorCode::kTimeout, "no message");
-          CooList got = std::move(box[{peer, r}].front());
-          box[{peer, r}].erase(box[{peer, r}].begin());
-          return got;
-        };
-        results[r] = hierarchicalCentralization(r, size, CooList{in[r].index, in[r].value}, ex);
-      });
-    }
-    for (auto& t : ts) t.join();
-    for (int r = 0; r < size; ++r) {
-      std::vector<float> got(n, 0.0f);
-      EXPECT_TRUE(std::is_sorted(results[r].index.begin(), results[r].index.end()));
-      for (size_t i = 0; i < results[r].index.size(); ++i)
-        got[results[r].index[i]] = results[r].value[i];
-      ASSERT_EQ(got, ref) << "size " << size << " rank " << r;
+  for (bool everyStage : {false, true}) {
+    for (int size : {1, 2, 3, 4, 5, 8}) {
+      const uint64_t n = 20000;
+      std::vector<Pairs> in;
+      for (int r = 0; r < size; ++r) in.push_back(drawPairs(n, 0.02, r % 2 ? 1.0 : 0.0, 40 + r));
+      in[0].index.push_back(in[0].index.front());  // a duplicate on rank 0: summed
+      in[0].value.push_back(1.0f);
+      const auto ref = denseSum(n, in);
+      // mailbox[from][to]
+      std::mutex mu;
+      std::condition_variable cv;
+      std::map<std::pair<int, int>, std::vector<CooList>> box;
+      std::vector<CooList> results(size);
+      std::vector<int> calls(size, 0);
+      std::vector<std::vector<uint64_t>> stages(size);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < size; ++r) {
+        ts.emplace_back([&, r] {
+          auto ex = [&](int peer, const CooList& mine) {
+            ++calls[r];
+            if (peer < 0) {
+              if (!everyStage) throw Error(ErrorCode::kInternal, "idle call without everyStage");
+              return CooList{};
+            }
+            std::unique_lock<std::mutex> lk(mu);
+            box[{r, peer}].push_back(mine);
+            cv.notify_all();
+            const bool ok = cv.wait_for(lk, std::chrono::seconds(20), [&] {
+              return !box[{peer, r}].empty();
+            });
+            if (!ok) throw Error(ErrorCode::kTimeout, "no message");
+            CooList got = std::move(box[{peer, r}].front());
+            box[{peer, r}].erase(box[{peer, r}].begin());
+            return got;
+          };
+          HcOptions o;
+          o.everyStage = everyStage;
+          o.stageSizes = &stages[r];
+          results[r] =
+              hierarchicalCentralization(r, size, CooList{in[r].index, in[r].value}, ex, o);
+        });
+      }
+      for (auto& t : ts) t.join();
+      int p = 1;
+      while (p * 2 <= size) p *= 2;
+      for (int r = 0; r < size; ++r) {
+        if (everyStage) {
+          EXPECT_EQ(calls[r], hierarchicalCentralizationStages(size)) << size;
+        }
+        ASSERT_EQ(stages[r].size(), 1 + (r < p ? size_t(std::log2(p)) : 0u)) << size;
+        // After the last doubling stage a rank < p holds the whole sum.
+        if (r < p) {
+          EXPECT_EQ(stages[r].back(), results[r].index.size());
+        }
+      }
+      for (int r = 0; r < size; ++r) {
+        std::vector<float> got(n, 0.0f);
+        EXPECT_TRUE(std::is_sorted(results[r].index.begin(), results[r].index.end()));
+        for (size_t i = 0; i < results[r].index.size(); ++i)
+          got[results[r].index[i]] = results[r].value[i];
+        ASSERT_EQ(got, ref) << "size " << size << " rank " << r;
+      }
     }
   }
+}
+
+}  // namespace
+}  // namespace cortado::compressor::zen
+
+namespace cortado::compressor::zen {
+namespace {
+
+// A centralization stage's list: the round trip, and every malformed form
+// refused with kProtocol before anything is returned.
+TEST(ZenScheme, StageListRoundTripAndMalformedLists) {
+  CooList l{{0, 7, 4999}, {1.5f, -2.0f, 3.0f}};
+  const auto bytes = encodeStageList(l);
+  ASSERT_EQ(bytes.size(), 24u);
+  const CooList back = parseStageList(bytes, 5000);
+  EXPECT_EQ(back.index, l.index);
+  EXPECT_EQ(back.value, l.value);
+  EXPECT_TRUE(parseStageList({}, 5000).index.empty());
+  for (const CooList& bad :
+       {CooList{{3, 3}, {1, 1}}, CooList{{7, 4}, {1, 1}}, CooList{{0, 5000}, {1, 1}}}) {
+    try {
+      parseStageList(encodeStageList(bad), 5000);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kProtocol) << e.what();
+    }
+  }
+  auto cut = bytes;
+  cut.pop_back();
+  EXPECT_THROW(parseStageList(cut, 5000), Error);
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  name_prefix, executor=False, plan=None, fusion_bytes=None,
                  fusion_search=None, op=Average, predivide=1.0, groups=None,
-                 sparse_as_dense=False):
+                 sparse_as_dense=False, sparse_threshold=zen.DEFAULT_SPARSE_THRESHOLD):
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -197,6 +197,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not rt.is_declared(self._names[p]):
                 _runtime.declare(rt, self._names[p], DTYPES[sent.dtype], p.numel(),
                                  c.engine_codec)
+        # Dense gradients that are mostly zeros go through Zen (zen.py): the
+        # candidates' densities are measured at the first step and agreed on
+        # at its synchronize(); p -> True (Zen) or False once decided.
+        self._sparse_threshold = float(sparse_threshold)
+        self._dense_zen = {}
+        self._density = {}
+        self._zen_candidates = {
+            p: True for _, p in self._ordered
+            if self._sparse_threshold > 0 and self.executor is None and self._gravac is None
+            and p not in self._group_of and zen.dense_candidate(p, self._compressors[p])}
+        self.sparse_densities = {}
         self._register_hooks()
 
     def _start_executor(self, rt, compression, plan, fusion_bytes, fusion_search):
@@ -364,6 +375,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = total / _runtime.size() if self._average else total
         return None, write_back
 
+    def _decide_dense_zen(self):
+        """After the first step: the workers average the densities measured
+        for the candidates (one small push_pull, in the same place on every
+        worker), and those below sparse_threshold go through Zen from now on
+        (their Zen tensors declared here, in model order)."""
+        undecided = [p for p in self._zen_candidates if p not in self._dense_zen]
+        if not undecided:
+            return
+        local = torch.tensor([self._density.get(p, 0.0) for p in undecided], dtype=torch.float64)
+        name = f"{self._names[undecided[0]]}.zen_density{len(undecided)}"
+        handle = submit("DistributedOptimizer", local, local, True, name, 0, Compression.none)
+        _runtime.synchronize(handle)
+        for p, d in zip(undecided, local.tolist()):
+            self._dense_zen[p] = d < self._sparse_threshold
+            self.sparse_densities[self._names[p]] = (d, self._dense_zen[p])
+            if self._dense_zen[p]:
+                zen.declare_dense(self._names[p] + ".zen", p.numel())
+
     def _grad_ready(self, p):
         """p's gradient is final for this step: push it, or, in a group, push
         the group once all its gradients are final."""
@@ -466,6 +495,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._predivide != 1.0:
             with torch.no_grad():
                 grad.mul_(1.0 / self._predivide)
+        if self._dense_zen.get(p):
+            return zen.push_pull_dense_async(grad, self._names[p] + ".zen", self._average,
+                                             self._priority[p])
+        if p in self._zen_candidates and p not in self._dense_zen:
+            self._density[p] = zen.density(grad)
         if self.executor is not None:
             # On the executor's thread, in the order the hooks fire, while the
             # backward pass goes on; synchronize() waits for it. The handle
@@ -514,6 +548,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     for _, p in self._ordered:
                         if p.grad is not None:
                             p.grad.mul_(self._predivide)
+            self._decide_dense_zen()
         finally:
             self._handles.clear()
             for p in self._delay:
@@ -577,7 +612,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, name_prefix="grad", executor=False,
                          plan=None, fusion_bytes=None, fusion_search=None, *, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set):
+                         sparse_as_dense=False, process_set=global_process_set,
+                         sparse_threshold=zen.DEFAULT_SPARSE_THRESHOLD):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 
     - named_parameters: model.named_parameters(); its order is the layer order
@@ -633,6 +669,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       indices and values are gathered and added up into a sparse gradient
       (in a group or with executor=True they are always reduced dense).
     - process_set: the global one only.
+    - sparse_threshold: dense gradients whose density (non-zeros over
+      elements, averaged over the workers at the first step) is below it go
+      through Zen from the second step on (docs/zen.md): their non-zeros
+      travel as (index, value) pairs to the servers that the tensor's hash
+      names, and the sum comes back into the dense gradient. Default
+      zen.DEFAULT_SPARSE_THRESHOLD (1%); 0 turns it off. It applies to
+      float32 CPU gradients of more than zen.MIN_DENSE_ELEMENTS elements
+      without compression, outside groups and without executor=True;
+      optimizer.sparse_densities has the measured densities and the choice.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
     """
@@ -662,6 +707,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise _runtime.error("invalid_argument",
                              "DistributedOptimizer: gradient_predivide_factor applies to "
                              "op=Average only")
+    if isinstance(sparse_threshold, bool) or not isinstance(sparse_threshold, (int, float)) \
+            or not 0 <= sparse_threshold <= 1:
+        raise _runtime.error("invalid_argument",
+                             f"DistributedOptimizer: sparse_threshold must be a density "
+                             f"between 0 and 1 (0: off), got {sparse_threshold!r}")
     if num_groups and groups is not None:
         raise _runtime.error("invalid_argument",
                              "DistributedOptimizer: pass groups= or the deprecated num_groups=, "
@@ -681,7 +731,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
                name_prefix, executor, plan, fusion_bytes, fusion_search, op,
-               gradient_predivide_factor, groups, sparse_as_dense)
+               gradient_predivide_factor, groups, sparse_as_dense, sparse_threshold)
 
 
 def _scalar_tensor(value):
