@@ -351,8 +351,11 @@ class Executor {
   // The worker part (its controller, residuals); nullptr when off.
   const compressor::GravacCompressor* gravac() const { return gravac_.get(); }
   // Every GraVAC iteration's decision, in order (the CF sent: step.ratio),
-  // and the bytes this worker pushed in it (pushedBytes()).
+  // the previous iteration's seconds it was given (agreed: the workers'
+  // mean; 0 for the first) and the bytes this worker pushed in it
+  // (pushedBytes()).
   const std::vector<compressor::GravacStep>& gravacHistory() const { return gravacHistory_; }
+  const std::vector<double>& gravacSeconds() const { return gravacSeconds_; }
   const std::vector<uint64_t>& gravacBytes() const { return gravacBytes_; }
   // The CF the current plan carries (0 before the first sparse iteration).
   double gravacPlanRatio() const { return gravacPlanRatio_; }
@@ -440,6 +443,7 @@ class Executor {
   std::unique_ptr<compressor::GravacCompressor> gravac_;
   std::vector<compressor::GravacStep> gravacHistory_;
   std::vector<uint64_t> gravacBytes_;
+  std::vector<double> gravacSeconds_;
   GravacReplanner gravacReplanner_;
   double gravacPlanRatio_ = 0;
   uint64_t gravacPlanGen_ = 0;  // generation_ of the carrier plan GraVAC set

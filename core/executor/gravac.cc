@@ -72,6 +72,7 @@ void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
       std::make_unique<compressor::GravacCompressor>(*codecs_, *o, topo_.size, samplesPerIteration);
   gravacHistory_.clear();
   gravacBytes_.clear();
+  gravacSeconds_.clear();
   gravacNext_.reset();
   gravacPlanGen_ = 0;
   gravacPlanRatio_ = 0;
@@ -172,10 +173,12 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
   const compressor::GravacSums mine = gravac_->localSums();
   const std::array<double, 4> agreed =
       agreedSums({mine.compensated, mine.minimum, mine.candidate, seconds}, deadline);
+  const double previousSeconds = agreed[3] / double(topo_.size);
   const compressor::GravacStep step =
-      gravac_->decide({agreed[0], agreed[1], agreed[2]}, agreed[3] / double(topo_.size));
+      gravac_->decide({agreed[0], agreed[1], agreed[2]}, previousSeconds);
   const bool changed = gravacHistory_.empty() || gravacHistory_.back().ratio != step.ratio;
   gravacHistory_.push_back(step);
+  gravacSeconds_.push_back(previousSeconds);
   const uint64_t pushedBefore = pushedBytes_;
   struct Count {
     std::vector<uint64_t>& bytes;
