@@ -357,7 +357,8 @@ class Executor {
   const std::vector<compressor::GravacStep>& gravacHistory() const { return gravacHistory_; }
   const std::vector<double>& gravacSeconds() const { return gravacSeconds_; }
   const std::vector<uint64_t>& gravacBytes() const { return gravacBytes_; }
-  // The CF the current plan carries (0 before the first sparse iteration).
+  // The CF of the carrier plan the next iteration runs (0 before the first
+  // sparse iteration; after a re-plan is decided, the new plan's).
   double gravacPlanRatio() const { return gravacPlanRatio_; }
   // GraVAC plan switches so far (each a setPlan at an iteration boundary).
   uint64_t gravacReplans() const { return gravacReplans_; }
