@@ -327,6 +327,85 @@ TEST(ExecutorGravac, NothingIsLostAcrossSwitchesAndWhenTurnedOff) {
   }
 }
 
+// The re-planner is asked for a plan at every CF that moved 2x from the
+// plan's, given the plan that runs; its plan (here: the other of two push/pull
+// shapes) runs from the next iteration with the carrier's codec at that CF.
+TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
+  const int W = 2, iterations = 12;
+  const std::vector<uint64_t> sizes{96, 40};
+  const std::vector<std::string> names{"w", "b"};
+  test::Job job(W, 1);
+  plan::TensorOption pullRaw = compressedPushPull(), pullCompressed = compressedPushPull();
+  pullCompressed.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+                          Step::encode(plan::Device::kCpu),
+                          Step::comm(Scope::kInter, CommOp::kPush, true),
+                          Step::comm(Scope::kInter, CommOp::kPull, true),
+                          Step::decode(plan::Device::kCpu),
+                          Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::Plan p;
+  for (const auto& n : names) p.tensors[n] = pullRaw;
+  std::vector<std::vector<double>> asked(W);
+  std::vector<std::vector<std::string>> ran(W);  // per iteration: "<steps> <codec>"
+  std::vector<std::vector<compressor::GravacStep>> histories(W);
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    for (size_t t = 0; t < names.size(); ++t) ex.declare(names[t], DType::kFloat32, sizes[t]);
+    ex.setPlan(p, soon());
+    ex.setGravacReplanner([&, r](const plan::Plan& current, double cf) {
+      asked[r].push_back(cf);
+      plan::Plan q = current;
+      const bool raw = current.tensors.at("w").steps == pullRaw.steps;
+      for (auto& [name, o] : q.tensors) o = raw ? pullCompressed : pullRaw;
+      return q;
+    });
+    ex.setGravac(testOptions());
+    for (int it = 0; it < iterations; ++it) {
+      std::vector<std::vector<float>> in(2), out(2);
+      std::vector<executor::BatchItem> batch;
+      for (size_t t = 0; t < 2; ++t) {
+        in[t].resize(sizes[t]);
+        out[t].resize(sizes[t]);
+        for (uint64_t i = 0; i < sizes[t]; ++i) in[t][i] = grad(r, int(t), it, i);
+        batch.push_back({names[t], in[t].data(), out[t].data(), sizes[t]});
+      }
+      ex.runBatch(batch, ReduceOp::kAverage, soon());
+      const auto& o = ex.currentPlan().tensors.at("w");
+      ran[r].push_back(o.describe() + " " + o.codec);
+    }
+    histories[r] = ex.gravacHistory();
+  });
+  // Replayed from the history: the plan's CF, the re-planner's calls and
+  // the plan each iteration ran.
+  double planCf = 0, nextCf = 0;
+  std::vector<double> want;
+  bool raw = true;
+  std::string codec;
+  for (int it = 0; it < iterations; ++it) {
+    if (nextCf > 0) {
+      planCf = nextCf, nextCf = 0, raw = !raw;
+      codec = fmt::format("topk:ratio={}", 1.0 / planCf);
+    }
+    const auto& s = histories[0][size_t(it)];
+    if (s.level != GravacLevel::kDense) {
+      if (planCf == 0) {
+        planCf = s.ratio;
+        want.push_back(s.ratio);
+        raw = !raw;  // the first carrier plan comes from the re-planner too
+        codec = fmt::format("topk:ratio={}", 1.0 / planCf);
+      } else if (s.ratio >= 2 * planCf || s.ratio <= planCf / 2) {
+        nextCf = s.ratio;
+        want.push_back(s.ratio);
+      }
+    }
+    plan::TensorOption o = raw ? pullRaw : pullCompressed;
+    const std::string expect = o.describe() + " " + (codec.empty() ? o.codec : codec);
+    for (int r = 0; r < W; ++r)
+      EXPECT_EQ(ran[r][size_t(it)], expect) << "worker " << r << " iteration " << it;
+  }
+  ASSERT_GE(want.size(), 2u);
+  for (int r = 0; r < W; ++r) EXPECT_EQ(asked[r], want) << "worker " << r;
+}
+
 // Bad settings and misuse are refused, naming what is wrong.
 TEST(ExecutorGravac, RefusesBadSettingsAndMisuse) {
   test::Job job(1, 1);
