@@ -11,6 +11,9 @@ speedup over each static ratio that reaches it).
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
                           [--build build] [--json FILE] [--python PY]
 
+A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
+train_digits.py --executor: the gradients through the plan executor.
+
 Progress on stderr, the table on stdout.
 """
 
@@ -54,8 +57,11 @@ def run(args, compression, out, name):
                CORTADO_LOG_LEVEL="warn", OMP_NUM_THREADS="1",
                CORTADO_CONNECT_TIMEOUT_MS="180000")
     cortado = str(build / "launcher" / "cortado")
+    # "<compression>@executor": through the plan executor (executor=True).
+    compression, _, via = compression.partition("@")
     script = [args.python, str(EXAMPLE), "--epochs", str(args.epochs), "--no-progress",
-              "--compression", compression, "--json", str(out)]
+              "--compression", compression, "--json", str(out)] + \
+        (["--executor"] if via == "executor" else [])
     if args.local:
         cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2", "--"] + script
     else:

@@ -162,6 +162,14 @@ void Executor::complete(const Unit& u, std::span<const BatchItem> items, Deadlin
 }
 
 void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
+  if (gravac_) {
+    runGravac(items, op, deadline);
+    return;
+  }
+  runPlanned(items, op, deadline);
+}
+
+void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
   std::vector<TensorState*> states;
   states.reserve(items.size());
   for (const BatchItem& it : items)

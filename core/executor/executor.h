@@ -37,15 +37,19 @@
 // Errors name the tensor, the step and the peer or group.
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
-#include <chrono>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "compressor/gravac.h"
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
 #include "core/common/trace.h"
@@ -59,7 +63,8 @@
 namespace cortado {
 namespace compressor {
 class Registry;
-}
+class GravacCompressor;
+}  // namespace compressor
 
 namespace executor {
 
@@ -112,6 +117,20 @@ struct BatchItem {
   // spent in the executor since the iteration began (one thread doing both).
   std::optional<std::chrono::steady_clock::time_point> readyAt = std::nullopt;
 };
+
+// GraVAC in the executor (Executor::setGravac): what the plan's compressed
+// steps carry. GraVAC's worker part (compressor::GravacCompressor) compresses
+// each gradient with its own codec and error feedback; the plan then sums the
+// decoded messages, its compressed steps as top-k at the plan's CF. This is
+// `p` with every compressed option's codec made "topk:ratio=1/cf" (options
+// without a codec stay raw) and its version raised by one.
+plan::Plan gravacCarrierPlan(const plan::Plan& p, double cf);
+
+// Re-plans for a new GraVAC CF (Executor::setGravacReplanner): given the plan
+// the job runs and the CF the next iteration sends at, the plan to switch to
+// (its codecs are made the carrier afterwards, gravacCarrierPlan). Every
+// worker must answer the same plan.
+using GravacReplanner = std::function<plan::Plan(const plan::Plan& current, double cf)>;
 
 class Executor {
  public:
@@ -250,6 +269,12 @@ class Executor {
 
   // The element count `name` was declared with; nullopt when it was not.
   std::optional<uint64_t> declaredElements(const std::string& name) const;
+  // Bytes this worker pushed to the servers through its plans so far: the
+  // payloads of compressed pushes, 4 per element of raw ones (and GraVAC's
+  // dense iterations without MPI).
+  uint64_t pushedBytes() const { return pushedBytes_; }
+  // How many tensors were declared.
+  size_t declaredCount() const { return tensors_.size(); }
 
   // How many times run() has completed for `name` (its iteration count).
   uint64_t runs(const std::string& name) const;
@@ -299,6 +324,46 @@ class Executor {
   // The search (nullptr before its order is known or when off).
   const FusionSearch* fusionSearch() const { return search_.get(); }
 
+  // --- GraVAC (docs/codecs.md, "GraVAC in the plan executor") ---------------
+  // Turns GraVAC on (or, with nullopt, off) for every tensor: each runBatch()
+  // is then one training iteration and must hold every declared tensor once.
+  // In it, on every worker: each gradient is folded into GraVAC's error
+  // feedback and encoded at the minimum and the candidate CF; the energies
+  // and the previous iteration's duration (runBatch to runBatch) are summed
+  // over the workers (one allreduce of four float64 over the world group, or
+  // a push_pull without MPI), so every worker's controller takes the same
+  // decision; the message chosen is decoded into the item's output and the
+  // plan sums those (its compressed steps as top-k at the plan's CF,
+  // gravacCarrierPlan), or, on a dense iteration, every g_ef is summed raw
+  // (world allreduce, or push_pull of a key per tensor). The plan's CF
+  // follows the CF sent: when an iteration sends at 2x or more (or half or
+  // less) the plan's CF, the re-planner's plan (default: the current one)
+  // takes over at the next iteration, after this iteration's runs flushed the
+  // servers' residuals; until then what the plan's top-k cannot carry stays
+  // in the executor's error feedback and goes out later (nothing is lost).
+  // `samplesPerIteration`: the numerator of GraVAC's system throughput.
+  // Host device only; before the first run; not with online re-planning or
+  // the fusion search (they change the plan too). Every worker calls it alike.
+  // Throws kInvalidArgument on bad options (GravacOptions::validate).
+  void setGravac(const std::optional<compressor::GravacOptions>& o,
+                 double samplesPerIteration = 1.0);
+  bool gravacOn() const { return gravac_ != nullptr; }
+  // The worker part (its controller, residuals); nullptr when off.
+  const compressor::GravacCompressor* gravac() const { return gravac_.get(); }
+  // Every GraVAC iteration's decision, in order (the CF sent: step.ratio),
+  // the previous iteration's seconds it was given (agreed: the workers'
+  // mean; 0 for the first) and the bytes this worker pushed in it
+  // (pushedBytes()).
+  const std::vector<compressor::GravacStep>& gravacHistory() const { return gravacHistory_; }
+  const std::vector<double>& gravacSeconds() const { return gravacSeconds_; }
+  const std::vector<uint64_t>& gravacBytes() const { return gravacBytes_; }
+  // The CF of the carrier plan the next iteration runs (0 before the first
+  // sparse iteration; after a re-plan is decided, the new plan's).
+  double gravacPlanRatio() const { return gravacPlanRatio_; }
+  // GraVAC plan switches so far (each a setPlan at an iteration boundary).
+  uint64_t gravacReplans() const { return gravacReplans_; }
+  void setGravacReplanner(GravacReplanner r) { gravacReplanner_ = std::move(r); }
+
   struct TensorState;
   struct Profiler;
   // What a batch runs as one execution: one item on its tensor's state, or a
@@ -331,6 +396,7 @@ class Executor {
   uint64_t inPlaceGroupRuns_ = 0;
   uint64_t phaseBytes_ = kDefaultPhaseBytes;
   uint64_t phasedSteps_ = 0;
+  uint64_t pushedBytes_ = 0;
   std::vector<std::unique_ptr<TensorState>> groupStates_;  // the plan's groups, in order
   std::unique_ptr<TensorState> fused_;  // the fusion buffer's state (kept: its scratch)
   device::Buffer fusionBuffer_;         // device memory
@@ -370,6 +436,26 @@ class Executor {
   std::deque<std::pair<uint64_t, uint64_t>> awaiting_;
   std::optional<std::pair<plan::Plan, uint64_t>> scheduled_;  // plan and switch iteration
   std::optional<plan::ProfileReport> lastReport_;
+
+  // GraVAC's iteration (gravac.cc): the decision, then the plan's sums.
+  void runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
+  void runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
+  void sumDense(std::span<const BatchItem> items, Deadline deadline);
+  std::array<double, 4> agreedSums(std::array<double, 4> local, Deadline deadline);
+  std::unique_ptr<compressor::GravacCompressor> gravac_;
+  std::vector<compressor::GravacStep> gravacHistory_;
+  std::vector<uint64_t> gravacBytes_;
+  std::vector<double> gravacSeconds_;
+  GravacReplanner gravacReplanner_;
+  double gravacPlanRatio_ = 0;
+  uint64_t gravacPlanGen_ = 0;  // generation_ of the carrier plan GraVAC set
+  uint64_t gravacReplans_ = 0;
+  std::optional<plan::Plan> gravacNext_;  // set at the next GraVAC iteration
+  bool gravacFlush_ = false;              // this batch is the current plan's last round
+  bool gravacTimed_ = false;
+  std::chrono::steady_clock::time_point gravacLast_;
+  bool gravacKeyDeclared_ = false;
+  std::set<std::string> gravacDenseKeys_;
 
   // The fusion search's driver (online.cc).
   void stepFusionSearch(Deadline deadline);

@@ -33,7 +33,8 @@ void Executor::noteReady(TensorState& t, const BatchItem& item) {
 // shard key of this plan (the next plan's keys are new), so the servers
 // flush their residuals into this round's answers (Exchange::flushResidual).
 bool Executor::lastRound() const {
-  return begun_ && scheduled_ && scheduled_->second == iteration_ + 1;
+  // GraVAC's re-plan switches at its next iteration (gravacFlush_).
+  return gravacFlush_ || (begun_ && scheduled_ && scheduled_->second == iteration_ + 1);
 }
 
 OnlineOptions onlineOptions(const JobConfig& job) {
@@ -48,6 +49,9 @@ void Executor::setOnline(const OnlineOptions& o) {
   CORTADO_ENFORCE(o.window == 0 || !searchOptions_, ErrorCode::kInvalidArgument,
                   "online re-planning (CORTADO_PROFILE_WINDOW) and the fusion search both change "
                   "the plan while the job runs; turn one off (setFusionSearch(std::nullopt))");
+  CORTADO_ENFORCE(o.window == 0 || !gravac_, ErrorCode::kInvalidArgument,
+                  "online re-planning (CORTADO_PROFILE_WINDOW) and GraVAC both change the plan "
+                  "while the job runs; turn one off (setGravac(std::nullopt))");
   online_ = o;
   // Without this the window open last stayed open: every later run() was
   // timed into it, and a window turned on again closed with those runs in it.
@@ -192,6 +196,9 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o) {
     CORTADO_ENFORCE(online_.window == 0, ErrorCode::kInvalidArgument,
                     "the fusion search and online re-planning (CORTADO_PROFILE_WINDOW) both change "
                     "the plan while the job runs; turn one off");
+    CORTADO_ENFORCE(!gravac_, ErrorCode::kInvalidArgument,
+                    "the fusion search and GraVAC both change the plan while the job runs; "
+                    "turn one off (setGravac(std::nullopt))");
   }
   searchOptions_ = o;
   search_.reset();

@@ -293,6 +293,7 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
                          const std::string& keyBase, uint64_t gen, Deadline deadline) {
   const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
   t.option = option;
+  t.pushedTotal = &pushedBytes_;
   t.codec.reset();
   t.sparseDecoder.reset();
   t.deviceCodec.reset();

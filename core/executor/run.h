@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "compressor/error_feedback.h"
+#include "compressor/gravac_compressor.h"
 #include "core/device/device.h"
 #include "core/executor/executor.h"
 
@@ -99,6 +100,8 @@ struct Executor::TensorState {
   // A group's: its gathered input holds some member's carry (gatherGroup);
   // its next run restarts the momentum of its encodes (Run::restart_).
   bool carried = false;
+  // Where the bytes this state pushes are counted (Executor::pushedBytes).
+  uint64_t* pushedTotal = nullptr;
   std::vector<std::string> shardKeys;  // push/pull keys, by shard
   // The shard keys this worker pushed and pulled under the current plan:
   // setPlan releases them (Worker::release), after their last round.

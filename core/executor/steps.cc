@@ -645,8 +645,10 @@ void Run::pushPull(const Step& push, const Step& pull) {
         cat.insert(cat.end(), s.bytes.begin(), s.bytes.end());
       }
       ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
+      if (t_.pushedTotal) *t_.pushedTotal += cat.size();
     }
   } else {
+    if (t_.pushedTotal) *t_.pushedTotal += r_.len * sizeof(float);
     // From pinned memory: the region copied there first.
     ex.rawInput = lanes_.toHost(t_, x_ + r_.off, r_.len, d_);
   }

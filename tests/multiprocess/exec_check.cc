@@ -88,6 +88,12 @@
 //                  slower than the others: every iteration exact, and at the
 //                  end every rank on the same cuts and the same plan, with
 //                  the other option's tensors kept apart.
+//   --mode gravac  GraVAC (Executor::setGravac, top-k) over the compressed
+//                  options (every --stride-th) and one default tensor, the
+//                  ranks' gradients differing: one CF sequence on every rank,
+//                  a re-plan and every level, and after GraVAC is
+//                  turned off and the plan made raw, outputs that add up to
+//                  every gradient exactly (exec_check_gravac.cc).
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
 //   --queued-streams  the host device with a thread per stream (its work runs
@@ -477,7 +483,7 @@ int runCheck(int argc, char** argv) {
                "mirror the buffers in device memory also on the host device (as on CUDA)");
   app.add_option("--mode", mode)
       ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
-                             "phased", "groups", "search"}));
+                             "phased", "groups", "search", "gravac"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -553,6 +559,8 @@ int runCheck(int argc, char** argv) {
     c.runGroups();
   } else if (mode == "search") {
     c.runSearch();
+  } else if (mode == "gravac") {
+    c.runGravac();
   } else {
     c.runSweep();
   }

@@ -70,3 +70,19 @@ def test_core_decides_alike_from_the_same_sums():
         seen.add(da["ratio"])
         assert a.message_bytes(0) == b.message_bytes(0)
     assert len(seen) >= 2, seen
+
+
+def test_plan_executor_runs_gravac_as_a_replay_does(run_job):
+    # DistributedOptimizer(executor=True): the plan executor decides (one
+    # ratio per step for every worker), re-plans when the ratio moves 2x,
+    # and its results match a plain-loop replay of the job in each worker.
+    job = run_job(3, 1, "gravac_exec_check.py", timeout=240)
+    results = job.results()
+    assert job.returncode == 0 and sorted(results) == [0, 1, 2], job.describe()
+    for rank, r in results.items():
+        assert r["ok"], (rank, r, job.describe())
+    sequences = {rank: tuple(r["ratios"]) for rank, r in results.items()}
+    assert len(set(sequences.values())) == 1, sequences
+    assert all(r["refused"] for r in results.values()), results
+    print(results[0]["ratios"], results[0]["replans"], results[0]["max_param_diff"])
+

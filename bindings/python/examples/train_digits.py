@@ -53,6 +53,9 @@ def parse_args():
     p.add_argument("--compression", default="none",
                    help="none, fp16, auto, an engine codec (topk:ratio=0.01, dgc, efsignsgd, ...), "
                         "or gravac (adaptive ratio; settings as gravac:codec=topk,window=50)")
+    p.add_argument("--executor", action="store_true",
+                   help="run the gradients through the plan executor (executor=True); with "
+                        "gravac the executor decides the ratio and re-plans when it moves")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", help="rank 0 writes the per-epoch accuracies, times and the bytes "
@@ -111,7 +114,8 @@ def main():
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
     optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),  # Cortado: 2
-                                        compression=compression)
+                                        compression=compression,
+                                        executor=args.executor)
     ct.broadcast_parameters(model.state_dict(), root_rank=0)                 # Cortado: 3
     report = getattr(compression, "last_report", None)
     if rank == 0 and report:

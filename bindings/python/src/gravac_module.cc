@@ -33,7 +33,9 @@ T* address(uintptr_t p) {
   return reinterpret_cast<T*>(p);  // NOLINT(performance-no-int-to-ptr)
 }
 
-py::dict stepDict(const GravacStep& s) {
+}  // namespace
+
+py::dict gravacStepDict(const GravacStep& s) {
   py::dict d;
   d["iteration"] = s.iteration;
   d["level"] = compressor::gravacLevelName(s.level);
@@ -47,8 +49,6 @@ py::dict stepDict(const GravacStep& s) {
   d["saturated"] = s.saturated;
   return d;
 }
-
-}  // namespace
 
 void bindGravac(py::module_& m, const compressor::Registry& registry) {
   py::class_<GravacCompressor>(m, "Gravac",
@@ -103,7 +103,7 @@ void bindGravac(py::module_& m, const compressor::Registry& registry) {
               py::gil_scoped_release nogil;
               s = g.decide({compensated, minimum, candidate}, previousSeconds);
             }
-            return stepDict(s);
+            return gravacStepDict(s);
           },
           py::arg("compensated"), py::arg("minimum"), py::arg("candidate"),
           py::arg("previous_seconds"),

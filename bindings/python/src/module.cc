@@ -52,6 +52,8 @@ namespace cortado::python {
 
 // cortado._C.Gravac (gravac_module.cc).
 void bindGravac(py::module_& m, const compressor::Registry& registry);
+// One GraVAC decision as a dict (gravac_module.cc).
+py::dict gravacStepDict(const compressor::GravacStep& s);
 
 namespace {
 
@@ -526,6 +528,46 @@ class PyExecutor {
                   : Deadline::after(queueTime(pending)));
   }
 
+  // GraVAC (Executor::setGravac): every submitted batch is held until it
+  // holds each declared tensor once (one iteration, serve()).
+  void enableGravac(const std::string& codec, double minRatio, double maxRatio, double step,
+                    const std::string& policy, uint64_t window, double epsilon, double omega,
+                    double alpha, uint64_t seed, double samples) {
+    compressor::GravacOptions o;
+    o.codec = codec;
+    o.minRatio = minRatio;
+    o.maxRatio = maxRatio;
+    o.step = step;
+    o.policy = compressor::parseGravacPolicy(policy);
+    o.window = window;
+    o.epsilon = epsilon;
+    o.omega = omega;
+    o.alpha = alpha;
+    o.seed = seed;
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.setGravac(o, samples);
+  }
+  py::list gravacHistory() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    py::list out;
+    const auto& steps = e.gravacHistory();
+    const auto& bytes = e.gravacBytes();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      py::dict d = gravacStepDict(steps[i]);
+      d["bytes"] = i < bytes.size() ? bytes[i] : 0;  // pushed to the servers in that step
+      d["previous_seconds"] = e.gravacSeconds()[i];
+      out.append(d);
+    }
+    return out;
+  }
+  std::pair<double, uint64_t> gravacPlan() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return {e.gravacPlanRatio(), e.gravacReplans()};
+  }
+
   // MergeComp's fusion search (Executor::setFusionSearch).
   void enableFusionSearch(uint64_t warmup, uint64_t window, uint64_t settle, uint64_t step,
                           double minGain, int maxGroups) {
@@ -756,6 +798,7 @@ class PyExecutor {
     } catch (const Error&) {
       return {};  // runBatch reports it
     }
+    if (ex_->gravacOn()) return holdUntilIteration(batch);
     const plan::Plan& p = ex_->currentPlan();
     if (p.groups.empty()) return {};
     std::map<int, std::set<std::string>> present;  // group -> its tensors in the batch
@@ -770,6 +813,26 @@ class PyExecutor {
         later.push_back(std::move(item));
       else
         keep.push_back(std::move(item));
+    }
+    batch = std::move(keep);
+    return later;
+  }
+
+  // GraVAC: a batch is one iteration, each declared tensor once; the rest
+  // waits (all of it while some tensor is missing).
+  std::vector<executor::BatchItem> holdUntilIteration(std::vector<executor::BatchItem>& batch) {
+    std::set<std::string> names;
+    std::vector<executor::BatchItem> keep, later;
+    for (auto& item : batch) {
+      if (names.insert(item.name).second)
+        keep.push_back(std::move(item));
+      else
+        later.push_back(std::move(item));
+    }
+    if (names.size() < ex_->declaredCount()) {
+      for (auto& item : later) keep.push_back(std::move(item));
+      later = std::move(keep);
+      keep.clear();
     }
     batch = std::move(keep);
     return later;
@@ -944,7 +1007,18 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("in_place_group_runs", &PyExecutor::inPlaceGroupRuns,
                              "of those and of the groups fused by size, the executions that ran "
                              "in place on consecutive gradients, with no copy")
-      .def_property_readonly("last_report", &PyExecutor::lastReport);
+      .def_property_readonly("last_report", &PyExecutor::lastReport)
+      .def("enable_gravac", &PyExecutor::enableGravac, py::arg("codec") = "dgc",
+           py::arg("min_ratio") = 10.0, py::arg("max_ratio") = 1000.0, py::arg("step") = 2.0,
+           py::arg("policy") = "exponential", py::arg("window") = 500, py::arg("epsilon") = 0.9,
+           py::arg("omega") = 0.01, py::arg("alpha") = 0.0, py::arg("seed") = 0,
+           py::arg("samples_per_iteration") = 1.0,
+           "GraVAC for every tensor (Executor::setGravac): each submitted iteration (every "
+           "declared tensor once) runs as one batch; before the first run")
+      .def_property_readonly("gravac_history", &PyExecutor::gravacHistory,
+                             "GraVAC's decision of each iteration (dicts, as Gravac.decide)")
+      .def_property_readonly("gravac_plan", &PyExecutor::gravacPlan,
+                             "(the CF the plan carries, GraVAC's re-plans so far)");
 
   py::class_<Runtime>(m, "Runtime")
       .def_static("start", &Runtime::start, py::arg("connect_timeout") = py::none(),

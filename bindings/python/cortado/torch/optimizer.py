@@ -148,13 +148,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_as_dense = bool(sparse_as_dense)
         # GraVAC: one ratio for all gradients per step, decided at synchronize().
         self._gravac = None
+        self._gravac_executor = None
         if isinstance(compression, GravacCompression):
-            if executor or groups or self._predivide != 1.0:
+            if groups or self._predivide != 1.0:
                 raise _runtime.error("invalid_argument",
-                                     "DistributedOptimizer: compression gravac runs its own "
-                                     "exchange; it takes no executor, groups or "
+                                     "DistributedOptimizer: compression gravac decides one ratio "
+                                     "for every gradient; it takes no groups or "
                                      "gradient_predivide_factor")
-            self._gravac = GravacSync(compression, self._ordered, self._names, self._average)
+            if executor:
+                # The plan executor runs GraVAC itself (Executor::setGravac).
+                self._gravac_executor = compression
+            else:
+                self._gravac = GravacSync(compression, self._ordered, self._names, self._average)
             self._compressors = {p: Compression.none for _, p in self._ordered}
         # Sparse gradients go through Zen where it can carry them
         # (zen.usable), else they are gathered.
@@ -216,6 +221,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         made here from `compression` (one codec for every gradient) with the
         gradients fused into groups of about `fusion_bytes` (and with
         CORTADO_PROFILE_WINDOW, the scheduler's re-plans later)."""
+        gravac = self._gravac_executor
+        if gravac is not None:
+            # The plan's compressed steps carry GraVAC's messages as top-k at
+            # its CF (the executor sets the ratio); fusion search and online
+            # re-planning would change the plan under it.
+            if fusion_search:
+                raise _runtime.error("invalid_argument",
+                                     "DistributedOptimizer: compression gravac re-plans when its "
+                                     "ratio moves; it takes no fusion_search")
+            fusion_search = False
+            compression = "topk:ratio=0.1"
         per_tensor = isinstance(compression, dict) or (
             callable(compression) and not isinstance(compression, (Compressor, str)))
         c = None if per_tensor else Compression.lookup(compression)
@@ -225,7 +241,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "applies to every gradient (none, fp16 or an engine codec); "
                                  "per-gradient choices are the plan's: pass plan= (cortado plan "
                                  "--json) or set CORTADO_PROFILE_WINDOW for the scheduler's")
-        if (plan is not None or os.environ.get("CORTADO_PLAN")) and c is not Compression.none:
+        if (plan is not None or os.environ.get("CORTADO_PLAN")) and c is not Compression.none \
+                and gravac is None:
             raise _runtime.error("invalid_argument",
                                  "DistributedOptimizer: a plan (plan= or CORTADO_PLAN) chooses "
                                  "each gradient's compression; leave compression none")
@@ -279,7 +296,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      f"DistributedOptimizer: plan must be a plan dict, its JSON "
                                      f"text or a file holding it; got {plan!r}")
             ex.set_plan(text)
-        ex.enable_online()
+        if gravac is None:
+            ex.enable_online()
+        else:
+            ex.enable_gravac(samples_per_iteration=float(rt.size) * float(gravac.batch_size),
+                             **gravac.settings)
         if fusion_search:
             try:
                 ex.enable_fusion_search(**(fusion_search if isinstance(fusion_search, dict) else {}))
@@ -559,10 +580,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def compression_ratio_history(self):
         """compression gravac: the ratio each step sent (1.0: dense); None otherwise.
         `optimizer.gravac_history` has the full record of each step."""
+        if self._gravac_executor is not None:
+            return [h["ratio"] for h in self.executor.gravac_history]
         return None if self._gravac is None else self._gravac.compression.ratio_history
 
     @property
     def gravac_history(self):
+        if self._gravac_executor is not None:
+            return self.executor.gravac_history
         return None if self._gravac is None else self._gravac.compression.history
 
     @contextlib.contextmanager

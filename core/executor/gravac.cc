@@ -1,0 +1,243 @@
+// GraVAC in the plan executor (executor.h, "GraVAC"; docs/codecs.md, "GraVAC
+// in the plan executor"): one runBatch() is one iteration. Every worker
+// encodes its gradients at both CFs, the energies are summed over the
+// workers, every controller takes the same decision, and the messages chosen
+// are summed by the plan (or, on a dense iteration, raw).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "compressor/format.h"
+#include "compressor/gravac_compressor.h"
+#include "core/common/logging.h"
+#include "core/executor/run.h"
+
+namespace cortado::executor {
+
+plan::Plan gravacCarrierPlan(const plan::Plan& p, double cf) {
+  CORTADO_ENFORCE(std::isfinite(cf) && cf >= 1.0, ErrorCode::kInvalidArgument,
+                  "GraVAC carrier plan: CF {} is not a compression factor (>= 1)", cf);
+  plan::Plan q = p;
+  q.version = p.version + 1;
+  const std::string spec = fmt::format("topk:ratio={}", 1.0 / cf);
+  for (auto& [name, option] : q.tensors)
+    if (!option.codec.empty()) option.codec = spec;
+  return q;
+}
+
+void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
+                         double samplesPerIteration) {
+  if (!o) {
+    if (!gravac_) return;
+    // GraVAC's residuals (with DGC, v + m u: what its next step would add
+    // besides the gradient) join each tensor's next input, as a plan
+    // switch's do (retire): nothing is lost when it is turned off.
+    const float m = gravac_->momentum();
+    for (auto& [name, t] : tensors_) {
+      auto r = gravac_->residual(t->seedBase);
+      auto u = gravac_->velocity(t->seedBase);
+      for (size_t i = 0; i < r.size() && i < t->n; ++i) {
+        const float v = r[i] + (m > 0 && i < u.size() ? m * u[i] : 0.0f);
+        if (v == 0.0f) continue;
+        if (t->carry.empty()) t->carry.assign(t->n, 0.0f);
+        t->carry[i] += v;
+      }
+    }
+    gravac_.reset();
+    gravacNext_.reset();
+    gravacPlanGen_ = 0;
+    gravacPlanRatio_ = 0;
+    return;
+  }
+  CORTADO_ENFORCE(device_->kind() == device::Kind::kHost, ErrorCode::kInvalidArgument,
+                  "worker {}: GraVAC in the plan executor runs on the host device, not {}: run "
+                  "the executor on host memory (CORTADO_DEVICE=host)",
+                  topo_.rank, device_->name());
+  CORTADO_ENFORCE(online_.window == 0 && !searchOptions_, ErrorCode::kInvalidArgument,
+                  "worker {}: GraVAC re-plans when its CF moves; online re-planning "
+                  "(CORTADO_PROFILE_WINDOW) and the fusion search change the plan too: turn "
+                  "them off first",
+                  topo_.rank);
+  for (const auto& [name, t] : tensors_)
+    CORTADO_ENFORCE(t->round == 0, ErrorCode::kInvalidArgument,
+                    "worker {}: turn GraVAC on before the first run (tensor '{}' ran {} times)",
+                    topo_.rank, name, t->round);
+  CORTADO_ENFORCE(std::isfinite(samplesPerIteration) && samplesPerIteration > 0,
+                  ErrorCode::kInvalidArgument,
+                  "GraVAC: samplesPerIteration is {}; give the samples of one iteration over "
+                  "all workers (> 0)",
+                  samplesPerIteration);
+  gravac_ =
+      std::make_unique<compressor::GravacCompressor>(*codecs_, *o, topo_.size, samplesPerIteration);
+  gravacHistory_.clear();
+  gravacBytes_.clear();
+  gravacSeconds_.clear();
+  gravacNext_.reset();
+  gravacPlanGen_ = 0;
+  gravacPlanRatio_ = 0;
+  gravacTimed_ = false;
+}
+
+std::array<double, 4> Executor::agreedSums(std::array<double, 4> local, Deadline deadline) {
+  std::array<double, 4> sum{};
+  if (groups_) {
+    // Every rank sums the same numbers in rank order, so every rank has the
+    // same bits (an allreduce may add in another order on each rank).
+    std::vector<double> all(4 * size_t(topo_.size));
+    collective::CallLabel scope(*groups_->world, "GraVAC: an iteration's energies and time");
+    groups_->world->allgather(local.data(), 4, all.data(), DType::kFloat64, deadline);
+    for (int r = 0; r < topo_.size; ++r)
+      for (size_t k = 0; k < 4; ++k) sum[k] += all[4 * size_t(r) + k];
+    return sum;
+  }
+  // The servers sum once and answer every worker the same bytes.
+  const std::string key = "cortado.gravac.sums";
+  if (!gravacKeyDeclared_) {
+    worker_.declare(key, DType::kFloat64, 4, deadline);
+    gravacKeyDeclared_ = true;
+  }
+  Status st = worker_.pushPull(key, DType::kFloat64, 4, local.data(), sum.data(), ReduceOp::kSum, 0)
+                  .wait(deadline);
+  st.check();
+  return sum;
+}
+
+void Executor::sumDense(std::span<const BatchItem> items, Deadline deadline) {
+  if (groups_) {
+    for (const BatchItem& it : items) {
+      collective::CallLabel scope(*groups_->world,
+                                  fmt::format("GraVAC: dense iteration of '{}'", it.name));
+      groups_->world->allreduce(it.input, it.output, it.numElements, DType::kFloat32, deadline);
+    }
+    return;
+  }
+  // One uncompressed key per tensor, all rounds in flight at once.
+  std::vector<Handle> handles;
+  for (const BatchItem& it : items) {
+    const std::string key = "cortado.gravac.dense/" + it.name;
+    if (gravacDenseKeys_.insert(key).second)
+      worker_.declare(key, DType::kFloat32, it.numElements, deadline);
+    pushedBytes_ += it.numElements * sizeof(float);
+    handles.push_back(worker_.pushPull(key, DType::kFloat32, it.numElements, it.input, it.output,
+                                       ReduceOp::kSum, 0));
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    Status st = handles[i].wait(deadline);
+    if (!st.ok())
+      throw Error(st.code(),
+                  fmt::format("GraVAC: dense iteration of '{}': {}", items[i].name, st.message()));
+  }
+}
+
+void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
+  std::vector<TensorState*> states;
+  std::set<const TensorState*> seen;
+  for (const BatchItem& it : items) {
+    TensorState* t = &checkedState(it.name, it.input, it.output, it.numElements);
+    CORTADO_ENFORCE(seen.insert(t).second, ErrorCode::kInvalidArgument,
+                    "worker {}: GraVAC: tensor '{}' is twice in one batch; a batch is one "
+                    "iteration, each tensor once",
+                    topo_.rank, it.name);
+    states.push_back(t);
+  }
+  CORTADO_ENFORCE(items.size() == tensors_.size(), ErrorCode::kInvalidArgument,
+                  "worker {}: GraVAC decides once per iteration from every tensor's gain: run "
+                  "each of the {} declared tensors once per runBatch (this batch has {})",
+                  topo_.rank, tensors_.size(), items.size());
+  ensurePlan(deadline);
+  // A re-plan decided in the last iteration takes effect here, at the
+  // boundary (that iteration's runs flushed the servers' residuals).
+  if (gravacNext_) {
+    plan::Plan p = std::move(*gravacNext_);
+    gravacNext_.reset();
+    setPlan(p, deadline);
+    gravacPlanGen_ = generation_;
+    ++gravacReplans_;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds =
+      gravacTimed_ ? std::chrono::duration<double>(now - gravacLast_).count() : 0.0;
+  gravacLast_ = now;
+  gravacTimed_ = true;
+
+  // 1. Both levels of every gradient; random-k's round seed is the same on
+  // every worker (the tensor's name and the iteration).
+  const uint64_t iteration = gravac_->controller().iteration() + 1;
+  for (size_t i = 0; i < items.size(); ++i) {
+    compressor::EncodeContext ctx;
+    ctx.seed = compressor::format::hash2(states[i]->seedBase, iteration);
+    gravac_->prepare(states[i]->seedBase, items[i].input, items[i].numElements, ctx);
+  }
+  // 2. One decision on every worker, from the energies summed over them.
+  const compressor::GravacSums mine = gravac_->localSums();
+  const std::array<double, 4> agreed =
+      agreedSums({mine.compensated, mine.minimum, mine.candidate, seconds}, deadline);
+  const double previousSeconds = agreed[3] / double(topo_.size);
+  const compressor::GravacStep step =
+      gravac_->decide({agreed[0], agreed[1], agreed[2]}, previousSeconds);
+  const bool changed = gravacHistory_.empty() || gravacHistory_.back().ratio != step.ratio;
+  gravacHistory_.push_back(step);
+  gravacSeconds_.push_back(previousSeconds);
+  const uint64_t pushedBefore = pushedBytes_;
+  struct Count {
+    std::vector<uint64_t>& bytes;
+    const uint64_t& total;
+    uint64_t before;
+    ~Count() { bytes.push_back(total - before); }
+  } count{gravacBytes_, pushedBytes_, pushedBefore};
+  if (changed && topo_.rank == 0)
+    CORTADO_LOG_INFO(
+        "GraVAC iteration {}: sends the {} at CF {} (gains {:.4f} at CF {}, {:.4f} "
+        "at CF {}; plan CF {})",
+        step.iteration, compressor::gravacLevelName(step.level), step.ratio, step.gainMin,
+        step.minRatio, step.gainCandidate, step.candidateRatio, gravacPlanRatio_);
+
+  // 3. What goes out, in the items' outputs (the input was consumed by prepare()).
+  std::vector<BatchItem> sent(items.begin(), items.end());
+  if (step.level == compressor::GravacLevel::kDense) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      auto msg = gravac_->message(states[i]->seedBase);
+      sent[i].input = reinterpret_cast<const float*>(msg.data());
+    }
+    sumDense(sent, deadline);
+    if (op == ReduceOp::kAverage)
+      for (const BatchItem& it : sent)
+        for (uint64_t k = 0; k < it.numElements; ++k) it.output[k] /= float(topo_.size);
+    for (TensorState* t : states) ++t->round;
+    return;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    float* out = items[i].output;
+    std::fill(out, out + items[i].numElements, 0.0f);
+    gravac_->decompressAdd(states[i]->seedBase, gravac_->message(states[i]->seedBase), out);
+    sent[i].input = out;
+  }
+  // 4. The plan carries the CF sent: the first sparse iteration sets it,
+  // and a CF 2x or more away from it re-plans for the next iteration.
+  if (gravacPlanGen_ != generation_) {
+    setPlan(gravacCarrierPlan(gravacReplanner_ ? gravacReplanner_(*plan_, step.ratio) : *plan_,
+                              step.ratio),
+            deadline);
+    gravacPlanGen_ = generation_;
+    gravacPlanRatio_ = step.ratio;
+  } else if (step.ratio >= 2 * gravacPlanRatio_ || step.ratio <= gravacPlanRatio_ / 2) {
+    gravacNext_ = gravacCarrierPlan(
+        gravacReplanner_ ? gravacReplanner_(*plan_, step.ratio) : *plan_, step.ratio);
+    if (topo_.rank == 0)
+      CORTADO_LOG_INFO(
+          "GraVAC iteration {}: CF {} is {:.3g}x the plan's CF {}: re-planned, the "
+          "new plan (version {}) takes over at the next iteration",
+          step.iteration, step.ratio, step.ratio / gravacPlanRatio_, gravacPlanRatio_,
+          gravacNext_->version);
+    gravacPlanRatio_ = step.ratio;
+    gravacFlush_ = true;  // this iteration is the current plan's last round
+  }
+  struct Unflush {
+    bool& f;
+    ~Unflush() { f = false; }
+  } unflush{gravacFlush_};
+  runPlanned(sent, op, deadline);
+}
+
+}  // namespace cortado::executor

@@ -1,0 +1,163 @@
+"""Compression.gravac through DistributedOptimizer(executor=True) on W
+workers whose gradients differ: the plan executor runs GraVAC
+(Executor::setGravac).
+
+Every worker trains a model and, in the same process, replays the whole
+job with plain loops: W GraVAC cores (cortado._C.Gravac) fed each worker's
+gradient with the job's agreed step times, their energies summed here; the
+plan's CF following the CF sent (set by the first sparse step, moved at the
+next step when a step sends at 2x or more, or half or less, of it); the
+plan's top-k at its CF over each worker's message plus that worker's
+carrier residual (the plan: a compressed push, a raw pull: the servers' sum
+is exact); a dense step's plain sum. The job must take the replay's
+decision at every step and end with its parameters (within float rounding:
+the servers add in arrival order).
+"""
+
+import torch
+
+import cortado
+import cortado.torch as ct
+from common import parse_args, write_result
+
+STEPS = 16
+PER_WORKER = 6
+SETTINGS = dict(codec="topk", min_ratio=2.0, max_ratio=400.0, window=3, epsilon=0.5, alpha=0.5)
+
+
+def make_model():
+    torch.manual_seed(77)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 48),
+                               torch.nn.Tanh(), torch.nn.Linear(48, 5))
+
+
+def batches(world):
+    g = torch.Generator().manual_seed(9)
+    for _ in range(STEPS):
+        x = torch.randn(world * PER_WORKER, 20, generator=g)
+        y = torch.randint(0, 5, (world * PER_WORKER,), generator=g)
+        yield x, y
+
+
+def rows(rank):
+    return slice(rank * PER_WORKER, (rank + 1) * PER_WORKER)
+
+
+def plan_for(names):
+    """Push the plan's top-k payloads, pull the servers' dense sum."""
+    option = {"scheme": "hierarchical", "codec": "topk:ratio=0.5", "steps": [
+        {"op": "reduce_scatter", "scope": "intra", "compressed": False},
+        {"op": "encode", "device": "cpu"},
+        {"op": "push", "scope": "inter", "compressed": True},
+        {"op": "pull", "scope": "inter", "compressed": False},
+        {"op": "allgather", "scope": "intra", "compressed": False}]}
+    return {"format": "cortado-plan", "version": 0, "tensors": {n: option for n in names}}
+
+
+def distributed(rank):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    names = [f"gravac-exec.{n}" for n, _ in model.named_parameters()]
+    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  compression=ct.Compression.gravac(**SETTINGS),
+                                  name_prefix="gravac-exec", executor=True, plan=plan_for(names),
+                                  fusion_bytes=0)
+    world = ct.size()
+    for x, y in batches(world):
+        opt.zero_grad()
+        # Different rows, scaled per rank: the workers' gradients differ.
+        loss = torch.nn.functional.cross_entropy(model(x[rows(rank)]) * (1 + rank), y[rows(rank)])
+        loss.backward()
+        opt.step()
+    ratios = opt.compression_ratio_history
+    history = opt.gravac_history
+    assert ratios == [h["ratio"] for h in history]
+    return model, history, opt.executor.gravac_plan
+
+
+def topk(x, k):
+    """The k largest magnitudes (ties to the lower index), the rest zero."""
+    order = torch.sort(-x.abs(), stable=True).indices[:k]
+    out = torch.zeros_like(x)
+    out[order] = x[order]
+    return out
+
+
+def reference(world, history):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    params = list(model.parameters())
+    cores = [ct.Compression.gravac(**SETTINGS).make(world) for _ in range(world)]
+    carrier = [[torch.zeros(p.numel()) for p in params] for _ in range(world)]
+    plan_cf, next_cf, replans = 0.0, 0.0, 0
+    mismatches = []
+    for step, (x, y) in enumerate(batches(world)):
+        if next_cf:
+            plan_cf, next_cf, replans = next_cf, 0.0, replans + 1
+        grads = []
+        for r in range(world):
+            model.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[rows(r)]) * (1 + r), y[rows(r)])
+            loss.backward()
+            grads.append([p.grad.detach().reshape(-1).clone() for p in params])
+        for r in range(world):
+            for key, g in enumerate(grads[r]):
+                cores[r].prepare(key, g.data_ptr(), g.numel(), step)
+        sums = [sum(c.local_sums()[i] for c in cores) for i in range(3)]
+        d = [c.decide(*sums, history[step]["previous_seconds"]) for c in cores][0]
+        if (d["level"], d["ratio"]) != (history[step]["level"], history[step]["ratio"]):
+            mismatches.append(f"step {step}: job sent {history[step]['level']} at "
+                              f"{history[step]['ratio']}x, replay {d['level']} at {d['ratio']}x")
+        sparse = d["level"] != "dense"
+        if sparse:
+            if plan_cf == 0:
+                plan_cf = d["ratio"]
+            elif d["ratio"] >= 2 * plan_cf or d["ratio"] <= plan_cf / 2:
+                next_cf = d["ratio"]
+        for key, p in enumerate(params):
+            total = torch.zeros(p.numel(), dtype=torch.float32)
+            for r, c in enumerate(cores):
+                nbytes = c.message_bytes(key)
+                msg = torch.empty(nbytes, dtype=torch.uint8)
+                c.copy_message(key, msg.data_ptr(), nbytes)
+                mine = torch.zeros(p.numel(), dtype=torch.float32)
+                c.decompress_add(key, msg.data_ptr(), nbytes, mine.data_ptr(), 1.0)
+                if sparse:
+                    xin = mine + carrier[r][key]
+                    sent = topk(xin, max(1, int(p.numel() * (1.0 / plan_cf))))
+                    carrier[r][key] = xin - sent
+                    mine = sent
+                total += mine
+            p.grad = (total / world).view_as(p).clone()
+        opt.step()
+    return model, mismatches, replans
+
+
+def main():
+    args = parse_args()
+    ct.init()
+    rank, world = ct.rank(), ct.size()
+    model, history, (plan_cf, replans) = distributed(rank)
+    ref, mismatches, ref_replans = reference(world, history)
+    diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
+    ratios = [h["ratio"] for h in history]
+    levels = sorted({h["level"] for h in history})
+    ok = not mismatches and diff < 1e-4 and replans == ref_replans and replans >= 1 \
+        and len(levels) >= 2
+    # Refused: a fusion search would change the plan under GraVAC.
+    try:
+        small = torch.nn.Linear(3, 2)
+        ct.DistributedOptimizer(torch.optim.SGD(small.parameters(), lr=0.1),
+                                small.named_parameters(), compression=ct.Compression.gravac(),
+                                name_prefix="gravac-refused", executor=True, fusion_search=True)
+        refused = False
+    except cortado.CortadoError as e:
+        refused = "fusion_search" in str(e)
+    ct.shutdown()
+    write_result(args.out, rank, ok=ok and refused, refused=refused, ratios=ratios, levels=levels, max_param_diff=diff,
+                 mismatches=mismatches[:5], replans=replans, ref_replans=ref_replans,
+                 plan_cf=plan_cf, bytes=[h["bytes"] for h in history])
+
+
+if __name__ == "__main__":
+    main()
