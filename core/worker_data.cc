@@ -53,6 +53,31 @@ void WorkerImpl::dispatchLoop() {
   }
 }
 
+void WorkerImpl::dispatchOrSend(const std::shared_ptr<Task>& task) {
+  std::optional<ChunkOp> mine;
+  uint32_t id = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // The dispatcher's rule (dispatchLoop's ready()), for this task's chunk
+    // only: first in priority order and within the credits.
+    if (opts_.inlineBytes > 0 && !closed_ && failure_.ok() && task->tensor->chunks.size() == 1 &&
+        !queue_.empty() && queue_.top().task == task && queue_.top().bytes <= opts_.inlineBytes &&
+        (inFlightBytes_ == 0 || inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight)) {
+      mine = queue_.top();
+      queue_.pop();
+      inFlightBytes_ += mine->bytes;
+      id = nextRequest_++;
+      if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
+      pending_.emplace(id, *mine);
+    }
+  }
+  if (!mine) {
+    cv_.notify_all();
+    return;
+  }
+  sendChunk(*mine, id);
+}
+
 void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
   if (op.task->tensor->zen) return sendSparseChunk(op, id);
   const TensorEntry& t = *op.task->tensor;

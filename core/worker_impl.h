@@ -41,6 +41,9 @@ struct Handle::State {
   bool done = false;
   Status status;
   size_t remaining = 0;  // chunks not yet back; guarded by mu
+  // `done` for wait()'s busy polling, which reads it without the mutex.
+  std::atomic<bool> doneFlag{false};
+  std::chrono::microseconds busyPoll{0};  // WorkerOptions::busyPoll
 
   // Completes once; the first error wins.
   void complete(const Status& s) {
@@ -50,6 +53,7 @@ struct Handle::State {
       done = true;
       status = s;
     }
+    doneFlag.store(true, std::memory_order_release);
     cv.notify_all();
   }
 };
@@ -188,6 +192,12 @@ class WorkerImpl final : public Worker {
 
   // Sends chunks in priority order while the credits allow.
   void dispatchLoop();
+
+  // After enqueueLocked() (mu_ released): the calling thread sends a small
+  // task's only chunk itself when the dispatcher would send it now (first in
+  // the queue, within the credits), saving the hand-off to the dispatcher
+  // thread (WorkerOptions::inlineBytes); otherwise it wakes the dispatcher.
+  void dispatchOrSend(const std::shared_ptr<Task>& task);
 
   void sendChunk(const ChunkOp& op, uint32_t id);
 

@@ -284,6 +284,29 @@ TEST_P(TransportTest, CallbackMaySend) {
   }
 }
 
+// A callback's send() may go out at once (ZeroMQ and UCX skip their queue on
+// the loop thread), but never ahead of a send() that another thread finished
+// before it: the sender's order is the contract.
+TEST_P(TransportTest, CallbackSendsStayBehindOtherThreadsEarlierSends) {
+  Fixture fx(GetParam());
+  auto a = fx.node(worker(0));
+  auto echo = fx.node(server(1), true, [](Node& self, Message&& m) {
+    const uint64_t i = u64(m.parts[0]);
+    // Another thread's send, returned before the callback's own.
+    std::thread([&self, i] { self.t->send(worker(0), msgOf({u64(2 * i)})); }).join();
+    self.t->send(worker(0), msgOf({u64(2 * i + 1)}));
+  });
+  echo->t->connect(worker(0), a->address);
+  a->t->connect(server(1), echo->address);
+  constexpr uint64_t kCount = 100;
+  for (uint64_t i = 0; i < kCount; ++i) a->t->send(server(1), msgOf({u64(i)}));
+  ASSERT_TRUE(a->inbox.waitFor(2 * kCount))
+      << "got " << a->inbox.size() << " of " << 2 * kCount
+      << "; errors at the sender: " << errorsOf(*a) << "; at the echo: " << errorsOf(*echo);
+  auto got = a->inbox.take();
+  for (uint64_t i = 0; i < 2 * kCount; ++i) ASSERT_EQ(u64(got[i].parts[0]), i) << "message " << i;
+}
+
 TEST_P(TransportTest, SendsBeforeConnectAreHeldUntilConnect) {
   Fixture fx(GetParam());
   auto a = fx.node(worker(0));

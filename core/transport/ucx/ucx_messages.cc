@@ -21,11 +21,23 @@ WireHeader headerFor(const NodeId& self) {
 }  // namespace
 
 void UcxTransport::send(const NodeId& peer, Message msg) {
+  if (std::this_thread::get_id() == loopId_ && sendFromLoop(peer, msg)) return;
   Op op;
   op.peer = peer;
   op.msg = std::move(msg);
   CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "ucx {}: send to {} after close()",
                   self_, peer);
+}
+
+bool UcxTransport::sendFromLoop(const NodeId& peer, Message& msg) {
+  {
+    std::lock_guard g(mu_);
+    CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "ucx {}: send to {} after close()", self_, peer);
+    if (!ops_.empty()) return false;
+  }
+  if (!batch_.empty()) return false;
+  sendTo(peer, std::move(msg));
+  return true;
 }
 
 void UcxTransport::onSendDone(void* request, ucs_status_t status, void* user) {
