@@ -387,6 +387,7 @@ void WorkerImpl::abort(const Status& why) {
   // An answer popped before failAll() may still be being written; once
   // none is, no answer of this worker's operations touches memory again.
   std::unique_lock<std::mutex> lk(mu_);
+  abortWaits_ = true;
   if (!cv_.wait_for(lk, std::chrono::seconds(10), [this] { return writing_ == 0; })) {
     CORTADO_LOG_ERROR("worker {}: an answer was still being written 10 s after abort()",
                       self_.rank);

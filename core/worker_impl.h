@@ -255,6 +255,7 @@ class WorkerImpl final : public Worker {
   std::unordered_map<uint32_t, ChunkOp> pending_;
   uint64_t inFlightBytes_ = 0;
   int writing_ = 0;  // answers popped from pending_ and not yet written
+  bool abortWaits_ = false;  // abort() waits for writing_ == 0: notify cv_ when it gets there
   uint64_t seq_ = 0;
   uint32_t nextRequest_ = 1;
   Status failure_;

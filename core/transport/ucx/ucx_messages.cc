@@ -29,6 +29,23 @@ void UcxTransport::send(const NodeId& peer, Message msg) {
                   self_, peer);
 }
 
+void UcxTransport::sendAll(const NodeId& peer, std::vector<Message> msgs) {
+  if (std::this_thread::get_id() == loopId_) {
+    for (auto& m : msgs) send(peer, std::move(m));
+    return;
+  }
+  std::lock_guard g(mu_);
+  CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "ucx {}: send to {} after close()", self_, peer);
+  const bool wasEmpty = ops_.empty();
+  for (auto& m : msgs) {
+    Op op;
+    op.peer = peer;
+    op.msg = std::move(m);
+    ops_.push_back(std::move(op));
+  }
+  if (wasEmpty && !msgs.empty()) wake();
+}
+
 bool UcxTransport::sendFromLoop(const NodeId& peer, Message& msg) {
   {
     std::lock_guard g(mu_);

@@ -188,6 +188,7 @@ class UcxTransport final : public Transport {
   std::string listen(const std::string& address) override;
   void connect(const NodeId& peer, const std::string& address) override;
   void send(const NodeId& peer, Message msg) override;
+  void sendAll(const NodeId& peer, std::vector<Message> msgs) override;
   void disconnect(const NodeId& peer) override;
   void close() override;
 

@@ -160,6 +160,23 @@ class ZmqTransport final : public Transport {
                     self_, peer);
   }
 
+  void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
+    if (std::this_thread::get_id() == loopId_) {
+      for (auto& m : msgs) send(peer, std::move(m));
+      return;
+    }
+    std::lock_guard g(mu_);
+    CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_, peer);
+    const bool wasEmpty = ops_.empty();
+    for (auto& m : msgs) {
+      Op op;
+      op.peer = peer;
+      op.msg = std::move(m);
+      ops_.push_back(std::move(op));
+    }
+    if (wasEmpty && !msgs.empty()) wake();
+  }
+
   void disconnect(const NodeId& peer) override {
     Op op;
     op.task = [this, peer] {
