@@ -476,7 +476,11 @@ void UcxTransport::loop() {
     // Busy polling: right after work, progress again without sleeping.
     if (options_.busyPoll.count() > 0) {
       if (busy) pollUntil_ = Clock::now() + options_.busyPoll;
-      if (Clock::now() < pollUntil_) continue;
+      if (Clock::now() < pollUntil_) {
+        // Nothing came: let a thread that shares this core run.
+        if (!busy) std::this_thread::yield();
+        continue;
+      }
     }
     if (busy) continue;
     if (!armWorkers()) continue;

@@ -331,6 +331,8 @@ class ZmqTransport final : public Transport {
       const bool polling = options_.busyPoll.count() > 0 && Clock::now() < pollUntil_;
       const int ready =
           zmq_poll(items.data(), static_cast<int>(items.size()), polling ? 0 : pollTimeoutMs());
+      // Polling and nothing came: let a thread that shares this core run.
+      if (polling && ready == 0) std::this_thread::yield();
       if (ready < 0) {
         if (errno == EINTR) continue;
         CORTADO_LOG_ERROR("zmq {}: zmq_poll failed, the transport stops: {}", self_,
