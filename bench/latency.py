@@ -13,6 +13,7 @@ ratio to MPI_Allreduce of the same repetition.
 
 Usage: bench/latency.py [--layouts 1x1,4x2] [--transports zmq,ucx]
        [--bytes 4096] [--iters 2000] [--reps 5] [--baseline OTHER_BUILD]
+       [--baseline-label before]
        [--env CORTADO_BUSY_POLL_US=50 ...] [--markdown]
 """
 import argparse
@@ -50,6 +51,9 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--baseline", help="another build directory whose cortado runs beside")
+    ap.add_argument("--baseline-label", default="before",
+                    help="the baseline rows' label (e.g. 'defaults' when --baseline is this build "
+                         "and --env changes a setting)")
     ap.add_argument("--env", action="append", default=[],
                     help="VAR=VALUE for this build's Cortado runs (not the baseline's)")
     ap.add_argument("--markdown", action="store_true")
@@ -77,7 +81,7 @@ def main():
                  "scripts/install_deps.sh)")
     builds = [("", args.build, extra)]
     if args.baseline:
-        builds.insert(0, ("before ", args.baseline, {}))
+        builds.insert(0, (args.baseline_label + " ", args.baseline, {}))
     size = ["--min-bytes", str(args.bytes), "--max-bytes", str(args.bytes),
             "--iters", str(args.iters)]
 
