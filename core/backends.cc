@@ -56,6 +56,8 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.maxBytesInFlight = job.maxInflightBytes;
   wo.async = job.async;
   wo.sharedMemory = job.sharedMemory;
+  wo.inlineBytes = job.inlineBytes;
+  wo.busyPoll = std::chrono::microseconds(job.busyPollUs);
   wo.listenAddress = dataListenAddress(job);
   return wo;
 }
@@ -222,6 +224,7 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
   }
   if (kind == "zmq") {
     transport::zmq::ZmqOptions o;
+    o.busyPoll = std::chrono::microseconds(config.busyPollUs);
     return transport::zmq::create(self, o);
   }
   if (kind == "ucx") {
@@ -229,6 +232,7 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
     transport::ucx::UcxOptions o;
     o.connectTimeout = config.connectTimeout;
     o.sameHostDirect = config.ucxDirect;
+    o.busyPoll = std::chrono::microseconds(config.busyPollUs);
     try {
       return transport::ucx::create(self, o);
     } catch (const Error& e) {

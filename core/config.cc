@@ -76,6 +76,15 @@ const std::vector<SettingInfo>& settingsTable() {
        "ucx: same-host peers move data over UCX shared memory (sysv/posix FIFOs, no cma unless "
        "UCX_TLS names it); 0: over the connection manager's endpoints (TCP on one host) "
        "(docs/transports.md)"},
+      {"CORTADO_INLINE_BYTES", "", "64KiB",
+       "latency: a worker sends a tensor of at most this many bytes from the calling thread, and "
+       "a server sums a key of at most this size on its transport's thread, instead of handing "
+       "either to another thread (0: always hand off; docs/transports.md, \"Latency\")"},
+      {"CORTADO_BUSY_POLL_US", "", "0",
+       "latency: the transports' loops and push_pull's waits poll this many microseconds for "
+       "the next message before they sleep (0: never poll, the default; at most 10000). Each "
+       "polling thread keeps a core busy: only where the roles have cores to spare "
+       "(docs/transports.md, \"Latency\")"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
@@ -126,6 +135,8 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "
                     "predicted gain of 5% or more)",
                     replanMinGain));
+  if (busyPollUs < 0 || busyPollUs > kMaxBusyPollUs)
+    bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
   if (stallCheck.count() < 0)
     bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
                     stallCheck.count()));
@@ -166,6 +177,8 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_REPLAN_MIN_GAIN", fmt::format("{}", replanMinGain)},
       {"CORTADO_REPLAN_CONFIRM", std::to_string(replanConfirm)},
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
+      {"CORTADO_INLINE_BYTES", std::to_string(inlineBytes)},
+      {"CORTADO_BUSY_POLL_US", std::to_string(busyPollUs)},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
@@ -312,6 +325,17 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   getDouble("CORTADO_REPLAN_THRESHOLD", c.replanThreshold, "0.25");
   getDouble("CORTADO_REPLAN_MIN_GAIN", c.replanMinGain, "0.05");
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
+  sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,
+              "give a size in bytes (e.g. 64KiB; 0 hands every tensor and key to the "
+              "dispatcher and engine threads)");
+  if (auto n = getEnvInt(names("CORTADO_BUSY_POLL_US"))) {
+    if (*n < 0 || *n > JobConfig::kMaxBusyPollUs)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_BUSY_POLL_US={} is out of range 0..{} (microseconds a "
+                              "thread polls before it sleeps; 0: never poll)",
+                              *n, JobConfig::kMaxBusyPollUs));
+    c.busyPollUs = static_cast<int>(*n);
+  }
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)

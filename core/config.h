@@ -56,6 +56,15 @@ struct JobConfig {
   double replanMinGain = 0.05;            // CORTADO_REPLAN_MIN_GAIN
   int replanConfirm = 2;                  // CORTADO_REPLAN_CONFIRM
   bool ucxDirect = true;                  // ucx: same-host direct endpoints (UcxOptions)
+  // CORTADO_INLINE_BYTES: a worker sends a tensor of at most this many bytes
+  // (one chunk) from the calling thread, and a server sums a key of at most
+  // this many bytes on its transport's thread, instead of handing either to
+  // another thread (docs/transports.md, "Latency"); 0: always hand off.
+  uint64_t inlineBytes = 64ull << 10;
+  // CORTADO_BUSY_POLL_US: how long the transports' loops and a push_pull's
+  // wait poll before they sleep (0: never poll; at most kMaxBusyPollUs).
+  int busyPollUs = 0;
+  static constexpr int kMaxBusyPollUs = 10000;
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end

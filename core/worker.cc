@@ -13,6 +13,14 @@ bool Handle::poll() const {
 
 Status Handle::wait(Deadline deadline) const {
   CORTADO_ENFORCE(state_, ErrorCode::kInvalidArgument, "wait() on an empty handle");
+  // Busy polling (WorkerOptions::busyPoll): the answer often comes within
+  // microseconds, sooner than a sleeping thread wakes. Yielding lets the
+  // threads that bring it run on a core this one shares.
+  if (state_->busyPoll.count() > 0 && !state_->doneFlag.load(std::memory_order_acquire)) {
+    const auto until = std::min(Clock::now() + state_->busyPoll, deadline.at());
+    while (!state_->doneFlag.load(std::memory_order_acquire) && Clock::now() < until)
+      std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lk(state_->mu);
   if (!state_->cv.wait_until(lk, deadline.at(), [&] { return state_->done; })) {
     // The scheduler's word on this tensor's stalled round, when it came.
@@ -202,6 +210,7 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   task->tensor = &t;
   task->round = t.round++;
   state->remaining = t.chunks.size();
+  state->busyPoll = opts_.busyPoll;
   state->tensorKey = t.key;
   state->round = task->round;
   state->stalls = control_->stallNotes();
@@ -240,6 +249,7 @@ Handle WorkerImpl::pushPull(const std::string& name, DType dtype, uint64_t numEl
   }
   auto state = std::make_shared<Handle::State>();
   state->name = name;
+  std::shared_ptr<Task> task;
   {
     std::lock_guard<std::mutex> lk(mu_);
     checkFailedLocked();
@@ -252,14 +262,14 @@ Handle WorkerImpl::pushPull(const std::string& name, DType dtype, uint64_t numEl
                     dtypeName(t.dtype));
     CORTADO_ENFORCE(numElements == 0 || (input != nullptr && output != nullptr),
                     ErrorCode::kInvalidArgument, "push_pull of tensor '{}': null buffer", name);
-    auto task = std::make_shared<Task>();
+    task = std::make_shared<Task>();
     task->input = static_cast<const uint8_t*>(input);
     task->output = static_cast<uint8_t*>(output);
     task->op = op;
     task->priority = priority;
     enqueueLocked(t, state, task);
   }
-  cv_.notify_all();
+  dispatchOrSend(task);
   return Handle(state);
 }
 
@@ -273,6 +283,7 @@ std::vector<ChunkSpan> WorkerImpl::chunks(const std::string& name) const {
 Handle WorkerImpl::exchange(const std::string& name, Exchange ex, int priority) {
   auto state = std::make_shared<Handle::State>();
   state->name = name;
+  std::shared_ptr<Task> task;
   {
     std::lock_guard<std::mutex> lk(mu_);
     checkFailedLocked();
@@ -303,7 +314,7 @@ Handle WorkerImpl::exchange(const std::string& name, Exchange ex, int priority) 
                     "worker {}: exchange of tensor '{}': plan execution needs the servers in "
                     "sync mode (CORTADO_ASYNC=0)",
                     self_.rank, name);
-    auto task = std::make_shared<Task>();
+    task = std::make_shared<Task>();
     task->input = static_cast<const uint8_t*>(ex.rawInput);
     task->output = static_cast<uint8_t*>(ex.rawOutput);
     task->op = ReduceOp::kSum;
@@ -315,7 +326,7 @@ Handle WorkerImpl::exchange(const std::string& name, Exchange ex, int priority) 
     if (task->answers) task->answers->assign(t.chunks.size(), ExchangeAnswer{});
     enqueueLocked(t, state, task);
   }
-  cv_.notify_all();
+  dispatchOrSend(task);
   return Handle(state);
 }
 
@@ -376,6 +387,7 @@ void WorkerImpl::abort(const Status& why) {
   // An answer popped before failAll() may still be being written; once
   // none is, no answer of this worker's operations touches memory again.
   std::unique_lock<std::mutex> lk(mu_);
+  abortWaits_ = true;
   if (!cv_.wait_for(lk, std::chrono::seconds(10), [this] { return writing_ == 0; })) {
     CORTADO_LOG_ERROR("worker {}: an answer was still being written 10 s after abort()",
                       self_.rank);

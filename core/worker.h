@@ -54,6 +54,14 @@ struct WorkerOptions {
   // The codecs that TensorOptions::codec names; nullptr: the CPU codecs
   // (compressor::registerCpuCodecs). Servers must know the same codecs.
   std::shared_ptr<const compressor::Registry> codecs;
+  // Latency (docs/transports.md, "Latency"): a push_pull or exchange of a
+  // tensor of one chunk of at most this many bytes is sent by the calling
+  // thread when the credits allow it and nothing of higher priority waits,
+  // instead of by the dispatcher thread (0: always the dispatcher).
+  uint64_t inlineBytes = 64ull << 10;
+  // Handle::wait() polls for the completion this long before it sleeps on
+  // its condition variable (0: it sleeps at once). It keeps a core busy.
+  std::chrono::microseconds busyPoll{0};
 };
 
 // How one tensor travels. The default is uncompressed.

@@ -53,6 +53,31 @@ void WorkerImpl::dispatchLoop() {
   }
 }
 
+void WorkerImpl::dispatchOrSend(const std::shared_ptr<Task>& task) {
+  std::optional<ChunkOp> mine;
+  uint32_t id = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // The dispatcher's rule (dispatchLoop's ready()), for this task's chunk
+    // only: first in priority order and within the credits.
+    if (opts_.inlineBytes > 0 && !closed_ && failure_.ok() && task->tensor->chunks.size() == 1 &&
+        !queue_.empty() && queue_.top().task == task && queue_.top().bytes <= opts_.inlineBytes &&
+        (inFlightBytes_ == 0 || inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight)) {
+      mine = queue_.top();
+      queue_.pop();
+      inFlightBytes_ += mine->bytes;
+      id = nextRequest_++;
+      if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
+      pending_.emplace(id, *mine);
+    }
+  }
+  if (!mine) {
+    cv_.notify_all();
+    return;
+  }
+  sendChunk(*mine, id);
+}
+
 void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
   if (op.task->tensor->zen) return sendSparseChunk(op, id);
   const TensorEntry& t = *op.task->tensor;
@@ -123,7 +148,6 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
       push.parts.push_back(Buffer::wrap(const_cast<uint8_t*>(op.task->input) + c.offset * esz,
                                         h.bodyBytes, op.task));
     }
-    transport_->send(server, std::move(push));
     h.op = Op::kPull;
     h.bodyBytes = 0;
     h.contributors = 0;
@@ -143,7 +167,11 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
     Message pull;
     pull.parts.push_back(wire::encodeHeader(h));
     pull.parts.push_back(std::move(pullBody));
-    transport_->send(server, std::move(pull));
+    // Together: one wake-up of the transport's thread for both.
+    std::vector<Message> both;
+    both.push_back(std::move(push));
+    both.push_back(std::move(pull));
+    transport_->sendAll(server, std::move(both));
   } catch (const Error& e) {
     finishChunk(id, Status(e.code(), fmt::format("push_pull of tensor '{}' to {}: {}", t.name,
                                                  server.toString(), e.what())),
@@ -194,6 +222,7 @@ std::string WorkerImpl::tensorOfRequest(uint32_t id) {
 
 bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, const DataHeader* h) {
   ChunkOp op;
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = pending_.find(id);
@@ -202,16 +231,21 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
     pending_.erase(it);
     inFlightBytes_ -= op.bytes;
     ++writing_;  // abort() waits until this answer is written
+    queued = !queue_.empty();
   }
-  cv_.notify_all();
+  // The freed credits matter to the dispatcher only when chunks wait for
+  // them: an idle dispatcher is not woken for nothing (a context switch per
+  // answer).
+  if (queued) cv_.notify_all();
   struct Written {
     WorkerImpl* w;
     ~Written() {
+      bool wake = false;
       {
         std::lock_guard<std::mutex> lk(w->mu_);
-        --w->writing_;
+        wake = --w->writing_ == 0 && w->abortWaits_;
       }
-      w->cv_.notify_all();
+      if (wake) w->cv_.notify_all();
     }
   } written{this};
   Task& task = *op.task;

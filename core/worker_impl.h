@@ -41,6 +41,9 @@ struct Handle::State {
   bool done = false;
   Status status;
   size_t remaining = 0;  // chunks not yet back; guarded by mu
+  // `done` for wait()'s busy polling, which reads it without the mutex.
+  std::atomic<bool> doneFlag{false};
+  std::chrono::microseconds busyPoll{0};  // WorkerOptions::busyPoll
 
   // Completes once; the first error wins.
   void complete(const Status& s) {
@@ -50,6 +53,7 @@ struct Handle::State {
       done = true;
       status = s;
     }
+    doneFlag.store(true, std::memory_order_release);
     cv.notify_all();
   }
 };
@@ -189,6 +193,12 @@ class WorkerImpl final : public Worker {
   // Sends chunks in priority order while the credits allow.
   void dispatchLoop();
 
+  // After enqueueLocked() (mu_ released): the calling thread sends a small
+  // task's only chunk itself when the dispatcher would send it now (first in
+  // the queue, within the credits), saving the hand-off to the dispatcher
+  // thread (WorkerOptions::inlineBytes); otherwise it wakes the dispatcher.
+  void dispatchOrSend(const std::shared_ptr<Task>& task);
+
   void sendChunk(const ChunkOp& op, uint32_t id);
 
   // Sparse tensors (worker_sparse.cc): the declaration's checks and index
@@ -245,6 +255,7 @@ class WorkerImpl final : public Worker {
   std::unordered_map<uint32_t, ChunkOp> pending_;
   uint64_t inFlightBytes_ = 0;
   int writing_ = 0;  // answers popped from pending_ and not yet written
+  bool abortWaits_ = false;  // abort() waits for writing_ == 0: notify cv_ when it gets there
   uint64_t seq_ = 0;
   uint32_t nextRequest_ = 1;
   Status failure_;

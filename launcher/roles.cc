@@ -75,6 +75,7 @@ int runServerRole(const JobConfig& job) {
   server::ServerEngineOptions eo;
   eo.numWorkers = job.numWorkers;
   eo.engineThreads = job.serverThreads;
+  eo.inlineBytes = job.inlineBytes;
   eo.async = job.async;
   eo.self = self;
   if (job.sharedMemory) eo.shmPrefix = shm::jobPrefix(job.token);
@@ -144,8 +145,10 @@ int runServerRole(const JobConfig& job) {
       printServerMemory(job.rank, memory, peakKeyBytes,
                         eo.shmPrefix.empty() ? 0 : shm::ownedSegmentBytes(eo.shmPrefix, self));
     auto st = engine.stats();
-    CORTADO_LOG_INFO("shutdown: {} pushes, {} pulls, {} rounds, {} errors", st.pushes, st.pulls,
-                     st.roundsCompleted, st.errors);
+    CORTADO_LOG_INFO(
+        "shutdown: {} pushes, {} pulls, {} rounds, {} errors; {} messages of small "
+        "keys processed on the transport's thread",
+        st.pushes, st.pulls, st.roundsCompleted, st.errors, st.inlined);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kClosed) {
       CORTADO_LOG_INFO("the scheduler ended the job: {}", e.what());

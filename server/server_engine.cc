@@ -38,8 +38,11 @@ ServerEngine::~ServerEngine() { stop(); }
 void ServerEngine::stop() {
   for (auto& s : shards_) {
     {
-      std::lock_guard<std::mutex> lk(s->mu);
+      std::unique_lock<std::mutex> lk(s->mu);
       s->stop = true;
+      // A message that the loop thread processes inline finishes first (as
+      // join() below lets the shard's thread finish its message).
+      s->cv.wait(lk, [&] { return !s->busy; });
     }
     s->cv.notify_all();
   }
@@ -96,12 +99,30 @@ void ServerEngine::handle(Message&& msg) {
   // Mix the key so consecutive chunk keys spread over the engine threads.
   uint64_t mixed = h.key * 0x9E3779B97F4A7C15ull;
   auto& shard = *shards_[(mixed >> 32) % shards_.size()];
+  const bool small = opts_.inlineBytes > 0 && h.numElements <= opts_.inlineBytes &&
+                     h.numElements * dtypeSize(h.dtype) <= opts_.inlineBytes;
   {
     std::lock_guard<std::mutex> lk(shard.mu);
     if (shard.stop) return;
-    shard.queue.emplace_back(h, std::move(msg));
+    if (!small || shard.busy || !shard.queue.empty()) {
+      shard.queue.emplace_back(h, std::move(msg));
+      shard.cv.notify_one();
+      return;
+    }
+    shard.busy = true;
+    ++shard.stats.inlined;
   }
-  shard.cv.notify_one();
+  shard.processOrRefuse(h, msg);
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lk(shard.mu);
+    shard.busy = false;
+    // Only when someone waits for the token: the shard's thread when
+    // messages came meanwhile (from another thread than this one), stop().
+    // An idle shard thread is not woken for nothing.
+    wake = shard.stop || !shard.queue.empty();
+  }
+  if (wake) shard.cv.notify_all();
 }
 
 void ServerEngine::Shard::run() {
@@ -114,45 +135,64 @@ void ServerEngine::Shard::run() {
   auto nextCheck = Clock::now() + period;
   for (;;) {
     std::pair<DataHeader, Message> item;
-    bool got = false;
+    bool got = false, checkNow = false;
     {
       std::unique_lock<std::mutex> lk(mu);
-      auto ready = [&] { return stop || !queue.empty(); };
+      // The keys are the loop thread's while it holds the token (`busy`).
+      auto ready = [&] { return stop || (!busy && !queue.empty()); };
       if (checkStalls)
         cv.wait_until(lk, nextCheck, ready);
       else
         cv.wait(lk, ready);
       if (stop) return;
+      checkNow = checkStalls && Clock::now() >= nextCheck;
+      if (busy) {
+        // The loop thread holds the keys for one small message: the stall
+        // check goes a little later.
+        if (checkNow) nextCheck = Clock::now() + std::chrono::milliseconds(1);
+        continue;
+      }
       if (!queue.empty()) {
         item = std::move(queue.front());
         queue.pop_front();
         got = true;
       }
+      if (!got && !checkNow) continue;
+      busy = true;
     }
-    if (checkStalls && Clock::now() >= nextCheck) {
+    if (checkNow) {
       reportStalls();
       nextCheck = Clock::now() + period;
     }
-    if (!got) continue;
-    try {
-      process(item.first, item.second);
-    } catch (const Error& e) {
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        ++stats.errors;
-      }
-      engine->replyError(item.second.from, item.first.requestId, item.first.key, e.what());
-    } catch (const std::exception& e) {
-      // An allocation a push asked for that the machine cannot give: refuse
-      // it, keep serving.
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        ++stats.errors;
-      }
-      engine->replyError(item.second.from, item.first.requestId, item.first.key,
-                         fmt::format("key {}: {} elements: {}", item.first.key,
-                                     item.first.numElements, e.what()));
+    if (got) processOrRefuse(item.first, item.second);
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      busy = false;
+      wake = stop;  // stop() waits for the token
     }
+    if (wake) cv.notify_all();
+  }
+}
+
+void ServerEngine::Shard::processOrRefuse(const DataHeader& h, Message& msg) {
+  try {
+    process(h, msg);
+  } catch (const Error& e) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      ++stats.errors;
+    }
+    engine->replyError(msg.from, h.requestId, h.key, e.what());
+  } catch (const std::exception& e) {
+    // An allocation a push asked for that the machine cannot give: refuse
+    // it, keep serving.
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      ++stats.errors;
+    }
+    engine->replyError(msg.from, h.requestId, h.key,
+                       fmt::format("key {}: {} elements: {}", h.key, h.numElements, e.what()));
   }
 }
 

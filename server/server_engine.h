@@ -43,10 +43,16 @@
 // the tensor and the missing workers. The engine threads look every quarter
 // of that time (at most every second) while they wait for messages.
 //
-// Threads: handle() is called on the transport's loop thread; it only
-// decodes the header and hands the message to one of `engineThreads` engine
-// threads, chosen by key, so each key's state is touched by one thread and
-// needs no lock. Replies are sent from the engine threads.
+// Threads: handle() is called on the transport's loop thread; it decodes the
+// header and hands the message to one of `engineThreads` engine threads,
+// chosen by key (a shard). A key of at most `inlineBytes` whose shard is idle
+// (its thread holds none of its keys and has nothing queued) is processed
+// right there on the loop thread instead, and its answers leave from there:
+// for a small key the hand-off to the engine thread and back to the loop
+// costs more than the sum. Either way one thread at a time touches a shard's
+// keys (the shard's `busy` token, taken under its mutex), and a shard's
+// messages are processed in the order they came. Replies are sent from
+// whichever thread processed the message.
 #pragma once
 
 #include <chrono>
@@ -70,6 +76,10 @@ namespace cortado::server {
 struct ServerEngineOptions {
   int numWorkers = 1;
   int engineThreads = 2;
+  // Messages of keys up to this many bytes (elements x dtype) are processed
+  // on the transport's loop thread when their shard is idle; 0: never
+  // (CORTADO_INLINE_BYTES).
+  uint64_t inlineBytes = 64ull << 10;
   bool async = false;
   // Same-host shared-memory data path (core/shm): the job's segment prefix
   // and this server's id, or an empty prefix to serve bytes only.
@@ -96,11 +106,12 @@ struct ServerStats {
   uint64_t keys = 0;          // keys held now
   uint64_t keysReleased = 0;  // keys freed by their contributors' releases
   uint64_t keyBytes = 0;      // the tensor bytes of the keys held now (elements x dtype)
+  uint64_t inlined = 0;       // messages processed on the transport's thread (inlineBytes)
 
   ServerStats& operator+=(const ServerStats& o) {
     pushes += o.pushes, pulls += o.pulls, roundsCompleted += o.roundsCompleted;
     errors += o.errors, keys += o.keys, keysReleased += o.keysReleased;
-    keyBytes += o.keyBytes;
+    keyBytes += o.keyBytes, inlined += o.inlined;
     return *this;
   }
 };

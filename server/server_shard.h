@@ -129,11 +129,17 @@ struct ServerEngine::Shard {
   std::condition_variable cv;
   std::deque<std::pair<DataHeader, Message>> queue;
   bool stop = false;
+  // The token to touch `keys`: held by the shard's thread while it processes
+  // a message or checks stalls, or by the loop thread while it processes a
+  // small key inline (ServerEngine::handle). Guarded by mu.
+  bool busy = false;
   std::thread thread;
   std::unordered_map<uint64_t, KeyState> keys;
   ServerStats stats;  // guarded by mu
 
   void run();
+  // process() with its errors answered to the sender.
+  void processOrRefuse(const DataHeader& h, Message& msg);
   // The stall check: reports each round waiting longer than stallAfter once.
   void reportStalls();
   void process(const DataHeader& h, Message& msg);

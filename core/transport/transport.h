@@ -64,6 +64,12 @@ class Transport {
 
   virtual void send(const NodeId& peer, Message msg) = 0;
 
+  // send() of each message in turn, which a backend may hand to its loop
+  // thread at once: one wake-up for all of them (a worker's push and pull).
+  virtual void sendAll(const NodeId& peer, std::vector<Message> msgs) {
+    for (auto& m : msgs) send(peer, std::move(m));
+  }
+
   // Forgets `peer`: pending sends to it are dropped without an error.
   virtual void disconnect(const NodeId& peer) = 0;
 

@@ -54,6 +54,54 @@ TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
   ::unsetenv("CORTADO_STALL_CHECK_MS");
 }
 
+// The latency settings (docs/transports.md, "Latency"): their defaults, read,
+// handed to children, and refused with their names and ranges.
+TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_INLINE_BYTES");
+  ::unsetenv("CORTADO_BUSY_POLL_US");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.inlineBytes, 64u << 10);
+  EXPECT_EQ(c.busyPollUs, 0);  // off by default: polling threads take cores from the roles
+  EXPECT_EQ(valueIn(c, "CORTADO_INLINE_BYTES"), "65536");
+  EXPECT_EQ(valueIn(c, "CORTADO_BUSY_POLL_US"), "0");
+  ::setenv("CORTADO_INLINE_BYTES", "1MiB", 1);
+  ::setenv("CORTADO_BUSY_POLL_US", "50", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.inlineBytes, 1u << 20);
+  EXPECT_EQ(c.busyPollUs, 50);
+  EXPECT_EQ(valueIn(c, "CORTADO_INLINE_BYTES"), "1048576");
+  EXPECT_EQ(valueIn(c, "CORTADO_BUSY_POLL_US"), "50");
+  ::setenv("CORTADO_INLINE_BYTES", "0", 1);  // every tensor and key handed off
+  EXPECT_EQ(readJobConfig(false).inlineBytes, 0u);
+  auto refused = [](const char* var, const char* value, const std::string& says) {
+    ::setenv(var, value, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << var << "=" << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    ::unsetenv(var);
+  };
+  refused("CORTADO_INLINE_BYTES", "-1", "CORTADO_INLINE_BYTES='-1': a size cannot be negative");
+  refused("CORTADO_INLINE_BYTES", "small", "CORTADO_INLINE_BYTES='small'");
+  refused("CORTADO_BUSY_POLL_US", "-1", "CORTADO_BUSY_POLL_US=-1 is out of range 0..10000");
+  refused("CORTADO_BUSY_POLL_US", "10001", "CORTADO_BUSY_POLL_US=10001 is out of range 0..10000");
+  refused("CORTADO_BUSY_POLL_US", "fast", "CORTADO_BUSY_POLL_US='fast' is not an integer");
+  c = readJobConfig(false);
+  c.numWorkers = c.numServers = 1;
+  c.busyPollUs = 20000;  // a configuration built in code is checked too
+  try {
+    c.validate();
+    ADD_FAILURE() << "a busy poll of 20000 us was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_BUSY_POLL_US 20000 is out of range 0..10000"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Settings, HorovodNamesAreReadAsAliases) {
   for (const char* v : {"CORTADO_LOG_LEVEL", "CORTADO_FUSION_BYTES", "CORTADO_STALL_CHECK_MS",
                         "HOROVOD_LOG_LEVEL", "HOROVOD_FUSION_THRESHOLD",

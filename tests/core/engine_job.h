@@ -35,7 +35,10 @@ class Job {
  public:
   // shm: servers serve same-host shared memory (every node here shares the
   // host), so pushes and results travel as descriptors, not bytes.
-  Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false)
+  // serverInlineBytes: ServerEngineOptions::inlineBytes (keys summed on the
+  // transport's thread).
+  Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false,
+      uint64_t serverInlineBytes = server::ServerEngineOptions{}.inlineBytes)
       : hub_(transport::inproc::createHub()), async_(async) {
     // A token per job: the shared-memory segments are named after it.
     static int jobs = 0;
@@ -58,6 +61,7 @@ class Job {
       server::ServerEngineOptions eo;
       eo.numWorkers = W;
       eo.engineThreads = 2;
+      eo.inlineBytes = serverInlineBytes;
       eo.async = async;
       eo.self = id;
       if (shm) eo.shmPrefix = shmPrefix;

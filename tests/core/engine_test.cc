@@ -111,6 +111,77 @@ TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
   });
 }
 
+// The latency paths (WorkerOptions::inlineBytes and busyPoll,
+// ServerEngineOptions::inlineBytes): tensors of one small chunk sent by the
+// calling thread and summed on the servers' transport threads, side by side
+// with multi-chunk tensors that go through the dispatcher and the engine
+// threads, all outstanding at once in priority order, with and without shared
+// memory and busy polling, sum exactly as with every hand-off (inline off).
+TEST(Engine, InlineAndHandedOffPathsSumExactly) {
+  struct Case {
+    uint64_t workerInline, serverInline;
+    int busyPollUs;
+    bool shm;
+  };
+  const std::vector<Case> cases = {{0, 0, 0, false},
+                                   {64 << 10, 64 << 10, 0, false},
+                                   {64 << 10, 64 << 10, 0, true},
+                                   {uint64_t(1) << 30, uint64_t(1) << 30, 300, true}};
+  // 16384 floats are 64 KiB, the default bound; 100000 floats are two chunks.
+  const std::vector<uint64_t> sizes = {1, 1000, 16384, 16385, 100000};
+  const int W = 3, kRounds = 4;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("worker inline {}, server inline {}, busy poll {} us, shm {}",
+                             c.workerInline, c.serverInline, c.busyPollUs, c.shm));
+    WorkerOptions wo;
+    wo.partitionBytes = 256 << 10;
+    wo.inlineBytes = c.workerInline;
+    wo.busyPoll = std::chrono::microseconds(c.busyPollUs);
+    Job job(W, 2, wo, /*async=*/false, c.shm, c.serverInline);
+    job.onEveryWorker([&](int r) {
+      Worker& w = *job.workers[r];
+      for (uint64_t n : sizes) w.declare(fmt::format("t{}", n), DType::kFloat32, n, soon());
+      std::vector<std::vector<float>> in(sizes.size()), out(sizes.size());
+      for (int round = 0; round < kRounds; ++round) {
+        std::vector<Handle> hs;
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          in[t].resize(sizes[t]);
+          out[t].assign(sizes[t], -1.0f);
+          for (uint64_t i = 0; i < sizes[t]; ++i) in[t][i] = float((r + 1) * (i % 7 + 1) + round);
+          hs.push_back(w.pushPull(fmt::format("t{}", sizes[t]), DType::kFloat32, sizes[t],
+                                  in[t].data(), out[t].data(), ReduceOp::kSum, int(t % 3)));
+        }
+        for (auto& h : hs) ASSERT_TRUE(h.wait(soon()).ok());
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          for (uint64_t i = 0; i < sizes[t]; ++i) {
+            // sum over ranks of (rank + 1) * (i % 7 + 1) + round
+            const float want = float(W * (W + 1) / 2 * (i % 7 + 1) + W * round);
+            ASSERT_EQ(out[t][i], want)
+                << "tensor of " << sizes[t] << " elements, element " << i << ", round " << round;
+          }
+        }
+      }
+    });
+    auto st = job.serverStats();
+    EXPECT_EQ(st.errors, 0u);
+    EXPECT_EQ(st.roundsCompleted, uint64_t(kRounds) * (sizes.size() + 1));  // 100000: 2 chunks
+    // Every push and pull of a key within the bound found its shard idle or
+    // waited in its queue; none of a larger key was processed inline.
+    const uint64_t messages = st.pushes + st.pulls;
+    if (c.serverInline == 0) {
+      EXPECT_EQ(st.inlined, 0u);
+    } else if (c.serverInline >= (1u << 30)) {
+      EXPECT_GT(st.inlined, 0u);
+      EXPECT_LE(st.inlined, messages);
+    } else {
+      EXPECT_GT(st.inlined, 0u);
+      // 16385- and 100000-element keys (3 keys, 2 messages per worker and
+      // round each) are always handed off.
+      EXPECT_LE(st.inlined, messages - uint64_t(3 * 2 * W * kRounds));
+    }
+  }
+}
+
 // Worker::release: a key's server state goes once every worker that pushes
 // it has released it, not before; a released tensor refuses new rounds;
 // a round in flight refuses the release.

@@ -284,6 +284,65 @@ TEST_P(TransportTest, CallbackMaySend) {
   }
 }
 
+// A callback's send() may go out at once (ZeroMQ and UCX skip their queue on
+// the loop thread), but never ahead of a send() that another thread finished
+// before it: the sender's order is the contract.
+TEST_P(TransportTest, CallbackSendsStayBehindOtherThreadsEarlierSends) {
+  Fixture fx(GetParam());
+  auto a = fx.node(worker(0));
+  auto echo = fx.node(server(1), true, [](Node& self, Message&& m) {
+    const uint64_t i = u64(m.parts[0]);
+    // Another thread's send, returned before the callback's own.
+    std::thread([&self, i] { self.t->send(worker(0), msgOf({u64(2 * i)})); }).join();
+    self.t->send(worker(0), msgOf({u64(2 * i + 1)}));
+  });
+  echo->t->connect(worker(0), a->address);
+  a->t->connect(server(1), echo->address);
+  constexpr uint64_t kCount = 100;
+  for (uint64_t i = 0; i < kCount; ++i) a->t->send(server(1), msgOf({u64(i)}));
+  ASSERT_TRUE(a->inbox.waitFor(2 * kCount))
+      << "got " << a->inbox.size() << " of " << 2 * kCount
+      << "; errors at the sender: " << errorsOf(*a) << "; at the echo: " << errorsOf(*echo);
+  auto got = a->inbox.take();
+  for (uint64_t i = 0; i < 2 * kCount; ++i) ASSERT_EQ(u64(got[i].parts[0]), i) << "message " << i;
+}
+
+// sendAll() is send() of each message in turn (a backend may wake its loop
+// once for all of them): mixed with send(), the order holds; after close()
+// it throws kClosed as send() does.
+TEST_P(TransportTest, SendAllKeepsTheOrderOfSends) {
+  Fixture fx(GetParam());
+  auto a = fx.node(worker(0));
+  auto b = fx.node(server(0));
+  a->t->connect(server(0), b->address);
+  constexpr uint64_t kRounds = 50;
+  for (uint64_t i = 0; i < kRounds; ++i) {
+    a->t->send(server(0), msgOf({u64(3 * i)}));
+    std::vector<Message> two;
+    two.push_back(msgOf({u64(3 * i + 1)}));
+    two.push_back(msgOf({u64(3 * i + 2), pattern(20000, i)}));
+    a->t->sendAll(server(0), std::move(two));
+    a->t->sendAll(server(0), {});  // nothing to send: nothing arrives
+  }
+  ASSERT_TRUE(b->inbox.waitFor(3 * kRounds))
+      << "got " << b->inbox.size() << " of " << 3 * kRounds << "; errors: " << errorsOf(*a);
+  auto got = b->inbox.take();
+  ASSERT_EQ(got.size(), 3 * kRounds);
+  for (uint64_t i = 0; i < 3 * kRounds; ++i) {
+    ASSERT_EQ(u64(got[i].parts[0]), i) << "message " << i;
+    if (i % 3 == 2) EXPECT_TRUE(samePattern(got[i].parts[1], 20000, i / 3));
+  }
+  a->t->close();
+  std::vector<Message> late;
+  late.push_back(msgOf({u64(0)}));
+  try {
+    a->t->sendAll(server(0), std::move(late));
+    ADD_FAILURE() << "sendAll after close() did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kClosed) << e.what();
+  }
+}
+
 TEST_P(TransportTest, SendsBeforeConnectAreHeldUntilConnect) {
   Fixture fx(GetParam());
   auto a = fx.node(worker(0));

@@ -36,7 +36,24 @@ TransportFactory ucxDirectFactory() {
           }};
 }
 
+// Busy polling (UcxOptions::busyPoll, CORTADO_BUSY_POLL_US) on direct
+// endpoints: the loop progresses UCX without sleeping after work.
+TransportFactory ucxBusyPollFactory() {
+  return {"ucx_direct_busy_poll", [] {
+            ucx::UcxOptions o;
+            o.connectTimeout = Millis(1500);
+            o.sameHostDirect = true;
+            o.busyPoll = std::chrono::microseconds(500);
+            return TransportEnv{
+                [o](const NodeId& self) { return ucx::create(self, o); },
+                [] { return std::string("ucx://127.0.0.1:0"); },
+                "ucx://127.0.0.1:1",
+            };
+          }};
+}
+
 CORTADO_TRANSPORT_CONFORMANCE(Ucx, ucxFactory());
+CORTADO_TRANSPORT_CONFORMANCE(UcxBusyPoll, ucxBusyPollFactory());
 CORTADO_TRANSPORT_CONFORMANCE(UcxDirect, ucxDirectFactory());
 
 }  // namespace

@@ -48,7 +48,23 @@ TransportFactory zmqIpcFactory() {
           }};
 }
 
+// Busy polling (ZmqOptions::busyPoll, CORTADO_BUSY_POLL_US): the loop polls
+// without sleeping after work. The suite's ordering, echo and close tests
+// hold with it on.
+TransportFactory zmqBusyPollFactory() {
+  return {"zmq_tcp_busy_poll", [] {
+            zmq::ZmqOptions o = testOptions();
+            o.busyPoll = std::chrono::microseconds(500);
+            return TransportEnv{
+                [o](const NodeId& self) { return zmq::create(self, o); },
+                [] { return std::string("tcp://127.0.0.1:0"); },
+                "tcp://127.0.0.1:1",
+            };
+          }};
+}
+
 CORTADO_TRANSPORT_CONFORMANCE(Zmq, zmqTcpFactory(), zmqIpcFactory());
+CORTADO_TRANSPORT_CONFORMANCE(ZmqBusyPoll, zmqBusyPollFactory());
 
 }  // namespace
 }  // namespace cortado::transport::testing

@@ -14,6 +14,9 @@
 // into the receive buffer; the small parts ride in the header. Other messages
 // are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
 // the worker's event fd.
+// send() from another thread queues the message for the loop; send() from
+// the loop thread itself (a receive callback's answer) starts it at once,
+// unless earlier sends from other threads are queued.
 //
 // With sameHostDirect (the default), a peer on the same host (same boot id and
 // host name) gets a second, direct endpoint made from its UCP worker address,
@@ -53,6 +56,10 @@ struct UcxOptions {
   // UCX_TLS naming no shared-memory transport, the connection-manager endpoint
   // carries everything (TCP on one host). (CORTADO_UCX_DIRECT, default 1)
   bool sameHostDirect = true;
+  // After work, the loop keeps progressing UCX without sleeping for this
+  // long (0: it sleeps at once), so that the next message finds it awake.
+  // It costs a core while it polls (CORTADO_BUSY_POLL_US).
+  std::chrono::microseconds busyPoll{0};
 };
 
 // Throws Error(kUnavailable) naming the cause and the UCX_* settings in force

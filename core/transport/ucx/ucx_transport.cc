@@ -452,7 +452,6 @@ void UcxTransport::releaseAfterFailedInit() {
 }
 
 void UcxTransport::loop() {
-  std::deque<Op> batch;
   while (!stop_) {
     bool busy = false;
     while (progressWorkers() != 0) busy = true;
@@ -460,20 +459,30 @@ void UcxTransport::loop() {
     // Timers right after progress, so that a long batch of sends below
     // never expires an endpoint whose handshake completed meanwhile.
     expireTimers();
-    if (batch.empty()) {
+    if (batch_.empty()) {
       std::lock_guard g(mu_);
-      batch.swap(ops_);
+      batch_.swap(ops_);
     }
     // A bounded turn, then progress again: a flood of sends must not
     // starve handshakes and completions (nor expire their timers).
-    for (int i = 0; i < kOpsPerTurn && !batch.empty() && !stop_; ++i) {
+    for (int i = 0; i < kOpsPerTurn && !batch_.empty() && !stop_; ++i) {
       busy = true;
-      Op op = std::move(batch.front());
-      batch.pop_front();
+      Op op = std::move(batch_.front());
+      batch_.pop_front();
       if (op.task) op.task();
       else sendTo(op.peer, std::move(op.msg));
     }
-    if (busy || stop_) continue;
+    if (stop_) continue;
+    // Busy polling: right after work, progress again without sleeping.
+    if (options_.busyPoll.count() > 0) {
+      if (busy) pollUntil_ = Clock::now() + options_.busyPoll;
+      if (Clock::now() < pollUntil_) {
+        // Nothing came: let a thread that shares this core run.
+        if (!busy) std::this_thread::yield();
+        continue;
+      }
+    }
+    if (busy) continue;
     if (!armWorkers()) continue;
     epoll_event events[3];
     int n = ::epoll_wait(epfd_, events, 3, waitTimeoutMs());
@@ -619,6 +628,7 @@ void UcxTransport::shutdown() {
     std::lock_guard g(mu_);
     closed_ = true;
     ops_.clear();
+    batch_.clear();
   }
   releaseDirect();
   if (listener_ && inflight_.empty() && closing_.empty() && recvs_.empty()) {

@@ -188,6 +188,7 @@ class UcxTransport final : public Transport {
   std::string listen(const std::string& address) override;
   void connect(const NodeId& peer, const std::string& address) override;
   void send(const NodeId& peer, Message msg) override;
+  void sendAll(const NodeId& peer, std::vector<Message> msgs) override;
   void disconnect(const NodeId& peer) override;
   void close() override;
 
@@ -256,6 +257,10 @@ class UcxTransport final : public Transport {
   // ---- any thread ----
 
   bool post(Op op);
+  // On the loop thread: starts sending `msg` now when nothing that other
+  // threads sent earlier is still queued (order per sender is the
+  // contract), and returns true; false leaves `msg` for the queue.
+  bool sendFromLoop(const NodeId& peer, Message& msg);
   void wake();
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what);
 
@@ -369,6 +374,8 @@ class UcxTransport final : public Transport {
   std::thread::id loopId_;
 
   // Loop thread only.
+  std::deque<Op> batch_;         // taken from ops_, not yet run
+  Clock::time_point pollUntil_;  // busy polling goes on until then
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   // Same-host direct endpoints live on their own context and worker, whose

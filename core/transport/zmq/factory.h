@@ -3,7 +3,10 @@
 // connects one DEALER per peer, whose routing id is the node's id
 // (NodeId::toWire()), so a receiver knows every sender without a handshake of
 // its own. One loop thread owns every socket; send() from any thread queues
-// the message and wakes it. Parts of at least `zeroCopyBytes` are sent without
+// the message and wakes it, and send() from the loop thread itself (a
+// receive callback's answer) writes at once, unless earlier sends from other
+// threads are still queued (they go first, in order).
+// Parts of at least `zeroCopyBytes` are sent without
 // copying (the Buffer is released once ZeroMQ has written it), and received
 // parts are ZeroMQ's own memory, wrapped in a Buffer.
 //
@@ -42,6 +45,10 @@ struct ZmqOptions {
   // detector; these catch a peer that hangs without closing its sockets.
   std::chrono::milliseconds heartbeatInterval{5000};
   std::chrono::milliseconds heartbeatTimeout{30000};
+  // After each wake-up with work, the loop keeps polling its sockets without
+  // sleeping for this long (0: it sleeps at once), so that the next message
+  // finds it awake. It costs a core while it polls (CORTADO_BUSY_POLL_US).
+  std::chrono::microseconds busyPoll{0};
 };
 
 std::unique_ptr<Transport> create(const NodeId& self, const ZmqOptions& options = {});

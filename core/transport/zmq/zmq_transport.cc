@@ -150,11 +150,31 @@ class ZmqTransport final : public Transport {
   }
 
   void send(const NodeId& peer, Message msg) override {
+    // A receive callback's answer (the server's sums of small keys) goes out
+    // from here, without the round trip through the queue and the eventfd.
+    if (std::this_thread::get_id() == loopId_ && sendFromLoop(peer, msg)) return;
     Op op;
     op.peer = peer;
     op.msg = std::move(msg);
     CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "zmq {}: send to {} after close()",
                     self_, peer);
+  }
+
+  void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
+    if (std::this_thread::get_id() == loopId_) {
+      for (auto& m : msgs) send(peer, std::move(m));
+      return;
+    }
+    std::lock_guard g(mu_);
+    CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_, peer);
+    const bool wasEmpty = ops_.empty();
+    for (auto& m : msgs) {
+      Op op;
+      op.peer = peer;
+      op.msg = std::move(m);
+      ops_.push_back(std::move(op));
+    }
+    if (wasEmpty && !msgs.empty()) wake();
   }
 
   void disconnect(const NodeId& peer) override {
@@ -220,6 +240,20 @@ class ZmqTransport final : public Transport {
                     ErrorCode::kInvalidArgument,
                     "zmq {}: bad address '{}' for {}: expected tcp://host:port or ipc:///path",
                     self_, address, what);
+  }
+
+  // On the loop thread: writes `msg` now when nothing that other threads sent
+  // earlier is still queued (order per sender is the contract), and returns
+  // true; false leaves `msg` untouched for the queue.
+  bool sendFromLoop(const NodeId& peer, Message& msg) {
+    {
+      std::lock_guard g(mu_);
+      CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_,
+                      peer);
+      if (inBatch_ || !ops_.empty()) return false;
+    }
+    sendTo(peer, std::move(msg));
+    return true;
   }
 
   bool post(Op op) {
@@ -293,7 +327,13 @@ class ZmqTransport final : public Transport {
           owners.emplace_back(id, ZMQ_POLLOUT);
         }
       }
-      if (zmq_poll(items.data(), static_cast<int>(items.size()), pollTimeoutMs()) < 0) {
+      // Busy polling: right after work, look again without sleeping.
+      const bool polling = options_.busyPoll.count() > 0 && Clock::now() < pollUntil_;
+      const int ready =
+          zmq_poll(items.data(), static_cast<int>(items.size()), polling ? 0 : pollTimeoutMs());
+      // Polling and nothing came: let a thread that shares this core run.
+      if (polling && ready == 0) std::this_thread::yield();
+      if (ready < 0) {
         if (errno == EINTR) continue;
         CORTADO_LOG_ERROR("zmq {}: zmq_poll failed, the transport stops: {}", self_,
                           zmq_strerror(errno));
@@ -319,7 +359,12 @@ class ZmqTransport final : public Transport {
       {
         std::lock_guard g(mu_);
         batch.swap(ops_);
+        // A callback that a task runs (an error report) must not send ahead
+        // of the batch's sends: sendFromLoop() queues while this is set.
+        inBatch_ = !batch.empty();
       }
+      if (options_.busyPoll.count() > 0 && (ready > 0 || !batch.empty()))
+        pollUntil_ = Clock::now() + options_.busyPoll;
       for (auto& op : batch) {
         if (stop_) break;
         if (op.task) {
@@ -329,6 +374,7 @@ class ZmqTransport final : public Transport {
         }
       }
       batch.clear();
+      inBatch_ = false;
       expireTimers();
     }
     shutdown();
@@ -696,6 +742,7 @@ class ZmqTransport final : public Transport {
   std::mutex mu_;
   std::deque<Op> ops_;
   bool closed_ = false;
+  bool inBatch_ = false;  // the loop runs a batch of ops_ (loop thread only)
   // Set once by close(); the loop checks it between callbacks.
   std::atomic<bool> stop_{false};
 
@@ -709,6 +756,7 @@ class ZmqTransport final : public Transport {
   std::unordered_map<NodeId, Peer> peers_;
   std::unordered_map<NodeId, Held> held_;
   uint64_t nextMonitor_ = 0;
+  Clock::time_point pollUntil_;  // busy polling goes on until then
 };
 
 }  // namespace
