@@ -214,7 +214,9 @@ TEST(Executor, AGroupRunsInPlaceOnConsecutiveOutputs) {
           float want = 0;
           for (int w = 0; w < W; ++w) want += input(w, iter, k, i);
           ASSERT_EQ(flat[off[k] + i], want) << names[k] << " element " << i;
-          if (c.inputsApart) ASSERT_EQ(apart[k][i], input(r, iter, k, i)) << names[k] << " input " << i;
+          if (c.inputsApart) {
+            ASSERT_EQ(apart[k][i], input(r, iter, k, i)) << names[k] << " input " << i;
+          }
         }
       ++iter;
     }

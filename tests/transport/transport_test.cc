@@ -330,7 +330,9 @@ TEST_P(TransportTest, SendAllKeepsTheOrderOfSends) {
   ASSERT_EQ(got.size(), 3 * kRounds);
   for (uint64_t i = 0; i < 3 * kRounds; ++i) {
     ASSERT_EQ(u64(got[i].parts[0]), i) << "message " << i;
-    if (i % 3 == 2) EXPECT_TRUE(samePattern(got[i].parts[1], 20000, i / 3));
+    if (i % 3 == 2) {
+      EXPECT_TRUE(samePattern(got[i].parts[1], 20000, i / 3));
+    }
   }
   a->t->close();
   std::vector<Message> late;
