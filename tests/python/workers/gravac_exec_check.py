@@ -142,8 +142,12 @@ def main():
     diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
     ratios = [h["ratio"] for h in history]
     levels = sorted({h["level"] for h in history})
-    ok = not mismatches and diff < 1e-4 and replans == ref_replans and replans >= 1 \
-        and len(levels) >= 2
+    # Which levels a 16-step job visits depends on the measured step times
+    # (GraVAC's saturation test), so it is reported, not required here: the
+    # replay above follows whatever the job decided, and
+    # ExecutorGravac.MatchesAPlainLoopReplayAcrossReplans covers all three
+    # levels with fixed times.
+    ok = not mismatches and diff < 1e-4 and replans == ref_replans and replans >= 1
     # Refused: a fusion search would change the plan under GraVAC.
     try:
         small = torch.nn.Linear(3, 2)
