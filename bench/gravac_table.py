@@ -9,12 +9,14 @@ speedup over each static ratio that reaches it).
 
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
-                          [--build build] [--json FILE] [--python PY]
+                          [--build build] [--json FILE] [--python PY] [--plot FILE]
 
 A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
 train_digits.py --executor: the gradients through the plan executor.
 
-Progress on stderr, the table on stdout.
+Progress on stderr, the table on stdout. --plot FILE also draws, per
+configuration, the bytes pushed and the time to the target as a PNG
+(matplotlib: Debian's python3-matplotlib).
 """
 
 import argparse
@@ -48,7 +50,15 @@ def parse_args():
     p.add_argument("--json", help="also write every run's record here")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--python", default="/usr/bin/python3", help="the workers' interpreter")
-    return p.parse_args()
+    p.add_argument("--plot", metavar="FILE", help="also write a PNG of traffic and time to the target")
+    args = p.parse_args()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (checked before the runs, not after them)
+        except ImportError:
+            sys.exit("gravac_table: --plot needs matplotlib: run scripts/install_deps.sh (Debian's "
+                     "python3-matplotlib)")
+    return args
 
 
 def run(args, compression, out, name):
@@ -106,6 +116,26 @@ def main():
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(records))
     print_table(records, args)
+    if args.plot:
+        plot(records, args)
+
+
+def plot(records, args):
+    """Two panels per configuration: what one worker pushed, and the time to the target (none
+    where it was not reached)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    sys.path.insert(0, str(ROOT / "bench"))
+    import plot_figures
+    pushed = [r["epochs"][-1]["pushed"] / 1e6 for r in records]
+    reached = [next((e["seconds"] for e in r["epochs"] if e["test_acc"] >= args.target), float("nan"))
+               for r in records]
+    where = "this machine" if args.local else f"{args.hosts} emulated hosts at {args.rate}"
+    plot_figures.draw_table([r["config"] for r in records],
+                            ["pushed per worker (MB)", f"time to {args.target:.0%} test accuracy (s)"],
+                            [pushed, reached], f"GraVAC and static ratios on the digits, {where}", args.plot,
+                            panels=True)
+    print(f"# plot written to {args.plot}", file=sys.stderr)
 
 
 def print_table(records, args):

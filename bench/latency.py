@@ -14,7 +14,10 @@ ratio to MPI_Allreduce of the same repetition.
 Usage: bench/latency.py [--layouts 1x1,4x2] [--transports zmq,ucx]
        [--bytes 4096] [--iters 2000] [--reps 5] [--baseline OTHER_BUILD]
        [--baseline-label before]
-       [--env CORTADO_BUSY_POLL_US=50 ...] [--markdown]
+       [--env CORTADO_BUSY_POLL_US=50 ...] [--markdown] [--plot FILE]
+
+--plot FILE writes a PNG of the median round trips, Cortado's and
+MPI_Allreduce's, per layout (matplotlib: Debian's python3-matplotlib).
 """
 import argparse
 import json
@@ -57,7 +60,14 @@ def main():
     ap.add_argument("--env", action="append", default=[],
                     help="VAR=VALUE for this build's Cortado runs (not the baseline's)")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--plot", metavar="FILE", help="write a PNG of the round trips (matplotlib)")
     args = ap.parse_args()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (checked before the runs, not after them)
+        except ImportError:
+            sys.exit("latency: --plot needs matplotlib: run scripts/install_deps.sh (Debian's "
+                     "python3-matplotlib)")
 
     layouts = []
     for item in args.layouts.split(","):
@@ -126,7 +136,25 @@ def main():
     else:
         for r in [cols] + rows:
             print("  ".join(f"{v:>14}" for v in r))
+    if args.plot:
+        plot(args, layouts, times)
     return 0
+
+
+def plot(args, layouts, times):
+    """Grouped bars: per layout, the median round trip of MPI_Allreduce and of each Cortado variant."""
+    import matplotlib
+    matplotlib.use("Agg")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import plot_figures
+    variants = ["mpi"] + [v for (layout, v) in times if layout == layouts[0] and v != "mpi"]
+    names = ["MPI_Allreduce" if v == "mpi" else f"cortado {v}" for v in variants]
+    series = [[statistics.median(times[(layout, v)]) * 1e6 for layout in layouts] for v in variants]
+    settings = " ".join(args.env) or "default settings"
+    plot_figures.draw_table([f"{w} workers x {s} servers" for w, s in layouts], names, series,
+                            f"{args.bytes}-byte round trip, us, median of {args.reps} ({settings})",
+                            args.plot, log=True)
+    print(f"# plot written to {args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

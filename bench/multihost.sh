@@ -36,6 +36,7 @@
 #   --build DIR           build directory (default: build next to this script's parent)
 #   --name NAME           testbed name, 1-8 of [a-z0-9] (default: mhb + pid)
 #   --save FILE           keep the raw results (bench/multihost_table.py FILE ... reprints the table)
+#   --plot FILE           also draw each job's bandwidth as a PNG (matplotlib)
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -45,14 +46,14 @@ MONITOR=$HERE/multihost_monitor.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2 DED=0
-BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded
+BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded PLOT=""
 
 die() {
   echo "multihost.sh: $*" >&2
   exit 2
 }
 usage() {
-  sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
@@ -73,6 +74,7 @@ while (($#)); do
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     --name) need_value "$@"; NAME=$2; shift 2 ;;
     --save) need_value "$@"; SAVE=$2; shift 2 ;;
+    --plot) need_value "$@"; PLOT=$(realpath -m "$2"); shift 2 ;;
     -h | --help) usage 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -124,6 +126,8 @@ for s in "${SIZE_LIST[@]}"; do BYTES_LIST+=("$(to_bytes "$s")"); done
 CORTADO=$BUILD/launcher/cortado
 MPIBENCH=$BUILD/bench/mpi/mpi_allreduce_bench
 [[ -z $SAVE ]] || touch "$SAVE" 2>/dev/null || die "--save $SAVE: cannot write there"
+[[ -z $PLOT ]] || "$PYTHON" -c 'import matplotlib' 2>/dev/null ||
+  die "--plot needs matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 for f in "$CORTADO" "$MPIBENCH"; do
   [[ -x $f ]] || die "$f is missing: build it first (ninja -C $BUILD cortado mpi_allreduce_bench) or pass --build DIR"
 done
@@ -234,4 +238,7 @@ done
 [[ -n $SAVE ]] && cp "$OUT/results" "$SAVE"
 "$PYTHON" "$HERE/multihost_table.py" "$OUT/results" --rate "$RATE" --hosts "$HOSTS" --server-only-hosts "$SONLY" \
   --dedicated-hosts "$DED" --transport "$TRANSPORT" --iters "$ITERS" --warmup "$WARMUP" --reps "$REPS" \
-  --load "$(cut -d' ' -f1-3 /proc/loadavg)"
+  --load "$(cut -d' ' -f1-3 /proc/loadavg)" |
+  tee "$OUT/table.md"
+[[ -z $PLOT ]] || "$PYTHON" "$HERE/plot_figures.py" --table "$OUT/table.md" "$PLOT" --x job --x size \
+  --y "algbw (GB/s)" --note "Push-pull and MPI_Allreduce on $HOSTS emulated hosts at $RATE: algorithm bandwidth (median)"

@@ -231,6 +231,89 @@ def draw_training(runs, note, out):
     save(fig, out)
 
 
+def first_table(text, xcols):
+    """(header, rows) of the first Markdown table in `text` whose header has every column of `xcols`."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"\|[\s:|-]+\|?$", lines[i + 1]):
+            header = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+            j = i + 2
+            rows = []
+            while j < len(lines) and lines[j].startswith("|"):
+                rows.append([c.strip() for c in lines[j].strip().strip("|").split("|")])
+                j += 1
+            if all(x in header for x in xcols):
+                return header, rows
+            i = j
+        else:
+            i += 1
+    raise TableError(f"no Markdown table with the column(s) {', '.join(repr(x) for x in xcols)}")
+
+
+def table_series(header, rows, xcols, ycols):
+    """Labels (the xcols of each row joined) and, per y column, each row's leading number
+    (NaN where a cell holds none, e.g. "not reached")."""
+    xi = [column(header, x, "results") for x in xcols]
+    yi = [column(header, y, "results") for y in ycols]
+    labels = [" ".join(r[i] for i in xi) for r in rows]
+    series = []
+    for i in yi:
+        values = []
+        for r in rows:
+            m = re.match(r"[-+]?\d+(\.\d+)?", r[i].replace(",", "")) if i < len(r) else None
+            values.append(float(m.group(0)) if m else float("nan"))
+        series.append(values)
+    if not rows:
+        raise TableError("the results table has no rows")
+    return labels, series
+
+
+def draw_table(labels, ycols, series, title, out, panels=False, log=False):
+    """Grouped bars of the y columns per row (panels: one plot per column, for different units)."""
+    import textwrap
+    import matplotlib.pyplot as plt
+    n = len(ycols)
+    labels = [textwrap.fill(label.replace("`", ""), 18) for label in labels]
+    if panels:
+        fig, axes = plt.subplots(n, 1, figsize=(max(7, 1.2 * len(labels)), 4.5 * n), squeeze=False)
+        for ax, y, values in zip(axes[:, 0], ycols, series):
+            ax.bar(range(len(labels)), values, color="C0")
+            ax.set_ylabel(y)
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels(labels, fontsize=7)
+            ax.grid(True, axis="y", alpha=0.3)
+            if log:
+                ax.set_yscale("log")
+    else:
+        fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(labels)), 5.5))
+        width = 0.8 / n
+        for s, (y, values) in enumerate(zip(ycols, series)):
+            xs = [c + (s - (n - 1) / 2) * width for c in range(len(labels))]
+            ax.bar(xs, values, width, label=y, color=f"C{s}")
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, fontsize=7 if len(labels) > 4 else 8)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        if log:
+            ax.set_yscale("log")
+        if n > 1:
+            ax.legend()
+        else:
+            ax.set_ylabel(ycols[0])
+    fig.suptitle(title, fontsize=10)
+    save(fig, out)
+
+
+def plot_table(path, out, xcols, ycols, note, panels=False, log=False):
+    """--plot of the benchmarks that print a Markdown table: draws its y columns against its rows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    with open(path, encoding="utf-8") as f:
+        header, rows = first_table(f.read(), xcols)
+    labels, series = table_series(header, rows, xcols, ycols)
+    draw_table(labels, ycols, series, note, out, panels=panels, log=log)
+
+
 def replay_from_json(lines):
     """The model-replay cells of `cortado bench model --json` lines (bench/model.sh --json):
     (strategies, [(label, measured, predicted)]), each strategy's mean and prediction in ms."""
@@ -276,8 +359,31 @@ def main():
     ap.add_argument("--run", nargs=3, metavar=("KIND", "RESULTS", "PNG"),
                     help="draw one run's results (KIND replay: bench/model.sh --json lines; training: "
                          "bench/train_table.py --json) into PNG, as the scripts' --plot does")
-    ap.add_argument("--note", default="", help="with --run: the plot's title note")
+    ap.add_argument("--note", default="", help="with --run or --table: the plot's title")
+    ap.add_argument("--table", nargs=2, metavar=("RESULTS", "PNG"),
+                    help="draw the first Markdown table in RESULTS that has the --x columns: the --y "
+                         "columns per row into PNG, as the scripts' --plot does")
+    ap.add_argument("--x", action="append", default=[], help="with --table: the column naming each row "
+                    "(repeat to join several)")
+    ap.add_argument("--y", action="append", default=[], help="with --table: a column to draw (repeat)")
+    ap.add_argument("--panels", action="store_true", help="with --table: one plot per --y column")
+    ap.add_argument("--log", action="store_true", help="with --table: a log scale")
     args = ap.parse_args()
+    if args.table:
+        if not args.x or not args.y:
+            print("plot_figures: --table needs --x and --y columns", file=sys.stderr)
+            return 2
+        try:
+            plot_table(args.table[0], args.table[1], args.x, args.y, args.note, args.panels, args.log)
+        except ImportError:
+            print("plot_figures: matplotlib is missing: run scripts/install_deps.sh (Debian's "
+                  "python3-matplotlib)", file=sys.stderr)
+            return 1
+        except (OSError, ValueError, TableError) as e:
+            print(f"plot_figures: {e}", file=sys.stderr)
+            return 1
+        print(f"plot_figures: wrote {args.table[1]}", file=sys.stderr)
+        return 0
     if args.run:
         try:
             plot_run(args.run[0], args.run[1], args.run[2], args.note)

@@ -23,13 +23,14 @@
 #   --transport T     zmq or ucx (default zmq)
 #   --build DIR       build directory (default: build next to this script's parent)
 #   --name NAME       testbed name, 1-8 of [a-z0-9] (default: zen + pid)
+#   --plot FILE       also draw each method's time per density as a PNG (matplotlib)
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 TB=$ROOT/tests/testbed/testbed.sh
 RATE=1gbit ELEMENTS=16777216 DENSITIES=0.1,1,5 ITERS=5 WARMUP=1 HOSTS=4 TRANSPORT=zmq
-BUILD=$ROOT/build NAME=zen$(($$ % 100000))
+BUILD=$ROOT/build NAME=zen$(($$ % 100000)) PLOT=""
 
 die() {
   echo "zen_multihost.sh: $*" >&2
@@ -47,7 +48,8 @@ while (($#)); do
     --transport) need_value "$@"; TRANSPORT=$2; shift 2 ;;
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     --name) need_value "$@"; NAME=$2; shift 2 ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --plot) need_value "$@"; PLOT=$(realpath -m "$2"); shift 2 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -58,11 +60,15 @@ done
 CORTADO=$BUILD/launcher/cortado
 [[ -x $CORTADO ]] || die "$CORTADO is missing: build it first (ninja -C $BUILD cortado)"
 command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
+[[ -z $PLOT ]] || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
+  die "--plot needs matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
+TABLE=$(mktemp)
 
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM HUP
   "$TB" down "$NAME" >/dev/null 2>&1 || true
+  rm -f "$TABLE"
   exit "$rc"
 }
 trap cleanup EXIT
@@ -78,5 +84,9 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $(cut -d' ' -f1-3
 echo "# bench/zen_multihost.sh --rate $RATE --elements $ELEMENTS --densities $DENSITIES --iters $ITERS --warmup $WARMUP --hosts $HOSTS --transport $TRANSPORT"
 CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$LIMIT" "$CORTADO" launch --hosts "$HOST_LIST" \
   -w 1 -s 1 --transport "$TRANSPORT" --agent "$TB exec-host {host}" -- \
-  "$CORTADO" bench sparse --elements "$ELEMENTS" --densities "$DENSITIES" --iters "$ITERS" --warmup "$WARMUP"
+  "$CORTADO" bench sparse --elements "$ELEMENTS" --densities "$DENSITIES" --iters "$ITERS" --warmup "$WARMUP" |
+  tee "$TABLE"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+[[ -z $PLOT ]] || /usr/bin/python3 "$HERE/plot_figures.py" --table "$TABLE" "$PLOT" --x "density/worker" \
+  --y "Zen ms" --y "dense push/pull ms" --y "allgather pairs ms" --y "MPI_Allreduce ms" --log \
+  --note "Zen against its peers, $ELEMENTS float32 elements, $HOSTS emulated hosts at $RATE: ms per iteration by density per worker"

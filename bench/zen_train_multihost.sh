@@ -7,13 +7,14 @@
 # with sparse_threshold=0 (dense push/pull), and DDP with Gloo. Prints the
 # markdown table with the date, the command and the load average.
 #
-#   bench/zen_train_multihost.sh [--rate R] [--hosts H] [--rows N] [--steps N] [--build DIR]   (as root)
+#   bench/zen_train_multihost.sh [--rate R] [--hosts H] [--rows N] [--steps N] [--build DIR]
+#                                [--plot FILE]   (as root; --plot: samples/s as a PNG, matplotlib)
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 TB=$ROOT/tests/testbed/testbed.sh
-RATE=1gbit HOSTS=4 ROWS=500000 STEPS=20 BUILD=$ROOT/build NAME=zt$(($$ % 100000))
+RATE=1gbit HOSTS=4 ROWS=500000 STEPS=20 BUILD=$ROOT/build NAME=zt$(($$ % 100000)) PLOT=""
 die() {
   echo "zen_train_multihost.sh: $*" >&2
   exit 2
@@ -25,7 +26,8 @@ while (($#)); do
     --rows) ROWS=${2:?--rows needs a value}; shift 2 ;;
     --steps) STEPS=${2:?--steps needs a value}; shift 2 ;;
     --build) BUILD=${2:?--build needs a value}; shift 2 ;;
-    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --plot) PLOT=$(realpath -m "${2:?--plot needs a value}"); shift 2 ;;
+    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -35,6 +37,8 @@ done
 CORTADO=$BUILD/launcher/cortado
 [[ -x $CORTADO ]] || die "$CORTADO is missing: build it first"
 PY=/usr/bin/python3
+[[ -z $PLOT ]] || "$PY" -c 'import matplotlib' 2>/dev/null ||
+  die "--plot needs matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 SCRIPT=$HERE/zen_train.py
 OUT=$(mktemp -d)
 cleanup() {
@@ -76,4 +80,7 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 "$PY" "$SCRIPT" --role table --out "$OUT" --load "$BEFORE,$AFTER" \
-  --command "bench/zen_train_multihost.sh --rate $RATE --hosts $HOSTS --rows $ROWS --steps $STEPS" "${ARGS[@]}"
+  --command "bench/zen_train_multihost.sh --rate $RATE --hosts $HOSTS --rows $ROWS --steps $STEPS" "${ARGS[@]}" |
+  tee "$OUT/table.md"
+[[ -z $PLOT ]] || "$PY" "$HERE/plot_figures.py" --table "$OUT/table.md" "$PLOT" --x run --y samples/s \
+  --note "A click model with a $ROWS-row embedding through Zen, dense and DDP, $HOSTS emulated hosts at $RATE"

@@ -579,8 +579,8 @@ int runLaunch(const LaunchOptions& opts) {
                      : " (and at least 15 more stalled rounds)");
     return forwardedSignal ? 128 + forwardedSignal : 1;
   }
-  CORTADO_LOG_INFO("job finished: {} workers and {} servers exited cleanly", job.numWorkers,
-                   job.numServers);
+  CORTADO_LOG_INFO("job finished: {} worker{} and {} server{} exited cleanly", job.numWorkers,
+                   job.numWorkers == 1 ? "" : "s", job.numServers, job.numServers == 1 ? "" : "s");
   return 0;
 }
 

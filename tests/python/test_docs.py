@@ -136,3 +136,39 @@ def test_a_runs_results_plot_as_the_scripts_plot_option_draws_them(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "no strategy lines" in r.stderr, r.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_printed_table_plots_as_the_scripts_plot_option_draws_it(tmp_path):
+    # bench/multihost.sh, zen_multihost.sh, zen_train_multihost.sh --plot: the first Markdown
+    # table with the --x columns in the run's output; a cell without a number is left out.
+    out = tmp_path / "run.md"
+    out.write_text("# a comment\n| other | x |\n| --- | --- |\n| 1 | 2 |\n\n"
+                   "| density/worker | Zen ms | dense ms | check |\n|---|---|---|---|\n"
+                   "| 0.10% | 26.8 | 1019.1 | ok |\n| 1.00% | not reached | 1043.2 (1000-1100) | ok |\n")
+    script = str(REPO / "bench" / "plot_figures.py")
+    png = tmp_path / "t.png"
+    r = subprocess.run([sys.executable, script, "--table", str(out), str(png), "--x", "density/worker",
+                        "--y", "Zen ms", "--y", "dense ms", "--log", "--note", "t"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sys.path.insert(0, str(REPO / "bench"))
+    import plot_figures
+    header, rows = plot_figures.first_table(out.read_text(), ["density/worker"])
+    labels, series = plot_figures.table_series(header, rows, ["density/worker"], ["Zen ms", "dense ms"])
+    assert labels == ["0.10%", "1.00%"] and series[0][0] == 26.8 and series[0][1] != series[0][1]
+    assert series[1] == [1019.1, 1043.2]
+    # A column that is not there is named, and no file is written.
+    r = subprocess.run([sys.executable, script, "--table", str(out), str(tmp_path / "x.png"), "--x",
+                        "density/worker", "--y", "Zen s"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no column 'Zen s'" in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_every_benchmark_script_offers_plot():
+    # docs/benchmarks.md, "Running the benchmarks": each script draws its run with --plot FILE.
+    for name in ("model.sh", "train.sh", "multihost.sh", "zen_multihost.sh", "zen_train_multihost.sh",
+                 "compare_pushpull.py", "latency.py", "gravac_table.py"):
+        text = (REPO / "bench" / name).read_text(encoding="utf-8")
+        assert "--plot" in text and "plot_figures" in text or name == "compare_pushpull.py", name
+        assert "matplotlib" in text, f"bench/{name} checks for matplotlib before its runs"
