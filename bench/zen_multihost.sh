@@ -88,5 +88,6 @@ CORTADO_LOG_LEVEL=warn "$TB" exec "$NAME" 1 timeout -s KILL "$LIMIT" "$CORTADO" 
   tee "$TABLE"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 [[ -z $PLOT ]] || /usr/bin/python3 "$HERE/plot_figures.py" --table "$TABLE" "$PLOT" --x "density/worker" \
-  --y "Zen ms" --y "dense push/pull ms" --y "allgather pairs ms" --y "MPI_Allreduce ms" --log \
+  --y "Zen ms" --y "Zen-MPI BP ms" --y "Zen-MPI HC ms" --y "dense push/pull ms" --y "allgather pairs ms" \
+  --y "MPI_Allreduce ms" --log \
   --note "Zen against its peers, $ELEMENTS float32 elements, $HOSTS emulated hosts at $RATE: ms per iteration by density per worker"
