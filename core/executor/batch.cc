@@ -154,6 +154,11 @@ void Executor::complete(const Unit& u, std::span<const BatchItem> items, Deadlin
     detail::scatterGroup(l, u.out, s.parts, its);
     l.settle(s, deadline, "the group's results");
   }
+  s.serverOwes = !lastRound() && std::any_of(s.option.steps.begin(), s.option.steps.end(),
+                                              [](const plan::Step& st) {
+                                                return st.kind == plan::StepKind::kComm &&
+                                                       st.op == plan::CommOp::kPull && st.compressed;
+                                              });
   for (TensorState* t : s.parts) ++t->round;
   if (s.parts.empty())
     ++s.round;

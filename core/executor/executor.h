@@ -420,6 +420,14 @@ class Executor {
   // After it ran: a group's results scattered to its items' outputs; run counts.
   void complete(const Unit& u, std::span<const BatchItem> items, Deadline deadline);
   bool lastRound() const;
+  // Before setPlan retires the current plan's keys: for every state whose
+  // servers still hold a residual (serverOwes: its last round was not a
+  // flushed one, as when a plan is set directly instead of scheduled), one
+  // round of the current plan on zero inputs with the flush flag; what it
+  // sums (the servers' residual, and what the encode points sent of their
+  // own) joins the tensors' next inputs as carry, 1/W on each worker, so
+  // that the next plan sends it. Collective, like setPlan.
+  void flushServerResiduals(Deadline deadline);
   void runFused(std::span<const BatchItem> batch, std::span<TensorState* const> states,
                 const std::vector<size_t>& members, ReduceOp op, Deadline deadline);
 
@@ -452,6 +460,7 @@ class Executor {
   uint64_t gravacReplans_ = 0;
   std::optional<plan::Plan> gravacNext_;  // set at the next GraVAC iteration
   bool gravacFlush_ = false;              // this batch is the current plan's last round
+  bool forceFlush_ = false;               // setPlan's flush round (flushServerResiduals)
   bool gravacTimed_ = false;
   std::chrono::steady_clock::time_point gravacLast_;
   bool gravacKeyDeclared_ = false;

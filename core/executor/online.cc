@@ -34,7 +34,7 @@ void Executor::noteReady(TensorState& t, const BatchItem& item) {
 // flush their residuals into this round's answers (Exchange::flushResidual).
 bool Executor::lastRound() const {
   // GraVAC's re-plan switches at its next iteration (gravacFlush_).
-  return gravacFlush_ || (begun_ && scheduled_ && scheduled_->second == iteration_ + 1);
+  return forceFlush_ || gravacFlush_ || (begun_ && scheduled_ && scheduled_->second == iteration_ + 1);
 }
 
 OnlineOptions onlineOptions(const JobConfig& job) {

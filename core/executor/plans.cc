@@ -203,8 +203,11 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
                                             : ""));
     }
   }
-  // Every encode point of the old plan is retired (retire(): residuals into
-  // the members' next inputs), and its shard keys released.
+  // The servers' residuals of the old plan's keys come back first (a plan
+  // set directly had no flushed last round), then every encode point of the
+  // old plan is retired (retire(): residuals into the members' next inputs),
+  // and its shard keys released.
+  if (plan_) flushServerResiduals(deadline);
   for (auto& [name, t] : tensors_) retire(*t, true);
   for (auto& g : groupStates_) retire(*g, true);
   groupStates_.clear();
@@ -234,6 +237,68 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
     groupStates_.push_back(std::move(s));
   }
   plan_ = p;
+}
+
+void Executor::flushServerResiduals(Deadline deadline) {
+  std::vector<TensorState*> owing;
+  for (auto& [name, t] : tensors_)
+    if (t->serverOwes) owing.push_back(t.get());
+  for (auto& g : groupStates_)
+    if (g->serverOwes) owing.push_back(g.get());
+  if (owing.empty()) return;
+  // The round is no training iteration: not profiled, not recorded by the
+  // fusion search, and flushed (lastRound()).
+  struct Restore {
+    Executor& e;
+    bool profiling, recording;
+    ~Restore() {
+      e.forceFlush_ = false;
+      if (e.prof_) e.prof_->active = profiling;
+      e.searchRecording_ = recording;
+    }
+  } restore{*this, prof_ && prof_->active, searchRecording_};
+  if (prof_) prof_->active = false;
+  searchRecording_ = false;
+  forceFlush_ = true;
+  device::Device& dev = *device_;
+  std::unique_ptr<device::Stream> stream = dev.createStream();
+  std::unique_ptr<device::Event> done = dev.createEvent();
+  const float share = 1.0f / float(std::max(1, topo_.size));
+  for (TensorState* s : owing) {
+    // A group's round runs on the group's state when the batch holds each
+    // of its members once (units()); a tensor's alone.
+    std::vector<TensorState*> members = s->parts;
+    if (members.empty()) members.push_back(s);
+    uint64_t total = 0;
+    for (const TensorState* m : members) total += m->n;
+    device::Buffer buffer(dev, false);
+    float* x = buffer.floats(total);
+    dev.fill(x, 0.0f, total, *stream);
+    done->record(*stream);
+    done->synchronize(deadline, "zeroing the flush round's input");
+    std::vector<BatchItem> items;
+    uint64_t off = 0;
+    for (const TensorState* m : members) {
+      items.push_back(BatchItem{m->name, x + off, x + off, m->n});
+      off += m->n;
+    }
+    runPlanned(items, ReduceOp::kSum, deadline);
+    std::vector<float> sum(total);
+    dev.copy(sum.data(), x, total * sizeof(float), device::CopyKind::kDeviceToHost, *stream);
+    done->record(*stream);
+    done->synchronize(deadline, "the flush round's sums");
+    off = 0;
+    for (TensorState* m : members) {
+      for (uint64_t i = 0; i < m->n; ++i) {
+        if (sum[off + i] == 0.0f) continue;
+        if (m->carry.empty()) m->carry.assign(m->n, 0.0f);
+        m->carry[i] += sum[off + i] * share;
+      }
+      off += m->n;
+    }
+    CORTADO_LOG_DEBUG("plan switch: flushed the servers' residuals of '{}' ({} elements)", s->name,
+                      total);
+  }
 }
 
 void Executor::retire(TensorState& s, bool releaseKeys) {

@@ -106,6 +106,12 @@ struct Executor::TensorState {
   // The shard keys this worker pushed and pulled under the current plan:
   // setPlan releases them (Worker::release), after their last round.
   std::set<std::string> exchanged;
+  // Its option pulls compressed (the servers re-encode the sum and keep a
+  // residual) and its last run was not a flushed round: setPlan runs a flush
+  // round for it before retiring its keys. Set by Executor::complete on
+  // every worker alike (whether this rank itself pushed or not), so that
+  // every worker runs the same flush rounds.
+  bool serverOwes = false;
   std::vector<detail::Region> shardRegions;
   std::vector<std::vector<ChunkSpan>> shardChunks;
   std::set<uint64_t> cuts;  // where payload pieces may start or end

@@ -506,6 +506,10 @@ int runCheck(int argc, char** argv) {
   app.add_option("--progress-file", progressFile);
   bool batch = false;
   app.add_flag("--batch", batch, "replan: each iteration's tensors as one Executor::runBatch");
+  bool directSwitch = false;
+  app.add_flag("--direct-switch", directSwitch,
+               "switch: set the plans with Executor::setPlan at the switch iterations instead of "
+               "scheduling them (the servers' residuals then come back in setPlan's flush round)");
   CLI11_PARSE(app, argc, argv);
 
   // Start-up and the error checks share one deadline; in the modes every
@@ -540,7 +544,7 @@ int runCheck(int argc, char** argv) {
 
   Check c{mode,     codec,   shard,    shards,       iters,        stride,   n,
           bound,    noMpi,   switchAt, switchAt2,    tensors,      after,    minVersions,
-          maxSeconds, stopFile, progressFile, batch,
+          maxSeconds, stopFile, progressFile, batch, directSwitch,
           deadline, groups,  job,      worker.get(), ex,           topo,     W,
           me};
   if (mode == "replan") {

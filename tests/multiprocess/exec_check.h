@@ -147,6 +147,9 @@ struct Check {
   double maxSeconds = 60;
   std::string stopFile, progressFile;
   bool batch = false;
+  // switch: Executor::setPlan called directly before the switch iteration
+  // (no scheduled switch, so no flushed last round), not schedulePlan.
+  bool directSwitch = false;
   Deadline deadline;  // start-up and the error checks
   collective::Groups& groups;
   const JobConfig& job;

@@ -72,8 +72,10 @@ void Check::runSwitch() {
   double worst = 0, worstAfterLossless = 0, worstRatio = 0;
   int worstAfterTensor = -1;
   for (int iter = 1; iter <= iters; ++iter) {
-    if (iter == switchAt - 2) ex.schedulePlan(b, switchAt);
-    if (iter == switchAt2 - 1) ex.schedulePlan(c, switchAt2);
+    if (!directSwitch && iter == switchAt - 2) ex.schedulePlan(b, switchAt);
+    if (!directSwitch && iter == switchAt2 - 1) ex.schedulePlan(c, switchAt2);
+    if (directSwitch && iter == switchAt) ex.setPlan(b, opDeadline());
+    if (directSwitch && iter == switchAt2) ex.setPlan(c, opDeadline());
     ex.beginIteration(iter, deadline);
     const uint64_t want = iter >= switchAt2 ? 3 : iter >= switchAt ? 2 : 1;
     if (ex.currentPlan().version != want)
