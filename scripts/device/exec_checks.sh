@@ -73,6 +73,10 @@ else
   exec_run groups_2x2 2 30 --mode groups --elements 300 --iters 6 --shards 16
 fi
 exec_run fusion_4x1 1 30 --mode fusion --elements 300
+# Plans set directly: setPlan's flush round (zeroed device input, its sums
+# copied back) on CUDA buffers.
+exec_run switch_direct_efsignsgd_2x2 2 30 --mode switch --codec efsignsgd --elements 40 --iters 12 \
+  --switch-at 5 --switch-at2 10 --direct-switch
 exec_run errors_2x2 2 15 --mode errors
 
 echo "=== summary ($(($(date +%s) - start)) s in all)" | tee "$OUT/summary.txt"
