@@ -453,16 +453,9 @@ TEST(ExecutorGravac, ThePlannersPlanAtTheNewCfRunsFromTheNextIteration) {
     tp.backwardUs = 100;
     profile.tensors.push_back(tp);
   }
-  std::vector<plan::TensorOption> options;
-  for (const auto& o : planner::plannerOptions(cl, "codec")) {
-    bool runs = true;
-    for (const Step& s : o.steps)
-      if (s.kind == plan::StepKind::kComm &&
-          (s.scope == Scope::kFlat ||
-           (s.scope == Scope::kInter && s.op != CommOp::kPush && s.op != CommOp::kPull)))
-        runs = false;
-    if (runs) options.push_back(o);
-  }
+  const std::vector<plan::TensorOption> options =
+      planner::pushPullOptions(planner::plannerOptions(cl, "codec"));
+  ASSERT_FALSE(options.empty());
   const planner::Simulator base(cl, codecs.resolve("topk:ratio=0.01"), profile, options);
   // The reference: the planner on the codec spec written out for the CF.
   auto reference = [&](double cf) {

@@ -118,6 +118,41 @@ TEST(GravacPlan, PlacementMovesWithTheCf) {
     if (o.compressed()) EXPECT_EQ(o.codec, "topk:ratio=0.001") << name;
 }
 
+// pushPullOnly (a job without MPI collectives): every option of the plan
+// crosses machines by push and pull, and the re-planner honours it.
+TEST(GravacPlan, PushPullOnlyPlansHaveNoCollectivesAcrossMachines) {
+  PlanConfig cfg = handConfig();
+  cfg.pushPullOnly = true;
+  const PlanAtRatio replan = gravacReplanner(cfg);
+  int compressed = 0;
+  for (double cf : {2.0, 100.0, 1000.0}) {
+    const plan::Plan p = replan(plan::Plan{}, cf);
+    for (const auto& [name, o] : p.tensors) {
+      compressed += o.compressed();
+      for (const plan::Step& s : o.steps) {
+        if (s.kind != plan::StepKind::kComm) continue;
+        EXPECT_NE(s.scope, plan::Scope::kFlat) << name << " at CF " << cf;
+        if (s.scope == plan::Scope::kInter)
+          EXPECT_TRUE(s.op == plan::CommOp::kPush || s.op == plan::CommOp::kPull)
+              << name << " at CF " << cf;
+      }
+    }
+  }
+  EXPECT_GT(compressed, 0);
+  // Without the restriction the planner takes collectives on this cluster.
+  bool collective = false;
+  for (const auto& [name, o] : replan(plan::Plan{}, 2).tensors)
+    for (const plan::Step& s : o.steps) collective = collective || s.scope == plan::Scope::kFlat;
+  EXPECT_FALSE(collective);
+  bool unrestricted = false;
+  for (const auto& [name, o] : gravacReplanner(handConfig())(plan::Plan{}, 2).tensors)
+    for (const plan::Step& s : o.steps)
+      unrestricted =
+          unrestricted || (s.kind == plan::StepKind::kComm && s.op != plan::CommOp::kPush &&
+                           s.op != plan::CommOp::kPull && s.scope != plan::Scope::kIntra);
+  EXPECT_TRUE(unrestricted) << "the unrestricted plan uses no collective: the check shows nothing";
+}
+
 TEST(GravacPlan, RefusesBadSettings) {
   PlanConfig cfg = handConfig();
   cfg.profile = nullptr;
