@@ -97,21 +97,35 @@ std::string gravacSummary(const executor::Executor& ex, const std::vector<double
   std::string cfs;
   for (const auto& [cf, n] : sent)
     cfs += fmt::format("{}{}x in {}", cfs.empty() ? "" : ", ", cf, n);
+  // The plan running at the end, and its CF (its carrier codec's ratio);
+  // a re-plan decided in the last iteration has not run.
   const plan::Plan& p = ex.currentPlan();
   std::map<std::string, int> count;
   int compressed = 0;
+  double runningCf = 0;
   for (const auto& [name, opt] : p.tensors) {
     ++count[opt.describe()];
     compressed += opt.compressed();
+    const auto at = opt.codec.find("ratio=");
+    if (opt.compressed() && at != std::string::npos)
+      runningCf = 1.0 / std::stod(opt.codec.substr(at + 6));
   }
+  const std::string pending =
+      runningCf > 0 && ex.gravacPlanRatio() != runningCf
+          ? fmt::format(" (a re-plan at CF {} decided in the last iteration)", ex.gravacPlanRatio())
+          : std::string();
   const auto* g = ex.gravac();
   const compressor::GravacOptions o = g ? g->controller().options() : compressor::GravacOptions{};
   return fmt::format(
       "GraVAC {} [{}x, {}x], window {}, epsilon {}: CF sent {} timed iterations; {} re-plans by "
-      "the planner (measured costs); last plan at CF {}: {} distinct options, {} of {} tensors "
-      "compressed, {} groups",
+      "the planner (measured costs); the plan at the end, for CF {}{}: {} distinct options, {} "
+      "of {} tensors compressed, {} groups",
       o.codec, o.minRatio, o.maxRatio, o.window, o.epsilon, cfs.empty() ? "none in" : cfs,
-      ex.gravacReplans(), ex.gravacPlanRatio(), count.size(), compressed, tensors, p.groups.size());
+      ex.gravacReplans(),
+      runningCf > 0
+          ? fmt::format("{:.4g}", runningCf)
+          : fmt::format("{} (the executor's; no option compressed)", ex.gravacPlanRatio()),
+      pending, count.size(), compressed, tensors, p.groups.size());
 }
 
 }  // namespace cortado::launcher::replay
