@@ -8,6 +8,8 @@
 #   bench/model.sh [--models resnet101,bert-base] [--codecs dgc:ratio=0.01,efsignsgd]
 #                  [--hosts 4] [--rate 1gbit] [--iterations 5] [--warmup 1]
 #                  [--compute-scale 1] [--rounds 1] [--probe-once] [--strategies none,gpu,cpu,pertensor,plan] [--json]
+#                  [--gravac codec=topk,window=5,...]   (the gravac strategy's settings: GraVAC in the executor,
+#                  one batch per iteration, re-planned by the planner with the measured costs at a 2x CF move)
 #                  [--plot FILE]   (a PNG of every cell's measured and predicted times; implies --json)
 #                  (strategies: docs/model_bench.md; plan is the planner's plan with Cupcake's fused
 #                  groups, pertensor the same without groups, mergecomp the groups MergeComp's search
@@ -23,7 +25,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
 TB=$here/tests/testbed/testbed.sh
 models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
-iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once="" plot=""
+iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once="" plot="" gravac=""
 while (($#)); do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -35,6 +37,7 @@ while (($#)); do
     --compute-scale) scale=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --strategies) strategies=$2; shift 2 ;;
+    --gravac) gravac=$2; shift 2 ;;
     --json) json=--json; shift ;;
     --plot) plot=$(realpath -m "$2"); json=--json; shift 2 ;;
     --probe-once) once=--probe-once; shift ;;
@@ -74,7 +77,8 @@ for m in "${M[@]}"; do
     env "${renv[@]}" CORTADO_FUSION_BYTES="${CORTADO_FUSION_BYTES:-0}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
-      --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" $json $once |
+      --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" \
+      ${gravac:+--gravac "$gravac"} $json $once |
       tee -a "$lines"
   done
 done

@@ -327,7 +327,9 @@ def replay_from_json(lines):
     out = []
     for (model, codec), by in cells.items():
         measured = [by[s]["measured_ms"] if s in by else float("nan") for s in strategies]
-        predicted = [by[s].get("predicted_ms", float("nan")) if s in by else float("nan") for s in strategies]
+        # No prediction (null: gravac, or a replan plan on another codec): nan.
+        predicted = [by[s].get("predicted_ms") if s in by else None for s in strategies]
+        predicted = [float("nan") if p is None else p for p in predicted]
         out.append((f"{model}\n{codec}", measured, predicted))
     return strategies, out
 

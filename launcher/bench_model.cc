@@ -1,4 +1,5 @@
 #include "launcher/bench_model.h"
+#include "launcher/bench_model_gravac.h"
 #include "launcher/bench_model_predict.h"
 #include "launcher/bench_model_probe.h"
 
@@ -86,12 +87,17 @@ struct Result {
   uint64_t checked = 0, wrong = 0, lossyTensors = 0;
   uint64_t batches = 0, iterationsRun = 0;  // Executor::runBatch calls, replay iterations
   std::string searchSummary;  // mergecomp (rank 0): FusionSearch::summary()
+  // gravac: the CF sent in each timed iteration, the re-plans and rank 0's
+  // summary.
+  std::vector<double> gravacRatios;
+  uint64_t gravacReplans = 0;
+  std::string gravacNote;
 };
 
 }  // namespace
 
 std::vector<std::string> modelBenchStrategies() {
-  return {"none", "gpu", "cpu", "pertensor", "plan", "mergecomp", "replan"};
+  return {"none", "gpu", "cpu", "pertensor", "plan", "mergecomp", "replan", "gravac"};
 }
 
 void validateModelBench(const ModelBenchOptions& o) {
@@ -118,6 +124,7 @@ void validateModelBench(const ModelBenchOptions& o) {
                       "CORTADO_REPLAN_CODEC to the codec the scheduler may use (e.g. the same as "
                       "--codec)");
     }
+    if (s == "gravac") parseGravacSettings(o.gravac, o.codec);
   }
   CORTADO_ENFORCE(std::isfinite(o.computeScale) && o.computeScale >= 0 && o.computeScale <= 1000,
                   ErrorCode::kInvalidArgument,
@@ -364,6 +371,9 @@ int runModelBench(const ModelBenchOptions& o) {
     // mergecomp: MergeComp's search for the groups (Executor::setFusionSearch)
     // in the first round only, from the per-tensor plan.
     const bool mergecomp = r.strategy == "mergecomp" && round == 0;
+    // gravac: one runBatch per iteration (every gradient, once all are
+    // ready), GraVAC's messages summed by the plan the planner makes at its CF.
+    const bool gravac = r.strategy == "gravac";
     const plan::Plan p = r.strategy == "replan" && round > 0      ? *replanned
                          : r.strategy == "mergecomp" && round > 0 ? *searched
                                                                   : plan::planFromJsonString(planJson[si]);
@@ -393,6 +403,14 @@ int runModelBench(const ModelBenchOptions& o) {
       }
     };
     classify(p);
+    if (gravac) {
+      std::fill(exact.begin(), exact.end(), false);  // lossy: nothing checked
+      r.lossyTensors = T;
+      ex.setGravacReplanner(gravacBenchReplanner(world, simulator, lead),
+                            "the Espresso planner with this run's measured costs");
+      ex.setGravac(parseGravacSettings(o.gravac, o.codec), double(topo.size));
+      r.gravacRatios.clear();
+    }
     // replan: online profiling on, iterations numbered for beginIteration();
     // the scheduler decides on the first complete window (a plan switches at
     // warm-up + window + CORTADO_REPLAN_AHEAD; or the offline plan stays when
@@ -514,8 +532,8 @@ int runModelBench(const ModelBenchOptions& o) {
         for (int j = first; j <= last; ++j) groupEnd[size_t(j)] = size_t(last) + 1;
       for (size_t j = 0; j < T;) {
         std::this_thread::sleep_until(readyAt(j));
-        size_t end = groupEnd[j];
-        if (ex.fusionBytes() > 0) {
+        size_t end = gravac ? T : groupEnd[j];
+        if (ex.fusionBytes() > 0 && !gravac) {
           const auto now = Clock::now();
           while (end < T && readyAt(end) <= now) ++end;
           end = groupEnd[end - 1];
@@ -539,6 +557,7 @@ int runModelBench(const ModelBenchOptions& o) {
       if (replan || mergecomp ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) {
         times.push_back(secs);
         if (replan) begins.push_back(beginSecs);
+        if (gravac) r.gravacRatios.push_back(ex.gravacHistory().back().ratio);
       }
       const float want = float(sumFactor * (1 + it % 3));
       for (size_t j = 0; j < T; ++j) {
@@ -563,7 +582,12 @@ int runModelBench(const ModelBenchOptions& o) {
     for (size_t j = 0; j < T; ++j) {
       // Lossless codecs on this data (fp16 of integers) leave zero residuals.
       const auto& opt = ex.currentPlan().tensors.at(profile.tensors[j].name);
-      compressedBefore[j] = opt.compressed() && !losslessFor(opt.codec);
+      compressedBefore[j] = gravac || (opt.compressed() && !losslessFor(opt.codec));
+    }
+    if (gravac) {
+      r.gravacReplans = ex.gravacReplans();
+      if (lead) r.gravacNote = gravacSummary(ex, r.gravacRatios, T);
+      ex.setGravac(std::nullopt);  // its residuals join the next strategy's first inputs
     }
     if (replan) {
       ex.setOnline({});  // no later plan may replace the next strategy's
@@ -635,6 +659,11 @@ int runModelBench(const ModelBenchOptions& o) {
                                  "timed iteration of the first round, outside the timing",
                                  r.beginMeanMs);
       }
+      if (r.strategy == "gravac") {
+        // Its plans change with the CF: no one prediction.
+        r.predictedMs = 0, overlappedMs = 0;
+        r.options = r.gravacNote;
+      }
       if (mergecomp) {
         // The groups the search ended on, predicted as every other plan.
         r.predictedMs = 0, overlappedMs = 0;
@@ -696,6 +725,10 @@ int runModelBench(const ModelBenchOptions& o) {
         if (r.strategy == "mergecomp") {
           jr["search"] = r.searchSummary;
           jr["timed_from"] = r.timedFrom;
+        }
+        if (r.strategy == "gravac") {
+          jr["gravac_ratios"] = r.gravacRatios;
+          jr["gravac_replans"] = r.gravacReplans;
         }
         if (replan) {
           jr["begin_iteration_ms"] = r.beginMeanMs;

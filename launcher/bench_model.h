@@ -29,6 +29,10 @@ struct ModelBenchOptions {
   std::string profile;  // a bundled profile name or a profile .json
   std::vector<std::string> strategies = {"none", "gpu", "cpu", "plan"};
   std::string codec = "dgc:ratio=0.01";
+  // The gravac strategy's settings ("codec=topk,window=5,min_ratio=10";
+  // launcher/bench_model_gravac.h): GraVAC in the executor, re-planned by
+  // the planner with the measured costs when its CF moves 2x.
+  std::string gravac;
   int iterations = 10;
   int warmup = 2;
   // Every strategy runs this many times (warmup + iterations each time), the

@@ -276,9 +276,10 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       s = pl.compressAllCpu();
       CORTADO_ENFORCE(!s.choice.empty(), ErrorCode::kInvalidArgument,
                       "codec '{}' has no option compressed on the CPU", o.codec);
-    } else if (name == "pertensor" || name == "replan") {
+    } else if (name == "pertensor" || name == "replan" || name == "gravac") {
       // Espresso's per-tensor decision. replan starts from it (what the
-      // scheduler switches it to is reported after the run).
+      // scheduler switches it to is reported after the run); so does gravac,
+      // whose first sparse iteration plans again at its CF.
       s = pl.decide();
     } else if (name == "mergecomp") {
       // MergeComp's setting: one codec for every tensor, no model of the

@@ -204,10 +204,17 @@ int main(int argc, char** argv) try {
                  "mergecomp (every tensor on the better compress-everything option, groups found by "
                  "MergeComp's search timing iterations; timed once the search has ended), replan (the offline plan, then the "
                  "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
-                 "timed once the plan has settled; later --rounds run the plan it settled on)")
+                 "timed once the plan has settled; later --rounds run the plan it settled on), "
+                 "gravac (GraVAC in the executor, one batch per iteration once every gradient is "
+                 "ready; its plan re-planned by the planner with the measured costs when the CF "
+                 "moves 2x; settings: --gravac)")
       ->delimiter(',')->capture_default_str();
   bm->add_option("--codec", bmo.codec, "codec spec, e.g. dgc:ratio=0.01, efsignsgd, fp16")
       ->capture_default_str();
+  bm->add_option("--gravac", bmo.gravac,
+                 "the gravac strategy's settings, e.g. codec=topk,window=5,min_ratio=10 (codec, "
+                 "min_ratio, max_ratio, window, epsilon, omega, policy, step, alpha; the paper's "
+                 "defaults, the codec --codec's when a sparsifier, else topk)");
   bm->add_option("--iterations", bmo.iterations, "timed iterations per strategy")->capture_default_str();
   bm->add_option("--warmup", bmo.warmup, "untimed iterations per strategy")->capture_default_str();
   bm->add_option("--rounds", bmo.rounds,

@@ -337,12 +337,14 @@ class Executor {
   // gravacCarrierPlan), or, on a dense iteration, every g_ef is summed raw
   // (world allreduce, or push_pull of a key per tensor). The plan's CF
   // follows the CF sent: when an iteration sends at 2x or more (or half or
-  // less) the plan's CF, the re-planner's plan (default: the current one)
-  // takes over at the next iteration, after this iteration's runs flushed the
-  // servers' residuals; until then what the plan's top-k cannot carry stays
-  // in the executor's error feedback and goes out later (nothing is lost).
+  // less) the plan's CF, the re-planner's plan (setGravacReplanner;
+  // default: the current one's options) takes over at the next iteration,
+  // after this iteration's runs flushed the servers' residuals; until then
+  // what the plan's top-k cannot carry stays in the executor's error
+  // feedback and goes out later (nothing is lost).
   // `samplesPerIteration`: the numerator of GraVAC's system throughput.
-  // Host device only; before the first run; not with online re-planning or
+  // Host device only; at an iteration boundary (every declared tensor run as
+  // often; GraVAC then starts afresh); not with online re-planning or
   // the fusion search (they change the plan too). Every worker calls it alike.
   // Throws kInvalidArgument on bad options (GravacOptions::validate).
   void setGravac(const std::optional<compressor::GravacOptions>& o,
@@ -362,7 +364,14 @@ class Executor {
   double gravacPlanRatio() const { return gravacPlanRatio_; }
   // GraVAC plan switches so far (each a setPlan at an iteration boundary).
   uint64_t gravacReplans() const { return gravacReplans_; }
-  void setGravacReplanner(GravacReplanner r) { gravacReplanner_ = std::move(r); }
+  // The re-planner asked at a 2x move (and for the first carrier plan);
+  // `what` names it in the log (e.g. "the Espresso planner on profile X").
+  // Without one (or with an empty function) a re-plan keeps the running
+  // plan's options and changes only the CF. Every worker sets the same one.
+  void setGravacReplanner(GravacReplanner r, std::string what = "the re-planner");
+  // What re-plans: the name given to setGravacReplanner, or "the running
+  // plan's options (no re-planner)".
+  std::string gravacReplannerName() const;
 
   struct TensorState;
   struct Profiler;
@@ -447,6 +456,8 @@ class Executor {
 
   // GraVAC's iteration (gravac.cc): the decision, then the plan's sums.
   void runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
+  // The carrier plan at `cf` from the re-planner (or the running plan).
+  plan::Plan gravacReplan(double cf);
   void runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
   void sumDense(std::span<const BatchItem> items, Deadline deadline);
   std::array<double, 4> agreedSums(std::array<double, 4> local, Deadline deadline);
@@ -455,6 +466,7 @@ class Executor {
   std::vector<uint64_t> gravacBytes_;
   std::vector<double> gravacSeconds_;
   GravacReplanner gravacReplanner_;
+  std::string gravacReplannerName_;
   double gravacPlanRatio_ = 0;
   uint64_t gravacPlanGen_ = 0;  // generation_ of the carrier plan GraVAC set
   uint64_t gravacReplans_ = 0;

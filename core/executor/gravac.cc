@@ -26,6 +26,22 @@ plan::Plan gravacCarrierPlan(const plan::Plan& p, double cf) {
   return q;
 }
 
+void Executor::setGravacReplanner(GravacReplanner r, std::string what) {
+  gravacReplanner_ = std::move(r);
+  gravacReplannerName_ = gravacReplanner_ ? std::move(what) : std::string();
+}
+
+std::string Executor::gravacReplannerName() const {
+  return gravacReplanner_ ? gravacReplannerName_ : "the running plan's options (no re-planner)";
+}
+
+plan::Plan Executor::gravacReplan(double cf) {
+  plan::Plan next = gravacReplanner_ ? gravacReplanner_(*plan_, cf) : *plan_;
+  // The carrier's version must be new whatever the re-planner numbered it.
+  next.version = std::max(next.version, plan_->version);
+  return gravacCarrierPlan(next, cf);
+}
+
 void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
                          double samplesPerIteration) {
   if (!o) {
@@ -59,10 +75,16 @@ void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
                   "(CORTADO_PROFILE_WINDOW) and the fusion search change the plan too: turn "
                   "them off first",
                   topo_.rank);
+  // At an iteration boundary: every tensor ran as often (GraVAC's batches
+  // hold each once). It starts afresh (zero residuals, the controller at
+  // min_ratio); what the plan's encode points hold is carried by the next
+  // switch (retire), as for any plan change.
   for (const auto& [name, t] : tensors_)
-    CORTADO_ENFORCE(t->round == 0, ErrorCode::kInvalidArgument,
-                    "worker {}: turn GraVAC on before the first run (tensor '{}' ran {} times)",
-                    topo_.rank, name, t->round);
+    CORTADO_ENFORCE(t->round == tensors_.begin()->second->round, ErrorCode::kInvalidArgument,
+                    "worker {}: turn GraVAC on at an iteration boundary: tensor '{}' ran {} times, "
+                    "'{}' {} (run every declared tensor as often first)",
+                    topo_.rank, name, t->round, tensors_.begin()->first,
+                    tensors_.begin()->second->round);
   CORTADO_ENFORCE(std::isfinite(samplesPerIteration) && samplesPerIteration > 0,
                   ErrorCode::kInvalidArgument,
                   "GraVAC: samplesPerIteration is {}; give the samples of one iteration over "
@@ -77,6 +99,11 @@ void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
   gravacPlanGen_ = 0;
   gravacPlanRatio_ = 0;
   gravacTimed_ = false;
+  if (topo_.rank == 0)
+    CORTADO_LOG_INFO(
+        "GraVAC on {} workers ({} {}x-{}x): a CF 2x away from the plan's is "
+        "re-planned by {}",
+        topo_.size, o->codec, o->minRatio, o->maxRatio, gravacReplannerName());
 }
 
 std::array<double, 4> Executor::agreedSums(std::array<double, 4> local, Deadline deadline) {
@@ -216,20 +243,24 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
   // 4. The plan carries the CF sent: the first sparse iteration sets it,
   // and a CF 2x or more away from it re-plans for the next iteration.
   if (gravacPlanGen_ != generation_) {
-    setPlan(gravacCarrierPlan(gravacReplanner_ ? gravacReplanner_(*plan_, step.ratio) : *plan_,
-                              step.ratio),
-            deadline);
+    setPlan(gravacReplan(step.ratio), deadline);
     gravacPlanGen_ = generation_;
     gravacPlanRatio_ = step.ratio;
+    if (topo_.rank == 0)
+      CORTADO_LOG_INFO("GraVAC iteration {}: the plan carries CF {} (planned by {})",
+                       step.iteration, step.ratio, gravacReplannerName());
   } else if (step.ratio >= 2 * gravacPlanRatio_ || step.ratio <= gravacPlanRatio_ / 2) {
-    gravacNext_ = gravacCarrierPlan(
-        gravacReplanner_ ? gravacReplanner_(*plan_, step.ratio) : *plan_, step.ratio);
+    gravacNext_ = gravacReplan(step.ratio);
     if (topo_.rank == 0)
       CORTADO_LOG_INFO(
-          "GraVAC iteration {}: CF {} is {:.3g}x the plan's CF {}: re-planned, the "
-          "new plan (version {}) takes over at the next iteration",
+          "GraVAC iteration {}: CF {} is {:.3g}x the plan's CF {}: re-planned by {}, the "
+          "new plan (version {}, {} of {} tensors compressed, {} groups) takes over at the next "
+          "iteration",
           step.iteration, step.ratio, step.ratio / gravacPlanRatio_, gravacPlanRatio_,
-          gravacNext_->version);
+          gravacReplannerName(), gravacNext_->version,
+          std::count_if(gravacNext_->tensors.begin(), gravacNext_->tensors.end(),
+                        [](const auto& kv) { return kv.second.compressed(); }),
+          gravacNext_->tensors.size(), gravacNext_->groups.size());
     gravacPlanRatio_ = step.ratio;
     gravacFlush_ = true;  // this iteration is the current plan's last round
   }

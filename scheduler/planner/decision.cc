@@ -44,6 +44,21 @@ std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std
   return enumerateOptions(cfg);
 }
 
+std::vector<plan::TensorOption> pushPullOptions(const std::vector<plan::TensorOption>& options) {
+  std::vector<plan::TensorOption> out;
+  for (const auto& o : options) {
+    bool runs = true;
+    for (const plan::Step& s : o.steps)
+      if (s.kind == plan::StepKind::kComm &&
+          (s.scope == plan::Scope::kFlat ||
+           (s.scope == plan::Scope::kInter && s.op != plan::CommOp::kPush &&
+            s.op != plan::CommOp::kPull)))
+        runs = false;
+    if (runs) out.push_back(o);
+  }
+  return out;
+}
+
 Planner::Planner(Simulator& sim) : sim_(sim) {
   const auto& opts = sim_.options();
   const int K = int(opts.size());

@@ -155,4 +155,9 @@ struct PlanReport {
 // on one machine.
 std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std::string& codecSpec);
 
+// The options among `options` that a job without MPI collectives runs (the
+// executor without groups): no flat step, and across machines only push and
+// pull. Still closed under withCodecDevice.
+std::vector<plan::TensorOption> pushPullOptions(const std::vector<plan::TensorOption>& options);
+
 }  // namespace cortado::planner

@@ -66,6 +66,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   PlanRun run;
   run.config = cfg;
   auto options = plannerOptions(cluster, codec.spec);
+  if (cfg.pushPullOnly) options = pushPullOptions(options);
   run.sim = std::make_unique<Simulator>(cluster, codec, profile, options);
   run.report.forwardUs = profile.forwardUs;
 

@@ -36,6 +36,10 @@ struct PlanConfig {
   // carries fused groups where they are predicted faster. The upper bound
   // is searched the same way, so that it stays a bound.
   bool fuse = true;
+  // Only the options a job without MPI collectives runs (the Python
+  // binding's executor): no flat collectives, push/pull across machines
+  // (pushPullOptions).
+  bool pushPullOnly = false;
   // When set, used instead of loading `model` (the benchmark's synthetic model).
   std::shared_ptr<const ModelProfile> profile;
 };

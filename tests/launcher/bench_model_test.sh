@@ -135,6 +135,31 @@ check "none exact in both rounds" "echo \"\$line\" | grep -q '\"wrong_elements\"
 # Its plan (the scheduler's, fp16 as --codec) is predicted by the run's own costs.
 check "replan has a prediction" "echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]' && echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
 
+# gravac: GraVAC in the executor, one batch per iteration, its plan made by
+# the planner (measured costs) at every CF that moved 2x. Settings that move
+# the CF in a few iterations: the candidate is always sent (epsilon 0.1) and
+# scaled every 2 iterations (4x, 8x, 32x, 64x), so it re-plans at least
+# twice. `none` after it gets GraVAC's residuals in its first iteration
+# (not checked) and must be exact after.
+out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
+  --profile "$profile" --codec dgc:ratio=0.1 --strategies gravac,none --iterations 6 --warmup 1 \
+  --gravac codec=topk,min_ratio=2,max_ratio=64,window=2,epsilon=0.1,omega=0,alpha=1 --json 2>&1)
+rc=$?
+echo "$out"
+check "gravac run exits 0" "[ $rc = 0 ]" "rc=$rc"
+line=$(echo "$out" | grep '"strategy":"gravac"')
+check "gravac reported" "[ -n \"\$line\" ]" "no JSON line"
+check "gravac re-planned by the planner" "echo \"\$line\" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+assert r[\"gravac_replans\"] >= 2, r
+assert len(r[\"gravac_ratios\"]) == 6 and len(set(r[\"gravac_ratios\"])) >= 2, r
+assert r[\"lossy_tensors\"] == 7 and r[\"predicted_ms\"] is None, r
+assert \"re-plans by the planner\" in r[\"options\"], r
+'" "$line"
+line=$(echo "$out" | grep '"strategy":"none"')
+check "none after gravac exact" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,'" "$line"
+
 # Stage traces of a real run, compared with the predicted timeline.
 tdir=$(mktemp -d /tmp/bench-model-trace-XXXXXX)
 trap 'rm -rf "$tdir"' EXIT
@@ -171,6 +196,8 @@ refuse "negative scale" "compute-scale -2" --profile "$profile" --compute-scale 
 refuse "nan scale" "compute-scale nan" --profile "$profile" --compute-scale nan
 refuse "no rounds" "rounds 0" --profile "$profile" --rounds 0
 refuse "unknown codec" "unknown codec 'zip'" --profile "$profile" --codec zip
+refuse "bad gravac epsilon" "epsilon is 2" --profile "$profile" --strategies gravac --gravac epsilon=2
+refuse "unknown gravac setting" "unknown setting 'speed'" --profile "$profile" --strategies gravac --gravac speed=3
 refuse "outside a job" "cortado launch --mpi" --profile "$profile"
 # Refused inside a job too: every worker exits, the launcher reports it.
 o=$(CORTADO_FAKE_HOST_SIZE=2 timeout 120 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \

@@ -42,6 +42,32 @@ def test_bad_settings_are_refused(kwargs, needle):
     assert e.value.code == "invalid_argument"
 
 
+def test_the_planner_replans_in_the_executor(run_job):
+    # replan="planner": the plan at every ratio that moved 2x is the Espresso
+    # planner's (push/pull options on a profile of the parameters); every
+    # worker runs the same plans, switches at the same steps and ends equal.
+    job = run_job(2, 1, "gravac_planner_check.py", timeout=240)
+    results = job.results()
+    assert job.returncode == 0 and sorted(results) == [0, 1], job.describe()
+    r0, r1 = results[0], results[1]
+    assert "Espresso planner" in r0["replanner"], r0["replanner"]
+    assert not r0["problems"] and not r1["problems"], (r0["problems"], r1["problems"])
+    assert r0["ratios"] == r1["ratios"] and len(set(r0["ratios"])) >= 2, (r0["ratios"], r1["ratios"])
+    assert r0["replans"] == r1["replans"] and r0["replans"] >= 2, (r0["replans"], r0["ratios"])
+    assert r0["plan"] == r1["plan"] and r0["plan_cf"] == r1["plan_cf"]
+    for a, b in zip(r0["params"], r1["params"]):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
+    print(r0["ratios"], r0["replans"], r0["plan_cf"])
+
+
+def test_replan_setting():
+    assert Compression.gravac().replan == "keep"
+    assert Compression.lookup("gravac:codec=topk,replan=planner,inter=25gbit").replan == "planner"
+    with pytest.raises(cortado.CortadoError) as e:
+        Compression.gravac(replan="often")
+    assert "replan 'often'" in str(e.value) and e.value.code == "invalid_argument"
+
+
 def test_lookup_reads_settings():
     c = Compression.lookup("gravac:codec=topk,min_ratio=5,max_ratio=500,window=20")
     assert c.settings["codec"] == "topk" and c.settings["window"] == 20

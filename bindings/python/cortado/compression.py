@@ -229,7 +229,7 @@ def _gravac_from_text(text):
                         f"gravac:codec=topk,min_ratio=10,max_ratio=1000,window=500)")
         key = key.strip()
         value = value.strip()
-        if key not in ("codec", "policy"):
+        if key not in ("codec", "policy", "replan", "inter"):
             try:
                 value = int(value) if key in ("window", "seed") else float(value)
             except ValueError:
@@ -242,7 +242,7 @@ def _gravac_from_text(text):
         raise error("invalid_argument",
                     f"compression '{text}': unknown setting; gravac takes codec, min_ratio, "
                     f"max_ratio, window, epsilon, omega, policy, step, alpha, seed, "
-                    f"batch_size") from None
+                    f"batch_size, replan, inter, ns_per_element") from None
 
 
 class Compression:

@@ -14,12 +14,17 @@ ratios. docs/codecs.md explains the settings.
 Ratios are compression factors: 10 sends 10% of the elements, 1000 sends 0.1%.
 """
 
-from . import _C
+import json
+import os
+import tempfile
+
+from . import _C, paths
 from ._runtime import error
 from .compression import Compressor
 
 CODECS = ("dgc", "topk", "randomk")
 POLICIES = ("exponential", "geometric")
+REPLANS = ("keep", "planner")
 
 
 class GravacCompression(Compressor):
@@ -40,6 +45,12 @@ class GravacCompression(Compressor):
     - alpha: the EWMA weight of the newest gain; 0 (default): workers / 100.
     - batch_size: samples per worker and step, for the throughputs it logs
       (any constant gives the same decisions).
+    - replan (executor=True only): what happens to the plan when the ratio
+      moves 2x: "keep" (default) keeps the plan's options at the new ratio;
+      "planner" asks the Espresso planner for the plan at the new ratio,
+      on a profile of the parameters (backward time estimated at
+      `ns_per_element`), one-worker machines on the `inter` link of the
+      planner's hardware model.
 
     `history` holds one dict per step (iteration, level, ratio, min_ratio,
     candidate_ratio, gain_min, gain_candidate, saturated, bytes: what this
@@ -50,8 +61,17 @@ class GravacCompression(Compressor):
     engine_codec = None
 
     def __init__(self, codec="dgc", min_ratio=10.0, max_ratio=1000.0, window=500, epsilon=0.9,
-                 omega=0.01, policy="exponential", step=2.0, alpha=0.0, seed=0, batch_size=1):
+                 omega=0.01, policy="exponential", step=2.0, alpha=0.0, seed=0, batch_size=1,
+                 replan="keep", inter="10gbit", ns_per_element=2.0):
         codec = str(codec).strip().lower()
+        replan = str(replan).strip().lower()
+        if replan not in REPLANS:
+            raise error("invalid_argument",
+                        f"Compression.gravac: replan '{replan}' is unknown; use keep (the plan's "
+                        f"options at the new ratio) or planner (the Espresso planner's plan)")
+        self.replan = replan
+        self.inter = str(inter)
+        self.ns_per_element = float(ns_per_element)
         policy = str(policy).strip().lower()
         if codec not in CODECS:
             raise error("invalid_argument",
@@ -77,6 +97,32 @@ class GravacCompression(Compressor):
         return _C.Gravac(workers=int(workers),
                          samples_per_iteration=float(workers) * float(self.batch_size),
                          **self.settings)
+
+    def install_planner(self, executor, tensors, workers):
+        """replan="planner": the executor's re-planner is the Espresso planner
+        on a profile of `tensors` ((name, elements, dtype bytes) in model
+        order; gradient-ready order is the reverse) for `workers` machines."""
+        if self.replan != "planner":
+            return
+        profile = {
+            "format": "cortado-profile", "model": "cortado.torch",
+            "source": f"parameters of the training script; backward time estimated at "
+                      f"{self.ns_per_element} ns per element",
+            "forward_us": 0.0,
+            "tensors": [{"name": n, "elements": int(e), "dtype_bytes": int(b),
+                         "backward_us": int(e) * self.ns_per_element / 1000.0}
+                        for n, e, b in reversed(tensors)],
+        }
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="cortado-gravac-profile-",
+                                         delete=False) as f:
+            json.dump(profile, f)
+            path = f.name
+        try:
+            # Every worker plans alike: the same profile, links and cores.
+            executor.set_gravac_planner(path, max(1, int(workers)), "pcie", self.inter, 1,
+                                        paths.planner_data() or "")
+        finally:
+            os.unlink(path)
 
     @property
     def ratio_history(self):

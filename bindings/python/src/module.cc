@@ -44,6 +44,7 @@
 #include "core/worker.h"
 #include "compressor/registry.h"
 #include "cortado/config.h"
+#include "scheduler/planner/gravac_plan.h"
 #include "scheduler/planner/report.h"
 
 namespace py = pybind11;
@@ -562,6 +563,38 @@ class PyExecutor {
     }
     return out;
   }
+  // GraVAC's re-plans by the Espresso planner (planner::gravacReplanner) on
+  // a profile of the parameters: `machines` one-worker machines with CPU
+  // servers, push/pull options only (this executor has no MPI groups).
+  void setGravacPlanner(const std::string& profile, int machines, const std::string& intra,
+                        const std::string& inter, int cpuCores, const std::string& dataDir) {
+    planner::PlanConfig cfg;
+    cfg.model = profile;
+    cfg.machines = machines;
+    cfg.gpusPerMachine = 1;
+    cfg.intra = intra;
+    cfg.inter = inter;
+    cfg.cpuCores = cpuCores;
+    cfg.parameterServer = true;
+    cfg.pushPullOnly = true;
+    cfg.dataDir = dataDir;
+    planner::PlanAtRatio r;
+    {
+      py::gil_scoped_release nogil;
+      r = planner::gravacReplanner(cfg);  // loads the profile and the cost models now
+    }
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.setGravacReplanner(std::move(r),
+                         fmt::format("the Espresso planner ({} machines, {} link, a profile of the "
+                                     "parameters)",
+                                     machines, inter));
+  }
+  std::string gravacReplanner() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    return e.gravacReplannerName();
+  }
   std::pair<double, uint64_t> gravacPlan() {
     auto& e = ex();
     std::lock_guard<std::mutex> lk(exMu_);
@@ -1017,6 +1050,13 @@ PYBIND11_MODULE(_C, m) {
            "declared tensor once) runs as one batch; before the first run")
       .def_property_readonly("gravac_history", &PyExecutor::gravacHistory,
                              "GraVAC's decision of each iteration (dicts, as Gravac.decide)")
+      .def("set_gravac_planner", &PyExecutor::setGravacPlanner, py::arg("profile"),
+           py::arg("machines"), py::arg("intra"), py::arg("inter"), py::arg("cpu_cores"),
+           py::arg("data_dir") = "",
+           "GraVAC's re-plans by the Espresso planner on a model profile (.json) instead of "
+           "keeping the plan's options (Executor::setGravacReplanner)")
+      .def_property_readonly("gravac_replanner", &PyExecutor::gravacReplanner,
+                             "what plans at GraVAC's 2x CF moves (for the log)")
       .def_property_readonly("gravac_plan", &PyExecutor::gravacPlan,
                              "(the CF the plan carries, GraVAC's re-plans so far)");
 

@@ -10,6 +10,7 @@ that the next forward pass needs first are sent first.
 
 import contextlib
 import json
+import logging
 import os
 import warnings
 
@@ -301,6 +302,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             ex.enable_gravac(samples_per_iteration=float(rt.size) * float(gravac.batch_size),
                              **gravac.settings)
+            gravac.install_planner(ex, [(self._names[p], p.numel(), p.element_size())
+                                        for _, p in self._ordered], rt.size)
+            if rt.rank == 0:
+                logging.getLogger("cortado.gravac").info(
+                    "GraVAC in the plan executor: re-plans by %s", ex.gravac_replanner)
         if fusion_search:
             try:
                 ex.enable_fusion_search(**(fusion_search if isinstance(fusion_search, dict) else {}))
