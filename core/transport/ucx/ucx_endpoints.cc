@@ -56,23 +56,20 @@ void UcxTransport::connect(const NodeId& peer, const std::string& address) {
                   "same transport (CORTADO_TRANSPORT / --transport)",
                   self_, peer, address);
   splitAddress(self_, address);
-  Op op;
-  op.task = [this, peer, address] { connectPeer(peer, address); };
-  CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed,
-                  "ucx {}: connect({}, {}) after close()", self_, peer, address);
+  CORTADO_ENFORCE(queue_.postTask([this, peer, address] { connectPeer(peer, address); }),
+                  ErrorCode::kClosed, "ucx {}: connect({}, {}) after close()", self_, peer,
+                  address);
 }
 
 void UcxTransport::disconnect(const NodeId& peer) {
-  Op op;
-  op.task = [this, peer] {
+  queue_.postTask([this, peer] {
     held_.erase(peer);
     auto it = peers_.find(peer);
     if (it == peers_.end()) return;
     closeEp(it->second.dataEp, /*force=*/true);  // pending sends are dropped
     closeEp(it->second.ep);
     peers_.erase(it);
-  };
-  post(std::move(op));
+  });
 }
 
 void UcxTransport::onEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/common/deadline.h"
-#include "core/transport/loop_call.h"
+#include "core/transport/op_queue.h"
 #include "core/transport/ucx/factory.h"
 
 namespace cortado::transport::ucx::detail {
@@ -214,11 +214,7 @@ class UcxTransport final : public Transport {
                                 size_t length, const ucp_am_recv_param_t* param);
 
  private:
-  struct Op {
-    NodeId peer;
-    Message msg;
-    std::function<void()> task;
-  };
+  using Op = OpQueue::Op;
 
   struct Peer {
     std::string address;
@@ -256,12 +252,11 @@ class UcxTransport final : public Transport {
 
   // ---- any thread ----
 
-  bool post(Op op);
+  bool onLoopThread() const { return std::this_thread::get_id() == loopId_; }
   // On the loop thread: starts sending `msg` now when nothing that other
   // threads sent earlier is still queued (order per sender is the
   // contract), and returns true; false leaves `msg` for the queue.
   bool sendFromLoop(const NodeId& peer, Message& msg);
-  void wake();
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what);
 
   // A UCP context with active messages and wake-ups, named `name`, from
@@ -364,9 +359,7 @@ class UcxTransport final : public Transport {
   const UcxOptions options_;
   int efd_ = -1;
 
-  std::mutex mu_;
-  std::deque<Op> ops_;
-  bool closed_ = false;
+  OpQueue queue_{"ucx " + self_.toString()};
   std::atomic<bool> stop_{false};
 
   std::mutex closeMu_;
@@ -374,7 +367,7 @@ class UcxTransport final : public Transport {
   std::thread::id loopId_;
 
   // Loop thread only.
-  std::deque<Op> batch_;         // taken from ops_, not yet run
+  std::deque<Op> batch_;         // taken from queue_, not yet run
   Clock::time_point pollUntil_;  // busy polling goes on until then
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

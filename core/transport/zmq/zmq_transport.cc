@@ -25,7 +25,7 @@
 
 #include "core/common/deadline.h"
 #include "core/common/logging.h"
-#include "core/transport/loop_call.h"
+#include "core/transport/op_queue.h"
 #include "core/transport/zmq/factory.h"
 
 namespace cortado::transport::zmq {
@@ -83,7 +83,8 @@ Buffer wrapFrame(zmq_msg_t* m) {
 
 class ZmqTransport final : public Transport {
  public:
-  ZmqTransport(NodeId self, ZmqOptions options) : self_(self), options_(options) {
+  ZmqTransport(NodeId self, ZmqOptions options)
+      : self_(self), options_(options), queue_("zmq " + self_.toString()) {
     CORTADO_ENFORCE(options_.ioThreads >= 1, ErrorCode::kInvalidArgument,
                     "zmq {}: ioThreads must be at least 1, got {}", self_, options_.ioThreads);
     ctx_ = zmq_ctx_new();
@@ -95,6 +96,7 @@ class ZmqTransport final : public Transport {
       efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
       CORTADO_ENFORCE(efd_ >= 0, ErrorCode::kUnavailable, "zmq {}: eventfd failed: {}", self_,
                       std::strerror(errno));
+      queue_.setWakeFd(efd_);
       router_ = zmq_socket(ctx_, ZMQ_ROUTER);
       CORTADO_ENFORCE(router_ != nullptr, ErrorCode::kUnavailable,
                       "zmq {}: cannot create the ROUTER socket: {}", self_, zmq_strerror(errno));
@@ -124,12 +126,10 @@ class ZmqTransport final : public Transport {
   NodeId self() const override { return self_; }
 
   void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
-    Op op;
-    op.task = [this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
+    queue_.postTask([this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
       onRecv_ = std::move(onRecv);
       onError_ = std::move(onError);
-    };
-    post(std::move(op));
+    });
   }
 
   std::string listen(const std::string& address) override {
@@ -143,62 +143,39 @@ class ZmqTransport final : public Transport {
                     "transport (CORTADO_TRANSPORT / --transport)",
                     self_, peer, address);
     checkAddress(address, "connect");
-    Op op;
-    op.task = [this, peer, address] { connectPeer(peer, address); };
-    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed,
-                    "zmq {}: connect({}, {}) after close()", self_, peer, address);
+    CORTADO_ENFORCE(queue_.postTask([this, peer, address] { connectPeer(peer, address); }),
+                    ErrorCode::kClosed, "zmq {}: connect({}, {}) after close()", self_, peer,
+                    address);
   }
 
+  // A receive callback's answer (the server's sums of small keys) goes out
+  // from the loop thread at once, without the round trip through the queue
+  // and the eventfd.
   void send(const NodeId& peer, Message msg) override {
-    // A receive callback's answer (the server's sums of small keys) goes out
-    // from here, without the round trip through the queue and the eventfd.
-    if (std::this_thread::get_id() == loopId_ && sendFromLoop(peer, msg)) return;
-    Op op;
-    op.peer = peer;
-    op.msg = std::move(msg);
-    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "zmq {}: send to {} after close()",
-                    self_, peer);
+    queue_.send(onLoopThread(), peer, std::move(msg),
+                [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
   void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
-    if (std::this_thread::get_id() == loopId_) {
-      for (auto& m : msgs) send(peer, std::move(m));
-      return;
-    }
-    std::lock_guard g(mu_);
-    CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_, peer);
-    const bool wasEmpty = ops_.empty();
-    for (auto& m : msgs) {
-      Op op;
-      op.peer = peer;
-      op.msg = std::move(m);
-      ops_.push_back(std::move(op));
-    }
-    if (wasEmpty && !msgs.empty()) wake();
+    queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+                   [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
   void disconnect(const NodeId& peer) override {
-    Op op;
-    op.task = [this, peer] {
+    queue_.postTask([this, peer] {
       held_.erase(peer);
       auto it = peers_.find(peer);
       if (it == peers_.end()) return;
       closePeer(it->second);
       peers_.erase(it);
       CORTADO_LOG_DEBUG("zmq {}: disconnected from {}", self_, peer);
-    };
-    post(std::move(op));
+    });
   }
 
   void close() override {
-    {
-      std::lock_guard g(mu_);
-      if (!closed_) {
-        closed_ = true;
-        stop_ = true;
-        wake();
-      }
-    }
+    // Set before the wake-up, so that the loop sees it once woken.
+    stop_ = true;
+    queue_.close();
     std::lock_guard g(closeMu_);
     // close() from a callback: the loop stops once the callback returns, and
     // a later close() or the destructor joins it.
@@ -207,12 +184,7 @@ class ZmqTransport final : public Transport {
   }
 
  private:
-  // A send (task empty) or a task for the loop.
-  struct Op {
-    NodeId peer;
-    Message msg;
-    std::function<void()> task;
-  };
+  using Op = OpQueue::Op;
 
   struct Peer {
     std::string address;
@@ -242,47 +214,22 @@ class ZmqTransport final : public Transport {
                     self_, address, what);
   }
 
+  bool onLoopThread() const { return std::this_thread::get_id() == loopId_; }
+
   // On the loop thread: writes `msg` now when nothing that other threads sent
-  // earlier is still queued (order per sender is the contract), and returns
-  // true; false leaves `msg` untouched for the queue.
+  // earlier is still queued or in the batch being run (order per sender is
+  // the contract), and returns true; false leaves `msg` untouched for the
+  // queue.
   bool sendFromLoop(const NodeId& peer, Message& msg) {
-    {
-      std::lock_guard g(mu_);
-      CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_,
-                      peer);
-      if (inBatch_ || !ops_.empty()) return false;
-    }
+    if (!queue_.mayWriteNow(peer) || inBatch_) return false;
     sendTo(peer, std::move(msg));
     return true;
   }
 
-  bool post(Op op) {
-    std::lock_guard g(mu_);
-    if (closed_) return false;
-    // The loop reads the eventfd before it takes the queue, so a wake-up is
-    // needed only when the queue was empty.
-    bool wasEmpty = ops_.empty();
-    ops_.push_back(std::move(op));
-    if (wasEmpty) wake();
-    return true;
-  }
-
-  void wake() {
-    uint64_t one = 1;
-    ssize_t n = ::write(efd_, &one, sizeof(one));
-    (void)n;  // only fails when the counter is saturated, which still wakes
-  }
-
   // Runs `fn` on the loop and waits for it (core/transport/loop_call.h).
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
-    if (std::this_thread::get_id() == loopId_) return fn();
-    return callOnLoopThread(
-        [this](std::function<void()> task) {
-          Op op;
-          op.task = std::move(task);
-          return post(std::move(op));
-        },
-        std::move(fn), "zmq " + self_.toString(), what, kLoopCallTimeout);
+    if (onLoopThread()) return fn();
+    return queue_.call(std::move(fn), what, kLoopCallTimeout);
   }
 
   void setOpt(void* socket, int option, int value, const char* name) const {
@@ -356,13 +303,10 @@ class ZmqTransport final : public Transport {
         ssize_t n = ::read(efd_, &count, sizeof(count));
         (void)n;
       }
-      {
-        std::lock_guard g(mu_);
-        batch.swap(ops_);
-        // A callback that a task runs (an error report) must not send ahead
-        // of the batch's sends: sendFromLoop() queues while this is set.
-        inBatch_ = !batch.empty();
-      }
+      queue_.takeAll(batch);
+      // A callback that a task runs (an error report) must not send ahead
+      // of the batch's sends: sendFromLoop() queues while this is set.
+      inBatch_ = !batch.empty();
       if (options_.busyPoll.count() > 0 && (ready > 0 || !batch.empty()))
         pollUntil_ = Clock::now() + options_.busyPoll;
       for (auto& op : batch) {
@@ -385,11 +329,7 @@ class ZmqTransport final : public Transport {
     peers_.clear();
     held_.clear();
     zmq_close(router_);
-    {
-      std::lock_guard g(mu_);
-      closed_ = true;
-      ops_.clear();  // breaks the promise of a pending listen()
-    }
+    queue_.closeAndClear();  // breaks the promise of a pending listen()
     // Every socket has ZMQ_LINGER 0, so this returns at once and drops (and
     // releases) what was not sent.
     zmq_ctx_term(ctx_);
@@ -739,10 +679,8 @@ class ZmqTransport final : public Transport {
   int efd_ = -1;
   void* router_ = nullptr;
 
-  std::mutex mu_;
-  std::deque<Op> ops_;
-  bool closed_ = false;
-  bool inBatch_ = false;  // the loop runs a batch of ops_ (loop thread only)
+  OpQueue queue_;
+  bool inBatch_ = false;  // the loop runs a batch of the queue (loop thread only)
   // Set once by close(); the loop checks it between callbacks.
   std::atomic<bool> stop_{false};
 
