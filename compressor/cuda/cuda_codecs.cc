@@ -150,11 +150,32 @@ class CudaCodec : public Codec {
   std::string spec_;
 };
 
-// ---- fp16 / bf16 -----------------------------------------------------------
-
-class CudaCast final : public CudaCodec {
+// decode and decompressAdd of a codec whose decoding is one pass,
+// `Derived::apply(p, out, n, alpha, add, ctx)`: out = alpha * decoded, or
+// out += alpha * decoded with `add`, after the payload's checks. Derived
+// makes this class a friend and keeps apply() private.
+template <typename Derived>
+class CudaOnePassCodec : public CudaCodec {
  public:
   using CudaCodec::CudaCodec;
+  void decode(std::span<const std::byte> p, float* out, size_t n,
+              const EncodeContext& ctx) const override {
+    self().apply(p, out, n, 1.0f, false, ctx);
+  }
+  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
+                     const EncodeContext& ctx) const override {
+    self().apply(p, sum, n, alpha, true, ctx);
+  }
+
+ private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+};
+
+// ---- fp16 / bf16 -----------------------------------------------------------
+
+class CudaCast final : public CudaOnePassCodec<CudaCast> {
+ public:
+  using CudaOnePassCodec::CudaOnePassCodec;
   bool summable() const override { return true; }
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + format::castBody(n); }
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
@@ -164,14 +185,6 @@ class CudaCast final : public CudaCodec {
     kern::castEncode(in, n, reinterpret_cast<uint16_t*>(body), bf16(), streamOf(ctx));
     checkLaunch("cast encode");
     return total;
-  }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(p, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(p, sum, n, alpha, true, ctx);
   }
   void addPayload(std::span<std::byte> acc, std::span<const std::byte> in,
                   const EncodeContext& ctx) const override {
@@ -189,6 +202,8 @@ class CudaCast final : public CudaCodec {
   }
 
  private:
+  friend class CudaOnePassCodec<CudaCast>;
+
   bool bf16() const { return id() == CodecId::kBf16; }
   static const uint16_t* halves(std::span<const std::byte> p) {
     return reinterpret_cast<const uint16_t*>(bodyOf(p));
@@ -221,9 +236,9 @@ class CudaCast final : public CudaCodec {
 
 // ---- onebit / efsignsgd ---------------------------------------------------------
 
-class CudaSign final : public CudaCodec {
+class CudaSign final : public CudaOnePassCodec<CudaSign> {
  public:
-  using CudaCodec::CudaCodec;
+  using CudaOnePassCodec::CudaOnePassCodec;
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + body(n); }
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx) const override {
@@ -242,16 +257,10 @@ class CudaSign final : public CudaCodec {
     checkLaunch("sign encode");
     return total;
   }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(p, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(p, sum, n, alpha, true, ctx);
-  }
 
  private:
+  friend class CudaOnePassCodec<CudaSign>;
+
   size_t prefix() const { return id() == CodecId::kOneBit ? 8 : 4; }
   size_t body(size_t n) const {
     return id() == CodecId::kOneBit ? format::oneBitBody(n) : format::efSignBody(n);
@@ -271,9 +280,10 @@ class CudaSign final : public CudaCodec {
 
 // ---- QSGD -------------------------------------------------------------------------
 
-class CudaQsgd final : public CudaCodec {
+class CudaQsgd final : public CudaOnePassCodec<CudaQsgd> {
  public:
-  CudaQsgd(std::string spec, unsigned levels) : CudaCodec(CodecId::kQsgd, std::move(spec)), levels_(levels) {}
+  CudaQsgd(std::string spec, unsigned levels)
+      : CudaOnePassCodec(CodecId::kQsgd, std::move(spec)), levels_(levels) {}
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + format::qsgdBody(n, levels_); }
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx) const override {
@@ -289,16 +299,10 @@ class CudaQsgd final : public CudaCodec {
     checkLaunch("qsgd encode");
     return total;
   }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(p, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(p, sum, n, alpha, true, ctx);
-  }
 
  private:
+  friend class CudaOnePassCodec<CudaQsgd>;
+
   void apply(std::span<const std::byte> p, float* out, size_t n, float alpha, bool add,
              const EncodeContext& ctx) const {
     PayloadHeader h = readHeader(p, n, ctx, [](const PayloadHeader& h) {
