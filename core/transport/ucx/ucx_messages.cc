@@ -63,9 +63,7 @@ ucs_status_t UcxTransport::onAmDirect(void* arg, const void* header, size_t head
 void UcxTransport::sendTo(const NodeId& peer, Message msg) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
-    auto [h, inserted] = held_.try_emplace(peer);
-    if (inserted) h->second.deadline = Clock::now() + options_.connectTimeout;
-    if (!h->second.failed) h->second.msgs.push_back(std::move(msg));
+    held_.hold(peer, std::move(msg), options_.connectTimeout);
     return;
   }
   if (it->second.reported) {

@@ -483,9 +483,7 @@ int UcxTransport::waitTimeoutMs() const {
   for (const auto& [id, p] : peers_) {
     if (!p.up && !p.reported) next = std::min(next, p.deadline);
   }
-  for (const auto& [id, h] : held_) {
-    if (!h.failed) next = std::min(next, h.deadline);
-  }
+  next = std::min(next, held_.nextDeadline());
   if (next == Clock::time_point::max()) return cap;
   auto now = Clock::now();
   if (next <= now) return 0;

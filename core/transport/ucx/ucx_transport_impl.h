@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/common/deadline.h"
+#include "core/transport/held_sends.h"
 #include "core/transport/op_queue.h"
 #include "core/transport/ucx/factory.h"
 
@@ -227,12 +228,6 @@ class UcxTransport final : public Transport {
     Clock::time_point deadline;
   };
 
-  struct Held {
-    std::deque<Message> msgs;
-    Clock::time_point deadline;
-    bool failed = false;
-  };
-
   struct EpFailure {
     EpCtx* ctx;
     ucs_status_t status;
@@ -383,7 +378,7 @@ class UcxTransport final : public Transport {
   RecvCallback onRecv_;
   ErrorCallback onError_;
   std::unordered_map<NodeId, Peer> peers_;
-  std::unordered_map<NodeId, Held> held_;
+  HeldSends held_;  // sends to peers that connect() has not named yet
   std::unordered_map<ucp_ep_h, std::unique_ptr<EpCtx>> eps_;
   std::vector<std::unique_ptr<EpCtx>> closingCtx_;
   std::vector<void*> closing_;

@@ -25,6 +25,7 @@
 
 #include "core/common/deadline.h"
 #include "core/common/logging.h"
+#include "core/transport/held_sends.h"
 #include "core/transport/op_queue.h"
 #include "core/transport/zmq/factory.h"
 
@@ -163,7 +164,7 @@ class ZmqTransport final : public Transport {
 
   void disconnect(const NodeId& peer) override {
     queue_.postTask([this, peer] {
-      held_.erase(peer);
+      held_.forget(peer);
       auto it = peers_.find(peer);
       if (it == peers_.end()) return;
       closePeer(it->second);
@@ -194,13 +195,6 @@ class ZmqTransport final : public Transport {
     bool reported = false;    // a failure was reported since it was last up
     Clock::time_point deadline;
     std::deque<Message> backlog;  // ZeroMQ would not take them yet (high-water mark)
-  };
-
-  // Sends to a peer that connect() has not named yet.
-  struct Held {
-    std::deque<Message> msgs;
-    Clock::time_point deadline;
-    bool failed = false;  // reported; later sends are dropped until connect()
   };
 
   enum class SendResult { kSent, kWouldBlock, kFailed };
@@ -342,9 +336,7 @@ class ZmqTransport final : public Transport {
     for (const auto& [id, p] : peers_) {
       if (!p.up && !p.reported) next = std::min(next, p.deadline);
     }
-    for (const auto& [id, h] : held_) {
-      if (!h.failed) next = std::min(next, h.deadline);
-    }
+    next = std::min(next, held_.nextDeadline());
     if (next == Clock::time_point::max()) return -1;
     auto now = Clock::now();
     if (next <= now) return 0;
@@ -427,19 +419,14 @@ class ZmqTransport final : public Transport {
                       "{}", zmq_strerror(errno));
     } catch (const Error& e) {
       closePeer(p);
-      held_.erase(peer);
+      held_.forget(peer);
       report(peer, e.code(),
              fmt::format("zmq {}: cannot connect to {} at {}: {}", self_, peer, address, e.what()));
       return;
     }
     CORTADO_LOG_DEBUG("zmq {}: connecting to {} at {}", self_, peer, address);
     peers_.emplace(peer, std::move(p));
-    auto h = held_.find(peer);
-    if (h != held_.end()) {
-      auto msgs = std::move(h->second.msgs);
-      held_.erase(h);
-      for (auto& m : msgs) sendTo(peer, std::move(m));
-    }
+    for (auto& m : held_.release(peer)) sendTo(peer, std::move(m));
   }
 
   void closePeer(Peer& p) {
@@ -458,13 +445,9 @@ class ZmqTransport final : public Transport {
   void sendTo(const NodeId& peer, Message msg) {
     auto it = peers_.find(peer);
     if (it == peers_.end()) {
-      auto [h, inserted] = held_.try_emplace(peer);
-      if (inserted) h->second.deadline = Clock::now() + options_.connectTimeout;
-      if (h->second.failed) {
-        CORTADO_LOG_DEBUG("zmq {}: dropping a message to {}: connect() never named it", self_, peer);
-        return;
-      }
-      h->second.msgs.push_back(std::move(msg));
+      if (!held_.hold(peer, std::move(msg), options_.connectTimeout))
+        CORTADO_LOG_DEBUG("zmq {}: dropping a message to {}: connect() never named it", self_,
+                          peer);
       return;
     }
     Peer& p = it->second;
@@ -649,16 +632,12 @@ class ZmqTransport final : public Transport {
                          "answers or disconnect() is called",
                          self_, id, p.address, options_.connectTimeout.count()));
     }
-    for (auto& [id, h] : held_) {
-      if (h.failed || h.deadline > now) continue;
-      h.failed = true;
-      size_t dropped = h.msgs.size();
-      h.msgs.clear();
+    held_.expire(now, [&](const NodeId& id, size_t dropped) {
       report(id, ErrorCode::kUnavailable,
              fmt::format("zmq {}: cannot send to {}: connect() did not name its address within "
                          "{} ms ({} messages dropped)",
                          self_, id, options_.connectTimeout.count(), dropped));
-    }
+    });
   }
 
   // The owner's error callback decides what a lost peer means (a server
@@ -692,7 +671,7 @@ class ZmqTransport final : public Transport {
   RecvCallback onRecv_;
   ErrorCallback onError_;
   std::unordered_map<NodeId, Peer> peers_;
-  std::unordered_map<NodeId, Held> held_;
+  HeldSends held_;  // sends to peers that connect() has not named yet
   uint64_t nextMonitor_ = 0;
   Clock::time_point pollUntil_;  // busy polling goes on until then
 };
