@@ -39,25 +39,14 @@
 #   --plot FILE           also draw each job's bandwidth as a PNG (matplotlib)
 set -Eeuo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
-TB=$ROOT/tests/testbed/testbed.sh
+PROG=multihost.sh
+# shellcheck source=bench/lib_testbed.sh
+source "$(dirname "$0")/lib_testbed.sh"
 MONITOR=$HERE/multihost_monitor.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2 DED=0
 BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded PLOT=""
-
-die() {
-  echo "multihost.sh: $*" >&2
-  exit 2
-}
-usage() {
-  sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'
-  exit "${1:-2}"
-}
-need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
-is_count() { [[ $1 =~ ^[0-9]+$ ]] && (($1 >= $2 && $1 <= $3)); }
 
 while (($#)); do
   case $1 in
@@ -80,17 +69,6 @@ while (($#)); do
   esac
 done
 
-# Converts 64M, 512K, 1G or a plain number to bytes.
-to_bytes() {
-  local s=${1^^}
-  [[ $s =~ ^([0-9]+)([KMG]?)I?B?$ ]] || die "size '$1' is not a number with an optional K, M or G suffix"
-  local n=${BASH_REMATCH[1]}
-  case ${BASH_REMATCH[2]} in
-    K) n=$((n << 10)) ;; M) n=$((n << 20)) ;; G) n=$((n << 30)) ;;
-  esac
-  ((n >= 4)) || die "size '$1' is smaller than one float32"
-  echo "$n"
-}
 rate_bps() {
   local r=${1,,}
   [[ $r =~ ^([0-9]+)(kbit|mbit|gbit)$ ]] || die "rate '$1' is not of the form <number>{kbit,mbit,gbit}, e.g. 1gbit or 300mbit"
@@ -115,11 +93,15 @@ EXTRA=$((SONLY > DED ? SONLY : DED))
 ((HOSTS + EXTRA <= 8)) ||
   die "--hosts + the larger of --server-only-hosts and --dedicated-hosts is $((HOSTS + EXTRA)); the testbed has at most 8 hosts"
 [[ $TRANSPORT == zmq || $TRANSPORT == ucx ]] || die "--transport must be zmq or ucx (got '$TRANSPORT')"
-[[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || die "--name must be 1 to 8 characters of a-z and 0-9 (got '$NAME')"
+check_name
 RATE_BPS=$(rate_bps "$RATE")
 IFS=, read -r -a SIZE_LIST <<<"$SIZES"
 BYTES_LIST=()
-for s in "${SIZE_LIST[@]}"; do BYTES_LIST+=("$(to_bytes "$s")"); done
+for s in "${SIZE_LIST[@]}"; do
+  n=$(to_bytes "$s")
+  ((n >= 4)) || die "size '$s' is smaller than one float32"
+  BYTES_LIST+=("$n")
+done
 
 [[ $(id -u) -eq 0 ]] ||
   die "must run as root: the emulated hosts are network namespaces with veth pairs and tc (try: sudo $0 $*)"
@@ -136,26 +118,19 @@ command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_de
 
 OUT=$(mktemp -d /tmp/cortado-multihost.XXXXXX)
 MON_PID="" JOB_PID=""
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
+bench_cleanup() {
   [[ -n $JOB_PID ]] && kill "$JOB_PID" 2>/dev/null  # timeout passes it on to the launcher
   [[ -n $MON_PID ]] && kill "$MON_PID" 2>/dev/null && wait "$MON_PID" 2>/dev/null
-  "$TB" down "$NAME" >/dev/null 2>&1 || true
-  rm -rf "$OUT"
-  exit "$rc"
+  return 0
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+bench_cleanup_after() { rm -rf "$OUT"; }
+tb_traps
 
 NTOTAL=$((HOSTS + EXTRA))
-echo "# testbed $NAME: $NTOTAL hosts at $RATE" >&2
-"$TB" up "$NAME" "$NTOTAL" --rate "$RATE" >/dev/null
-WORKER_HOSTS=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
-SERVER_HOSTS=$( ((SONLY)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + SONLY)) || true)
-DED_HOSTS=$( ((DED)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + DED)) || true)
+tb_up "$NTOTAL" "$RATE" >/dev/null
+WORKER_HOSTS=$(tb_hosts 1 "$HOSTS")
+SERVER_HOSTS=$( ((SONLY)) && tb_hosts $((HOSTS + 1)) $((HOSTS + SONLY)) || true)
+DED_HOSTS=$( ((DED)) && tb_hosts $((HOSTS + 1)) $((HOSTS + DED)) || true)
 AGENT="$TB exec-host {host}"
 
 # "OVERLIMITS,DROPPED" summed over every link's tbf, both directions:

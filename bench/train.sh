@@ -59,9 +59,9 @@
 #   --name NAME          testbed name, 1-8 of [a-z0-9] (default: t + random)
 set -Eeuo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
-TB=$ROOT/tests/testbed/testbed.sh
+PROG=bench/train.sh
+# shellcheck source=bench/lib_testbed.sh
+source "$(dirname "$0")/lib_testbed.sh"
 BENCH=$ROOT/bindings/python/examples/benchmark_synthetic.py
 VENV=${CORTADO_VENV:-$ROOT/.venv}
 
@@ -70,26 +70,6 @@ CONFIGS=cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16
 CODEC=dgc:ratio=0.01 FUSION=25M MODEL=resnet18 IMAGE=32 BATCH=16 CLASSES=10 DATA=4
 WARMUP=2 ITERS=5 PER_ITER=2 THREADS=1 LR=0.01 SEED=0 ROUNDS=1 RUN_TIMEOUT=900
 JSON="" PLOT="" LOGS="" BUILD=$ROOT/build PY="" NAME=t$(printf '%07x' $(((($$ << 15) ^ RANDOM) & 0xfffffff)))
-
-die() {
-  echo "bench/train.sh: $*" >&2
-  exit 2
-}
-usage() {
-  awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
-  exit "${1:-2}"
-}
-need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
-is_count() { [[ $1 =~ ^[0-9]+$ ]] && (($1 >= $2 && $1 <= $3)); }
-to_bytes() {
-  local s=${1^^}
-  [[ $s =~ ^([0-9]+)([KMG]?)I?B?$ ]] || die "size '$1' is not a number with an optional K, M or G suffix"
-  local n=${BASH_REMATCH[1]}
-  case ${BASH_REMATCH[2]} in
-    K) n=$((n << 10)) ;; M) n=$((n << 20)) ;; G) n=$((n << 30)) ;;
-  esac
-  echo "$n"
-}
 
 ARGS=("$@")
 while (($#)); do
@@ -140,7 +120,7 @@ done
 is_count "$WARMUP" 0 100000 || die "--warmup must be 0 or more (got '$WARMUP')"
 [[ $SEED =~ ^[0-9]+$ ]] || die "--seed must be a number (got '$SEED')"
 FUSION_BYTES=$(to_bytes "$FUSION")
-[[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || die "--name must be 1 to 8 characters of a-z and 0-9 (got '$NAME')"
+check_name
 IFS=, read -r -a CONFIG_LIST <<<"$CONFIGS"
 for c in "${CONFIG_LIST[@]}"; do
   case $c in
@@ -179,10 +159,7 @@ fi
 
 OUT=$(mktemp -d /tmp/cortado-train.XXXXXX)
 PIDS=()     # every job process started (timeout's pid: it signals its process group)
-TB_UP=""
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
+bench_cleanup() {
   local p
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   # A moment for the jobs to stop on TERM, then KILL whatever is left.
@@ -193,24 +170,19 @@ cleanup() {
     sleep 1
   done
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  [[ -n $TB_UP ]] && { "$TB" down "$NAME" >/dev/null 2>&1 || echo "bench/train.sh: 'testbed.sh down $NAME' failed" >&2; }
+}
+bench_cleanup_after() {
   if [[ -n $LOGS ]]; then
     mkdir -p "$LOGS" && cp -r "$OUT"/. "$LOGS"/ 2>/dev/null || true
   fi
   rm -rf "$OUT"
-  exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+tb_traps
 
 if [[ -z $LOCAL ]]; then
-  echo "# testbed $NAME: $((HOSTS + DED)) hosts at $RATE" >&2
-  TB_UP=1
-  "$TB" up "$NAME" "$((HOSTS + DED))" --rate "$RATE" >"$OUT/hosts"
-  HOST_LIST=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
-  SERVER_LIST=$( ((DED)) && seq -s, -f "$NAME-h%g" $((HOSTS + 1)) $((HOSTS + DED)) || true)
+  tb_up "$((HOSTS + DED))" "$RATE" >"$OUT/hosts"
+  HOST_LIST=$(tb_hosts 1 "$HOSTS")
+  SERVER_LIST=$( ((DED)) && tb_hosts $((HOSTS + 1)) $((HOSTS + DED)) || true)
   ADDR1=$(awk '$1 == 1 { print $3 }' "$OUT/hosts")
   IFACE=eth0
 else

@@ -26,17 +26,12 @@
 #   --plot FILE       also draw each method's time per density as a PNG (matplotlib)
 set -Eeuo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
-TB=$ROOT/tests/testbed/testbed.sh
+PROG=zen_multihost.sh
+# shellcheck source=bench/lib_testbed.sh
+source "$(dirname "$0")/lib_testbed.sh"
 RATE=1gbit ELEMENTS=16777216 DENSITIES=0.1,1,5 ITERS=5 WARMUP=1 HOSTS=4 TRANSPORT=zmq
 BUILD=$ROOT/build NAME=zen$(($$ % 100000)) PLOT=""
 
-die() {
-  echo "zen_multihost.sh: $*" >&2
-  exit 2
-}
-need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
 while (($#)); do
   case $1 in
     --rate) need_value "$@"; RATE=$2; shift 2 ;;
@@ -49,13 +44,13 @@ while (($#)); do
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     --name) need_value "$@"; NAME=$2; shift 2 ;;
     --plot) need_value "$@"; PLOT=$(realpath -m "$2"); shift 2 ;;
-    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) usage 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
 [[ $ELEMENTS =~ ^[0-9]+$ ]] || die "--elements must be a number (got '$ELEMENTS')"
 [[ $HOSTS =~ ^[2-8]$ ]] || die "--hosts must be 2 to 8 (got '$HOSTS')"
-[[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || die "--name must be 1 to 8 characters of a-z and 0-9 (got '$NAME')"
+check_name
 [[ $(id -u) -eq 0 ]] || die "must run as root: the emulated hosts are network namespaces (try: sudo $0 $*)"
 CORTADO=$BUILD/launcher/cortado
 [[ -x $CORTADO ]] || die "$CORTADO is missing: build it first (ninja -C $BUILD cortado)"
@@ -64,20 +59,11 @@ command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_de
   die "--plot needs matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 TABLE=$(mktemp)
 
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
-  "$TB" down "$NAME" >/dev/null 2>&1 || true
-  rm -f "$TABLE"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_cleanup_after() { rm -f "$TABLE"; }
+tb_traps
 
-echo "# testbed $NAME: $HOSTS hosts at $RATE" >&2
-"$TB" up "$NAME" "$HOSTS" --rate "$RATE" >/dev/null
-HOST_LIST=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
+tb_up "$HOSTS" "$RATE" >/dev/null
+HOST_LIST=$(tb_hosts 1 "$HOSTS")
 # Generous: every method moves at most the dense tensor a few times per iteration.
 LIMIT=$((300 + (ITERS + WARMUP) * 4 * ELEMENTS * 8 * 12 / 1000000000 * 4))
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -11,14 +11,10 @@
 #                                [--plot FILE]   (as root; --plot: samples/s as a PNG, matplotlib)
 set -Eeuo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(dirname "$HERE")
-TB=$ROOT/tests/testbed/testbed.sh
+PROG=zen_train_multihost.sh
+# shellcheck source=bench/lib_testbed.sh
+source "$(dirname "$0")/lib_testbed.sh"
 RATE=1gbit HOSTS=4 ROWS=500000 STEPS=20 BUILD=$ROOT/build NAME=zt$(($$ % 100000)) PLOT=""
-die() {
-  echo "zen_train_multihost.sh: $*" >&2
-  exit 2
-}
 while (($#)); do
   case $1 in
     --rate) RATE=${2:?--rate needs a value}; shift 2 ;;
@@ -27,7 +23,7 @@ while (($#)); do
     --steps) STEPS=${2:?--steps needs a value}; shift 2 ;;
     --build) BUILD=${2:?--build needs a value}; shift 2 ;;
     --plot) PLOT=$(realpath -m "${2:?--plot needs a value}"); shift 2 ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) usage 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -41,20 +37,11 @@ PY=/usr/bin/python3
   die "--plot needs matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 SCRIPT=$HERE/zen_train.py
 OUT=$(mktemp -d)
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
-  "$TB" down "$NAME" >/dev/null 2>&1 || true
-  rm -rf "$OUT"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_cleanup_after() { rm -rf "$OUT"; }
+tb_traps
 
-echo "# testbed $NAME: $HOSTS hosts at $RATE" >&2
-"$TB" up "$NAME" "$HOSTS" --rate "$RATE" >"$OUT/hosts"
-HOST_LIST=$(seq -s, -f "$NAME-h%g" 1 "$HOSTS")
+tb_up "$HOSTS" "$RATE" >"$OUT/hosts"
+HOST_LIST=$(tb_hosts 1 "$HOSTS")
 ADDR1=$(awk '$1 == 1 { print $3 }' "$OUT/hosts")
 ARGS=(--workers "$HOSTS" --servers "$HOSTS" --rows "$ROWS" --steps "$STEPS")
 export PYTHONPATH=$BUILD/bindings/python OMP_NUM_THREADS=1 CORTADO_LOG_LEVEL=warn

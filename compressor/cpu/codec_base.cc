@@ -2,12 +2,10 @@
 
 namespace cortado::compressor::cpu {
 
-std::byte* CodecBase::beginPayload(std::span<std::byte> out, size_t n, size_t total,
-                                   const EncodeContext& ctx, uint8_t flags, uint64_t seed,
-                                   uint64_t count, uint32_t param) const {
-  requireCapacity(out, total, id_, n);
+PayloadHeader headerFor(CodecId id, const EncodeContext& ctx, size_t n, size_t total, uint8_t flags,
+                        uint64_t seed, uint64_t count, uint32_t param) {
   PayloadHeader h;
-  h.codec = id_;
+  h.codec = id;
   h.dtype = ctx.dtype;
   h.flags = flags;
   h.numel = n;
@@ -15,7 +13,14 @@ std::byte* CodecBase::beginPayload(std::span<std::byte> out, size_t n, size_t to
   h.seed = seed;
   h.count = count;
   h.param = param;
-  writeHeader(h, out);
+  return h;
+}
+
+std::byte* CodecBase::beginPayload(std::span<std::byte> out, size_t n, size_t total,
+                                   const EncodeContext& ctx, uint8_t flags, uint64_t seed,
+                                   uint64_t count, uint32_t param) const {
+  requireCapacity(out, total, id_, n);
+  writeHeader(headerFor(id_, ctx, n, total, flags, seed, count, param), out);
   return out.data() + kHeaderBytes;
 }
 

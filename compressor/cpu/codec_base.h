@@ -1,5 +1,7 @@
 // Shared plumbing of the CPU codecs: header writing and the checks every
-// decoder runs before it writes a single output element. Private to compressor/.
+// decoder runs before it writes a single output element (the CUDA codecs
+// build and check their headers on the host with the same functions).
+// Private to compressor/.
 #pragma once
 
 #include <string>
@@ -8,6 +10,22 @@
 #include "compressor/payload.h"
 
 namespace cortado::compressor::cpu {
+
+// The header of an n-element payload of `total` bytes (header included).
+PayloadHeader headerFor(CodecId id, const EncodeContext& ctx, size_t n, size_t total, uint8_t flags,
+                        uint64_t seed, uint64_t count, uint32_t param);
+
+// The checks after expectHeader: flags within `allowedFlags`, and the body
+// exactly `bodyFor(h)` bytes. Throws kProtocol naming codec `id`.
+template <typename BodyFn>
+void expectFlagsAndBody(const PayloadHeader& h, CodecId id, BodyFn bodyFor, uint8_t allowedFlags) {
+  CORTADO_ENFORCE((h.flags & ~allowedFlags) == 0, ErrorCode::kProtocol,
+                  "{} payload has unknown flags {:#x}", codecIdName(id), h.flags);
+  uint64_t want = bodyFor(h);
+  CORTADO_ENFORCE(h.bodyBytes == want, ErrorCode::kProtocol,
+                  "{} payload body is {} bytes, expected {} for {}", codecIdName(id), h.bodyBytes,
+                  want, describe(h));
+}
 
 class CodecBase : public Codec {
  public:
@@ -28,12 +46,7 @@ class CodecBase : public Codec {
                              uint8_t allowedFlags = 0) const {
     PayloadHeader h = parseHeader(payload);
     expectHeader(h, id_, n);
-    CORTADO_ENFORCE((h.flags & ~allowedFlags) == 0, ErrorCode::kProtocol,
-                    "{} payload has unknown flags {:#x}", codecIdName(id_), h.flags);
-    uint64_t want = bodyFor(h);
-    CORTADO_ENFORCE(h.bodyBytes == want, ErrorCode::kProtocol,
-                    "{} payload body is {} bytes, expected {} for {}", codecIdName(id_),
-                    h.bodyBytes, want, describe(h));
+    expectFlagsAndBody(h, id_, bodyFor, allowedFlags);
     return h;
   }
   static const std::byte* body(std::span<const std::byte> payload) {
@@ -43,6 +56,31 @@ class CodecBase : public Codec {
  private:
   CodecId id_;
   std::string spec_;
+};
+
+// The decode, decompressAdd and validate of a codec whose decoding is one
+// pass, `Derived::apply(payload, out, n, alpha, add, ctx)`: out = alpha *
+// decoded, or out += alpha * decoded with `add`, after the payload's checks,
+// which `Derived::check(payload, n)` runs (and validate() runs alone).
+// Derived makes this class a friend and keeps apply() and check() private.
+template <typename Derived>
+class OnePassCodec : public CodecBase {
+ public:
+  using CodecBase::CodecBase;
+  void decode(std::span<const std::byte> payload, float* out, size_t n,
+              const EncodeContext& ctx) const override {
+    self().apply(payload, out, n, 1.0f, false, ctx);
+  }
+  void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n, float alpha,
+                     const EncodeContext& ctx) const override {
+    self().apply(payload, sum, n, alpha, true, ctx);
+  }
+  void validate(std::span<const std::byte> payload, size_t n) const override {
+    self().check(payload, n);
+  }
+
+ private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
 };
 
 }  // namespace cortado::compressor::cpu

@@ -134,10 +134,10 @@ namespace {
 
 inline constexpr uint8_t kPassThrough = 1;
 
-class PowerSgdCodec final : public CodecBase {
+class PowerSgdCodec final : public OnePassCodec<PowerSgdCodec> {
  public:
   PowerSgdCodec(std::string spec, unsigned rank, uint64_t seed)
-      : CodecBase(CodecId::kPowerSgd, std::move(spec)), rank_(rank), seed_(seed) {}
+      : OnePassCodec(CodecId::kPowerSgd, std::move(spec)), rank_(rank), seed_(seed) {}
 
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + 4 * n; }
   size_t payloadBytes(size_t n, size_t rows) const override {
@@ -166,17 +166,9 @@ class PowerSgdCodec final : public CodecBase {
     return total;
   }
 
-  void decode(std::span<const std::byte> payload, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(payload, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(payload, sum, n, alpha, true, ctx);
-  }
-  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
-
  private:
+  friend class OnePassCodec<PowerSgdCodec>;
+
   struct Shape {
     size_t rows = 0, cols = 0;
     unsigned rank = 0;  // 0: pass through

@@ -18,10 +18,10 @@ using format::uniform01;
 
 // ---- QSGD -------------------------------------------------------------------
 
-class QsgdCodec final : public CodecBase {
+class QsgdCodec final : public OnePassCodec<QsgdCodec> {
  public:
   QsgdCodec(std::string spec, unsigned levels)
-      : CodecBase(CodecId::kQsgd, std::move(spec)), levels_(levels) {}
+      : OnePassCodec(CodecId::kQsgd, std::move(spec)), levels_(levels) {}
   size_t payloadBytes(size_t n) const override {
     return kHeaderBytes + format::qsgdBody(n, levels_);
   }
@@ -65,17 +65,9 @@ class QsgdCodec final : public CodecBase {
     return total;
   }
 
-  void decode(std::span<const std::byte> payload, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(payload, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(payload, sum, n, alpha, true, ctx);
-  }
-  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
-
  private:
+  friend class OnePassCodec<QsgdCodec>;
+
   // The code of element i: `bits` bits (8: a whole byte), little-endian order.
   static uint32_t codeAt(const uint8_t* codes, unsigned bits, size_t i) {
     if (bits == 8) return codes[i];
@@ -129,9 +121,9 @@ class QsgdCodec final : public CodecBase {
 
 // ---- TernGrad -----------------------------------------------------------------
 
-class TernGradCodec final : public CodecBase {
+class TernGradCodec final : public OnePassCodec<TernGradCodec> {
  public:
-  explicit TernGradCodec(std::string spec) : CodecBase(CodecId::kTernGrad, std::move(spec)) {}
+  explicit TernGradCodec(std::string spec) : OnePassCodec(CodecId::kTernGrad, std::move(spec)) {}
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + format::ternBody(n); }
 
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
@@ -158,17 +150,9 @@ class TernGradCodec final : public CodecBase {
     return total;
   }
 
-  void decode(std::span<const std::byte> payload, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(payload, out, n, 1.0f, false);
-  }
-  void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(payload, sum, n, alpha, true);
-  }
-  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
-
  private:
+  friend class OnePassCodec<TernGradCodec>;
+
   // Header, no code 3, zero padding.
   void check(std::span<const std::byte> payload, size_t n) const {
     PayloadHeader h = checkPayload(payload, n, [](const PayloadHeader& h) {
@@ -189,8 +173,8 @@ class TernGradCodec final : public CodecBase {
                       "terngrad payload has non-zero padding bits");
   }
 
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha,
-             bool add) const {
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
+             const EncodeContext& /*ctx*/) const {
     check(payload, n);
     const std::byte* b = body(payload);
     float scale = loadLe<float>(b);
@@ -205,9 +189,9 @@ class TernGradCodec final : public CodecBase {
 
 // ---- natural compression -------------------------------------------------
 
-class NaturalCodec final : public CodecBase {
+class NaturalCodec final : public OnePassCodec<NaturalCodec> {
  public:
-  explicit NaturalCodec(std::string spec) : CodecBase(CodecId::kNatural, std::move(spec)) {}
+  explicit NaturalCodec(std::string spec) : OnePassCodec(CodecId::kNatural, std::move(spec)) {}
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + format::naturalBody(n); }
 
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
@@ -246,17 +230,9 @@ class NaturalCodec final : public CodecBase {
     return total;
   }
 
-  void decode(std::span<const std::byte> payload, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(payload, out, n, 1.0f, false);
-  }
-  void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(payload, sum, n, alpha, true);
-  }
-  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
-
  private:
+  friend class OnePassCodec<NaturalCodec>;
+
   // Header, the top exponent in range, no negative zero code. Returns the
   // top exponent.
   int32_t check(std::span<const std::byte> payload, size_t n) const {
@@ -274,8 +250,8 @@ class NaturalCodec final : public CodecBase {
     return top;
   }
 
-  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha,
-             bool add) const {
+  void apply(std::span<const std::byte> payload, float* out, size_t n, float alpha, bool add,
+             const EncodeContext& /*ctx*/) const {
     const int32_t top = check(payload, n);
     auto* codes = reinterpret_cast<const uint8_t*>(body(payload));
     float table[256];

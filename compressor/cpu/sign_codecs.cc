@@ -18,9 +18,9 @@ using format::kSumChunk;
 
 size_t numChunks(size_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 
-class SignCodec final : public CodecBase {
+class SignCodec final : public OnePassCodec<SignCodec> {
  public:
-  SignCodec(CodecId id, std::string spec) : CodecBase(id, std::move(spec)) {}
+  SignCodec(CodecId id, std::string spec) : OnePassCodec(id, std::move(spec)) {}
 
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + bodyFor(n); }
 
@@ -60,17 +60,9 @@ class SignCodec final : public CodecBase {
     return total;
   }
 
-  void decode(std::span<const std::byte> payload, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(payload, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> payload, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(payload, sum, n, alpha, true, ctx);
-  }
-  void validate(std::span<const std::byte> payload, size_t n) const override { check(payload, n); }
-
  private:
+  friend class OnePassCodec<SignCodec>;
+
   size_t bodyFor(size_t n) const {
     switch (id()) {
       case CodecId::kOneBit: return format::oneBitBody(n);

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 
+#include "compressor/cpu/codec_base.h"
 #include "compressor/cuda/kernels.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
@@ -89,17 +90,9 @@ class CudaCodec : public Codec {
     requireCapacity(out, total, id_, n);
     CORTADO_ENFORCE(reinterpret_cast<uintptr_t>(out.data()) % 4 == 0, ErrorCode::kInvalidArgument,
                     "CUDA {} payload buffer must be 4-byte aligned", codecIdName(id_));
-    PayloadHeader h;
-    h.codec = id_;
-    h.dtype = ctx.dtype;
-    h.flags = flags;
-    h.numel = n;
-    h.bodyBytes = total - kHeaderBytes;
-    h.seed = seed;
-    h.count = count;
-    h.param = param;
     kern::HeaderBytes bytes;
-    writeHeader(h, std::as_writable_bytes(std::span(bytes.b)));
+    writeHeader(cpu::headerFor(id_, ctx, n, total, flags, seed, count, param),
+                std::as_writable_bytes(std::span(bytes.b)));
     auto* p = reinterpret_cast<unsigned char*>(out.data());
     kern::writeHeader(p, bytes, streamOf(ctx));
     checkLaunch("write header");
@@ -135,12 +128,7 @@ class CudaCodec : public Codec {
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(st.host->header), st.headerCopied),
         payload.size());
     expectHeader(h, id_, n);
-    CORTADO_ENFORCE((h.flags & ~allowedFlags) == 0, ErrorCode::kProtocol,
-                    "{} payload has unknown flags {:#x}", codecIdName(id_), h.flags);
-    uint64_t want = bodyFor(h);
-    CORTADO_ENFORCE(h.bodyBytes == want, ErrorCode::kProtocol,
-                    "{} payload body is {} bytes, expected {} for {}", codecIdName(id_),
-                    h.bodyBytes, want, describe(h));
+    cpu::expectFlagsAndBody(h, id_, bodyFor, allowedFlags);
     return h;
   }
   static const unsigned char* bodyOf(std::span<const std::byte> p) {
@@ -162,11 +150,32 @@ class CudaCodec : public Codec {
   std::string spec_;
 };
 
-// ---- fp16 / bf16 -----------------------------------------------------------
-
-class CudaCast final : public CudaCodec {
+// decode and decompressAdd of a codec whose decoding is one pass,
+// `Derived::apply(p, out, n, alpha, add, ctx)`: out = alpha * decoded, or
+// out += alpha * decoded with `add`, after the payload's checks. Derived
+// makes this class a friend and keeps apply() private.
+template <typename Derived>
+class CudaOnePassCodec : public CudaCodec {
  public:
   using CudaCodec::CudaCodec;
+  void decode(std::span<const std::byte> p, float* out, size_t n,
+              const EncodeContext& ctx) const override {
+    self().apply(p, out, n, 1.0f, false, ctx);
+  }
+  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
+                     const EncodeContext& ctx) const override {
+    self().apply(p, sum, n, alpha, true, ctx);
+  }
+
+ private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+};
+
+// ---- fp16 / bf16 -----------------------------------------------------------
+
+class CudaCast final : public CudaOnePassCodec<CudaCast> {
+ public:
+  using CudaOnePassCodec::CudaOnePassCodec;
   bool summable() const override { return true; }
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + format::castBody(n); }
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
@@ -176,14 +185,6 @@ class CudaCast final : public CudaCodec {
     kern::castEncode(in, n, reinterpret_cast<uint16_t*>(body), bf16(), streamOf(ctx));
     checkLaunch("cast encode");
     return total;
-  }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(p, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(p, sum, n, alpha, true, ctx);
   }
   void addPayload(std::span<std::byte> acc, std::span<const std::byte> in,
                   const EncodeContext& ctx) const override {
@@ -201,6 +202,8 @@ class CudaCast final : public CudaCodec {
   }
 
  private:
+  friend class CudaOnePassCodec<CudaCast>;
+
   bool bf16() const { return id() == CodecId::kBf16; }
   static const uint16_t* halves(std::span<const std::byte> p) {
     return reinterpret_cast<const uint16_t*>(bodyOf(p));
@@ -233,9 +236,9 @@ class CudaCast final : public CudaCodec {
 
 // ---- onebit / efsignsgd ---------------------------------------------------------
 
-class CudaSign final : public CudaCodec {
+class CudaSign final : public CudaOnePassCodec<CudaSign> {
  public:
-  using CudaCodec::CudaCodec;
+  using CudaOnePassCodec::CudaOnePassCodec;
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + body(n); }
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx) const override {
@@ -254,16 +257,10 @@ class CudaSign final : public CudaCodec {
     checkLaunch("sign encode");
     return total;
   }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(p, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(p, sum, n, alpha, true, ctx);
-  }
 
  private:
+  friend class CudaOnePassCodec<CudaSign>;
+
   size_t prefix() const { return id() == CodecId::kOneBit ? 8 : 4; }
   size_t body(size_t n) const {
     return id() == CodecId::kOneBit ? format::oneBitBody(n) : format::efSignBody(n);
@@ -283,9 +280,10 @@ class CudaSign final : public CudaCodec {
 
 // ---- QSGD -------------------------------------------------------------------------
 
-class CudaQsgd final : public CudaCodec {
+class CudaQsgd final : public CudaOnePassCodec<CudaQsgd> {
  public:
-  CudaQsgd(std::string spec, unsigned levels) : CudaCodec(CodecId::kQsgd, std::move(spec)), levels_(levels) {}
+  CudaQsgd(std::string spec, unsigned levels)
+      : CudaOnePassCodec(CodecId::kQsgd, std::move(spec)), levels_(levels) {}
   size_t payloadBytes(size_t n) const override { return kHeaderBytes + format::qsgdBody(n, levels_); }
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx) const override {
@@ -301,16 +299,10 @@ class CudaQsgd final : public CudaCodec {
     checkLaunch("qsgd encode");
     return total;
   }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    apply(p, out, n, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    apply(p, sum, n, alpha, true, ctx);
-  }
 
  private:
+  friend class CudaOnePassCodec<CudaQsgd>;
+
   void apply(std::span<const std::byte> p, float* out, size_t n, float alpha, bool add,
              const EncodeContext& ctx) const {
     PayloadHeader h = readHeader(p, n, ctx, [](const PayloadHeader& h) {
@@ -336,12 +328,42 @@ class CudaQsgd final : public CudaCodec {
   unsigned levels_;
 };
 
+// ---- sparse codecs ------------------------------------------------------------------
+
+// decode, decompressAdd and zeroSent of a sparse codec: `Derived::validate(p,
+// n, ctx)` checks the payload and returns what `Derived::scatter(p, that,
+// out, alpha, zero, ctx)` needs to write its selected elements into `out`
+// (out[i] += alpha * value, or out[i] = 0 with `zero`). Derived makes this
+// class a friend and keeps the two private.
+template <typename Derived>
+class CudaSparseCodec : public CudaCodec {
+ public:
+  using CudaCodec::CudaCodec;
+  void decode(std::span<const std::byte> p, float* out, size_t n,
+              const EncodeContext& ctx) const override {
+    const auto v = self().validate(p, n, ctx);
+    check(cudaMemsetAsync(out, 0, n * sizeof(float), streamOf(ctx)), "clear");
+    self().scatter(p, v, out, 1.0f, false, ctx);
+  }
+  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
+                     const EncodeContext& ctx) const override {
+    self().scatter(p, self().validate(p, n, ctx), sum, alpha, false, ctx);
+  }
+  void zeroSent(std::span<const std::byte> p, float* buf, size_t n,
+                const EncodeContext& ctx) const override {
+    self().scatter(p, self().validate(p, n, ctx), buf, 0.0f, true, ctx);
+  }
+
+ private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+};
+
 // ---- top-k / DGC --------------------------------------------------------------------
 
-class CudaTopK final : public CudaCodec {
+class CudaTopK final : public CudaSparseCodec<CudaTopK> {
  public:
   CudaTopK(CodecId id, std::string spec, double ratio, double sample, float momentum)
-      : CudaCodec(id, std::move(spec)), ratio_(ratio), sample_(sample), momentum_(momentum) {}
+      : CudaSparseCodec(id, std::move(spec)), ratio_(ratio), sample_(sample), momentum_(momentum) {}
   bool sparse() const override { return true; }
   float momentumCorrection() const override { return momentum_; }
   size_t payloadBytes(size_t n) const override {
@@ -362,22 +384,10 @@ class CudaTopK final : public CudaCodec {
     checkLaunch("topk encode");
     return total;
   }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    size_t k = validate(p, n, ctx);
-    check(cudaMemsetAsync(out, 0, n * sizeof(float), streamOf(ctx)), "clear");
-    scatter(p, k, out, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    scatter(p, validate(p, n, ctx), sum, alpha, false, ctx);
-  }
-  void zeroSent(std::span<const std::byte> p, float* buf, size_t n,
-                const EncodeContext& ctx) const override {
-    scatter(p, validate(p, n, ctx), buf, 0.0f, true, ctx);
-  }
 
  private:
+  friend class CudaSparseCodec<CudaTopK>;
+
   // One round trip to the host: a valid payload's body is exactly 8 bytes per
   // selected element (the header check below insists), so the index check
   // runs over the k that the payload's size implies, in the same stream as
@@ -417,10 +427,13 @@ class CudaTopK final : public CudaCodec {
 
 constexpr uint8_t kUnbiasedFlag = 1;
 
-class CudaRandomK final : public CudaCodec {
+class CudaRandomK final : public CudaSparseCodec<CudaRandomK> {
  public:
   CudaRandomK(std::string spec, double ratio, uint64_t seed, bool unbiased)
-      : CudaCodec(CodecId::kRandomK, std::move(spec)), ratio_(ratio), seed_(seed), unbiased_(unbiased) {}
+      : CudaSparseCodec(CodecId::kRandomK, std::move(spec)),
+        ratio_(ratio),
+        seed_(seed),
+        unbiased_(unbiased) {}
   bool summable() const override { return true; }
   bool sparse() const override { return true; }
   size_t payloadBytes(size_t n) const override {
@@ -437,20 +450,6 @@ class CudaRandomK final : public CudaCodec {
     kern::randomkEncode(in, n, k, seed, reinterpret_cast<float*>(b), streamOf(ctx));
     checkLaunch("randomk encode");
     return total;
-  }
-  void decode(std::span<const std::byte> p, float* out, size_t n,
-              const EncodeContext& ctx) const override {
-    PayloadHeader h = validate(p, n, ctx);
-    check(cudaMemsetAsync(out, 0, n * sizeof(float), streamOf(ctx)), "clear");
-    scatter(p, h, out, 1.0f, false, ctx);
-  }
-  void decompressAdd(std::span<const std::byte> p, float* sum, size_t n, float alpha,
-                     const EncodeContext& ctx) const override {
-    scatter(p, validate(p, n, ctx), sum, alpha, false, ctx);
-  }
-  void zeroSent(std::span<const std::byte> p, float* buf, size_t n,
-                const EncodeContext& ctx) const override {
-    scatter(p, validate(p, n, ctx), buf, 0.0f, true, ctx);
   }
   void addPayload(std::span<std::byte> acc, std::span<const std::byte> in,
                   const EncodeContext& ctx) const override {
@@ -469,6 +468,8 @@ class CudaRandomK final : public CudaCodec {
   }
 
  private:
+  friend class CudaSparseCodec<CudaRandomK>;
+
   PayloadHeader validate(std::span<const std::byte> p, size_t n, const EncodeContext& ctx) const {
     PayloadHeader h = readHeader(
         p, n, ctx,

@@ -20,6 +20,7 @@
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/gravac_plan.h"
 #include "scheduler/planner/report.h"
+#include "tests/common/gravac_test_options.h"
 
 namespace cortado {
 namespace {
@@ -153,25 +154,13 @@ struct Replay {
   }
 };
 
-GravacOptions testOptions() {
-  GravacOptions o;
-  o.codec = "topk";
-  o.minRatio = 2;
-  o.maxRatio = 64;
-  o.window = 3;
-  o.epsilon = 0.9;
-  o.omega = 0.0;
-  o.alpha = 0.5;
-  return o;
-}
-
 // Every worker's outputs, ratio sequence and residuals equal the replay's,
 // through dense and sparse iterations and the plan's switches.
 TEST(ExecutorGravac, MatchesAPlainLoopReplayAcrossReplans) {
   const int W = 3, iterations = 16;
   const std::vector<uint64_t> sizes{96, 40};
   const std::vector<std::string> names{"w", "b"};
-  const GravacOptions o = testOptions();
+  const GravacOptions o = test::gravacTestOptions();
   const Replay replay(W, sizes, o, iterations);
   // The sequence this checks has what it is meant to: every level, and
   // plan switches.
@@ -262,7 +251,7 @@ TEST(ExecutorGravac, NothingIsLostAcrossSwitchesAndWhenTurnedOff) {
     for (const auto& n : names) p.tensors[n] = compressedPushPull();
     plan::Plan raw;
     for (const auto& n : names) raw.tensors[n] = executor::defaultOption();
-    GravacOptions o = testOptions();
+    GravacOptions o = test::gravacTestOptions();
     o.codec = codec;
     // Random-k keeps about 1 / CF of the energy: a lower bar.
     if (std::string(codec) == "randomk") o.epsilon = 0.2;
@@ -361,7 +350,7 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
       for (auto& [name, o] : q.tensors) o = raw ? pullCompressed : pullRaw;
       return q;
     });
-    ex.setGravac(testOptions());
+    ex.setGravac(test::gravacTestOptions());
     for (int it = 0; it < iterations; ++it) {
       std::vector<std::vector<float>> in(2), out(2);
       std::vector<executor::BatchItem> batch;
@@ -485,7 +474,7 @@ TEST(ExecutorGravac, ThePlannersPlanAtTheNewCfRunsFromTheNextIteration) {
         },
         "the Espresso planner");
     EXPECT_EQ(ex.gravacReplannerName(), "the Espresso planner");
-    ex.setGravac(testOptions());
+    ex.setGravac(test::gravacTestOptions());
     std::vector<double> total(sizes[0] + sizes[1], 0.0);
     auto iteration = [&](int it, bool zero) {
       std::vector<std::vector<float>> in(2), out(2);

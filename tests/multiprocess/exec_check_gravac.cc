@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "compressor/gravac_compressor.h"
+#include "tests/common/gravac_test_options.h"
 #include "tests/multiprocess/exec_check.h"
 
 namespace exec_check {
@@ -53,15 +53,7 @@ void Check::runGravac() {
   raw.version = 1000;
   for (size_t t = 0; t < names.size(); ++t) ex.declare(names[t], DType::kFloat32, lens[t]);
   ex.setPlan(p, opDeadline());
-  compressor::GravacOptions o;
-  o.codec = "topk";
-  o.minRatio = 2;
-  o.maxRatio = 64;
-  o.window = 3;
-  o.epsilon = 0.9;
-  o.omega = 0.0;
-  o.alpha = 0.5;
-  ex.setGravac(o);
+  ex.setGravac(cortado::test::gravacTestOptions());
   if (me == 0)
     std::printf("gravac: %zu tensors (%zu compressed options), %d ranks on %d machines\n",
                 names.size(), names.size() - 1, W, topo.numMachines);

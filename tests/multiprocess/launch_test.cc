@@ -74,10 +74,6 @@ std::string launchCmd(int w, int s, const std::string& args, const std::string& 
                      kCheck, args);
 }
 
-bool contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
-}
-
 struct Shape {
   int workers, servers;
 };

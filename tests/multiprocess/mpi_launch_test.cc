@@ -21,10 +21,6 @@ const std::string kCortado = CORTADO_BIN;
 const std::string kCheck = CHECK_BIN;
 const std::string kMpiBench = MPI_BENCH_BIN;
 
-bool contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
-}
-
 // Processes whose command line holds `marker` (a unique argument value).
 int processesWith(const std::string& marker) {
   int n = 0;

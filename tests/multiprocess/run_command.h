@@ -16,6 +16,11 @@ struct CommandResult {
 
 CommandResult runCommand(const std::string& command, double timeoutSeconds);
 
+// Whether `hay` (a command's output) holds `needle`.
+inline bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
 // A free TCP port on 127.0.0.1 (bound and released), chosen at random below
 // the kernel's ephemeral range (ip_local_port_range), so that the outgoing
 // connections of tests running beside this one cannot be handed the same port

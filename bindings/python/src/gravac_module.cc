@@ -35,6 +35,23 @@ T* address(uintptr_t p) {
 
 }  // namespace
 
+GravacOptions gravacOptions(const std::string& codec, double minRatio, double maxRatio, double step,
+                            const std::string& policy, uint64_t window, double epsilon,
+                            double omega, double alpha, uint64_t seed) {
+  GravacOptions o;
+  o.codec = codec;
+  o.minRatio = minRatio;
+  o.maxRatio = maxRatio;
+  o.step = step;
+  o.policy = compressor::parseGravacPolicy(policy);
+  o.window = window;
+  o.epsilon = epsilon;
+  o.omega = omega;
+  o.alpha = alpha;
+  o.seed = seed;
+  return o;
+}
+
 py::dict gravacStepDict(const GravacStep& s) {
   py::dict d;
   d["iteration"] = s.iteration;
@@ -58,18 +75,11 @@ void bindGravac(py::module_& m, const compressor::Registry& registry) {
                                 double step, const std::string& policy, uint64_t window,
                                 double epsilon, double omega, double alpha, uint64_t seed,
                                 int workers, double samples) {
-             GravacOptions o;
-             o.codec = codec;
-             o.minRatio = minRatio;
-             o.maxRatio = maxRatio;
-             o.step = step;
-             o.policy = compressor::parseGravacPolicy(policy);
-             o.window = window;
-             o.epsilon = epsilon;
-             o.omega = omega;
-             o.alpha = alpha;
-             o.seed = seed;
-             return std::make_unique<GravacCompressor>(registry, o, workers, samples);
+             return std::make_unique<GravacCompressor>(
+                 registry,
+                 gravacOptions(codec, minRatio, maxRatio, step, policy, window, epsilon, omega,
+                               alpha, seed),
+                 workers, samples);
            }),
            py::arg("codec") = "dgc", py::arg("min_ratio") = 10.0, py::arg("max_ratio") = 1000.0,
            py::arg("step") = 2.0, py::arg("policy") = "exponential", py::arg("window") = 500,

@@ -55,6 +55,11 @@ namespace cortado::python {
 void bindGravac(py::module_& m, const compressor::Registry& registry);
 // One GraVAC decision as a dict (gravac_module.cc).
 py::dict gravacStepDict(const compressor::GravacStep& s);
+// GraVAC's settings from the keyword arguments that Gravac() and the
+// executor's GraVAC take (gravac_module.cc); throws on an unknown policy.
+compressor::GravacOptions gravacOptions(const std::string& codec, double minRatio, double maxRatio,
+                                        double step, const std::string& policy, uint64_t window,
+                                        double epsilon, double omega, double alpha, uint64_t seed);
 
 namespace {
 
@@ -534,17 +539,8 @@ class PyExecutor {
   void enableGravac(const std::string& codec, double minRatio, double maxRatio, double step,
                     const std::string& policy, uint64_t window, double epsilon, double omega,
                     double alpha, uint64_t seed, double samples) {
-    compressor::GravacOptions o;
-    o.codec = codec;
-    o.minRatio = minRatio;
-    o.maxRatio = maxRatio;
-    o.step = step;
-    o.policy = compressor::parseGravacPolicy(policy);
-    o.window = window;
-    o.epsilon = epsilon;
-    o.omega = omega;
-    o.alpha = alpha;
-    o.seed = seed;
+    const compressor::GravacOptions o = gravacOptions(codec, minRatio, maxRatio, step, policy,
+                                                      window, epsilon, omega, alpha, seed);
     auto& e = ex();
     std::lock_guard<std::mutex> lk(exMu_);
     e.setGravac(o, samples);

@@ -56,23 +56,20 @@ void UcxTransport::connect(const NodeId& peer, const std::string& address) {
                   "same transport (CORTADO_TRANSPORT / --transport)",
                   self_, peer, address);
   splitAddress(self_, address);
-  Op op;
-  op.task = [this, peer, address] { connectPeer(peer, address); };
-  CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed,
-                  "ucx {}: connect({}, {}) after close()", self_, peer, address);
+  CORTADO_ENFORCE(queue_.postTask([this, peer, address] { connectPeer(peer, address); }),
+                  ErrorCode::kClosed, "ucx {}: connect({}, {}) after close()", self_, peer,
+                  address);
 }
 
 void UcxTransport::disconnect(const NodeId& peer) {
-  Op op;
-  op.task = [this, peer] {
-    held_.erase(peer);
+  queue_.postTask([this, peer] {
+    held_.forget(peer);
     auto it = peers_.find(peer);
     if (it == peers_.end()) return;
     closeEp(it->second.dataEp, /*force=*/true);  // pending sends are dropped
     closeEp(it->second.ep);
     peers_.erase(it);
-  };
-  post(std::move(op));
+  });
 }
 
 void UcxTransport::onEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -206,7 +203,7 @@ void UcxTransport::connectPeer(const NodeId& peer, const std::string& address) {
   try {
     p.ep = createClientEp(peer, address);
   } catch (const Error& e) {
-    held_.erase(peer);
+    held_.forget(peer);
     report(peer, ErrorCode::kUnavailable,
            fmt::format("ucx {}: cannot connect to {} at {}: {}", self_, peer, address, e.what()));
     return;
@@ -215,12 +212,7 @@ void UcxTransport::connectPeer(const NodeId& peer, const std::string& address) {
   ucp_ep_h ep = p.ep;
   peers_.emplace(peer, std::move(p));
   startSend(peer, ep, kAmHello, {}, peers_[peer].stream);
-  auto h = held_.find(peer);
-  if (h != held_.end()) {
-    auto msgs = std::move(h->second.msgs);
-    held_.erase(h);
-    for (auto& m : msgs) sendTo(peer, std::move(m));
-  }
+  for (auto& m : held_.release(peer)) sendTo(peer, std::move(m));
 }
 
 void UcxTransport::welcomed(const Welcome& w) {
@@ -296,16 +288,12 @@ void UcxTransport::expireTimers() {
                      "running and listening there?)",
                      self_, id, p.address, options_.connectTimeout.count()));
   }
-  for (auto& [id, h] : held_) {
-    if (h.failed || h.deadline > now) continue;
-    h.failed = true;
-    size_t dropped = h.msgs.size();
-    h.msgs.clear();
+  held_.expire(now, [&](const NodeId& id, size_t dropped) {
     report(id, ErrorCode::kUnavailable,
            fmt::format("ucx {}: cannot send to {}: connect() did not name its address within "
                        "{} ms ({} messages dropped)",
                        self_, id, options_.connectTimeout.count(), dropped));
-  }
+  });
 }
 
 void UcxTransport::report(const NodeId& peer, ErrorCode code, std::string message) {

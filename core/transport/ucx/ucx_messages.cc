@@ -21,38 +21,17 @@ WireHeader headerFor(const NodeId& self) {
 }  // namespace
 
 void UcxTransport::send(const NodeId& peer, Message msg) {
-  if (std::this_thread::get_id() == loopId_ && sendFromLoop(peer, msg)) return;
-  Op op;
-  op.peer = peer;
-  op.msg = std::move(msg);
-  CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "ucx {}: send to {} after close()",
-                  self_, peer);
+  queue_.send(onLoopThread(), peer, std::move(msg),
+              [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
 }
 
 void UcxTransport::sendAll(const NodeId& peer, std::vector<Message> msgs) {
-  if (std::this_thread::get_id() == loopId_) {
-    for (auto& m : msgs) send(peer, std::move(m));
-    return;
-  }
-  std::lock_guard g(mu_);
-  CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "ucx {}: send to {} after close()", self_, peer);
-  const bool wasEmpty = ops_.empty();
-  for (auto& m : msgs) {
-    Op op;
-    op.peer = peer;
-    op.msg = std::move(m);
-    ops_.push_back(std::move(op));
-  }
-  if (wasEmpty && !msgs.empty()) wake();
+  queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+                 [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
 }
 
 bool UcxTransport::sendFromLoop(const NodeId& peer, Message& msg) {
-  {
-    std::lock_guard g(mu_);
-    CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "ucx {}: send to {} after close()", self_, peer);
-    if (!ops_.empty()) return false;
-  }
-  if (!batch_.empty()) return false;
+  if (!queue_.mayWriteNow(peer) || !batch_.empty()) return false;
   sendTo(peer, std::move(msg));
   return true;
 }
@@ -84,9 +63,7 @@ ucs_status_t UcxTransport::onAmDirect(void* arg, const void* header, size_t head
 void UcxTransport::sendTo(const NodeId& peer, Message msg) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
-    auto [h, inserted] = held_.try_emplace(peer);
-    if (inserted) h->second.deadline = Clock::now() + options_.connectTimeout;
-    if (!h->second.failed) h->second.msgs.push_back(std::move(msg));
+    held_.hold(peer, std::move(msg), options_.connectTimeout);
     return;
   }
   if (it->second.reported) {

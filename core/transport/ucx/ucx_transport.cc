@@ -197,10 +197,7 @@ UcxTransport::UcxTransport(NodeId self, UcxOptions options) : self_(self), optio
                           fmt::format("ucx {}: UCX did not initialize within {} ms", self_,
                                       kLoopCallTimeout.count()));
   if (!s.ok()) {
-    {
-      std::lock_guard g(mu_);
-      closed_ = true;
-    }
+    queue_.closeAndClear();
     thread_.join();
     s.check();
   }
@@ -212,52 +209,24 @@ UcxTransport::~UcxTransport() {
 }
 
 void UcxTransport::setCallbacks(RecvCallback onRecv, ErrorCallback onError) {
-  Op op;
-  op.task = [this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
+  queue_.postTask([this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
     onRecv_ = std::move(onRecv);
     onError_ = std::move(onError);
-  };
-  post(std::move(op));
+  });
 }
 
 void UcxTransport::close() {
-  {
-    std::lock_guard g(mu_);
-    if (!closed_) {
-      closed_ = true;
-      stop_ = true;
-      wake();
-    }
-  }
+  // Set before the wake-up, so that the loop sees it once woken.
+  stop_ = true;
+  queue_.close();
   std::lock_guard g(closeMu_);
   if (!thread_.joinable() || loopId_ == std::this_thread::get_id()) return;
   thread_.join();
 }
 
-bool UcxTransport::post(Op op) {
-  std::lock_guard g(mu_);
-  if (closed_) return false;
-  bool wasEmpty = ops_.empty();
-  ops_.push_back(std::move(op));
-  if (wasEmpty) wake();
-  return true;
-}
-
-void UcxTransport::wake() {
-  uint64_t one = 1;
-  ssize_t n = ::write(efd_, &one, sizeof(one));
-  (void)n;
-}
-
 std::string UcxTransport::callOnLoop(std::function<std::string()> fn, const std::string& what) {
-  if (std::this_thread::get_id() == loopId_) return fn();
-  return callOnLoopThread(
-      [this](std::function<void()> task) {
-        Op op;
-        op.task = std::move(task);
-        return post(std::move(op));
-      },
-      std::move(fn), "ucx " + self_.toString(), what, kLoopCallTimeout);
+  if (onLoopThread()) return fn();
+  return queue_.call(std::move(fn), what, kLoopCallTimeout);
 }
 
 ucs_status_t UcxTransport::createUcp(ucp_config_t* config, const std::string& name,
@@ -290,6 +259,7 @@ ucs_status_t UcxTransport::createUcp(ucp_config_t* config, const std::string& na
 Status UcxTransport::init() {
   efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (efd_ < 0) return Status(ErrorCode::kUnavailable, fmt::format("ucx {}: eventfd failed", self_));
+  queue_.setWakeFd(efd_);
   auto fail = [&](const char* what, ucs_status_t s) {
     return Status(ErrorCode::kUnavailable,
                   fmt::format("ucx {}: {} failed: {}. UCX settings in force: {}. Check that "
@@ -459,10 +429,7 @@ void UcxTransport::loop() {
     // Timers right after progress, so that a long batch of sends below
     // never expires an endpoint whose handshake completed meanwhile.
     expireTimers();
-    if (batch_.empty()) {
-      std::lock_guard g(mu_);
-      batch_.swap(ops_);
-    }
+    if (batch_.empty()) queue_.takeAll(batch_);
     // A bounded turn, then progress again: a flood of sends must not
     // starve handshakes and completions (nor expire their timers).
     for (int i = 0; i < kOpsPerTurn && !batch_.empty() && !stop_; ++i) {
@@ -516,9 +483,7 @@ int UcxTransport::waitTimeoutMs() const {
   for (const auto& [id, p] : peers_) {
     if (!p.up && !p.reported) next = std::min(next, p.deadline);
   }
-  for (const auto& [id, h] : held_) {
-    if (!h.failed) next = std::min(next, h.deadline);
-  }
+  next = std::min(next, held_.nextDeadline());
   if (next == Clock::time_point::max()) return cap;
   auto now = Clock::now();
   if (next <= now) return 0;
@@ -624,12 +589,8 @@ void UcxTransport::shutdown() {
     if (c->request) ucp_request_cancel(c->worker, c->request);
   }
   progressUntil([&] { return recvs_.empty(); }, Deadline::after(options_.closeTimeout / 4));
-  {
-    std::lock_guard g(mu_);
-    closed_ = true;
-    ops_.clear();
-    batch_.clear();
-  }
+  queue_.closeAndClear();
+  batch_.clear();
   releaseDirect();
   if (listener_ && inflight_.empty() && closing_.empty() && recvs_.empty()) {
     // Nothing of ours is left in UCX (no request, no endpoint), so the

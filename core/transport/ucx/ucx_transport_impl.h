@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "core/common/deadline.h"
-#include "core/transport/loop_call.h"
+#include "core/transport/held_sends.h"
+#include "core/transport/op_queue.h"
 #include "core/transport/ucx/factory.h"
 
 namespace cortado::transport::ucx::detail {
@@ -214,11 +215,7 @@ class UcxTransport final : public Transport {
                                 size_t length, const ucp_am_recv_param_t* param);
 
  private:
-  struct Op {
-    NodeId peer;
-    Message msg;
-    std::function<void()> task;
-  };
+  using Op = OpQueue::Op;
 
   struct Peer {
     std::string address;
@@ -229,12 +226,6 @@ class UcxTransport final : public Transport {
     bool up = false;
     bool reported = false;  // failed and reported; sends are dropped
     Clock::time_point deadline;
-  };
-
-  struct Held {
-    std::deque<Message> msgs;
-    Clock::time_point deadline;
-    bool failed = false;
   };
 
   struct EpFailure {
@@ -256,12 +247,11 @@ class UcxTransport final : public Transport {
 
   // ---- any thread ----
 
-  bool post(Op op);
+  bool onLoopThread() const { return std::this_thread::get_id() == loopId_; }
   // On the loop thread: starts sending `msg` now when nothing that other
   // threads sent earlier is still queued (order per sender is the
   // contract), and returns true; false leaves `msg` for the queue.
   bool sendFromLoop(const NodeId& peer, Message& msg);
-  void wake();
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what);
 
   // A UCP context with active messages and wake-ups, named `name`, from
@@ -364,9 +354,7 @@ class UcxTransport final : public Transport {
   const UcxOptions options_;
   int efd_ = -1;
 
-  std::mutex mu_;
-  std::deque<Op> ops_;
-  bool closed_ = false;
+  OpQueue queue_{"ucx " + self_.toString()};
   std::atomic<bool> stop_{false};
 
   std::mutex closeMu_;
@@ -374,7 +362,7 @@ class UcxTransport final : public Transport {
   std::thread::id loopId_;
 
   // Loop thread only.
-  std::deque<Op> batch_;         // taken from ops_, not yet run
+  std::deque<Op> batch_;         // taken from queue_, not yet run
   Clock::time_point pollUntil_;  // busy polling goes on until then
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -390,7 +378,7 @@ class UcxTransport final : public Transport {
   RecvCallback onRecv_;
   ErrorCallback onError_;
   std::unordered_map<NodeId, Peer> peers_;
-  std::unordered_map<NodeId, Held> held_;
+  HeldSends held_;  // sends to peers that connect() has not named yet
   std::unordered_map<ucp_ep_h, std::unique_ptr<EpCtx>> eps_;
   std::vector<std::unique_ptr<EpCtx>> closingCtx_;
   std::vector<void*> closing_;

@@ -25,7 +25,8 @@
 
 #include "core/common/deadline.h"
 #include "core/common/logging.h"
-#include "core/transport/loop_call.h"
+#include "core/transport/held_sends.h"
+#include "core/transport/op_queue.h"
 #include "core/transport/zmq/factory.h"
 
 namespace cortado::transport::zmq {
@@ -83,7 +84,8 @@ Buffer wrapFrame(zmq_msg_t* m) {
 
 class ZmqTransport final : public Transport {
  public:
-  ZmqTransport(NodeId self, ZmqOptions options) : self_(self), options_(options) {
+  ZmqTransport(NodeId self, ZmqOptions options)
+      : self_(self), options_(options), queue_("zmq " + self_.toString()) {
     CORTADO_ENFORCE(options_.ioThreads >= 1, ErrorCode::kInvalidArgument,
                     "zmq {}: ioThreads must be at least 1, got {}", self_, options_.ioThreads);
     ctx_ = zmq_ctx_new();
@@ -95,6 +97,7 @@ class ZmqTransport final : public Transport {
       efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
       CORTADO_ENFORCE(efd_ >= 0, ErrorCode::kUnavailable, "zmq {}: eventfd failed: {}", self_,
                       std::strerror(errno));
+      queue_.setWakeFd(efd_);
       router_ = zmq_socket(ctx_, ZMQ_ROUTER);
       CORTADO_ENFORCE(router_ != nullptr, ErrorCode::kUnavailable,
                       "zmq {}: cannot create the ROUTER socket: {}", self_, zmq_strerror(errno));
@@ -124,12 +127,10 @@ class ZmqTransport final : public Transport {
   NodeId self() const override { return self_; }
 
   void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
-    Op op;
-    op.task = [this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
+    queue_.postTask([this, onRecv = std::move(onRecv), onError = std::move(onError)]() mutable {
       onRecv_ = std::move(onRecv);
       onError_ = std::move(onError);
-    };
-    post(std::move(op));
+    });
   }
 
   std::string listen(const std::string& address) override {
@@ -143,62 +144,39 @@ class ZmqTransport final : public Transport {
                     "transport (CORTADO_TRANSPORT / --transport)",
                     self_, peer, address);
     checkAddress(address, "connect");
-    Op op;
-    op.task = [this, peer, address] { connectPeer(peer, address); };
-    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed,
-                    "zmq {}: connect({}, {}) after close()", self_, peer, address);
+    CORTADO_ENFORCE(queue_.postTask([this, peer, address] { connectPeer(peer, address); }),
+                    ErrorCode::kClosed, "zmq {}: connect({}, {}) after close()", self_, peer,
+                    address);
   }
 
+  // A receive callback's answer (the server's sums of small keys) goes out
+  // from the loop thread at once, without the round trip through the queue
+  // and the eventfd.
   void send(const NodeId& peer, Message msg) override {
-    // A receive callback's answer (the server's sums of small keys) goes out
-    // from here, without the round trip through the queue and the eventfd.
-    if (std::this_thread::get_id() == loopId_ && sendFromLoop(peer, msg)) return;
-    Op op;
-    op.peer = peer;
-    op.msg = std::move(msg);
-    CORTADO_ENFORCE(post(std::move(op)), ErrorCode::kClosed, "zmq {}: send to {} after close()",
-                    self_, peer);
+    queue_.send(onLoopThread(), peer, std::move(msg),
+                [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
   void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
-    if (std::this_thread::get_id() == loopId_) {
-      for (auto& m : msgs) send(peer, std::move(m));
-      return;
-    }
-    std::lock_guard g(mu_);
-    CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_, peer);
-    const bool wasEmpty = ops_.empty();
-    for (auto& m : msgs) {
-      Op op;
-      op.peer = peer;
-      op.msg = std::move(m);
-      ops_.push_back(std::move(op));
-    }
-    if (wasEmpty && !msgs.empty()) wake();
+    queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+                   [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
   void disconnect(const NodeId& peer) override {
-    Op op;
-    op.task = [this, peer] {
-      held_.erase(peer);
+    queue_.postTask([this, peer] {
+      held_.forget(peer);
       auto it = peers_.find(peer);
       if (it == peers_.end()) return;
       closePeer(it->second);
       peers_.erase(it);
       CORTADO_LOG_DEBUG("zmq {}: disconnected from {}", self_, peer);
-    };
-    post(std::move(op));
+    });
   }
 
   void close() override {
-    {
-      std::lock_guard g(mu_);
-      if (!closed_) {
-        closed_ = true;
-        stop_ = true;
-        wake();
-      }
-    }
+    // Set before the wake-up, so that the loop sees it once woken.
+    stop_ = true;
+    queue_.close();
     std::lock_guard g(closeMu_);
     // close() from a callback: the loop stops once the callback returns, and
     // a later close() or the destructor joins it.
@@ -207,12 +185,7 @@ class ZmqTransport final : public Transport {
   }
 
  private:
-  // A send (task empty) or a task for the loop.
-  struct Op {
-    NodeId peer;
-    Message msg;
-    std::function<void()> task;
-  };
+  using Op = OpQueue::Op;
 
   struct Peer {
     std::string address;
@@ -222,13 +195,6 @@ class ZmqTransport final : public Transport {
     bool reported = false;    // a failure was reported since it was last up
     Clock::time_point deadline;
     std::deque<Message> backlog;  // ZeroMQ would not take them yet (high-water mark)
-  };
-
-  // Sends to a peer that connect() has not named yet.
-  struct Held {
-    std::deque<Message> msgs;
-    Clock::time_point deadline;
-    bool failed = false;  // reported; later sends are dropped until connect()
   };
 
   enum class SendResult { kSent, kWouldBlock, kFailed };
@@ -242,47 +208,22 @@ class ZmqTransport final : public Transport {
                     self_, address, what);
   }
 
+  bool onLoopThread() const { return std::this_thread::get_id() == loopId_; }
+
   // On the loop thread: writes `msg` now when nothing that other threads sent
-  // earlier is still queued (order per sender is the contract), and returns
-  // true; false leaves `msg` untouched for the queue.
+  // earlier is still queued or in the batch being run (order per sender is
+  // the contract), and returns true; false leaves `msg` untouched for the
+  // queue.
   bool sendFromLoop(const NodeId& peer, Message& msg) {
-    {
-      std::lock_guard g(mu_);
-      CORTADO_ENFORCE(!closed_, ErrorCode::kClosed, "zmq {}: send to {} after close()", self_,
-                      peer);
-      if (inBatch_ || !ops_.empty()) return false;
-    }
+    if (!queue_.mayWriteNow(peer) || inBatch_) return false;
     sendTo(peer, std::move(msg));
     return true;
   }
 
-  bool post(Op op) {
-    std::lock_guard g(mu_);
-    if (closed_) return false;
-    // The loop reads the eventfd before it takes the queue, so a wake-up is
-    // needed only when the queue was empty.
-    bool wasEmpty = ops_.empty();
-    ops_.push_back(std::move(op));
-    if (wasEmpty) wake();
-    return true;
-  }
-
-  void wake() {
-    uint64_t one = 1;
-    ssize_t n = ::write(efd_, &one, sizeof(one));
-    (void)n;  // only fails when the counter is saturated, which still wakes
-  }
-
   // Runs `fn` on the loop and waits for it (core/transport/loop_call.h).
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
-    if (std::this_thread::get_id() == loopId_) return fn();
-    return callOnLoopThread(
-        [this](std::function<void()> task) {
-          Op op;
-          op.task = std::move(task);
-          return post(std::move(op));
-        },
-        std::move(fn), "zmq " + self_.toString(), what, kLoopCallTimeout);
+    if (onLoopThread()) return fn();
+    return queue_.call(std::move(fn), what, kLoopCallTimeout);
   }
 
   void setOpt(void* socket, int option, int value, const char* name) const {
@@ -356,13 +297,10 @@ class ZmqTransport final : public Transport {
         ssize_t n = ::read(efd_, &count, sizeof(count));
         (void)n;
       }
-      {
-        std::lock_guard g(mu_);
-        batch.swap(ops_);
-        // A callback that a task runs (an error report) must not send ahead
-        // of the batch's sends: sendFromLoop() queues while this is set.
-        inBatch_ = !batch.empty();
-      }
+      queue_.takeAll(batch);
+      // A callback that a task runs (an error report) must not send ahead
+      // of the batch's sends: sendFromLoop() queues while this is set.
+      inBatch_ = !batch.empty();
       if (options_.busyPoll.count() > 0 && (ready > 0 || !batch.empty()))
         pollUntil_ = Clock::now() + options_.busyPoll;
       for (auto& op : batch) {
@@ -385,11 +323,7 @@ class ZmqTransport final : public Transport {
     peers_.clear();
     held_.clear();
     zmq_close(router_);
-    {
-      std::lock_guard g(mu_);
-      closed_ = true;
-      ops_.clear();  // breaks the promise of a pending listen()
-    }
+    queue_.closeAndClear();  // breaks the promise of a pending listen()
     // Every socket has ZMQ_LINGER 0, so this returns at once and drops (and
     // releases) what was not sent.
     zmq_ctx_term(ctx_);
@@ -402,9 +336,7 @@ class ZmqTransport final : public Transport {
     for (const auto& [id, p] : peers_) {
       if (!p.up && !p.reported) next = std::min(next, p.deadline);
     }
-    for (const auto& [id, h] : held_) {
-      if (!h.failed) next = std::min(next, h.deadline);
-    }
+    next = std::min(next, held_.nextDeadline());
     if (next == Clock::time_point::max()) return -1;
     auto now = Clock::now();
     if (next <= now) return 0;
@@ -487,19 +419,14 @@ class ZmqTransport final : public Transport {
                       "{}", zmq_strerror(errno));
     } catch (const Error& e) {
       closePeer(p);
-      held_.erase(peer);
+      held_.forget(peer);
       report(peer, e.code(),
              fmt::format("zmq {}: cannot connect to {} at {}: {}", self_, peer, address, e.what()));
       return;
     }
     CORTADO_LOG_DEBUG("zmq {}: connecting to {} at {}", self_, peer, address);
     peers_.emplace(peer, std::move(p));
-    auto h = held_.find(peer);
-    if (h != held_.end()) {
-      auto msgs = std::move(h->second.msgs);
-      held_.erase(h);
-      for (auto& m : msgs) sendTo(peer, std::move(m));
-    }
+    for (auto& m : held_.release(peer)) sendTo(peer, std::move(m));
   }
 
   void closePeer(Peer& p) {
@@ -518,13 +445,9 @@ class ZmqTransport final : public Transport {
   void sendTo(const NodeId& peer, Message msg) {
     auto it = peers_.find(peer);
     if (it == peers_.end()) {
-      auto [h, inserted] = held_.try_emplace(peer);
-      if (inserted) h->second.deadline = Clock::now() + options_.connectTimeout;
-      if (h->second.failed) {
-        CORTADO_LOG_DEBUG("zmq {}: dropping a message to {}: connect() never named it", self_, peer);
-        return;
-      }
-      h->second.msgs.push_back(std::move(msg));
+      if (!held_.hold(peer, std::move(msg), options_.connectTimeout))
+        CORTADO_LOG_DEBUG("zmq {}: dropping a message to {}: connect() never named it", self_,
+                          peer);
       return;
     }
     Peer& p = it->second;
@@ -709,16 +632,12 @@ class ZmqTransport final : public Transport {
                          "answers or disconnect() is called",
                          self_, id, p.address, options_.connectTimeout.count()));
     }
-    for (auto& [id, h] : held_) {
-      if (h.failed || h.deadline > now) continue;
-      h.failed = true;
-      size_t dropped = h.msgs.size();
-      h.msgs.clear();
+    held_.expire(now, [&](const NodeId& id, size_t dropped) {
       report(id, ErrorCode::kUnavailable,
              fmt::format("zmq {}: cannot send to {}: connect() did not name its address within "
                          "{} ms ({} messages dropped)",
                          self_, id, options_.connectTimeout.count(), dropped));
-    }
+    });
   }
 
   // The owner's error callback decides what a lost peer means (a server
@@ -739,10 +658,8 @@ class ZmqTransport final : public Transport {
   int efd_ = -1;
   void* router_ = nullptr;
 
-  std::mutex mu_;
-  std::deque<Op> ops_;
-  bool closed_ = false;
-  bool inBatch_ = false;  // the loop runs a batch of ops_ (loop thread only)
+  OpQueue queue_;
+  bool inBatch_ = false;  // the loop runs a batch of the queue (loop thread only)
   // Set once by close(); the loop checks it between callbacks.
   std::atomic<bool> stop_{false};
 
@@ -754,7 +671,7 @@ class ZmqTransport final : public Transport {
   RecvCallback onRecv_;
   ErrorCallback onError_;
   std::unordered_map<NodeId, Peer> peers_;
-  std::unordered_map<NodeId, Held> held_;
+  HeldSends held_;  // sends to peers that connect() has not named yet
   uint64_t nextMonitor_ = 0;
   Clock::time_point pollUntil_;  // busy polling goes on until then
 };

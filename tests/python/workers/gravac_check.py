@@ -16,9 +16,9 @@ import torch
 import cortado
 import cortado.torch as ct
 from common import parse_args, write_result
+from gravac_common import batches, decompress_add, loss_of, make_model, prepare_cores
 
 STEPS = 14
-PER_WORKER = 6
 SETTINGS = dict(min_ratio=4.0, max_ratio=400.0, window=3, epsilon=0.5, alpha=0.5)
 # Random-k keeps about 1 / CF of the energy: it starts lower (the paper: 1.5x).
 RANDOMK = dict(SETTINGS, min_ratio=1.5, epsilon=0.2)
@@ -28,35 +28,15 @@ def settings(codec):
     return RANDOMK if codec == "randomk" else SETTINGS
 
 
-def make_model():
-    torch.manual_seed(77)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 48),
-                               torch.nn.Tanh(), torch.nn.Linear(48, 5))
-
-
-def batches(world):
-    g = torch.Generator().manual_seed(9)
-    for _ in range(STEPS):
-        x = torch.randn(world * PER_WORKER, 20, generator=g)
-        y = torch.randint(0, 5, (world * PER_WORKER,), generator=g)
-        yield x, y
-
-
-def rows(rank):
-    return slice(rank * PER_WORKER, (rank + 1) * PER_WORKER)
-
-
 def distributed(rank, world, codec):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     compression = ct.Compression.gravac(codec=codec, **settings(codec))
     opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   compression=compression, name_prefix=f"gravac-{codec}")
-    for x, y in batches(world):
+    for x, y in batches(world, STEPS):
         opt.zero_grad()
-        # Different rows, scaled per rank: the workers' gradients differ.
-        loss = torch.nn.functional.cross_entropy(model(x[rows(rank)]) * (1 + rank), y[rows(rank)])
-        loss.backward()
+        loss_of(model, x, y, rank).backward()
         opt.step()
     assert opt.compression_ratio_history == compression.ratio_history
     return model, opt.gravac_history
@@ -69,17 +49,8 @@ def reference(world, codec, history):
     cores = [ct.Compression.gravac(codec=codec, **settings(codec)).make(world)
              for _ in range(world)]
     mismatches = []
-    for step, (x, y) in enumerate(batches(world)):
-        grads = []
-        for r in range(world):
-            model.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x[rows(r)]) * (1 + r), y[rows(r)])
-            loss.backward()
-            grads.append([p.grad.detach().reshape(-1).clone() for p in params])
-        for r in range(world):
-            for key, g in enumerate(grads[r]):
-                cores[r].prepare(key, g.data_ptr(), g.numel(), step)
-        sums = [sum(c.local_sums()[i] for c in cores) for i in range(3)]
+    for step, (x, y) in enumerate(batches(world, STEPS)):
+        sums = prepare_cores(model, params, cores, x, y, step)
         seconds = history[step]["previous_seconds"]
         decisions = [c.decide(*sums, seconds) for c in cores]
         if any(d["level"] != decisions[0]["level"] or d["ratio"] != decisions[0]["ratio"]
@@ -93,10 +64,7 @@ def reference(world, codec, history):
         for key, p in enumerate(params):
             avg = torch.zeros(p.numel(), dtype=torch.float32)
             for c in cores:
-                nbytes = c.message_bytes(key)
-                msg = torch.empty(nbytes, dtype=torch.uint8)
-                c.copy_message(key, msg.data_ptr(), nbytes)
-                c.decompress_add(key, msg.data_ptr(), nbytes, avg.data_ptr(), 1.0 / world)
+                decompress_add(c, key, avg, 1.0 / world)
             p.grad = avg.view_as(p).clone()
         opt.step()
     return model, mismatches

@@ -19,28 +19,10 @@ import torch
 import cortado
 import cortado.torch as ct
 from common import parse_args, write_result
+from gravac_common import batches, decompress_add, loss_of, make_model, prepare_cores
 
 STEPS = 16
-PER_WORKER = 6
 SETTINGS = dict(codec="topk", min_ratio=2.0, max_ratio=400.0, window=3, epsilon=0.5, alpha=0.5)
-
-
-def make_model():
-    torch.manual_seed(77)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 48),
-                               torch.nn.Tanh(), torch.nn.Linear(48, 5))
-
-
-def batches(world):
-    g = torch.Generator().manual_seed(9)
-    for _ in range(STEPS):
-        x = torch.randn(world * PER_WORKER, 20, generator=g)
-        y = torch.randint(0, 5, (world * PER_WORKER,), generator=g)
-        yield x, y
-
-
-def rows(rank):
-    return slice(rank * PER_WORKER, (rank + 1) * PER_WORKER)
 
 
 def plan_for(names):
@@ -63,11 +45,9 @@ def distributed(rank):
                                   name_prefix="gravac-exec", executor=True, plan=plan_for(names),
                                   fusion_bytes=0)
     world = ct.size()
-    for x, y in batches(world):
+    for x, y in batches(world, STEPS):
         opt.zero_grad()
-        # Different rows, scaled per rank: the workers' gradients differ.
-        loss = torch.nn.functional.cross_entropy(model(x[rows(rank)]) * (1 + rank), y[rows(rank)])
-        loss.backward()
+        loss_of(model, x, y, rank).backward()
         opt.step()
     ratios = opt.compression_ratio_history
     history = opt.gravac_history
@@ -91,19 +71,10 @@ def reference(world, history):
     carrier = [[torch.zeros(p.numel()) for p in params] for _ in range(world)]
     plan_cf, next_cf, replans = 0.0, 0.0, 0
     mismatches = []
-    for step, (x, y) in enumerate(batches(world)):
+    for step, (x, y) in enumerate(batches(world, STEPS)):
         if next_cf:
             plan_cf, next_cf, replans = next_cf, 0.0, replans + 1
-        grads = []
-        for r in range(world):
-            model.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x[rows(r)]) * (1 + r), y[rows(r)])
-            loss.backward()
-            grads.append([p.grad.detach().reshape(-1).clone() for p in params])
-        for r in range(world):
-            for key, g in enumerate(grads[r]):
-                cores[r].prepare(key, g.data_ptr(), g.numel(), step)
-        sums = [sum(c.local_sums()[i] for c in cores) for i in range(3)]
+        sums = prepare_cores(model, params, cores, x, y, step)
         d = [c.decide(*sums, history[step]["previous_seconds"]) for c in cores][0]
         if (d["level"], d["ratio"]) != (history[step]["level"], history[step]["ratio"]):
             mismatches.append(f"step {step}: job sent {history[step]['level']} at "
@@ -117,11 +88,8 @@ def reference(world, history):
         for key, p in enumerate(params):
             total = torch.zeros(p.numel(), dtype=torch.float32)
             for r, c in enumerate(cores):
-                nbytes = c.message_bytes(key)
-                msg = torch.empty(nbytes, dtype=torch.uint8)
-                c.copy_message(key, msg.data_ptr(), nbytes)
                 mine = torch.zeros(p.numel(), dtype=torch.float32)
-                c.decompress_add(key, msg.data_ptr(), nbytes, mine.data_ptr(), 1.0)
+                decompress_add(c, key, mine, 1.0)
                 if sparse:
                     xin = mine + carrier[r][key]
                     sent = topk(xin, max(1, int(p.numel() * (1.0 / plan_cf))))
