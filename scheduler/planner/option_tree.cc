@@ -173,7 +173,18 @@ class Builder {
 }  // namespace
 
 std::vector<TensorOption> enumerateOptions(const TreeConfig& config) {
-  return Builder(config).run();
+  std::vector<TensorOption> out = Builder(config).run();
+  if (config.zen)
+    for (plan::CommOp op : {plan::CommOp::kZenBalanced, plan::CommOp::kZenCentralized})
+      out.push_back(zenOption(op));
+  return out;
+}
+
+TensorOption zenOption(plan::CommOp op) {
+  TensorOption o;
+  o.steps.push_back(Step::comm(plan::Scope::kFlat, op, false));
+  plan::validate(o, "<zen option>");
+  return o;
 }
 
 TensorOption withCodecDevice(const TensorOption& option, Device device) {
