@@ -20,6 +20,7 @@
 #include "compressor/gravac_compressor.h"
 #include "core/device/device.h"
 #include "core/executor/executor.h"
+#include "core/zen_collective.h"
 
 namespace cortado::executor {
 namespace detail {
@@ -131,6 +132,10 @@ struct Executor::TensorState {
   device::Buffer pinned, pinnedBytes;
   std::unique_ptr<device::Event> computed;  // the compute stream's work so far
   std::unique_ptr<device::Event> copied;    // the copy stream's work so far
+  // A Zen option's sums over the world group (core/zen_collective.h), made
+  // at its first run with the option's scheme, kept across runs (its index
+  // lists are O(n) to build).
+  std::unique_ptr<ZenCollective> zen;
 };
 
 namespace detail {
@@ -360,6 +365,11 @@ class Run {
   void addDenseOnDevice();
 
   void pushPull(const Step& push, const Step& pull);
+
+  // A Zen step (plan::CommOp::kZenBalanced, kZenCentralized): the region,
+  // in host memory, scanned for its non-zeros and summed over `g` (the
+  // world group, host memory) with the step's scheme (zen_step.cc).
+  void zenStep(const Step& s, Group g);
 
   Executor::TensorState& t_;
   Worker& worker_;
