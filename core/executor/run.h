@@ -136,6 +136,7 @@ struct Executor::TensorState {
   // at its first run with the option's scheme, kept across runs (its index
   // lists are O(n) to build).
   std::unique_ptr<ZenCollective> zen;
+  collective::Collectives* zenGroup = nullptr;  // the group `zen` runs over
 };
 
 namespace detail {
@@ -368,7 +369,9 @@ class Run {
 
   // A Zen step (plan::CommOp::kZenBalanced, kZenCentralized): the region,
   // in host memory, scanned for its non-zeros and summed over `g` (the
-  // world group, host memory) with the step's scheme (zen_step.cc).
+  // world group for a flat step, the inter-machine group of this local rank
+  // for the shard of a hierarchical one; host memory) with the step's
+  // scheme (zen_step.cc).
   void zenStep(const Step& s, Group g);
 
   Executor::TensorState& t_;

@@ -1,5 +1,6 @@
 // The plan executor's Zen step (core/executor/run.h, Run::zenStep): a sparse
-// tensor summed by core/zen_collective over the world group, on host
+// tensor (or its shard after an intra-machine reduce-scatter) summed by
+// core/zen_collective over the world (or inter-machine) group, on host
 // buffers (docs/zen.md, "In a plan").
 #include "core/executor/run.h"
 
@@ -10,10 +11,12 @@ void Run::zenStep(const Step& s, Group g) {
   const auto scheme = s.op == CommOp::kZenBalanced
                           ? compressor::zen::Scheme::kBalancedParallelism
                           : compressor::zen::Scheme::kHierarchicalCentralization;
-  if (!t_.zen || t_.zen->nextScheme() != scheme || t_.zen->numElements() != r_.len) {
+  if (!t_.zen || t_.zen->nextScheme() != scheme || t_.zen->numElements() != r_.len ||
+      t_.zenGroup != g.c) {
     ZenCollectiveOptions o;
     o.scheme = scheme;
     t_.zen = std::make_unique<ZenCollective>(*g.c, t_.name, r_.len, o);
+    t_.zenGroup = g.c;
   }
   // ZenCollective reads and writes host memory: the data goes through the
   // state's pinned buffer where the device's memory is not the host's.

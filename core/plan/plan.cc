@@ -123,14 +123,27 @@ class Validator {
   // A Zen step: the raw tensor in, its sum out, over the world group. Not
   // through the servers: their Zen keys are the worker engine's
   // (Worker::pushPullSparse), which the plan executor does not run.
+  // Flat: the option's only step. Hierarchical: between an intra-machine
+  // reduce-scatter and allgather (the spec's data path: dense within a
+  // machine, sparse across machines, each local rank's shard over the
+  // inter-machine group).
   void zen(size_t at) {
     const Step& s = o_.steps[at];
-    if (o_.hierarchical || s.scope != Scope::kFlat)
-      fail(at, "Zen runs over all workers' collective group (core/zen_collective), not per "
-               "machine nor through the CPU servers (the executor does not run the servers' "
-               "Zen keys): use a flat option whose only step is 'flat zen_bp' or 'flat zen_hc'");
+    const Scope want = o_.hierarchical ? Scope::kInter : Scope::kFlat;
+    if (s.scope != want)
+      fail(at, "Zen runs over a collective group (core/zen_collective), not through the CPU "
+               "servers (the executor does not run the servers' Zen keys): use 'F: zen.bp' "
+               "(one flat step) or 'H: i.rs x.zen.bp i.ag' (the same for zen_hc)");
     if (s.compressed) fail(at, "a Zen step carries the raw tensor (it finds the non-zeros itself)");
-    if (o_.steps.size() != 1) fail(at == 0 ? 1 : 0, "a Zen option has exactly one step, the Zen step");
+    if (o_.hierarchical) {
+      const bool ok = o_.steps.size() == 3 && at == 1 && o_.steps[0] == Step::comm(Scope::kIntra, CommOp::kReduceScatter, false) &&
+                      o_.steps[2] == Step::comm(Scope::kIntra, CommOp::kAllgather, false);
+      if (!ok)
+        fail(at, "a hierarchical Zen option is exactly 'intra reduce_scatter, inter zen, intra "
+                 "allgather', all raw");
+    } else if (o_.steps.size() != 1) {
+      fail(at == 0 ? 1 : 0, "a Zen option has exactly one step, the Zen step");
+    }
     if (!o_.codec.empty())
       fail(0, fmt::format("codec '{}' given, but a Zen option compresses nothing", o_.codec));
   }

@@ -40,7 +40,8 @@ enum class CommOp : uint8_t {
   // Zen for sparse tensors (docs/zen.md): the raw tensor scanned for its
   // non-zeros and summed as (index, value) pairs over the world group
   // (core/zen_collective.h, host memory), with balanced parallelism or
-  // hierarchical centralization. A flat option's only step.
+  // hierarchical centralization. A flat option's only step, or the inter
+  // step between an intra reduce-scatter and allgather.
   kZenBalanced,
   kZenCentralized,
 };
@@ -108,8 +109,8 @@ struct Plan {
 // the option is not a valid path through the decision tree: a compressed step
 // that sums (allreduce, reduce-scatter, reduce), an encode of compressed data,
 // an unpaired first step, a flat step in a hierarchical option, data left
-// compressed at the end, a missing codec, a Zen step that is not a flat
-// option's only raw step, and so on.
+// compressed at the end, a missing codec, a Zen step that is neither a flat
+// option's only raw step nor the inter step of 'i.rs x.zen i.ag', and so on.
 void validate(const TensorOption& option, std::string_view tensor = "<tensor>");
 // A plan: every option, and every group: two or more members, each a tensor of
 // the plan, in one group at most, all on the same option, with a codec that

@@ -178,16 +178,26 @@ class Compiler {
   // Zen over all GPUs on host buffers (zen_cost.h): the CPU work before and
   // after the collectives on one core each, the collectives on the links a
   // flat collective holds.
+  // Inter-machine (a hierarchical option, after the intra reduce-scatter):
+  // each GPU's shard over the machines, with the density of the sum of the
+  // machine's GPUs, every GPU's traffic through the one NIC; its CPU work
+  // one task per GPU.
   void zen(const Step& s) {
     moveTo(false);
-    const ZenCost z = zenCost(c_, zenScheme(s.op), int64_t(e_), dtype_, sparsity_);
+    const int M = c_.machines, G = c_.gpusPerMachine;
+    const bool inter = s.scope == Scope::kInter;
+    ZenPath path = zenPath(c_);
+    if (inter) path = ZenPath{M, &c_.inter, active_};
+    const ZenCost z = zenCost(c_, zenScheme(s.op), std::max<int64_t>(1, int64_t(std::llround(e_))),
+                              dtype_, inter ? sumOf(sparsity_, G) : sparsity_, &path);
     SimOp cpu;
     cpu.kind = OpKind::kSparse;
     cpu.res = Res::kCpu;
+    cpu.tasks = uint16_t(inter ? active_ : 1);
     cpu.us = z.scanUs;
     add(cpu);
-    const int M = c_.machines, G = c_.gpusPerMachine;
-    add(commOp(s, M > 1 ? (G > 1 ? Res::kFlat : Res::kInter) : Res::kIntra, z.commUs));
+    const Res res = inter ? Res::kInter : M > 1 ? (G > 1 ? Res::kFlat : Res::kInter) : Res::kIntra;
+    add(commOp(s, res, z.commUs));
     cpu.us = z.sumUs;
     add(cpu);
   }

@@ -175,14 +175,23 @@ class Builder {
 std::vector<TensorOption> enumerateOptions(const TreeConfig& config) {
   std::vector<TensorOption> out = Builder(config).run();
   if (config.zen)
-    for (plan::CommOp op : {plan::CommOp::kZenBalanced, plan::CommOp::kZenCentralized})
-      out.push_back(zenOption(op));
+    for (bool h : {false, true})
+      if (h ? config.hierarchical : config.flat)
+        for (plan::CommOp op : {plan::CommOp::kZenBalanced, plan::CommOp::kZenCentralized})
+          out.push_back(zenOption(op, h));
   return out;
 }
 
-TensorOption zenOption(plan::CommOp op) {
+TensorOption zenOption(plan::CommOp op, bool hierarchical) {
   TensorOption o;
-  o.steps.push_back(Step::comm(plan::Scope::kFlat, op, false));
+  o.hierarchical = hierarchical;
+  if (hierarchical) {
+    o.steps = {Step::comm(plan::Scope::kIntra, plan::CommOp::kReduceScatter, false),
+               Step::comm(plan::Scope::kInter, op, false),
+               Step::comm(plan::Scope::kIntra, plan::CommOp::kAllgather, false)};
+  } else {
+    o.steps.push_back(Step::comm(plan::Scope::kFlat, op, false));
+  }
   plan::validate(o, "<zen option>");
   return o;
 }

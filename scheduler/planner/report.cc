@@ -196,7 +196,9 @@ std::string summaryText(const PlanRun& run) {
     for (size_t j = 0; j < ts.size(); ++j) {
       sparse += ts[j].sparse();
       const auto& o = run.sim->options()[size_t(r.espresso.choice[j])];
-      if (o.zen()) (o.steps[0].op == plan::CommOp::kZenBalanced ? bp : hc) += 1;
+      for (const plan::Step& st : o.steps)
+        if (st.kind == plan::StepKind::kComm && plan::isZen(st.op))
+          (st.op == plan::CommOp::kZenBalanced ? bp : hc) += 1;
     }
     out += fmt::format(
         "sparse tensors: {} with a density; {} through Zen (zen.bp balanced parallelism: {}, "

@@ -34,8 +34,18 @@ zen::Scheme zenScheme(CommOp op) {
                                     : zen::Scheme::kHierarchicalCentralization;
 }
 
+Sparsity sumOf(const Sparsity& s, int workers) {
+  if (s.density <= 0 || workers <= 1) return s;
+  const double f = s.overlap > 0 ? s.overlap : s.density;
+  const double covered = f >= 1 ? 1.0 : -std::expm1(double(workers) * std::log1p(-f));
+  Sparsity out;
+  out.density = std::min(1.0, s.density / f * covered);
+  out.overlap = std::max(out.density, std::min(1.0, covered));
+  return out;
+}
+
 ZenCost zenCost(const Cluster& c, zen::Scheme scheme, int64_t elements, int dtypeBytes,
-                const Sparsity& s) {
+                const Sparsity& s, const ZenPath* given) {
   CORTADO_ENFORCE(elements > 0 && dtypeBytes > 0, ErrorCode::kInvalidArgument,
                   "Zen cost of {} elements of {} bytes", elements, dtypeBytes);
   CORTADO_ENFORCE(s.density >= 0 && s.density <= 1 && (s.overlap == 0 || s.density > 0),
@@ -43,7 +53,7 @@ ZenCost zenCost(const Cluster& c, zen::Scheme scheme, int64_t elements, int dtyp
                   "Zen cost: density {} must be in (0, 1] (0: unknown, priced dense), and an "
                   "overlap ({}) needs a density",
                   s.density, s.overlap);
-  const ZenPath path = zenPath(c);
+  const ZenPath path = given ? *given : zenPath(c);
   const int n = path.ranks;
   const double E = double(elements);
   const double d = s.density > 0 ? s.density : 1.0;

@@ -59,10 +59,16 @@ struct ZenPath {
 ZenPath zenPath(const Cluster& c);
 
 // The cost of one Zen round of `scheme` for a tensor of `elements` elements
-// of `dtypeBytes` (u32 indices) on `c`. Throws kInvalidArgument for a
-// density or overlap out of range.
+// of `dtypeBytes` (u32 indices) on `c`, over `path` (default zenPath(c): all
+// GPUs). Throws kInvalidArgument for a density or overlap out of range.
 ZenCost zenCost(const Cluster& c, compressor::zen::Scheme scheme, int64_t elements,
-                int dtypeBytes, const Sparsity& sparsity);
+                int dtypeBytes, const Sparsity& sparsity, const ZenPath* path = nullptr);
+
+// The sparsity of the sum of `workers` tensors of `s` under the overlap
+// model (a hierarchical Zen option's shards after the intra-machine
+// reduce-scatter): density (d / f)(1 - (1 - f)^k), overlap 1 - (1 - f)^k.
+// Unknown stays unknown.
+Sparsity sumOf(const Sparsity& s, int workers);
 
 // The Zen scheme a plan step runs (CommOp::kZenBalanced, kZenCentralized).
 compressor::zen::Scheme zenScheme(plan::CommOp op);

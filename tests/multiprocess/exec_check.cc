@@ -95,7 +95,8 @@
 //                  turned off and the plan made raw, outputs that add up to
 //                  every gradient exactly (exec_check_gravac.cc).
 //   --mode zen     tensors on Zen's plan options (flat zen_bp, zen_hc: core/
-//                  zen_collective over the world group) at about 1% and 50%
+//                  zen_collective over the world group; and H: i.rs x.zen
+//                  i.ag, over the inter-machine group) at about 1% and 50%
 //                  non-zeros per rank, beside one on the default push/pull,
 //                  run alone and in batches, summed and averaged: every
 //                  output equal to the plain sum (exec_check_zen.cc).

@@ -1,6 +1,8 @@
 // The plan executor's check, mode zen (exec_check.cc describes the modes):
 // tensors on Zen's plan options (balanced parallelism and hierarchical
-// centralization over the world group, core/zen_collective) beside a tensor
+// centralization, core/zen_collective: flat over the world group, and
+// hierarchical, each local rank's shard of the intra-machine reduce-scatter
+// over the inter-machine group) beside a tensor
 // on the default push/pull, under mpirun, for --iters iterations, alone
 // (run) and in a batch (runBatch), summed and averaged. Every rank draws
 // every rank's input from the same formula, so it holds the dense reference
@@ -44,6 +46,8 @@ void Check::runZen() {
       {"zen_hc", planner::zenOption(plan::CommOp::kZenCentralized), 1},
       {"zen_bp_dense", planner::zenOption(plan::CommOp::kZenBalanced), 50},
       {"zen_hc_dense", planner::zenOption(plan::CommOp::kZenCentralized), 50},
+      {"zen_h_bp", planner::zenOption(plan::CommOp::kZenBalanced, true), 1},
+      {"zen_h_hc", planner::zenOption(plan::CommOp::kZenCentralized, true), 1},
       {"pushpull", executor::defaultOption(), 100},
   };
   plan::Plan p;

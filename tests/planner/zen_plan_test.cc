@@ -231,6 +231,52 @@ TEST(ZenSimulator, TheSimulatedTimeOfAZenTensorIsTheCostModels) {
   }
 }
 
+TEST(ZenSimulator, AHierarchicalZenTensorIsTheIntraStepsAndTheShardsZen) {
+  // Two GPUs per machine: the intra reduce-scatter sums the pair, whose
+  // shard (half the elements) holds the density of the sum of 2 and goes
+  // over the 4 machines, both GPUs' traffic through the one NIC.
+  const Sparsity sp{0.02, 0.3};
+  const Sparsity two = sumOf(sp, 2);
+  EXPECT_NEAR(two.overlap, 1 - 0.7 * 0.7, 1e-12);
+  EXPECT_NEAR(two.density, 0.02 / 0.3 * (1 - 0.7 * 0.7), 1e-12);
+  // The sum of all 8 GPUs is the same in one stage or two.
+  const auto all = compressor::zen::profileFromOverlap(1000, 8, sp.density, sp.overlap);
+  const auto machines = compressor::zen::profileFromOverlap(1000, 4, two.density, two.overlap);
+  EXPECT_NEAR(sp.density * all.gammaAt(8), two.density * machines.gammaAt(4), 1e-12);
+  for (CommOp op : {CommOp::kZenBalanced, CommOp::kZenCentralized}) {
+    Cluster c = bundled(4, "10gbit");
+    c.gpusPerMachine = 2;
+    ModelProfile p = profileFrom(
+        R"([{"name": "emb", "elements": 3000000, "backward_us": 0, "density": 0.02, "overlap": 0.3}])");
+    Simulator sim(c, ResolvedCodec{}, p, {zenOption(op, true)});
+    const double t = sim.simulate({0});
+    const ZenPath path{4, &c.inter, 2};
+    const ZenCost z = zenCost(c, zenScheme(op), 1500000, 4, two, &path);
+    const double intra = commTimeUs(c.intra, CommOp::kReduceScatter, 2, 12e6) +
+                         commTimeUs(c.intra, CommOp::kAllgather, 2, 6e6);
+    const double copies = c.d2h.us(6e6) + c.h2d.us(6e6);
+    EXPECT_NEAR(t, intra + copies + z.totalUs(), 1e-6 * t) << plan::toString(op);
+  }
+}
+
+TEST(ZenDecision, EightGpuMachinesTakeTheHierarchicalZenOption) {
+  Cluster c = bundled(4, "10gbit");
+  c.gpusPerMachine = 8;
+  c.inter.base = AlphaBeta{40, 1};
+  const ResolvedCodec codec =
+      CodecModel::load(defaultDataDir() + "/costs/codecs.json").resolve("fp16");
+  ModelProfile p = profileFrom(R"([
+      {"name": "fc.weight", "elements": 1000000, "backward_us": 2000},
+      {"name": "emb", "elements": 10000000, "backward_us": 500, "density": 0.01}])");
+  const auto options = plannerOptions(c, codec.spec, true);
+  Simulator sim(c, codec, p, options);
+  Planner planner(sim);
+  const Strategy s = planner.decide();
+  EXPECT_FALSE(options[size_t(s.choice[0])].zen()) << options[size_t(s.choice[0])].describe();
+  const auto& emb = options[size_t(s.choice[1])];
+  EXPECT_TRUE(emb.zen() && emb.hierarchical) << emb.describe();
+}
+
 TEST(ZenDecision, APlanPicksZenForASparseEmbeddingAndDenseOptionsElsewhere) {
   Cluster c = bundled(4, "10gbit");
   c.inter.base = AlphaBeta{40, 1};  // 1 Gbit/s, as the emulated hosts
@@ -242,7 +288,8 @@ TEST(ZenDecision, APlanPicksZenForASparseEmbeddingAndDenseOptionsElsewhere) {
       {"name": "lstm", "elements": 4000000, "backward_us": 8000},
       {"name": "emb", "elements": 10000000, "backward_us": 500, "density": 0.01}])");
   const auto options = plannerOptions(c, codec.spec, p.hasSparse());
-  ASSERT_TRUE(options[options.size() - 2].zen());
+  ASSERT_EQ(options.size(), plannerOptions(c, codec.spec).size() + 4);  // 2 flat, 2 hierarchical
+  ASSERT_TRUE(options[options.size() - 4].zen());
   ASSERT_TRUE(options.back().zen());
   EXPECT_FALSE(plannerOptions(c, codec.spec).back().zen());  // only with sparse tensors
   Simulator sim(c, codec, p, options);
@@ -270,12 +317,18 @@ TEST(ZenPlan, ZenStepsAreFlatAloneAndNeverGrouped) {
   p.tensors["emb2"] = zenOption(CommOp::kZenCentralized);
   EXPECT_EQ(plan::planFromJsonString(plan::toJsonString(p)).tensors.at("emb2"),
             zenOption(CommOp::kZenCentralized));
-  plan::TensorOption servers;
-  servers.hierarchical = true;
-  servers.steps = {plan::Step::comm(plan::Scope::kIntra, CommOp::kReduceScatter, false),
-                   plan::Step::comm(plan::Scope::kInter, CommOp::kZenBalanced, false),
-                   plan::Step::comm(plan::Scope::kIntra, CommOp::kAllgather, false)};
-  EXPECT_NE(errorOf([&] { plan::validate(servers, "emb"); }).find("not per machine nor through the CPU servers"),
+  // Hierarchical: the spec's data path, dense within a machine.
+  const auto h = zenOption(CommOp::kZenCentralized, true);
+  EXPECT_EQ(h.describe(), "H: i.rs x.zen.hc i.ag");
+  EXPECT_EQ(errorOf([&] { plan::validate(h, "emb"); }), "");
+  plan::TensorOption inter;
+  inter.steps = {plan::Step::comm(plan::Scope::kInter, CommOp::kZenBalanced, false)};
+  EXPECT_NE(errorOf([&] { plan::validate(inter, "emb"); }).find("not through the CPU servers"),
+            std::string::npos);
+  plan::TensorOption reduce = h;
+  reduce.steps[0] = plan::Step::comm(plan::Scope::kIntra, CommOp::kReduce, false);
+  reduce.steps[2] = plan::Step::comm(plan::Scope::kIntra, CommOp::kBroadcast, false);
+  EXPECT_NE(errorOf([&] { plan::validate(reduce, "emb"); }).find("exactly 'intra reduce_scatter"),
             std::string::npos);
   plan::TensorOption two = bp;
   two.steps.push_back(plan::Step::comm(plan::Scope::kFlat, CommOp::kAllreduce, false));
