@@ -134,9 +134,11 @@ class Validator {
       fail(at, "Zen runs over a collective group (core/zen_collective), not through the CPU "
                "servers (the executor does not run the servers' Zen keys): use 'F: zen.bp' "
                "(one flat step) or 'H: i.rs x.zen.bp i.ag' (the same for zen_hc)");
-    if (s.compressed) fail(at, "a Zen step carries the raw tensor (it finds the non-zeros itself)");
+    if (s.compressed)
+      fail(at, "a Zen step carries the raw tensor (it finds the non-zeros itself)");
     if (o_.hierarchical) {
-      const bool ok = o_.steps.size() == 3 && at == 1 && o_.steps[0] == Step::comm(Scope::kIntra, CommOp::kReduceScatter, false) &&
+      const bool ok = o_.steps.size() == 3 && at == 1 &&
+                      o_.steps[0] == Step::comm(Scope::kIntra, CommOp::kReduceScatter, false) &&
                       o_.steps[2] == Step::comm(Scope::kIntra, CommOp::kAllgather, false);
       if (!ok)
         fail(at, "a hierarchical Zen option is exactly 'intra reduce_scatter, inter zen, intra "

@@ -188,15 +188,17 @@ class Compiler {
     const bool inter = s.scope == Scope::kInter;
     ZenPath path = zenPath(c_);
     if (inter) path = ZenPath{M, &c_.inter, active_};
-    const ZenCost z = zenCost(c_, zenScheme(s.op), std::max<int64_t>(1, int64_t(std::llround(e_))),
-                              dtype_, inter ? sumOf(sparsity_, G) : sparsity_, &path);
+    const auto elements = std::max<int64_t>(1, int64_t(std::llround(e_)));
+    const ZenCost z = zenCost(c_, zenScheme(s.op), elements, dtype_,
+                              inter ? sumOf(sparsity_, G) : sparsity_, &path);
     SimOp cpu;
     cpu.kind = OpKind::kSparse;
     cpu.res = Res::kCpu;
     cpu.tasks = uint16_t(inter ? active_ : 1);
     cpu.us = z.scanUs;
     add(cpu);
-    const Res res = inter ? Res::kInter : M > 1 ? (G > 1 ? Res::kFlat : Res::kInter) : Res::kIntra;
+    const Res res =
+        inter ? Res::kInter : M > 1 ? (G > 1 ? Res::kFlat : Res::kInter) : Res::kIntra;
     add(commOp(s, res, z.commUs));
     cpu.us = z.sumUs;
     add(cpu);

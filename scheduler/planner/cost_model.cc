@@ -184,7 +184,8 @@ HardwareModel HardwareModel::fromJson(const json& j) {
       h.zenNsPerPair = j.at("cpu").at("zen_ns_per_pair").get<double>();
       CORTADO_ENFORCE(std::isfinite(h.zenNsPerPair) && h.zenNsPerPair >= 0,
                       ErrorCode::kInvalidArgument,
-                      "hardware: cpu.zen_ns_per_pair is {}, it must be a number of nanoseconds >= 0",
+                      "hardware: cpu.zen_ns_per_pair is {}, it must be a number of "
+                      "nanoseconds >= 0",
                       h.zenNsPerPair);
     }
     return h;

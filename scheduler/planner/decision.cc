@@ -79,8 +79,8 @@ std::vector<int> Planner::front(const std::vector<int>& pool, int64_t elements, 
   std::vector<Cost> costs;
   costs.reserve(pool.size());
   for (int o : pool) {
-    const CompiledOption c =
-        compileOption(sim_.cluster(), sim_.codec(), elements, dtypeBytes, sim_.options()[o], sparsity);
+    const CompiledOption c = compileOption(sim_.cluster(), sim_.codec(), elements, dtypeBytes,
+                                           sim_.options()[o], sparsity);
     Cost x{c.pathUs, {}, o};
     std::copy(c.work, c.work + kWorkKinds, x.work);
     costs.push_back(x);

@@ -63,7 +63,8 @@ ZenCost zenCost(const Cluster& c, zen::Scheme scheme, int64_t elements, int dtyp
   const double pairs = d * E;  // one rank's
   const double sumDensity = std::min(1.0, d * prof.gammaAt(n));
   const double nsPerPair = c.zenNsPerPair;
-  const double passUs = E * dtypeBytes * 8.0 / (c.cpuSumGbps * 1000.0);  // one pass over the dense tensor
+  const double passUs =
+      E * dtypeBytes * 8.0 / (c.cpuSumGbps * 1000.0);  // one pass over the dense tensor
   const LinkCost& link = *path.link;
   const double nic = path.perNic;
 
@@ -71,8 +72,8 @@ ZenCost zenCost(const Cluster& c, zen::Scheme scheme, int64_t elements, int dtyp
   if (scheme == zen::Scheme::kBalancedParallelism) {
     const double push = pairs * pairBytes + kHeaderBytes * n;
     const double shareNonzeros = sumDensity * E / n;
-    const double answer =
-        kHeaderBytes + std::min(pairBytes * shareNonzeros, E / (8.0 * n) + dtypeBytes * shareNonzeros);
+    const double answer = kHeaderBytes + std::min(pairBytes * shareNonzeros,
+                                                  E / (8.0 * n) + dtypeBytes * shareNonzeros);
     out.commUs = commTimeUs(link, CommOp::kAlltoall, n, kCountBytes * n) +
                  commTimeUs(link, CommOp::kAlltoall, n, push * nic) +
                  commTimeUs(link, CommOp::kAllgather, n, kCountBytes) +

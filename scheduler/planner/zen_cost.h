@@ -61,8 +61,8 @@ ZenPath zenPath(const Cluster& c);
 // The cost of one Zen round of `scheme` for a tensor of `elements` elements
 // of `dtypeBytes` (u32 indices) on `c`, over `path` (default zenPath(c): all
 // GPUs). Throws kInvalidArgument for a density or overlap out of range.
-ZenCost zenCost(const Cluster& c, compressor::zen::Scheme scheme, int64_t elements,
-                int dtypeBytes, const Sparsity& sparsity, const ZenPath* path = nullptr);
+ZenCost zenCost(const Cluster& c, compressor::zen::Scheme scheme, int64_t elements, int dtypeBytes,
+                const Sparsity& sparsity, const ZenPath* path = nullptr);
 
 // The sparsity of the sum of `workers` tensors of `s` under the overlap
 // model (a hierarchical Zen option's shards after the intra-machine

@@ -25,8 +25,8 @@ namespace {
 // Rank r's element i of tensor t at iteration `iter`: non-zero with
 // probability about `percent`/100 (every rank at i % 211 == 0), in [-4, 4].
 float zenInput(int rank, size_t t, int iter, uint64_t i, uint64_t n, int percent) {
-  const uint64_t h = (uint64_t(rank) * 7919 + t * 104729 + uint64_t(iter) * 1299709 + i * 15485863) %
-                     1000003;
+  const uint64_t h =
+      (uint64_t(rank) * 7919 + t * 104729 + uint64_t(iter) * 1299709 + i * 15485863) % 1000003;
   const bool shared = i % 211 == 0 || i == 0 || i + 1 == n;
   if (!shared && int(h % 100) >= percent) return 0.0f;
   const int64_t k = int64_t(h % 9) - 4;
@@ -86,10 +86,11 @@ void Check::runZen() {
         if (op == ReduceOp::kAverage) want /= float(W);
         nonzeros += want != 0;
         if (out[t][i] != want && shown++ < 5)
-          fail(fmt::format("zen: iteration {} ({}), tensor {} ({}), element {}: {} != the plain "
-                           "sum's {}",
-                           iter, batched ? "batch" : "run", tensors[t].name,
-                           tensors[t].option.describe(), i, out[t][i], want));
+          fail(
+              fmt::format("zen: iteration {} ({}), tensor {} ({}), element {}: {} != the plain "
+                          "sum's {}",
+                          iter, batched ? "batch" : "run", tensors[t].name,
+                          tensors[t].option.describe(), i, out[t][i], want));
       }
       if (me == 0 && iter == 0)
         std::printf("zen: %s (%s): %llu of %llu non-zero in the sum\n", tensors[t].name.c_str(),

@@ -112,7 +112,9 @@ TEST(ZenCost, OverlapProfileSpansIdenticalToDisjoint) {
   EXPECT_NEAR(p.gammaAt(4), 4.0, 1e-4);
   EXPECT_NE(errorOf([] { compressor::zen::profileFromOverlap(1000, 8, 0.1, 0.05); }), "");
   EXPECT_NE(errorOf([] { compressor::zen::profileFromOverlap(1000, 8, 0, 0.5); }), "");
-  EXPECT_NE(errorOf([] { zenCost(ring(4, 0), Scheme::kBalancedParallelism, 10, 4, {1.5, 0}); }),
+  EXPECT_NE(errorOf([] {
+              zenCost(ring(4, 0), Scheme::kBalancedParallelism, 10, 4, {1.5, 0});
+            }),
             "");
 }
 
@@ -332,10 +334,12 @@ TEST(ZenPlan, ZenStepsAreFlatAloneAndNeverGrouped) {
             std::string::npos);
   plan::TensorOption two = bp;
   two.steps.push_back(plan::Step::comm(plan::Scope::kFlat, CommOp::kAllreduce, false));
-  EXPECT_NE(errorOf([&] { plan::validate(two, "emb"); }).find("exactly one step"), std::string::npos);
+  EXPECT_NE(errorOf([&] { plan::validate(two, "emb"); }).find("exactly one step"),
+            std::string::npos);
   plan::TensorOption coded = bp;
   coded.codec = "fp16";
-  EXPECT_NE(errorOf([&] { plan::validate(coded, "emb"); }).find("compresses nothing"), std::string::npos);
+  EXPECT_NE(errorOf([&] { plan::validate(coded, "emb"); }).find("compresses nothing"),
+            std::string::npos);
   p.tensors["emb2"] = bp;
   p.groups = {{"emb", "emb2"}};
   EXPECT_NE(errorOf([&] { plan::validate(p); }).find("Zen option"), std::string::npos);
