@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include "compressor/format.h"
 #include "compressor/zen/zen_payload.h"
@@ -25,6 +26,29 @@ uint64_t seedOf(const std::string& name) {
 
 std::vector<size_t> toSizes(const std::vector<int64_t>& v) {
   return std::vector<size_t>(v.begin(), v.end());
+}
+
+// The byte counts exchanged before a round's lists, the same way for the
+// push and each hierarchical stage (`perPeer`: an alltoall of one count per
+// peer) and for the pull (an allgather of this member's one count). A member
+// that failed sends -1 for every count, so every member stops in the same
+// call: the one that failed throws its own error, the others one naming it
+// ("<where>: rank R <why>").
+std::vector<int64_t> exchangeCounts(collective::Collectives& group, std::vector<int64_t> mine,
+                                    bool perPeer, const std::optional<Error>& failed,
+                                    const std::string& where, std::string_view why,
+                                    Deadline deadline) {
+  const size_t n = size_t(group.size());
+  if (failed) std::fill(mine.begin(), mine.end(), -1);
+  std::vector<int64_t> got(n, 0);
+  if (perPeer)
+    group.alltoall(mine.data(), got.data(), 1, DType::kInt64, deadline);
+  else
+    group.allgather(mine.data(), 1, got.data(), DType::kInt64, deadline);
+  if (failed) throw *failed;
+  for (size_t r = 0; r < n; ++r)
+    CORTADO_ENFORCE(got[r] >= 0, ErrorCode::kInvalidArgument, "{}: rank {} {}", where, r, why);
+  return got;
 }
 
 }  // namespace
@@ -122,7 +146,7 @@ void ZenCollective::runBalanced(const Input& in, float* out, Deadline deadline) 
   const std::string where = fmt::format("zen '{}' on rank {} of {}", tensor_, me, group_.name());
   std::optional<Error> failed;
   zen::Partitioned parts;
-  std::vector<int64_t> sendCounts(size_t(n), -1), recvCounts(size_t(n), 0);
+  std::vector<int64_t> sendCounts(size_t(n), -1);
   std::vector<std::byte> send;
   try {
     CORTADO_ENFORCE(!in.misuse, ErrorCode::kInvalidArgument, "{}", in.misuse ? in.misuse : "");
@@ -146,15 +170,12 @@ void ZenCollective::runBalanced(const Input& in, float* out, Deadline deadline) 
     }
   } catch (const Error& e) {
     failed = Error(e.code(), fmt::format("{}: {}", where, e.what()));
-    std::fill(sendCounts.begin(), sendCounts.end(), -1);
   }
   // Push: the counts first (-1 from every rank that refused its input, so
   // that every rank stops here), then the lists.
-  group_.alltoall(sendCounts.data(), recvCounts.data(), 1, DType::kInt64, deadline);
-  if (failed) throw *failed;
-  for (int r = 0; r < n; ++r)
-    CORTADO_ENFORCE(recvCounts[size_t(r)] >= 0, ErrorCode::kInvalidArgument,
-                    "{}: rank {} refused its input for this round (its error says why)", where, r);
+  const std::vector<int64_t> recvCounts =
+      exchangeCounts(group_, sendCounts, true, failed, where,
+                     "refused its input for this round (its error says why)", deadline);
   size_t received = 0;
   for (int64_t c : recvCounts) received += size_t(c);
   std::vector<std::byte> recv(received);
@@ -180,13 +201,9 @@ void ZenCollective::runBalanced(const Input& in, float* out, Deadline deadline) 
   }
 
   // Pull: every share's answer to every rank.
-  const int64_t mine = failed ? -1 : int64_t(answer.size());
-  std::vector<int64_t> sizes(static_cast<size_t>(n));
-  group_.allgather(&mine, 1, sizes.data(), DType::kInt64, deadline);
-  if (failed) throw *failed;
-  for (int r = 0; r < n; ++r)
-    CORTADO_ENFORCE(sizes[size_t(r)] >= 0, ErrorCode::kInvalidArgument,
-                    "{}: rank {} refused a list sent to it (its error names the sender)", where, r);
+  const std::vector<int64_t> sizes =
+      exchangeCounts(group_, {int64_t(answer.size())}, false, failed, where,
+                     "refused a list sent to it (its error names the sender)", deadline);
   size_t all = 0;
   for (int64_t s : sizes) all += size_t(s);
   std::vector<std::byte> answers(all);
@@ -274,13 +291,11 @@ void ZenCollective::runCentralized(const Input& in, float* out, Deadline deadlin
   // from a rank that failed, so that every rank stops in the same stage),
   // then the lists in one alltoallv.
   auto exchange = [&](int peer, const zen::CooList& list) -> zen::CooList {
-    std::vector<int64_t> sc(size_t(n), failed ? -1 : 0), rc(size_t(n), 0);
-    if (!failed && peer >= 0) sc[size_t(peer)] = int64_t(8 * list.index.size());
-    group_.alltoall(sc.data(), rc.data(), 1, DType::kInt64, deadline);
-    if (failed) throw *failed;
-    for (int r = 0; r < n; ++r)
-      CORTADO_ENFORCE(rc[size_t(r)] >= 0, ErrorCode::kInvalidArgument,
-                      "{}: rank {} failed in an earlier stage (its error says why)", where, r);
+    std::vector<int64_t> sc(size_t(n), 0);
+    if (peer >= 0) sc[size_t(peer)] = int64_t(8 * list.index.size());
+    const std::vector<int64_t> rc =
+        exchangeCounts(group_, sc, true, failed, where,
+                       "failed in an earlier stage (its error says why)", deadline);
     const std::vector<std::byte> send =
         peer >= 0 ? zen::encodeStageList(list) : std::vector<std::byte>{};
     size_t total = 0;

@@ -97,6 +97,28 @@ SparsityProfile profileFromUnion(uint64_t numElements, int workers, double densi
   return p;
 }
 
+SparsityProfile profileFromOverlap(uint64_t numElements, int workers, double density,
+                                   double overlap) {
+  CORTADO_ENFORCE(workers >= 1 && density > 0 && density <= 1 && overlap >= density &&
+                      overlap <= 1,
+                  ErrorCode::kInvalidArgument,
+                  "sparsity profile of {} workers, density {}, overlap {}: needs workers >= 1, "
+                  "density in (0, 1] and overlap in [density, 1]",
+                  workers, density, overlap);
+  SparsityProfile p;
+  p.numElements = numElements;
+  p.workers = workers;
+  p.density = density;
+  p.modelled = true;
+  for (int k : stageGroups(workers)) {
+    // log1p/expm1: exact for small overlaps, where 1 - (1 - f)^k cancels.
+    const double g = -std::expm1(double(k) * std::log1p(-overlap)) / overlap;
+    p.groups.push_back(k);
+    p.gamma.push_back(std::clamp(overlap >= 1 ? 1.0 : g, 1.0, double(k)));
+  }
+  return p;
+}
+
 double balancedParallelismSeconds(const SparsityProfile& p, double b) {
   const double n = p.workers;
   const double base = 2.0 * double(p.numElements) * p.density / b;

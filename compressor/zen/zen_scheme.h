@@ -54,6 +54,14 @@ SparsityProfile profileFromIndexSets(uint64_t numElements,
 // scaled so that gamma(1) = 1 and gamma(n) = d_n / d.
 SparsityProfile profileFromUnion(uint64_t numElements, int workers, double density,
                                  double unionDensity);
+// From d and an overlap f in [d, 1] that does not depend on n (the
+// planner's profiles, docs/planner.md): each worker's non-zeros are a share f
+// of a hot set of d / f of the tensor, drawn independently, so
+// gamma(k) = (1 - (1 - f)^k) / f. f = 1: identical index sets (gamma 1);
+// f = d: uniform over the tensor; f -> 0: disjoint (gamma(k) -> k).
+// Throws kInvalidArgument outside those ranges.
+SparsityProfile profileFromOverlap(uint64_t numElements, int workers, double density,
+                                   double overlap);
 
 struct SchemeChoice {
   Scheme scheme = Scheme::kBalancedParallelism;

@@ -162,6 +162,11 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
                       "inter-machine collective steps",
                       name, i, describeStep(s));
     }
+    CORTADO_ENFORCE(!option.zen() || tensors_.at(name)->n <= compressor::zen::kMaxElements,
+                    ErrorCode::kInvalidArgument,
+                    "plan for tensor '{}': a Zen option indexes elements with u32, at most {}; "
+                    "this tensor has {}: split it, or give it a dense option",
+                    name, compressor::zen::kMaxElements, tensors_.at(name)->n);
     if (!option.codec.empty()) {
       try {
         compressor::CodecPtr c = codecs_->create(codecs_->canonical(option.codec));

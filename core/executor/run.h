@@ -20,6 +20,7 @@
 #include "compressor/gravac_compressor.h"
 #include "core/device/device.h"
 #include "core/executor/executor.h"
+#include "core/zen_collective.h"
 
 namespace cortado::executor {
 namespace detail {
@@ -137,6 +138,11 @@ struct Executor::TensorState {
   device::Buffer pinned, pinnedBytes;
   std::unique_ptr<device::Event> computed;  // the compute stream's work so far
   std::unique_ptr<device::Event> copied;    // the copy stream's work so far
+  // A Zen option's sums over the world group (core/zen_collective.h), made
+  // at its first run with the option's scheme, kept across runs (its index
+  // lists are O(n) to build).
+  std::unique_ptr<ZenCollective> zen;
+  collective::Collectives* zenGroup = nullptr;  // the group `zen` runs over
 };
 
 namespace detail {
@@ -366,6 +372,13 @@ class Run {
   void addDenseOnDevice();
 
   void pushPull(const Step& push, const Step& pull);
+
+  // A Zen step (plan::CommOp::kZenBalanced, kZenCentralized): the region,
+  // in host memory, scanned for its non-zeros and summed over `g` (the
+  // world group for a flat step, the inter-machine group of this local rank
+  // for the shard of a hierarchical one; host memory) with the step's
+  // scheme (zen_step.cc).
+  void zenStep(const Step& s, Group g);
 
   Executor::TensorState& t_;
   Worker& worker_;

@@ -247,7 +247,9 @@ void Run::timedStep(const Step& s) {
   const auto t0 = Clock::now();
   runStep(s);
   const double us = Executor::Profiler::since(t0);
-  if (!active) return;
+  // Zen's steps are not reported: the re-planner has no Zen model (its
+  // cost needs the tensor's density, which the reports do not carry).
+  if (!active || (s.kind == StepKind::kComm && plan::isZen(s.op))) return;
   if (s.kind == StepKind::kEncode) {
     prof_->codec(t_.codecSpec, true, elements, us);
   } else if (s.kind == StepKind::kDecode) {
@@ -289,6 +291,11 @@ void Run::runStep(const Step& s) {
     replicas_ *= uint64_t(topo_.numMachines);  // every machine's pusher pulls the same sum
     if (active_) pushPull(s, t_.option.steps.at(step_ + 1));
     ++step_;  // the pull ran with it
+    return;
+  }
+  if (plan::isZen(s.op)) {
+    replicas_ *= uint64_t(hg.size());  // every member holds the same sum
+    if (active_) zenStep(s, hg);
     return;
   }
   if (isFirst(s.op)) {

@@ -21,7 +21,7 @@ constexpr std::array<std::pair<Scope, std::string_view>, 3> kScopes{{
     {Scope::kIntra, "intra"},
     {Scope::kInter, "inter"},
 }};
-constexpr std::array<std::pair<CommOp, std::string_view>, 9> kOps{{
+constexpr std::array<std::pair<CommOp, std::string_view>, 11> kOps{{
     {CommOp::kAllreduce, "allreduce"},
     {CommOp::kReduceScatter, "reduce_scatter"},
     {CommOp::kReduce, "reduce"},
@@ -31,6 +31,8 @@ constexpr std::array<std::pair<CommOp, std::string_view>, 9> kOps{{
     {CommOp::kGather, "gather"},
     {CommOp::kPush, "push"},
     {CommOp::kPull, "pull"},
+    {CommOp::kZenBalanced, "zen_bp"},
+    {CommOp::kZenCentralized, "zen_hc"},
 }};
 
 template <typename E, size_t N>
@@ -64,6 +66,8 @@ std::string_view shortOp(CommOp op) {
     case CommOp::kGather: return "ga";
     case CommOp::kPush: return "push";
     case CommOp::kPull: return "pull";
+    case CommOp::kZenBalanced: return "zen.bp";
+    case CommOp::kZenCentralized: return "zen.hc";
   }
   return "?";
 }
@@ -94,6 +98,8 @@ class Validator {
   void run() {
     CORTADO_ENFORCE(!o_.steps.empty(), ErrorCode::kInvalidArgument,
                     "plan for tensor '{}': no steps", tensor_);
+    for (size_t i = 0; i < o_.steps.size(); ++i)
+      if (o_.steps[i].kind == StepKind::kComm && isZen(o_.steps[i].op)) return zen(i);
     codecSteps();
     if (!o_.hierarchical) {
       stage(Scope::kFlat, /*indivisibleOk=*/true);
@@ -114,6 +120,36 @@ class Validator {
   }
 
  private:
+  // A Zen step: the raw tensor in, its sum out, over the world group. Not
+  // through the servers: their Zen keys are the worker engine's
+  // (Worker::pushPullSparse), which the plan executor does not run.
+  // Flat: the option's only step. Hierarchical: between an intra-machine
+  // reduce-scatter and allgather (the spec's data path: dense within a
+  // machine, sparse across machines, each local rank's shard over the
+  // inter-machine group).
+  void zen(size_t at) {
+    const Step& s = o_.steps[at];
+    const Scope want = o_.hierarchical ? Scope::kInter : Scope::kFlat;
+    if (s.scope != want)
+      fail(at, "Zen runs over a collective group (core/zen_collective), not through the CPU "
+               "servers (the executor does not run the servers' Zen keys): use 'F: zen.bp' "
+               "(one flat step) or 'H: i.rs x.zen.bp i.ag' (the same for zen_hc)");
+    if (s.compressed)
+      fail(at, "a Zen step carries the raw tensor (it finds the non-zeros itself)");
+    if (o_.hierarchical) {
+      const bool ok = o_.steps.size() == 3 && at == 1 &&
+                      o_.steps[0] == Step::comm(Scope::kIntra, CommOp::kReduceScatter, false) &&
+                      o_.steps[2] == Step::comm(Scope::kIntra, CommOp::kAllgather, false);
+      if (!ok)
+        fail(at, "a hierarchical Zen option is exactly 'intra reduce_scatter, inter zen, intra "
+                 "allgather', all raw");
+    } else if (o_.steps.size() != 1) {
+      fail(at == 0 ? 1 : 0, "a Zen option has exactly one step, the Zen step");
+    }
+    if (!o_.codec.empty())
+      fail(0, fmt::format("codec '{}' given, but a Zen option compresses nothing", o_.codec));
+  }
+
   [[noreturn]] void fail(size_t at, std::string_view why) const {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("plan for tensor '{}', step {} ({}): {}", tensor_, at,
@@ -233,11 +269,20 @@ bool TensorOption::compressed() const {
   return false;
 }
 
+bool isZen(CommOp op) { return op == CommOp::kZenBalanced || op == CommOp::kZenCentralized; }
+
 bool TensorOption::fusible() const {
   if (!codec.empty() || compressed()) return false;
   for (const Step& s : steps)
-    if (s.kind != StepKind::kComm || s.op == CommOp::kPush || s.op == CommOp::kPull) return false;
+    if (s.kind != StepKind::kComm || s.op == CommOp::kPush || s.op == CommOp::kPull || isZen(s.op))
+      return false;
   return !steps.empty();
+}
+
+bool TensorOption::zen() const {
+  for (const Step& s : steps)
+    if (s.kind == StepKind::kComm && isZen(s.op)) return true;
+  return false;
 }
 
 std::string TensorOption::describe() const {
@@ -287,6 +332,10 @@ void validate(const Plan& plan) {
           g, m, it->second.describe() + (it->second.codec.empty() ? "" : " " + it->second.codec),
           members.front(), first.describe() + (first.codec.empty() ? "" : " " + first.codec));
     }
+    CORTADO_ENFORCE(!plan.tensors.at(members.front()).zen(), ErrorCode::kInvalidArgument,
+                    "plan group {} ('{}'...) is on a Zen option: Zen sums each sparse tensor on "
+                    "its own (leave its tensors out of the groups)",
+                    g, members.front());
     const std::string& codec = plan.tensors.at(members.front()).codec;
     CORTADO_ENFORCE(codec.rfind("powersgd", 0) != 0, ErrorCode::kInvalidArgument,
                     "plan group {} ('{}' ..): codec '{}' needs each tensor's matrix shape and "

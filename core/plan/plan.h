@@ -37,7 +37,16 @@ enum class CommOp : uint8_t {
   kGather,
   kPush,  // to the CPU servers, which sum (decoding first if compressed)
   kPull,  // from the CPU servers (re-encoded there if compressed)
+  // Zen for sparse tensors (docs/zen.md): the raw tensor scanned for its
+  // non-zeros and summed as (index, value) pairs over the world group
+  // (core/zen_collective.h, host memory), with balanced parallelism or
+  // hierarchical centralization. A flat option's only step, or the inter
+  // step between an intra reduce-scatter and allgather.
+  kZenBalanced,
+  kZenCentralized,
 };
+// True for kZenBalanced and kZenCentralized.
+bool isZen(CommOp op);
 
 enum class StepKind : uint8_t { kEncode, kDecode, kComm };
 
@@ -68,8 +77,11 @@ struct TensorOption {
   // concatenation. Fusible: nothing compressed and no codec (a codec encodes
   // each tensor on its own; error-feedback residuals are per tensor) and no
   // push/pull (shard keys are declared per tensor with the servers): only
-  // collectives, each of which sums element by element.
+  // collectives, each of which sums element by element. A Zen step is not
+  // fusible (its cost depends on each tensor's own density).
   bool fusible() const;
+  // The option is Zen's (its one step is kZenBalanced or kZenCentralized).
+  bool zen() const;
   // Short human-readable form, e.g. "H: rs | E(gpu) a2a* ag* D(gpu) | ag".
   std::string describe() const;
   bool operator==(const TensorOption& o) const = default;
@@ -97,11 +109,13 @@ struct Plan {
 // the option is not a valid path through the decision tree: a compressed step
 // that sums (allreduce, reduce-scatter, reduce), an encode of compressed data,
 // an unpaired first step, a flat step in a hierarchical option, data left
-// compressed at the end, a missing codec, and so on.
+// compressed at the end, a missing codec, a Zen step that is neither a flat
+// option's only raw step nor the inter step of 'i.rs x.zen i.ag', and so on.
 void validate(const TensorOption& option, std::string_view tensor = "<tensor>");
 // A plan: every option, and every group: two or more members, each a tensor of
 // the plan, in one group at most, all on the same option, with a codec that
-// can encode a concatenation (not powersgd, which needs a matrix shape).
+// can encode a concatenation (not powersgd, which needs a matrix shape), and
+// not Zen.
 void validate(const Plan& plan);
 
 std::string_view toString(Device d);

@@ -16,8 +16,14 @@ using plan::StepKind;
 
 class Compiler {
  public:
-  Compiler(const Cluster& c, const ResolvedCodec& codec, int64_t elements, int dtypeBytes)
-      : c_(c), codec_(codec), e_(double(elements)), dtype_(dtypeBytes), active_(c.gpusPerMachine) {
+  Compiler(const Cluster& c, const ResolvedCodec& codec, int64_t elements, int dtypeBytes,
+           const Sparsity& sparsity)
+      : c_(c),
+        codec_(codec),
+        e_(double(elements)),
+        dtype_(dtypeBytes),
+        active_(c.gpusPerMachine),
+        sparsity_(sparsity) {
     out_.ops.reserve(16);  // one allocation: options have at most a dozen operations
   }
 
@@ -35,6 +41,8 @@ class Compiler {
         codecOp(OpKind::kDecode, s.device, codec_.decodeUs(s.device, e_, m_));
         compressed_ = false;
         m_ = 1;
+      } else if (plan::isZen(s.op)) {
+        zen(s);
       } else if (s.op == CommOp::kPush) {
         CORTADO_ENFORCE(i + 1 < steps.size(), ErrorCode::kInvalidArgument, "push without pull");
         pushPull(s, steps[i + 1]);
@@ -167,6 +175,35 @@ class Compiler {
     }
   }
 
+  // Zen over all GPUs on host buffers (zen_cost.h): the CPU work before and
+  // after the collectives on one core each, the collectives on the links a
+  // flat collective holds.
+  // Inter-machine (a hierarchical option, after the intra reduce-scatter):
+  // each GPU's shard over the machines, with the density of the sum of the
+  // machine's GPUs, every GPU's traffic through the one NIC; its CPU work
+  // one task per GPU.
+  void zen(const Step& s) {
+    moveTo(false);
+    const int M = c_.machines, G = c_.gpusPerMachine;
+    const bool inter = s.scope == Scope::kInter;
+    ZenPath path = zenPath(c_);
+    if (inter) path = ZenPath{M, &c_.inter, active_};
+    const auto elements = std::max<int64_t>(1, int64_t(std::llround(e_)));
+    const ZenCost z = zenCost(c_, zenScheme(s.op), elements, dtype_,
+                              inter ? sumOf(sparsity_, G) : sparsity_, &path);
+    SimOp cpu;
+    cpu.kind = OpKind::kSparse;
+    cpu.res = Res::kCpu;
+    cpu.tasks = uint16_t(inter ? active_ : 1);
+    cpu.us = z.scanUs;
+    add(cpu);
+    const Res res =
+        inter ? Res::kInter : M > 1 ? (G > 1 ? Res::kFlat : Res::kInter) : Res::kIntra;
+    add(commOp(s, res, z.commUs));
+    cpu.us = z.sumUs;
+    add(cpu);
+  }
+
   // Push to the servers and pull back. Each machine's server owns 1/M of the
   // tensor and receives it from all M machines; it decodes (when compressed)
   // and sums on CPU, and re-encodes when the pull is compressed.
@@ -226,14 +263,16 @@ class Compiler {
   bool compressed_ = false;
   bool onDevice_ = true;
   bool pendingFirst_[3] = {false, false, false};
+  Sparsity sparsity_;
   CompiledOption out_;
 };
 
 }  // namespace
 
 CompiledOption compileOption(const Cluster& cluster, const ResolvedCodec& codec, int64_t elements,
-                             int dtypeBytes, const plan::TensorOption& option) {
-  return Compiler(cluster, codec, elements, dtypeBytes).run(option);
+                             int dtypeBytes, const plan::TensorOption& option,
+                             const Sparsity& sparsity) {
+  return Compiler(cluster, codec, elements, dtypeBytes, sparsity).run(option);
 }
 
 }  // namespace cortado::planner

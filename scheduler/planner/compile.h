@@ -17,13 +17,15 @@
 
 #include "core/plan/plan.h"
 #include "scheduler/planner/cost_model.h"
+#include "scheduler/planner/zen_cost.h"
 
 namespace cortado::planner {
 
 // What an operation occupies. kFlat: a collective over all GPUs, which holds
 // the intra-machine links and the network at once.
 enum class Res : uint8_t { kGpu, kCpu, kIntra, kInter, kFlat, kD2H, kH2D };
-enum class OpKind : uint8_t { kEncode, kDecode, kComm, kCopy, kServer };
+// kSparse: Zen's CPU work on the calling thread (zen_cost.h).
+enum class OpKind : uint8_t { kEncode, kDecode, kComm, kCopy, kServer, kSparse };
 
 struct SimOp {
   Res res = Res::kGpu;
@@ -46,7 +48,12 @@ struct CompiledOption {
   bool gpuCodec = false;
 };
 
+// `sparsity`: the tensor's, for a Zen option (zen_cost.h; unknown: priced
+// as a dense tensor). A Zen option runs on host buffers: the copies to and
+// from the host, the scan and placement on one core, the scheme's
+// collectives over all GPUs, then the sums and the decode on one core.
 CompiledOption compileOption(const Cluster& cluster, const ResolvedCodec& codec, int64_t elements,
-                             int dtypeBytes, const plan::TensorOption& option);
+                             int dtypeBytes, const plan::TensorOption& option,
+                             const Sparsity& sparsity = {});
 
 }  // namespace cortado::planner

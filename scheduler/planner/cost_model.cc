@@ -153,6 +153,12 @@ double commTimeUs(const LinkCost& link, CommOp op, int p, double bytes, bool com
     case CommOp::kBroadcast: return ceilLog2(p) * a + bytes * b;
     case CommOp::kPush:
     case CommOp::kPull: return a + frac * bytes * b;
+    case CommOp::kZenBalanced:
+    case CommOp::kZenCentralized:
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: a Zen step is priced by zenCost (zen_cost.h), which needs the "
+                              "tensor's density, not by one link formula",
+                              plan::toString(op)));
   }
   return 0;
 }
@@ -174,6 +180,14 @@ HardwareModel HardwareModel::fromJson(const json& j) {
     h.d2h = alphaBetaFromJson(j.at("copies").at("d2h"), "copies.d2h");
     h.h2d = alphaBetaFromJson(j.at("copies").at("h2d"), "copies.h2d");
     h.cpuSumGbps = j.at("cpu").at("sum_gbps").get<double>();
+    if (j.at("cpu").contains("zen_ns_per_pair")) {
+      h.zenNsPerPair = j.at("cpu").at("zen_ns_per_pair").get<double>();
+      CORTADO_ENFORCE(std::isfinite(h.zenNsPerPair) && h.zenNsPerPair >= 0,
+                      ErrorCode::kInvalidArgument,
+                      "hardware: cpu.zen_ns_per_pair is {}, it must be a number of "
+                      "nanoseconds >= 0",
+                      h.zenNsPerPair);
+    }
     return h;
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed hardware model: {}", e.what()));

@@ -22,6 +22,10 @@
 
 namespace cortado::planner {
 
+// Zen's CPU time per (index, value) pair placed, summed, merged or decoded
+// (Cluster::zenNsPerPair): an estimate, each a hashed or random access.
+inline constexpr double kDefaultZenNsPerPair = 20;
+
 struct AlphaBeta {
   double alphaUs = 0;
   double gbps = 1;  // Gbit/s
@@ -76,6 +80,7 @@ struct HardwareModel {
   std::map<std::string, LinkCost> links;
   AlphaBeta d2h, h2d;          // per GPU
   double cpuSumGbps = 40;      // one core summing float32 buffers
+  double zenNsPerPair = kDefaultZenNsPerPair;  // cpu.zen_ns_per_pair (Cluster::zenNsPerPair)
   std::string source;          // where the numbers come from
 
   static HardwareModel fromJson(const nlohmann::json& j);
@@ -91,6 +96,9 @@ struct Cluster {
   AlphaBeta d2h, h2d;
   int cpuCores = 8;  // per machine, shared by CPU codecs and the server
   double cpuSumGbps = 40;
+  // Zen (zen_cost.h): one core's time per (index, value) pair placed,
+  // summed, merged or decoded; hardware JSON cpu.zen_ns_per_pair.
+  double zenNsPerPair = kDefaultZenNsPerPair;
   bool parameterServer = true;  // servers run on every machine
   // CPU codec calls and the servers' work are split into partitions of this
   // size (the worker's partitioner), each a task for one core.

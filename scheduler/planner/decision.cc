@@ -36,8 +36,10 @@ constexpr int64_t kExactOffloadCombos = 32;  // offload past kExactChecks tensor
 
 }  // namespace
 
-std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std::string& codecSpec) {
+std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std::string& codecSpec,
+                                               bool zen) {
   TreeConfig cfg;
+  cfg.zen = zen;
   cfg.codec = codecSpec;
   cfg.hierarchical = cluster.machines > 1;
   cfg.parameterServer = cluster.parameterServer && cluster.machines > 1;
@@ -82,7 +84,8 @@ Planner::Planner(Simulator& sim) : sim_(sim) {
 
 // The options not dominated (in their own sync time and in every kind of
 // work) among `pool` for one tensor size, cheapest sync time first.
-std::vector<int> Planner::front(const std::vector<int>& pool, int64_t elements, int dtypeBytes) const {
+std::vector<int> Planner::front(const std::vector<int>& pool, int64_t elements, int dtypeBytes,
+                                const Sparsity& sparsity) const {
   struct Cost {
     double path;
     double work[kWorkKinds];
@@ -91,7 +94,8 @@ std::vector<int> Planner::front(const std::vector<int>& pool, int64_t elements, 
   std::vector<Cost> costs;
   costs.reserve(pool.size());
   for (int o : pool) {
-    const CompiledOption c = compileOption(sim_.cluster(), sim_.codec(), elements, dtypeBytes, sim_.options()[o]);
+    const CompiledOption c = compileOption(sim_.cluster(), sim_.codec(), elements, dtypeBytes,
+                                           sim_.options()[o], sparsity);
     Cost x{c.pathUs, {}, o};
     std::copy(c.work, c.work + kWorkKinds, x.work);
     costs.push_back(x);
@@ -140,12 +144,19 @@ const std::vector<int>& Planner::candidates(int cls) {
         for (int o : front(pool_, e, t[0].dtypeBytes)) on[o] = true;
       }
       std::vector<int> sampled;
+      // Zen's options are priced by each tensor's density, which the sampled
+      // sizes do not have: they stay in the pool.
       for (int o : pool_)
-        if (on[o]) sampled.push_back(o);
+        if (on[o] || sim_.options()[size_t(o)].zen()) sampled.push_back(o);
       pool_ = std::move(sampled);
     }
   }
-  candidates_[cls] = front(pool_, sim_.classElements(cls), sim_.classDtype(cls));
+  // Zen's options are candidates only where the profile gives a density.
+  std::vector<int> pool;
+  for (int o : pool_)
+    if (sim_.classSparsity(cls).density > 0 || !sim_.options()[size_t(o)].zen()) pool.push_back(o);
+  candidates_[cls] =
+      front(pool, sim_.classElements(cls), sim_.classDtype(cls), sim_.classSparsity(cls));
   if (sim_.fusion()) {
     // A fusible option is worth more than its cost alone says: fused with
     // its neighbours it pays one latency for many tensors. The options on
@@ -166,7 +177,8 @@ const std::vector<int>& Planner::candidates(int cls) {
 Strategy Planner::noCompression() {
   Strategy best{{}, Simulator::kInf};
   for (int o = 0; o < sim_.optionCount(); ++o) {
-    if (compressed_[o]) continue;
+    // Zen is an option for the tensors with a density only (candidates()).
+    if (compressed_[o] || sim_.options()[size_t(o)].zen()) continue;
     std::vector<int> choice(sim_.tensors(), o);
     double f = sim_.simulate(choice);
     ++stats_.evaluations;

@@ -108,7 +108,8 @@ class Planner {
   // GPU pass candidates for a size class: the options not dominated in every
   // kind of work and in their own sync time.
   const std::vector<int>& candidates(int sizeClass);
-  std::vector<int> front(const std::vector<int>& pool, int64_t elements, int dtypeBytes) const;
+  std::vector<int> front(const std::vector<int>& pool, int64_t elements, int dtypeBytes,
+                         const Sparsity& sparsity = {}) const;
   // Under fusion, the better of `best` and "small tensors on one fusible
   // option, the rest as `all`" for several size thresholds (decide()).
   void fusedSmallStart(const Strategy& all, Strategy& best);
@@ -152,8 +153,10 @@ struct PlanReport {
 
 // The option list the planner uses for a cluster: the full tree (with the
 // parameter server when the cluster has servers), restricted to flat options
-// on one machine.
-std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std::string& codecSpec);
+// on one machine; with `zen` (a profile with sparse tensors,
+// ModelProfile::hasSparse) Zen's two options after them.
+std::vector<plan::TensorOption> plannerOptions(const Cluster& cluster, const std::string& codecSpec,
+                                               bool zen = false);
 
 // The options among `options` that a job without MPI collectives runs (the
 // executor without groups): no flat step, and across machines only push and

@@ -36,7 +36,8 @@ FusionSearch::FusionSearch(Simulator& sim, FusionConfig config) : sim_(sim), con
                   "fusion search: treeCandidates must be >= 0, got {}", config_.treeCandidates);
   for (const plan::TensorOption& o : sim_.options()) {
     // As plan::validate: powersgd needs each tensor's matrix shape.
-    const bool groupable = o.codec.rfind("powersgd", 0) != 0;
+    // Nor Zen: its cost is each tensor's own density (plan::validate).
+    const bool groupable = o.codec.rfind("powersgd", 0) != 0 && !o.zen();
     groupable_.push_back(groupable ? 1 : 0);
     // The tree's candidates come from the options Espresso's GPU pass
     // chooses among (no CPU codec): its offload to the CPU is per tensor.

@@ -173,7 +173,27 @@ class Builder {
 }  // namespace
 
 std::vector<TensorOption> enumerateOptions(const TreeConfig& config) {
-  return Builder(config).run();
+  std::vector<TensorOption> out = Builder(config).run();
+  if (config.zen)
+    for (bool h : {false, true})
+      if (h ? config.hierarchical : config.flat)
+        for (plan::CommOp op : {plan::CommOp::kZenBalanced, plan::CommOp::kZenCentralized})
+          out.push_back(zenOption(op, h));
+  return out;
+}
+
+TensorOption zenOption(plan::CommOp op, bool hierarchical) {
+  TensorOption o;
+  o.hierarchical = hierarchical;
+  if (hierarchical) {
+    o.steps = {Step::comm(plan::Scope::kIntra, plan::CommOp::kReduceScatter, false),
+               Step::comm(plan::Scope::kInter, op, false),
+               Step::comm(plan::Scope::kIntra, plan::CommOp::kAllgather, false)};
+  } else {
+    o.steps.push_back(Step::comm(plan::Scope::kFlat, op, false));
+  }
+  plan::validate(o, "<zen option>");
+  return o;
 }
 
 TensorOption withCodecDevice(const TensorOption& option, Device device) {

@@ -26,6 +26,12 @@ double ModelProfile::totalBytes() const {
   return b;
 }
 
+bool ModelProfile::hasSparse() const {
+  for (const auto& x : tensors)
+    if (x.sparse()) return true;
+  return false;
+}
+
 namespace {
 
 constexpr const char* kFormatHint =
@@ -98,6 +104,27 @@ ModelProfile ModelProfile::fromJson(const json& j) {
                     ErrorCode::kInvalidArgument,
                     "{}: elements ({}) and dtype_bytes ({}) must be > 0 and backward_us ({}) >= 0",
                     at, x.elements, x.dtypeBytes, x.backwardUs);
+    if (t.contains("density")) {
+      x.density = field<double>(t, "density", at, "a number in (0, 1]");
+      CORTADO_ENFORCE(std::isfinite(x.density) && x.density > 0 && x.density <= 1,
+                      ErrorCode::kInvalidArgument,
+                      "{}: density is {}, it must be in (0, 1]: the fraction of the tensor one "
+                      "worker's gradient holds non-zero (leave it out for a dense tensor)",
+                      at, x.density);
+    }
+    if (t.contains("overlap")) {
+      CORTADO_ENFORCE(x.density > 0, ErrorCode::kInvalidArgument,
+                      "{}: overlap is given without a density; give \"density\" too, or leave "
+                      "both out for a dense tensor",
+                      at);
+      x.overlap = field<double>(t, "overlap", at, "a number in [density, 1]");
+      CORTADO_ENFORCE(std::isfinite(x.overlap) && x.overlap >= x.density && x.overlap <= 1,
+                      ErrorCode::kInvalidArgument,
+                      "{}: overlap is {}, it must be in [density, 1] = [{}, 1]: 1 when every "
+                      "worker has the same non-zero indices, the density when they are uniform "
+                      "and independent (the default)",
+                      at, x.overlap, x.density);
+    }
     p.tensors.push_back(std::move(x));
   }
   CORTADO_ENFORCE(!p.tensors.empty(), ErrorCode::kInvalidArgument, "{} has no tensors", where);
@@ -123,9 +150,12 @@ ModelProfile ModelProfile::load(const std::string& path) {
 
 json ModelProfile::toJson() const {
   json ts = json::array();
-  for (const auto& t : tensors)
+  for (const auto& t : tensors) {
     ts.push_back({{"name", t.name}, {"elements", t.elements}, {"dtype_bytes", t.dtypeBytes},
                   {"backward_us", t.backwardUs}});
+    if (t.density > 0) ts.back()["density"] = t.density;
+    if (t.overlap > 0) ts.back()["overlap"] = t.overlap;
+  }
   return json{{"format", "cortado-profile"}, {"model", model}, {"source", source},
               {"forward_us", forwardUs}, {"contiguous_gradients", contiguousGradients},
               {"tensors", std::move(ts)}};

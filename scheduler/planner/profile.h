@@ -18,7 +18,23 @@ struct TensorProfile {
   int64_t elements = 0;
   int dtypeBytes = 4;
   double backwardUs = 0;  // computation between the previous tensor's readiness and this one's
+  // Sparse gradients (Zen, docs/zen.md): the fraction of the tensor one
+  // worker's gradient holds non-zero, in (0, 1]; 0: not known (the planner
+  // takes the tensor as dense). JSON "density".
+  double density = 0;
+  // How the workers' non-zeros overlap (JSON "overlap", with a density
+  // only): each worker's non-zeros are taken as a share `overlap` of a common
+  // hot set of density / overlap of the tensor, drawn independently, so the
+  // sum of k workers holds (1 - (1 - overlap)^k) / overlap times one
+  // worker's non-zeros (compressor::zen::profileFromOverlap). 1: every
+  // worker the same indices; = density: indices uniform over the whole
+  // tensor, independent between workers (the default, 0 here); towards 0
+  // (not below density): disjoint.
+  double overlap = 0;
   double bytes() const { return double(elements) * dtypeBytes; }
+  bool sparse() const { return density > 0; }
+  // The overlap the cost model uses (the default filled in).
+  double overlapOrDefault() const { return overlap > 0 ? overlap : density; }
 };
 
 struct ModelProfile {
@@ -36,6 +52,7 @@ struct ModelProfile {
 
   double backwardUs() const;
   double totalBytes() const;
+  bool hasSparse() const;  // some tensor has a density
 
   static ModelProfile fromJson(const nlohmann::json& j);
   static ModelProfile load(const std::string& path);

@@ -49,6 +49,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   cluster.h2d = hw.h2d;
   cluster.cpuCores = cfg.cpuCores;
   cluster.cpuSumGbps = hw.cpuSumGbps;
+  cluster.zenNsPerPair = hw.zenNsPerPair;
   cluster.parameterServer = cfg.parameterServer;
   ResolvedCodec codec;
   try {
@@ -65,7 +66,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
 
   PlanRun run;
   run.config = cfg;
-  auto options = plannerOptions(cluster, codec.spec);
+  auto options = plannerOptions(cluster, codec.spec, profile.hasSparse());
   if (cfg.pushPullOnly) options = pushPullOptions(options);
   run.sim = std::make_unique<Simulator>(cluster, codec, profile, options);
   run.report.forwardUs = profile.forwardUs;
@@ -188,6 +189,23 @@ std::string summaryText(const PlanRun& run) {
       "  GPU pass {:.2f} ms ({} simulations), offload {:.2f} ms ({}), refinement {:.2f} ms ({})\n",
       r.stats.gpuPassMs, r.stats.gpuPassEvaluations, r.stats.offloadMs, r.stats.offloadEvaluations,
       r.stats.refineMs, r.stats.refineEvaluations);
+  if (run.sim->profile().hasSparse()) {
+    // Zen (docs/zen.md, "In a plan"): the tensors with a density, and which
+    // of them the plan sends through Zen with which scheme.
+    int sparse = 0, bp = 0, hc = 0;
+    const auto& ts = run.sim->profile().tensors;
+    for (size_t j = 0; j < ts.size(); ++j) {
+      sparse += ts[j].sparse();
+      const auto& o = run.sim->options()[size_t(r.espresso.choice[j])];
+      for (const plan::Step& st : o.steps)
+        if (st.kind == plan::StepKind::kComm && plan::isZen(st.op))
+          (st.op == plan::CommOp::kZenBalanced ? bp : hc) += 1;
+    }
+    out += fmt::format(
+        "sparse tensors: {} with a density; {} through Zen (zen.bp balanced parallelism: {}, "
+        "zen.hc hierarchical centralization: {})\n",
+        sparse, bp + hc, bp, hc);
+  }
   if (c.fuse) {
     const FusionStats& f = run.fusion;
     out += fmt::format(
@@ -225,7 +243,8 @@ std::string tensorTable(const PlanRun& run) {
         "{:>4}  {:<44} {:>11}  {:>9.3f}  {:>9.3f}  {:>5}  {}\n", j, ts[j].name, ts[j].elements,
         run.timings[j].ready / 1000.0, run.timings[j].finish / 1000.0,
         groupOf[size_t(j)] < 0 ? std::string("-") : fmt::format("g{}", groupOf[size_t(j)]),
-        run.sim->options()[run.report.espresso.choice[j]].describe());
+        run.sim->options()[run.report.espresso.choice[j]].describe() +
+            (ts[j].sparse() ? fmt::format(" (density {:.3g}%)", 100 * ts[j].density) : ""));
   }
   return out;
 }

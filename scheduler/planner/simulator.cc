@@ -27,12 +27,14 @@ Simulator::Simulator(Cluster cluster, ResolvedCodec codec, ModelProfile profile,
                   "cpu cores must be in [1, 1024], got {}", cluster_.cpuCores);
   CORTADO_ENFORCE(!profile_.tensors.empty(), ErrorCode::kInvalidArgument, "model has no tensors");
   CORTADO_ENFORCE(!options_.empty(), ErrorCode::kInvalidArgument, "no options to simulate");
-  std::map<std::pair<int64_t, int>, int> classes;
+  std::map<std::tuple<int64_t, int, Sparsity>, int> classes;
   for (const auto& t : profile_.tensors) {
-    auto [it, added] = classes.emplace(std::make_pair(t.elements, t.dtypeBytes), int(classes.size()));
+    const Sparsity sp{t.density, t.overlap};
+    auto [it, added] = classes.emplace(std::make_tuple(t.elements, t.dtypeBytes, sp), int(classes.size()));
     if (added) {
       classElements_.push_back(t.elements);
       classDtype_.push_back(t.dtypeBytes);
+      classSparsity_.push_back(sp);
     }
     sizeClass_.push_back(it->second);
   }
@@ -45,7 +47,8 @@ const CompiledOption& Simulator::compiledForClass(int cls, int option) {
   auto& slot = cache_[cls][option];
   if (!slot)
     slot = std::make_unique<CompiledOption>(
-        compileOption(cluster_, codec_, classElements_[cls], classDtype_[cls], options_[option]));
+        compileOption(cluster_, codec_, classElements_[cls], classDtype_[cls], options_[option],
+                      classSparsity_[cls]));
   return *slot;
 }
 
@@ -162,6 +165,7 @@ void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lan
       what = op.res == Res::kD2H ? "copy d2h" : op.res == Res::kH2D ? "copy h2d" : "group copy";
       break;
     case OpKind::kServer: what = "server"; break;
+    case OpKind::kSparse: what = "zen cpu"; break;
     case OpKind::kComm:
       what = fmt::format("{} {}{}", plan::toString(op.scope), plan::toString(op.comm),
                          op.compressed ? "*" : "");

@@ -94,11 +94,13 @@ class Simulator {
   const ModelProfile& profile() const { return profile_; }
   const Cluster& cluster() const { return cluster_; }
   const ResolvedCodec& codec() const { return codec_; }
-  // Tensors with the same size and dtype share a size class (and compiled ops).
+  // Tensors with the same size, dtype and sparsity (density and overlap,
+  // for Zen's options) share a size class (and compiled ops).
   int sizeClass(int tensor) const { return sizeClass_[tensor]; }
   int sizeClasses() const { return int(classElements_.size()); }
   int64_t classElements(int sizeClass) const { return classElements_[sizeClass]; }
   int classDtype(int sizeClass) const { return classDtype_[sizeClass]; }
+  const Sparsity& classSparsity(int sizeClass) const { return classSparsity_[sizeClass]; }
   const CompiledOption& compiled(int tensor, int option) { return compiledForClass(sizeClass_[tensor], option); }
   const CompiledOption& compiledForClass(int sizeClass, int option);
 
@@ -279,6 +281,7 @@ class Simulator {
   std::vector<int> sizeClass_;
   std::vector<int64_t> classElements_;
   std::vector<int> classDtype_;
+  std::vector<Sparsity> classSparsity_;
   std::vector<std::vector<std::unique_ptr<CompiledOption>>> cache_;  // [class][option]
 
   // Base and its checkpoints.

@@ -94,6 +94,12 @@
 //                  a re-plan and every level, and after GraVAC is
 //                  turned off and the plan made raw, outputs that add up to
 //                  every gradient exactly (exec_check_gravac.cc).
+//   --mode zen     tensors on Zen's plan options (flat zen_bp, zen_hc: core/
+//                  zen_collective over the world group; and H: i.rs x.zen
+//                  i.ag, over the inter-machine group) at about 1% and 50%
+//                  non-zeros per rank, beside one on the default push/pull,
+//                  run alone and in batches, summed and averaged: every
+//                  output equal to the plain sum (exec_check_zen.cc).
 //   --no-mpi       (errors mode) no collective groups: the default plan runs,
 //                  a plan with a flat step is refused.
 //   --queued-streams  the host device with a thread per stream (its work runs
@@ -483,7 +489,7 @@ int runCheck(int argc, char** argv) {
                "mirror the buffers in device memory also on the host device (as on CUDA)");
   app.add_option("--mode", mode)
       ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
-                             "phased", "groups", "search", "gravac"}));
+                             "phased", "groups", "search", "gravac", "zen"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -565,6 +571,8 @@ int runCheck(int argc, char** argv) {
     c.runSearch();
   } else if (mode == "gravac") {
     c.runGravac();
+  } else if (mode == "zen") {
+    c.runZen();
   } else {
     c.runSweep();
   }

@@ -1,7 +1,7 @@
 // What the modes of the plan executor's multi-process check share
 // (exec_check.cc has the modes' description and main; exec_check_switch.cc
 // the switch and replan modes; exec_check_batches.cc fusion, pipeline and
-// phased; exec_check_gravac.cc gravac).
+// phased; exec_check_gravac.cc gravac; exec_check_zen.cc zen).
 #pragma once
 
 #include <chrono>
@@ -173,6 +173,7 @@ struct Check {
   void runGroups();
   void runSearch();
   void runGravac();
+  void runZen();
   void runSweep();
 };
 

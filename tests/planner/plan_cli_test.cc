@@ -187,6 +187,47 @@ TEST(PlanCommand, JsonOutAndPcieWithEfSignSgd) {
   std::filesystem::remove_all(dir);
 }
 
+// A profile with an embedding at 1% density (docs/zen.md, "In a plan"): the
+// plan sends it through Zen, says so, and keeps the dense tensors dense; a
+// density out of range is refused naming the tensor.
+TEST(PlanCommand, SparseEmbeddingGoesThroughZen) {
+  const auto dir = tempDir();
+  json hw = readJson(kData + "/costs/hardware.json");
+  hw["links"]["1gbit"] = {{"alpha_us", 50}, {"gbps", 0.9}};
+  const std::string hwFile = (dir / "hardware.json").string();
+  std::ofstream(hwFile) << hw.dump();
+  auto profile = [&](const std::string& density) {
+    const std::string file = (dir / "model.json").string();
+    std::ofstream(file) << R"({"format": "cortado-profile", "model": "click", "tensors": [
+        {"name": "mlp.bias", "elements": 1024, "backward_us": 40},
+        {"name": "mlp.weight", "elements": 1048576, "backward_us": 2500},
+        {"name": "emb.weight", "elements": 8000000, "backward_us": 600, "density": )" +
+                               density + "}]}";
+    return file;
+  };
+  const std::string args =
+      fmt::format("--model {} --machines 4 --gpus-per-machine 1 --hardware {} --inter 1gbit "
+                  "--codec fp16",
+                  profile("0.01"), hwFile);
+  auto r = plan(args);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "sparse tensors: 1 with a density; 1 through Zen")) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("emb.weight +8000000 .* F: zen\\.(bp|hc) "
+                                                     "\\(density 1%\\)")))
+      << r.output;
+  auto j = runCommand(fmt::format("{} plan {} --json", kCortado, args), kDeadlineS);
+  ASSERT_EQ(j.exitCode, 0) << j.output;
+  const plan::Plan p = plan::planFromJsonString(j.output);
+  EXPECT_TRUE(p.tensors.at("emb.weight").zen());
+  EXPECT_FALSE(p.tensors.at("mlp.weight").zen());
+  EXPECT_FALSE(p.tensors.at("mlp.bias").zen());
+  auto bad = plan(fmt::format("--model {} --machines 4", profile("2")));
+  EXPECT_EQ(bad.exitCode, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "('emb.weight'): density is 2, it must be in (0, 1]"))
+      << bad.output;
+  std::filesystem::remove_all(dir);
+}
+
 struct BadInput {
   const char* name;
   std::string args;
