@@ -26,6 +26,8 @@ import pathlib
 import random
 import subprocess
 import sys
+
+import plot_figures  # bench/, this script's folder
 import tempfile
 import time
 
@@ -53,11 +55,7 @@ def parse_args():
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of traffic and time to the target")
     args = p.parse_args()
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401  (checked before the runs, not after them)
-        except ImportError:
-            sys.exit("gravac_table: --plot needs matplotlib: run scripts/install_deps.sh (Debian's "
-                     "python3-matplotlib)")
+        plot_figures.require_matplotlib("gravac_table")
     return args
 
 
@@ -125,8 +123,6 @@ def plot(records, args):
     where it was not reached)."""
     import matplotlib
     matplotlib.use("Agg")
-    sys.path.insert(0, str(ROOT / "bench"))
-    import plot_figures
     pushed = [r["epochs"][-1]["pushed"] / 1e6 for r in records]
     reached = [next((e["seconds"] for e in r["epochs"] if e["test_acc"] >= args.target), float("nan"))
                for r in records]

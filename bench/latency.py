@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 
+import plot_figures  # bench/, this script's folder
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -63,11 +65,7 @@ def main():
     ap.add_argument("--plot", metavar="FILE", help="write a PNG of the round trips (matplotlib)")
     args = ap.parse_args()
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401  (checked before the runs, not after them)
-        except ImportError:
-            sys.exit("latency: --plot needs matplotlib: run scripts/install_deps.sh (Debian's "
-                     "python3-matplotlib)")
+        plot_figures.require_matplotlib("latency")
 
     layouts = []
     for item in args.layouts.split(","):
@@ -145,8 +143,6 @@ def plot(args, layouts, times):
     """Grouped bars: per layout, the median round trip of MPI_Allreduce and of each Cortado variant."""
     import matplotlib
     matplotlib.use("Agg")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import plot_figures
     variants = ["mpi"] + [v for (layout, v) in times if layout == layouts[0] and v != "mpi"]
     names = ["MPI_Allreduce" if v == "mpi" else f"cortado {v}" for v in variants]
     series = [[statistics.median(times[(layout, v)]) * 1e6 for layout in layouts] for v in variants]

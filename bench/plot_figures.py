@@ -143,6 +143,14 @@ def training_runs(tables):
     return runs, notes[0]
 
 
+def require_matplotlib(prog):
+    """A script's --plot, checked before its runs: exits naming the package when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        sys.exit(f"{prog}: --plot needs matplotlib: run scripts/install_deps.sh (Debian's python3-matplotlib)")
+
+
 def save(fig, out):
     """Writes a drawn figure to the PNG `out` and frees it."""
     import matplotlib.pyplot as plt
