@@ -15,15 +15,7 @@
 
 PIDS=()
 
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 20000))
-    ss -Hltn "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return; }
-  done
-  echo "no free TCP port found" >&2
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
 on_node() {
   local i=$1

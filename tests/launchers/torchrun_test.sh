@@ -43,14 +43,7 @@ trap cleanup EXIT
 /usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null ||
   { echo "SKIP: /usr/bin/python3 has no torch.distributed.run (scripts/install_deps.sh installs python3-torch)"; exit 77; }
 
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 20000))
-    ss -Hltn "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return; }
-  done
-  return 1
-}
+source "$HERE/free_port.sh"
 CPORT=$(free_port)
 MPORT=$(free_port)
 while [[ $MPORT == "$CPORT" ]]; do MPORT=$(free_port); done
