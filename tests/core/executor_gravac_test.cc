@@ -156,6 +156,25 @@ struct Replay {
 
 // Every worker's outputs, ratio sequence and residuals equal the replay's,
 // through dense and sparse iterations and the plan's switches.
+// One iteration of a two-tensor job on worker r as one batch: each tensor's
+// gradient (or zeros), the outputs added into `total` (tensor 0's elements,
+// then tensor 1's).
+void runTwoTensors(executor::Executor& ex, const std::vector<std::string>& names,
+                   const std::vector<uint64_t>& sizes, int r, int it, bool zero,
+                   std::vector<double>& total) {
+  std::vector<std::vector<float>> in(2), out(2);
+  std::vector<executor::BatchItem> batch;
+  for (size_t t = 0; t < 2; ++t) {
+    in[t].resize(sizes[t]);
+    out[t].resize(sizes[t]);
+    for (uint64_t i = 0; i < sizes[t]; ++i) in[t][i] = zero ? 0.0f : grad(r, int(t), it, i);
+    batch.push_back({names[t], in[t].data(), out[t].data(), sizes[t]});
+  }
+  ex.runBatch(batch, ReduceOp::kSum, soon());
+  for (uint64_t i = 0; i < sizes[0]; ++i) total[i] += out[0][i];
+  for (uint64_t i = 0; i < sizes[1]; ++i) total[sizes[0] + i] += out[1][i];
+}
+
 TEST(ExecutorGravac, MatchesAPlainLoopReplayAcrossReplans) {
   const int W = 3, iterations = 16;
   const std::vector<uint64_t> sizes{96, 40};
@@ -265,19 +284,7 @@ TEST(ExecutorGravac, NothingIsLostAcrossSwitchesAndWhenTurnedOff) {
       ex.setPlan(p, soon());
       ex.setGravac(o);
       std::vector<double> total(sizes[0] + sizes[1], 0.0);
-      auto iteration = [&](int it, bool zero) {
-        std::vector<std::vector<float>> in(2), out(2);
-        std::vector<executor::BatchItem> batch;
-        for (size_t t = 0; t < 2; ++t) {
-          in[t].resize(sizes[t]);
-          out[t].resize(sizes[t]);
-          for (uint64_t i = 0; i < sizes[t]; ++i) in[t][i] = zero ? 0.0f : grad(r, int(t), it, i);
-          batch.push_back({names[t], in[t].data(), out[t].data(), sizes[t]});
-        }
-        ex.runBatch(batch, ReduceOp::kSum, soon());
-        for (uint64_t i = 0; i < sizes[0]; ++i) total[i] += out[0][i];
-        for (uint64_t i = 0; i < sizes[1]; ++i) total[sizes[0] + i] += out[1][i];
-      };
+      auto iteration = [&](int it, bool zero) { runTwoTensors(ex, names, sizes, r, it, zero, total); };
       for (int it = 0; it < iterations; ++it) iteration(it, false);
       histories[r] = ex.gravacHistory();
       replans[r] = ex.gravacReplans();
@@ -476,19 +483,7 @@ TEST(ExecutorGravac, ThePlannersPlanAtTheNewCfRunsFromTheNextIteration) {
     EXPECT_EQ(ex.gravacReplannerName(), "the Espresso planner");
     ex.setGravac(test::gravacTestOptions());
     std::vector<double> total(sizes[0] + sizes[1], 0.0);
-    auto iteration = [&](int it, bool zero) {
-      std::vector<std::vector<float>> in(2), out(2);
-      std::vector<executor::BatchItem> batch;
-      for (size_t t = 0; t < 2; ++t) {
-        in[t].resize(sizes[t]);
-        out[t].resize(sizes[t]);
-        for (uint64_t i = 0; i < sizes[t]; ++i) in[t][i] = zero ? 0.0f : grad(r, int(t), it, i);
-        batch.push_back({names[t], in[t].data(), out[t].data(), sizes[t]});
-      }
-      ex.runBatch(batch, ReduceOp::kSum, soon());
-      for (uint64_t i = 0; i < sizes[0]; ++i) total[i] += out[0][i];
-      for (uint64_t i = 0; i < sizes[1]; ++i) total[sizes[0] + i] += out[1][i];
-    };
+    auto iteration = [&](int it, bool zero) { runTwoTensors(ex, names, sizes, r, it, zero, total); };
     for (int it = 0; it < iterations; ++it) {
       iteration(it, false);
       ran[r].push_back(ex.currentPlan().tensors);

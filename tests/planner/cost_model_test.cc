@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
+#include "tests/common/error_of.h"
 #include "scheduler/planner/cost_model.h"
 #include "scheduler/planner/profile.h"
 
@@ -18,14 +19,7 @@ namespace {
 
 using plan::CommOp;
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::errorOf;
 
 TEST(CostModel, NcclFormulas) {
   LinkCost l;

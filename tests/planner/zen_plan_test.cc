@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/common/error.h"
+#include "tests/common/error_of.h"
 #include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/profile.h"
@@ -25,14 +26,7 @@ using compressor::zen::Scheme;
 using nlohmann::json;
 using plan::CommOp;
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::errorOf;
 
 // n machines of one GPU on a link of 8 Gbit/s (1 ns per byte) and `alpha` us.
 Cluster ring(int n, double alpha, double nsPerPair = 0) {
