@@ -22,6 +22,11 @@ class TableError(Exception):
     pass
 
 
+def row_cells(line):
+    """The cells of a Markdown table row."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
 def marked_tables(path):
     """{name: (header, rows, note)} for every table after a `<!-- plot: NAME[; NOTE] -->` line."""
     lines = open(path, encoding="utf-8").read().split("\n")
@@ -37,7 +42,7 @@ def marked_tables(path):
             j += 1
         rows = []
         while j < len(lines) and lines[j].startswith("|"):
-            rows.append([c.strip() for c in lines[j].strip().strip("|").split("|")])
+            rows.append(row_cells(lines[j]))
             j += 1
         if len(rows) < 3:
             raise TableError(f"{path}:{i + 1}: no table after the marker '{m.group(1)}'")
@@ -245,11 +250,11 @@ def first_table(text, xcols):
     i = 0
     while i < len(lines):
         if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"\|[\s:|-]+\|?$", lines[i + 1]):
-            header = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+            header = row_cells(lines[i])
             j = i + 2
             rows = []
             while j < len(lines) and lines[j].startswith("|"):
-                rows.append([c.strip() for c in lines[j].strip().strip("|").split("|")])
+                rows.append(row_cells(lines[j]))
                 j += 1
             if all(x in header for x in xcols):
                 return header, rows
@@ -269,8 +274,10 @@ def table_series(header, rows, xcols, ycols):
     for i in yi:
         values = []
         for r in rows:
-            m = re.match(r"[-+]?\d+(\.\d+)?", r[i].replace(",", "")) if i < len(r) else None
-            values.append(float(m.group(0)) if m else float("nan"))
+            try:
+                values.append(number(r[i], "results") if i < len(r) else float("nan"))
+            except TableError:
+                values.append(float("nan"))
         series.append(values)
     if not rows:
         raise TableError("the results table has no rows")

@@ -269,6 +269,7 @@ void Executor::flushServerResiduals(Deadline deadline) {
   std::unique_ptr<device::Stream> stream = dev.createStream();
   std::unique_ptr<device::Event> done = dev.createEvent();
   const float share = 1.0f / float(std::max(1, topo_.size));
+  device::Buffer buffer(dev, false);  // each round's input and sums, grown to the largest
   for (TensorState* s : owing) {
     // A group's round runs on the group's state when the batch holds each
     // of its members once (units()); a tensor's alone.
@@ -276,7 +277,6 @@ void Executor::flushServerResiduals(Deadline deadline) {
     if (members.empty()) members.push_back(s);
     uint64_t total = 0;
     for (const TensorState* m : members) total += m->n;
-    device::Buffer buffer(dev, false);
     float* x = buffer.floats(total);
     dev.fill(x, 0.0f, total, *stream);
     done->record(*stream);
