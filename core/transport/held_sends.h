@@ -8,6 +8,7 @@
 #include <deque>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/common/deadline.h"
 #include "core/transport/transport.h"
@@ -50,16 +51,19 @@ class HeldSends {
   }
 
   // For each peer whose deadline passed by `now`: drops its messages and
-  // calls onExpired(peer, how many were dropped), once per peer.
+  // calls onExpired(peer, how many were dropped), once per peer. The calls
+  // come after the walk over the held peers, so that a callback may send
+  // (hold() for a new peer) or connect (release()) without disturbing it.
   template <typename OnExpired>
   void expire(Clock::time_point now, OnExpired&& onExpired) {
+    std::vector<std::pair<NodeId, size_t>> expired;
     for (auto& [id, h] : held_) {
       if (h.failed || h.deadline > now) continue;
       h.failed = true;
-      size_t dropped = h.msgs.size();
+      expired.emplace_back(id, h.msgs.size());
       h.msgs.clear();
-      onExpired(id, dropped);
     }
+    for (const auto& [id, dropped] : expired) onExpired(id, dropped);
   }
 
  private:

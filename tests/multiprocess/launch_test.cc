@@ -603,7 +603,9 @@ TEST_P(OnTransport, BenchPushPullReportsEachRolesMemory) {
   auto x = line.find("x the keys");
   ASSERT_NE(x, std::string::npos) << line;
   const double ratio = std::stod(line.substr(line.rfind(' ', x - 1) + 1));
-  if (mode.shm) EXPECT_GE(ratio, 2.0) << line;  // the two result regions per key
+  if (mode.shm) {
+    EXPECT_GE(ratio, 2.0) << line;  // the two result regions per key
+  }
   EXPECT_LT(ratio, 50.0) << line;
 }
 

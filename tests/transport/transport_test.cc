@@ -504,7 +504,11 @@ TEST_P(TransportTest, NoCallbackAfterCloseReturns) {
   std::thread pump([&] {
     for (uint64_t i = 0; !stop && i < 200000; ++i) a->t->send(server(0), msgOf({u64(i)}));
   });
-  ASSERT_EQ(started.wait_for(kWait), std::future_status::ready);
+  if (started.wait_for(kWait) != std::future_status::ready) {
+    stop = true;  // a failed assertion must not leave the pump running
+    pump.join();
+    FAIL() << "no message reached the server within the wait";
+  }
   b->t->close();
   closed = true;
   stop = true;

@@ -1043,7 +1043,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("omega") = 0.01, py::arg("alpha") = 0.0, py::arg("seed") = 0,
            py::arg("samples_per_iteration") = 1.0,
            "GraVAC for every tensor (Executor::setGravac): each submitted iteration (every "
-           "declared tensor once) runs as one batch; before the first run")
+           "declared tensor once) runs as one batch; call it at an iteration boundary (every "
+           "declared tensor run as often), on every worker alike; GraVAC then starts afresh")
       .def_property_readonly("gravac_history", &PyExecutor::gravacHistory,
                              "GraVAC's decision of each iteration (dicts, as Gravac.decide)")
       .def("set_gravac_planner", &PyExecutor::setGravacPlanner, py::arg("profile"),

@@ -197,6 +197,10 @@ UcxTransport::UcxTransport(NodeId self, UcxOptions options) : self_(self), optio
                           fmt::format("ucx {}: UCX did not initialize within {} ms", self_,
                                       kLoopCallTimeout.count()));
   if (!s.ok()) {
+    // An init that finishes after the timeout must not enter the loop for
+    // good (the join below would then wait forever): with stop_ set, loop()
+    // shuts UCX down at once.
+    stop_ = true;
     queue_.closeAndClear();
     thread_.join();
     s.check();
