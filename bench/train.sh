@@ -31,8 +31,10 @@
 #                          cortado-search  executor, --codec, MergeComp's online search for the
 #                                          groups (the binding's default with a codec)
 #                          cortado-none    executor, no compression, fused by --fusion-bytes
-#                          cortado-engine  the binding's default path: no executor, --codec
-#                                          applied to each gradient's own push_pull
+#                          cortado-engine  the binding's default path: no executor, --codec,
+#                                          gradients fused by size (the binding's fusion_bytes)
+#                          cortado-engine-single  the same, one push_pull per gradient
+#                                          (fusion_bytes 0)
 #                          ddp             torch DistributedDataParallel with Gloo
 #                          horovod         Horovod's DistributedOptimizer over Gloo
 #                          horovod-fp16    the same with hvd.Compression.fp16
@@ -124,7 +126,7 @@ check_name
 IFS=, read -r -a CONFIG_LIST <<<"$CONFIGS"
 for c in "${CONFIG_LIST[@]}"; do
   case $c in
-    cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | ddp | horovod | horovod-fp16) ;;
+    cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | cortado-engine-single | ddp | horovod | horovod-fp16) ;;
     *) die "unknown configuration '$c' in --configs (see --help)" ;;
   esac
 done
@@ -319,6 +321,8 @@ run() {
     cortado-none) cortado_job "$log" --label "$config" --executor --compression none \
       --fusion-bytes "$FUSION_BYTES" --fusion-search off || rc=$? ;;
     cortado-engine) cortado_job "$log" --label "$config" --compression "$CODEC" || rc=$? ;;
+    cortado-engine-single) cortado_job "$log" --label "$config" --compression "$CODEC" \
+      --fusion-bytes 0 || rc=$? ;;
     ddp) ddp_job "$log" || rc=$? ;;
     horovod) horovod_job "$log" none || rc=$? ;;
     horovod-fp16) horovod_job "$log" fp16 || rc=$? ;;

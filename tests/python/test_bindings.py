@@ -74,6 +74,15 @@ def test_distributed_optimizer_matches_single_process(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+def test_optimizer_fuses_gradients_by_default(run_job):
+    # The default path's groups by size against a brute-force grouping, fused
+    # against one gradient at a time (exact, and DGC's loss curve), a sparse
+    # embedding inside a group, and bad fusion_bytes.
+    job = run_job(3, 2, "fusion_check.py", timeout=240)
+    results = assert_all_ok(job, 3)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
 def test_optimizer_through_the_plan_executor(run_job):
     # The default plan (exact), a plan given from Python (fp16 push/pull) and
     # the errors of bad arguments.

@@ -66,8 +66,9 @@ def parse_args(argv=None):
                         "through the plan executor (CORTADO_PLAN or the default plan; float32 "
                         "CPU models, compression none)")
     p.add_argument("--fusion-bytes", type=int, default=None,
-                   help="cortado --executor: DistributedOptimizer(fusion_bytes=...), the group "
-                        "size (0: one gradient at a time; default: the binding's, 25 MiB)")
+                   help="cortado: DistributedOptimizer(fusion_bytes=...), the group size (0: "
+                        "one gradient at a time; default: the binding's, 25 MiB with --executor, "
+                        "4 MiB without)")
     p.add_argument("--fusion-search", choices=["default", "on", "off"], default="default",
                    help="cortado --executor: DistributedOptimizer(fusion_search=...), MergeComp's "
                         "online search for the groups (default: the binding's, on with a codec)")
@@ -182,12 +183,12 @@ def run_cortado(args):
 
     def wrap_optimizer(model, optimizer):
         extra = {}
+        extra["fusion_bytes"] = args.fusion_bytes
         if args.executor:
-            extra["fusion_bytes"] = args.fusion_bytes
             if args.fusion_search != "default":
                 extra["fusion_search"] = args.fusion_search == "on"
-        elif args.fusion_bytes is not None or args.fusion_search != "default":
-            raise SystemExit("--fusion-bytes and --fusion-search need --executor")
+        elif args.fusion_search != "default":
+            raise SystemExit("--fusion-search needs --executor")
         optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),
                                             compression=compression, executor=args.executor,
                                             **extra)
@@ -197,6 +198,9 @@ def run_cortado(args):
 
     result = benchmark(args, rank, size, ct.local_size(), lambda m: m, wrap_optimizer,
                        ct.local_rank(), lambda t: ct.push_pull(t, name="bench.loss"))
+    if result["fusion_bytes"] is None:  # the binding's default
+        result["fusion_bytes"] = (ct.DEFAULT_FUSION_BYTES if args.executor
+                                  else ct.DEFAULT_ENGINE_FUSION_BYTES)
     if args.json and rank == 0:
         print(json.dumps(result), flush=True)
     ct.shutdown()

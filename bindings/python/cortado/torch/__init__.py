@@ -36,7 +36,8 @@ from .horovod_basics import (Adasum, Average, Max, Min, Product, ProcessSet, Red
                              stop_timeline)
 from .ops import (DTYPES, broadcast_parameters, check_tensor, push_pull, push_pull_,
                   push_pull_async, push_pull_async_)
-from .optimizer import DistributedOptimizer, broadcast_optimizer_state
+from .optimizer import (DEFAULT_ENGINE_FUSION_BYTES, DEFAULT_FUSION_BYTES,
+                        DistributedOptimizer, broadcast_optimizer_state)
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -44,7 +45,8 @@ __all__ = [
     "CortadoError", "Compression", "Compressor", "Handle", "init", "shutdown", "is_initialized",
     "rank", "size", "local_rank", "local_size", "barrier", "poll", "synchronize",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_parameters",
-    "broadcast_optimizer_state", "DistributedOptimizer",
+    "broadcast_optimizer_state", "DistributedOptimizer", "DEFAULT_FUSION_BYTES",
+    "DEFAULT_ENGINE_FUSION_BYTES",
     # BytePS
     "num_servers", "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
     # Horovod

@@ -28,6 +28,18 @@ from .ops import DTYPES, broadcast_async_, check_tensor, submit
 
 # The executor path's default group size: DDP's default bucket (25 MiB).
 DEFAULT_FUSION_BYTES = 25 << 20
+# The default path's (no executor) group size: about one server partition
+# (CORTADO_PARTITION_BYTES' default), small enough that the first group of
+# the backward pass leaves early (docs/python.md, "Fused gradients").
+DEFAULT_ENGINE_FUSION_BYTES = 4 << 20
+
+
+def _check_fusion_bytes(fusion_bytes):
+    if not isinstance(fusion_bytes, int) or isinstance(fusion_bytes, bool) or fusion_bytes < 0:
+        raise _runtime.error("invalid_argument",
+                             f"DistributedOptimizer: fusion_bytes must be a number of bytes "
+                             f"(0: no groups), got {fusion_bytes!r}")
+    return fusion_bytes
 
 def push_pull_option(codec=None):
     """BytePS's path as a plan option (JSON dict): push/pull through the
@@ -166,6 +178,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # (zen.usable), else they are gathered.
         self._zen = True
         self._groups = self._make_groups(groups)
+        # Groups made here by size (fusion_bytes) rather than given: a sparse
+        # gradient in one travels on its own (_push_pull_group_async).
+        self._default_groups = False
         self.executor = None
         if executor:
             self._start_executor(rt, compression, plan, fusion_bytes, fusion_search)
@@ -175,6 +190,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "executor runs plans)")
         else:
             _resolve_auto(self._compressors, self._ordered, self._names, rt.size)
+            fusion_bytes = _check_fusion_bytes(
+                DEFAULT_ENGINE_FUSION_BYTES if fusion_bytes is None else fusion_bytes)
+            if not self._groups and self._gravac is None and fusion_bytes:
+                self._groups = self._fusion_groups(fusion_bytes, sparse_threshold)
+                self._default_groups = bool(self._groups)
         self._backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for _, p in self._ordered}
         self._handles = {}
@@ -247,12 +267,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise _runtime.error("invalid_argument",
                                  "DistributedOptimizer: a plan (plan= or CORTADO_PLAN) chooses "
                                  "each gradient's compression; leave compression none")
-        if fusion_bytes is None:
-            fusion_bytes = DEFAULT_FUSION_BYTES
-        if not isinstance(fusion_bytes, int) or isinstance(fusion_bytes, bool) or fusion_bytes < 0:
-            raise _runtime.error("invalid_argument",
-                                 f"DistributedOptimizer: fusion_bytes must be a number of bytes "
-                                 f"(0: no groups), got {fusion_bytes!r}")
+        fusion_bytes = _check_fusion_bytes(
+            DEFAULT_FUSION_BYTES if fusion_bytes is None else fusion_bytes)
         for _, p in self._ordered:
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise _runtime.error(
@@ -479,6 +495,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             out += [m for m in kinds.values() if len(m) > 1]
         return out
 
+    def _fusion_groups(self, fusion_bytes, sparse_threshold):
+        """The default path's groups: consecutive gradients in backward order
+        (the reverse of named_parameters) of one dtype, device and
+        compression, each group closed once it holds `fusion_bytes` or more,
+        as DDP's buckets and Horovod's fusion buffer. Gradients that may go
+        through Zen (dense candidates, decided at the first step) stay on
+        their own. A group of one is no group."""
+        out, cur, size, kind = [], [], 0, None
+
+        def close():
+            if len(cur) > 1:
+                out.append(sorted(cur, key=lambda q: -self._priority[q]))
+        for _, p in reversed(self._ordered):
+            c = self._compressors[p]
+            if sparse_threshold > 0 and zen.dense_candidate(p, c):
+                close()
+                cur, size, kind = [], 0, None
+                continue
+            k = (p.dtype, p.device, c)
+            if k != kind:
+                close()
+                cur, size, kind = [], 0, k
+            cur.append(p)
+            size += p.numel() * p.element_size()
+            if size >= fusion_bytes:
+                close()
+                cur, size, kind = [], 0, None
+        close()
+        return out
+
     def _group_name(self, g):
         first = self._groups[g][0]
         return f"{self._names[first]}.group{len(self._groups[g])}"
@@ -498,19 +544,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _push_pull_group_async(self, g):
         members = self._groups[g]
-        grads = [self._dense_grad(q) for q in members]
+        # In a group made by size, a sparse gradient (nn.Embedding(sparse=True))
+        # keeps its own way (Zen or the gather) and its slot carries zeros;
+        # in a group the user gave, it is reduced dense (Horovod's groups).
+        sparse = set()
+        if self._default_groups and not self._sparse_as_dense:
+            sparse = {q for q in members
+                      if q.grad is not None and q.grad.layout != torch.strided}
+        grads = [torch.zeros(q.numel(), dtype=q.dtype, device=q.device) if q in sparse
+                 else self._dense_grad(q) for q in members]
         flat = torch.cat([x.reshape(-1) for x in grads])
         if self._predivide != 1.0:
             flat.mul_(1.0 / self._predivide)
         handle = submit("DistributedOptimizer", flat, flat, self._average, self._group_name(g),
                         max(self._priority[q] for q in members), self._compressors[members[0]])
+        for q in members:
+            if q in sparse:
+                self._handles[("sparse", q)] = self._push_pull_sparse_async(q)
 
         def write_back():
             at = 0
             with torch.no_grad():
                 for q in members:
                     n = q.numel()
-                    q.grad.copy_(flat[at:at + n].view_as(q.grad))
+                    if q not in sparse:
+                        q.grad.copy_(flat[at:at + n].view_as(q.grad))
                     at += n
         return handle, write_back
 
@@ -659,6 +717,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       worker; optimizer.compression_ratio_history has the ratios sent.
     - backward_passes_per_step: gradients accumulate locally (summed, as
       autograd does) over this many backward passes before they are pushed.
+    - fusion_bytes: without executor=True, consecutive gradients in backward
+      order of one dtype, device and compression travel as one engine
+      tensor, a group closed at the gradient that brings it to fusion_bytes
+      or more (default DEFAULT_ENGINE_FUSION_BYTES, 4 MiB; 0: every
+      gradient on its own), as Horovod's fusion buffer. Zen's candidates
+      (sparse_threshold) stay on their own; a sparse gradient in a group
+      keeps its own way, its slot carrying zeros. groups= replaces them.
     - executor: run every gradient through the plan executor (float32 CPU
       parameters): each tensor follows its plan option. The plan is `plan`
       (a plan dict, its JSON text, or a file, as `cortado plan --json`
@@ -707,7 +772,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       names, and the sum comes back into the dense gradient. Default
       zen.DEFAULT_SPARSE_THRESHOLD (1%); 0 turns it off. It applies to
       float32 CPU gradients of more than zen.MIN_DENSE_ELEMENTS elements
-      without compression, outside groups and without executor=True;
+      without compression, outside groups given by groups= and without
+      executor=True;
       optimizer.sparse_densities has the measured densities and the choice.
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
