@@ -204,6 +204,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Every worker declares every gradient (and group) up front, in the
         # same order, so that hooks firing in any order never wait on one another.
         self._group_of = {}
+        self._group_bufs = {}
         if self.executor is None:
             for g, members in enumerate(self._groups):
                 for q in members:
@@ -551,26 +552,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._default_groups and not self._sparse_as_dense:
             sparse = {q for q in members
                       if q.grad is not None and q.grad.layout != torch.strided}
-        grads = [torch.zeros(q.numel(), dtype=q.dtype, device=q.device) if q in sparse
-                 else self._dense_grad(q) for q in members]
-        flat = torch.cat([x.reshape(-1) for x in grads])
-        if self._predivide != 1.0:
-            flat.mul_(1.0 / self._predivide)
+        # The group's gradients are views into one flat buffer kept across
+        # steps, as DDP's gradient_as_bucket_view: backward accumulates into
+        # them (zero_grad() zeroes them in place), the push/pull runs in place
+        # on the buffer, and the engine sees the same memory every step. A
+        # gradient that is not its view (the first step, zero_grad(set_to_none
+        # =True), an assignment, a sparse one reduced dense) is copied in.
+        if g not in self._group_bufs:
+            flat = torch.zeros(sum(q.numel() for q in members), dtype=members[0].dtype,
+                               device=members[0].device)
+            views, at = [], 0
+            for q in members:
+                views.append(flat[at:at + q.numel()].view_as(q))
+                at += q.numel()
+            self._group_bufs[g] = (flat, views)
+        flat, views = self._group_bufs[g]
+        with torch.no_grad():
+            for q, view in zip(members, views):
+                grad = q.grad
+                if q in sparse or grad is None:
+                    view.zero_()
+                    if grad is None:
+                        q.grad = view
+                elif grad.data_ptr() != view.data_ptr():
+                    view.copy_(grad.to_dense() if grad.layout != torch.strided else grad)
+                    q.grad = view
+            if self._predivide != 1.0:
+                flat.mul_(1.0 / self._predivide)
         handle = submit("DistributedOptimizer", flat, flat, self._average, self._group_name(g),
                         max(self._priority[q] for q in members), self._compressors[members[0]])
         for q in members:
             if q in sparse:
                 self._handles[("sparse", q)] = self._push_pull_sparse_async(q)
-
-        def write_back():
-            at = 0
-            with torch.no_grad():
-                for q in members:
-                    n = q.numel()
-                    if q not in sparse:
-                        q.grad.copy_(flat[at:at + n].view_as(q.grad))
-                    at += n
-        return handle, write_back
+        return handle, None
 
     def _push_pull_grad_async(self, p):
         if p.grad is not None and p.grad.layout == torch.sparse_coo and \
