@@ -2,7 +2,10 @@
 // hand-worked cases: spikes of one size go, the genuine shapes stay.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "core/common/error.h"
@@ -95,6 +98,108 @@ TEST(CodecProbes, ASizeOver3xTheSizeBelowScaledIsTakenAtTheScaledTime) {
 TEST(CodecProbes, MismatchedLengthsAreRefused) {
   std::vector<double> enc = {1, 2}, dec = {1};
   EXPECT_THROW(smoothCodecProbes({64, 256}, enc, dec), Error);
+}
+
+// The skew probe's calls from finish times on one clock: every worker starts
+// at 0 and finishes at f[i]; the barrier after the work releases everybody
+// `barrierUs` after the last one, so worker i waits max(f) + barrierUs - f[i].
+SkewCall callOf(const std::vector<double>& f, double barrierUs) {
+  SkewCall c;
+  double last = 0;
+  for (double x : f) last = std::max(last, x);
+  for (double x : f) c.workUs.push_back(x), c.waitUs.push_back(last + barrierUs - x);
+  return c;
+}
+
+TEST(SkewProbe, TheFitOfSyntheticFinishTimes) {
+  // Work d: the workers finish at d * (0.7, 0.9, 1.1, 1.3), the last 0.3 d
+  // after the mean (d). The idle calls' waits are the barrier's 100 us.
+  const std::vector<SkewCall> idle = {callOf({0, 0, 0, 0}, 100), callOf({0, 0, 0, 0}, 100)};
+  std::vector<std::vector<SkewCall>> bySize;
+  for (double d : {1000.0, 4000.0, 16000.0})
+    bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d}, 100)});
+  SkewFit fit = fitSyncSkew(idle, bySize);
+  EXPECT_NEAR(fit.skew.us, 0, 1e-9);
+  EXPECT_NEAR(fit.skew.fraction, 0.3, 1e-12);
+  ASSERT_EQ(fit.points.size(), 3u);
+  EXPECT_NEAR(fit.points[1].first, 4000, 1e-9);
+  EXPECT_NEAR(fit.points[1].second, 1200, 1e-9);
+  // One worker 800 us later still: mean finish d + 200, last 1.3 d + 800,
+  // skew 0.3 d + 600 = 0.3 (work - 200) + 600 = 540 + 0.3 work. Two calls
+  // per size whose skews average to it (+-50 us).
+  bySize.clear();
+  for (double d : {1000.0, 4000.0, 16000.0})
+    bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 850}, 100),
+                      callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 750}, 100)});
+  fit = fitSyncSkew(idle, bySize);
+  EXPECT_NEAR(fit.skew.us, 540, 1e-6);
+  EXPECT_NEAR(fit.skew.fraction, 0.3, 1e-9);
+  // Every worker alike (a dedicated machine): no skew.
+  bySize.clear();
+  for (double d : {1000.0, 4000.0}) bySize.push_back({callOf({d, d, d, d}, 100)});
+  fit = fitSyncSkew(idle, bySize);
+  EXPECT_EQ(fit.skew.us, 0);
+  EXPECT_EQ(fit.skew.fraction, 0);
+}
+
+TEST(SkewProbe, AnInterceptBelowZeroIsRefittedThroughTheOrigin) {
+  // Skews 0 at work 1000 (a wait below the idle calls': clamped to 0) and
+  // 1500 at 4000: the line through them, 0.5 x - 500, has a negative
+  // intercept; through the origin, b = 4000 * 1500 / (1000^2 + 4000^2).
+  const std::vector<SkewCall> idle = {callOf({0, 0}, 200)};
+  const std::vector<std::vector<SkewCall>> bySize = {{callOf({1000, 1000}, 100)},
+                                                     {callOf({2500, 5500}, 200)}};
+  const SkewFit fit = fitSyncSkew(idle, bySize);
+  EXPECT_EQ(fit.points[0].second, 0);
+  EXPECT_NEAR(fit.points[1].second, 1500, 1e-9);
+  EXPECT_EQ(fit.skew.us, 0);
+  EXPECT_NEAR(fit.skew.fraction, 4000.0 * 1500 / (1000.0 * 1000 + 4000.0 * 4000), 1e-12);
+  // Less skew after more work: a constant, the points' mean.
+  const SkewFit flat =
+      fitSyncSkew(idle, {{callOf({1000, 3000}, 200)}, {callOf({4000, 4400}, 200)}});
+  EXPECT_EQ(flat.skew.fraction, 0);
+  EXPECT_NEAR(flat.skew.us, (1000 + 200) / 2.0, 1e-9);
+}
+
+TEST(SkewProbe, BadSamplesAreRefused) {
+  const std::vector<SkewCall> idle = {callOf({0, 0}, 100)};
+  const std::vector<std::vector<SkewCall>> ok = {{callOf({10, 20}, 100)}};
+  EXPECT_NO_THROW(fitSyncSkew(idle, ok));
+  EXPECT_THROW(fitSyncSkew({}, ok), Error);
+  EXPECT_THROW(fitSyncSkew(idle, {}), Error);
+  EXPECT_THROW(fitSyncSkew(idle, {{}}), Error);
+  EXPECT_THROW(fitSyncSkew(idle, {{callOf({10, 20, 30}, 100)}}), Error);  // 3 workers, not 2
+  SkewCall bad = callOf({10, 20}, 100);
+  bad.waitUs[1] = -5;
+  EXPECT_THROW(fitSyncSkew(idle, {{bad}}), Error);
+  bad = callOf({10, 20}, 100);
+  bad.workUs[0] = std::numeric_limits<double>::quiet_NaN();
+  try {
+    fitSyncSkew(idle, {{bad}});
+    ADD_FAILURE() << "a NaN work time was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SkewProbe, TheSyncSkewOption) {
+  EXPECT_FALSE(parseSyncSkew("auto").has_value());
+  const auto off = parseSyncSkew("off");
+  ASSERT_TRUE(off.has_value());
+  EXPECT_FALSE(off->any());
+  const auto set = parseSyncSkew("500,0.6");
+  ASSERT_TRUE(set.has_value());
+  EXPECT_DOUBLE_EQ(set->us, 500);
+  EXPECT_DOUBLE_EQ(set->fraction, 0.6);
+  for (const char* bad :
+       {"", "0.6", "a,b", "1,0.5x", "-1,0.5", "0,-0.5", "0,11", "nan,0", "0,inf"}) {
+    try {
+      parseSyncSkew(bad);
+      ADD_FAILURE() << "--sync-skew '" << bad << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--sync-skew"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
