@@ -86,9 +86,12 @@ struct SkewFit {
 };
 // Each size's calls (`bySize`, at least one size of work) give one point:
 // the mean of the calls' mean work and of their mean wait less the idle
-// calls' mean wait (at least 0). The line through the points (ordinary least
-// squares; an intercept below 0 refits through the origin, a slope below 0
-// is 0, and the fraction is capped at SyncSkew::kMaxFraction). Refuses
+// calls' mean wait (at least 0). The line us + fraction x work through the
+// points by least squares relative to the work (skew / work on 1 / work;
+// points of no work are left out): an intercept below 0 refits the
+// fraction alone (the mean of skew / work), a fraction below 0 the
+// intercept alone, and the fraction is capped at SyncSkew::kMaxFraction.
+// Refuses
 // calls of unequal worker counts, no samples, and values that are not
 // finite or are negative.
 SkewFit fitSyncSkew(const std::vector<SkewCall>& idle,

@@ -435,7 +435,7 @@ void measureSkew(World& world, const std::string& spec, Measured& m) {
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
   compressor::CodecPtr codec = reg.create(reg.canonical(spec));
-  constexpr uint64_t kMaxSkewProbe = 8u << 20;  // elements
+  constexpr uint64_t kMaxSkewProbe = kMaxCodecProbe;  // elements: the curve's own range
   std::vector<uint64_t> sizes;
   for (const double target : {250.0, 1000.0, 4000.0, 12000.0, 36000.0}) {
     uint64_t n = 1024;
@@ -469,7 +469,7 @@ void measureSkew(World& world, const std::string& spec, Measured& m) {
     work.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     wait.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t1).count());
   };
-  constexpr int kIdle = 5, kPasses = 3;
+  constexpr int kIdle = 5, kPasses = 5;
   for (int k = 0; k < kIdle; ++k) call(-1);
   // Passes over the sizes, as measureCodec, so that a worker descheduled
   // for a while meets several sizes once rather than one size every time.
@@ -578,19 +578,29 @@ SkewFit fitSyncSkew(const std::vector<SkewCall>& idle,
     const double n = double(calls.size());
     fit.points.emplace_back(work / n, std::max(0.0, skew / n));
   }
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const auto& [x, y] : fit.points) sx += x, sy += y, sxx += x * x, sxy += x * y;
-  const double n = double(fit.points.size());
-  const double det = n * sxx - sx * sx;
-  double a = 0, b = 0;
-  if (det > 0) {
-    b = (n * sxy - sx * sy) / det;
-    a = (sy - b * sx) / n;
-  } else {
-    a = sy / n;  // one point, or all at one work: a constant
+  // Relative to the work: skew / work = a / work + b, by least squares over
+  // the points, so that the small works count as much as the large (in
+  // absolute terms the largest decides alone, and one run's points, 0 us
+  // after 237 and 579 us of work, 3.0 ms after 2.5 ms and 15 ms after 11 ms,
+  // then 31 ms after 193 ms, gave a line of 3.9 ms + 0.145 x: a wait of
+  // 3.9 ms after every small encode of an unfused plan, which the points
+  // themselves do not show).
+  double su = 0, sr = 0, suu = 0, sur = 0, n = 0;
+  for (const auto& [x, y] : fit.points) {
+    if (!(x > 0)) continue;
+    const double u = 1.0 / x, r = y / x;
+    su += u, sr += r, suu += u * u, sur += u * r, n += 1;
   }
-  if (a < 0) a = 0, b = sxx > 0 ? sxy / sxx : 0;
-  if (b < 0) b = 0, a = sy / n;
+  double a = 0, b = 0;
+  const double det = n * suu - su * su;
+  if (det > 0) {
+    a = (n * sur - su * sr) / det;
+    b = (sr - a * su) / n;
+  } else if (n > 0) {
+    b = sr / n;  // one point, or all at one work: a fraction
+  }
+  if (a < 0) a = 0, b = n > 0 ? sr / n : 0;
+  if (b < 0) b = 0, a = suu > 0 ? sur / suu : 0;
   fit.skew.us = a;
   fit.skew.fraction = std::min(b, planner::SyncSkew::kMaxFraction);
   return fit;

@@ -122,11 +122,12 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
 
 // The workers' skew after CPU work (planner::SyncSkew): the codec's encode
 // at the sizes that measureCodec's curve (m.encodeCurve, so call it first)
-// prices at about 0.25, 1, 4, 12 and 36 ms (up to 8 Mi elements), on every
-// worker at once after a barrier, each worker's time in it and its wait in
-// the barrier after it; 3 passes over the sizes, and 5 calls with no work.
-// launcher::fitSyncSkew() of them into m.syncSkew and m.skewPoints; one line
-// in m.probes. About 0.3 s of work where the targets are met.
+// prices at about 0.25, 1, 4, 12 and 36 ms (up to its largest size, 4 Mi
+// elements), on every worker at once after a barrier, each worker's time in
+// it and its wait in the barrier after it; 5 passes over the sizes, and 5
+// calls with no work. launcher::fitSyncSkew() of them into m.syncSkew and
+// m.skewPoints; one line in m.probes. About 0.3 s of work on a quiet
+// machine where the targets are met.
 void measureSkew(World& world, const std::string& spec, Measured& m);
 
 }  // namespace cortado::launcher::replay

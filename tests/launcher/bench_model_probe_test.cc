@@ -142,10 +142,10 @@ TEST(SkewProbe, TheFitOfSyntheticFinishTimes) {
   EXPECT_EQ(fit.skew.fraction, 0);
 }
 
-TEST(SkewProbe, AnInterceptBelowZeroIsRefittedThroughTheOrigin) {
+TEST(SkewProbe, AnInterceptBelowZeroIsRefittedAsAFraction) {
   // Skews 0 at work 1000 (a wait below the idle calls': clamped to 0) and
-  // 1500 at 4000: the line through them, 0.5 x - 500, has a negative
-  // intercept; through the origin, b = 4000 * 1500 / (1000^2 + 4000^2).
+  // 1500 at 4000: skew / work is 0 and 0.375, on 1 / work a line of
+  // negative intercept (-500 us); the fraction alone is their mean, 0.1875.
   const std::vector<SkewCall> idle = {callOf({0, 0}, 200)};
   const std::vector<std::vector<SkewCall>> bySize = {{callOf({1000, 1000}, 100)},
                                                      {callOf({2500, 5500}, 200)}};
@@ -153,12 +153,26 @@ TEST(SkewProbe, AnInterceptBelowZeroIsRefittedThroughTheOrigin) {
   EXPECT_EQ(fit.points[0].second, 0);
   EXPECT_NEAR(fit.points[1].second, 1500, 1e-9);
   EXPECT_EQ(fit.skew.us, 0);
-  EXPECT_NEAR(fit.skew.fraction, 4000.0 * 1500 / (1000.0 * 1000 + 4000.0 * 4000), 1e-12);
-  // Less skew after more work: a constant, the points' mean.
+  EXPECT_NEAR(fit.skew.fraction, 0.1875, 1e-12);
+  // Less skew after more work: skew 1000 after 2000 us, 200 after 4200; the
+  // fraction comes out below 0, so the constant alone, relative to the
+  // work: a = sum(u r) / sum(u^2) with u = 1 / work, r = skew / work.
   const SkewFit flat =
       fitSyncSkew(idle, {{callOf({1000, 3000}, 200)}, {callOf({4000, 4400}, 200)}});
   EXPECT_EQ(flat.skew.fraction, 0);
-  EXPECT_NEAR(flat.skew.us, (1000 + 200) / 2.0, 1e-9);
+  const double u1 = 1 / 2000.0, r1 = 1000 / 2000.0, u2 = 1 / 4200.0, r2 = 200 / 4200.0;
+  EXPECT_NEAR(flat.skew.us, (u1 * r1 + u2 * r2) / (u1 * u1 + u2 * u2), 1e-9);
+  // The run that gave a line of 3.9 ms + 0.145 x by plain least squares
+  // (docs/model_bench.md): relative to the work, no constant and about
+  // half the work. Four workers: three at work - skew / 3, one at work + skew.
+  const std::vector<SkewCall> idle4 = {callOf({0, 0, 0, 0}, 200)};
+  std::vector<std::vector<SkewCall>> run;
+  for (const auto& [work, skew] : std::vector<std::pair<double, double>>{
+           {237, 0}, {579, 0}, {2454, 2956}, {10859, 15104}, {193401, 31407}})
+    run.push_back({callOf({work - skew / 3, work - skew / 3, work - skew / 3, work + skew}, 200)});
+  const SkewFit r = fitSyncSkew(idle4, run);
+  EXPECT_EQ(r.skew.us, 0);
+  EXPECT_NEAR(r.skew.fraction, (2956 / 2454.0 + 15104 / 10859.0 + 31407 / 193401.0) / 5, 1e-9);
 }
 
 TEST(SkewProbe, BadSamplesAreRefused) {
