@@ -81,16 +81,14 @@ struct SkewCall {
   std::vector<double> workUs, waitUs;  // one per worker
 };
 struct SkewFit {
-  planner::SyncSkew skew;                         // us + fraction * work, fitted by least squares
+  planner::SyncSkew skew;                         // fraction * work (us 0), by least squares
   std::vector<std::pair<double, double>> points;  // per size: (mean work, skew), us
 };
 // Each size's calls (`bySize`, at least one size of work) give one point:
 // the mean of the calls' mean work and of their mean wait less the idle
-// calls' mean wait (at least 0). The line us + fraction x work through the
-// points by least squares relative to the work (skew / work on 1 / work;
-// points of no work are left out): an intercept below 0 refits the
-// fraction alone (the mean of skew / work), a fraction below 0 the
-// intercept alone, and the fraction is capped at SyncSkew::kMaxFraction.
+// calls' mean wait (at least 0). The fit is a fraction of the work (least
+// squares through the origin: the largest works decide; no constant, which
+// the collectives' probes carry already), capped at SyncSkew::kMaxFraction.
 // Refuses
 // calls of unequal worker counts, no samples, and values that are not
 // finite or are negative.

@@ -578,30 +578,20 @@ SkewFit fitSyncSkew(const std::vector<SkewCall>& idle,
     const double n = double(calls.size());
     fit.points.emplace_back(work / n, std::max(0.0, skew / n));
   }
-  // Relative to the work: skew / work = a / work + b, by least squares over
-  // the points, so that the small works count as much as the large (in
-  // absolute terms the largest decides alone, and one run's points, 0 us
-  // after 237 and 579 us of work, 3.0 ms after 2.5 ms and 15 ms after 11 ms,
-  // then 31 ms after 193 ms, gave a line of 3.9 ms + 0.145 x: a wait of
-  // 3.9 ms after every small encode of an unfused plan, which the points
-  // themselves do not show).
-  double su = 0, sr = 0, suu = 0, sur = 0, n = 0;
-  for (const auto& [x, y] : fit.points) {
-    if (!(x > 0)) continue;
-    const double u = 1.0 / x, r = y / x;
-    su += u, sr += r, suu += u * u, sur += u * r, n += 1;
-  }
-  double a = 0, b = 0;
-  const double det = n * suu - su * su;
-  if (det > 0) {
-    a = (n * sur - su * sr) / det;
-    b = (sr - a * su) / n;
-  } else if (n > 0) {
-    b = sr / n;  // one point, or all at one work: a fraction
-  }
-  if (a < 0) a = 0, b = n > 0 ? sr / n : 0;
-  if (b < 0) b = 0, a = suu > 0 ? sur / suu : 0;
-  fit.skew.us = a;
+  // A fraction of the work, by least squares through the origin: the
+  // largest works decide, as they do in a fused plan's timeline. No
+  // constant: the collectives' probes are each call's slowest rank, back
+  // to back, so the wait a step pays after little or no work is in them
+  // already. With a constant, two runs on the loaded machine (load 10-12)
+  // fitted 2.1 and 2.4 ms from the smallest sizes' noisy barriers, and the
+  // compress-everything strategies, a wait after each of 161-314 encodes,
+  // were predicted 78-96% above the replay (15% without the skew); a plain
+  // line through one run's points had 3.9 ms + 0.145 x, a relative fit
+  // 2.1 ms + 0.37 x.
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : fit.points) sxx += x * x, sxy += x * y;
+  fit.skew.us = 0;
+  const double b = sxx > 0 ? sxy / sxx : 0;
   fit.skew.fraction = std::min(b, planner::SyncSkew::kMaxFraction);
   return fit;
 }

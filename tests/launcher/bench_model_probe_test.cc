@@ -126,14 +126,21 @@ TEST(SkewProbe, TheFitOfSyntheticFinishTimes) {
   EXPECT_NEAR(fit.points[1].second, 1200, 1e-9);
   // One worker 800 us later still: mean finish d + 200, last 1.3 d + 800,
   // skew 0.3 d + 600 = 0.3 (work - 200) + 600 = 540 + 0.3 work. Two calls
-  // per size whose skews average to it (+-50 us).
+  // per size whose skews average to it (+-50 us). The fit is a fraction
+  // (through the origin): sum(work * skew) / sum(work^2).
   bySize.clear();
   for (double d : {1000.0, 4000.0, 16000.0})
     bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 850}, 100),
                       callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 750}, 100)});
   fit = fitSyncSkew(idle, bySize);
-  EXPECT_NEAR(fit.skew.us, 540, 1e-6);
-  EXPECT_NEAR(fit.skew.fraction, 0.3, 1e-9);
+  double sxy = 0, sxx = 0;
+  for (double d : {1000.0, 4000.0, 16000.0}) {
+    const double x = d + 200;
+    sxy += x * (540 + 0.3 * x), sxx += x * x;
+  }
+  EXPECT_EQ(fit.skew.us, 0);
+  EXPECT_NEAR(fit.skew.fraction, sxy / sxx, 1e-12);
+  EXPECT_NEAR(fit.points[2].second, 540 + 0.3 * 16200, 1e-6);
   // Every worker alike (a dedicated machine): no skew.
   bySize.clear();
   for (double d : {1000.0, 4000.0}) bySize.push_back({callOf({d, d, d, d}, 100)});
@@ -142,10 +149,9 @@ TEST(SkewProbe, TheFitOfSyntheticFinishTimes) {
   EXPECT_EQ(fit.skew.fraction, 0);
 }
 
-TEST(SkewProbe, AnInterceptBelowZeroIsRefittedAsAFraction) {
+TEST(SkewProbe, TheFitIsAFractionThatTheLargestWorksDecide) {
   // Skews 0 at work 1000 (a wait below the idle calls': clamped to 0) and
-  // 1500 at 4000: skew / work is 0 and 0.375, on 1 / work a line of
-  // negative intercept (-500 us); the fraction alone is their mean, 0.1875.
+  // 1500 at 4000: b = 4000 * 1500 / (1000^2 + 4000^2) = 6/17.
   const std::vector<SkewCall> idle = {callOf({0, 0}, 200)};
   const std::vector<std::vector<SkewCall>> bySize = {{callOf({1000, 1000}, 100)},
                                                      {callOf({2500, 5500}, 200)}};
@@ -153,18 +159,16 @@ TEST(SkewProbe, AnInterceptBelowZeroIsRefittedAsAFraction) {
   EXPECT_EQ(fit.points[0].second, 0);
   EXPECT_NEAR(fit.points[1].second, 1500, 1e-9);
   EXPECT_EQ(fit.skew.us, 0);
-  EXPECT_NEAR(fit.skew.fraction, 0.1875, 1e-12);
-  // Less skew after more work: skew 1000 after 2000 us, 200 after 4200; the
-  // fraction comes out below 0, so the constant alone, relative to the
-  // work: a = sum(u r) / sum(u^2) with u = 1 / work, r = skew / work.
+  EXPECT_NEAR(fit.skew.fraction, 6.0 / 17, 1e-12);
+  // Less skew after more work (1000 after 2000 us, 200 after 4200): still
+  // a fraction, (2000 * 1000 + 4200 * 200) / (2000^2 + 4200^2).
   const SkewFit flat =
       fitSyncSkew(idle, {{callOf({1000, 3000}, 200)}, {callOf({4000, 4400}, 200)}});
-  EXPECT_EQ(flat.skew.fraction, 0);
-  const double u1 = 1 / 2000.0, r1 = 1000 / 2000.0, u2 = 1 / 4200.0, r2 = 200 / 4200.0;
-  EXPECT_NEAR(flat.skew.us, (u1 * r1 + u2 * r2) / (u1 * u1 + u2 * u2), 1e-9);
-  // The run that gave a line of 3.9 ms + 0.145 x by plain least squares
-  // (docs/model_bench.md): relative to the work, no constant and about
-  // half the work. Four workers: three at work - skew / 3, one at work + skew.
+  EXPECT_EQ(flat.skew.us, 0);
+  EXPECT_NEAR(flat.skew.fraction, 2.84e6 / 21.64e6, 1e-12);
+  // A loaded run's points (docs/model_bench.md), where a line had 3.9 ms +
+  // 0.145 x: the small works' noisy skews hardly move the fraction.
+  // Four workers: three at work - skew / 3, one at work + skew.
   const std::vector<SkewCall> idle4 = {callOf({0, 0, 0, 0}, 200)};
   std::vector<std::vector<SkewCall>> run;
   for (const auto& [work, skew] : std::vector<std::pair<double, double>>{
@@ -172,7 +176,10 @@ TEST(SkewProbe, AnInterceptBelowZeroIsRefittedAsAFraction) {
     run.push_back({callOf({work - skew / 3, work - skew / 3, work - skew / 3, work + skew}, 200)});
   const SkewFit r = fitSyncSkew(idle4, run);
   EXPECT_EQ(r.skew.us, 0);
-  EXPECT_NEAR(r.skew.fraction, (2956 / 2454.0 + 15104 / 10859.0 + 31407 / 193401.0) / 5, 1e-9);
+  const double want =
+      (2454.0 * 2956 + 10859.0 * 15104 + 193401.0 * 31407) /
+      (237.0 * 237 + 579.0 * 579 + 2454.0 * 2454 + 10859.0 * 10859 + 193401.0 * 193401);
+  EXPECT_NEAR(r.skew.fraction, want, 1e-12);
 }
 
 TEST(SkewProbe, BadSamplesAreRefused) {
