@@ -137,6 +137,7 @@ void validateModelBench(const ModelBenchOptions& o) {
                   "--warmup {}: must be in [0, 10000]", o.warmup);
   CORTADO_ENFORCE(o.rounds >= 1 && o.rounds <= 1000, ErrorCode::kInvalidArgument,
                   "--rounds {}: must be in [1, 1000]", o.rounds);
+  parseSyncSkew(o.syncSkew);
   try {
     const std::string dir = planner::resolveDataDir(o.dataDir);
     planner::CodecModel::load(dir + "/costs/codecs.json").resolve(o.codec);
@@ -222,6 +223,14 @@ int runModelBench(const ModelBenchOptions& o) {
     into.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
                                     job.partitionBytes, d, into.pushPullCurve, into.probes, tag);
     measureCodec(world, o.codec, minElems, maxElems, into);
+    if (const auto set = parseSyncSkew(o.syncSkew)) {
+      into.syncSkew = *set;
+      into.probes.push_back(
+          fmt::format("sync skew: not measured (--sync-skew {}): {:.0f} us + {:.3f} x the work",
+                      o.syncSkew, set->us, set->fraction));
+    } else {
+      measureSkew(world, o.codec, into);
+    }
     if (job.fusionBytes > 0) {
       constexpr int kCalls = 30;
       world.barrier();
@@ -706,6 +715,8 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"measured_ms", r.meanMs}, {"stdev_ms", r.stdMs}, {"min_ms", r.minMs},
                    {"predicted_ms", r.predictedMs}, {"error_pct", errPct},
                    {"overlapped_ms", overlappedMs},
+                   {"predicted_noskew_ms", preds[si].noSkewUs / 1e3},
+                   {"sync_skew_us", m.syncSkew.us}, {"sync_skew_fraction", m.syncSkew.fraction},
                    {"iterations", o.iterations}, {"rounds", o.rounds}, {"round_ms", r.roundMs},
                    {"round_predicted_ms", r.roundPredictedMs}, {"probe_s", probeSeconds},
                    {"workers", topo.size},
@@ -722,6 +733,8 @@ int runModelBench(const ModelBenchOptions& o) {
           jr["overlapped_ms"] = nullptr;
           jr["error_pct"] = nullptr;
         }
+        if (!(r.predictedMs > 0) || replan || mergecomp || o.rounds > 1)
+          jr["predicted_noskew_ms"] = nullptr;
         if (r.strategy == "mergecomp") {
           jr["search"] = r.searchSummary;
           jr["timed_from"] = r.timedFrom;

@@ -220,6 +220,9 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   // The replay's batches and fusion, as the executor runs them (serialized()).
   cl.fusionBytes = fusionBytes;
   cl.batchAgreeUs = m.agreeUs;
+  // The workers' skew at each step after CPU work (measureSkew, or
+  // --sync-skew): the replay's collectives wait for their last worker.
+  cl.syncSkew = m.syncSkew;
   planner::ResolvedCodec codec = codecs.resolve(o.codec);
   for (int d = 0; d < 2; ++d) {  // both devices run the CPU twin here
     codec.encodeCurve[d] = m.encodeCurve;
@@ -240,11 +243,13 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
         "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
         "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
         "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
-        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine",
+        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine; "
+        "workers' skew at a step after CPU work {:.0f} us + {:.3f} x the work",
         cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
         cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
         m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
-        m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores);
+        m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores, cl.syncSkew.us,
+        cl.syncSkew.fraction);
   return std::make_shared<planner::Simulator>(cl, codec, profile, options);
 }
 
@@ -259,6 +264,10 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   const auto& options = sim.options();
   planner::Planner pl(sim);
   const int T = sim.tensors();
+  // The same cost models without the workers' skew, for predicted_noskew_ms.
+  planner::Cluster noSkew = sim.cluster();
+  noSkew.syncSkew = {};
+  planner::Simulator simNoSkew(noSkew, sim.codec(), sim.profile(), options);
   auto uniform = [&](int option) {
     planner::Strategy s;
     s.choice.assign(T, option);
@@ -310,6 +319,9 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     p.strategy = name;
     p.plan = planner::toPlan(sim, s, 1);
     p.predictedUs = profile.forwardUs + serialized(sim, s.choice, s.groups, nullptr);
+    p.noSkewUs = sim.cluster().syncSkew.any()
+                     ? profile.forwardUs + serialized(simNoSkew, s.choice, s.groups, nullptr)
+                     : p.predictedUs;
     p.overlappedUs = profile.forwardUs + (s.groups.empty() ? s.iterUs : sim.simulateGroups(s.choice, s.groups));
     std::map<std::string, int> count;
     for (int c : s.choice) ++count[options[c].describe() + (options[c].codec.empty() ? "" : " " + options[c].codec)];

@@ -24,6 +24,7 @@ struct Prediction {
   plan::Plan plan;
   double predictedUs = 0;  // forward + backward and synchronization, one tensor at a time
   double overlappedUs = 0;  // forward + the simulator's overlapped timeline (the planner's model)
+  double noSkewUs = 0;      // predictedUs without the workers' skew (Cluster::syncSkew), same plan
   std::string options;     // the one option everybody runs, or a summary
 };
 

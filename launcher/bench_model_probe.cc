@@ -5,6 +5,8 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 
 #include "compressor/error_feedback.h"
@@ -419,7 +421,180 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   m.sumGbps = 8.0 * 4.0 * ns / s / 1e9;
 }
 
+// Why the wait in the barrier after the work: the workers' clocks need not
+// agree (on real machines they do not), and worker i's wait there is the
+// last worker's finish less its own, plus the barrier's time, which the
+// calls with no work measure. Its mean over the workers, less that, is how
+// far the last worker finishes after the mean one: the wait a collective
+// after that work adds to the timeline's one worker, whose encode is priced
+// at about a typical worker's (measureCodec: each worker's median, then the
+// slowest's). Traced, resnet50/EFSignSGD's fused plan on 4 emulated hosts
+// sharing 2 cores: the workers reached a group's collective 1-4 ms apart
+// after the smallest encodes, 23-28 ms after the largest (38 ms).
+void measureSkew(World& world, const std::string& spec, Measured& m) {
+  compressor::Registry reg;
+  compressor::registerCpuCodecs(reg);
+  compressor::CodecPtr codec = reg.create(reg.canonical(spec));
+  constexpr uint64_t kMaxSkewProbe = kMaxCodecProbe;  // elements: the curve's own range
+  std::vector<uint64_t> sizes;
+  for (const double target : {250.0, 1000.0, 4000.0, 12000.0, 36000.0}) {
+    uint64_t n = 1024;
+    while (n < kMaxSkewProbe && m.encodeCurve.us(double(n)) < target) n *= 2;
+    n = std::min(n, kMaxSkewProbe);
+    if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
+  }
+  const int levels = patternLevels(world.c.size());
+  std::vector<float> x(sizes.back());
+  for (uint64_t i = 0; i < x.size(); ++i) x[i] = factor(world.c.rank(), 1) * pattern(1, i, levels);
+  std::vector<std::unique_ptr<compressor::ErrorFeedback>> efs;
+  std::vector<std::vector<std::byte>> payloads(sizes.size());
+  uint64_t key = 0;
+  auto encode = [&](size_t i) {
+    compressor::EncodeContext ctx;
+    ctx.seed = ++key;
+    efs[i]->encode(sizes[i], x.data(), sizes[i], payloads[i], ctx);
+  };
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec));
+    payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
+    encode(i);  // untimed: first touches
+  }
+  std::vector<double> work, wait;
+  auto call = [&](int i) {  // -1: no work
+    world.barrier();
+    const auto t0 = Clock::now();
+    if (i >= 0) encode(size_t(i));
+    const auto t1 = Clock::now();
+    world.barrier();
+    work.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    wait.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t1).count());
+  };
+  constexpr int kIdle = 5, kPasses = 5;
+  for (int k = 0; k < kIdle; ++k) call(-1);
+  // Passes over the sizes, as measureCodec, so that a worker descheduled
+  // for a while meets several sizes once rather than one size every time.
+  for (int r = 0; r < kPasses; ++r)
+    for (size_t i = 0; i < sizes.size(); ++i) call(int(i));
+  std::vector<double> mine = work;
+  mine.insert(mine.end(), wait.begin(), wait.end());
+  const int p = world.c.size();
+  std::vector<double> all(mine.size() * size_t(p));
+  world.c.allgather(mine.data(), mine.size(), all.data(), DType::kFloat64, world.deadline());
+  const size_t calls = work.size();
+  auto at = [&](size_t c) {
+    SkewCall out;
+    for (int r = 0; r < p; ++r) {
+      out.workUs.push_back(all[size_t(r) * mine.size() + c]);
+      out.waitUs.push_back(all[size_t(r) * mine.size() + calls + c]);
+    }
+    return out;
+  };
+  std::vector<SkewCall> idle;
+  for (size_t c = 0; c < size_t(kIdle); ++c) idle.push_back(at(c));
+  std::vector<std::vector<SkewCall>> bySize(sizes.size());
+  for (int r = 0; r < kPasses; ++r)
+    for (size_t i = 0; i < sizes.size(); ++i)
+      bySize[i].push_back(at(size_t(kIdle) + size_t(r) * sizes.size() + i));
+  const SkewFit fit = fitSyncSkew(idle, bySize);
+  m.syncSkew = fit.skew;
+  m.skewPoints = fit.points;
+  std::string pts;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], fit.points[i].first, fit.points[i].second);
+  m.probes.push_back(fmt::format(
+      "sync skew (the last worker after the mean one, after {} encodes on every worker at once): "
+      "{:.0f} us + {:.3f} x the work, from elements:work/skew{}",
+      spec, fit.skew.us, fit.skew.fraction, pts));
+}
+
 }  // namespace replay
+
+std::optional<planner::SyncSkew> parseSyncSkew(const std::string& arg) {
+  if (arg == "auto") return std::nullopt;
+  if (arg == "off") return planner::SyncSkew{};
+  const size_t comma = arg.find(',');
+  planner::SyncSkew s;
+  auto number = [&](const std::string& text, const char* what) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    CORTADO_ENFORCE(used > 0 && used == text.size(), ErrorCode::kInvalidArgument,
+                    "--sync-skew '{}': {} '{}' is not a number (give auto, off, or US,FRACTION, "
+                    "e.g. 0,0.6)",
+                    arg, what, text);
+    return v;
+  };
+  CORTADO_ENFORCE(comma != std::string::npos, ErrorCode::kInvalidArgument,
+                  "--sync-skew '{}': give auto (measured), off, or US,FRACTION (e.g. 0,0.6: the "
+                  "last worker reaches a step 0 us plus 0.6 times the CPU work before it late)",
+                  arg);
+  s.us = number(arg.substr(0, comma), "the constant");
+  s.fraction = number(arg.substr(comma + 1), "the fraction");
+  s.check(fmt::format("--sync-skew '{}'", arg));
+  return s;
+}
+
+SkewFit fitSyncSkew(const std::vector<SkewCall>& idle,
+                    const std::vector<std::vector<SkewCall>>& bySize) {
+  CORTADO_ENFORCE(!idle.empty() && !bySize.empty(), ErrorCode::kInvalidArgument,
+                  "skew probe: {} idle calls and {} sizes of work; it needs at least one of each",
+                  idle.size(), bySize.size());
+  const size_t workers = idle.front().workUs.size();
+  // The mean over the workers of each call's work and wait.
+  auto means = [&](const SkewCall& c, const char* what) {
+    CORTADO_ENFORCE(workers > 0 && c.workUs.size() == workers && c.waitUs.size() == workers,
+                    ErrorCode::kInvalidArgument,
+                    "skew probe: a {} call has {} work and {} wait times where the first idle "
+                    "call has {} workers",
+                    what, c.workUs.size(), c.waitUs.size(), workers);
+    double work = 0, wait = 0;
+    for (size_t i = 0; i < workers; ++i) {
+      CORTADO_ENFORCE(std::isfinite(c.workUs[i]) && c.workUs[i] >= 0 &&
+                          std::isfinite(c.waitUs[i]) && c.waitUs[i] >= 0,
+                      ErrorCode::kInvalidArgument,
+                      "skew probe: worker {} of a {} call took {} us of work and waited {} us; "
+                      "both must be finite and >= 0",
+                      i, what, c.workUs[i], c.waitUs[i]);
+      work += c.workUs[i], wait += c.waitUs[i];
+    }
+    return std::make_pair(work / double(workers), wait / double(workers));
+  };
+  double base = 0;
+  for (const SkewCall& c : idle) base += means(c, "idle").second;
+  base /= double(idle.size());
+  SkewFit fit;
+  for (const std::vector<SkewCall>& calls : bySize) {
+    CORTADO_ENFORCE(!calls.empty(), ErrorCode::kInvalidArgument,
+                    "skew probe: a size without calls");
+    double work = 0, skew = 0;
+    for (const SkewCall& c : calls) {
+      const auto [w, wait] = means(c, "timed");
+      work += w, skew += wait - base;
+    }
+    const double n = double(calls.size());
+    fit.points.emplace_back(work / n, std::max(0.0, skew / n));
+  }
+  // A fraction of the work, by least squares through the origin: the
+  // largest works decide, as they do in a fused plan's timeline. No
+  // constant: the collectives' probes are each call's slowest rank, back
+  // to back, so the wait a step pays after little or no work is in them
+  // already. With a constant, two runs on the loaded machine (load 10-12)
+  // fitted 2.1 and 2.4 ms from the smallest sizes' noisy barriers, and the
+  // compress-everything strategies, a wait after each of 161-314 encodes,
+  // were predicted 78-96% above the replay (15% without the skew); a plain
+  // line through one run's points had 3.9 ms + 0.145 x, a relative fit
+  // 2.1 ms + 0.37 x.
+  double sxx = 0, sxy = 0;
+  for (const auto& [x, y] : fit.points) sxx += x * x, sxy += x * y;
+  fit.skew.us = 0;
+  const double b = sxx > 0 ? sxy / sxx : 0;
+  fit.skew.fraction = std::min(b, planner::SyncSkew::kMaxFraction);
+  return fit;
+}
 
 void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encode,
                        std::vector<double>& decode) {

@@ -83,6 +83,10 @@ struct Measured {
   // With fusion: the workers' agreement on a batch (one flat allgather of an
   // int64, agreeOnBatch), back to back, mean of the slowest worker's.
   double agreeUs = 0;
+  // The workers' skew after CPU work (measureSkew), and its points (work,
+  // skew) in us; none when not measured (--sync-skew off or set).
+  planner::SyncSkew syncSkew;
+  std::vector<std::pair<double, double>> skewPoints;
   std::vector<std::string> probes;  // what was measured, for the log
 };
 
@@ -115,5 +119,15 @@ planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::To
 // to hi elements, into m's encode and decode curves and fits, and the CPU's
 // sum rate into m.sumGbps.
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m);
+
+// The workers' skew after CPU work (planner::SyncSkew): the codec's encode
+// at the sizes that measureCodec's curve (m.encodeCurve, so call it first)
+// prices at about 0.25, 1, 4, 12 and 36 ms (up to its largest size, 4 Mi
+// elements), on every worker at once after a barrier, each worker's time in
+// it and its wait in the barrier after it; 5 passes over the sizes, and 5
+// calls with no work. launcher::fitSyncSkew() of them into m.syncSkew and
+// m.skewPoints; one line in m.probes. About 0.3 s of work on a quiet
+// machine where the targets are met.
+void measureSkew(World& world, const std::string& spec, Measured& m);
 
 }  // namespace cortado::launcher::replay

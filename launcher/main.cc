@@ -235,6 +235,11 @@ int main(int argc, char** argv) try {
                "scattered back, and the predictions count those copies");
   bm->add_option("--cpu-cores", bmo.cpuCores,
                  "CPU cores per machine in the cost model (0: this host's cores / machines)");
+  bm->add_option("--sync-skew", bmo.syncSkew,
+                 "the workers' skew at each collective or push after CPU work, in the "
+                 "predictions: auto (measured at start-up), off, or US,FRACTION (the last worker "
+                 "arrives US + FRACTION x the work late; docs/model_bench.md)")
+      ->capture_default_str();
   bm->add_option("--data-dir", bmo.dataDir, "planner data folder (profiles/, costs/)");
   bm->add_option("--plan-out", bmo.planOut, "rank 0 writes the planner's plan (JSON) here");
   bm->add_option("--predicted-trace", bmo.predictedTrace,

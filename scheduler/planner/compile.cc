@@ -53,6 +53,7 @@ class Compiler {
     }
     moveTo(true);  // the result is used by the optimizer on the GPU
     for (const SimOp& op : out_.ops) out_.pathUs += op.us;
+    applySyncSkew(c_, out_);
     return std::move(out_);
   }
 
@@ -268,6 +269,33 @@ class Compiler {
 };
 
 }  // namespace
+
+void applySyncSkew(const Cluster& cluster, CompiledOption& c) {
+  const double cores = std::max(1, cluster.cpuCores);
+  // A CPU op's tasks run in rounds of `cores` (what its caller waits for).
+  auto duration = [&](const SimOp& op) {
+    return op.res == Res::kCpu ? op.us * std::ceil(double(op.tasks) / cores) : op.us;
+  };
+  double work = 0;  // since the previous communication op
+  for (SimOp& op : c.ops) {
+    c.pathUs -= op.waitUs;
+    op.waitUs = 0;
+    switch (op.kind) {
+      case OpKind::kComm:
+        op.waitUs = cluster.syncSkew.after(work);
+        c.pathUs += op.waitUs;
+        work = 0;
+        break;
+      case OpKind::kEncode:
+      case OpKind::kDecode:
+      case OpKind::kSparse: work += duration(op); break;
+      case OpKind::kCopy:
+        if (op.res == Res::kCpu) work += duration(op);  // a group's gather, not a PCIe copy
+        break;
+      case OpKind::kServer: break;  // the servers', not the workers'
+    }
+  }
+}
 
 CompiledOption compileOption(const Cluster& cluster, const ResolvedCodec& codec, int64_t elements,
                              int dtypeBytes, const plan::TensorOption& option,

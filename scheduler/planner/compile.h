@@ -35,6 +35,9 @@ struct SimOp {
   bool compressed = false;
   uint16_t tasks = 1;  // kCpu: parallel tasks, one core each
   double us = 0;
+  // kComm: the workers' skew before it starts (Cluster::syncSkew after the
+  // CPU work since the tensor's previous step of communication; no lane).
+  double waitUs = 0;
 };
 
 // Work per resource kind, used for dominance between options and for the
@@ -43,7 +46,7 @@ enum WorkIndex { kWorkGpu, kWorkCpu, kWorkIntra, kWorkInter, kWorkD2H, kWorkH2D,
 
 struct CompiledOption {
   std::vector<SimOp> ops;
-  double pathUs = 0;  // sum of durations: the sync time of the tensor alone
+  double pathUs = 0;  // sum of durations and waits: the sync time of the tensor alone
   double work[kWorkKinds] = {};
   bool gpuCodec = false;
 };
@@ -52,6 +55,15 @@ struct CompiledOption {
 // as a dense tensor). A Zen option runs on host buffers: the copies to and
 // from the host, the scan and placement on one core, the scheme's
 // collectives over all GPUs, then the sums and the decode on one core.
+// Sets every communication op's SimOp::waitUs to the cluster's skew after
+// the codec and CPU work (encode, decode, group copy, Zen's CPU work; not the
+// servers' work nor PCIe copies) since the previous communication op of
+// `c` (none before the first op: the execution's own start), a CPU op of
+// `tasks` counted as its rounds over the cores, and keeps pathUs the sum
+// of durations and waits. compileOption() calls it; call it again after
+// changing c.ops.
+void applySyncSkew(const Cluster& cluster, CompiledOption& c);
+
 CompiledOption compileOption(const Cluster& cluster, const ResolvedCodec& codec, int64_t elements,
                              int dtypeBytes, const plan::TensorOption& option,
                              const Sparsity& sparsity = {});

@@ -163,6 +163,18 @@ double commTimeUs(const LinkCost& link, CommOp op, int p, double bytes, bool com
   return 0;
 }
 
+void SyncSkew::check(const std::string& what) const {
+  CORTADO_ENFORCE(std::isfinite(us) && us >= 0, ErrorCode::kInvalidArgument,
+                  "{}: the skew's constant is {} us; it must be a number of microseconds >= 0 "
+                  "(0: no skew)",
+                  what, us);
+  CORTADO_ENFORCE(std::isfinite(fraction) && fraction >= 0 && fraction <= kMaxFraction,
+                  ErrorCode::kInvalidArgument,
+                  "{}: the skew's fraction of the CPU work is {}; it must be in [0, {}] (0.5: the "
+                  "last worker arrives half the work's duration after the timeline's)",
+                  what, fraction, kMaxFraction);
+}
+
 HardwareModel HardwareModel::fromJson(const json& j) {
   try {
     HardwareModel h;
@@ -188,6 +200,11 @@ HardwareModel HardwareModel::fromJson(const json& j) {
                       "nanoseconds >= 0",
                       h.zenNsPerPair);
     }
+    const json& cpu = j.at("cpu");
+    if (cpu.contains("sync_skew_us")) h.syncSkew.us = cpu.at("sync_skew_us").get<double>();
+    if (cpu.contains("sync_skew_fraction"))
+      h.syncSkew.fraction = cpu.at("sync_skew_fraction").get<double>();
+    h.syncSkew.check("hardware: cpu.sync_skew_us and cpu.sync_skew_fraction");
     return h;
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed hardware model: {}", e.what()));

@@ -76,11 +76,30 @@ double commTimeUs(const LinkCost& link, plan::CommOp op, int p, double bytes,
                   bool compressed = false);
 
 // Named links, copies and CPU rates: one JSON file (profiles of hardware).
+// The workers' skew at a synchronizing step (Cluster::syncSkew): a
+// collective, or a push to the servers, starts for everybody when its last
+// worker arrives, and after CPU work of `w` us the last one arrives
+// `us + fraction * w` after the timeline's one worker does (which has
+// every worker alike). Nothing after no CPU work. Measured by `cortado bench
+// model` (launcher/bench_model_probe.cc, measureSkew); 0 and 0 (the default)
+// leave the timeline as without it.
+struct SyncSkew {
+  double us = 0;
+  double fraction = 0;
+  bool any() const { return us > 0 || fraction > 0; }
+  double after(double workUs) const { return workUs > 0 ? us + fraction * workUs : 0.0; }
+  // Refuses a value that is not finite, is negative, or (fraction) above
+  // kMaxFraction, naming `what` (where it came from).
+  void check(const std::string& what) const;
+  static constexpr double kMaxFraction = 10;
+};
+
 struct HardwareModel {
   std::map<std::string, LinkCost> links;
   AlphaBeta d2h, h2d;          // per GPU
   double cpuSumGbps = 40;      // one core summing float32 buffers
   double zenNsPerPair = kDefaultZenNsPerPair;  // cpu.zen_ns_per_pair (Cluster::zenNsPerPair)
+  SyncSkew syncSkew;           // cpu.sync_skew_us, cpu.sync_skew_fraction (Cluster::syncSkew)
   std::string source;          // where the numbers come from
 
   static HardwareModel fromJson(const nlohmann::json& j);
@@ -137,6 +156,11 @@ struct Cluster {
   // agree on which tensors are ready: in bench model one flat allgather of
   // an int64), paid once per batch.
   double batchAgreeUs = 0;
+  // The workers' skew at every synchronizing step after CPU work (SyncSkew;
+  // none by default): compileOption() puts SimOp::waitUs before each such
+  // step, which delays it and everything after it in that tensor's
+  // execution, and occupies no lane.
+  SyncSkew syncSkew;
 
   int gpus() const { return machines * gpusPerMachine; }
 };

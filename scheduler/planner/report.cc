@@ -50,6 +50,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   cluster.cpuCores = cfg.cpuCores;
   cluster.cpuSumGbps = hw.cpuSumGbps;
   cluster.zenNsPerPair = hw.zenNsPerPair;
+  cluster.syncSkew = hw.syncSkew;
   cluster.parameterServer = cfg.parameterServer;
   ResolvedCodec codec;
   try {
@@ -158,6 +159,11 @@ std::string summaryText(const PlanRun& run) {
       c.machines, c.gpusPerMachine, c.intra, c.inter, c.codec, c.cpuCores,
       c.parameterServer ? ", CPU servers" : "");
   out += fmt::format("codec costs: {}\n", run.sim->codec().costSource);
+  if (const SyncSkew& k = run.sim->cluster().syncSkew; k.any())
+    out += fmt::format(
+        "workers' skew at a step after CPU work (hardware cpu.sync_skew_*): {:.0f} us + "
+        "{:.3f} x the work\n",
+        k.us, k.fraction);
   out += fmt::format("predicted iteration time (forward {:.2f} ms + backward and sync):\n",
                      fwd / 1000.0);
   auto line = [&](const char* what, const Strategy& s) {

@@ -25,6 +25,7 @@ Simulator::Simulator(Cluster cluster, ResolvedCodec codec, ModelProfile profile,
                   cluster_.machines, cluster_.gpusPerMachine);
   CORTADO_ENFORCE(cluster_.cpuCores >= 1 && cluster_.cpuCores <= 1024, ErrorCode::kInvalidArgument,
                   "cpu cores must be in [1, 1024], got {}", cluster_.cpuCores);
+  cluster_.syncSkew.check("cluster sync skew");
   CORTADO_ENFORCE(!profile_.tensors.empty(), ErrorCode::kInvalidArgument, "model has no tensors");
   CORTADO_ENFORCE(!options_.empty(), ErrorCode::kInvalidArgument, "no options to simulate");
   std::map<std::tuple<int64_t, int, Sparsity>, int> classes;
@@ -179,6 +180,7 @@ double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, doub
                               std::vector<TraceEvent>* trace, const std::string* label) {
   for (const SimOp& op : c.ops) {
     const double d = op.us;
+    t += op.waitUs;  // the workers' skew (Cluster::syncSkew): holds no lane
     switch (op.res) {
       case Res::kGpu:
       case Res::kIntra:
@@ -246,6 +248,7 @@ const CompiledOption& Simulator::compiledGroup(int64_t elements, int dtype, int 
       slot->ops.push_back(copy);
       slot->pathUs += 2 * copy.us;
       slot->work[kWorkCpu] += 2 * copy.us;
+      applySyncSkew(cluster_, *slot);  // the gather is CPU work before the first step
     }
   }
   return *slot;

@@ -252,7 +252,7 @@ void Simulator::updateTail() {
         double succ = lpNext;
         for (int ch = 0; ch < 5; ++ch)
           if (first[i] >> ch & 1u) succ = std::max(succ, nx[ch]);
-        lpNext = d + succ;
+        lpNext = op.waitUs + d + succ;  // the skew before it (Cluster::syncSkew) holds no lane
       }
       for (int ch = 0; ch < 6; ++ch)
         if (first[i] >> ch & 1u) cur[ch] = lpNext;
@@ -344,6 +344,7 @@ void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vec
     double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;  // as step()
     for (const SimOp& op : c.ops) {
       const double d = op.us;
+      t += op.waitUs;  // as scheduleOps()
       switch (op.res) {
         case Res::kGpu: t = earliestFit(st, kGpuLane, t, d) + d; break;
         case Res::kIntra: t = earliestFit(st, kIntraLane, t, d) + d; break;

@@ -2,7 +2,10 @@
 // hand-worked cases: spikes of one size go, the genuine shapes stay.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "core/common/error.h"
@@ -95,6 +98,129 @@ TEST(CodecProbes, ASizeOver3xTheSizeBelowScaledIsTakenAtTheScaledTime) {
 TEST(CodecProbes, MismatchedLengthsAreRefused) {
   std::vector<double> enc = {1, 2}, dec = {1};
   EXPECT_THROW(smoothCodecProbes({64, 256}, enc, dec), Error);
+}
+
+// The skew probe's calls from finish times on one clock: every worker starts
+// at 0 and finishes at f[i]; the barrier after the work releases everybody
+// `barrierUs` after the last one, so worker i waits max(f) + barrierUs - f[i].
+SkewCall callOf(const std::vector<double>& f, double barrierUs) {
+  SkewCall c;
+  double last = 0;
+  for (double x : f) last = std::max(last, x);
+  for (double x : f) c.workUs.push_back(x), c.waitUs.push_back(last + barrierUs - x);
+  return c;
+}
+
+TEST(SkewProbe, TheFitOfSyntheticFinishTimes) {
+  // Work d: the workers finish at d * (0.7, 0.9, 1.1, 1.3), the last 0.3 d
+  // after the mean (d). The idle calls' waits are the barrier's 100 us.
+  const std::vector<SkewCall> idle = {callOf({0, 0, 0, 0}, 100), callOf({0, 0, 0, 0}, 100)};
+  std::vector<std::vector<SkewCall>> bySize;
+  for (double d : {1000.0, 4000.0, 16000.0})
+    bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d}, 100)});
+  SkewFit fit = fitSyncSkew(idle, bySize);
+  EXPECT_NEAR(fit.skew.us, 0, 1e-9);
+  EXPECT_NEAR(fit.skew.fraction, 0.3, 1e-12);
+  ASSERT_EQ(fit.points.size(), 3u);
+  EXPECT_NEAR(fit.points[1].first, 4000, 1e-9);
+  EXPECT_NEAR(fit.points[1].second, 1200, 1e-9);
+  // One worker 800 us later still: mean finish d + 200, last 1.3 d + 800,
+  // skew 0.3 d + 600 = 0.3 (work - 200) + 600 = 540 + 0.3 work. Two calls
+  // per size whose skews average to it (+-50 us). The fit is a fraction
+  // (through the origin): sum(work * skew) / sum(work^2).
+  bySize.clear();
+  for (double d : {1000.0, 4000.0, 16000.0})
+    bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 850}, 100),
+                      callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 750}, 100)});
+  fit = fitSyncSkew(idle, bySize);
+  double sxy = 0, sxx = 0;
+  for (double d : {1000.0, 4000.0, 16000.0}) {
+    const double x = d + 200;
+    sxy += x * (540 + 0.3 * x), sxx += x * x;
+  }
+  EXPECT_EQ(fit.skew.us, 0);
+  EXPECT_NEAR(fit.skew.fraction, sxy / sxx, 1e-12);
+  EXPECT_NEAR(fit.points[2].second, 540 + 0.3 * 16200, 1e-6);
+  // Every worker alike (a dedicated machine): no skew.
+  bySize.clear();
+  for (double d : {1000.0, 4000.0}) bySize.push_back({callOf({d, d, d, d}, 100)});
+  fit = fitSyncSkew(idle, bySize);
+  EXPECT_EQ(fit.skew.us, 0);
+  EXPECT_EQ(fit.skew.fraction, 0);
+}
+
+TEST(SkewProbe, TheFitIsAFractionThatTheLargestWorksDecide) {
+  // Skews 0 at work 1000 (a wait below the idle calls': clamped to 0) and
+  // 1500 at 4000: b = 4000 * 1500 / (1000^2 + 4000^2) = 6/17.
+  const std::vector<SkewCall> idle = {callOf({0, 0}, 200)};
+  const std::vector<std::vector<SkewCall>> bySize = {{callOf({1000, 1000}, 100)},
+                                                     {callOf({2500, 5500}, 200)}};
+  const SkewFit fit = fitSyncSkew(idle, bySize);
+  EXPECT_EQ(fit.points[0].second, 0);
+  EXPECT_NEAR(fit.points[1].second, 1500, 1e-9);
+  EXPECT_EQ(fit.skew.us, 0);
+  EXPECT_NEAR(fit.skew.fraction, 6.0 / 17, 1e-12);
+  // Less skew after more work (1000 after 2000 us, 200 after 4200): still
+  // a fraction, (2000 * 1000 + 4200 * 200) / (2000^2 + 4200^2).
+  const SkewFit flat =
+      fitSyncSkew(idle, {{callOf({1000, 3000}, 200)}, {callOf({4000, 4400}, 200)}});
+  EXPECT_EQ(flat.skew.us, 0);
+  EXPECT_NEAR(flat.skew.fraction, 2.84e6 / 21.64e6, 1e-12);
+  // A loaded run's points (docs/model_bench.md), where a line had 3.9 ms +
+  // 0.145 x: the small works' noisy skews hardly move the fraction.
+  // Four workers: three at work - skew / 3, one at work + skew.
+  const std::vector<SkewCall> idle4 = {callOf({0, 0, 0, 0}, 200)};
+  std::vector<std::vector<SkewCall>> run;
+  for (const auto& [work, skew] : std::vector<std::pair<double, double>>{
+           {237, 0}, {579, 0}, {2454, 2956}, {10859, 15104}, {193401, 31407}})
+    run.push_back({callOf({work - skew / 3, work - skew / 3, work - skew / 3, work + skew}, 200)});
+  const SkewFit r = fitSyncSkew(idle4, run);
+  EXPECT_EQ(r.skew.us, 0);
+  const double want =
+      (2454.0 * 2956 + 10859.0 * 15104 + 193401.0 * 31407) /
+      (237.0 * 237 + 579.0 * 579 + 2454.0 * 2454 + 10859.0 * 10859 + 193401.0 * 193401);
+  EXPECT_NEAR(r.skew.fraction, want, 1e-12);
+}
+
+TEST(SkewProbe, BadSamplesAreRefused) {
+  const std::vector<SkewCall> idle = {callOf({0, 0}, 100)};
+  const std::vector<std::vector<SkewCall>> ok = {{callOf({10, 20}, 100)}};
+  EXPECT_NO_THROW(fitSyncSkew(idle, ok));
+  EXPECT_THROW(fitSyncSkew({}, ok), Error);
+  EXPECT_THROW(fitSyncSkew(idle, {}), Error);
+  EXPECT_THROW(fitSyncSkew(idle, {{}}), Error);
+  EXPECT_THROW(fitSyncSkew(idle, {{callOf({10, 20, 30}, 100)}}), Error);  // 3 workers, not 2
+  SkewCall bad = callOf({10, 20}, 100);
+  bad.waitUs[1] = -5;
+  EXPECT_THROW(fitSyncSkew(idle, {{bad}}), Error);
+  bad = callOf({10, 20}, 100);
+  bad.workUs[0] = std::numeric_limits<double>::quiet_NaN();
+  try {
+    fitSyncSkew(idle, {{bad}});
+    ADD_FAILURE() << "a NaN work time was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SkewProbe, TheSyncSkewOption) {
+  EXPECT_FALSE(parseSyncSkew("auto").has_value());
+  const auto off = parseSyncSkew("off");
+  ASSERT_TRUE(off.has_value());
+  EXPECT_FALSE(off->any());
+  const auto set = parseSyncSkew("500,0.6");
+  ASSERT_TRUE(set.has_value());
+  EXPECT_DOUBLE_EQ(set->us, 500);
+  EXPECT_DOUBLE_EQ(set->fraction, 0.6);
+  for (const char* bad :
+       {"", "0.6", "a,b", "1,0.5x", "-1,0.5", "0,-0.5", "0,11", "nan,0", "0,inf"}) {
+    try {
+      parseSyncSkew(bad);
+      ADD_FAILURE() << "--sync-skew '" << bad << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--sync-skew"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

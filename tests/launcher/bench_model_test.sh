@@ -25,6 +25,18 @@ for s in none gpu cpu plan; do
   check "strategy $s has the overlapped simulation" "echo \"\$line\" | grep -Eq '\"overlapped_ms\":[0-9]*[1-9]'" "$line"
 done
 check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line"
+# The workers' skew, measured at start-up (auto): its probe line, and every
+# strategy's fraction and its prediction without the skew.
+check "skew probed" "echo \"\$out\" | grep -q 'measured sync skew (the last worker after the mean one'" "no skew probe line"
+for s in none gpu cpu plan; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "strategy $s: skew and the prediction without it" "echo \"\$line\" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+assert r[\"sync_skew_us\"] == 0 and 0 <= r[\"sync_skew_fraction\"] <= 10, r
+assert 0 < r[\"predicted_noskew_ms\"] <= r[\"predicted_ms\"] * (1 + 1e-9), r
+'" "$line"
+done
 # Tensor fusion is on by default (64 MiB): gradients 0 and 1 of the profile
 # are ready together, so they share a batch (fewer batches than tensors).
 line=$(echo "$out" | grep '"strategy":"plan"')
@@ -87,12 +99,13 @@ check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [
 # Two rounds (gpu, none, then none, gpu), probed once (--probe-once).
 out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
   --profile "$profile" --codec dgc:ratio=0.1 --strategies gpu,none --iterations 2 --warmup 0 \
-  --rounds 2 --probe-once 2>&1)
+  --rounds 2 --probe-once --sync-skew 300,0.5 2>&1)
 rc=$?
 echo "$out"
 check "lossy-then-none run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "none after a lossy strategy exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "none not exact after gpu"
 check "--probe-once: no probe before round 2" "echo \"\$out\" | grep -q 'measured push+pull' && ! echo \"\$out\" | grep -q 'measured (round 2)'" "probed again"
+check "--sync-skew set, not measured" "echo \"\$out\" | grep -q 'sync skew: not measured (--sync-skew 300,0.5): 300 us + 0.500 x the work' && echo \"\$out\" | grep -q 'skew at a step after CPU work 300 us + 0.500 x the work'" "$(echo "$out" | grep -i skew)"
 
 # replan: online profiling on (windows of 2 iterations, switch 5 after), the
 # scheduler plans with fp16 too, so every plan it hands out is exact here; the
@@ -196,6 +209,8 @@ refuse "negative scale" "compute-scale -2" --profile "$profile" --compute-scale 
 refuse "nan scale" "compute-scale nan" --profile "$profile" --compute-scale nan
 refuse "no rounds" "rounds 0" --profile "$profile" --rounds 0
 refuse "unknown codec" "unknown codec 'zip'" --profile "$profile" --codec zip
+refuse "negative skew fraction" "--sync-skew '0,-1': the skew's fraction" --profile "$profile" --sync-skew 0,-1
+refuse "malformed skew" "--sync-skew 'fast'" --profile "$profile" --sync-skew fast
 refuse "bad gravac epsilon" "epsilon is 2" --profile "$profile" --strategies gravac --gravac epsilon=2
 refuse "unknown gravac setting" "unknown setting 'speed'" --profile "$profile" --strategies gravac --gravac speed=3
 refuse "outside a job" "cortado launch --mpi" --profile "$profile"

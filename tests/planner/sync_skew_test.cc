@@ -1,0 +1,270 @@
+// The workers' skew at synchronizing steps (Cluster::syncSkew) against
+// timelines computed by hand. Links at 8 Gbit/s (1000 bytes per
+// microsecond) with zero latency and codec costs fixed per call, as in
+// simulator_test.cc, so that every duration is a small round number.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/common/error.h"
+#include "scheduler/planner/compile.h"
+#include "scheduler/planner/simulator.h"
+
+namespace cortado::planner {
+namespace {
+
+using plan::CommOp;
+using plan::Device;
+using plan::Scope;
+using plan::Step;
+using plan::TensorOption;
+
+Cluster cluster(int machines, int gpus, int cores) {
+  Cluster c;
+  c.machines = machines;
+  c.gpusPerMachine = gpus;
+  c.intra.base = AlphaBeta{0, 8};
+  c.inter.base = AlphaBeta{0, 8};
+  c.d2h = AlphaBeta{1, 8};
+  c.h2d = AlphaBeta{1, 8};
+  c.cpuCores = cores;
+  c.cpuSumGbps = 8;
+  return c;
+}
+
+// Payload: a quarter of the elements at 4 bytes each. GPU encode 3 us, GPU
+// decode 1 us, CPU encode 5 us, CPU decode 2 us, whatever the size.
+ResolvedCodec codec() {
+  ResolvedCodec r;
+  r.spec = "test";
+  r.cost.headerBytes = 0;
+  r.cost.bytesPerSelected = 4;
+  r.selectedFraction = 0.25;
+  r.cost.encode[int(Device::kGpu)].fixedUs = 3;
+  r.cost.decode[int(Device::kGpu)].fixedUs = 1;
+  r.cost.encode[int(Device::kCpu)].fixedUs = 5;
+  r.cost.decode[int(Device::kCpu)].fixedUs = 2;
+  return r;
+}
+
+ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
+  ModelProfile p;
+  p.model = "hand";
+  for (size_t i = 0; i < tensors.size(); ++i)
+    p.tensors.push_back(
+        TensorProfile{fmt::format("t{}", i), tensors[i].first, 4, tensors[i].second});
+  return p;
+}
+
+const TensorOption kAllreduce{false, {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)}, ""};
+const TensorOption kGather{
+    false,
+    {Step::encode(Device::kGpu), Step::comm(Scope::kFlat, CommOp::kAllgather, true),
+     Step::decode(Device::kGpu)},
+    "test"};
+
+// 2 us plus half the work before the step.
+Cluster skewed(Cluster c) {
+  c.syncSkew = SyncSkew{2, 0.5};
+  return c;
+}
+
+TEST(SyncSkew, NoSkewGivesTheTimelineWithoutIt) {
+  // simulator_test's GpuCodecDelaysLaterComputation, with the skew's fields
+  // set to 0 and 0: t0 encode [10,13], allgather [13,14], decode [14,15];
+  // t1 computes in [13,14] and [15,16], allreduce [16,20]. Every op's wait
+  // is 0 and each path is its durations' sum.
+  Cluster c = cluster(1, 2, 4);
+  c.syncSkew = SyncSkew{0, 0};
+  Simulator sim(c, codec(), model({{1000, 10}, {1000, 2}}), {kAllreduce, kGather});
+  std::vector<TensorTiming> t;
+  EXPECT_DOUBLE_EQ(sim.simulate({1, 0}, &t), 20.0);
+  EXPECT_DOUBLE_EQ(t[0].finish, 15.0);
+  EXPECT_DOUBLE_EQ(t[1].ready, 16.0);
+  const CompiledOption& g = sim.compiled(0, 1);
+  for (const SimOp& op : g.ops) EXPECT_EQ(op.waitUs, 0.0);
+  EXPECT_DOUBLE_EQ(g.pathUs, 3 + 1 + 1);
+  EXPECT_DOUBLE_EQ(sim.runAlone(0, 1000, 1), 5.0);
+}
+
+TEST(SyncSkew, WaitsBeforeACollectiveAfterAnEncodeAndNotAfterNoWork) {
+  // The encode's 3 us: 2 + 0.5 * 3 = 3.5 us before the allgather. t0: encode
+  // [10,13], allgather [16.5,17.5], decode [17.5,18.5]. t1 (ready at 12:
+  // "gpu" steps off the computation) has no CPU work before its allreduce:
+  // it takes the link's gap at once, [12,16], before t0's allgather.
+  Cluster c = skewed(cluster(1, 2, 4));
+  c.gpuCodecPausesCompute = false;
+  Simulator sim(c, codec(), model({{1000, 10}, {1000, 2}}), {kAllreduce, kGather});
+  std::vector<TensorTiming> t;
+  std::vector<TraceEvent> trace;
+  EXPECT_DOUBLE_EQ(sim.simulate({1, 0}, &t, &trace), 18.5);
+  EXPECT_DOUBLE_EQ(t[0].finish, 18.5);
+  EXPECT_DOUBLE_EQ(t[1].finish, 16.0);
+  for (const TraceEvent& e : trace) {
+    if (e.name.rfind("flat allgather*", 0) == 0) EXPECT_DOUBLE_EQ(e.start, 16.5);
+    if (e.name.rfind("flat allreduce", 0) == 0) EXPECT_DOUBLE_EQ(e.start, 12.0);
+  }
+  // The wait is on the collective and in the tensor's path.
+  const CompiledOption& g = sim.compiled(0, 1);
+  ASSERT_EQ(g.ops.size(), 3u);
+  EXPECT_EQ(g.ops[0].waitUs, 0.0);
+  EXPECT_DOUBLE_EQ(g.ops[1].waitUs, 3.5);
+  EXPECT_EQ(g.ops[2].waitUs, 0.0);
+  EXPECT_DOUBLE_EQ(g.pathUs, 3 + 3.5 + 1 + 1);
+  EXPECT_EQ(sim.compiled(0, 0).ops[0].waitUs, 0.0);
+  EXPECT_DOUBLE_EQ(sim.runAlone(1, 1000, 0), 4.0);
+  EXPECT_DOUBLE_EQ(sim.runAlone(0, 1000, 1), 8.5);
+  // One tensor at a time: t1's allreduce starts when t0 ends, with no wait
+  // of its own: [18.5,22.5].
+  Cluster one = c;
+  one.oneTensorAtATime = true;
+  Simulator serial(one, codec(), model({{1000, 10}, {1000, 2}}), {kAllreduce, kGather});
+  EXPECT_DOUBLE_EQ(serial.simulate({1, 0}), 22.5);
+}
+
+TEST(SyncSkew, EachStepWaitsForTheWorkSinceThePreviousOne) {
+  // Two compressed steps on one machine of 2 GPUs: encode (3), alltoall*,
+  // decode (1) and encode (3), allgather*, decode (1). Waits: 2 + 0.5 * 3
+  // before the first, 2 + 0.5 * 4 before the second, none elsewhere.
+  const TensorOption twoStep{
+      false,
+      {Step::encode(Device::kGpu), Step::comm(Scope::kFlat, CommOp::kAlltoall, true),
+       Step::decode(Device::kGpu), Step::encode(Device::kGpu),
+       Step::comm(Scope::kFlat, CommOp::kAllgather, true), Step::decode(Device::kGpu)},
+      "test"};
+  const CompiledOption plain = compileOption(cluster(1, 2, 4), codec(), 1000, 4, twoStep);
+  const CompiledOption c = compileOption(skewed(cluster(1, 2, 4)), codec(), 1000, 4, twoStep);
+  ASSERT_EQ(c.ops.size(), plain.ops.size());
+  std::vector<double> waits;
+  for (size_t i = 0; i < c.ops.size(); ++i) {
+    waits.push_back(c.ops[i].waitUs);
+    EXPECT_DOUBLE_EQ(c.ops[i].us, plain.ops[i].us) << "op " << i;
+  }
+  EXPECT_EQ(waits, (std::vector<double>{0, 3.5, 0, 0, 4, 0}));
+  EXPECT_DOUBLE_EQ(c.pathUs, plain.pathUs + 3.5 + 4);
+}
+
+TEST(SyncSkew, APushWaitsForTheEncodeAndThePullForNothing) {
+  // 2 machines x 1 GPU through the servers: the copy to the host (PCIe, not
+  // counted), the CPU encode (5 us: wait 2 + 2.5), push, the servers' work
+  // (theirs, not counted), pull (no wait), the CPU decode, the copy back.
+  const TensorOption ps{
+      true,
+      {Step::encode(Device::kCpu), Step::comm(Scope::kInter, CommOp::kPush, true),
+       Step::comm(Scope::kInter, CommOp::kPull, true), Step::decode(Device::kCpu)},
+      "test"};
+  const CompiledOption c = compileOption(skewed(cluster(2, 1, 4)), codec(), 1000, 4, ps);
+  int pushes = 0, pulls = 0;
+  double waits = 0;
+  for (const SimOp& op : c.ops) {
+    waits += op.waitUs;
+    if (op.kind == OpKind::kComm && op.comm == CommOp::kPush) {
+      ++pushes;
+      EXPECT_DOUBLE_EQ(op.waitUs, 4.5);
+    }
+    if (op.kind == OpKind::kComm && op.comm == CommOp::kPull) {
+      ++pulls;
+      EXPECT_EQ(op.waitUs, 0.0);
+    }
+    if (op.kind != OpKind::kComm) EXPECT_EQ(op.waitUs, 0.0);
+  }
+  EXPECT_EQ(pushes, 1);
+  EXPECT_EQ(pulls, 1);
+  EXPECT_DOUBLE_EQ(waits, 4.5);
+}
+
+TEST(SyncSkew, AGroupsCopyIsWorkBeforeItsFirstStep) {
+  // Two tensors of 1000 floats in buffers of their own: the group of 2000
+  // elements is copied in (8000 B at 8 Gbit/s: 8 us), encoded (3), waits
+  // 2 + 0.5 * 11 = 7.5, allgathers 2000 B (2 us), decodes (1), copies out
+  // (8): 29.5 us, 7.5 more than without the skew.
+  ModelProfile p = model({{1000, 10}, {1000, 2}});
+  p.contiguousGradients = false;
+  Simulator plain(cluster(1, 2, 4), codec(), p, {kGather});
+  Simulator sim(skewed(cluster(1, 2, 4)), codec(), p, {kGather});
+  EXPECT_DOUBLE_EQ(plain.runGroup(1, 2000, 0), 22.0);
+  EXPECT_DOUBLE_EQ(sim.runGroup(1, 2000, 0), 29.5);
+  // In place (a flat gradient buffer): no copies, 2 + 1.5 before the step.
+  p.contiguousGradients = true;
+  Simulator flat(skewed(cluster(1, 2, 4)), codec(), p, {kGather});
+  EXPECT_DOUBLE_EQ(flat.runGroup(1, 2000, 0), 3 + 3.5 + 2 + 1);
+  // And the group's timeline: ready at 12, [12, 21.5].
+  Cluster one = skewed(cluster(1, 2, 4));
+  one.oneTensorAtATime = true;
+  one.gpuCodecPausesCompute = false;
+  Simulator groups(one, codec(), p, {kGather});
+  EXPECT_DOUBLE_EQ(groups.simulateGroups({0, 0}, {{0, 1}}), 12 + 9.5);
+}
+
+TEST(SyncSkew, ACpuStepsRoundsOverTheCoresAreItsWork) {
+  // A CPU encode of 3 tasks (partitions of 4000 B; 2 machines x 1 GPU) on
+  // 2 cores takes 2 rounds of 5 us: the wait before the allgather is
+  // 2 + 0.5 * 10.
+  Cluster c = skewed(cluster(2, 1, 2));
+  c.chunkBytes = 4000;
+  const TensorOption cpu{
+      false,
+      {Step::encode(Device::kCpu), Step::comm(Scope::kFlat, CommOp::kAllgather, true),
+       Step::decode(Device::kCpu)},
+      "test"};
+  const CompiledOption o = compileOption(c, codec(), 3000, 4, cpu);
+  double wait = -1;
+  for (const SimOp& op : o.ops) {
+    if (op.kind == OpKind::kEncode) EXPECT_EQ(op.tasks, 3);
+    if (op.kind == OpKind::kComm) wait = op.waitUs;
+  }
+  EXPECT_DOUBLE_EQ(wait, 7.0);
+}
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SyncSkew, BadValuesAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const SyncSkew& s : {SyncSkew{-1, 0}, SyncSkew{nan, 0}, SyncSkew{0, -0.1}, SyncSkew{0, nan},
+                            SyncSkew{0, SyncSkew::kMaxFraction + 1},
+                            SyncSkew{std::numeric_limits<double>::infinity(), 0}}) {
+    const std::string e = errorOf([&] { s.check("test"); });
+    EXPECT_NE(e.find("test: the skew's"), std::string::npos) << e;
+    Cluster c = cluster(1, 2, 4);
+    c.syncSkew = s;
+    const std::string se = errorOf([&] {
+      Simulator(c, codec(), model({{1000, 1}}), {kAllreduce});
+    });
+    EXPECT_NE(se.find("sync skew"), std::string::npos) << se;
+  }
+  EXPECT_EQ(errorOf([] { SyncSkew{0, SyncSkew::kMaxFraction}.check("x"); }), "");
+  // From a hardware file.
+  nlohmann::json hw = {
+      {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
+      {"copies",
+       {{"d2h", {{"alpha_us", 1}, {"gbps", 8}}}, {"h2d", {{"alpha_us", 1}, {"gbps", 8}}}}},
+      {"cpu", {{"sum_gbps", 8}, {"sync_skew_us", 500}, {"sync_skew_fraction", 0.6}}}};
+  const HardwareModel h = HardwareModel::fromJson(hw);
+  EXPECT_DOUBLE_EQ(h.syncSkew.us, 500);
+  EXPECT_DOUBLE_EQ(h.syncSkew.fraction, 0.6);
+  hw["cpu"]["sync_skew_fraction"] = -0.5;
+  EXPECT_NE(errorOf([&] { HardwareModel::fromJson(hw); }).find("cpu.sync_skew_fraction"),
+            std::string::npos);
+  hw["cpu"]["sync_skew_fraction"] = "a lot";
+  EXPECT_NE(errorOf([&] { HardwareModel::fromJson(hw); }).find("malformed hardware model"),
+            std::string::npos);
+  hw["cpu"].erase("sync_skew_fraction");
+  hw["cpu"].erase("sync_skew_us");
+  EXPECT_FALSE(HardwareModel::fromJson(hw).syncSkew.any());
+}
+
+}  // namespace
+}  // namespace cortado::planner
