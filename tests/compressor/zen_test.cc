@@ -65,7 +65,7 @@ Pairs drawPairs(uint64_t n, double density, double skew, uint64_t seed) {
 }
 
 // One round of Zen over W workers and S servers in memory: placement, COO
-// pushes, servers' sums, bitmap answers decoded into each worker's output.
+// pushes, servers' sums, answers decoded into each worker's output.
 // Returns worker 0's output and checks that every worker decodes the same.
 std::vector<float> zenRound(const Ownership& own, const std::vector<Pairs>& in,
                             std::vector<ServerSum>& servers, ThreadPool* pool = nullptr,
