@@ -2,8 +2,9 @@
 // server p holds one key of the tensor and owns the indices that the
 // tensor's ownership hash gives it. A round places the worker's non-zeros
 // with the hierarchical hash (compressor/zen/zen_hash.h), pushes server p a
-// COO list of the pairs it owns, and pulls p's hash-bitmap answer, decoded
-// with I_p into the dense output.
+// COO list of the pairs it owns, and pulls p's answer (a hash bitmap,
+// decoded with I_p, or an index list, whichever p found smaller) into the
+// dense output.
 #include "compressor/zen/zen_payload.h"
 #include "core/worker_impl.h"
 

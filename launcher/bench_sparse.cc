@@ -151,7 +151,7 @@ int runSparseBench(const SparseBenchOptions& o) {
         CORTADO_LOG_ERROR("worker {}: {} at density {}: wrong sum", rank, what, densities[di]);
       }
     };
-    // Zen: placement, COO pushes, bitmap answers decoded into `out`.
+    // Zen: placement, COO pushes, answers (bitmaps or index lists) decoded into `out`.
     SparseInput in;
     in.indices = mine.index.data();
     in.values = mine.value.data();

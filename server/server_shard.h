@@ -99,7 +99,7 @@ struct KeyState {
   uint64_t flushedRound = kNoRound;
 
   // Sparse (Zen) keys: this server's sum of the pairs it owns and the
-  // round's bitmap answer in `result` (server_sparse.cc).
+  // round's answer (bitmap or index list) in `result` (server_sparse.cc).
   std::unique_ptr<compressor::zen::ServerSum> zen;
 
   // Op::kRelease: the workers that released the key so far.

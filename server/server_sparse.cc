@@ -1,7 +1,8 @@
 // A sparse (Zen) key's rounds on its shard (server_shard.h; docs/zen.md):
 // each worker pushes the (index, value) pairs of the indices this server
 // owns; once every worker has pushed, the sum is answered to every pull as
-// a hash bitmap over the server's index list (compressor/zen/zen_sum.h).
+// a hash bitmap over the server's index list or as an index list, whichever
+// is smaller (compressor/zen/zen_sum.h).
 // A malformed push (indices out of range, not owned here, listed twice, a
 // truncated pair list) is refused to its sender naming the tensor and the
 // sender, and leaves the sum as it was.

@@ -23,7 +23,9 @@ void store(std::byte* p, T v) {
   std::memcpy(p, &v, sizeof(T));
 }
 
-const char* kindName(Kind k) { return k == Kind::kCoo ? "COO push" : "bitmap answer"; }
+const char* kindName(Kind k) {
+  return k == Kind::kCoo ? "COO push" : k == Kind::kBitmap ? "bitmap answer" : "index-list answer";
+}
 
 void writeZenHeader(const ZenHeader& h, std::byte* p) {
   store<uint32_t>(p, kZenMagic);
@@ -47,6 +49,13 @@ size_t bitmapBytes(uint64_t listSize, uint64_t nonzeros) {
   return kZenHeaderBytes + (listSize + 7) / 8 + 4 * nonzeros;
 }
 
+size_t indexListBytes(std::span<const uint32_t> indices) {
+  size_t bytes = kZenHeaderBytes + 4 * indices.size();
+  for (size_t i = 0; i < indices.size(); ++i)
+    bytes += varintBytes(i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1);
+  return bytes;
+}
+
 ZenHeader parseZenHeader(std::span<const std::byte> payload) {
   CORTADO_ENFORCE(payload.size() >= kZenHeaderBytes, ErrorCode::kProtocol,
                   "sparse payload truncated: {} bytes, the header alone needs {}", payload.size(),
@@ -61,8 +70,12 @@ ZenHeader parseZenHeader(std::span<const std::byte> payload) {
                   "sparse payload format version {} is not supported (this build reads {})",
                   version, kZenVersion);
   const auto kind = static_cast<uint8_t>(p[5]);
-  CORTADO_ENFORCE(kind == uint8_t(Kind::kCoo) || kind == uint8_t(Kind::kBitmap),
-                  ErrorCode::kProtocol, "sparse payload of unknown kind {}", kind);
+  CORTADO_ENFORCE(kind == uint8_t(Kind::kCoo) || kind == uint8_t(Kind::kBitmap) ||
+                      kind == uint8_t(Kind::kIndexList),
+                  ErrorCode::kProtocol,
+                  "sparse payload of unknown kind {} (this build reads 1 = COO push, 2 = bitmap "
+                  "answer, 3 = index-list answer)",
+                  kind);
   CORTADO_ENFORCE(static_cast<uint8_t>(p[6]) == uint8_t(DType::kFloat32), ErrorCode::kProtocol,
                   "sparse payload of dtype {}: only float32 is supported", uint8_t(p[6]));
   CORTADO_ENFORCE(static_cast<uint8_t>(p[7]) == 0, ErrorCode::kProtocol,
@@ -90,6 +103,16 @@ ZenHeader parseZenHeader(std::span<const std::byte> payload) {
                     "sparse COO push of {} pairs for {} elements: the body has {} bytes, "
                     "{} expected (a truncated pair list?)",
                     h.count, h.numel, body, h.count <= h.numel ? 8 * h.count : 0);
+  } else if (h.kind == Kind::kIndexList) {
+    CORTADO_ENFORCE(h.listSize <= h.numel && h.count <= h.listSize, ErrorCode::kProtocol,
+                    "sparse index-list answer of {} non-zeros over {} indices of a {}-element "
+                    "tensor",
+                    h.count, h.listSize, h.numel);
+    // Each non-zero: a value and a varint of 1 to 5 bytes (count < 2^32).
+    CORTADO_ENFORCE(body >= 5 * h.count && body <= 9 * h.count, ErrorCode::kProtocol,
+                    "sparse index-list answer: the body has {} bytes, {} non-zeros need {} to {} "
+                    "(a truncated answer?)",
+                    body, h.count, 5 * h.count, 9 * h.count);
   } else {
     CORTADO_ENFORCE(h.listSize <= h.numel && h.count <= h.listSize, ErrorCode::kProtocol,
                     "sparse bitmap answer of {} non-zeros over {} indices of a {}-element tensor",
@@ -189,7 +212,113 @@ std::vector<std::byte> encodeBitmap(const Ownership& own, uint32_t server,
   return out;
 }
 
+std::vector<std::byte> encodeIndexList(const Ownership& own, uint32_t server, uint64_t listSize,
+                                       std::span<const uint32_t> indices,
+                                       std::span<const float> values) {
+  CORTADO_ENFORCE(indices.size() == values.size() && indices.size() <= listSize,
+                  ErrorCode::kInvalidArgument,
+                  "index-list answer with {} indices and {} values for a server owning {}",
+                  indices.size(), values.size(), listSize);
+  for (size_t i = 0; i < indices.size(); ++i)
+    CORTADO_ENFORCE(indices[i] < own.numElements() && (i == 0 || indices[i] > indices[i - 1]),
+                    ErrorCode::kInvalidArgument,
+                    "index-list answer: index {} (#{}) is past the tensor's {} elements or does "
+                    "not ascend",
+                    indices[i], i, own.numElements());
+  ZenHeader h;
+  h.kind = Kind::kIndexList;
+  h.numel = own.numElements();
+  h.servers = own.numServers();
+  h.server = server;
+  h.seed = own.seed();
+  h.count = values.size();
+  h.listSize = listSize;
+  std::vector<std::byte> out(indexListBytes(indices));
+  writeZenHeader(h, out.data());
+  std::byte* p = out.data() + kZenHeaderBytes;
+  if (!values.empty()) std::memcpy(p, values.data(), 4 * values.size());
+  p += 4 * values.size();
+  for (size_t i = 0; i < indices.size(); ++i) {
+    uint32_t g = i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1;
+    while (g >= 0x80) {
+      *p++ = std::byte{static_cast<uint8_t>(g | 0x80)};
+      g >>= 7;
+    }
+    *p++ = std::byte{static_cast<uint8_t>(g)};
+  }
+  return out;
+}
+
 namespace {
+
+// Reads the varint at p (before end) into v; returns the byte after it, or
+// null where it is truncated, longer than 5 bytes, overlong (a last byte of
+// zero after the first) or past 32 bits.
+const uint8_t* readVarint(const uint8_t* p, const uint8_t* end, uint32_t& v) {
+  if (p < end && *p < 0x80) {  // the common case: one byte
+    v = *p;
+    return p + 1;
+  }
+  uint64_t x = 0;
+  for (int shift = 0; shift < 35; shift += 7) {
+    if (p == end) return nullptr;
+    const uint8_t b = *p++;
+    x |= uint64_t(b & 0x7f) << shift;
+    if (b < 0x80) {
+      if ((b == 0 && shift > 0) || x > 0xffffffffull) return nullptr;
+      v = static_cast<uint32_t>(x);
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// The index-list answer: checked whole (one pass over the varints, the
+// ownership hash of every index), then fn(index, value) in ascending order
+// (a second pass). I_p itself is not read: only its size.
+template <typename Fn>
+void decodeIndexListImpl(const ZenHeader& h, std::span<const std::byte> payload,
+                         const Ownership& own, uint32_t server, uint64_t listSize, Fn&& fn) {
+  CORTADO_ENFORCE(h.listSize == listSize, ErrorCode::kProtocol,
+                  "sparse index-list answer of server {} covers {} indices, but the server owns {}",
+                  server, h.listSize, listSize);
+  const std::byte* vals = payload.data() + kZenHeaderBytes;
+  const auto* begin = reinterpret_cast<const uint8_t*>(vals + 4 * h.count);
+  const auto* end = reinterpret_cast<const uint8_t*>(payload.data() + payload.size());
+  const uint8_t* p = begin;
+  uint64_t idx = 0;  // one past the previous index
+  for (uint64_t i = 0; i < h.count; ++i) {
+    uint32_t g = 0;
+    const uint8_t* next = readVarint(p, end, g);
+    CORTADO_ENFORCE(next != nullptr, ErrorCode::kProtocol,
+                    "sparse index-list answer of server {}: gap #{} (byte {} of the list) is "
+                    "truncated, longer than 5 bytes, overlong or past 32 bits",
+                    server, i, p - begin);
+    p = next;
+    idx += g;
+    CORTADO_ENFORCE(idx < h.numel, ErrorCode::kProtocol,
+                    "sparse index-list answer of server {}: non-zero #{} has index {}, past the "
+                    "tensor's {} elements",
+                    server, i, idx, h.numel);
+    CORTADO_ENFORCE(own.owner(idx) == server, ErrorCode::kProtocol,
+                    "sparse index-list answer of server {}: non-zero #{} has index {}, which the "
+                    "server does not own",
+                    server, i, idx);
+    ++idx;
+  }
+  CORTADO_ENFORCE(p == end, ErrorCode::kProtocol,
+                  "sparse index-list answer of server {}: {} bytes left over after its {} gaps",
+                  server, end - p, h.count);
+  p = begin;
+  idx = 0;
+  for (uint64_t i = 0; i < h.count; ++i) {
+    uint32_t g = 0;
+    p = readVarint(p, end, g);
+    idx += g;
+    fn(static_cast<uint32_t>(idx), load<float>(vals + 4 * i));
+    ++idx;
+  }
+}
 
 template <typename Fn>
 void decodeImpl(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
@@ -229,20 +358,10 @@ void decodeAnswerImpl(std::span<const std::byte> payload, const Ownership& own, 
                       std::span<const uint32_t> list, Fn&& fn) {
   const ZenHeader h = parseZenHeader(payload);
   if (h.kind == Kind::kBitmap) return decodeImpl(payload, own, server, list, fn);
+  CORTADO_ENFORCE(h.kind == Kind::kIndexList, ErrorCode::kProtocol,
+                  "expected a sparse answer (bitmap or index list), got a {}", kindName(h.kind));
   expectPartition(h, own, server);
-  const CooView v = parseCoo(payload);
-  // Check every index before calling fn once.
-  for (uint64_t i = 0; i < h.count; ++i) {
-    const uint32_t idx = v.indexAt(i);
-    CORTADO_ENFORCE(idx < own.numElements() && own.owner(idx) == server, ErrorCode::kProtocol,
-                    "sparse answer of server {}: pair #{} has index {}, which the server does not "
-                    "own",
-                    server, i, idx);
-    CORTADO_ENFORCE(i == 0 || v.indexAt(i - 1) < idx, ErrorCode::kProtocol,
-                    "sparse answer of server {}: index {} at pair #{} does not ascend", server, idx,
-                    i);
-  }
-  for (uint64_t i = 0; i < h.count; ++i) fn(v.indexAt(i), v.valueAt(i));
+  decodeIndexListImpl(h, payload, own, server, list.size(), fn);
 }
 
 }  // namespace

@@ -3,28 +3,38 @@
 // pull is a hash bitmap, one bit per index of I_p (ascending, zen_hash.h)
 // set where the round's sum is non-zero, then those non-zero values in I_p
 // order. The bitmap costs |G| / 8 bytes over all servers whatever their
-// number, so it stays smaller than the dense sum up to very high densities;
-// below about 1/32 density the sum's pairs are smaller, and a server answers
-// with those instead (decodeAnswer reads both).
+// number, so it stays smaller than the dense sum up to very high densities.
+// For a sparser sum the answer is an index list instead: the same values,
+// then the ascending indices of the non-zeros as gaps in LEB128 varints
+// (1-2 bytes per non-zero where the bitmap costs 1/density bits), which
+// decodes in O(non-zeros) rather than O(|I_p|) and without reading I_p. A server sends
+// whichever form is fewer bytes for that answer; the kind byte says which
+// (decodeAnswer reads both).
 //
-// Both start with the same 48-byte little-endian header:
+// All three start with the same 48-byte little-endian header:
 //
 //   off size field
 //     0    4 magic "ZENS"
 //     4    1 version (kZenVersion)
-//     5    1 kind: 1 = COO push, 2 = bitmap answer
+//     5    1 kind: 1 = COO push, 2 = bitmap answer, 3 = index-list answer
 //     6    1 dtype: float32 (the only one for now)
 //     7    1 reserved, zero
 //     8    8 numel |G| of the dense tensor (<= kMaxElements)
 //    16    4 servers n
 //    20    4 server p (< n)
 //    24    8 seed of the ownership hash h0
-//    32    8 count: pairs (COO) or non-zeros (bitmap)
-//    40    8 list size |I_p| (bitmap); zero for COO
+//    32    8 count: pairs (COO) or non-zeros (answers)
+//    40    8 list size |I_p| (answers); zero for COO
 //
 //   COO body:    count x u32 index, then count x f32 value
 //   bitmap body: ceil(|I_p| / 8) bytes of bits, LSB first (bits past |I_p|
 //                zero), then count x f32 value; count = bits set
+//   index-list body: count x f32 value, then count unsigned LEB128 varints
+//                (7 bits a byte, low bits first, high bit = more follow; at
+//                most 5 bytes, no overlong form) that end with the payload:
+//                the first is the index i_0 of the first non-zero, each
+//                next one i_k - i_(k-1) - 1; every index < |G| and owned by
+//                server p, count <= |I_p|
 //
 // Every parse checks the whole payload before anything is written and never
 // reads past its end; what is wrong is thrown as Error(kProtocol), which the
@@ -45,7 +55,7 @@ inline constexpr uint32_t kZenMagic = 0x534e455au;  // "ZENS" in memory order
 inline constexpr uint8_t kZenVersion = 1;
 inline constexpr size_t kZenHeaderBytes = 48;
 
-enum class Kind : uint8_t { kCoo = 1, kBitmap = 2 };
+enum class Kind : uint8_t { kCoo = 1, kBitmap = 2, kIndexList = 3 };
 
 struct ZenHeader {
   Kind kind = Kind::kCoo;
@@ -58,9 +68,15 @@ struct ZenHeader {
   bool operator==(const ZenHeader&) const = default;
 };
 
-// Bytes of a COO push of `pairs` pairs, and of a bitmap answer.
+// Bytes of a COO push of `pairs` pairs, of a bitmap answer, and of an
+// index-list answer of the ascending indices `indices`.
 size_t cooBytes(uint64_t pairs);
 size_t bitmapBytes(uint64_t listSize, uint64_t nonzeros);
+size_t indexListBytes(std::span<const uint32_t> indices);
+// Bytes of one LEB128 varint of v (1 to 5).
+inline size_t varintBytes(uint32_t v) {
+  return v < (1u << 7) ? 1 : v < (1u << 14) ? 2 : v < (1u << 21) ? 3 : v < (1u << 28) ? 4 : 5;
+}
 
 // Parses and checks what the header alone can tell (size, magic, version,
 // kind, dtype, reserved, numel, server < servers, body size exact for the
@@ -96,17 +112,24 @@ std::vector<std::byte> encodeBitmap(const Ownership& own, uint32_t server,
                                     std::span<const uint64_t> presentBits,
                                     std::span<const float> values);
 
+// Writes the index-list answer of server p (which owns listSize indices):
+// indices are the non-zeros' indices ascending, values theirs.
+std::vector<std::byte> encodeIndexList(const Ownership& own, uint32_t server, uint64_t listSize,
+                                       std::span<const uint32_t> indices,
+                                       std::span<const float> values);
+
 // Checks a bitmap answer against I_p (the list size, the bit count, the
 // padding bits) and then calls fn(index, value) for each non-zero in
 // ascending index order. Nothing is called for a malformed answer.
 void decodeBitmap(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                   std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn);
-// A server's answer in either form: the bitmap above, or, where that is
-// smaller (a sum denser than about 1/32 of I_p costs more as pairs), a COO
-// payload of the sum's non-zeros with indices ascending. For COO the indices
-// are checked: in range, owned by `server`, strictly ascending. fn(index,
-// value) is called for each non-zero in ascending order, nothing for a
-// malformed answer.
+// A server's answer in either form: the bitmap above, or the index list.
+// The index list is checked whole first: its list size is |I_p|, every
+// varint complete, at most 5 bytes, not overlong and within 32 bits, every
+// index below |G| and owned by `server` (so at most |I_p| of them), no
+// bytes left over. fn(index, value) is called for
+// each non-zero in ascending order, nothing for a malformed answer. Cost:
+// O(|I_p| / 8 + non-zeros) for a bitmap, O(non-zeros) for an index list.
 void decodeAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                   std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn);
 void decodeAnswerInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,

@@ -90,14 +90,15 @@ void ServerSum::densify() {
 }
 
 std::vector<std::byte> ServerSum::answer(Form form) {
-  std::vector<uint64_t> present((list_.size() + 63) / 64, 0);
+  // The non-zeros of the sum: their positions in I_p ascending, and values.
+  std::vector<uint32_t> positions;
   std::vector<float> values;
   if (dense_) {
     for (size_t w = 0; w < touched_.size(); ++w) {
       for (uint64_t b = touched_[w]; b; b &= b - 1) {
         const size_t t = w * 64 + std::countr_zero(b);
         if (acc_[t] != 0.0f) {
-          present[w] |= uint64_t{1} << (t & 63);
+          positions.push_back(static_cast<uint32_t>(t));
           values.push_back(acc_[t]);
         }
         acc_[t] = 0.0f;
@@ -113,7 +114,7 @@ std::vector<std::byte> ServerSum::answer(Form form) {
       float s = 0.0f;
       for (; i < pending_.size() && pending_[i].first == t; ++i) s += pending_[i].second;
       if (s != 0.0f) {
-        present[t >> 6] |= uint64_t{1} << (t & 63);
+        positions.push_back(t);
         values.push_back(s);
       }
     }
@@ -121,15 +122,16 @@ std::vector<std::byte> ServerSum::answer(Form form) {
   }
   dense_ = false;
   pairs_ = 0;
-  if (form == Form::kSmaller &&
-      cooBytes(values.size()) < bitmapBytes(list_.size(), values.size())) {
-    std::vector<uint32_t> index;
-    index.reserve(values.size());
-    for (size_t w = 0; w < present.size(); ++w)
-      for (uint64_t b = present[w]; b; b &= b - 1)
-        index.push_back(list_[w * 64 + std::countr_zero(b)]);
-    return encodeCoo(own_, server_, index, values);
+  if (form != Form::kBitmap) {
+    // The index list's bytes depend on the gaps between the indices.
+    std::vector<uint32_t> indices(positions.size());
+    for (size_t i = 0; i < positions.size(); ++i) indices[i] = list_[positions[i]];
+    if (form == Form::kIndexList ||
+        indexListBytes(indices) < bitmapBytes(list_.size(), values.size()))
+      return encodeIndexList(own_, server_, list_.size(), indices, values);
   }
+  std::vector<uint64_t> present((list_.size() + 63) / 64, 0);
+  for (uint32_t t : positions) present[t >> 6] |= uint64_t{1} << (t & 63);
   return encodeBitmap(own_, server_, list_, present, values);
 }
 

@@ -1,7 +1,7 @@
 // The server side of Zen (specs/zen.md §3, §7.3): one server's sum of the
 // COO pushes of a round for the indices it owns, and the round's answer as
-// a hash bitmap over I_p, or as the sum's pairs where those are smaller
-// (zen_payload.h).
+// a hash bitmap over I_p, or as an index list (the non-zeros' indices,
+// delta-coded) where that is smaller (zen_payload.h).
 //
 // The sum starts sparse: pushed pairs are kept as (position in I_p, value)
 // and merged by a sort when the round is answered. Once the round's pairs
@@ -39,9 +39,10 @@ class ServerSum {
   // (the caller adds the tensor and the sender), adding nothing.
   void add(std::span<const std::byte> payload);
 
-  // The round's answer, a hash bitmap or (kSmaller, where fewer bytes) the
-  // sum's pairs ascending (zen_payload.h); clears the sum for the next round.
-  enum class Form { kSmaller, kBitmap };
+  // The round's answer (zen_payload.h): kSmaller, the hash bitmap or the
+  // index list, whichever is fewer bytes (the bitmap on a tie); or the form
+  // named. Clears the sum for the next round.
+  enum class Form { kSmaller, kBitmap, kIndexList };
   std::vector<std::byte> answer(Form form = Form::kSmaller);
 
   // This round: pairs added so far, and whether the sum densified.

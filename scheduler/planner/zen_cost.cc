@@ -19,6 +19,13 @@ constexpr double kHeaderBytes = 48;
 
 }  // namespace
 
+double indexListGapBytes(int ranks, double sumDensity) {
+  if (sumDensity <= 0) return 1;
+  // A share's non-zeros lie about ranks / sumDensity indices apart.
+  const double gap = std::max(0.0, double(ranks) / sumDensity - 1);
+  return gap < 0x1p7 ? 1 : gap < 0x1p14 ? 2 : gap < 0x1p21 ? 3 : gap < 0x1p28 ? 4 : 5;
+}
+
 ZenPath zenPath(const Cluster& c) {
   ZenPath p;
   p.ranks = c.machines * c.gpusPerMachine;
@@ -72,8 +79,8 @@ ZenCost zenCost(const Cluster& c, zen::Scheme scheme, int64_t elements, int dtyp
   if (scheme == zen::Scheme::kBalancedParallelism) {
     const double push = pairs * pairBytes + kHeaderBytes * n;
     const double shareNonzeros = sumDensity * E / n;
-    const double answer = kHeaderBytes + std::min(pairBytes * shareNonzeros,
-                                                  E / (8.0 * n) + dtypeBytes * shareNonzeros);
+    const double answer = kHeaderBytes + dtypeBytes * shareNonzeros +
+                          std::min(E / (8.0 * n), indexListGapBytes(n, sumDensity) * shareNonzeros);
     out.commUs = commTimeUs(link, CommOp::kAlltoall, n, kCountBytes * n) +
                  commTimeUs(link, CommOp::kAlltoall, n, push * nic) +
                  commTimeUs(link, CommOp::kAllgather, n, kCountBytes) +

@@ -11,12 +11,14 @@
 // and B = d E (index + value bytes) what one rank's pairs take,
 //   BP: push (n-1)/n B, pull (n-1)/n gamma(n) B        (equation 1)
 //   HC: stage i sends gamma(2^(i-1)) B, i = 1..log2 n  (equation 2)
-// except that an owner's answer is the hash bitmap where that is smaller
-// than its pairs (what the code sends: E/(8n) bitmap bytes plus the values,
-// above about 1/32 density of the sum). Each collective is priced with the
-// link's alpha-beta model as the planner prices the others (commTimeUs: the
-// alltoall and allgather formulas with the link's per-operation fits; an HC
-// exchange as one message, alpha + bytes beta), so the latency terms are
+// except that an owner's answer is not its pairs but what the code sends
+// (compressor/zen/zen_payload.h): the values plus either the hash bitmap
+// (E/(8n) bytes) or the index list (a varint gap per non-zero, priced at
+// the length of the mean gap: indexListGapBytes), whichever is smaller.
+// Each collective is priced with the link's alpha-beta model as the
+// planner prices the others (commTimeUs: the alltoall and allgather
+// formulas with the link's per-operation fits; an HC exchange as one
+// message, alpha + bytes beta), so the latency terms are
 // counted too. CPU work on the calling thread: a scan of the dense input and
 // a pass writing the dense output (at Cluster::cpuSumGbps), and every pair
 // placed, summed, merged or decoded (Cluster::zenNsPerPair each).
@@ -63,6 +65,11 @@ ZenPath zenPath(const Cluster& c);
 // GPUs). Throws kInvalidArgument for a density or overlap out of range.
 ZenCost zenCost(const Cluster& c, compressor::zen::Scheme scheme, int64_t elements, int dtypeBytes,
                 const Sparsity& sparsity, const ZenPath* path = nullptr);
+
+// Bytes of one gap of an index-list answer when the sum of `ranks` ranks
+// has density sumDensity: the varint length (1 to 5) of the mean gap
+// between a share's non-zeros, ranks / sumDensity - 1 indices.
+double indexListGapBytes(int ranks, double sumDensity);
 
 // The sparsity of the sum of `workers` tensors of `s` under the overlap
 // model (a hierarchical Zen option's shards after the intra-machine

@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
       ++files;
     }
   }
-  // Zen (byte 0 one past the codecs): COO pushes and bitmap answers.
+  // Zen (byte 0 one past the codecs): COO pushes, bitmap and index-list
+  // answers, stage lists.
   for (uint64_t n : {1, 40, 300}) {
     zen::Ownership own(n, 3, 9);
     auto list = zen::ownedIndices(own, 1);
@@ -50,14 +51,17 @@ int main(int argc, char** argv) {
     zen::ServerSum sum(own, 1);
     auto coo = zen::encodeCoo(own, 1, idx, val);
     sum.add(coo);
-    auto bitmap = sum.answer();
+    auto bitmap = sum.answer(zen::ServerSum::Form::kBitmap);
+    sum.add(coo);
+    auto indexList = sum.answer(zen::ServerSum::Form::kIndexList);
     zen::CooList stage{idx, val};
     auto stageBytes = zen::encodeStageList(stage);
-    for (const auto* p : {&coo, &bitmap, &stageBytes}) {
+    for (const auto* p : {&coo, &bitmap, &indexList, &stageBytes}) {
       std::ofstream f(std::string(argv[1]) + "/seed_zen_" + std::to_string(n) +
-                          (p == &coo      ? "_coo"
-                           : p == &bitmap ? "_bitmap"
-                                          : "_stage"),
+                          (p == &coo         ? "_coo"
+                           : p == &bitmap    ? "_bitmap"
+                           : p == &indexList ? "_indexlist"
+                                             : "_stage"),
                       std::ios::binary);
       char pick = static_cast<char>(fuzz::kSpecs.size());
       f.write(&pick, 1);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "core/common/error.h"
 #include "tests/common/error_of.h"
@@ -44,18 +45,21 @@ Cluster ring(int n, double alpha, double nsPerPair = 0) {
 
 TEST(ZenCost, BalancedParallelismIsEquationOnePlusHeadersAndCounts) {
   // E = 10^6, d = 1%, n = 4, overlap 0.5: gamma(4) = (1 - 0.5^4) / 0.5 = 1.875.
-  // Equation (1) in bytes: (n-1)/n (gamma + 1) * 8 E d = 0.75 * 2.875 * 80000.
-  const double eq1 = 0.75 * 2.875 * 80000;  // 172500 bytes
-  // Beside it: the 48-byte headers of the 4 lists a rank pushes ((n-1)/n of
+  // Equation (1) in bytes: (n-1)/n (gamma + 1) * 8 E d = 0.75 * 2.875 * 80000:
+  // the push, 0.75 * 80000, as it says; the pull is smaller than its
+  // 0.75 * 1.875 * 80000 pairs' bytes: a share's 4687.5 non-zeros (sum
+  // density 1.875%) lie 4 / 0.01875 = 213.3 indices apart, so each costs its
+  // 4-byte value and a 2-byte gap (28125 bytes), against a bitmap of
+  // 10^6/32 bytes plus the values (50000).
+  const double push = 0.75 * 80000, pull = 3 * 4687.5 * 6;
+  // Beside them: the 48-byte headers of the 4 lists a rank pushes ((n-1)/n of
   // them leave), the int64 counts of the alltoall ((n-1)/n of 32 bytes) and
-  // of the sizes' allgather (3 of 8), and the 3 answers' headers. The
-  // answer is the pairs: 4687.5 non-zeros per share at 8 bytes (37500)
-  // against a bitmap of 10^6/32 bytes plus 4 per value (50000).
+  // of the sizes' allgather (3 of 8), and the 3 answers' headers.
   const double overhead = 0.75 * 4 * 48 + 0.75 * 32 + 3 * 8 + 3 * 48;
   const Sparsity sp{0.01, 0.5};
   ZenCost z = zenCost(ring(4, 0), Scheme::kBalancedParallelism, 1000000, 4, sp);
-  EXPECT_NEAR(z.commUs, (eq1 + overhead) / 1000.0, 1e-9);  // 1 ns per byte
-  EXPECT_NEAR(z.pullBytes, 3 * (48 + 37500.0), 1e-6);
+  EXPECT_NEAR(z.commUs, (push + pull + overhead) / 1000.0, 1e-9);  // 1 ns per byte
+  EXPECT_NEAR(z.pullBytes, 3 * (48 + 28125.0), 1e-6);
   // Latency: four collectives of n - 1 steps each.
   ZenCost za = zenCost(ring(4, 10), Scheme::kBalancedParallelism, 1000000, 4, sp);
   EXPECT_NEAR(za.commUs - z.commUs, 4 * 3 * 10.0, 1e-9);
@@ -70,11 +74,28 @@ TEST(ZenCost, BalancedParallelismIsEquationOnePlusHeadersAndCounts) {
 
 TEST(ZenCost, BalancedParallelismAnswersWithTheBitmapWhereSmaller) {
   // d = 50% uniform over 4 ranks: the sum holds 1 - 0.5^4 = 93.75%; a share's
-  // answer is 10^6/32 bitmap bytes plus 4 per value, not 8 per pair.
+  // answer is 10^6/32 bitmap bytes plus 4 per value, not a byte of gap per
+  // value (the index list: 4 / 0.9375 - 1 = 3.3 apart).
   const Sparsity sp{0.5, 0};
   ZenCost z = zenCost(ring(4, 0), Scheme::kBalancedParallelism, 1000000, 4, sp);
   const double share = 0.9375 * 1e6 / 4;
   EXPECT_NEAR(z.pullBytes, 3 * (48 + 1e6 / 32 + 4 * share), 1e-6);
+  // The crossing: 1 byte of gap per non-zero against 10^6/32 = 31250 bitmap
+  // bytes, so a share of 31250 non-zeros (sum density 12.5%, 32 apart) costs
+  // the same either way; below it the list, above it the bitmap.
+  auto pull = [](double sumDensity) {
+    const Sparsity s{sumDensity, 1.0};  // identical sets: the sum is as dense
+    return zenCost(ring(4, 0), Scheme::kBalancedParallelism, 1000000, 4, s).pullBytes;
+  };
+  EXPECT_NEAR(pull(0.125), 3 * (48 + 31250 + 4 * 31250.0), 1e-6);
+  EXPECT_NEAR(pull(0.1), 3 * (48 + 25000 + 4 * 25000.0), 1e-6);  // list, 1 B a gap
+  EXPECT_NEAR(pull(0.2), 3 * (48 + 31250 + 4 * 50000.0), 1e-6);  // bitmap
+  // The gap's varint length at the mean gap, ranks / density - 1.
+  EXPECT_EQ(indexListGapBytes(4, 4.0 / 128), 1);    // 127 apart
+  EXPECT_EQ(indexListGapBytes(4, 4.0 / 129), 2);    // 128
+  EXPECT_EQ(indexListGapBytes(4, 4.0 / 16385), 3);  // 16384
+  EXPECT_EQ(indexListGapBytes(1, 1e-7), 4);         // 10^7 - 1
+  EXPECT_EQ(indexListGapBytes(1, 1e-9), 5);         // past 2^28
 }
 
 TEST(ZenCost, HierarchicalCentralizationIsEquationTwo) {
@@ -180,15 +201,21 @@ TEST(ZenChoice, EachSchemeWinsWhereItShould) {
   Cluster c = bundled(8, "10gbit");
   const Sparsity same{0.01, 1.0};
   EXPECT_LT(pathUs(c, bp, 10000000, same), pathUs(c, hc, 10000000, same));
-  // Disjoint index sets on a slow link: BP moves (n-1)/n (n + 1) lists, HC
-  // 1 + 2 + ... + n/2 = n - 1.
-  c.inter.base = AlphaBeta{40, 0.1};
+  // Disjoint index sets of 2 ranks on a slow link: HC sends its list once;
+  // BP sends half of it and receives the partner's share of the sum as an
+  // index list, 6 of a pair's 8 bytes per non-zero (2-byte gaps at 0.2%):
+  // 0.5 + 0.75 lists. (With n = 8, BP's (n-1)/n + (n-1) * 0.75 = 6.1 lists
+  // are fewer than HC's n - 1 = 7: the index-list answers move the
+  // crossing that the spec's equations, counting 8-byte pairs, put there.)
+  Cluster c2 = bundled(2, "10gbit");
+  c2.inter.base = AlphaBeta{40, 0.1};
   const Sparsity disjoint{1e-3, 1e-3};
-  EXPECT_LT(pathUs(c, hc, 10000000, disjoint), pathUs(c, bp, 10000000, disjoint));
-  // The equations alone (no latency, no CPU) agree with the spec's choice.
-  for (const Sparsity& sp : {same, disjoint}) {
-    const Cluster r = ring(8, 0);
-    const auto prof = compressor::zen::profileFromOverlap(10000000, 8, sp.density, sp.overlap);
+  EXPECT_LT(pathUs(c2, hc, 10000000, disjoint), pathUs(c2, bp, 10000000, disjoint));
+  // The equations alone (no latency, no CPU) agree with the spec's choice
+  // there.
+  for (const auto& [sp, n] : {std::pair{same, 8}, std::pair{disjoint, 2}}) {
+    const Cluster r = ring(n, 0);
+    const auto prof = compressor::zen::profileFromOverlap(10000000, n, sp.density, sp.overlap);
     const auto choice = compressor::zen::chooseScheme(prof, 1e9);
     const bool bpFaster = zenCost(r, Scheme::kBalancedParallelism, 10000000, 4, sp).commUs <
                           zenCost(r, Scheme::kHierarchicalCentralization, 10000000, 4, sp).commUs;

@@ -1,0 +1,246 @@
+// Zen's two answer forms (compressor/zen/zen_payload.h): the index-list
+// answer's round trip (every varint length), the server's choice of the
+// smaller form against sizes computed by hand, and the refusal of every
+// malformed index list without writing anything or reading past its end.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compressor/zen/zen_hash.h"
+#include "compressor/zen/zen_payload.h"
+#include "compressor/zen/zen_sum.h"
+#include "core/common/error.h"
+
+namespace cortado::compressor::zen {
+namespace {
+
+void expectProtocol(const std::function<void()>& fn, const std::string& words) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one saying '" << words << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kProtocol) << e.what();
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+std::map<uint32_t, float> decoded(const std::vector<std::byte>& payload, const Ownership& own,
+                                  uint32_t server, std::span<const uint32_t> list) {
+  std::map<uint32_t, float> got;
+  int64_t last = -1;
+  decodeAnswer(payload, own, server, list, [&](uint32_t i, float v) {
+    EXPECT_GT(int64_t(i), last);  // ascending
+    last = i;
+    got[i] = v;
+  });
+  return got;
+}
+
+TEST(ZenIndexList, VarintLengths) {
+  EXPECT_EQ(varintBytes(0), 1u);
+  EXPECT_EQ(varintBytes(127), 1u);
+  EXPECT_EQ(varintBytes(128), 2u);
+  EXPECT_EQ(varintBytes(16383), 2u);
+  EXPECT_EQ(varintBytes(16384), 3u);
+  EXPECT_EQ(varintBytes((1u << 21) - 1), 3u);
+  EXPECT_EQ(varintBytes(1u << 21), 4u);
+  EXPECT_EQ(varintBytes((1u << 28) - 1), 4u);
+  EXPECT_EQ(varintBytes(1u << 28), 5u);
+  EXPECT_EQ(varintBytes(0xffffffffu), 5u);
+}
+
+// Gaps of every varint length up to 4 bytes, the first and the last index,
+// an empty answer; one server owns everything (S = 1) so the indices are
+// free, and with S = 3 every owned index of a server.
+TEST(ZenIndexList, RoundTrip) {
+  const uint64_t n = (1u << 22) + 5;
+  Ownership one(n, 1, 5);
+  const uint64_t L = n;  // server 0 owns every index
+  std::vector<uint32_t> idx{0, 1, 129, 130 + 16383, 130 + 16383 + 16385};
+  idx.push_back(idx.back() + (1u << 21) + 1);  // a 4-byte gap
+  idx.push_back(uint32_t(n - 1));
+  std::vector<float> val;
+  std::map<uint32_t, float> want;
+  for (size_t i = 0; i < idx.size(); ++i) val.push_back(float(i) - 3.5f), want[idx[i]] = val[i];
+  auto payload = encodeIndexList(one, 0, L, idx, val);
+  // 48 header + 4 per value + gaps 0, 0, 127, 16383, 16384, 2^21, rest.
+  const uint32_t lastGap = idx[6] - idx[5] - 1;
+  EXPECT_EQ(payload.size(), 48 + 4 * 7 + 1 + 1 + 1 + 2 + 3 + 4 + varintBytes(lastGap));
+  EXPECT_EQ(payload.size(), indexListBytes(idx));
+  EXPECT_EQ(parseZenHeader(payload).kind, Kind::kIndexList);
+  // The decoder reads the size of I_p only; a list of the right size will do.
+  std::vector<uint32_t> list(L);
+  EXPECT_EQ(decoded(payload, one, 0, list), want);
+  // Empty.
+  auto empty = encodeIndexList(one, 0, L, {}, {});
+  EXPECT_EQ(empty.size(), kZenHeaderBytes);
+  EXPECT_TRUE(decoded(empty, one, 0, list).empty());
+
+  // Three servers: all, none, every third of each server's indices.
+  Ownership three(1001, 3, 77);
+  IndexLists lists(three);
+  for (uint32_t p = 0; p < 3; ++p) {
+    auto own = lists.of(p);
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      std::vector<uint32_t> i3;
+      std::vector<float> v3;
+      std::map<uint32_t, float> w3;
+      for (size_t t = 0; t < own.size(); ++t) {
+        if (pattern == 0 || (pattern == 2 && t % 3)) continue;
+        i3.push_back(own[t]), v3.push_back(float(t + 1)), w3[own[t]] = float(t + 1);
+      }
+      auto pl = encodeIndexList(three, p, own.size(), i3, v3);
+      EXPECT_EQ(decoded(pl, three, p, own), w3) << "server " << p << " pattern " << pattern;
+      std::vector<float> out(1001, 0.0f);
+      decodeAnswerInto(pl, three, p, own, out.data());
+      for (const auto& [i, v] : w3) EXPECT_EQ(out[i], v);
+    }
+  }
+  // The encoder refuses what it cannot write.
+  EXPECT_THROW(encodeIndexList(one, 0, L, std::vector<uint32_t>{5, 5}, std::vector<float>{1, 2}),
+               Error);
+  EXPECT_THROW(
+      encodeIndexList(one, 0, L, std::vector<uint32_t>{uint32_t(n)}, std::vector<float>{1}), Error);
+  EXPECT_THROW(encodeIndexList(one, 0, L, std::vector<uint32_t>{1}, std::vector<float>{}), Error);
+}
+
+// The server answers with whichever form is fewer bytes, the bitmap on a
+// tie. With one server of n = 1000 indices, c non-zeros 8 apart (gaps of 7,
+// and 0 before the first: 1 byte each) cost 48 + 4c + c as an index list
+// and 48 + 125 + 4c as a bitmap: the list is smaller for c < 125, equal at
+// c = 125.
+TEST(ZenIndexList, TheServerSendsTheSmallerForm) {
+  Ownership own(1000, 1, 3);
+  ServerSum s(own, 0);
+  auto answerFor = [&](size_t c, uint32_t stride) {
+    std::vector<uint32_t> idx;
+    for (size_t k = 0; k < c; ++k) idx.push_back(uint32_t(k * stride));
+    s.add(encodeCoo(own, 0, idx, std::vector<float>(c, 2.0f)));
+    auto a = s.answer();
+    std::vector<float> out(1000, 0.0f);
+    decodeAnswerInto(a, own, 0, s.list(), out.data());
+    for (uint32_t i = 0; i < 1000; ++i)
+      EXPECT_EQ(out[i], i % stride == 0 && i / stride < c ? 2.0f : 0.0f) << i;
+    return a;
+  };
+  auto a124 = answerFor(124, 8);
+  EXPECT_EQ(parseZenHeader(a124).kind, Kind::kIndexList);
+  EXPECT_EQ(a124.size(), 48u + 5 * 124);  // 668; the bitmap: 669
+  auto a125 = answerFor(125, 8);
+  EXPECT_EQ(parseZenHeader(a125).kind, Kind::kBitmap);
+  EXPECT_EQ(a125.size(), 48u + 125 + 4 * 125);  // 673, the index list too
+  // Two-byte gaps: n = 100000, 500 non-zeros 200 apart: the list is
+  // 48 + 2000 + 1 + 2 * 499 = 3047 bytes, the bitmap 48 + 12500 + 2000.
+  Ownership big(100000, 1, 3);
+  ServerSum sb(big, 0);
+  std::vector<uint32_t> idx;
+  for (uint32_t k = 0; k < 500; ++k) idx.push_back(k * 200);
+  sb.add(encodeCoo(big, 0, idx, std::vector<float>(500, 1.0f)));
+  auto a = sb.answer();
+  EXPECT_EQ(parseZenHeader(a).kind, Kind::kIndexList);
+  EXPECT_EQ(a.size(), 3047u);
+  // Every element non-zero: the bitmap (48 + 125 + 4000 against 48 + 5000).
+  std::vector<uint32_t> all(1000);
+  for (uint32_t i = 0; i < 1000; ++i) all[i] = i;
+  s.add(encodeCoo(own, 0, all, std::vector<float>(1000, 1.0f)));
+  auto full = s.answer();
+  EXPECT_EQ(parseZenHeader(full).kind, Kind::kBitmap);
+  EXPECT_EQ(full.size(), 48u + 125 + 4000);
+  // The forms can be forced.
+  s.add(encodeCoo(own, 0, all, std::vector<float>(1000, 1.0f)));
+  EXPECT_EQ(parseZenHeader(s.answer(ServerSum::Form::kIndexList)).kind, Kind::kIndexList);
+}
+
+// A hand-made index-list answer of server 0 of `own` with these varint
+// bytes and `count` values of 1.
+std::vector<std::byte> rawList(const Ownership& own, uint64_t listSize, uint64_t count,
+                               std::vector<uint8_t> gaps, uint32_t server = 0) {
+  auto p = encodeIndexList(own, server, listSize, {}, {});
+  std::memcpy(p.data() + 32, &count, 8);
+  for (uint64_t i = 0; i < count; ++i) {
+    const float one = 1.0f;
+    const auto* b = reinterpret_cast<const std::byte*>(&one);
+    p.insert(p.end(), b, b + 4);
+  }
+  for (uint8_t g : gaps) p.push_back(std::byte{g});
+  return p;
+}
+
+TEST(ZenIndexList, MalformedAnswersAreRefused) {
+  const uint64_t n = 1000;
+  Ownership one(n, 1, 5);
+  std::vector<uint32_t> list(n);
+  for (uint32_t i = 0; i < n; ++i) list[i] = i;
+  std::vector<float> out(n, 0.0f);
+  auto decode = [&](const std::vector<std::byte>& p) {
+    decodeAnswerInto(p, one, 0, list, out.data());
+  };
+  // Well formed: indices 5 and 6.
+  decode(rawList(one, n, 2, {5, 0}));
+  EXPECT_EQ(out[5], 1.0f);
+  EXPECT_EQ(out[6], 1.0f);
+  std::fill(out.begin(), out.end(), 0.0f);
+  // A varint cut at the payload's end (continuation bit on the last byte).
+  expectProtocol([&] { decode(rawList(one, n, 2, {5, 0x85})); }, "truncated");
+  // Overlong (0 in two bytes), more than 5 bytes, past 32 bits.
+  expectProtocol([&] { decode(rawList(one, n, 1, {0x80, 0x00})); }, "overlong");
+  expectProtocol(
+      [&] {
+        decode(rawList(one, n, 2, {0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0}));
+      },
+      "longer than 5 bytes");
+  expectProtocol(
+      [&] {
+        decode(rawList(one, n, 1, {0xff, 0xff, 0xff, 0xff, 0x1f}));
+      },
+      "past 32 bits");
+  // A gap past the tensor's end: 5, then 994 more (index 1000 of 1000).
+  expectProtocol([&] { decode(rawList(one, n, 2, {5, 0xe2, 0x07})); }, "past the tensor's");
+  // Bytes left over after the last gap.
+  expectProtocol([&] { decode(rawList(one, n, 1, {5, 1})); }, "left over");
+  // More non-zeros than the server owns, another list size than it owns.
+  expectProtocol([&] { decode(rawList(one, 3, 4, {0, 0, 0, 0})); }, "non-zeros over 3 indices");
+  expectProtocol([&] { decode(rawList(one, n - 1, 1, {5})); }, "but the server owns 1000");
+  // A body too short or too long for its count (truncated values).
+  expectProtocol([&] { decode(rawList(one, n, 3, {5, 0})); }, "body has");
+  // An unknown kind.
+  auto kind = rawList(one, n, 1, {5});
+  kind[5] = std::byte{4};
+  expectProtocol([&] { decode(kind); }, "unknown kind 4");
+  // A COO payload (a push) where an answer belongs.
+  expectProtocol([&] { decode(encodeCoo(one, 0, {}, {})); }, "expected a sparse answer");
+  // An index that another server owns; another server's answer.
+  Ownership two(n, 2, 5);
+  IndexLists lists(two);
+  const uint32_t other = lists.of(1)[0];
+  ASSERT_LT(other, 128u);
+  expectProtocol(
+      [&] {
+        decodeAnswerInto(rawList(two, lists.of(0).size(), 1, {uint8_t(other)}), two, 0, lists.of(0),
+                         out.data());
+      },
+      "does not own");
+  expectProtocol(
+      [&] {
+        decodeAnswerInto(rawList(two, lists.of(1).size(), 0, {}, 1), two, 0, lists.of(0),
+                         out.data());
+      },
+      "expected server 0");
+  // Nothing was written by any refused answer.
+  EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), int64_t(n));
+  // Every prefix of a good answer is refused (ASan in the fuzzer).
+  std::vector<uint32_t> idx{0, 200, 999};
+  auto good = encodeIndexList(one, 0, n, idx, std::vector<float>{1, 2, 3});
+  for (size_t k = 0; k < good.size(); ++k) {
+    std::vector<std::byte> cut(good.begin(), good.begin() + k);
+    EXPECT_THROW(decode(cut), Error) << k;
+  }
+  EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), int64_t(n));
+}
+
+}  // namespace
+}  // namespace cortado::compressor::zen
