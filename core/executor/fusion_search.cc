@@ -75,12 +75,16 @@ void FusionSearch::measured(double seconds) {
 FusionSearch::Cuts FusionSearch::best() const {
   CORTADO_ENFORCE(!times_.empty(), ErrorCode::kInvalidArgument,
                   "fusion search: no candidate has been timed yet");
-  auto it = std::min_element(times_.begin(), times_.end(),
+  // The first timed among equal times (min_element keeps the first).
+  auto it = std::min_element(history_.begin(), history_.end(),
                              [](const auto& a, const auto& b) { return a.second < b.second; });
   return it->first;
 }
 
 namespace {
+
+// Doublings in a row without a gain of minGain that end them.
+constexpr int kMisses = 2;
 
 // Thrown inside replay() when the search needs a time it does not have:
 // the candidate to time next. Never leaves replay().
@@ -105,14 +109,19 @@ std::optional<FusionSearch::Cuts> FusionSearch::replay() const {
     Cuts layerWise;
     for (uint64_t c = 1; c < n; ++c) layerWise.insert(c);
     time(layerWise);
-    // The number of groups doubles (byte-balanced groups) while a doubling
-    // gains minGain of the time before it, up to the cap.
-    uint64_t k = 1;
+    // The number of groups doubles (byte-balanced groups), up to the cap,
+    // until two doublings in a row have not gained minGain of the best time
+    // so far: k is the count of that best. (Two, not one: two groups barely
+    // overlap more than one, and one window's noise can hide a gain.)
+    uint64_t k = 1, j = 1;
     double t = groups(1);
-    while (2 * k <= cap) {
-      const double t2 = groups(2 * k);
-      if (t2 > t * (1.0 - o_.minGain)) break;  // twice the groups do not pay
-      k *= 2, t = t2;
+    for (int misses = 0; 2 * j <= cap && misses < kMisses;) {
+      j *= 2;
+      const double tj = groups(j);
+      if (tj <= t * (1.0 - o_.minGain))
+        k = j, t = tj, misses = 0;
+      else
+        ++misses;  // twice the groups do not pay (yet)
     }
     if (k == 1) return std::nullopt;  // one group (or layer-wise) it is
     // The best number lies between k / 2 and 2k (if the time is unimodal in
