@@ -113,9 +113,13 @@ std::optional<FusionSearch::Cuts> FusionSearch::replay() const {
     // until two doublings in a row have not gained minGain of the best time
     // so far: k is the count of that best. (Two, not one: two groups barely
     // overlap more than one, and one window's noise can hide a gain.)
+    // When layer-wise beat the best so far by minGain, the far end says
+    // more groups pay: the doublings go on to the cap.
+    const double lw = time(layerWise);
     uint64_t k = 1, j = 1;
     double t = groups(1);
-    for (int misses = 0; 2 * j <= cap && misses < kMisses;) {
+    auto farEndPays = [&] { return lw <= t * (1.0 - o_.minGain); };
+    for (int misses = 0; 2 * j <= cap && (misses < kMisses || farEndPays());) {
       j *= 2;
       const double tj = groups(j);
       if (tj <= t * (1.0 - o_.minGain))

@@ -205,6 +205,32 @@ TEST(FusionSearch, KeepsLayerWiseAndStopsWhenAGroupMoreGainsTooLittle) {
   EXPECT_EQ(b.history().size(), 4u) << b.summary();
 }
 
+// Layer-wise faster than one group and than every doubling so far: the far
+// end says more groups pay, so two doublings without a gain (2 and 4 groups
+// flat) do not end the search; it doubles on to the cap and finds the best
+// count near it, which brute force over the counts confirms.
+TEST(FusionSearch, DoublesOnWhileLayerWiseIsFaster) {
+  const uint64_t n = 128;
+  const std::vector<uint64_t> bytes(n, 100);
+  auto time = [&](const Cuts& c) {
+    const double g = double(groupsOf(c));
+    if (groupsOf(c) == n) return 85.0;      // layer-wise
+    if (g <= 4) return 100.0;               // flat at first
+    return 100.0 - 2.0 * g + 0.05 * g * g;  // best at 20 groups: 80
+  };
+  FusionSearch s(bytes, {}, FusionSearchOptions{});
+  const Cuts best = runSearch(s, time);
+  double brute = time(everyCut(n));
+  for (uint64_t k = 1; k <= maxGroupsFor(FusionSearchOptions{}, n); ++k)
+    brute = std::min(brute, time(FusionSearch::balanced(bytes, {}, k)));
+  EXPECT_DOUBLE_EQ(time(best), brute) << s.summary();
+  EXPECT_EQ(groupsOf(best), 20u) << s.summary();
+  // Without the faster far end, the same flat start ends the search at one group.
+  FusionSearch t(bytes, {}, FusionSearchOptions{});
+  runSearch(t, [&](const Cuts& c) { return groupsOf(c) == n ? 200.0 : time(c); });
+  EXPECT_EQ(t.best().size(), 0u) << t.summary();
+}
+
 // Forced cuts (tensors on other options) are in every candidate, and the
 // balanced cuts come on top of them.
 TEST(FusionSearch, ForcedCutsStayInEveryCandidate) {
