@@ -448,7 +448,7 @@ int runModelBench(const ModelBenchOptions& o) {
       fo.window = 3;
       fo.settle = 1;
       ex.setFusionSearch(fo);
-      cap = 2000;  // the search ends well before (about 2 log2(N) + 2 candidates a group)
+      cap = 2000;  // the search ends well before (about 3 log2(groups) + 2 candidates)
     }
     if (round == 0) r.planVersion = r.offlineVersion = p.version;
     Progress bar(progressOn, replan ? cap + 3 * (2 * windowLen + int(job.replanAhead)) + o.warmup +

@@ -309,8 +309,9 @@ class Executor {
   // Finds the plan's groups by timing real iterations, without a profile:
   // the tensors' gradient-ready order is taken from the first iteration run
   // after `o.warmup` iterations, then each candidate grouping (FusionSearch:
-  // layer-wise, one group, then a binary search over the cut of one group
-  // more while that pays) becomes the plan's groups for `o.settle` + 1
+  // layer-wise, one group, then byte-balanced groups whose number doubles
+  // while that pays, and a binary search over the number between) becomes
+  // the plan's groups for `o.settle` + 1
   // iterations left out and `o.window` iterations timed (begin to begin,
   // so the training's own compute counts), the mean agreed across workers
   // (an allreduce, or a push_pull without MPI groups) so that every worker

@@ -13,11 +13,42 @@ void validate(const FusionSearchOptions& o) {
                   "fusion search: window {} times no iteration; give at least 1", o.window);
   CORTADO_ENFORCE(o.step >= 1, ErrorCode::kInvalidArgument,
                   "fusion search: step {} does not move; give at least 1", o.step);
-  CORTADO_ENFORCE(o.maxGroups >= 1, ErrorCode::kInvalidArgument,
-                  "fusion search: maxGroups {}: give at least 1", o.maxGroups);
+  CORTADO_ENFORCE(o.maxGroups >= 0, ErrorCode::kInvalidArgument,
+                  "fusion search: maxGroups {}: give at least 1, or 0 for a quarter of the tensors",
+                  o.maxGroups);
   CORTADO_ENFORCE(
       std::isfinite(o.minGain) && o.minGain >= 0 && o.minGain < 1, ErrorCode::kInvalidArgument,
       "fusion search: minGain {} is outside [0, 1): it is a share of the time", o.minGain);
+}
+
+uint64_t maxGroupsFor(const FusionSearchOptions& o, uint64_t tensors) {
+  const uint64_t cap = o.maxGroups > 0 ? uint64_t(o.maxGroups) : std::max<uint64_t>(2, tensors / 4);
+  return std::max<uint64_t>(1, std::min(cap, tensors));
+}
+
+FusionSearch::Cuts FusionSearch::balanced(const std::vector<uint64_t>& bytes, const Cuts& forced,
+                                          uint64_t groups) {
+  Cuts c = forced;
+  const uint64_t n = bytes.size();
+  if (groups <= 1 || n < 2) return c;
+  // prefix[i]: the bytes of tensors 0 .. i-1. Compared as prefix * groups
+  // against m * total, in integers, so every worker cuts alike.
+  std::vector<uint64_t> prefix(n + 1, 0);
+  for (uint64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + std::max<uint64_t>(bytes[i], 1);
+  const uint64_t total = prefix[n];
+  auto gap = [&](uint64_t i, uint64_t m) {
+    const uint64_t a = prefix[i] * groups, b = m * total;
+    return a > b ? a - b : b - a;
+  };
+  uint64_t i = 1;
+  for (uint64_t m = 1; m < groups; ++m) {
+    while (i + 1 < n && prefix[i] * groups < m * total) ++i;
+    // i: the first cut at or past the m-th share (or the last cut); i - 1
+    // when that one is nearer.
+    const uint64_t at = i > 1 && gap(i - 1, m) <= gap(i, m) ? i - 1 : i;
+    c.insert(at);
+  }
+  return c;
 }
 
 FusionSearch::FusionSearch(std::vector<uint64_t> bytes, Cuts forced, FusionSearchOptions o)
@@ -44,12 +75,16 @@ void FusionSearch::measured(double seconds) {
 FusionSearch::Cuts FusionSearch::best() const {
   CORTADO_ENFORCE(!times_.empty(), ErrorCode::kInvalidArgument,
                   "fusion search: no candidate has been timed yet");
-  auto it = std::min_element(times_.begin(), times_.end(),
+  // The first timed among equal times (min_element keeps the first).
+  auto it = std::min_element(history_.begin(), history_.end(),
                              [](const auto& a, const auto& b) { return a.second < b.second; });
   return it->first;
 }
 
 namespace {
+
+// Doublings in a row without a gain of minGain that end them.
+constexpr int kMisses = 2;
 
 // Thrown inside replay() when the search needs a time it does not have:
 // the candidate to time next. Never leaves replay().
@@ -66,59 +101,54 @@ std::optional<FusionSearch::Cuts> FusionSearch::replay() const {
     return it->second;
   };
   const uint64_t n = bytes_.size();
+  const uint64_t cap = maxGroupsFor(o_, n);
+  auto groups = [&](uint64_t k) { return time(balanced(bytes_, forced_, k)); };
   try {
     // The two ends: every tensor on its own (layer-wise), and one group per
     // run of tensors that may share one.
     Cuts layerWise;
     for (uint64_t c = 1; c < n; ++c) layerWise.insert(c);
     time(layerWise);
-    Cuts cur = forced_;
-    double prev = time(cur);
-    // One group more at a time (MergeComp, y = 2, 3, ...): the group of the
-    // most bytes is split where a binary search over its cut points, which
-    // assumes the time unimodal in the cut, finds the fastest.
-    for (int groups = 2; groups <= o_.maxGroups; ++groups) {
-      std::vector<uint64_t> bounds{0};
-      bounds.insert(bounds.end(), cur.begin(), cur.end());
-      bounds.push_back(n);
-      uint64_t a = 0, b = 0, most = 0;
-      for (size_t k = 0; k + 1 < bounds.size(); ++k) {
-        const uint64_t s = bounds[k], e = bounds[k + 1];
-        if (e - s < 2) continue;
-        uint64_t sum = 0;
-        for (uint64_t i = s; i < e; ++i) sum += bytes_[i];
-        if (b == 0 || sum > most) a = s, b = e, most = sum;
-      }
-      if (b == 0) break;  // nothing left to split
-      // Candidate cuts a+1 .. b-1, by index 0 .. m-1.
-      const uint64_t m = b - a - 1;
-      auto with = [&](uint64_t i) {
-        Cuts c = cur;
-        c.insert(a + 1 + i);
-        return c;
-      };
-      uint64_t lo = 0, hi = m - 1;
-      while (hi > lo + 1) {
-        const uint64_t mid = (lo + hi) / 2;
-        const uint64_t ahead = std::min(mid + o_.step, hi);
-        if (time(with(mid)) > time(with(ahead)))
-          lo = ahead;  // still descending
-        else
-          hi = mid;
-      }
-      time(with(lo));
-      time(with(hi));
-      Cuts bestHere;
-      double t = 0;
-      for (uint64_t i = 0; i < m; ++i) {
-        auto it = times_.find(with(i));
-        if (it != times_.end() && (bestHere.empty() || it->second < t))
-          bestHere = it->first, t = it->second;
-      }
-      if (t > prev * (1.0 - o_.minGain)) break;  // one group more does not pay
-      cur = std::move(bestHere);
-      prev = t;
+    // The number of groups doubles (byte-balanced groups), up to the cap,
+    // until two doublings in a row have not gained minGain of the best time
+    // so far: k is the count of that best. (Two, not one: two groups barely
+    // overlap more than one, and one window's noise can hide a gain.)
+    // When layer-wise beat the best so far by minGain, the far end says
+    // more groups pay: the doublings go on to the cap.
+    const double lw = time(layerWise);
+    uint64_t k = 1, j = 1;
+    double t = groups(1);
+    auto farEndPays = [&] { return lw <= t * (1.0 - o_.minGain); };
+    for (int misses = 0; 2 * j <= cap && (misses < kMisses || farEndPays());) {
+      j *= 2;
+      const double tj = groups(j);
+      if (tj <= t * (1.0 - o_.minGain))
+        k = j, t = tj, misses = 0;
+      else
+        ++misses;  // twice the groups do not pay (yet)
     }
+    if (k == 1) return std::nullopt;  // one group (or layer-wise) it is
+    // The best number lies between k / 2 and 2k (if the time is unimodal in
+    // it): MergeComp's binary search, comparing the time at a count and
+    // `step` further and moving towards the faster. Its axis is the number
+    // of groups the candidates have: where a tensor larger than the share
+    // stands alone, several counts give as many groups (the first is taken).
+    std::vector<Cuts> among;
+    for (uint64_t j = k / 2; j <= std::min(2 * k, cap); ++j) {
+      Cuts c = balanced(bytes_, forced_, j);
+      if (among.empty() || c.size() > among.back().size()) among.push_back(std::move(c));
+    }
+    uint64_t lo = 0, hi = among.size() - 1;
+    while (hi > lo + 1) {
+      const uint64_t mid = (lo + hi) / 2;
+      const uint64_t ahead = std::min(mid + o_.step, hi);
+      if (time(among[mid]) > time(among[ahead]))
+        lo = ahead;  // still descending
+      else
+        hi = mid;
+    }
+    time(among[lo]);
+    time(among[hi]);
     return std::nullopt;
   } catch (const Untimed& u) {
     return u.cuts;

@@ -27,17 +27,23 @@ struct FusionSearchOptions {
   // Iterations timed per candidate, their mean its time (MergeComp:
   // scheduler_epoch, 20 there; iterations here are usually longer).
   uint64_t window = 5;
-  // The binary search's step over cut positions (MergeComp: scheduler_step).
-  uint64_t step = 2;
-  // A further group is kept only when it cuts the time by this share of the
-  // time with one group fewer (MergeComp's beta, read as relative).
+  // The binary search's step over the number of groups (MergeComp's
+  // scheduler_step, there over cut positions).
+  uint64_t step = 1;
+  // The number of groups doubles only while a doubling cuts the time by this
+  // share of the time before it (MergeComp's beta, read as relative).
   double minGain = 0.02;
-  // At most this many groups beyond the forced ones (MergeComp's Y).
-  int maxGroups = 4;
+  // At most this many byte-balanced groups (MergeComp's Y); 0: a quarter of
+  // the tensors, at least 2 (maxGroupsFor()).
+  int maxGroups = 0;
 };
 
 // Checks the options; throws kInvalidArgument naming the bad one.
 void validate(const FusionSearchOptions& o);
+
+// The cap on the number of groups for `tensors` tensors: o.maxGroups, or
+// with 0 a quarter of the tensors (at least 2, at most the tensors).
+uint64_t maxGroupsFor(const FusionSearchOptions& o, uint64_t tensors);
 
 class FusionSearch {
  public:
@@ -47,6 +53,12 @@ class FusionSearch {
   // tensor's size, to pick which group to split next.
   using Cuts = std::set<uint64_t>;
   FusionSearch(std::vector<uint64_t> bytes, Cuts forced, FusionSearchOptions o);
+
+  // The candidate with `groups` groups: cuts where the running sum of the
+  // bytes comes nearest to each multiple of total / groups (cuts that fall
+  // together count once, so a tensor larger than total / groups is a group
+  // of its own), with the forced cuts added. groups <= 1: the forced cuts.
+  static Cuts balanced(const std::vector<uint64_t>& bytes, const Cuts& forced, uint64_t groups);
 
   // The candidate to time next; nullopt when the search is done.
   const std::optional<Cuts>& next() const { return next_; }

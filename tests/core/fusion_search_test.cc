@@ -1,9 +1,12 @@
 // MergeComp's fusion search (core/executor/fusion_search.h) on synthetic
-// iteration times whose best grouping is known.
+// iteration times whose best grouping is known (by brute force).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
+#include <vector>
 
 #include "core/common/error.h"
 #include "core/executor/fusion_search.h"
@@ -33,66 +36,204 @@ Cuts everyCut(uint64_t n) {
   return c;
 }
 
-// Two groups pay, best cut at 17 of 40 tensors (V-shaped in the cut); a
-// third group does not pay: the search stops at two and has timed only a
-// logarithmic number of candidates.
-TEST(FusionSearch, FindsTheBestCutOfTwoGroupsByBinarySearch) {
-  const uint64_t n = 40;
-  FusionSearch s(std::vector<uint64_t>(n, 1000), {}, FusionSearchOptions{});
-  auto time = [&](const Cuts& c) {
-    if (c == everyCut(n)) return 100.0;
-    if (c.empty()) return 50.0;
-    if (c.size() == 1) return 30.0 + 0.5 * std::abs(double(*c.begin()) - 17.0);
-    return 45.0;  // three or more groups: worse than two
-  };
-  int timed = 0;
-  const Cuts best = runSearch(s, time, &timed);
-  ASSERT_EQ(best.size(), 1u);
-  EXPECT_LE(std::abs(double(*best.begin()) - 17.0), 1.0) << s.summary();
-  // Layer-wise, one group, about 2 log2(39) probes, then the third group's.
-  EXPECT_LE(timed, 2 + 2 * 6 + 2 + 2 * 6 + 2) << s.summary();
-  EXPECT_NE(s.summary().find("2 groups of 40 tensors"), std::string::npos) << s.summary();
+// The groups of a candidate: its cuts plus one.
+uint64_t groupsOf(const Cuts& c) { return c.size() + 1; }
+
+// Each group's bytes under cuts `c`.
+std::vector<uint64_t> groupBytes(const std::vector<uint64_t>& bytes, const Cuts& c) {
+  std::vector<uint64_t> g{0};
+  for (uint64_t i = 0; i < bytes.size(); ++i) {
+    if (i > 0 && c.count(i)) g.push_back(0);
+    g.back() += bytes[i];
+  }
+  return g;
 }
 
-// A third group pays: the largest group after the first cut is split where
-// its own binary search finds the best second cut.
-TEST(FusionSearch, AddsAGroupWhileItPays) {
-  const uint64_t n = 40;
-  FusionSearch s(std::vector<uint64_t>(n, 1000), {}, FusionSearchOptions{});
+// balanced(): each cut is, by brute force over every position, the one whose
+// running sum of bytes is nearest the m-th share of the total (the lower on
+// a tie), and the forced cuts are kept.
+TEST(FusionSearch, BalancedCutsAreTheNearestToEachShareOfTheBytes) {
+  uint64_t seed = 12345;
+  auto next = [&] { return seed = seed * 6364136223846793005ULL + 1442695040888963407ULL; };
+  for (int trial = 0; trial < 20; ++trial) {
+    const uint64_t n = 2 + next() % 60;
+    std::vector<uint64_t> bytes(n);
+    for (auto& b : bytes) b = 1 + (next() >> 33) % (trial % 2 ? 5000 : 4000000);
+    const uint64_t total = std::accumulate(bytes.begin(), bytes.end(), uint64_t(0));
+    for (uint64_t k = 1; k <= n + 3; ++k) {
+      Cuts ref;
+      for (uint64_t m = 1; m < k; ++m) {
+        uint64_t bestAt = 0, bestGap = 0, prefix = 0;
+        for (uint64_t i = 1; i < n; ++i) {
+          prefix += bytes[i - 1];
+          const uint64_t a = prefix * k, b = m * total, gap = a > b ? a - b : b - a;
+          if (bestAt == 0 || gap < bestGap) bestAt = i, bestGap = gap;
+        }
+        ref.insert(bestAt);
+      }
+      EXPECT_EQ(FusionSearch::balanced(bytes, {}, k), ref) << "n " << n << ", k " << k;
+    }
+    Cuts forced{n / 2 == 0 ? 1 : n / 2};
+    const Cuts withForced = FusionSearch::balanced(bytes, forced, 3);
+    EXPECT_TRUE(withForced.count(*forced.begin()));
+  }
+  // Equal tensors: group sizes differ by at most one tensor.
+  std::vector<uint64_t> equal(30, 8);
+  for (uint64_t k = 1; k <= 30; ++k) {
+    const auto g = groupBytes(equal, FusionSearch::balanced(equal, {}, k));
+    ASSERT_EQ(g.size(), k);
+    EXPECT_LE(*std::max_element(g.begin(), g.end()) - *std::min_element(g.begin(), g.end()), 8u);
+  }
+}
+
+// A convex cost over cuts: a fixed cost per group plus the sum of squared
+// group bytes (which, for a given number of groups, balanced groups make
+// least). With minGain 0 the search ends at the exhaustive optimum over all
+// 2^(n-1) partitions, whatever the cost per group moves it to.
+TEST(FusionSearch, EndsAtTheExhaustiveOptimumOfAConvexCost) {
+  const uint64_t n = 12;
+  const std::vector<uint64_t> bytes(n, 1);
+  FusionSearchOptions o;
+  o.minGain = 0;
+  o.maxGroups = int(n);
+  for (double perGroup : {0.3, 1.0, 2.5, 4.0, 7.0, 11.0, 15.0, 25.0, 40.0, 80.0, 200.0}) {
+    auto time = [&](const Cuts& c) {
+      double t = perGroup * double(groupsOf(c));
+      for (uint64_t g : groupBytes(bytes, c)) t += double(g) * double(g);
+      return t;
+    };
+    double brute = 1e300;
+    uint64_t bruteGroups = 0;
+    for (uint64_t mask = 0; mask < (1u << (n - 1)); ++mask) {
+      Cuts c;
+      for (uint64_t i = 1; i < n; ++i)
+        if (mask >> (i - 1) & 1) c.insert(i);
+      if (time(c) < brute) brute = time(c), bruteGroups = groupsOf(c);
+    }
+    FusionSearch s(bytes, {}, o);
+    int timed = 0;
+    const Cuts best = runSearch(s, time, &timed);
+    EXPECT_DOUBLE_EQ(time(best), brute) << "cost per group " << perGroup << ": brute force has "
+                                        << bruteGroups << " groups; " << s.summary();
+    EXPECT_LE(timed, 14) << s.summary();
+  }
+}
+
+// Tensors of uneven sizes (resnet-like: a few large ones first, many small):
+// the time depends on the number of groups only, convexly; the search ends
+// at the brute-force best over every number of byte-balanced groups up to
+// the cap, with a logarithmic number of candidates.
+TEST(FusionSearch, EndsAtTheBestNumberOfBalancedGroups) {
+  uint64_t seed = 99;
+  auto next = [&] { return seed = seed * 6364136223846793005ULL + 1442695040888963407ULL; };
+  std::vector<uint64_t> bytes(161);
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = (i < 20 ? 1000000 : 20000) + (next() >> 33) % 200000;
+  FusionSearchOptions o;
+  o.minGain = 0;
+  for (double optimum : {2.0, 3.0, 6.0, 11.0, 17.0, 23.0, 30.0, 38.0}) {
+    auto time = [&](const Cuts& c) {
+      const double g = double(groupsOf(c));
+      return c.size() + 1 == bytes.size() ? 1e9 : 50.0 + (g - optimum) * (g - optimum);
+    };
+    const uint64_t cap = maxGroupsFor(o, bytes.size());
+    ASSERT_EQ(cap, 40u);
+    double brute = 1e300;
+    for (uint64_t k = 1; k <= cap; ++k)
+      brute = std::min(brute, time(FusionSearch::balanced(bytes, {}, k)));
+    FusionSearch s(bytes, {}, o);
+    int timed = 0;
+    const Cuts best = runSearch(s, time, &timed);
+    EXPECT_DOUBLE_EQ(time(best), brute) << "optimum " << optimum << ": " << s.summary();
+    EXPECT_LE(timed, 2 + 6 + 2 * 5 + 2) << s.summary();
+    for (const auto& [c, t] : s.history())
+      EXPECT_TRUE(groupsOf(c) <= cap || c.size() + 1 == bytes.size()) << "over the cap: " << t;
+  }
+}
+
+// More groups pay only a little past 8 (each doubling gains 0.7%, under
+// minGain's 2%): the doublings go on for two more (16 and 32 groups, in case
+// noise hid a gain) and stop; the binary search stays between 4 and 16, and
+// no candidate of more than 32 groups is timed; the fastest timed stays.
+TEST(FusionSearch, StopsDoublingWhenTheGainIsBelowMinGainAndAtTheCap) {
+  const uint64_t n = 256;
+  const std::vector<uint64_t> bytes(n, 100);
   auto time = [&](const Cuts& c) {
-    if (c == everyCut(n)) return 100.0;
-    if (c.empty()) return 50.0;
-    const double first = std::abs(double(*c.begin()) - 10.0);
-    if (c.size() == 1) return 30.0 + first;
-    if (c.size() == 2) return 20.0 + first + std::abs(double(*c.rbegin()) - 29.0);
-    return 25.0;  // a fourth group no longer pays
+    if (groupsOf(c) == n) return 200.0;  // layer-wise
+    const double g = double(groupsOf(c));
+    return g <= 8 ? 100.0 - 10.0 * std::log2(g) : 70.0 - 0.5 * std::log2(g / 8);
   };
+  FusionSearch s(bytes, {}, FusionSearchOptions{});
   const Cuts best = runSearch(s, time);
-  ASSERT_EQ(best.size(), 2u) << s.summary();
-  EXPECT_LE(std::abs(double(*best.begin()) - 10.0), 1.0) << s.summary();
-  EXPECT_LE(std::abs(double(*best.rbegin()) - 29.0), 1.0) << s.summary();
+  uint64_t most = 0;
+  for (const auto& [c, t] : s.history())
+    if (groupsOf(c) != n) most = std::max(most, groupsOf(c));
+  EXPECT_EQ(most, 32u) << s.summary();
+  EXPECT_EQ(groupsOf(best), 32u) << s.summary();  // the fastest timed stays
+  // Doublings that keep paying stop at the cap: maxGroups 6 (explicit), or a
+  // quarter of the tensors (16 here) by default.
+  FusionSearchOptions six;
+  six.maxGroups = 6;
+  const std::vector<uint64_t> bytes64(64, 100);
+  auto faster = [&](const Cuts& c) {
+    return groupsOf(c) == 64 ? 1e3 : 100.0 / double(groupsOf(c));
+  };
+  FusionSearch a(bytes64, {}, six);
+  EXPECT_EQ(groupsOf(runSearch(a, faster)), 6u) << a.summary();
+  FusionSearch b(bytes64, {}, FusionSearchOptions{});
+  EXPECT_EQ(groupsOf(runSearch(b, faster)), 16u) << b.summary();
+  for (const auto& [c, t] : b.history()) EXPECT_TRUE(groupsOf(c) <= 16 || groupsOf(c) == 64) << t;
 }
 
-// Layer-wise is fastest (no codec, a fast network): it is kept. A group
-// more that gains less than minGain ends the search there (no third group is
-// tried), and the fastest grouping timed is the answer.
+// Layer-wise is fastest (no codec, a fast network): it is kept. Doublings
+// that gain less than minGain end the search after two (no more than 4
+// groups are tried), and the fastest grouping timed is the answer (the
+// first timed among equal times).
 TEST(FusionSearch, KeepsLayerWiseAndStopsWhenAGroupMoreGainsTooLittle) {
   const uint64_t n = 12;
   FusionSearch a(std::vector<uint64_t>(n, 10), {}, FusionSearchOptions{});
   EXPECT_EQ(
       runSearch(a, [&](const Cuts& c) { return c == everyCut(n) ? 1.0 : 5.0 + double(c.size()); }),
       everyCut(n));
-  FusionSearch b(std::vector<uint64_t>(n, 10), {}, FusionSearchOptions{});
+  FusionSearchOptions upTo12;
+  upTo12.maxGroups = int(n);  // the default cap (a quarter of 12) would stop at 3 groups
+  FusionSearch b(std::vector<uint64_t>(n, 10), {}, upTo12);
   runSearch(b, [&](const Cuts& c) { return c.empty() ? 10.0 : c == everyCut(n) ? 30.0 : 9.95; });
-  EXPECT_EQ(b.best().size(), 1u) << b.summary();
-  for (const auto& [c, t] : b.history()) EXPECT_TRUE(c.size() <= 1 || c == everyCut(n)) << t;
+  EXPECT_EQ(b.best().size(), 1u) << b.summary();  // 2 groups: timed first among the equal
+  // Two doublings (2 and 4 groups) without the gain end it.
+  for (const auto& [c, t] : b.history()) EXPECT_TRUE(c.size() <= 3 || c == everyCut(n)) << t;
+  EXPECT_EQ(b.history().size(), 4u) << b.summary();
 }
 
-// Forced cuts (tensors on other options) are in every candidate; the group
-// split is the one of the most bytes.
-TEST(FusionSearch, ForcedCutsStayAndTheLargestGroupIsSplit) {
-  // Tensors 0..5 small, 6..19 large: the forced cut at 6 leaves the large
-  // group as the one to split.
+// Layer-wise faster than one group and than every doubling so far: the far
+// end says more groups pay, so two doublings without a gain (2 and 4 groups
+// flat) do not end the search; it doubles on to the cap and finds the best
+// count near it, which brute force over the counts confirms.
+TEST(FusionSearch, DoublesOnWhileLayerWiseIsFaster) {
+  const uint64_t n = 128;
+  const std::vector<uint64_t> bytes(n, 100);
+  auto time = [&](const Cuts& c) {
+    const double g = double(groupsOf(c));
+    if (groupsOf(c) == n) return 85.0;      // layer-wise
+    if (g <= 4) return 100.0;               // flat at first
+    return 100.0 - 2.0 * g + 0.05 * g * g;  // best at 20 groups: 80
+  };
+  FusionSearch s(bytes, {}, FusionSearchOptions{});
+  const Cuts best = runSearch(s, time);
+  double brute = time(everyCut(n));
+  for (uint64_t k = 1; k <= maxGroupsFor(FusionSearchOptions{}, n); ++k)
+    brute = std::min(brute, time(FusionSearch::balanced(bytes, {}, k)));
+  EXPECT_DOUBLE_EQ(time(best), brute) << s.summary();
+  EXPECT_EQ(groupsOf(best), 20u) << s.summary();
+  // Without the faster far end, the same flat start ends the search at one group.
+  FusionSearch t(bytes, {}, FusionSearchOptions{});
+  runSearch(t, [&](const Cuts& c) { return groupsOf(c) == n ? 200.0 : time(c); });
+  EXPECT_EQ(t.best().size(), 0u) << t.summary();
+}
+
+// Forced cuts (tensors on other options) are in every candidate, and the
+// balanced cuts come on top of them.
+TEST(FusionSearch, ForcedCutsStayInEveryCandidate) {
   std::vector<uint64_t> bytes(20, 10);
   for (size_t i = 6; i < 20; ++i) bytes[i] = 1000;
   FusionSearch s(bytes, {6}, FusionSearchOptions{});
@@ -100,14 +241,14 @@ TEST(FusionSearch, ForcedCutsStayAndTheLargestGroupIsSplit) {
   runSearch(s, [&](const Cuts& c) {
     seen.push_back(c);
     if (c.size() == 19) return 100.0;
-    if (c.size() == 1) return 50.0;
-    return 30.0 + std::abs(double(*c.rbegin()) - 12.0);
+    // Best with 4 groups (3 cuts), the forced one included.
+    const double cuts = double(c.size());
+    return 50.0 - 5.0 * std::min(cuts, 3.0) + 0.5 * std::max(cuts - 3.0, 0.0);
   });
+  ASSERT_GE(seen.size(), 4u);
   for (const Cuts& c : seen) EXPECT_TRUE(c.count(6)) << "a candidate without the forced cut";
-  const Cuts best = s.best();
-  ASSERT_EQ(best.size(), 2u) << s.summary();
-  EXPECT_TRUE(best.count(6));
-  EXPECT_LE(std::abs(double(*best.rbegin()) - 12.0), 1.0) << s.summary();
+  EXPECT_EQ(s.best().size(), 3u) << s.summary();
+  EXPECT_TRUE(s.best().count(6));
 }
 
 // The same times give the same candidates: what keeps every worker on the
@@ -142,6 +283,9 @@ TEST(FusionSearch, BadInputIsRefusedNamingIt) {
   o = {};
   o.minGain = 1.5;
   EXPECT_NE(message([&] { validate(o); }).find("minGain"), std::string::npos);
+  o = {};
+  o.maxGroups = -1;
+  EXPECT_NE(message([&] { validate(o); }).find("maxGroups -1"), std::string::npos);
   o = {};
   o.step = 0;
   EXPECT_NE(message([&] { validate(o); }).find("step"), std::string::npos);

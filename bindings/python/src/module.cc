@@ -1024,10 +1024,12 @@ PYBIND11_MODULE(_C, m) {
            "Returns when every submitted run finished; raises the first one's error.")
       .def_property_readonly("pending", &PyExecutor::pending)
       .def("enable_fusion_search", &PyExecutor::enableFusionSearch, py::arg("warmup") = 3,
-           py::arg("window") = 5, py::arg("settle") = 1, py::arg("step") = 2,
-           py::arg("min_gain") = 0.02, py::arg("max_groups") = 4,
+           py::arg("window") = 5, py::arg("settle") = 1, py::arg("step") = 1,
+           py::arg("min_gain") = 0.02, py::arg("max_groups") = 0,
            "MergeComp's search for the plan's groups by timing real iterations "
-           "(Executor::setFusionSearch); needs begin_iteration() every iteration")
+           "(Executor::setFusionSearch: the number of byte-balanced groups doubles while "
+           "that gains min_gain, then a binary search between; max_groups 0: a quarter of "
+           "the tensors); needs begin_iteration() every iteration")
       .def_property_readonly("fusion_search", &PyExecutor::fusionSearch,
                              "None, or the fusion search's state: done, summary, timed, cuts")
       .def_property_readonly("group_runs", &PyExecutor::groupRuns,
