@@ -15,6 +15,7 @@
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/report.h"
+#include "tests/planner/hand_timeline.h"
 
 namespace cortado::planner {
 namespace {
@@ -123,16 +124,7 @@ Cluster handCluster() {
   return c;
 }
 
-ModelProfile handModel(std::vector<std::pair<int64_t, double>> tensors) {
-  ModelProfile p;
-  p.model = "hand";
-  for (size_t i = 0; i < tensors.size(); ++i)
-    p.tensors.push_back(
-        TensorProfile{fmt::format("t{}", i), tensors[i].first, 4, tensors[i].second});
-  return p;
-}
-
-const TensorOption kAllreduce{false, {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)}, ""};
+using hand::kAllreduce;
 
 TEST(FusedGroups, HandComputedTimeline) {
   // Flat allreduce over 2 GPUs of B bytes: 2 * 2.5 + 2 * 1/2 * B / 1000 us.
@@ -140,7 +132,7 @@ TEST(FusedGroups, HandComputedTimeline) {
   // Alone: t0 [10,19], t1 waits for the link: [19,28].
   // Grouped, in place on a flat gradient buffer: from 12, 8000 bytes:
   // [12,25] (one latency less, 2 us later start).
-  Simulator sim(handCluster(), ResolvedCodec{}, handModel({{1000, 10}, {1000, 2}}), {kAllreduce});
+  Simulator sim(handCluster(), ResolvedCodec{}, hand::model({{1000, 10}, {1000, 2}}), {kAllreduce});
   EXPECT_DOUBLE_EQ(sim.simulate({0, 0}), 28.0);
   std::vector<TensorTiming> t;
   std::vector<TraceEvent> trace;
@@ -156,7 +148,7 @@ TEST(FusedGroups, HandComputedTimeline) {
   EXPECT_EQ(count(trace, "group copy fused2:t0..t1"), 0);
   // Gradients in buffers of their own: the group also pays the executor's
   // two copies of its buffer, 0.1 us each: [12,25.2].
-  ModelProfile apart = handModel({{1000, 10}, {1000, 2}});
+  ModelProfile apart = hand::model({{1000, 10}, {1000, 2}});
   apart.contiguousGradients = false;
   Simulator copied(handCluster(), ResolvedCodec{}, apart, {kAllreduce});
   trace.clear();
@@ -164,7 +156,7 @@ TEST(FusedGroups, HandComputedTimeline) {
   EXPECT_EQ(count(trace, "flat allreduce fused2:t0..t1"), 1);
   EXPECT_EQ(count(trace, "group copy fused2:t0..t1"), 2);
   // t1 ready at 40: grouping waits for it: [40,53] against t1 alone [40,49].
-  Simulator late(handCluster(), ResolvedCodec{}, handModel({{1000, 10}, {1000, 30}}), {kAllreduce});
+  Simulator late(handCluster(), ResolvedCodec{}, hand::model({{1000, 10}, {1000, 30}}), {kAllreduce});
   EXPECT_DOUBLE_EQ(late.simulate({0, 0}), 49.0);
   EXPECT_DOUBLE_EQ(late.simulateGroups({0, 0}, {{0, 1}}), 53.0);
   // The search takes the group only where it pays.
@@ -178,7 +170,7 @@ TEST(FusedGroups, HandComputedTimeline) {
   // Malformed groups are refused with the group named.
   EXPECT_THROW(sim.simulateGroups({0, 0}, {{0, 0}}), Error);
   EXPECT_THROW(sim.simulateGroups({0, 0}, {{0, 2}}), Error);
-  Simulator two(handCluster(), ResolvedCodec{}, handModel({{1000, 10}, {1000, 2}}),
+  Simulator two(handCluster(), ResolvedCodec{}, hand::model({{1000, 10}, {1000, 2}}),
                 {kAllreduce, kAllreduce});
   EXPECT_THROW(two.simulateGroups({0, 1}, {{0, 1}}), Error);
 }

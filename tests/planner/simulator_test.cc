@@ -11,6 +11,7 @@
 #include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/simulator.h"
+#include "tests/planner/hand_timeline.h"
 
 namespace cortado::planner {
 namespace {
@@ -21,33 +22,10 @@ using plan::Scope;
 using plan::Step;
 using plan::TensorOption;
 
-Cluster cluster(int machines, int gpus, int cores) {
-  Cluster c;
-  c.machines = machines;
-  c.gpusPerMachine = gpus;
-  c.intra.base = AlphaBeta{0, 8};
-  c.inter.base = AlphaBeta{0, 8};
-  c.d2h = AlphaBeta{1, 8};
-  c.h2d = AlphaBeta{1, 8};
-  c.cpuCores = cores;
-  c.cpuSumGbps = 8;
-  return c;
-}
-
-// Payload: a quarter of the elements at 4 bytes each, no header. GPU encode
-// 3 us, GPU decode 1 us, CPU encode 5 us, CPU decode 2 us, whatever the size.
-ResolvedCodec codec() {
-  ResolvedCodec r;
-  r.spec = "test";
-  r.cost.headerBytes = 0;
-  r.cost.bytesPerSelected = 4;
-  r.selectedFraction = 0.25;
-  r.cost.encode[int(Device::kGpu)].fixedUs = 3;
-  r.cost.decode[int(Device::kGpu)].fixedUs = 1;
-  r.cost.encode[int(Device::kCpu)].fixedUs = 5;
-  r.cost.decode[int(Device::kCpu)].fixedUs = 2;
-  return r;
-}
+using hand::cluster;
+using hand::codec;
+using hand::kAllreduce;
+using hand::model;
 
 // codec() with a per-element encode cost too (0.1 ns on the GPU, 2 on the
 // CPU), so that encode times grow with the tensors in the random instances.
@@ -56,14 +34,6 @@ ResolvedCodec codecWithPerElementEncode() {
   r.cost.encode[int(Device::kGpu)].nsPerElement = 0.1;
   r.cost.encode[int(Device::kCpu)].nsPerElement = 2;
   return r;
-}
-
-ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
-  ModelProfile p;
-  p.model = "hand";
-  for (size_t i = 0; i < tensors.size(); ++i)
-    p.tensors.push_back(TensorProfile{fmt::format("t{}", i), tensors[i].first, 4, tensors[i].second});
-  return p;
 }
 
 // evaluate() of `overrides` on the simulator's base equals `full`, the
@@ -78,7 +48,6 @@ void expectEvaluateIsFull(Simulator& sim, const std::vector<std::pair<int, int>>
   else EXPECT_GE(cut, cutoff) << "trial " << trial;
 }
 
-const TensorOption kAllreduce{false, {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)}, ""};
 TensorOption gatherCompressed(Device enc, Device dec) {
   return TensorOption{false,
                       {Step::encode(enc), Step::comm(Scope::kFlat, CommOp::kAllgather, true), Step::decode(dec)},

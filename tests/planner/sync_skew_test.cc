@@ -1,7 +1,6 @@
 // The workers' skew at synchronizing steps (Cluster::syncSkew) against
-// timelines computed by hand. Links at 8 Gbit/s (1000 bytes per
-// microsecond) with zero latency and codec costs fixed per call, as in
-// simulator_test.cc, so that every duration is a small round number.
+// timelines computed by hand, in hand_timeline.h's setting (every duration
+// a small round number).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include "core/common/error.h"
 #include "scheduler/planner/compile.h"
 #include "scheduler/planner/simulator.h"
+#include "tests/planner/hand_timeline.h"
 
 namespace cortado::planner {
 namespace {
@@ -25,44 +25,11 @@ using plan::Scope;
 using plan::Step;
 using plan::TensorOption;
 
-Cluster cluster(int machines, int gpus, int cores) {
-  Cluster c;
-  c.machines = machines;
-  c.gpusPerMachine = gpus;
-  c.intra.base = AlphaBeta{0, 8};
-  c.inter.base = AlphaBeta{0, 8};
-  c.d2h = AlphaBeta{1, 8};
-  c.h2d = AlphaBeta{1, 8};
-  c.cpuCores = cores;
-  c.cpuSumGbps = 8;
-  return c;
-}
+using hand::cluster;
+using hand::codec;
+using hand::kAllreduce;
+using hand::model;
 
-// Payload: a quarter of the elements at 4 bytes each. GPU encode 3 us, GPU
-// decode 1 us, CPU encode 5 us, CPU decode 2 us, whatever the size.
-ResolvedCodec codec() {
-  ResolvedCodec r;
-  r.spec = "test";
-  r.cost.headerBytes = 0;
-  r.cost.bytesPerSelected = 4;
-  r.selectedFraction = 0.25;
-  r.cost.encode[int(Device::kGpu)].fixedUs = 3;
-  r.cost.decode[int(Device::kGpu)].fixedUs = 1;
-  r.cost.encode[int(Device::kCpu)].fixedUs = 5;
-  r.cost.decode[int(Device::kCpu)].fixedUs = 2;
-  return r;
-}
-
-ModelProfile model(std::vector<std::pair<int64_t, double>> tensors) {
-  ModelProfile p;
-  p.model = "hand";
-  for (size_t i = 0; i < tensors.size(); ++i)
-    p.tensors.push_back(
-        TensorProfile{fmt::format("t{}", i), tensors[i].first, 4, tensors[i].second});
-  return p;
-}
-
-const TensorOption kAllreduce{false, {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)}, ""};
 const TensorOption kGather{
     false,
     {Step::encode(Device::kGpu), Step::comm(Scope::kFlat, CommOp::kAllgather, true),
@@ -107,8 +74,12 @@ TEST(SyncSkew, WaitsBeforeACollectiveAfterAnEncodeAndNotAfterNoWork) {
   EXPECT_DOUBLE_EQ(t[0].finish, 18.5);
   EXPECT_DOUBLE_EQ(t[1].finish, 16.0);
   for (const TraceEvent& e : trace) {
-    if (e.name.rfind("flat allgather*", 0) == 0) EXPECT_DOUBLE_EQ(e.start, 16.5);
-    if (e.name.rfind("flat allreduce", 0) == 0) EXPECT_DOUBLE_EQ(e.start, 12.0);
+    if (e.name.rfind("flat allgather*", 0) == 0) {
+      EXPECT_DOUBLE_EQ(e.start, 16.5);
+    }
+    if (e.name.rfind("flat allreduce", 0) == 0) {
+      EXPECT_DOUBLE_EQ(e.start, 12.0);
+    }
   }
   // The wait is on the collective and in the tensor's path.
   const CompiledOption& g = sim.compiled(0, 1);
@@ -172,7 +143,9 @@ TEST(SyncSkew, APushWaitsForTheEncodeAndThePullForNothing) {
       ++pulls;
       EXPECT_EQ(op.waitUs, 0.0);
     }
-    if (op.kind != OpKind::kComm) EXPECT_EQ(op.waitUs, 0.0);
+    if (op.kind != OpKind::kComm) {
+      EXPECT_EQ(op.waitUs, 0.0);
+    }
   }
   EXPECT_EQ(pushes, 1);
   EXPECT_EQ(pulls, 1);
@@ -216,7 +189,9 @@ TEST(SyncSkew, ACpuStepsRoundsOverTheCoresAreItsWork) {
   const CompiledOption o = compileOption(c, codec(), 3000, 4, cpu);
   double wait = -1;
   for (const SimOp& op : o.ops) {
-    if (op.kind == OpKind::kEncode) EXPECT_EQ(op.tasks, 3);
+    if (op.kind == OpKind::kEncode) {
+      EXPECT_EQ(op.tasks, 3);
+    }
     if (op.kind == OpKind::kComm) wait = op.waitUs;
   }
   EXPECT_DOUBLE_EQ(wait, 7.0);
