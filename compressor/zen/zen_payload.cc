@@ -9,6 +9,20 @@
 namespace cortado::compressor::zen {
 namespace {
 
+// The header of a message for `server` of the tensor `own` describes.
+ZenHeader headerFor(const Ownership& own, uint32_t server, Kind kind, uint64_t count,
+                    uint64_t listSize) {
+  ZenHeader h;
+  h.kind = kind;
+  h.numel = own.numElements();
+  h.servers = own.numServers();
+  h.server = server;
+  h.seed = own.seed();
+  h.count = count;
+  h.listSize = listSize;
+  return h;
+}
+
 static_assert(std::endian::native == std::endian::little,
               "the Zen payloads are little-endian and read with memcpy");
 
@@ -145,14 +159,7 @@ size_t writeCoo(const Ownership& own, uint32_t server, std::span<const uint32_t>
   CORTADO_ENFORCE(out.size() >= bytes, ErrorCode::kInvalidArgument,
                   "sparse push of {} pairs needs {} bytes, the buffer has {}", index.size(), bytes,
                   out.size());
-  ZenHeader h;
-  h.kind = Kind::kCoo;
-  h.numel = own.numElements();
-  h.servers = own.numServers();
-  h.server = server;
-  h.seed = own.seed();
-  h.count = index.size();
-  writeZenHeader(h, out.data());
+  writeZenHeader(headerFor(own, server, Kind::kCoo, index.size(), 0), out.data());
   if (!index.empty()) {
     std::memcpy(out.data() + kZenHeaderBytes, index.data(), 4 * index.size());
     std::memcpy(out.data() + kZenHeaderBytes + 4 * index.size(), value.data(), 4 * value.size());
@@ -187,16 +194,8 @@ std::vector<std::byte> encodeBitmap(const Ownership& own, uint32_t server,
   const uint64_t L = list.size();
   CORTADO_ENFORCE(presentBits.size() >= (L + 63) / 64, ErrorCode::kInvalidArgument,
                   "bitmap of {} words for {} indices", presentBits.size(), L);
-  ZenHeader h;
-  h.kind = Kind::kBitmap;
-  h.numel = own.numElements();
-  h.servers = own.numServers();
-  h.server = server;
-  h.seed = own.seed();
-  h.count = values.size();
-  h.listSize = L;
   std::vector<std::byte> out(bitmapBytes(L, values.size()));
-  writeZenHeader(h, out.data());
+  writeZenHeader(headerFor(own, server, Kind::kBitmap, values.size(), L), out.data());
   std::byte* bits = out.data() + kZenHeaderBytes;
   const size_t bitBytes = (L + 7) / 8;
   uint64_t set = 0;
@@ -225,16 +224,8 @@ std::vector<std::byte> encodeIndexList(const Ownership& own, uint32_t server, ui
                     "index-list answer: index {} (#{}) is past the tensor's {} elements or does "
                     "not ascend",
                     indices[i], i, own.numElements());
-  ZenHeader h;
-  h.kind = Kind::kIndexList;
-  h.numel = own.numElements();
-  h.servers = own.numServers();
-  h.server = server;
-  h.seed = own.seed();
-  h.count = values.size();
-  h.listSize = listSize;
   std::vector<std::byte> out(indexListBytes(indices));
-  writeZenHeader(h, out.data());
+  writeZenHeader(headerFor(own, server, Kind::kIndexList, values.size(), listSize), out.data());
   std::byte* p = out.data() + kZenHeaderBytes;
   if (!values.empty()) std::memcpy(p, values.data(), 4 * values.size());
   p += 4 * values.size();
