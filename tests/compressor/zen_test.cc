@@ -21,6 +21,7 @@
 #include "compressor/zen/zen_scheme.h"
 #include "compressor/zen/zen_sum.h"
 #include "core/common/error.h"
+#include "tests/compressor/expect_protocol.h"
 
 namespace cortado::compressor::zen {
 namespace {
@@ -404,15 +405,7 @@ TEST(ZenBitmap, RoundTrip) {
   }
 }
 
-void expectProtocol(const std::function<void()>& fn, const std::string& words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one saying '" << words << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kProtocol) << e.what();
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
-}
+using test::expectProtocol;
 
 // Malformed pushes are refused with what is wrong and leave the sum as it
 // was; every truncation of a valid payload is refused without reading past

@@ -14,19 +14,12 @@
 #include "compressor/zen/zen_payload.h"
 #include "compressor/zen/zen_sum.h"
 #include "core/common/error.h"
+#include "tests/compressor/expect_protocol.h"
 
 namespace cortado::compressor::zen {
 namespace {
 
-void expectProtocol(const std::function<void()>& fn, const std::string& words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one saying '" << words << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kProtocol) << e.what();
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
-}
+using test::expectProtocol;
 
 std::map<uint32_t, float> decoded(const std::vector<std::byte>& payload, const Ownership& own,
                                   uint32_t server, std::span<const uint32_t> list) {
