@@ -269,6 +269,16 @@ int runModelBench(const ModelBenchOptions& o) {
   std::vector<std::string> planJson;
   for (size_t i = 0; i < o.strategies.size(); ++i)
     planJson.push_back(world.broadcast(lead ? plan::toJsonString(preds[i].plan) : std::string()));
+  // mergecomp: the compress-everything plans its search tries in turn.
+  std::vector<plan::Plan> mergecompAlternatives;
+  for (size_t i = 0; i < o.strategies.size(); ++i) {
+    if (o.strategies[i] != "mergecomp") continue;
+    const std::string n =
+        world.broadcast(lead ? std::to_string(preds[i].alternatives.size()) : std::string());
+    for (size_t a = 0; a < std::stoul(n); ++a)
+      mergecompAlternatives.push_back(plan::planFromJsonString(
+          world.broadcast(lead ? plan::toJsonString(preds[i].alternatives[a]) : std::string())));
+  }
   if (lead && !o.planOut.empty()) {
     for (const auto& p : preds) {
       if (p.strategy != "plan") continue;
@@ -447,7 +457,7 @@ int runModelBench(const ModelBenchOptions& o) {
       fo.warmup = uint64_t(std::max(1, o.warmup));
       fo.window = 3;
       fo.settle = 1;
-      ex.setFusionSearch(fo);
+      ex.setFusionSearch(fo, mergecompAlternatives);
       cap = 2000;  // the search ends well before (about 3 log2(groups) + 2 candidates)
     }
     if (round == 0) r.planVersion = r.offlineVersion = p.version;
@@ -477,7 +487,7 @@ int runModelBench(const ModelBenchOptions& o) {
           for (size_t j = 0; j < T; ++j) folding[j] = !before[j];
           times.clear();
         }
-        if (settled < 0 && ex.fusionSearch() && ex.fusionSearch()->done() && !ex.hasScheduledPlan()) {
+        if (settled < 0 && ex.fusionSearchDone() && !ex.hasScheduledPlan()) {
           settled = it;  // the search's answer runs from here
           r.switchedAt = it;
         }
@@ -585,7 +595,7 @@ int runModelBench(const ModelBenchOptions& o) {
     if (replan || mergecomp) r.timedFrom = settled + o.warmup;
     if (mergecomp) {
       searched = ex.currentPlan();
-      if (lead) r.searchSummary = ex.fusionSearch()->summary();
+      if (lead) r.searchSummary = ex.fusionSearchSummary();
       ex.setFusionSearch(std::nullopt);  // the next strategy's plan stays
     }
     for (size_t j = 0; j < T; ++j) {

@@ -276,7 +276,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   };
   std::vector<Prediction> out;
   for (const std::string& name : o.strategies) {
-    planner::Strategy s;
+    planner::Strategy s, mergecompOther;
     if (name == "none") {
       s = uniform(bytepsIdx);
     } else if (name == "gpu") {
@@ -293,13 +293,13 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     } else if (name == "mergecomp") {
       // MergeComp's setting: one codec for every tensor, no model of the
       // system; the replay searches the groups by timing iterations (the
-      // groups it ends on are predicted after the run). The option is the
-      // better predicted of the compress-everything ones, so that the
-      // search may cut anywhere (tensors on different options never share
-      // a group).
+      // groups it ends on are predicted after the run). Every
+      // compress-everything option is searched in turn (alternatives), the
+      // fastest timed stays; the better predicted runs first.
       s = pl.compressAllGpu();
       planner::Strategy c = pl.compressAllCpu();
-      if (!c.choice.empty() && (s.choice.empty() || c.iterUs < s.iterUs)) s = std::move(c);
+      if (!c.choice.empty() && (s.choice.empty() || c.iterUs < s.iterUs)) std::swap(s, c);
+      mergecompOther = std::move(c);
     } else if (name == "plan") {
       // The planner's plan: Espresso's decision with Cupcake's fused groups
       // where they are predicted to pay.
@@ -318,6 +318,11 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     Prediction p;
     p.strategy = name;
     p.plan = planner::toPlan(sim, s, 1);
+    if (name == "mergecomp") {
+      p.alternatives.push_back(p.plan);
+      if (!mergecompOther.choice.empty() && mergecompOther.choice != s.choice)
+        p.alternatives.push_back(planner::toPlan(sim, mergecompOther, 1));
+    }
     p.predictedUs = profile.forwardUs + serialized(sim, s.choice, s.groups, nullptr);
     p.noSkewUs = sim.cluster().syncSkew.any()
                      ? profile.forwardUs + serialized(simNoSkew, s.choice, s.groups, nullptr)

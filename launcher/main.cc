@@ -197,18 +197,21 @@ int main(int argc, char** argv) try {
   launcher::ModelBenchOptions bmo;
   bm->add_option("--profile", bmo.profile,
                  "vgg16, resnet50, resnet101, bert-base, gpt2, lstm, or a profile .json")->required();
-  bm->add_option("--strategies", bmo.strategies,
-                 "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
-                 "(compress all on the CPU), pertensor (Espresso's per-tensor plan, no groups), plan "
-                 "(the planner's plan: per-tensor options with Cupcake's fused groups where they pay), "
-                 "mergecomp (every tensor on the better compress-everything option, groups found by "
-                 "MergeComp's search timing iterations; timed once the search has ended), replan (the offline plan, then the "
-                 "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
-                 "timed once the plan has settled; later --rounds run the plan it settled on), "
-                 "gravac (GraVAC in the executor, one batch per iteration once every gradient is "
-                 "ready; its plan re-planned by the planner with the measured costs when the CF "
-                 "moves 2x; settings: --gravac)")
-      ->delimiter(',')->capture_default_str();
+  bm->add_option(
+        "--strategies", bmo.strategies,
+        "comma-separated: none (BytePS default), gpu (compress all, GPU placement), cpu "
+        "(compress all on the CPU), pertensor (Espresso's per-tensor plan, no groups), plan "
+        "(the planner's plan: per-tensor options with Cupcake's fused groups where they pay), "
+        "mergecomp (every tensor on one compress-everything option, gpu's and cpu's each "
+        "searched in turn by MergeComp's search timing iterations, the faster option and "
+        "groups kept; timed once the search has ended), replan (the offline plan, then the "
+        "scheduler's plans from online profiling: needs CORTADO_PROFILE_WINDOW > 0; "
+        "timed once the plan has settled; later --rounds run the plan it settled on), "
+        "gravac (GraVAC in the executor, one batch per iteration once every gradient is "
+        "ready; its plan re-planned by the planner with the measured costs when the CF "
+        "moves 2x; settings: --gravac)")
+      ->delimiter(',')
+      ->capture_default_str();
   bm->add_option("--codec", bmo.codec, "codec spec, e.g. dgc:ratio=0.01, efsignsgd, fp16")
       ->capture_default_str();
   bm->add_option("--gravac", bmo.gravac,

@@ -321,9 +321,28 @@ class Executor {
   // end the fastest grouping timed stays. Needs beginIteration() every
   // iteration and no online re-planning (both change the plan). nullopt:
   // off (a search under way stops where it is). Every worker calls it alike.
-  void setFusionSearch(std::optional<FusionSearchOptions> o);
-  // The search (nullptr before its order is known or when off).
+  //
+  // `alternatives`: plans whose options are searched in turn, each with a
+  // search of its own over the groups (their groups are ignored), and the
+  // fastest pair of options and grouping timed stays; MergeComp's setting
+  // where one codec may travel on several paths (the servers or an
+  // allgather), none known to be faster without a model. Each is checked
+  // as setPlan() checks a plan (kInvalidArgument naming the tensor). Empty:
+  // the current plan's options only.
+  void setFusionSearch(std::optional<FusionSearchOptions> o,
+                       std::vector<plan::Plan> alternatives = {});
+  // The search under way, or the last one (nullptr before its order is
+  // known or when off). With alternatives, one search per alternative in
+  // turn: fusionSearchDone() says when all have ended.
   const FusionSearch* fusionSearch() const { return search_.get(); }
+  // Every alternative's search has ended and the kept grouping is set (or
+  // scheduled for the next iteration).
+  bool fusionSearchDone() const { return searchKept_.has_value(); }
+  // The alternative kept (0 without alternatives) and its cuts, once done.
+  std::optional<std::pair<size_t, FusionSearch::Cuts>> fusionSearchResult() const;
+  // One line per alternative searched so far (FusionSearch::summary()) and,
+  // once done, which one stays.
+  std::string fusionSearchSummary() const;
 
   // --- GraVAC (docs/codecs.md, "GraVAC in the plan executor") ---------------
   // Turns GraVAC on (or, with nullopt, off) for every tensor: each runBatch()
@@ -481,10 +500,27 @@ class Executor {
 
   // The fusion search's driver (online.cc).
   void stepFusionSearch(Deadline deadline);
-  void scheduleCandidate(const FusionSearch::Cuts& cuts);
+  // Schedules `cuts` as the groups of `base` (nullptr: the current or
+  // scheduled plan) for the next iteration.
+  void scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Plan* base);
+  void startSearch();  // search_ for alternative searchAlt_, its first candidate scheduled
+  const plan::Plan* searchBase() const;  // alternative searchAlt_'s plan, or nullptr
   double agreedMean(double seconds, Deadline deadline);
+  // Checks `p` against the declared tensors and the topology (setPlan's
+  // checks, nothing declared).
+  void checkPlan(const plan::Plan& p) const;
   std::optional<FusionSearchOptions> searchOptions_;
   std::unique_ptr<FusionSearch> search_;
+  std::vector<plan::Plan> searchAlternatives_;
+  size_t searchAlt_ = 0;  // the alternative search_ runs on
+  // Each ended alternative's best cuts, their time and its summary.
+  struct SearchedAlternative {
+    FusionSearch::Cuts cuts;
+    double seconds = 0;
+    std::string summary;
+  };
+  std::vector<SearchedAlternative> searched_;
+  std::optional<size_t> searchKept_;      // set once every alternative has ended
   std::vector<std::string> searchOrder_;  // gradient-ready order, recorded
   bool searchRecording_ = false;
   uint64_t searchFrom_ = 0;          // the iteration the search was turned on at

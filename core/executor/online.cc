@@ -190,7 +190,8 @@ void Executor::beginIteration(uint64_t iteration, Deadline deadline) {
   }
 }
 
-void Executor::setFusionSearch(std::optional<FusionSearchOptions> o) {
+void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
+                               std::vector<plan::Plan> alternatives) {
   if (o) {
     validate(*o);
     CORTADO_ENFORCE(online_.window == 0, ErrorCode::kInvalidArgument,
@@ -199,8 +200,23 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o) {
     CORTADO_ENFORCE(!gravac_, ErrorCode::kInvalidArgument,
                     "the fusion search and GraVAC both change the plan while the job runs; "
                     "turn one off (setGravac(std::nullopt))");
+    for (size_t a = 0; a < alternatives.size(); ++a) {
+      try {
+        checkPlan(alternatives[a]);
+      } catch (const Error& e) {
+        throw Error(e.code(), fmt::format("fusion search, alternative {} of {}: {}", a + 1,
+                                          alternatives.size(), e.what()));
+      }
+      alternatives[a].groups.clear();  // the search's candidates replace them
+    }
+  } else {
+    alternatives.clear();
   }
   searchOptions_ = o;
+  searchAlternatives_ = std::move(alternatives);
+  searchAlt_ = 0;
+  searched_.clear();
+  searchKept_.reset();
   search_.reset();
   searchOrder_.clear();
   searchRecording_ = false;
@@ -208,9 +224,15 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o) {
   searchFrom_ = begun_ ? iteration_ + 1 : 0;
 }
 
-void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts) {
-  plan::Plan p = scheduled_ ? scheduled_->first : currentPlan();
-  p.version = std::max(p.version, plan_ ? plan_->version : 0) + 1;
+const plan::Plan* Executor::searchBase() const {
+  return searchAlternatives_.empty() ? nullptr : &searchAlternatives_[searchAlt_];
+}
+
+void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Plan* base) {
+  plan::Plan p = base ? *base : scheduled_ ? scheduled_->first : currentPlan();
+  p.version = std::max({p.version, plan_ ? plan_->version : 0,
+                        scheduled_ ? scheduled_->first.version : 0}) +
+              1;
   p.groups.clear();
   const uint64_t n = searchOrder_.size();
   uint64_t start = 0;
@@ -226,22 +248,23 @@ void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts) {
   searchTimes_.clear();
 }
 
-double Executor::agreedMean(double seconds, Deadline deadline) {
-  double sum = 0;
-  if (groups_) {
-    collective::CallLabel scope(*groups_->world, "fusion search: an iteration's time");
-    groups_->world->allreduce(&seconds, &sum, 1, DType::kFloat64, deadline);
-  } else {
-    const std::string key = "cortado.fusion_search.time";
-    if (!searchKeyDeclared_) {
-      worker_.declare(key, DType::kFloat64, 1, deadline);
-      searchKeyDeclared_ = true;
-    }
-    Status st =
-        worker_.pushPull(key, DType::kFloat64, 1, &seconds, &sum, ReduceOp::kSum, 0).wait(deadline);
-    st.check();
+void Executor::startSearch() {
+  // Consecutive tensors on different options (or on PowerSGD) never share a
+  // group: forced cuts, from the options this search runs on.
+  const plan::Plan* base = searchBase();
+  auto optionOf = [&](const std::string& name) -> const plan::TensorOption& {
+    return base ? base->tensors.at(name) : tensors_.at(name)->option;
+  };
+  std::vector<uint64_t> bytes;
+  FusionSearch::Cuts forced;
+  for (size_t k = 0; k < searchOrder_.size(); ++k) {
+    bytes.push_back(tensors_.at(searchOrder_[k])->n * sizeof(float));
+    const plan::TensorOption& opt = optionOf(searchOrder_[k]);
+    const bool apart = opt.codec.rfind("powersgd", 0) == 0;
+    if (k > 0 && (apart || !(opt == optionOf(searchOrder_[k - 1])))) forced.insert(k);
   }
-  return sum / double(topo_.size);
+  search_ = std::make_unique<FusionSearch>(std::move(bytes), std::move(forced), *searchOptions_);
+  scheduleCandidate(*search_->next(), base);
 }
 
 // At beginIteration(iteration_): the iteration before it just ended.
@@ -263,20 +286,10 @@ void Executor::stepFusionSearch(Deadline deadline) {
                     "worker {}: the fusion search saw no tensor run in iteration {}: run the "
                     "training's tensors between beginIteration() calls",
                     topo_.rank, orderAt);
-    std::vector<uint64_t> bytes;
-    FusionSearch::Cuts forced;
-    for (size_t k = 0; k < searchOrder_.size(); ++k) {
-      const TensorState& t = *tensors_.at(searchOrder_[k]);
-      bytes.push_back(t.n * sizeof(float));
-      const bool apart = t.option.codec.rfind("powersgd", 0) == 0;
-      if (k > 0 && (apart || !(t.option == tensors_.at(searchOrder_[k - 1])->option)))
-        forced.insert(k);
-    }
-    search_ = std::make_unique<FusionSearch>(std::move(bytes), std::move(forced), o);
-    scheduleCandidate(*search_->next());
+    startSearch();
     return;
   }
-  if (search_->done()) return;
+  if (searchKept_) return;
   // The candidate took effect at candidateAt_ (that iteration and `settle`
   // more are left out); iteration_ - 1 just ended.
   const uint64_t ended = iteration_ - 1;
@@ -288,13 +301,74 @@ void Executor::stepFusionSearch(Deadline deadline) {
   mean = agreedMean(mean / double(searchTimes_.size()), deadline);
   search_->measured(mean);
   if (const auto& next = search_->next()) {
-    scheduleCandidate(*next);
+    scheduleCandidate(*next, searchBase());
     return;
   }
-  // Done: the fastest grouping timed, unless it runs already.
-  const FusionSearch::Cuts best = search_->best();
-  if (best != search_->history().back().first) scheduleCandidate(best);
-  if (topo_.rank == 0) CORTADO_LOG_INFO("{}", search_->summary());
+  // This alternative's search has ended: its fastest grouping is its time.
+  SearchedAlternative done;
+  done.cuts = search_->best();
+  for (const auto& [cuts, secs] : search_->history())
+    if (cuts == done.cuts) {
+      done.seconds = secs;
+      break;
+    }
+  done.summary = search_->summary();
+  searched_.push_back(std::move(done));
+  if (searchAlt_ + 1 < searchAlternatives_.size()) {
+    ++searchAlt_;
+    startSearch();
+    return;
+  }
+  // Done: the fastest timed (the first among equal times) stays, unless it
+  // runs already.
+  size_t kept = 0;
+  for (size_t a = 1; a < searched_.size(); ++a)
+    if (searched_[a].seconds < searched_[kept].seconds) kept = a;
+  searchKept_ = kept;
+  const bool running =
+      kept == searchAlt_ && searched_[kept].cuts == search_->history().back().first;
+  if (!running)
+    scheduleCandidate(searched_[kept].cuts,
+                      searchAlternatives_.empty() ? nullptr : &searchAlternatives_[kept]);
+  if (topo_.rank == 0) CORTADO_LOG_INFO("{}", fusionSearchSummary());
+}
+
+std::optional<std::pair<size_t, FusionSearch::Cuts>> Executor::fusionSearchResult() const {
+  if (!searchKept_) return std::nullopt;
+  return std::make_pair(*searchKept_, searched_[*searchKept_].cuts);
+}
+
+std::string Executor::fusionSearchSummary() const {
+  if (searchAlternatives_.size() <= 1)
+    return search_ ? search_->summary() : "fusion search: not started";
+  std::string out;
+  for (size_t a = 0; a < searchAlternatives_.size(); ++a) {
+    const std::string line = a < searched_.size()         ? searched_[a].summary
+                             : a == searchAlt_ && search_ ? search_->summary()
+                                                          : std::string("not searched yet");
+    out += fmt::format("{}alternative {} ({}): {}", a ? "; " : "", a + 1,
+                       searchAlternatives_[a].tensors.begin()->second.describe(), line);
+  }
+  if (searchKept_) out += fmt::format("; kept alternative {}", *searchKept_ + 1);
+  return out;
+}
+
+double Executor::agreedMean(double seconds, Deadline deadline) {
+  double sum = 0;
+  if (groups_) {
+    collective::CallLabel scope(*groups_->world, "fusion search: an iteration's time");
+    groups_->world->allreduce(&seconds, &sum, 1, DType::kFloat64, deadline);
+  } else {
+    const std::string key = "cortado.fusion_search.time";
+    if (!searchKeyDeclared_) {
+      worker_.declare(key, DType::kFloat64, 1, deadline);
+      searchKeyDeclared_ = true;
+    }
+    Status st =
+        worker_.pushPull(key, DType::kFloat64, 1, &seconds, &sum, ReduceOp::kSum, 0).wait(deadline);
+    st.check();
+  }
+  return sum / double(topo_.size);
 }
 
 }  // namespace cortado::executor

@@ -142,8 +142,7 @@ void Executor::setDefaultPlan(Deadline deadline) {
   setPlan(p, deadline);
 }
 
-void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
-  // Check everything before declaring anything.
+void Executor::checkPlan(const plan::Plan& p) const {
   plan::validate(p);  // options and groups
   for (const auto& [name, option] : p.tensors) {
     CORTADO_ENFORCE(tensors_.count(name), ErrorCode::kInvalidArgument,
@@ -186,6 +185,11 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
                     "run without a plan for BytePS's default)",
                     name);
   }
+}
+
+void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
+  // Check everything before declaring anything.
+  checkPlan(p);
   // Every worker must set the same plan. With MPI groups one tiny labelled
   // allreduce compares them (the collective check compares the labels), so
   // that workers given different plans (other plan files, other declared

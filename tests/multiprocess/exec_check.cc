@@ -1,6 +1,6 @@
 // A worker program for the plan executor's multi-process tests, run as the
-// MPI ranks of a job: `cortado launch --mpi -w 4 -s 2 -- exec_check ...`. Every rank computes every rank's
-// inputs (a formula), so each checks its results against a plain summation.
+// MPI ranks of a job: `cortado launch --mpi -w 4 -s 2 -- exec_check ...`. Every rank computes every
+// rank's inputs (a formula), so each checks its results against a plain summation.
 //
 //   --mode all     every option of enumerateOptions({parameterServer=true})
 //                  (or the --shard of --shards part of them), one tensor each,
@@ -87,7 +87,9 @@
 //                  the others on one compressed option, fp16), rank 1
 //                  slower than the others: every iteration exact, and at the
 //                  end every rank on the same cuts and the same plan, with
-//                  the other option's tensors kept apart.
+//                  the other option's tensors kept apart; then the search
+//                  over two alternatives (the second made slower): the
+//                  first kept on every rank, exact throughout.
 //   --mode gravac  GraVAC (Executor::setGravac, top-k) over the compressed
 //                  options (every --stride-th) and one default tensor, the
 //                  ranks' gradients differing: one CF sequence on every rank,

@@ -313,6 +313,88 @@ void Check::runSearch() {
   if (me == 0)
     std::printf("search: %s after %d iterations; %s\n",
                 failures ? "FAILED" : "same groups on every rank", iter, s->summary().c_str());
+  if (failures) return;
+
+  // Alternatives (MergeComp over several paths): A, the options above, and
+  // B, every compressed tensor on another option, which this loop makes
+  // slower (every rank sleeps while B runs). Both are searched in turn; A
+  // must stay, with its options, on every rank, also after the switch back
+  // from B's last candidate.
+  size_t other = options.size();
+  for (size_t i = 0; i < options.size() && other == options.size(); ++i)
+    if (i != compressed && options[i].compressed() && !(options[i] == options[compressed]))
+      other = i;
+  if (other == options.size()) throw Error(ErrorCode::kInternal, "no second compressed option");
+  plan::Plan a = ex.currentPlan(), b = ex.currentPlan();
+  a.groups.clear();
+  b.groups.clear();
+  for (size_t k = 0; k < names.size(); ++k)
+    if (k % 4 != 3) b.tensors[names[k]] = options[other];
+  // An alternative that misses a declared tensor is refused, naming it.
+  plan::Plan missing = b;
+  missing.tensors.erase(names[0]);
+  expectThrow("an alternative without a declared tensor", "alternative 2 of 2", [&] {
+    ex.setFusionSearch(so, {a, missing});
+  });
+  ex.setFusionSearch(so, {a, b});
+  const int from = ++iter;  // the first search's last beginIteration was iter
+  for (; iter < from + 800; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+    if (ex.currentPlan().tensors.at(names[0]) == options[other]) ::usleep(30000);
+    std::vector<executor::BatchItem> batch;
+    for (size_t k = 0; k < names.size(); ++k) {
+      for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = exactInput(me, k, iter, i);
+      batch.push_back({names[k], in[k].data(), in[k].data(), lens[k]});
+    }
+    try {
+      runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
+    } catch (const Error& e) {
+      fail(fmt::format("search with alternatives, iteration {}: {}", iter, e.what()));
+      return;
+    }
+    for (size_t k = 0; k < names.size(); ++k)
+      for (uint64_t i = 0; i < lens[k]; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
+        if (in[k][i] != ref) {
+          fail(
+              fmt::format("search with alternatives, iteration {}: tensor {}, element {}: {} != "
+                          "reference {}",
+                          iter, names[k], i, in[k][i], ref));
+          break;
+        }
+      }
+  }
+  const auto kept = ex.fusionSearchResult();
+  if (!kept) {
+    fail(fmt::format("search with alternatives: not done after {} iterations ({})", iter - from,
+                     ex.fusionSearchSummary()));
+    return;
+  }
+  if (kept->first != 0)
+    fail(fmt::format("search with alternatives: kept alternative {}, the slower one ({})",
+                     kept->first + 1, ex.fusionSearchSummary()));
+  for (size_t k = 0; k < names.size(); ++k)
+    if (!(ex.currentPlan().tensors.at(names[k]) == a.tensors.at(names[k])))
+      fail(fmt::format("search with alternatives: tensor {} does not run alternative 1's option",
+                       names[k]));
+  const std::string kmine = fmt::format("{}", fmt::join(kept->second, ","));
+  const uint64_t kh[2] = {std::hash<std::string>{}(kmine),
+                          std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
+  groups.world->allgather(kh, 2, all.data(), DType::kInt64, opDeadline());
+  for (int w = 0; w < W; ++w)
+    if (all[2 * size_t(w)] != kh[0] || all[2 * size_t(w) + 1] != kh[1])
+      fail(
+          fmt::format("search with alternatives: rank {} ended on other cuts or another plan "
+                      "than rank {} ({})",
+                      w, me, kmine));
+  if (ex.fusionSearchSummary().find("alternative 2") == std::string::npos)
+    fail("search with alternatives: the summary does not name the second alternative");
+  if (me == 0)
+    std::printf("search with alternatives: %s after %d iterations; %s\n",
+                failures ? "FAILED" : "alternative 1 kept on every rank", iter - from,
+                ex.fusionSearchSummary().c_str());
 }
 
 }  // namespace exec_check

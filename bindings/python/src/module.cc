@@ -618,10 +618,12 @@ class PyExecutor {
     const executor::FusionSearch* s = e.fusionSearch();
     if (!s) return std::nullopt;
     py::dict d;
-    d["done"] = s->done();
-    d["summary"] = s->summary();
+    d["done"] = e.fusionSearchDone();
+    d["summary"] = e.fusionSearchSummary();
     d["timed"] = s->history().size();
-    if (!s->history().empty()) {
+    if (const auto kept = e.fusionSearchResult()) {
+      d["cuts"] = std::vector<uint64_t>(kept->second.begin(), kept->second.end());
+    } else if (!s->history().empty()) {
       const auto best = s->best();
       d["cuts"] = std::vector<uint64_t>(best.begin(), best.end());
     }
