@@ -158,10 +158,23 @@ std::optional<FusionSearch::Cuts> FusionSearch::replay() const {
 std::string FusionSearch::summary() const {
   if (times_.empty()) return "fusion search: nothing timed yet";
   const Cuts b = best();
-  std::string cuts;
-  for (uint64_t c : b) cuts += (cuts.empty() ? "" : ", ") + std::to_string(c);
   Cuts layerWise;
   for (uint64_t c = 1; c < bytes_.size(); ++c) layerWise.insert(c);
+  // Every cut up to a dozen; beyond, the first and last few (a layer-wise
+  // answer of resnet101 would list 313).
+  std::string cuts;
+  if (b == layerWise && b.size() > 1) {
+    cuts = "every tensor";
+  } else {
+    size_t i = 0;
+    for (uint64_t c : b) {
+      if (b.size() <= 12 || i < 6 || i + 3 >= b.size())
+        cuts += (cuts.empty() ? "" : ", ") + std::to_string(c);
+      else if (i == 6)
+        cuts += fmt::format(", ... {} more ...", b.size() - 9);
+      ++i;
+    }
+  }
   auto ms = [&](const Cuts& c) {
     auto it = times_.find(c);
     return it == times_.end() ? std::string("not timed")

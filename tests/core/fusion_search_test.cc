@@ -1,5 +1,6 @@
 // MergeComp's fusion search (core/executor/fusion_search.h) on synthetic
 // iteration times whose best grouping is known (by brute force).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -300,6 +301,28 @@ TEST(FusionSearch, BadInputIsRefusedNamingIt) {
   s.measured(1.0);  // one tensor: one candidate
   EXPECT_TRUE(s.done());
   EXPECT_NE(message([&] { s.measured(1.0); }).find("after the search ended"), std::string::npos);
+}
+
+// The summary names layer-wise as such and shortens long cut lists.
+TEST(FusionSearch, SummaryShortensLongCutLists) {
+  const std::vector<uint64_t> bytes(40, 1000);
+  FusionSearch lw(bytes, {}, FusionSearchOptions{});
+  runSearch(lw, [](const Cuts& c) { return 1.0 / double(c.size() + 1); });  // more groups pay
+  ASSERT_EQ(lw.best(), everyCut(40));
+  EXPECT_NE(lw.summary().find("40 groups of 40 tensors (cuts at every tensor)"), std::string::npos)
+      << lw.summary();
+  // 20 balanced groups best: 19 cuts, 6 shown first, 3 last, 10 counted.
+  FusionSearchOptions upTo40;
+  upTo40.maxGroups = 40;
+  FusionSearch twenty(bytes, {}, upTo40);
+  const Cuts best =
+      runSearch(twenty, [](const Cuts& c) { return std::abs(double(c.size() + 1) - 20.0) + 1.0; });
+  ASSERT_EQ(best.size(), 19u) << twenty.summary();
+  std::vector<uint64_t> v(best.begin(), best.end());
+  const std::string want =
+      fmt::format("(cuts at {}, {}, {}, {}, {}, {}, ... 10 more ..., {}, {}, {})", v[0], v[1], v[2],
+                  v[3], v[4], v[5], v[16], v[17], v[18]);
+  EXPECT_NE(twenty.summary().find(want), std::string::npos) << twenty.summary() << " / " << want;
 }
 
 }  // namespace
