@@ -26,6 +26,7 @@
 #include "core/executor/executor.h"
 #include "core/shm/shm_segment.h"
 #include "scheduler/planner/cost_model.h"
+#include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/profile.h"
 #include "scheduler/planner/report.h"
 
@@ -197,11 +198,28 @@ int runModelBench(const ModelBenchOptions& o) {
     minElems = std::min(minElems, uint64_t(std::max<int64_t>(1, t.elements)));
     maxElems = std::max(maxElems, uint64_t(std::max<int64_t>(1, t.elements)));
   }
+  // The largest fused group the planner may form (planner::FusionConfig's
+  // members at most, consecutive): its encode, decode and payload are
+  // probed at that size too instead of extrapolated from the largest
+  // tensor's (DGC on 2-4 Mi elements took 2-3x the extrapolated time).
+  uint64_t groupElems = maxElems;
+  {
+    const size_t members = size_t(std::max(1, planner::FusionConfig{}.maxGroupTensors));
+    uint64_t window = 0;
+    for (size_t j = 0; j < profile.tensors.size(); ++j) {
+      window += uint64_t(std::max<int64_t>(1, profile.tensors[j].elements));
+      if (j >= members)
+        window -= uint64_t(std::max<int64_t>(1, profile.tensors[j - members].elements));
+      groupElems = std::max(groupElems, window);
+    }
+  }
   uint64_t maxPayload = 64;
   {
     compressor::Registry reg;
     compressor::registerCpuCodecs(reg);
-    maxPayload = std::max<uint64_t>(64, reg.create(reg.canonical(o.codec))->payloadBytes(std::min(maxElems, uint64_t(1) << 26)));
+    maxPayload = std::max<uint64_t>(
+        64,
+        reg.create(reg.canonical(o.codec))->payloadBytes(std::min(groupElems, uint64_t(1) << 26)));
   }
   // Every probe, at the start and (--probe-once not given) again before
   // every later round: the rounds' predictions then come from the costs of
@@ -222,7 +240,7 @@ int runModelBench(const ModelBenchOptions& o) {
     }
     into.pushPull = measurePushPull(world, *worker, topo, 4 * minElems, 4 * maxElems,
                                     job.partitionBytes, d, into.pushPullCurve, into.probes, tag);
-    measureCodec(world, o.codec, minElems, maxElems, into);
+    measureCodec(world, o.codec, minElems, groupElems, into);
     if (const auto set = parseSyncSkew(o.syncSkew)) {
       into.syncSkew = *set;
       into.probes.push_back(

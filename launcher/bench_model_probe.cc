@@ -111,7 +111,9 @@ std::vector<uint64_t> probeSizes(uint64_t lo, uint64_t hi) {
 // embedding (94 MB) extrapolated from 16 MiB along a slope taken between two
 // noisy points had the push/pull prediction of `none` 31% high.
 constexpr uint64_t kMaxLinkProbe = 64u << 20;
-constexpr uint64_t kMaxCodecProbe = 4u << 20;   // elements
+// Elements: up to the largest fused group's (bench_model.cc), 64 MiB of
+// floats at most.
+constexpr uint64_t kMaxCodecProbe = 16u << 20;
 
 // Times op(bytes) at each size: one untimed call, then the mean of 9 (5 from
 // 64 KiB, 3 from 1 MiB) calls back to back after a barrier, as the replay
@@ -183,15 +185,18 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
   lo = std::max<uint64_t>(grain, lo / grain * grain);
   hi = std::max(lo, std::min(hi, kMaxLinkProbe) / grain * grain);
   const auto sizes = probeSizes(lo, hi);
-  std::vector<float> buf(hi / 4, 1.0f), out(hi / 4 * p);
+  // Compressed steps move payloads: their sizes, in bytes (a fused group's
+  // payload may exceed the largest tensor's raw bytes).
+  const auto payloadSizes =
+      probeSizes(64, std::max<uint64_t>(64, std::min(payloadHi, kMaxLinkProbe)));
+  const uint64_t room = std::max(hi, payloadSizes.back());
+  std::vector<float> buf((room + 3) / 4, 1.0f), out((room + 3) / 4 * p);
   auto note = [&](CommOp op, bool compressed, const std::vector<Sample>& s, const AlphaBeta& ab) {
     std::string pts;
     for (const Sample& x : s) pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
     log.push_back(fmt::format("{} {}{}: {:.0f} us + {:.3f} Gbit/s from{}", scope, plan::toString(op),
                               compressed ? "*" : "", ab.alphaUs, ab.gbps, pts));
   };
-  // Compressed steps move payloads: their sizes, in bytes.
-  const auto payloadSizes = probeSizes(64, std::max<uint64_t>(64, std::min(payloadHi, kMaxLinkProbe)));
   auto fitted = [&](CommOp op, bool compressed, auto f) {
     const auto s = compressed ? probe(world, payloadSizes, [&](uint64_t bytes) { f(bytes); })
                               : probe(world, sizes, [&](uint64_t bytes) {
@@ -435,7 +440,7 @@ void measureSkew(World& world, const std::string& spec, Measured& m) {
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
   compressor::CodecPtr codec = reg.create(reg.canonical(spec));
-  constexpr uint64_t kMaxSkewProbe = kMaxCodecProbe;  // elements: the curve's own range
+  constexpr uint64_t kMaxSkewProbe = 4u << 20;  // elements: within the curve's range
   std::vector<uint64_t> sizes;
   for (const double target : {250.0, 1000.0, 4000.0, 12000.0, 36000.0}) {
     uint64_t n = 1024;

@@ -341,15 +341,21 @@ std::optional<std::pair<size_t, FusionSearch::Cuts>> Executor::fusionSearchResul
 std::string Executor::fusionSearchSummary() const {
   if (searchAlternatives_.size() <= 1)
     return search_ ? search_->summary() : "fusion search: not started";
-  std::string out;
+  // "fusion search over N option sets: 1 (option): <summary less its
+  // "fusion search" head>; 2 (...): ...; kept K".
+  auto body = [](const std::string& line) {
+    const std::string head = "fusion search";
+    return line.rfind(head, 0) == 0 ? line.substr(head.size()) : ": " + line;
+  };
+  std::string out = fmt::format("fusion search over {} option sets", searchAlternatives_.size());
   for (size_t a = 0; a < searchAlternatives_.size(); ++a) {
-    const std::string line = a < searched_.size()         ? searched_[a].summary
-                             : a == searchAlt_ && search_ ? search_->summary()
-                                                          : std::string("not searched yet");
-    out += fmt::format("{}alternative {} ({}): {}", a ? "; " : "", a + 1,
+    const std::string line = a < searched_.size()         ? body(searched_[a].summary)
+                             : a == searchAlt_ && search_ ? body(search_->summary())
+                                                          : std::string(": not searched yet");
+    out += fmt::format("{} {} ({}){}", a ? ";" : ":", a + 1,
                        searchAlternatives_[a].tensors.begin()->second.describe(), line);
   }
-  if (searchKept_) out += fmt::format("; kept alternative {}", *searchKept_ + 1);
+  if (searchKept_) out += fmt::format("; kept {}", *searchKept_ + 1);
   return out;
 }
 

@@ -77,7 +77,9 @@ for s in pertensor plan mergecomp; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "groups: $s exact and predicted" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
 done
-check "mergecomp reports its search" "echo \"\$out\" | grep '\"strategy\":\"mergecomp\"' | grep -q '\"search\":\"fusion search: '" "no search summary"
+# Its search runs on gpu's and on cpu's compress-everything option (here
+# E(g) and E(c), two option sets) and names the one it kept.
+check "mergecomp reports its search over both options" "echo \"\$out\" | grep '\"strategy\":\"mergecomp\"' | grep -Eq '\"search\":\"fusion search over 2 option sets: 1 \\(.*; 2 \\(.*; kept [12]'" "no search summary over 2 option sets"
 check "groups summary" "echo \"\$out\" | grep -q plan_speedup_vs_pertensor && echo \"\$out\" | grep -q mergecomp_speed_vs_plan" "no summary"
 
 # replan too: a tensor that is lossy before a switch gets the retired
