@@ -173,14 +173,23 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
                   "each of the {} declared tensors once per runBatch (this batch has {})",
                   topo_.rank, tensors_.size(), items.size());
   ensurePlan(deadline);
+  // GraVAC's own stages, besides the plan's steps, in the trace (tensor
+  // "(every tensor)"): its two-level encode of every gradient, the agreed
+  // sums, the message made dense for the plan, and a re-plan's switch.
+  const int64_t round = int64_t(states.front()->round);
+  auto span = [&](const char* stage, const char* lane, double start) {
+    if (tracer_) tracer_->record(stage, "(every tensor)", round, lane, start, Tracer::now());
+  };
   // A re-plan decided in the last iteration takes effect here, at the
   // boundary (that iteration's runs flushed the servers' residuals).
   if (gravacNext_) {
+    const double t0 = tracer_ ? Tracer::now() : 0;
     plan::Plan p = std::move(*gravacNext_);
     gravacNext_.reset();
     setPlan(p, deadline);
     gravacPlanGen_ = generation_;
     ++gravacReplans_;
+    span("gravac switch", "network", t0);
   }
   const auto now = std::chrono::steady_clock::now();
   const double seconds =
@@ -191,15 +200,19 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
   // 1. Both levels of every gradient; random-k's round seed is the same on
   // every worker (the tensor's name and the iteration).
   const uint64_t iteration = gravac_->controller().iteration() + 1;
+  const double t1 = tracer_ ? Tracer::now() : 0;
   for (size_t i = 0; i < items.size(); ++i) {
     compressor::EncodeContext ctx;
     ctx.seed = compressor::format::hash2(states[i]->seedBase, iteration);
     gravac_->prepare(states[i]->seedBase, items[i].input, items[i].numElements, ctx);
   }
+  span("gravac encode", "cpu", t1);
   // 2. One decision on every worker, from the energies summed over them.
+  const double t2 = tracer_ ? Tracer::now() : 0;
   const compressor::GravacSums mine = gravac_->localSums();
   const std::array<double, 4> agreed =
       agreedSums({mine.compensated, mine.minimum, mine.candidate, seconds}, deadline);
+  span("gravac agree", "network", t2);
   const double previousSeconds = agreed[3] / double(topo_.size);
   const compressor::GravacStep step =
       gravac_->decide({agreed[0], agreed[1], agreed[2]}, previousSeconds);
@@ -234,23 +247,29 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
     for (TensorState* t : states) ++t->round;
     return;
   }
+  const double t3 = tracer_ ? Tracer::now() : 0;
   for (size_t i = 0; i < items.size(); ++i) {
     float* out = items[i].output;
     std::fill(out, out + items[i].numElements, 0.0f);
     gravac_->decompressAdd(states[i]->seedBase, gravac_->message(states[i]->seedBase), out);
     sent[i].input = out;
   }
+  span("gravac message", "cpu", t3);
   // 4. The plan carries the CF sent: the first sparse iteration sets it,
   // and a CF 2x or more away from it re-plans for the next iteration.
   if (gravacPlanGen_ != generation_) {
+    const double t4 = tracer_ ? Tracer::now() : 0;
     setPlan(gravacReplan(step.ratio), deadline);
+    span("gravac switch", "network", t4);
     gravacPlanGen_ = generation_;
     gravacPlanRatio_ = step.ratio;
     if (topo_.rank == 0)
       CORTADO_LOG_INFO("GraVAC iteration {}: the plan carries CF {} (planned by {})",
                        step.iteration, step.ratio, gravacReplannerName());
   } else if (step.ratio >= 2 * gravacPlanRatio_ || step.ratio <= gravacPlanRatio_ / 2) {
+    const double t5 = tracer_ ? Tracer::now() : 0;
     gravacNext_ = gravacReplan(step.ratio);
+    span("gravac re-plan", "cpu", t5);
     if (topo_.rank == 0)
       CORTADO_LOG_INFO(
           "GraVAC iteration {}: CF {} is {:.3g}x the plan's CF {}: re-planned by {}, the "

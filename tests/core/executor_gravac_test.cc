@@ -7,6 +7,11 @@
 // feedback. Gradient values are multiples of 1/64 below 2^10, so every sum
 // here is exact in any order (float and double) and results compare exactly.
 #include <gtest/gtest.h>
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -15,6 +20,7 @@
 
 #include "compressor/gravac.h"
 #include "compressor/gravac_compressor.h"
+#include "core/common/trace.h"
 #include "core/executor/executor.h"
 #include "engine_job.h"
 #include "scheduler/planner/decision.h"
@@ -346,8 +352,16 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
   std::vector<std::vector<double>> asked(W);
   std::vector<std::vector<std::string>> ran(W);  // per iteration: "<steps> <codec>"
   std::vector<std::vector<compressor::GravacStep>> histories(W);
+  // Worker 0 traces GraVAC's own stages beside the plan's steps.
+  const std::string traceDir = ::testing::TempDir() + "gravac_trace_" + std::to_string(::getpid());
+  TraceOptions topts;
+  topts.dir = traceDir;
+  topts.process = "worker 0";
+  auto tracer = std::make_shared<Tracer>(topts);
+  std::string tracePath;
   job.onEveryWorker([&](int r) {
     executor::Executor ex(*job.workers[r], nullptr);
+    if (r == 0) ex.setTracer(tracer);
     for (size_t t = 0; t < names.size(); ++t) ex.declare(names[t], DType::kFloat32, sizes[t]);
     ex.setPlan(p, soon());
     ex.setGravacReplanner([&, r](const plan::Plan& current, double cf) {
@@ -372,6 +386,7 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
       ran[r].push_back(o.describe() + " " + o.codec);
     }
     histories[r] = ex.gravacHistory();
+    if (r == 0) tracePath = tracer->flush();
   });
   // Replayed from the history: the plan's CF, the re-planner's calls and
   // the plan each iteration ran.
@@ -403,6 +418,23 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
   }
   ASSERT_GE(want.size(), 2u);
   for (int r = 0; r < W; ++r) EXPECT_EQ(asked[r], want) << "worker " << r;
+  // The trace: GraVAC's encode and agreed sums every iteration, the message
+  // made dense every sparse one, a re-plan for each CF asked after the
+  // first (the first is set at once), a switch for every CF asked.
+  std::ifstream f(tracePath);
+  ASSERT_TRUE(f.good()) << tracePath;
+  const nlohmann::json trace = nlohmann::json::parse(f);
+  std::map<std::string, int> stages;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.value("ph", "") == "X") ++stages[e.value("cat", "")];
+  int sparse = 0;
+  for (const auto& st : histories[0]) sparse += st.level != GravacLevel::kDense;
+  EXPECT_EQ(stages["gravac encode"], iterations);
+  EXPECT_EQ(stages["gravac agree"], iterations);
+  EXPECT_EQ(stages["gravac message"], sparse);
+  EXPECT_EQ(stages["gravac re-plan"], int(want.size()) - 1);
+  EXPECT_EQ(stages["gravac switch"], int(want.size()));
+  std::filesystem::remove_all(traceDir);
 }
 
 // The planner as the re-planner (planner::planAtRatio, as `cortado bench
