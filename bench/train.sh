@@ -42,6 +42,8 @@
 #                        horovod.torch does not import: bench/install_horovod.sh)
 #   --codec C            Cortado's codec (default dgc:ratio=0.01)
 #   --fusion-bytes B     group size for cortado-fused and cortado-none (default 25M; K/M suffixes)
+#   --engine-fusion-bytes B  group size for cortado-engine (default: the binding's,
+#                        DEFAULT_ENGINE_FUSION_BYTES, 4 MiB; K/M suffixes)
 #   --model M            torchvision model (default resnet18)
 #   --image-size P       (default 32)    --batch-size B  per worker (default 16)
 #   --num-classes K      (default 10)    --data-batches D  per worker, in turn (default 4)
@@ -69,7 +71,7 @@ VENV=${CORTADO_VENV:-$ROOT/.venv}
 
 HOSTS=4 LOCAL="" WORKERS=4 SERVERS="" RATE=1gbit DED=0
 CONFIGS=cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16
-CODEC=dgc:ratio=0.01 FUSION=25M MODEL=resnet18 IMAGE=32 BATCH=16 CLASSES=10 DATA=4
+CODEC=dgc:ratio=0.01 FUSION=25M ENGINE_FUSION="" MODEL=resnet18 IMAGE=32 BATCH=16 CLASSES=10 DATA=4
 WARMUP=2 ITERS=5 PER_ITER=2 THREADS=1 LR=0.01 SEED=0 ROUNDS=1 RUN_TIMEOUT=900
 JSON="" PLOT="" LOGS="" BUILD=$ROOT/build PY="" NAME=t$(printf '%07x' $(((($$ << 15) ^ RANDOM) & 0xfffffff)))
 
@@ -85,6 +87,7 @@ while (($#)); do
     --configs) need_value "$@"; CONFIGS=$2; shift 2 ;;
     --codec) need_value "$@"; CODEC=$2; shift 2 ;;
     --fusion-bytes) need_value "$@"; FUSION=$2; shift 2 ;;
+    --engine-fusion-bytes) need_value "$@"; ENGINE_FUSION=$2; shift 2 ;;
     --model) need_value "$@"; MODEL=$2; shift 2 ;;
     --image-size) need_value "$@"; IMAGE=$2; shift 2 ;;
     --batch-size) need_value "$@"; BATCH=$2; shift 2 ;;
@@ -122,6 +125,8 @@ done
 is_count "$WARMUP" 0 100000 || die "--warmup must be 0 or more (got '$WARMUP')"
 [[ $SEED =~ ^[0-9]+$ ]] || die "--seed must be a number (got '$SEED')"
 FUSION_BYTES=$(to_bytes "$FUSION")
+ENGINE_FUSION_ARGS=()
+[[ -n $ENGINE_FUSION ]] && ENGINE_FUSION_ARGS=(--fusion-bytes "$(to_bytes "$ENGINE_FUSION")")
 check_name
 IFS=, read -r -a CONFIG_LIST <<<"$CONFIGS"
 for c in "${CONFIG_LIST[@]}"; do
@@ -320,7 +325,8 @@ run() {
       --fusion-bytes "$FUSION_BYTES" --fusion-search on || rc=$? ;;
     cortado-none) cortado_job "$log" --label "$config" --executor --compression none \
       --fusion-bytes "$FUSION_BYTES" --fusion-search off || rc=$? ;;
-    cortado-engine) cortado_job "$log" --label "$config" --compression "$CODEC" || rc=$? ;;
+    cortado-engine) cortado_job "$log" --label "$config" --compression "$CODEC" \
+      "${ENGINE_FUSION_ARGS[@]}" || rc=$? ;;
     cortado-engine-single) cortado_job "$log" --label "$config" --compression "$CODEC" \
       --fusion-bytes 0 || rc=$? ;;
     ddp) ddp_job "$log" || rc=$? ;;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The table of bench/train.sh: one row per configuration (the median round
 by total images/sec), with the loss after the run's steps and the ratios
-against DDP with Gloo and against Cortado one gradient at a time.
+against DDP with Gloo, against Horovod with Gloo (where it ran) and against
+Cortado one gradient at a time.
 
     train_table.py RESULTS [--title T] [--command C] [--configs LIST]
                    [--skipped CONFIG,...=WHY] [--json FILE]
@@ -69,6 +70,7 @@ def main():
 
     # "One at a time": the executor's where it ran, else the default path's.
     base, single = total("ddp"), total("cortado-single") or total("cortado-engine-single")
+    horovod = total("horovod")
     rows = []
     for c in order:
         if c not in med:
@@ -84,6 +86,7 @@ def main():
             "loss_first": r["loss_first"], "loss_last": r["loss_last"],
             "loss_last_mean": r["loss_last_mean"],
             "vs_ddp": r["img_sec_total"] / base if base else None,
+            "vs_horovod": r["img_sec_total"] / horovod if horovod else None,
             "vs_single": r["img_sec_total"] / single if single else None,
             "all_rounds": [x["result"]["img_sec_total"] for x in runs[c]],
             "wall_s": [x["wall_s"] for x in runs[c]],
@@ -100,17 +103,19 @@ def main():
     steps = sorted({r["steps"] for r in rows if "steps" in r})
     step_text = "/".join(str(s) for s in steps) or "?"
     print(f"| configuration | img/sec total | img/sec per worker | loss after {step_text} steps "
-          f"(mean over workers; first step) | vs DDP + Gloo | vs one at a time | rounds (total img/sec) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          f"(mean over workers; first step) | vs DDP + Gloo | vs Horovod + Gloo | vs one at a time "
+          f"| rounds (total img/sec) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "skipped" in r:
             print(f"| {NAMES.get(r['config'], r['config']).format(codec='', fusion='')} "
-                  f"| skipped: {r['skipped']} | | | | | |")
+                  f"| skipped: {r['skipped']} | | | | | | |")
             continue
         every = ", ".join(f"{x:.1f}" for x in r["all_rounds"])
         print(f"| {r['name']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {r['loss_last_mean']:.4f} ({r['loss_first']:.4f}) "
-              f"| {ratio(r['vs_ddp'])} | {ratio(r['vs_single'])} | {every} |")
+              f"| {ratio(r['vs_ddp'])} | {ratio(r['vs_horovod'])} | {ratio(r['vs_single'])} "
+              f"| {every} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"title": args.title, "command": args.command, "rows": rows,

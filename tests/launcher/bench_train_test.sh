@@ -95,6 +95,9 @@ for r in rows:
     assert r["img_sec_total"] > 0 and math.isfinite(r["loss_last_mean"]), r
     assert abs(r["vs_ddp"] - r["img_sec_total"] / rows[2]["img_sec_total"]) < 1e-9, r
     assert abs(r["vs_single"] - r["img_sec_total"] / rows[1]["img_sec_total"]) < 1e-9, r
+    hvd = [x["img_sec_total"] for x in rows if x["config"] == "horovod"]
+    assert (r["vs_horovod"] is None) if not hvd else \
+        abs(r["vs_horovod"] - r["img_sec_total"] / hvd[0]) < 1e-9, r
 print("rows:", names, "skipped:", skipped)
 EOF
 check_clean "the tiny run"

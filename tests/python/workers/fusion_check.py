@@ -10,6 +10,14 @@ Checked against independent references:
   rounding), and with DGC the same loss curve within a stated bound;
 - a sparse embedding gradient inside a fused group keeps its own way: it is
   still sparse after step() and the embedding moves by the workers' average;
+- without compression, Zen's candidates (gradients of more than 4096
+  elements) travel on their own at the first step and join the groups once
+  their density is agreed to be dense: the groups before and after that
+  step against the brute force with the candidates (then only the Zen
+  ones) kept apart, the same groups on every worker (compared by the test),
+  the same parameters as one gradient at a time (also with
+  backward_passes_per_step=2), while a mostly-zero dense embedding and an
+  nn.Embedding(sparse=True) still go through Zen;
 - a bad fusion_bytes is refused with a message naming it.
 """
 
@@ -18,6 +26,7 @@ import sys
 import torch
 
 import cortado.torch as ct
+from cortado import _runtime
 from common import parse_args, write_result
 
 STEPS = 5
@@ -73,11 +82,16 @@ def train(rank, label, **kw):
     return model, opt, losses
 
 
-def expected_groups(opt, fusion_bytes):
-    """Brute force: walk the parameters in backward order and cut."""
+def expected_groups(opt, fusion_bytes, apart=()):
+    """Brute force: walk the parameters in backward order and cut (before
+    and after every parameter in `apart`, which travels alone)."""
     params = [p for _, p in reversed(opt._ordered)]
     groups, cur, size = [], [], 0
     for p in params:
+        if any(p is q for q in apart):
+            groups.append(cur)
+            cur, size = [], 0
+            continue
         if p.dtype != (cur[0].dtype if cur else p.dtype):
             groups.append(cur)
             cur, size = [], 0
@@ -88,6 +102,85 @@ def expected_groups(opt, fusion_bytes):
             cur, size = [], 0
     groups.append(cur)
     return [sorted(id(p) for p in g) for g in groups if len(g) > 1]
+
+
+class Wide(torch.nn.Module):
+    """Every weight but the last is one of Zen's candidates (more than 4096
+    elements): a mostly-zero dense embedding (Zen), an
+    nn.Embedding(sparse=True) (Zen's sparse way) and dense layers."""
+    ROWS = 20000
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(78)
+        self.sparse = torch.nn.Embedding(1200, 8, sparse=True)
+        self.table = torch.nn.Embedding(self.ROWS, 8)
+        self.l1 = torch.nn.Linear(8 + 8 + 12, 256)
+        self.l2 = torch.nn.Linear(256, 256)
+        self.l3 = torch.nn.Linear(256, 64)
+        self.out = torch.nn.Linear(64, 5)
+
+    def forward(self, ids, x):
+        h = torch.cat([self.sparse(ids % 1200), self.table(ids), x], dim=1)
+        return self.out(torch.tanh(self.l3(torch.tanh(self.l2(torch.tanh(self.l1(h)))))))
+
+
+def train_wide(rank, label, passes=1, **kw):
+    """Trains Wide; returns the model, the optimizer and its groups (sorted
+    lists of ids) before the first step and after it."""
+    model = Wide()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  name_prefix=f"grad.{label}", backward_passes_per_step=passes,
+                                  **kw)
+    snapshots = [[sorted(id(p) for p in g) for g in opt._groups]]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(STEPS):
+        opt.zero_grad()
+        for k in range(passes):
+            g = torch.Generator().manual_seed(1000 * step + 10 * rank + k)
+            ids = torch.randint(0, Wide.ROWS, (PER_WORKER,), generator=g)
+            x = torch.randn(PER_WORKER, 12, generator=g)
+            y = torch.randint(0, 5, (PER_WORKER,), generator=g)
+            loss_fn(model(ids, x), y).backward()
+        opt.step()
+        assert model.sparse.weight.grad.is_sparse, f"{label}: the sparse embedding densified"
+        if step == 0:
+            snapshots.append([sorted(id(p) for p in g) for g in opt._groups])
+    return model, opt, snapshots
+
+
+def check_dense_candidates_join(rank, report):
+    rt = _runtime.require("fusion_check")
+    for passes in (1, 2):
+        plain, _, _ = train_wide(rank, f"wide{passes}.single", passes, fusion_bytes=0)
+        for label, fb in ((f"wide{passes}.default", ct.DEFAULT_ENGINE_FUSION_BYTES),
+                          (f"wide{passes}.small", 100000)):
+            kw = {} if fb == ct.DEFAULT_ENGINE_FUSION_BYTES else {"fusion_bytes": fb}
+            model, opt, (before, after) = train_wide(rank, label, passes, **kw)
+            weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+            candidates = weights[:-1]  # every weight but out's
+            zen_ones = [model.sparse.weight, model.table.weight]
+            want_before = expected_groups(opt, fb, candidates)
+            want_after = expected_groups(opt, fb, zen_ones)
+            assert sorted(before) == sorted(want_before), f"{label}: first groups {before}"
+            assert sorted(after) == sorted(want_after), f"{label}: groups {after} != {want_after}"
+            grouped = {i for g in after for i in g}
+            assert id(model.l2.weight) in grouped and id(model.l1.weight) in grouped, \
+                f"{label}: the dense candidates are not in groups"
+            assert not grouped & {id(p) for p in zen_ones}, f"{label}: a Zen gradient was grouped"
+            chosen = {n[len(f"grad.{label}."):]: v[1] for n, v in opt.sparse_densities.items()}
+            assert chosen == {"sparse.weight": True, "table.weight": True, "l1.weight": False,
+                              "l2.weight": False, "l3.weight": False}, f"{label}: {chosen}"
+            for name in ("table.weight", "sparse.weight"):
+                assert rt.is_declared(f"grad.{label}.{name}.zen"), f"{label}: {name} not Zen's"
+            diff = max((p - q).abs().max().item()
+                       for p, q in zip(model.parameters(), plain.parameters()))
+            assert diff <= 1e-5, f"{label}: fused parameters differ from unfused by {diff}"
+            names = {id(p): n for n, p in model.named_parameters()}
+            report[label] = {"groups": sorted(sorted(names[i] for i in g) for g in after),
+                             "first_groups": sorted(sorted(names[i] for i in g) for g in before),
+                             "max_diff": diff}
 
 
 def main():
@@ -119,6 +212,9 @@ def main():
     worst = max(abs(a - b) / abs(b) for a, b in zip(lossy, lossy0))
     assert worst <= LOSSY_BOUND, f"DGC fused loss {lossy} vs unfused {lossy0}"
     report["dgc"] = {"losses": lossy, "unfused": lossy0, "worst": worst}
+
+    # Without compression: the dense candidates join the groups.
+    check_dense_candidates_join(rank, report)
 
     # Errors.
     for bad in (-1, 1.5, True):

@@ -16,7 +16,7 @@ Max/Product) in horovod.py, which says how each is built from push_pull
 (horovod_basics.py: ops, process sets, build queries; horovod_checks.py: what
 workers compare before a name's first use);
 SyncBatchNorm in sync_batch_norm.py; DistributedOptimizer (both APIs) in
-optimizer.py.
+optimizer.py, its groups by size in fusion.py.
 """
 
 from .. import _runtime

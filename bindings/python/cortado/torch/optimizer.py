@@ -20,6 +20,7 @@ from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
 from ..gravac import GravacCompression
 from . import zen
+from .fusion import size_groups
 from .gravac_sync import GravacSync
 from .horovod import allgather_async
 from .horovod_basics import Average, Sum, _check_process_set, global_process_set, resolve_op
@@ -179,8 +180,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._zen = True
         self._groups = self._make_groups(groups)
         # Groups made here by size (fusion_bytes) rather than given: a sparse
-        # gradient in one travels on its own (_push_pull_group_async).
+        # gradient in one travels on its own (_push_pull_group_async), and
+        # the groups are made again once Zen's candidates are decided
+        # (_regroup). _fusion_bytes is their size, 0 where there are none.
         self._default_groups = False
+        self._fusion_bytes = 0
         self.executor = None
         if executor:
             self._start_executor(rt, compression, plan, fusion_bytes, fusion_search)
@@ -193,8 +197,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             fusion_bytes = _check_fusion_bytes(
                 DEFAULT_ENGINE_FUSION_BYTES if fusion_bytes is None else fusion_bytes)
             if not self._groups and self._gravac is None and fusion_bytes:
-                self._groups = self._fusion_groups(fusion_bytes, sparse_threshold)
-                self._default_groups = bool(self._groups)
+                self._fusion_bytes = fusion_bytes
+                self._default_groups = True
+                # Until the first step's densities are agreed on, Zen's
+                # candidates travel on their own (their density is measured
+                # on the gradient alone).
+                self._groups = size_groups(
+                    self._ordered, self._compressors, fusion_bytes,
+                    lambda p: sparse_threshold > 0 and zen.dense_candidate(p, self._compressors[p]))
         self._backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for _, p in self._ordered}
         self._handles = {}
@@ -436,6 +446,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.sparse_densities[self._names[p]] = (d, self._dense_zen[p])
             if self._dense_zen[p]:
                 zen.declare_dense(self._names[p] + ".zen", p.numel())
+        self._regroup()
+
+    def _regroup(self):
+        """Once Zen's candidates are decided: the groups by size are made
+        again with the candidates measured dense in them, so that without
+        compression the large gradients travel fused too; only those that
+        go through Zen stay on their own. Every worker decides from the same
+        averaged densities, so every worker makes the same groups; the new
+        group tensors are declared here, in the same order on every worker.
+        A group's gradients become views into its buffer at its first push."""
+        if not self._fusion_bytes:
+            return
+        groups = size_groups(self._ordered, self._compressors, self._fusion_bytes,
+                             lambda p: self._dense_zen.get(p, p in self._zen_candidates))
+        if [[id(q) for q in m] for m in groups] == [[id(q) for q in m] for m in self._groups]:
+            return
+        rt = _runtime.require("DistributedOptimizer")
+        self._groups = groups
+        self._group_of = {}
+        self._group_bufs = {}
+        for g, members in enumerate(groups):
+            for q in members:
+                self._group_of[q] = g
+            self._declare_group(rt, g, members)
 
     def _grad_ready(self, p):
         """p's gradient is final for this step: push it, or, in a group, push
@@ -494,36 +528,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in members:
                 kinds.setdefault((p.dtype, self._compressors[p]), []).append(p)
             out += [m for m in kinds.values() if len(m) > 1]
-        return out
-
-    def _fusion_groups(self, fusion_bytes, sparse_threshold):
-        """The default path's groups: consecutive gradients in backward order
-        (the reverse of named_parameters) of one dtype, device and
-        compression, each group closed once it holds `fusion_bytes` or more,
-        as DDP's buckets and Horovod's fusion buffer. Gradients that may go
-        through Zen (dense candidates, decided at the first step) stay on
-        their own. A group of one is no group."""
-        out, cur, size, kind = [], [], 0, None
-
-        def close():
-            if len(cur) > 1:
-                out.append(sorted(cur, key=lambda q: -self._priority[q]))
-        for _, p in reversed(self._ordered):
-            c = self._compressors[p]
-            if sparse_threshold > 0 and zen.dense_candidate(p, c):
-                close()
-                cur, size, kind = [], 0, None
-                continue
-            k = (p.dtype, p.device, c)
-            if k != kind:
-                close()
-                cur, size, kind = [], 0, k
-            cur.append(p)
-            size += p.numel() * p.element_size()
-            if size >= fusion_bytes:
-                close()
-                cur, size, kind = [], 0, None
-        close()
         return out
 
     def _group_name(self, g):
@@ -736,8 +740,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       tensor, a group closed at the gradient that brings it to fusion_bytes
       or more (default DEFAULT_ENGINE_FUSION_BYTES, 4 MiB; 0: every
       gradient on its own), as Horovod's fusion buffer. Zen's candidates
-      (sparse_threshold) stay on their own; a sparse gradient in a group
-      keeps its own way, its slot carrying zeros. groups= replaces them.
+      (sparse_threshold) travel on their own at the first step and join
+      the groups from the second on where it measured them dense (the
+      groups are made again then, the same on every worker); a sparse
+      gradient in a group keeps its own way, its slot carrying zeros.
+      groups= replaces them.
     - executor: run every gradient through the plan executor (float32 CPU
       parameters): each tensor follows its plan option. The plan is `plan`
       (a plan dict, its JSON text, or a file, as `cortado plan --json`
