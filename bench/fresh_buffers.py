@@ -4,11 +4,13 @@ Python binding: what a training script pays when it hands push_pull a new
 tensor each step (docs/python.md, "Fresh tensors").
 
 Each job trains a torchvision model on synthetic images on this machine
-(`cortado launch --local`-style: W workers and S servers here) and, after
-each backward pass, pushes and pulls its gradients in groups of about
---group-bytes (backward order), as the binding's fused default path did:
-each group is concatenated (torch.cat), push_pulled in place, and copied
-back into the gradients. Two modes differ only in where the concatenation
+(W workers and S servers here) and pushes and pulls its gradients in
+groups of about --group-bytes (backward order), as the binding's fused
+default path did before its groups became views of kept buffers: once
+backward has written a group's last gradient (a hook, while the backward
+pass goes on) the group is concatenated (torch.cat) and push_pulled in
+place; after backward each group is waited for and copied back into the
+gradients. Two modes differ only in where the concatenation
 goes:
 
   kept   into one buffer per group, allocated once (torch.cat(out=...))
@@ -104,23 +106,40 @@ def worker(args):
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=gen)
     target = torch.randint(0, 10, (args.batch_size,), generator=gen)
     compression = None if args.codec == "none" else args.codec
+    group_of = {p: g for g, members in enumerate(groups) for p in members}
+    ready, handles = {}, []
+
+    def push(g):
+        with torch.no_grad():
+            grads = [p.grad.reshape(-1) for p in groups[g]]
+            flat = torch.cat(grads, out=kept[g]) if args.mode == "kept" else torch.cat(grads)
+        handles.append((ct.push_pull_async_(flat, name=f"group{g}", average=True,
+                                            compression=compression), groups[g]))
+
+    # As DistributedOptimizer's hooks: a group leaves once backward has
+    # written its last gradient, while the backward pass goes on.
+    def hook_for(p):
+        def hook(*_):
+            g = group_of[p]
+            ready[g] = ready.get(g, 0) + 1
+            if ready[g] == len(groups[g]):
+                push(g)
+        return hook
+
+    accumulators = []
+    for p in params:
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        acc.register_hook(hook_for(p))
+        accumulators.append(acc)
     rows = []
     for step in range(args.warmup + args.steps):
         ct.barrier()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         model.zero_grad(set_to_none=False)
+        ready.clear()
         F.cross_entropy(model(data), target).backward()
-        handles = []
         with torch.no_grad():
-            for g, members in enumerate(groups):
-                grads = [p.grad.reshape(-1) for p in members]
-                if args.mode == "kept":
-                    flat = torch.cat(grads, out=kept[g])
-                else:
-                    flat = torch.cat(grads)
-                handles.append((ct.push_pull_async_(flat, name=f"group{g}", average=True,
-                                                    compression=compression), members))
             for h, members in handles:
                 flat = ct.synchronize(h)
                 at = 0
@@ -128,7 +147,8 @@ def worker(args):
                     p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
                     at += p.numel()
                     p.add_(p.grad, alpha=-0.01)
-        del handles, flat
+        handles.clear()
+        del flat
         t1 = time.perf_counter()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         if step >= args.warmup:
