@@ -95,6 +95,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "1: each server prints the memory it owns against the bytes of its keys when the job "
        "ends, and `cortado bench pushpull`'s workers theirs against the gradients' bytes (the "
        "benchmark sets it; docs/transports.md, \"Memory\")"},
+      {"CORTADO_MALLOC_KEEP_BYTES", "", "1GiB",
+       "Python workers: cortado.init() makes glibc's malloc serve blocks up to 32 MiB from the "
+       "heap and keep up to this many freed bytes there, so that fresh tensors every step "
+       "reuse memory instead of faulting in new pages (0: leave malloc alone; also left alone "
+       "where MALLOC_*_ or GLIBC_TUNABLES configure it; docs/python.md, \"Fresh tensors\")"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
@@ -182,6 +187,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
+      {"CORTADO_MALLOC_KEEP_BYTES", std::to_string(mallocKeepBytes)},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", std::to_string(heartbeatInterval.count())},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", std::to_string(heartbeatTimeout.count())},
@@ -343,6 +349,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   else if (auto s = getEnvInt({"HOROVOD_STALL_CHECK_TIME_SECONDS"}))
     c.stallCheck = Millis(*s * 1000);
   if (auto v = getEnvBool(names("CORTADO_REPORT_MEMORY"))) c.reportMemory = *v;
+  sizeSetting("CORTADO_MALLOC_KEEP_BYTES", c.mallocKeepBytes,
+              "give a size in bytes (e.g. 1GiB; 0 leaves malloc as the process has it)");
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_TIMEOUT_MS"))) c.heartbeatTimeout = Millis(*v);

@@ -68,6 +68,11 @@ struct JobConfig {
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end
+  // CORTADO_MALLOC_KEEP_BYTES: a Python worker's glibc malloc serves blocks
+  // up to 32 MiB from its heap and keeps up to this many freed bytes there
+  // instead of returning them to the kernel (core/common/malloc_tuning.h);
+  // 0: malloc as the process has it.
+  uint64_t mallocKeepBytes = 1ull << 30;
   Millis connectTimeout{60000};  // 4 workers importing torch on 2 loaded cores can take 30 s
   Millis heartbeatInterval{1000};
   Millis heartbeatTimeout{10000};

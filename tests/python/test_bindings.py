@@ -62,6 +62,17 @@ def test_torch_cuda_tensors(run_job):
     assert all(r["checked"] > 70 for r in results.values())
 
 
+def test_torch_fresh_tensors_every_step(run_job):
+    # A fresh tensor every step (torch.cat, clone): exact sums, error-feedback
+    # residuals that follow the name, buffers let go at synchronize, malloc
+    # tuned by init() (and left alone when the environment says so).
+    job = run_job(2, 2, "fresh_check.py", timeout=180)
+    results = assert_all_ok(job, 2)
+    print(results[0]["report"])
+    job = run_job(2, 1, "fresh_check.py", timeout=180, env={"CORTADO_MALLOC_KEEP_BYTES": "0"})
+    assert_all_ok(job, 2)
+
+
 def test_blocking_calls_release_the_gil(run_job):
     # Deadlocks (and fails on the workers' 30 s timeouts) if they do not.
     job = run_job(2, 1, "gil.py", timeout=120)

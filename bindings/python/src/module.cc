@@ -8,10 +8,12 @@
 //   with the GIL released; waits are sliced so that Ctrl-C still interrupts.
 // - The engine's threads never touch a Python object. The buffers of a
 //   push_pull stay alive through a Python reference ("keepalive") that the
-//   Runtime holds until the operation completed; those references are only
-//   created, inspected and dropped by methods that hold the GIL. References of
-//   failed operations are kept until the Runtime closes, because a failed
-//   handle can complete while the transport may still read the input.
+//   Runtime and the operation's handle hold until the operation completed
+//   (dropped by the handle's successful wait, or else by the next push_pull);
+//   those references are only created, inspected and dropped by methods that
+//   hold the GIL. References of failed operations are kept until the Runtime
+//   closes, because a failed handle can complete while the transport may
+//   still read the input.
 //
 // Errors: cortado::Error (and a failed Status) become cortado.CortadoError
 // with the engine's message and a `code` attribute ("timeout", "peer_dead",
@@ -38,6 +40,7 @@
 #include "core/backends.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
+#include "core/common/malloc_tuning.h"
 #include "core/config.h"
 #include "core/executor/executor.h"
 #include "core/plan/plan.h"
@@ -127,27 +130,43 @@ Deadline deadlineFromSeconds(std::optional<double> timeout, Millis fallback) {
   return Deadline::after(Millis(static_cast<int64_t>(ms)));
 }
 
+// The Python objects that own one operation's buffers, shared by the
+// Runtime's list of operations in flight and the operation's PyHandle. Only
+// touched with the GIL held (its last owner may drop it anywhere the GIL is).
+struct Keepalive {
+  py::object owner;
+};
+
 // One push_pull in flight, as seen from Python.
 class PyHandle {
  public:
-  PyHandle(Handle h, Millis defaultTimeout) : h_(std::move(h)), defaultTimeout_(defaultTimeout) {}
+  PyHandle(Handle h, Millis defaultTimeout, std::shared_ptr<Keepalive> keep)
+      : h_(std::move(h)), defaultTimeout_(defaultTimeout), keep_(std::move(keep)) {}
 
   const std::string& name() const { return h_.tensorName(); }
   bool poll() const { return h_.poll(); }
 
   // Returns when the operation completed; raises CortadoError when it
   // failed, or with code "timeout" when `timeout` seconds passed first
-  // (None: the job's CORTADO_TIMEOUT_MS).
+  // (None: the job's CORTADO_TIMEOUT_MS). On success the operation's
+  // buffers are let go here, not at the next push_pull: a caller that
+  // hands a fresh tensor every step then frees each one before it allocates
+  // the next, and the allocator reuses the memory instead of growing the
+  // heap and faulting in new pages (docs/python.md, "Fresh tensors").
+  // Called with the GIL held.
   void wait(std::optional<double> timeout) const {
     Status s = waitInterruptibly(h_, deadlineFromSeconds(timeout, defaultTimeout_));
+    if (s.ok() && keep_) keep_->owner = py::object();
     s.check();
   }
 
-  const Handle& handle() const { return h_; }
+  // Whether the handle still holds its operation's buffers (for tests).
+  bool holdsBuffers() const { return keep_ && keep_->owner; }
 
  private:
   Handle h_;
   Millis defaultTimeout_;
+  std::shared_ptr<Keepalive> keep_;
 };
 
 class Runtime {
@@ -160,6 +179,9 @@ class Runtime {
     CORTADO_ENFORCE(job.role == Role::kWorker, ErrorCode::kInvalidArgument,
                     "cortado.init() runs in a worker, but CORTADO_ROLE is {}", roleName(job.role));
     setupLogging(fmt::format("worker {}", job.rank), job.logLevel);
+    // Before the training allocates its tensors (core/common/malloc_tuning.h).
+    rt->malloc_ = keepFreedMemory(job.mallocKeepBytes);
+    CORTADO_LOG_INFO("worker {}: malloc {}", job.rank, rt->malloc_.detail);
     Deadline deadline = deadlineFromSeconds(connectTimeout, job.connectTimeout);
     {
       py::gil_scoped_release nogil;
@@ -238,8 +260,9 @@ class Runtime {
                      reinterpret_cast<void*>(output),
                      average ? ReduceOp::kAverage : ReduceOp::kSum, priority);
     }
-    inflight_.push_back({h, std::move(keepalive)});
-    return PyHandle(h, job_.opTimeout);
+    auto keep = std::make_shared<Keepalive>(Keepalive{std::move(keepalive)});
+    inflight_.push_back({h, keep});
+    return PyHandle(h, job_.opTimeout, std::move(keep));
   }
 
   // A sparse tensor's pairs: `count` u32 indices and f32 values (read before
@@ -260,8 +283,9 @@ class Runtime {
       h = w.pushPullSparse(name, in, reinterpret_cast<float*>(output),
                            average ? ReduceOp::kAverage : ReduceOp::kSum, priority);
     }
-    inflight_.push_back({h, std::move(keepalive)});
-    return PyHandle(h, job_.opTimeout);
+    auto keep = std::make_shared<Keepalive>(Keepalive{std::move(keepalive)});
+    inflight_.push_back({h, keep});
+    return PyHandle(h, job_.opTimeout, std::move(keep));
   }
 
   // Buffer protocol: C-contiguous `input` and writable `output` (may be the
@@ -341,13 +365,16 @@ class Runtime {
   }
   void removeCloseHook(uint64_t id) { closeHooks_.erase(id); }
 
+  // What cortado.init() did to malloc: (applied, what or why not).
+  std::pair<bool, std::string> mallocTuning() const { return {malloc_.applied, malloc_.detail}; }
+
   bool closed() const { return worker_ == nullptr; }
   size_t inflightCount() const { return inflight_.size(); }
 
  private:
   struct Inflight {
     Handle handle;
-    py::object keepalive;
+    std::shared_ptr<Keepalive> keep;
   };
 
   // Drops the references of operations that completed successfully.
@@ -399,6 +426,7 @@ class Runtime {
   std::map<uint64_t, std::function<void(bool)>> closeHooks_;
   uint64_t lastHook_ = 0;
   JobConfig job_;
+  MallocTuning malloc_;
   int localRank_ = 0;
   int localSize_ = 1;
 };
@@ -998,7 +1026,10 @@ PYBIND11_MODULE(_C, m) {
       .def("poll", &PyHandle::poll, "True once the operation completed (or failed).")
       .def("wait", &PyHandle::wait, py::arg("timeout") = py::none(),
            "Waits (without the GIL) until completion; raises CortadoError on failure or "
-           "timeout (seconds; None: the job's CORTADO_TIMEOUT_MS).");
+           "timeout (seconds; None: the job's CORTADO_TIMEOUT_MS). On success the "
+           "operation's buffers are no longer referenced by the core.")
+      .def_property_readonly("holds_buffers", &PyHandle::holdsBuffers,
+                             "True while the core references the operation's buffers.");
 
   py::class_<PyExecutor>(m, "Executor")
       .def(py::init<Runtime&>(), py::arg("runtime"), py::keep_alive<1, 2>(),
@@ -1072,6 +1103,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("timeout", &Runtime::timeoutSeconds)
       .def_property_readonly("closed", &Runtime::closed)
       .def_property_readonly("inflight_count", &Runtime::inflightCount)
+      .def_property_readonly("malloc_tuning", &Runtime::mallocTuning,
+                             "(applied, detail): what init() did to glibc's malloc "
+                             "(CORTADO_MALLOC_KEEP_BYTES)")
       .def("declare", &Runtime::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("timeout") = py::none(), py::arg("codec") = "", py::arg("error_feedback") = true,
            py::arg("sparse") = false)
