@@ -9,7 +9,11 @@ speedup over each static ratio that reaches it).
 
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
+                          [--model cnn|mlp] [--hidden H]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
+
+--model mlp --hidden H trains train_digits.py's wide perceptron (64 x H +
+H + H x 10 + 10 parameters) instead of its small CNN.
 
 A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
 train_digits.py --executor: the gradients through the plan executor.
@@ -48,6 +52,8 @@ def parse_args():
     p.add_argument("--target", type=float, default=0.95)
     p.add_argument("--configs", default=",".join(CONFIGS).replace(",", ";"),
                    help="';'-separated compressions (default: %(default)s)")
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="train_digits.py --model")
+    p.add_argument("--hidden", type=int, help="train_digits.py --hidden (with --model mlp)")
     p.add_argument("--build", default=str(ROOT / "build"))
     p.add_argument("--json", help="also write every run's record here")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
@@ -68,7 +74,8 @@ def run(args, compression, out, name):
     # "<compression>@executor": through the plan executor (executor=True).
     compression, _, via = compression.partition("@")
     script = [args.python, str(EXAMPLE), "--epochs", str(args.epochs), "--no-progress",
-              "--compression", compression, "--json", str(out)] + \
+              "--compression", compression, "--json", str(out), "--model", args.model] + \
+        (["--hidden", str(args.hidden)] if args.hidden else []) + \
         (["--executor"] if via == "executor" else [])
     if args.local:
         cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2", "--"] + script
@@ -156,7 +163,8 @@ def print_table(records, args):
         ratios = ""
         if r.get("history"):
             rs = [h["ratio"] for h in r["history"]]
-            ratios = f" (ratios {min(rs):g}-{max(rs):g}x, last {rs[-1]:g}x)"
+            ratios = f" (ratios {min(rs):g}-{max(rs):g}x, last {rs[-1]:g}x, " \
+                f"{sum(x == 1.0 for x in rs)} dense steps)"
         reached = f"{t:.1f}" if t is not None else "not reached"
         print(f"| {r['config']}{ratios} | {last['test_acc']:.4f} | {last['pushed'] / 1e6:.2f} | "
               f"{less} | {reached} | {vs} |")

@@ -226,6 +226,36 @@ def test_train_digits_example(run_job):
     assert accuracy > 0.8, job.describe()
 
 
+def test_train_digits_wide_mlp(run_job):
+    # --model mlp: the 64-H-10 perceptron. Its parameter count, as the example
+    # prints it, against the layer shapes counted by hand, and the model learns
+    # (3 epochs of 2 workers reach well above chance, 0.1).
+    example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
+    hidden = 300
+    job = run_job(2, 1, example, "--epochs", "3", "--no-progress", "--model", "mlp",
+                  "--hidden", hidden, "--compression", "topk:ratio=0.1", timeout=180,
+                  out_arg=False)
+    assert job.returncode == 0, job.describe()
+    assert f"model mlp: {64 * hidden + hidden + hidden * 10 + 10} parameters" in job.stdout, \
+        job.describe()
+    lines = [l for l in job.stdout.splitlines() if l.startswith("epoch ")]
+    assert len(lines) == 3, job.describe()
+    assert float(lines[-1].split("test-acc")[1].split()[0]) > 0.8, job.describe()
+
+
+@pytest.mark.parametrize("hidden", ["0", "-3", "wide"])
+def test_train_digits_refuses_a_bad_hidden_size(hidden):
+    # Refused by the argument parser, before any job starts: the message
+    # names the option and what was wrong.
+    example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
+    proc = subprocess.run([PYTHON, str(example), "--model", "mlp", "--hidden", hidden],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc
+    assert "--hidden" in proc.stderr, proc.stderr
+    assert ("must be at least 1" in proc.stderr) if hidden != "wide" else \
+        ("must be a whole number, got 'wide'" in proc.stderr), proc.stderr
+
+
 # -- errors that need a job ---------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["count", "dtype"])
