@@ -2,6 +2,7 @@
 // is taken the way it is.
 #include "launcher/bench_model_probe.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <memory>
@@ -336,13 +337,18 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
 // its traced time, docs/benchmarks.md). Nor one line through every size: the
 // relative fit let such mid-size points set the per-element cost of the
 // large tensors.
-void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m) {
+void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
+                  const std::vector<uint64_t>& also) {
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
   compressor::CodecPtr codec = reg.create(reg.canonical(spec));
   hi = std::max<uint64_t>(1, std::min(hi, kMaxCodecProbe));
   lo = std::max<uint64_t>(1, std::min(lo, hi));
-  const auto sizes = probeSizes(lo, hi);
+  std::vector<uint64_t> sizes = probeSizes(lo, hi);
+  for (uint64_t a : also)
+    if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end())
+      sizes.push_back(a);
+  std::sort(sizes.begin(), sizes.end());
   std::vector<float> x(hi), sum(hi);
   const int levels = patternLevels(world.c.size());
   // The replay's own gradients: a codec's cost depends on the values (DGC's

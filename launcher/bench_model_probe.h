@@ -116,9 +116,10 @@ planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::To
                                    int tag);
 
 // The codec `spec`'s encode (with error feedback) and decode-and-add from lo
-// to hi elements, into m's encode and decode curves and fits, and the CPU's
-// sum rate into m.sumGbps.
-void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m);
+// to hi elements (sizes 4x apart, and each of `also` within them), into m's
+// encode and decode curves and fits, and the CPU's sum rate into m.sumGbps.
+void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
+                  const std::vector<uint64_t>& also = {});
 
 // The workers' skew after CPU work (planner::SyncSkew): the codec's encode
 // at the sizes that measureCodec's curve (m.encodeCurve, so call it first)
