@@ -259,11 +259,9 @@ void Check::runSearch() {
                 names.size(), compressed, options[compressed].describe().c_str(), W,
                 topo.numMachines);
   std::vector<std::vector<float>> in(names.size());
-  int iter = 0;
-  for (; iter < 400; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearch() && ex.fusionSearch()->done()) break;
-    if (me == 1) ::usleep(20000);  // a slower worker: its own times differ
+  // One iteration of every tensor, checked against the plain sum; false
+  // (after fail()) when the run throws.
+  auto runChecked = [&](const char* what, int iter) {
     std::vector<executor::BatchItem> batch;
     for (size_t k = 0; k < names.size(); ++k) {
       in[k].resize(lens[k]);
@@ -273,19 +271,27 @@ void Check::runSearch() {
     try {
       runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
     } catch (const Error& e) {
-      fail(fmt::format("search, iteration {}: {}", iter, e.what()));
-      return;
+      fail(fmt::format("{}, iteration {}: {}", what, iter, e.what()));
+      return false;
     }
     for (size_t k = 0; k < names.size(); ++k)
       for (uint64_t i = 0; i < lens[k]; ++i) {
         float ref = 0;
         for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
         if (in[k][i] != ref) {
-          fail(fmt::format("search, iteration {}: tensor {}, element {}: {} != reference {}", iter,
-                           names[k], i, in[k][i], ref));
+          fail(fmt::format("{}, iteration {}: tensor {}, element {}: {} != reference {}", what,
+                           iter, names[k], i, in[k][i], ref));
           break;
         }
       }
+    return true;
+  };
+  int iter = 0;
+  for (; iter < 400; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearch() && ex.fusionSearch()->done()) break;
+    if (me == 1) ::usleep(20000);  // a slower worker: its own times differ
+    if (!runChecked("search", iter)) return;
   }
   const executor::FusionSearch* s = ex.fusionSearch();
   if (!s || !s->done()) {
@@ -342,29 +348,7 @@ void Check::runSearch() {
     ex.beginIteration(uint64_t(iter), opDeadline());
     if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
     if (ex.currentPlan().tensors.at(names[0]) == options[other]) ::usleep(30000);
-    std::vector<executor::BatchItem> batch;
-    for (size_t k = 0; k < names.size(); ++k) {
-      for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = exactInput(me, k, iter, i);
-      batch.push_back({names[k], in[k].data(), in[k].data(), lens[k]});
-    }
-    try {
-      runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
-    } catch (const Error& e) {
-      fail(fmt::format("search with alternatives, iteration {}: {}", iter, e.what()));
-      return;
-    }
-    for (size_t k = 0; k < names.size(); ++k)
-      for (uint64_t i = 0; i < lens[k]; ++i) {
-        float ref = 0;
-        for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
-        if (in[k][i] != ref) {
-          fail(
-              fmt::format("search with alternatives, iteration {}: tensor {}, element {}: {} != "
-                          "reference {}",
-                          iter, names[k], i, in[k][i], ref));
-          break;
-        }
-      }
+    if (!runChecked("search with alternatives", iter)) return;
   }
   const auto kept = ex.fusionSearchResult();
   if (!kept) {
