@@ -188,6 +188,12 @@ bool WorkerImpl::isDeclared(const std::string& name) const {
   return tensors_.count(name) > 0;
 }
 
+bool WorkerImpl::isReleased(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tensors_.find(name);
+  return it != tensors_.end() && it->second->released;
+}
+
 TensorEntry& WorkerImpl::tensorLocked(const std::string& name, const char* what) const {
   auto it = tensors_.find(name);
   CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,

@@ -189,7 +189,11 @@ class Worker {
                    Deadline deadline) {
     return declare(name, dtype, numElements, TensorOptions{}, deadline);
   }
+  // Declared, released or not.
   virtual bool isDeclared(const std::string& name) const = 0;
+  // Declared and released since (release()): no round of it may start until
+  // the name is declared again, as a new tensor.
+  virtual bool isReleased(const std::string& name) const = 0;
 
   // Sums `input` across workers into `output` (may be the same memory).
   // Both must hold the declared element count and stay valid and untouched

@@ -154,6 +154,7 @@ class WorkerImpl final : public Worker {
   uint64_t encodeSeed(const TensorEntry& t, uint64_t chunkKey, uint64_t round) const;
 
   bool isDeclared(const std::string& name) const override;
+  bool isReleased(const std::string& name) const override;
 
   // Under mu_: the declared tensor `name`, or kInvalidArgument naming `what`
   // (the operation asked for).

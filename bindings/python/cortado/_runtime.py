@@ -209,6 +209,13 @@ def submit_sparse(api, name, count, indices, values, output, average, priority, 
     return Handle(name, core, finish)
 
 
+def usable(rt, name):
+    """Whether `name` is declared and not released since: a released name
+    (Runtime.release) must be declared again, as a new tensor, before an
+    owner that declares its tensors up front (an optimizer) pushes it."""
+    return rt.is_declared(name) and not rt.is_released(name)
+
+
 def declare(rt, name, dtype, count, codec=None):
     """Declares `name` (a collective step) with its codec, and remembers the codec."""
     if codec is None:

@@ -238,6 +238,7 @@ class Runtime {
   }
 
   bool isDeclared(const std::string& name) const { return worker().isDeclared(name); }
+  bool isReleased(const std::string& name) const { return worker().isReleased(name); }
 
   void release(const std::string& name) {
     Worker& w = worker();
@@ -1109,7 +1110,11 @@ PYBIND11_MODULE(_C, m) {
       .def("declare", &Runtime::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("timeout") = py::none(), py::arg("codec") = "", py::arg("error_feedback") = true,
            py::arg("sparse") = false)
-      .def("is_declared", &Runtime::isDeclared, py::arg("name"))
+      .def("is_declared", &Runtime::isDeclared, py::arg("name"),
+           "Whether the name was declared (released since or not).")
+      .def("is_released", &Runtime::isReleased, py::arg("name"),
+           "Whether the name was declared and released since: declaring it again makes a new "
+           "tensor.")
       .def("release", &Runtime::release, py::arg("name"),
            "Done with a tensor (Worker::release): its servers free its state once every worker "
            "released it; a later push_pull of the name raises.")

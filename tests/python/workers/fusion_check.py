@@ -17,7 +17,9 @@ Checked against independent references:
   ones) kept apart, the same groups on every worker (compared by the test),
   the same parameters as one gradient at a time (also with
   backward_passes_per_step=2), while a mostly-zero dense embedding and an
-  nn.Embedding(sparse=True) still go through Zen;
+  nn.Embedding(sparse=True) still go through Zen; the engine tensors no
+  step pushes any more are released, and a second optimizer under the
+  same names declares them again and ends with the same parameters;
 - a bad fusion_bytes is refused with a message naming it.
 """
 
@@ -178,7 +180,24 @@ def check_dense_candidates_join(rank, report):
                        for p, q in zip(model.parameters(), plain.parameters()))
             assert diff <= 1e-5, f"{label}: fused parameters differ from unfused by {diff}"
             names = {id(p): n for n, p in model.named_parameters()}
-            report[label] = {"groups": sorted(sorted(names[i] for i in g) for g in after),
+            # The engine tensors no step pushes any more are released (the
+            # servers free them): the candidates' own tensors once they are
+            # in a group or on Zen, the first step's groups that changed.
+            gone = [n for n in ("l1.weight", "l2.weight", "l3.weight")
+                    if getattr(model, n.split(".")[0]).weight in opt._group_of]
+            gone += ["table.weight"]
+            for n in gone:
+                assert rt.is_released(f"grad.{label}.{n}"), f"{label}: {n} was not released"
+            for g in range(len(opt._groups)):
+                assert _runtime.usable(rt, opt._group_name(g)), f"{label}: group {g} released"
+            if passes == 1:
+                # A second optimizer under the same names declares the
+                # released ones again and trains as the first did.
+                again, _, _ = train_wide(rank, label, passes, **kw)
+                diff2 = max((p - q).abs().max().item()
+                            for p, q in zip(again.parameters(), plain.parameters()))
+                assert diff2 <= 1e-5, f"{label}: a second optimizer differs by {diff2}"
+            report[label] = {"released": gone, "groups": sorted(sorted(names[i] for i in g) for g in after),
                              "first_groups": sorted(sorted(names[i] for i in g) for g in before),
                              "max_diff": diff}
 

@@ -122,8 +122,11 @@ def check_release(rank, world):
     x = np.full(8, rank + 1, np.float32)
     got = cortado.push_pull(x, name="released.once", average=False)
     np.testing.assert_array_equal(got, np.full(8, world * (world + 1) / 2, np.float32))
+    rt = cortado._runtime.require("check_release")
+    assert rt.is_declared("released.once") and not rt.is_released("released.once")
     cortado.release("released.once")
     cortado.release("released.once")  # twice: harmless
+    assert rt.is_declared("released.once") and rt.is_released("released.once")
     try:
         cortado.push_pull(x, name="released.once", average=False)
         raise AssertionError("push_pull of a released tensor returned")
@@ -131,6 +134,7 @@ def check_release(rank, world):
         assert e.code == "invalid_argument", e
         assert "'released.once' was released" in str(e), e
     cortado.declare("released.once", np.float32, 5)
+    assert not rt.is_released("released.once")
     got = cortado.push_pull(np.full(5, rank + 1, np.float32), name="released.once", average=False)
     np.testing.assert_array_equal(got, np.full(5, world * (world + 1) / 2, np.float32))
     return 3

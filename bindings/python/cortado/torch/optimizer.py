@@ -231,7 +231,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     f"DistributedOptimizer: parameter '{self._names[p]}' is {p.dtype}, but "
                     f"compression '{c.engine_codec[0]}' encodes float32 gradients; give it "
                     f"compression none or fp16 (a dict or a function of (name, param))")
-            if not rt.is_declared(self._names[p]):
+            if not _runtime.usable(rt, self._names[p]):
                 _runtime.declare(rt, self._names[p], DTYPES[sent.dtype], p.numel(),
                                  c.engine_codec)
         # Dense gradients that are mostly zeros go through Zen (zen.py): the
@@ -441,11 +441,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         name = f"{self._names[undecided[0]]}.zen_density{len(undecided)}"
         handle = submit("DistributedOptimizer", local, local, True, name, 0, Compression.none)
         _runtime.synchronize(handle)
+        rt = _runtime.require("DistributedOptimizer")
+        before = self._engine_names()
         for p, d in zip(undecided, local.tolist()):
             self._dense_zen[p] = d < self._sparse_threshold
             self.sparse_densities[self._names[p]] = (d, self._dense_zen[p])
             if self._dense_zen[p]:
                 zen.declare_dense(self._names[p] + ".zen", p.numel())
+        self._release_unused(rt, before)
         self._regroup()
 
     def _regroup(self):
@@ -463,13 +466,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if [[id(q) for q in m] for m in groups] == [[id(q) for q in m] for m in self._groups]:
             return
         rt = _runtime.require("DistributedOptimizer")
+        before = self._engine_names()
         self._groups = groups
         self._group_of = {}
         self._group_bufs = {}
         for g, members in enumerate(groups):
             for q in members:
                 self._group_of[q] = g
+        self._release_unused(rt, before)
+        for g, members in enumerate(groups):
             self._declare_group(rt, g, members)
+
+    def _engine_names(self):
+        """The dense engine tensors the default path pushes, in model order:
+        each group's, and each lone gradient's that does not go through Zen."""
+        names = [self._group_name(g) for g in range(len(self._groups))]
+        names += [self._names[p] for _, p in self._ordered
+                  if p not in self._group_of and not self._dense_zen.get(p)]
+        return names
+
+    def _release_unused(self, rt, before):
+        """Releases the engine tensors of `before` that no step pushes any
+        more (a gradient now in a group, a group that was split or merged, a
+        gradient now on Zen), so that the servers free their sums. Every
+        worker releases the same names in the same order; all rounds of the
+        step have completed (synchronize() waited for them)."""
+        after = set(self._engine_names())
+        for name in before:
+            if name not in after and _runtime.usable(rt, name):
+                rt.release(name)
 
     def _grad_ready(self, p):
         """p's gradient is final for this step: push it, or, in a group, push
@@ -543,7 +568,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"DistributedOptimizer: group of '{self._names[members[0]]}' is "
                 f"{members[0].dtype}, but compression '{c.engine_codec[0]}' encodes float32")
         sent, _ = c.compress(torch.empty(0, dtype=members[0].dtype))
-        if not rt.is_declared(name):
+        if not _runtime.usable(rt, name):
             _runtime.declare(rt, name, DTYPES[sent.dtype], sum(q.numel() for q in members),
                              c.engine_codec)
 

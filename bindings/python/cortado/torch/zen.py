@@ -77,7 +77,7 @@ def declare_dense(name, count):
     """Declares `name` as the Zen tensor of a dense gradient of `count`
     elements (a collective step: every worker at the same point)."""
     rt = _runtime.require("DistributedOptimizer")
-    if not rt.is_declared(name):
+    if not _runtime.usable(rt, name):
         rt.declare(name, "float32", count, sparse=True)
 
 
