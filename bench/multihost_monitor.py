@@ -121,12 +121,25 @@ def main():
         return v
 
     roles = {}
-    prev_t, prev_l, prev_c, prev_j = time.monotonic(), links(), cpu_jiffies(), job_sched(inodes, roles)
+    try:
+        prev_l = links()
+    except FileNotFoundError as e:
+        print(f"multihost_monitor: no link of testbed '{a.name}' with {a.hosts} hosts ({e.filename}):"
+              f" start the monitor after the testbed is up, with its --name and --hosts",
+              file=sys.stderr)
+        return 2
+    prev_t, prev_c, prev_j = time.monotonic(), cpu_jiffies(), job_sched(inodes, roles)
     active = []
     moved = [0] * (2 * a.hosts)  # bytes per link direction in active intervals
     while not stop:
         time.sleep(a.interval)
-        t, l, c, j = time.monotonic(), links(), cpu_jiffies(), job_sched(inodes, roles)
+        try:
+            l = links()
+        except FileNotFoundError:
+            # The testbed was taken down before this monitor was stopped:
+            # the samples so far are the run's.
+            break
+        t, c, j = time.monotonic(), cpu_jiffies(), job_sched(inodes, roles)
         dt = t - prev_t
         util = [(x - y) * 8 / dt / a.rate_bps for x, y in zip(l, prev_l)]
         ncpu = os.cpu_count()
