@@ -246,6 +246,15 @@ class Runtime {
     w.release(name);
   }
 
+  // A started operation's handle for Python: `keepalive` (what owns the
+  // operation's memory) is held until it completed, also when Python drops
+  // the handle first (prune()).
+  PyHandle track(const Handle& h, py::object keepalive) {
+    auto keep = std::make_shared<Keepalive>(Keepalive{std::move(keepalive)});
+    inflight_.push_back({h, keep});
+    return PyHandle(h, job_.opTimeout, std::move(keep));
+  }
+
   // Raw pointers: `input` and `output` hold `count` elements of `dtype`;
   // `keepalive` owns that memory and is held until the operation completed.
   PyHandle pushPull(const std::string& name, const std::string& dtype, uint64_t count,
@@ -261,9 +270,7 @@ class Runtime {
                      reinterpret_cast<void*>(output),
                      average ? ReduceOp::kAverage : ReduceOp::kSum, priority);
     }
-    auto keep = std::make_shared<Keepalive>(Keepalive{std::move(keepalive)});
-    inflight_.push_back({h, keep});
-    return PyHandle(h, job_.opTimeout, std::move(keep));
+    return track(h, std::move(keepalive));
   }
 
   // A sparse tensor's pairs: `count` u32 indices and f32 values (read before
@@ -284,9 +291,7 @@ class Runtime {
       h = w.pushPullSparse(name, in, reinterpret_cast<float*>(output),
                            average ? ReduceOp::kAverage : ReduceOp::kSum, priority);
     }
-    auto keep = std::make_shared<Keepalive>(Keepalive{std::move(keepalive)});
-    inflight_.push_back({h, keep});
-    return PyHandle(h, job_.opTimeout, std::move(keep));
+    return track(h, std::move(keepalive));
   }
 
   // Buffer protocol: C-contiguous `input` and writable `output` (may be the
