@@ -38,20 +38,21 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
        "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
       {"CORTADO_FUSION_BYTES", "HOROVOD_FUSION_THRESHOLD", "64MiB",
-       "plan executor: the tensors of a batch with the same uncompressed collective-only option "
-       "run as one collective on a fusion buffer up to this many bytes (0: off; "
-       "docs/executor.md)"},
+       "plan executor: the tensors of a batch (`Executor::runBatch`) with the same uncompressed "
+       "collective-only option run as one collective on a fusion buffer up to this many bytes "
+       "(0: off; docs/executor.md, \"Tensor fusion\")"},
       {"CORTADO_PHASE_BYTES", "", "64MiB",
        "plan executor: the tensors of a batch that run alone go in phases of up to this many "
        "bytes: every tensor's encode, then every tensor's communication step, then every "
        "decode (0: one tensor after the other; docs/executor.md, \"Phases\")"},
       {"CORTADO_PIPELINE", "", "0",
-       "plan executor: encode the next tensor of a batch on a second thread while this one "
-       "communicates (the planner does not model it yet; docs/executor.md)"},
+       "plan executor: `1` encodes the next tensor of a batch on a second thread while this one "
+       "communicates (experimental: the planner does not model the overlap; docs/executor.md, "
+       "\"Encode pipeline\")"},
       {"CORTADO_DEVICE", "", "host",
-       "plan executor: where its buffers live and its codecs run: host (host memory, the CPU "
-       "codecs, MPI) or cuda (CUDA buffers, the CUDA codecs, NCCL; a build with CUDA and NCCL; "
-       "docs/executor.md, \"Devices\")"},
+       "plan executor: where its buffers live and its codecs run: `host` (host memory, the CPU "
+       "codecs, MPI) or `cuda` (CUDA buffers, the CUDA codecs, NCCL; a build with CUDA and NCCL;"
+       " docs/executor.md, \"Devices\")"},
       {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
        "every worker and server writes a Chrome trace of its stages here at the end of the job "
        "(`cortado launch --trace DIR`; docs/tracing.md)"},
@@ -67,19 +68,22 @@ const std::vector<SettingInfo>& settingsTable() {
        "online re-planning: relative change of a link's time for the same messages that makes the "
        "scheduler re-plan"},
       {"CORTADO_REPLAN_MIN_GAIN", "", "0.05",
-       "online re-planning: a new plan is sent only when it is predicted this much faster (relative) "
-       "than the current plan under the same refitted costs"},
+       "online re-planning: a new plan (the first window's too) is sent only when it is "
+       "predicted this much faster (relative) than the plan the workers run under the same "
+       "refitted costs"},
       {"CORTADO_REPLAN_CONFIRM", "", "2",
-       "online re-planning: consecutive windows a link must be beyond CORTADO_REPLAN_THRESHOLD in "
-       "before the scheduler re-plans (1: the first such window; more: fewer decisions on noise)"},
+       "online re-planning: consecutive windows a link must be beyond `CORTADO_REPLAN_THRESHOLD`"
+       " in before the scheduler re-plans (1: the first such window; more: fewer decisions on "
+       "noise)"},
       {"CORTADO_UCX_DIRECT", "", "1",
        "ucx: same-host peers move data over UCX shared memory (sysv/posix FIFOs, no cma unless "
-       "UCX_TLS names it); 0: over the connection manager's endpoints (TCP on one host) "
+       "`UCX_TLS` names it); 0: over the connection manager's endpoints (TCP on one host) "
        "(docs/transports.md)"},
       {"CORTADO_INLINE_BYTES", "", "64KiB",
-       "latency: a worker sends a tensor of at most this many bytes from the calling thread, and "
-       "a server sums a key of at most this size on its transport's thread, instead of handing "
-       "either to another thread (0: always hand off; docs/transports.md, \"Latency\")"},
+       "latency: a worker sends a tensor of at most this many bytes (one chunk) from the calling"
+       " thread, and a server sums a key of at most this size on its transport's thread, instead"
+       " of handing either to another thread (0: always hand off; docs/transports.md, "
+       "\"Latency\")"},
       {"CORTADO_BUSY_POLL_US", "", "0",
        "latency: the transports' loops and push_pull's waits poll this many microseconds for "
        "the next message before they sleep (0: never poll, the default; at most 10000). Each "
@@ -96,10 +100,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "ends, and `cortado bench pushpull`'s workers theirs against the gradients' bytes (the "
        "benchmark sets it; docs/transports.md, \"Memory\")"},
       {"CORTADO_MALLOC_KEEP_BYTES", "", "1GiB",
-       "Python workers: cortado.init() makes glibc's malloc serve blocks up to 32 MiB from the "
-       "heap and keep up to this many freed bytes there, so that fresh tensors every step "
-       "reuse memory instead of faulting in new pages (0: leave malloc alone; also left alone "
-       "where MALLOC_*_ or GLIBC_TUNABLES configure it; docs/python.md, \"Fresh tensors\")"},
+       "Python workers: `cortado.init()` makes glibc's malloc serve blocks up to 32 MiB from the"
+       " heap and keep up to this many freed bytes there, so that fresh tensors every step reuse"
+       " memory instead of faulting in new pages (0: leave malloc alone; also left alone where "
+       "`MALLOC_*_` or `GLIBC_TUNABLES` configure it; docs/python.md, \"Fresh tensors\")"},
       {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
@@ -282,9 +286,9 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     }
   };
   sizeSetting("CORTADO_FUSION_BYTES", c.fusionBytes,
-              "give the fusion threshold in bytes (e.g. 64MiB; 0 switches tensor fusion off)");
+       "give the fusion threshold in bytes (e.g. 64MiB; 0 switches tensor fusion off)");
   sizeSetting("CORTADO_PHASE_BYTES", c.phaseBytes,
-              "give a phase's size in bytes (e.g. 64MiB; 0 runs a batch's tensors one after the other)");
+       "give a phase's size in bytes (e.g. 64MiB; 0 runs a batch's tensors one after the other)");
   if (auto v = getEnvBool(names("CORTADO_PIPELINE"))) c.pipeline = *v;
   if (auto v = getEnv(names("CORTADO_DEVICE"))) {
     if (v->value != "host" && v->value != "cuda")
@@ -332,8 +336,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   getDouble("CORTADO_REPLAN_MIN_GAIN", c.replanMinGain, "0.05");
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
   sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,
-              "give a size in bytes (e.g. 64KiB; 0 hands every tensor and key to the "
-              "dispatcher and engine threads)");
+       "give a size in bytes (e.g. 64KiB; 0 hands every tensor and key to the "
+       "dispatcher and engine threads)");
   if (auto n = getEnvInt(names("CORTADO_BUSY_POLL_US"))) {
     if (*n < 0 || *n > JobConfig::kMaxBusyPollUs)
       throw Error(ErrorCode::kInvalidArgument,
@@ -350,7 +354,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     c.stallCheck = Millis(*s * 1000);
   if (auto v = getEnvBool(names("CORTADO_REPORT_MEMORY"))) c.reportMemory = *v;
   sizeSetting("CORTADO_MALLOC_KEEP_BYTES", c.mallocKeepBytes,
-              "give a size in bytes (e.g. 1GiB; 0 leaves malloc as the process has it)");
+       "give a size in bytes (e.g. 1GiB; 0 leaves malloc as the process has it)");
   if (auto v = getEnvInt(names("CORTADO_CONNECT_TIMEOUT_MS"))) c.connectTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_INTERVAL_MS"))) c.heartbeatInterval = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_HEARTBEAT_TIMEOUT_MS"))) c.heartbeatTimeout = Millis(*v);

@@ -1,5 +1,6 @@
 """The README and docs/*.md against the code: every relative link resolves,
-every `cortado` flag the README shows exists, and the tables that
+every `cortado` flag the README shows exists, docs/running.md's settings
+table is what `cortado settings` prints, and the tables that
 bench/plot_figures.py draws parse (seconds, no job)."""
 
 import re
@@ -83,6 +84,34 @@ def test_the_readme_shows_only_flags_that_cortado_has():
         missing += [f"cortado {' '.join(path)} {f}" for f in flags
                     if not re.search(r"(?<![\w-])" + re.escape(f) + r"\b", p.stdout)]
     assert missing == []
+
+
+def settings_table(markdown):
+    """The first table whose header starts with "| variable | alias", as lines."""
+    lines = markdown.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("| variable | alias")), None)
+    if start is None:
+        return []
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return lines[start:end]
+
+
+def test_the_settings_table_is_what_cortado_settings_prints():
+    printed = subprocess.run([_cortado_bin(), "settings"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    documented = settings_table((REPO / "docs" / "running.md").read_text(encoding="utf-8"))
+    assert len(documented) > 10, "docs/running.md has no settings table"
+    differ = sorted(set(documented) ^ set(settings_table(printed)))
+    assert differ == [], ("docs/running.md's settings table and `cortado settings` differ (paste "
+                          "the command's output into the doc):\n" + "\n".join(differ))
+
+
+def test_a_changed_setting_line_is_caught():
+    table = "| variable | alias | default | meaning |\n| --- | --- | --- | --- |\n| `A` |  | 1 | x |\n"
+    assert settings_table("text\n\n" + table + "\nmore") == table.strip().splitlines()
+    assert settings_table(table.replace("| x |", "| y |")) != settings_table(table)
 
 
 def test_a_made_up_flag_is_caught():
