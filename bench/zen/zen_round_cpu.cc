@@ -76,10 +76,14 @@ int main(int argc, char** argv) {
   int W = 4, rounds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--elements") n = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--density") density = std::atof(argv[i + 1]);
-    else if (a == "--workers") W = std::atoi(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+    if (a == "--elements")
+      n = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--density")
+      density = std::atof(argv[i + 1]);
+    else if (a == "--workers")
+      W = std::atoi(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -96,13 +100,13 @@ int main(int argc, char** argv) {
   std::vector<zen::ServerSum> servers;
   for (uint32_t p = 0; p < S; ++p) servers.emplace_back(own, p);
   std::vector<float> out(n, 1.0f);
-  enum Step { kPlace, kEncode, kAdd, kAnswer, kZero, kDecode, kGatherAdd, kSteps };
+  enum Step { kPlace, kEncode, kAdd, kAnswer, kCheck, kAssemble, kGatherAdd, kSteps };
   const char* names[kSteps] = {"worker: placement (level 1 and 2)",
                                "worker: COO encoding of the pushes",
                                "server: checks and adds of the pushes",
                                "server: sum and answer",
-                               "worker: zeroing the dense output",
-                               "worker: decoding the answers",
+                               "worker: checking the answers",
+                               "worker: zeroing and writing the output (one pass)",
                                "allgather peer: zeroing and scatter-add of all pairs"};
   std::vector<std::vector<double>> ms(kSteps);
   int wrong = 0;
@@ -133,17 +137,18 @@ int main(int argc, char** argv) {
       t[kAdd] += c1 - c0;
       t[kAnswer] += c2 - c1;
     }
-    // Every worker decodes the same answers: once, counted per worker.
+    // Every worker checks and assembles the same answers: once, counted
+    // per worker.
     {
       double c0 = cpuMs();
-      std::memset(out.data(), 0, n * sizeof(float));
-      double c1 = cpuMs();
+      std::vector<zen::CheckedAnswer> checked(S);
       for (uint32_t p = 0; p < S; ++p)
-        zen::decodeAnswer(answers[p], own, p, lists.of(p),
-                          [&](uint32_t i, float v) { out[i] = v; });
+        zen::checkAnswer(answers[p], own, p, lists.of(p), checked[p]);
+      double c1 = cpuMs();
+      zen::assembleDense(checked, n, 1.0f, out.data());
       double c2 = cpuMs();
-      t[kZero] += W * (c1 - c0);
-      t[kDecode] += W * (c2 - c1);
+      t[kCheck] += W * (c1 - c0);
+      t[kAssemble] += W * (c2 - c1);
       if (out != ref) ++wrong;
     }
     {
@@ -159,10 +164,11 @@ int main(int argc, char** argv) {
   uint64_t pairs = 0, nnz = 0;
   for (const Pairs& p : in) pairs += p.index.size();
   for (float x : ref) nnz += x != 0.0f;
-  std::printf("# zen_round_cpu: %llu elements, %d workers and servers, %.2f%% per worker "
-              "(%.2f%% in the sum), %d rounds; thread CPU ms per worker or server, median\n",
-              (unsigned long long)n, W, 100.0 * double(pairs) / W / double(n),
-              100.0 * double(nnz) / double(n), rounds);
+  std::printf(
+      "# zen_round_cpu: %llu elements, %d workers and servers, %.2f%% per worker "
+      "(%.2f%% in the sum), %d rounds; thread CPU ms per worker or server, median\n",
+      (unsigned long long)n, W, 100.0 * double(pairs) / W / double(n),
+      100.0 * double(nnz) / double(n), rounds);
   std::printf("| step | CPU ms |\n|---|---|\n");
   double zenTotal = 0;
   for (int s = 0; s < kSteps; ++s) {
