@@ -264,7 +264,7 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
                              dtypeName(t.dtype)));
     } else if (t.zen) {
       try {
-        decodeSparseAnswer(t, task, op.chunk, *m, *h);
+        takeSparseAnswer(t, task, op.chunk, *m, *h);
       } catch (const Error& e) {
         s = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
       }
@@ -313,7 +313,14 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
     result = task.firstError;
   }
   if (last) {
-    if (t.zen && result.ok()) noteSparseRound(t, task);
+    if (t.zen && result.ok()) {
+      try {
+        assembleSparse(t, task);
+        noteSparseRound(t, task);
+      } catch (const Error& e) {
+        result = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
+      }
+    }
     {
       std::lock_guard<std::mutex> lk(mu_);
       t.inFlight = false;

@@ -23,6 +23,7 @@
 #include "compressor/payload.h"
 #include "compressor/registry.h"
 #include "compressor/zen/zen_hash.h"
+#include "compressor/zen/zen_payload.h"
 #include "compressor/zen/zen_scheme.h"
 #include "core/common/logging.h"
 #include "core/common/reduce.h"
@@ -106,9 +107,13 @@ struct Task {
   std::vector<Buffer> payloads;
   std::shared_ptr<std::vector<ExchangeAnswer>> answers;
   bool flushResidual = false;  // Exchange::flushResidual
-  // pushPullSparse(): each server's COO payload; the pairs this worker sent
-  // and the non-zeros of the answers so far (guarded by handle->mu).
+  // pushPullSparse(): each server's COO payload, and its checked answer
+  // (each chunk's thread writes its own; the last reads them all); the
+  // pairs this worker sent and the non-zeros of the answers so far
+  // (guarded by handle->mu).
   std::vector<Buffer> sparse;
+  std::vector<Buffer> sparseAnswers;
+  std::vector<compressor::zen::CheckedAnswer> sparseChecked;
   uint64_t sparsePairs = 0, sparseUnion = 0;
 };
 
@@ -208,8 +213,11 @@ class WorkerImpl final : public Worker {
   void setUpSparse(TensorEntry& t);
   void sparseChunks(TensorEntry& t);
   void sendSparseChunk(const ChunkOp& op, uint32_t id);
-  void decodeSparseAnswer(const TensorEntry& t, Task& task, size_t chunk, const Message& m,
-                          const DataHeader& h);
+  // A server's answer to a sparse pull: checked whole and kept; the last
+  // one's thread writes them all into the output (assembleSparse).
+  void takeSparseAnswer(const TensorEntry& t, Task& task, size_t chunk, const Message& m,
+                        const DataHeader& h);
+  void assembleSparse(const TensorEntry& t, Task& task);
   void noteSparseRound(TensorEntry& t, const Task& task);
   static constexpr int kProfileRounds = 3;
 

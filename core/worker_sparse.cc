@@ -3,8 +3,9 @@
 // tensor's ownership hash gives it. A round places the worker's non-zeros
 // with the hierarchical hash (compressor/zen/zen_hash.h), pushes server p a
 // COO list of the pairs it owns, and pulls p's answer (a hash bitmap,
-// decoded with I_p, or an index list, whichever p found smaller) into the
-// dense output.
+// decoded with I_p, or an index list, whichever p found smaller). Each
+// answer is checked as it arrives; the last one's arrival writes the dense
+// output from all of them in one pass (zen::assembleDense).
 #include "compressor/zen/zen_payload.h"
 #include "core/worker_impl.h"
 
@@ -116,8 +117,8 @@ Handle WorkerImpl::pushPullSparse(const std::string& name, const SparseInput& in
                   {reinterpret_cast<std::byte*>(body.data() + pre), body.size() - pre});
     task->sparse.push_back(std::move(body));
   }
-  // The answers write only the non-zeros of the sum.
-  if (numElements > 0) std::memset(output, 0, numElements * sizeof(float));
+  task->sparseAnswers.resize(own.numServers());
+  task->sparseChecked.resize(own.numServers());
   auto state = std::make_shared<Handle::State>();
   state->name = name;
   {
@@ -169,28 +170,35 @@ void WorkerImpl::sendSparseChunk(const ChunkOp& op, uint32_t id) {
   }
 }
 
-void WorkerImpl::decodeSparseAnswer(const TensorEntry& t, Task& task, size_t chunk,
-                                    const Message& m, const DataHeader& h) {
+void WorkerImpl::takeSparseAnswer(const TensorEntry& t, Task& task, size_t chunk, const Message& m,
+                                  const DataHeader& h) {
   CORTADO_ENFORCE(h.flags & wire::kFlagSparse, ErrorCode::kProtocol,
                   "{} answered a sparse pull with a dense body", m.from.toString());
   std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(m.parts[1].data()),
                                      m.parts[1].size());
   const auto p = static_cast<uint32_t>(chunk);
-  float* out = reinterpret_cast<float*>(task.output);
-  const float scale = task.op == ReduceOp::kAverage ? 1.0f / float(size()) : 1.0f;
-  uint64_t nonzeros = 0;
+  zen::CheckedAnswer& checked = task.sparseChecked[chunk];
   try {
-    // Checked whole before anything is written.
-    zen::decodeAnswer(payload, t.zen->ownership(), p, t.zen->of(p), [&](uint32_t i, float v) {
-      out[i] = task.op == ReduceOp::kAverage ? v * scale : v;
-      ++nonzeros;
-    });
+    // Checked whole (and its indices decoded) here; written into the
+    // output with the others' once all are in, so nothing is written for a
+    // round with a malformed answer.
+    zen::checkAnswer(payload, t.zen->ownership(), p, t.zen->of(p), checked);
   } catch (const Error& e) {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("malformed sparse answer from {}: {}", m.from.toString(), e.what()));
   }
+  task.sparseAnswers[chunk] = m.parts[1];  // holds the values that `checked` points at
   std::lock_guard<std::mutex> lk(task.handle->mu);
-  task.sparseUnion += nonzeros;
+  task.sparseUnion += checked.header.count;
+}
+
+void WorkerImpl::assembleSparse(const TensorEntry& t, Task& task) {
+  const float scale = task.op == ReduceOp::kAverage ? 1.0f / float(size()) : 1.0f;
+  if (t.numElements > 0)
+    zen::assembleDense(task.sparseChecked, t.numElements, scale,
+                       reinterpret_cast<float*>(task.output));
+  task.sparseChecked.clear();
+  task.sparseAnswers.clear();  // the transport's buffers go back now
 }
 
 void WorkerImpl::noteSparseRound(TensorEntry& t, const Task& task) {

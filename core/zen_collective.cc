@@ -212,23 +212,26 @@ void ZenCollective::runBalanced(const Input& in, float* out, Deadline deadline) 
 
   RoundStats st;
   st.pairs = parts.pairs();
-  if (numElements_ > 0) std::memset(out, 0, numElements_ * sizeof(float));
+  std::vector<zen::CheckedAnswer> shares(static_cast<size_t>(n));
   size_t at = 0;
   for (int p = 0; p < n; ++p) {
     const std::span<const std::byte> a(answers.data() + at, size_t(sizes[size_t(p)]));
     at += a.size();
     try {
-      st.sumNonzeros += zen::parseZenHeader(a).count;
-      zen::decodeAnswerInto(a, own_, uint32_t(p), lists_->of(uint32_t(p)), out);
+      zen::checkAnswer(a, own_, uint32_t(p), lists_->of(uint32_t(p)), shares[size_t(p)]);
     } catch (const Error& e) {
-      // Every rank decodes the same bytes, so every rank fails here alike.
+      // Every rank checks the same bytes, so every rank fails here alike,
+      // before anything is written.
       throw Error(e.code(), fmt::format("{}: the answer of rank {}: {}", where, p, e.what()));
     }
+    st.sumNonzeros += shares[size_t(p)].header.count;
     if (p != me) {
       st.bytesSent += size_t(sendCounts[size_t(p)]) + answer.size();
       st.bytesReceived += size_t(recvCounts[size_t(p)]) + a.size();
     }
   }
+  // One pass over the output for every share's answer.
+  if (numElements_ > 0) zen::assembleDense(shares, numElements_, 1.0f, out);
   last_ = st;
 }
 

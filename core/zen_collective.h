@@ -35,9 +35,8 @@
 // not only where it was found, so no member waits for one that gave up: the
 // rank that found it throws kInvalidArgument or kProtocol naming the tensor
 // and the position or the sending rank, the others kInvalidArgument naming
-// that rank. A refused round leaves the output as it was, except where a
-// share's answer proves malformed while it is decoded (every rank then
-// fails alike, the output partly written). Every wait has the caller's
+// that rank. A refused round leaves the output as it was (every share's
+// answer is checked before any is written). Every wait has the caller's
 // deadline (the group's kTimeout).
 #pragma once
 

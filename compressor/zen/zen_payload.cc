@@ -1,7 +1,11 @@
 #include "compressor/zen/zen_payload.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "core/common/dtype.h"
 #include "core/common/error.h"
@@ -264,17 +268,16 @@ const uint8_t* readVarint(const uint8_t* p, const uint8_t* end, uint32_t& v) {
   return nullptr;
 }
 
-// The index-list answer: checked whole (one pass over the varints, the
-// ownership hash of every index), then fn(index, value) in ascending order
-// (a second pass). I_p itself is not read: only its size.
-template <typename Fn>
-void decodeIndexListImpl(const ZenHeader& h, std::span<const std::byte> payload,
-                         const Ownership& own, uint32_t server, uint64_t listSize, Fn&& fn) {
+// The index-list answer's checks: one pass over the varints and the
+// ownership hash of every index. I_p itself is not read: only its size.
+// With `index`, the indices are written there (h.count of them).
+void checkIndexList(const ZenHeader& h, std::span<const std::byte> payload, const Ownership& own,
+                    uint32_t server, uint64_t listSize, uint32_t* index = nullptr) {
   CORTADO_ENFORCE(h.listSize == listSize, ErrorCode::kProtocol,
                   "sparse index-list answer of server {} covers {} indices, but the server owns {}",
                   server, h.listSize, listSize);
-  const std::byte* vals = payload.data() + kZenHeaderBytes;
-  const auto* begin = reinterpret_cast<const uint8_t*>(vals + 4 * h.count);
+  const auto* begin =
+      reinterpret_cast<const uint8_t*>(payload.data() + kZenHeaderBytes + 4 * h.count);
   const auto* end = reinterpret_cast<const uint8_t*>(payload.data() + payload.size());
   const uint8_t* p = begin;
   uint64_t idx = 0;  // one past the previous index
@@ -295,32 +298,22 @@ void decodeIndexListImpl(const ZenHeader& h, std::span<const std::byte> payload,
                     "sparse index-list answer of server {}: non-zero #{} has index {}, which the "
                     "server does not own",
                     server, i, idx);
+    if (index) index[i] = static_cast<uint32_t>(idx);
     ++idx;
   }
   CORTADO_ENFORCE(p == end, ErrorCode::kProtocol,
                   "sparse index-list answer of server {}: {} bytes left over after its {} gaps",
                   server, end - p, h.count);
-  p = begin;
-  idx = 0;
-  for (uint64_t i = 0; i < h.count; ++i) {
-    uint32_t g = 0;
-    p = readVarint(p, end, g);
-    idx += g;
-    fn(static_cast<uint32_t>(idx), load<float>(vals + 4 * i));
-    ++idx;
-  }
 }
 
-template <typename Fn>
-void decodeImpl(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
-                std::span<const uint32_t> list, Fn&& fn) {
-  const ZenHeader h = parseZenHeader(payload);
-  CORTADO_ENFORCE(h.kind == Kind::kBitmap, ErrorCode::kProtocol,
-                  "expected a sparse bitmap answer, got a {}", kindName(h.kind));
+// The bitmap answer's checks: its partition, its list size, the bit count
+// against the value count, no bit past |I_p|.
+void checkBitmap(const ZenHeader& h, std::span<const std::byte> payload, const Ownership& own,
+                 uint32_t server, uint64_t listSize) {
   expectPartition(h, own, server);
-  CORTADO_ENFORCE(h.listSize == list.size(), ErrorCode::kProtocol,
+  CORTADO_ENFORCE(h.listSize == listSize, ErrorCode::kProtocol,
                   "sparse bitmap answer of server {} covers {} indices, but the server owns {}",
-                  server, h.listSize, list.size());
+                  server, h.listSize, listSize);
   const std::byte* bits = payload.data() + kZenHeaderBytes;
   const size_t bitBytes = (h.listSize + 7) / 8;
   uint64_t set = 0;
@@ -334,6 +327,39 @@ void decodeImpl(std::span<const std::byte> payload, const Ownership& own, uint32
                     "sparse bitmap answer of server {}: bits set past the {} indices it owns",
                     server, h.listSize);
   }
+}
+
+// The answer's header, checked for either kind and for this partition.
+ZenHeader answerHeader(std::span<const std::byte> payload, const Ownership& own, uint32_t server) {
+  const ZenHeader h = parseZenHeader(payload);
+  CORTADO_ENFORCE(h.kind == Kind::kBitmap || h.kind == Kind::kIndexList, ErrorCode::kProtocol,
+                  "expected a sparse answer (bitmap or index list), got a {}", kindName(h.kind));
+  if (h.kind == Kind::kIndexList) expectPartition(h, own, server);
+  return h;
+}
+
+// Walks a checked index-list answer: fn(index, value) in ascending order.
+template <typename Fn>
+void walkIndexList(const ZenHeader& h, std::span<const std::byte> payload, Fn&& fn) {
+  const std::byte* vals = payload.data() + kZenHeaderBytes;
+  const auto* p = reinterpret_cast<const uint8_t*>(vals + 4 * h.count);
+  const auto* end = reinterpret_cast<const uint8_t*>(payload.data() + payload.size());
+  uint64_t idx = 0;
+  for (uint64_t i = 0; i < h.count; ++i) {
+    uint32_t g = 0;
+    p = readVarint(p, end, g);
+    idx += g;
+    fn(static_cast<uint32_t>(idx), load<float>(vals + 4 * i));
+    ++idx;
+  }
+}
+
+// Walks a checked bitmap answer: fn(index, value) in ascending order.
+template <typename Fn>
+void walkBitmap(const ZenHeader& h, std::span<const std::byte> payload,
+                std::span<const uint32_t> list, Fn&& fn) {
+  const std::byte* bits = payload.data() + kZenHeaderBytes;
+  const size_t bitBytes = (h.listSize + 7) / 8;
   const std::byte* vals = bits + bitBytes;
   uint64_t k = 0;
   for (size_t b = 0; b < bitBytes; ++b) {
@@ -345,17 +371,53 @@ void decodeImpl(std::span<const std::byte> payload, const Ownership& own, uint32
 }
 
 template <typename Fn>
+void decodeImpl(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                std::span<const uint32_t> list, Fn&& fn) {
+  const ZenHeader h = parseZenHeader(payload);
+  CORTADO_ENFORCE(h.kind == Kind::kBitmap, ErrorCode::kProtocol,
+                  "expected a sparse bitmap answer, got a {}", kindName(h.kind));
+  checkBitmap(h, payload, own, server, list.size());
+  walkBitmap(h, payload, list, fn);
+}
+
+ZenHeader checkAnswerHeader(std::span<const std::byte> payload, const Ownership& own,
+                            uint32_t server, std::span<const uint32_t> list) {
+  const ZenHeader h = answerHeader(payload, own, server);
+  if (h.kind == Kind::kBitmap)
+    checkBitmap(h, payload, own, server, list.size());
+  else
+    checkIndexList(h, payload, own, server, list.size());
+  return h;
+}
+
+template <typename Fn>
 void decodeAnswerImpl(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                       std::span<const uint32_t> list, Fn&& fn) {
-  const ZenHeader h = parseZenHeader(payload);
-  if (h.kind == Kind::kBitmap) return decodeImpl(payload, own, server, list, fn);
-  CORTADO_ENFORCE(h.kind == Kind::kIndexList, ErrorCode::kProtocol,
-                  "expected a sparse answer (bitmap or index list), got a {}", kindName(h.kind));
-  expectPartition(h, own, server);
-  decodeIndexListImpl(h, payload, own, server, list.size(), fn);
+  const ZenHeader h = checkAnswerHeader(payload, own, server, list);
+  if (h.kind == Kind::kBitmap)
+    walkBitmap(h, payload, list, fn);
+  else
+    walkIndexList(h, payload, fn);
 }
 
 }  // namespace
+
+void checkAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                 std::span<const uint32_t> list, CheckedAnswer& out) {
+  out.values = nullptr;
+  out.header = answerHeader(payload, own, server);
+  const ZenHeader& h = out.header;
+  out.index.resize(h.count);  // count <= |I_p|, checked with the header
+  if (h.kind == Kind::kBitmap) {
+    checkBitmap(h, payload, own, server, list.size());
+    out.values = payload.data() + kZenHeaderBytes + (h.listSize + 7) / 8;
+    uint32_t* index = out.index.data();
+    walkBitmap(h, payload, list, [&index](uint32_t i, float) { *index++ = i; });
+  } else {
+    checkIndexList(h, payload, own, server, list.size(), out.index.data());
+    out.values = payload.data() + kZenHeaderBytes;
+  }
+}
 
 void decodeAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                   std::span<const uint32_t> list, const std::function<void(uint32_t, float)>& fn) {
@@ -375,6 +437,72 @@ void decodeBitmap(std::span<const std::byte> payload, const Ownership& own, uint
 void decodeBitmapInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                       std::span<const uint32_t> list, float* dense) {
   decodeImpl(payload, own, server, list, [dense](uint32_t i, float v) { dense[i] = v; });
+}
+
+void assembleDense(std::span<const CheckedAnswer> answers, uint64_t numElements, float scale,
+                   float* dense) {
+  // One cursor per answer: its next index and value.
+  struct Cursor {
+    const uint32_t* index;
+    const uint32_t* end;
+    const std::byte* value;
+  };
+  std::vector<Cursor> cursors;
+  for (size_t a = 0; a < answers.size(); ++a) {
+    const CheckedAnswer& c = answers[a];
+    CORTADO_ENFORCE(c.index.size() == c.header.count && (c.values || c.index.empty()),
+                    ErrorCode::kInvalidArgument,
+                    "sparse answer #{} was not filled by checkAnswer ({} indices, {} non-zeros)", a,
+                    c.index.size(), c.header.count);
+    cursors.push_back({c.index.data(), c.index.data() + c.index.size(), c.values});
+  }
+  // Writes every non-zero below `limit` into out[index - first].
+  auto fill = [&](uint64_t first, uint64_t limit, float* out) {
+    for (Cursor& c : cursors) {
+      for (; c.index != c.end && *c.index < limit; ++c.index, c.value += 4) {
+        if (*c.index < first) break;  // not ascending: stuck here, refused below
+        out[*c.index - first] = load<float>(c.value) * scale;
+      }
+    }
+  };
+  // The output in blocks: each is zeroed and gets every answer's values for
+  // it in a buffer that stays in the L1 cache, and is then streamed to the
+  // output with non-temporal stores, so every element is written once and
+  // no line of the output is read for ownership. (A block zeroed in place
+  // and stored into would read every line; the whole output zeroed first
+  // and then stored into, a line per non-zero, at a cache miss each.)
+  const uint64_t n = numElements;
+  const auto misalign = reinterpret_cast<uintptr_t>(dense) & 63;
+  uint64_t head = std::min<uint64_t>(n, misalign ? (64 - misalign) / sizeof(float) : 0);
+#if !defined(__SSE2__)
+  head = n;  // no streaming stores here: in place, in one go
+#endif
+  if (misalign % sizeof(float)) head = n;
+  if (head > 0) {
+    std::memset(dense, 0, head * sizeof(float));
+    fill(0, head, dense);
+  }
+#if defined(__SSE2__)
+  constexpr uint64_t kBlock = 4096;  // floats: 16 KiB
+  alignas(64) float block[kBlock];
+  for (uint64_t b0 = head; b0 < n; b0 += kBlock) {
+    const uint64_t len = std::min(n - b0, kBlock);
+    std::memset(block, 0, len * sizeof(float));
+    fill(b0, b0 + len, block);
+    uint64_t i = 0;
+    for (; i + 4 <= len; i += 4) _mm_stream_ps(dense + b0 + i, _mm_load_ps(block + i));
+    for (; i < len; ++i) dense[b0 + i] = block[i];
+  }
+  _mm_sfence();  // the streamed stores are ordered before what the caller does next
+#endif
+  // Indices from checkAnswer ascend and lie in the tensor: every one was
+  // written. Others may have stopped a cursor (nothing was written out of
+  // bounds): a caller's mistake.
+  for (size_t a = 0; a < cursors.size(); ++a)
+    CORTADO_ENFORCE(cursors[a].index == cursors[a].end, ErrorCode::kInvalidArgument,
+                    "sparse answer #{}: {} of its indices do not ascend or lie past the tensor's "
+                    "{} elements (not filled by checkAnswer?)",
+                    a, cursors[a].end - cursors[a].index, n);
 }
 
 }  // namespace cortado::compressor::zen

@@ -135,6 +135,32 @@ void decodeAnswer(std::span<const std::byte> payload, const Ownership& own, uint
 void decodeAnswerInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                       std::span<const uint32_t> list, float* dense);
 
+// A server's answer checked whole (decodeAnswer's checks), with the
+// indices of its non-zeros decoded, ascending; the values stay in the
+// payload, which must outlive this.
+struct CheckedAnswer {
+  ZenHeader header;
+  std::vector<uint32_t> index;
+  const std::byte* values = nullptr;  // header.count x f32, little-endian, unaligned
+};
+// Throws Error(kProtocol) for a malformed answer of server p (then `out`
+// is unspecified). Cost: decodeAnswer's, without its calls.
+void checkAnswer(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
+                 std::span<const uint32_t> list, CheckedAnswer& out);
+
+// The dense sum from every server's checked answer (the servers own
+// disjoint indices): dense[i] = scale * value where an answer names i, 0
+// everywhere else, for i < numElements. One pass over dense: each block of
+// it is zeroed and gets every answer's values for it while it is in the
+// cache (each answer ascends), and is then streamed out, rather than
+// zeroing dense whole and then storing each answer's values into it at a
+// cache miss per non-zero on a large tensor. Cost O(numElements +
+// non-zeros). Answers not filled by checkAnswer (indices that do not ascend
+// or lie past numElements, a count that differs) throw kInvalidArgument,
+// with nothing read or written out of bounds.
+void assembleDense(std::span<const CheckedAnswer> answers, uint64_t numElements, float scale,
+                   float* dense);
+
 // The same, writing dense[index] = value (other elements untouched).
 void decodeBitmapInto(std::span<const std::byte> payload, const Ownership& own, uint32_t server,
                       std::span<const uint32_t> list, float* dense);

@@ -23,22 +23,32 @@ ServerSum::ServerSum(const Ownership& own, uint32_t server)
   }
 }
 
+uint32_t ServerSum::position(uint32_t idx) const {
+  const uint64_t below = (uint64_t{1} << (idx & 63)) - 1;
+  return blockRank_[idx >> 6] + static_cast<uint32_t>(std::popcount(blockMask_[idx >> 6] & below));
+}
+
 void ServerSum::add(std::span<const std::byte> payload) {
   const CooView v = parseCoo(payload);
   expectPartition(v.header, own_, server_);
   const uint64_t n = v.header.count;
   const uint64_t numel = own_.numElements();
   pos_.resize(n);
-  // Check everything first; `seen_` marks the positions of this push and is
-  // cleared again on every way out.
+  // Check everything first. While the indices ascend they cannot repeat;
+  // from the first that does not, `seen_` marks the positions of this push
+  // (those before it too) and is cleared again on every way out.
   uint64_t marked = 0;
+  bool marking = false;
+  uint32_t prev = 0;
+  // Positions in I_p are needed for a dense sum and for marking; a sparse
+  // sum keeps the indices.
+  const bool dense = dense_ || pending_.size() + n > list_.size() / 8;
   auto unmark = [&] {
     for (uint64_t i = 0; i < marked; ++i) seen_[pos_[i] >> 6] = 0;
   };
   for (uint64_t i = 0; i < n; ++i) {
     const uint32_t idx = v.indexAt(i);
     const uint64_t mask = idx < numel ? blockMask_[idx >> 6] : 0;
-    const uint64_t below = (uint64_t{1} << (idx & 63)) - 1;
     if (!(mask >> (idx & 63) & 1)) {
       unmark();
       CORTADO_ENFORCE(idx < numel, ErrorCode::kProtocol,
@@ -49,7 +59,20 @@ void ServerSum::add(std::span<const std::byte> payload) {
                               "(its owner is server {} of {})",
                               i, idx, server_, own_.owner(idx), own_.numServers()));
     }
-    const uint32_t t = blockRank_[idx >> 6] + static_cast<uint32_t>(std::popcount(mask & below));
+    if (!marking) {
+      if (i == 0 || idx > prev) {
+        if (dense) pos_[i] = position(idx);
+        prev = idx;
+        continue;
+      }
+      marking = true;
+      for (uint64_t j = 0; j < i; ++j) {
+        if (!dense) pos_[j] = position(v.indexAt(j));
+        seen_[pos_[j] >> 6] |= uint64_t{1} << (pos_[j] & 63);
+      }
+      marked = i;
+    }
+    const uint32_t t = position(idx);
     const uint64_t bit = uint64_t{1} << (t & 63);
     if (seen_[t >> 6] & bit) {
       unmark();
@@ -64,15 +87,21 @@ void ServerSum::add(std::span<const std::byte> payload) {
   }
   unmark();
   pairs_ += n;
-  if (!dense_ && pending_.size() + n > list_.size() / 8) densify();
+  if (dense && !dense_) densify();
   if (dense_) {
     for (uint64_t i = 0; i < n; ++i) {
       const uint32_t t = pos_[i];
       acc_[t] += v.valueAt(i);
       touched_[t >> 6] |= uint64_t{1} << (t & 63);
     }
-  } else {
-    for (uint64_t i = 0; i < n; ++i) pending_.emplace_back(pos_[i], v.valueAt(i));
+  } else if (n > 0) {
+    const size_t start = pending_.size();
+    for (uint64_t i = 0; i < n; ++i) pending_.emplace_back(v.indexAt(i), v.valueAt(i));
+    // A run ascends (its indices are distinct: no order among equals).
+    if (marking)
+      std::sort(pending_.begin() + ptrdiff_t(start), pending_.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+    runEnds_.push_back(pending_.size());
   }
 }
 
@@ -82,23 +111,65 @@ void ServerSum::densify() {
     acc_.assign(list_.size(), 0.0f);
     touched_.assign((list_.size() + 63) / 64, 0);
   }
-  for (const auto& [t, x] : pending_) {
+  for (const auto& [idx, x] : pending_) {
+    const uint32_t t = position(idx);
     acc_[t] += x;
     touched_[t >> 6] |= uint64_t{1} << (t & 63);
   }
   pending_.clear();
+  runEnds_.clear();
+}
+
+void ServerSum::mergeRuns() {
+  // Adjacent runs merged pairwise until one is left: O(pairs log runs),
+  // each pass sequential. An index's values add in a fixed order given by
+  // the arrival order: ((1st + 2nd) + (3rd + 4th)) + ...
+  std::vector<size_t> ends = std::move(runEnds_);
+  runEnds_.clear();
+  while (ends.size() > 1) {
+    merged_.clear();
+    merged_.reserve(pending_.size());
+    std::vector<size_t> next;
+    size_t begin = 0;
+    for (size_t r = 0; r < ends.size(); r += 2) {
+      auto a = pending_.begin() + ptrdiff_t(begin);
+      const auto aEnd = pending_.begin() + ptrdiff_t(ends[r]);
+      if (r + 1 == ends.size()) {
+        merged_.insert(merged_.end(), a, aEnd);
+      } else {
+        auto b = aEnd;
+        const auto bEnd = pending_.begin() + ptrdiff_t(ends[r + 1]);
+        while (a != aEnd && b != bEnd) {
+          if (a->first < b->first) {
+            merged_.push_back(*a++);
+          } else if (b->first < a->first) {
+            merged_.push_back(*b++);
+          } else {
+            merged_.emplace_back(a->first, a->second + b->second);
+            ++a, ++b;
+          }
+        }
+        merged_.insert(merged_.end(), a, aEnd);
+        merged_.insert(merged_.end(), b, bEnd);
+      }
+      begin = ends[std::min(r + 1, ends.size() - 1)];
+      next.push_back(merged_.size());
+    }
+    pending_.swap(merged_);
+    ends = std::move(next);
+  }
 }
 
 std::vector<std::byte> ServerSum::answer(Form form) {
-  // The non-zeros of the sum: their positions in I_p ascending, and values.
-  std::vector<uint32_t> positions;
+  // The non-zeros of the sum, ascending: their indices and values.
+  std::vector<uint32_t> indices;
   std::vector<float> values;
   if (dense_) {
     for (size_t w = 0; w < touched_.size(); ++w) {
       for (uint64_t b = touched_[w]; b; b &= b - 1) {
         const size_t t = w * 64 + std::countr_zero(b);
         if (acc_[t] != 0.0f) {
-          positions.push_back(static_cast<uint32_t>(t));
+          indices.push_back(list_[t]);
           values.push_back(acc_[t]);
         }
         acc_[t] = 0.0f;
@@ -106,32 +177,28 @@ std::vector<std::byte> ServerSum::answer(Form form) {
       touched_[w] = 0;
     }
   } else {
-    // Stable, so that the pushes of one position add in arrival order.
-    std::stable_sort(pending_.begin(), pending_.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (size_t i = 0; i < pending_.size();) {
-      const uint32_t t = pending_[i].first;
-      float s = 0.0f;
-      for (; i < pending_.size() && pending_[i].first == t; ++i) s += pending_[i].second;
-      if (s != 0.0f) {
-        positions.push_back(t);
-        values.push_back(s);
+    mergeRuns();
+    indices.reserve(pending_.size());
+    values.reserve(pending_.size());
+    for (const auto& [idx, x] : pending_) {
+      if (x != 0.0f) {
+        indices.push_back(idx);
+        values.push_back(x);
       }
     }
     pending_.clear();
   }
   dense_ = false;
   pairs_ = 0;
-  if (form != Form::kBitmap) {
-    // The index list's bytes depend on the gaps between the indices.
-    std::vector<uint32_t> indices(positions.size());
-    for (size_t i = 0; i < positions.size(); ++i) indices[i] = list_[positions[i]];
-    if (form == Form::kIndexList ||
-        indexListBytes(indices) < bitmapBytes(list_.size(), values.size()))
-      return encodeIndexList(own_, server_, list_.size(), indices, values);
-  }
+  if (form == Form::kIndexList ||
+      (form == Form::kSmaller &&
+       indexListBytes(indices) < bitmapBytes(list_.size(), values.size())))
+    return encodeIndexList(own_, server_, list_.size(), indices, values);
   std::vector<uint64_t> present((list_.size() + 63) / 64, 0);
-  for (uint32_t t : positions) present[t >> 6] |= uint64_t{1} << (t & 63);
+  for (uint32_t idx : indices) {
+    const uint32_t t = position(idx);
+    present[t >> 6] |= uint64_t{1} << (t & 63);
+  }
   return encodeBitmap(own_, server_, list_, present, values);
 }
 

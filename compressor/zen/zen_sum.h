@@ -3,17 +3,20 @@
 // a hash bitmap over I_p, or as an index list (the non-zeros' indices,
 // delta-coded) where that is smaller (zen_payload.h).
 //
-// The sum starts sparse: pushed pairs are kept as (position in I_p, value)
-// and merged by a sort when the round is answered. Once the round's pairs
-// pass an eighth of |I_p| a dense accumulator of |I_p| floats with a bit per
-// touched position is cheaper in time and hardly more in memory, and the sum
-// switches to it ("densifies") until the end of the round. Either way the
-// answer lists the non-zeros of the sum in I_p order; a position whose
+// The sum starts sparse: each push is kept as a run of (index, value)
+// pairs in ascending index order (a push that does not ascend, as the
+// hierarchical hash's slot order does not, is sorted on arrival), and the
+// runs are merged when the round is answered. Once the round's pairs pass
+// an eighth of |I_p| a dense accumulator of |I_p| floats with a bit per
+// touched position is cheaper in time and hardly more in memory, and the
+// sum switches to it ("densifies") until the end of the round. Either way
+// the answer lists the non-zeros of the sum in I_p order; a position whose
 // pushes cancel to exactly zero is left out like any zero.
 //
 // Every push is checked completely before anything of it is added: the
 // header against this server's partition, each index in range, owned by
-// this server, and listed once. A refused push leaves the sum as it was.
+// this server, and listed once (an ascending push needs no more than the
+// order to show it). A refused push leaves the sum as it was.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +54,10 @@ class ServerSum {
 
  private:
   void densify();
+  // Sparse mode: the runs merged into one, the values of an index added.
+  void mergeRuns();
+  // The position of index idx in I_p (idx owned by this server).
+  uint32_t position(uint32_t idx) const;
 
   Ownership own_;
   uint32_t server_ = 0;
@@ -64,8 +71,11 @@ class ServerSum {
   // Checking one push: its positions, and a bit per position it listed.
   std::vector<uint32_t> pos_;
   std::vector<uint64_t> seen_;
-  // Sparse mode.
-  std::vector<std::pair<uint32_t, float>> pending_;
+  // Sparse mode: (index, value) runs back to back, one per push, each
+  // ascending; runEnds_ says where each ends; merged_ is the merge's
+  // second buffer.
+  std::vector<std::pair<uint32_t, float>> pending_, merged_;
+  std::vector<size_t> runEnds_;
   // Dense mode.
   bool dense_ = false;
   LargeVector<float> acc_;

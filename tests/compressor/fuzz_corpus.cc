@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
       ++files;
     }
   }
-  // Zen (byte 0 one past the codecs): COO pushes, bitmap and index-list
+  // Zen (byte 0 one past the codecs): COO pushes (ascending and not), bitmap and index-list
   // answers, stage lists.
   for (uint64_t n : {1, 40, 300}) {
     zen::Ownership own(n, 3, 9);
@@ -50,15 +50,18 @@ int main(int argc, char** argv) {
     std::vector<float> val(idx.size(), 1.5f);
     zen::ServerSum sum(own, 1);
     auto coo = zen::encodeCoo(own, 1, idx, val);
+    // The same pairs out of order (as the hash table's slot order is).
+    auto cooDown = zen::encodeCoo(own, 1, std::vector<uint32_t>(idx.rbegin(), idx.rend()), val);
     sum.add(coo);
     auto bitmap = sum.answer(zen::ServerSum::Form::kBitmap);
     sum.add(coo);
     auto indexList = sum.answer(zen::ServerSum::Form::kIndexList);
     zen::CooList stage{idx, val};
     auto stageBytes = zen::encodeStageList(stage);
-    for (const auto* p : {&coo, &bitmap, &indexList, &stageBytes}) {
+    for (const auto* p : {&coo, &cooDown, &bitmap, &indexList, &stageBytes}) {
       std::ofstream f(std::string(argv[1]) + "/seed_zen_" + std::to_string(n) +
                           (p == &coo         ? "_coo"
+                           : p == &cooDown   ? "_coo_down"
                            : p == &bitmap    ? "_bitmap"
                            : p == &indexList ? "_indexlist"
                                              : "_stage"),

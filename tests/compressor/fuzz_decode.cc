@@ -69,6 +69,25 @@ void fuzzZen(std::span<const std::byte> payload) {
   std::vector<float> out(own.numElements(), 0.0f);
   expectProtocolOrOk([&] { decodeBitmapInto(payload, own, server, sum.list(), out.data()); });
   expectProtocolOrOk([&] { decodeAnswerInto(payload, own, server, sum.list(), out.data()); });
+  // The worker's way: the answer checked (its indices decoded), then
+  // written with the other servers' (empty) answers into the whole output.
+  IndexLists lists(own);
+  std::vector<CheckedAnswer> answers(own.numServers());
+  bool checked = true;
+  for (uint32_t q = 0; q < own.numServers() && checked; ++q) {
+    const std::vector<std::byte> empty = encodeIndexList(own, q, lists.of(q).size(), {}, {});
+    checked = false;
+    expectProtocolOrOk([&] {
+      if (q == server) {
+        checkAnswer(payload, own, q, lists.of(q), answers[q]);
+      } else {
+        checkAnswer(empty, own, q, lists.of(q), answers[q]);
+        answers[q].values = nullptr;  // no values: `empty` goes out of scope
+      }
+      checked = true;
+    });
+  }
+  if (checked) assembleDense(answers, own.numElements(), 0.5f, out.data());  // must not throw
   // A hierarchical-centralization stage's list (core/zen_collective.h), then
   // merged as a stage merges it.
   expectProtocolOrOk([&] {

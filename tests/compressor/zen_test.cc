@@ -84,10 +84,19 @@ std::vector<float> zenRound(const Ownership& own, const std::vector<Pairs>& in,
   }
   IndexLists lists(own);
   std::vector<float> out(own.numElements(), 0.0f);
+  std::vector<std::vector<std::byte>> answers;
   for (uint32_t p = 0; p < S; ++p) {
-    auto answer = servers[p].answer(form);
-    decodeAnswerInto(answer, own, p, lists.of(p), out.data());
+    answers.push_back(servers[p].answer(form));
+    decodeAnswerInto(answers.back(), own, p, lists.of(p), out.data());
   }
+  // The worker's way: checked, then every answer written in one pass over
+  // an output that held something else.
+  std::vector<CheckedAnswer> checked(S);
+  for (uint32_t p = 0; p < S; ++p)
+    EXPECT_NO_THROW(checkAnswer(answers[p], own, p, lists.of(p), checked[p]));
+  std::vector<float> assembled(own.numElements(), -7.0f);
+  assembleDense(checked, own.numElements(), 1.0f, assembled.data());
+  EXPECT_EQ(assembled, out);
   return out;
 }
 
@@ -328,6 +337,50 @@ TEST(ZenServerSum, CancellationRoundsAndDensifying) {
   EXPECT_TRUE(got.empty());  // an empty round answers an empty bitmap
 }
 
+// The sparse sum keeps one run per push, ascending (a push out of order is
+// sorted on arrival), and merges them pairwise at the answer: pushes in
+// every order, an odd and an even number of them, overlapping and
+// disjoint, index 0 and the last index, values that cancel; the sum
+// stays sparse and equals the plain sum.
+TEST(ZenServerSum, RunsInAnyOrderMergeToThePlainSum) {
+  const uint64_t n = 100003;
+  Ownership own(n, 1, 5);  // one server: it owns 0 and n - 1
+  std::mt19937_64 rng(17);
+  for (int pushes : {1, 2, 5, 9}) {
+    ServerSum s(own, 0);
+    std::map<uint32_t, float> ref;
+    for (int k = 0; k < pushes; ++k) {
+      std::vector<uint32_t> idx;
+      if (k % 4 == 3) {
+        idx = {1, 2, 3};  // few, and none of the others' fixed ones
+      } else {
+        std::set<uint32_t> pick{0, uint32_t(n - 1), 7};
+        while (pick.size() < 900) pick.insert(uint32_t(rng() % n));
+        idx.assign(pick.begin(), pick.end());
+      }
+      if (k % 3 == 1) std::reverse(idx.begin(), idx.end());
+      if (k % 3 == 2) std::shuffle(idx.begin(), idx.end(), rng);
+      std::vector<float> val;
+      for (uint32_t i : idx) {
+        // Index 7 cancels over pushes 0 and 1 (+3, -3), then comes back.
+        val.push_back(i == 7 ? (k == 0 ? 3.0f : k == 1 ? -3.0f : 1.0f) : float(int(rng() % 9) - 4));
+        ref[i] += val.back();
+      }
+      s.add(encodeCoo(own, 0, idx, val));
+    }
+    EXPECT_FALSE(s.densified());  // under n / 8 pairs
+    std::erase_if(ref, [](const auto& kv) { return kv.second == 0.0f; });
+    std::map<uint32_t, float> got;
+    decodeAnswer(s.answer(), own, 0, s.list(), [&](uint32_t i, float v) { got[i] = v; });
+    EXPECT_EQ(got, ref) << pushes << " pushes";
+    if (pushes == 2) {
+      EXPECT_EQ(got.count(7), 0u);  // cancelled
+    }
+    EXPECT_EQ(got.count(0), ref.count(0));
+    EXPECT_EQ(got.count(uint32_t(n - 1)), ref.count(uint32_t(n - 1)));
+  }
+}
+
 // Zen's balance: on Zipf-skewed indices, the largest server load over the
 // mean stays under 1.1 for pushes (each worker's pairs per server) and for
 // pulls (the sum's non-zeros per server), with 4 and 16 servers, where
@@ -428,6 +481,27 @@ TEST(ZenMalformed, PushesAreRefusedAndLeaveTheSum) {
   expectProtocol([&] { s.add(withIndex(uint32_t(n))); }, "out of range");
   expectProtocol([&] { s.add(withIndex(notMine)); }, "does not own");
   expectProtocol([&] { s.add(withIndex(list[1])); }, "listed twice");
+  // A push that ascends and then repeats an earlier index, or the one
+  // before, or one that never ascended: the first repeat is named, and no
+  // mark is left behind (the same indices are accepted next).
+  {
+    ServerSum t(own, 2);
+    auto push = [&](std::vector<size_t> at) {
+      std::vector<uint32_t> idx;
+      for (size_t k : at) idx.push_back(list[k]);
+      return encodeCoo(own, 2, idx, std::vector<float>(idx.size(), 100));
+    };
+    expectProtocol([&] { t.add(push({1, 2, 3, 1})); }, "listed twice (pair #3)");
+    expectProtocol([&] { t.add(push({1, 2, 2})); }, "listed twice (pair #2)");
+    expectProtocol([&] { t.add(push({4, 3, 2, 1, 3})); }, "listed twice (pair #4)");
+    expectProtocol([&] { t.add(withIndex(uint32_t(n))); }, "out of range");
+    t.add(push({3, 1, 2, 4}));
+    t.add(push({1, 2, 3, 4}));
+    std::map<uint32_t, float> got;
+    decodeAnswer(t.answer(), own, 2, list, [&](uint32_t i, float v) { got[i] = v; });
+    EXPECT_EQ(got, (std::map<uint32_t, float>{
+                       {list[1], 200}, {list[2], 200}, {list[3], 200}, {list[4], 200}}));
+  }
   auto p = encodeCoo(own, 2, good, vals);
   p.resize(p.size() - 4);
   expectProtocol([&] { s.add(p); }, "truncated pair list");

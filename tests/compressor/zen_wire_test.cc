@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -233,6 +235,160 @@ TEST(ZenIndexList, MalformedAnswersAreRefused) {
     EXPECT_THROW(decode(cut), Error) << k;
   }
   EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), int64_t(n));
+}
+
+// The worker's assembly (assembleDense): every server's answer written
+// into an output that held something else, in one pass of blocks, equals
+// the plain sum (times the scale) with zeros elsewhere: tensors of one
+// element, under, at and past a block (16384), and of several blocks;
+// 1, 3 and 4 servers answering in mixed forms; 3 workers whose indices
+// overlap or are disjoint, index 0 and the last index always among them.
+TEST(ZenAssemble, OnePassEqualsThePlainSum) {
+  for (uint64_t n : {1ull, 2ull, 16383ull, 16384ull, 16385ull, 3ull * 16384 + 7, 100003ull}) {
+    for (uint32_t S : {1u, 3u, 4u}) {
+      for (bool disjoint : {false, true}) {
+        Ownership own(n, S, 11);
+        IndexLists lists(own);
+        std::vector<ServerSum> servers;
+        for (uint32_t p = 0; p < S; ++p) servers.emplace_back(own, p);
+        std::vector<float> ref(n, 0.0f);
+        std::mt19937_64 rng(n * 31 + S + disjoint);
+        for (int w = 0; w < 3; ++w) {
+          std::set<uint32_t> pick{0, uint32_t(n - 1)};
+          for (uint64_t k = 0; k < n / 50; ++k) pick.insert(uint32_t(rng() % n));
+          std::vector<std::vector<uint32_t>> idx(S);
+          std::vector<std::vector<float>> val(S);
+          for (uint32_t i : pick) {
+            if (disjoint && n > 2 && i != 0 && i != n - 1 && i % 3 != uint32_t(w)) continue;
+            const auto p = own.owner(i);
+            idx[p].push_back(i);
+            val[p].push_back(float(int(rng() % 9) - 4));
+            ref[i] += val[p].back();
+          }
+          for (uint32_t p = 0; p < S; ++p) servers[p].add(encodeCoo(own, p, idx[p], val[p]));
+        }
+        const ServerSum::Form forms[] = {ServerSum::Form::kSmaller, ServerSum::Form::kBitmap,
+                                         ServerSum::Form::kIndexList};
+        std::vector<std::vector<std::byte>> answers;
+        std::vector<CheckedAnswer> checked(S);
+        for (uint32_t p = 0; p < S; ++p) answers.push_back(servers[p].answer(forms[p % 3]));
+        for (uint32_t p = 0; p < S; ++p) {
+          checkAnswer(answers[p], own, p, lists.of(p), checked[p]);
+          // The decoded indices are the decoder's, ascending.
+          std::vector<uint32_t> want;
+          decodeAnswer(answers[p], own, p, lists.of(p),
+                       [&](uint32_t i, float) { want.push_back(i); });
+          EXPECT_EQ(checked[p].index, want);
+          EXPECT_EQ(checked[p].header.count, want.size());
+        }
+        const std::string what = fmt::format("n={} S={} disjoint={}", n, S, disjoint);
+        std::vector<float> out(n + 1, 7.0f);
+        out[n] = 9.0f;  // one past the tensor: never written
+        assembleDense(checked, n, 1.0f, out.data());
+        EXPECT_EQ(out[n], 9.0f);
+        out.pop_back();
+        EXPECT_EQ(out, ref) << what;
+        EXPECT_EQ(out[0], ref[0]);
+        EXPECT_EQ(out[n - 1], ref[n - 1]);
+        // The average of 4 workers: a power of two, so exact. An output
+        // that does not start on a cache line (a view at +1 float).
+        std::vector<float> shifted(n + 1, 7.0f);
+        assembleDense(checked, n, 0.25f, shifted.data() + 1);
+        EXPECT_EQ(shifted[0], 7.0f);
+        for (uint64_t i = 0; i < n; ++i)
+          ASSERT_EQ(shifted[i + 1], ref[i] * 0.25f) << what << " i=" << i;
+        // A round with no pushes: zeros everywhere.
+        answers.clear();
+        for (uint32_t p = 0; p < S; ++p) answers.push_back(servers[p].answer(forms[p % 3]));
+        for (uint32_t p = 0; p < S; ++p) checkAnswer(answers[p], own, p, lists.of(p), checked[p]);
+        std::fill(out.begin(), out.end(), 7.0f);
+        assembleDense(checked, n, 1.0f, out.data());
+        EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), int64_t(n)) << what;
+      }
+    }
+  }
+}
+
+// checkAnswer refuses what decodeAnswer refuses (the same checks), and the
+// assembly refuses answers that checkAnswer did not fill (indices that do
+// not ascend or lie past the tensor, a count that differs) with
+// kInvalidArgument, without writing outside the output.
+TEST(ZenAssemble, RefusesWhatWasNotChecked) {
+  const uint64_t n = 40000;
+  Ownership one(n, 1, 5);
+  IndexLists lists(one);
+  CheckedAnswer c;
+  checkAnswer(rawList(one, n, 2, {5, 0}), one, 0, lists.of(0), c);
+  EXPECT_EQ(c.index, (std::vector<uint32_t>{5, 6}));
+  expectProtocol(
+      [&] {
+        checkAnswer(rawList(one, n, 2, {5, 0x85}), one, 0, lists.of(0), c);
+      },
+      "truncated");
+  expectProtocol(
+      [&] {
+        checkAnswer(rawList(one, n, 2, {0xb6, 0xb8, 0x02, 100}), one, 0, lists.of(0), c);
+      },
+      "past the tensor's");
+  std::vector<uint64_t> bits((n + 63) / 64, 0);
+  bits[0] = 1;
+  auto bm = encodeBitmap(one, 0, lists.of(0), bits, std::vector<float>{2.0f});
+  bm[kZenHeaderBytes] = std::byte{0x0f};
+  expectProtocol([&] { checkAnswer(bm, one, 0, lists.of(0), c); }, "4 bits set but 1 values");
+  Ownership two(n, 2, 5);
+  IndexLists lists2(two);
+  expectProtocol(
+      [&] {
+        checkAnswer(encodeIndexList(two, 1, lists2.of(1).size(), {}, {}), two, 0, lists2.of(0), c);
+      },
+      "expected server 0");
+  expectProtocol([&] { checkAnswer(encodeCoo(one, 0, {}, {}), one, 0, lists.of(0), c); },
+                 "expected a sparse answer");
+  auto good = encodeIndexList(one, 0, n, std::vector<uint32_t>{0, 200, uint32_t(n - 1)},
+                              std::vector<float>{1, 2, 3});
+  for (size_t k = 0; k < good.size(); ++k) {
+    std::vector<std::byte> cut(good.begin(), good.begin() + k);
+    EXPECT_THROW(checkAnswer(cut, one, 0, lists.of(0), c), Error) << k;
+  }
+
+  // Hand-made answers the assembly refuses; the output has a guard element
+  // on each side.
+  const float vals[3] = {1, 2, 3};
+  auto made = [&](std::vector<uint32_t> idx, uint64_t count) {
+    CheckedAnswer a;
+    a.header.count = count;
+    a.index = std::move(idx);
+    a.values = reinterpret_cast<const std::byte*>(vals);
+    return a;
+  };
+  std::vector<float> out(n + 2, 5.0f);
+  auto refused = [&](CheckedAnswer a, const std::string& words) {
+    std::vector<CheckedAnswer> v{std::move(a)};
+    try {
+      assembleDense(v, n, 1.0f, out.data() + 1);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(out[0], 5.0f);
+    EXPECT_EQ(out[n + 1], 5.0f);
+  };
+  refused(made({0, 20000, 3}, 3), "do not ascend");
+  refused(made({0, 5, uint32_t(n)}, 3), "past the tensor's");
+  refused(made({0, 5}, 3), "not filled by checkAnswer");
+  CheckedAnswer noValues = made({7}, 1);
+  noValues.values = nullptr;
+  refused(noValues, "not filled by checkAnswer");
+  // Well made: written, the guards untouched.
+  std::vector<CheckedAnswer> ok{made({0, 5, uint32_t(n - 1)}, 3)};
+  assembleDense(ok, n, 1.0f, out.data() + 1);
+  EXPECT_EQ(out[1], 1.0f);
+  EXPECT_EQ(out[6], 2.0f);
+  EXPECT_EQ(out[n], 3.0f);
+  EXPECT_EQ(out[0], 5.0f);
+  EXPECT_EQ(out[n + 1], 5.0f);
+  EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), int64_t(n - 3));
 }
 
 }  // namespace
