@@ -46,6 +46,13 @@ enum class ReduceOp { kSum, kAverage };
 struct WorkerOptions {
   uint64_t partitionBytes = 4ull << 20;    // chunk size
   uint64_t maxBytesInFlight = 64ull << 20; // credits: pushed but not yet pulled
+  // A full window whose chunks all wait for other workers' pushes of the
+  // same chunks, while those workers' windows hold other chunks, answers
+  // nothing: when no chunk was answered or sent for this long and chunks
+  // wait, the dispatcher sends the next one past the window (one per
+  // interval), so that every worker gets to the chunks the others hold.
+  // 0: never past the window.
+  Millis creditStall{100};
   bool async = false;                      // servers in async mode
   std::string listenAddress = "tcp://127.0.0.1:0";
   // Same-host servers get pushes and send sums through shared memory

@@ -20,36 +20,52 @@ void WorkerImpl::closeAll() {
 
 void WorkerImpl::dispatchLoop() {
   std::unique_lock<std::mutex> lk(mu_);
+  auto fits = [&] {
+    return inFlightBytes_ == 0 || inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight;
+  };
+  // No chunk answered or sent for creditStall while chunks wait for credits:
+  // one goes past the window (WorkerOptions::creditStall).
+  auto stallAt = [&] { return lastProgress_ + opts_.creditStall; };
+  const bool mayStall = opts_.creditStall.count() > 0;
   for (;;) {
-    auto ready = [&] {
-      return closed_ || (!queue_.empty() &&
-                         (inFlightBytes_ == 0 ||
-                          inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight));
-    };
-    if (peerLossAt_) {
-      if (!cv_.wait_until(lk, *peerLossAt_, ready)) {
-        // The grace period passed and nobody named another cause.
-        Status loss = peerLoss_;
-        peerLossAt_.reset();
-        lk.unlock();
-        failAll(loss);
-        lk.lock();
-        continue;
-      }
-    } else {
-      cv_.wait(lk, ready);
-    }
     if (closed_) return;
-    ChunkOp op = queue_.top();
-    queue_.pop();
-    if (!failure_.ok()) continue;  // failAll() completed its handle
-    inFlightBytes_ += op.bytes;
-    uint32_t id = nextRequest_++;
-    if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
-    pending_.emplace(id, op);
-    lk.unlock();
-    sendChunk(op, id);
-    lk.lock();
+    if (!queue_.empty() && (fits() || (mayStall && Clock::now() >= stallAt()))) {
+      if (!fits())
+        CORTADO_LOG_DEBUG(
+            "worker {}: nothing answered or sent for {} ms with {} bytes in flight: chunk {} of "
+            "'{}' goes past the credit window",
+            self_.rank, opts_.creditStall.count(), inFlightBytes_, queue_.top().chunk,
+            queue_.top().task->tensor->name);
+      ChunkOp op = queue_.top();
+      queue_.pop();
+      if (!failure_.ok()) continue;  // failAll() completed its handle
+      inFlightBytes_ += op.bytes;
+      lastProgress_ = Clock::now();
+      uint32_t id = nextRequest_++;
+      if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
+      pending_.emplace(id, op);
+      lk.unlock();
+      sendChunk(op, id);
+      lk.lock();
+      continue;
+    }
+    if (peerLossAt_ && Clock::now() >= *peerLossAt_) {
+      // The grace period passed and nobody named another cause.
+      Status loss = peerLoss_;
+      peerLossAt_.reset();
+      lk.unlock();
+      failAll(loss);
+      lk.lock();
+      continue;
+    }
+    // Woken by a new chunk, an answer, close() or a peer's loss; or at the
+    // end of the grace period, or when a full window stalls.
+    std::optional<Clock::time_point> until = peerLossAt_;
+    if (!queue_.empty() && mayStall && (!until || stallAt() < *until)) until = stallAt();
+    if (until)
+      cv_.wait_until(lk, *until);
+    else
+      cv_.wait(lk);
   }
 }
 
@@ -230,6 +246,7 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
     op = std::move(it->second);
     pending_.erase(it);
     inFlightBytes_ -= op.bytes;
+    lastProgress_ = Clock::now();
     ++writing_;  // abort() waits until this answer is written
     queued = !queue_.empty();
   }

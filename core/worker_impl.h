@@ -263,6 +263,8 @@ class WorkerImpl final : public Worker {
   std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
   std::unordered_map<uint32_t, ChunkOp> pending_;
   uint64_t inFlightBytes_ = 0;
+  // The last answer or chunk sent: the credit window stalls creditStall after.
+  Clock::time_point lastProgress_ = Clock::now();
   int writing_ = 0;  // answers popped from pending_ and not yet written
   bool abortWaits_ = false;  // abort() waits for writing_ == 0: notify cv_ when it gets there
   uint64_t seq_ = 0;

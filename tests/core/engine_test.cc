@@ -111,6 +111,44 @@ TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
   });
 }
 
+// A credit window smaller than a step's tensors, filled on each worker by
+// chunks that the other workers have not pushed: worker 0 pushes its
+// tensors in one order, worker 1 in the reverse (equal priorities go first
+// come, first served), so with room for one chunk each waits for the
+// other's push of the chunk it holds. The dispatcher sends past the window
+// when no answer came for a while (WorkerOptions::creditStall), so the step
+// completes, with every sum exact, instead of failing at the deadline.
+TEST(Engine, CreditWindowsHeldByDifferentChunksStillComplete) {
+  const int W = 2;
+  WorkerOptions wo;
+  wo.partitionBytes = 4096;
+  wo.maxBytesInFlight = 4096;  // one chunk
+  wo.inlineBytes = 0;          // every chunk through the dispatcher's credits
+  Job job(W, 2, wo, /*async=*/false, /*shm=*/false);
+  const int kTensors = 6;
+  const uint64_t n = 3000;  // 3 chunks each
+  job.onEveryWorker([&](int r) {
+    Worker& w = *job.workers[r];
+    for (int t = 0; t < kTensors; ++t) w.declare(fmt::format("c{}", t), DType::kFloat32, n, soon());
+    std::vector<std::vector<float>> bufs(kTensors);
+    for (int it = 0; it < 2; ++it) {
+      std::vector<Handle> hs(kTensors);
+      for (int k = 0; k < kTensors; ++k) {
+        const int t = r == 0 ? k : kTensors - 1 - k;
+        bufs[t].resize(n);
+        for (uint64_t i = 0; i < n; ++i) bufs[t][i] = float(r * 1000 + t * 10 + it + int(i % 7));
+        hs[t] = w.pushPull(fmt::format("c{}", t), DType::kFloat32, n, bufs[t].data(),
+                           bufs[t].data(), ReduceOp::kSum, 0);
+      }
+      for (auto& h : hs) ASSERT_TRUE(h.wait(soon()).ok());
+      for (int t = 0; t < kTensors; ++t)
+        for (uint64_t i = 0; i < n; ++i)
+          ASSERT_EQ(bufs[t][i], float(0 * 1000 + 1 * 1000 + 2 * (t * 10 + it + int(i % 7))))
+              << "tensor " << t << " element " << i;
+    }
+  });
+}
+
 // The latency paths (WorkerOptions::inlineBytes and busyPoll,
 // ServerEngineOptions::inlineBytes): tensors of one small chunk sent by the
 // calling thread and summed on the servers' transport threads, side by side
