@@ -35,6 +35,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import timeit
 
 import numpy as np
@@ -126,16 +127,28 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
                 torch.randint(0, args.num_classes, (args.batch_size,), generator=gen).to(device))
                for _ in range(max(1, args.data_batches))]
     losses = []
+    # Wall seconds of each phase over the timed steps (rank 0's own): zero_grad
+    # and the forward pass with the loss, backward, and optimizer.step().
+    phases = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    timed = [False]
 
     def step():
         data, target = batches[len(losses) % len(batches)]
+        t0 = time.perf_counter()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data), target)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         optimizer.step()
         losses.append(loss.detach())
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step's GPU work, inside the timing
+        if timed[0]:
+            t3 = time.perf_counter()
+            phases["forward"] += t1 - t0
+            phases["backward"] += t2 - t1
+            phases["step"] += t3 - t2
 
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
@@ -148,6 +161,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     log(rank, "Running warmup...")
     timeit.timeit(step, number=args.num_warmup_batches)
     log(rank, "Running benchmark...")
+    timed[0] = True
     img_secs = []
     for i in range(args.num_iters):
         t = timeit.timeit(step, number=args.num_batches_per_iter)
@@ -156,6 +170,15 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
         img_secs.append(img_sec)
     # Cross-barrier: the last step's updates wait for the next forward pass.
     getattr(optimizer, "wait_updates", lambda: None)()
+    n = max(1, args.num_iters * args.num_batches_per_iter)
+    phase_ms = {k: 1000.0 * v / n for k, v in phases.items()}
+    log(rank, "Per timed step (rank 0): " + ", ".join(f"{k} {v:.0f} ms" for k, v in phase_ms.items()))
+    cross = getattr(optimizer, "_cross", None)
+    if cross is not None:
+        log(rank, f"Cross-barrier (rank 0): {cross.deferred_steps} of {len(losses)} steps left "
+                  f"updates to the forward pass; the pre-hooks waited "
+                  f"{1000.0 * cross.forward_wait_s / max(1, cross.deferred_steps):.0f} ms per step "
+                  f"(with the update of what they waited for)")
     mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
     last = losses[-1].detach().float().cpu().reshape(1).clone()
     last_mean = float(average(last.clone())[0]) if average is not None else float(last[0])
@@ -174,6 +197,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
             "executor": args.backend == "cortado" and args.executor,
             "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
             "cross_barrier": args.backend == "cortado" and args.cross_barrier,
+            "phase_ms_rank0": phase_ms,
             "device": args.device, "seed": args.seed, "data_batches": args.data_batches,
             "steps": len(losses), "loss_first": float(losses[0]), "loss_last": float(last[0]),
             "loss_last_mean": last_mean, "executor_fusion_search": search,

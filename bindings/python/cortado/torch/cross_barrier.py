@@ -27,6 +27,7 @@ What keeps it equal to the normal step:
 Every wait is a handle's wait, bounded by the job's CORTADO_TIMEOUT_MS.
 """
 
+import time
 import weakref
 
 import torch
@@ -91,6 +92,7 @@ class CrossBarrier:
         self.steps = 0           # steps taken (the first is the normal one)
         self.deferred_steps = 0  # steps that left updates to the forward pass
         self.applied_in_forward = 0  # units applied by a pre-hook, over all steps
+        self.forward_wait_s = 0.0    # seconds pre-hooks spent on units not yet complete
         self._hooks = []
         owned = {id(p) for _, p in optimizer._ordered}
         ref = weakref.ref(self)
@@ -166,8 +168,10 @@ class CrossBarrier:
         for p in params:
             u = self.unit_of.get(p)
             if u is not None:
+                start = time.perf_counter()
                 self._apply(self._take(u))
                 self.applied_in_forward += 1
+                self.forward_wait_s += time.perf_counter() - start
 
     # -- one update ----------------------------------------------------------
 
