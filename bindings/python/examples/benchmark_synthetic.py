@@ -179,6 +179,11 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
                   f"updates to the forward pass; the pre-hooks waited "
                   f"{1000.0 * cross.forward_wait_s / max(1, cross.deferred_steps):.0f} ms per step "
                   f"(with the update of what they waited for)")
+        names = {id(p): n for n, p in model.named_parameters()}
+        order = {id(p): i for i, p in enumerate(model.parameters())}
+        waits = sorted(cross.waits.items(), key=lambda kv: order[id(kv[0])])
+        log(rank, "Cross-barrier waits by group (first parameter, ms per step): " + ", ".join(
+            f"{names[id(p)]} {1000.0 * s / max(1, cross.deferred_steps):.0f}" for p, s in waits))
     mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
     last = losses[-1].detach().float().cpu().reshape(1).clone()
     last_mean = float(average(last.clone())[0]) if average is not None else float(last[0])

@@ -93,6 +93,7 @@ class CrossBarrier:
         self.deferred_steps = 0  # steps that left updates to the forward pass
         self.applied_in_forward = 0  # units applied by a pre-hook, over all steps
         self.forward_wait_s = 0.0    # seconds pre-hooks spent on units not yet complete
+        self.waits = {}              # first parameter of a unit -> those seconds, its own
         self._hooks = []
         owned = {id(p) for _, p in optimizer._ordered}
         ref = weakref.ref(self)
@@ -171,7 +172,9 @@ class CrossBarrier:
                 start = time.perf_counter()
                 self._apply(self._take(u))
                 self.applied_in_forward += 1
-                self.forward_wait_s += time.perf_counter() - start
+                spent = time.perf_counter() - start
+                self.forward_wait_s += spent
+                self.waits[u.params[0]] = self.waits.get(u.params[0], 0.0) + spent
 
     # -- one update ----------------------------------------------------------
 
