@@ -8,7 +8,8 @@ tolerance. The model is built to catch the cases a forward pre-hook can miss:
 a module called twice, one weight tied into two modules, a parameter of the
 root module itself, and a parameter held by a module that is never called
 (the root reads it directly: no pre-hook reaches it, so step() must update
-it). Covered: SGD with momentum and Adam (with a learning-rate scheduler
+it). Covered: SGD with momentum (also in two param groups with their own
+lr) and Adam (with a learning-rate scheduler
 changing lr after every step, which the pending updates must not see), one
 group, several groups and one gradient at a time, backward_passes_per_step=2,
 zero_grad(set_to_none=True), gradient_predivide_factor; fp16 and DGC
@@ -74,10 +75,16 @@ def batches(world):
         yield x, y
 
 
-def make_optimizer(kind, params):
+def make_optimizer(kind, model):
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    return torch.optim.Adam(params, lr=0.01)
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if kind == "sgd2":
+        # Two param groups with their own settings: the convolutions, the rest.
+        convs = [p for n, p in model.named_parameters() if n.startswith("conv")]
+        rest = [p for n, p in model.named_parameters() if not n.startswith("conv")]
+        return torch.optim.SGD([{"params": convs, "lr": 0.3}, {"params": rest}], lr=0.1,
+                               momentum=0.5)
+    return torch.optim.Adam(model.parameters(), lr=0.01)
 
 
 def scheduler(kind, opt):
@@ -89,7 +96,7 @@ def scheduler(kind, opt):
 def reference(world, kind, micro):
     """One process, the whole batch, `micro` accumulated micro-batches a step."""
     model = Tricky()
-    opt = make_optimizer(kind, model.parameters())
+    opt = make_optimizer(kind, model)
     sched = scheduler(kind, opt)
     for x, y in batches(world):
         opt.zero_grad()
@@ -111,7 +118,7 @@ def distributed(rank, world, label, kind, micro=1, cross=True, set_to_none=False
     left to the next forward pass (not when the holder, whose module never
     runs, shares their group: then the whole group is updated in step())."""
     model = Tricky()
-    opt = ct.DistributedOptimizer(make_optimizer(kind, model.parameters()),
+    opt = ct.DistributedOptimizer(make_optimizer(kind, model),
                                   named_parameters=model.named_parameters(),
                                   name_prefix=f"grad.{label}", backward_passes_per_step=micro,
                                   cross_barrier=model if cross else None, **kw)
@@ -232,6 +239,7 @@ def main():
             ("sgd.accumulate2", "sgd", 2, {"fusion_bytes": 2000}, 1e-5),
             ("sgd.predivide", "sgd", 1, {"fusion_bytes": 2000, "gradient_predivide_factor": 2.0,
                                          "read": "state_dict"}, 1e-5),
+            ("sgd2.groups", "sgd2", 1, {"fusion_bytes": 2000}, 1e-5),
             ("adam.groups", "adam", 1, {"fusion_bytes": 2000}, 1e-4),
             ("adam.single", "adam", 1, {"fusion_bytes": 0}, 1e-4)]
     refs = {}
