@@ -7,17 +7,19 @@ With it, step() returns once it has started what the hooks did not, and each
 parameter is updated once the push_pull that carries its gradient (its own,
 or its group's) has completed, in the next forward pass: each module's
 forward pre-hook applies every update whose push_pull has completed by then,
-and waits for those of the module's own parameters alone, so the first
-layers' forward overlaps the last gradients' communication.
+and waits for those of the module's own parameters alone, so that a module
+runs once its own parameters are updated, possibly while later layers'
+gradients are still in flight.
 
 What keeps it equal to the normal step:
 - the update is the wrapped optimizer's own step(), run on the completed
   parameters alone (its param_groups cut down to them for the call), with
   the hyper-parameters (lr, momentum, ...) that step() saw: a learning-rate
   scheduler that changes lr after step() does not reach the pending ones;
-- a parameter whose module's pre-hook did not run in the forward pass of the
-  step (one held by a module that is never called, read by another) is
-  updated in step() itself, after waiting for it;
+- a group (or gradient) with a parameter whose module's pre-hook did not
+  run in the forward pass of the step (one held by a module that is never
+  called, read by another) is updated in step() itself, after waiting for
+  it;
 - everything still pending is applied when the model's own forward returns
   (a forward hook on the model), before the loss and backward; in step() and
   synchronize() if the model did not run; and by state_dict() (the
