@@ -35,6 +35,9 @@
 #                                          gradients fused by size (the binding's fusion_bytes)
 #                          cortado-engine-single  the same, one push_pull per gradient
 #                                          (fusion_bytes 0)
+#                          cortado-engine-cb  cortado-engine with cross_barrier=model: each
+#                                          group's update waits for its push_pull in the next
+#                                          forward pass, not in step()
 #                          ddp             torch DistributedDataParallel with Gloo
 #                          horovod         Horovod's DistributedOptimizer over Gloo
 #                          horovod-fp16    the same with hvd.Compression.fp16
@@ -131,7 +134,7 @@ check_name
 IFS=, read -r -a CONFIG_LIST <<<"$CONFIGS"
 for c in "${CONFIG_LIST[@]}"; do
   case $c in
-    cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | cortado-engine-single | ddp | horovod | horovod-fp16) ;;
+    cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | cortado-engine-single | cortado-engine-cb | ddp | horovod | horovod-fp16) ;;
     *) die "unknown configuration '$c' in --configs (see --help)" ;;
   esac
 done
@@ -329,6 +332,8 @@ run() {
       "${ENGINE_FUSION_ARGS[@]}" || rc=$? ;;
     cortado-engine-single) cortado_job "$log" --label "$config" --compression "$CODEC" \
       --fusion-bytes 0 || rc=$? ;;
+    cortado-engine-cb) cortado_job "$log" --label "$config" --compression "$CODEC" \
+      "${ENGINE_FUSION_ARGS[@]}" --cross-barrier || rc=$? ;;
     ddp) ddp_job "$log" || rc=$? ;;
     horovod) horovod_job "$log" none || rc=$? ;;
     horovod-fp16) horovod_job "$log" fp16 || rc=$? ;;

@@ -22,6 +22,7 @@ NAMES = {
     "cortado-none": "Cortado, no compression, fused groups of {fusion}",
     "cortado-engine": "Cortado, {codec}, default path (gradients fused by size, {fusion})",
     "cortado-engine-single": "Cortado, {codec}, default path, one push_pull per gradient",
+    "cortado-engine-cb": "Cortado, {codec}, default path ({fusion} groups), cross-barrier",
     "ddp": "DDP with Gloo",
     "horovod": "Horovod with Gloo",
     "horovod-fp16": "Horovod with Gloo, fp16 compression",

@@ -3,7 +3,7 @@
 # emulated hosts (a small torchvision model, 16x16 images, batch 2, 2 steps):
 #   1. Cortado fused and one gradient at a time with DGC, and DDP with Gloo
 #      (and Horovod with Gloo where horovod.torch imports, else the table
-#      says it was skipped): exit 0, one table row and one JSON row per
+#      says it was skipped), and the default path with the cross-barrier: exit 0, one table row and one JSON row per
 #      configuration, each after 2 steps from the same first loss (same seed
 #      and data), and the ratios against DDP and one-at-a-time;
 #   2. a run that fails (an unknown model) exits non-zero;
@@ -63,7 +63,7 @@ check_clean() {
 
 SIZES=(--model mobilenet_v3_small --image-size 16 --batch-size 2 --num-classes 4 --data-batches 2
   --warmup 0 --iters 1 --steps-per-iter 2 --threads 1 --run-timeout 240)
-configs=cortado-fused,cortado-single,ddp,horovod
+configs=cortado-fused,cortado-single,ddp,horovod,cortado-engine-cb
 export CORTADO_LOG_LEVEL=warn
 
 # 1. A full tiny run.
@@ -77,7 +77,8 @@ if ((rc != 0)); then
 else
   ok "the tiny run exits 0"
 fi
-for row in "fused groups of 25 MiB" "one gradient at a time" "DDP with Gloo" "Horovod with Gloo"; do
+for row in "fused groups of 25 MiB" "one gradient at a time" "DDP with Gloo" "Horovod with Gloo" \
+    "cross-barrier"; do
   grep -q "^| .*$row" "$OUT/out" && ok "table row: $row" || fail "no table row '$row'"
 done
 if "$PY" - "$OUT/table.json" <<'EOF'; then ok "JSON rows: 2 steps each, same first loss, ratios"; else fail "JSON rows (above)"; fi
@@ -86,6 +87,7 @@ t = json.load(open(sys.argv[1]))
 rows = [r for r in t["rows"] if "skipped" not in r]
 names = [r["config"] for r in rows]
 assert names[:3] == ["cortado-fused", "cortado-single", "ddp"], names
+assert names[-1] == "cortado-engine-cb", names
 skipped = [r["config"] for r in t["rows"] if "skipped" in r]
 assert "horovod" in names or skipped == ["horovod"], (names, skipped)
 firsts = {round(r["loss_first"], 4) for r in rows}

@@ -85,6 +85,19 @@ def test_distributed_optimizer_matches_single_process(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+@pytest.mark.parametrize("workers,servers", [(2, 1), (4, 2)])
+def test_cross_barrier_matches_single_process(run_job, workers, servers):
+    # DistributedOptimizer(cross_barrier=model): updates applied by the next
+    # forward pass's module pre-hooks end equal to one process on the whole
+    # batch (SGD with momentum, Adam with a scheduler; one group, several,
+    # one gradient at a time; accumulation, set_to_none, predivide), fp16
+    # and DGC equal to the normal path; a module called twice, a tied
+    # weight, a parameter no pre-hook reaches; the errors.
+    job = run_job(workers, servers, "cross_barrier_check.py", timeout=300)
+    results = assert_all_ok(job, workers)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
 def test_optimizer_fuses_gradients_by_default(run_job):
     # The default path's groups by size against a brute-force grouping, fused
     # against one gradient at a time (exact, and DGC's loss curve), a sparse

@@ -35,6 +35,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import timeit
 
 import numpy as np
@@ -69,6 +70,9 @@ def parse_args(argv=None):
                    help="cortado: DistributedOptimizer(fusion_bytes=...), the group size (0: "
                         "one gradient at a time; default: the binding's, 25 MiB with --executor, "
                         "4 MiB without)")
+    p.add_argument("--cross-barrier", action="store_true",
+                   help="cortado (default path): DistributedOptimizer(cross_barrier=model), each "
+                        "group's update waits for its push_pull in the next forward pass")
     p.add_argument("--fusion-search", choices=["default", "on", "off"], default="default",
                    help="cortado --executor: DistributedOptimizer(fusion_search=...), MergeComp's "
                         "online search for the groups (default: the binding's, on with a codec)")
@@ -123,16 +127,28 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
                 torch.randint(0, args.num_classes, (args.batch_size,), generator=gen).to(device))
                for _ in range(max(1, args.data_batches))]
     losses = []
+    # Wall seconds of each phase over the timed steps (rank 0's own): zero_grad
+    # and the forward pass with the loss, backward, and optimizer.step().
+    phases = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    timed = [False]
 
     def step():
         data, target = batches[len(losses) % len(batches)]
+        t0 = time.perf_counter()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data), target)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         optimizer.step()
         losses.append(loss.detach())
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step's GPU work, inside the timing
+        if timed[0]:
+            t3 = time.perf_counter()
+            phases["forward"] += t1 - t0
+            phases["backward"] += t2 - t1
+            phases["step"] += t3 - t2
 
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
@@ -140,16 +156,34 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
               + (", plan executor" if args.backend == "cortado" and args.executor else "")
               + (f", fusion_bytes {args.fusion_bytes}" if args.fusion_bytes is not None else "")
               + (f", fusion search {args.fusion_search}" if args.fusion_search != "default" else "")
+              + (", cross-barrier" if args.backend == "cortado" and args.cross_barrier else "")
               + f", {threads} threads per worker, on {args.device}")
     log(rank, "Running warmup...")
     timeit.timeit(step, number=args.num_warmup_batches)
     log(rank, "Running benchmark...")
+    timed[0] = True
     img_secs = []
     for i in range(args.num_iters):
         t = timeit.timeit(step, number=args.num_batches_per_iter)
         img_sec = args.batch_size * args.num_batches_per_iter / t
         log(rank, f"Iter #{i}: {img_sec:.1f} img/sec per worker, loss {losses[-1].item():.4f}")
         img_secs.append(img_sec)
+    # Cross-barrier: the last step's updates wait for the next forward pass.
+    getattr(optimizer, "wait_updates", lambda: None)()
+    n = max(1, args.num_iters * args.num_batches_per_iter)
+    phase_ms = {k: 1000.0 * v / n for k, v in phases.items()}
+    log(rank, "Per timed step (rank 0): " + ", ".join(f"{k} {v:.0f} ms" for k, v in phase_ms.items()))
+    cross = getattr(optimizer, "_cross", None)
+    if cross is not None:
+        log(rank, f"Cross-barrier (rank 0): {cross.deferred_steps} of {len(losses)} steps left "
+                  f"updates to the forward pass; the pre-hooks waited "
+                  f"{1000.0 * cross.forward_wait_s / max(1, cross.deferred_steps):.0f} ms per step "
+                  f"(with the update of what they waited for)")
+        names = {id(p): n for n, p in model.named_parameters()}
+        order = {id(p): i for i, p in enumerate(model.parameters())}
+        waits = sorted(cross.waits.items(), key=lambda kv: order[id(kv[0])])
+        log(rank, "Cross-barrier waits by group (first parameter, ms per step): " + ", ".join(
+            f"{names[id(p)]} {1000.0 * s / max(1, cross.deferred_steps):.0f}" for p, s in waits))
     mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
     last = losses[-1].detach().float().cpu().reshape(1).clone()
     last_mean = float(average(last.clone())[0]) if average is not None else float(last[0])
@@ -167,6 +201,8 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
             "compression": args.compression if args.backend != "gloo" else "none",
             "executor": args.backend == "cortado" and args.executor,
             "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
+            "cross_barrier": args.backend == "cortado" and args.cross_barrier,
+            "phase_ms_rank0": phase_ms,
             "device": args.device, "seed": args.seed, "data_batches": args.data_batches,
             "steps": len(losses), "loss_first": float(losses[0]), "loss_last": float(last[0]),
             "loss_last_mean": last_mean, "executor_fusion_search": search,
@@ -189,6 +225,8 @@ def run_cortado(args):
                 extra["fusion_search"] = args.fusion_search == "on"
         elif args.fusion_search != "default":
             raise SystemExit("--fusion-search needs --executor")
+        if args.cross_barrier:
+            extra["cross_barrier"] = model
         optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),
                                             compression=compression, executor=args.executor,
                                             **extra)

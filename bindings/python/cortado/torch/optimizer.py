@@ -20,6 +20,7 @@ from .. import _C, _runtime
 from ..compression import AutoCompression, Codec, Compression, Compressor
 from ..gravac import GravacCompression
 from . import zen
+from .cross_barrier import CrossBarrier, _Unit
 from .fusion import size_groups
 from .gravac_sync import GravacSync
 from .horovod import allgather_async
@@ -119,8 +120,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  name_prefix, executor=False, plan=None, fusion_bytes=None,
                  fusion_search=None, op=Average, predivide=1.0, groups=None,
-                 sparse_as_dense=False, sparse_threshold=zen.DEFAULT_SPARSE_THRESHOLD):
+                 sparse_as_dense=False, sparse_threshold=zen.DEFAULT_SPARSE_THRESHOLD,
+                 cross_barrier=None):
         super(self.__class__, self).__init__(params)
+        self._cross = None  # cross_barrier's CrossBarrier, made last
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -246,6 +249,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             and p not in self._group_of and zen.dense_candidate(p, self._compressors[p])}
         self.sparse_densities = {}
         self._register_hooks()
+        if cross_barrier is not None:
+            if self.executor is not None:
+                raise _runtime.error("invalid_argument",
+                                     "DistributedOptimizer: cross_barrier runs on the default "
+                                     "path; the plan executor (executor=True) waits for every "
+                                     "gradient in step(): pass one of them")
+            if self._gravac is not None:
+                raise _runtime.error("invalid_argument",
+                                     "DistributedOptimizer: compression gravac decides one "
+                                     "ratio from all gradients at synchronize(); it does not "
+                                     "run with cross_barrier")
+            self._cross = CrossBarrier(self, cross_barrier)
+            if not self._cross.hooked_modules:
+                self._cross.remove()
+                self._cross = None
+                raise _runtime.error("invalid_argument",
+                                     "DistributedOptimizer: the model given as cross_barrier "
+                                     "holds none of the optimizer's parameters: pass the model "
+                                     "that the optimizer trains")
 
     def _start_executor(self, rt, compression, plan, fusion_bytes, fusion_search):
         """The plan executor runs every gradient. The plan decides the path
@@ -378,6 +400,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
+            if self._cross is not None and p in self._cross.unit_of:
+                raise _runtime.error(
+                    "invalid_argument",
+                    f"DistributedOptimizer(cross_barrier=...): the gradient of "
+                    f"'{self._names[p]}' was computed while its update from the last step "
+                    f"was still pending; run the model given as cross_barrier (its forward "
+                    f"applies the updates), or call optimizer.wait_updates() before backward")
             if p in self._handles and self._delay[p] <= 0:
                 raise _runtime.error(
                     "invalid_argument",
@@ -655,6 +684,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Waits for every gradient's push_pull (starting those whose hooks did
         not fire, e.g. parameters unused in this pass) and writes the averaged
         gradients into p.grad."""
+        if self._cross is not None:
+            self._cross.finish()
         for _, p in self._ordered:
             if p not in self._handles:
                 self._grad_ready(p)
@@ -712,6 +743,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        cb = self._cross
+        if cb is not None:
+            cb.finish()  # what the model's forward did not apply since the last step
+            undecided = any(p not in self._dense_zen for p in self._zen_candidates)
+            if closure is None and self._should_synchronize and not self._synchronized \
+                    and cb.steps > 0 and not undecided:
+                self._cross_step()
+                return None
+            cb.steps += 1
+            cb.reached = set()
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() after optimizer.synchronize() without "
@@ -726,6 +767,94 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.executor.begin_iteration(self._iteration)
         return result
 
+    def _cross_step(self):
+        """step() with cross_barrier: starts what the hooks did not, then hands
+        every group (or single gradient) to the CrossBarrier, which updates
+        its parameters once its push_pull has completed (cross_barrier.py)."""
+        for _, p in self._ordered:
+            if p not in self._handles:
+                self._grad_ready(p)
+        handles = self._handles
+        units = []
+        try:
+            for members in self._groups:
+                waits = []
+                for q in members:
+                    for key in (q, ("sparse", q)):
+                        h, tmp = handles.get(key, (None, None))
+                        if h is not None or tmp is not None:
+                            waits.append((h, tmp, q))
+                units.append(_Unit(list(members), waits))
+            for _, p in self._ordered:
+                if p not in self._group_of:
+                    h, tmp = handles.get(p, (None, None))
+                    units.append(_Unit([p], [(h, tmp, p)]))
+        finally:
+            self._handles = {}
+            for p in self._delay:
+                self._delay[p] = self._backward_passes_per_step
+        self._synchronized = False
+        hparams = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        self._cross.defer(units, hparams)
+
+    @contextlib.contextmanager
+    def _only(self, params, hparams=None):
+        """The wrapped optimizer's param_groups cut down to `params` (and
+        their settings set to `hparams`, one dict per group) for the time of
+        the block."""
+        keep = set(params)
+        saved = []
+        for i, g in enumerate(self.param_groups):
+            saved.append((g["params"], {k: g[k] for k in hparams[i]} if hparams else None))
+            g["params"] = [p for p in g["params"] if p in keep]
+            if hparams:
+                g.update(hparams[i])
+        try:
+            yield
+        finally:
+            for g, (ps, hp) in zip(self.param_groups, saved):
+                g["params"] = ps
+                if hp is not None:
+                    g.update(hp)
+
+    def _base_step(self):
+        return super(self.__class__, self).step()
+
+    def _base_zero_grad(self, *args, **kwargs):
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+    def _finish_grads(self, params):
+        """A completed gradient's last touch before the update (as
+        synchronize() does for all): undo gradient_predivide_factor."""
+        if self._predivide != 1.0:
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(self._predivide)
+
+    @property
+    def pending_updates(self):
+        """cross_barrier: how many groups (or single gradients) of the last
+        step are still waiting for their push_pull; 0 otherwise."""
+        return 0 if self._cross is None else len(self._cross.pending)
+
+    def wait_updates(self):
+        """cross_barrier: applies every update still pending from the last
+        step() (waiting for its push_pull, within CORTADO_TIMEOUT_MS), as the
+        model's forward does; call it before reading the parameters outside
+        the model's forward (evaluating them by hand, saving them with
+        torch.save(list(model.parameters())), ...). Nothing to do otherwise."""
+        if self._cross is not None:
+            self._cross.finish()
+
+    def state_dict(self, *args, **kwargs):
+        self.wait_updates()
+        return super(self.__class__, self).state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        self.wait_updates()
+        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+
     def __del__(self):
         # The executor's thread may still be writing into a gradient buffer
         # that only _handles holds: drop the executor first (its destructor
@@ -737,6 +866,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise _runtime.error("invalid_argument",
                                  "DistributedOptimizer.zero_grad() while gradients are being "
                                  "pushed: call step() or synchronize() first")
+        if self._cross is not None and self._cross.pending:
+            self._cross.defer_zero(args, kwargs)
+            return None
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
@@ -745,7 +877,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          plan=None, fusion_bytes=None, fusion_search=None, *, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set,
-                         sparse_threshold=zen.DEFAULT_SPARSE_THRESHOLD):
+                         sparse_threshold=zen.DEFAULT_SPARSE_THRESHOLD, cross_barrier=None):
     """Wraps `optimizer` so that step() applies gradients averaged over all workers.
 
     - named_parameters: model.named_parameters(); its order is the layer order
@@ -821,6 +953,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       without compression, outside groups given by groups= and without
       executor=True;
       optimizer.sparse_densities has the measured densities and the choice.
+    - cross_barrier: the model (a torch.nn.Module holding the parameters),
+      to cross the barrier between step() and the next forward pass, as
+      BytePS's cross-barrier does: from the second step on, step() returns
+      without waiting, and each group's (or gradient's) parameters are
+      updated by the wrapped optimizer's own step once its push_pull has
+      completed, at the latest just before the first module that owns them
+      runs in the next forward pass (forward pre-hooks on the model's
+      modules), so that the first layers' forward overlaps the rest of the
+      communication. Parameters whose module did not run in the step's
+      forward pass are updated in step(); everything pending is applied when
+      the model's forward returns, and by optimizer.wait_updates(),
+      state_dict() (the optimizer's and the model's), zero_grad() defers
+      the pending ones' zeroing to after their update. Not with
+      executor=True or compression gravac; default path only (None: off).
     Call cortado.torch.init() first. The wrapped optimizer's state is not
     carried over: wrap a freshly made optimizer.
     """
@@ -870,11 +1016,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         Compression.lookup(compression)
     names = list(named_parameters) if named_parameters is not None else None
     _runtime.require("DistributedOptimizer")
+    if cross_barrier is not None and not isinstance(cross_barrier, torch.nn.Module):
+        raise _runtime.error("invalid_argument",
+                             f"DistributedOptimizer: cross_barrier must be the model (a "
+                             f"torch.nn.Module whose forward uses the parameters), got "
+                             f"{type(cross_barrier).__name__}: pass cross_barrier=model")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
                name_prefix, executor, plan, fusion_bytes, fusion_search, op,
-               gradient_predivide_factor, groups, sparse_as_dense, sparse_threshold)
+               gradient_predivide_factor, groups, sparse_as_dense, sparse_threshold,
+               cross_barrier)
 
 
 def _scalar_tensor(value):
