@@ -269,9 +269,10 @@ class Executor {
 
   // The element count `name` was declared with; nullopt when it was not.
   std::optional<uint64_t> declaredElements(const std::string& name) const;
-  // Bytes this worker pushed to the servers through its plans so far: the
-  // payloads of compressed pushes, 4 per element of raw ones (and GraVAC's
-  // dense iterations without MPI).
+  // Bytes this worker pushed to the servers through its plans so far, as
+  // they went on the wire (Handle::pushedBytes): the payloads of compressed
+  // pushes (top-k and DGC in their compact form where it was sent), 4 per
+  // element of raw ones (and GraVAC's dense iterations without MPI).
   uint64_t pushedBytes() const { return pushedBytes_; }
   // How many tensors were declared.
   size_t declaredCount() const { return tensors_.size(); }

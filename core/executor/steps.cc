@@ -652,10 +652,8 @@ void Run::pushPull(const Step& push, const Step& pull) {
         cat.insert(cat.end(), s.bytes.begin(), s.bytes.end());
       }
       ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
-      if (t_.pushedTotal) *t_.pushedTotal += cat.size();
     }
   } else {
-    if (t_.pushedTotal) *t_.pushedTotal += r_.len * sizeof(float);
     // From pinned memory: the region copied there first.
     ex.rawInput = lanes_.toHost(t_, x_ + r_.off, r_.len, d_);
   }
@@ -683,6 +681,8 @@ void Run::pushPull(const Step& push, const Step& pull) {
     throw Error(why.code(), why.message());
   }
   if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
+  // What went on the wire (top-k and DGC payloads compact where smaller).
+  if (t_.pushedTotal) *t_.pushedTotal += h.pushedBytes();
   if (!pull.compressed) lanes_.fromStaging(t_, x_ + r_.off, r_.len);
   segs_.clear();
   if (pull.compressed) {
