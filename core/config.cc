@@ -36,7 +36,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_SHM", "BYTEPS_ENABLE_IPC", "1",
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
       {"CORTADO_COMPACT_SPARSE", "", "1",
-       "top-k and DGC payloads (pushes and the servers' sparse answers) go on the wire with "
+       "top-k and DGC payloads (pushes, the servers' sparse answers, the plan executor's "
+       "collectives of payloads) go on the wire with "
        "their ascending indices as LEB128 varint gaps, about 5 bytes per kept element instead "
        "of 8, where that is smaller (0: always the plain form; either form is read whatever "
        "this says; docs/codecs.md, \"Compact index lists\")"},

@@ -30,8 +30,9 @@ struct JobConfig {
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
   // CORTADO_COMPACT_SPARSE: top-k and DGC payloads (workers' pushes, the
-  // servers' sparse answers) go on the wire with their indices as varint
-  // gaps where that is smaller (compressor/compact.h).
+  // servers' sparse answers, the plan executor's collectives of payloads)
+  // go on the wire with their indices as varint gaps where that is smaller
+  // (compressor/compact.h).
   bool compactSparse = true;
   // CORTADO_FUSION_BYTES: the plan executor's tensor fusion threshold
   // (Executor::runBatch, docs/executor.md); 0: off. 64 MiB, as Horovod's.

@@ -233,6 +233,13 @@ class Executor {
   // overlap yet (docs/executor.md).
   void setPipeline(bool on) { pipeline_ = on; }
   bool pipeline() const { return pipeline_; }
+  // Top-k and DGC payloads in the gather, broadcast, allgather and alltoall
+  // steps travel in their compact wire form where that is smaller
+  // (compressor/compact.h; JobConfig::compactSparse, CORTADO_COMPACT_SPARSE;
+  // default on). Either form is read. Push/pull steps follow the worker's
+  // WorkerOptions::compactSparse.
+  void setCompactSparse(bool on) { compactSparse_ = on; }
+  bool compactSparse() const { return compactSparse_; }
   // Leading encodes the pipeline has run beside another item's steps so far.
   uint64_t pipelinedStarts() const { return pipelinedStarts_; }
   // Executions of the plan's groups (plan::Plan::groups) so far: a batch
@@ -421,6 +428,7 @@ class Executor {
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
   uint64_t fusionBytes_ = kDefaultFusionBytes;
   bool pipeline_ = false;
+  bool compactSparse_ = true;
   uint64_t pipelinedStarts_ = 0;
   uint64_t groupRuns_ = 0;
   uint64_t inPlaceGroupRuns_ = 0;

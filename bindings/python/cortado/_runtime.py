@@ -122,7 +122,9 @@ def pushed_bytes():
     """Bytes of tensor data this worker pushed to the servers so far, as they
     went on the wire: raw elements, codec payloads (top-k and DGC in their
     compact form where it was sent), Zen's pair lists; not the messages'
-    framing. Collectives (allgather, broadcast over MPI) are not counted."""
+    framing. Everything that goes through the servers counts (push_pull, the
+    broadcasts and Horovod-style operations built on it, the plan executor's
+    push/pull steps); MPI or NCCL collectives of a C++ worker do not."""
     return require("pushed_bytes").pushed_bytes
 
 

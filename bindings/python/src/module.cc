@@ -447,6 +447,7 @@ class PyExecutor {
         ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
+    ex_->setCompactSparse(job_.compactSparse);  // CORTADO_COMPACT_SPARSE
     // cortado.shutdown() (or an abrupt close) stops the thread before the
     // worker it runs on goes.
     hook_ = rt_.addCloseHook([this](bool abort) { stopThread(abort); });
