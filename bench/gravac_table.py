@@ -50,7 +50,7 @@ def parse_args():
     p.add_argument("--local", action="store_true", help="no emulated hosts: --hosts workers here")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--target", type=float, default=0.95)
-    p.add_argument("--configs", default=",".join(CONFIGS).replace(",", ";"),
+    p.add_argument("--configs", default=";".join(CONFIGS),
                    help="';'-separated compressions (default: %(default)s)")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="train_digits.py --model")
     p.add_argument("--hidden", type=int, help="train_digits.py --hidden (with --model mlp)")

@@ -57,6 +57,7 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.async = job.async;
   wo.sharedMemory = job.sharedMemory;
   wo.inlineBytes = job.inlineBytes;
+  wo.compactSparse = job.compactSparse;
   wo.busyPoll = std::chrono::microseconds(job.busyPollUs);
   wo.listenAddress = dataListenAddress(job);
   return wo;

@@ -35,6 +35,12 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
       {"CORTADO_SHM", "BYTEPS_ENABLE_IPC", "1",
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
+      {"CORTADO_COMPACT_SPARSE", "", "1",
+       "top-k and DGC payloads (pushes, the servers' sparse answers, the plan executor's "
+       "collectives of payloads) go on the wire with "
+       "their ascending indices as LEB128 varint gaps, about 5 bytes per kept element instead "
+       "of 8, where that is smaller (0: always the plain form; either form is read whatever "
+       "this says; docs/codecs.md, \"Compact index lists\")"},
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",
        "plan file (cortado plan ... --json) that the plan executor runs (docs/executor.md)"},
       {"CORTADO_FUSION_BYTES", "HOROVOD_FUSION_THRESHOLD", "64MiB",
@@ -172,6 +178,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SERVER_THREADS", std::to_string(serverThreads)},
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
+      {"CORTADO_COMPACT_SPARSE", compactSparse ? "1" : "0"},
       {"CORTADO_PLAN", planFile},
       {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
       {"CORTADO_PHASE_BYTES", std::to_string(phaseBytes)},
@@ -272,6 +279,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvInt(names("CORTADO_SERVER_THREADS"))) c.serverThreads = static_cast<int>(*v);
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
   if (auto v = getEnvBool(names("CORTADO_SHM"))) c.sharedMemory = *v;
+  if (auto v = getEnvBool(names("CORTADO_COMPACT_SPARSE"))) c.compactSparse = *v;
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
   // A size in bytes that may be 0; a bad one is refused naming the variable and what to give.
   auto sizeSetting = [&](const char* name, uint64_t& field, const char* what) {

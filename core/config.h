@@ -29,6 +29,11 @@ struct JobConfig {
   int serverThreads = 2;
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
+  // CORTADO_COMPACT_SPARSE: top-k and DGC payloads (workers' pushes, the
+  // servers' sparse answers, the plan executor's collectives of payloads)
+  // go on the wire with their indices as varint gaps where that is smaller
+  // (compressor/compact.h).
+  bool compactSparse = true;
   // CORTADO_FUSION_BYTES: the plan executor's tensor fusion threshold
   // (Executor::runBatch, docs/executor.md); 0: off. 64 MiB, as Horovod's.
   uint64_t fusionBytes = 64ull << 20;

@@ -44,6 +44,10 @@ Status Handle::wait(Deadline deadline) const {
 }
 
 const std::string& Handle::tensorName() const { return state_->name; }
+
+uint64_t Handle::pushedBytes() const {
+  return state_ ? state_->pushedBytes.load(std::memory_order_relaxed) : 0;
+}
                                       
                                       namespace detail {
 

@@ -69,6 +69,10 @@ struct WorkerOptions {
   // Handle::wait() polls for the completion this long before it sleeps on
   // its condition variable (0: it sleeps at once). It keeps a core busy.
   std::chrono::microseconds busyPoll{0};
+  // Top-k and DGC payloads go on the wire with their indices as varint gaps
+  // where that is smaller (compressor/compact.h; CORTADO_COMPACT_SPARSE).
+  // Answers in that form are read either way.
+  bool compactSparse = true;
 };
 
 // How one tensor travels. The default is uncompressed.
@@ -154,6 +158,9 @@ class Handle {
   // operation goes on; wait again to see it finish).
   Status wait(Deadline deadline) const;
   const std::string& tensorName() const;
+  // Bytes of tensor data this operation pushed (Worker::pushedBytes counts
+  // the same for every operation); final once it completed.
+  uint64_t pushedBytes() const;
 
  private:
   std::shared_ptr<State> state_;
@@ -241,6 +248,14 @@ class Worker {
 
   // The first failure, or OK.
   virtual Status failure() const = 0;
+
+  // Bytes of tensor data this worker put into pushes so far, and received
+  // in the servers' answers: raw elements (through shared memory too), or
+  // the codec payloads as they went on the wire (the compact form where it
+  // was sent), or Zen's pair lists and answers. The messages' framing (the
+  // data header, a compressed push's codec and tensor names) is not counted.
+  virtual uint64_t pushedBytes() const = 0;
+  virtual uint64_t pulledBytes() const = 0;
 
   // Fails every pending and queued operation and every later call with
   // `why` (the first failure wins), as a dead peer would. For a caller that

@@ -117,11 +117,10 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
     const bool compressed =
         c.numElements > 0 && (task.exchange ? !task.payloads.empty() : t.codec != nullptr);
     if (compressed && task.exchange) {
-      const size_t pre = wire::compressedPreambleBytes(t.codecSpec, t.name);
       const Buffer& payloads = task.payloads[op.chunk];
-      Buffer body = Buffer::allocate(pre + payloads.size());
-      wire::writeCompressedPreamble(body.data(), t.codecSpec, t.name);
-      if (payloads.size() > 0) std::memcpy(body.data() + pre, payloads.data(), payloads.size());
+      Buffer body = compressedBody(
+          t, *op.task,
+          {reinterpret_cast<const std::byte*>(payloads.data()), payloads.size()});
       h.flags |= wire::kFlagCompressed;
       if (!task.answers) h.flags |= wire::kFlagDenseAnswer;
       if (t.options.errorFeedback) h.flags |= wire::kFlagErrorFeedback;
@@ -129,11 +128,14 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
       push.parts.push_back(wire::encodeHeader(h));
       push.parts.push_back(std::move(body));
     } else if (compressed) {
-      // Encoded here, so the input is not needed after this call.
-      const size_t pre = wire::compressedPreambleBytes(t.codecSpec, t.name);
+      // Encoded here, so the input is not needed after this call. Top-k and
+      // DGC encode into a scratch buffer that compressedBody() compacts;
+      // the other codecs straight into the push.
+      const bool compact = opts_.compactSparse && compressor::listsIndices(t.codec->id());
+      const size_t pre = compact ? 0 : wire::compressedPreambleBytes(t.codecSpec, t.name);
       const size_t payloadBytes = t.codec->payloadBytes(c.numElements);
       Buffer body = Buffer::allocate(pre + payloadBytes);
-      wire::writeCompressedPreamble(body.data(), t.codecSpec, t.name);
+      if (!compact) wire::writeCompressedPreamble(body.data(), t.codecSpec, t.name);
       std::span<std::byte> out(reinterpret_cast<std::byte*>(body.data() + pre), payloadBytes);
       const float* in = reinterpret_cast<const float*>(op.task->input) + c.offset;
       compressor::EncodeContext ctx;
@@ -143,6 +145,10 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
       CORTADO_ENFORCE(wrote == payloadBytes, ErrorCode::kInternal,
                       "codec '{}' wrote {} bytes for {} elements, declared {}", t.codecSpec,
                       wrote, c.numElements, payloadBytes);
+      if (compact)
+        body = compressedBody(t, *op.task, out);
+      else
+        countPushed(*op.task, payloadBytes);
       h.flags |= wire::kFlagCompressed;
       if (t.options.errorFeedback) h.flags |= wire::kFlagErrorFeedback;
       h.bodyBytes = body.size();
@@ -152,6 +158,7 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
       // Same host: the server sums straight from our shared memory. The
       // region is ours again once this round's answer is back.
       std::memcpy(region.data, op.task->input + c.offset * esz, c.numElements * esz);
+      countPushed(*op.task, c.numElements * esz);
       shm::Descriptor d{region.segment, 0, region.offset};
       h.flags |= wire::kFlagShm;
       h.bodyBytes = sizeof(d);
@@ -159,6 +166,7 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
       push.parts.push_back(Buffer::copyOf(&d, sizeof(d)));
     } else {
       h.bodyBytes = c.numElements * esz;
+      countPushed(*op.task, h.bodyBytes);
       push.parts.push_back(wire::encodeHeader(h));
       // Zero-copy: the caller keeps the input alive until the handle completes.
       push.parts.push_back(Buffer::wrap(const_cast<uint8_t*>(op.task->input) + c.offset * esz,
@@ -193,6 +201,41 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
                                                  server.toString(), e.what())),
                 nullptr);
   }
+}
+
+void WorkerImpl::countPushed(Task& task, uint64_t bytes) {
+  task.handle->pushedBytes.fetch_add(bytes, std::memory_order_relaxed);
+  pushedBytes_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+Buffer WorkerImpl::compressedBody(const TensorEntry& t, Task& task,
+                                  std::span<const std::byte> payloads) {
+  const size_t pre = wire::compressedPreambleBytes(t.codecSpec, t.name);
+  const bool compact = opts_.compactSparse && compressor::listsIndices(t.codec->id());
+  const size_t bytes = compact ? compressor::compactedRunBytes(payloads) : payloads.size();
+  Buffer body = Buffer::allocate(pre + bytes);
+  wire::writeCompressedPreamble(body.data(), t.codecSpec, t.name);
+  std::span<std::byte> out(reinterpret_cast<std::byte*>(body.data() + pre), bytes);
+  if (bytes != payloads.size())
+    compressor::compactRun(payloads, out);
+  else if (!payloads.empty())
+    std::memcpy(out.data(), payloads.data(), payloads.size());
+  countPushed(task, bytes);
+  return body;
+}
+
+Buffer WorkerImpl::plainAnswer(const Buffer& body, const NodeId& from) {
+  std::span<const std::byte> run(reinterpret_cast<const std::byte*>(body.data()), body.size());
+  std::vector<std::byte> scratch;
+  std::span<const std::byte> plain;
+  try {
+    plain = compressor::expandRun(run, scratch);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kProtocol,
+                fmt::format("malformed answer from {}: {}", from.toString(), e.what()));
+  }
+  if (plain.data() == run.data()) return body;
+  return Buffer::copyOf(plain.data(), plain.size());
 }
 
 void WorkerImpl::onMessage(Message&& m) {
@@ -271,6 +314,8 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
   Status s = status;
   if (s.ok() && m) {
     const size_t esz = dtypeSize(t.dtype);
+    pulledBytes_.fetch_add((h->flags & wire::kFlagShm) ? c.numElements * esz : m->parts[1].size(),
+                           std::memory_order_relaxed);
     if (h->key != c.key || h->numElements != c.numElements || h->dtype != t.dtype ||
         (!opts_.async && h->round != task.round)) {
       s = Status(ErrorCode::kProtocol,
@@ -286,8 +331,14 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
         s = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
       }
     } else if (task.answers) {
-      (*task.answers)[op.chunk] =
-          ExchangeAnswer{m->parts[1], (h->flags & wire::kFlagCompressed) != 0};
+      const bool compressed = (h->flags & wire::kFlagCompressed) != 0;
+      try {
+        (*task.answers)[op.chunk] =
+            ExchangeAnswer{compressed ? plainAnswer(m->parts[1], m->from) : m->parts[1],
+                           compressed};
+      } catch (const Error& e) {
+        s = Status(e.code(), fmt::format("tensor '{}': {}", t.name, e.what()));
+      }
     } else if (c.numElements > 0) {
       try {
         CORTADO_ENFORCE(!task.exchange || !(h->flags & wire::kFlagCompressed),
@@ -352,8 +403,9 @@ void WorkerImpl::decodeAnswer(const TensorEntry& t, const Task& task, const Chun
   CORTADO_ENFORCE(t.codec != nullptr, ErrorCode::kProtocol,
                   "{} answered with a compressed payload, but the tensor is uncompressed",
                   m.from.toString());
-  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(m.parts[1].data()),
-                                     m.parts[1].size());
+  const Buffer plain = plainAnswer(m.parts[1], m.from);
+  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(plain.data()),
+                                     plain.size());
   compressor::PayloadHeader ph;
   try {
     ph = compressor::parseHeader(payload);

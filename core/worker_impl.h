@@ -18,10 +18,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include "compressor/compact.h"
 #include "compressor/error_feedback.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
+#include "compressor/sparse_sum.h"
 #include "compressor/zen/zen_hash.h"
 #include "compressor/zen/zen_payload.h"
 #include "compressor/zen/zen_scheme.h"
@@ -45,6 +47,7 @@ struct Handle::State {
   // `done` for wait()'s busy polling, which reads it without the mutex.
   std::atomic<bool> doneFlag{false};
   std::chrono::microseconds busyPoll{0};  // WorkerOptions::busyPoll
+  std::atomic<uint64_t> pushedBytes{0};   // Handle::pushedBytes
 
   // Completes once; the first error wins.
   void complete(const Status& s) {
@@ -189,6 +192,9 @@ class WorkerImpl final : public Worker {
 
   void abort(const Status& why) override;
 
+  uint64_t pushedBytes() const override { return pushedBytes_.load(std::memory_order_relaxed); }
+  uint64_t pulledBytes() const override { return pulledBytes_.load(std::memory_order_relaxed); }
+
   void shutdown(Deadline deadline) override;
 
  private:
@@ -206,6 +212,17 @@ class WorkerImpl final : public Worker {
   void dispatchOrSend(const std::shared_ptr<Task>& task);
 
   void sendChunk(const ChunkOp& op, uint32_t id);
+
+  // A compressed push's body: the preamble, then `payloads` (one or more
+  // back to back), their top-k and DGC payloads compacted where that is
+  // smaller and WorkerOptions::compactSparse is on. Counts the payload
+  // bytes as pushed by `task`.
+  Buffer compressedBody(const TensorEntry& t, Task& task, std::span<const std::byte> payloads);
+  // Counts bytes pushed by `task` (and by this worker).
+  void countPushed(Task& task, uint64_t bytes);
+  // A compressed answer in its plain form: `body` itself, or the expansion
+  // of its compact payloads. Throws kProtocol naming the server.
+  Buffer plainAnswer(const Buffer& body, const NodeId& from);
 
   // Sparse tensors (worker_sparse.cc): the declaration's checks and index
   // lists, the chunks' push and pull, the answers' decoding, and the log of
@@ -274,6 +291,7 @@ class WorkerImpl final : public Worker {
   std::optional<Clock::time_point> peerLossAt_;
   bool closed_ = false;
   std::atomic<bool> closing_{false};
+  std::atomic<uint64_t> pushedBytes_{0}, pulledBytes_{0};  // pushedBytes(), pulledBytes()
   std::thread dispatcher_;
 };
 

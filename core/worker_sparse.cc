@@ -151,6 +151,7 @@ void WorkerImpl::sendSparseChunk(const ChunkOp& op, uint32_t id) {
     h.op = Op::kPush;
     const Buffer& body = op.task->sparse[op.chunk];
     h.bodyBytes = body.size();
+    countPushed(*op.task, body.size());
     Message push;
     push.parts.push_back(wire::encodeHeader(h));
     push.parts.push_back(body);

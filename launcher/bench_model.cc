@@ -183,6 +183,7 @@ int runModelBench(const ModelBenchOptions& o) {
   executor::Executor ex(*worker, &groups);
   ex.setFusionBytes(job.fusionBytes);  // CORTADO_FUSION_BYTES
   ex.setPhaseBytes(job.phaseBytes);    // CORTADO_PHASE_BYTES
+  ex.setCompactSparse(job.compactSparse);  // CORTADO_COMPACT_SPARSE
   ex.setPipeline(job.pipeline);        // CORTADO_PIPELINE
   auto tracer = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", job.rank)));
   if (tracer->enabled()) ex.setTracer(tracer);

@@ -76,6 +76,7 @@ int runServerRole(const JobConfig& job) {
   eo.numWorkers = job.numWorkers;
   eo.engineThreads = job.serverThreads;
   eo.inlineBytes = job.inlineBytes;
+  eo.compactSparse = job.compactSparse;
   eo.async = job.async;
   eo.self = self;
   if (job.sharedMemory) eo.shmPrefix = shm::jobPrefix(job.token);

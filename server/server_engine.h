@@ -87,6 +87,10 @@ struct ServerEngineOptions {
   NodeId self{Role::kServer, 0};
   // The codecs compressed pushes may name; nullptr: the CPU codecs.
   std::shared_ptr<const compressor::Registry> codecs;
+  // Sparse answers (top-k, DGC, random-k keys) go out with their indices as
+  // varint gaps where that is smaller (compressor/compact.h;
+  // CORTADO_COMPACT_SPARSE). Pushes in that form are read either way.
+  bool compactSparse = true;
   // Records the work of every push in sync mode (receive, decode, sum, and
   // the round's answer on the last push) as a "server" stage, the iteration
   // being the key's round (docs/tracing.md). nullptr: off.

@@ -292,6 +292,17 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
     k.tracking = compressor::listsIndices(k.codec->id());
     if (k.tracking) k.touched.reset(k.numElements);
   }
+  // Top-k and DGC pushes may come compact: in their plain form from here on.
+  if (compressor::listsIndices(k.codec->id())) {
+    try {
+      payload = compressor::expandRun(payload, scratch);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kProtocol,
+                  fmt::format("{}: malformed {} payload from {} (round {}): {}",
+                              k.describe(h.key), k.codecSpec, msg.from.toString(), h.round,
+                              e.what()));
+    }
+  }
   // One payload, or (plan executor) several of the same chunk back to back.
   const size_t one = k.codec->payloadBytes(k.numElements);
   CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0, ErrorCode::kProtocol,
@@ -412,6 +423,28 @@ bool ServerEngine::Shard::encodeSum(KeyState& k, const compressor::CodecPtr& cod
     const size_t nonzeros = touched ? compressor::countNonzeros(sum, *touched)
                                     : compressor::countNonzeros(sum, n);
     const size_t bytes = compressor::sparseSumBytes(nonzeros);
+    // The compact form takes at least 5 bytes a nonzero: built (from the
+    // plain one) only where it may beat the dense sum, sent where smaller.
+    if (engine->opts_.compactSparse &&
+        compressor::kHeaderBytes + 5 * nonzeros < std::min(bytes, denseBytes)) {
+      scratch.resize(bytes);
+      if (touched)
+        compressor::encodeSparseSum(sum, n, *touched, nonzeros, scratch);
+      else
+        compressor::encodeSparseSum(sum, n, nonzeros, scratch);
+      const size_t compact = compressor::compactBytes(scratch);
+      if (compact > 0 && compact < std::min(bytes, denseBytes)) {
+        result = takeBuffer(recycled, compact);
+        compressor::compactSparsePayload(
+            scratch, {reinterpret_cast<std::byte*>(result.data()), compact});
+        return true;
+      }
+      if (bytes < denseBytes) {
+        result = takeBuffer(recycled, bytes);
+        std::memcpy(result.data(), scratch.data(), bytes);
+        return true;
+      }
+    }
     if (bytes < denseBytes) {
       result = takeBuffer(recycled, bytes);
       std::span<std::byte> out{reinterpret_cast<std::byte*>(result.data()), bytes};

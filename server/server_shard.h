@@ -9,6 +9,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "compressor/compact.h"
 #include "compressor/error_feedback.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
@@ -136,6 +137,9 @@ struct ServerEngine::Shard {
   std::thread thread;
   std::unordered_map<uint64_t, KeyState> keys;
   ServerStats stats;  // guarded by mu
+  // Compact top-k and DGC pushes expanded, and a sparse answer in its plain
+  // form before it is compacted (compressor/compact.h); the token's holder's.
+  std::vector<std::byte> scratch;
 
   void run();
   // process() with its errors answered to the sender.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "compressor/codec.h"
+#include "compressor/compact.h"
 #include "compressor/payload.h"
 
 namespace cortado::compressor::cpu {
@@ -19,8 +20,14 @@ PayloadHeader headerFor(CodecId id, const EncodeContext& ctx, size_t n, size_t t
 // exactly `bodyFor(h)` bytes. Throws kProtocol naming codec `id`.
 template <typename BodyFn>
 void expectFlagsAndBody(const PayloadHeader& h, CodecId id, BodyFn bodyFor, uint8_t allowedFlags) {
+  // The compact wire form of top-k and DGC (compact.h) is never a codec's
+  // to read: the receiver expands it first.
   CORTADO_ENFORCE((h.flags & ~allowedFlags) == 0, ErrorCode::kProtocol,
-                  "{} payload has unknown flags {:#x}", codecIdName(id), h.flags);
+                  "{} payload has unknown flags {:#x}{}", codecIdName(id), h.flags,
+                  (id == CodecId::kTopK || id == CodecId::kDgc) && (h.flags & kCompactIndicesFlag)
+                      ? " (the compact wire form, which codecs do not read: expand it first "
+                        "with compressor::expandSparsePayload)"
+                      : "");
   uint64_t want = bodyFor(h);
   CORTADO_ENFORCE(h.bodyBytes == want, ErrorCode::kProtocol,
                   "{} payload body is {} bytes, expected {} for {}", codecIdName(id), h.bodyBytes,

@@ -234,39 +234,12 @@ std::vector<std::byte> encodeIndexList(const Ownership& own, uint32_t server, ui
   if (!values.empty()) std::memcpy(p, values.data(), 4 * values.size());
   p += 4 * values.size();
   for (size_t i = 0; i < indices.size(); ++i) {
-    uint32_t g = i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1;
-    while (g >= 0x80) {
-      *p++ = std::byte{static_cast<uint8_t>(g | 0x80)};
-      g >>= 7;
-    }
-    *p++ = std::byte{static_cast<uint8_t>(g)};
+    p = writeVarint(p, i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1);
   }
   return out;
 }
 
 namespace {
-
-// Reads the varint at p (before end) into v; returns the byte after it, or
-// null where it is truncated, longer than 5 bytes, overlong (a last byte of
-// zero after the first) or past 32 bits.
-const uint8_t* readVarint(const uint8_t* p, const uint8_t* end, uint32_t& v) {
-  if (p < end && *p < 0x80) {  // the common case: one byte
-    v = *p;
-    return p + 1;
-  }
-  uint64_t x = 0;
-  for (int shift = 0; shift < 35; shift += 7) {
-    if (p == end) return nullptr;
-    const uint8_t b = *p++;
-    x |= uint64_t(b & 0x7f) << shift;
-    if (b < 0x80) {
-      if ((b == 0 && shift > 0) || x > 0xffffffffull) return nullptr;
-      v = static_cast<uint32_t>(x);
-      return p;
-    }
-  }
-  return nullptr;
-}
 
 // The index-list answer's checks: one pass over the varints and the
 // ownership hash of every index. I_p itself is not read: only its size.

@@ -47,6 +47,7 @@
 #include <span>
 #include <vector>
 
+#include "compressor/varint.h"
 #include "compressor/zen/zen_hash.h"
 
 namespace cortado::compressor::zen {
@@ -73,10 +74,8 @@ struct ZenHeader {
 size_t cooBytes(uint64_t pairs);
 size_t bitmapBytes(uint64_t listSize, uint64_t nonzeros);
 size_t indexListBytes(std::span<const uint32_t> indices);
-// Bytes of one LEB128 varint of v (1 to 5).
-inline size_t varintBytes(uint32_t v) {
-  return v < (1u << 7) ? 1 : v < (1u << 14) ? 2 : v < (1u << 21) ? 3 : v < (1u << 28) ? 4 : 5;
-}
+// Bytes of one LEB128 varint of v (1 to 5; compressor/varint.h).
+using compressor::varintBytes;
 
 // Parses and checks what the header alone can tell (size, magic, version,
 // kind, dtype, reserved, numel, server < servers, body size exact for the

@@ -233,6 +233,13 @@ class Executor {
   // overlap yet (docs/executor.md).
   void setPipeline(bool on) { pipeline_ = on; }
   bool pipeline() const { return pipeline_; }
+  // Top-k and DGC payloads in the gather, broadcast, allgather and alltoall
+  // steps travel in their compact wire form where that is smaller
+  // (compressor/compact.h; JobConfig::compactSparse, CORTADO_COMPACT_SPARSE;
+  // default on). Either form is read. Push/pull steps follow the worker's
+  // WorkerOptions::compactSparse.
+  void setCompactSparse(bool on) { compactSparse_ = on; }
+  bool compactSparse() const { return compactSparse_; }
   // Leading encodes the pipeline has run beside another item's steps so far.
   uint64_t pipelinedStarts() const { return pipelinedStarts_; }
   // Executions of the plan's groups (plan::Plan::groups) so far: a batch
@@ -269,9 +276,10 @@ class Executor {
 
   // The element count `name` was declared with; nullopt when it was not.
   std::optional<uint64_t> declaredElements(const std::string& name) const;
-  // Bytes this worker pushed to the servers through its plans so far: the
-  // payloads of compressed pushes, 4 per element of raw ones (and GraVAC's
-  // dense iterations without MPI).
+  // Bytes this worker pushed to the servers through its plans so far, as
+  // they went on the wire (Handle::pushedBytes): the payloads of compressed
+  // pushes (top-k and DGC in their compact form where it was sent), 4 per
+  // element of raw ones (and GraVAC's dense iterations without MPI).
   uint64_t pushedBytes() const { return pushedBytes_; }
   // How many tensors were declared.
   size_t declaredCount() const { return tensors_.size(); }
@@ -420,6 +428,7 @@ class Executor {
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
   uint64_t fusionBytes_ = kDefaultFusionBytes;
   bool pipeline_ = false;
+  bool compactSparse_ = true;
   uint64_t pipelinedStarts_ = 0;
   uint64_t groupRuns_ = 0;
   uint64_t inPlaceGroupRuns_ = 0;

@@ -145,7 +145,6 @@ void Executor::sumDense(std::span<const BatchItem> items, Deadline deadline) {
     const std::string key = "cortado.gravac.dense/" + it.name;
     if (gravacDenseKeys_.insert(key).second)
       worker_.declare(key, DType::kFloat32, it.numElements, deadline);
-    pushedBytes_ += it.numElements * sizeof(float);
     handles.push_back(worker_.pushPull(key, DType::kFloat32, it.numElements, it.input, it.output,
                                        ReduceOp::kSum, 0));
   }
@@ -154,6 +153,7 @@ void Executor::sumDense(std::span<const BatchItem> items, Deadline deadline) {
     if (!st.ok())
       throw Error(st.code(),
                   fmt::format("GraVAC: dense iteration of '{}': {}", items[i].name, st.message()));
+    pushedBytes_ += handles[i].pushedBytes();
   }
 }
 

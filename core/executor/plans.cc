@@ -368,6 +368,7 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
   const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
   t.option = option;
   t.pushedTotal = &pushedBytes_;
+  t.compactSparse = &compactSparse_;
   t.codec.reset();
   t.sparseDecoder.reset();
   t.deviceCodec.reset();

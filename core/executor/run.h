@@ -103,6 +103,9 @@ struct Executor::TensorState {
   bool carried = false;
   // Where the bytes this state pushes are counted (Executor::pushedBytes).
   uint64_t* pushedTotal = nullptr;
+  // Executor::compactSparse(): the blob collectives carry top-k and DGC
+  // payloads in their compact wire form where smaller.
+  const bool* compactSparse = nullptr;
   std::vector<std::string> shardKeys;  // push/pull keys, by shard
   // The shard keys this worker pushed and pulled under the current plan:
   // setPlan releases them (Worker::release), after their last round.
@@ -363,6 +366,7 @@ class Run {
   // Where the step at step_ runs its codec: on the device (its codec on
   // device memory) or on the CPU (after a copy to pinned memory).
   bool onDevice() const;
+  bool compactBlobs() const { return t_.compactSparse && *t_.compactSparse; }
   void encode();
 
   // Sums every segment into the region, in fp32.

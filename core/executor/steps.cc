@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "compressor/compact.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
@@ -16,10 +17,18 @@ namespace {
 
 // Blob framing for collectives: u64 count, then per segment u64 off, u64
 // count, u64 dense, u64 bytes, bytes. Sized once, then filled: no
-// reallocation while a phase's payloads are packed.
-std::vector<std::byte> pack(const Segs& segs) {
+// reallocation while a phase's payloads are packed. With `compact`, a
+// piece's top-k and DGC payloads go in their compact wire form where that
+// is smaller (compressor/compact.h; the blob collectives exchange sizes
+// first, so pieces may shrink); unpackInto() expands them.
+std::vector<std::byte> pack(const Segs& segs, bool compact) {
   size_t total = 8;
-  for (const Seg& s : segs) total += 32 + s.bytes.size();
+  std::vector<size_t> sizes;
+  sizes.reserve(segs.size());
+  for (const Seg& s : segs) {
+    sizes.push_back(compact && !s.dense ? compressor::compactedRunBytes(s.bytes) : s.bytes.size());
+    total += 32 + sizes.back();
+  }
   std::vector<std::byte> out(total);
   size_t at = 0;
   auto put = [&](const void* p, size_t n) {
@@ -28,12 +37,18 @@ std::vector<std::byte> pack(const Segs& segs) {
   };
   auto putU64 = [&](uint64_t v) { put(&v, 8); };
   putU64(segs.size());
-  for (const Seg& s : segs) {
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Seg& s = segs[i];
     putU64(s.off);
     putU64(s.count);
     putU64(s.dense ? 1 : 0);
-    putU64(s.bytes.size());
-    put(s.bytes.data(), s.bytes.size());
+    putU64(sizes[i]);
+    if (sizes[i] == s.bytes.size()) {
+      put(s.bytes.data(), s.bytes.size());
+    } else {
+      compressor::compactRun(s.bytes, std::span<std::byte>(out).subspan(at, sizes[i]));
+      at += sizes[i];
+    }
   }
   return out;
 }
@@ -56,7 +71,22 @@ void unpackInto(const std::byte* p, size_t n, Segs& out, uint64_t tensorLen) {
     CORTADO_ENFORCE(s.off <= tensorLen && s.count <= tensorLen - s.off && bytes <= n - at,
                     ErrorCode::kProtocol, "malformed compressed blob: segment [{}, +{}) of {} bytes",
                     s.off, s.count, bytes);
-    s.bytes.assign(p + at, p + at + bytes);
+    const std::span<const std::byte> piece(p + at, bytes);
+    std::span<const std::byte> plain = piece;
+    std::vector<std::byte> expanded;
+    if (!s.dense) {
+      try {
+        plain = compressor::expandRun(piece, expanded);
+      } catch (const Error& e) {
+        throw Error(ErrorCode::kProtocol,
+                    fmt::format("malformed compressed blob: segment [{}, +{}): {}", s.off,
+                                s.count, e.what()));
+      }
+    }
+    if (plain.data() == piece.data())
+      s.bytes.assign(piece.begin(), piece.end());
+    else
+      s.bytes = std::move(expanded);
     at += bytes;
     out.push_back(std::move(s));
   }
@@ -315,7 +345,7 @@ void Run::runStep(const Step& s) {
       case CommOp::kAlltoall: alltoall(hg); break;
       case CommOp::kGather: {
         if (hg.size() > 1) {
-          auto blobs = gatherBlob(hg, pack(segs_), d_);
+          auto blobs = gatherBlob(hg, pack(segs_, compactBlobs()), d_);
           segs_.clear();
           for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
         }
@@ -355,7 +385,7 @@ void Run::runStep(const Step& s) {
     r_ = f.parent;
   } else {  // broadcast from the root of the pair
     if (s.compressed && hg.size() > 1) {
-      Blob b = active_ ? pack(segs_) : Blob{};
+      Blob b = active_ ? pack(segs_, compactBlobs()) : Blob{};
       broadcastBlob(hg, b, d_);
       segs_.clear();
       unpackInto(b.data(), b.size(), segs_, t_.n);
@@ -399,7 +429,7 @@ void Run::allgatherRaw(Group g, const Region& parent) {
 
 void Run::allgatherSegs(Group g) {
   if (g.size() == 1) return;
-  auto blobs = allgatherBlob(g, pack(segs_), d_);
+  auto blobs = allgatherBlob(g, pack(segs_, compactBlobs()), d_);
   segs_.clear();
   for (const Blob& b : blobs) unpackInto(b.data(), b.size(), segs_, t_.n);
 }
@@ -423,7 +453,7 @@ void Run::alltoall(Group g) {
     out[dest].push_back(std::move(s));
   }
   std::vector<Blob> blobs;
-  for (const Segs& s : out) blobs.push_back(pack(s));
+  for (const Segs& s : out) blobs.push_back(pack(s, compactBlobs()));
   auto got = alltoallBlob(g, blobs, d_);
   segs_.clear();
   for (const Blob& b : got) unpackInto(b.data(), b.size(), segs_, t_.n);
@@ -652,10 +682,8 @@ void Run::pushPull(const Step& push, const Step& pull) {
         cat.insert(cat.end(), s.bytes.begin(), s.bytes.end());
       }
       ex.payloads.push_back(Buffer::copyOf(cat.data(), cat.size()));
-      if (t_.pushedTotal) *t_.pushedTotal += cat.size();
     }
   } else {
-    if (t_.pushedTotal) *t_.pushedTotal += r_.len * sizeof(float);
     // From pinned memory: the region copied there first.
     ex.rawInput = lanes_.toHost(t_, x_ + r_.off, r_.len, d_);
   }
@@ -683,6 +711,8 @@ void Run::pushPull(const Step& push, const Step& pull) {
     throw Error(why.code(), why.message());
   }
   if (!st.ok()) throw Error(st.code(), fmt::format("push/pull of key '{}': {}", key, st.message()));
+  // What went on the wire (top-k and DGC payloads compact where smaller).
+  if (t_.pushedTotal) *t_.pushedTotal += h.pushedBytes();
   if (!pull.compressed) lanes_.fromStaging(t_, x_ + r_.off, r_.len);
   segs_.clear();
   if (pull.compressed) {

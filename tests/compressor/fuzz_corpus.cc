@@ -1,11 +1,13 @@
 // Writes a seed corpus for fuzz_decode: valid payloads of every fuzzed codec
 // at a few sizes, each prefixed with the codec's index.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "compressor/compact.h"
 #include "compressor/registry.h"
 #include "compressor/zen/zen_payload.h"
 #include "compressor/zen/zen_scheme.h"
@@ -70,6 +72,35 @@ int main(int argc, char** argv) {
       f.write(&pick, 1);
       f.write(reinterpret_cast<const char*>(p->data()), static_cast<std::streamsize>(p->size()));
       ++files;
+    }
+  }
+  // The compact form (byte 0 two past the codecs): top-k and DGC payloads
+  // compacted, alone and two back to back with a plain one.
+  for (const char* spec : {"topk:ratio=0.1", "dgc:ratio=0.1", "topk:ratio=0.5"}) {
+    auto codec = r.create(spec);
+    for (size_t n : {1, 40, 300}) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = d(rng);
+      std::vector<std::byte> plain(codec->payloadBytes(n));
+      codec->encode(x.data(), n, plain, EncodeContext{});
+      const size_t bytes = compactBytes(plain);
+      if (bytes == 0) continue;
+      // One buffer: the compact payload, the plain one, the compact one again.
+      std::vector<std::byte> run(2 * bytes + plain.size());
+      compactSparsePayload(plain, std::span(run).first(bytes));
+      std::copy(plain.begin(), plain.end(), run.begin() + std::ptrdiff_t(bytes));
+      std::copy_n(run.begin(), bytes, run.end() - std::ptrdiff_t(bytes));
+      std::vector<std::byte> compact(run.begin(), run.begin() + std::ptrdiff_t(bytes));
+      int which = 0;
+      for (const auto* p : {&compact, &run}) {
+        std::ofstream f(std::string(argv[1]) + "/seed_compact_" + codec->spec() + "_" +
+                            std::to_string(n) + (which++ ? "_run" : ""),
+                        std::ios::binary);
+        char pick = static_cast<char>(fuzz::kSpecs.size() + 1);
+        f.write(&pick, 1);
+        f.write(reinterpret_cast<const char*>(p->data()), static_cast<std::streamsize>(p->size()));
+        ++files;
+      }
     }
   }
   std::printf("wrote %d seed payloads to %s\n", files, argv[1]);

@@ -1,7 +1,9 @@
 // libFuzzer target: arbitrary bytes as a payload for every decoder entry
 // point. Input: byte 0 picks the codec (fuzz_specs.h) or, one past the
 // codecs, Zen's sparse payloads (a server's COO push check and sum, a
-// worker's answer decode, a centralization stage's list; compressor/zen/);
+// worker's answer decode, a centralization stage's list; compressor/zen/),
+// or, two past, the compact wire form of top-k and DGC payloads
+// (compressor/compact.h: a payload and a run of them expanded, compacted);
 // the rest is the payload, copied
 // into a buffer of exactly its size so that AddressSanitizer catches any
 // read past the end. A decoder may accept the input or throw
@@ -13,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "compressor/compact.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
 #include "compressor/zen/zen_payload.h"
@@ -96,6 +99,54 @@ void fuzzZen(std::span<const std::byte> payload) {
   });
 }
 
+// The compact form: expanding refuses with kProtocol or gives a plain
+// payload that compacts back to the input bit for bit (the form is
+// canonical) and that the top-k decoder then checks; compacting any input
+// gives 0 or a form that expands back to the input; runs likewise.
+void fuzzCompact(std::span<const std::byte> payload, const Codec& topk) {
+  expectProtocolOrOk([&] {
+    const PayloadHeader h = parseHeader(payload);
+    // Big enough for any count the body can hold (5 bytes an index at least).
+    std::vector<std::byte> plain(kHeaderBytes + 8 * std::min<uint64_t>(h.count, payload.size()));
+    const size_t n = expandSparsePayload(payload, plain);
+    const std::span<const std::byte> p(plain.data(), n);
+    std::vector<std::byte> again(compactBytes(p));
+    if (again.size() != payload.size()) abort();
+    compactSparsePayload(p, again);
+    if (std::memcmp(again.data(), payload.data(), payload.size()) != 0) abort();
+    if (h.numel <= (1u << 20)) {
+      std::vector<float> out(h.numel);
+      topk.validate(p, h.numel);
+      topk.decode(p, out.data(), h.numel);
+    }
+  });
+  if (const size_t c = compactBytes(payload)) {
+    std::vector<std::byte> compact(c), back(payload.size());
+    compactSparsePayload(payload, compact);
+    if (expandSparsePayload(compact, back) != payload.size() ||
+        std::memcmp(back.data(), payload.data(), payload.size()) != 0)
+      abort();
+  }
+  // A run: compacting it changes nothing that expanding shows.
+  std::vector<std::byte> scratch, scratch2;
+  std::span<const std::byte> want;
+  bool expands = true;
+  try {
+    want = expandRun(payload, scratch);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kProtocol) abort();
+    expands = false;
+  }
+  std::vector<std::byte> run(compactedRunBytes(payload));
+  if (compactRun(payload, run) != run.size()) abort();
+  if (expands) {
+    const auto got = expandRun(run, scratch2);
+    if (got.size() != want.size() ||
+        (!got.empty() && std::memcmp(got.data(), want.data(), got.size()) != 0))
+      abort();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -104,9 +155,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::unique_ptr<std::byte[]> buf(new std::byte[size - 1]);
   if (size > 1) std::memcpy(buf.get(), data + 1, size - 1);
   std::span<const std::byte> payload(buf.get(), size - 1);
-  const size_t pick = data[0] % (codecs->list.size() + 1);
+  const size_t pick = data[0] % (codecs->list.size() + 2);
   if (pick == codecs->list.size()) {
     fuzzZen(payload);
+    return 0;
+  }
+  if (pick == codecs->list.size() + 1) {
+    fuzzCompact(payload, *codecs->list[5]);  // topk (fuzz_specs.h)
     return 0;
   }
   const Codec& codec = *codecs->list[pick];

@@ -56,6 +56,28 @@ TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
 
 // The latency settings (docs/transports.md, "Latency"): their defaults, read,
 // handed to children, and refused with their names and ranges.
+TEST(Settings, CompactSparseIsOnByDefaultReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_COMPACT_SPARSE");
+  JobConfig c = readJobConfig(false);
+  EXPECT_TRUE(c.compactSparse);
+  EXPECT_EQ(valueIn(c, "CORTADO_COMPACT_SPARSE"), "1");
+  ::setenv("CORTADO_COMPACT_SPARSE", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_FALSE(c.compactSparse);
+  EXPECT_EQ(valueIn(c, "CORTADO_COMPACT_SPARSE"), "0");
+  ::setenv("CORTADO_COMPACT_SPARSE", "sometimes", 1);
+  try {
+    readJobConfig(false);
+    ADD_FAILURE() << "CORTADO_COMPACT_SPARSE=sometimes was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("CORTADO_COMPACT_SPARSE='sometimes' is not a boolean"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("CORTADO_COMPACT_SPARSE");
+}
+
 TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
   ::unsetenv("CORTADO_INLINE_BYTES");
   ::unsetenv("CORTADO_BUSY_POLL_US");

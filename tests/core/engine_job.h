@@ -36,9 +36,10 @@ class Job {
   // shm: servers serve same-host shared memory (every node here shares the
   // host), so pushes and results travel as descriptors, not bytes.
   // serverInlineBytes: ServerEngineOptions::inlineBytes (keys summed on the
-  // transport's thread).
+  // transport's thread). serverCompact: ServerEngineOptions::compactSparse.
   Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false,
-      uint64_t serverInlineBytes = server::ServerEngineOptions{}.inlineBytes)
+      uint64_t serverInlineBytes = server::ServerEngineOptions{}.inlineBytes,
+      bool serverCompact = true)
       : hub_(transport::inproc::createHub()), async_(async) {
     // A token per job: the shared-memory segments are named after it.
     static int jobs = 0;
@@ -62,6 +63,7 @@ class Job {
       eo.numWorkers = W;
       eo.engineThreads = 2;
       eo.inlineBytes = serverInlineBytes;
+      eo.compactSparse = serverCompact;
       eo.async = async;
       eo.self = id;
       if (shm) eo.shmPrefix = shmPrefix;

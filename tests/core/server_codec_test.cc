@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "compressor/compact.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
@@ -78,10 +79,13 @@ class ServerCodec : public ::testing::Test {
     return h;
   }
   // Pulls round `round` of key on worker r and decodes the answer (with the
-  // codec's own decoder for its payloads, top-k for sparse sums).
-  std::vector<float> pull(int r, uint64_t key, uint64_t round, uint64_t n) {
+  // codec's own decoder for its payloads, top-k for sparse sums, expanded
+  // first where the server sent them compact). `compact`: whether it did.
+  std::vector<float> pull(int r, uint64_t key, uint64_t round, uint64_t n,
+                          bool* compact = nullptr) {
     workers_[r]->send(header(Op::kPull, key, round, n, 77), Buffer());
     auto [h, body] = workers_[r]->next();
+    if (compact) *compact = false;
     if (h.op == Op::kError) {
       ADD_FAILURE() << std::string(reinterpret_cast<const char*>(body.data()), body.size());
       return {};
@@ -94,6 +98,13 @@ class ServerCodec : public ::testing::Test {
     }
     std::span<const std::byte> p(reinterpret_cast<const std::byte*>(body.data()), body.size());
     auto ph = compressor::parseHeader(p);
+    std::vector<std::byte> plain;
+    if (compressor::isCompact(ph)) {
+      if (compact) *compact = true;
+      plain.resize(compressor::expandedBytes(ph));
+      compressor::expandSparsePayload(p, plain);
+      p = plain;
+    }
     registry_.create(compressor::codecIdName(ph.codec))->decode(p, out.data(), n);
     return out;
   }
@@ -606,6 +617,78 @@ TEST_F(ServerCodec, SparseKeysAnswerEachRoundsExactSumAcrossRounds) {
         workers_[r]->send(h, body);
       }
       for (int r = 0; r < kWorkers; ++r) ASSERT_EQ(pull(r, c.key, t, n), want);
+    }
+  }
+}
+
+// Compact pushes (compressor/compact.h) sum exactly as their plain forms do,
+// mixed with plain ones in a round and in one push; a malformed compact push
+// is refused naming what is wrong and leaves the sum alone; and the server
+// answers a sparse sum compact where that is smaller, which expands to the
+// same sum.
+TEST_F(ServerCodec, CompactPushesSumAsTheirPlainFormsAndSparseAnswersComeCompact) {
+  const size_t n = 20000;
+  for (const std::string spec : {"topk:ratio=0.05", "dgc:ratio=0.05"}) {
+    SCOPED_TRACE(spec);
+    const uint64_t key = spec[0] == 't' ? 120 : 121;
+    auto codec = registry_.create(spec);
+    const size_t pre = wire::compressedPreambleBytes(codec->spec(), "c");
+    // The push body with its payload(s) compacted.
+    auto compactBody = [&](const Buffer& plain) {
+      std::span<const std::byte> run(reinterpret_cast<const std::byte*>(plain.data() + pre),
+                                     plain.size() - pre);
+      const size_t bytes = compressor::compactedRunBytes(run);
+      EXPECT_LT(bytes, run.size());
+      Buffer b = Buffer::allocate(pre + bytes);
+      std::memcpy(b.data(), plain.data(), pre);
+      compressor::compactRun(run, {reinterpret_cast<std::byte*>(b.data() + pre), bytes});
+      return b;
+    };
+    for (uint64_t t = 0; t < 3; ++t) {
+      SCOPED_TRACE(::testing::Message() << "round " << t);
+      std::vector<float> want(n, 0.0f);
+      for (int r = 0; r < kWorkers; ++r) {
+        auto tensor = [&](int seed) {
+          std::vector<float> x(n);
+          for (size_t i = 0; i < n; ++i)
+            x[i] = float(std::sin(0.013 * double(i) * double(seed + 1) + double(t)));
+          return x;
+        };
+        Buffer plain = pushBody(spec, "c", tensor(r));
+        codec->decompressAdd({reinterpret_cast<const std::byte*>(plain.data() + pre),
+                              plain.size() - pre},
+                             want.data(), n);
+        if (r == 1 && t == 2) {
+          // Two payloads in one push (the plan executor's form), the first
+          // compact, the second plain, then a malformed compact push.
+          Buffer second = pushBody(spec, "c", tensor(7));
+          codec->decompressAdd({reinterpret_cast<const std::byte*>(second.data() + pre),
+                                second.size() - pre},
+                               want.data(), n);
+          Buffer first = compactBody(plain);
+          Buffer two = Buffer::allocate(first.size() + second.size() - pre);
+          std::memcpy(two.data(), first.data(), first.size());
+          std::memcpy(two.data() + first.size(), second.data() + pre, second.size() - pre);
+          Buffer bad = Buffer::copyOf(first.data(), first.size());
+          bad.data()[bad.size() - 1] |= 0x80;  // the last gap now runs past the end
+          workers_[r]->send(header(Op::kPush, key, t, n, 5), std::move(bad));
+          const std::string e = workers_[r]->nextError();
+          EXPECT_NE(e.find("tensor 'c'"), std::string::npos) << e;
+          EXPECT_NE(e.find("worker 1"), std::string::npos) << e;
+          EXPECT_NE(e.find("compact"), std::string::npos) << e;
+          EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+          workers_[r]->send(header(Op::kPush, key, t, n, 1), std::move(two));
+          continue;
+        }
+        // Round 0: worker 0 plain, worker 1 compact; later rounds compact.
+        workers_[r]->send(header(Op::kPush, key, t, n, 1),
+                          t == 0 && r == 0 ? std::move(plain) : compactBody(plain));
+      }
+      for (int r = 0; r < kWorkers; ++r) {
+        bool compact = false;
+        ASSERT_EQ(pull(r, key, t, n, &compact), want);
+        EXPECT_TRUE(compact);  // 2-3 workers' 5% of 20000: far below the dense sum
+      }
     }
   }
 }

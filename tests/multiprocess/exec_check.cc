@@ -545,6 +545,7 @@ int runCheck(int argc, char** argv) {
     dev = makeDevice(job, noMpi ? nullptr : &groups, nullptr, deadline);
   }
   executor::Executor ex(*worker, noMpi ? nullptr : &groups, nullptr, job.planFile, dev);
+  ex.setCompactSparse(job.compactSparse);  // CORTADO_COMPACT_SPARSE
   if (ex.topology().rank == 0) std::printf("device: %s\n", dev->name().c_str());
   const auto& topo = ex.topology();
   const int W = topo.size;

@@ -16,7 +16,8 @@ import numpy as _np
 
 from . import _C
 from ._runtime import (CortadoError, Handle, barrier, init, is_initialized, local_rank,
-                       local_size, num_servers, poll, rank, shutdown, size, synchronize)
+                       local_size, num_servers, poll, pulled_bytes, pushed_bytes, rank, shutdown,
+                       size, synchronize)
 from . import _runtime
 from .compression import AutoCompression, Compression, Compressor
 
@@ -26,7 +27,7 @@ __all__ = [
     "CortadoError", "Compression", "Compressor", "Handle", "init", "shutdown", "is_initialized",
     "rank", "size", "local_rank", "local_size", "num_servers", "barrier", "declare",
     "push_pull", "push_pull_async", "broadcast", "broadcast_async", "poll", "synchronize",
-    "release",
+    "release", "pushed_bytes", "pulled_bytes",
 ]
 
 _DTYPES = {

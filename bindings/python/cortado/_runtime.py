@@ -118,6 +118,21 @@ def num_servers():
     return require("num_servers").num_servers
 
 
+def pushed_bytes():
+    """Bytes of tensor data this worker pushed to the servers so far, as they
+    went on the wire: raw elements, codec payloads (top-k and DGC in their
+    compact form where it was sent), Zen's pair lists; not the messages'
+    framing. Everything that goes through the servers counts (push_pull, the
+    broadcasts and Horovod-style operations built on it, the plan executor's
+    push/pull steps); MPI or NCCL collectives of a C++ worker do not."""
+    return require("pushed_bytes").pushed_bytes
+
+
+def pulled_bytes():
+    """Bytes of tensor data this worker received in the servers' answers so far."""
+    return require("pulled_bytes").pulled_bytes
+
+
 def barrier(timeout=None):
     """Returns when every worker entered the barrier."""
     require("barrier").barrier(timeout)

@@ -92,7 +92,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", help="rank 0 writes the per-epoch accuracies, times and the bytes "
-                                  "each worker pushed to this file")
+                                  "it pushed for the gradients (as sent) to this file")
     return p.parse_args()
 
 
@@ -104,28 +104,6 @@ def load(seed):
     n_test = len(y) // 5
     test, train = order[:n_test], order[n_test:]
     return (x[train], y[train]), (x[test], y[test])
-
-
-def pushed_bytes(compression, params):
-    """Bytes one worker pushes per step for a fixed compression (the payload
-    sizes of docs/codecs.md); None where it varies (gravac: see its history)."""
-    if getattr(compression, "name", "") == "gravac":
-        return None
-    spec = getattr(compression, "engine_codec", None)
-    total = 0
-    for p in params:
-        n = p.numel()
-        if spec is None:
-            total += n * (2 if compression is ct.Compression.fp16 else 4)
-            continue
-        name, _, rest = spec[0].partition(":")
-        ratio = dict(kv.split("=") for kv in rest.split(",") if kv).get("ratio")
-        if name in ("topk", "dgc", "randomk"):
-            k = max(1, min(n, int(n * float(ratio))))
-            total += 48 + (8 if name != "randomk" else 4) * k
-        else:
-            return None
-    return total
 
 
 def main():
@@ -167,7 +145,10 @@ def main():
     record = {"compression": args.compression, "workers": size, "model": args.model,
               "parameters": sum(p.numel() for p in model.parameters()), "epochs": []}
     began = time.monotonic()
-    per_step = pushed_bytes(compression, list(model.parameters()))
+    # The bytes this worker puts on the wire for the gradients (the engine
+    # counts them as sent: compact top-k and DGC payloads where smaller),
+    # without the broadcasts above and the metrics' push_pulls below.
+    pushed_at_start, metrics_bytes = ct.pushed_bytes(), 0
     for epoch in range(1, args.epochs + 1):
         start = time.monotonic()
         model.train()
@@ -193,15 +174,14 @@ def main():
         with torch.no_grad():
             correct = (model(x_test).argmax(1) == y_test).sum().item()
         test = torch.tensor([correct, len(y_test)], dtype=torch.float64)
+        pushed = ct.pushed_bytes() - pushed_at_start - metrics_bytes
         totals = ct.push_pull(totals, average=False, name="metrics.train")
         test = ct.push_pull(test, average=False, name="metrics.test")
+        metrics_bytes = ct.pushed_bytes() - pushed_at_start - pushed
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[2]:.4f}  "
                   f"train-acc {totals[1] / totals[2]:.4f}  test-acc {test[0] / test[1]:.4f}  "
                   f"({time.monotonic() - start:.1f} s, {size} workers)", flush=True)
-            history = optimizer.gravac_history
-            pushed = sum(h["bytes"] for h in history) if history is not None \
-                else per_step * epoch * steps if per_step is not None else None
             record["epochs"].append({"epoch": epoch, "loss": float(totals[0] / totals[2]),
                                      "test_acc": float(test[0] / test[1]),
                                      "seconds": time.monotonic() - began, "pushed": pushed})

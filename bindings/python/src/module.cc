@@ -216,6 +216,8 @@ class Runtime {
   int rank() const { return worker().rank(); }
   int size() const { return worker().size(); }
   int numServers() const { return worker().numServers(); }
+  uint64_t pushedBytes() const { return worker().pushedBytes(); }
+  uint64_t pulledBytes() const { return worker().pulledBytes(); }
   int localRank() const { return localRank_; }
   int localSize() const { return localSize_; }
   double timeoutSeconds() const { return job_.opTimeout.count() / 1000.0; }
@@ -451,6 +453,7 @@ class PyExecutor {
         ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
+    ex_->setCompactSparse(job_.compactSparse);  // CORTADO_COMPACT_SPARSE
     // cortado.shutdown() (or an abrupt close) stops the thread before the
     // worker it runs on goes.
     hook_ = rt_.addCloseHook([this](bool abort) { stopThread(abort); });
@@ -1104,6 +1107,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("rank", &Runtime::rank)
       .def_property_readonly("size", &Runtime::size)
       .def_property_readonly("num_servers", &Runtime::numServers)
+      .def_property_readonly("pushed_bytes", &Runtime::pushedBytes,
+                             "bytes of tensor data this worker pushed so far, as they went on "
+                             "the wire (Worker::pushedBytes)")
+      .def_property_readonly("pulled_bytes", &Runtime::pulledBytes,
+                             "bytes of tensor data this worker received in answers so far")
       .def_property_readonly("local_rank", &Runtime::localRank)
       .def_property_readonly("local_size", &Runtime::localSize)
       .def_property_readonly("timeout", &Runtime::timeoutSeconds)

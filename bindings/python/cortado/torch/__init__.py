@@ -21,7 +21,8 @@ optimizer.py, its groups by size in fusion.py.
 
 from .. import _runtime
 from .._runtime import (CortadoError, Handle, init, is_initialized, local_rank, local_size,
-                        num_servers, poll, rank, shutdown, size, synchronize)
+                        num_servers, poll, pulled_bytes, pushed_bytes, rank, shutdown, size,
+                        synchronize)
 from ..compression import Compression, Compressor
 from .horovod import (allgather, allgather_async, allgather_object, allreduce, allreduce_,
                       allreduce_async, allreduce_async_, alltoall, alltoall_async, broadcast,
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_ENGINE_FUSION_BYTES",
     # BytePS
     "num_servers", "push_pull", "push_pull_", "push_pull_async", "push_pull_async_",
+    "pushed_bytes", "pulled_bytes",
     # Horovod
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",

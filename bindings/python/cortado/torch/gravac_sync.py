@@ -107,7 +107,9 @@ class GravacSync:
                                 agreed[3] / self.size if previous > 0 else 0.0)
         level = step["level"]
 
-        pending, pushed = [], 0
+        # What this step's messages put on the wire (the engine counts it:
+        # top-k payloads go compact where that is smaller).
+        pending, pushed_before = [], _runtime.pushed_bytes()
         for key, p in enumerate(self.params):
             nbytes = self.core.message_bytes(key)
             name = f"gravac.{self.names[p]}.{level}.{nbytes}"
@@ -116,14 +118,12 @@ class GravacSync:
                 self.core.copy_message(key, msg.data_ptr(), nbytes)
                 pending.append((key, p, "dense", msg, push_pull_async(
                     msg, name=name, average=self.average)))
-                pushed += nbytes
             elif self.core.summable:
                 msg = torch.empty(nbytes, dtype=torch.uint8)
                 self.core.copy_message(key, msg.data_ptr(), nbytes)
                 values = msg[HEADER_BYTES:].view(torch.float32)
                 pending.append((key, p, "summable", msg, push_pull_async(
                     values, name=name, average=self.average)))
-                pushed += nbytes - HEADER_BYTES
             elif p.numel() * 4 <= self.chunk_bytes:
                 msg = torch.empty(nbytes, dtype=torch.uint8)
                 self.core.copy_message(key, msg.data_ptr(), nbytes)
@@ -133,7 +133,6 @@ class GravacSync:
                 pending.append((key, p, "dense", sent, push_pull_async(
                     sent, name=name, average=self.average,
                     compression=self._topk_at(step["ratio"]))))
-                pushed += nbytes
             else:
                 # Payloads are whole 4-byte words (a 48-byte header, u32 and
                 # f32 entries): int32 sums with zeros carry them exactly.
@@ -141,7 +140,6 @@ class GravacSync:
                 self.core.copy_message(key, slots[self.rank].data_ptr(), nbytes)
                 pending.append((key, p, "gathered", slots, push_pull_async(
                     slots, name=name, average=False)))
-                pushed += slots.numel() * 4
 
         alpha = 1.0 / self.size if self.average else 1.0
         for key, p, kind, msg, handle in pending:
@@ -169,7 +167,7 @@ class GravacSync:
                      step["next_min_ratio"], step["next_candidate_ratio"],
                      " (saturated)" if step["saturated"] else "")
         record = dict(step)
-        record["bytes"] = pushed
+        record["bytes"] = _runtime.pushed_bytes() - pushed_before
         record["previous_seconds"] = agreed[3] / self.size if previous > 0 else 0.0
         self.compression.history.append(record)
         return record
