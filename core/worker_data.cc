@@ -82,6 +82,7 @@ void WorkerImpl::dispatchOrSend(const std::shared_ptr<Task>& task) {
       mine = queue_.top();
       queue_.pop();
       inFlightBytes_ += mine->bytes;
+      lastProgress_ = Clock::now();
       id = nextRequest_++;
       if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
       pending_.emplace(id, *mine);
