@@ -183,13 +183,18 @@ def test_misuse_is_refused_naming_the_tensor(jobs):
 
 def test_import_without_init_names_the_call():
     # Needs no job: calls before init() raise CortadoError naming the call.
-    code = ("import cortado.tensorflow as ct, tensorflow as tf\n"
+    # cortado.tensorflow.keras has cortado.tensorflow's names (docs/tensorflow.md)
+    # but the tape and itself, plus `callbacks`.
+    code = ("import cortado.tensorflow as ct, cortado.tensorflow.keras as ck, tensorflow as tf\n"
+            "print('ONLY', sorted(set(ct.__all__) ^ set(ck.__all__)))\n"
+            "assert all(hasattr(m, n) for m in (ct, ck) for n in m.__all__)\n"
             "try:\n    ct.push_pull(tf.ones(2))\nexcept ct.CortadoError as e:\n"
             "    print('ERR', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     want = "ERR cortado.tensorflow.push_pull() was called before cortado.init()"
     assert r.returncode == 0 and want in r.stdout, (r.stdout, r.stderr)
+    assert "ONLY ['DistributedGradientTape', 'callbacks', 'keras']" in r.stdout, r.stdout
 
 
 def test_keras_digits_example(tmp_path):

@@ -78,10 +78,18 @@ def check_sums(rank, world, report):
     assert report["graph_traces"] == 1, report
 
     # Compression as in the torch binding: fp16 (exact on these small integers).
+    # pushed_bytes/pulled_bytes count the tensor data as it went on the wire:
+    # 64 halves each way, then 300 float32s each way.
+    pushed, pulled = ct.pushed_bytes(), ct.pulled_bytes()
     x = tf.constant(values(rank, 300, (64,), np.float32))
     got = ct.push_pull(x, name="eager.fp16", average=False, compression=ct.Compression.fp16)
     want = sum(values(r, 300, (64,), np.float32) for r in range(world))
     np.testing.assert_array_equal(got.numpy(), want)
+    assert (ct.pushed_bytes() - pushed, ct.pulled_bytes() - pulled) == (128, 128), (
+        ct.pushed_bytes() - pushed, ct.pulled_bytes() - pulled)
+    ct.push_pull(tf.zeros(300), name="eager.bytes", average=False)
+    assert (ct.pushed_bytes() - pushed, ct.pulled_bytes() - pulled) == (1328, 1328), (
+        ct.pushed_bytes() - pushed, ct.pulled_bytes() - pulled)
     checked += 1
     # The gradient of a push_pull: d/dx of sum_r loss_r(push_pull(x)) is the
     # push_pull of the workers' upstream gradients (Horovod's allreduce

@@ -27,7 +27,7 @@ if not _keras.__version__.startswith("3."):
                       f"{_keras.__version__}")
 
 from .._runtime import (CortadoError, barrier, init, is_initialized, local_rank, local_size,
-                        num_servers, rank, shutdown, size)
+                        num_servers, pulled_bytes, pushed_bytes, rank, shutdown, size)
 from ..compression import Compression, Compressor
 from .ops import (Average, Sum, allreduce, broadcast, broadcast_variables, push_pull)
 from .tape import DistributedGradientTape
@@ -37,7 +37,8 @@ from . import keras
 
 __all__ = [
     "CortadoError", "Compression", "Compressor", "init", "shutdown", "is_initialized", "rank",
-    "size", "local_rank", "local_size", "num_servers", "barrier", "Average", "Sum", "push_pull",
+    "size", "local_rank", "local_size", "num_servers", "barrier", "pushed_bytes", "pulled_bytes",
+    "Average", "Sum", "push_pull",
     "allreduce", "broadcast", "broadcast_variables", "DistributedGradientTape",
     "DistributedOptimizer", "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
     "load_model", "keras",

@@ -11,7 +11,7 @@ horovod.tensorflow.keras:
 
 from .. import (Average, Compression, Compressor, CortadoError, Sum, allreduce, barrier,
                 broadcast, broadcast_variables, init, is_initialized, local_rank, local_size,
-                push_pull, rank, shutdown, size)
+                num_servers, pulled_bytes, push_pull, pushed_bytes, rank, shutdown, size)
 from . import callbacks
 from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
 from .optimizer import DistributedOptimizer, load_model
@@ -19,6 +19,7 @@ from .optimizer import DistributedOptimizer, load_model
 __all__ = [
     "Average", "Compression", "Compressor", "CortadoError", "Sum", "allreduce", "barrier",
     "broadcast", "broadcast_variables", "init", "is_initialized", "local_rank", "local_size",
-    "push_pull", "rank", "shutdown", "size", "callbacks", "BroadcastGlobalVariablesCallback",
+    "num_servers", "pulled_bytes", "push_pull", "pushed_bytes", "rank", "shutdown", "size",
+    "callbacks", "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback", "DistributedOptimizer", "load_model",
 ]
