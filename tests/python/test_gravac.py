@@ -9,8 +9,9 @@ from cortado import Compression
 
 
 def test_workers_with_different_gradients_take_one_ratio_sequence(run_job):
-    # 4 KiB chunks: the larger weights' top-k payloads are gathered, the
-    # smaller tensors' travel as the engine's top-k codec; both are checked.
+    # 4 KiB chunks: the larger weights' top-k payloads go through Zen, the
+    # smaller tensors' travel as the engine's top-k codec; both are checked,
+    # and every step pushes at most its messages' bytes.
     job = run_job(3, 1, "gravac_check.py", timeout=240,
                   env={"CORTADO_PARTITION_BYTES": "4K"})
     results = job.results()

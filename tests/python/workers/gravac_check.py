@@ -39,6 +39,10 @@ def distributed(rank, world, codec):
         loss_of(model, x, y, rank).backward()
         opt.step()
     assert opt.compression_ratio_history == compression.ratio_history
+    # A worker pushes at most its messages: each payload once (top-k and DGC
+    # compact where smaller, through Zen past one chunk), never N of them.
+    for h in opt.gravac_history:
+        assert 0 < h["bytes"] <= h["message_bytes"], h
     return model, opt.gravac_history
 
 

@@ -14,9 +14,8 @@ At each synchronize(), for the optimizer's gradients in model order:
    (the only non-zeros of its decoded tensor): one payload pushed per
    worker, the servers answer the lossless sparse sum. A tensor larger
    than one engine chunk (CORTADO_PARTITION_BYTES) would be encoded per
-   chunk, k each, so its payload is gathered instead: each worker writes it
-   into its own slot of a zeroed buffer, one push_pull (sum) concatenates
-   them, and every worker decodes all of them (N payloads pushed);
+   chunk, k each, so its payload's k (index, value) pairs go through Zen
+   instead (docs/zen.md): the servers sum the pairs, as lossless;
 4. the decoded average replaces p.grad.
 
 A ratio change takes effect at the next step's encode; the error feedback
@@ -28,6 +27,7 @@ import os
 import re
 import time
 
+import numpy as np
 import torch
 
 from .. import _runtime
@@ -109,9 +109,10 @@ class GravacSync:
 
         # What this step's messages put on the wire (the engine counts it:
         # top-k payloads go compact where that is smaller).
-        pending, pushed_before = [], _runtime.pushed_bytes()
+        pending, pushed_before, message_bytes = [], _runtime.pushed_bytes(), 0
         for key, p in enumerate(self.params):
             nbytes = self.core.message_bytes(key)
+            message_bytes += nbytes
             name = f"gravac.{self.names[p]}.{level}.{nbytes}"
             if level == "dense":
                 msg = torch.empty(nbytes // 4, dtype=torch.float32)
@@ -134,29 +135,33 @@ class GravacSync:
                     sent, name=name, average=self.average,
                     compression=self._topk_at(step["ratio"]))))
             else:
-                # Payloads are whole 4-byte words (a 48-byte header, u32 and
-                # f32 entries): int32 sums with zeros carry them exactly.
-                slots = torch.zeros(self.size, nbytes // 4, dtype=torch.int32)
-                self.core.copy_message(key, slots[self.rank].data_ptr(), nbytes)
-                pending.append((key, p, "gathered", slots, push_pull_async(
-                    slots, name=name, average=False)))
+                # The payload's k ascending u32 indices, then its k f32
+                # values, after the 48-byte header: Zen's pairs as they are.
+                msg = torch.empty(nbytes, dtype=torch.uint8)
+                self.core.copy_message(key, msg.data_ptr(), nbytes)
+                k = (nbytes - HEADER_BYTES) // 8
+                if HEADER_BYTES + 8 * k != nbytes:
+                    raise _runtime.error(
+                        "internal", f"DistributedOptimizer: gravac's {level} payload of "
+                        f"'{self.names[p]}' is {nbytes} bytes, not a 48-byte header and pairs")
+                indices = np.ascontiguousarray(
+                    msg[HEADER_BYTES:HEADER_BYTES + 4 * k].view(torch.int32).numpy()
+                    .view(np.uint32))
+                values = msg[HEADER_BYTES + 4 * k:].view(torch.float32)
+                out = torch.empty(p.numel(), dtype=torch.float32)
+                handle = _runtime.submit_sparse(
+                    "DistributedOptimizer", f"gravac.{self.names[p]}.zen", p.numel(), indices,
+                    values, out, self.average, 0, lambda out=out: out)
+                pending.append((key, p, "dense", out, handle))
 
-        alpha = 1.0 / self.size if self.average else 1.0
         for key, p, kind, msg, handle in pending:
             result = synchronize(handle)
             if kind == "dense":
                 out = result
             else:
                 out = torch.zeros(p.numel(), dtype=torch.float32)
-                if kind == "summable":
-                    msg[HEADER_BYTES:].view(torch.float32).copy_(result)
-                    self.core.decompress_add(key, msg.data_ptr(), msg.numel(), out.data_ptr(),
-                                             1.0)
-                else:
-                    nbytes = result.shape[1] * 4
-                    for r in range(self.size):
-                        self.core.decompress_add(key, result[r].data_ptr(), nbytes,
-                                                 out.data_ptr(), alpha)
+                msg[HEADER_BYTES:].view(torch.float32).copy_(result)
+                self.core.decompress_add(key, msg.data_ptr(), msg.numel(), out.data_ptr(), 1.0)
             with torch.no_grad():
                 p.grad.copy_(out.view_as(p.grad))
         if (step["next_min_ratio"], step["next_candidate_ratio"]) != \
@@ -168,6 +173,7 @@ class GravacSync:
                      " (saturated)" if step["saturated"] else "")
         record = dict(step)
         record["bytes"] = _runtime.pushed_bytes() - pushed_before
+        record["message_bytes"] = message_bytes  # the messages' plain size, headers included
         record["previous_seconds"] = agreed[3] / self.size if previous > 0 else 0.0
         self.compression.history.append(record)
         return record
