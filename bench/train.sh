@@ -39,6 +39,9 @@
 #                                          group's update waits for its push_pull in the next
 #                                          forward pass, not in step()
 #                          ddp             torch DistributedDataParallel with Gloo
+#                          compute         no communication: the workers, started together,
+#                                          each train alone (the compute bound: no library's
+#                                          training on these cores can be faster)
 #                          horovod         Horovod's DistributedOptimizer over Gloo
 #                          horovod-fp16    the same with hvd.Compression.fp16
 #                        (Horovod runs are skipped, with a line saying so, where
@@ -134,7 +137,7 @@ check_name
 IFS=, read -r -a CONFIG_LIST <<<"$CONFIGS"
 for c in "${CONFIG_LIST[@]}"; do
   case $c in
-    cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | cortado-engine-single | cortado-engine-cb | ddp | horovod | horovod-fp16) ;;
+    cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | cortado-engine-single | cortado-engine-cb | ddp | compute | horovod | horovod-fp16) ;;
     *) die "unknown configuration '$c' in --configs (see --help)" ;;
   esac
 done
@@ -265,6 +268,26 @@ ddp_job() {  # ddp_job LOG
   return "$rc"
 }
 
+compute_job() {  # compute_job LOG: the workers' processes with no communication
+  local log=$1 i pids=() barrier=$1.barrier
+  mkdir -p "$barrier"
+  for ((i = 1; i <= NW; i++)); do
+    local h=$i
+    [[ -n $LOCAL ]] && h=1
+    at_host "$h"
+    start_job "$log.$((i - 1))" "${AT[@]}" env RANK=$((i - 1)) WORLD_SIZE="$NW" \
+      LOCAL_WORLD_SIZE="$([[ -n $LOCAL ]] && echo "$NW" || echo 1)" \
+      timeout -s TERM -k 10 "$RUN_TIMEOUT" "$PY" "$BENCH" --backend none --start-barrier "$barrier" \
+      --run-timeout "$RUN_TIMEOUT" "${COMMON[@]}"
+    pids+=("$LAST_PID")
+  done
+  local rc=0
+  wait_jobs compute "${pids[@]}" || rc=$?
+  rm -rf "$barrier"
+  cat "$log.0" >"$log"
+  return "$rc"
+}
+
 horovod_job() {  # horovod_job LOG COMPRESSION
   local log=$1 compression=$2 i slots
   if [[ -n $LOCAL ]]; then slots="localhost:$NW"; else slots=$(seq -s, -f "$NAME-h%g:1" 1 "$HOSTS"); fi
@@ -335,6 +358,7 @@ run() {
     cortado-engine-cb) cortado_job "$log" --label "$config" --compression "$CODEC" \
       "${ENGINE_FUSION_ARGS[@]}" --cross-barrier || rc=$? ;;
     ddp) ddp_job "$log" || rc=$? ;;
+    compute) compute_job "$log" || rc=$? ;;
     horovod) horovod_job "$log" none || rc=$? ;;
     horovod-fp16) horovod_job "$log" fp16 || rc=$? ;;
   esac

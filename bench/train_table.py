@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The table of bench/train.sh: one row per configuration (the median round
 by total images/sec), with the loss after the run's steps and the ratios
-against DDP with Gloo, against Horovod with Gloo (where it ran) and against
-Cortado one gradient at a time.
+against DDP with Gloo, against Horovod with Gloo (where it ran), against
+Cortado one gradient at a time, and as a share of the compute bound (the
+`compute` configuration: the workers training alone, no communication)
+where it ran.
 
     train_table.py RESULTS [--title T] [--command C] [--configs LIST]
                    [--skipped CONFIG,...=WHY] [--json FILE]
@@ -24,6 +26,7 @@ NAMES = {
     "cortado-engine-single": "Cortado, {codec}, default path, one push_pull per gradient",
     "cortado-engine-cb": "Cortado, {codec}, default path ({fusion} groups), cross-barrier",
     "ddp": "DDP with Gloo",
+    "compute": "No communication (each worker alone: the compute bound)",
     "horovod": "Horovod with Gloo",
     "horovod-fp16": "Horovod with Gloo, fp16 compression",
 }
@@ -71,7 +74,7 @@ def main():
 
     # "One at a time": the executor's where it ran, else the default path's.
     base, single = total("ddp"), total("cortado-single") or total("cortado-engine-single")
-    horovod = total("horovod")
+    horovod, bound = total("horovod"), total("compute")
     rows = []
     for c in order:
         if c not in med:
@@ -89,12 +92,16 @@ def main():
             "vs_ddp": r["img_sec_total"] / base if base else None,
             "vs_horovod": r["img_sec_total"] / horovod if horovod else None,
             "vs_single": r["img_sec_total"] / single if single else None,
+            "of_bound": r["img_sec_total"] / bound if bound else None,
             "all_rounds": [x["result"]["img_sec_total"] for x in runs[c]],
             "wall_s": [x["wall_s"] for x in runs[c]],
         })
 
     def ratio(x):
         return "-" if x is None else f"{x:.2f}x"
+
+    def share(x):
+        return "-" if x is None else f"{100 * x:.0f}%"
 
     if args.title:
         print(f"{args.title}")
@@ -105,17 +112,18 @@ def main():
     step_text = "/".join(str(s) for s in steps) or "?"
     print(f"| configuration | img/sec total | img/sec per worker | loss after {step_text} steps "
           f"(mean over workers; first step) | vs DDP + Gloo | vs Horovod + Gloo | vs one at a time "
-          f"| rounds (total img/sec) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"| of the compute bound | rounds (total img/sec) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "skipped" in r:
             print(f"| {NAMES.get(r['config'], r['config']).format(codec='', fusion='')} "
-                  f"| skipped: {r['skipped']} | | | | | | |")
+                  f"| skipped: {r['skipped']} | | | | | | | |")
             continue
         every = ", ".join(f"{x:.1f}" for x in r["all_rounds"])
         print(f"| {r['name']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {r['loss_last_mean']:.4f} ({r['loss_first']:.4f}) "
               f"| {ratio(r['vs_ddp'])} | {ratio(r['vs_horovod'])} | {ratio(r['vs_single'])} "
+              f"| {share(r['of_bound'])} "
               f"| {every} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -3,9 +3,11 @@
 # emulated hosts (a small torchvision model, 16x16 images, batch 2, 2 steps):
 #   1. Cortado fused and one gradient at a time with DGC, and DDP with Gloo
 #      (and Horovod with Gloo where horovod.torch imports, else the table
-#      says it was skipped), and the default path with the cross-barrier: exit 0, one table row and one JSON row per
-#      configuration, each after 2 steps from the same first loss (same seed
-#      and data), and the ratios against DDP and one-at-a-time;
+#      says it was skipped), the default path with the cross-barrier, and the
+#      workers with no communication (the compute bound): exit 0, one table
+#      row and one JSON row per configuration, each after 2 steps from the
+#      same first loss (same seed and data), and the ratios against DDP,
+#      one-at-a-time and the compute bound;
 #   2. a run that fails (an unknown model) exits non-zero;
 #   3. a run stopped by SIGINT mid-run exits within 30 s;
 # and after each, nothing is left: no testbed, no process of the runs.
@@ -63,7 +65,7 @@ check_clean() {
 
 SIZES=(--model mobilenet_v3_small --image-size 16 --batch-size 2 --num-classes 4 --data-batches 2
   --warmup 0 --iters 1 --steps-per-iter 2 --threads 1 --run-timeout 240)
-configs=cortado-fused,cortado-single,ddp,horovod,cortado-engine-cb
+configs=cortado-fused,cortado-single,ddp,horovod,cortado-engine-cb,compute
 export CORTADO_LOG_LEVEL=warn
 
 # 1. A full tiny run.
@@ -78,7 +80,7 @@ else
   ok "the tiny run exits 0"
 fi
 for row in "fused groups of 25 MiB" "one gradient at a time" "DDP with Gloo" "Horovod with Gloo" \
-    "cross-barrier"; do
+    "cross-barrier" "the compute bound"; do
   grep -q "^| .*$row" "$OUT/out" && ok "table row: $row" || fail "no table row '$row'"
 done
 if "$PY" - "$OUT/table.json" <<'EOF'; then ok "JSON rows: 2 steps each, same first loss, ratios"; else fail "JSON rows (above)"; fi
@@ -87,7 +89,7 @@ t = json.load(open(sys.argv[1]))
 rows = [r for r in t["rows"] if "skipped" not in r]
 names = [r["config"] for r in rows]
 assert names[:3] == ["cortado-fused", "cortado-single", "ddp"], names
-assert names[-1] == "cortado-engine-cb", names
+assert names[-2:] == ["cortado-engine-cb", "compute"], names
 skipped = [r["config"] for r in t["rows"] if "skipped" in r]
 assert "horovod" in names or skipped == ["horovod"], (names, skipped)
 firsts = {round(r["loss_first"], 4) for r in rows}
@@ -97,6 +99,7 @@ for r in rows:
     assert r["img_sec_total"] > 0 and math.isfinite(r["loss_last_mean"]), r
     assert abs(r["vs_ddp"] - r["img_sec_total"] / rows[2]["img_sec_total"]) < 1e-9, r
     assert abs(r["vs_single"] - r["img_sec_total"] / rows[1]["img_sec_total"]) < 1e-9, r
+    assert abs(r["of_bound"] - r["img_sec_total"] / rows[-1]["img_sec_total"]) < 1e-9, r
     hvd = [x["img_sec_total"] for x in rows if x["config"] == "horovod"]
     assert (r["vs_horovod"] is None) if not hvd else \
         abs(r["vs_horovod"] - r["img_sec_total"] / hvd[0]) < 1e-9, r

@@ -47,10 +47,17 @@ from torchvision import models
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Synthetic benchmark (images/sec)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--backend", choices=["cortado", "gloo", "horovod"], default="cortado",
+    p.add_argument("--backend", choices=["cortado", "gloo", "horovod", "none"],
+                   default="cortado",
                    help="cortado (under cortado launch), gloo (DDP with Gloo), horovod "
                         "(Horovod's DistributedOptimizer, under horovodrun or with its "
-                        "HOROVOD_* rendezvous settings)")
+                        "HOROVOD_* rendezvous settings), none (no communication: this "
+                        "process trains alone, RANK and WORLD_SIZE from the environment "
+                        "only name it; the compute bound when WORLD_SIZE of them run at once)")
+    p.add_argument("--start-barrier", default=None, metavar="DIR",
+                   help="--backend none: write DIR/ready.RANK and wait (up to --run-timeout) "
+                        "until WORLD_SIZE processes did before the warmup, so that they "
+                        "run together")
     p.add_argument("--model", default="resnet50", help="a torchvision.models name")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--image-size", type=int, default=224)
@@ -106,9 +113,10 @@ def log(rank, *a):
 
 
 def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_rank=0,
-              average=None):
+              average=None, ready=None):
     """The timed loop, the same for every backend. `average(tensor)` returns
-    the mean of a CPU tensor over the workers (for the final loss)."""
+    the mean of a CPU tensor over the workers (for the final loss); `ready()`
+    runs just before the warmup."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_size)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
@@ -152,12 +160,14 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
 
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
-              + (f", compression {args.compression}" if args.backend != "gloo" else "")
+              + (f", compression {args.compression}" if args.backend not in ("gloo", "none") else "")
               + (", plan executor" if args.backend == "cortado" and args.executor else "")
               + (f", fusion_bytes {args.fusion_bytes}" if args.fusion_bytes is not None else "")
               + (f", fusion search {args.fusion_search}" if args.fusion_search != "default" else "")
               + (", cross-barrier" if args.backend == "cortado" and args.cross_barrier else "")
               + f", {threads} threads per worker, on {args.device}")
+    if ready is not None:
+        ready()
     log(rank, "Running warmup...")
     timeit.timeit(step, number=args.num_warmup_batches)
     log(rank, "Running benchmark...")
@@ -198,7 +208,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     return {"backend": args.backend, "label": args.label, "model": args.model,
             "batch_size": args.batch_size,
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
-            "compression": args.compression if args.backend != "gloo" else "none",
+            "compression": args.compression if args.backend not in ("gloo", "none") else "none",
             "executor": args.backend == "cortado" and args.executor,
             "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
             "cross_barrier": args.backend == "cortado" and args.cross_barrier,
@@ -308,6 +318,33 @@ def run_horovod(args):
     hvd.shutdown()
 
 
+def run_alone(args):
+    """--backend none: one process training its own copy with no
+    communication at all. WORLD_SIZE of them started together (bench/train.sh
+    `compute`) share the machine's cores as a data-parallel job's workers do
+    and give the step time that no communication library can beat there."""
+    rank = int(os.environ.get("RANK", "0"))
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    def ready():
+        if args.start_barrier is None:
+            return
+        folder = pathlib.Path(args.start_barrier)
+        (folder / f"ready.{rank}").touch()
+        deadline = time.monotonic() + args.run_timeout
+        while len(list(folder.glob("ready.*"))) < size:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"--start-barrier {folder}: {len(list(folder.glob('ready.*')))} "
+                                 f"of WORLD_SIZE={size} processes arrived within "
+                                 f"{args.run_timeout} s")
+            time.sleep(0.05)
+
+    result = benchmark(args, rank, size, local_size, lambda m: m, lambda m, o: o, 0, None, ready)
+    if args.json and rank == 0:
+        print(json.dumps(result), flush=True)
+
+
 def run_compare(args):
     """Cortado, then DDP with Gloo, --rounds times alternately (the machine is
     shared, so the two sides see the same drift); the table has the median
@@ -384,6 +421,8 @@ def main():
         run_gloo(args)
     elif args.backend == "horovod":
         run_horovod(args)
+    elif args.backend == "none":
+        run_alone(args)
     else:
         run_cortado(args)
 
