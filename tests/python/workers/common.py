@@ -44,3 +44,28 @@ FP16_PUSH_PULL = {"scheme": "hierarchical", "codec": "fp16", "steps": [
 def plan_of(names, option, version=1):
     """A plan (cortado-plan JSON as a dict) with `option` for every tensor."""
     return {"format": "cortado-plan", "version": version, "tensors": {n: option for n in names}}
+
+
+def image_batches(world, steps, per_worker, seed=42):
+    """`steps` batches of world * per_worker random 1x8x8 images and labels
+    in 0..9, the same on every worker (worker r's slice: micro_rows)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(world * per_worker, 1, 8, 8, generator=g)
+        y = torch.randint(0, 10, (world * per_worker,), generator=g)
+        yield x, y
+
+
+def micro_rows(rank, m, micro, per_worker):
+    """Worker `rank`'s micro-batch m of `micro` in a batch of image_batches:
+    (lo, hi), a slice of its per_worker rows."""
+    base = rank * per_worker
+    return base + m * per_worker // micro, base + (m + 1) * per_worker // micro
+
+
+def whole_batch_rows(world, m, micro, per_worker):
+    """Every worker's micro-batch m, concatenated (the one-process reference
+    of a run with backward_passes_per_step=micro): row indices in worker order."""
+    import torch
+    return torch.cat([torch.arange(*micro_rows(r, m, micro, per_worker)) for r in range(world)])

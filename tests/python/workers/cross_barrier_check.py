@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import cortado.torch as ct
-from common import parse_args, write_result
+from common import image_batches, micro_rows, parse_args, whole_batch_rows, write_result
 
 STEPS = 6
 PER_WORKER = 8
@@ -68,11 +68,7 @@ class Tricky(torch.nn.Module):
 
 
 def batches(world):
-    g = torch.Generator().manual_seed(42)
-    for _ in range(STEPS):
-        x = torch.randn(world * PER_WORKER, 1, 8, 8, generator=g)
-        y = torch.randint(0, 10, (world * PER_WORKER,), generator=g)
-        yield x, y
+    return image_batches(world, STEPS, PER_WORKER)
 
 
 def make_optimizer(kind, model):
@@ -101,9 +97,7 @@ def reference(world, kind, micro):
     for x, y in batches(world):
         opt.zero_grad()
         for m in range(micro):
-            rows = torch.cat([torch.arange(r * PER_WORKER + m * PER_WORKER // micro,
-                                           r * PER_WORKER + (m + 1) * PER_WORKER // micro)
-                              for r in range(world)])
+            rows = whole_batch_rows(world, m, micro, PER_WORKER)
             (F.cross_entropy(model(x[rows]), y[rows]) / micro).backward()
         opt.step()
         if sched:
@@ -133,8 +127,7 @@ def distributed(rank, world, label, kind, micro=1, cross=True, set_to_none=False
             before = model.conv1.weight.detach().clone()
             stats["stale_before_forward"] += int(model.conv1.weight in opt._cross.unit_of)
         for m in range(micro):
-            lo = rank * PER_WORKER + m * PER_WORKER // micro
-            hi = rank * PER_WORKER + (m + 1) * PER_WORKER // micro
+            lo, hi = micro_rows(rank, m, micro, PER_WORKER)
             (F.cross_entropy(model(x[lo:hi]), y[lo:hi]) / micro).backward()
         if cross and deferred and step >= 2:
             assert not torch.equal(before, model.conv1.weight.detach()), \

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import cortado.torch as ct
-from common import parse_args, write_result
+from common import image_batches, micro_rows, parse_args, whole_batch_rows, write_result
 
 STEPS = 6
 PER_WORKER = 8
@@ -29,11 +29,7 @@ def make_model():
 
 
 def batches(world):
-    g = torch.Generator().manual_seed(42)
-    for _ in range(STEPS):
-        x = torch.randn(world * PER_WORKER, 1, 8, 8, generator=g)
-        y = torch.randint(0, 10, (world * PER_WORKER,), generator=g)
-        yield x, y
+    return image_batches(world, STEPS, PER_WORKER)
 
 
 def reference(world, micro):
@@ -46,9 +42,7 @@ def reference(world, micro):
         # Worker r's micro-batch m is rows [r*P + m*P/micro, ...): the same
         # rows the distributed run uses, so the accumulation order matches.
         for m in range(micro):
-            rows = torch.cat([torch.arange(r * PER_WORKER + m * PER_WORKER // micro,
-                                           r * PER_WORKER + (m + 1) * PER_WORKER // micro)
-                              for r in range(world)])
+            rows = whole_batch_rows(world, m, micro, PER_WORKER)
             (loss_fn(model(x[rows]), y[rows]) / micro).backward()
         opt.step()
     return model
@@ -68,8 +62,7 @@ def distributed(rank, world, micro, compression, prefix):
     for x, y in batches(world):
         opt.zero_grad()
         for m in range(micro):
-            lo = rank * PER_WORKER + m * PER_WORKER // micro
-            hi = rank * PER_WORKER + (m + 1) * PER_WORKER // micro
+            lo, hi = micro_rows(rank, m, micro, PER_WORKER)
             (loss_fn(model(x[lo:hi]), y[lo:hi]) / micro).backward()
         # The hooks started every gradient's push_pull during backward.
         overlapped += len(opt._handles) == n_params
