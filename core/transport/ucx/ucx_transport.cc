@@ -686,9 +686,8 @@ void UcxTransport::shutdown() {
   // Their buffers are never freed: whether a cancelled rendezvous stops a
   // peer that is writing into it (a put over shared memory or CMA) is not
   // something UCX documents, and a write into memory the allocator has
-  // reused corrupts the heap far from here (suspected, not shown, in the
-  // abort of docs/transports.md "Open"). Only receives still in progress
-  // at a close are kept, for the rest of the process.
+  // reused corrupts the heap far from here. Only receives still in
+  // progress at a close are kept, for the rest of the process.
   for (RecvCtx* c : recvs_) {
     quarantineReceiveBuffer(c->slot->data);
     if (c->request) ucp_request_cancel(c->worker, c->request);
