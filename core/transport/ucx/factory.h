@@ -26,6 +26,12 @@
 // Failure: an endpoint error (the peer died, refused, or timed out) and a
 // peer's orderly close() are reported once through the error callback; the
 // peer's pending and later messages are dropped until connect() names it again.
+//
+// Close before the process exits: close() keeps the UCX listener and worker
+// (connection requests are rejected), and an exit handler that the first
+// close registers destroys them before the libraries' destructors run, which
+// must not meet a live UCX worker (docs/transports.md, "Closing a UCX
+// transport"). A transport still open at exit is not covered.
 #pragma once
 
 #include <chrono>

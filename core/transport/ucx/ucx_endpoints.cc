@@ -78,7 +78,12 @@ void UcxTransport::onEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 }
 
 void UcxTransport::onConnRequest(ucp_conn_request_h request, void* arg) {
-  static_cast<UcxTransport*>(arg)->accept(request);
+  auto* ctx = static_cast<ListenerCtx*>(arg);
+  if (ctx->t) {
+    ctx->t->accept(request);
+  } else {
+    ucp_listener_reject(ctx->listener, request);  // closed: the listener is parked
+  }
 }
 
 ucs_status_t UcxTransport::onBye(void* arg, const void* header, size_t headerLength, void*, size_t,
@@ -124,8 +129,10 @@ std::string UcxTransport::startListener(const std::string& address) {
   lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
   lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
   lp.sockaddr.addrlen = sizeof(sockaddr_in);
+  auto ctx = std::make_unique<ListenerCtx>();
+  ctx->t = this;
   lp.conn_handler.cb = &onConnRequest;
-  lp.conn_handler.arg = this;
+  lp.conn_handler.arg = ctx.get();
   ucs_status_t s = ucp_listener_create(worker_, &lp, &listener_);
   if (s != UCS_OK) {
     listener_ = nullptr;
@@ -136,6 +143,8 @@ std::string UcxTransport::startListener(const std::string& address) {
                                                 "or port 0 to let the system choose one"
                                               : ucs_status_string(s)));
   }
+  ctx->listener = listener_;
+  listenerCtx_ = std::move(ctx);
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   s = ucp_listener_query(listener_, &attr);
@@ -149,6 +158,13 @@ std::string UcxTransport::startListener(const std::string& address) {
 }
 
 void UcxTransport::accept(ucp_conn_request_h request) {
+  if (stop_) {
+    // Closing: an endpoint accepted now would only be closed again, and one
+    // accepted after the close's last round of endpoint closes would be
+    // left in the parked worker. The peer learns at once that we are gone.
+    ucp_listener_reject(listener_, request);
+    return;
+  }
   auto ctx = std::make_unique<EpCtx>();
   ctx->t = this;
   ctx->accepted = true;

@@ -32,10 +32,13 @@
 // This file: construction, the loop thread and close (init, loop, shutdown)
 // and create(). Endpoints are in ucx_endpoints.cc, messages in
 // ucx_messages.cc; the class is declared in ucx_transport_impl.h.
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 
@@ -81,25 +84,123 @@ std::string hostId() {
 // UcxTransport::shutdown). Each close parks its connection-manager worker,
 // and the oldest are destroyed once more than kMaxParked wait (by then long
 // closed: no peer still connects to them; peers of a closed node fail through
-// the control plane). What is parked at exit is left to the process's end.
+// the control plane).
+//
+// None may outlive the process's exit handlers: while a UCP worker exists,
+// UCX's async thread keeps serving its sockets (the listener, and the
+// connection manager's endpoints that peers disconnect as they close), and
+// it does so while the libraries' destructors run and free the state it
+// uses (libucs frees the table of async handlers that the thread looks up
+// and edits): the heap corruption of docs/transports.md. The first park
+// registers releaseParkedAtExit, which runs before those destructors.
 struct ParkedUcp {
   ucp_context_h context;
   ucp_worker_h worker;
   ucp_listener_h listener;
+  ListenerCtx* listenerCtx;  // owned; its transport pointer is null
 };
+
+// A parked worker's active-message handler: what still arrives for a closed
+// transport (a peer's data, hello or bye) is dropped; a rendezvous sender's
+// send then completes (UCX drops the descriptor when the handler returns
+// UCS_OK without receiving it).
+ucs_status_t dropAm(void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+  return UCS_OK;
+}
+
+void dropActiveMessages(ucp_worker_h worker) {
+  for (unsigned id : {kAmData, kAmHello, kAmBye, kAmWelcome}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = id;
+    hp.cb = &dropAm;
+    hp.arg = nullptr;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ucp_worker_set_am_recv_handler(worker, &hp);
+  }
+}
+
+// How a parked worker is let go: its pending work (connection requests,
+// which ListenerCtx rejects now, and the disconnects of the endpoints that
+// peers opened to it) is progressed until it has been quiet for kDrainQuiet,
+// for at most `budget`, and then the listener, the worker and the context are
+// destroyed. Progressing first narrows the window of the listener race to
+// what arrives in the last kDrainQuiet.
+constexpr Millis kDrainQuiet{20};
+
+void drainAndDestroy(const ParkedUcp& p, Millis budget) {
+  const Deadline deadline = Deadline::after(budget);
+  int fd = -1;
+  if (ucp_worker_get_efd(p.worker, &fd) != UCS_OK) fd = -1;
+  auto lastWork = Clock::now();
+  while (!deadline.expired()) {
+    if (ucp_worker_progress(p.worker) != 0) {
+      lastWork = Clock::now();
+      continue;
+    }
+    if (Clock::now() - lastWork >= kDrainQuiet) break;
+    if (fd < 0 || ucp_worker_arm(p.worker) == UCS_ERR_BUSY) continue;
+    pollfd pfd{fd, POLLIN, 0};
+    ::poll(&pfd, 1, 2);
+  }
+  ucp_listener_destroy(p.listener);
+  ucp_worker_destroy(p.worker);
+  ucp_cleanup(p.context);
+  delete p.listenerCtx;
+}
+
+struct ParkedList {
+  std::mutex mu;
+  std::deque<ParkedUcp> parked;
+  pid_t pid = 0;         // the process whose closes parked what is here
+  bool exiting = false;  // the exit handler ran: later closes destroy at once
+};
+
+ParkedList& parkedList() {
+  static auto* list = new ParkedList();  // never freed: the exit handler uses it
+  return *list;
+}
+
+// Total time the exit handler lets parked workers drain (each gets what is
+// left; usually each is quiet within kDrainQuiet).
+constexpr Millis kExitDrainBudget{500};
+
+void releaseParkedAtExit() {
+  ParkedList& list = parkedList();
+  std::lock_guard g(list.mu);
+  // A forked child that parked nothing itself has its parent's handles but
+  // not its parent's UCX threads: it must not touch them.
+  if (list.pid != ::getpid()) return;
+  list.exiting = true;
+  const Deadline deadline = Deadline::after(kExitDrainBudget);
+  while (!list.parked.empty()) {
+    ParkedUcp p = list.parked.front();
+    list.parked.pop_front();
+    drainAndDestroy(p, std::max(deadline.remaining(), kDrainQuiet));
+  }
+}
 
 void parkUcp(ParkedUcp p) {
   constexpr size_t kMaxParked = 4;
-  static std::mutex mu;
-  static auto* parked = new std::deque<ParkedUcp>();  // never freed: nothing runs at exit
-  std::lock_guard g(mu);
-  parked->push_back(p);
-  while (parked->size() > kMaxParked) {
-    ParkedUcp old = parked->front();
-    parked->pop_front();
-    ucp_listener_destroy(old.listener);
-    ucp_worker_destroy(old.worker);
-    ucp_cleanup(old.context);
+  ParkedList& list = parkedList();
+  std::lock_guard g(list.mu);
+  if (list.exiting) {
+    drainAndDestroy(p, kDrainQuiet);
+    return;
+  }
+  if (list.pid != ::getpid()) {
+    // First park in this process. Anything parked already is a forked
+    // parent's, whose UCX threads this process does not have: forgotten.
+    list.parked.clear();
+    list.pid = ::getpid();
+    std::atexit(releaseParkedAtExit);
+  }
+  list.parked.push_back(p);
+  while (list.parked.size() > kMaxParked) {
+    ParkedUcp old = list.parked.front();
+    list.parked.pop_front();
+    drainAndDestroy(old, kDrainQuiet);
   }
 }
 
@@ -558,8 +659,8 @@ void UcxTransport::shutdown() {
   // ucp_cm_server_conn_request_cb. Seen when a job failed at start-up (a
   // declaration mismatch) while peers were still connecting to a worker
   // that was closing: worker 0 died of SIGSEGV in 24 of 40 runs. Requests
-  // that arrive during the close are accepted and closed with the rest; at
-  // the end the listener, its worker and context are parked (parkUcp).
+  // that arrive during the close are rejected (accept()); at the end the
+  // listener, its worker and context are parked (parkUcp).
   // Tell the peers that connected to us, so they need not wait for a timeout.
   for (auto& [ep, ctx] : eps_) {
     if (ctx->accepted) startSend(NodeId{}, ep, kAmBye, {});
@@ -585,9 +686,8 @@ void UcxTransport::shutdown() {
   // Their buffers are never freed: whether a cancelled rendezvous stops a
   // peer that is writing into it (a put over shared memory or CMA) is not
   // something UCX documents, and a write into memory the allocator has
-  // reused corrupts the heap far from here (suspected, not shown, in the
-  // abort of docs/transports.md "Open"). Only receives still in progress
-  // at a close are kept, for the rest of the process.
+  // reused corrupts the heap far from here. Only receives still in
+  // progress at a close are kept, for the rest of the process.
   for (RecvCtx* c : recvs_) {
     quarantineReceiveBuffer(c->slot->data);
     if (c->request) ucp_request_cancel(c->worker, c->request);
@@ -596,16 +696,21 @@ void UcxTransport::shutdown() {
   queue_.closeAndClear();
   batch_.clear();
   releaseDirect();
-  if (listener_ && inflight_.empty() && closing_.empty() && recvs_.empty()) {
-    // Nothing of ours is left in UCX (no request, no endpoint), so the
-    // parked worker never calls back into this object.
-    parkUcp({context_, worker_, listener_});
+  if (listener_ && inflight_.empty() && closing_.empty() && recvs_.empty() && eps_.empty()) {
+    // Nothing of ours is left in UCX (no request, no endpoint). Connection
+    // requests from now on are rejected (ListenerCtx) and active messages
+    // dropped, so the parked worker, which is progressed again when it is
+    // let go (drainAndDestroy), never calls back into this object.
+    listenerCtx_->t = nullptr;
+    dropActiveMessages(worker_);
+    parkUcp({context_, worker_, listener_, listenerCtx_.release()});
   } else {
     if (listener_) ucp_listener_destroy(listener_);
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
   }
   listener_ = nullptr;
+  listenerCtx_.reset();
   // What UCX did not complete is released now: the senders' buffers with it.
   for (SendCtx* ctx : inflight_) delete ctx;
   inflight_.clear();

@@ -166,6 +166,15 @@ struct RecvCtx {
   void* request = nullptr;        // its request while in progress (for the cancel at close)
 };
 
+// The argument of a listener's connection handler. While the transport is
+// open, requests go to it (`t`); once it closed and parked the listener
+// (ucx_transport.cc, parkUcp), `t` is null and requests are rejected. It
+// lives as long as the listener, which may outlive the transport.
+struct ListenerCtx {
+  UcxTransport* t = nullptr;
+  ucp_listener_h listener = nullptr;
+};
+
 // One endpoint: a client endpoint to a peer we connect()ed to, or one that a
 // peer opened to our listener.
 struct EpCtx {
@@ -372,6 +381,7 @@ class UcxTransport final : public Transport {
   ucp_worker_h directWorker_ = nullptr;
   int directWorkerFd_ = -1;
   ucp_listener_h listener_ = nullptr;
+  std::unique_ptr<ListenerCtx> listenerCtx_;  // the listener's handler argument
   int workerFd_ = -1;
   size_t maxInlineBytes_ = 0;  // AM header bytes kLayoutOneBig may use
   int epfd_ = -1;
