@@ -101,22 +101,18 @@ size_t MultiLevelCodec::recompress(std::span<const std::byte> first, size_t n, d
     }
     return total;
   }
-  // Top-k among the first level's values; their indices ascend, so the
-  // chosen positions (ascending) map to ascending tensor indices.
-  // Uninitialized: the copy writes every element.
-  std::unique_ptr<float[]> values(new float[k1]);
-  std::memcpy(values.get(), body + 4 * k1, 4 * k1);
-  std::vector<uint32_t> pos(k2);
-  cpu::selectTopK(values.get(), k1, k2, std::max<size_t>(std::min<size_t>(k1, 65536), 1024),
-                  ctx.pool, pos.data());
+  // Top-k among the first level's values, read in place; their indices
+  // ascend, so the chosen positions (ascending) map to ascending tensor
+  // indices. The selection writes the positions where the indices go and
+  // the values after them; each position is then replaced by the first
+  // level's index at it.
   h2.bodyBytes = format::sparseBody(k2);
   writeHeader(h2, out);
   std::byte* idx = out.data() + kHeaderBytes;
-  std::byte* vals = idx + 4 * k2;
-  for (size_t i = 0; i < k2; ++i) {
-    std::memcpy(idx + 4 * i, body + 4 * pos[i], 4);
-    storeLe<float>(vals + 4 * i, values[pos[i]]);
-  }
+  cpu::selectTopK(body + 4 * k1, k1, k2, std::max<size_t>(std::min<size_t>(k1, 65536), 1024),
+                  ctx.pool, idx, idx + 4 * k2);
+  for (size_t i = 0; i < k2; ++i)
+    std::memcpy(idx + 4 * i, body + 4 * static_cast<size_t>(loadLe<uint32_t>(idx + 4 * i)), 4);
   return total;
 }
 

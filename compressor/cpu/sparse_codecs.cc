@@ -42,13 +42,10 @@ class TopKCodec final : public CodecBase {
     size_t k = format::kFromRatio(n, ratio_);
     size_t total = payloadBytes(n);
     std::byte* body = beginPayload(out, n, total, ctx, 0, 0, k);
-    // The payload may be unaligned: select into a vector, then copy.
-    std::vector<uint32_t> idx(k);
+    // The selection writes the indices and their values into the payload.
     size_t sample = sampleFraction_ > 0 ? static_cast<size_t>(sampleFraction_ * n) : 65536;
-    selectTopK(in, n, k, std::max<size_t>(sample, 1024), ctx.pool, idx.data());
-    std::memcpy(body, idx.data(), 4 * k);
-    std::byte* vals = body + 4 * k;
-    for (size_t i = 0; i < k; ++i) storeLe<float>(vals + 4 * i, in[idx[i]]);
+    selectTopK(reinterpret_cast<const std::byte*>(in), n, k, std::max<size_t>(sample, 1024),
+               ctx.pool, body, body + 4 * k);
     return total;
   }
 

@@ -3,10 +3,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <vector>
 
 #include "compressor/cpu/kernels.h"
@@ -16,56 +17,153 @@
 namespace cortado::compressor::cpu {
 namespace {
 
-inline uint32_t keyOf(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b & 0x7fffffffu;
+constexpr uint32_t kAbs = 0x7fffffffu;
+constexpr uint32_t kNoBar = 0xffffffffu;  // above every key (keys are < 2^31)
+
+inline uint32_t load32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline void store32(std::byte* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// A growable u32 array that is not zero-filled. The calling thread keeps its
+// arrays between calls (a fresh 10 MB allocation page-faults on every
+// touch), up to kKeepElements each.
+constexpr size_t kKeepElements = size_t{8} << 20;
+
+struct Buf {
+  std::unique_ptr<uint32_t[]> p;
+  size_t cap = 0;
+  // Capacity for `want` elements, keeping the first `used`.
+  void reserve(size_t want, size_t used) {
+    if (want <= cap) return;
+    size_t c = std::max(want, cap + cap / 2);
+    std::unique_ptr<uint32_t[]> q(new uint32_t[c]);
+    if (used) std::memcpy(q.get(), p.get(), 4 * used);
+    p = std::move(q);
+    cap = c;
+  }
+  void trim() {
+    if (cap > kKeepElements) {
+      p.reset();
+      cap = 0;
+    }
+  }
+};
+
+// Candidates of one slice of the tensor, in index order: index and raw bits.
+struct Part {
+  Buf idx, val;
+  size_t size = 0;
+  void reserve(size_t want) {
+    idx.reserve(want, size);
+    val.reserve(want, size);
+  }
+};
+
+struct Scratch {
+  std::vector<Part> parts;
+  Buf band;
+  void trim() {
+    for (auto& p : parts) {
+      p.idx.trim();
+      p.val.trim();
+    }
+    band.trim();
+  }
+};
+
+Scratch& scratch() {
+  static thread_local Scratch s;
+  return s;
 }
 
-void scanScalar(const float* x, size_t begin, size_t end, uint32_t thr,
-                std::vector<uint32_t>& out) {
-  for (size_t i = begin; i < end; ++i)
-    if (keyOf(x[i]) >= thr) out.push_back(static_cast<uint32_t>(i));
+// Slack that a scan may write past its count: a whole group of 32.
+constexpr size_t kSlack = 32;
+
+void scanScalar(const std::byte* x, size_t begin, size_t end, uint32_t thr, Part& out) {
+  for (size_t i = begin; i < end; i += kSlack) {
+    out.reserve(out.size + kSlack);
+    size_t e = std::min(end, i + kSlack), s = out.size;
+    for (size_t j = i; j < e; ++j) {
+      uint32_t v = load32(x + 4 * j);
+      out.idx.p[s] = static_cast<uint32_t>(j);
+      out.val.p[s] = v;
+      s += (v & kAbs) >= thr;
+    }
+    out.size = s;
+  }
 }
 
-__attribute__((target("avx2"))) void scanAvx2(const float* x, size_t begin, size_t end,
-                                              uint32_t thr, std::vector<uint32_t>& out) {
+// For each 8-bit mask, the lanes whose bit is set, packed to the front (one
+// byte each): the permutation that left-packs 8 lanes.
+constexpr std::array<uint64_t, 256> makePackTable() {
+  std::array<uint64_t, 256> t{};
+  for (int m = 0; m < 256; ++m) {
+    uint64_t v = 0;
+    int o = 0;
+    for (int lane = 0; lane < 8; ++lane)
+      if (m & (1 << lane)) v |= static_cast<uint64_t>(lane) << (8 * o++);
+    t[m] = v;
+  }
+  return t;
+}
+constexpr std::array<uint64_t, 256> kPack = makePackTable();
+
+__attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t begin,
+                                                     size_t end, uint32_t thr, Part& out) {
   // Keys are < 2^31, so a signed compare against thr - 1 is key >= thr.
   const __m256i t = _mm256_set1_epi32(static_cast<int32_t>(thr) - 1);
-  const __m256i absMask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i absMask = _mm256_set1_epi32(static_cast<int32_t>(kAbs));
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   size_t i = begin;
   for (; i + 32 <= end; i += 32) {
-    uint32_t mask = 0;
+    __m256i v[4];
+    uint32_t m[4], any = 0;
     for (int q = 0; q < 4; ++q) {
-      __m256i k = _mm256_and_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8 * q)), absMask);
-      mask |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, t))))
-              << (8 * q);
+      v[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * (i + 8 * q)));
+      __m256i gt = _mm256_cmpgt_epi32(_mm256_and_si256(v[q], absMask), t);
+      m[q] = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
+      any |= m[q];
     }
-    while (mask) {  // rare: only a few per cent of elements pass
-      out.push_back(static_cast<uint32_t>(i + __builtin_ctz(mask)));
-      mask &= mask - 1;
+    if (!any) continue;  // sparse selections skip most groups here
+    out.reserve(out.size + kSlack);
+    uint32_t* idx = out.idx.p.get();
+    uint32_t* val = out.val.p.get();
+    size_t s = out.size;
+    for (int q = 0; q < 4; ++q) {
+      __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kPack[m[q]])));
+      __m256i ids = _mm256_add_epi32(
+          _mm256_set1_epi32(static_cast<int32_t>(i + 8 * q)), lanes);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + s),
+                          _mm256_permutevar8x32_epi32(ids, perm));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(val + s),
+                          _mm256_permutevar8x32_epi32(v[q], perm));
+      s += static_cast<size_t>(__builtin_popcount(m[q]));
     }
+    out.size = s;
   }
   scanScalar(x, i, end, thr, out);
 }
 
-// Candidates with key >= thr, in index order, scanned in parallel.
-std::vector<uint32_t> collect(const float* x, size_t n, uint32_t thr, size_t expected,
-                              ThreadPool* pool) {
-  std::vector<std::vector<uint32_t>> parts;
-  std::mutex mu;
+// Candidates with key >= thr into scratch().parts[0..numParts), each in index
+// order, the parts in tensor order; scanned in parallel. Returns numParts.
+size_t collect(const std::byte* x, size_t n, uint32_t thr, size_t expected, ThreadPool* pool) {
+  auto& parts = scratch().parts;
   size_t numParts = pool && n >= (1 << 19) ? pool->size() + 1 : 1;
-  parts.resize(numParts);
+  if (parts.size() < numParts) parts.resize(numParts);
   size_t per = (n + numParts - 1) / numParts;
+  size_t want = std::min(expected / numParts + expected / (4 * numParts), per) + 64 + kSlack;
   auto work = [&](size_t p) {
-    size_t b = p * per, e = std::min(n, b + per);
-    auto& v = parts[p];
-    v.reserve(expected / numParts + expected / (4 * numParts) + 64);
+    size_t b = std::min(n, p * per), e = std::min(n, b + per);
+    Part& part = parts[p];
+    part.size = 0;
+    part.reserve(want);
     if (hasAvx2())
-      scanAvx2(x, b, e, thr, v);
+      scanAvx2(x, b, e, thr, part);
     else
-      scanScalar(x, b, e, thr, v);
+      scanScalar(x, b, e, thr, part);
   };
   if (numParts == 1)
     work(0);
@@ -73,22 +171,20 @@ std::vector<uint32_t> collect(const float* x, size_t n, uint32_t thr, size_t exp
     pool->parallelFor(numParts, 1, [&](size_t b, size_t e) {
       for (size_t p = b; p < e; ++p) work(p);
     });
-  size_t total = 0;
-  for (auto& v : parts) total += v.size();
-  if (numParts == 1) return std::move(parts[0]);
-  std::vector<uint32_t> all;
-  all.reserve(total);
-  for (auto& v : parts) all.insert(all.end(), v.begin(), v.end());
-  return all;
+  return numParts;
 }
 
-}  // namespace
+void writeOut(std::byte* idxOut, std::byte* valOut, size_t o, uint32_t i, uint32_t v) {
+  store32(idxOut + 4 * o, i);
+  if (valOut) store32(valOut + 4 * o, v);
+}
 
-void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
-                uint32_t* indices) {
+void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
+            std::byte* idxOut, std::byte* valOut) {
   if (k == 0) return;
   if (k >= n) {
-    for (size_t i = 0; i < n; ++i) indices[i] = static_cast<uint32_t>(i);
+    for (size_t i = 0; i < n; ++i) store32(idxOut + 4 * i, static_cast<uint32_t>(i));
+    if (valOut) std::memcpy(valOut, x, 4 * n);
     return;
   }
   // Sample whole cache lines (16 floats) at hashed places: cheaper than
@@ -102,79 +198,140 @@ void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPo
     size_t lines = n / kRun;
     for (size_t r = 0; r < runs; ++r) {
       size_t start = (format::hash2(0x5eed70b, r) % lines) * kRun;
-      for (size_t j = 0; j < kRun; ++j) sample.push_back(keyOf(x[start + j]));
+      for (size_t j = 0; j < kRun; ++j) sample.push_back(load32(x + 4 * (start + j)) & kAbs);
     }
   }
   const size_t s = sample.size();
-  // Rank in the sample whose key a bit more than k elements reach: mean plus
-  // three standard deviations of the binomial count, plus slack.
+  // Two bars from the sample: `thr`, which a bit more than k elements reach
+  // (mean plus three standard deviations of the binomial count, plus slack),
+  // and `hi`, which a bit fewer than k exceed (mean minus as much). Every
+  // key >= thr is a candidate; those above hi are surely kept, and only the
+  // band between the bars needs a selection.
   double expect = sampled ? static_cast<double>(k) * s / n : 0;
-  double rank = expect + 3.0 * std::sqrt(expect) + 16.0;
+  double spread = 3.0 * std::sqrt(expect) + 16.0;
+  double rank = expect + spread;
+  double hiRank = expect - spread;
 
-  std::vector<uint32_t> cand;
-  uint32_t thr = 0;
-  for (;;) {
+  Scratch& sc = scratch();
+  size_t numParts = 0, total = 0;
+  uint32_t thr = 0, hi = kNoBar;
+  for (bool first = true;; first = false) {
     thr = 0;
+    hi = kNoBar;
     if (sampled && rank < static_cast<double>(s)) {
       auto r = static_cast<size_t>(rank);
       std::nth_element(sample.begin(), sample.begin() + r, sample.end(), std::greater<>());
       thr = sample[r];
+      if (first && hiRank >= 0) {
+        auto r2 = static_cast<size_t>(hiRank);
+        std::nth_element(sample.begin(), sample.begin() + r2, sample.begin() + r,
+                         std::greater<>());
+        hi = sample[r2];
+      }
     }
+    size_t expected = sampled ? static_cast<size_t>(rank * n / s) : n;
     if (thr == 0) {
       // The k-th magnitude may be zero (a sparse sum re-encoded: a few per
       // cent non-zero). Collect the non-zeros only; if fewer than k, the rest
-      // are the lowest-index zeros. (Collecting key >= 0 took every element,
-      // and sorting them made the re-encode of a 4x smaller chunk cost 2-3x
-      // the first encode of the whole tensor, docs/benchmarks.md.)
-      cand = collect(x, n, 1, sampled ? static_cast<size_t>(rank * n / s) : n, pool);
-      if (cand.size() < k) {
-        size_t zeros = k - cand.size(), o = 0, c = 0;
+      // are the lowest-index zeros.
+      thr = 1;
+      numParts = collect(x, n, thr, expected, pool);
+      total = 0;
+      for (size_t p = 0; p < numParts; ++p) total += sc.parts[p].size;
+      if (total < k) {
+        size_t zeros = k - total, o = 0;
+        size_t p = 0, c = 0;
         for (size_t i = 0; o < k; ++i) {
-          if (c < cand.size() && cand[c] == i)
-            indices[o++] = cand[c++];
-          else if (zeros > 0)
-            indices[o++] = static_cast<uint32_t>(i), --zeros;
+          while (p < numParts && c == sc.parts[p].size) ++p, c = 0;
+          if (p < numParts && sc.parts[p].idx.p[c] == i) {
+            writeOut(idxOut, valOut, o++, static_cast<uint32_t>(i), sc.parts[p].val.p[c]);
+            ++c;
+          } else if (zeros > 0) {
+            writeOut(idxOut, valOut, o++, static_cast<uint32_t>(i), load32(x + 4 * i));
+            --zeros;
+          }
         }
+        sc.trim();
         return;
       }
       break;
     }
-    cand = collect(x, n, thr, static_cast<size_t>(rank * n / s), pool);
-    if (cand.size() >= k) break;
+    numParts = collect(x, n, thr, expected, pool);
+    total = 0;
+    for (size_t p = 0; p < numParts; ++p) total += sc.parts[p].size;
+    if (total >= k) break;
     rank *= 4;  // the sample overshot: rare, lower the bar and rescan
   }
-  if (cand.size() == k) {
-    std::copy(cand.begin(), cand.end(), indices);
-    return;
-  }
-  // Every key >= thr is a candidate. With few distinct magnitudes many of
-  // them tie at thr itself (integer or quantized values): if fewer than k are
-  // above it, the k-th magnitude is thr, and the result is every key above
-  // it and the lowest-index ties, in one pass instead of a selection among
-  // all the ties.
-  std::vector<uint32_t> keys(cand.size());
-  size_t above = 0;
-  for (size_t i = 0; i < cand.size(); ++i) {
-    keys[i] = keyOf(x[cand[i]]);
-    above += keys[i] > thr;
-  }
-  if (above < k) {
-    size_t ties = k - above, o = 0;
-    for (size_t i = 0; i < cand.size(); ++i)
-      if (keys[i] > thr || (keys[i] == thr && ties > 0 && ties--)) indices[o++] = cand[i];
-    return;
-  }
-  // Exact k-th largest key among the candidates.
-  std::vector<uint32_t> work(keys);
-  std::nth_element(work.begin(), work.begin() + (k - 1), work.end(), std::greater<>());
-  uint32_t kth = work[k - 1];
+
+  // Every candidate's key is >= thr. `greater` of them are above the k-th
+  // largest key `kth`; the other k - greater are the lowest-index ties at it.
+  uint32_t kth = thr;
   size_t greater = 0;
-  for (uint32_t key : keys) greater += key > kth;
-  size_t ties = k - greater;  // taken from the lowest indices with key == kth
-  size_t o = 0;
-  for (size_t i = 0; i < cand.size(); ++i) {
-    if (keys[i] > kth || (keys[i] == kth && ties > 0 && ties--)) indices[o++] = cand[i];
+  if (total > k) {
+    // One pass: the count above the sure bar, the count above thr, and the
+    // keys of the band (key <= hi), written unconditionally and kept by
+    // advancing the end.
+    sc.band.reserve(total + 1, 0);
+    uint32_t* band = sc.band.p.get();
+    size_t sure = 0, above = 0, nb = 0;
+    for (size_t p = 0; p < numParts; ++p) {
+      const uint32_t* v = sc.parts[p].val.p.get();
+      for (size_t c = 0, e = sc.parts[p].size; c < e; ++c) {
+        uint32_t key = v[c] & kAbs;
+        sure += key > hi;
+        above += key > thr;
+        band[nb] = key;
+        nb += key <= hi;
+      }
+    }
+    if (above < k) {
+      // Few distinct magnitudes: fewer than k are above thr, so the k-th
+      // magnitude is thr itself, and the ties at it fill the rest.
+      greater = above;
+    } else {
+      if (sure >= k) {
+        // The sample undershot at the top: select among every candidate.
+        nb = 0;
+        for (size_t p = 0; p < numParts; ++p) {
+          const uint32_t* v = sc.parts[p].val.p.get();
+          for (size_t c = 0, e = sc.parts[p].size; c < e; ++c) band[nb++] = v[c] & kAbs;
+        }
+        sure = 0;
+      }
+      size_t r = k - sure;  // the rank of the k-th largest key within the band
+      std::nth_element(band, band + (r - 1), band + nb, std::greater<>());
+      kth = band[r - 1];
+      greater = sure;
+      for (size_t c = 0; c < nb; ++c) greater += band[c] > kth;
+    }
+  } else {
+    kth = 0;  // exactly k candidates, all of them non-zero: keep every one
+    greater = k;
   }
+  size_t ties = k - greater, o = 0;
+  for (size_t p = 0; p < numParts && o < k; ++p) {
+    const Part& part = sc.parts[p];
+    const uint32_t* ids = part.idx.p.get();
+    const uint32_t* v = part.val.p.get();
+    for (size_t c = 0, e = part.size; c < e && o < k; ++c) {
+      uint32_t key = v[c] & kAbs;
+      if (key > kth || (key == kth && ties > 0 && ties--)) writeOut(idxOut, valOut, o++, ids[c], v[c]);
+    }
+  }
+  sc.trim();
+}
+
+}  // namespace
+
+void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
+                uint32_t* indices) {
+  select(reinterpret_cast<const std::byte*>(x), n, k, sampleCount, pool,
+         reinterpret_cast<std::byte*>(indices), nullptr);
+}
+
+void selectTopK(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
+                std::byte* indices, std::byte* values) {
+  select(x, n, k, sampleCount, pool, indices, values);
 }
 
 }  // namespace cortado::compressor::cpu

@@ -136,6 +136,19 @@ void expectSelection(const std::vector<float>& x, const std::vector<uint32_t>& o
   got.resize(k);
   ASSERT_EQ(got, want);
 
+
+  // The byte form: input and outputs at unaligned addresses, values copied
+  // bit for bit (NaN payloads and the sign of zero included).
+  std::vector<std::byte> in(4 * n + 2), idx(4 * k + 3), val(4 * k + 5);
+  if (n) std::memcpy(in.data() + 2, x.data(), 4 * n);
+  cpu::selectTopK(in.data() + 2, n, k, sampleCount, pool, idx.data() + 3, val.data() + 1);
+  for (size_t i = 0; i < k; ++i) {
+    uint32_t j, v;
+    std::memcpy(&j, idx.data() + 3 + 4 * i, 4);
+    std::memcpy(&v, val.data() + 1 + 4 * i, 4);
+    ASSERT_EQ(j, want[i]) << "position " << i;
+    ASSERT_EQ(v, bitsOf(x[j])) << "position " << i;
+  }
 }
 
 TEST(SelectTopK, MatchesAFullSortOnAdversarialInputs) {
