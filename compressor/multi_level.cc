@@ -10,6 +10,7 @@
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "core/common/error.h"
+#include "core/common/thread_pool.h"
 
 namespace cortado::compressor {
 namespace {
@@ -94,11 +95,17 @@ size_t MultiLevelCodec::recompress(std::span<const std::byte> first, size_t n, d
     h2.bodyBytes = format::randomKBody(k2);
     writeHeader(h2, out);
     std::byte* vals = out.data() + kHeaderBytes;
-    for (size_t b = 0; b < k2; ++b) {
-      uint64_t size;
-      uint64_t j = format::randomKIndex(h1.seed, b, k1, k2, &size);
-      std::memcpy(vals + 4 * b, body + 4 * j, 4);
-    }
+    auto gather = [&](size_t b0, size_t b1) {
+      format::RandomKWalk walk(h1.seed, b0, k1, k2);
+      for (size_t b = b0; b < b1; ++b) {
+        uint64_t size;
+        std::memcpy(vals + 4 * b, body + 4 * walk.next(&size), 4);
+      }
+    };
+    if (ctx.pool && k2 >= (size_t{1} << 18))
+      ctx.pool->parallelFor(k2, size_t{1} << 16, gather);
+    else
+      gather(0, k2);
     return total;
   }
   // Top-k among the first level's values, read in place; their indices
@@ -121,9 +128,10 @@ namespace {
 // The tensor indices of a second-level random-k payload's values.
 template <typename Fn>
 void forEachNested(const PayloadHeader& h, size_t n, Fn fn) {
+  format::RandomKWalk walk(h.seed, 0, h.numel, h.count);
   for (size_t b = 0; b < h.count; ++b) {
     uint64_t size;
-    uint64_t j = format::randomKIndex(h.seed, b, h.numel, h.count, &size);
+    uint64_t j = walk.next(&size);
     fn(b, format::randomKIndex(h.seed, j, n, h.numel, &size));
   }
 }

@@ -12,6 +12,7 @@
 #include "compressor/cpu/kernels.h"
 #include "compressor/cpu/topk_select.h"
 #include "compressor/format.h"
+#include "core/common/thread_pool.h"
 
 namespace cortado::compressor::cpu {
 namespace {
@@ -126,10 +127,19 @@ class RandomKCodec final : public CodecBase {
     size_t total = payloadBytes(n);
     std::byte* vals =
         beginPayload(out, n, total, ctx, unbiased_ ? kUnbiasedFlag : 0, seed, k);
-    for (size_t b = 0; b < k; ++b) {
-      uint64_t size;
-      storeLe<float>(vals + 4 * b, in[format::randomKIndex(seed, b, n, k, &size)]);
-    }
+    // Blocks in order, walked without a division each; large k in parallel
+    // slices of blocks.
+    auto gather = [&](size_t b0, size_t b1) {
+      format::RandomKWalk walk(seed, b0, n, k);
+      for (size_t b = b0; b < b1; ++b) {
+        uint64_t size;
+        std::memcpy(vals + 4 * b, in + walk.next(&size), 4);
+      }
+    };
+    if (ctx.pool && k >= (size_t{1} << 18))
+      ctx.pool->parallelFor(k, size_t{1} << 16, gather);
+    else
+      gather(0, k);
     return total;
   }
 
@@ -180,9 +190,10 @@ class RandomKCodec final : public CodecBase {
                       float alpha, bool zero) {
     const std::byte* vals = payload.data() + kHeaderBytes;
     bool unbiased = h.flags & kUnbiasedFlag;
+    format::RandomKWalk walk(h.seed, 0, h.numel, h.count);
     for (size_t b = 0; b < h.count; ++b) {
       uint64_t size;
-      uint64_t i = format::randomKIndex(h.seed, b, h.numel, h.count, &size);
+      uint64_t i = walk.next(&size);
       if (zero) {
         out[i] = 0.0f;
         continue;
