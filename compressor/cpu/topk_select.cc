@@ -18,7 +18,7 @@ namespace cortado::compressor::cpu {
 namespace {
 
 constexpr uint32_t kAbs = 0x7fffffffu;
-constexpr uint32_t kNoBar = 0xffffffffu;  // above every key (keys are < 2^31)
+constexpr uint32_t kNoBar = kAbs;  // no key is above it (keys are <= 2^31 - 1)
 
 inline uint32_t load32(const std::byte* p) {
   uint32_t v;
@@ -52,13 +52,16 @@ struct Buf {
   }
 };
 
-// Candidates of one slice of the tensor, in index order: index and raw bits.
+// Candidates of one slice of the tensor, in index order: index and raw
+// bits; and the keys of those in the band (key <= hi) with the count of
+// those above it (key > hi, kept for sure).
 struct Part {
-  Buf idx, val;
-  size_t size = 0;
+  Buf idx, val, band;
+  size_t size = 0, bandSize = 0, sure = 0;
   void reserve(size_t want) {
     idx.reserve(want, size);
     val.reserve(want, size);
+    band.reserve(want, bandSize);
   }
 };
 
@@ -69,6 +72,7 @@ struct Scratch {
     for (auto& p : parts) {
       p.idx.trim();
       p.val.trim();
+      p.band.trim();
     }
     band.trim();
   }
@@ -82,17 +86,24 @@ Scratch& scratch() {
 // Slack that a scan may write past its count: a whole group of 32.
 constexpr size_t kSlack = 32;
 
-void scanScalar(const std::byte* x, size_t begin, size_t end, uint32_t thr, Part& out) {
+void scanScalar(const std::byte* x, size_t begin, size_t end, uint32_t thr, uint32_t hi,
+                Part& out) {
   for (size_t i = begin; i < end; i += kSlack) {
     out.reserve(out.size + kSlack);
-    size_t e = std::min(end, i + kSlack), s = out.size;
+    size_t e = std::min(end, i + kSlack), s = out.size, nb = out.bandSize, sure = out.sure;
     for (size_t j = i; j < e; ++j) {
-      uint32_t v = load32(x + 4 * j);
+      uint32_t v = load32(x + 4 * j), key = v & kAbs;
+      bool in = key >= thr, above = key > hi;
       out.idx.p[s] = static_cast<uint32_t>(j);
       out.val.p[s] = v;
-      s += (v & kAbs) >= thr;
+      out.band.p[nb] = key;
+      s += in;
+      nb += in && !above;
+      sure += above;
     }
     out.size = s;
+    out.bandSize = nb;
+    out.sure = sure;
   }
 }
 
@@ -111,19 +122,26 @@ constexpr std::array<uint64_t, 256> makePackTable() {
 }
 constexpr std::array<uint64_t, 256> kPack = makePackTable();
 
+__attribute__((target("avx2,popcnt"))) inline __m256i packPerm(uint32_t mask) {
+  return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kPack[mask])));
+}
+
 __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t begin,
-                                                     size_t end, uint32_t thr, Part& out) {
+                                                     size_t end, uint32_t thr, uint32_t hi,
+                                                     Part& out) {
   // Keys are < 2^31, so a signed compare against thr - 1 is key >= thr.
   const __m256i t = _mm256_set1_epi32(static_cast<int32_t>(thr) - 1);
+  const __m256i h = _mm256_set1_epi32(static_cast<int32_t>(hi));
   const __m256i absMask = _mm256_set1_epi32(static_cast<int32_t>(kAbs));
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   size_t i = begin;
   for (; i + 32 <= end; i += 32) {
-    __m256i v[4];
+    __m256i v[4], key[4];
     uint32_t m[4], any = 0;
     for (int q = 0; q < 4; ++q) {
       v[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * (i + 8 * q)));
-      __m256i gt = _mm256_cmpgt_epi32(_mm256_and_si256(v[q], absMask), t);
+      key[q] = _mm256_and_si256(v[q], absMask);
+      __m256i gt = _mm256_cmpgt_epi32(key[q], t);
       m[q] = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
       any |= m[q];
     }
@@ -131,25 +149,36 @@ __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t 
     out.reserve(out.size + kSlack);
     uint32_t* idx = out.idx.p.get();
     uint32_t* val = out.val.p.get();
-    size_t s = out.size;
+    uint32_t* band = out.band.p.get();
+    size_t s = out.size, nb = out.bandSize, sure = out.sure;
     for (int q = 0; q < 4; ++q) {
-      __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kPack[m[q]])));
-      __m256i ids = _mm256_add_epi32(
-          _mm256_set1_epi32(static_cast<int32_t>(i + 8 * q)), lanes);
+      uint32_t above = static_cast<uint32_t>(
+          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key[q], h))));
+      uint32_t inBand = m[q] & ~above;
+      __m256i perm = packPerm(m[q]);
+      __m256i ids = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(i + 8 * q)), lanes);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + s),
                           _mm256_permutevar8x32_epi32(ids, perm));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(val + s),
                           _mm256_permutevar8x32_epi32(v[q], perm));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + nb),
+                          _mm256_permutevar8x32_epi32(key[q], packPerm(inBand)));
       s += static_cast<size_t>(__builtin_popcount(m[q]));
+      nb += static_cast<size_t>(__builtin_popcount(inBand));
+      sure += static_cast<size_t>(__builtin_popcount(above));
     }
     out.size = s;
+    out.bandSize = nb;
+    out.sure = sure;
   }
-  scanScalar(x, i, end, thr, out);
+  scanScalar(x, i, end, thr, hi, out);
 }
 
 // Candidates with key >= thr into scratch().parts[0..numParts), each in index
-// order, the parts in tensor order; scanned in parallel. Returns numParts.
-size_t collect(const std::byte* x, size_t n, uint32_t thr, size_t expected, ThreadPool* pool) {
+// order, the parts in tensor order, with their band (key <= hi); scanned in
+// parallel. Returns numParts.
+size_t collect(const std::byte* x, size_t n, uint32_t thr, uint32_t hi, size_t expected,
+               ThreadPool* pool) {
   auto& parts = scratch().parts;
   size_t numParts = pool && n >= (1 << 19) ? pool->size() + 1 : 1;
   if (parts.size() < numParts) parts.resize(numParts);
@@ -158,12 +187,12 @@ size_t collect(const std::byte* x, size_t n, uint32_t thr, size_t expected, Thre
   auto work = [&](size_t p) {
     size_t b = std::min(n, p * per), e = std::min(n, b + per);
     Part& part = parts[p];
-    part.size = 0;
+    part.size = part.bandSize = part.sure = 0;
     part.reserve(want);
     if (hasAvx2())
-      scanAvx2(x, b, e, thr, part);
+      scanAvx2(x, b, e, thr, hi, part);
     else
-      scanScalar(x, b, e, thr, part);
+      scanScalar(x, b, e, thr, hi, part);
   };
   if (numParts == 1)
     work(0);
@@ -177,6 +206,59 @@ size_t collect(const std::byte* x, size_t n, uint32_t thr, size_t expected, Thre
 void writeOut(std::byte* idxOut, std::byte* valOut, size_t o, uint32_t i, uint32_t v) {
   store32(idxOut + 4 * o, i);
   if (valOut) store32(valOut + 4 * o, v);
+}
+
+// Writes candidates c.. of a part with key > kth, and the first `ties` with
+// key == kth, at out position o on, until k are written. Returns o.
+size_t emitScalar(const Part& part, size_t c, uint32_t kth, size_t& ties, size_t o, size_t k,
+                  std::byte* idxOut, std::byte* valOut) {
+  const uint32_t* ids = part.idx.p.get();
+  const uint32_t* v = part.val.p.get();
+  for (size_t e = part.size; c < e && o < k; ++c) {
+    uint32_t key = v[c] & kAbs;
+    if (key > kth || (key == kth && ties > 0 && ties--)) writeOut(idxOut, valOut, o++, ids[c], v[c]);
+  }
+  return o;
+}
+
+// The same, eight candidates at a time, left-packed straight into the
+// output while eight more fit; groups holding a tie at kth go one by one.
+__attribute__((target("avx2,popcnt"))) size_t emitAvx2(const Part& part, uint32_t kth,
+                                                       size_t& ties, size_t o, size_t k,
+                                                       std::byte* idxOut, std::byte* valOut) {
+  const uint32_t* ids = part.idx.p.get();
+  const uint32_t* val = part.val.p.get();
+  const __m256i kv = _mm256_set1_epi32(static_cast<int32_t>(kth));
+  const __m256i absMask = _mm256_set1_epi32(static_cast<int32_t>(kAbs));
+  size_t c = 0;
+  const size_t e = part.size;
+  while (c + 8 <= e && o + 8 <= k) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(val + c));
+    __m256i key = _mm256_and_si256(v, absMask);
+    if (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(key, kv)))) {
+      size_t stop = c + 8;
+      for (; c < stop && o < k; ++c) {
+        uint32_t kc = val[c] & kAbs;
+        if (kc > kth || (kc == kth && ties > 0 && ties--))
+          writeOut(idxOut, valOut, o++, ids[c], val[c]);
+      }
+      continue;
+    }
+    // Keys and kth are < 2^31: the signed compare orders them.
+    uint32_t gt = static_cast<uint32_t>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, kv))));
+    __m256i perm = packPerm(gt);
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(idxOut + 4 * o),
+        _mm256_permutevar8x32_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids + c)), perm));
+    if (valOut)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(valOut + 4 * o),
+                          _mm256_permutevar8x32_epi32(v, perm));
+    o += static_cast<size_t>(__builtin_popcount(gt));
+    c += 8;
+  }
+  return emitScalar(part, c, kth, ties, o, k, idxOut, valOut);
 }
 
 void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
@@ -196,8 +278,17 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
     size_t runs = std::max<size_t>(1, sampleCount / kRun);
     sample.reserve(runs * kRun);
     size_t lines = n / kRun;
+    // The lines miss the cache: ask for them a few runs ahead.
+    constexpr size_t kAhead = 8;
+    auto startOf = [&](size_t r) { return (format::hash2(0x5eed70b, r) % lines) * kRun; };
+    for (size_t r = 0; r < std::min(runs, kAhead); ++r) __builtin_prefetch(x + 4 * startOf(r));
     for (size_t r = 0; r < runs; ++r) {
-      size_t start = (format::hash2(0x5eed70b, r) % lines) * kRun;
+      if (r + kAhead < runs) {
+        size_t ahead = startOf(r + kAhead);
+        __builtin_prefetch(x + 4 * ahead);
+        __builtin_prefetch(x + 4 * (ahead + kRun - 1));
+      }
+      size_t start = startOf(r);
       for (size_t j = 0; j < kRun; ++j) sample.push_back(load32(x + 4 * (start + j)) & kAbs);
     }
   }
@@ -235,7 +326,7 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       // cent non-zero). Collect the non-zeros only; if fewer than k, the rest
       // are the lowest-index zeros.
       thr = 1;
-      numParts = collect(x, n, thr, expected, pool);
+      numParts = collect(x, n, thr, hi, expected, pool);
       total = 0;
       for (size_t p = 0; p < numParts; ++p) total += sc.parts[p].size;
       if (total < k) {
@@ -256,7 +347,7 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       }
       break;
     }
-    numParts = collect(x, n, thr, expected, pool);
+    numParts = collect(x, n, thr, hi, expected, pool);
     total = 0;
     for (size_t p = 0; p < numParts; ++p) total += sc.parts[p].size;
     if (total >= k) break;
@@ -265,32 +356,30 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
 
   // Every candidate's key is >= thr. `greater` of them are above the k-th
   // largest key `kth`; the other k - greater are the lowest-index ties at it.
-  uint32_t kth = thr;
-  size_t greater = 0;
+  uint32_t kth = 0;  // exactly k candidates, all non-zero: keep every one
+  size_t greater = k;
   if (total > k) {
-    // One pass: the count above the sure bar, the count above thr, and the
-    // keys of the band (key <= hi), written unconditionally and kept by
-    // advancing the end.
-    sc.band.reserve(total + 1, 0);
-    uint32_t* band = sc.band.p.get();
-    size_t sure = 0, above = 0, nb = 0;
-    for (size_t p = 0; p < numParts; ++p) {
-      const uint32_t* v = sc.parts[p].val.p.get();
-      for (size_t c = 0, e = sc.parts[p].size; c < e; ++c) {
-        uint32_t key = v[c] & kAbs;
-        sure += key > hi;
-        above += key > thr;
-        band[nb] = key;
-        nb += key <= hi;
-      }
+    size_t sure = 0, nb = 0;
+    for (size_t p = 0; p < numParts; ++p) sure += sc.parts[p].sure, nb += sc.parts[p].bandSize;
+    uint32_t* band = sc.parts[0].band.p.get();
+    if (numParts > 1) {
+      sc.band.reserve(nb, 0);
+      band = sc.band.p.get();
+      for (size_t p = 0, o = 0; p < numParts; o += sc.parts[p].bandSize, ++p)
+        std::copy_n(sc.parts[p].band.p.get(), sc.parts[p].bandSize, band + o);
     }
+    size_t above = sure;
+    for (size_t c = 0; c < nb; ++c) above += band[c] > thr;
     if (above < k) {
       // Few distinct magnitudes: fewer than k are above thr, so the k-th
       // magnitude is thr itself, and the ties at it fill the rest.
+      kth = thr;
       greater = above;
     } else {
       if (sure >= k) {
         // The sample undershot at the top: select among every candidate.
+        sc.band.reserve(total, 0);
+        band = sc.band.p.get();
         nb = 0;
         for (size_t p = 0; p < numParts; ++p) {
           const uint32_t* v = sc.parts[p].val.p.get();
@@ -304,20 +393,11 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       greater = sure;
       for (size_t c = 0; c < nb; ++c) greater += band[c] > kth;
     }
-  } else {
-    kth = 0;  // exactly k candidates, all of them non-zero: keep every one
-    greater = k;
   }
   size_t ties = k - greater, o = 0;
-  for (size_t p = 0; p < numParts && o < k; ++p) {
-    const Part& part = sc.parts[p];
-    const uint32_t* ids = part.idx.p.get();
-    const uint32_t* v = part.val.p.get();
-    for (size_t c = 0, e = part.size; c < e && o < k; ++c) {
-      uint32_t key = v[c] & kAbs;
-      if (key > kth || (key == kth && ties > 0 && ties--)) writeOut(idxOut, valOut, o++, ids[c], v[c]);
-    }
-  }
+  for (size_t p = 0; p < numParts && o < k; ++p)
+    o = hasAvx2() ? emitAvx2(sc.parts[p], kth, ties, o, k, idxOut, valOut)
+                  : emitScalar(sc.parts[p], 0, kth, ties, o, k, idxOut, valOut);
   sc.trim();
 }
 
