@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -81,6 +82,12 @@ struct Scratch {
 Scratch& scratch() {
   static thread_local Scratch s;
   return s;
+}
+
+SelectIsa bestIsa() { return hasAvx2() ? SelectIsa::kAvx2 : SelectIsa::kScalar; }
+std::atomic<SelectIsa>& isaSlot() {
+  static std::atomic<SelectIsa> isa{bestIsa()};
+  return isa;
 }
 
 // Slack that a scan may write past its count: a whole group of 32.
@@ -184,12 +191,13 @@ size_t collect(const std::byte* x, size_t n, uint32_t thr, uint32_t hi, size_t e
   if (parts.size() < numParts) parts.resize(numParts);
   size_t per = (n + numParts - 1) / numParts;
   size_t want = std::min(expected / numParts + expected / (4 * numParts), per) + 64 + kSlack;
+  const SelectIsa isa = isaSlot().load(std::memory_order_relaxed);
   auto work = [&](size_t p) {
     size_t b = std::min(n, p * per), e = std::min(n, b + per);
     Part& part = parts[p];
     part.size = part.bandSize = part.sure = 0;
     part.reserve(want);
-    if (hasAvx2())
+    if (isa == SelectIsa::kAvx2)
       scanAvx2(x, b, e, thr, hi, part);
     else
       scanScalar(x, b, e, thr, hi, part);
@@ -259,6 +267,45 @@ __attribute__((target("avx2,popcnt"))) size_t emitAvx2(const Part& part, uint32_
     c += 8;
   }
   return emitScalar(part, c, kth, ties, o, k, idxOut, valOut);
+}
+
+// The r-th largest (r >= 1) of a[0..n), whose values lie in [lo, hi]; adds
+// to *above how many of them are larger. A histogram of 2048 buckets over
+// the value range finds the bucket that holds rank r; the bucket's values
+// are moved to the front and the search narrows to them (three rounds at
+// most for 31-bit keys), with nth_element once few are left. Overwrites a.
+uint32_t selectRank(uint32_t* a, size_t n, size_t r, uint32_t lo, uint32_t hi, size_t* above) {
+  constexpr int kBits = 11;
+  std::array<uint32_t, size_t{1} << kBits> counts;
+  for (;;) {
+    if (n <= 4096) {
+      std::nth_element(a, a + (r - 1), a + n, std::greater<>());
+      uint32_t v = a[r - 1];
+      for (size_t i = 0; i < n; ++i) *above += a[i] > v;
+      return v;
+    }
+    uint32_t range = hi - lo;
+    int width = range ? 32 - __builtin_clz(range) : 0;
+    int shift = width > kBits ? width - kBits : 0;
+    uint32_t top = range >> shift;
+    std::fill_n(counts.begin(), top + 1, 0u);
+    for (size_t i = 0; i < n; ++i) ++counts[(a[i] - lo) >> shift];
+    uint32_t b = top;
+    size_t acc = 0;
+    while (acc + counts[b] < r) acc += counts[b--];
+    *above += acc;
+    r -= acc;
+    uint32_t base = lo + (b << shift);
+    if (shift == 0) return base;  // the bucket holds one value
+    size_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+      a[m] = a[i];
+      m += ((a[i] - lo) >> shift) == b;
+    }
+    n = m;
+    lo = base;
+    hi = std::min(hi, base + ((uint32_t{1} << shift) - 1));
+  }
 }
 
 void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
@@ -376,6 +423,7 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       kth = thr;
       greater = above;
     } else {
+      uint32_t bandTop = hi;  // band keys lie in [thr, bandTop]
       if (sure >= k) {
         // The sample undershot at the top: select among every candidate.
         sc.band.reserve(total, 0);
@@ -386,22 +434,30 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
           for (size_t c = 0, e = sc.parts[p].size; c < e; ++c) band[nb++] = v[c] & kAbs;
         }
         sure = 0;
+        bandTop = kAbs;
       }
-      size_t r = k - sure;  // the rank of the k-th largest key within the band
-      std::nth_element(band, band + (r - 1), band + nb, std::greater<>());
-      kth = band[r - 1];
+      // The k-th largest key is the band's (k - sure)-th.
       greater = sure;
-      for (size_t c = 0; c < nb; ++c) greater += band[c] > kth;
+      kth = selectRank(band, nb, k - sure, thr, bandTop, &greater);
     }
   }
   size_t ties = k - greater, o = 0;
+  const bool avx2 = isaSlot().load(std::memory_order_relaxed) == SelectIsa::kAvx2;
   for (size_t p = 0; p < numParts && o < k; ++p)
-    o = hasAvx2() ? emitAvx2(sc.parts[p], kth, ties, o, k, idxOut, valOut)
-                  : emitScalar(sc.parts[p], 0, kth, ties, o, k, idxOut, valOut);
+    o = avx2 ? emitAvx2(sc.parts[p], kth, ties, o, k, idxOut, valOut)
+             : emitScalar(sc.parts[p], 0, kth, ties, o, k, idxOut, valOut);
   sc.trim();
 }
 
 }  // namespace
+
+SelectIsa selectTopKIsa() { return isaSlot().load(); }
+
+SelectIsa setSelectTopKIsa(SelectIsa isa) {
+  SelectIsa use = std::min(isa, bestIsa());
+  isaSlot().store(use);
+  return use;
+}
 
 void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 uint32_t* indices) {

@@ -40,4 +40,12 @@ void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPo
 void selectTopK(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 std::byte* indices, std::byte* values);
 
+// The vector code of the scan and the output pass: AVX2 where the CPU has
+// it, unless set to the portable loops, which the tests do to check both
+// against the reference (both give the same result). setSelectTopKIsa
+// clamps to what the CPU supports and returns what is used; process-wide.
+enum class SelectIsa { kScalar, kAvx2 };
+SelectIsa selectTopKIsa();
+SelectIsa setSelectTopKIsa(SelectIsa isa);
+
 }  // namespace cortado::compressor::cpu

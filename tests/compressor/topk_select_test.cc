@@ -124,8 +124,8 @@ std::vector<float> makeInput(Kind kind, size_t n, size_t sampleCount) {
   return x;
 }
 
-void expectSelection(const std::vector<float>& x, const std::vector<uint32_t>& order, size_t k,
-                     size_t sampleCount, ThreadPool* pool) {
+void expectSelectionOnce(const std::vector<float>& x, const std::vector<uint32_t>& order,
+                         size_t k, size_t sampleCount, ThreadPool* pool) {
   const size_t n = x.size();
   std::vector<uint32_t> want(order.begin(), order.begin() + k);
   std::sort(want.begin(), want.end());
@@ -149,6 +149,19 @@ void expectSelection(const std::vector<float>& x, const std::vector<uint32_t>& o
     ASSERT_EQ(j, want[i]) << "position " << i;
     ASSERT_EQ(v, bitsOf(x[j])) << "position " << i;
   }
+}
+
+// Each vector code the CPU has (portable, AVX2) against the reference.
+void expectSelection(const std::vector<float>& x, const std::vector<uint32_t>& order, size_t k,
+                     size_t sampleCount, ThreadPool* pool) {
+  const cpu::SelectIsa best = cpu::selectTopKIsa();
+  for (auto isa : {cpu::SelectIsa::kScalar, cpu::SelectIsa::kAvx2}) {
+    if (cpu::setSelectTopKIsa(isa) != isa) continue;  // not on this CPU
+    SCOPED_TRACE(::testing::Message() << "isa=" << static_cast<int>(isa));
+    expectSelectionOnce(x, order, k, sampleCount, pool);
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  cpu::setSelectTopKIsa(best);
 }
 
 TEST(SelectTopK, MatchesAFullSortOnAdversarialInputs) {
