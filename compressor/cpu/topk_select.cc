@@ -143,13 +143,14 @@ __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t 
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   size_t i = begin;
   for (; i + 32 <= end; i += 32) {
-    __m256i v[4], key[4];
+    // Masks only here (keeping the vectors across the test spilled them to
+    // the stack); the packing below reloads the group from L1.
     uint32_t m[4], any = 0;
     for (int q = 0; q < 4; ++q) {
-      v[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * (i + 8 * q)));
-      key[q] = _mm256_and_si256(v[q], absMask);
-      __m256i gt = _mm256_cmpgt_epi32(key[q], t);
-      m[q] = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
+      __m256i key = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * (i + 8 * q))), absMask);
+      m[q] = static_cast<uint32_t>(
+          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, t))));
       any |= m[q];
     }
     if (!any) continue;  // sparse selections skip most groups here
@@ -159,17 +160,19 @@ __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t 
     uint32_t* band = out.band.p.get();
     size_t s = out.size, nb = out.bandSize, sure = out.sure;
     for (int q = 0; q < 4; ++q) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * (i + 8 * q)));
+      __m256i key = _mm256_and_si256(v, absMask);
       uint32_t above = static_cast<uint32_t>(
-          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key[q], h))));
+          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, h))));
       uint32_t inBand = m[q] & ~above;
       __m256i perm = packPerm(m[q]);
       __m256i ids = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(i + 8 * q)), lanes);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + s),
                           _mm256_permutevar8x32_epi32(ids, perm));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(val + s),
-                          _mm256_permutevar8x32_epi32(v[q], perm));
+                          _mm256_permutevar8x32_epi32(v, perm));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + nb),
-                          _mm256_permutevar8x32_epi32(key[q], packPerm(inBand)));
+                          _mm256_permutevar8x32_epi32(key, packPerm(inBand)));
       s += static_cast<size_t>(__builtin_popcount(m[q]));
       nb += static_cast<size_t>(__builtin_popcount(inBand));
       sure += static_cast<size_t>(__builtin_popcount(above));
