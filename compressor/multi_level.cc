@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "compressor/cpu/kernels.h"
 #include "compressor/cpu/topk_select.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
@@ -96,11 +97,7 @@ size_t MultiLevelCodec::recompress(std::span<const std::byte> first, size_t n, d
     writeHeader(h2, out);
     std::byte* vals = out.data() + kHeaderBytes;
     auto gather = [&](size_t b0, size_t b1) {
-      format::RandomKWalk walk(h1.seed, b0, k1, k2);
-      for (size_t b = b0; b < b1; ++b) {
-        uint64_t size;
-        std::memcpy(vals + 4 * b, body + 4 * walk.next(&size), 4);
-      }
+      cpu::randomKGather(body, k1, k2, h1.seed, b0, b1, vals + 4 * b0);
     };
     if (ctx.pool && k2 >= (size_t{1} << 18))
       ctx.pool->parallelFor(k2, size_t{1} << 16, gather);

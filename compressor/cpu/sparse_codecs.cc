@@ -127,14 +127,10 @@ class RandomKCodec final : public CodecBase {
     size_t total = payloadBytes(n);
     std::byte* vals =
         beginPayload(out, n, total, ctx, unbiased_ ? kUnbiasedFlag : 0, seed, k);
-    // Blocks in order, walked without a division each; large k in parallel
-    // slices of blocks.
+    // randomKGather (kernels.h): no division per block, eight blocks at a
+    // time with AVX-512; large k in parallel slices of blocks.
     auto gather = [&](size_t b0, size_t b1) {
-      format::RandomKWalk walk(seed, b0, n, k);
-      for (size_t b = b0; b < b1; ++b) {
-        uint64_t size;
-        std::memcpy(vals + 4 * b, in + walk.next(&size), 4);
-      }
+      randomKGather(reinterpret_cast<const std::byte*>(in), n, k, seed, b0, b1, vals + 4 * b0);
     };
     if (ctx.pool && k >= (size_t{1} << 18))
       ctx.pool->parallelFor(k, size_t{1} << 16, gather);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "compressor/cpu/kernels.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/powersgd.h"
@@ -261,15 +262,21 @@ TEST(RandomK, WalkEqualsTheIndexRule) {
   }
 }
 
-// Encode (serial, and in parallel slices when k >= 2^18) and decode against
-// the index rule evaluated block by block.
+// Encode (serial, and in parallel slices when k >= 2^18; the portable walk
+// and, where the CPU has it, AVX-512) and decode against the index rule
+// evaluated block by block.
 TEST(RandomK, EncodeAndDecodeFollowTheIndexRule) {
   ThreadPool pool(2);
   const size_t n = (1 << 20) + 3;
   auto x = randomTensor(n, 5);
-  for (double ratio : {0.001, 0.3, 2.0 / 3.0}) {
+  const bool vector = cpu::setRandomKAvx512(true);
+  for (bool avx512 : {false, true}) {
+   if (avx512 && !vector) continue;  // not on this CPU
+   cpu::setRandomKAvx512(avx512);
+   for (double ratio : {0.001, 0.3, 2.0 / 3.0}) {
     auto codec = cpuRegistry().create("randomk:ratio=" + std::to_string(ratio) + ",seed=7");
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      SCOPED_TRACE(::testing::Message() << "avx512=" << avx512 << " ratio=" << ratio);
       EncodeContext ctx;
       ctx.seed = 99;
       ctx.pool = p;
@@ -286,7 +293,9 @@ TEST(RandomK, EncodeAndDecodeFollowTheIndexRule) {
       }
       ASSERT_EQ(decodeToVector(*codec, payload, n), want);
     }
+   }
   }
+  cpu::setRandomKAvx512(vector);
 }
 
 TEST(RandomK, SameRoundSeedIsSummable) {
