@@ -28,11 +28,7 @@ inline uint32_t load32(const std::byte* p) {
 }
 inline void store32(std::byte* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
-// A growable u32 array that is not zero-filled. The calling thread keeps its
-// arrays between calls (a fresh 10 MB allocation page-faults on every
-// touch), up to kKeepElements each.
-constexpr size_t kKeepElements = size_t{8} << 20;
-
+// A growable u32 array that is not zero-filled.
 struct Buf {
   std::unique_ptr<uint32_t[]> p;
   size_t cap = 0;
@@ -45,11 +41,9 @@ struct Buf {
     p = std::move(q);
     cap = c;
   }
-  void trim() {
-    if (cap > kKeepElements) {
-      p.reset();
-      cap = 0;
-    }
+  void release() {
+    p.reset();
+    cap = 0;
   }
 };
 
@@ -59,23 +53,30 @@ struct Buf {
 struct Part {
   Buf idx, val, band;
   size_t size = 0, bandSize = 0, sure = 0;
-  void reserve(size_t want) {
+  void reserve(size_t want, size_t bandWant) {
     idx.reserve(want, size);
     val.reserve(want, size);
-    band.reserve(want, bandSize);
+    band.reserve(bandWant, bandSize);
   }
 };
+
+// The calling thread keeps its arrays between calls (a fresh 10 MB
+// allocation page-faults on every touch), up to kKeepElements in all.
+constexpr size_t kKeepElements = size_t{16} << 20;  // 64 MiB
 
 struct Scratch {
   std::vector<Part> parts;
   Buf band;
   void trim() {
+    size_t kept = band.cap;
+    for (auto& p : parts) kept += p.idx.cap + p.val.cap + p.band.cap;
+    if (kept <= kKeepElements) return;
     for (auto& p : parts) {
-      p.idx.trim();
-      p.val.trim();
-      p.band.trim();
+      p.idx.release();
+      p.val.release();
+      p.band.release();
     }
-    band.trim();
+    band.release();
   }
 };
 
@@ -96,7 +97,7 @@ constexpr size_t kSlack = 32;
 void scanScalar(const std::byte* x, size_t begin, size_t end, uint32_t thr, uint32_t hi,
                 Part& out) {
   for (size_t i = begin; i < end; i += kSlack) {
-    out.reserve(out.size + kSlack);
+    out.reserve(out.size + kSlack, out.bandSize + kSlack);
     size_t e = std::min(end, i + kSlack), s = out.size, nb = out.bandSize, sure = out.sure;
     for (size_t j = i; j < e; ++j) {
       uint32_t v = load32(x + 4 * j), key = v & kAbs;
@@ -154,7 +155,7 @@ __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t 
       any |= m[q];
     }
     if (!any) continue;  // sparse selections skip most groups here
-    out.reserve(out.size + kSlack);
+    out.reserve(out.size + kSlack, out.bandSize + kSlack);
     uint32_t* idx = out.idx.p.get();
     uint32_t* val = out.val.p.get();
     uint32_t* band = out.band.p.get();
@@ -199,7 +200,7 @@ size_t collect(const std::byte* x, size_t n, uint32_t thr, uint32_t hi, size_t e
     size_t b = std::min(n, p * per), e = std::min(n, b + per);
     Part& part = parts[p];
     part.size = part.bandSize = part.sure = 0;
-    part.reserve(want);
+    part.reserve(want, want / 8 + kSlack);
     if (isa == SelectIsa::kAvx2)
       scanAvx2(x, b, e, thr, hi, part);
     else

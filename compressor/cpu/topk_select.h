@@ -29,7 +29,7 @@ namespace cortado::compressor::cpu {
 // sparse sum: only the non-zeros are collected) are resolved in one pass,
 // lowest indices first, without a selection among the tied candidates.
 // The calling thread keeps its candidate arrays for the next call (up to
-// 32 MiB each).
+// 64 MiB in all).
 void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 uint32_t* indices);
 
