@@ -134,9 +134,8 @@ __attribute__((target("avx2,popcnt"))) inline __m256i packPerm(uint32_t mask) {
   return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kPack[mask])));
 }
 
-__attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t begin,
-                                                     size_t end, uint32_t thr, uint32_t hi,
-                                                     Part& out) {
+__attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t begin, size_t end,
+                                                     uint32_t thr, uint32_t hi, Part& out) {
   // Keys are < 2^31, so a signed compare against thr - 1 is key >= thr.
   const __m256i t = _mm256_set1_epi32(static_cast<int32_t>(thr) - 1);
   const __m256i h = _mm256_set1_epi32(static_cast<int32_t>(hi));
@@ -228,16 +227,17 @@ size_t emitScalar(const Part& part, size_t c, uint32_t kth, size_t& ties, size_t
   const uint32_t* v = part.val.p.get();
   for (size_t e = part.size; c < e && o < k; ++c) {
     uint32_t key = v[c] & kAbs;
-    if (key > kth || (key == kth && ties > 0 && ties--)) writeOut(idxOut, valOut, o++, ids[c], v[c]);
+    if (key > kth || (key == kth && ties > 0 && ties--))
+      writeOut(idxOut, valOut, o++, ids[c], v[c]);
   }
   return o;
 }
 
 // The same, eight candidates at a time, left-packed straight into the
 // output while eight more fit; groups holding a tie at kth go one by one.
-__attribute__((target("avx2,popcnt"))) size_t emitAvx2(const Part& part, uint32_t kth,
-                                                       size_t& ties, size_t o, size_t k,
-                                                       std::byte* idxOut, std::byte* valOut) {
+__attribute__((target("avx2,popcnt"))) size_t emitAvx2(const Part& part, uint32_t kth, size_t& ties,
+                                                       size_t o, size_t k, std::byte* idxOut,
+                                                       std::byte* valOut) {
   const uint32_t* ids = part.idx.p.get();
   const uint32_t* val = part.val.p.get();
   const __m256i kv = _mm256_set1_epi32(static_cast<int32_t>(kth));
@@ -257,13 +257,12 @@ __attribute__((target("avx2,popcnt"))) size_t emitAvx2(const Part& part, uint32_
       continue;
     }
     // Keys and kth are < 2^31: the signed compare orders them.
-    uint32_t gt = static_cast<uint32_t>(
-        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, kv))));
+    uint32_t gt =
+        static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, kv))));
     __m256i perm = packPerm(gt);
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(idxOut + 4 * o),
-        _mm256_permutevar8x32_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids + c)), perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idxOut + 4 * o),
+                        _mm256_permutevar8x32_epi32(
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids + c)), perm));
     if (valOut)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(valOut + 4 * o),
                           _mm256_permutevar8x32_epi32(v, perm));
@@ -366,8 +365,7 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       thr = sample[r];
       if (first && hiRank >= 0) {
         auto r2 = static_cast<size_t>(hiRank);
-        std::nth_element(sample.begin(), sample.begin() + r2, sample.begin() + r,
-                         std::greater<>());
+        std::nth_element(sample.begin(), sample.begin() + r2, sample.begin() + r, std::greater<>());
         hi = sample[r2];
       }
     }

@@ -270,32 +270,35 @@ TEST(RandomK, EncodeAndDecodeFollowTheIndexRule) {
   const size_t n = (1 << 20) + 3;
   auto x = randomTensor(n, 5);
   const bool vector = cpu::setRandomKAvx512(true);
+  struct Restore {
+    bool v;
+    ~Restore() { cpu::setRandomKAvx512(v); }
+  } restore{vector};
   for (bool avx512 : {false, true}) {
-   if (avx512 && !vector) continue;  // not on this CPU
-   cpu::setRandomKAvx512(avx512);
-   for (double ratio : {0.001, 0.3, 2.0 / 3.0}) {
-    auto codec = cpuRegistry().create("randomk:ratio=" + std::to_string(ratio) + ",seed=7");
-    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-      SCOPED_TRACE(::testing::Message() << "avx512=" << avx512 << " ratio=" << ratio);
-      EncodeContext ctx;
-      ctx.seed = 99;
-      ctx.pool = p;
-      auto payload = encodeToVector(*codec, x, ctx);
-      PayloadHeader h = parseHeader(payload);
-      const uint64_t seed = format::randomKSeed(7, 99);
-      ASSERT_EQ(h.seed, seed);
-      std::vector<float> want(n, 0.0f);
-      for (uint64_t b = 0; b < h.count; ++b) {
-        uint64_t size;
-        uint64_t i = format::randomKIndex(seed, b, n, h.count, &size);
-        ASSERT_EQ(loadLe<float>(payload.data() + kHeaderBytes + 4 * b), x[i]) << "block " << b;
-        want[i] = x[i] * static_cast<float>(size);  // unbiased: scaled by the block's size
+    if (avx512 && !vector) continue;  // not on this CPU
+    cpu::setRandomKAvx512(avx512);
+    for (double ratio : {0.001, 0.3, 2.0 / 3.0}) {
+      auto codec = cpuRegistry().create("randomk:ratio=" + std::to_string(ratio) + ",seed=7");
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        SCOPED_TRACE(::testing::Message() << "avx512=" << avx512 << " ratio=" << ratio);
+        EncodeContext ctx;
+        ctx.seed = 99;
+        ctx.pool = p;
+        auto payload = encodeToVector(*codec, x, ctx);
+        PayloadHeader h = parseHeader(payload);
+        const uint64_t seed = format::randomKSeed(7, 99);
+        ASSERT_EQ(h.seed, seed);
+        std::vector<float> want(n, 0.0f);
+        for (uint64_t b = 0; b < h.count; ++b) {
+          uint64_t size;
+          uint64_t i = format::randomKIndex(seed, b, n, h.count, &size);
+          ASSERT_EQ(loadLe<float>(payload.data() + kHeaderBytes + 4 * b), x[i]) << "block " << b;
+          want[i] = x[i] * static_cast<float>(size);  // unbiased: scaled by the block's size
+        }
+        ASSERT_EQ(decodeToVector(*codec, payload, n), want);
       }
-      ASSERT_EQ(decodeToVector(*codec, payload, n), want);
     }
-   }
   }
-  cpu::setRandomKAvx512(vector);
 }
 
 TEST(RandomK, SameRoundSeedIsSummable) {

@@ -54,15 +54,15 @@ std::vector<bool> sampledPlaces(size_t n, size_t sampleCount) {
 
 enum Kind {
   kNormal,
-  kFewDistinct,   // integers -3..3: ties at every magnitude
-  kAllZeros,      // +0 and -0 only
-  kAllEqual,      // one magnitude, both signs
-  kFewNonZeros,   // five non-zeros among zeros of both signs
-  kDenormals,     // denormals, zeros and a few normal values
-  kSpecials,      // NaN, +-inf, max float among normal values
-  kIncreasing,    // magnitudes grow with the index
-  kSampleHigh,    // the sampled lines hold the largest values: overshoot
-  kSampleLow,     // the sampled lines hold the smallest values: undershoot
+  kFewDistinct,  // integers -3..3: ties at every magnitude
+  kAllZeros,     // +0 and -0 only
+  kAllEqual,     // one magnitude, both signs
+  kFewNonZeros,  // five non-zeros among zeros of both signs
+  kDenormals,    // denormals, zeros and a few normal values
+  kSpecials,     // NaN, +-inf, max float among normal values
+  kIncreasing,   // magnitudes grow with the index
+  kSampleHigh,   // the sampled lines hold the largest values: overshoot
+  kSampleLow,    // the sampled lines hold the smallest values: undershoot
   kNumKinds
 };
 
@@ -91,7 +91,9 @@ std::vector<float> makeInput(Kind kind, size_t n, size_t sampleCount) {
       const float tiny = std::numeric_limits<float>::denorm_min();
       for (auto& v : x) {
         uint32_t r = rng() % 10;
-        v = r < 3 ? 0.0f : r < 5 ? -0.0f : (r % 2 ? -1.0f : 1.0f) * tiny * static_cast<float>(rng() % 50);
+        v = r < 3   ? 0.0f
+            : r < 5 ? -0.0f
+                    : (r % 2 ? -1.0f : 1.0f) * tiny * static_cast<float>(rng() % 50);
       }
       for (size_t j = 0; j < n / 100; ++j) x[rng() % n] = normal(rng);
       break;
@@ -118,14 +120,13 @@ std::vector<float> makeInput(Kind kind, size_t n, size_t sampleCount) {
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
   return x;
 }
 
-void expectSelectionOnce(const std::vector<float>& x, const std::vector<uint32_t>& order,
-                         size_t k, size_t sampleCount, ThreadPool* pool) {
+void expectSelectionOnce(const std::vector<float>& x, const std::vector<uint32_t>& order, size_t k,
+                         size_t sampleCount, ThreadPool* pool) {
   const size_t n = x.size();
   std::vector<uint32_t> want(order.begin(), order.begin() + k);
   std::sort(want.begin(), want.end());
@@ -135,7 +136,6 @@ void expectSelectionOnce(const std::vector<float>& x, const std::vector<uint32_t
   ASSERT_EQ(got[k], 0xdeadbeefu) << "wrote past k";
   got.resize(k);
   ASSERT_EQ(got, want);
-
 
   // The byte form: input and outputs at unaligned addresses, values copied
   // bit for bit (NaN payloads and the sign of zero included).
@@ -154,14 +154,16 @@ void expectSelectionOnce(const std::vector<float>& x, const std::vector<uint32_t
 // Each vector code the CPU has (portable, AVX2) against the reference.
 void expectSelection(const std::vector<float>& x, const std::vector<uint32_t>& order, size_t k,
                      size_t sampleCount, ThreadPool* pool) {
-  const cpu::SelectIsa best = cpu::selectTopKIsa();
+  struct Restore {
+    cpu::SelectIsa isa;
+    ~Restore() { cpu::setSelectTopKIsa(isa); }
+  } restore{cpu::selectTopKIsa()};
   for (auto isa : {cpu::SelectIsa::kScalar, cpu::SelectIsa::kAvx2}) {
     if (cpu::setSelectTopKIsa(isa) != isa) continue;  // not on this CPU
     SCOPED_TRACE(::testing::Message() << "isa=" << static_cast<int>(isa));
     expectSelectionOnce(x, order, k, sampleCount, pool);
     if (::testing::Test::HasFatalFailure()) break;
   }
-  cpu::setSelectTopKIsa(best);
 }
 
 TEST(SelectTopK, MatchesAFullSortOnAdversarialInputs) {
@@ -174,8 +176,8 @@ TEST(SelectTopK, MatchesAFullSortOnAdversarialInputs) {
         std::vector<size_t> ks = {0, 1, 2, n / 1000, n / 100, n / 10, n / 2, n - 1, n};
         for (size_t k : ks) {
           if (k > n) continue;
-          SCOPED_TRACE(::testing::Message() << "n=" << n << " sample=" << sampleCount
-                                            << " kind=" << kind << " k=" << k);
+          SCOPED_TRACE(::testing::Message()
+                       << "n=" << n << " sample=" << sampleCount << " kind=" << kind << " k=" << k);
           expectSelection(x, order, k, sampleCount, nullptr);
           if (n >= 70000) expectSelection(x, order, k, sampleCount, &pool);
         }
