@@ -86,6 +86,35 @@ CORTADO_HD uint64_t randomKIndex(uint64_t seed, uint64_t b, uint64_t n, uint64_t
   *blockSize = size;
   return start + (((hash2(seed, b) >> 32) * size) >> 32);
 }
+// randomKIndex for blocks b0, b0 + 1, ... in order, without a division per
+// block: the block start steps by n / k and a remainder. Equal to
+// randomKIndex bit for bit (tests/compressor/codec_test.cc checks).
+struct RandomKWalk {
+  CORTADO_HD RandomKWalk(uint64_t seed, uint64_t b0, uint64_t n, uint64_t k)
+      : k_(k),
+        qStep_(k ? n / k : 0),  // k = 0 (an empty tensor): no block to walk
+        rStep_(k ? n % k : 0),
+        q_(k ? b0 * n / k : 0),
+        r_(k ? b0 * n % k : 0),
+        b_(b0),
+        s0_(mix64(seed + 0x9e3779b97f4a7c15ull)) {}
+  // The next block's index; *blockSize gets the block's size.
+  CORTADO_HD uint64_t next(uint64_t* blockSize) {
+    uint64_t q = q_ + qStep_, r = r_ + rStep_;
+    if (r >= k_) r -= k_, ++q;
+    uint64_t size = q - q_;
+    uint64_t h = mix64(s0_ ^ (b_ * 0xd6e8feb86659fd93ull + 1));  // hash2(seed, b)
+    uint64_t i = q_ + (((h >> 32) * size) >> 32);
+    q_ = q;
+    r_ = r;
+    ++b_;
+    *blockSize = size;
+    return i;
+  }
+
+ private:
+  uint64_t k_, qStep_, rStep_, q_, r_, b_, s0_;
+};
 // The effective seed of one round: the codec's seed and the caller's round seed.
 CORTADO_HD uint64_t randomKSeed(uint64_t codecSeed, uint64_t roundSeed) {
   return hash2(codecSeed, roundSeed);

@@ -6,10 +6,12 @@
 #include <memory>
 #include <vector>
 
+#include "compressor/cpu/kernels.h"
 #include "compressor/cpu/topk_select.h"
 #include "compressor/format.h"
 #include "compressor/payload.h"
 #include "core/common/error.h"
+#include "core/common/thread_pool.h"
 
 namespace cortado::compressor {
 namespace {
@@ -94,29 +96,27 @@ size_t MultiLevelCodec::recompress(std::span<const std::byte> first, size_t n, d
     h2.bodyBytes = format::randomKBody(k2);
     writeHeader(h2, out);
     std::byte* vals = out.data() + kHeaderBytes;
-    for (size_t b = 0; b < k2; ++b) {
-      uint64_t size;
-      uint64_t j = format::randomKIndex(h1.seed, b, k1, k2, &size);
-      std::memcpy(vals + 4 * b, body + 4 * j, 4);
-    }
+    auto gather = [&](size_t b0, size_t b1) {
+      cpu::randomKGather(body, k1, k2, h1.seed, b0, b1, vals + 4 * b0);
+    };
+    if (ctx.pool && k2 >= (size_t{1} << 18))
+      ctx.pool->parallelFor(k2, size_t{1} << 16, gather);
+    else
+      gather(0, k2);
     return total;
   }
-  // Top-k among the first level's values; their indices ascend, so the
-  // chosen positions (ascending) map to ascending tensor indices.
-  // Uninitialized: the copy writes every element.
-  std::unique_ptr<float[]> values(new float[k1]);
-  std::memcpy(values.get(), body + 4 * k1, 4 * k1);
-  std::vector<uint32_t> pos(k2);
-  cpu::selectTopK(values.get(), k1, k2, std::max<size_t>(std::min<size_t>(k1, 65536), 1024),
-                  ctx.pool, pos.data());
+  // Top-k among the first level's values, read in place; their indices
+  // ascend, so the chosen positions (ascending) map to ascending tensor
+  // indices. The selection writes the positions where the indices go and
+  // the values after them; each position is then replaced by the first
+  // level's index at it.
   h2.bodyBytes = format::sparseBody(k2);
   writeHeader(h2, out);
   std::byte* idx = out.data() + kHeaderBytes;
-  std::byte* vals = idx + 4 * k2;
-  for (size_t i = 0; i < k2; ++i) {
-    std::memcpy(idx + 4 * i, body + 4 * pos[i], 4);
-    storeLe<float>(vals + 4 * i, values[pos[i]]);
-  }
+  cpu::selectTopK(body + 4 * k1, k1, k2, std::max<size_t>(std::min<size_t>(k1, 65536), 1024),
+                  ctx.pool, idx, idx + 4 * k2);
+  for (size_t i = 0; i < k2; ++i)
+    std::memcpy(idx + 4 * i, body + 4 * static_cast<size_t>(loadLe<uint32_t>(idx + 4 * i)), 4);
   return total;
 }
 
@@ -125,9 +125,10 @@ namespace {
 // The tensor indices of a second-level random-k payload's values.
 template <typename Fn>
 void forEachNested(const PayloadHeader& h, size_t n, Fn fn) {
+  format::RandomKWalk walk(h.seed, 0, h.numel, h.count);
   for (size_t b = 0; b < h.count; ++b) {
     uint64_t size;
-    uint64_t j = format::randomKIndex(h.seed, b, h.numel, h.count, &size);
+    uint64_t j = walk.next(&size);
     fn(b, format::randomKIndex(h.seed, j, n, h.numel, &size));
   }
 }

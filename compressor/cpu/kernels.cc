@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -282,6 +283,110 @@ void parallelAligned(ThreadPool* pool, size_t n, size_t align,
   size_t units = (n + align - 1) / align;
   pool->parallelFor(units, std::max<size_t>(1, kMinPerThread / align),
                     [&](size_t b, size_t e) { fn(b * align, std::min(n, e * align)); });
+}
+
+// ---- random-k gather -----------------------------------------------------
+
+namespace {
+
+bool hasAvx512Dq() {
+  static const bool has =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return has;
+}
+std::atomic<bool>& randomKAvx512() {
+  static std::atomic<bool> use{hasAvx512Dq()};
+  return use;
+}
+
+void randomKGatherWalk(const std::byte* in, uint64_t n, uint64_t k, uint64_t seed, uint64_t b0,
+                       uint64_t b1, std::byte* out) {
+  format::RandomKWalk walk(seed, b0, n, k);
+  for (uint64_t b = b0; b < b1; ++b) {
+    uint64_t size;
+    std::memcpy(out + 4 * (b - b0), in + 4 * walk.next(&size), 4);
+  }
+}
+
+// Lanes j = 0..7 hold blocks b + j: the block start q and remainder r of
+// b·n/k, and those of the next block, stepped by 8n/k each round.
+// A right shift of each 64-bit lane. The masked forms here and below: GCC 12
+// warns about the undefined source that the plain ones pass.
+__attribute__((target("avx512f"))) inline __m512i shr64(__m512i z, unsigned n) {
+  return _mm512_maskz_srli_epi64(0xff, z, n);
+}
+
+__attribute__((target("avx512f,avx512dq"))) void randomKGatherAvx512(
+    const std::byte* in, uint64_t n, uint64_t k, uint64_t seed, uint64_t b0, uint64_t b1,
+    std::byte* out) {
+  uint64_t b = b0;
+  if (b1 - b0 >= 16) {
+    alignas(64) uint64_t q[8], r[8], qn[8], rn[8], bs[8];
+    for (int j = 0; j < 8; ++j) {
+      uint64_t bj = b + j;
+      bs[j] = bj;
+      q[j] = bj * n / k;
+      r[j] = bj * n % k;
+      qn[j] = (bj + 1) * n / k;
+      rn[j] = (bj + 1) * n % k;
+    }
+    __m512i Q = _mm512_load_si512(q), R = _mm512_load_si512(r);
+    __m512i Qn = _mm512_load_si512(qn), Rn = _mm512_load_si512(rn);
+    __m512i B = _mm512_load_si512(bs);
+    const __m512i q8 = _mm512_set1_epi64(static_cast<int64_t>(8 * n / k));
+    const __m512i r8 = _mm512_set1_epi64(static_cast<int64_t>(8 * n % k));
+    const __m512i kk = _mm512_set1_epi64(static_cast<int64_t>(k));
+    const __m512i one = _mm512_set1_epi64(1), eight = _mm512_set1_epi64(8);
+    const __m512i s0 =
+        _mm512_set1_epi64(static_cast<int64_t>(format::mix64(seed + 0x9e3779b97f4a7c15ull)));
+    const __m512i m = _mm512_set1_epi64(static_cast<int64_t>(0xd6e8feb86659fd93ull));
+    const __m512i c1 = _mm512_set1_epi64(static_cast<int64_t>(0xbf58476d1ce4e5b9ull));
+    const __m512i c2 = _mm512_set1_epi64(static_cast<int64_t>(0x94d049bb133111ebull));
+    for (; b + 8 <= b1; b += 8) {
+      // hash2(seed, b) = mix64(mix64(seed + golden) ^ (b·m + 1))
+      __m512i z = _mm512_xor_si512(s0, _mm512_add_epi64(_mm512_mullo_epi64(B, m), one));
+      z = _mm512_mullo_epi64(_mm512_xor_si512(z, shr64(z, 30)), c1);
+      z = _mm512_mullo_epi64(_mm512_xor_si512(z, shr64(z, 27)), c2);
+      z = _mm512_xor_si512(z, shr64(z, 31));
+      // start + ((h >> 32) · size) >> 32; both factors < 2^32
+      __m512i size = _mm512_sub_epi64(Qn, Q);
+      __m512i idx = _mm512_add_epi64(
+          Q, shr64(_mm512_maskz_mul_epu32(0xff, shr64(z, 32), size), 32));
+      // Plain loads: a gather instruction waits on its eight misses together.
+      alignas(64) uint64_t at[8];
+      _mm512_store_si512(at, idx);
+      std::byte* o = out + 4 * (b - b0);
+      for (int j = 0; j < 8; ++j) std::memcpy(o + 4 * j, in + 4 * at[j], 4);
+      R = _mm512_add_epi64(R, r8);
+      Q = _mm512_add_epi64(Q, q8);
+      __mmask8 c = _mm512_cmpge_epu64_mask(R, kk);
+      R = _mm512_mask_sub_epi64(R, c, R, kk);
+      Q = _mm512_mask_add_epi64(Q, c, Q, one);
+      Rn = _mm512_add_epi64(Rn, r8);
+      Qn = _mm512_add_epi64(Qn, q8);
+      c = _mm512_cmpge_epu64_mask(Rn, kk);
+      Rn = _mm512_mask_sub_epi64(Rn, c, Rn, kk);
+      Qn = _mm512_mask_add_epi64(Qn, c, Qn, one);
+      B = _mm512_add_epi64(B, eight);
+    }
+  }
+  randomKGatherWalk(in, n, k, seed, b, b1, out + 4 * (b - b0));
+}
+
+}  // namespace
+
+void randomKGather(const std::byte* in, uint64_t n, uint64_t k, uint64_t seed, uint64_t b0,
+                   uint64_t b1, std::byte* out) {
+  if (randomKAvx512().load(std::memory_order_relaxed))
+    randomKGatherAvx512(in, n, k, seed, b0, b1, out);
+  else
+    randomKGatherWalk(in, n, k, seed, b0, b1, out);
+}
+
+bool setRandomKAvx512(bool use) {
+  bool v = use && hasAvx512Dq();
+  randomKAvx512().store(v);
+  return v;
 }
 
 }  // namespace cortado::compressor::cpu

@@ -40,6 +40,17 @@ void expandBits(const uint8_t* bits, size_t n, float neg, float pos, float alpha
 // fp32 -> bf16 with round-to-nearest-even, NaN kept quiet.
 void floatToBf16(const float* in, uint16_t* out, size_t n);
 
+// Random-k's gather for blocks [b0, b1): the f32 at randomKIndex(seed, b, n,
+// k) of `in` (n little-endian f32) goes to out + 4 (b - b0); both at any
+// address. AVX-512 (64-bit multiplies) hashes eight blocks at a time and
+// gathers them; otherwise format::RandomKWalk one block at a time. Equal to
+// randomKIndex bit for bit either way.
+void randomKGather(const std::byte* in, uint64_t n, uint64_t k, uint64_t seed, uint64_t b0,
+                   uint64_t b1, std::byte* out);
+// Whether randomKGather uses AVX-512 (set false to test the portable walk;
+// process-wide). Returns what is used.
+bool setRandomKAvx512(bool use);
+
 // Runs fn(begin, end) over [0, n) in pieces whose starts are multiples of
 // `align`, on the pool when there is one and the work is big enough.
 void parallelAligned(ThreadPool* pool, size_t n, size_t align,

@@ -12,6 +12,7 @@
 #include "compressor/cpu/kernels.h"
 #include "compressor/cpu/topk_select.h"
 #include "compressor/format.h"
+#include "core/common/thread_pool.h"
 
 namespace cortado::compressor::cpu {
 namespace {
@@ -42,13 +43,10 @@ class TopKCodec final : public CodecBase {
     size_t k = format::kFromRatio(n, ratio_);
     size_t total = payloadBytes(n);
     std::byte* body = beginPayload(out, n, total, ctx, 0, 0, k);
-    // The payload may be unaligned: select into a vector, then copy.
-    std::vector<uint32_t> idx(k);
+    // The selection writes the indices and their values into the payload.
     size_t sample = sampleFraction_ > 0 ? static_cast<size_t>(sampleFraction_ * n) : 65536;
-    selectTopK(in, n, k, std::max<size_t>(sample, 1024), ctx.pool, idx.data());
-    std::memcpy(body, idx.data(), 4 * k);
-    std::byte* vals = body + 4 * k;
-    for (size_t i = 0; i < k; ++i) storeLe<float>(vals + 4 * i, in[idx[i]]);
+    selectTopK(reinterpret_cast<const std::byte*>(in), n, k, std::max<size_t>(sample, 1024),
+               ctx.pool, body, body + 4 * k);
     return total;
   }
 
@@ -129,10 +127,15 @@ class RandomKCodec final : public CodecBase {
     size_t total = payloadBytes(n);
     std::byte* vals =
         beginPayload(out, n, total, ctx, unbiased_ ? kUnbiasedFlag : 0, seed, k);
-    for (size_t b = 0; b < k; ++b) {
-      uint64_t size;
-      storeLe<float>(vals + 4 * b, in[format::randomKIndex(seed, b, n, k, &size)]);
-    }
+    // randomKGather (kernels.h): no division per block, eight blocks at a
+    // time with AVX-512; large k in parallel slices of blocks.
+    auto gather = [&](size_t b0, size_t b1) {
+      randomKGather(reinterpret_cast<const std::byte*>(in), n, k, seed, b0, b1, vals + 4 * b0);
+    };
+    if (ctx.pool && k >= (size_t{1} << 18))
+      ctx.pool->parallelFor(k, size_t{1} << 16, gather);
+    else
+      gather(0, k);
     return total;
   }
 
@@ -183,9 +186,10 @@ class RandomKCodec final : public CodecBase {
                       float alpha, bool zero) {
     const std::byte* vals = payload.data() + kHeaderBytes;
     bool unbiased = h.flags & kUnbiasedFlag;
+    format::RandomKWalk walk(h.seed, 0, h.numel, h.count);
     for (size_t b = 0; b < h.count; ++b) {
       uint64_t size;
-      uint64_t i = format::randomKIndex(h.seed, b, h.numel, h.count, &size);
+      uint64_t i = walk.next(&size);
       if (zero) {
         out[i] = 0.0f;
         continue;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "compressor/cpu/kernels.h"
+#include "compressor/format.h"
 #include "compressor/payload.h"
 #include "compressor/powersgd.h"
 #include "compressor/sparse_sum.h"
@@ -234,6 +236,69 @@ TEST(RandomK, UnbiasedOverSeeds) {
   }
   for (int i = 0; i < 64; ++i)
     EXPECT_NEAR(mean[i], x[i], 5 * std::fabs(x[i]) * std::sqrt(3.0 / S) + 1e-6) << i;
+}
+
+// The CPU walks blocks in order with a running remainder; the rule that the
+// GPU and every receiver use is randomKIndex's division per block.
+TEST(RandomK, WalkEqualsTheIndexRule) {
+  const uint64_t big = format::kMaxSparseNumel;
+  const std::pair<uint64_t, uint64_t> sizes[] = {
+      {1, 1}, {7, 3}, {1000, 1}, {1000, 999}, {1000, 1000}, {25000000, 16666666},
+      {25000000, 2500000}, {16666666, 2083333}, {big, 1}, {big, 3}, {big, big / 7}, {big, big - 1}};
+  for (auto [n, k] : sizes) {
+    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, ~uint64_t{0}}) {
+      for (uint64_t b0 : {uint64_t{0}, uint64_t{1}, k / 3, k > 5 ? k - 5 : 0}) {
+        if (b0 >= k) continue;
+        format::RandomKWalk walk(seed, b0, n, k);
+        for (uint64_t b = b0; b < std::min(k, b0 + 2000); ++b) {
+          uint64_t size = 0, wantSize = 0;
+          uint64_t got = walk.next(&size);
+          ASSERT_EQ(got, format::randomKIndex(seed, b, n, k, &wantSize))
+              << "n=" << n << " k=" << k << " seed=" << seed << " b=" << b;
+          ASSERT_EQ(size, wantSize);
+        }
+      }
+    }
+  }
+}
+
+// Encode (serial, and in parallel slices when k >= 2^18; the portable walk
+// and, where the CPU has it, AVX-512) and decode against the index rule
+// evaluated block by block.
+TEST(RandomK, EncodeAndDecodeFollowTheIndexRule) {
+  ThreadPool pool(2);
+  const size_t n = (1 << 20) + 3;
+  auto x = randomTensor(n, 5);
+  const bool vector = cpu::setRandomKAvx512(true);
+  struct Restore {
+    bool v;
+    ~Restore() { cpu::setRandomKAvx512(v); }
+  } restore{vector};
+  for (bool avx512 : {false, true}) {
+    if (avx512 && !vector) continue;  // not on this CPU
+    cpu::setRandomKAvx512(avx512);
+    for (double ratio : {0.001, 0.3, 2.0 / 3.0}) {
+      auto codec = cpuRegistry().create("randomk:ratio=" + std::to_string(ratio) + ",seed=7");
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        SCOPED_TRACE(::testing::Message() << "avx512=" << avx512 << " ratio=" << ratio);
+        EncodeContext ctx;
+        ctx.seed = 99;
+        ctx.pool = p;
+        auto payload = encodeToVector(*codec, x, ctx);
+        PayloadHeader h = parseHeader(payload);
+        const uint64_t seed = format::randomKSeed(7, 99);
+        ASSERT_EQ(h.seed, seed);
+        std::vector<float> want(n, 0.0f);
+        for (uint64_t b = 0; b < h.count; ++b) {
+          uint64_t size;
+          uint64_t i = format::randomKIndex(seed, b, n, h.count, &size);
+          ASSERT_EQ(loadLe<float>(payload.data() + kHeaderBytes + 4 * b), x[i]) << "block " << b;
+          want[i] = x[i] * static_cast<float>(size);  // unbiased: scaled by the block's size
+        }
+        ASSERT_EQ(decodeToVector(*codec, payload, n), want);
+      }
+    }
+  }
 }
 
 TEST(RandomK, SameRoundSeedIsSummable) {
