@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
       W = std::atoi(argv[i + 1]);
     else if (a == "--rounds")
       rounds = std::atoi(argv[i + 1]);
-    else if (a == "--pushes" && (std::string(argv[i + 1]) == "delta" || std::string(argv[i + 1]) == "coo"))
+    else if (a == "--pushes" &&
+             (std::string(argv[i + 1]) == "delta" || std::string(argv[i + 1]) == "coo"))
       compact = std::string(argv[i + 1]) == "delta";
     else if (a == "--shuffled")
       shuffled = std::atoi(argv[i + 1]) != 0;
@@ -181,9 +182,10 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.2f |\n", names[s], m);
   }
   std::printf("| Zen, all steps (one worker and one server) | %.2f |\n", zenTotal);
-  std::printf("# bytes: a worker's pushes %.0f (all servers), a server's answer %.0f; %s pushes%s\n",
-              pushBytes, answerBytes, compact ? "delta-coded" : "COO",
-              shuffled ? ", input out of order" : "");
+  std::printf(
+      "# bytes: a worker's pushes %.0f (all servers), a server's answer %.0f; %s pushes%s\n",
+      pushBytes, answerBytes, compact ? "delta-coded" : "COO",
+      shuffled ? ", input out of order" : "");
   std::printf("# check: %s\n", wrong ? "WRONG" : "ok");
   return wrong ? 1 : 0;
 }

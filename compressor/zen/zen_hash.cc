@@ -218,8 +218,8 @@ void HierarchicalHash::extract(Partitioned& out) {
   }
 }
 
-void sortPairsByIndex(std::vector<uint32_t>& index, std::vector<float>& value,
-                      uint64_t numElements, std::vector<uint64_t>& a, std::vector<uint64_t>& b) {
+void sortPairsByIndex(std::vector<uint32_t>& index, std::vector<float>& value, uint64_t numElements,
+                      std::vector<uint64_t>& a, std::vector<uint64_t>& b) {
   const size_t n = index.size();
   CORTADO_ENFORCE(value.size() == n, ErrorCode::kInvalidArgument,
                   "sorting {} indices with {} values", n, value.size());

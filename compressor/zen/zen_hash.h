@@ -179,7 +179,7 @@ class HierarchicalHash {
 // numElements and distinct, so no order among equals is needed): an LSD radix
 // sort of 11-bit digits over the bits that numElements - 1 uses, in a, b as
 // scratch. O(pairs x passes), at most 3 passes.
-void sortPairsByIndex(std::vector<uint32_t>& index, std::vector<float>& value,
-                      uint64_t numElements, std::vector<uint64_t>& a, std::vector<uint64_t>& b);
+void sortPairsByIndex(std::vector<uint32_t>& index, std::vector<float>& value, uint64_t numElements,
+                      std::vector<uint64_t>& a, std::vector<uint64_t>& b);
 
 }  // namespace cortado::compressor::zen

@@ -369,7 +369,8 @@ TEST_P(ZenSums, MatchTheDenseSum) {
                                    ServerSum::Form::kIndexList};
   // Rounds 3 to 5 again with delta-coded pushes.
   for (int round = 0; round < 6; ++round) {
-    auto got = zenRound(own, in, servers, round % 3 ? &pool : nullptr, forms[round % 3], round >= 3);
+    auto got =
+        zenRound(own, in, servers, round % 3 ? &pool : nullptr, forms[round % 3], round >= 3);
     ASSERT_EQ(got, ref) << "round " << round;
   }
 }

@@ -430,8 +430,8 @@ TEST(ZenDeltaPush, BytesAndForm) {
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(v.valueAt(i), val[i]);
   const std::vector<uint8_t> gaps(v.gaps, v.end);
   // Gaps 0, 199, 19999, 2999999 as LEB128.
-  EXPECT_EQ(gaps, (std::vector<uint8_t>{0x00, 0xc7, 0x01, 0x9f, 0x9c, 0x01, 0xbf, 0x8d, 0xb7,
-                                        0x01}));
+  EXPECT_EQ(gaps,
+            (std::vector<uint8_t>{0x00, 0xc7, 0x01, 0x9f, 0x9c, 0x01, 0xbf, 0x8d, 0xb7, 0x01}));
   // Not ascending, or repeating: COO, and writing it delta-coded is refused.
   std::vector<uint32_t> down{200, 0}, twice{5, 5};
   EXPECT_EQ(choosePushForm(down, true), PushForm::kCoo);
@@ -487,13 +487,22 @@ TEST(ZenDeltaPush, MalformedPushesAreRefusedAndLeaveTheSum) {
   ASSERT_LT(list[0], 128u);  // one byte
   expectProtocol([&] { s.add(rawDelta(own, 2, {uint8_t(list[0]), 0x85}, 2)); }, "truncated");
   expectProtocol([&] { s.add(rawDelta(own, 1, {0x80, 0x00}, 2)); }, "overlong");
-  expectProtocol([&] { s.add(rawDelta(own, 2, {0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0}, 2)); },
-                 "longer than 5 bytes");
-  expectProtocol([&] { s.add(rawDelta(own, 1, {0xff, 0xff, 0xff, 0xff, 0x1f}, 2)); },
-                 "past 32 bits");
+  expectProtocol(
+      [&] {
+        s.add(rawDelta(own, 2, {0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0}, 2));
+      },
+      "longer than 5 bytes");
+  expectProtocol(
+      [&] {
+        s.add(rawDelta(own, 1, {0xff, 0xff, 0xff, 0xff, 0x1f}, 2));
+      },
+      "past 32 bits");
   // A gap of 2^32 - 1 after an index: past the tensor, no wrap-around.
-  expectProtocol([&] { s.add(rawDelta(own, 2, {uint8_t(list[0]), 0xff, 0xff, 0xff, 0xff, 0x0f}, 2)); },
-                 "out of range");
+  expectProtocol(
+      [&] {
+        s.add(rawDelta(own, 2, {uint8_t(list[0]), 0xff, 0xff, 0xff, 0xff, 0x0f}, 2));
+      },
+      "out of range");
   // Trailing bytes after the last gap.
   {
     auto p = encodeDeltaPush(own, 2, good, vals);
