@@ -69,9 +69,10 @@ struct WorkerOptions {
   // Handle::wait() polls for the completion this long before it sleeps on
   // its condition variable (0: it sleeps at once). It keeps a core busy.
   std::chrono::microseconds busyPoll{0};
-  // Top-k and DGC payloads go on the wire with their indices as varint gaps
-  // where that is smaller (compressor/compact.h; CORTADO_COMPACT_SPARSE).
-  // Answers in that form are read either way.
+  // Top-k and DGC payloads, and the pushes of sparse (Zen) tensors, go on
+  // the wire with their indices as varint gaps where that is smaller
+  // (compressor/compact.h, compressor/zen/zen_payload.h;
+  // CORTADO_COMPACT_SPARSE). Answers in that form are read either way.
   bool compactSparse = true;
 };
 

@@ -1,8 +1,9 @@
 // Sparse (Zen) tensors in the worker (worker_impl.h; docs/zen.md): each
 // server p holds one key of the tensor and owns the indices that the
 // tensor's ownership hash gives it. A round places the worker's non-zeros
-// with the hierarchical hash (compressor/zen/zen_hash.h), pushes server p a
-// COO list of the pairs it owns, and pulls p's answer (a hash bitmap,
+// with the hierarchical hash (compressor/zen/zen_hash.h), pushes server p
+// the pairs it owns (delta-coded, ascending, where CORTADO_COMPACT_SPARSE is
+// on and that is smaller; COO otherwise), and pulls p's answer (a hash bitmap,
 // decoded with I_p, or an index list, whichever p found smaller). Each
 // answer is checked as it arrives; the last one's arrival writes the dense
 // output from all of them in one pass (zen::assembleDense).
@@ -96,7 +97,11 @@ Handle WorkerImpl::pushPullSparse(const std::string& name, const SparseInput& in
   // Level 1 and 2 of the hierarchical hash, on this thread: the input is
   // consumed here and the caller may reuse it at once.
   const zen::Ownership& own = lists->ownership();
-  zen::HierarchicalHash hh(own);
+  // Compact pushes (CORTADO_COMPACT_SPARSE) need each server's pairs
+  // ascending: the placement reads its table out in that order.
+  zen::PlacementOptions po;
+  po.ascendingLists = opts_.compactSparse;
+  zen::HierarchicalHash hh(own, po);
   zen::Partitioned parts;
   try {
     if (in.dense)
@@ -111,10 +116,11 @@ Handle WorkerImpl::pushPullSparse(const std::string& name, const SparseInput& in
   task->sparsePairs = parts.pairs();
   const size_t pre = wire::compressedPreambleBytes(kZenSpec, name);
   for (uint32_t p = 0; p < own.numServers(); ++p) {
-    Buffer body = Buffer::allocate(pre + zen::cooBytes(parts.indices[p].size()));
+    const zen::PushForm form = zen::choosePushForm(parts.indices[p], opts_.compactSparse);
+    Buffer body = Buffer::allocate(pre + zen::pushBytes(parts.indices[p], form));
     wire::writeCompressedPreamble(body.data(), kZenSpec, name);
-    zen::writeCoo(own, p, parts.indices[p], parts.values[p],
-                  {reinterpret_cast<std::byte*>(body.data() + pre), body.size() - pre});
+    zen::writePush(own, p, parts.indices[p], parts.values[p], form,
+                   {reinterpret_cast<std::byte*>(body.data() + pre), body.size() - pre});
     task->sparse.push_back(std::move(body));
   }
   task->sparseAnswers.resize(own.numServers());

@@ -6,9 +6,14 @@
 // server (the mean over them). The pairs are drawn as `cortado bench
 // sparse` draws them (index i with probability ~ c / (i + 1), ascending;
 // small integer values), and every round's output is checked against the
-// plain sum.
+// plain sum. The pushes are delta-coded where smaller, as the worker engine
+// sends them by default (--pushes coo: COO, as with CORTADO_COMPACT_SPARSE=0);
+// --shuffled gives each worker its pairs out of order, so that they go
+// through the hash table (and, for delta-coded pushes, its ascending
+// read-out) instead of the direct path.
 //
 //   zen_round_cpu [--elements N] [--density PERCENT] [--workers W] [--rounds R]
+//                 [--pushes delta|coo] [--shuffled 0|1]
 #include <time.h>
 
 #include <algorithm>
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
   uint64_t n = 16777216;
   double density = 1.0;
   int W = 4, rounds = 5;
+  bool compact = true, shuffled = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--elements")
@@ -57,6 +63,11 @@ int main(int argc, char** argv) {
       W = std::atoi(argv[i + 1]);
     else if (a == "--rounds")
       rounds = std::atoi(argv[i + 1]);
+    else if (a == "--pushes" &&
+             (std::string(argv[i + 1]) == "delta" || std::string(argv[i + 1]) == "coo"))
+      compact = std::string(argv[i + 1]) == "delta";
+    else if (a == "--shuffled")
+      shuffled = std::atoi(argv[i + 1]) != 0;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -65,6 +76,16 @@ int main(int argc, char** argv) {
   const auto S = uint32_t(W);  // one server per worker, as in the benchmark
   std::vector<Pairs> in;
   for (int r = 0; r < W; ++r) in.push_back(skewedPairs(n, density / 100, r, 2));
+  if (shuffled) {
+    std::mt19937_64 rng(7);
+    for (Pairs& p : in) {
+      for (size_t i = p.index.size(); i > 1; --i) {
+        const size_t j = rng() % i;
+        std::swap(p.index[i - 1], p.index[j]);
+        std::swap(p.value[i - 1], p.value[j]);
+      }
+    }
+  }
   std::vector<float> ref(n, 0.0f);
   for (const Pairs& p : in)
     for (size_t i = 0; i < p.index.size(); ++i) ref[p.index[i]] += p.value[i];
@@ -75,7 +96,8 @@ int main(int argc, char** argv) {
   std::vector<float> out(n, 1.0f);
   enum Step { kPlace, kEncode, kAdd, kAnswer, kCheck, kAssemble, kGatherAdd, kSteps };
   const char* names[kSteps] = {"worker: placement (level 1 and 2)",
-                               "worker: COO encoding of the pushes",
+                               compact ? "worker: delta-coded (or COO) encoding of the pushes"
+                                       : "worker: COO encoding of the pushes",
                                "server: checks and adds of the pushes",
                                "server: sum and answer",
                                "worker: checking the answers",
@@ -83,18 +105,27 @@ int main(int argc, char** argv) {
                                "allgather peer: zeroing and scatter-add of all pairs"};
   std::vector<std::vector<double>> ms(kSteps);
   int wrong = 0;
+  double pushBytes = 0, answerBytes = 0;  // the last round's, per worker and per server
   for (int round = 0; round < rounds; ++round) {
     double t[kSteps] = {};
     // Workers: place and encode.
     std::vector<std::vector<std::vector<std::byte>>> pushes(W);  // [worker][server]
+    pushBytes = answerBytes = 0;
     for (int r = 0; r < W; ++r) {
       double c0 = cpuMs();
-      zen::HierarchicalHash hh(own);
+      zen::PlacementOptions po;
+      po.ascendingLists = compact;
+      zen::HierarchicalHash hh(own, po);
       zen::Partitioned parts;
       hh.place(in[r].index, in[r].value, parts);
       double c1 = cpuMs();
-      for (uint32_t p = 0; p < S; ++p)
-        pushes[r].push_back(zen::encodeCoo(own, p, parts.indices[p], parts.values[p]));
+      for (uint32_t p = 0; p < S; ++p) {
+        const zen::PushForm form = zen::choosePushForm(parts.indices[p], compact);
+        std::vector<std::byte> push(zen::pushBytes(parts.indices[p], form));
+        zen::writePush(own, p, parts.indices[p], parts.values[p], form, push);
+        pushBytes += double(push.size()) / W;
+        pushes[r].push_back(std::move(push));
+      }
       double c2 = cpuMs();
       t[kPlace] += c1 - c0;
       t[kEncode] += c2 - c1;
@@ -106,6 +137,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < W; ++r) servers[p].add(pushes[r][p]);
       double c1 = cpuMs();
       answers[p] = servers[p].answer();
+      answerBytes += double(answers[p].size()) / S;
       double c2 = cpuMs();
       t[kAdd] += c1 - c0;
       t[kAnswer] += c2 - c1;
@@ -150,6 +182,10 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.2f |\n", names[s], m);
   }
   std::printf("| Zen, all steps (one worker and one server) | %.2f |\n", zenTotal);
+  std::printf(
+      "# bytes: a worker's pushes %.0f (all servers), a server's answer %.0f; %s pushes%s\n",
+      pushBytes, answerBytes, compact ? "delta-coded" : "COO",
+      shuffled ? ", input out of order" : "");
   std::printf("# check: %s\n", wrong ? "WRONG" : "ok");
   return wrong ? 1 : 0;
 }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 #include <sys/mman.h>
 
@@ -212,6 +214,38 @@ void HierarchicalHash::extract(Partitioned& out) {
       oi.push_back(tail[i].first);
       ov.push_back(tail[i].second);
     }
+    if (opts_.ascendingLists) sortPairsByIndex(oi, ov, own_.numElements(), sortA_, sortB_);
+  }
+}
+
+void sortPairsByIndex(std::vector<uint32_t>& index, std::vector<float>& value, uint64_t numElements,
+                      std::vector<uint64_t>& a, std::vector<uint64_t>& b) {
+  const size_t n = index.size();
+  CORTADO_ENFORCE(value.size() == n, ErrorCode::kInvalidArgument,
+                  "sorting {} indices with {} values", n, value.size());
+  // Each pair as one word, the index above the value's bits.
+  a.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    a[i] = uint64_t{index[i]} << 32 | std::bit_cast<uint32_t>(value[i]);
+  if (n < 256) {
+    std::sort(a.begin(), a.end());
+  } else {
+    constexpr unsigned kDigit = 11;
+    const unsigned bits = numElements > 1 ? unsigned(std::bit_width(numElements - 1)) : 1;
+    b.resize(n);
+    std::vector<size_t> count(size_t{1} << kDigit);
+    for (unsigned shift = 32; shift < 32 + bits; shift += kDigit) {
+      std::fill(count.begin(), count.end(), 0);
+      for (uint64_t w : a) ++count[(w >> shift) & ((1u << kDigit) - 1)];
+      size_t sum = 0;
+      for (size_t& c : count) sum += std::exchange(c, sum);
+      for (uint64_t w : a) b[count[(w >> shift) & ((1u << kDigit) - 1)]++] = w;
+      a.swap(b);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    index[i] = static_cast<uint32_t>(a[i] >> 32);
+    value[i] = std::bit_cast<float>(static_cast<uint32_t>(a[i]));
   }
 }
 

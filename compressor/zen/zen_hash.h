@@ -116,10 +116,15 @@ struct PlacementOptions {
   // its owner's list in one sequential pass, which on a CPU costs a fraction
   // of the table's random accesses. False: always the table (Algorithm 1).
   bool directWhenAscending = true;
+  // Each server's list read out in ascending index order (a radix sort of
+  // the table's lists; the direct path's lists ascend already), as a
+  // delta-coded push needs (zen_payload.h). False: the slot order.
+  bool ascendingLists = false;
 };
 
 // One worker's pairs split by owner: indices[p] and values[p] go to server p.
-// Within a server's list the order is the slot order (not ascending).
+// Within a server's list the order is the slot order (not ascending), or
+// ascending with PlacementOptions::ascendingLists or on the direct path.
 struct Partitioned {
   std::vector<std::vector<uint32_t>> indices;
   std::vector<std::vector<float>> values;
@@ -167,6 +172,14 @@ class HierarchicalHash {
   std::mutex spillMu_;  // the spill list fills only when an overflow area is full: rare
   std::vector<uint32_t> scratchIdx_;
   std::vector<float> scratchVal_;
+  std::vector<uint64_t> sortA_, sortB_;  // ascendingLists: the radix sort's buffers
 };
+
+// Sorts the pairs (index[i], value[i]) by index, ascending (indices below
+// numElements and distinct, so no order among equals is needed): an LSD radix
+// sort of 11-bit digits over the bits that numElements - 1 uses, in a, b as
+// scratch. O(pairs x passes), at most 3 passes.
+void sortPairsByIndex(std::vector<uint32_t>& index, std::vector<float>& value, uint64_t numElements,
+                      std::vector<uint64_t>& a, std::vector<uint64_t>& b);
 
 }  // namespace cortado::compressor::zen

@@ -42,7 +42,25 @@ void store(std::byte* p, T v) {
 }
 
 const char* kindName(Kind k) {
-  return k == Kind::kCoo ? "COO push" : k == Kind::kBitmap ? "bitmap answer" : "index-list answer";
+  return k == Kind::kCoo         ? "COO push"
+         : k == Kind::kBitmap    ? "bitmap answer"
+         : k == Kind::kDeltaPush ? "delta-coded push"
+                                 : "index-list answer";
+}
+
+// The gaps of strictly ascending indices as varints: the first index, then
+// each index minus the previous minus 1. Returns the byte after them.
+std::byte* writeGaps(std::byte* p, std::span<const uint32_t> indices) {
+  for (size_t i = 0; i < indices.size(); ++i)
+    p = writeVarint(p, i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1);
+  return p;
+}
+
+size_t gapBytes(std::span<const uint32_t> indices) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < indices.size(); ++i)
+    bytes += varintBytes(i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1);
+  return bytes;
 }
 
 void writeZenHeader(const ZenHeader& h, std::byte* p) {
@@ -68,10 +86,20 @@ size_t bitmapBytes(uint64_t listSize, uint64_t nonzeros) {
 }
 
 size_t indexListBytes(std::span<const uint32_t> indices) {
-  size_t bytes = kZenHeaderBytes + 4 * indices.size();
-  for (size_t i = 0; i < indices.size(); ++i)
-    bytes += varintBytes(i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1);
-  return bytes;
+  return kZenHeaderBytes + 4 * indices.size() + gapBytes(indices);
+}
+
+size_t deltaPushBytes(std::span<const uint32_t> indices) { return indexListBytes(indices); }
+
+PushForm choosePushForm(std::span<const uint32_t> index, bool compact) {
+  if (!compact) return PushForm::kCoo;
+  for (size_t i = 1; i < index.size(); ++i)
+    if (index[i] <= index[i - 1]) return PushForm::kCoo;
+  return deltaPushBytes(index) < cooBytes(index.size()) ? PushForm::kDelta : PushForm::kCoo;
+}
+
+size_t pushBytes(std::span<const uint32_t> index, PushForm form) {
+  return form == PushForm::kDelta ? deltaPushBytes(index) : cooBytes(index.size());
 }
 
 ZenHeader parseZenHeader(std::span<const std::byte> payload) {
@@ -88,11 +116,10 @@ ZenHeader parseZenHeader(std::span<const std::byte> payload) {
                   "sparse payload format version {} is not supported (this build reads {})",
                   version, kZenVersion);
   const auto kind = static_cast<uint8_t>(p[5]);
-  CORTADO_ENFORCE(kind == uint8_t(Kind::kCoo) || kind == uint8_t(Kind::kBitmap) ||
-                      kind == uint8_t(Kind::kIndexList),
+  CORTADO_ENFORCE(kind >= uint8_t(Kind::kCoo) && kind <= uint8_t(Kind::kDeltaPush),
                   ErrorCode::kProtocol,
                   "sparse payload of unknown kind {} (this build reads 1 = COO push, 2 = bitmap "
-                  "answer, 3 = index-list answer)",
+                  "answer, 3 = index-list answer, 4 = delta-coded push)",
                   kind);
   CORTADO_ENFORCE(static_cast<uint8_t>(p[6]) == uint8_t(DType::kFloat32), ErrorCode::kProtocol,
                   "sparse payload of dtype {}: only float32 is supported", uint8_t(p[6]));
@@ -121,6 +148,15 @@ ZenHeader parseZenHeader(std::span<const std::byte> payload) {
                     "sparse COO push of {} pairs for {} elements: the body has {} bytes, "
                     "{} expected (a truncated pair list?)",
                     h.count, h.numel, body, h.count <= h.numel ? 8 * h.count : 0);
+  } else if (h.kind == Kind::kDeltaPush) {
+    CORTADO_ENFORCE(h.listSize == 0, ErrorCode::kProtocol,
+                    "sparse delta-coded push with a list size ({}); it must be zero", h.listSize);
+    // Each pair: a value and a varint of 1 to 5 bytes (count <= numel < 2^32).
+    CORTADO_ENFORCE(h.count <= h.numel && body >= 5 * h.count && body <= 9 * h.count,
+                    ErrorCode::kProtocol,
+                    "sparse delta-coded push of {} pairs for {} elements: the body has {} bytes, "
+                    "{} pairs need {} to {} (a truncated push?)",
+                    h.count, h.numel, body, h.count, 5 * h.count, 9 * h.count);
   } else if (h.kind == Kind::kIndexList) {
     CORTADO_ENFORCE(h.listSize <= h.numel && h.count <= h.listSize, ErrorCode::kProtocol,
                     "sparse index-list answer of {} non-zeros over {} indices of a {}-element "
@@ -178,6 +214,36 @@ std::vector<std::byte> encodeCoo(const Ownership& own, uint32_t server,
   return out;
 }
 
+size_t writePush(const Ownership& own, uint32_t server, std::span<const uint32_t> index,
+                 std::span<const float> value, PushForm form, std::span<std::byte> out) {
+  if (form == PushForm::kCoo) return writeCoo(own, server, index, value, out);
+  CORTADO_ENFORCE(index.size() == value.size(), ErrorCode::kInvalidArgument,
+                  "sparse push: {} indices but {} values", index.size(), value.size());
+  for (size_t i = 0; i < index.size(); ++i)
+    CORTADO_ENFORCE(index[i] < own.numElements() && (i == 0 || index[i] > index[i - 1]),
+                    ErrorCode::kInvalidArgument,
+                    "delta-coded push: index {} (#{}) is past the tensor's {} elements or does "
+                    "not ascend",
+                    index[i], i, own.numElements());
+  const size_t bytes = deltaPushBytes(index);
+  CORTADO_ENFORCE(out.size() >= bytes, ErrorCode::kInvalidArgument,
+                  "sparse push of {} pairs needs {} bytes, the buffer has {}", index.size(), bytes,
+                  out.size());
+  writeZenHeader(headerFor(own, server, Kind::kDeltaPush, index.size(), 0), out.data());
+  std::byte* p = out.data() + kZenHeaderBytes;
+  if (!value.empty()) std::memcpy(p, value.data(), 4 * value.size());
+  writeGaps(p + 4 * value.size(), index);
+  return bytes;
+}
+
+std::vector<std::byte> encodeDeltaPush(const Ownership& own, uint32_t server,
+                                       std::span<const uint32_t> index,
+                                       std::span<const float> value) {
+  std::vector<std::byte> out(deltaPushBytes(index));
+  writePush(own, server, index, value, PushForm::kDelta, out);
+  return out;
+}
+
 uint32_t CooView::indexAt(size_t i) const { return load<uint32_t>(index + 4 * i); }
 float CooView::valueAt(size_t i) const { return load<float>(value + 4 * i); }
 
@@ -188,6 +254,19 @@ CooView parseCoo(std::span<const std::byte> payload) {
                   "expected a sparse COO push, got a {}", kindName(v.header.kind));
   v.index = payload.data() + kZenHeaderBytes;
   v.value = v.index + 4 * v.header.count;
+  return v;
+}
+
+float DeltaView::valueAt(size_t i) const { return load<float>(value + 4 * i); }
+
+DeltaView parseDeltaPush(std::span<const std::byte> payload) {
+  DeltaView v;
+  v.header = parseZenHeader(payload);
+  CORTADO_ENFORCE(v.header.kind == Kind::kDeltaPush, ErrorCode::kProtocol,
+                  "expected a sparse delta-coded push, got a {}", kindName(v.header.kind));
+  v.value = payload.data() + kZenHeaderBytes;
+  v.gaps = reinterpret_cast<const uint8_t*>(v.value + 4 * v.header.count);
+  v.end = reinterpret_cast<const uint8_t*>(payload.data() + payload.size());
   return v;
 }
 
@@ -232,10 +311,7 @@ std::vector<std::byte> encodeIndexList(const Ownership& own, uint32_t server, ui
   writeZenHeader(headerFor(own, server, Kind::kIndexList, values.size(), listSize), out.data());
   std::byte* p = out.data() + kZenHeaderBytes;
   if (!values.empty()) std::memcpy(p, values.data(), 4 * values.size());
-  p += 4 * values.size();
-  for (size_t i = 0; i < indices.size(); ++i) {
-    p = writeVarint(p, i == 0 ? indices[0] : indices[i] - indices[i - 1] - 1);
-  }
+  writeGaps(p + 4 * values.size(), indices);
   return out;
 }
 

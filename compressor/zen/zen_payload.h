@@ -1,5 +1,7 @@
-// Zen's two payloads (specs/zen.md §3, §7.5): a worker's push to server p
-// is a COO list of the (index, value) pairs that p owns; p's answer to a
+// Zen's payloads (specs/zen.md §3, §7.5): a worker's push to server p
+// lists the (index, value) pairs that p owns, as COO (u32 indices) or, where
+// that is fewer bytes and the pairs are given ascending, delta-coded (the
+// indices as LEB128 varint gaps, the index list's coding below); p's answer to a
 // pull is a hash bitmap, one bit per index of I_p (ascending, zen_hash.h)
 // set where the round's sum is non-zero, then those non-zero values in I_p
 // order. The bitmap costs |G| / 8 bytes over all servers whatever their
@@ -11,20 +13,21 @@
 // whichever form is fewer bytes for that answer; the kind byte says which
 // (decodeAnswer reads both).
 //
-// All three start with the same 48-byte little-endian header:
+// All four start with the same 48-byte little-endian header:
 //
 //   off size field
 //     0    4 magic "ZENS"
 //     4    1 version (kZenVersion)
-//     5    1 kind: 1 = COO push, 2 = bitmap answer, 3 = index-list answer
+//     5    1 kind: 1 = COO push, 2 = bitmap answer, 3 = index-list answer,
+//                4 = delta-coded push
 //     6    1 dtype: float32 (the only one for now)
 //     7    1 reserved, zero
 //     8    8 numel |G| of the dense tensor (<= kMaxElements)
 //    16    4 servers n
 //    20    4 server p (< n)
 //    24    8 seed of the ownership hash h0
-//    32    8 count: pairs (COO) or non-zeros (answers)
-//    40    8 list size |I_p| (answers); zero for COO
+//    32    8 count: pairs (pushes) or non-zeros (answers)
+//    40    8 list size |I_p| (answers); zero for pushes
 //
 //   COO body:    count x u32 index, then count x f32 value
 //   bitmap body: ceil(|I_p| / 8) bytes of bits, LSB first (bits past |I_p|
@@ -35,6 +38,10 @@
 //                the first is the index i_0 of the first non-zero, each
 //                next one i_k - i_(k-1) - 1; every index < |G| and owned by
 //                server p, count <= |I_p|
+//   delta-coded push body: count x f32 value, then count varints coded as
+//                the index list's (so the indices strictly ascend: none is
+//                listed twice); every index < |G| (ownership and the
+//                varints' form are checked by ServerSum::add)
 //
 // Every parse checks the whole payload before anything is written and never
 // reads past its end; what is wrong is thrown as Error(kProtocol), which the
@@ -56,7 +63,7 @@ inline constexpr uint32_t kZenMagic = 0x534e455au;  // "ZENS" in memory order
 inline constexpr uint8_t kZenVersion = 1;
 inline constexpr size_t kZenHeaderBytes = 48;
 
-enum class Kind : uint8_t { kCoo = 1, kBitmap = 2, kIndexList = 3 };
+enum class Kind : uint8_t { kCoo = 1, kBitmap = 2, kIndexList = 3, kDeltaPush = 4 };
 
 struct ZenHeader {
   Kind kind = Kind::kCoo;
@@ -74,8 +81,18 @@ struct ZenHeader {
 size_t cooBytes(uint64_t pairs);
 size_t bitmapBytes(uint64_t listSize, uint64_t nonzeros);
 size_t indexListBytes(std::span<const uint32_t> indices);
+// Bytes of a delta-coded push of the strictly ascending `indices` (the
+// index list's size: values and varint gaps).
+size_t deltaPushBytes(std::span<const uint32_t> indices);
 // Bytes of one LEB128 varint of v (1 to 5; compressor/varint.h).
 using compressor::varintBytes;
+
+// The push of the pairs `index` to a server: delta-coded where `compact`,
+// the indices strictly ascend and that form is fewer bytes; COO otherwise.
+enum class PushForm { kCoo, kDelta };
+PushForm choosePushForm(std::span<const uint32_t> index, bool compact);
+// Bytes of the push in that form.
+size_t pushBytes(std::span<const uint32_t> index, PushForm form);
 
 // Parses and checks what the header alone can tell (size, magic, version,
 // kind, dtype, reserved, numel, server < servers, body size exact for the
@@ -93,6 +110,15 @@ size_t writeCoo(const Ownership& own, uint32_t server, std::span<const uint32_t>
 std::vector<std::byte> encodeCoo(const Ownership& own, uint32_t server,
                                  std::span<const uint32_t> index, std::span<const float> value);
 
+// Writes the push for server p in `form` (kDelta needs strictly ascending
+// indices: kInvalidArgument otherwise); out must hold pushBytes(index,
+// form). Returns the bytes written.
+size_t writePush(const Ownership& own, uint32_t server, std::span<const uint32_t> index,
+                 std::span<const float> value, PushForm form, std::span<std::byte> out);
+std::vector<std::byte> encodeDeltaPush(const Ownership& own, uint32_t server,
+                                       std::span<const uint32_t> index,
+                                       std::span<const float> value);
+
 // A parsed COO push: views into the payload. Indices are unchecked here;
 // ServerSum::add checks range, ownership and duplicates.
 struct CooView {
@@ -103,6 +129,19 @@ struct CooView {
   float valueAt(size_t i) const;
 };
 CooView parseCoo(std::span<const std::byte> payload);
+
+// A parsed delta-coded push: the values, and the varint gaps from `gaps` to
+// `end` (the payload's end), unchecked here (ServerSum::add decodes them
+// with compressor::readVarint, which refuses a truncated, overlong or too
+// long varint, and checks range and ownership and that none is left over).
+struct DeltaView {
+  ZenHeader header;
+  const std::byte* value = nullptr;  // count x f32, little-endian, unaligned
+  const uint8_t* gaps = nullptr;
+  const uint8_t* end = nullptr;
+  float valueAt(size_t i) const;
+};
+DeltaView parseDeltaPush(std::span<const std::byte> payload);
 
 // Writes the bitmap answer of server p: list = I_p, present[t] says whether
 // position t is non-zero, values are those non-zeros in order.

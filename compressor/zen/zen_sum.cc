@@ -29,6 +29,10 @@ uint32_t ServerSum::position(uint32_t idx) const {
 }
 
 void ServerSum::add(std::span<const std::byte> payload) {
+  if (parseZenHeader(payload).kind == Kind::kDeltaPush) {
+    addDelta(parseDeltaPush(payload));
+    return;
+  }
   const CooView v = parseCoo(payload);
   expectPartition(v.header, own_, server_);
   const uint64_t n = v.header.count;
@@ -101,6 +105,53 @@ void ServerSum::add(std::span<const std::byte> payload) {
     if (marking)
       std::sort(pending_.begin() + ptrdiff_t(start), pending_.end(),
                 [](const auto& a, const auto& b) { return a.first < b.first; });
+    runEnds_.push_back(pending_.size());
+  }
+}
+
+void ServerSum::addDelta(const DeltaView& v) {
+  expectPartition(v.header, own_, server_);
+  const uint64_t n = v.header.count;
+  const uint64_t numel = own_.numElements();
+  // Decoded and checked whole into pos_ (the indices) before anything is
+  // added. Each gap moves past the previous index, so the indices strictly
+  // ascend: none can repeat, and the push is a run as it is.
+  pos_.resize(n);
+  const uint8_t* p = v.gaps;
+  uint64_t next = 0;  // one past the previous index
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t gap = 0;
+    const uint8_t* after = readVarint(p, v.end, gap);
+    CORTADO_ENFORCE(after != nullptr, ErrorCode::kProtocol,
+                    "sparse delta-coded push: gap #{} (byte {} of the gaps) is truncated, longer "
+                    "than 5 bytes, overlong or past 32 bits",
+                    i, p - v.gaps);
+    p = after;
+    const uint64_t idx = next + gap;
+    CORTADO_ENFORCE(idx < numel, ErrorCode::kProtocol,
+                    "sparse delta-coded push: pair #{} has index {}, out of range for {} elements",
+                    i, idx, numel);
+    if (!(blockMask_[idx >> 6] >> (idx & 63) & 1))
+      throw Error(ErrorCode::kProtocol,
+                  fmt::format("sparse delta-coded push: pair #{} has index {}, which server {} "
+                              "does not own (its owner is server {} of {})",
+                              i, idx, server_, own_.owner(idx), own_.numServers()));
+    pos_[i] = static_cast<uint32_t>(idx);
+    next = idx + 1;
+  }
+  CORTADO_ENFORCE(p == v.end, ErrorCode::kProtocol,
+                  "sparse delta-coded push: {} bytes left over after its {} gaps", v.end - p, n);
+  const bool dense = dense_ || pending_.size() + n > list_.size() / 8;
+  pairs_ += n;
+  if (dense && !dense_) densify();
+  if (dense_) {
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint32_t t = position(pos_[i]);
+      acc_[t] += v.valueAt(i);
+      touched_[t >> 6] |= uint64_t{1} << (t & 63);
+    }
+  } else if (n > 0) {
+    for (uint64_t i = 0; i < n; ++i) pending_.emplace_back(pos_[i], v.valueAt(i));
     runEnds_.push_back(pending_.size());
   }
 }

@@ -4,8 +4,9 @@
 // delta-coded) where that is smaller (zen_payload.h).
 //
 // The sum starts sparse: each push is kept as a run of (index, value)
-// pairs in ascending index order (a push that does not ascend, as the
-// hierarchical hash's slot order does not, is sorted on arrival), and the
+// pairs in ascending index order (a delta-coded push ascends by its form; a
+// COO push that does not, as the hierarchical hash's slot order does not,
+// is sorted on arrival), and the
 // runs are merged when the round is answered. Once the round's pairs pass
 // an eighth of |I_p| a dense accumulator of |I_p| floats with a bit per
 // touched position is cheaper in time and hardly more in memory, and the
@@ -16,7 +17,9 @@
 // Every push is checked completely before anything of it is added: the
 // header against this server's partition, each index in range, owned by
 // this server, and listed once (an ascending push needs no more than the
-// order to show it). A refused push leaves the sum as it was.
+// order to show it; a delta-coded push cannot list one twice), and a
+// delta-coded push's varints complete, not overlong, none left over. A
+// refused push leaves the sum as it was.
 #pragma once
 
 #include <cstddef>
@@ -38,8 +41,9 @@ class ServerSum {
   uint32_t server() const { return server_; }
   std::span<const uint32_t> list() const { return list_; }
 
-  // Adds one worker's COO push. Throws Error(kProtocol) saying what is wrong
-  // (the caller adds the tensor and the sender), adding nothing.
+  // Adds one worker's push, COO or delta-coded. Throws Error(kProtocol)
+  // saying what is wrong (the caller adds the tensor and the sender), adding
+  // nothing.
   void add(std::span<const std::byte> payload);
 
   // The round's answer (zen_payload.h): kSmaller, the hash bitmap or the
@@ -53,6 +57,9 @@ class ServerSum {
   bool densified() const { return dense_; }
 
  private:
+  // A delta-coded push: its indices ascend by construction, so it is
+  // checked for range, ownership and its varints' form, never for repeats.
+  void addDelta(const DeltaView& v);
   void densify();
   // Sparse mode: the runs merged into one, the values of an index added.
   void mergeRuns();

@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
       ++files;
     }
   }
-  // Zen (byte 0 one past the codecs): COO pushes (ascending and not), bitmap and index-list
-  // answers, stage lists.
+  // Zen (byte 0 one past the codecs): COO pushes (ascending and not), delta-coded
+  // pushes, bitmap and index-list answers, stage lists.
   for (uint64_t n : {1, 40, 300}) {
     zen::Ownership own(n, 3, 9);
     auto list = zen::ownedIndices(own, 1);
@@ -54,16 +54,18 @@ int main(int argc, char** argv) {
     auto coo = zen::encodeCoo(own, 1, idx, val);
     // The same pairs out of order (as the hash table's slot order is).
     auto cooDown = zen::encodeCoo(own, 1, std::vector<uint32_t>(idx.rbegin(), idx.rend()), val);
+    auto delta = zen::encodeDeltaPush(own, 1, idx, val);
     sum.add(coo);
     auto bitmap = sum.answer(zen::ServerSum::Form::kBitmap);
     sum.add(coo);
     auto indexList = sum.answer(zen::ServerSum::Form::kIndexList);
     zen::CooList stage{idx, val};
     auto stageBytes = zen::encodeStageList(stage);
-    for (const auto* p : {&coo, &cooDown, &bitmap, &indexList, &stageBytes}) {
+    for (const auto* p : {&coo, &cooDown, &delta, &bitmap, &indexList, &stageBytes}) {
       std::ofstream f(std::string(argv[1]) + "/seed_zen_" + std::to_string(n) +
                           (p == &coo         ? "_coo"
                            : p == &cooDown   ? "_coo_down"
+                           : p == &delta     ? "_delta"
                            : p == &bitmap    ? "_bitmap"
                            : p == &indexList ? "_indexlist"
                                              : "_stage"),

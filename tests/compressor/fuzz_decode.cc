@@ -1,6 +1,6 @@
 // libFuzzer target: arbitrary bytes as a payload for every decoder entry
 // point. Input: byte 0 picks the codec (fuzz_specs.h) or, one past the
-// codecs, Zen's sparse payloads (a server's COO push check and sum, a
+// codecs, Zen's sparse payloads (a server's COO or delta-coded push check and sum, a
 // worker's answer decode, a centralization stage's list; compressor/zen/),
 // or, two past, the compact wire form of top-k and DGC payloads
 // (compressor/compact.h: a payload and a run of them expanded, compacted);

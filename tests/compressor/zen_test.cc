@@ -65,22 +65,39 @@ Pairs drawPairs(uint64_t n, double density, double skew, uint64_t seed) {
   return p;
 }
 
-// One round of Zen over W workers and S servers in memory: placement, COO
-// pushes, servers' sums, answers decoded into each worker's output.
-// Returns worker 0's output and checks that every worker decodes the same.
+// One round of Zen over W workers and S servers in memory: placement,
+// pushes (COO, or with `compact` delta-coded where smaller, as the worker
+// engine sends them), servers' sums, answers decoded into each worker's
+// output. Returns worker 0's output and checks that every worker decodes
+// the same.
 std::vector<float> zenRound(const Ownership& own, const std::vector<Pairs>& in,
                             std::vector<ServerSum>& servers, ThreadPool* pool = nullptr,
-                            ServerSum::Form form = ServerSum::Form::kSmaller) {
+                            ServerSum::Form form = ServerSum::Form::kSmaller,
+                            bool compact = false) {
   const uint32_t S = own.numServers();
   for (size_t w = 0; w < in.size(); ++w) {
     PlacementOptions po;
     po.probeSeed = 1000 + w;                // level-2 hashes may differ between workers
     po.directWhenAscending = (w % 2) == 0;  // odd workers through the table
+    po.ascendingLists = compact;
     HierarchicalHash hh(own, po);
     Partitioned parts;
     hh.place(in[w].index, in[w].value, parts, pool);
-    for (uint32_t p = 0; p < S; ++p)
-      servers[p].add(encodeCoo(own, p, parts.indices[p], parts.values[p]));
+    for (uint32_t p = 0; p < S; ++p) {
+      const auto& idx = parts.indices[p];
+      const PushForm form = choosePushForm(idx, compact);
+      if (compact) {
+        EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end())) << "worker " << w << " server " << p;
+        // The delta form wherever it is the smaller (it always is here:
+        // no gap of 2^28 or more).
+        EXPECT_EQ(form, PushForm::kDelta);
+      } else {
+        EXPECT_EQ(form, PushForm::kCoo);
+      }
+      std::vector<std::byte> push(pushBytes(idx, form));
+      EXPECT_EQ(writePush(own, p, idx, parts.values[p], form, push), push.size());
+      servers[p].add(push);
+    }
   }
   IndexLists lists(own);
   std::vector<float> out(own.numElements(), 0.0f);
@@ -235,6 +252,64 @@ TEST(ZenPlacement, AscendingInputSplitsAsTheTableDoes) {
   EXPECT_EQ(a.pairs(), in.index.size());
 }
 
+// The table's lists read out ascending (for delta-coded pushes) hold what
+// the direct path's hold, under forced collisions (overflow and spill) too.
+TEST(ZenPlacement, AscendingListsFromTheTable) {
+  const uint64_t n = 100000;
+  Ownership own(n, 5, 21);
+  Pairs in = drawPairs(n, 0.05, 1.0, 34);
+  HierarchicalHash direct(own);
+  Partitioned want;
+  direct.place(in.index, in.value, want);
+  // Out of order, with every pair twice (duplicates add up).
+  Pairs shuffled = in;
+  std::mt19937 rng(5);
+  std::vector<size_t> order(in.index.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (size_t k = 0; k < order.size(); ++k) {
+    shuffled.index[k] = in.index[order[k]];
+    shuffled.value[k] = in.value[order[k]];
+  }
+  shuffled.index.insert(shuffled.index.end(), in.index.begin(), in.index.end());
+  shuffled.value.insert(shuffled.value.end(), in.value.begin(), in.value.end());
+  for (double slots : {2.0, 0.05}) {
+    PlacementOptions po;
+    po.ascendingLists = true;
+    po.slotFactor = slots;
+    HierarchicalHash table(own, po);
+    Partitioned got;
+    table.place(shuffled.index, shuffled.value, got);
+    EXPECT_FALSE(got.direct);
+    if (slots < 1) EXPECT_GT(got.spilled, 0u);
+    for (uint32_t p = 0; p < 5; ++p) {
+      EXPECT_EQ(got.indices[p], want.indices[p]) << "server " << p << ", slot factor " << slots;
+      std::vector<float> twice(want.values[p]);
+      for (float& v : twice) v *= 2;
+      EXPECT_EQ(got.values[p], twice) << "server " << p;
+    }
+  }
+}
+
+TEST(ZenPlacement, RadixSortMatchesASort) {
+  std::mt19937_64 rng(3);
+  for (uint64_t numel : {1ull, 200ull, 5000ull, 3000000ull, 0xffffffffull}) {
+    for (size_t count : {0ul, 1ul, 255ul, 256ul, 5000ul}) {
+      if (count > numel) continue;
+      std::set<uint32_t> pick;
+      while (pick.size() < count) pick.insert(uint32_t(rng() % numel));
+      std::vector<uint32_t> idx(pick.begin(), pick.end());
+      std::shuffle(idx.begin(), idx.end(), rng);
+      std::vector<float> val;
+      for (uint32_t i : idx) val.push_back(float(i % 1000) - 500.0f);
+      std::vector<uint64_t> a, b;
+      sortPairsByIndex(idx, val, numel, a, b);
+      EXPECT_EQ(idx, std::vector<uint32_t>(pick.begin(), pick.end())) << numel << " " << count;
+      for (size_t i = 0; i < idx.size(); ++i) ASSERT_EQ(val[i], float(idx[i] % 1000) - 500.0f);
+    }
+  }
+}
+
 TEST(ZenPlacement, BadInputPlacesNothing) {
   Ownership own(100, 2, 1);
   HierarchicalHash hh(own);
@@ -292,8 +367,10 @@ TEST_P(ZenSums, MatchTheDenseSum) {
   // form, round 1 as bitmaps and round 2 as index lists whatever the density.
   const ServerSum::Form forms[] = {ServerSum::Form::kSmaller, ServerSum::Form::kBitmap,
                                    ServerSum::Form::kIndexList};
-  for (int round = 0; round < 3; ++round) {
-    auto got = zenRound(own, in, servers, round ? &pool : nullptr, forms[round]);
+  // Rounds 3 to 5 again with delta-coded pushes.
+  for (int round = 0; round < 6; ++round) {
+    auto got =
+        zenRound(own, in, servers, round % 3 ? &pool : nullptr, forms[round % 3], round >= 3);
     ASSERT_EQ(got, ref) << "round " << round;
   }
 }

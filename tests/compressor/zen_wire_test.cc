@@ -204,8 +204,8 @@ TEST(ZenIndexList, MalformedAnswersAreRefused) {
   expectProtocol([&] { decode(rawList(one, n, 3, {5, 0})); }, "body has");
   // An unknown kind.
   auto kind = rawList(one, n, 1, {5});
-  kind[5] = std::byte{4};
-  expectProtocol([&] { decode(kind); }, "unknown kind 4");
+  kind[5] = std::byte{5};
+  expectProtocol([&] { decode(kind); }, "unknown kind 5");
   // A COO payload (a push) where an answer belongs.
   expectProtocol([&] { decode(encodeCoo(one, 0, {}, {})); }, "expected a sparse answer");
   // An index that another server owns; another server's answer.
@@ -389,6 +389,162 @@ TEST(ZenAssemble, RefusesWhatWasNotChecked) {
   EXPECT_EQ(out[0], 5.0f);
   EXPECT_EQ(out[n + 1], 5.0f);
   EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), int64_t(n - 3));
+}
+
+// A delta-coded push of `count` pairs of value 1 with the raw gap bytes
+// `gaps` (well formed or not) for server `server`.
+std::vector<std::byte> rawDelta(const Ownership& own, uint64_t count, std::vector<uint8_t> gaps,
+                                uint32_t server) {
+  auto p = encodeDeltaPush(own, server, {}, {});
+  std::memcpy(p.data() + 32, &count, 8);
+  for (uint64_t i = 0; i < count; ++i) {
+    const float one = 1.0f;
+    const auto* b = reinterpret_cast<const std::byte*>(&one);
+    p.insert(p.end(), b, b + 4);
+  }
+  for (uint8_t g : gaps) p.push_back(std::byte{g});
+  return p;
+}
+
+// The delta-coded push's layout and size, and when a worker sends it: only
+// where asked, the indices strictly ascend and it is smaller than COO.
+TEST(ZenDeltaPush, BytesAndForm) {
+  const uint64_t n = 1ull << 31;
+  Ownership one(n, 1, 5);
+  // Gaps of 1, 2, 3 and 4 bytes: 0, 200 - 0 - 1, ...
+  std::vector<uint32_t> idx{0, 200, 200 + 20000, 200 + 20000 + 3000000};
+  std::vector<float> val{1, -2, 3, -4};
+  const size_t want = kZenHeaderBytes + 4 * 4 + (1 + 2 + 3 + 4);
+  EXPECT_EQ(deltaPushBytes(idx), want);
+  EXPECT_EQ(pushBytes(idx, PushForm::kDelta), want);
+  EXPECT_EQ(pushBytes(idx, PushForm::kCoo), cooBytes(4));
+  EXPECT_EQ(cooBytes(4), kZenHeaderBytes + 32);
+  EXPECT_EQ(choosePushForm(idx, true), PushForm::kDelta);
+  EXPECT_EQ(choosePushForm(idx, false), PushForm::kCoo);
+  auto p = encodeDeltaPush(one, 0, idx, val);
+  ASSERT_EQ(p.size(), want);
+  EXPECT_EQ(p[5], std::byte{4});  // kind
+  const DeltaView v = parseDeltaPush(p);
+  EXPECT_EQ(v.header.count, 4u);
+  EXPECT_EQ(v.header.listSize, 0u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(v.valueAt(i), val[i]);
+  const std::vector<uint8_t> gaps(v.gaps, v.end);
+  // Gaps 0, 199, 19999, 2999999 as LEB128.
+  EXPECT_EQ(gaps,
+            (std::vector<uint8_t>{0x00, 0xc7, 0x01, 0x9f, 0x9c, 0x01, 0xbf, 0x8d, 0xb7, 0x01}));
+  // Not ascending, or repeating: COO, and writing it delta-coded is refused.
+  std::vector<uint32_t> down{200, 0}, twice{5, 5};
+  EXPECT_EQ(choosePushForm(down, true), PushForm::kCoo);
+  EXPECT_EQ(choosePushForm(twice, true), PushForm::kCoo);
+  std::vector<std::byte> buf(100);
+  EXPECT_THROW(writePush(one, 0, down, {val.data(), 2}, PushForm::kDelta, buf), Error);
+  EXPECT_THROW(writePush(one, 0, twice, {val.data(), 2}, PushForm::kDelta, buf), Error);
+  // Gaps of 2^28 or more take 5 bytes, more than an index: COO is smaller.
+  std::vector<uint32_t> far{1u << 28, (1u << 29) + 1, (1u << 30) + 2};
+  EXPECT_GT(deltaPushBytes(far), cooBytes(3));
+  EXPECT_EQ(choosePushForm(far, true), PushForm::kCoo);
+  // Empty: the header alone either way (COO, the plain form, on a tie).
+  EXPECT_EQ(choosePushForm({}, true), PushForm::kCoo);
+  EXPECT_EQ(deltaPushBytes({}), kZenHeaderBytes);
+  // The server reads it: one server owning everything sums it as given.
+  const Ownership small(1u << 16, 1, 5);
+  ServerSum s(small, 0);
+  s.add(encodeDeltaPush(small, 0, std::vector<uint32_t>{0, 200, 20200}, {val.data(), 3}));
+  s.add(encodeCoo(small, 0, std::vector<uint32_t>{20200, 7}, std::vector<float>{10, 1}));
+  std::map<uint32_t, float> got = decoded(s.answer(), small, 0, s.list());
+  EXPECT_EQ(got, (std::map<uint32_t, float>{{0, 1}, {7, 1}, {200, -2}, {20200, 13}}));
+}
+
+// Malformed delta-coded pushes: refused with what is wrong, nothing added,
+// never read past the end. (A repeat cannot be written: each gap moves past
+// the previous index.)
+TEST(ZenDeltaPush, MalformedPushesAreRefusedAndLeaveTheSum) {
+  const uint64_t n = 5000;
+  Ownership own(n, 3, 8);
+  ServerSum s(own, 2);
+  auto list = s.list();
+  ASSERT_GT(list.size(), 10u);
+  std::vector<uint32_t> good{list[0], list[5], list[9]};
+  std::vector<float> vals{1, 2, 3};
+  s.add(encodeDeltaPush(own, 2, good, vals));
+  // Indices of the push {list[1], bad} as a gap list.
+  auto withIndex = [&](uint32_t bad) {
+    std::vector<uint8_t> gaps;
+    auto put = [&](uint32_t v) {
+      std::byte b[5];
+      const std::byte* e = writeVarint(b, v);
+      for (const std::byte* q = b; q != e; ++q) gaps.push_back(uint8_t(*q));
+    };
+    put(list[1]);
+    put(bad - list[1] - 1);
+    return rawDelta(own, 2, gaps, 2);
+  };
+  uint32_t notMine = list[1] + 1;
+  while (own.owner(notMine) == 2) ++notMine;
+  expectProtocol([&] { s.add(withIndex(uint32_t(n))); }, "index 5000, out of range");
+  expectProtocol([&] { s.add(withIndex(notMine)); }, "does not own");
+  // Varints: cut at the end, overlong, longer than 5 bytes, past 32 bits.
+  ASSERT_LT(list[0], 128u);  // one byte
+  expectProtocol([&] { s.add(rawDelta(own, 2, {uint8_t(list[0]), 0x85}, 2)); }, "truncated");
+  expectProtocol([&] { s.add(rawDelta(own, 1, {0x80, 0x00}, 2)); }, "overlong");
+  expectProtocol(
+      [&] {
+        s.add(rawDelta(own, 2, {0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0}, 2));
+      },
+      "longer than 5 bytes");
+  expectProtocol(
+      [&] {
+        s.add(rawDelta(own, 1, {0xff, 0xff, 0xff, 0xff, 0x1f}, 2));
+      },
+      "past 32 bits");
+  // A gap of 2^32 - 1 after an index: past the tensor, no wrap-around.
+  expectProtocol(
+      [&] {
+        s.add(rawDelta(own, 2, {uint8_t(list[0]), 0xff, 0xff, 0xff, 0xff, 0x0f}, 2));
+      },
+      "out of range");
+  // Trailing bytes after the last gap.
+  {
+    auto p = encodeDeltaPush(own, 2, good, vals);
+    p.push_back(std::byte{0});
+    expectProtocol([&] { s.add(p); }, "left over");
+  }
+  // The header: a list size, a count the body cannot hold, another server.
+  {
+    auto p = encodeDeltaPush(own, 2, good, vals);
+    p[40] = std::byte{1};
+    expectProtocol([&] { s.add(p); }, "list size");
+    auto q = encodeDeltaPush(own, 2, good, vals);
+    q[32] = std::byte{0xff}, q[39] = std::byte{0x7f};
+    expectProtocol([&] { s.add(q); }, "pairs for 5000 elements");
+    q = encodeDeltaPush(own, 2, good, vals);
+    q[32] = std::byte{100};
+    expectProtocol([&] { s.add(q); }, "truncated push");
+    expectProtocol([&] { s.add(encodeDeltaPush(own, 1, {}, {})); }, "expected server 2");
+    expectProtocol([&] { s.add(encodeDeltaPush(Ownership(n, 3, 9), 2, {}, {})); }, "seed");
+  }
+  // Every prefix of a good push: refused, never read past (ASan in the fuzzer).
+  const auto whole = encodeDeltaPush(own, 2, good, vals);
+  for (size_t k = 0; k < whole.size(); ++k) {
+    std::vector<std::byte> cut(whole.begin(), whole.begin() + std::ptrdiff_t(k));
+    EXPECT_THROW(s.add(cut), Error) << k;
+  }
+  // A delta-coded push is not an answer.
+  IndexLists lists(own);
+  CheckedAnswer c;
+  expectProtocol([&] { checkAnswer(whole, own, 2, lists.of(2), c); }, "expected a sparse answer");
+  // The sum is the first push's alone.
+  EXPECT_EQ(decoded(s.answer(), own, 2, list),
+            (std::map<uint32_t, float>{{list[0], 1}, {list[5], 2}, {list[9], 3}}));
+  // And the densified sum too: a push over more than an eighth of I_p.
+  std::vector<uint32_t> many(list.begin(), list.begin() + ptrdiff_t(list.size() / 4));
+  s.add(encodeDeltaPush(own, 2, many, std::vector<float>(many.size(), 1.0f)));
+  ASSERT_TRUE(s.densified());
+  expectProtocol([&] { s.add(withIndex(notMine)); }, "does not own");
+  s.add(encodeCoo(own, 2, many, std::vector<float>(many.size(), 2.0f)));
+  std::map<uint32_t, float> want;
+  for (uint32_t i : many) want[i] = 3;
+  EXPECT_EQ(decoded(s.answer(), own, 2, list), want);
 }
 
 }  // namespace

@@ -55,13 +55,21 @@ Input inputOf(uint64_t n, int r, int it, double density) {
   return in;
 }
 
-class ZenEngine : public ::testing::TestWithParam<std::pair<int, int>> {};
+struct EngineCase {
+  int workers, servers;
+  bool compact;  // WorkerOptions::compactSparse: delta-coded pushes where smaller
+};
+
+class ZenEngine : public ::testing::TestWithParam<EngineCase> {};
 
 // Pairs, dense buffers and the average, over several rounds, beside a
-// dense tensor; every worker's output equals the dense reference.
+// dense tensor; every worker's output equals the dense reference, with
+// delta-coded pushes and without.
 TEST_P(ZenEngine, SparseSumsMatchTheDenseReference) {
-  const auto [W, S] = GetParam();
-  Job job(W, S);
+  const auto [W, S, compact] = GetParam();
+  WorkerOptions wo;
+  wo.compactSparse = compact;
+  Job job(W, S, wo);
   const uint64_t n = 60000;
   std::vector<std::vector<float>> ref(4, std::vector<float>(n, 0.0f));
   for (int it = 0; it < 4; ++it)
@@ -113,10 +121,12 @@ TEST_P(ZenEngine, SparseSumsMatchTheDenseReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zen, ZenEngine,
-                         ::testing::Values(std::pair{2, 2}, std::pair{3, 4}, std::pair{4, 3}),
+                         ::testing::Values(EngineCase{2, 2, true}, EngineCase{3, 4, true},
+                                           EngineCase{4, 3, true}, EngineCase{3, 4, false}),
                          [](const auto& info) {
-                           return fmt::format("{}workers_{}servers", info.param.first,
-                                              info.param.second);
+                           return fmt::format("{}workers_{}servers_{}", info.param.workers,
+                                              info.param.servers,
+                                              info.param.compact ? "delta" : "coo");
                          });
 
 void expectInvalid(const std::function<void()>& fn, const std::vector<std::string>& words) {
@@ -238,11 +248,23 @@ TEST_F(ServerSparse, MalformedPushesAreRefusedNamingTensorAndSender) {
   };
   auto truncated = coo({list[1]});
   truncated.pop_back();
+  auto delta = [&](std::vector<uint32_t> idx) {
+    return zen::encodeDeltaPush(own_, 0, idx, std::vector<float>(idx.size(), 1.0f));
+  };
+  uint32_t notMineAbove = list[1] + 1;  // a delta-coded push ascends
+  while (own_.owner(notMineAbove) == 0) ++notMineAbove;
+  auto deltaCut = delta({list[1], list[2]});
+  deltaCut.pop_back();
+  auto deltaLong = delta({list[1]});
+  deltaLong.push_back(std::byte{0});
   std::vector<Bad> bads = {{coo({list[1], 5000}), "out of range"},
                            {coo({list[1], notMine}), "does not own"},
                            {coo({list[1], list[1]}), "listed twice"},
                            {truncated, "truncated pair list"},
-                           {zen::encodeCoo(own_, 1, {}, {}), "server 1 of 2"}};
+                           {zen::encodeCoo(own_, 1, {}, {}), "server 1 of 2"},
+                           {delta({list[1], notMineAbove}), "does not own"},
+                           {deltaCut, "delta-coded push"},
+                           {deltaLong, "left over"}};
   for (const auto& b : bads) {
     w1.send(header(Op::kPush, 0), body(b.payload));
     const std::string e = w1.nextError();
@@ -264,8 +286,9 @@ TEST_F(ServerSparse, MalformedPushesAreRefusedNamingTensorAndSender) {
     const std::string e = w1.nextError();
     EXPECT_NE(e.find("dense"), std::string::npos) << e;
   }
-  // Worker 1's good push completes the round: the refused ones added nothing.
-  w1.send(header(Op::kPush, 0), body(coo({list[3], list[4]})));
+  // Worker 1's good push (delta-coded, beside worker 0's COO) completes the
+  // round: the refused ones added nothing.
+  w1.send(header(Op::kPush, 0), body(delta({list[3], list[4]})));
   workers_[0]->send(header(Op::kPull, 0), Buffer());
   auto [h, answer] = workers_[0]->next();
   ASSERT_EQ(h.op, Op::kPullResponse);
