@@ -160,7 +160,8 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
 
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
-              + (f", compression {args.compression}" if args.backend not in ("gloo", "none") else "")
+              + (f", compression {args.compression}"
+                 if args.backend not in ("gloo", "none") else "")
               + (", plan executor" if args.backend == "cortado" and args.executor else "")
               + (f", fusion_bytes {args.fusion_bytes}" if args.fusion_bytes is not None else "")
               + (f", fusion search {args.fusion_search}" if args.fusion_search != "default" else "")
