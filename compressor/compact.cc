@@ -123,24 +123,16 @@ size_t expandSparsePayload(std::span<const std::byte> compact, std::span<std::by
   const std::byte* vals = compact.data() + kHeaderBytes;
   const auto* begin = reinterpret_cast<const uint8_t*>(vals + 4 * h.count);
   const auto* end = reinterpret_cast<const uint8_t*>(compact.data() + compact.size());
-  const uint8_t* p = begin;
-  uint64_t next = 0;  // one past the previous index
-  for (uint64_t i = 0; i < h.count; ++i) {
-    uint32_t g = 0;
-    const uint8_t* after = readVarint(p, end, g);
-    CORTADO_ENFORCE(after != nullptr, ErrorCode::kProtocol,
-                    "compact {} payload: gap #{} (byte {} of the index list) is truncated, longer "
-                    "than 5 bytes, overlong or past 32 bits",
-                    name, i, p - begin);
-    p = after;
-    next += g;
-    CORTADO_ENFORCE(next < h.numel, ErrorCode::kProtocol,
-                    "compact {} payload: index #{} is {}, out of range for {} elements", name, i,
-                    next, h.numel);
-    ++next;
-  }
-  CORTADO_ENFORCE(p == end, ErrorCode::kProtocol,
-                  "compact {} payload: {} bytes left over after its {} indices", name, end - p,
+  const GapWalk w = walkGaps(begin, end, h.count, h.numel, [](uint64_t, uint64_t) { return true; });
+  CORTADO_ENFORCE(w.stop != GapStop::kBadVarint, ErrorCode::kProtocol,
+                  "compact {} payload: gap #{} (byte {} of the index list) is truncated, longer "
+                  "than 5 bytes, overlong or past 32 bits",
+                  name, w.at, w.bytes);
+  CORTADO_ENFORCE(w.stop != GapStop::kOutOfRange, ErrorCode::kProtocol,
+                  "compact {} payload: index #{} is {}, out of range for {} elements", name, w.at,
+                  w.index, h.numel);
+  CORTADO_ENFORCE(w.stop != GapStop::kLeftOver, ErrorCode::kProtocol,
+                  "compact {} payload: {} bytes left over after its {} indices", name, w.bytes,
                   h.count);
   const size_t total = expandedBytes(h);
   CORTADO_ENFORCE(out.size() >= total, ErrorCode::kInvalidArgument,
@@ -152,8 +144,8 @@ size_t expandSparsePayload(std::span<const std::byte> compact, std::span<std::by
   writeHeader(plain, out);
   std::byte* idx = out.data() + kHeaderBytes;
   if (h.count > 0) std::memcpy(idx + 4 * h.count, vals, 4 * h.count);
-  p = begin;
-  next = 0;
+  const uint8_t* p = begin;
+  uint64_t next = 0;
   for (uint64_t i = 0; i < h.count; ++i) {
     uint32_t g = 0;
     p = readVarint(p, end, g);

@@ -1,8 +1,8 @@
 // Unsigned LEB128 varints of 32-bit values: 7 bits a byte, low bits first,
 // the high bit set on every byte but the last; 1 to 5 bytes, never overlong.
-// The gap-coded index lists use them: Zen's index-list answers
-// (zen/zen_payload.h) and the compact wire form of top-k and DGC payloads
-// (compact.h).
+// The gap-coded index lists use them: Zen's index-list answers and
+// delta-coded pushes (zen/zen_payload.h) and the compact wire form of top-k
+// and DGC payloads (compact.h).
 #pragma once
 
 #include <cstddef>
@@ -45,6 +45,46 @@ inline const uint8_t* readVarint(const uint8_t* p, const uint8_t* end, uint32_t&
     }
   }
   return nullptr;
+}
+
+// What stopped a checked walk over a gap-coded index list (walkGaps).
+enum class GapStop {
+  kNone,        // every gap read, nothing left over
+  kBadVarint,   // gap #at is truncated, longer than 5 bytes, overlong or past 32 bits
+  kOutOfRange,  // gap #at gives `index`, not below numel
+  kRefused,     // accept(at, index) said no
+  kLeftOver,    // `bytes` left after the last gap
+};
+
+struct GapWalk {
+  GapStop stop = GapStop::kNone;
+  uint64_t at = 0;     // the gap that stopped the walk
+  uint64_t index = 0;  // its index (kOutOfRange, kRefused)
+  ptrdiff_t bytes = 0;  // kBadVarint: where the gap starts in the list; kLeftOver: bytes left
+};
+
+// Reads `count` gaps (the first index, then each index minus the previous
+// minus 1) from [begin, end): every varint whole, every index below numel
+// and accepted by accept(i, index) (which may also keep it), and no byte
+// left after the last gap. Stops at the first failure and says which; never
+// reads at or past end. The callers word the errors.
+template <typename Accept>
+GapWalk walkGaps(const uint8_t* begin, const uint8_t* end, uint64_t count, uint64_t numel,
+                 Accept&& accept) {
+  const uint8_t* p = begin;
+  uint64_t next = 0;  // one past the previous index
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t gap = 0;
+    const uint8_t* after = readVarint(p, end, gap);
+    if (after == nullptr) return {GapStop::kBadVarint, i, 0, p - begin};
+    p = after;
+    const uint64_t index = next + gap;
+    if (index >= numel) return {GapStop::kOutOfRange, i, index, 0};
+    if (!accept(i, index)) return {GapStop::kRefused, i, index, 0};
+    next = index + 1;
+  }
+  if (p != end) return {GapStop::kLeftOver, count, 0, end - p};
+  return {};
 }
 
 }  // namespace cortado::compressor

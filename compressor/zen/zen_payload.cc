@@ -328,31 +328,26 @@ void checkIndexList(const ZenHeader& h, std::span<const std::byte> payload, cons
   const auto* begin =
       reinterpret_cast<const uint8_t*>(payload.data() + kZenHeaderBytes + 4 * h.count);
   const auto* end = reinterpret_cast<const uint8_t*>(payload.data() + payload.size());
-  const uint8_t* p = begin;
-  uint64_t idx = 0;  // one past the previous index
-  for (uint64_t i = 0; i < h.count; ++i) {
-    uint32_t g = 0;
-    const uint8_t* next = readVarint(p, end, g);
-    CORTADO_ENFORCE(next != nullptr, ErrorCode::kProtocol,
-                    "sparse index-list answer of server {}: gap #{} (byte {} of the list) is "
-                    "truncated, longer than 5 bytes, overlong or past 32 bits",
-                    server, i, p - begin);
-    p = next;
-    idx += g;
-    CORTADO_ENFORCE(idx < h.numel, ErrorCode::kProtocol,
-                    "sparse index-list answer of server {}: non-zero #{} has index {}, past the "
-                    "tensor's {} elements",
-                    server, i, idx, h.numel);
-    CORTADO_ENFORCE(own.owner(idx) == server, ErrorCode::kProtocol,
-                    "sparse index-list answer of server {}: non-zero #{} has index {}, which the "
-                    "server does not own",
-                    server, i, idx);
+  const GapWalk w = walkGaps(begin, end, h.count, h.numel, [&](uint64_t i, uint64_t idx) {
+    if (own.owner(idx) != server) return false;
     if (index) index[i] = static_cast<uint32_t>(idx);
-    ++idx;
-  }
-  CORTADO_ENFORCE(p == end, ErrorCode::kProtocol,
+    return true;
+  });
+  CORTADO_ENFORCE(w.stop != GapStop::kBadVarint, ErrorCode::kProtocol,
+                  "sparse index-list answer of server {}: gap #{} (byte {} of the list) is "
+                  "truncated, longer than 5 bytes, overlong or past 32 bits",
+                  server, w.at, w.bytes);
+  CORTADO_ENFORCE(w.stop != GapStop::kOutOfRange, ErrorCode::kProtocol,
+                  "sparse index-list answer of server {}: non-zero #{} has index {}, past the "
+                  "tensor's {} elements",
+                  server, w.at, w.index, h.numel);
+  CORTADO_ENFORCE(w.stop != GapStop::kRefused, ErrorCode::kProtocol,
+                  "sparse index-list answer of server {}: non-zero #{} has index {}, which the "
+                  "server does not own",
+                  server, w.at, w.index);
+  CORTADO_ENFORCE(w.stop != GapStop::kLeftOver, ErrorCode::kProtocol,
                   "sparse index-list answer of server {}: {} bytes left over after its {} gaps",
-                  server, end - p, h.count);
+                  server, w.bytes, h.count);
 }
 
 // The bitmap answer's checks: its partition, its list size, the bit count

@@ -117,30 +117,25 @@ void ServerSum::addDelta(const DeltaView& v) {
   // added. Each gap moves past the previous index, so the indices strictly
   // ascend: none can repeat, and the push is a run as it is.
   pos_.resize(n);
-  const uint8_t* p = v.gaps;
-  uint64_t next = 0;  // one past the previous index
-  for (uint64_t i = 0; i < n; ++i) {
-    uint32_t gap = 0;
-    const uint8_t* after = readVarint(p, v.end, gap);
-    CORTADO_ENFORCE(after != nullptr, ErrorCode::kProtocol,
-                    "sparse delta-coded push: gap #{} (byte {} of the gaps) is truncated, longer "
-                    "than 5 bytes, overlong or past 32 bits",
-                    i, p - v.gaps);
-    p = after;
-    const uint64_t idx = next + gap;
-    CORTADO_ENFORCE(idx < numel, ErrorCode::kProtocol,
-                    "sparse delta-coded push: pair #{} has index {}, out of range for {} elements",
-                    i, idx, numel);
-    if (!(blockMask_[idx >> 6] >> (idx & 63) & 1))
-      throw Error(ErrorCode::kProtocol,
-                  fmt::format("sparse delta-coded push: pair #{} has index {}, which server {} "
-                              "does not own (its owner is server {} of {})",
-                              i, idx, server_, own_.owner(idx), own_.numServers()));
+  const GapWalk w = walkGaps(v.gaps, v.end, n, numel, [&](uint64_t i, uint64_t idx) {
+    if (!(blockMask_[idx >> 6] >> (idx & 63) & 1)) return false;
     pos_[i] = static_cast<uint32_t>(idx);
-    next = idx + 1;
-  }
-  CORTADO_ENFORCE(p == v.end, ErrorCode::kProtocol,
-                  "sparse delta-coded push: {} bytes left over after its {} gaps", v.end - p, n);
+    return true;
+  });
+  CORTADO_ENFORCE(w.stop != GapStop::kBadVarint, ErrorCode::kProtocol,
+                  "sparse delta-coded push: gap #{} (byte {} of the gaps) is truncated, longer "
+                  "than 5 bytes, overlong or past 32 bits",
+                  w.at, w.bytes);
+  CORTADO_ENFORCE(w.stop != GapStop::kOutOfRange, ErrorCode::kProtocol,
+                  "sparse delta-coded push: pair #{} has index {}, out of range for {} elements",
+                  w.at, w.index, numel);
+  if (w.stop == GapStop::kRefused)
+    throw Error(ErrorCode::kProtocol,
+                fmt::format("sparse delta-coded push: pair #{} has index {}, which server {} "
+                            "does not own (its owner is server {} of {})",
+                            w.at, w.index, server_, own_.owner(w.index), own_.numServers()));
+  CORTADO_ENFORCE(w.stop != GapStop::kLeftOver, ErrorCode::kProtocol,
+                  "sparse delta-coded push: {} bytes left over after its {} gaps", w.bytes, n);
   const bool dense = dense_ || pending_.size() + n > list_.size() / 8;
   pairs_ += n;
   if (dense && !dense_) densify();
