@@ -108,17 +108,22 @@ ucs_status_t dropAm(void*, const void*, size_t, void*, size_t, const ucp_am_recv
   return UCS_OK;
 }
 
+// Sets `cb` (with `arg`) as the handler of active message `id` on
+// `worker`, receiving whole messages.
+ucs_status_t setAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  hp.id = id;
+  hp.cb = cb;
+  hp.arg = arg;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  return ucp_worker_set_am_recv_handler(worker, &hp);
+}
+
 void dropActiveMessages(ucp_worker_h worker) {
-  for (unsigned id : {kAmData, kAmHello, kAmBye, kAmWelcome}) {
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    hp.id = id;
-    hp.cb = &dropAm;
-    hp.arg = nullptr;
-    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-    ucp_worker_set_am_recv_handler(worker, &hp);
-  }
+  for (unsigned id : {kAmData, kAmHello, kAmBye, kAmWelcome})
+    setAmHandler(worker, id, &dropAm, nullptr);
 }
 
 // How a parked worker is let go: its pending work (connection requests,
@@ -415,14 +420,7 @@ Status UcxTransport::init() {
                         {kAmHello, &onHello},
                         {kAmBye, &onBye},
                         {kAmWelcome, &onWelcome}}) {
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    hp.id = id;
-    hp.cb = cb;
-    hp.arg = this;
-    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-    s = ucp_worker_set_am_recv_handler(worker_, &hp);
+    s = setAmHandler(worker_, id, cb, this);
     if (s != UCS_OK) return fail("ucp_worker_set_am_recv_handler", s);
   }
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -488,14 +486,7 @@ Status UcxTransport::initDirect() {
   if (s != UCS_OK) return fail(fmt::format("{} (direct)", step).c_str(), s);
   s = ucp_worker_get_efd(directWorker_, &directWorkerFd_);
   if (s != UCS_OK) return fail("ucp_worker_get_efd (direct)", s);
-  ucp_am_handler_param_t hp{};
-  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-  hp.id = kAmData;
-  hp.cb = &onAmDirect;
-  hp.arg = this;
-  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-  s = ucp_worker_set_am_recv_handler(directWorker_, &hp);
+  s = setAmHandler(directWorker_, kAmData, &onAmDirect, this);
   if (s != UCS_OK) return fail("ucp_worker_set_am_recv_handler (direct)", s);
   ucp_address_t* address = nullptr;
   size_t addressLength = 0;
