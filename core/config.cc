@@ -59,6 +59,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "plan executor: where its buffers live and its codecs run: `host` (host memory, the CPU "
        "codecs, MPI) or `cuda` (CUDA buffers, the CUDA codecs, NCCL; a build with CUDA and NCCL;"
        " docs/executor.md, \"Devices\")"},
+      {"CORTADO_EXECUTOR_MPI", "", "1",
+       "Python binding: under mpirun (`cortado launch --mpi`) the plan executor takes MPI's "
+       "collective groups, so plans may use collectives; `0`: push/pull plans only "
+       "(docs/python.md)"},
       {"CORTADO_TRACE_DIR", "", "(none: no tracing)",
        "every worker and server writes a Chrome trace of its stages here at the end of the job "
        "(`cortado launch --trace DIR`; docs/tracing.md)"},

@@ -157,8 +157,8 @@ void Executor::checkPlan(const plan::Plan& p) const {
                       ErrorCode::kInvalidArgument,
                       "plan for tensor '{}', step {} ({}): this worker runs without MPI, so it "
                       "has no collectives beyond push/pull; start the workers under mpirun "
-                      "(cortado launch --hosts ...) or use a plan without flat and "
-                      "inter-machine collective steps",
+                      "(`cortado launch --mpi`, with --hosts for several machines) or use a "
+                      "plan without flat and inter-machine collective steps",
                       name, i, describeStep(s));
     }
     CORTADO_ENFORCE(!option.zen() || tensors_.at(name)->n <= compressor::zen::kMaxElements,

@@ -120,6 +120,20 @@ def test_optimizer_through_the_plan_executor(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+@pytest.mark.skipif(not cortado._C.built_with_mpi, reason="this build has no MPI")
+def test_executor_under_mpirun_runs_collective_plans(run_job):
+    # `cortado launch --mpi`: the Python workers' executor has MPI's groups,
+    # 2 emulated machines of 2 workers; flat and hierarchical collectives,
+    # push/pull between the machines and fp16 allgathers, exact against a
+    # plain sum while each worker's thread cuts its batches differently;
+    # DistributedOptimizer with such a plan against one process; tensors
+    # submitted in different orders refused naming both.
+    job = run_job(4, 2, "executor_mpi_check.py", timeout=300, launch_args=("--mpi",),
+                  env={"CORTADO_FAKE_HOST_SIZE": "2"})
+    results = assert_all_ok(job, 4)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
 # The parameters of executor_check.py's model (optimizer_check.make_model).
 MODEL_PARAMS = [f"{layer}.{kind}" for layer in (0, 2, 5, 7) for kind in ("weight", "bias")]
 

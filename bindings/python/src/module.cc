@@ -47,6 +47,9 @@
 #include "core/worker.h"
 #include "compressor/registry.h"
 #include "cortado/config.h"
+#if CORTADO_MPI
+#include "core/collective/mpi/factory.h"
+#endif
 #include "scheduler/planner/gravac_plan.h"
 #include "scheduler/planner/report.h"
 
@@ -348,6 +351,9 @@ class Runtime {
       for (auto& [id, stop] : hooks) stop(false);
       worker_->shutdown(d);
       worker_.reset();
+#if CORTADO_MPI
+      mpi_.reset();  // MPI_Finalize, after the executors' groups went (their hooks)
+#endif
     }
     inflight_.clear();
   }
@@ -360,9 +366,24 @@ class Runtime {
       py::gil_scoped_release nogil;
       for (auto& [id, stop] : hooks) stop(true);
       worker_.reset();
+#if CORTADO_MPI
+      // No MPI_Finalize on an abrupt end: it may wait for a peer that died;
+      // mpirun ends the job's ranks when this process exits.
+      (void)mpi_.release();
+#endif
     }
     inflight_.clear();
   }
+
+#if CORTADO_MPI
+  // MPI in this process, initialized on first use (the plan executor's
+  // collective groups) and finalized by shutdown().
+  collective::mpi::Runtime& mpi() {
+    worker();  // not after shutdown: MPI cannot be initialized again
+    if (!mpi_) mpi_ = std::make_unique<collective::mpi::Runtime>();
+    return *mpi_;
+  }
+#endif
 
   // What must stop before the worker goes (an executor's thread): run by
   // shutdown() (argument false: let the submitted work finish) and close()
@@ -435,28 +456,86 @@ class Runtime {
   uint64_t lastHook_ = 0;
   JobConfig job_;
   MallocTuning malloc_;
+#if CORTADO_MPI
+  std::unique_ptr<collective::mpi::Runtime> mpi_;
+#endif
   int localRank_ = 0;
   int localSize_ = 1;
 };
 
 // The plan executor (core/executor/executor.h) over a Runtime's worker: each tensor
 // runs its plan option (BytePS's default, a CORTADO_PLAN file, a plan set
-// from Python, or the scheduler's plans with online re-planning). Python
-// workers run without MPI groups: every worker is its machine's only worker,
-// so plans use push/pull through the servers (with or without compression);
-// plans with flat or inter-machine collectives are refused naming the
-// tensor. run() is synchronous and releases the GIL while it runs.
+// from Python, or the scheduler's plans with online re-planning). Workers
+// started under mpirun (`cortado launch --mpi`) get MPI's collective groups
+// (makeGroups), so every option of the planner's tree runs: flat and
+// hierarchical collectives, push/pull with the intra-machine steps around
+// it. Without mpirun every worker is its machine's only worker and plans use
+// push/pull through the servers (with or without compression); plans with
+// collectives are refused naming the tensor. run() is synchronous and
+// releases the GIL while it runs.
 class PyExecutor {
  public:
   explicit PyExecutor(Runtime& rt)
-      : rt_(rt), job_(readJobConfig(false)),
-        ex_(std::make_unique<executor::Executor>(rt.worker(), nullptr, nullptr, job_.planFile)) {
+      : rt_(rt), job_(readJobConfig(false)), groups_(makeGroups(rt, job_)),
+        ex_(std::make_unique<executor::Executor>(rt.worker(), groups_.get(), nullptr,
+                                                 job_.planFile)) {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
     ex_->setCompactSparse(job_.compactSparse);  // CORTADO_COMPACT_SPARSE
     // cortado.shutdown() (or an abrupt close) stops the thread before the
     // worker it runs on goes.
-    hook_ = rt_.addCloseHook([this](bool abort) { stopThread(abort); });
+    hook_ = rt_.addCloseHook([this](bool abort) {
+      stopThread(abort);
+      if (groups_) {
+        // The groups' communicators go before MPI is finalized (shutdown()).
+        std::lock_guard<std::mutex> lk(exMu_);
+        ex_.reset();
+        groups_.reset();
+      }
+    });
+  }
+
+  // The collective groups of a worker started under mpirun (`cortado
+  // launch --mpi`): MPI's world of the job's workers, split into machines
+  // by the host they run on (CORTADO_FAKE_HOST_SIZE emulates machines on one
+  // host). Null without mpirun, with CORTADO_EXECUTOR_MPI=0, or in a build
+  // without MPI: push/pull plans only. Collective over the workers.
+  static std::unique_ptr<collective::Groups> makeGroups(Runtime& rt, const JobConfig& job) {
+    const bool underMpirun = getEnvInt({"OMPI_COMM_WORLD_SIZE"}).has_value();
+    if (!underMpirun || getEnvBool({"CORTADO_EXECUTOR_MPI"}).value_or(true) == false)
+      return nullptr;
+#if CORTADO_MPI
+    collective::mpi::Runtime& mpi = rt.mpi();
+    CORTADO_ENFORCE(mpi.worldSize() == rt.size() && mpi.worldRank() == rt.rank(),
+                    ErrorCode::kInvalidArgument,
+                    "the plan executor's MPI world (rank {} of {}) is not the job's workers "
+                    "(worker {} of {}): start the workers alone under one mpirun (`cortado "
+                    "launch --mpi`), or set CORTADO_EXECUTOR_MPI=0 for push/pull plans only",
+                    mpi.worldRank(), mpi.worldSize(), rt.rank(), rt.size());
+    py::gil_scoped_release nogil;
+    return std::make_unique<collective::Groups>(collective::mpi::createGroups(
+        mpi, collective::mpi::Options::fromEnv(), Deadline::after(job.connectTimeout)));
+#else
+    (void)rt;
+    (void)job;
+    CORTADO_LOG_WARN("the plan executor runs push/pull plans only: this build has no MPI "
+                     "(configure with -DCORTADO_WITH_MPI=ON where OpenMPI is installed)");
+    return nullptr;
+#endif
+  }
+
+  // Whether this executor has collective groups, and where this worker is.
+  bool collectives() const { return groups_ != nullptr; }
+  py::dict topology() {
+    const collective::Topology& t = ex().topology();
+    py::dict d;
+    d["rank"] = t.rank;
+    d["size"] = t.size;
+    d["machine"] = t.machine;
+    d["machines"] = t.numMachines;
+    d["local_rank"] = t.localRank;
+    d["local_size"] = t.localSize;
+    return d;
   }
 
   // The submitted runs finish first (within their deadlines).
@@ -694,7 +773,7 @@ class PyExecutor {
  private:
   // Without the worker (after cortado shut down) nothing may touch it.
   executor::Executor& ex() {
-    CORTADO_ENFORCE(!rt_.closed(), ErrorCode::kClosed,
+    CORTADO_ENFORCE(!rt_.closed() && ex_, ErrorCode::kClosed,
                     "the plan executor's worker was shut down: make a new Executor after "
                     "cortado.init() in a new process");
     return *ex_;
@@ -804,6 +883,8 @@ class PyExecutor {
       std::deque<Queued> take = std::exchange(held_, {});
       for (Queued& q : queue_) take.push_back(std::move(q));
       queue_.clear();
+      bool draining = draining_ > 0;
+      if (groups_ && error_.ok() && !agreeOnBatch(lk, take, draining)) continue;
       const ReduceOp op = take.front().op;
       std::vector<executor::BatchItem> batch;
       while (!take.empty() && take.front().op == op) {
@@ -812,7 +893,7 @@ class PyExecutor {
       }
       // Another reduction waits for the next batch, in order.
       for (auto it = take.rbegin(); it != take.rend(); ++it) queue_.push_front(std::move(*it));
-      if (draining_ == 0 && error_.ok()) {
+      if (!draining && error_.ok()) {
         lk.unlock();
         std::vector<executor::BatchItem> later;
         {
@@ -854,6 +935,58 @@ class PyExecutor {
     executor::BatchItem item;
     ReduceOp op;
   };
+
+  // With collective groups every worker must run the same batches, in the
+  // same order (the collectives of a batch are matched by order, and a batch
+  // fuses what it holds), but each worker's thread finds a different part of
+  // the submitted runs queued. So the workers agree first (one allgather of
+  // two int64 over the world group): the batch is the first n of `take`, n
+  // the fewest any worker holds, and it is drained as is (incomplete plan
+  // groups run as they are) when any worker is draining. The submission
+  // order is the same on every worker (the gradients' hooks fire in the
+  // same order); where it is not, the executor's call labels stop the first
+  // collective of a mismatched tensor with an error naming both (kMismatch)
+  // instead of summing one tensor into another. The rest goes back to the
+  // front of the queue. Called with qmu_ held (through `lk`, released for
+  // the allgather); false when this worker failed meanwhile (`take` is then
+  // back in the queue for the failure path).
+  bool agreeOnBatch(std::unique_lock<std::mutex>& lk, std::deque<Queued>& take, bool& draining) {
+    const int64_t mine[2] = {int64_t(take.size()), draining ? 1 : 0};
+    std::vector<int64_t> all(2 * size_t(groups_->topology.size));
+    lk.unlock();
+    Status st;
+    try {
+      std::lock_guard<std::mutex> exLk(exMu_);
+      collective::CallLabel scope(*groups_->world, "the executor's next batch");
+      groups_->world->allgather(mine, 2, all.data(), DType::kInt64,
+                                Deadline::after(job_.opTimeout));
+    } catch (const Error& e) {
+      st = Status::fromError(e);
+    } catch (const std::exception& e) {
+      st = Status(ErrorCode::kInternal, e.what());
+    }
+    lk.lock();
+    if (!st.ok()) {
+      if (error_.ok())
+        error_ = Status(st.code(), fmt::format("plan executor: the workers did not agree on the "
+                                               "next batch ({} runs from '{}'): {}",
+                                               take.size(), take.front().item.name,
+                                               st.message()));
+      for (auto it = take.rbegin(); it != take.rend(); ++it) queue_.push_front(std::move(*it));
+      return false;
+    }
+    size_t n = take.size();
+    draining = false;
+    for (size_t r = 0; r < all.size(); r += 2) {
+      n = std::min(n, size_t(all[r]));
+      draining = draining || all[r + 1] != 0;
+    }
+    while (take.size() > n) {
+      queue_.push_front(std::move(take.back()));
+      take.pop_back();
+    }
+    return true;
+  }
 
   // Moves the items of `batch` whose plan group the batch does not hold
   // whole out of it, and returns them (serve()). The plan is set first (the
@@ -908,6 +1041,7 @@ class PyExecutor {
 
   Runtime& rt_;
   JobConfig job_;
+  std::unique_ptr<collective::Groups> groups_;  // MPI's, under mpirun (makeGroups); before ex_
   std::unique_ptr<executor::Executor> ex_;
   std::mutex exMu_;  // one executor call at a time (the executor is not thread-safe)
   std::mutex qmu_;   // the queue and what goes with it
@@ -1042,7 +1176,15 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<PyExecutor>(m, "Executor")
       .def(py::init<Runtime&>(), py::arg("runtime"), py::keep_alive<1, 2>(),
-           "The plan executor over this runtime's worker (push/pull plans: no MPI groups).")
+           "The plan executor over this runtime's worker: collective over the workers. Under "
+           "mpirun (`cortado launch --mpi`) it has MPI's collective groups and runs every "
+           "option; otherwise push/pull plans only.")
+      .def_property_readonly("collectives", &PyExecutor::collectives,
+                             "True when the executor has MPI's collective groups (workers "
+                             "started under mpirun): plans may use collectives")
+      .def_property_readonly("topology", &PyExecutor::topology,
+                             "this worker's place: rank, size, machine, machines, local_rank, "
+                             "local_size")
       .def("declare", &PyExecutor::declare, py::arg("name"), py::arg("count"))
       .def("set_plan", &PyExecutor::setPlan, py::arg("plan_json"), py::arg("timeout") = py::none(),
            "Sets a plan (plan::Plan JSON, as `cortado plan --json` prints it) on every worker: "

@@ -277,6 +277,7 @@ def main():
         assert plan["groups"] == [[f"grad.default.{n}" for n in reversed(MODEL_PARAMS)]], plan
         assert opt.executor.group_runs == STEPS, opt.executor.group_runs
         assert opt.executor.in_place_group_runs == STEPS, opt.executor.in_place_group_runs
+        assert not opt.executor.collectives  # not under mpirun
         report.update(fused_against_unfused(rank, world, ref, got, moved))
         # Every gradient through fp16 push/pull.
         plan = plan_of([n.replace("grad.default.", "grad.fp16.", 1) for n in plan["tensors"]],
@@ -305,6 +306,15 @@ def main():
             expect_error("plan without executor", "executor=True",
                          lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
                                                          plan={"tensors": {}})),
+            # Without mpirun the executor has no collective groups.
+            expect_error("a collective plan without mpirun", "cortado launch --mpi",
+                         lambda: ct.DistributedOptimizer(
+                             opt, model.named_parameters(), name_prefix="grad.flat",
+                             executor=True,
+                             plan=plan_of([f"grad.flat.{n}" for n in MODEL_PARAMS],
+                                          {"scheme": "flat", "steps": [
+                                              {"op": "allreduce", "scope": "flat",
+                                               "compressed": False}]}))),
             expect_error("a plan that is not one", "plan must be",
                          lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
                                                          name_prefix="grad.bad", executor=True,
