@@ -44,6 +44,22 @@ import torch.nn.functional as F
 from torchvision import models
 
 
+# Plan options for --plan-option (as `cortado plan --json` writes them).
+PLAN_OPTIONS = {
+    "allreduce": {"scheme": "flat", "steps": [
+        {"op": "allreduce", "scope": "flat", "compressed": False}]},
+    "hierarchical": {"scheme": "hierarchical", "steps": [
+        {"op": "reduce_scatter", "scope": "intra", "compressed": False},
+        {"op": "allreduce", "scope": "inter", "compressed": False},
+        {"op": "allgather", "scope": "intra", "compressed": False}]},
+    "pushpull": {"scheme": "hierarchical", "steps": [
+        {"op": "reduce_scatter", "scope": "intra", "compressed": False},
+        {"op": "push", "scope": "inter", "compressed": False},
+        {"op": "pull", "scope": "inter", "compressed": False},
+        {"op": "allgather", "scope": "intra", "compressed": False}]},
+}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Synthetic benchmark (images/sec)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -73,6 +89,13 @@ def parse_args(argv=None):
                    help="cortado only: DistributedOptimizer(executor=True), every gradient "
                         "through the plan executor (CORTADO_PLAN or the default plan; float32 "
                         "CPU models, compression none)")
+    p.add_argument("--plan-option", choices=sorted(PLAN_OPTIONS), default=None,
+                   help="with --executor: every gradient on this plan option instead of the "
+                        "default plan: allreduce (a flat MPI allreduce), hierarchical (reduce-"
+                        "scatter in the machine, allreduce between machines, allgather) or "
+                        "pushpull (reduce-scatter, push/pull between machines, allgather); the "
+                        "collectives need the workers under mpirun: --compare launches them "
+                        "with --mpi")
     p.add_argument("--fusion-bytes", type=int, default=None,
                    help="cortado: DistributedOptimizer(fusion_bytes=...), the group size (0: "
                         "one gradient at a time; default: the binding's, 25 MiB with --executor, "
@@ -163,6 +186,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
               + (f", compression {args.compression}"
                  if args.backend not in ("gloo", "none") else "")
               + (", plan executor" if args.backend == "cortado" and args.executor else "")
+              + (f", every gradient {args.plan_option}" if args.plan_option else "")
               + (f", fusion_bytes {args.fusion_bytes}" if args.fusion_bytes is not None else "")
               + (f", fusion search {args.fusion_search}" if args.fusion_search != "default" else "")
               + (", cross-barrier" if args.backend == "cortado" and args.cross_barrier else "")
@@ -211,6 +235,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
             "compression": args.compression if args.backend not in ("gloo", "none") else "none",
             "executor": args.backend == "cortado" and args.executor,
+            "plan_option": args.plan_option if args.backend == "cortado" else None,
             "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
             "cross_barrier": args.backend == "cortado" and args.cross_barrier,
             "phase_ms_rank0": phase_ms,
@@ -238,6 +263,13 @@ def run_cortado(args):
             raise SystemExit("--fusion-search needs --executor")
         if args.cross_barrier:
             extra["cross_barrier"] = model
+        if args.plan_option:
+            if not args.executor:
+                raise SystemExit("--plan-option needs --executor")
+            extra["plan"] = {"format": "cortado-plan", "version": 1,
+                             "tensors": {f"grad.{n}": PLAN_OPTIONS[args.plan_option]
+                                         for n, _ in model.named_parameters()}}
+            extra.pop("fusion_bytes")  # the plan decides; the executor fuses by size
         optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),
                                             compression=compression, executor=args.executor,
                                             **extra)
@@ -364,10 +396,12 @@ def run_compare(args):
               "--device", args.device, "--seed", str(args.seed),
               "--data-batches", str(args.data_batches), "--lr", str(args.lr), "--json"]
     runs = [
-        ("cortado", [launcher, "launch", "-w", str(args.workers), "-s", str(args.servers), "--",
+        ("cortado", [launcher, "launch", "-w", str(args.workers), "-s", str(args.servers),
+                     *(["--mpi"] if args.plan_option else []), "--",
                      sys.executable, str(here), "--backend", "cortado",
                      "--compression", args.compression,
                      *(["--executor"] if args.executor else []),
+                     *(["--plan-option", args.plan_option] if args.plan_option else []),
                      *(["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None
                        else []),
                      "--fusion-search", args.fusion_search, *common]),
@@ -399,8 +433,9 @@ def run_compare(args):
           f"alternating round(s)")
     print("| backend | workers | img/sec total | img/sec per worker | all rounds (total) |")
     print("| --- | --- | --- | --- | --- |")
-    label = "Cortado (" + ("plan executor, " if c.get("executor") else "") + c["compression"] + \
-        f", {args.servers} servers)"
+    label = "Cortado (" + ("plan executor, " if c.get("executor") else "") + \
+        (f"every gradient {c['plan_option']}, " if c.get("plan_option") else "") + \
+        c["compression"] + f", {args.servers} servers)"
     for name, r, key in ((label, c, "cortado"), ("DDP + Gloo", g, "gloo")):
         every = ", ".join(f"{x['img_sec_total']:.1f}" for x in results[key])
         print(f"| {name} | {r['workers']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
