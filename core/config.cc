@@ -37,8 +37,9 @@ const std::vector<SettingInfo>& settingsTable() {
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
       {"CORTADO_COMPACT_SPARSE", "", "1",
        "top-k and DGC payloads (pushes, the servers' sparse answers, the plan executor's "
-       "collectives of payloads) and the workers' Zen pushes go on the wire with "
-       "their ascending indices as LEB128 varint gaps, about 5 bytes per kept element instead "
+       "collectives of payloads) and Zen's pushes (to the servers, and Zen over MPI's lists) go "
+       "on the wire with their ascending indices as LEB128 varint gaps, about 5 bytes per kept "
+       "element instead "
        "of 8, where that is smaller (0: always the plain form; either form is read whatever "
        "this says; docs/codecs.md, \"Compact index lists\"; docs/zen.md)"},
       {"CORTADO_PLAN", "", "(none: BytePS's default plan)",

@@ -152,19 +152,30 @@ void ZenCollective::runBalanced(const Input& in, float* out, Deadline deadline) 
     CORTADO_ENFORCE(!in.misuse, ErrorCode::kInvalidArgument, "{}", in.misuse ? in.misuse : "");
     CORTADO_ENFORCE(in.dense || in.index.size() == in.value.size(), ErrorCode::kInvalidArgument,
                     "{} indices but {} values", in.index.size(), in.value.size());
-    if (!hash_) hash_ = std::make_unique<zen::HierarchicalHash>(own_, options_.placement);
+    if (!hash_) {
+      // Delta-coded lists need each owner's indices ascending: the
+      // placement reads its table out in that order.
+      zen::PlacementOptions po = options_.placement;
+      po.ascendingLists = po.ascendingLists || options_.compact;
+      hash_ = std::make_unique<zen::HierarchicalHash>(own_, po);
+    }
     if (in.dense)
       hash_->placeDense(in.dense, parts, options_.pool);
     else
       hash_->place(in.index, in.value, parts, options_.pool);
+    std::vector<zen::PushForm> forms(size_t(n), zen::PushForm::kCoo);
     size_t total = 0;
-    for (int p = 0; p < n; ++p) total += zen::cooBytes(parts.indices[size_t(p)].size());
+    for (int p = 0; p < n; ++p) {
+      const auto& idx = parts.indices[size_t(p)];
+      forms[size_t(p)] = zen::choosePushForm(idx, options_.compact);
+      total += zen::pushBytes(idx, forms[size_t(p)]);
+    }
     send.resize(total);
     size_t at = 0;
     for (int p = 0; p < n; ++p) {
       const auto& idx = parts.indices[size_t(p)];
-      const size_t bytes = zen::writeCoo(own_, uint32_t(p), idx, parts.values[size_t(p)],
-                                         {send.data() + at, send.size() - at});
+      const size_t bytes = zen::writePush(own_, uint32_t(p), idx, parts.values[size_t(p)],
+                                          forms[size_t(p)], {send.data() + at, send.size() - at});
       sendCounts[size_t(p)] = int64_t(bytes);
       at += bytes;
     }

@@ -71,6 +71,11 @@ struct ZenCollectiveOptions {
   uint64_t seed = 0;
   compressor::zen::PlacementOptions placement;
   ThreadPool* pool = nullptr;  // for the placement; nullptr: the calling thread
+  // Balanced parallelism's lists go delta-coded (the indices ascending as
+  // varint gaps after the values; compressor/zen/zen_payload.h, kind 4)
+  // where that is fewer bytes than COO, as the workers' pushes to servers
+  // do (CORTADO_COMPACT_SPARSE); false: COO always.
+  bool compact = true;
 };
 
 class ZenCollective {

@@ -86,8 +86,8 @@ int runSparseBench(const SparseBenchOptions& o) {
         "| density/worker | density of sum | Zen ms | dense push/pull ms | allgather "
         "pairs ms | MPI_Allreduce ms | dense PP / Zen | allgather / Zen | Allreduce / "
         "Zen | Zen-MPI BP ms | Zen-MPI HC ms | measured choice | allgather / Zen-MPI BP | "
-        "allgather / Zen-MPI HC | Allreduce / Zen-MPI BP | check |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "allgather / Zen-MPI HC | Allreduce / Zen-MPI BP | Zen-MPI BP MB sent/rank | check |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
   }
   int failures = 0;
@@ -163,17 +163,21 @@ int runSparseBench(const SparseBenchOptions& o) {
     // Zen without servers over the MPI world group, each scheme forced, then
     // the one chosen from the sparsity measured in its first rounds.
     namespace zen = compressor::zen;
+    uint64_t bpSent = 0;
     auto zenMpi = [&](std::optional<zen::Scheme> scheme, const char* tag) {
       ZenCollectiveOptions zo;
       zo.scheme = scheme;
+      zo.compact = job.compactSparse;  // CORTADO_COMPACT_SPARSE, as the workers' pushes
       ZenCollective z(*groups.world, fmt::format("bench.zen.{}.{}", tag, di), n, zo);
       const double t = timed([&] {
         z.allreduce(mine.index, mine.value, out.data(), ReduceOp::kSum, late);
       });
       check(tag);
+      bpSent = z.lastRound().bytesSent;  // rank 0's pushes and answers to the others
       return std::make_pair(t, z.choice() ? z.choice()->scheme : z.nextScheme());
     };
     const double tBp = zenMpi(zen::Scheme::kBalancedParallelism, "bp").first;
+    const uint64_t bpBytes = bpSent;
     const double tHc = zenMpi(zen::Scheme::kHierarchicalCentralization, "hc").first;
     ZenCollective probe(*groups.world, fmt::format("bench.zen.choice.{}", di), n);
     for (int i = 0; i < 2; ++i)
@@ -186,11 +190,11 @@ int runSparseBench(const SparseBenchOptions& o) {
     if (rank == 0) {
       fmt::print(
           "| {:.2f}% | {:.2f}% | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | "
-          "{:.2f} | {:.1f} | {:.1f} | {} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
+          "{:.2f} | {:.1f} | {:.1f} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
           100.0 * double(mine.index.size()) / double(n), 100.0 * double(unionNnz) / double(n),
           1e3 * tZen, 1e3 * tDense, 1e3 * tGather, 1e3 * tAllreduce, tDense / tZen, tGather / tZen,
           tAllreduce / tZen, 1e3 * tBp, 1e3 * tHc, chosen, tGather / tBp, tGather / tHc,
-          tAllreduce / tBp, anyBad ? "WRONG" : "ok");
+          tAllreduce / tBp, double(bpBytes) / 1e6, anyBad ? "WRONG" : "ok");
       std::fflush(stdout);
     }
   }

@@ -15,6 +15,7 @@ void Run::zenStep(const Step& s, Group g) {
       t_.zenGroup != g.c) {
     ZenCollectiveOptions o;
     o.scheme = scheme;
+    o.compact = compactBlobs();  // CORTADO_COMPACT_SPARSE
     t_.zen = std::make_unique<ZenCollective>(*g.c, t_.name, r_.len, o);
     t_.zenGroup = g.c;
   }

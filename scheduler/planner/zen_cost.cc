@@ -77,7 +77,11 @@ ZenCost zenCost(const Cluster& c, zen::Scheme scheme, int64_t elements, int dtyp
 
   ZenCost out;
   if (scheme == zen::Scheme::kBalancedParallelism) {
-    const double push = pairs * pairBytes + kHeaderBytes * n;
+    // The lists go delta-coded (ZenCollectiveOptions::compact): a value and
+    // the gap to the previous index of the same owner, about n / d indices
+    // apart, where that is fewer than COO's 4 index bytes.
+    const double push =
+        pairs * (dtypeBytes + std::min(4.0, indexListGapBytes(n, d))) + kHeaderBytes * n;
     const double shareNonzeros = sumDensity * E / n;
     const double answer = kHeaderBytes + dtypeBytes * shareNonzeros +
                           std::min(E / (8.0 * n), indexListGapBytes(n, sumDensity) * shareNonzeros);

@@ -45,13 +45,15 @@ Cluster ring(int n, double alpha, double nsPerPair = 0) {
 
 TEST(ZenCost, BalancedParallelismIsEquationOnePlusHeadersAndCounts) {
   // E = 10^6, d = 1%, n = 4, overlap 0.5: gamma(4) = (1 - 0.5^4) / 0.5 = 1.875.
-  // Equation (1) in bytes: (n-1)/n (gamma + 1) * 8 E d = 0.75 * 2.875 * 80000:
-  // the push, 0.75 * 80000, as it says; the pull is smaller than its
+  // Equation (1) in bytes: (n-1)/n (gamma + 1) * 8 E d = 0.75 * 2.875 * 80000.
+  // The push is smaller than its 0.75 * 80000: delta-coded, a rank's pairs
+  // to one owner lie 4 / 0.01 = 400 indices apart, so each costs its 4-byte
+  // value and a 2-byte gap (0.75 * 10^4 * 6). The pull is smaller than its
   // 0.75 * 1.875 * 80000 pairs' bytes: a share's 4687.5 non-zeros (sum
   // density 1.875%) lie 4 / 0.01875 = 213.3 indices apart, so each costs its
   // 4-byte value and a 2-byte gap (28125 bytes), against a bitmap of
   // 10^6/32 bytes plus the values (50000).
-  const double push = 0.75 * 80000, pull = 3 * 4687.5 * 6;
+  const double push = 0.75 * 10000 * 6, pull = 3 * 4687.5 * 6;
   // Beside them: the 48-byte headers of the 4 lists a rank pushes ((n-1)/n of
   // them leave), the int64 counts of the alltoall ((n-1)/n of 32 bytes) and
   // of the sizes' allgather (3 of 8), and the 3 answers' headers.
