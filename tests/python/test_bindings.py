@@ -134,6 +134,24 @@ def test_executor_under_mpirun_runs_collective_plans(run_job):
     print({rank: r["report"] for rank, r in results.items()})
 
 
+@pytest.mark.skipif(not cortado._C.built_with_mpi, reason="this build has no MPI")
+def test_executor_on_cuda_tensors_under_mpirun(run_job):
+    # The same on CUDA tensors (CORTADO_DEVICE=cuda: the executor's CUDA
+    # device, NCCL, the CUDA codecs), 4 workers on GPU 0; needs a GPU and a
+    # build with CUDA and NCCL.
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False): the executor's "
+                    "CUDA path is tested on a machine with a GPU")
+    if not cortado._C.built_with_nccl:
+        pytest.skip("this build has no CUDA device (CUDA and NCCL)")
+    job = run_job(4, 2, "executor_mpi_check.py", "--device", "cuda", timeout=300,
+                  launch_args=("--mpi",),
+                  env={"CORTADO_FAKE_HOST_SIZE": "2", "CORTADO_DEVICE": "cuda"})
+    results = assert_all_ok(job, 4)
+    print({rank: r["report"] for rank, r in results.items()})
+
+
 # The parameters of executor_check.py's model (optimizer_check.make_model).
 MODEL_PARAMS = [f"{layer}.{kind}" for layer in (0, 2, 5, 7) for kind in ("weight", "bias")]
 

@@ -477,8 +477,9 @@ class PyExecutor {
  public:
   explicit PyExecutor(Runtime& rt)
       : rt_(rt), job_(readJobConfig(false)), groups_(makeGroups(rt, job_)),
+        device_(makeExecutorDevice(job_, groups_.get())),
         ex_(std::make_unique<executor::Executor>(rt.worker(), groups_.get(), nullptr,
-                                                 job_.planFile)) {
+                                                 job_.planFile, device_)) {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
     ex_->setCompactSparse(job_.compactSparse);  // CORTADO_COMPACT_SPARSE
@@ -487,9 +488,11 @@ class PyExecutor {
     hook_ = rt_.addCloseHook([this](bool abort) {
       stopThread(abort);
       if (groups_) {
-        // The groups' communicators go before MPI is finalized (shutdown()).
+        // The groups' communicators (MPI's, the device's NCCL ones) go
+        // before MPI is finalized (shutdown()).
         std::lock_guard<std::mutex> lk(exMu_);
         ex_.reset();
+        device_.reset();
         groups_.reset();
       }
     });
@@ -523,6 +526,19 @@ class PyExecutor {
     return nullptr;
 #endif
   }
+
+  // CORTADO_DEVICE=cuda: the CUDA device (NCCL groups over the MPI groups'
+  // topology, the CUDA codecs); its buffers are CUDA memory (torch's CUDA
+  // tensors). Null for host: the executor makes the host device.
+  static std::shared_ptr<device::Device> makeExecutorDevice(const JobConfig& job,
+                                                            const collective::Groups* groups) {
+    if (device::parseKind(job.device) == device::Kind::kHost) return nullptr;
+    py::gil_scoped_release nogil;  // collective: the NCCL id's broadcast
+    return makeDevice(job, groups, nullptr, Deadline::after(job.connectTimeout));
+  }
+
+  // "host" or "cuda": where run()'s and submit()'s buffers must live.
+  std::string device() { return device::kindName(ex().device().kind()); }
 
   // Whether this executor has collective groups, and where this worker is.
   bool collectives() const { return groups_ != nullptr; }
@@ -1042,6 +1058,7 @@ class PyExecutor {
   Runtime& rt_;
   JobConfig job_;
   std::unique_ptr<collective::Groups> groups_;  // MPI's, under mpirun (makeGroups); before ex_
+  std::shared_ptr<device::Device> device_;      // CORTADO_DEVICE=cuda's; before ex_
   std::unique_ptr<executor::Executor> ex_;
   std::mutex exMu_;  // one executor call at a time (the executor is not thread-safe)
   std::mutex qmu_;   // the queue and what goes with it
@@ -1179,6 +1196,10 @@ PYBIND11_MODULE(_C, m) {
            "The plan executor over this runtime's worker: collective over the workers. Under "
            "mpirun (`cortado launch --mpi`) it has MPI's collective groups and runs every "
            "option; otherwise push/pull plans only.")
+      .def_property_readonly("device", &PyExecutor::device,
+                             "where the buffers of run() and submit() live: host, or cuda "
+                             "(CORTADO_DEVICE=cuda under mpirun: CUDA memory, NCCL, the CUDA "
+                             "codecs)")
       .def_property_readonly("collectives", &PyExecutor::collectives,
                              "True when the executor has MPI's collective groups (workers "
                              "started under mpirun): plans may use collectives")

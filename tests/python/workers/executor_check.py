@@ -19,6 +19,7 @@ import torch
 
 import cortado
 import cortado.torch as ct
+from cortado import _C, _runtime
 from common import FP16_PUSH_PULL, parse_args, plan_of, write_result
 from optimizer_check import STEPS, batches, make_model, max_diff, reference
 
@@ -47,7 +48,6 @@ def raw_submit(rank, world):
     back summed exactly (against a plain sum of what every rank gives); a
     tensor never declared fails at wait() naming it, the run queued after it
     is dropped (on every worker alike), and the executor goes on."""
-    from cortado import _C, _runtime
     ex = _C.Executor(_runtime.require("executor_check"))
     sizes = [5, 1000, 70000, 3]
     for i, n in enumerate(sizes):
@@ -149,7 +149,6 @@ def held_groups(rank, world):
     runs the group once (on every worker alike); a group whose tensors do not
     all come runs them on their own at wait(). Exact sums either way."""
     import time
-    from cortado import _C, _runtime
     ex = _C.Executor(_runtime.require("executor_check"))
     sizes = [7, 300, 2]
     names = [f"held.{i}" for i in range(len(sizes))]
@@ -212,6 +211,21 @@ def search(rank, world):
             "groups": plan.get("groups", []), "summary": state["summary"], "checksum": checksum}
 
 
+def with_env(settings, fn):
+    """fn() with the environment variables `settings` set, then as before."""
+    import os
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        return fn()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def expect_error(label, needle, fn):
     try:
         fn()
@@ -234,7 +248,6 @@ def main():
         # first (every worker runs the same ones, so none waits on a peer
         # that dropped one), then the executor's thread ends before the
         # worker goes; nothing runs on a closed worker.
-        from cortado import _C, _runtime
         ex = _C.Executor(_runtime.require("executor_check"))
         bufs = [torch.ones(1 << 20) for _ in range(12)]
         for i, b in enumerate(bufs):
@@ -315,6 +328,15 @@ def main():
                                           {"scheme": "flat", "steps": [
                                               {"op": "allreduce", "scope": "flat",
                                                "compressed": False}]}))),
+            # CUDA buffers need CORTADO_DEVICE=cuda under mpirun (and a GPU).
+            expect_error("CPU parameters with CORTADO_DEVICE=cuda", "CUDA gradients",
+                         lambda: with_env({"CORTADO_DEVICE": "cuda"},
+                                          lambda: ct.DistributedOptimizer(
+                                              opt, model.named_parameters(),
+                                              name_prefix="grad.cuda", executor=True))),
+            expect_error("the CUDA device without mpirun", "mpirun",
+                         lambda: with_env({"CORTADO_DEVICE": "cuda"},
+                                          lambda: _C.Executor(_runtime.require("check")))),
             expect_error("a plan that is not one", "plan must be",
                          lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
                                                          name_prefix="grad.bad", executor=True,

@@ -302,12 +302,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "each gradient's compression; leave compression none")
         fusion_bytes = _check_fusion_bytes(
             DEFAULT_FUSION_BYTES if fusion_bytes is None else fusion_bytes)
+        # CORTADO_DEVICE says where the executor's buffers live: host memory,
+        # or CUDA memory (the workers under `cortado launch --mpi`).
+        cuda = os.environ.get("CORTADO_DEVICE", "host").strip().lower() == "cuda"
         for _, p in self._ordered:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
+            if p.dtype != torch.float32 or p.device.type != ("cuda" if cuda else "cpu"):
                 raise _runtime.error(
                     "invalid_argument",
-                    f"DistributedOptimizer: executor=True runs float32 CPU gradients; "
-                    f"parameter '{self._names[p]}' is {p.dtype} on {p.device}")
+                    f"DistributedOptimizer: executor=True runs float32 "
+                    f"{'CUDA' if cuda else 'CPU'} gradients"
+                    f"{' (CORTADO_DEVICE=cuda)' if cuda else ''}; parameter "
+                    f"'{self._names[p]}' is {p.dtype} on {p.device}"
+                    + ("" if cuda or p.device.type != "cuda" else
+                       ": for CUDA parameters start the workers with `cortado launch --mpi` "
+                       "and CORTADO_DEVICE=cuda"))
         own_plan = plan is None and not os.environ.get("CORTADO_PLAN")
         codec = None
         if own_plan:
@@ -364,6 +372,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      f"DistributedOptimizer: fusion_search settings: {e}") from None
         self.executor = ex
         self._iteration = 0
+        self._cuda_submitter = _CudaSubmitter(ex) if ex.device == "cuda" else None
         self._flatten_grads()
         ex.begin_iteration(0)
 
@@ -377,7 +386,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gradient that no longer is its view (zero_grad(set_to_none=True), an
         assignment) is copied back into it when it is submitted."""
         ready = [p for _, p in reversed(self._ordered)]
-        self._flat_grads = torch.zeros(sum(p.numel() for p in ready), dtype=torch.float32)
+        device = ready[0].device if ready else torch.device("cpu")
+        self._flat_grads = torch.zeros(sum(p.numel() for p in ready), dtype=torch.float32,
+                                       device=device)
         self._grad_views = {}
         at = 0
         with torch.no_grad():
@@ -668,8 +679,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 with torch.no_grad():
                     view.copy_(grad)
                 p.grad = view
-            self.executor.submit(self._names[p], view.numel(), view.data_ptr(), view.data_ptr(),
-                                 self._average)
+            if self._cuda_submitter is not None:
+                self._cuda_submitter.submit(self._names[p], view, self._average)
+            else:
+                self.executor.submit(self._names[p], view.numel(), view.data_ptr(),
+                                     view.data_ptr(), self._average)
             return view, None
         if grad.is_contiguous():
             handle = submit("DistributedOptimizer", grad, grad, self._average, self._names[p],
@@ -693,6 +707,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._gravac is not None:
                 self._gravac.synchronize()
             if self.executor is not None:
+                if self._cuda_submitter is not None:
+                    self._cuda_submitter.flush()
                 self.executor.wait()
             for p, (handle, tmp) in list(self._handles.items()):
                 if handle is not None and self.executor is None:
@@ -870,6 +886,48 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._cross.defer_zero(args, kwargs)
             return None
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+class _CudaSubmitter:
+    """Hands CUDA gradients to the plan executor once they are computed: the
+    hook records an event on the gradient's current stream (after the
+    kernels that wrote it) and returns at once; this thread waits for the
+    event (torch releases the GIL meanwhile) and submits, in the order of
+    the hooks, so the executor's own streams read finished gradients.
+    flush() returns when every gradient handed over is submitted, and
+    raises the first error."""
+
+    def __init__(self, executor):
+        import queue
+        import threading
+        self._executor = executor
+        self._queue = queue.Queue()
+        self._error = None
+        threading.Thread(target=self._run, name="cortado-executor-cuda", daemon=True).start()
+
+    def submit(self, name, view, average):
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(view.device))
+        self._queue.put((name, view, average, ready))
+
+    def _run(self):
+        while True:
+            name, view, average, ready = self._queue.get()
+            try:
+                if self._error is None:
+                    ready.synchronize()
+                    self._executor.submit(name, view.numel(), view.data_ptr(), view.data_ptr(),
+                                          average)
+            except Exception as e:  # raised by flush(), on the optimizer's thread
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def flush(self):
+        self._queue.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
