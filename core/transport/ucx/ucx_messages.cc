@@ -8,18 +8,6 @@
 #include "core/transport/ucx/ucx_transport_impl.h"
 
 namespace cortado::transport::ucx::detail {
-namespace {
-
-WireHeader headerFor(const NodeId& self) {
-  WireHeader h;
-  std::string id = self.toWire();
-  h.idLen = static_cast<uint8_t>(std::min(id.size(), sizeof(h.id)));
-  std::memcpy(h.id, id.data(), h.idLen);
-  return h;
-}
-
-}  // namespace
-
 void UcxTransport::send(const NodeId& peer, Message msg) {
   queue_.send(onLoopThread(), peer, std::move(msg),
               [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
@@ -84,7 +72,7 @@ void UcxTransport::startSend(const NodeId& peer, ucp_ep_h ep, unsigned am,
   ctx->peer = peer;
   ctx->ep = ep;
   ctx->am = am;
-  ctx->header = headerFor(self_);
+  ctx->header = wireHeader_;
   ctx->header.stream = stream;
   ctx->header.seq = seq;
   ucp_request_param_t rp{};
@@ -133,6 +121,12 @@ void UcxTransport::startSend(const NodeId& peer, ucp_ep_h ep, unsigned am,
     }
     buffer = ctx->packed.data();
     count = ctx->packed.size();
+  }
+  auto epIt = eps_.find(ep);
+  if (epIt == eps_.end() || !epIt->second->direct) {
+    // On the connection manager's worker: the loop progresses it now.
+    cmQuiet_ = false;
+    if (am == kAmData) cmCarriesDataUntil_ = Clock::now() + kCmDataWindow;
   }
   inflight_.insert(ctx);
   if (am == kAmBye) ++byesInFlight_;
@@ -229,6 +223,7 @@ void UcxTransport::sendDone(SendCtx* ctx, ucs_status_t status) {
 
 ucs_status_t UcxTransport::receive(ucp_worker_h worker, const void* header, size_t headerLength,
                                    void* data, size_t length, const ucp_am_recv_param_t* param) {
+  if (worker == worker_) cmCarriesDataUntil_ = Clock::now() + kCmDataWindow;
   WireHeader h;
   auto from = senderOf(header, headerLength, &h);
   if (!from) {

@@ -532,8 +532,12 @@ void UcxTransport::loop() {
       busy = true;
       Op op = std::move(batch_.front());
       batch_.pop_front();
-      if (op.task) op.task();
-      else sendTo(op.peer, std::move(op.msg));
+      if (op.task) {
+        cmQuiet_ = false;  // connect, listen, disconnect: the connection manager's work
+        op.task();
+      } else {
+        sendTo(op.peer, std::move(op.msg));
+      }
     }
     if (stop_) continue;
     // Busy polling: right after work, progress again without sleeping.
@@ -554,20 +558,36 @@ void UcxTransport::loop() {
         uint64_t v;
         ssize_t r = ::read(efd_, &v, sizeof(v));
         (void)r;
+      } else if (events[i].data.fd == workerFd_) {
+        cmReadable_ = true;
       }
     }
   }
   shutdown();
 }
 
-unsigned UcxTransport::progressWorkers() {
-  unsigned n = ucp_worker_progress(worker_);
+unsigned UcxTransport::progressWorkers(bool all) {
+  unsigned n = 0;
+  const auto now = Clock::now();
+  if (all || !cmQuiet_ || cmReadable_ || now >= cmDue_ || now < cmCarriesDataUntil_) {
+    n = ucp_worker_progress(worker_);
+    cmArmed_ = false;
+    cmReadable_ = false;
+    cmQuiet_ = n == 0;
+    cmDue_ = now + kCmPollPeriod;
+  }
   if (directWorker_) n += ucp_worker_progress(directWorker_);
   return n;
 }
 
 bool UcxTransport::armWorkers() {
-  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return false;
+  if (!cmArmed_) {
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) {
+      cmQuiet_ = false;
+      return false;
+    }
+    cmArmed_ = true;
+  }
   return !directWorker_ || ucp_worker_arm(directWorker_) != UCS_ERR_BUSY;
 }
 
@@ -636,7 +656,7 @@ void UcxTransport::afterProgress() {
 template <typename Done>
 void UcxTransport::progressUntil(Done done, Deadline deadline) {
   while (!done() && !deadline.expired()) {
-    if (progressWorkers() != 0) continue;
+    if (progressWorkers(/*all=*/true) != 0) continue;
     if (!armWorkers()) continue;
     epoll_event events[3];
     ::epoll_wait(epfd_, events, 3, static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 10)));
