@@ -9,13 +9,29 @@
 
 namespace cortado::transport::ucx::detail {
 void UcxTransport::send(const NodeId& peer, Message msg) {
-  queue_.send(onLoopThread(), peer, std::move(msg),
+  const bool onLoop = onLoopThread();
+  if (!onLoop && sendDirect(peer, &msg, 1)) return;
+  queue_.send(onLoop, peer, std::move(msg),
               [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
 }
 
 void UcxTransport::sendAll(const NodeId& peer, std::vector<Message> msgs) {
-  queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+  const bool onLoop = onLoopThread();
+  if (!onLoop && sendDirect(peer, msgs.data(), msgs.size())) return;
+  queue_.sendAll(onLoop, peer, std::move(msgs),
                  [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
+}
+
+bool UcxTransport::sendDirect(const NodeId& peer, Message* msgs, size_t n) {
+  std::unique_lock<std::mutex> lk(loopMu_, std::try_to_lock);
+  if (!lk.owns_lock() || stop_ || !batch_.empty() || !queue_.idle()) return false;
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.dataEp || it->second.reported) return false;
+  for (size_t i = 0; i < n; ++i) sendTo(peer, std::move(msgs[i]));
+  // What the sleeping loop must see to at once: a send still in progress
+  // (a full FIFO, a rendezvous), which progress completes, or a failure.
+  if (!inflight_.empty() || !failures_.empty()) queue_.wakeLoop();
+  return true;
 }
 
 bool UcxTransport::sendFromLoop(const NodeId& peer, Message& msg) {

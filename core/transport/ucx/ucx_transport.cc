@@ -355,7 +355,8 @@ ucs_status_t UcxTransport::createUcp(ucp_config_t* config, const std::string& na
   }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time: the loop, or a sender holding loopMu_.
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   s = ucp_worker_create(*context, &wp, worker);
   if (s != UCS_OK) {
     ucp_cleanup(*context);
@@ -518,6 +519,9 @@ void UcxTransport::releaseAfterFailedInit() {
 }
 
 void UcxTransport::loop() {
+  // Held while the loop works; let go only while it sleeps or yields, when
+  // another thread's send may take it (sendDirect).
+  std::unique_lock<std::mutex> lk(loopMu_);
   while (!stop_) {
     bool busy = false;
     while (progressWorkers() != 0) busy = true;
@@ -545,14 +549,21 @@ void UcxTransport::loop() {
       if (busy) pollUntil_ = Clock::now() + options_.busyPoll;
       if (Clock::now() < pollUntil_) {
         // Nothing came: let a thread that shares this core run.
-        if (!busy) std::this_thread::yield();
+        if (!busy) {
+          lk.unlock();
+          std::this_thread::yield();
+          lk.lock();
+        }
         continue;
       }
     }
     if (busy) continue;
     if (!armWorkers()) continue;
     epoll_event events[3];
-    int n = ::epoll_wait(epfd_, events, 3, waitTimeoutMs());
+    const int timeoutMs = waitTimeoutMs();
+    lk.unlock();
+    int n = ::epoll_wait(epfd_, events, 3, timeoutMs);
+    lk.lock();
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == efd_) {
         uint64_t v;

@@ -271,6 +271,12 @@ class UcxTransport final : public Transport {
   // threads sent earlier is still queued (order per sender is the
   // contract), and returns true; false leaves `msg` for the queue.
   bool sendFromLoop(const NodeId& peer, Message& msg);
+  // Off the loop thread: starts sending `msgs` on the calling thread, in
+  // order, when the loop is asleep (loopMu_ free), nothing sent earlier
+  // waits in the queue, and the peer is up on a same-host direct endpoint;
+  // returns true. Saves waking the loop thread for a send (a worker's push
+  // and pull). False leaves every message for the queue.
+  bool sendDirect(const NodeId& peer, Message* msgs, size_t n);
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what);
 
   // A UCP context with active messages and wake-ups, named `name`, from
@@ -382,6 +388,10 @@ class UcxTransport final : public Transport {
   OpQueue queue_{"ucx " + self_.toString()};
   std::atomic<bool> stop_{false};
 
+  // The loop's state (everything below "Loop thread only") belongs to the
+  // holder of loopMu_: the loop thread, except while it sleeps or yields,
+  // when sendDirect may take it.
+  std::mutex loopMu_;
   std::mutex closeMu_;
   std::thread thread_;
   std::thread::id loopId_;
