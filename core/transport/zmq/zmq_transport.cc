@@ -105,6 +105,7 @@ class ZmqTransport final : public Transport {
       setOpt(router_, ZMQ_RCVHWM, options_.recvHighWaterMark, "ZMQ_RCVHWM");
       setOpt(router_, ZMQ_ROUTER_HANDOVER, 1, "ZMQ_ROUTER_HANDOVER");
       setCommonOpts(router_);
+      routerFd_ = socketFd(router_, "ROUTER");
     } catch (...) {
       if (router_) zmq_close(router_);
       if (efd_ >= 0) ::close(efd_);
@@ -191,6 +192,7 @@ class ZmqTransport final : public Transport {
     std::string address;
     void* dealer = nullptr;
     void* monitor = nullptr;  // PAIR socket receiving the DEALER's events
+    int monitorFd = -1;       // its ZMQ_FD
     bool up = false;          // ZMTP handshake done
     bool reported = false;    // a failure was reported since it was last up
     Clock::time_point deadline;
@@ -233,6 +235,17 @@ class ZmqTransport final : public Transport {
     }
   }
 
+  // A socket's ZMQ_FD, which the loop polls (see loop()).
+  int socketFd(void* socket, const char* what) const {
+    int fd = -1;
+    size_t len = sizeof(fd);
+    if (zmq_getsockopt(socket, ZMQ_FD, &fd, &len) != 0) {
+      throw Error(ErrorCode::kInternal, fmt::format("zmq {}: no ZMQ_FD for the {} socket: {}",
+                                                    self_, what, zmq_strerror(errno)));
+    }
+    return fd;
+  }
+
   void setCommonOpts(void* socket) const {
     if (options_.socketBufferBytes > 0) {
       setOpt(socket, ZMQ_SNDBUF, options_.socketBufferBytes, "ZMQ_SNDBUF");
@@ -258,10 +271,16 @@ class ZmqTransport final : public Transport {
     while (!stop_) {
       items.clear();
       owners.clear();
+      // The ROUTER and the monitors by their ZMQ_FD, as plain fds: each
+      // ZeroMQ socket that zmq_poll() is given is asked for its events
+      // before and after the poll (for each, a getpid() system call inside
+      // ZeroMQ), on every turn. The fd is readable when the socket has
+      // news, and reading the socket until EAGAIN settles it (receive(),
+      // readMonitor()), so nothing is missed.
       items.push_back({nullptr, efd_, ZMQ_POLLIN, 0});
-      items.push_back({router_, 0, ZMQ_POLLIN, 0});
+      items.push_back({nullptr, routerFd_, ZMQ_POLLIN, 0});
       for (auto& [id, p] : peers_) {
-        items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
+        items.push_back({nullptr, p.monitorFd, ZMQ_POLLIN, 0});
         owners.emplace_back(id, ZMQ_POLLIN);
         if (!p.backlog.empty()) {
           items.push_back({p.dealer, 0, ZMQ_POLLOUT, 0});
@@ -270,8 +289,8 @@ class ZmqTransport final : public Transport {
       }
       // Busy polling: right after work, look again without sleeping.
       const bool polling = options_.busyPoll.count() > 0 && Clock::now() < pollUntil_;
-      const int ready =
-          zmq_poll(items.data(), static_cast<int>(items.size()), polling ? 0 : pollTimeoutMs());
+      const int ready = zmq_poll(items.data(), static_cast<int>(items.size()),
+                                 polling || routerMore_ ? 0 : pollTimeoutMs());
       // Polling and nothing came: let a thread that shares this core run.
       if (polling && ready == 0) std::this_thread::yield();
       if (ready < 0) {
@@ -281,7 +300,7 @@ class ZmqTransport final : public Transport {
         break;
       }
       // Callbacks only post Ops, so peers_ does not change until the Ops run.
-      if (items[1].revents & ZMQ_POLLIN) receive();
+      if (routerMore_ || (items[1].revents & ZMQ_POLLIN)) receive();
       for (size_t i = 0; i < owners.size() && !stop_; ++i) {
         if (!(items[i + 2].revents & owners[i].second)) continue;
         auto it = peers_.find(owners[i].first);
@@ -415,6 +434,7 @@ class ZmqTransport final : public Transport {
       setOpt(p.monitor, ZMQ_LINGER, 0, "ZMQ_LINGER");
       CORTADO_ENFORCE(zmq_connect(p.monitor, monitorAt.c_str()) == 0, ErrorCode::kInternal,
                       "cannot connect the monitor: {}", zmq_strerror(errno));
+      p.monitorFd = socketFd(p.monitor, "monitor");
       CORTADO_ENFORCE(zmq_connect(p.dealer, address.c_str()) == 0, ErrorCode::kInvalidArgument,
                       "{}", zmq_strerror(errno));
     } catch (const Error& e) {
@@ -425,7 +445,11 @@ class ZmqTransport final : public Transport {
       return;
     }
     CORTADO_LOG_DEBUG("zmq {}: connecting to {} at {}", self_, peer, address);
-    peers_.emplace(peer, std::move(p));
+    auto added = peers_.emplace(peer, std::move(p)).first;
+    // A first read: ZeroMQ signals a socket's fd for a message only once
+    // its reader has found the pipe empty, and nothing signals the fd of a
+    // freshly connected PAIR socket before that.
+    readMonitor(added->first, added->second);
     for (auto& m : held_.release(peer)) sendTo(peer, std::move(m));
   }
 
@@ -503,12 +527,17 @@ class ZmqTransport final : public Transport {
     return SendResult::kSent;
   }
 
+  // Receives until EAGAIN, or kRecvBatch messages; then routerMore_ says
+  // that the loop must look again before it sleeps (the ROUTER's fd does
+  // not signal what is already there).
   void receive() {
+    routerMore_ = true;
     for (int count = 0; count < kRecvBatch && !stop_; ++count) {
       zmq_msg_t idFrame;
       zmq_msg_init(&idFrame);
       if (zmq_msg_recv(&idFrame, router_, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&idFrame);
+        routerMore_ = false;
         return;
       }
       std::string wireId(static_cast<const char*>(zmq_msg_data(&idFrame)), zmq_msg_size(&idFrame));
@@ -657,6 +686,7 @@ class ZmqTransport final : public Transport {
   void* ctx_ = nullptr;
   int efd_ = -1;
   void* router_ = nullptr;
+  int routerFd_ = -1;  // its ZMQ_FD
 
   OpQueue queue_;
   bool inBatch_ = false;  // the loop runs a batch of the queue (loop thread only)
@@ -673,6 +703,7 @@ class ZmqTransport final : public Transport {
   std::unordered_map<NodeId, Peer> peers_;
   HeldSends held_;  // sends to peers that connect() has not named yet
   uint64_t nextMonitor_ = 0;
+  bool routerMore_ = true;  // the ROUTER may hold messages (receive()); true: look at start
   Clock::time_point pollUntil_;  // busy polling goes on until then
 };
 
