@@ -153,13 +153,19 @@ class ZmqTransport final : public Transport {
   // A receive callback's answer (the server's sums of small keys) goes out
   // from the loop thread at once, without the round trip through the queue
   // and the eventfd.
+  // Another thread's send goes to ZeroMQ from that thread while the loop
+  // sleeps (sendDirect), without waking the loop.
   void send(const NodeId& peer, Message msg) override {
-    queue_.send(onLoopThread(), peer, std::move(msg),
+    const bool onLoop = onLoopThread();
+    if (!onLoop && sendDirect(peer, &msg, 1)) return;
+    queue_.send(onLoop, peer, std::move(msg),
                 [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
   void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
-    queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+    const bool onLoop = onLoopThread();
+    if (!onLoop && sendDirect(peer, msgs.data(), msgs.size())) return;
+    queue_.sendAll(onLoop, peer, std::move(msgs),
                    [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
@@ -222,6 +228,24 @@ class ZmqTransport final : public Transport {
     return true;
   }
 
+  // Off the loop thread: hands `msgs` to ZeroMQ on the calling thread, in
+  // order, when the loop is asleep (loopMu_ free, which is also the memory
+  // barrier ZeroMQ asks for when a socket changes threads), nothing sent
+  // earlier waits in the queue or the peer's backlog, and the peer is
+  // connected; returns true. The peer's DEALER is then in no poll of the
+  // loop (only a backlog puts it there). False leaves every message for the
+  // queue.
+  bool sendDirect(const NodeId& peer, Message* msgs, size_t n) {
+    std::unique_lock<std::mutex> lk(loopMu_, std::try_to_lock);
+    if (!lk.owns_lock() || stop_ || inBatch_ || !queue_.idle()) return false;
+    auto it = peers_.find(peer);
+    if (it == peers_.end() || !it->second.backlog.empty()) return false;
+    for (size_t i = 0; i < n; ++i) sendTo(peer, std::move(msgs[i]));
+    // ZeroMQ would not take all of it: the loop waits for the DEALER.
+    if (!it->second.backlog.empty()) queue_.wakeLoop();
+    return true;
+  }
+
   // Runs `fn` on the loop and waits for it (core/transport/loop_call.h).
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
     if (onLoopThread()) return fn();
@@ -268,6 +292,8 @@ class ZmqTransport final : public Transport {
     std::vector<zmq_pollitem_t> items;
     std::vector<std::pair<NodeId, short>> owners;  // for items[2...]: peer and event
     std::deque<Op> batch;
+    // Held while the loop works; let go while it polls (sendDirect).
+    std::unique_lock<std::mutex> lk(loopMu_);
     while (!stop_) {
       items.clear();
       owners.clear();
@@ -289,10 +315,12 @@ class ZmqTransport final : public Transport {
       }
       // Busy polling: right after work, look again without sleeping.
       const bool polling = options_.busyPoll.count() > 0 && Clock::now() < pollUntil_;
-      const int ready = zmq_poll(items.data(), static_cast<int>(items.size()),
-                                 polling || routerMore_ ? 0 : pollTimeoutMs());
+      const long timeoutMs = polling || routerMore_ ? 0 : pollTimeoutMs();
+      lk.unlock();
+      const int ready = zmq_poll(items.data(), static_cast<int>(items.size()), timeoutMs);
       // Polling and nothing came: let a thread that shares this core run.
       if (polling && ready == 0) std::this_thread::yield();
+      lk.lock();
       if (ready < 0) {
         if (errno == EINTR) continue;
         CORTADO_LOG_ERROR("zmq {}: zmq_poll failed, the transport stops: {}", self_,
@@ -689,6 +717,9 @@ class ZmqTransport final : public Transport {
   int routerFd_ = -1;  // its ZMQ_FD
 
   OpQueue queue_;
+  // The loop's state (the sockets, peers_, inBatch_) belongs to the holder:
+  // the loop thread, except while it polls, when sendDirect may take it.
+  std::mutex loopMu_;
   bool inBatch_ = false;  // the loop runs a batch of the queue (loop thread only)
   // Set once by close(); the loop checks it between callbacks.
   std::atomic<bool> stop_{false};
