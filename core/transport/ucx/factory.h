@@ -14,9 +14,11 @@
 // into the receive buffer; the small parts ride in the header. Other messages
 // are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
 // the worker's event fd.
-// send() from another thread queues the message for the loop; send() from
-// the loop thread itself (a receive callback's answer) starts it at once,
-// unless earlier sends from other threads are queued.
+// send() from another thread starts the message itself while the loop
+// sleeps (to a same-host peer, over the direct endpoint), or else queues it
+// for the loop; send() from the loop thread itself (a receive callback's
+// answer) starts it at once; either way not ahead of earlier sends that
+// are still queued.
 //
 // With sameHostDirect (the default), a peer on the same host (same boot id and
 // host name) gets a second, direct endpoint made from its UCP worker address,

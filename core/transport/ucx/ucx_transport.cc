@@ -23,11 +23,14 @@
 // that peers opened to it, so that they learn of an orderly close at once.
 //
 // Threads: the UCP contexts, workers, listener and endpoints belong to the loop
-// thread (UCS_THREAD_MODE_SINGLE), which progresses both workers and sleeps
-// on both event fds. Other threads queue Ops and write an
-// eventfd that the loop waits on next to the worker's event fd. UCX callbacks
-// only record what happened; user callbacks run after ucp_worker_progress()
-// returns, never inside it.
+// thread, which progresses both workers and sleeps on both event fds, and
+// holds loopMu_ while it works. Other threads queue Ops and write an eventfd
+// that the loop waits on next to the worker's event fd; a send that finds
+// loopMu_ free (the loop asleep) and nothing queued before it starts on the
+// calling thread instead (sendDirect), so the workers run in
+// UCS_THREAD_MODE_SERIALIZED. UCX callbacks only record what happened; user
+// callbacks run on the loop thread after ucp_worker_progress() returns,
+// never inside it.
 //
 // This file: construction, the loop thread and close (init, loop, shutdown)
 // and create(). Endpoints are in ucx_endpoints.cc, messages in

@@ -4,9 +4,12 @@
 // The header frame lets a zero-part Message exist and marks Cortado traffic;
 // anything else is logged and dropped.
 //
-// Threads: every socket belongs to the loop thread. Methods called from other
-// threads append an Op to a queue and write to an eventfd that the loop polls
-// next to its sockets; listen() waits for its Op's result with a deadline.
+// Threads: every socket belongs to the loop thread, which holds loopMu_ while
+// it works and lets it go while it polls. Methods called from other threads
+// append an Op to a queue and write to an eventfd that the loop polls next to
+// its sockets; listen() waits for its Op's result with a deadline. A send
+// from another thread that finds loopMu_ free (the loop asleep) and nothing
+// queued before it writes to the peer's DEALER itself (sendDirect).
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
