@@ -357,7 +357,8 @@ TEST_P(TransportTest, LockstepRequestsFromManyNodesAreAnsweredInOrder) {
       threads.emplace_back([&, r, th] {
         Answers& a = *answers[r];
         for (uint64_t i = 0; i < kEach && !stalled; ++i) {
-          nodes[r]->t->send(server(0), msgOf({u64(th << 32 | i), pattern(size(i), seed(r, th, i))}));
+          nodes[r]->t->send(server(0),
+                            msgOf({u64(th << 32 | i), pattern(size(i), seed(r, th, i))}));
           if (th != 0) continue;
           std::unique_lock lk(a.mu);
           if (!a.cv.wait_for(lk, kWait, [&] { return a.got[0].size() > i; })) stalled = true;

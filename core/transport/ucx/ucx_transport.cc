@@ -16,11 +16,11 @@
 // and, with UcxOptions::sameHostDirect, the address of its direct worker (a
 // second UCP context and worker whose transports are UCX's shared-memory
 // FIFOs), from which a same-host client makes a direct endpoint that then
-// carries the data (same stream, same numbering). UCX may hand over active messages from one endpoint
-// out of order (those sent while it was still wiring up come late), so every
-// client endpoint is a stream with its own random id, its messages are
-// numbered, and the receiver delivers each stream in order. kAmBye is sent by a closing node over the endpoints
-// that peers opened to it, so that they learn of an orderly close at once.
+// carries the data (same stream, same numbering). UCX may hand over active messages from one
+// endpoint out of order (those sent while it was still wiring up come late), so every client
+// endpoint is a stream with its own random id, its messages are numbered, and the receiver delivers
+// each stream in order. kAmBye is sent by a closing node over the endpoints that peers opened to
+// it, so that they learn of an orderly close at once.
 //
 // Threads: the UCP contexts, workers, listener and endpoints belong to the loop
 // thread, which progresses both workers and sleeps on both event fds, and

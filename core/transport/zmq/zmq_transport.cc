@@ -737,7 +737,7 @@ class ZmqTransport final : public Transport {
   std::unordered_map<NodeId, Peer> peers_;
   HeldSends held_;  // sends to peers that connect() has not named yet
   uint64_t nextMonitor_ = 0;
-  bool routerMore_ = true;  // the ROUTER may hold messages (receive()); true: look at start
+  bool routerMore_ = true;       // the ROUTER may hold messages (receive()); true: look at start
   Clock::time_point pollUntil_;  // busy polling goes on until then
 };
 
