@@ -108,6 +108,15 @@ class OpQueue {
         who_, what, timeout);
   }
 
+  // Whether nothing is queued (another thread may queue right after).
+  bool idle() {
+    std::lock_guard g(mu_);
+    return ops_.empty();
+  }
+
+  // Wakes the loop without queueing anything.
+  void wakeLoop() { wake(); }
+
   // The loop's side: everything queued so far, into the empty `batch`.
   void takeAll(std::deque<Op>& batch) {
     std::lock_guard g(mu_);

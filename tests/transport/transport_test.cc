@@ -307,6 +307,87 @@ TEST_P(TransportTest, CallbackSendsStayBehindOtherThreadsEarlierSends) {
   for (uint64_t i = 0; i < 2 * kCount; ++i) ASSERT_EQ(u64(got[i].parts[0]), i) << "message " << i;
 }
 
+// Requests in lockstep (each sent once the previous answer came, so that the
+// sender's loop is often asleep: UCX then starts the send on the calling
+// thread) from several nodes at once, each node's lockstep thread mixed with
+// a second thread that streams its own requests: every answer matches a sum
+// computed here, and each thread's requests are answered in the order sent.
+TEST_P(TransportTest, LockstepRequestsFromManyNodesAreAnsweredInOrder) {
+  Fixture fx(GetParam());
+  auto byteSum = [](const Buffer& b) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < b.size(); ++i) sum += b.data()[i];
+    return sum;
+  };
+  // The server answers from its receive callback: (request id, byte sum).
+  auto srv = fx.node(server(0), true, [byteSum](Node& self, Message&& m) {
+    const NodeId from = m.from;
+    const uint64_t sum = m.parts.size() == 2 ? byteSum(m.parts[1]) : ~0ull;
+    self.t->send(from, msgOf({std::move(m.parts[0]), u64(sum)}));
+  });
+  constexpr int kNodes = 4;
+  constexpr uint64_t kEach = 150;
+  struct Answers {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Message> got[2];  // per sending thread, by the id's high half
+  };
+  auto size = [](uint64_t i) -> size_t { return i % 5 == 0 ? 20000 : 4096; };
+  auto seed = [](int r, uint64_t th, uint64_t i) { return r * 100000 + th * 10000 + i; };
+  std::vector<std::unique_ptr<Answers>> answers;
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int r = 0; r < kNodes; ++r) {
+    answers.push_back(std::make_unique<Answers>());
+    Answers* a = answers.back().get();
+    nodes.push_back(fx.node(worker(r), true, [a](Node&, Message&& m) {
+      const uint64_t th = u64(m.parts[0]) >> 32;
+      {
+        std::lock_guard g(a->mu);
+        a->got[th < 2 ? th : 1].push_back(std::move(m));
+      }
+      a->cv.notify_all();
+    }));
+    srv->t->connect(worker(r), nodes.back()->address);
+    nodes.back()->t->connect(server(0), srv->address);
+  }
+  std::atomic<bool> stalled{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kNodes; ++r) {
+    for (uint64_t th = 0; th < 2; ++th) {
+      threads.emplace_back([&, r, th] {
+        Answers& a = *answers[r];
+        for (uint64_t i = 0; i < kEach && !stalled; ++i) {
+          nodes[r]->t->send(server(0),
+                            msgOf({u64(th << 32 | i), pattern(size(i), seed(r, th, i))}));
+          if (th != 0) continue;
+          std::unique_lock lk(a.mu);
+          if (!a.cv.wait_for(lk, kWait, [&] { return a.got[0].size() > i; })) stalled = true;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_FALSE(stalled) << "a lockstep request was not answered; errors at the server: "
+                        << errorsOf(*srv);
+  for (int r = 0; r < kNodes; ++r) {
+    Answers& a = *answers[r];
+    std::unique_lock lk(a.mu);
+    ASSERT_TRUE(a.cv.wait_for(lk, kWait, [&] { return a.got[1].size() == kEach; }))
+        << "worker " << r << ": " << a.got[1].size() << " of " << kEach << " streamed answers";
+    for (uint64_t th = 0; th < 2; ++th) {
+      ASSERT_EQ(a.got[th].size(), kEach) << "worker " << r << " thread " << th;
+      for (uint64_t i = 0; i < kEach; ++i) {
+        const Message& m = a.got[th][i];
+        ASSERT_EQ(m.from, server(0));
+        ASSERT_EQ(m.parts.size(), 2u);
+        ASSERT_EQ(u64(m.parts[0]), th << 32 | i) << "worker " << r << " thread " << th;
+        EXPECT_EQ(u64(m.parts[1]), byteSum(pattern(size(i), seed(r, th, i))))
+            << "worker " << r << " thread " << th << " request " << i;
+      }
+    }
+  }
+}
+
 // sendAll() is send() of each message in turn (a backend may wake its loop
 // once for all of them): mixed with send(), the order holds; after close()
 // it throws kClosed as send() does.

@@ -1,8 +1,8 @@
 // The UCX transport (UCP active messages). Addresses are "ucx://host:port":
 // the socket address of UCX's connection manager (listen() accepts
 // "tcp://host:port" too, and returns the ucx:// form; connect() refuses
-// tcp://, which is what a ZeroMQ node advertises); the data then moves over whatever UCX picks (shared memory on one
-// machine, TCP or RDMA between machines), as the UCX_* environment variables
+// tcp://, which is what a ZeroMQ node advertises); the data then moves over whatever UCX picks
+// (shared memory on one machine, TCP or RDMA between machines), as the UCX_* environment variables
 // (UCX_TLS, UCX_NET_DEVICES, UCX_RNDV_THRESH, ...) direct. Port 0 picks a
 // free port.
 //
@@ -12,11 +12,12 @@
 // which is what pushes and pull answers are, sends the large part from the
 // caller's buffer, without a copy, and UCX moves it by rendezvous straight
 // into the receive buffer; the small parts ride in the header. Other messages
-// are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping on
-// the worker's event fd.
-// send() from another thread queues the message for the loop; send() from
-// the loop thread itself (a receive callback's answer) starts it at once,
-// unless earlier sends from other threads are queued.
+// are copied into one buffer first. One loop thread owns the UCP worker and progresses it, sleeping
+// on the worker's event fd. send() from another thread starts the message itself while the loop
+// sleeps (to a same-host peer, over the direct endpoint), or else queues it
+// for the loop; send() from the loop thread itself (a receive callback's
+// answer) starts it at once; either way not ahead of earlier sends that
+// are still queued.
 //
 // With sameHostDirect (the default), a peer on the same host (same boot id and
 // host name) gets a second, direct endpoint made from its UCP worker address,

@@ -158,6 +158,7 @@ std::string UcxTransport::startListener(const std::string& address) {
 }
 
 void UcxTransport::accept(ucp_conn_request_h request) {
+  cmQuiet_ = false;
   if (stop_) {
     // Closing: an endpoint accepted now would only be closed again, and one
     // accepted after the close's last round of endpoint closes would be
@@ -272,6 +273,7 @@ void UcxTransport::closeEp(ucp_ep_h ep, bool force) {
   auto it = eps_.find(ep);
   if (it == eps_.end()) return;  // closed already
   bool direct = it->second->direct;
+  cmQuiet_ = false;  // the close may need the connection manager's progress
   closingCtx_.push_back(std::move(it->second));
   eps_.erase(it);
   ucp_request_param_t rp{};

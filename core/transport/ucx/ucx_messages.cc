@@ -8,26 +8,30 @@
 #include "core/transport/ucx/ucx_transport_impl.h"
 
 namespace cortado::transport::ucx::detail {
-namespace {
-
-WireHeader headerFor(const NodeId& self) {
-  WireHeader h;
-  std::string id = self.toWire();
-  h.idLen = static_cast<uint8_t>(std::min(id.size(), sizeof(h.id)));
-  std::memcpy(h.id, id.data(), h.idLen);
-  return h;
-}
-
-}  // namespace
-
 void UcxTransport::send(const NodeId& peer, Message msg) {
-  queue_.send(onLoopThread(), peer, std::move(msg),
+  const bool onLoop = onLoopThread();
+  if (!onLoop && sendDirect(peer, &msg, 1)) return;
+  queue_.send(onLoop, peer, std::move(msg),
               [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
 }
 
 void UcxTransport::sendAll(const NodeId& peer, std::vector<Message> msgs) {
-  queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+  const bool onLoop = onLoopThread();
+  if (!onLoop && sendDirect(peer, msgs.data(), msgs.size())) return;
+  queue_.sendAll(onLoop, peer, std::move(msgs),
                  [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
+}
+
+bool UcxTransport::sendDirect(const NodeId& peer, Message* msgs, size_t n) {
+  std::unique_lock<std::mutex> lk(loopMu_, std::try_to_lock);
+  if (!lk.owns_lock() || stop_ || !batch_.empty() || !queue_.idle()) return false;
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.dataEp || it->second.reported) return false;
+  for (size_t i = 0; i < n; ++i) sendTo(peer, std::move(msgs[i]));
+  // What the sleeping loop must see to at once: a send still in progress
+  // (a full FIFO, a rendezvous), which progress completes, or a failure.
+  if (!inflight_.empty() || !failures_.empty()) queue_.wakeLoop();
+  return true;
 }
 
 bool UcxTransport::sendFromLoop(const NodeId& peer, Message& msg) {
@@ -84,7 +88,7 @@ void UcxTransport::startSend(const NodeId& peer, ucp_ep_h ep, unsigned am,
   ctx->peer = peer;
   ctx->ep = ep;
   ctx->am = am;
-  ctx->header = headerFor(self_);
+  ctx->header = wireHeader_;
   ctx->header.stream = stream;
   ctx->header.seq = seq;
   ucp_request_param_t rp{};
@@ -133,6 +137,12 @@ void UcxTransport::startSend(const NodeId& peer, ucp_ep_h ep, unsigned am,
     }
     buffer = ctx->packed.data();
     count = ctx->packed.size();
+  }
+  auto epIt = eps_.find(ep);
+  if (epIt == eps_.end() || !epIt->second->direct) {
+    // On the connection manager's worker: the loop progresses it now.
+    cmQuiet_ = false;
+    if (am == kAmData) cmCarriesDataUntil_ = Clock::now() + kCmDataWindow;
   }
   inflight_.insert(ctx);
   if (am == kAmBye) ++byesInFlight_;
@@ -229,6 +239,7 @@ void UcxTransport::sendDone(SendCtx* ctx, ucs_status_t status) {
 
 ucs_status_t UcxTransport::receive(ucp_worker_h worker, const void* header, size_t headerLength,
                                    void* data, size_t length, const ucp_am_recv_param_t* param) {
+  if (worker == worker_) cmCarriesDataUntil_ = Clock::now() + kCmDataWindow;
   WireHeader h;
   auto from = senderOf(header, headerLength, &h);
   if (!from) {

@@ -16,18 +16,21 @@
 // and, with UcxOptions::sameHostDirect, the address of its direct worker (a
 // second UCP context and worker whose transports are UCX's shared-memory
 // FIFOs), from which a same-host client makes a direct endpoint that then
-// carries the data (same stream, same numbering). UCX may hand over active messages from one endpoint
-// out of order (those sent while it was still wiring up come late), so every
-// client endpoint is a stream with its own random id, its messages are
-// numbered, and the receiver delivers each stream in order. kAmBye is sent by a closing node over the endpoints
-// that peers opened to it, so that they learn of an orderly close at once.
+// carries the data (same stream, same numbering). UCX may hand over active messages from one
+// endpoint out of order (those sent while it was still wiring up come late), so every client
+// endpoint is a stream with its own random id, its messages are numbered, and the receiver delivers
+// each stream in order. kAmBye is sent by a closing node over the endpoints that peers opened to
+// it, so that they learn of an orderly close at once.
 //
 // Threads: the UCP contexts, workers, listener and endpoints belong to the loop
-// thread (UCS_THREAD_MODE_SINGLE), which progresses both workers and sleeps
-// on both event fds. Other threads queue Ops and write an
-// eventfd that the loop waits on next to the worker's event fd. UCX callbacks
-// only record what happened; user callbacks run after ucp_worker_progress()
-// returns, never inside it.
+// thread, which progresses both workers and sleeps on both event fds, and
+// holds loopMu_ while it works. Other threads queue Ops and write an eventfd
+// that the loop waits on next to the worker's event fd; a send that finds
+// loopMu_ free (the loop asleep) and nothing queued before it starts on the
+// calling thread instead (sendDirect), so the workers run in
+// UCS_THREAD_MODE_SERIALIZED. UCX callbacks only record what happened; user
+// callbacks run on the loop thread after ucp_worker_progress() returns,
+// never inside it.
 //
 // This file: construction, the loop thread and close (init, loop, shutdown)
 // and create(). Endpoints are in ucx_endpoints.cc, messages in
@@ -355,7 +358,8 @@ ucs_status_t UcxTransport::createUcp(ucp_config_t* config, const std::string& na
   }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time: the loop, or a sender holding loopMu_.
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   s = ucp_worker_create(*context, &wp, worker);
   if (s != UCS_OK) {
     ucp_cleanup(*context);
@@ -518,6 +522,9 @@ void UcxTransport::releaseAfterFailedInit() {
 }
 
 void UcxTransport::loop() {
+  // Held while the loop works; let go only while it sleeps or yields, when
+  // another thread's send may take it (sendDirect).
+  std::unique_lock<std::mutex> lk(loopMu_);
   while (!stop_) {
     bool busy = false;
     while (progressWorkers() != 0) busy = true;
@@ -532,8 +539,12 @@ void UcxTransport::loop() {
       busy = true;
       Op op = std::move(batch_.front());
       batch_.pop_front();
-      if (op.task) op.task();
-      else sendTo(op.peer, std::move(op.msg));
+      if (op.task) {
+        cmQuiet_ = false;  // connect, listen, disconnect: the connection manager's work
+        op.task();
+      } else {
+        sendTo(op.peer, std::move(op.msg));
+      }
     }
     if (stop_) continue;
     // Busy polling: right after work, progress again without sleeping.
@@ -541,33 +552,56 @@ void UcxTransport::loop() {
       if (busy) pollUntil_ = Clock::now() + options_.busyPoll;
       if (Clock::now() < pollUntil_) {
         // Nothing came: let a thread that shares this core run.
-        if (!busy) std::this_thread::yield();
+        if (!busy) {
+          lk.unlock();
+          std::this_thread::yield();
+          lk.lock();
+        }
         continue;
       }
     }
     if (busy) continue;
     if (!armWorkers()) continue;
     epoll_event events[3];
-    int n = ::epoll_wait(epfd_, events, 3, waitTimeoutMs());
+    const int timeoutMs = waitTimeoutMs();
+    lk.unlock();
+    int n = ::epoll_wait(epfd_, events, 3, timeoutMs);
+    lk.lock();
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == efd_) {
         uint64_t v;
         ssize_t r = ::read(efd_, &v, sizeof(v));
         (void)r;
+      } else if (events[i].data.fd == workerFd_) {
+        cmReadable_ = true;
       }
     }
   }
   shutdown();
 }
 
-unsigned UcxTransport::progressWorkers() {
-  unsigned n = ucp_worker_progress(worker_);
+unsigned UcxTransport::progressWorkers(bool all) {
+  unsigned n = 0;
+  const auto now = Clock::now();
+  if (all || !cmQuiet_ || cmReadable_ || now >= cmDue_ || now < cmCarriesDataUntil_) {
+    n = ucp_worker_progress(worker_);
+    cmArmed_ = false;
+    cmReadable_ = false;
+    cmQuiet_ = n == 0;
+    cmDue_ = now + kCmPollPeriod;
+  }
   if (directWorker_) n += ucp_worker_progress(directWorker_);
   return n;
 }
 
 bool UcxTransport::armWorkers() {
-  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return false;
+  if (!cmArmed_) {
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) {
+      cmQuiet_ = false;
+      return false;
+    }
+    cmArmed_ = true;
+  }
   return !directWorker_ || ucp_worker_arm(directWorker_) != UCS_ERR_BUSY;
 }
 
@@ -636,7 +670,7 @@ void UcxTransport::afterProgress() {
 template <typename Done>
 void UcxTransport::progressUntil(Done done, Deadline deadline) {
   while (!done() && !deadline.expired()) {
-    if (progressWorkers() != 0) continue;
+    if (progressWorkers(/*all=*/true) != 0) continue;
     if (!armWorkers()) continue;
     epoll_event events[3];
     ::epoll_wait(epfd_, events, 3, static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 10)));

@@ -9,6 +9,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -74,6 +75,15 @@ inline std::optional<NodeId> senderOf(const void* header, size_t length,
   if (h.layout != kLayoutPacked && h.layout != kLayoutOneBig) return std::nullopt;
   if (out) *out = h;
   return NodeId::fromWire(std::string_view(h.id, h.idLen));
+}
+
+// A WireHeader naming `self`, with no stream, number or layout yet.
+inline WireHeader headerFor(const NodeId& self) {
+  WireHeader h;
+  std::string id = self.toWire();
+  h.idLen = static_cast<uint8_t>(std::min(id.size(), sizeof(h.id)));
+  std::memcpy(h.id, id.data(), h.idLen);
+  return h;
 }
 
 // (sender, stream): the unit of ordering.
@@ -261,6 +271,12 @@ class UcxTransport final : public Transport {
   // threads sent earlier is still queued (order per sender is the
   // contract), and returns true; false leaves `msg` for the queue.
   bool sendFromLoop(const NodeId& peer, Message& msg);
+  // Off the loop thread: starts sending `msgs` on the calling thread, in
+  // order, when the loop is asleep (loopMu_ free), nothing sent earlier
+  // waits in the queue, and the peer is up on a same-host direct endpoint;
+  // returns true. Saves waking the loop thread for a send (a worker's push
+  // and pull). False leaves every message for the queue.
+  bool sendDirect(const NodeId& peer, Message* msgs, size_t n);
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what);
 
   // A UCP context with active messages and wake-ups, named `name`, from
@@ -281,9 +297,14 @@ class UcxTransport final : public Transport {
   void releaseDirect();
   void releaseAfterFailedInit();
   void loop();
-  unsigned progressWorkers();
+
+  // Progresses the direct worker, and the connection manager's worker where
+  // it may have work (below); `all`: both, always.
+  unsigned progressWorkers(bool all = false);
 
   // Whether both workers are armed, i.e. the loop may sleep on their fds.
+  // The connection manager's worker stays armed from one sleep to the next
+  // while it has nothing to do.
   bool armWorkers();
 
   // How long the loop may sleep on the workers' fds: until the next timer,
@@ -361,11 +382,16 @@ class UcxTransport final : public Transport {
 
   const NodeId self_;
   const UcxOptions options_;
+  const WireHeader wireHeader_ = headerFor(self_);  // every message's, before stream and number
   int efd_ = -1;
 
   OpQueue queue_{"ucx " + self_.toString()};
   std::atomic<bool> stop_{false};
 
+  // The loop's state (everything below "Loop thread only") belongs to the
+  // holder of loopMu_: the loop thread, except while it sleeps or yields,
+  // when sendDirect may take it.
+  std::mutex loopMu_;
   std::mutex closeMu_;
   std::thread thread_;
   std::thread::id loopId_;
@@ -383,6 +409,23 @@ class UcxTransport final : public Transport {
   ucp_listener_h listener_ = nullptr;
   std::unique_ptr<ListenerCtx> listenerCtx_;  // the listener's handler argument
   int workerFd_ = -1;
+  // When the connection manager's worker is progressed. With same-host
+  // direct endpoints it carries no data, and progressing it costs a system
+  // call (UCX's TCP interface polls its sockets), which a small message's
+  // round trip paid on every turn of the loop, on each side. It is
+  // progressed when its fd is readable, after this loop did something on it
+  // (a send on one of its endpoints, an endpoint closed, a connect, listen or
+  // disconnect), until a progress finds nothing (`cmQuiet_`), at least every
+  // kCmPollPeriod while the loop is awake (UCX's keepalive, events its async
+  // thread left to progress), and on every turn for a while after it carried
+  // data (peers on other hosts). Otherwise it stays armed across sleeps.
+  static constexpr std::chrono::milliseconds kCmPollPeriod{1};
+  static constexpr std::chrono::milliseconds kCmDataWindow{100};
+  bool cmArmed_ = false;     // armed, and not progressed since
+  bool cmReadable_ = false;  // the last epoll_wait reported its fd
+  bool cmQuiet_ = false;     // its last progress found nothing, and nothing was asked of it since
+  Clock::time_point cmDue_{};
+  Clock::time_point cmCarriesDataUntil_{};
   size_t maxInlineBytes_ = 0;  // AM header bytes kLayoutOneBig may use
   int epfd_ = -1;
   RecvCallback onRecv_;

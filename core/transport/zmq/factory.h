@@ -2,10 +2,11 @@
 // Unix sockets ("ipc:///path"). Each node binds one ROUTER socket and
 // connects one DEALER per peer, whose routing id is the node's id
 // (NodeId::toWire()), so a receiver knows every sender without a handshake of
-// its own. One loop thread owns every socket; send() from any thread queues
-// the message and wakes it, and send() from the loop thread itself (a
-// receive callback's answer) writes at once, unless earlier sends from other
-// threads are still queued (they go first, in order).
+// its own. One loop thread owns every socket; send() from another thread
+// writes the message itself while the loop sleeps in its poll, or else
+// queues it and wakes the loop, and send() from the loop thread itself (a
+// receive callback's answer) writes at once; either way not ahead of
+// earlier sends that are still queued (they go first, in order).
 // Parts of at least `zeroCopyBytes` are sent without
 // copying (the Buffer is released once ZeroMQ has written it), and received
 // parts are ZeroMQ's own memory, wrapped in a Buffer.

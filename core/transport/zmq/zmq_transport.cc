@@ -4,9 +4,12 @@
 // The header frame lets a zero-part Message exist and marks Cortado traffic;
 // anything else is logged and dropped.
 //
-// Threads: every socket belongs to the loop thread. Methods called from other
-// threads append an Op to a queue and write to an eventfd that the loop polls
-// next to its sockets; listen() waits for its Op's result with a deadline.
+// Threads: every socket belongs to the loop thread, which holds loopMu_ while
+// it works and lets it go while it polls. Methods called from other threads
+// append an Op to a queue and write to an eventfd that the loop polls next to
+// its sockets; listen() waits for its Op's result with a deadline. A send
+// from another thread that finds loopMu_ free (the loop asleep) and nothing
+// queued before it writes to the peer's DEALER itself (sendDirect).
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -105,6 +108,7 @@ class ZmqTransport final : public Transport {
       setOpt(router_, ZMQ_RCVHWM, options_.recvHighWaterMark, "ZMQ_RCVHWM");
       setOpt(router_, ZMQ_ROUTER_HANDOVER, 1, "ZMQ_ROUTER_HANDOVER");
       setCommonOpts(router_);
+      routerFd_ = socketFd(router_, "ROUTER");
     } catch (...) {
       if (router_) zmq_close(router_);
       if (efd_ >= 0) ::close(efd_);
@@ -152,13 +156,19 @@ class ZmqTransport final : public Transport {
   // A receive callback's answer (the server's sums of small keys) goes out
   // from the loop thread at once, without the round trip through the queue
   // and the eventfd.
+  // Another thread's send goes to ZeroMQ from that thread while the loop
+  // sleeps (sendDirect), without waking the loop.
   void send(const NodeId& peer, Message msg) override {
-    queue_.send(onLoopThread(), peer, std::move(msg),
+    const bool onLoop = onLoopThread();
+    if (!onLoop && sendDirect(peer, &msg, 1)) return;
+    queue_.send(onLoop, peer, std::move(msg),
                 [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
   void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
-    queue_.sendAll(onLoopThread(), peer, std::move(msgs),
+    const bool onLoop = onLoopThread();
+    if (!onLoop && sendDirect(peer, msgs.data(), msgs.size())) return;
+    queue_.sendAll(onLoop, peer, std::move(msgs),
                    [this](const NodeId& p, Message& m) { return sendFromLoop(p, m); });
   }
 
@@ -191,6 +201,7 @@ class ZmqTransport final : public Transport {
     std::string address;
     void* dealer = nullptr;
     void* monitor = nullptr;  // PAIR socket receiving the DEALER's events
+    int monitorFd = -1;       // its ZMQ_FD
     bool up = false;          // ZMTP handshake done
     bool reported = false;    // a failure was reported since it was last up
     Clock::time_point deadline;
@@ -220,6 +231,24 @@ class ZmqTransport final : public Transport {
     return true;
   }
 
+  // Off the loop thread: hands `msgs` to ZeroMQ on the calling thread, in
+  // order, when the loop is asleep (loopMu_ free, which is also the memory
+  // barrier ZeroMQ asks for when a socket changes threads), nothing sent
+  // earlier waits in the queue or the peer's backlog, and the peer is
+  // connected; returns true. The peer's DEALER is then in no poll of the
+  // loop (only a backlog puts it there). False leaves every message for the
+  // queue.
+  bool sendDirect(const NodeId& peer, Message* msgs, size_t n) {
+    std::unique_lock<std::mutex> lk(loopMu_, std::try_to_lock);
+    if (!lk.owns_lock() || stop_ || inBatch_ || !queue_.idle()) return false;
+    auto it = peers_.find(peer);
+    if (it == peers_.end() || !it->second.backlog.empty()) return false;
+    for (size_t i = 0; i < n; ++i) sendTo(peer, std::move(msgs[i]));
+    // ZeroMQ would not take all of it: the loop waits for the DEALER.
+    if (!it->second.backlog.empty()) queue_.wakeLoop();
+    return true;
+  }
+
   // Runs `fn` on the loop and waits for it (core/transport/loop_call.h).
   std::string callOnLoop(std::function<std::string()> fn, const std::string& what) {
     if (onLoopThread()) return fn();
@@ -231,6 +260,17 @@ class ZmqTransport final : public Transport {
       throw Error(ErrorCode::kInternal, fmt::format("zmq {}: zmq_setsockopt({}, {}) failed: {}",
                                                     self_, name, value, zmq_strerror(errno)));
     }
+  }
+
+  // A socket's ZMQ_FD, which the loop polls (see loop()).
+  int socketFd(void* socket, const char* what) const {
+    int fd = -1;
+    size_t len = sizeof(fd);
+    if (zmq_getsockopt(socket, ZMQ_FD, &fd, &len) != 0) {
+      throw Error(ErrorCode::kInternal, fmt::format("zmq {}: no ZMQ_FD for the {} socket: {}",
+                                                    self_, what, zmq_strerror(errno)));
+    }
+    return fd;
   }
 
   void setCommonOpts(void* socket) const {
@@ -255,13 +295,21 @@ class ZmqTransport final : public Transport {
     std::vector<zmq_pollitem_t> items;
     std::vector<std::pair<NodeId, short>> owners;  // for items[2...]: peer and event
     std::deque<Op> batch;
+    // Held while the loop works; let go while it polls (sendDirect).
+    std::unique_lock<std::mutex> lk(loopMu_);
     while (!stop_) {
       items.clear();
       owners.clear();
+      // The ROUTER and the monitors by their ZMQ_FD, as plain fds: each
+      // ZeroMQ socket that zmq_poll() is given is asked for its events
+      // before and after the poll (for each, a getpid() system call inside
+      // ZeroMQ), on every turn. The fd is readable when the socket has
+      // news, and reading the socket until EAGAIN settles it (receive(),
+      // readMonitor()), so nothing is missed.
       items.push_back({nullptr, efd_, ZMQ_POLLIN, 0});
-      items.push_back({router_, 0, ZMQ_POLLIN, 0});
+      items.push_back({nullptr, routerFd_, ZMQ_POLLIN, 0});
       for (auto& [id, p] : peers_) {
-        items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
+        items.push_back({nullptr, p.monitorFd, ZMQ_POLLIN, 0});
         owners.emplace_back(id, ZMQ_POLLIN);
         if (!p.backlog.empty()) {
           items.push_back({p.dealer, 0, ZMQ_POLLOUT, 0});
@@ -270,10 +318,12 @@ class ZmqTransport final : public Transport {
       }
       // Busy polling: right after work, look again without sleeping.
       const bool polling = options_.busyPoll.count() > 0 && Clock::now() < pollUntil_;
-      const int ready =
-          zmq_poll(items.data(), static_cast<int>(items.size()), polling ? 0 : pollTimeoutMs());
+      const long timeoutMs = polling || routerMore_ ? 0 : pollTimeoutMs();
+      lk.unlock();
+      const int ready = zmq_poll(items.data(), static_cast<int>(items.size()), timeoutMs);
       // Polling and nothing came: let a thread that shares this core run.
       if (polling && ready == 0) std::this_thread::yield();
+      lk.lock();
       if (ready < 0) {
         if (errno == EINTR) continue;
         CORTADO_LOG_ERROR("zmq {}: zmq_poll failed, the transport stops: {}", self_,
@@ -281,7 +331,7 @@ class ZmqTransport final : public Transport {
         break;
       }
       // Callbacks only post Ops, so peers_ does not change until the Ops run.
-      if (items[1].revents & ZMQ_POLLIN) receive();
+      if (routerMore_ || (items[1].revents & ZMQ_POLLIN)) receive();
       for (size_t i = 0; i < owners.size() && !stop_; ++i) {
         if (!(items[i + 2].revents & owners[i].second)) continue;
         auto it = peers_.find(owners[i].first);
@@ -415,6 +465,7 @@ class ZmqTransport final : public Transport {
       setOpt(p.monitor, ZMQ_LINGER, 0, "ZMQ_LINGER");
       CORTADO_ENFORCE(zmq_connect(p.monitor, monitorAt.c_str()) == 0, ErrorCode::kInternal,
                       "cannot connect the monitor: {}", zmq_strerror(errno));
+      p.monitorFd = socketFd(p.monitor, "monitor");
       CORTADO_ENFORCE(zmq_connect(p.dealer, address.c_str()) == 0, ErrorCode::kInvalidArgument,
                       "{}", zmq_strerror(errno));
     } catch (const Error& e) {
@@ -425,7 +476,11 @@ class ZmqTransport final : public Transport {
       return;
     }
     CORTADO_LOG_DEBUG("zmq {}: connecting to {} at {}", self_, peer, address);
-    peers_.emplace(peer, std::move(p));
+    auto added = peers_.emplace(peer, std::move(p)).first;
+    // A first read: ZeroMQ signals a socket's fd for a message only once
+    // its reader has found the pipe empty, and nothing signals the fd of a
+    // freshly connected PAIR socket before that.
+    readMonitor(added->first, added->second);
     for (auto& m : held_.release(peer)) sendTo(peer, std::move(m));
   }
 
@@ -503,12 +558,17 @@ class ZmqTransport final : public Transport {
     return SendResult::kSent;
   }
 
+  // Receives until EAGAIN, or kRecvBatch messages; then routerMore_ says
+  // that the loop must look again before it sleeps (the ROUTER's fd does
+  // not signal what is already there).
   void receive() {
+    routerMore_ = true;
     for (int count = 0; count < kRecvBatch && !stop_; ++count) {
       zmq_msg_t idFrame;
       zmq_msg_init(&idFrame);
       if (zmq_msg_recv(&idFrame, router_, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&idFrame);
+        routerMore_ = false;
         return;
       }
       std::string wireId(static_cast<const char*>(zmq_msg_data(&idFrame)), zmq_msg_size(&idFrame));
@@ -657,8 +717,12 @@ class ZmqTransport final : public Transport {
   void* ctx_ = nullptr;
   int efd_ = -1;
   void* router_ = nullptr;
+  int routerFd_ = -1;  // its ZMQ_FD
 
   OpQueue queue_;
+  // The loop's state (the sockets, peers_, inBatch_) belongs to the holder:
+  // the loop thread, except while it polls, when sendDirect may take it.
+  std::mutex loopMu_;
   bool inBatch_ = false;  // the loop runs a batch of the queue (loop thread only)
   // Set once by close(); the loop checks it between callbacks.
   std::atomic<bool> stop_{false};
@@ -673,6 +737,7 @@ class ZmqTransport final : public Transport {
   std::unordered_map<NodeId, Peer> peers_;
   HeldSends held_;  // sends to peers that connect() has not named yet
   uint64_t nextMonitor_ = 0;
+  bool routerMore_ = true;       // the ROUTER may hold messages (receive()); true: look at start
   Clock::time_point pollUntil_;  // busy polling goes on until then
 };
 
