@@ -559,8 +559,8 @@ int runModelBench(const ModelBenchOptions& o) {
       const auto t0 = Clock::now();
       const double traceT0 = Tracer::now();
       // Each time the executor is free: every gradient ready by now is the
-      // batch (none: the next one, when it is ready). With fusion the
-      // workers agree on it first (the largest of their counts; each waits
+      // batch (none: the next one, when it is ready). With fusion (or the
+      // encode pipeline, below) the workers agree on it first (the largest of their counts; each waits
       // for those on its own clock), so that all run the same items.
       auto readyAt = [&](size_t j) {
         return t0 + std::chrono::nanoseconds(int64_t(readyTimes[j] * 1e3));
@@ -575,7 +575,10 @@ int runModelBench(const ModelBenchOptions& o) {
       for (size_t j = 0; j < T;) {
         std::this_thread::sleep_until(readyAt(j));
         size_t end = gravac ? T : groupEnd[j];
-        if (ex.fusionBytes() > 0 && !gravac) {
+        // With fusion, or the encode pipeline (which overlaps the units of
+        // one batch: alone, each unit would be a batch of its own and there
+        // would be nothing to overlap), every gradient ready by now.
+        if ((ex.fusionBytes() > 0 || ex.pipeline()) && !gravac) {
           const auto now = Clock::now();
           while (end < T && readyAt(end) <= now) ++end;
           end = groupEnd[end - 1];

@@ -131,6 +131,7 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items, Deadline deadl
   }
   for (TensorState* t : s.parts) adopt(*t);
   s.round = s.parts.front()->round;  // the trace's iteration, as for fusion by size
+  s.flushRounds = s.parts.front()->flushRounds;
   s.members.clear();
   std::vector<const BatchItem*> its;
   for (size_t k = 0; k < s.parts.size(); ++k) {
@@ -159,11 +160,18 @@ void Executor::complete(const Unit& u, std::span<const BatchItem> items, Deadlin
                                                 return st.kind == plan::StepKind::kComm &&
                                                        st.op == plan::CommOp::kPull && st.compressed;
                                               });
-  for (TensorState* t : s.parts) ++t->round;
-  if (s.parts.empty())
+  // setPlan's flush round is no training iteration (TensorState::iteration).
+  const uint64_t flushRound = forceFlush_ ? 1 : 0;
+  for (TensorState* t : s.parts) {
+    ++t->round;
+    t->flushRounds += flushRound;
+  }
+  if (s.parts.empty()) {
     ++s.round;
-  else
+    s.flushRounds += flushRound;
+  } else {
     ++groupRuns_;
+  }
 }
 
 void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
@@ -192,9 +200,10 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
   for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
   const bool flush = lastRound();
   const detail::Lanes lanes = this->lanes();
+  // setPlan's flush round is not traced: no training iteration.
+  Tracer* tracer = forceFlush_ ? nullptr : tracer_.get();
   auto makeRun = [&](TensorState& t) {
-    return std::make_unique<Run>(t, worker_, groups_, lanes, topo_, deadline, tracer_.get(), prof,
-                                 flush);
+    return std::make_unique<Run>(t, worker_, groups_, lanes, topo_, deadline, tracer, prof, flush);
   };
   auto start = [&](Unit& u) {
     prepare(u, items, deadline);

@@ -284,7 +284,9 @@ class Executor {
   // How many tensors were declared.
   size_t declaredCount() const { return tensors_.size(); }
 
-  // How many times run() has completed for `name` (its iteration count).
+  // How many times run() has completed for `name` (its iteration count), not
+  // counting the flush rounds setPlan runs for tensors that owed the servers
+  // a residual: every tensor of an iteration has the same count.
   uint64_t runs(const std::string& name) const;
 
   // --- online re-planning -----------------------------------------------------

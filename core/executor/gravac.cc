@@ -80,11 +80,12 @@ void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
   // min_ratio); what the plan's encode points hold is carried by the next
   // switch (retire), as for any plan change.
   for (const auto& [name, t] : tensors_)
-    CORTADO_ENFORCE(t->round == tensors_.begin()->second->round, ErrorCode::kInvalidArgument,
+    CORTADO_ENFORCE(t->iteration() == tensors_.begin()->second->iteration(),
+                    ErrorCode::kInvalidArgument,
                     "worker {}: turn GraVAC on at an iteration boundary: tensor '{}' ran {} times, "
                     "'{}' {} (run every declared tensor as often first)",
-                    topo_.rank, name, t->round, tensors_.begin()->first,
-                    tensors_.begin()->second->round);
+                    topo_.rank, name, t->iteration(), tensors_.begin()->first,
+                    tensors_.begin()->second->iteration());
   CORTADO_ENFORCE(std::isfinite(samplesPerIteration) && samplesPerIteration > 0,
                   ErrorCode::kInvalidArgument,
                   "GraVAC: samplesPerIteration is {}; give the samples of one iteration over "
@@ -176,7 +177,7 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
   // GraVAC's own stages, besides the plan's steps, in the trace (tensor
   // "(every tensor)"): its two-level encode of every gradient, the agreed
   // sums, the message made dense for the plan, and a re-plan's switch.
-  const int64_t round = int64_t(states.front()->round);
+  const int64_t round = int64_t(states.front()->iteration());
   auto span = [&](const char* stage, const char* lane, double start) {
     if (tracer_) tracer_->record(stage, "(every tensor)", round, lane, start, Tracer::now());
   };

@@ -99,6 +99,7 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   f.n = total;
   f.option = states.front()->option;
   f.round = states.front()->round;  // the trace's iteration
+  f.flushRounds = states.front()->flushRounds;
   f.members.clear();
   for (const TensorState* t : states)
     f.members += fmt::format("{}{}#{}", f.members.empty() ? "" : ", ", t->name, t->round);
@@ -107,7 +108,8 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   if (buf != fusionBuffer_.data()) ++inPlaceGroupRuns_;
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   try {
-    Run(f, worker_, groups_, l, topo_, deadline, tracer_.get(), prof, false).go(buf, buf, op);
+    Run(f, worker_, groups_, l, topo_, deadline, forceFlush_ ? nullptr : tracer_.get(), prof, false)
+        .go(buf, buf, op);
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("{} (tensor fusion: the {} tensors '{}' .. '{}' ran as one, "
                                       "{} bytes; CORTADO_FUSION_BYTES=0 runs them one by one)",
@@ -116,7 +118,10 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   }
   detail::scatterGroup(l, buf, states, items);
   l.settle(f, deadline, "the fused group's results");
-  for (TensorState* t : states) ++t->round;
+  for (TensorState* t : states) {
+    ++t->round;
+    t->flushRounds += forceFlush_ ? 1 : 0;
+  }
 }
 
 }  // namespace cortado::executor

@@ -459,7 +459,7 @@ uint64_t Executor::runs(const std::string& name) const {
   auto it = tensors_.find(name);
   CORTADO_ENFORCE(it != tensors_.end(), ErrorCode::kInvalidArgument,
                   "tensor '{}' was never declared to the executor", name);
-  return it->second->round;
+  return it->second->iteration();
 }
 
 std::optional<uint64_t> Executor::declaredElements(const std::string& name) const {

@@ -120,6 +120,14 @@ struct Executor::TensorState {
   std::vector<std::vector<ChunkSpan>> shardChunks;
   std::set<uint64_t> cuts;  // where payload pieces may start or end
   uint64_t round = 0;
+  // Of those rounds, the flush rounds setPlan ran (flushServerResiduals):
+  // no training iteration, so not counted by iteration().
+  uint64_t flushRounds = 0;
+  // The training iterations this state ran: its rounds less setPlan's flush
+  // rounds. The trace's iteration and Executor::runs(). A flush round runs
+  // only for the tensors that owed the servers a residual, so counting it
+  // would put the tensors of one iteration under different numbers.
+  uint64_t iteration() const { return round - flushRounds; }
   uint64_t seedBase = 0;
   // A plan group's state (Plan::groups) runs its option on the concatenation
   // of `parts`, each at its offset; a tensor's has none.
@@ -278,7 +286,7 @@ class Run {
         lanes_(lanes),
         topo_(topo),
         d_(d),
-        tracer_(tracer && tracer->wants(int64_t(t.round)) ? tracer : nullptr),
+        tracer_(tracer && tracer->wants(int64_t(t.iteration())) ? tracer : nullptr),
         prof_(prof),
         flushResidual_(flushResidual),
         restart_(t.carried) {

@@ -246,7 +246,7 @@ void Run::record(const std::vector<Step>& steps, size_t i, double start) {
                         s.compressed ? "*" : "");
     lane = s.scope == Scope::kIntra ? "intra" : "network";
   }
-  tracer_->record(stage, t_.name, int64_t(t_.round), lane, start, Tracer::now());
+  tracer_->record(stage, t_.name, int64_t(t_.iteration()), lane, start, Tracer::now());
 }
 
 uint64_t Run::bytesHeld(bool compressed) const {

@@ -118,6 +118,15 @@ void Check::runSwitch() {
       }
     }
   }
+  // Every tensor ran `iters` training iterations: setPlan's flush rounds
+  // (with --direct-switch, for A's tensors whose pull the servers re-encode,
+  // every other one) are not counted, so the tensors of one iteration share
+  // its number in runs() and in the trace.
+  for (int j = 0; j < T; ++j) {
+    const uint64_t ran = ex.runs(fmt::format("t{}", j));
+    if (ran != uint64_t(iters))
+      fail(fmt::format("t{}: runs() is {} after {} iterations", j, ran, iters));
+  }
   // Folded residuals: after the lossless plan ran once, nothing is owed.
   if (!exact && iters >= switchAt2 && worstAfterLossless > 1e-3)
     fail(fmt::format("after the switch to the lossless plan the running sums of t{} differ by "
