@@ -875,12 +875,13 @@ class PyExecutor {
   }
 
   // The executor's thread: whenever it is free, runs everything queued by
-  // then (with the same reduction) as one batch (Executor::runBatch: the
-  // pushes of a batch are in flight together, and its phases run every
-  // encode, then every exchange, then every decode). Python plans are
-  // push/pull only (no MPI groups), so the workers need not agree on the
-  // batches: each key's round completes whatever the order. After a
-  // failure, drops what is queued until wait() has taken the error.
+  // then (with the same reduction) as one batch (Executor::runBatch: its
+  // phases run every encode, then each communication step in turn, then
+  // every decode). Without MPI groups plans are push/pull only, so the
+  // workers need not agree on the batches: each key's round completes
+  // whatever the order; with them, agreeOnBatch() makes the batches the
+  // same on every worker. After a failure, drops what is queued until
+  // wait() has taken the error.
   //
   // The plan's fused groups (plan::Plan::groups) run as one execution only
   // when a batch holds all their tensors; a batch of some of them would run
