@@ -9,7 +9,7 @@ speedup over each static ratio that reaches it).
 
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
-                          [--model cnn|mlp] [--hidden H] [--eval-every K]
+                          [--model cnn|mlp] [--hidden H] [--eval-every K] [--trace DIR]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
 
 --model mlp --hidden H trains train_digits.py's wide perceptron (64 x H +
@@ -19,6 +19,10 @@ H + H x 10 + 10 parameters) instead of its small CNN.
 (train_digits.py --eval-every), so that the time to the target is read at
 step resolution, not at each epoch's end; every configuration runs with
 the same K, and evaluation time is left out of every time in the table.
+
+--trace DIR records each configuration's Chrome traces (cortado launch
+--trace, docs/tracing.md) in DIR/<n>, n its place in --configs: the plan
+executor's stages, GraVAC's own among them, and the servers' work.
 
 A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
 train_digits.py --executor: the gradients through the plan executor.
@@ -61,6 +65,7 @@ def parse_args():
     p.add_argument("--hidden", type=int, help="train_digits.py --hidden (with --model mlp)")
     p.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="test accuracy every K steps (0: at each epoch's end)")
+    p.add_argument("--trace", metavar="DIR", help="cortado launch --trace DIR/<n> per config")
     p.add_argument("--build", default=str(ROOT / "build"))
     p.add_argument("--json", help="also write every run's record here")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
@@ -72,7 +77,7 @@ def parse_args():
     return args
 
 
-def run(args, compression, out, name):
+def run(args, compression, out, name, index=0):
     build = pathlib.Path(args.build).resolve()
     env = dict(os.environ, PYTHONPATH=str(build / "bindings" / "python"),
                CORTADO_LOG_LEVEL="warn", OMP_NUM_THREADS="1",
@@ -85,14 +90,15 @@ def run(args, compression, out, name):
         (["--hidden", str(args.hidden)] if args.hidden else []) + \
         (["--eval-every", str(args.eval_every)] if args.eval_every else []) + \
         (["--executor"] if via == "executor" else [])
+    trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:
-        cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2", "--"] + script
+        cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2"] + trace + ["--"] + script
     else:
         hosts = ",".join(f"{name}-h{i}" for i in range(1, args.hosts + 1))
         cmd = [str(TB), "exec", name, "1", "env"] + [f"{k}={env[k]}" for k in (
             "PYTHONPATH", "CORTADO_LOG_LEVEL", "OMP_NUM_THREADS", "CORTADO_CONNECT_TIMEOUT_MS")] + \
             [cortado, "launch", "-w", "1", "-s", "1", "--hosts", hosts, "--agent",
-             f"{TB} exec-host {{host}}", "--"] + script
+             f"{TB} exec-host {{host}}"] + trace + ["--"] + script
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0 or not out.exists():
@@ -119,7 +125,7 @@ def main():
             os.chmod(tmp, 0o755)
             for i, c in enumerate(configs):
                 print(f"# {time.strftime('%H:%M:%S')} {c}", file=sys.stderr, flush=True)
-                r = run(args, c, pathlib.Path(tmp) / f"run{i}.json", name)
+                r = run(args, c, pathlib.Path(tmp) / f"run{i}.json", name, i)
                 if r is not None:
                     r["config"] = c
                     records.append(r)
