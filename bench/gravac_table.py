@@ -10,6 +10,7 @@ speedup over each static ratio that reaches it).
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
                           [--model cnn|mlp] [--hidden H] [--eval-every K] [--trace DIR]
+                          [--fusion-bytes N]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
 
 --model mlp --hidden H trains train_digits.py's wide perceptron (64 x H +
@@ -65,6 +66,8 @@ def parse_args():
     p.add_argument("--hidden", type=int, help="train_digits.py --hidden (with --model mlp)")
     p.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="test accuracy every K steps (0: at each epoch's end)")
+    p.add_argument("--fusion-bytes", type=int, metavar="N",
+                   help="train_digits.py --fusion-bytes N for every configuration")
     p.add_argument("--trace", metavar="DIR", help="cortado launch --trace DIR/<n> per config")
     p.add_argument("--build", default=str(ROOT / "build"))
     p.add_argument("--json", help="also write every run's record here")
@@ -89,6 +92,7 @@ def run(args, compression, out, name, index=0):
               "--compression", compression, "--json", str(out), "--model", args.model] + \
         (["--hidden", str(args.hidden)] if args.hidden else []) + \
         (["--eval-every", str(args.eval_every)] if args.eval_every else []) + \
+        (["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None else []) + \
         (["--executor"] if via == "executor" else [])
     trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:

@@ -284,14 +284,15 @@ def test_train_digits_evaluates_every_k_steps(run_job, tmp_path):
     assert record["evals"][-1]["test_acc"] > 0.8
 
 
+@pytest.mark.parametrize("option", ["--eval-every", "--fusion-bytes"])
 @pytest.mark.parametrize("value, needle", [("-1", "must be 0 or more, got -1"),
                                            ("often", "must be a whole number, got 'often'")])
-def test_train_digits_refuses_a_bad_eval_every(value, needle):
+def test_train_digits_refuses_a_bad_count(option, value, needle):
     example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
-    proc = subprocess.run([PYTHON, str(example), "--eval-every", value],
+    proc = subprocess.run([PYTHON, str(example), option, value],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc
-    assert "--eval-every" in proc.stderr and needle in proc.stderr, proc.stderr
+    assert option in proc.stderr and needle in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("hidden", ["0", "-3", "wide"])

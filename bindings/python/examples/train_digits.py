@@ -99,6 +99,10 @@ def parse_args():
     p.add_argument("--executor", action="store_true",
                    help="run the gradients through the plan executor (executor=True); with "
                         "gravac the executor decides the ratio and re-plans when it moves")
+    p.add_argument("--fusion-bytes", type=whole_number,
+                   help="DistributedOptimizer's fusion_bytes: with --executor, gradients fused "
+                        "into groups of about this many bytes (0: one option per gradient; "
+                        "default: the optimizer's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", help="rank 0 writes the per-epoch accuracies, times and the bytes "
@@ -145,7 +149,8 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
     optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),  # Cortado: 2
                                         compression=compression,
-                                        executor=args.executor)
+                                        executor=args.executor,
+                                        fusion_bytes=args.fusion_bytes)
     ct.broadcast_parameters(model.state_dict(), root_rank=0)                 # Cortado: 3
     report = getattr(compression, "last_report", None)
     if rank == 0 and report:
