@@ -9,11 +9,21 @@ speedup over each static ratio that reaches it).
 
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
-                          [--model cnn|mlp] [--hidden H]
+                          [--model cnn|mlp] [--hidden H] [--eval-every K] [--trace DIR]
+                          [--fusion-bytes N]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
 
 --model mlp --hidden H trains train_digits.py's wide perceptron (64 x H +
 H + H x 10 + 10 parameters) instead of its small CNN.
+
+--eval-every K has rank 0 measure the test accuracy every K steps
+(train_digits.py --eval-every), so that the time to the target is read at
+step resolution, not at each epoch's end; every configuration runs with
+the same K, and evaluation time is left out of every time in the table.
+
+--trace DIR records each configuration's Chrome traces (cortado launch
+--trace, docs/tracing.md) in DIR/<n>, n its place in --configs: the plan
+executor's stages, GraVAC's own among them, and the servers' work.
 
 A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
 train_digits.py --executor: the gradients through the plan executor.
@@ -54,6 +64,11 @@ def parse_args():
                    help="';'-separated compressions (default: %(default)s)")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="train_digits.py --model")
     p.add_argument("--hidden", type=int, help="train_digits.py --hidden (with --model mlp)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="K",
+                   help="test accuracy every K steps (0: at each epoch's end)")
+    p.add_argument("--fusion-bytes", type=int, metavar="N",
+                   help="train_digits.py --fusion-bytes N for every configuration")
+    p.add_argument("--trace", metavar="DIR", help="cortado launch --trace DIR/<n> per config")
     p.add_argument("--build", default=str(ROOT / "build"))
     p.add_argument("--json", help="also write every run's record here")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
@@ -65,7 +80,7 @@ def parse_args():
     return args
 
 
-def run(args, compression, out, name):
+def run(args, compression, out, name, index=0):
     build = pathlib.Path(args.build).resolve()
     env = dict(os.environ, PYTHONPATH=str(build / "bindings" / "python"),
                CORTADO_LOG_LEVEL="warn", OMP_NUM_THREADS="1",
@@ -76,15 +91,18 @@ def run(args, compression, out, name):
     script = [args.python, str(EXAMPLE), "--epochs", str(args.epochs), "--no-progress",
               "--compression", compression, "--json", str(out), "--model", args.model] + \
         (["--hidden", str(args.hidden)] if args.hidden else []) + \
+        (["--eval-every", str(args.eval_every)] if args.eval_every else []) + \
+        (["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None else []) + \
         (["--executor"] if via == "executor" else [])
+    trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:
-        cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2", "--"] + script
+        cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2"] + trace + ["--"] + script
     else:
         hosts = ",".join(f"{name}-h{i}" for i in range(1, args.hosts + 1))
         cmd = [str(TB), "exec", name, "1", "env"] + [f"{k}={env[k]}" for k in (
             "PYTHONPATH", "CORTADO_LOG_LEVEL", "OMP_NUM_THREADS", "CORTADO_CONNECT_TIMEOUT_MS")] + \
             [cortado, "launch", "-w", "1", "-s", "1", "--hosts", hosts, "--agent",
-             f"{TB} exec-host {{host}}", "--"] + script
+             f"{TB} exec-host {{host}}"] + trace + ["--"] + script
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0 or not out.exists():
@@ -111,7 +129,7 @@ def main():
             os.chmod(tmp, 0o755)
             for i, c in enumerate(configs):
                 print(f"# {time.strftime('%H:%M:%S')} {c}", file=sys.stderr, flush=True)
-                r = run(args, c, pathlib.Path(tmp) / f"run{i}.json", name)
+                r = run(args, c, pathlib.Path(tmp) / f"run{i}.json", name, i)
                 if r is not None:
                     r["config"] = c
                     records.append(r)
@@ -131,8 +149,7 @@ def plot(records, args):
     import matplotlib
     matplotlib.use("Agg")
     pushed = [r["epochs"][-1]["pushed"] / 1e6 for r in records]
-    reached = [next((e["seconds"] for e in r["epochs"] if e["test_acc"] >= args.target), float("nan"))
-               for r in records]
+    reached = [(reach(r, args.target) or (float("nan"),))[0] for r in records]
     where = "this machine" if args.local else f"{args.hosts} emulated hosts at {args.rate}"
     plot_figures.draw_table([r["config"] for r in records],
                             ["pushed per worker (MB)", f"time to {args.target:.0%} test accuracy (s)"],
@@ -141,33 +158,80 @@ def plot(records, args):
     print(f"# plot written to {args.plot}", file=sys.stderr)
 
 
+def reach(r, target):
+    """(seconds, step) of the first evaluation at or above the target, or None: the
+    evaluations every K steps where the run made them, else each epoch's end."""
+    if r.get("evals"):
+        return next(((e["seconds"], e["step"]) for e in r["evals"] if e["test_acc"] >= target),
+                    None)
+    per_epoch = len(r.get("step_seconds", [])) // max(1, len(r["epochs"])) or None
+    return next(((e["seconds"], e["epoch"] * per_epoch if per_epoch else None)
+                 for e in r["epochs"] if e["test_acc"] >= target), None)
+
+
+def cf_runs(ratios):
+    """'10x 39, 20x 191': the CF sent, run by run (dense: CF 1)."""
+    out = []
+    for x in ratios:
+        if out and out[-1][0] == x:
+            out[-1][1] += 1
+        else:
+            out.append([x, 1])
+    return ", ".join(("dense" if x == 1.0 else f"{x:g}x") + f" {n}" for x, n in out)
+
+
+def seconds_per_step(r):
+    """The run's training time over its steps, and GraVAC's mean step time at each CF
+    (the step's own duration on rank 0, from zero_grad to the optimizer's step)."""
+    steps = r.get("step_seconds") or []
+    total = r["epochs"][-1]["seconds"] / len(steps) if steps else float("nan")
+    by_cf = {}
+    if r.get("history") and len(r["history"]) == len(steps):
+        for h, t in zip(r["history"], steps):
+            by_cf.setdefault(h["ratio"], []).append(t)
+    return total, {cf: sorted(ts)[len(ts) // 2] for cf, ts in by_cf.items()}
+
+
 def print_table(records, args):
     dense = next((r for r in records if r["config"] == "none"), None)
     dense_bytes = dense["epochs"][-1]["pushed"] if dense else None
 
     def to_target(r):
-        return next((e["seconds"] for e in r["epochs"] if e["test_acc"] >= args.target), None)
+        hit = reach(r, args.target)
+        return hit[0] if hit else None
 
     static = [r for r in records if not r["config"].startswith(("none", "gravac"))]
-    print(f"| compression | final test acc | pushed per worker (MB) | less than dense | "
-          f"time to {args.target:.0%} (s) | faster than (static that reach it) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| compression | CFs sent (steps) | final test acc | pushed per worker (MB) | "
+          f"less than dense | time to {args.target:.0%} (s) | step | s/step (median) | "
+          f"GraVAC's speedup over the static ratios that reach it |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in records:
         last = r["epochs"][-1]
-        t = to_target(r)
+        hit = reach(r, args.target)
+        t = hit[0] if hit else None
         less = f"{dense_bytes / last['pushed']:.1f}x" if dense_bytes and last["pushed"] else "-"
         vs = ""
         if r["config"].startswith("gravac") and t is not None:
             vs = ", ".join(f"{s['config']} {to_target(s) / t:.2f}x" for s in static
                            if to_target(s) is not None)
-        ratios = ""
+        nsteps = len(r.get("step_seconds") or []) or "?"
         if r.get("history"):
-            rs = [h["ratio"] for h in r["history"]]
-            ratios = f" (ratios {min(rs):g}-{max(rs):g}x, last {rs[-1]:g}x, " \
-                f"{sum(x == 1.0 for x in rs)} dense steps)"
+            cfs = cf_runs([h["ratio"] for h in r["history"]])
+        elif r["config"] == "none":
+            cfs = f"dense {nsteps}"
+        else:
+            cfs = f"static {nsteps}"
+        total, by_cf = seconds_per_step(r)
+        steps = r.get("step_seconds") or []
+        median = sorted(steps)[len(steps) // 2] if steps else float("nan")
+        per_step = f"{total:.3f} ({median:.3f})"
+        if len(by_cf) > 1:
+            per_step += "; " + ", ".join(("dense" if cf == 1.0 else f"{cf:g}x") + f" {v:.3f}"
+                                         for cf, v in sorted(by_cf.items()))
         reached = f"{t:.1f}" if t is not None else "not reached"
-        print(f"| {r['config']}{ratios} | {last['test_acc']:.4f} | {last['pushed'] / 1e6:.2f} | "
-              f"{less} | {reached} | {vs} |")
+        at = str(hit[1]) if hit and hit[1] is not None else ("" if hit is None else "?")
+        print(f"| {r['config']} | {cfs} | {last['test_acc']:.4f} | {last['pushed'] / 1e6:.2f} | "
+              f"{less} | {reached} | {at} | {per_step} | {vs} |")
 
 if __name__ == "__main__":
     main()

@@ -334,6 +334,48 @@ TEST(GravacController, ScalingPolicies) {
                       {20, 80}, {80, 1000}, {1000, 1000}, {1000, 1000}}));
 }
 
+// The paper's timing (Algorithm 1, specs/gravac.md section 2): the
+// candidate goes out from the first iteration whose smoothed gain passes
+// epsilon, with no window to wait for; the exploration moves up only at
+// multiples of the window; and the EWMA starts at the first sample (not at
+// 0, which would send dense until it climbed past epsilon).
+TEST(GravacController, MovesUpOnlyAtWindowBoundariesAndSendsTheCandidateAtOnce) {
+  GravacOptions o;  // the paper's: window 500, exponential, [10x, 1000x]
+  o.epsilon = 0.7;
+  GravacController c(o, 4);
+  EXPECT_DOUBLE_EQ(c.alpha(), 0.04);  // 4 workers / 100
+  const GravacSums apart{1.0, 0.9, 0.8};  // gains 11% apart: the minimum stays
+  std::vector<std::pair<uint64_t, double>> moves;  // (iteration, next candidate)
+  double candidate = c.candidateRatio();
+  double seconds = 0;  // a step at twice the CF takes half as long: no saturation
+  for (int i = 0; i < 1500; ++i) {
+    GravacStep s = c.step(apart, seconds);
+    seconds = 2.0 / s.ratio;
+    if (s.iteration == 1) {
+      EXPECT_EQ(s.level, GravacLevel::kCandidate);
+      EXPECT_EQ(s.ratio, 20);
+      EXPECT_DOUBLE_EQ(s.gainCandidate, 0.8);  // the first sample, unsmoothed
+    }
+    EXPECT_EQ(s.ratio, s.candidateRatio) << s.iteration;
+    if (s.nextCandidateRatio != candidate) moves.emplace_back(s.iteration, s.nextCandidateRatio);
+    candidate = s.nextCandidateRatio;
+  }
+  EXPECT_EQ(moves, (std::vector<std::pair<uint64_t, double>>{{500, 40}, {1000, 160}, {1500, 1000}}));
+  // A candidate below epsilon early on: the minimum goes out, and the
+  // candidate takes over at the iteration its smoothed gain reaches epsilon,
+  // between windows: EWMA 0.6 -> 0.04 * 0.9 + 0.96 * g climbs past 0.7 at
+  // iteration 1 + ceil(log(0.2 / 0.3) / log(0.96)) = 11.
+  GravacController e(o, 4);
+  e.step({1.0, 0.9, 0.6}, 0);
+  uint64_t first = 0;
+  for (int i = 0; i < 50 && !first; ++i) {
+    GravacStep s = e.step({1.0, 0.9, 0.9}, 0.1);
+    if (s.level == GravacLevel::kCandidate) first = s.iteration;
+    else EXPECT_EQ(s.level, GravacLevel::kMinimum);
+  }
+  EXPECT_EQ(first, 1 + uint64_t(std::ceil(std::log(0.2 / 0.3) / std::log(0.96))));
+}
+
 TEST(GravacController, FallsBackPerIteration) {
   GravacOptions o;
   o.alpha = 1;

@@ -3,6 +3,7 @@ scripts in workers/ that assert against NumPy/torch references and report in
 result.<rank>.json, plus the errors that need no job."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -286,6 +287,44 @@ def test_train_digits_wide_mlp(run_job):
     lines = [l for l in job.stdout.splitlines() if l.startswith("epoch ")]
     assert len(lines) == 3, job.describe()
     assert float(lines[-1].split("test-acc")[1].split()[0]) > 0.8, job.describe()
+
+
+def test_train_digits_evaluates_every_k_steps(run_job, tmp_path):
+    # --eval-every K: rank 0 measures the whole test set's accuracy every K
+    # steps. Its premise, that every worker holds the same model after a step,
+    # is checked against the epochs' accuracy, which sums the workers' own
+    # test shards: at an epoch's last step the two must agree exactly.
+    example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
+    out = tmp_path / "record.json"
+    os.chmod(tmp_path, 0o755)
+    job = run_job(2, 1, example, "--epochs", "2", "--no-progress", "--model", "mlp",
+                  "--hidden", 300, "--compression", "topk:ratio=0.1", "--eval-every", 5,
+                  "--json", out, timeout=180, out_arg=False)
+    assert job.returncode == 0, job.describe()
+    record = json.loads(out.read_text())
+    steps = math.ceil((1797 - 1797 // 5) // 2 / 16)  # 719 training samples per worker: 45
+    assert len(record["step_seconds"]) == 2 * steps
+    assert [e["step"] for e in record["evals"]] == list(range(5, 2 * steps + 1, 5))
+    times = [e["seconds"] for e in record["evals"]]
+    assert times == sorted(times) and times[0] > 0
+    for epoch in record["epochs"]:
+        at_end = next(e for e in record["evals"] if e["step"] == epoch["epoch"] * steps)
+        assert at_end["test_acc"] == pytest.approx(epoch["test_acc"], abs=1e-12), (at_end, epoch)
+        # The training clock leaves evaluations out: the epoch's end is read
+        # after its last step's evaluation, with nothing counted in between.
+        assert epoch["seconds"] >= at_end["seconds"]
+    assert record["evals"][-1]["test_acc"] > 0.8
+
+
+@pytest.mark.parametrize("option", ["--eval-every", "--fusion-bytes"])
+@pytest.mark.parametrize("value, needle", [("-1", "must be 0 or more, got -1"),
+                                           ("often", "must be a whole number, got 'often'")])
+def test_train_digits_refuses_a_bad_count(option, value, needle):
+    example = REPO / "bindings" / "python" / "examples" / "train_digits.py"
+    proc = subprocess.run([PYTHON, str(example), option, value],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc
+    assert option in proc.stderr and needle in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("hidden", ["0", "-3", "wide"])

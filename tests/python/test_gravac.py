@@ -113,3 +113,30 @@ def test_plan_executor_runs_gravac_as_a_replay_does(run_job):
     assert all(r["refused"] for r in results.values()), results
     print(results[0]["ratios"], results[0]["replans"], results[0]["max_param_diff"])
 
+
+
+def test_the_executor_traces_gravac_stages(run_job, tmp_path):
+    # cortado launch --trace DIR with executor=True: every worker writes its
+    # executor's stages, GraVAC's own among them, once per step; the count is
+    # the example's step count (2 workers: 719 training samples each, batch
+    # 16, 45 steps an epoch).
+    import json
+    import pathlib
+    trace = tmp_path / "trace"
+    example = pathlib.Path(__file__).resolve().parents[2] / "bindings" / "python" / "examples" \
+        / "train_digits.py"
+    job = run_job(2, 1, example, "--epochs", "1", "--no-progress", "--model", "mlp",
+                  "--hidden", 300, "--compression", "gravac:codec=topk,window=10,epsilon=0.3",
+                  "--executor", timeout=180, out_arg=False, launch_args=("--trace", trace))
+    assert job.returncode == 0, job.describe()
+    for rank in (0, 1):
+        events = json.loads((trace / f"worker-{rank}.json").read_text())
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        stages = {}
+        for e in events:
+            if e.get("ph") == "X":
+                stages.setdefault(e["cat"], set()).add(e["args"]["iteration"])
+        assert stages.get("gravac encode") == set(range(45)), (rank, sorted(stages))
+        assert stages.get("gravac agree") == set(range(45)), (rank, sorted(stages))
+        # Sparse steps run the plan: its encode and push/pull are there too.
+        assert "encode" in stages and any(s.startswith("inter push") for s in stages), sorted(stages)

@@ -72,6 +72,16 @@ def positive_int(text):
     return value
 
 
+def whole_number(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
@@ -89,10 +99,19 @@ def parse_args():
     p.add_argument("--executor", action="store_true",
                    help="run the gradients through the plan executor (executor=True); with "
                         "gravac the executor decides the ratio and re-plans when it moves")
+    p.add_argument("--fusion-bytes", type=whole_number,
+                   help="DistributedOptimizer's fusion_bytes: with --executor, gradients fused "
+                        "into groups of about this many bytes (0: one option per gradient; "
+                        "default: the optimizer's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", help="rank 0 writes the per-epoch accuracies, times and the bytes "
                                   "it pushed for the gradients (as sent) to this file")
+    p.add_argument("--eval-every", type=whole_number, default=0, metavar="K",
+                   help="also measure the test accuracy every K steps (rank 0, the whole test "
+                        "set; the workers' models are the same after every step), for --json's "
+                        "time to a target at step resolution; 0 (default): only at each epoch's "
+                        "end. Evaluation time is left out of every reported time")
     return p.parse_args()
 
 
@@ -119,6 +138,7 @@ def main():
     shard = len(y_train) // size
     x_train = x_train[rank * shard:(rank + 1) * shard]
     y_train = y_train[rank * shard:(rank + 1) * shard]
+    x_test_all, y_test_all = x_test, y_test
     x_test, y_test = x_test[rank::size], y_test[rank::size]
     steps = math.ceil(shard / args.batch_size)
 
@@ -129,7 +149,8 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
     optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),  # Cortado: 2
                                         compression=compression,
-                                        executor=args.executor)
+                                        executor=args.executor,
+                                        fusion_bytes=args.fusion_bytes)
     ct.broadcast_parameters(model.state_dict(), root_rank=0)                 # Cortado: 3
     report = getattr(compression, "last_report", None)
     if rank == 0 and report:
@@ -143,8 +164,29 @@ def main():
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * steps)
 
     record = {"compression": args.compression, "workers": size, "model": args.model,
-              "parameters": sum(p.numel() for p in model.parameters()), "epochs": []}
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "eval_every": args.eval_every, "epochs": [], "evals": [], "step_seconds": []}
     began = time.monotonic()
+    # Evaluation time, left out of every time reported (the training clock).
+    paused = 0.0
+
+    def clock():
+        return time.monotonic() - began - paused
+
+    def evaluate_all():
+        """Rank 0's accuracy on the whole test set, off the training clock.
+        Synchronous data parallel: every worker holds the same model after a
+        step, so one worker's evaluation is the job's, and it needs no
+        communication (the others wait in their next push_pull)."""
+        nonlocal paused
+        t0 = time.monotonic()
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            acc = (model(x_test_all).argmax(1) == y_test_all).sum().item() / len(y_test_all)
+        model.train(was_training)
+        paused += time.monotonic() - t0
+        return acc
     # The bytes this worker puts on the wire for the gradients (the engine
     # counts them as sent: compact top-k and DGC payloads where smaller),
     # without the broadcasts above and the metrics' push_pulls below.
@@ -157,6 +199,7 @@ def main():
         bar = tqdm(range(steps), desc=f"epoch {epoch}/{args.epochs}", unit="batch",
                    disable=rank != 0 or args.no_progress, leave=False)
         for step in bar:
+            step_start = time.monotonic()
             idx = perm[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
             logits = model(x_train[idx])
@@ -164,12 +207,18 @@ def main():
             loss.backward()
             optimizer.step()
             schedule.step()
+            record["step_seconds"].append(time.monotonic() - step_start)
+            done = (epoch - 1) * steps + step + 1
+            if rank == 0 and args.eval_every and done % args.eval_every == 0:
+                record["evals"].append({"step": done, "test_acc": evaluate_all(),
+                                        "seconds": clock()})
             totals += torch.tensor([loss.item() * len(idx),
                                     (logits.argmax(1) == y_train[idx]).sum().item(), len(idx)],
                                    dtype=torch.float64)
             bar.set_postfix(loss=f"{totals[0].item() / totals[2].item():.4f}")
         bar.close()
 
+        metrics_start = time.monotonic()
         model.eval()
         with torch.no_grad():
             correct = (model(x_test).argmax(1) == y_test).sum().item()
@@ -178,13 +227,14 @@ def main():
         totals = ct.push_pull(totals, average=False, name="metrics.train")
         test = ct.push_pull(test, average=False, name="metrics.test")
         metrics_bytes = ct.pushed_bytes() - pushed_at_start - pushed
+        paused += time.monotonic() - metrics_start
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[2]:.4f}  "
                   f"train-acc {totals[1] / totals[2]:.4f}  test-acc {test[0] / test[1]:.4f}  "
                   f"({time.monotonic() - start:.1f} s, {size} workers)", flush=True)
             record["epochs"].append({"epoch": epoch, "loss": float(totals[0] / totals[2]),
                                      "test_acc": float(test[0] / test[1]),
-                                     "seconds": time.monotonic() - began, "pushed": pushed})
+                                     "seconds": clock(), "pushed": pushed})
             ratios = optimizer.compression_ratio_history  # GraVAC: the ratio of every step
             if ratios:
                 recent = ratios[-steps:]

@@ -483,10 +483,15 @@ class PyExecutor {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
     ex_->setCompactSparse(job_.compactSparse);  // CORTADO_COMPACT_SPARSE
+    // CORTADO_TRACE_DIR (cortado launch --trace): the executor's stages,
+    // GraVAC's among them, as a bench model worker records them.
+    tracer_ = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", rt.rank())));
+    if (tracer_->enabled()) ex_->setTracer(tracer_);
     // cortado.shutdown() (or an abrupt close) stops the thread before the
-    // worker it runs on goes.
+    // worker it runs on goes, and writes the trace of what it ran.
     hook_ = rt_.addCloseHook([this](bool abort) {
       stopThread(abort);
+      flushTrace();
       if (groups_) {
         // The groups' communicators (MPI's, the device's NCCL ones) go
         // before MPI is finalized (shutdown()).
@@ -564,6 +569,7 @@ class PyExecutor {
       CORTADO_LOG_WARN("plan executor: {}", e.what());
       stopThread(false);
     }
+    flushTrace();
   }
 
   void declare(const std::string& name, uint64_t count) {
@@ -840,6 +846,16 @@ class PyExecutor {
   // finish within their deadlines are they aborted. With `abort` (an abrupt
   // close) the runs not started are dropped (wait() says so) and the one in
   // progress is failed at once (Worker::abort). No GIL held.
+  // Writes the trace (CORTADO_TRACE_DIR) of what the executor ran so far.
+  void flushTrace() noexcept {
+    if (!tracer_ || !tracer_->enabled() || tracer_->events() == 0) return;
+    try {
+      tracer_->flush();
+    } catch (const std::exception& e) {
+      CORTADO_LOG_WARN("plan executor: the trace was not written: {}", e.what());
+    }
+  }
+
   void stopThread(bool abort) noexcept {
     std::unique_lock<std::mutex> lk(qmu_);
     if (!abort) {
@@ -1073,6 +1089,7 @@ class PyExecutor {
   bool stop_ = false;
   std::thread thread_;
   uint64_t hook_ = 0;  // in rt_'s close hooks
+  std::shared_ptr<Tracer> tracer_;  // off unless CORTADO_TRACE_DIR is set
 };
 
 // The CPU codecs, as workers and servers know them. Built once, never
