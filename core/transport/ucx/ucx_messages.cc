@@ -30,11 +30,11 @@ bool UcxTransport::sendDirect(const NodeId& peer, Message* msgs, size_t n) {
   for (size_t i = 0; i < n; ++i) sendTo(peer, std::move(msgs[i]));
   // What the sleeping loop must see to at once: a send still in progress
   // (a full FIFO, a rendezvous), which progress completes, or a failure.
-  // And the send was a UCX call on a worker that the loop armed before it
-  // went to sleep: UCX may have taken events off it (a TCP endpoint reads
-  // its socket while it sends), which would then never signal the event fd
-  // the loop sleeps on (without the direct worker, for good). So the
-  // workers are armed again here, and the loop woken where that finds work.
+  // And the send was a UCX call on the direct worker, which the loop armed
+  // before it went to sleep: UCX may have taken events off it, which would
+  // then not signal the event fd the loop sleeps on before the loop's next
+  // timeout (10 ms). So the workers are armed again here, and the loop
+  // woken where that finds work.
   cmArmed_ = false;
   if (!inflight_.empty() || !failures_.empty() || !armWorkers()) queue_.wakeLoop();
   return true;
