@@ -606,7 +606,7 @@ bool UcxTransport::armWorkers() {
 }
 
 int UcxTransport::waitTimeoutMs() const {
-  int cap = -1;
+  int cap = 100;
   if (!inflight_.empty()) cap = 1;
   else if (directWorker_) cap = 10;
   auto next = Clock::time_point::max();
@@ -618,7 +618,7 @@ int UcxTransport::waitTimeoutMs() const {
   auto now = Clock::now();
   if (next <= now) return 0;
   const int t = static_cast<int>(std::chrono::duration_cast<Millis>(next - now).count() + 1);
-  return cap < 0 ? t : std::min(t, cap);
+  return std::min(t, cap);
 }
 
 void UcxTransport::afterProgress() {

@@ -315,7 +315,12 @@ class UcxTransport final : public Transport {
   // 18 with 6 at once on 2 cores stalled a 5000-message stream at ~3900 for
   // good (TransportTest.ManyMessagesFromOneSenderArriveInOrder/ucx_direct);
   // polling sends in flight every 1 ms left 2 in 36 stalled at 4957-4981 (a
-  // receiver's wake-up); with 10 ms otherwise, none in 72.
+  // receiver's wake-up); with 10 ms otherwise, none in 72. Without direct
+  // endpoints (TCP only) at most 100 ms: the same stream stalled once over
+  // the connection manager's endpoints alone (.../ucx, 2026-11-29, under
+  // ctest -j2, after the connection manager's worker began to stay armed
+  // across sleeps; not seen again in 10 runs), so a missed wake-up there
+  // costs a tenth of a second, not the stream.
   int waitTimeoutMs() const;
 
   std::string startListener(const std::string& address);
