@@ -163,7 +163,8 @@ int runSparseBench(const SparseBenchOptions& o) {
     // Zen without servers over the MPI world group, each scheme forced, then
     // the one chosen from the sparsity measured in its first rounds.
     namespace zen = compressor::zen;
-    uint64_t bpSent = 0;
+    // Returns the round's time and the bytes rank 0 sent to the others
+    // (its pushes and answers).
     auto zenMpi = [&](std::optional<zen::Scheme> scheme, const char* tag) {
       ZenCollectiveOptions zo;
       zo.scheme = scheme;
@@ -173,11 +174,9 @@ int runSparseBench(const SparseBenchOptions& o) {
         z.allreduce(mine.index, mine.value, out.data(), ReduceOp::kSum, late);
       });
       check(tag);
-      bpSent = z.lastRound().bytesSent;  // rank 0's pushes and answers to the others
-      return std::make_pair(t, z.choice() ? z.choice()->scheme : z.nextScheme());
+      return std::make_pair(t, z.lastRound().bytesSent);
     };
-    const double tBp = zenMpi(zen::Scheme::kBalancedParallelism, "bp").first;
-    const uint64_t bpBytes = bpSent;
+    const auto [tBp, bpBytes] = zenMpi(zen::Scheme::kBalancedParallelism, "bp");
     const double tHc = zenMpi(zen::Scheme::kHierarchicalCentralization, "hc").first;
     ZenCollective probe(*groups.world, fmt::format("bench.zen.choice.{}", di), n);
     for (int i = 0; i < 2; ++i)
