@@ -925,7 +925,7 @@ class PyExecutor {
         take.pop_front();
       }
       // Another reduction waits for the next batch, in order.
-      for (auto it = take.rbegin(); it != take.rend(); ++it) queue_.push_front(std::move(*it));
+      requeueFront(take);
       if (!draining && error_.ok()) {
         lk.unlock();
         std::vector<executor::BatchItem> later;
@@ -1005,7 +1005,7 @@ class PyExecutor {
                                                "next batch ({} runs from '{}'): {}",
                                                take.size(), take.front().item.name,
                                                st.message()));
-      for (auto it = take.rbegin(); it != take.rend(); ++it) queue_.push_front(std::move(*it));
+      requeueFront(take);
       return false;
     }
     size_t n = take.size();
@@ -1014,11 +1014,18 @@ class PyExecutor {
       n = std::min(n, size_t(all[r]));
       draining = draining || all[r + 1] != 0;
     }
-    while (take.size() > n) {
-      queue_.push_front(std::move(take.back()));
-      take.pop_back();
-    }
+    std::deque<Queued> rest(std::make_move_iterator(take.begin() + ptrdiff_t(n)),
+                            std::make_move_iterator(take.end()));
+    take.resize(n);
+    requeueFront(rest);
     return true;
+  }
+
+  // Puts `items` back at the front of the queue, in their order (they were
+  // taken from it, or held, before what it holds now). qmu_ held.
+  void requeueFront(std::deque<Queued>& items) {
+    for (auto it = items.rbegin(); it != items.rend(); ++it) queue_.push_front(std::move(*it));
+    items.clear();
   }
 
   // Moves the items of `batch` whose plan group the batch does not hold
