@@ -560,8 +560,9 @@ int runModelBench(const ModelBenchOptions& o) {
       const double traceT0 = Tracer::now();
       // Each time the executor is free: every gradient ready by now is the
       // batch (none: the next one, when it is ready). With fusion (or the
-      // encode pipeline, below) the workers agree on it first (the largest of their counts; each waits
-      // for those on its own clock), so that all run the same items.
+      // encode pipeline, below) the workers agree on it first (the largest
+      // of their counts; each waits for those on its own clock), so that all
+      // run the same items.
       auto readyAt = [&](size_t j) {
         return t0 + std::chrono::nanoseconds(int64_t(readyTimes[j] * 1e3));
       };

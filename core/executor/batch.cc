@@ -161,17 +161,11 @@ void Executor::complete(const Unit& u, std::span<const BatchItem> items, Deadlin
                                                        st.op == plan::CommOp::kPull && st.compressed;
                                               });
   // setPlan's flush round is no training iteration (TensorState::iteration).
-  const uint64_t flushRound = forceFlush_ ? 1 : 0;
-  for (TensorState* t : s.parts) {
-    ++t->round;
-    t->flushRounds += flushRound;
-  }
-  if (s.parts.empty()) {
-    ++s.round;
-    s.flushRounds += flushRound;
-  } else {
+  for (TensorState* t : s.parts) t->ranRound(forceFlush_);
+  if (s.parts.empty())
+    s.ranRound(forceFlush_);
+  else
     ++groupRuns_;
-  }
 }
 
 void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
@@ -200,8 +194,7 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
   for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
   const bool flush = lastRound();
   const detail::Lanes lanes = this->lanes();
-  // setPlan's flush round is not traced: no training iteration.
-  Tracer* tracer = forceFlush_ ? nullptr : tracer_.get();
+  Tracer* tracer = iterationTracer();
   auto makeRun = [&](TensorState& t) {
     return std::make_unique<Run>(t, worker_, groups_, lanes, topo_, deadline, tracer, prof, flush);
   };

@@ -504,6 +504,9 @@ class Executor {
   std::optional<plan::Plan> gravacNext_;  // set at the next GraVAC iteration
   bool gravacFlush_ = false;              // this batch is the current plan's last round
   bool forceFlush_ = false;               // setPlan's flush round (flushServerResiduals)
+  // The tracer for a run now: none in setPlan's flush round, which is no
+  // training iteration.
+  Tracer* iterationTracer() const { return forceFlush_ ? nullptr : tracer_.get(); }
   bool gravacTimed_ = false;
   std::chrono::steady_clock::time_point gravacLast_;
   bool gravacKeyDeclared_ = false;

@@ -108,8 +108,7 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   if (buf != fusionBuffer_.data()) ++inPlaceGroupRuns_;
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   try {
-    Run(f, worker_, groups_, l, topo_, deadline, forceFlush_ ? nullptr : tracer_.get(), prof, false)
-        .go(buf, buf, op);
+    Run(f, worker_, groups_, l, topo_, deadline, iterationTracer(), prof, false).go(buf, buf, op);
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("{} (tensor fusion: the {} tensors '{}' .. '{}' ran as one, "
                                       "{} bytes; CORTADO_FUSION_BYTES=0 runs them one by one)",
@@ -118,10 +117,7 @@ void Executor::runFused(std::span<const BatchItem> batch, std::span<TensorState*
   }
   detail::scatterGroup(l, buf, states, items);
   l.settle(f, deadline, "the fused group's results");
-  for (TensorState* t : states) {
-    ++t->round;
-    t->flushRounds += forceFlush_ ? 1 : 0;
-  }
+  for (TensorState* t : states) t->ranRound(forceFlush_);
 }
 
 }  // namespace cortado::executor

@@ -128,6 +128,11 @@ struct Executor::TensorState {
   // only for the tensors that owed the servers a residual, so counting it
   // would put the tensors of one iteration under different numbers.
   uint64_t iteration() const { return round - flushRounds; }
+  // One more round done; `flush`: setPlan's flush round.
+  void ranRound(bool flush) {
+    ++round;
+    if (flush) ++flushRounds;
+  }
   uint64_t seedBase = 0;
   // A plan group's state (Plan::groups) runs its option on the concatenation
   // of `parts`, each at its offset; a tensor's has none.
