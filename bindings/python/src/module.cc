@@ -510,7 +510,7 @@ class PyExecutor {
   // without MPI: push/pull plans only. Collective over the workers.
   static std::unique_ptr<collective::Groups> makeGroups(Runtime& rt, const JobConfig& job) {
     const bool underMpirun = getEnvInt({"OMPI_COMM_WORLD_SIZE"}).has_value();
-    if (!underMpirun || getEnvBool({"CORTADO_EXECUTOR_MPI"}).value_or(true) == false)
+    if (!underMpirun || !getEnvBool({"CORTADO_EXECUTOR_MPI"}).value_or(true))
       return nullptr;
 #if CORTADO_MPI
     collective::mpi::Runtime& mpi = rt.mpi();

@@ -12,6 +12,8 @@ import contextlib
 import json
 import logging
 import os
+import queue
+import threading
 import warnings
 
 import torch
@@ -898,8 +900,6 @@ class _CudaSubmitter:
     raises the first error."""
 
     def __init__(self, executor):
-        import queue
-        import threading
         self._executor = executor
         self._queue = queue.Queue()
         self._error = None
