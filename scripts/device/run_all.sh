@@ -2,30 +2,49 @@
 # The one prepared call for a lent GPU machine (docs/benchmarks.md, "the lent
 # GPU machine"): after scripts/device/bundle.sh here, the device tool runs
 #
-#   bash scripts/device/run_all.sh        (carry: .devrun)
+#   bash scripts/device/run_all.sh        (carry: .devrun; timeout_s 600)
 #
-# which runs exec_checks.sh (the plan executor on CUDA buffers, every
-# option), then gpu_checks.sh (the CUDA codec tests, the NCCL collective
-# suite in three layouts) and, when BUDGET_S (default 500) leaves time for
-# it, the CUDA codec benchmark. Each stage's logs go into $OUT/logs.tgz as
-# soon as it ends, so a call stopped at its limit still brings back what
-# ran; the summaries are also printed here.
+# in about 8 minutes (BUDGET_S, default 470 s, bounds it):
+# - python_checks.sh's build of the Python package for that machine's
+#   Python, in the background from the start;
+# - exec_checks.sh: the plan executor on CUDA buffers, every option;
+# - gpu_checks.sh: the CUDA codec tests and the NCCL collective suite in
+#   three layouts (and the CUDA codec benchmark when more than 330 s are
+#   left, which the default budget never leaves);
+# - python_checks.sh: the Python binding's CUDA tests, then resnet50's
+#   DistributedOptimizer against DDP with Gloo and with NCCL, with whatever
+#   time is left.
+# Each stage's logs go into $OUT/logs.tgz as soon as it ends, so a call
+# stopped at its limit still brings back what ran; the summaries are also
+# printed here.
 set -u
 real=${OUT:?"OUT: the folder whose files come back (set by the device tool)"}
 export OUT=/tmp/cortado-logs
 rm -rf "$OUT" && mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")" && pwd)
-budget=${BUDGET_S:-500}
+budget=${BUDGET_S:-470}
 t0=$(date +%s)
 pack() { tar czf "$real/logs.tgz" -C /tmp cortado-logs; }
 left() { echo $((budget - ($(date +%s) - t0))); }
+atmost() { local l; l=$(left); echo $((l < $1 ? l : $1)); }  # atmost N: min(N, time left)
 
+source "$here/../../.devrun/setup.sh"  # once, before the stages run side by side
+echo "### python_checks.sh's build, in the background"
+BUILD_ONLY=1 timeout -k 10 "$(atmost 400)" bash "$here/python_checks.sh" >"$OUT/python_build_bg.log" 2>&1 &
+build=$!
 echo "### exec_checks.sh"
-timeout -k 10 "$(left)" bash "$here/exec_checks.sh" 2>&1 | tee "$OUT/exec_checks.log"
+# The Python stages keep 200 s of the budget.
+timeout -k 10 "$(($(left) - 200))" bash "$here/exec_checks.sh" 2>&1 | tee "$OUT/exec_checks.log"
 pack
 echo "### gpu_checks.sh ($(left) s left)"
 bench=
 (($(left) > 330)) && bench=1
-BENCH=$bench timeout -k 10 "$(left)" bash "$here/gpu_checks.sh" 2>&1 | tee "$OUT/gpu_checks.log"
+BENCH=$bench timeout -k 10 "$(atmost $(($(left) - 160)))" bash "$here/gpu_checks.sh" 2>&1 |
+  tee "$OUT/gpu_checks.log"
+pack
+echo "### python_checks.sh ($(left) s left; waiting for its build)"
+wait "$build"
+cat "$OUT/python_build_bg.log"
+timeout -k 10 "$(left)" bash "$here/python_checks.sh" 2>&1 | tee "$OUT/python_checks.log"
 pack
 echo "### done in $(($(date +%s) - t0)) s"

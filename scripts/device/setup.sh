@@ -10,17 +10,21 @@ D=${DEVRUN:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 REPO=$(cd "$D/.." && pwd)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-mkdir -p /tmp/root
-for f in "$D"/debs/*.deb; do
-  dpkg-deb -x "$f" /tmp/root 2>/dev/null || (cd /tmp/root && ar p "$f" data.tar.xz | tar xJ)
-done
-for d in bin sbin lib lib64; do
-  if [ -L "/$d" ] && [ -d "/tmp/root/$d" ]; then cp -rn "/tmp/root/$d/." "/usr/$d/" 2>/dev/null; rm -rf "/tmp/root/$d"; fi
-done
-cp -rn /tmp/root/* / 2>&1 | grep -v "non-portable\|dangling" | head -3
-cp -n "$D"/lib/* /usr/lib/x86_64-linux-gnu/ 2>/dev/null
-[ -e /usr/bin/mpirun ] || ln -s orterun /usr/bin/mpirun
-ldconfig
+# Once per machine (the scripts source this file each; run_all.sh first).
+if [ ! -e /tmp/cortado-setup.done ]; then
+  mkdir -p /tmp/root
+  for f in "$D"/debs/*.deb; do
+    dpkg-deb -x "$f" /tmp/root 2>/dev/null || (cd /tmp/root && ar p "$f" data.tar.xz | tar xJ)
+  done
+  for d in bin sbin lib lib64; do
+    if [ -L "/$d" ] && [ -d "/tmp/root/$d" ]; then cp -rn "/tmp/root/$d/." "/usr/$d/" 2>/dev/null; rm -rf "/tmp/root/$d"; fi
+  done
+  cp -rn /tmp/root/* / 2>&1 | grep -v "non-portable\|dangling" | head -3
+  cp -nP "$D"/lib/* /usr/lib/x86_64-linux-gnu/ 2>/dev/null
+  [ -e /usr/bin/mpirun ] || ln -s orterun /usr/bin/mpirun
+  ldconfig
+  touch /tmp/cortado-setup.done
+fi
 [ -e /work/main ] || { mkdir -p /work && ln -s "$REPO" /work/main; }
 export CORTADO_PLANNER_DATA=$REPO/scheduler/planner
 NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")

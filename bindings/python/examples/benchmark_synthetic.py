@@ -6,14 +6,17 @@ a torchvision model trained on random images, reporting images per second.
     cortado launch -w 4 -s 2 -- /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py
     # torch.distributed DistributedDataParallel with Gloo, 4 processes (spawned here):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --backend gloo --workers 4
+    # DDP with NCCL on CUDA models (ranks sharing a GPU get an NCCL_HOSTID each):
+    python3 bindings/python/examples/benchmark_synthetic.py --backend nccl --device cuda --workers 2
     # Horovod with Gloo (bench/install_horovod.sh installs it), 4 processes:
     horovodrun --gloo -np 4 -H localhost:4 python bindings/python/examples/benchmark_synthetic.py --backend horovod
     # Both, one after the other, with a comparison table (and --json for a record):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --compare --workers 4 --servers 2
     # The same with every gradient through the plan executor (its default plan):
     /usr/bin/python3 bindings/python/examples/benchmark_synthetic.py --compare --executor
-    # The same with the model on the GPU (--device cuda; CUDA gradients stage through the host):
-    python3 bindings/python/examples/benchmark_synthetic.py --compare --device cuda --workers 2 --servers 1
+    # The same with the model on the GPU (--device cuda; CUDA gradients stage through the host),
+    # against DDP with Gloo and DDP with NCCL:
+    python3 bindings/python/examples/benchmark_synthetic.py --compare --device cuda --workers 2 --servers 1 --peers gloo,nccl
 
 Each timed iteration is --num-batches-per-iter training steps; the result is
 the mean over --num-iters iterations, per worker and in total. On a CPU-only
@@ -24,8 +27,8 @@ besides); each worker trains on --data-batches fixed random batches of its
 own (seeded from --seed and its rank), in turn. So runs with the same seed,
 sizes and step count see the same data, and the loss after the last step
 (rank 0's, and the mean over the workers) compares the backends' training,
-as bench/train.sh does. With --backend gloo and WORLD_SIZE, RANK and
-MASTER_ADDR set (as torchrun sets them), this process is one DDP worker
+as bench/train.sh does. With --backend gloo (or nccl) and WORLD_SIZE, RANK
+and MASTER_ADDR set (as torchrun sets them), this process is one DDP worker
 instead of spawning --workers of them.
 """
 
@@ -43,6 +46,9 @@ import torch
 import torch.nn.functional as F
 from torchvision import models
 
+
+# DDP's backends that --backend and --peers take, with their names in tables.
+DDP_BACKENDS = {"gloo": "DDP + Gloo", "nccl": "DDP + NCCL"}
 
 # Plan options for --plan-option (as `cortado plan --json` writes them).
 PLAN_OPTIONS = {
@@ -63,9 +69,11 @@ PLAN_OPTIONS = {
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Synthetic benchmark (images/sec)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--backend", choices=["cortado", "gloo", "horovod", "none"],
+    p.add_argument("--backend", choices=["cortado", "gloo", "nccl", "horovod", "none"],
                    default="cortado",
-                   help="cortado (under cortado launch), gloo (DDP with Gloo), horovod "
+                   help="cortado (under cortado launch), gloo (DDP with Gloo), nccl (DDP with "
+                        "NCCL, --device cuda; ranks that share a GPU each get an NCCL_HOSTID "
+                        "of their own, so NCCL runs them as machines of their own), horovod "
                         "(Horovod's DistributedOptimizer, under horovodrun or with its "
                         "HOROVOD_* rendezvous settings), none (no communication: this "
                         "process trains alone, RANK and WORLD_SIZE from the environment "
@@ -118,7 +126,11 @@ def parse_args(argv=None):
                         "through its own host copies)")
     p.add_argument("--workers", type=int, default=4, help="gloo/--compare: process count")
     p.add_argument("--servers", type=int, default=2, help="--compare: Cortado servers")
-    p.add_argument("--compare", action="store_true", help="run Cortado, then DDP with Gloo")
+    p.add_argument("--compare", action="store_true",
+                   help="run Cortado, then each of --peers (DDP with Gloo by default)")
+    p.add_argument("--peers", type=peer_list, default=["gloo"],
+                   help="--compare: the DDP backends measured after Cortado in each round, "
+                        "comma-separated: gloo, nccl (nccl needs --device cuda)")
     p.add_argument("--cortado-bin", default=None,
                    help="the cortado launcher (for --compare; default: the one that goes with "
                         "the cortado package, cortado.paths.command())")
@@ -128,6 +140,15 @@ def parse_args(argv=None):
                    help="--compare: seconds one run may take before it counts as hung")
     p.add_argument("--json", action="store_true", help="rank 0 prints one JSON line at the end")
     return p.parse_args(argv)
+
+
+def peer_list(text):
+    peers = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in peers if p not in DDP_BACKENDS]
+    if not peers or bad:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: --peers takes a comma-separated list of {', '.join(DDP_BACKENDS)}")
+    return peers
 
 
 def log(rank, *a):
@@ -184,7 +205,7 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     log(rank, f"Model: {args.model}, batch size {args.batch_size} per worker, image "
               f"{args.image_size}x{args.image_size}, {size} workers, backend {args.backend}"
               + (f", compression {args.compression}"
-                 if args.backend not in ("gloo", "none") else "")
+                 if args.backend not in ("gloo", "nccl", "none") else "")
               + (", plan executor" if args.backend == "cortado" and args.executor else "")
               + (f", every gradient {args.plan_option}" if args.plan_option else "")
               + (f", fusion_bytes {args.fusion_bytes}" if args.fusion_bytes is not None else "")
@@ -233,7 +254,8 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
     return {"backend": args.backend, "label": args.label, "model": args.model,
             "batch_size": args.batch_size,
             "image_size": args.image_size, "workers": size, "threads_per_worker": threads,
-            "compression": args.compression if args.backend not in ("gloo", "none") else "none",
+            "compression": (args.compression if args.backend not in ("gloo", "nccl", "none")
+                            else "none"),
             "executor": args.backend == "cortado" and args.executor,
             "plan_option": args.plan_option if args.backend == "cortado" else None,
             "fusion_bytes": args.fusion_bytes, "fusion_search": args.fusion_search,
@@ -287,18 +309,25 @@ def run_cortado(args):
     ct.shutdown()
 
 
-def _gloo_worker(rank, args, port, size=None, local_size=None):
+def _ddp_worker(rank, args, port, size=None, local_size=None):
+    """One DDP worker on args.backend (gloo or nccl)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     if port is not None:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
     size = size or args.workers
-    dist.init_process_group("gloo", rank=rank, world_size=size)
+    if args.backend == "nccl" and torch.cuda.device_count() < (local_size or size):
+        # NCCL refuses two ranks of one machine on one GPU; with a host id of
+        # its own each rank is a machine of its own to NCCL (sockets between
+        # them), as Cortado's NCCL tests emulate machines.
+        os.environ.setdefault("NCCL_HOSTID", f"benchmark-synthetic-rank-{rank}")
+    dist.init_process_group(args.backend, rank=rank, world_size=size)
 
     def average(t):
-        dist.all_reduce(t)
-        return t / size
+        on = t.cuda() if args.backend == "nccl" else t
+        dist.all_reduce(on)
+        return on.cpu() / size
 
     result = benchmark(args, rank, size, local_size or size, DistributedDataParallel,
                        lambda model, optimizer: optimizer, rank, average)
@@ -307,18 +336,20 @@ def _gloo_worker(rank, args, port, size=None, local_size=None):
     dist.destroy_process_group()
 
 
-def run_gloo(args):
+def run_ddp(args):
+    if args.backend == "nccl" and args.device != "cuda":
+        raise SystemExit("--backend nccl trains on CUDA: add --device cuda")
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         # One worker of a job started elsewhere (torchrun, bench/train.sh).
-        _gloo_worker(int(os.environ["RANK"]), args, None, int(os.environ["WORLD_SIZE"]),
-                     int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        _ddp_worker(int(os.environ["RANK"]), args, None, int(os.environ["WORLD_SIZE"]),
+                    int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         return
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_gloo_worker, args=(args, port), nprocs=args.workers, join=True)
+    mp.spawn(_ddp_worker, args=(args, port), nprocs=args.workers, join=True)
 
 
 def run_horovod(args):
@@ -379,9 +410,11 @@ def run_alone(args):
 
 
 def run_compare(args):
-    """Cortado, then DDP with Gloo, --rounds times alternately (the machine is
-    shared, so the two sides see the same drift); the table has the median
-    round of each and the ratio of the medians."""
+    """Cortado, then each DDP backend of --peers, --rounds times alternately
+    (the machine is shared, so every side sees the same drift); the table has
+    the median round of each and the ratios of the medians."""
+    if "nccl" in args.peers and args.device != "cuda":
+        raise SystemExit("--peers nccl trains on CUDA: add --device cuda")
     here = pathlib.Path(__file__).resolve()
     import cortado.paths
     # The command that goes with the imported package (CORTADO_BIN, the
@@ -405,10 +438,9 @@ def run_compare(args):
                      *(["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None
                        else []),
                      "--fusion-search", args.fusion_search, *common]),
-        ("gloo", [sys.executable, str(here), "--backend", "gloo", "--workers",
-                  str(args.workers), *common]),
-    ]
-    results = {"cortado": [], "gloo": []}
+    ] + [(peer, [sys.executable, str(here), "--backend", peer, "--workers", str(args.workers),
+                 *common]) for peer in args.peers]
+    results = {name: [] for name, _ in runs}
     for r in range(args.rounds):
         for name, cmd in runs:
             print(f"$ {' '.join(cmd)}   # round {r + 1}/{args.rounds}", flush=True)
@@ -426,7 +458,7 @@ def run_compare(args):
     def median(rs):
         return sorted(rs, key=lambda x: x["img_sec_total"])[len(rs) // 2]
 
-    c, g = median(results["cortado"]), median(results["gloo"])
+    c = median(results["cortado"])
     print()
     print(f"{args.model}, {args.image_size}x{args.image_size}, batch {args.batch_size} per "
           f"worker, on {args.device}, {c['threads_per_worker']} threads per worker, median of {args.rounds} "
@@ -436,25 +468,33 @@ def run_compare(args):
     label = "Cortado (" + ("plan executor, " if c.get("executor") else "") + \
         (f"every gradient {c['plan_option']}, " if c.get("plan_option") else "") + \
         c["compression"] + f", {args.servers} servers)"
-    for name, r, key in ((label, c, "cortado"), ("DDP + Gloo", g, "gloo")):
-        every = ", ".join(f"{x['img_sec_total']:.1f}" for x in results[key])
-        print(f"| {name} | {r['workers']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
+    for name, _ in runs:
+        r = median(results[name])
+        every = ", ".join(f"{x['img_sec_total']:.1f}" for x in results[name])
+        print(f"| {label if name == 'cortado' else DDP_BACKENDS[name]} | {r['workers']} "
+              f"| {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {every} |")
-    pairs = sorted(x["img_sec_total"] / y["img_sec_total"]
-                   for x, y in zip(results["cortado"], results["gloo"]))
-    print(f"\nCortado / Gloo: {c['img_sec_total'] / g['img_sec_total']:.2f} (medians); per "
-          f"round: {', '.join(f'{p:.2f}' for p in pairs)} (median {pairs[len(pairs) // 2]:.2f})")
+    ratios = {}
+    print()
+    for peer in args.peers:
+        g = median(results[peer])
+        ratios[peer] = c["img_sec_total"] / g["img_sec_total"]
+        pairs = sorted(x["img_sec_total"] / y["img_sec_total"]
+                       for x, y in zip(results["cortado"], results[peer]))
+        print(f"Cortado / {DDP_BACKENDS[peer].split(' + ')[1]}: {ratios[peer]:.2f} (medians); "
+              f"per round: {', '.join(f'{p:.2f}' for p in pairs)} "
+              f"(median {pairs[len(pairs) // 2]:.2f})")
     if args.json:
-        print(json.dumps({"cortado": results["cortado"], "gloo": results["gloo"],
-                          "ratio": c["img_sec_total"] / g["img_sec_total"]}))
+        # "ratio": against the first peer (Gloo by default).
+        print(json.dumps({**results, "ratio": ratios[args.peers[0]], "ratios": ratios}))
 
 
 def main():
     args = parse_args()
     if args.compare:
         run_compare(args)
-    elif args.backend == "gloo":
-        run_gloo(args)
+    elif args.backend in DDP_BACKENDS:
+        run_ddp(args)
     elif args.backend == "horovod":
         run_horovod(args)
     elif args.backend == "none":
