@@ -245,6 +245,25 @@ def _gravac_from_text(text):
                     f"batch_size, replan, inter, ns_per_element") from None
 
 
+def dgc_momentum(compression):
+    """DGC's momentum-correction factor in `compression` (a Compressor, a
+    name or spec such as "dgc:ratio=0.01", or GraVAC's over DGC); 0 where
+    it has none. An optimizer's own momentum on top counts it twice."""
+    if isinstance(compression, str):
+        if compression.strip().lower() in ("none", "fp16", "auto", ""):
+            return 0.0
+        compression = Compression.lookup(compression)
+    settings = getattr(compression, "settings", None)  # GraVAC's (cortado.gravac)
+    spec = settings["codec"] if settings else getattr(compression, "spec", None)
+    if not spec:
+        return 0.0
+    name, _, params = _C.canonical_codec(spec).partition(":")
+    if name != "dgc":
+        return 0.0
+    values = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
+    return float(values.get("momentum", 0))
+
+
 class Compression:
     """Choose with `compression=cortado.Compression.topk(0.01)` (or the string
     "topk:ratio=0.01").

@@ -31,6 +31,7 @@ from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 import cortado.torch as ct
+from cortado.compression import dgc_momentum
 
 
 class Net(nn.Module):
@@ -90,7 +91,9 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=16, help="per worker")
     p.add_argument("--lr", type=float, default=0.025,
                    help="per worker; scaled by the worker count, then decayed (cosine) to 0")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--momentum", type=float, default=None,
+                   help="SGD's momentum (default 0.9; 0 with DGC, whose momentum correction "
+                        "takes its place, as in the DGC paper)")
     p.add_argument("--compression", default="none",
                    help="none, fp16, auto, an engine codec (topk:ratio=0.01, dgc, efsignsgd, ...), "
                         "or gravac (adaptive ratio; settings as gravac:codec=topk,window=50)")
@@ -144,7 +147,13 @@ def main():
     if rank == 0:
         print(f"model {args.model}: {sum(p.numel() for p in model.parameters())} parameters",
               flush=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
+    momentum = args.momentum
+    if momentum is None:
+        momentum = 0.0 if dgc_momentum(compression) > 0 else 0.9
+        if rank == 0 and momentum == 0.0:
+            print("SGD without momentum: DGC's momentum correction takes its place "
+                  "(--momentum sets it)", flush=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=momentum)
     optimizer = ct.DistributedOptimizer(optimizer, model.named_parameters(),  # Cortado: 2
                                         compression=compression,
                                         executor=args.executor,

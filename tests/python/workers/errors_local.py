@@ -3,6 +3,7 @@ clear message and no effect on the job: after all of them, push_pull still
 works. Records each message in result.<rank>.json."""
 
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -83,6 +84,23 @@ def main():
                  lambda: ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                  model.named_parameters(), compression="fp8"),
                  "unknown compression 'fp8'")
+    # DGC's momentum correction and an optimizer's momentum: a warning that
+    # names both, only where both are on.
+    for label, momentum, comp, warns in (
+            ("dgc and SGD momentum", 0.9, ct.Compression.dgc(0.01), True),
+            ("dgc without SGD momentum", 0.0, ct.Compression.dgc(0.01), False),
+            ("dgc:momentum=0 and SGD momentum", 0.9, "dgc:ratio=0.01,momentum=0", False),
+            ("topk and SGD momentum", 0.9, ct.Compression.topk(0.01), False)):
+        net = torch.nn.Linear(3, 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ct.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=momentum),
+                                    net.named_parameters(), compression=comp)
+        texts = [str(w.message) for w in caught if "momentum counts twice" in str(w.message)]
+        assert bool(texts) == warns, f"{label}: warnings {[str(w.message) for w in caught]}"
+        if texts:
+            assert "momentum=0.9" in texts[0] and "dgc:momentum=0" in texts[0], texts[0]
+            m[label] = texts[0]
     expect_error(m, "root out of range", lambda: ct.broadcast(torch.ones(2), root_rank=world,
                                                               name="b"),
                  "root_rank", "out of range")
