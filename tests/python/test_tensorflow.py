@@ -161,6 +161,13 @@ def test_backward_passes_per_step_matches_one_step_on_the_union_of_the_batches(j
         assert r["accumulation_refusals"] == 2, r
 
 
+def test_dgc_momentum_and_the_optimizers_momentum_are_warned_of(jobs):
+    # DGC's momentum correction meets SGD's momentum: a warning; not with
+    # either of them off, nor with another codec (tf_check.py).
+    for r in jobs.get("fit").values():
+        assert r["momentum_twice_warned"] is True, r
+
+
 def test_xla_is_refused_with_a_clear_error(jobs):
     # tf.function(jit_compile=True) around push_pull, and model.fit of a model
     # compiled with jit_compile=True: CortadoError at trace time, saying what

@@ -23,6 +23,7 @@ Three kinds:
 import json
 import os
 import tempfile
+import warnings
 
 from . import _C, paths
 from ._runtime import error
@@ -262,6 +263,21 @@ def dgc_momentum(compression):
         return 0.0
     values = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
     return float(values.get("momentum", 0))
+
+
+def warn_momentum_twice(where, dgc, own, stacklevel):
+    """The warning that DGC's momentum correction (factor `dgc`) meets an
+    optimizer's own momentum (`own`), when both are on: momentum then counts
+    twice, which makes training unstable at high ratios. It runs, since the
+    combination may be meant."""
+    if dgc > 0 and own > 0:
+        warnings.warn(f"{where}: DGC's momentum correction (momentum={dgc:g}) already adds "
+                      f"momentum to the gradients, and the optimizer adds its own "
+                      f"(momentum={own:g}): momentum counts twice, which makes training "
+                      f"unstable at high compression ratios. Give the optimizer momentum=0 "
+                      f"(DGC's correction takes its place, as in the DGC paper), or compress "
+                      f"with dgc:momentum=0 to keep the optimizer's.", RuntimeWarning,
+                      stacklevel=stacklevel + 1)
 
 
 class Compression:

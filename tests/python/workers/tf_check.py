@@ -19,6 +19,7 @@ back with cortado.tensorflow.keras.load_model, training on.
 """
 
 import os
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -373,6 +374,17 @@ def check_accumulation(rank, world, report, xs, ys):
         else:
             raise AssertionError(f"not refused: {needle}")
     report["accumulation_refusals"] = 2
+    # DGC's momentum correction and SGD's momentum: warned, only when both are on.
+    for momentum, comp, warns in ((0.9, "dgc:ratio=0.01", True), (0.0, "dgc:ratio=0.01", False),
+                                  (0.9, "dgc:ratio=0.01,momentum=0", False),
+                                  (0.9, "topk:ratio=0.01", False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ct.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=momentum),
+                                    compression=comp, name_prefix=f"mom{len(caught)}")
+        hits = [str(w.message) for w in caught if "momentum counts twice" in str(w.message)]
+        assert bool(hits) == warns, (momentum, comp, [str(w.message) for w in caught])
+    report["momentum_twice_warned"] = True
 
 
 def _same_everywhere(model, name):

@@ -19,7 +19,8 @@ import warnings
 import torch
 
 from .. import _C, _runtime
-from ..compression import AutoCompression, Compression, Compressor, dgc_momentum
+from ..compression import (AutoCompression, Compression, Compressor, dgc_momentum,
+                           warn_momentum_twice)
 from ..gravac import GravacCompression
 from . import zen
 from .cross_barrier import CrossBarrier, _Unit
@@ -102,25 +103,6 @@ def _compressor_for(compression, name, param):
     return Compression.lookup(compression)
 
 
-def _warn_double_momentum(optimizer, compression, compressors):
-    """DGC corrects the gradients with its own momentum before it selects
-    them (the sum of what the workers send is the update, as in the DGC
-    paper); an optimizer that adds momentum again counts it twice, which
-    makes training unstable at high ratios. A warning naming both and what to
-    do: the combination runs, since it may be meant."""
-    dgc = max([dgc_momentum(compression) if isinstance(compression, GravacCompression) else 0.0]
-              + [dgc_momentum(c) for c in compressors.values()])
-    own = max((float(g.get("momentum", 0) or 0) for g in optimizer.param_groups), default=0.0)
-    if dgc > 0 and own > 0:
-        warnings.warn(f"DistributedOptimizer: DGC's momentum correction (momentum={dgc:g}) "
-                      f"already adds momentum to the gradients, and the optimizer adds its own "
-                      f"(momentum={own:g}): momentum counts twice, which makes training "
-                      f"unstable at high compression ratios. Give the optimizer momentum=0 "
-                      f"(DGC's correction takes its place, as in the DGC paper), or compress "
-                      f"with dgc:momentum=0 to keep the optimizer's.", RuntimeWarning,
-                      stacklevel=4)
-
-
 def _resolve_auto(compressors, ordered, names, world):
     """Replaces every "auto" by the planner's choice, planning all such
     parameters together (in model order), as one model."""
@@ -199,7 +181,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 self._gravac = GravacSync(compression, self._ordered, self._names, self._average)
             self._compressors = {p: Compression.none for _, p in self._ordered}
-        _warn_double_momentum(self, compression, self._compressors)
+        # DGC's momentum correction and the optimizer's own (compression.py).
+        warn_momentum_twice(
+            "DistributedOptimizer",
+            max([dgc_momentum(compression) if isinstance(compression, GravacCompression) else 0.0]
+                + [dgc_momentum(c) for c in self._compressors.values()]),
+            max((float(g.get("momentum", 0) or 0) for g in self.param_groups), default=0.0),
+            stacklevel=3)
         # Sparse gradients go through Zen where it can carry them
         # (zen.usable), else they are gathered.
         self._zen = True

@@ -10,7 +10,7 @@ and one wait op before the update), then runs the wrapped class's apply().
 """
 
 from ... import _runtime
-from ...compression import Compression
+from ...compression import Compression, dgc_momentum, warn_momentum_twice
 from ..ops import GradientReducer
 
 
@@ -115,6 +115,10 @@ def DistributedOptimizer(optimizer, compression=Compression.none, average=True,
                                  f"backward_passes_per_step={backward_passes_per_step}, not both")
         config["gradient_accumulation_steps"] = backward_passes_per_step
     reducer = GradientReducer("DistributedOptimizer", compression, average, name_prefix)
+    # DGC's momentum correction and the optimizer's own (SGD's momentum).
+    warn_momentum_twice("cortado.tensorflow.keras.DistributedOptimizer",
+                        dgc_momentum(compression), float(config.get("momentum") or 0),
+                        stacklevel=2)
     _runtime.require("tensorflow.keras.DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {k: v for k, v in _DistributedOptimizer.__dict__.items()
