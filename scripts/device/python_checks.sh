@@ -8,8 +8,9 @@
 #    headers and libraries from the Debian packages that setup.sh unpacked,
 #    NCCL from the machine (its pip package's nccl.h and libnccl.so.2, else
 #    the bundle's nccl.h). The build folder is $PYBUILD (default
-#    /tmp/cortado-py); BUILD_ONLY=1 stops after it (run_all.sh starts it so,
-#    in the background, while the executor checks run).
+#    /tmp/cortado-py; BUILD_LIMIT_S, default 400 s, bounds it); BUILD_ONLY=1
+#    stops after it (run_all.sh starts it so, in the background, while the
+#    executor checks run).
 # 2. The binding's CUDA tests (tests/python/test_bindings.py -k cuda): CUDA
 #    tensors through pinned host buffers and the servers, and the plan
 #    executor on CUDA parameters under `cortado launch --mpi` (NCCL, the CUDA
@@ -50,6 +51,7 @@ build() {
   nccl_h=$(find / -name nccl.h -path '*include*' -not -path '/proc/*' -not -path "$D/*" 2>/dev/null | head -1)
   [[ -n $nccl_h ]] || nccl_h=$D/include/nccl.h
   nccl_so=$(find / -name 'libnccl.so*' -not -path '/proc/*' 2>/dev/null | head -1)
+  [[ -n $nccl_so ]] || { echo "python_checks.sh: no libnccl.so* on this machine"; exit 1; }
   # find_library needs the unversioned name.
   mkdir -p "$PYBUILD/nccl"
   ln -sf "$nccl_so" "$PYBUILD/nccl/libnccl.so"
@@ -68,7 +70,7 @@ build() {
 export -f build
 
 if [[ ! -e $PYBUILD/.built ]]; then
-  stage python_build 400 bash -c build && touch "$PYBUILD/.built"
+  stage python_build "${BUILD_LIMIT_S:-400}" bash -c build && touch "$PYBUILD/.built"
 fi
 [[ -n ${BUILD_ONLY:-} ]] && exit 0
 [[ -e $PYBUILD/.built ]] || { echo "python_checks.sh: the build failed ($OUT/python_build.txt)"; exit 1; }

@@ -96,7 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--executor", action="store_true",
                    help="cortado only: DistributedOptimizer(executor=True), every gradient "
                         "through the plan executor (CORTADO_PLAN or the default plan; float32 "
-                        "CPU models, compression none)")
+                        "models: on the CPU, or on CUDA with CORTADO_DEVICE=cuda and "
+                        "--plan-option, whose workers run under mpirun)")
     p.add_argument("--plan-option", choices=sorted(PLAN_OPTIONS), default=None,
                    help="with --executor: every gradient on this plan option instead of the "
                         "default plan: allreduce (a flat MPI allreduce), hierarchical (reduce-"
