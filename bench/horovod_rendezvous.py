@@ -25,6 +25,13 @@ from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.http.http_server import RendezvousServer
 
 
+def slot_settings(s):
+    """The HOROVOD_* settings of one slot (horovodrun's), by name."""
+    return {"HOROVOD_HOSTNAME": s.hostname, "HOROVOD_RANK": s.rank, "HOROVOD_SIZE": s.size,
+            "HOROVOD_LOCAL_RANK": s.local_rank, "HOROVOD_LOCAL_SIZE": s.local_size,
+            "HOROVOD_CROSS_RANK": s.cross_rank, "HOROVOD_CROSS_SIZE": s.cross_size}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", required=True, help="HOST:SLOTS,... as horovodrun -H takes it")
@@ -40,9 +47,7 @@ def main():
     server.init(slots)
     lines = [f"port {port}"]
     for s in slots:
-        env = {"HOROVOD_HOSTNAME": s.hostname, "HOROVOD_RANK": s.rank, "HOROVOD_SIZE": s.size,
-               "HOROVOD_LOCAL_RANK": s.local_rank, "HOROVOD_LOCAL_SIZE": s.local_size,
-               "HOROVOD_CROSS_RANK": s.cross_rank, "HOROVOD_CROSS_SIZE": s.cross_size}
+        env = slot_settings(s)
         lines.append(f"{s.rank} {s.hostname} " + " ".join(f"{k}={v}" for k, v in env.items()))
     lines.append("ready")
     print("\n".join(lines), flush=True)

@@ -11,6 +11,10 @@
 #   3. the same with K extra server-only hosts (--server-hosts, 1 server each),
 #   4. with --dedicated-hosts D: the servers on D server-only hosts alone
 #      (--dedicated-servers), none beside the workers, as in BytePS's setup,
+#   5. Horovod's allreduce over Gloo, 1 rank per worker host
+#      (bench/horovod_allreduce.py; skipped, with a line saying why, where
+#      HOROVOD_PYTHON, default $CORTADO_VENV/bin/python, has no Horovod with
+#      Gloo: bench/install_horovod.sh),
 # and prints one markdown table: algorithm bandwidth (median over the
 # repetitions, with min-max), the ratio to MPI_Allreduce and to the link rate,
 # the link-limited bound of each job (from the traffic model with bytes split
@@ -31,8 +35,8 @@
 #   --hosts H             worker hosts (default 4)
 #   --server-only-hosts K extra hosts with a server and no worker (default 2; 0: skip job 3)
 #   --dedicated-hosts D   run job 4 with D server hosts (default 0: skip it)
-#   --jobs LIST           only these of mpi,ps,ps_sonly,ps_ded (default: all that the
-#                         host counts allow)
+#   --jobs LIST           only these of mpi,ps,ps_sonly,ps_ded,horovod (default: all
+#                         that the host counts and the installed packages allow)
 #   --build DIR           build directory (default: build next to this script's parent)
 #   --name NAME           testbed name, 1-8 of [a-z0-9] (default: mhb + pid)
 #   --save FILE           keep the raw results (bench/multihost_table.py FILE ... reprints the table)
@@ -46,7 +50,8 @@ MONITOR=$HERE/multihost_monitor.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2 DED=0
-BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded PLOT=""
+BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded,horovod PLOT=""
+HOROVOD_PYTHON=${HOROVOD_PYTHON:-${CORTADO_VENV:-$ROOT/.venv}/bin/python}
 
 while (($#)); do
   case $1 in
@@ -86,7 +91,8 @@ is_count "$SONLY" 0 6 || die "--server-only-hosts must be 0 to 6 (got '$SONLY')"
 is_count "$DED" 0 6 || die "--dedicated-hosts must be 0 to 6 (got '$DED')"
 IFS=, read -ra JOB_LIST <<<"$JOBS"
 for j in "${JOB_LIST[@]}"; do
-  [[ $j =~ ^(mpi|ps|ps_sonly|ps_ded)$ ]] || die "--jobs: unknown job '$j' (mpi, ps, ps_sonly, ps_ded)"
+  [[ $j =~ ^(mpi|ps|ps_sonly|ps_ded|horovod)$ ]] ||
+    die "--jobs: unknown job '$j' (mpi, ps, ps_sonly, ps_ded, horovod)"
 done
 want() { [[ ,$JOBS, == *,$1,* ]]; }
 EXTRA=$((SONLY > DED ? SONLY : DED))
@@ -115,6 +121,15 @@ for f in "$CORTADO" "$MPIBENCH"; do
 done
 command -v mpirun >/dev/null || die "mpirun is not installed (scripts/install_deps.sh installs OpenMPI)"
 [[ -x $PYTHON ]] || die "$PYTHON is missing (set PYTHON to a python3)"
+HAVE_HOROVOD=""
+if want horovod; then
+  if "$HOROVOD_PYTHON" -c 'import horovod.torch as h; assert h.gloo_built()' 2>/dev/null; then
+    HAVE_HOROVOD=$("$HOROVOD_PYTHON" -c 'import horovod; print(horovod.__version__)')
+  else
+    echo "# horovod: skipped: horovod.torch (with Gloo) does not import in $HOROVOD_PYTHON;" \
+      "bench/install_horovod.sh installs Horovod 0.28.1 (HOROVOD_PYTHON names another interpreter)" >&2
+  fi
+fi
 
 OUT=$(mktemp -d /tmp/cortado-multihost.XXXXXX)
 MON_PID="" JOB_PID=""
@@ -166,6 +181,9 @@ run() {
       cmd=("$CORTADO" launch --hosts "$WORKER_HOSTS" --server-hosts "$DED_HOSTS" --dedicated-servers
         -w 1 -s 1 --transport "$TRANSPORT" --agent "$AGENT" --
         "$CORTADO" bench pushpull -b "$bytes" -e "$bytes" -n "$ITERS" --warmup "$WARMUP" --json) ;;
+    horovod)
+      cmd=("$HOROVOD_PYTHON" "$HERE/horovod_allreduce.py" --hosts "$WORKER_HOSTS" --agent "$AGENT"
+        --bytes "$bytes" --iters "$ITERS" --warmup "$WARMUP" --timeout "$limit") ;;
   esac
   "$PYTHON" "$MONITOR" --name "$NAME" --hosts "$NTOTAL" --rate-bps "$RATE_BPS" >"$OUT/mon" &
   MON_PID=$!
@@ -206,6 +224,7 @@ for bytes in "${BYTES_LIST[@]}"; do
     want ps && run ps "$bytes" "$rep"
     ((SONLY)) && want ps_sonly && run ps_sonly "$bytes" "$rep"
     ((DED)) && want ps_ded && run ps_ded "$bytes" "$rep"
+    [[ -n $HAVE_HOROVOD ]] && run horovod "$bytes" "$rep"
   done
 done
 

@@ -44,12 +44,13 @@ ring = H / (2 * (H - 1))  # ring allreduce: 2(H-1)/H of the data over each link
 T = H + K  # servers, one per host
 worker_host = (1 - 1 / T) + (H - 1) / T  # its worker's pushes out + its server's pull answers
 sonly_host = H / T
-bound = {"mpi": ring, "ps": ring, "ps_sonly": 1 / max(worker_host, sonly_host),
+bound = {"mpi": ring, "horovod": ring, "ps": ring, "ps_sonly": 1 / max(worker_host, sonly_host),
          # dedicated: each worker's link carries the tensor once each way,
          # each server host's link H/D of it.
          "ps_ded": 1 / max(1, H / D) if D else 0}
 names = {
     "mpi": f"MPI_Allreduce (OpenMPI, TCP), {H} hosts x 1 rank, `launch --mpi-only`",
+    "horovod": f"Horovod's allreduce (Gloo), {H} hosts x 1 rank",
     "ps": f"`cortado bench pushpull`, {H} hosts x (1 worker + 1 server)",
     "ps_sonly": f"`cortado bench pushpull`, {H} hosts x (1 worker + 1 server) + {K} server-only hosts",
     "ps_ded": f"`cortado bench pushpull`, {H} hosts x 1 worker, servers only on {D} other hosts (`--dedicated-servers`)",
@@ -61,7 +62,7 @@ print("| job | size | algbw (GB/s) | vs MPI_Allreduce | vs link | link bound: mo
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for size in sorted({s for s, _ in runs}):
     mpi = statistics.median(r[0] for r in runs.get((size, "mpi"), [(float("nan"),)]))
-    for job in ("mpi", "ps", "ps_sonly", "ps_ded"):
+    for job in ("mpi", "horovod", "ps", "ps_sonly", "ps_ded"):
         if (size, job) not in runs:
             continue
         rs = runs[(size, job)]
