@@ -48,9 +48,13 @@ build() {
   "$PY" -c 'import sys, torch, pybind11; print(sys.version); print("torch", torch.__version__,
     "cuda", torch.cuda.is_available())'
   local nccl_h nccl_so
-  nccl_h=$(find / -name nccl.h -path '*include*' -not -path '/proc/*' -not -path "$D/*" 2>/dev/null | head -1)
+  nccl_h=$(find / -name nccl.h -path '*include*' -type f -not -path '/proc/*' -not -path '*/.debug/*' \
+    -not -path "$D/*" 2>/dev/null | head -1)
   [[ -n $nccl_h ]] || nccl_h=$D/include/nccl.h
-  nccl_so=$(find / -name 'libnccl.so*' -not -path '/proc/*' 2>/dev/null | head -1)
+  # A library file or link (not perf's build-id cache, /root/.debug, whose
+  # folders carry the library's name).
+  nccl_so=$(find / \( -name 'libnccl.so' -o -name 'libnccl.so.2*' \) \( -type f -o -type l \) \
+    -not -path '/proc/*' -not -path '*/.debug/*' -not -path "$PYBUILD/*" 2>/dev/null | sort | head -1)
   [[ -n $nccl_so ]] || { echo "python_checks.sh: no libnccl.so* on this machine"; exit 1; }
   # find_library needs the unversioned name.
   mkdir -p "$PYBUILD/nccl"

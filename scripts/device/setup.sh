@@ -27,7 +27,8 @@ if [ ! -e /tmp/cortado-setup.done ]; then
 fi
 [ -e /work/main ] || { mkdir -p /work && ln -s "$REPO" /work/main; }
 export CORTADO_PLANNER_DATA=$REPO/scheduler/planner
-NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '/proc/*' 2>/dev/null | head -1)")
+NCCL_DIR=$(dirname "$(find / -name 'libnccl.so.2*' \( -type f -o -type l \) -not -path '/proc/*' \
+  -not -path '*/.debug/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="/usr/lib/x86_64-linux-gnu/openmpi/lib:$NCCL_DIR:${LD_LIBRARY_PATH:-}"
 # OpenMPI's rsh launcher refuses to start, even for ranks on this machine
 # alone, when its agent (ssh) is missing, as on the H200 machine of
