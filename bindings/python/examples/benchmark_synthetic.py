@@ -492,6 +492,10 @@ def run_compare(args):
 
 def main():
     args = parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: this torch sees no CUDA device (torch.cuda.is_available() "
+                         "is False); run on a GPU machine with a CUDA build of PyTorch, or use "
+                         "--device cpu")
     if args.compare:
         run_compare(args)
     elif args.backend in DDP_BACKENDS:
