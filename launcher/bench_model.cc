@@ -88,6 +88,7 @@ struct Result {
   uint64_t checked = 0, wrong = 0, lossyTensors = 0;
   uint64_t batches = 0, iterationsRun = 0;  // Executor::runBatch calls, replay iterations
   std::string searchSummary;  // mergecomp (rank 0): FusionSearch::summary()
+  std::string searchTimes;    // mergecomp (rank 0): every time its search measured
   // gravac: the CF sent in each timed iteration, the re-plans and rank 0's
   // summary.
   std::vector<double> gravacRatios;
@@ -622,7 +623,7 @@ int runModelBench(const ModelBenchOptions& o) {
     if (replan || mergecomp) r.timedFrom = settled + o.warmup;
     if (mergecomp) {
       searched = ex.currentPlan();
-      if (lead) r.searchSummary = ex.fusionSearchSummary();
+      if (lead) r.searchSummary = ex.fusionSearchSummary(), r.searchTimes = ex.fusionSearchTimes();
       ex.setFusionSearch(std::nullopt);  // the next strategy's plan stays
     }
     for (size_t j = 0; j < T; ++j) {
@@ -774,6 +775,7 @@ int runModelBench(const ModelBenchOptions& o) {
           jr["predicted_noskew_ms"] = nullptr;
         if (r.strategy == "mergecomp") {
           jr["search"] = r.searchSummary;
+          jr["search_times"] = r.searchTimes;
           jr["timed_from"] = r.timedFrom;
         }
         if (r.strategy == "gravac") {

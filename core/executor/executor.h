@@ -327,8 +327,11 @@ class Executor {
   // (an allreduce, or a push_pull without MPI groups) so that every worker
   // takes the same next candidate. Candidates switch as scheduled plans do
   // (schedulePlan: at an iteration boundary, the servers' residuals
-  // flushed), with the plan's options kept and its version raised. At the
-  // end the fastest grouping timed stays. Needs beginIteration() every
+  // flushed), with the plan's options kept and its version raised. A
+  // window's time is the median of its iterations (windowTime()). At the
+  // end the final round times each search's `o.finalists` fastest
+  // candidates again, twice in mirrored order, and the least sum stays
+  // (without it, the fastest grouping timed). Needs beginIteration() every
   // iteration and no online re-planning (both change the plan). nullopt:
   // off (a search under way stops where it is). Every worker calls it alike.
   //
@@ -350,9 +353,12 @@ class Executor {
   bool fusionSearchDone() const { return searchKept_.has_value(); }
   // The alternative kept (0 without alternatives) and its cuts, once done.
   std::optional<std::pair<size_t, FusionSearch::Cuts>> fusionSearchResult() const;
-  // One line per alternative searched so far (FusionSearch::summary()) and,
-  // once done, which one stays.
+  // One line per alternative searched so far (FusionSearch::summary()),
+  // the final round's sums and, once done, which one stays.
   std::string fusionSearchSummary() const;
+  // Every time measured, in order: per alternative FusionSearch::timesLine(),
+  // then the final round's ("final: alternative/groups:ms ...").
+  std::string fusionSearchTimes() const;
 
   // --- GraVAC (docs/codecs.md, "GraVAC in the plan executor") ---------------
   // Turns GraVAC on (or, with nullopt, off) for every tensor: each runBatch()
@@ -517,6 +523,13 @@ class Executor {
   // Schedules `cuts` as the groups of `base` (nullptr: the current or
   // scheduled plan) for the next iteration.
   void scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Plan* base);
+  // Schedules `cuts` on alternative `alt`'s options (searchBase() for it).
+  void scheduleFor(size_t alt, const FusionSearch::Cuts& cuts);
+  // After the last alternative's search: the final round over each one's
+  // fastest candidates, or (fewer than two) the fastest kept at once.
+  void startFinalRound();
+  // Ends the search on alternative `alt`'s grouping `cuts`.
+  void keepCandidate(size_t alt, const FusionSearch::Cuts& cuts);
   void startSearch();  // search_ for alternative searchAlt_, its first candidate scheduled
   const plan::Plan* searchBase() const;  // alternative searchAlt_'s plan, or nullptr
   double agreedMean(double seconds, Deadline deadline);
@@ -532,9 +545,18 @@ class Executor {
     FusionSearch::Cuts cuts;
     double seconds = 0;
     std::string summary;
+    std::string times;                                     // FusionSearch::timesLine()
+    std::vector<std::pair<FusionSearch::Cuts, double>> top;  // its finalists (ranked())
   };
   std::vector<SearchedAlternative> searched_;
   std::optional<size_t> searchKept_;      // set once every alternative has ended
+  FusionSearch::Cuts searchKeptCuts_;     // and the final round (if any)
+  // The final round's finalists (alternative, cuts) and its state.
+  std::vector<std::pair<size_t, FusionSearch::Cuts>> finalists_;
+  std::unique_ptr<FinalRound> final_;
+  std::string finalTimes_;  // "alternative/groups:ms ..." as measured
+  // The candidate scheduled last (alternative, cuts): what runs once it switched.
+  std::pair<size_t, FusionSearch::Cuts> lastCandidate_;
   std::vector<std::string> searchOrder_;  // gradient-ready order, recorded
   bool searchRecording_ = false;
   uint64_t searchFrom_ = 0;          // the iteration the search was turned on at

@@ -19,6 +19,45 @@ void validate(const FusionSearchOptions& o) {
   CORTADO_ENFORCE(
       std::isfinite(o.minGain) && o.minGain >= 0 && o.minGain < 1, ErrorCode::kInvalidArgument,
       "fusion search: minGain {} is outside [0, 1): it is a share of the time", o.minGain);
+  CORTADO_ENFORCE(o.finalists <= 16, ErrorCode::kInvalidArgument,
+                  "fusion search: finalists {} would time each of them twice at the end; give at "
+                  "most 16 (0: no final round)",
+                  o.finalists);
+}
+
+double windowTime(std::vector<double> seconds) {
+  CORTADO_ENFORCE(!seconds.empty(), ErrorCode::kInvalidArgument,
+                  "fusion search: a window without a timed iteration");
+  std::sort(seconds.begin(), seconds.end());
+  const size_t n = seconds.size();
+  return n % 2 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
+}
+
+FinalRound::FinalRound(size_t finalists) : sums_(finalists, 0.0) {
+  CORTADO_ENFORCE(finalists >= 1, ErrorCode::kInvalidArgument,
+                  "fusion search: a final round without a finalist");
+}
+
+std::optional<size_t> FinalRound::next() const {
+  const size_t n = sums_.size();
+  if (timed_ >= 2 * n) return std::nullopt;
+  return timed_ < n ? timed_ : 2 * n - 1 - timed_;  // forward, then back
+}
+
+void FinalRound::measured(double seconds) {
+  const auto at = next();
+  CORTADO_ENFORCE(at.has_value(), ErrorCode::kInvalidArgument,
+                  "fusion search: a time given after the final round ended");
+  CORTADO_ENFORCE(std::isfinite(seconds) && seconds >= 0, ErrorCode::kInvalidArgument,
+                  "fusion search: measured time {} is not a duration", seconds);
+  sums_[*at] += seconds;
+  ++timed_;
+}
+
+size_t FinalRound::best() const {
+  CORTADO_ENFORCE(done(), ErrorCode::kInvalidArgument,
+                  "fusion search: the final round has not ended");
+  return size_t(std::min_element(sums_.begin(), sums_.end()) - sums_.begin());
 }
 
 uint64_t maxGroupsFor(const FusionSearchOptions& o, uint64_t tensors) {
@@ -79,6 +118,23 @@ FusionSearch::Cuts FusionSearch::best() const {
   auto it = std::min_element(history_.begin(), history_.end(),
                              [](const auto& a, const auto& b) { return a.second < b.second; });
   return it->first;
+}
+
+std::vector<std::pair<FusionSearch::Cuts, double>> FusionSearch::ranked(size_t k) const {
+  // history_ holds each candidate once (replay() never asks for a timed
+  // one); a stable sort keeps the first timed among equal times first.
+  std::vector<std::pair<Cuts, double>> r = history_;
+  std::stable_sort(r.begin(), r.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (r.size() > k) r.resize(k);
+  return r;
+}
+
+std::string FusionSearch::timesLine() const {
+  std::string out;
+  for (const auto& [c, t] : history_)
+    out += fmt::format("{}{}:{:.1f}", out.empty() ? "" : " ", c.size() + 1, t * 1e3);
+  return out;
 }
 
 namespace {

@@ -36,6 +36,41 @@ struct FusionSearchOptions {
   // At most this many byte-balanced groups (MergeComp's Y); 0: a quarter of
   // the tensors, at least 2 (maxGroupsFor()).
   int maxGroups = 0;
+  // The final round: each search's (each alternative's) this many fastest
+  // candidates are timed again, in two passes in mirrored order (A B C,
+  // C B A), and the least sum of those two times stays, so that a load that
+  // drifted while the search ran weighs on every finalist alike. 0: no final
+  // round (the fastest time measured stays); it runs when there are two
+  // finalists or more in all.
+  uint64_t finalists = 2;
+};
+
+// A window's time from its iterations' times: their median (the mean of the
+// middle two for an even count), so that one iteration slowed by another job
+// on the machine does not move it. Throws kInvalidArgument on no times.
+double windowTime(std::vector<double> seconds);
+
+// The final round's order and decision over `finalists` candidates (their
+// indices 0 .. finalists-1): two passes, the second in reverse order, and the
+// finalist with the least sum of its two times is the answer (the first
+// among equal sums). Deterministic: the same times give the same answer on
+// every worker.
+class FinalRound {
+ public:
+  explicit FinalRound(size_t finalists);
+  // The finalist to time next; nullopt when the round is done.
+  std::optional<size_t> next() const;
+  void measured(double seconds);
+  bool done() const { return !next().has_value(); }
+  // The finalist with the least sum (once done).
+  size_t best() const;
+  size_t finalists() const { return sums_.size(); }
+  // Each finalist's sum of its times so far.
+  const std::vector<double>& sums() const { return sums_; }
+
+ private:
+  std::vector<double> sums_;
+  size_t timed_ = 0;  // measurements so far, of 2 * finalists
 };
 
 // Checks the options; throws kInvalidArgument naming the bad one.
@@ -69,6 +104,12 @@ class FusionSearch {
   Cuts best() const;
   // Every candidate measured with its time, in the order they were timed.
   const std::vector<std::pair<Cuts, double>>& history() const { return history_; }
+  // Up to `k` fastest candidates timed, fastest first (the first timed
+  // among equal times), each with its time.
+  std::vector<std::pair<Cuts, double>> ranked(size_t k) const;
+  // Every candidate timed, in order, as "groups:ms" (e.g. "206:1346.8
+  // 1:2033.3 2:1702.5"; the number of groups for each), for the logs.
+  std::string timesLine() const;
   // One line: groups, their time, layer-wise's and one group's.
   std::string summary() const;
   const FusionSearchOptions& options() const { return o_; }

@@ -217,6 +217,11 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
   searchAlt_ = 0;
   searched_.clear();
   searchKept_.reset();
+  searchKeptCuts_.clear();
+  finalists_.clear();
+  final_.reset();
+  finalTimes_.clear();
+  lastCandidate_ = {};
   search_.reset();
   searchOrder_.clear();
   searchRecording_ = false;
@@ -248,6 +253,11 @@ void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Pla
   searchTimes_.clear();
 }
 
+void Executor::scheduleFor(size_t alt, const FusionSearch::Cuts& cuts) {
+  scheduleCandidate(cuts, searchAlternatives_.empty() ? nullptr : &searchAlternatives_[alt]);
+  lastCandidate_ = {alt, cuts};
+}
+
 void Executor::startSearch() {
   // Consecutive tensors on different options (or on PowerSGD) never share a
   // group: forced cuts, from the options this search runs on.
@@ -264,7 +274,7 @@ void Executor::startSearch() {
     if (k > 0 && (apart || !(opt == optionOf(searchOrder_[k - 1])))) forced.insert(k);
   }
   search_ = std::make_unique<FusionSearch>(std::move(bytes), std::move(forced), *searchOptions_);
-  scheduleCandidate(*search_->next(), base);
+  scheduleFor(searchAlt_, *search_->next());
 }
 
 // At beginIteration(iteration_): the iteration before it just ended.
@@ -296,12 +306,25 @@ void Executor::stepFusionSearch(Deadline deadline) {
   if (ended < candidateAt_ + o.settle) return;
   searchTimes_.push_back(last);
   if (searchTimes_.size() < o.window) return;
-  double mean = 0;
-  for (double t : searchTimes_) mean += t;
-  mean = agreedMean(mean / double(searchTimes_.size()), deadline);
-  search_->measured(mean);
+  // The window's median on each worker, averaged over the workers: the same
+  // time on every worker, so every worker takes the same next step.
+  const double time = agreedMean(windowTime(searchTimes_), deadline);
+  if (final_) {
+    const auto& [alt, cuts] = finalists_[*final_->next()];
+    finalTimes_ += fmt::format("{}{}/{}:{:.1f}", finalTimes_.empty() ? "" : " ", alt + 1,
+                               cuts.size() + 1, time * 1e3);
+    final_->measured(time);
+    if (const auto at = final_->next()) {
+      scheduleFor(finalists_[*at].first, finalists_[*at].second);
+      return;
+    }
+    const auto& [keptAlt, keptCuts] = finalists_[final_->best()];
+    keepCandidate(keptAlt, keptCuts);
+    return;
+  }
+  search_->measured(time);
   if (const auto& next = search_->next()) {
-    scheduleCandidate(*next, searchBase());
+    scheduleFor(searchAlt_, *next);
     return;
   }
   // This alternative's search has ended: its fastest grouping is its time.
@@ -313,36 +336,68 @@ void Executor::stepFusionSearch(Deadline deadline) {
       break;
     }
   done.summary = search_->summary();
+  done.times = search_->timesLine();
+  done.top = search_->ranked(o.finalists);
   searched_.push_back(std::move(done));
   if (searchAlt_ + 1 < searchAlternatives_.size()) {
     ++searchAlt_;
     startSearch();
     return;
   }
-  // Done: the fastest timed (the first among equal times) stays, unless it
-  // runs already.
+  startFinalRound();
+}
+
+void Executor::startFinalRound() {
+  finalists_.clear();
+  for (size_t a = 0; a < searched_.size(); ++a)
+    for (const auto& [cuts, secs] : searched_[a].top) finalists_.emplace_back(a, cuts);
+  if (finalists_.size() >= 2) {
+    // Each finalist timed twice more, the second pass in reverse order.
+    final_ = std::make_unique<FinalRound>(finalists_.size());
+    scheduleFor(finalists_[0].first, finalists_[0].second);
+    return;
+  }
+  // No final round: the fastest timed (the first among equal times) stays.
   size_t kept = 0;
   for (size_t a = 1; a < searched_.size(); ++a)
     if (searched_[a].seconds < searched_[kept].seconds) kept = a;
-  searchKept_ = kept;
-  const bool running =
-      kept == searchAlt_ && searched_[kept].cuts == search_->history().back().first;
-  if (!running)
-    scheduleCandidate(searched_[kept].cuts,
-                      searchAlternatives_.empty() ? nullptr : &searchAlternatives_[kept]);
+  keepCandidate(kept, searched_[kept].cuts);
+}
+
+void Executor::keepCandidate(size_t alt, const FusionSearch::Cuts& cuts) {
+  searchKept_ = alt;
+  searchKeptCuts_ = cuts;
+  // Switched to at an iteration boundary unless it runs already.
+  if (!(lastCandidate_.first == alt && lastCandidate_.second == cuts)) scheduleFor(alt, cuts);
   if (topo_.rank == 0) CORTADO_LOG_INFO("{}", fusionSearchSummary());
 }
 
 std::optional<std::pair<size_t, FusionSearch::Cuts>> Executor::fusionSearchResult() const {
   if (!searchKept_) return std::nullopt;
-  return std::make_pair(*searchKept_, searched_[*searchKept_].cuts);
+  return std::make_pair(*searchKept_, searchKeptCuts_);
 }
 
 std::string Executor::fusionSearchSummary() const {
-  if (searchAlternatives_.size() <= 1)
-    return search_ ? search_->summary() : "fusion search: not started";
+  const bool several = searchAlternatives_.size() > 1;
+  // The final round: "final round over N (two passes, summed): 1/29 groups
+  // 2631.2 ms, ...", each finalist's alternative (with several) and groups.
+  std::string fin;
+  if (final_) {
+    fin = fmt::format("; final round over {} (two passes, summed{}):", finalists_.size(),
+                      final_->done() ? "" : ", so far");
+    for (size_t f = 0; f < finalists_.size(); ++f)
+      fin += fmt::format("{} {}{} groups {:.1f} ms", f ? "," : "",
+                         several ? fmt::format("{}/", finalists_[f].first + 1) : std::string(),
+                         finalists_[f].second.size() + 1, final_->sums()[f] * 1e3);
+  }
+  if (!several) {
+    std::string out = search_ ? search_->summary() : "fusion search: not started";
+    out += fin;
+    if (final_ && searchKept_) out += fmt::format("; kept {} groups", searchKeptCuts_.size() + 1);
+    return out;
+  }
   // "fusion search over N option sets: 1 (option): <summary less its
-  // "fusion search" head>; 2 (...): ...; kept K".
+  // "fusion search" head>; 2 (...): ...; final round ...; kept K (G groups)".
   auto body = [](const std::string& line) {
     const std::string head = "fusion search";
     return line.rfind(head, 0) == 0 ? line.substr(head.size()) : ": " + line;
@@ -355,7 +410,24 @@ std::string Executor::fusionSearchSummary() const {
     out += fmt::format("{} {} ({}){}", a ? ";" : ":", a + 1,
                        searchAlternatives_[a].tensors.begin()->second.describe(), line);
   }
-  if (searchKept_) out += fmt::format("; kept {}", *searchKept_ + 1);
+  out += fin;
+  if (searchKept_)
+    out += fmt::format("; kept {} ({} groups)", *searchKept_ + 1, searchKeptCuts_.size() + 1);
+  return out;
+}
+
+std::string Executor::fusionSearchTimes() const {
+  std::string out;
+  const size_t alts = std::max<size_t>(1, searchAlternatives_.size());
+  for (size_t a = 0; a < alts; ++a) {
+    const std::string line = a < searched_.size()         ? searched_[a].times
+                             : a == searchAlt_ && search_ ? search_->timesLine()
+                                                          : std::string();
+    if (line.empty()) continue;
+    out += fmt::format("{}{}", out.empty() ? "" : "; ",
+                       alts > 1 ? fmt::format("{}: {}", a + 1, line) : line);
+  }
+  if (!finalTimes_.empty()) out += fmt::format("{}final: {}", out.empty() ? "" : "; ", finalTimes_);
   return out;
 }
 

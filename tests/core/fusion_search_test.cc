@@ -325,5 +325,104 @@ TEST(FusionSearch, SummaryShortensLongCutLists) {
   EXPECT_NE(twenty.summary().find(want), std::string::npos) << twenty.summary() << " / " << want;
 }
 
+// windowTime() is the median (the mean of the middle two for an even
+// count), against a sorted copy; one slow iteration does not move it, where
+// it moves the mean.
+TEST(FusionSearch, WindowTimeIsTheMedian) {
+  uint64_t seed = 7;
+  auto next = [&] { return seed = seed * 6364136223846793005ULL + 1442695040888963407ULL; };
+  for (size_t n = 1; n <= 9; ++n)
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<double> v(n);
+      for (double& x : v) x = 0.1 + double((next() >> 33) % 100000) * 1e-6;
+      std::vector<double> sorted = v;
+      std::sort(sorted.begin(), sorted.end());
+      const double want = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+      EXPECT_DOUBLE_EQ(windowTime(v), want) << n << " times";
+    }
+  EXPECT_DOUBLE_EQ(windowTime({1.0, 1.1, 5.0}), 1.1);  // the mean would be 2.37
+  EXPECT_THROW(windowTime({}), Error);
+}
+
+// ranked(): the k fastest candidates timed, fastest first, the first timed
+// among equal times first; against a brute-force sort of the history.
+TEST(FusionSearch, RankedGivesTheFastestCandidatesInOrder) {
+  const std::vector<uint64_t> bytes(64, 100);
+  FusionSearch s(bytes, {}, FusionSearchOptions{});
+  // Equal times for 8 and 16 groups: 8 was timed first and ranks first.
+  runSearch(s, [](const Cuts& c) {
+    const double g = double(c.size() + 1);
+    return g == 64 ? 90.0 : g == 8 || g == 16 ? 40.0 : 50.0 + std::abs(g - 12.0);
+  });
+  const auto& h = s.history();
+  ASSERT_GE(h.size(), 4u) << s.summary();
+  for (size_t k = 0; k <= h.size() + 1; ++k) {
+    const auto r = s.ranked(k);
+    ASSERT_EQ(r.size(), std::min(k, h.size()));
+    for (size_t i = 0; i < r.size(); ++i) {
+      // Brute force: the rank of r[i] is the number of candidates faster,
+      // plus those as fast timed before it.
+      size_t before = 0, at = h.size();
+      for (size_t j = 0; j < h.size(); ++j)
+        if (h[j].first == r[i].first) at = j;
+      ASSERT_LT(at, h.size());
+      EXPECT_EQ(h[at].second, r[i].second);
+      for (size_t j = 0; j < h.size(); ++j)
+        before += h[j].second < h[at].second || (h[j].second == h[at].second && j < at);
+      EXPECT_EQ(before, i) << "candidate of " << r[i].first.size() + 1 << " groups";
+    }
+  }
+  const auto two = s.ranked(2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].first.size() + 1, 8u) << s.summary();
+  EXPECT_EQ(two[1].first.size() + 1, 16u) << s.summary();
+  // timesLine(): every candidate as groups:ms, in the order timed.
+  std::string want;
+  for (const auto& [c, t] : h)
+    want += fmt::format("{}{}:{:.1f}", want.empty() ? "" : " ", c.size() + 1, t * 1e3);
+  EXPECT_EQ(s.timesLine(), want);
+}
+
+// The final round times A B C, then C B A, and keeps the least sum. Under a
+// load that rises while it runs, each finalist's two times add up to the
+// same drift, so it keeps the truly fastest; a single pass in order keeps a
+// slower one that happened to run first.
+TEST(FusionSearch, FinalRoundCancelsALinearDrift) {
+  // True times: finalist 2 is fastest by 2%; the load adds 3% per window.
+  const std::vector<double> truth = {1.00, 1.01, 0.98, 1.02};
+  FinalRound r(truth.size());
+  std::vector<size_t> order;
+  int window = 0;
+  std::vector<double> firstPass(truth.size());
+  while (const auto at = r.next()) {
+    order.push_back(*at);
+    const double t = truth[*at] * (1.0 + 0.03 * window++);
+    if (order.size() <= truth.size()) firstPass[*at] = t;
+    r.measured(t);
+  }
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3, 3, 2, 1, 0}));
+  const size_t want = size_t(std::min_element(truth.begin(), truth.end()) - truth.begin());
+  EXPECT_EQ(r.best(), want);
+  // One pass alone picks the first finalist (the load rose after it).
+  EXPECT_NE(size_t(std::min_element(firstPass.begin(), firstPass.end()) - firstPass.begin()), want);
+  // Equal sums: the first finalist.
+  FinalRound eq(3);
+  while (eq.next()) eq.measured(1.0);
+  EXPECT_EQ(eq.best(), 0u);
+  // Bad input.
+  EXPECT_THROW(FinalRound(0), Error);
+  FinalRound one(1);
+  EXPECT_THROW(one.best(), Error);  // not done
+  EXPECT_THROW(one.measured(-1.0), Error);
+  one.measured(1.0);
+  one.measured(1.0);
+  EXPECT_TRUE(one.done());
+  EXPECT_EQ(one.best(), 0u);
+  EXPECT_THROW(one.measured(1.0), Error);
+  FusionSearchOptions o;
+  o.finalists = 17;
+  EXPECT_THROW(validate(o), Error);
+}
+
 }  // namespace
 }  // namespace cortado::executor

@@ -289,17 +289,21 @@ void Check::runSearch() {
   int iter = 0;
   for (; iter < 400; ++iter) {
     ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearch() && ex.fusionSearch()->done()) break;
+    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
     if (me == 1) ::usleep(20000);  // a slower worker: its own times differ
     if (!runChecked("search", iter)) return;
   }
   const executor::FusionSearch* s = ex.fusionSearch();
-  if (!s || !s->done()) {
+  const auto result = ex.fusionSearchResult();
+  if (!s || !s->done() || !result) {
     fail(fmt::format("search: not done after {} iterations", iter));
     return;
   }
-  // Every rank ends on the same groups: compare each rank's cuts and plan.
-  const executor::FusionSearch::Cuts best = s->best();
+  // Every rank ends on the same groups (the final round's): compare each
+  // rank's cuts and plan.
+  const executor::FusionSearch::Cuts best = result->second;
+  if (ex.fusionSearchSummary().find("final round over 2") == std::string::npos)
+    fail("search: the summary gives no final round over the search's 2 fastest candidates");
   const std::string mine = fmt::format("{}", fmt::join(best, ","));
   const uint64_t h[2] = {std::hash<std::string>{}(mine),
                          std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};

@@ -737,7 +737,7 @@ class PyExecutor {
 
   // MergeComp's fusion search (Executor::setFusionSearch).
   void enableFusionSearch(uint64_t warmup, uint64_t window, uint64_t settle, uint64_t step,
-                          double minGain, int maxGroups) {
+                          double minGain, int maxGroups, uint64_t finalists) {
     executor::FusionSearchOptions o;
     o.warmup = warmup;
     o.window = window;
@@ -745,6 +745,7 @@ class PyExecutor {
     o.step = step;
     o.minGain = minGain;
     o.maxGroups = maxGroups;
+    o.finalists = finalists;
     auto& e = ex();
     std::lock_guard<std::mutex> lk(exMu_);
     e.setFusionSearch(o);
@@ -1255,11 +1256,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("pending", &PyExecutor::pending)
       .def("enable_fusion_search", &PyExecutor::enableFusionSearch, py::arg("warmup") = 3,
            py::arg("window") = 5, py::arg("settle") = 1, py::arg("step") = 1,
-           py::arg("min_gain") = 0.02, py::arg("max_groups") = 0,
+           py::arg("min_gain") = 0.02, py::arg("max_groups") = 0, py::arg("finalists") = 2,
            "MergeComp's search for the plan's groups by timing real iterations "
            "(Executor::setFusionSearch: the number of byte-balanced groups doubles while "
            "that gains min_gain, then a binary search between; max_groups 0: a quarter of "
-           "the tensors); needs begin_iteration() every iteration")
+           "the tensors; the finalists fastest timed again in two mirrored passes at the end, "
+           "0: none); needs begin_iteration() every iteration")
       .def_property_readonly("fusion_search", &PyExecutor::fusionSearch,
                              "None, or the fusion search's state: done, summary, timed, cuts")
       .def_property_readonly("group_runs", &PyExecutor::groupRuns,

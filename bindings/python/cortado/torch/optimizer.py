@@ -337,7 +337,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise _runtime.error("invalid_argument",
                                  f"DistributedOptimizer: fusion_search must be True, False or a "
                                  f"dict of its settings (warmup, window, settle, step, min_gain, "
-                                 f"max_groups), got {fusion_search!r}")
+                                 f"max_groups, finalists), got {fusion_search!r}")
         if own_plan:
             explicit = None if not self._groups else \
                 [[self._names[q] for q in members] for members in self._groups]
@@ -985,7 +985,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       `optimizer.executor.fusion_search` tells where it stands); on by
       default where `compression` names a codec and no plan is given
       (and CORTADO_PROFILE_WINDOW is not set); True, False, or a dict of its
-      settings (warmup, window, settle, step, min_gain, max_groups). With CORTADO_PROFILE_WINDOW set
+      settings (warmup, window, settle, step, min_gain, max_groups, finalists). With CORTADO_PROFILE_WINDOW set
       for the job, the workers profile each window and switch to the
       scheduler's plans at the same iteration (online re-planning); each
       step() begins the next iteration. Python workers have no MPI groups, so
