@@ -314,21 +314,20 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
       payloads = compressor::splitRun(payload);
     } catch (const Error& e) {
       throw Error(ErrorCode::kProtocol,
-                  fmt::format("{}: malformed {} payload from {} (round {}): {}",
-                              k.describe(h.key), k.codecSpec, msg.from.toString(), h.round,
-                              e.what()));
+                  fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),
+                              k.codecSpec, msg.from.toString(), h.round, e.what()));
     }
     CORTADO_ENFORCE(!payloads.empty(), ErrorCode::kProtocol,
                     "{}: {} pushed no {} payload for {} elements", k.describe(h.key),
                     msg.from.toString(), k.codecSpec, k.numElements);
   } else {
-    CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0,
-                    ErrorCode::kProtocol,
+    CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0, ErrorCode::kProtocol,
                     "{}: {} pushed {} payload bytes, not a whole number of {}-byte {} payloads "
                     "of {} elements",
                     k.describe(h.key), msg.from.toString(), payload.size(), one, k.codecSpec,
                     k.numElements);
-    for (size_t at = 0; at < payload.size(); at += one) payloads.push_back(payload.subspan(at, one));
+    for (size_t at = 0; at < payload.size(); at += one)
+      payloads.push_back(payload.subspan(at, one));
   }
   try {
     // Validate every payload (header and body) before adding any, so a push

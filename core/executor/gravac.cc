@@ -183,8 +183,7 @@ size_t Executor::gravacMessageStep(const TensorState& s) const {
   return kNoMessageStep;
 }
 
-void Executor::appendPairs(const TensorState& t, uint64_t offset,
-                           detail::GivenPayload& out) const {
+void Executor::appendPairs(const TensorState& t, uint64_t offset, detail::GivenPayload& out) const {
   const std::span<const std::byte> msg = gravac_->message(t.seedBase);
   const compressor::PayloadHeader h = compressor::parseHeader(msg);
   const size_t first = out.index.size();

@@ -494,12 +494,12 @@ void Run::encodeGiven() {
   // Only where the data is this worker's own, whole (Executor::runGravac
   // picks such steps): the message stands for it.
   const bool whole = r_.off == 0 && r_.len == t_.n;
-  CORTADO_ENFORCE(t_.codec && t_.codec->id() == compressor::CodecId::kTopK && replicas_ == 1 &&
-                      whole,
-                  ErrorCode::kInternal,
-                  "GraVAC's message for '{}' given to a step that holds [{}, +{}) of {} elements "
-                  "on {} ranks with codec '{}'",
-                  t_.name, r_.off, r_.len, t_.n, replicas_, t_.codecSpec);
+  CORTADO_ENFORCE(
+      t_.codec && t_.codec->id() == compressor::CodecId::kTopK && replicas_ == 1 && whole,
+      ErrorCode::kInternal,
+      "GraVAC's message for '{}' given to a step that holds [{}, +{}) of {} elements "
+      "on {} ranks with codec '{}'",
+      t_.name, r_.off, r_.len, t_.n, replicas_, t_.codecSpec);
   lane_ = "cpu";
   segs_.clear();
   const auto& index = t_.given->index;

@@ -98,7 +98,8 @@ struct Replay {
     const size_t T = sizes.size();
     gravacResidual.assign(W, {});
     for (int w = 0; w < W; ++w)
-      for (size_t t = 0; t < T; ++t) gravacResidual[w].push_back(std::vector<float>(sizes[t], 0.0f));
+      for (size_t t = 0; t < T; ++t)
+        gravacResidual[w].push_back(std::vector<float>(sizes[t], 0.0f));
     compressor::GravacController c(o, W);
     double planCf = 0, nextCf = 0;
     for (int it = 0; it < iterations; ++it) {
@@ -282,8 +283,10 @@ TEST(ExecutorGravac, CarriesEachWorkersMessageWholeThroughAGroupAndChunks) {
   test::Job job(W, 2, wo);
   plan::TensorOption option = compressedPushPull();
   option.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-                  Step::encode(plan::Device::kCpu), Step::comm(Scope::kInter, CommOp::kPush, true),
-                  Step::comm(Scope::kInter, CommOp::kPull, true), Step::decode(plan::Device::kCpu),
+                  Step::encode(plan::Device::kCpu),
+                  Step::comm(Scope::kInter, CommOp::kPush, true),
+                  Step::comm(Scope::kInter, CommOp::kPull, true),
+                  Step::decode(plan::Device::kCpu),
                   Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
   plan::Plan p;
   for (const auto& n : names) p.tensors[n] = option;
