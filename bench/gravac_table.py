@@ -26,7 +26,9 @@ the same K, and evaluation time is left out of every time in the table.
 executor's stages, GraVAC's own among them, and the servers' work.
 
 A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
-train_digits.py --executor: the gradients through the plan executor.
+train_digits.py --executor: the gradients through the plan executor (with
+MPI's collective groups, as under every `cortado launch` with hosts;
+CORTADO_EXECUTOR_MPI=0 in the environment runs it without them).
 
 Progress on stderr, the table on stdout. --plot FILE also draws, per
 configuration, the bytes pushed and the time to the target as a PNG
@@ -100,7 +102,8 @@ def run(args, compression, out, name, index=0):
     else:
         hosts = ",".join(f"{name}-h{i}" for i in range(1, args.hosts + 1))
         cmd = [str(TB), "exec", name, "1", "env"] + [f"{k}={env[k]}" for k in (
-            "PYTHONPATH", "CORTADO_LOG_LEVEL", "OMP_NUM_THREADS", "CORTADO_CONNECT_TIMEOUT_MS")] + \
+            "PYTHONPATH", "CORTADO_LOG_LEVEL", "OMP_NUM_THREADS", "CORTADO_CONNECT_TIMEOUT_MS",
+            "CORTADO_EXECUTOR_MPI") if k in env] + \
             [cortado, "launch", "-w", "1", "-s", "1", "--hosts", hosts, "--agent",
              f"{TB} exec-host {{host}}"] + trace + ["--"] + script
     start = time.monotonic()

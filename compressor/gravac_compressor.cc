@@ -142,6 +142,22 @@ void GravacCompressor::decompressAdd(uint64_t key, std::span<const std::byte> me
   codec_.decompressAdd(message, s.n, sum, alpha);
 }
 
+void GravacCompressor::addResidual(uint64_t key, std::span<const float> values) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = states_.find(key);
+  CORTADO_ENFORCE(it != states_.end(), ErrorCode::kInvalidArgument,
+                  "GraVAC addResidual: tensor key {} was never prepared", key);
+  State& s = *it->second;
+  CORTADO_ENFORCE(values.size() == s.n, ErrorCode::kInvalidArgument,
+                  "GraVAC addResidual: tensor key {} has {} elements, given {}", key, s.n,
+                  values.size());
+  CORTADO_ENFORCE(!s.prepared, ErrorCode::kInvalidArgument,
+                  "GraVAC addResidual: tensor key {} is prepared and not yet decided; add after "
+                  "decide()",
+                  key);
+  for (size_t i = 0; i < s.n; ++i) s.residual[i] += values[i];
+}
+
 std::span<const float> GravacCompressor::residual(uint64_t key) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = states_.find(key);

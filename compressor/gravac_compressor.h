@@ -64,6 +64,13 @@ class GravacCompressor {
   void decompressAdd(uint64_t key, std::span<const std::byte> message, float* sum,
                      float alpha = 1.0f) const;
 
+  // Adds `values` (the key's n elements) to its residual (with DGC, to v):
+  // mass that another part of the job held back (a plan switch's encode
+  // residuals) joins what the key's next iteration sends or keeps. Between
+  // decide() and the next prepare(); throws kInvalidArgument for a key never
+  // prepared or a size other than its n.
+  void addResidual(uint64_t key, std::span<const float> values);
+
   // Error-feedback state (empty spans for an unknown key).
   std::span<const float> residual(uint64_t key) const;
   std::span<const float> velocity(uint64_t key) const;

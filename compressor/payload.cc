@@ -44,6 +44,24 @@ void Codec::zeroSent(std::span<const std::byte>, float*, size_t, const EncodeCon
               fmt::format("codec '{}' is dense: zeroSent applies to sparse codecs only", spec()));
 }
 
+std::vector<std::span<const std::byte>> splitRun(std::span<const std::byte> run) {
+  std::vector<std::span<const std::byte>> out;
+  for (size_t at = 0; at < run.size();) {
+    const size_t left = run.size() - at;
+    CORTADO_ENFORCE(left >= kHeaderBytes, ErrorCode::kProtocol,
+                    "payload #{} (byte {}) is cut short: {} bytes, a header needs {}", out.size(),
+                    at, left, kHeaderBytes);
+    const uint64_t body = loadLe<uint64_t>(run.data() + at + 16);
+    CORTADO_ENFORCE(body <= left - kHeaderBytes, ErrorCode::kProtocol,
+                    "payload #{} (byte {}) declares a {}-byte body but {} bytes follow its header",
+                    out.size(), at, body, left - kHeaderBytes);
+    const size_t n = kHeaderBytes + size_t(body);
+    out.push_back(run.subspan(at, n));
+    at += n;
+  }
+  return out;
+}
+
 void writeHeader(const PayloadHeader& h, std::span<std::byte> out) {
   CORTADO_ENFORCE(out.size() >= kHeaderBytes, ErrorCode::kInvalidArgument,
                   "payload buffer of {} bytes cannot hold the {}-byte header", out.size(),

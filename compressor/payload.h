@@ -21,6 +21,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "compressor/codec.h"
 #include "core/common/error.h"
@@ -58,6 +59,13 @@ PayloadHeader parseHeader(std::span<const std::byte> payload);
 // The same from a copy of the first kHeaderBytes of a payload of payloadSize
 // bytes that lives elsewhere (device memory, a receive buffer not yet full).
 PayloadHeader parseHeader(std::span<const std::byte> header, size_t payloadSize);
+
+// The payloads of a run (payloads back to back), each sized by its own
+// header (kHeaderBytes plus the body size it declares). Reads the size
+// fields only (parseHeader or the codec checks the rest). Throws kProtocol
+// naming the payload's position where a header is cut short or a body runs
+// past the end of the run.
+std::vector<std::span<const std::byte>> splitRun(std::span<const std::byte> run);
 
 // One line for logs and error messages: "topk v1 n=1000 k=10 body=80".
 std::string describe(const PayloadHeader& h);

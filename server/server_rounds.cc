@@ -304,27 +304,45 @@ void ServerEngine::Shard::decompressInto(KeyState& k, const DataHeader& h, const
     }
   }
   // One payload, or (plan executor) several of the same chunk back to back.
+  // Top-k and DGC payloads may list any number of elements (GraVAC's
+  // messages, which the plan executor pushes as they are): each is sized by
+  // its header. The other codecs' payloads have the codec's fixed size.
+  std::vector<std::span<const std::byte>> payloads;
   const size_t one = k.codec->payloadBytes(k.numElements);
-  CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0, ErrorCode::kProtocol,
-                  "{}: {} pushed {} payload bytes, not a whole number of {}-byte {} payloads "
-                  "of {} elements",
-                  k.describe(h.key), msg.from.toString(), payload.size(), one, k.codecSpec,
-                  k.numElements);
+  if (compressor::listsIndices(k.codec->id())) {
+    try {
+      payloads = compressor::splitRun(payload);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kProtocol,
+                  fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),
+                              k.codecSpec, msg.from.toString(), h.round, e.what()));
+    }
+    CORTADO_ENFORCE(!payloads.empty(), ErrorCode::kProtocol,
+                    "{}: {} pushed no {} payload for {} elements", k.describe(h.key),
+                    msg.from.toString(), k.codecSpec, k.numElements);
+  } else {
+    CORTADO_ENFORCE(one > 0 && !payload.empty() && payload.size() % one == 0, ErrorCode::kProtocol,
+                    "{}: {} pushed {} payload bytes, not a whole number of {}-byte {} payloads "
+                    "of {} elements",
+                    k.describe(h.key), msg.from.toString(), payload.size(), one, k.codecSpec,
+                    k.numElements);
+    for (size_t at = 0; at < payload.size(); at += one)
+      payloads.push_back(payload.subspan(at, one));
+  }
   try {
     // Validate every payload (header and body) before adding any, so a push
     // refused for its last payload leaves the sum as the good pushes made it.
     // One payload checks itself in decompressAdd before it writes.
-    for (size_t at = 0; payload.size() > one && at < payload.size(); at += one)
-      k.codec->validate(payload.subspan(at, one), k.numElements);
+    for (size_t i = 0; payloads.size() > 1 && i < payloads.size(); ++i)
+      k.codec->validate(payloads[i], k.numElements);
     // Top-k and DGC: every payload's indices first (checked in range), so
     // whatever the adds write is among them, and an index out of range in
     // any payload refuses the push before anything is added.
-    for (size_t at = 0; k.tracking && at < payload.size(); at += one) {
-      k.touched.add(payload.subspan(at, one));
+    for (size_t i = 0; k.tracking && i < payloads.size(); ++i) {
+      k.touched.add(payloads[i]);
       if (k.touched.added() > k.numElements / 4) k.tracking = false;  // dense: scan at the end
     }
-    for (size_t at = 0; at < payload.size(); at += one)
-      k.codec->decompressAdd(payload.subspan(at, one), sum, k.numElements);
+    for (const auto& p : payloads) k.codec->decompressAdd(p, sum, k.numElements);
   } catch (const Error& e) {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("{}: malformed {} payload from {} (round {}): {}", k.describe(h.key),

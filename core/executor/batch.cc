@@ -125,11 +125,20 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items, Deadline deadl
     if (t.layout && t.layout != &s) retire(*t.layout, false);
     t.layout = &s;
   };
+  // A state that runs GraVAC's message (TensorState::given) does not read
+  // its input: what its tensors owe (carry) joins GraVAC's residuals
+  // instead, sent or kept by its next iteration.
+  auto owed = [&](TensorState& t) {
+    if (!s.given || t.carry.empty()) return;
+    gravac_->addResidual(t.seedBase, t.carry);
+    t.carry.clear();
+  };
   if (s.parts.empty()) {
     adopt(s);
+    owed(s);
     return;
   }
-  for (TensorState* t : s.parts) adopt(*t);
+  for (TensorState* t : s.parts) adopt(*t), owed(*t);
   s.round = s.parts.front()->round;  // the trace's iteration, as for fusion by size
   s.flushRounds = s.parts.front()->flushRounds;
   s.members.clear();

@@ -70,7 +70,8 @@ namespace executor {
 
 namespace detail {
 struct Lanes;
-}
+struct GivenPayload;
+}  // namespace detail
 
 // Online profiling and plan switches (docs/planner.md, "Online re-planning").
 struct OnlineOptions {
@@ -497,6 +498,16 @@ class Executor {
   plan::Plan gravacReplan(double cf);
   void runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
   void sumDense(std::span<const BatchItem> items, Deadline deadline);
+  // The index of the step of `s`'s option whose payload GraVAC's message can
+  // be: its first encode, when it runs the carrier's top-k and every step
+  // before it leaves this worker's own data in place (collectives over
+  // groups of one: no MPI, or one worker a machine); kNoMessageStep where
+  // none can (an option without a codec, or one that sums first).
+  static constexpr size_t kNoMessageStep = ~size_t{0};
+  size_t gravacMessageStep(const TensorState& s) const;
+  // Appends the (index, value) pairs of tensor t's message this iteration,
+  // each index plus `offset`, strictly ascending.
+  void appendPairs(const TensorState& t, uint64_t offset, detail::GivenPayload& out) const;
   std::array<double, 4> agreedSums(std::array<double, 4> local, Deadline deadline);
   std::unique_ptr<compressor::GravacCompressor> gravac_;
   std::vector<compressor::GravacStep> gravacHistory_;

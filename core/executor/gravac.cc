@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "compressor/format.h"
 #include "compressor/gravac_compressor.h"
+#include "compressor/payload.h"
+#include "compressor/sparse_sum.h"
 #include "core/common/logging.h"
 #include "core/executor/run.h"
 
@@ -158,6 +161,81 @@ void Executor::sumDense(std::span<const BatchItem> items, Deadline deadline) {
   }
 }
 
+size_t Executor::gravacMessageStep(const TensorState& s) const {
+  if (!s.codec || s.codec->id() != compressor::CodecId::kTopK) return kNoMessageStep;
+  auto size = [&](plan::Scope scope) {
+    if (!groups_) return 1;
+    switch (scope) {
+      case plan::Scope::kFlat: return groups_->world->size();
+      case plan::Scope::kIntra: return groups_->intra->size();
+      case plan::Scope::kInter: return groups_->inter->size();
+    }
+    return 1;
+  };
+  for (const plan::Step& st : s.option.steps) {
+    if (st.kind == plan::StepKind::kEncode) return size_t(&st - s.option.steps.data());
+    // A decode, a push, a Zen step or a collective over more than this
+    // rank changes the data before the encode.
+    if (st.kind == plan::StepKind::kDecode || st.op == plan::CommOp::kPush ||
+        st.op == plan::CommOp::kPull || plan::isZen(st.op) || size(st.scope) > 1)
+      return kNoMessageStep;
+  }
+  return kNoMessageStep;
+}
+
+void Executor::appendPairs(const TensorState& t, uint64_t offset, detail::GivenPayload& out) const {
+  const std::span<const std::byte> msg = gravac_->message(t.seedBase);
+  const compressor::PayloadHeader h = compressor::parseHeader(msg);
+  const size_t first = out.index.size();
+  if (compressor::listsIndices(h.codec)) {
+    // Top-k and DGC: k u32 indices, then their k f32 values.
+    CORTADO_ENFORCE(h.bodyBytes == 8 * h.count && h.numel == t.n, ErrorCode::kInternal,
+                    "GraVAC's message for '{}' is not a sparse payload of its {} elements: {}",
+                    t.name, t.n, compressor::describe(h));
+    const std::byte* idx = msg.data() + compressor::kHeaderBytes;
+    const std::byte* val = idx + 4 * h.count;
+    out.index.reserve(first + h.count);
+    out.value.reserve(first + h.count);
+    for (uint64_t j = 0; j < h.count; ++j) {
+      const uint32_t e = compressor::loadLe<uint32_t>(idx + 4 * j);
+      CORTADO_ENFORCE(e < t.n, ErrorCode::kInternal,
+                      "GraVAC's message for '{}' lists index {} of {} elements", t.name, e, t.n);
+      out.index.push_back(offset + e);
+      out.value.push_back(compressor::loadLe<float>(val + 4 * j));
+    }
+  } else {
+    // Random-k sends values only (its indices follow from the round seed):
+    // the decoded message's non-zeros.
+    std::vector<float> dense(t.n, 0.0f);
+    gravac_->decompressAdd(t.seedBase, msg, dense.data());
+    for (uint64_t e = 0; e < t.n; ++e)
+      if (dense[e] != 0.0f) {
+        out.index.push_back(offset + e);
+        out.value.push_back(dense[e]);
+      }
+  }
+  // The pieces are cut by index: ascending, each once (top-k's are; sort
+  // any other order, summing repeats).
+  bool sorted = true;
+  for (size_t j = first + 1; j < out.index.size() && sorted; ++j)
+    sorted = out.index[j] > out.index[j - 1];
+  if (sorted) return;
+  std::vector<std::pair<uint64_t, float>> pairs;
+  for (size_t j = first; j < out.index.size(); ++j) pairs.emplace_back(out.index[j], out.value[j]);
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  out.index.resize(first);
+  out.value.resize(first);
+  for (const auto& [e, v] : pairs) {
+    if (out.index.size() > first && out.index.back() == e) {
+      out.value.back() += v;
+    } else {
+      out.index.push_back(e);
+      out.value.push_back(v);
+    }
+  }
+}
+
 void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
   std::vector<TensorState*> states;
   std::set<const TensorState*> seen;
@@ -234,7 +312,7 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
         step.iteration, compressor::gravacLevelName(step.level), step.ratio, step.gainMin,
         step.minRatio, step.gainCandidate, step.candidateRatio, gravacPlanRatio_);
 
-  // 3. What goes out, in the items' outputs (the input was consumed by prepare()).
+  // 3. A dense iteration sums every g_ef raw, outside the plan.
   std::vector<BatchItem> sent(items.begin(), items.end());
   if (step.level == compressor::GravacLevel::kDense) {
     for (size_t i = 0; i < items.size(); ++i) {
@@ -248,14 +326,6 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
     for (TensorState* t : states) ++t->round;
     return;
   }
-  const double t3 = tracer_ ? Tracer::now() : 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    float* out = items[i].output;
-    std::fill(out, out + items[i].numElements, 0.0f);
-    gravac_->decompressAdd(states[i]->seedBase, gravac_->message(states[i]->seedBase), out);
-    sent[i].input = out;
-  }
-  span("gravac message", "cpu", t3);
   // 4. The plan carries the CF sent: the first sparse iteration sets it,
   // and a CF 2x or more away from it re-plans for the next iteration.
   if (gravacPlanGen_ != generation_) {
@@ -284,6 +354,44 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
     gravacPlanRatio_ = step.ratio;
     gravacFlush_ = true;  // this iteration is the current plan's last round
   }
+  // 5. The messages go to the plan (after any switch above: the states are
+  // the plan's). Where the plan's first encode sees this worker's own data
+  // (gravacMessageStep), the message is that encode's payload as it is: its
+  // (index, value) pairs, a group's at each member's offset. Elsewhere (an
+  // option without a codec, or one that sums before it encodes) the message
+  // is decoded into the item's output and the plan runs on that.
+  const double t3 = tracer_ ? Tracer::now() : 0;
+  std::map<TensorState*, std::unique_ptr<detail::GivenPayload>> given;
+  for (size_t i = 0; i < items.size(); ++i) {
+    TensorState* unit = states[i]->group ? states[i]->group : states[i];
+    const size_t at = gravacMessageStep(*unit);
+    if (at == kNoMessageStep) {
+      float* out = items[i].output;
+      std::fill(out, out + items[i].numElements, 0.0f);
+      gravac_->decompressAdd(states[i]->seedBase, gravac_->message(states[i]->seedBase), out);
+      sent[i].input = out;
+      continue;
+    }
+    sent[i].input = items[i].output;  // not read: the message stands for it
+    auto& g = given[unit];
+    if (g) continue;  // a group: made at its first member
+    g = std::make_unique<detail::GivenPayload>();
+    if (unit->parts.empty()) {
+      appendPairs(*states[i], 0, *g);
+    } else {
+      for (size_t k = 0; k < unit->parts.size(); ++k)
+        appendPairs(*unit->parts[k], unit->partOffsets[k], *g);
+    }
+    unit->given = g.get();
+    unit->givenStep = at;
+  }
+  struct Ungive {
+    std::map<TensorState*, std::unique_ptr<detail::GivenPayload>>& g;
+    ~Ungive() {
+      for (auto& [state, payload] : g) state->given = nullptr;
+    }
+  } ungive{given};
+  span("gravac message", "cpu", t3);
   struct Unflush {
     bool& f;
     ~Unflush() { f = false; }

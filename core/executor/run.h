@@ -58,6 +58,15 @@ struct Seg {
 };
 using Segs = std::vector<Seg>;
 
+// GraVAC's message for a state's elements (Executor::runGravac): the
+// (index, value) pairs this worker sends in the iteration, indices strictly
+// ascending in the state's element space (a group's: each member's at its
+// offset in the concatenation).
+struct GivenPayload {
+  std::vector<uint64_t> index;
+  std::vector<float> value;
+};
+
 // A group, or none (a worker without MPI: a group of one).
 struct Group {
   collective::Collectives* c = nullptr;
@@ -154,6 +163,12 @@ struct Executor::TensorState {
   device::Buffer pinned, pinnedBytes;
   std::unique_ptr<device::Event> computed;  // the compute stream's work so far
   std::unique_ptr<device::Event> copied;    // the copy stream's work so far
+  // GraVAC, for one iteration (Executor::runGravac): the encode step at
+  // index givenStep takes this message as its payload, per piece, instead of
+  // running the codec (no selection, no error feedback there: GraVAC's own
+  // committed what is sent). Null: every encode runs the codec.
+  const detail::GivenPayload* given = nullptr;
+  size_t givenStep = 0;
   // A Zen option's sums over the world group (core/zen_collective.h), made
   // at its first run with the option's scheme, kept across runs (its index
   // lists are O(n) to build).
@@ -381,6 +396,11 @@ class Run {
   bool onDevice() const;
   bool compactBlobs() const { return t_.compactSparse && *t_.compactSparse; }
   void encode();
+  // encode() at the step that takes GraVAC's message (TensorState::given):
+  // each piece a top-k payload of the message's pairs inside it, as many as
+  // there are (the servers and the blob collectives take any count).
+  void encodeGiven();
+  bool givenAt(size_t step) const { return t_.given && step == t_.givenStep; }
 
   // Sums every segment into the region, in fp32.
   void decode();

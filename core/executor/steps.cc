@@ -234,7 +234,10 @@ void Run::runSteps(Until until) {
 void Run::record(const std::vector<Step>& steps, size_t i, double start) {
   const Step& s = steps[i];
   std::string stage, lane;
-  if (s.kind == StepKind::kEncode || s.kind == StepKind::kDecode) {
+  if (s.kind == StepKind::kEncode && givenAt(i)) {
+    stage = "gravac payload";  // GraVAC's message as the payload: no codec ran
+    lane = "cpu";
+  } else if (s.kind == StepKind::kEncode || s.kind == StepKind::kDecode) {
     stage = s.kind == StepKind::kEncode ? "encode" : "decode";
     lane = lane_;  // where it ran: a "gpu" step on the host device runs the CPU twin
   } else if (s.op == CommOp::kPush) {
@@ -487,7 +490,59 @@ namespace {
 size_t alignUp(size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
+void Run::encodeGiven() {
+  // Only where the data is this worker's own, whole (Executor::runGravac
+  // picks such steps): the message stands for it.
+  const bool whole = r_.off == 0 && r_.len == t_.n;
+  CORTADO_ENFORCE(
+      t_.codec && t_.codec->id() == compressor::CodecId::kTopK && replicas_ == 1 && whole,
+      ErrorCode::kInternal,
+      "GraVAC's message for '{}' given to a step that holds [{}, +{}) of {} elements "
+      "on {} ranks with codec '{}'",
+      t_.name, r_.off, r_.len, t_.n, replicas_, t_.codecSpec);
+  lane_ = "cpu";
+  segs_.clear();
+  const auto& index = t_.given->index;
+  const auto& value = t_.given->value;
+  std::vector<uint64_t> cuts{r_.off};
+  for (auto it = t_.cuts.upper_bound(r_.off); it != t_.cuts.end() && *it < r_.end(); ++it)
+    cuts.push_back(*it);
+  cuts.push_back(r_.end());
+  auto lo = index.begin();
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const uint64_t off = cuts[i], count = cuts[i + 1] - cuts[i];
+    auto hi = std::lower_bound(lo, index.end(), cuts[i + 1]);
+    if (count == 0) continue;
+    const size_t k = size_t(hi - lo), first = size_t(lo - index.begin());
+    Seg s;
+    s.off = off;
+    s.count = count;
+    s.bytes.resize(compressor::kHeaderBytes + compressor::format::sparseBody(k));
+    compressor::PayloadHeader h;
+    h.codec = compressor::CodecId::kTopK;
+    h.dtype = DType::kFloat32;
+    h.numel = count;
+    h.bodyBytes = compressor::format::sparseBody(k);
+    h.count = k;
+    compressor::writeHeader(h, s.bytes);
+    std::byte* idx = s.bytes.data() + compressor::kHeaderBytes;
+    std::byte* val = idx + 4 * k;
+    for (size_t j = 0; j < k; ++j) {
+      compressor::storeLe<uint32_t>(idx + 4 * j, static_cast<uint32_t>(index[first + j] - off));
+      compressor::storeLe<float>(val + 4 * j, value[first + j]);
+    }
+    segs_.push_back(std::move(s));
+    lo = hi;
+  }
+  CORTADO_ENFORCE(lo == index.end(), ErrorCode::kInternal,
+                  "GraVAC's message for '{}' lists an index past its {} elements", t_.name, t_.n);
+}
+
 void Run::encode() {
+  if (givenAt(step_)) {
+    encodeGiven();
+    return;
+  }
   const bool dev = onDevice();
   lane_ = dev ? lanes_.dev->lane() : "cpu";
   auto& ef = t_.ef[step_];

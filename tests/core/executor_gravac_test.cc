@@ -3,9 +3,10 @@
 // Each run is checked against a replay with plain loops: every worker's
 // error feedback and brute-force top-k, the energies summed over the
 // workers, the controller fed those sums, the plan's CF following the CF
-// sent (a switch when it moves 2x), and the plan's own top-k with its error
-// feedback. Gradient values are multiples of 1/64 below 2^10, so every sum
-// here is exact in any order (float and double) and results compare exactly.
+// sent (a switch when it moves 2x), and the messages summed as they are
+// (the plan carries each worker's message whole: no second selection).
+// Gradient values are multiples of 1/64 below 2^10, so every sum here is
+// exact in any order (float and double) and results compare exactly.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <filesystem>
@@ -86,23 +87,19 @@ struct Replay {
   struct Iteration {
     GravacLevel level;
     double ratio;
-    double planRatio;                     // the CF the plan's top-k kept at
+    double planRatio;                     // the CF of the carrier plan that ran
     std::vector<std::vector<float>> out;  // per tensor
   };
   std::vector<Iteration> its;
   std::vector<std::vector<std::vector<float>>> gravacResidual;  // [worker][tensor]
-  std::vector<std::vector<std::vector<float>>> planResidual;    // [worker][tensor]
   int replans = 0;
 
   Replay(int W, const std::vector<uint64_t>& sizes, const GravacOptions& o, int iterations) {
     const size_t T = sizes.size();
     gravacResidual.assign(W, {});
-    planResidual.assign(W, {});
     for (int w = 0; w < W; ++w)
-      for (size_t t = 0; t < T; ++t) {
+      for (size_t t = 0; t < T; ++t)
         gravacResidual[w].push_back(std::vector<float>(sizes[t], 0.0f));
-        planResidual[w].push_back(std::vector<float>(sizes[t], 0.0f));
-      }
     compressor::GravacController c(o, W);
     double planCf = 0, nextCf = 0;
     for (int it = 0; it < iterations; ++it) {
@@ -144,15 +141,9 @@ struct Replay {
       for (int w = 0; w < W; ++w)
         for (size_t t = 0; t < T; ++t) {
           const auto& msg = step.level == GravacLevel::kCandidate ? lcand[w][t] : lmin[w][t];
-          std::vector<float> x(sizes[t]);
           for (uint64_t i = 0; i < sizes[t]; ++i) {
             gravacResidual[w][t][i] = ef[w][t][i] - msg[i];
-            x[i] = msg[i] + planResidual[w][t][i];
-          }
-          const std::vector<float> sent = topk(x, kept(sizes[t], planCf));
-          for (uint64_t i = 0; i < sizes[t]; ++i) {
-            planResidual[w][t][i] = x[i] - sent[i];
-            rec.out[t][i] += sent[i];
+            rec.out[t][i] += msg[i];
           }
         }
       its.push_back(std::move(rec));
@@ -242,7 +233,7 @@ TEST(ExecutorGravac, MatchesAPlainLoopReplayAcrossReplans) {
     }
   }
   // The replay's own error-feedback identity: what came out plus what every
-  // worker still holds (GraVAC's and the plan's residuals) is every gradient.
+  // worker still holds (GraVAC's residuals) is every gradient.
   for (size_t t = 0; t < sizes.size(); ++t)
     for (uint64_t i = 0; i < sizes[t]; ++i) {
       double in = 0, out = 0;
@@ -250,14 +241,112 @@ TEST(ExecutorGravac, MatchesAPlainLoopReplayAcrossReplans) {
         out += replay.its[size_t(it)].out[t][i];
         for (int w = 0; w < W; ++w) in += grad(w, int(t), it, i);
       }
-      for (int w = 0; w < W; ++w)
-        out += replay.gravacResidual[w][t][i] + replay.planResidual[w][t][i];
+      for (int w = 0; w < W; ++w) out += replay.gravacResidual[w][t][i];
       ASSERT_EQ(out, in) << "tensor " << t << " element " << i;
     }
 }
 
-// Nothing is lost: with several chunks per tensor (the plan's top-k per
-// piece keeps residuals of its own), across the plan's switches, after
+// The plan carries every worker's message as it is: with the two tensors in
+// one plan group cut into server chunks of 16 floats, a compressed push and
+// a compressed pull (the servers' lossless sparse sum), each iteration's
+// output is the sum over the workers of their messages (the brute-force
+// top-k of each tensor at the CF sent: its k elements fall unevenly on the
+// chunks) or, dense, of their compensated gradients, exactly. A second
+// selection (top-k per chunk or over the group at the plan's CF, as a codec
+// encode would make) keeps other elements and fails the comparison; the
+// trace shows that no codec encode ran, only the message's pieces.
+TEST(ExecutorGravac, CarriesEachWorkersMessageWholeThroughAGroupAndChunks) {
+  const int W = 3, iterations = 16;
+  const std::vector<uint64_t> sizes{150, 33};
+  const std::vector<std::string> names{"w", "b"};
+  const GravacOptions o = test::gravacTestOptions();
+  const Replay replay(W, sizes, o, iterations);
+  std::string seq;
+  int sparse = 0;
+  for (const auto& it : replay.its) {
+    seq += fmt::format("{}@{} ", compressor::gravacLevelName(it.level), it.ratio);
+    sparse += it.level != GravacLevel::kDense;
+  }
+  std::set<double> sentCfs;
+  for (const auto& it : replay.its)
+    if (it.level != GravacLevel::kDense) sentCfs.insert(it.ratio);
+  ASSERT_GE(sentCfs.size(), 2u) << seq;
+  ASSERT_GE(replay.replans, 1) << seq;
+  // A CF sent within 2x of the plan's without a re-plan: a selection at the
+  // plan's CF would keep another number of elements.
+  ASSERT_TRUE(std::any_of(replay.its.begin(), replay.its.end(), [](const auto& it) {
+    return it.level != GravacLevel::kDense && it.ratio != it.planRatio;
+  })) << seq;
+
+  WorkerOptions wo;
+  wo.partitionBytes = 64;  // 16 floats a chunk
+  test::Job job(W, 2, wo);
+  plan::TensorOption option = compressedPushPull();
+  option.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+                  Step::encode(plan::Device::kCpu),
+                  Step::comm(Scope::kInter, CommOp::kPush, true),
+                  Step::comm(Scope::kInter, CommOp::kPull, true),
+                  Step::decode(plan::Device::kCpu),
+                  Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::Plan p;
+  for (const auto& n : names) p.tensors[n] = option;
+  p.groups = {names};
+  const std::string traceDir =
+      ::testing::TempDir() + "gravac_payload_trace_" + std::to_string(::getpid());
+  TraceOptions topts;
+  topts.dir = traceDir;
+  topts.process = "worker 0";
+  auto tracer = std::make_shared<Tracer>(topts);
+  std::string tracePath;
+  std::vector<uint64_t> groupRuns(W);
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    if (r == 0) ex.setTracer(tracer);
+    for (size_t t = 0; t < names.size(); ++t) ex.declare(names[t], DType::kFloat32, sizes[t]);
+    ex.setPlan(p, soon());
+    ex.setGravac(o);
+    for (int it = 0; it < iterations; ++it) {
+      std::vector<float> in(sizes[0] + sizes[1]), out(sizes[0] + sizes[1], -1.0f);
+      std::vector<executor::BatchItem> batch;
+      for (size_t t = 0, at = 0; t < names.size(); at += sizes[t], ++t) {
+        for (uint64_t i = 0; i < sizes[t]; ++i) in[at + i] = grad(r, int(t), it, i);
+        batch.push_back({names[t], in.data() + at, out.data() + at, sizes[t]});
+      }
+      ex.runBatch(batch, ReduceOp::kSum, soon());
+      const auto& want = replay.its[size_t(it)];
+      ASSERT_EQ(ex.gravacHistory().back().ratio, want.ratio) << "iteration " << it << ": " << seq;
+      ASSERT_EQ(ex.gravacHistory().back().level, want.level) << "iteration " << it << ": " << seq;
+      for (size_t t = 0, at = 0; t < names.size(); at += sizes[t], ++t)
+        for (uint64_t i = 0; i < sizes[t]; ++i)
+          ASSERT_EQ(out[at + i], want.out[t][i])
+              << "worker " << r << " iteration " << it << " tensor " << names[t] << " element " << i
+              << " (" << compressor::gravacLevelName(want.level) << " at CF " << want.ratio
+              << ", plan CF " << want.planRatio << "): " << seq;
+    }
+    for (size_t t = 0; t < names.size(); ++t) {
+      auto e = ex.gravac()->residual(std::hash<std::string>{}(names[t]));
+      ASSERT_EQ(e.size(), sizes[t]);
+      for (uint64_t i = 0; i < sizes[t]; ++i)
+        ASSERT_EQ(e[i], replay.gravacResidual[r][t][i]) << "worker " << r << " tensor " << t;
+    }
+    EXPECT_EQ(ex.gravacReplans(), uint64_t(replay.replans));
+    groupRuns[r] = ex.groupRuns();
+    if (r == 0) tracePath = tracer->flush();
+  });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(groupRuns[r], uint64_t(sparse)) << "worker " << r;
+  std::ifstream f(tracePath);
+  ASSERT_TRUE(f.good()) << tracePath;
+  const nlohmann::json trace = nlohmann::json::parse(f);
+  std::map<std::string, int> stages;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.value("ph", "") == "X") ++stages[e.value("cat", "")];
+  EXPECT_EQ(stages["encode"], 0) << "a codec encoded what GraVAC had already selected";
+  EXPECT_EQ(stages["gravac payload"], sparse);  // the group, once a sparse iteration
+  EXPECT_EQ(stages["decode"], sparse);          // the servers' sums
+  std::filesystem::remove_all(traceDir);
+}
+
+// Nothing is lost: with several chunks per tensor, across the plan's switches, after
 // GraVAC is turned off (its residuals join the next inputs) and the plan
 // replaced by a raw one (the plan's residuals too), one more iteration of
 // zero gradients brings out the rest: the outputs add up to every gradient
@@ -419,7 +508,7 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
   ASSERT_GE(want.size(), 2u);
   for (int r = 0; r < W; ++r) EXPECT_EQ(asked[r], want) << "worker " << r;
   // The trace: GraVAC's encode and agreed sums every iteration, the message
-  // made dense every sparse one, a re-plan for each CF asked after the
+  // listed for the plan every sparse one, a re-plan for each CF asked after the
   // first (the first is set at once), a switch for every CF asked.
   std::ifstream f(tracePath);
   ASSERT_TRUE(f.good()) << tracePath;
@@ -432,6 +521,9 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
   EXPECT_EQ(stages["gravac encode"], iterations);
   EXPECT_EQ(stages["gravac agree"], iterations);
   EXPECT_EQ(stages["gravac message"], sparse);
+  // Both plans encode first: the message is their payload, no codec runs.
+  EXPECT_EQ(stages["encode"], 0);
+  EXPECT_EQ(stages["gravac payload"], 2 * sparse);
   EXPECT_EQ(stages["gravac re-plan"], int(want.size()) - 1);
   EXPECT_EQ(stages["gravac switch"], int(want.size()));
   std::filesystem::remove_all(traceDir);

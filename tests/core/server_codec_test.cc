@@ -292,6 +292,59 @@ TEST_F(ServerCodec, ContributorsAndSeveralPayloadsPerPushWithADenseAnswer) {
   for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 11, 0, n), expect);
 }
 
+// A top-k key takes payloads that list any number of elements (GraVAC's
+// messages through the plan executor: each piece carries the pairs the
+// message has there), each sized by its own header, several in one push;
+// the sum is exact. A run whose last payload is cut short is refused.
+TEST_F(ServerCodec, TopkKeysTakePayloadsOfAnyCount) {
+  const size_t n = 40;
+  // A top-k payload of n elements listing `pairs` (index, value).
+  auto payload = [&](const std::vector<std::pair<uint32_t, float>>& pairs) {
+    std::vector<std::byte> out(compressor::kHeaderBytes + 8 * pairs.size());
+    compressor::PayloadHeader ph;
+    ph.codec = compressor::CodecId::kTopK;
+    ph.numel = n;
+    ph.bodyBytes = 8 * pairs.size();
+    ph.count = pairs.size();
+    compressor::writeHeader(ph, out);
+    for (size_t j = 0; j < pairs.size(); ++j) {
+      compressor::storeLe<uint32_t>(out.data() + compressor::kHeaderBytes + 4 * j, pairs[j].first);
+      compressor::storeLe<float>(out.data() + compressor::kHeaderBytes + 4 * (pairs.size() + j),
+                                 pairs[j].second);
+    }
+    return out;
+  };
+  const std::string spec = registry_.create("topk:ratio=0.1")->spec();  // k = 4
+  auto body = [&](const std::vector<std::vector<std::byte>>& payloads, size_t cut = 0) {
+    const size_t pre = wire::compressedPreambleBytes(spec, "g");
+    size_t total = pre;
+    for (const auto& q : payloads) total += q.size();
+    Buffer b = Buffer::allocate(total - cut);
+    wire::writeCompressedPreamble(b.data(), spec, "g");
+    size_t at = pre;
+    for (const auto& q : payloads) {
+      const size_t m = std::min(q.size(), b.size() - at);
+      std::memcpy(b.data() + at, q.data(), m);
+      at += m;
+    }
+    return b;
+  };
+  const auto a = payload({{0, 1.5f}, {3, -2.0f}, {7, 0.25f}, {9, 4.0f}, {20, 1.0f}, {39, -3.0f}});
+  const auto b = payload({});
+  const auto c = payload({{3, 2.0f}, {21, 0.5f}});
+  workers_[0]->send(header(Op::kPush, 16, 0, n, 1), body({a, b}));  // 6 pairs and none
+  workers_[1]->send(header(Op::kPush, 16, 0, n, 1), body({c}));     // 2 pairs
+  std::vector<float> expect(n, 0.0f);
+  expect[0] = 1.5f, expect[3] = -2.0f + 2.0f, expect[7] = 0.25f, expect[9] = 4.0f;
+  expect[20] = 1.0f, expect[21] = 0.5f, expect[39] = -3.0f;
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(pull(r, 16, 0, n), expect);
+  // The second payload four bytes short of what its header declares.
+  workers_[0]->send(header(Op::kPush, 17, 0, n, 1), body({a, c}, 4));
+  const std::string e = workers_[0]->nextError();
+  EXPECT_NE(e.find("payload #1"), std::string::npos) << e;
+  EXPECT_NE(e.find("declares a 16-byte body"), std::string::npos) << e;
+}
+
 TEST_F(ServerCodec, RawKeyAnsweredInTheCodecFormAPullAsksFor) {
   const size_t n = 40;
   std::vector<float> x0(n), x1(n);

@@ -138,5 +138,24 @@ def test_the_executor_traces_gravac_stages(run_job, tmp_path):
                 stages.setdefault(e["cat"], set()).add(e["args"]["iteration"])
         assert stages.get("gravac encode") == set(range(45)), (rank, sorted(stages))
         assert stages.get("gravac agree") == set(range(45)), (rank, sorted(stages))
-        # Sparse steps run the plan: its encode and push/pull are there too.
-        assert "encode" in stages and any(s.startswith("inter push") for s in stages), sorted(stages)
+        # Sparse steps run the plan with GraVAC's message as its payload and
+        # its push/pull; no codec encodes what GraVAC already selected.
+        assert "gravac payload" in stages and any(s.startswith("inter push") for s in stages), \
+            sorted(stages)
+        assert "encode" not in stages, sorted(stages)
+
+
+@pytest.mark.skipif(not cortado._C.built_with_mpi, reason="this build has no MPI")
+def test_executor_batches_are_whole_iterations_under_mpirun(run_job):
+    # Under mpirun the workers agree on each batch; with random sleeps
+    # between the submissions, a worker drains while a peer has queued only
+    # part of the iteration, and the batch must still be the whole iteration.
+    # One worker a machine: the message is the plan's payload, summed exactly.
+    job = run_job(3, 1, "gravac_mpi_check.py", timeout=180, launch_args=("--mpi",),
+                  env={"CORTADO_FAKE_HOST_SIZE": "1"})
+    results = job.results()
+    assert job.returncode == 0 and sorted(results) == [0, 1, 2], job.describe()
+    for rank, r in results.items():
+        assert r["ok"], (rank, r, job.describe())
+    assert len({tuple(r["ratios"]) for r in results.values()}) == 1, results
+

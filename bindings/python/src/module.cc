@@ -680,8 +680,14 @@ class PyExecutor {
     const compressor::GravacOptions o = gravacOptions(codec, minRatio, maxRatio, step, policy,
                                                       window, epsilon, omega, alpha, seed);
     auto& e = ex();
-    std::lock_guard<std::mutex> lk(exMu_);
-    e.setGravac(o, samples);
+    size_t declared = 0;
+    {
+      std::lock_guard<std::mutex> lk(exMu_);
+      e.setGravac(o, samples);
+      declared = e.declaredCount();
+    }
+    std::lock_guard<std::mutex> lk(qmu_);
+    gravacIteration_ = declared;
   }
   py::list gravacHistory() {
     auto& e = ex();
@@ -910,6 +916,7 @@ class PyExecutor {
   // set_plan(), shutdown) runs what is held as it is.
   void serve() {
     std::unique_lock<std::mutex> lk(qmu_);
+    bool gravacGaveUp = false;  // no whole GraVAC iteration came within the timeout
     for (;;) {
       qcv_.wait(lk, [&] { return stop_ || !queue_.empty() || (draining_ > 0 && !held_.empty()); });
       if (stop_) return;
@@ -918,6 +925,20 @@ class PyExecutor {
       for (Queued& q : queue_) take.push_back(std::move(q));
       queue_.clear();
       bool draining = draining_ > 0;
+      // GraVAC under MPI groups: the workers agree on a batch only once this
+      // one holds a whole iteration (every declared tensor), draining or
+      // not: the agreed batch is the fewest runs any worker holds, and part
+      // of an iteration is refused by GraVAC. After the job's timeout with
+      // none, what there is runs (and fails, naming the count).
+      if (groups_ && error_.ok() && gravacIteration_ > take.size() && !gravacGaveUp) {
+        requeueFront(take);
+        if (!qcv_.wait_for(lk, job_.opTimeout, [&] {
+              return stop_ || !error_.ok() || queue_.size() >= gravacIteration_;
+            }))
+          gravacGaveUp = true;
+        continue;
+      }
+      gravacGaveUp = false;
       if (groups_ && error_.ok() && !agreeOnBatch(lk, take, draining)) continue;
       const ReduceOp op = take.front().op;
       std::vector<executor::BatchItem> batch;
@@ -1090,6 +1111,7 @@ class PyExecutor {
   std::condition_variable qcv_;
   std::deque<Queued> queue_;
   std::deque<Queued> held_;  // tensors of plan groups not yet complete (serve())
+  size_t gravacIteration_ = 0;  // runs of one GraVAC iteration (declared tensors); 0: off
   int draining_ = 0;         // drain() calls waiting: run what is held
   size_t pending_ = 0;       // queued, held or running
   Status error_;             // the first failure since the last drain

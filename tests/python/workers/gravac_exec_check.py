@@ -6,12 +6,11 @@ Every worker trains a model and, in the same process, replays the whole
 job with plain loops: W GraVAC cores (cortado._C.Gravac) fed each worker's
 gradient with the job's agreed step times, their energies summed here; the
 plan's CF following the CF sent (set by the first sparse step, moved at the
-next step when a step sends at 2x or more, or half or less, of it); the
-plan's top-k at its CF over each worker's message plus that worker's
-carrier residual (the plan: a compressed push, a raw pull: the servers' sum
-is exact); a dense step's plain sum. The job must take the replay's
-decision at every step and end with its parameters (within float rounding:
-the servers add in arrival order).
+next step when a step sends at 2x or more, or half or less, of it); each
+worker's message summed as it is (the plan: a compressed push of the
+message, a raw pull: the servers' sum is exact); a dense step's plain sum.
+The job must take the replay's decision at every step and end with its
+parameters (within float rounding: the servers add in arrival order).
 """
 
 import torch
@@ -26,7 +25,7 @@ SETTINGS = dict(codec="topk", min_ratio=2.0, max_ratio=400.0, window=3, epsilon=
 
 
 def plan_for(names):
-    """Push the plan's top-k payloads, pull the servers' dense sum."""
+    """Push the messages as the plan's payloads, pull the servers' dense sum."""
     option = {"scheme": "hierarchical", "codec": "topk:ratio=0.5", "steps": [
         {"op": "reduce_scatter", "scope": "intra", "compressed": False},
         {"op": "encode", "device": "cpu"},
@@ -55,20 +54,11 @@ def distributed(rank):
     return model, history, opt.executor.gravac_plan
 
 
-def topk(x, k):
-    """The k largest magnitudes (ties to the lower index), the rest zero."""
-    order = torch.sort(-x.abs(), stable=True).indices[:k]
-    out = torch.zeros_like(x)
-    out[order] = x[order]
-    return out
-
-
 def reference(world, history):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     params = list(model.parameters())
     cores = [ct.Compression.gravac(**SETTINGS).make(world) for _ in range(world)]
-    carrier = [[torch.zeros(p.numel()) for p in params] for _ in range(world)]
     plan_cf, next_cf, replans = 0.0, 0.0, 0
     mismatches = []
     for step, (x, y) in enumerate(batches(world, STEPS)):
@@ -87,15 +77,8 @@ def reference(world, history):
                 next_cf = d["ratio"]
         for key, p in enumerate(params):
             total = torch.zeros(p.numel(), dtype=torch.float32)
-            for r, c in enumerate(cores):
-                mine = torch.zeros(p.numel(), dtype=torch.float32)
-                decompress_add(c, key, mine, 1.0)
-                if sparse:
-                    xin = mine + carrier[r][key]
-                    sent = topk(xin, max(1, int(p.numel() * (1.0 / plan_cf))))
-                    carrier[r][key] = xin - sent
-                    mine = sent
-                total += mine
+            for c in cores:
+                decompress_add(c, key, total, 1.0)
             p.grad = (total / world).view_as(p).clone()
         opt.step()
     return model, mismatches, replans
