@@ -190,6 +190,10 @@ double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, doub
       st.exchangeStart = t;
     }
     t += op.waitUs;  // the workers' skew (Cluster::syncSkew): holds no lane
+    if (twinOnCpu(op)) {
+      t = scheduleCpu(st, op, j, t, trace, label);
+      continue;
+    }
     switch (op.res) {
       case Res::kGpu:
       case Res::kIntra:

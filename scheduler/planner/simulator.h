@@ -189,6 +189,17 @@ class Simulator {
   bool fusion() const { return cluster_.oneTensorAtATime && cluster_.fusionBytes > 0; }
   // The encode pipeline is modelled (Cluster::pipeline).
   bool pipelined() const { return cluster_.oneTensorAtATime && cluster_.pipeline && !fusion(); }
+  // A "gpu" codec step that runs the CPU twin on host buffers off the
+  // computation (gpuCodecPausesCompute off: the plan executor, `cortado
+  // bench model`) takes a core. With the pipeline it is placed on the CPU
+  // lanes, where the next execution's encode and the previous one's decode
+  // and server work compete for the cores as they do; one execution at a
+  // time without the pipeline, the lane makes no difference and the GPU
+  // lane stays.
+  bool twinOnCpu(const SimOp& op) const {
+    return op.res == Res::kGpu && pipelined() && !cluster_.gpuCodecPausesCompute &&
+           (op.kind == OpKind::kEncode || op.kind == OpKind::kDecode);
+  }
   // Where an execution ready at `ready` may start its first operation: at
   // once with overlapping lanes; one execution at a time, when the previous
   // one has ended, or with the pipeline when its exchange has begun.

@@ -351,6 +351,10 @@ void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vec
         if (pipelined()) t = std::max(t, st.maxFinish);  // as scheduleOps()
       }
       t += op.waitUs;  // as scheduleOps()
+      if (twinOnCpu(op)) {
+        t = placeCpu(st, op, t);
+        continue;
+      }
       switch (op.res) {
         case Res::kGpu: t = earliestFit(st, kGpuLane, t, d) + d; break;
         case Res::kIntra: t = earliestFit(st, kIntraLane, t, d) + d; break;

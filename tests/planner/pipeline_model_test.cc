@@ -71,6 +71,11 @@ TEST(PipelineModel, HandComputedTimeline) {
     if (e.name.find("allgather") != std::string::npos) gathers.emplace_back(e.start, e.start + e.dur);
   }
   EXPECT_EQ(encodes, (std::vector<std::pair<double, double>>{{10, 13}, {13, 16}, {18, 21}}));
+  // The "gpu" codec steps run the CPU twin off the computation: with the
+  // pipeline they take a core (Simulator::twinOnCpu), here one of 4.
+  for (const TraceEvent& e : trace)
+    if (e.name.rfind("encode", 0) == 0 || e.name.rfind("decode", 0) == 0)
+      EXPECT_EQ(pipe.laneName(e.lane).rfind("CPU core", 0), 0u) << e.name;
   EXPECT_EQ(gathers, (std::vector<std::pair<double, double>>{{13, 17}, {18, 22}, {23, 27}}));
 
   // The planner's other paths place executions the same way: the estimate
@@ -111,6 +116,23 @@ TEST(PipelineModel, GroupsAndFirstCommunicatingOptions) {
   Simulator serial(serialCluster(false), codec(), three(), {kGather, kAllreduce});
   // Without the pipeline: t0 [10,18], t1 [18,34], t2 [34,42].
   EXPECT_DOUBLE_EQ(serial.simulate({0, 1, 0}), 42.0);
+}
+
+TEST(PipelineModel, CodecTwinsShareTheCores) {
+  // One core: the encode of t1 and t0's decode compete for it. Tensors of
+  // 1000 floats (allgather of 1000 B: 1 us), ready at 10 and 11.
+  //   t0: encode [10,13], allgather [13,14], decode [14,15].
+  //   t1: encode from t0's exchange start, 13; the core is taken by t0's
+  //       decode at [14,15], so the 3 us go after it: [15,18]; allgather
+  //       [18,19], decode [19,20].
+  Cluster c = serialCluster(true);
+  c.cpuCores = 1;
+  Simulator sim(c, codec(), model({{1000, 10}, {1000, 1}}), {kGather});
+  EXPECT_DOUBLE_EQ(sim.simulate({0, 0}), 20.0);
+  // Without the pipeline: t0 [10,15], t1 [15,20]: the same here, where the
+  // exchange is too short to hide an encode.
+  c.pipeline = false;
+  EXPECT_DOUBLE_EQ(Simulator(c, codec(), model({{1000, 10}, {1000, 1}}), {kGather}).simulate({0, 0}), 20.0);
 }
 
 TEST(PipelineModel, NotWithFusionBySize) {
