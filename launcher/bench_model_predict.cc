@@ -80,11 +80,13 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
       for (int k = j; k <= last; ++k) elements += ts[k].elements;
       const int count = last - j + 1;
       const std::string label =
-          count > 1 ? fmt::format("fused{}:{}..{}", count, ts[j].name, ts[last].name) : std::string();
+          count > 1 ? fmt::format("fused{}:{}..{}", count, ts[j].name, ts[last].name)
+                    : std::string();
       ev.clear();
       double lead = 0;
-      const double d = count > 1 ? sim.runGroup(last, elements, choice[last], trace ? &ev : nullptr, &label, &lead)
-                                 : sim.runAlone(last, elements, choice[last], trace ? &ev : nullptr, nullptr, &lead);
+      std::vector<planner::TraceEvent>* into = trace ? &ev : nullptr;
+      const double d = count > 1 ? sim.runGroup(last, elements, choice[last], into, &label, &lead)
+                                 : sim.runAlone(last, elements, choice[last], into, nullptr, &lead);
       const double encodeStart = std::max(ready[last], exchangeStart);
       exchangeStart = std::max(encodeStart + lead, free);
       for (planner::TraceEvent& e : ev) {

@@ -272,8 +272,8 @@ double Simulator::runGroup(int tensor, int64_t elements, int option, std::vector
                            const std::string* label, double* leadUs) {
   SimState st = initialState();
   if (groupCache_.size() > kFusedCacheBound) groupCache_.clear();
-  const double d = scheduleOps(st, compiledGroup(elements, profile_.tensors[tensor].dtypeBytes, option),
-                               tensor, 0, trace, label);
+  const CompiledOption& c = compiledGroup(elements, profile_.tensors[tensor].dtypeBytes, option);
+  const double d = scheduleOps(st, c, tensor, 0, trace, label);
   if (leadUs) *leadUs = st.exchangeStart;
   return d;
 }

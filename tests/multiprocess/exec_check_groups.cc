@@ -161,7 +161,8 @@ void Check::runGroups() {
     }
     // With and without the encode pipeline (awaited: on at the first, off
     // at the second of each cycle).
-    const bool pipelined = pat == Pattern::kAwaited ? iter % std::size(kPatterns) == 3 : iter % 2 == 1;
+    const bool pipelined =
+        pat == Pattern::kAwaited ? iter % std::size(kPatterns) == 3 : iter % 2 == 1;
     ex.setPipeline(pipelined);
     const uint64_t before = ex.groupRuns(), beforeInPlace = ex.inPlaceGroupRuns();
     const uint64_t beforePipelined = ex.pipelinedStarts();

@@ -68,7 +68,8 @@ TEST(PipelineModel, HandComputedTimeline) {
   std::vector<std::pair<double, double>> encodes, gathers;
   for (const TraceEvent& e : trace) {
     if (e.name.rfind("encode", 0) == 0) encodes.emplace_back(e.start, e.start + e.dur);
-    if (e.name.find("allgather") != std::string::npos) gathers.emplace_back(e.start, e.start + e.dur);
+    if (e.name.find("allgather") != std::string::npos)
+      gathers.emplace_back(e.start, e.start + e.dur);
   }
   EXPECT_EQ(encodes, (std::vector<std::pair<double, double>>{{10, 13}, {13, 16}, {18, 21}}));
   // The "gpu" codec steps run the CPU twin off the computation: with the
@@ -132,7 +133,8 @@ TEST(PipelineModel, CodecTwinsShareTheCores) {
   // Without the pipeline: t0 [10,15], t1 [15,20]: the same here, where the
   // exchange is too short to hide an encode.
   c.pipeline = false;
-  EXPECT_DOUBLE_EQ(Simulator(c, codec(), model({{1000, 10}, {1000, 1}}), {kGather}).simulate({0, 0}), 20.0);
+  Simulator serial(c, codec(), model({{1000, 10}, {1000, 1}}), {kGather});
+  EXPECT_DOUBLE_EQ(serial.simulate({0, 0}), 20.0);
 }
 
 TEST(PipelineModel, NotWithFusionBySize) {
