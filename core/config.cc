@@ -53,9 +53,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "bytes: every tensor's encode, then every tensor's communication step, then every "
        "decode (0: one tensor after the other; docs/executor.md, \"Phases\")"},
       {"CORTADO_PIPELINE", "", "0",
-       "plan executor: `1` encodes the next tensor of a batch on a second thread while this one "
-       "communicates (experimental: the planner does not model the overlap; docs/executor.md, "
-       "\"Encode pipeline\")"},
+       "plan executor: `1` runs the next execution of a batch (a tensor or a plan group: its wait "
+       "for its gradients, gather and encode) on a second thread while this one communicates; the "
+       "planner's simulator models it without fusion by size (docs/executor.md, \"Encode "
+       "pipeline\")"},
       {"CORTADO_DEVICE", "", "host",
        "plan executor: where its buffers live and its codecs run: `host` (host memory, the CPU "
        "codecs, MPI) or `cuda` (CUDA buffers, the CUDA codecs, NCCL; a build with CUDA and NCCL;"

@@ -42,8 +42,9 @@ struct JobConfig {
   // a phase's tensors in turn (Executor::setPhaseBytes); 0: one tensor after
   // the other.
   uint64_t phaseBytes = 64ull << 20;
-  // CORTADO_PIPELINE: the plan executor encodes the next tensor of a batch
-  // while this one communicates (Executor::setPipeline); off by default.
+  // CORTADO_PIPELINE: the plan executor runs the next execution's leading
+  // steps (its encode) on a second thread while this one communicates
+  // (Executor::setPipeline); off by default.
   bool pipeline = false;
   // CORTADO_DEVICE: where the plan executor's buffers live and its codecs
   // run: "host" (host memory, the CPU codecs, MPI) or "cuda" (CUDA buffers,

@@ -282,8 +282,8 @@ int runModelBench(const ModelBenchOptions& o) {
   std::string costNote, err;
   if (lead) {
     try {
-      preds = predict(o, profile, topo, m, cpuCores, job.partitionBytes, job.fusionBytes, &costNote,
-                      &simulator);
+      preds = predict(o, profile, topo, m, cpuCores, job.partitionBytes, job.fusionBytes,
+                      job.pipeline, &costNote, &simulator);
     } catch (const Error& e) {
       err = e.what();
     }
@@ -331,8 +331,11 @@ int runModelBench(const ModelBenchOptions& o) {
                                    : std::string("off (CORTADO_FUSION_BYTES=0)"),
                job.phaseBytes > 0 ? fmt::format("phases of up to {} bytes (CORTADO_PHASE_BYTES)", job.phaseBytes)
                                   : std::string("one tensor after the other (CORTADO_PHASE_BYTES=0)"),
-               job.pipeline ? ", encode pipeline on (CORTADO_PIPELINE=1: the predictions do not "
-                              "model its overlap)"
+               job.pipeline ? (job.fusionBytes == 0
+                                    ? ", encode pipeline on (CORTADO_PIPELINE=1: one batch an "
+                                      "iteration, its items awaited; modelled)"
+                                    : ", encode pipeline on (CORTADO_PIPELINE=1: within each batch; "
+                                      "the predictions do not model it with fusion by size)")
                             : "",
                costNote);
     std::fflush(stdout);
@@ -396,7 +399,7 @@ int runModelBench(const ModelBenchOptions& o) {
         std::shared_ptr<planner::Simulator> sim;
         try {
           sim = buildSimulator(o, profile, topo, mr, cpuCores, job.partitionBytes, job.fusionBytes,
-                               nullptr, nullptr);
+                               job.pipeline, nullptr, nullptr);
         } catch (const Error& e) {
           // The same inputs built round 1's; should they not now, that round's stand.
           CORTADO_LOG_WARN("[bench] round {}: the cost models from its probe failed ({}); round 1's "
@@ -574,7 +577,26 @@ int runModelBench(const ModelBenchOptions& o) {
       for (size_t j = 0; j < T; ++j) groupEnd[j] = j + 1;
       for (const auto& [first, last] : planner::groupRanges(profile, ex.currentPlan()))
         for (int j = first; j <= last; ++j) groupEnd[size_t(j)] = size_t(last) + 1;
-      for (size_t j = 0; j < T;) {
+      // With the encode pipeline and no fusion by size, the iteration is one
+      // batch whose items the executor waits for (Executor::runBatch with an
+      // AwaitItem): every execution's encode may overlap the previous one's
+      // exchange, with no batch boundary between them, and the units are the
+      // same on every worker without agreeing (ready order, groups whole).
+      const bool streamed = ex.pipeline() && ex.fusionBytes() == 0 && !gravac;
+      if (streamed) {
+        batch.clear();
+        for (size_t k = 0; k < T; ++k)
+          batch.push_back({profile.tensors[k].name, buf[k].data(), buf[k].data(), buf[k].size()});
+        ex.runBatch(batch, ReduceOp::kSum, opDeadline, [&](size_t k) {
+          std::this_thread::sleep_until(readyAt(k));
+          const auto& t = profile.tensors[k];
+          if (tracer->enabled() && t.backwardUs > 0)
+            tracer->record("backward", t.name, int64_t(ex.runs(t.name)), "gpu",
+                           traceT0 + readyTimes[k] - t.backwardUs, traceT0 + readyTimes[k]);
+        });
+        ++r.batches;
+      }
+      for (size_t j = streamed ? T : 0; j < T;) {
         std::this_thread::sleep_until(readyAt(j));
         size_t end = gravac ? T : groupEnd[j];
         // With fusion, or the encode pipeline (which overlaps the units of

@@ -64,6 +64,40 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
     for (int j = first; j <= last; ++j) groupFirst[j] = first, groupLast[j] = last;
   std::vector<planner::TraceEvent> ev;
   double free = 0;
+  if (sim.pipelined()) {
+    // The encode pipeline (Cluster::pipeline): the replay hands the whole
+    // iteration over as one batch whose items the executor waits for
+    // (Executor::runBatch with an AwaitItem), every execution (a tensor, or
+    // a plan group at its last tensor) in ready order. Its leading local
+    // steps start when it is ready and the previous execution's first
+    // communication step has begun (the second thread is free); its first
+    // communication step when they are done and the previous execution has
+    // ended.
+    double exchangeStart = 0;
+    for (int j = 0; j < N;) {
+      const int last = groupLast[j];
+      int64_t elements = 0;
+      for (int k = j; k <= last; ++k) elements += ts[k].elements;
+      const int count = last - j + 1;
+      const std::string label =
+          count > 1 ? fmt::format("fused{}:{}..{}", count, ts[j].name, ts[last].name)
+                    : std::string();
+      ev.clear();
+      double lead = 0;
+      std::vector<planner::TraceEvent>* into = trace ? &ev : nullptr;
+      const double d = count > 1 ? sim.runGroup(last, elements, choice[last], into, &label, &lead)
+                                 : sim.runAlone(last, elements, choice[last], into, nullptr, &lead);
+      const double encodeStart = std::max(ready[last], exchangeStart);
+      exchangeStart = std::max(encodeStart + lead, free);
+      for (planner::TraceEvent& e : ev) {
+        e.start += e.start < lead ? encodeStart : exchangeStart - lead;
+        trace->push_back(std::move(e));
+      }
+      free = exchangeStart + (d - lead);
+      j = last + 1;
+    }
+    return free;
+  }
   for (int j = 0; j < N;) {
     double formed = std::max(free, ready[j]);
     int end = j + 1;
@@ -167,8 +201,8 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                                    const planner::ModelProfile& profile,
                                                    const collective::Topology& topo, const Measured& m,
                                                    int cpuCores, uint64_t chunkBytes,
-                                                   uint64_t fusionBytes, std::string* costNote,
-                                                   int* bytepsIndex) {
+                                                   uint64_t fusionBytes, bool pipeline,
+                                                   std::string* costNote, int* bytepsIndex) {
   const std::string dir = planner::resolveDataDir(o.dataDir);
   planner::CodecModel codecs = planner::CodecModel::load(dir + "/costs/codecs.json");
   json fits = {{"schema", "cortado.codec_costs.v1"},
@@ -220,6 +254,8 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   // The replay's batches and fusion, as the executor runs them (serialized()).
   cl.fusionBytes = fusionBytes;
   cl.batchAgreeUs = m.agreeUs;
+  // The encode pipeline (CORTADO_PIPELINE), modelled without fusion by size.
+  cl.pipeline = pipeline;
   // The workers' skew at each step after CPU work (measureSkew, or
   // --sync-skew): the replay's collectives wait for their last worker.
   cl.syncSkew = m.syncSkew;
@@ -256,10 +292,11 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
 std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
                                 const collective::Topology& topo, const Measured& m,
                                 int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
-                                std::string* costNote,
+                                bool pipeline, std::string* costNote,
                                 std::shared_ptr<planner::Simulator>* keep) {
   int bytepsIdx = -1;
-  *keep = buildSimulator(o, profile, topo, m, cpuCores, chunkBytes, fusionBytes, costNote, &bytepsIdx);
+  *keep = buildSimulator(o, profile, topo, m, cpuCores, chunkBytes, fusionBytes, pipeline, costNote,
+                         &bytepsIdx);
   planner::Simulator& sim = **keep;
   const auto& options = sim.options();
   planner::Planner pl(sim);

@@ -52,15 +52,15 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                                    const planner::ModelProfile& profile,
                                                    const collective::Topology& topo, const Measured& m,
                                                    int cpuCores, uint64_t chunkBytes,
-                                                   uint64_t fusionBytes, std::string* costNote,
-                                                   int* bytepsIndex);
+                                                   uint64_t fusionBytes, bool pipeline,
+                                                   std::string* costNote, int* bytepsIndex);
 
 // Rank 0: every strategy's plan and predicted iteration time under the cost
 // models from the measurements (*keep: their simulator).
 std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
                                 const collective::Topology& topo, const Measured& m,
                                 int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
-                                std::string* costNote,
+                                bool pipeline, std::string* costNote,
                                 std::shared_ptr<planner::Simulator>* keep);
 
 }  // namespace cortado::launcher::replay

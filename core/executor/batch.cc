@@ -182,10 +182,23 @@ void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline 
     runGravac(items, op, deadline);
     return;
   }
-  runPlanned(items, op, deadline);
+  runPlanned(items, op, deadline, nullptr);
 }
 
-void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
+void Executor::runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline,
+                        const AwaitItem& await) {
+  CORTADO_ENFORCE(bool(await), ErrorCode::kInvalidArgument,
+                  "runBatch: the AwaitItem is empty; use runBatch() without one for items that are "
+                  "ready");
+  CORTADO_ENFORCE(!gravac_, ErrorCode::kInvalidArgument,
+                  "runBatch with an AwaitItem: GraVAC (setGravac) sums the batch at once; hand over "
+                  "the {} items when they are ready, without an AwaitItem",
+                  items.size());
+  runPlanned(items, op, deadline, &await);
+}
+
+void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline,
+                          const AwaitItem* await) {
   std::vector<TensorState*> states;
   states.reserve(items.size());
   for (const BatchItem& it : items)
@@ -200,7 +213,17 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
   // run() is a batch of one: a worker that never hands over more than one
   // tensor at a time never fuses, and its reports say so (fusionBytes 0).
   if (prof && items.size() > 1) prof->batched = true;
-  for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
+  // With an AwaitItem each item is ready when its await returns, on the
+  // thread that runs its execution's first steps.
+  auto awaitItems = [&](std::span<const size_t> which) {
+    if (!await) return;
+    for (size_t i : which) {
+      (*await)(i);
+      noteReady(*states[i], items[i]);
+    }
+  };
+  if (!await)
+    for (size_t i = 0; i < states.size(); ++i) noteReady(*states[i], items[i]);
   const bool flush = lastRound();
   const detail::Lanes lanes = this->lanes();
   Tracer* tracer = iterationTracer();
@@ -208,6 +231,7 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
     return std::make_unique<Run>(t, worker_, groups_, lanes, topo_, deadline, tracer, prof, flush);
   };
   auto start = [&](Unit& u) {
+    awaitItems(u.items);
     prepare(u, items, deadline);
     auto r = makeRun(*u.state);
     r->start(u.in, u.out);
@@ -229,9 +253,11 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
   std::vector<std::vector<size_t>> byOption;
   std::vector<Unit> alone = units(items, states, byOption);
   // The units: in phases (0 bytes: one unit a phase, one after the other),
-  // or with the pipeline, where the next one's leading encode (Run::start:
-  // no communication) runs on another thread while this one communicates;
-  // the order of every collective and push is unchanged.
+  // or with the pipeline, where the next one's leading local steps (with an
+  // AwaitItem, its wait for its items first; the gather into a group's
+  // buffer; Run::start: no communication) run on another thread while this
+  // one communicates and decodes; the order of every collective and push is
+  // unchanged.
   if (!pipeline_) {
     runPhases(alone, start, done, op, phaseBytes_, phasedSteps_);
   } else {
@@ -239,40 +265,33 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
       const auto& steps = alone[k].state->option.steps;
       return steps.front().kind != plan::StepKind::kComm && alone[k].state != alone[k - 1].state;
     };
-    std::unique_ptr<Run> next;
-    std::future<void> nextStarted;
+    // The next unit's start, on the second thread: it touches its own
+    // state and the tensors it retires, which no other unit of the batch
+    // holds (units share no tensor), while this thread runs the current
+    // unit's communication, decode and completion.
+    std::future<std::unique_ptr<Run>> next;
     for (size_t k = 0; k < alone.size(); ++k) {
-      std::unique_ptr<Run> cur = std::move(next);
-      if (cur) {
-        nextStarted.get();  // its start's error, if any, is this unit's
-      } else {
-        cur = start(alone[k]);
-      }
+      // Its start's error, if any, is this unit's.
+      std::unique_ptr<Run> cur = next.valid() ? next.get() : start(alone[k]);
       if (k + 1 < alone.size() && startsLocal(k + 1)) {
-        // Its inputs gathered (and any residuals moved) here, on this
-        // thread: no other unit's state is touched (units share no tensor).
-        Unit& u = alone[k + 1];
-        prepare(u, items, deadline);
-        auto r = makeRun(*u.state);
+        Unit* u = &alone[k + 1];
+        auto begin = [&start, u] { return start(*u); };
         try {
-          nextStarted = std::async(std::launch::async,
-                                   [r = r.get(), in = u.in, out = u.out] { r->start(in, out); });
-          next = std::move(r);
+          next = std::async(std::launch::async, begin);
           ++pipelinedStarts_;
         } catch (const std::system_error& e) {
           // No thread to be had: the next unit starts in turn, as without the pipeline.
           CORTADO_LOG_WARN("encode pipeline: no second thread ({}); running in turn", e.what());
-          r->start(u.in, u.out);
-          next = std::move(r);
-          nextStarted = std::async(std::launch::deferred, [] {});
+          next = std::async(std::launch::deferred, begin);
         }
       }
       try {
         cur->finish(op);
       } catch (...) {
-        // The next unit's encode ran (its residual counts this round's
-        // gradient as sent); the batch fails here, as after any failed step.
-        if (nextStarted.valid()) nextStarted.wait();
+        // The next unit's encode may have run (its residual counts this
+        // round's gradient as sent); the batch fails here, as after any
+        // failed step.
+        if (next.valid()) next.wait();
         throw;
       }
       done(alone[k]);
@@ -283,6 +302,7 @@ void Executor::runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadlin
     if (group.size() == 1) {
       runAlone(group[0]);
     } else if (!group.empty()) {
+      awaitItems(group);
       runFused(items, states, group, op, deadline);
     }
     group.clear();

@@ -199,6 +199,21 @@ class Executor {
   // checked (declared, element count, buffers) before anything runs; an
   // error names the item.
   void runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
+  // A batch whose items become ready while it runs (a whole iteration handed
+  // over at once): before an execution's first step, `await(i)` is called
+  // for each of its items i in order and must return once item i's input is
+  // written (or throw, which fails the batch as a failed step does). It is
+  // called on the thread that runs that execution's leading local steps:
+  // with the pipeline, the second thread, while the previous execution
+  // communicates on the calling one, so an execution's encode overlaps the
+  // previous one's exchange across what would otherwise be separate
+  // batches. An item's ready time for the profiles is taken after its
+  // await (unless it has readyAt). Fused-by-size groups wait for all their
+  // items and run after the units, as in runBatch(). Not with GraVAC
+  // (setGravac): it sums the batch at once. Everything else is runBatch()'s.
+  using AwaitItem = std::function<void(size_t item)>;
+  void runBatch(std::span<const BatchItem> items, ReduceOp op, Deadline deadline,
+                const AwaitItem& await);
   // The fusion threshold in bytes (JobConfig::fusionBytes, CORTADO_FUSION_BYTES;
   // default kDefaultFusionBytes); 0: no fusion, runBatch() runs item by item.
   // Every worker sets the same one.
@@ -223,15 +238,18 @@ class Executor {
   // Communication steps run for two or more items in a row of a phase so far.
   uint64_t phasedSteps() const { return phasedSteps_; }
   // The encode pipeline (JobConfig::pipeline, CORTADO_PIPELINE; default off):
-  // in runBatch(), while one item that runs alone communicates, the next
-  // one's leading encode (the steps before its first communication) runs on
-  // another thread. Results are bit for bit those of running the items one
+  // in runBatch(), while one item that runs alone (or a plan group)
+  // communicates, the next one's leading encode (the steps before its first
+  // communication; for a group, the gather into its buffer too) runs on
+  // another thread, one execution ahead. Across batches only within one
+  // runBatch() with an AwaitItem (a batch that ends waits for its last
+  // exchange). Results are bit for bit those of running the items one
   // after the other, and every collective and push comes in the same order.
   // A batch that fails at an item may have encoded the next one already:
   // its error-feedback residual then counts that round's gradient as sent
   // (a failed step ends the job's use of the executor anyway: its groups or
-  // keys are left mid-round). The planner's simulator does not model the
-  // overlap yet (docs/executor.md).
+  // keys are left mid-round). The planner's simulator models it without
+  // fusion by size (planner::Cluster::pipeline; docs/executor.md).
   void setPipeline(bool on) { pipeline_ = on; }
   bool pipeline() const { return pipeline_; }
   // Top-k and DGC payloads in the gather, broadcast, allgather and alltoall
@@ -496,7 +514,8 @@ class Executor {
   void runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
   // The carrier plan at `cf` from the re-planner (or the running plan).
   plan::Plan gravacReplan(double cf);
-  void runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline);
+  void runPlanned(std::span<const BatchItem> items, ReduceOp op, Deadline deadline,
+                  const AwaitItem* await = nullptr);
   void sumDense(std::span<const BatchItem> items, Deadline deadline);
   // The index of the step of `s`'s option whose payload GraVAC's message can
   // be: its first encode, when it runs the carrier's top-k and every step

@@ -142,6 +142,16 @@ struct Cluster {
   // groups of at most this many bytes, each run as one execution of its
   // summed size (JobConfig::fusionBytes, CORTADO_FUSION_BYTES).
   uint64_t fusionBytes = 0;
+  // The executor's encode pipeline (Executor::setPipeline, CORTADO_PIPELINE;
+  // with oneTensorAtATime and without fusionBytes only): while one execution
+  // runs its communication steps and the steps after them, the next one's
+  // leading local steps (those before its first communication step: the
+  // gather into a group's buffer, the encode) run on a second thread. The
+  // simulator starts an execution's leading local steps when it is ready and
+  // the previous execution's first communication step has begun (SimState::
+  // exchangeStart), and its first communication step when they are done and
+  // the previous execution has ended: one execution ahead, as the executor.
+  bool pipeline = false;
   // A "gpu" encode or decode runs on the GPU that computes the gradients,
   // so the computation waits while it runs (true, the default). false where
   // a "gpu" step runs the CPU twin on host buffers off the training thread

@@ -137,11 +137,13 @@ void FusionSearch::summary(const SimState& st, std::vector<double>& out) const {
   out.clear();
   out.push_back(st.prevReady);
   out.push_back(st.maxFinish);
+  // With the pipeline the next execution's encode may start from here.
+  out.push_back(sim_.pipelined() ? st.exchangeStart : 0.0);
   for (int l = 0; l < lanes; ++l)
     out.push_back(
         st.begin[size_t(l) + 1] > st.begin[size_t(l)] ? st.iv[st.begin[size_t(l) + 1] - 1].e : 0.0);
   // The cores are alike: compare their free times in order.
-  std::sort(out.begin() + 2 + cpu0, out.end());
+  std::sort(out.begin() + 3 + cpu0, out.end());
 }
 
 bool FusionSearch::dominates(const std::vector<double>& a, const std::vector<double>& b) const {
@@ -151,7 +153,8 @@ bool FusionSearch::dominates(const std::vector<double>& a, const std::vector<dou
 }
 
 bool FusionSearch::sameLanes(const SimState& a, const SimState& b) const {
-  return a.prevReady == b.prevReady && a.begin == b.begin && a.iv == b.iv;
+  return a.prevReady == b.prevReady && a.begin == b.begin && a.iv == b.iv &&
+         (!sim_.pipelined() || a.exchangeStart == b.exchangeStart);
 }
 
 void FusionSearch::admit(std::vector<Label>& into, int next, const Node& node) {
@@ -270,7 +273,9 @@ Strategy FusionSearch::search(const Strategy& from) {
   bestUs_ = seed.iterUs;
   int bestNode = -1;  // -1: the seed
   const Cluster& c = sim_.cluster();
-  stats_.finishOnly = c.oneTensorAtATime && !c.gpuCodecPausesCompute;
+  // With the encode pipeline the next execution may start before the
+  // latest finish (SimState::exchangeStart): the lanes count too.
+  stats_.finishOnly = c.oneTensorAtATime && !c.gpuCodecPausesCompute && !sim_.pipelined();
   const bool heuristic = !config_.exact && !stats_.finishOnly;
   if (heuristic) sim_.setBase(from_);  // the tail estimates that rank the states follow it
 

@@ -178,9 +178,22 @@ void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lan
 
 double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, double t,
                               std::vector<TraceEvent>* trace, const std::string* label) {
+  bool exchanging = false;
+  // With the pipeline the leading local steps may have started while the
+  // previous execution still ran; its first communication step waits for it.
+  const bool pipe = pipelined();
   for (const SimOp& op : c.ops) {
     const double d = op.us;
+    if (!exchanging && op.kind == OpKind::kComm) {
+      exchanging = true;
+      if (pipe) t = std::max(t, st.maxFinish);
+      st.exchangeStart = t;
+    }
     t += op.waitUs;  // the workers' skew (Cluster::syncSkew): holds no lane
+    if (twinOnCpu(op)) {
+      t = scheduleCpu(st, op, j, t, trace, label);
+      continue;
+    }
     switch (op.res) {
       case Res::kGpu:
       case Res::kIntra:
@@ -222,6 +235,7 @@ double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, doub
       }
     }
   }
+  if (!exchanging) st.exchangeStart = pipe ? std::max(t, st.maxFinish) : t;
   return t;
 }
 
@@ -255,20 +269,24 @@ const CompiledOption& Simulator::compiledGroup(int64_t elements, int dtype, int 
 }
 
 double Simulator::runGroup(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace,
-                           const std::string* label) {
+                           const std::string* label, double* leadUs) {
   SimState st = initialState();
   if (groupCache_.size() > kFusedCacheBound) groupCache_.clear();
-  return scheduleOps(st, compiledGroup(elements, profile_.tensors[tensor].dtypeBytes, option), tensor, 0,
-                     trace, label);
+  const CompiledOption& c = compiledGroup(elements, profile_.tensors[tensor].dtypeBytes, option);
+  const double d = scheduleOps(st, c, tensor, 0, trace, label);
+  if (leadUs) *leadUs = st.exchangeStart;
+  return d;
 }
 
 double Simulator::runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace,
-                           const std::string* label) {
+                           const std::string* label, double* leadUs) {
   SimState st = initialState();
   const TensorProfile& tp = profile_.tensors[tensor];
   const CompiledOption& c =
       elements == tp.elements ? compiled(tensor, option) : compiledFused(elements, tp.dtypeBytes, option);
-  return scheduleOps(st, c, tensor, 0, trace, label);
+  const double d = scheduleOps(st, c, tensor, 0, trace, label);
+  if (leadUs) *leadUs = st.exchangeStart;
+  return d;
 }
 
 void Simulator::truncate(SimState& st, double t) const {
@@ -327,7 +345,7 @@ double Simulator::step(SimState& st, int j, int option, std::vector<TraceEvent>*
   trim(st, b);
   // A runtime that runs one tensor at a time starts a tensor's first step
   // when the previous tensor's last one has ended.
-  double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;
+  double t = executionStart(st, b);
   if (fusion()) {
     // Executor::runBatch as bench model calls it: a batch is every tensor
     // ready when the executor becomes free (or, when none is, the next one
@@ -394,7 +412,7 @@ double Simulator::placeGroup(SimState& st, int first, int last, int option, doub
   trim(st, ready);
   // As step(): a runtime that runs one execution at a time starts the group
   // when the previous one has ended.
-  double t = cluster_.oneTensorAtATime ? std::max(ready, st.maxFinish) : ready;
+  double t = executionStart(st, ready);
   // Fused sizes differ with every group: bound the cache before taking a
   // reference into it.
   if (groupCache_.size() > kFusedCacheBound) groupCache_.clear();

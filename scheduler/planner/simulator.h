@@ -41,6 +41,10 @@ struct Interval {
 struct SimState {
   double prevReady = 0;  // ready time of the previous tensor
   double maxFinish = 0;  // latest synchronization end so far
+  // When the last execution's first communication step began (its end when
+  // it has none): with the encode pipeline (Cluster::pipeline) the next
+  // execution's leading local steps start no earlier.
+  double exchangeStart = 0;
   std::vector<Interval> iv;      // live intervals, lane by lane
   std::vector<uint32_t> begin;   // lane l is iv[begin[l], begin[l+1])
   // Tensor fusion (Cluster::fusionBytes), as Executor::runBatch runs a
@@ -183,6 +187,26 @@ class Simulator {
     return st.pending.empty() ? st.maxFinish : std::min(st.maxFinish, st.pendingStart);
   }
   bool fusion() const { return cluster_.oneTensorAtATime && cluster_.fusionBytes > 0; }
+  // The encode pipeline is modelled (Cluster::pipeline).
+  bool pipelined() const { return cluster_.oneTensorAtATime && cluster_.pipeline && !fusion(); }
+  // A "gpu" codec step that runs the CPU twin on host buffers off the
+  // computation (gpuCodecPausesCompute off: the plan executor, `cortado
+  // bench model`) takes a core. With the pipeline it is placed on the CPU
+  // lanes, where the next execution's encode and the previous one's decode
+  // and server work compete for the cores as they do; one execution at a
+  // time without the pipeline, the lane makes no difference and the GPU
+  // lane stays.
+  bool twinOnCpu(const SimOp& op) const {
+    return op.res == Res::kGpu && pipelined() && !cluster_.gpuCodecPausesCompute &&
+           (op.kind == OpKind::kEncode || op.kind == OpKind::kDecode);
+  }
+  // Where an execution ready at `ready` may start its first operation: at
+  // once with overlapping lanes; one execution at a time, when the previous
+  // one has ended, or with the pipeline when its exchange has begun.
+  double executionStart(const SimState& st, double ready) const {
+    if (!cluster_.oneTensorAtATime) return ready;
+    return std::max(ready, pipelined() ? st.exchangeStart : st.maxFinish);
+  }
   double step(SimState& st, int tensor, int option, std::vector<TraceEvent>* trace = nullptr,
               TensorTiming* timing = nullptr);
 
@@ -191,12 +215,14 @@ class Simulator {
   // or a fused group of that summed size (the group's last tensor). Returns
   // its duration; `trace` gets its operations, named after `label` where
   // given (a fused group's "fused<N>:<first>..<last>").
+  // `leadUs`, when given, gets when its first communication step could
+  // begin (the leading local steps' end; its duration when it has none).
   double runAlone(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace = nullptr,
-                  const std::string* label = nullptr);
+                  const std::string* label = nullptr, double* leadUs = nullptr);
   // runAlone() of a plan group of `elements` (its last tensor `tensor`):
   // compiledGroup(), with the copies into and out of the group's buffer.
   double runGroup(int tensor, int64_t elements, int option, std::vector<TraceEvent>* trace = nullptr,
-                  const std::string* label = nullptr);
+                  const std::string* label = nullptr, double* leadUs = nullptr);
 
   // Explicit fused groups (Plan::groups; Cupcake, fusion_search.h): tensors
   // first..last, consecutive in ready order and of one dtype, run `option`

@@ -13,7 +13,8 @@ namespace cortado::planner {
 
 namespace {
 // Equal states have equal futures.
-bool sameState(const SimState& a, const SimState& b) {
+bool sameState(const SimState& a, const SimState& b, bool pipelined) {
+  if (pipelined && (a.maxFinish != b.maxFinish || a.exchangeStart != b.exchangeStart)) return false;
   return a.prevReady == b.prevReady && a.begin == b.begin && a.iv == b.iv &&
          a.batchStart == b.batchStart && a.pending == b.pending &&
          (a.pending.empty() || (a.batchFirst == b.batchFirst && a.pendingStart == b.pendingStart));
@@ -104,7 +105,7 @@ double Simulator::evaluate(const std::vector<std::pair<int, int>>& overrides, do
     step(scratch_, k, opt);
     if (oi < n || k + 1 == N) continue;
     const SimState& cp = checkpoints_[k + 1];
-    if (sameState(scratch_, cp))
+    if (sameState(scratch_, cp, pipelined()))
       return std::max(scratch_.maxFinish, suffixMaxFinish_[k + 1]);
     if (cutoff < kInf) {
       double lb = lowerBound(scratch_, k + 1);
@@ -129,7 +130,7 @@ double Simulator::screen(int j0, int option, int window, double bound) {
   const double prune = bound < kInf && !reference_ ? bound + 1e-9 * (1.0 + std::abs(bound)) : kInf;
   for (; k < N && k <= j0 + window; ++k) {
     const SimState& cp = checkpoints_[k];
-    if (sameState(scratch_, cp))
+    if (sameState(scratch_, cp, pipelined()))
       return std::max(scratch_.maxFinish, suffixMaxFinish_[k]);
     if (prune < kInf) {
       const double lb = lowerBound(scratch_, k);
@@ -331,7 +332,7 @@ void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vec
     // The tensor cannot finish before its operations' durations in a row:
     // an estimate sure to be above `bound` needs no placing.
     if (bound < kInf) {
-      const double low = std::max(st.maxFinish, (cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b) + c.pathUs);
+      const double low = std::max(st.maxFinish, executionStart(st, b) + c.pathUs);
       const double lb = j + 1 >= N ? low : tailFrom(j + 1, b, low, add);
       if (lb > bound) {
         out[i] = lb;
@@ -341,10 +342,19 @@ void Simulator::estimateOptions(int j, const std::vector<int>& options, std::vec
     // Where the tensor's operations land: each starts after the previous
     // one ends, so none of them can take a gap that an earlier one took,
     // and the checkpoint's state needs no copy.
-    double t = cluster_.oneTensorAtATime ? std::max(b, st.maxFinish) : b;  // as step()
+    double t = executionStart(st, b);  // as step()
+    bool exchanging = false;
     for (const SimOp& op : c.ops) {
       const double d = op.us;
+      if (!exchanging && op.kind == OpKind::kComm) {
+        exchanging = true;
+        if (pipelined()) t = std::max(t, st.maxFinish);  // as scheduleOps()
+      }
       t += op.waitUs;  // as scheduleOps()
+      if (twinOnCpu(op)) {
+        t = placeCpu(st, op, t);
+        continue;
+      }
       switch (op.res) {
         case Res::kGpu: t = earliestFit(st, kGpuLane, t, d) + d; break;
         case Res::kIntra: t = earliestFit(st, kIntraLane, t, d) + d; break;

@@ -82,6 +82,21 @@ done
 check "mergecomp reports its search over both options" "echo \"\$out\" | grep '\"strategy\":\"mergecomp\"' | grep -Eq '\"search\":\"fusion search over 2 option sets: 1 \\(.*; 2 \\(.*; kept [12]'" "no search summary over 2 option sets"
 check "groups summary" "echo \"\$out\" | grep -q plan_speedup_vs_pertensor && echo \"\$out\" | grep -q mergecomp_speed_vs_plan" "no summary"
 
+# The encode pipeline without fusion by size: each iteration is one batch
+# whose gradients the executor awaits (batches_per_iteration 1), every
+# result exact and predicted (the prediction models the pipeline).
+out=$(CORTADO_FAKE_HOST_SIZE=2 CORTADO_FUSION_BYTES=0 CORTADO_PIPELINE=1 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- \
+  "$cortado" bench model --profile "$profile" --codec fp16 --strategies cpu,plan \
+  --iterations 2 --warmup 1 --json 2>&1)
+rc=$?
+echo "$out"
+check "pipelined run exits 0" "[ $rc = 0 ]" "rc=$rc"
+for s in cpu plan; do
+  line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+  check "pipelined: $s exact, one batch an iteration, predicted" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -Eq '\"batches_per_iteration\":1(\\.0)?[,}]' && echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
+done
+check "pipelined: the JSON says so" "echo \"\$out\" | grep '\"strategy\":\"plan\"' | grep -q '\"pipeline\":true'" "no pipeline field"
+
 # replan too: a tensor that is lossy before a switch gets the retired
 # residuals folded into the switch iteration's input (not checked there),
 # every other lossless result is.

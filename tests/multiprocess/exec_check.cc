@@ -68,7 +68,11 @@
 //                  (--elements, --elements + 5 and 3 elements), every group
 //                  in one plan, over --iters iterations whose batches hold
 //                  the groups whole, split over two batches (every member
-//                  alone), reversed, or one tensor at a time, so that the
+//                  alone), reversed, one tensor at a time, or whole through
+//                  runBatch with an AwaitItem (every input written only when
+//                  awaited; with the pipeline on and off: each item awaited
+//                  once in order, on the second thread exactly for the
+//                  executions started ahead), so that the
 //                  group boundaries change between iterations. With --codec
 //                  fp16 (integer inputs) every result must equal the plain
 //                  sum; with a lossy codec (the compressed options, every

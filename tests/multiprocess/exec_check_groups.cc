@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -24,16 +25,19 @@ namespace {
 // two members in one batch, its third in the next (every member on its own:
 // the group is incomplete in both). Reversed: one batch, each group's members
 // backwards (the group still runs, at the place of its last member). Single:
-// one batch per tensor.
-enum class Pattern { kWhole, kSplit, kReversed, kSingle };
-constexpr Pattern kPatterns[] = {Pattern::kWhole, Pattern::kSplit,  Pattern::kReversed,
-                                 Pattern::kWhole, Pattern::kSingle, Pattern::kWhole};
+// one batch per tensor. Awaited: as whole, through runBatch with an
+// AwaitItem, every input written only when the executor awaits its item
+// (with and without the encode pipeline).
+enum class Pattern { kWhole, kSplit, kReversed, kSingle, kAwaited };
+constexpr Pattern kPatterns[] = {Pattern::kWhole,   Pattern::kSplit,  Pattern::kReversed,
+                                 Pattern::kAwaited, Pattern::kSingle, Pattern::kAwaited};
 const char* patternName(Pattern p) {
   switch (p) {
     case Pattern::kWhole: return "whole groups";
     case Pattern::kSplit: return "groups split over two batches";
     case Pattern::kReversed: return "whole groups, members reversed";
     case Pattern::kSingle: return "one tensor a batch";
+    case Pattern::kAwaited: return "whole groups, inputs awaited";
   }
   return "?";
 }
@@ -140,11 +144,11 @@ void Check::runGroups() {
     // The batches of this iteration, as indices into names.
     std::vector<std::vector<size_t>> batches;
     const size_t G = p.groups.size();
-    if (pat == Pattern::kWhole || pat == Pattern::kReversed) {
+    if (pat == Pattern::kWhole || pat == Pattern::kReversed || pat == Pattern::kAwaited) {
       batches.emplace_back();
       for (size_t g = 0; g < G; ++g)
         for (int m = 0; m < 3; ++m)
-          batches.back().push_back(3 * g + (pat == Pattern::kWhole ? m : 2 - m));
+          batches.back().push_back(3 * g + (pat == Pattern::kReversed ? 2 - m : m));
     } else if (pat == Pattern::kSplit) {
       batches.resize(2);
       for (size_t g = 0; g < G; ++g) {
@@ -155,21 +159,73 @@ void Check::runGroups() {
     } else {
       for (size_t k = 0; k < names.size(); ++k) batches.push_back({k});
     }
-    ex.setPipeline(iter % 2 == 1);  // with and without the encode pipeline
+    // With and without the encode pipeline (awaited: on at the first, off
+    // at the second of each cycle).
+    const bool pipelined =
+        pat == Pattern::kAwaited ? iter % std::size(kPatterns) == 3 : iter % 2 == 1;
+    ex.setPipeline(pipelined);
     const uint64_t before = ex.groupRuns(), beforeInPlace = ex.inPlaceGroupRuns();
+    const uint64_t beforePipelined = ex.pipelinedStarts();
+    // Awaited on the host device (a mirrored one copies the inputs first):
+    // every input holds garbage until the executor awaits its item.
+    const bool awaited = pat == Pattern::kAwaited && ex.device().kind() == device::Kind::kHost &&
+                         !mirrorAlways;
+    std::vector<std::vector<float>> truth;
+    if (awaited) {
+      for (size_t k = 0; k < names.size(); ++k) {
+        truth.emplace_back(inAt[k], inAt[k] + lens[k]);
+        std::fill(const_cast<float*>(inAt[k]), const_cast<float*>(inAt[k]) + lens[k], 7777.0f);
+      }
+    }
+    std::vector<size_t> awaitOrder;
+    size_t awaitedOffThread = 0;
+    const auto caller = std::this_thread::get_id();
     for (const auto& b : batches) {
       std::vector<executor::BatchItem> batch;
       for (size_t k : b) batch.push_back({names[k], inAt[k], outAt[k], lens[k]});
       try {
-        runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
+        if (awaited) {
+          ex.runBatch(batch, ReduceOp::kSum, opDeadline(batch.size()), [&](size_t i) {
+            const size_t k = b.at(i);
+            awaitOrder.push_back(i);
+            awaitedOffThread += std::this_thread::get_id() != caller;
+            std::copy(truth[k].begin(), truth[k].end(), const_cast<float*>(inAt[k]));
+          });
+        } else {
+          runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
+        }
       } catch (const Error& e) {
         fail(fmt::format("groups, iteration {} ({}): {}", iter, patternName(pat), e.what()));
         return;
       }
     }
+    if (awaited) {
+      // Each item awaited once, in the order of the executions (groups in
+      // order, members in order), and with the pipeline every execution
+      // after the first whose first step is local started on the second
+      // thread (its items awaited there).
+      size_t wrong = 0;
+      while (wrong < awaitOrder.size() && awaitOrder[wrong] == wrong) ++wrong;
+      if (wrong != names.size() || awaitOrder.size() != names.size())
+        fail(fmt::format("groups, iteration {} ({}): {} awaits of {} items, the {}th of item {}, "
+                         "expected each once in order",
+                         iter, patternName(pat), awaitOrder.size(), names.size(), wrong,
+                         wrong < awaitOrder.size() ? int64_t(awaitOrder[wrong]) : -1));
+      uint64_t ahead = 0;
+      for (size_t g = 1; g < G; ++g)
+        ahead += options[chosen[g]].steps.front().kind != plan::StepKind::kComm;
+      const uint64_t started = ex.pipelinedStarts() - beforePipelined;
+      if (started != (pipelined ? ahead : 0) || awaitedOffThread != (pipelined ? 3 * ahead : 0))
+        fail(fmt::format(
+            "groups, iteration {} ({}, pipeline {}): {} executions started ahead with {} items "
+            "awaited on the second thread, expected {} and {}",
+            iter, patternName(pat), pipelined ? "on" : "off", started, awaitedOffThread,
+            pipelined ? ahead : 0, pipelined ? 3 * ahead : 0));
+    }
     // Every group ran as one execution exactly when the batch held it whole.
     const uint64_t fused = ex.groupRuns() - before;
-    const uint64_t expected = pat == Pattern::kWhole || pat == Pattern::kReversed ? G : 0;
+    const uint64_t expected =
+        pat == Pattern::kWhole || pat == Pattern::kReversed || pat == Pattern::kAwaited ? G : 0;
     if (fused != expected)
       fail(fmt::format("groups, iteration {} ({}): {} group executions, expected {}", iter,
                        patternName(pat), fused, expected));

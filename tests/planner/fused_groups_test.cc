@@ -43,8 +43,9 @@ struct Instance {
 
 // Random clusters, links and codecs from the default cost models, and models
 // of [minTensors, maxTensors] tensors, mostly small (where fusion pays) with
-// some large ones; each of the three timeline modes (overlapping lanes; one
-// execution at a time with the codec pausing the backward or not).
+// some large ones; each of the four timeline modes (overlapping lanes; one
+// execution at a time with the codec pausing the backward or not, and
+// without it with the encode pipeline).
 Instance randomInstance(std::mt19937_64& rng, int minTensors, int maxTensors) {
   auto pick = [&](auto const& v) { return v[rng() % v.size()]; };
   Instance in;
@@ -57,9 +58,10 @@ Instance randomInstance(std::mt19937_64& rng, int minTensors, int maxTensors) {
   c.h2d = hardware().h2d;
   c.cpuCores = pick(std::vector<int>{1, 2, 4, 16});
   c.cpuSumGbps = hardware().cpuSumGbps;
-  const int mode = int(rng() % 3);
+  const int mode = int(rng() % 4);
   c.oneTensorAtATime = mode > 0;
-  c.gpuCodecPausesCompute = mode != 2;
+  c.gpuCodecPausesCompute = mode == 1;
+  c.pipeline = mode == 3;  // the encode pipeline (one execution ahead)
   in.codec = codecs().resolve(
       pick(std::vector<std::string>{"dgc:ratio=0.01", "efsignsgd", "fp16", "topk:ratio=0.01"}));
   const int n = minTensors + int(rng() % uint64_t(maxTensors - minTensors + 1));
