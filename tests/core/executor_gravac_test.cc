@@ -151,8 +151,19 @@ struct Replay {
   }
 };
 
-// Every worker's outputs, ratio sequence and residuals equal the replay's,
-// through dense and sparse iterations and the plan's switches.
+// After the iterations: worker r's GraVAC residuals, tensor by tensor, and
+// the plan's re-plans equal the replay's.
+void expectReplayedResiduals(const executor::Executor& ex, const std::vector<std::string>& names,
+                             const std::vector<uint64_t>& sizes, const Replay& replay, int r) {
+  for (size_t t = 0; t < names.size(); ++t) {
+    auto e = ex.gravac()->residual(std::hash<std::string>{}(names[t]));
+    ASSERT_EQ(e.size(), sizes[t]);
+    for (uint64_t i = 0; i < sizes[t]; ++i)
+      ASSERT_EQ(e[i], replay.gravacResidual[r][t][i]) << "worker " << r << " tensor " << t;
+  }
+  EXPECT_EQ(ex.gravacReplans(), uint64_t(replay.replans));
+}
+
 // One iteration of a two-tensor job on worker r as one batch: each tensor's
 // gradient (or zeros), the outputs added into `total` (tensor 0's elements,
 // then tensor 1's).
@@ -172,6 +183,8 @@ void runTwoTensors(executor::Executor& ex, const std::vector<std::string>& names
   for (uint64_t i = 0; i < sizes[1]; ++i) total[sizes[0] + i] += out[1][i];
 }
 
+// Every worker's outputs, ratio sequence and residuals equal the replay's,
+// through dense and sparse iterations and the plan's switches.
 TEST(ExecutorGravac, MatchesAPlainLoopReplayAcrossReplans) {
   const int W = 3, iterations = 16;
   const std::vector<uint64_t> sizes{96, 40};
@@ -216,13 +229,7 @@ TEST(ExecutorGravac, MatchesAPlainLoopReplayAcrossReplans) {
               << " (" << compressor::gravacLevelName(want.level) << " at CF " << want.ratio
               << ", plan CF " << want.planRatio << "): " << seq;
     }
-    for (size_t t = 0; t < names.size(); ++t) {
-      auto e = ex.gravac()->residual(std::hash<std::string>{}(names[t]));
-      ASSERT_EQ(e.size(), sizes[t]);
-      for (uint64_t i = 0; i < sizes[t]; ++i)
-        ASSERT_EQ(e[i], replay.gravacResidual[r][t][i]) << "worker " << r << " tensor " << t;
-    }
-    EXPECT_EQ(ex.gravacReplans(), uint64_t(replay.replans));
+    ASSERT_NO_FATAL_FAILURE(expectReplayedResiduals(ex, names, sizes, replay, r));
     histories[r] = ex.gravacHistory();
   });
   for (int r = 1; r < W; ++r) {
@@ -323,13 +330,7 @@ TEST(ExecutorGravac, CarriesEachWorkersMessageWholeThroughAGroupAndChunks) {
               << " (" << compressor::gravacLevelName(want.level) << " at CF " << want.ratio
               << ", plan CF " << want.planRatio << "): " << seq;
     }
-    for (size_t t = 0; t < names.size(); ++t) {
-      auto e = ex.gravac()->residual(std::hash<std::string>{}(names[t]));
-      ASSERT_EQ(e.size(), sizes[t]);
-      for (uint64_t i = 0; i < sizes[t]; ++i)
-        ASSERT_EQ(e[i], replay.gravacResidual[r][t][i]) << "worker " << r << " tensor " << t;
-    }
-    EXPECT_EQ(ex.gravacReplans(), uint64_t(replay.replans));
+    ASSERT_NO_FATAL_FAILURE(expectReplayedResiduals(ex, names, sizes, replay, r));
     groupRuns[r] = ex.groupRuns();
     if (r == 0) tracePath = tracer->flush();
   });
