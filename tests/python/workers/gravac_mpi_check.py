@@ -19,7 +19,7 @@ import torch
 
 import cortado.torch as ct
 
-from common import parse_args, write_result
+from common import FP16_PUSH_PULL, parse_args, plan_of, write_result
 
 SIZES = [64, 128, 32]
 STEPS = 8
@@ -42,17 +42,11 @@ def main():
     assert ex.topology["local_size"] == 1, ex.topology
     rank, world = ex.topology["rank"], ex.topology["size"]
     names = [f"gm.{t}" for t in range(len(SIZES))]
-    option = {"scheme": "hierarchical", "codec": "topk:ratio=0.5", "steps": [
-        {"op": "reduce_scatter", "scope": "intra", "compressed": False},
-        {"op": "encode", "device": "cpu"},
-        {"op": "push", "scope": "inter", "compressed": True},
-        {"op": "pull", "scope": "inter", "compressed": True},
-        {"op": "decode", "device": "cpu"},
-        {"op": "allgather", "scope": "intra", "compressed": False}]}
+    # Compressed push/pull (common.py's steps) with top-k as the codec.
+    option = {**FP16_PUSH_PULL, "codec": "topk:ratio=0.5"}
     for name, n in zip(names, SIZES):
         ex.declare(name, n)
-    ex.set_plan(json.dumps({"format": "cortado-plan", "version": 1,
-                            "tensors": {name: option for name in names}}))
+    ex.set_plan(json.dumps(plan_of(names, option)))
     ex.enable_gravac(codec="topk", min_ratio=2.0, max_ratio=64.0, window=1000, epsilon=0.99,
                      alpha=1.0)
     rng = random.Random(7 + rank)
