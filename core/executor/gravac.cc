@@ -214,26 +214,12 @@ void Executor::appendPairs(const TensorState& t, uint64_t offset, detail::GivenP
         out.value.push_back(dense[e]);
       }
   }
-  // The pieces are cut by index: ascending, each once (top-k's are; sort
-  // any other order, summing repeats).
-  bool sorted = true;
-  for (size_t j = first + 1; j < out.index.size() && sorted; ++j)
-    sorted = out.index[j] > out.index[j - 1];
-  if (sorted) return;
-  std::vector<std::pair<uint64_t, float>> pairs;
-  for (size_t j = first; j < out.index.size(); ++j) pairs.emplace_back(out.index[j], out.value[j]);
-  std::stable_sort(pairs.begin(), pairs.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  out.index.resize(first);
-  out.value.resize(first);
-  for (const auto& [e, v] : pairs) {
-    if (out.index.size() > first && out.index.back() == e) {
-      out.value.back() += v;
-    } else {
-      out.index.push_back(e);
-      out.value.push_back(v);
-    }
-  }
+  // The pieces are cut by index: ascending, each once, as the top-k and DGC
+  // formats list them and the dense scan above finds them.
+  for (size_t j = first + 1; j < out.index.size(); ++j)
+    CORTADO_ENFORCE(out.index[j] > out.index[j - 1], ErrorCode::kInternal,
+                    "GraVAC's message for '{}' lists index {} after {}: not ascending", t.name,
+                    out.index[j] - offset, out.index[j - 1] - offset);
 }
 
 void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline deadline) {
