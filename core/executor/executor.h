@@ -553,7 +553,7 @@ class Executor {
   // Schedules `cuts` as the groups of `base` (nullptr: the current or
   // scheduled plan) for the next iteration.
   void scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Plan* base);
-  // Schedules `cuts` on alternative `alt`'s options (searchBase() for it).
+  // Schedules `cuts` on alternative `alt`'s options (searchBase(alt)).
   void scheduleFor(size_t alt, const FusionSearch::Cuts& cuts);
   // After the last alternative's search: the final round over each one's
   // fastest candidates, or (fewer than two) the fastest kept at once.
@@ -561,7 +561,7 @@ class Executor {
   // Ends the search on alternative `alt`'s grouping `cuts`.
   void keepCandidate(size_t alt, const FusionSearch::Cuts& cuts);
   void startSearch();  // search_ for alternative searchAlt_, its first candidate scheduled
-  const plan::Plan* searchBase() const;  // alternative searchAlt_'s plan, or nullptr
+  const plan::Plan* searchBase(size_t alt) const;  // alternative alt's plan, or nullptr
   double agreedMean(double seconds, Deadline deadline);
   // Checks `p` against the declared tensors and the topology (setPlan's
   // checks, nothing declared).

@@ -229,8 +229,8 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
   searchFrom_ = begun_ ? iteration_ + 1 : 0;
 }
 
-const plan::Plan* Executor::searchBase() const {
-  return searchAlternatives_.empty() ? nullptr : &searchAlternatives_[searchAlt_];
+const plan::Plan* Executor::searchBase(size_t alt) const {
+  return searchAlternatives_.empty() ? nullptr : &searchAlternatives_[alt];
 }
 
 void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Plan* base) {
@@ -254,14 +254,14 @@ void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Pla
 }
 
 void Executor::scheduleFor(size_t alt, const FusionSearch::Cuts& cuts) {
-  scheduleCandidate(cuts, searchAlternatives_.empty() ? nullptr : &searchAlternatives_[alt]);
+  scheduleCandidate(cuts, searchBase(alt));
   lastCandidate_ = {alt, cuts};
 }
 
 void Executor::startSearch() {
   // Consecutive tensors on different options (or on PowerSGD) never share a
   // group: forced cuts, from the options this search runs on.
-  const plan::Plan* base = searchBase();
+  const plan::Plan* base = searchBase(searchAlt_);
   auto optionOf = [&](const std::string& name) -> const plan::TensorOption& {
     return base ? base->tensors.at(name) : tensors_.at(name)->option;
   };
