@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -266,6 +267,22 @@ int cudaDeviceCount() {
 #else
   return 0;
 #endif
+}
+
+bool shareGpusAsMachines(int worldRank, const char* who) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranksHere = local ? std::atoi(local) : 1;
+  const int gpus = cudaDeviceCount();
+  if (ranksHere <= gpus || gpus == 0 || std::getenv("NCCL_HOSTID")) return false;
+  const std::string id = fmt::format("cortado-rank-{}", worldRank);
+  setenv("NCCL_HOSTID", id.c_str(), 1);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  if (worldRank == 0)
+    fmt::print(stderr,
+               "{}: {} ranks share {} GPU(s): each rank is its own machine to NCCL (NCCL_HOSTID), "
+               "over loopback sockets\n",
+               who, ranksHere, gpus);
+  return true;
 }
 
 std::shared_ptr<device::Device> makeDevice(const JobConfig& job,

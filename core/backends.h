@@ -61,6 +61,15 @@ std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
 bool cudaDeviceBuilt();
 // CUDA devices visible to this process; 0 without a GPU or in a build without CUDA.
 int cudaDeviceCount();
+// NCCL refuses two ranks of one machine on one GPU. Where this machine's MPI
+// ranks (OMPI_COMM_WORLD_LOCAL_SIZE) outnumber its GPUs (4 ranks on the one
+// GPU of a test machine), makes this rank a machine of its own to NCCL
+// (NCCL_HOSTID, over loopback sockets unless NCCL_SOCKET_IFNAME is set) and
+// returns true; rank 0 says so on stderr, naming `who`. Call it before
+// makeDevice(); does nothing where NCCL_HOSTID is set or the GPUs suffice.
+// The executor's topology (CORTADO_FAKE_HOST_SIZE's emulated machines
+// included) is not changed.
+bool shareGpusAsMachines(int worldRank, const char* who);
 
 // True when this build has the UCX transport (libucx was found at configure).
 bool ucxBuilt();

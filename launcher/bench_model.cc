@@ -23,6 +23,7 @@
 #include "core/common/env.h"
 #include "core/common/logging.h"
 #include "core/common/memory.h"
+#include "core/device/host/factory.h"
 #include "core/executor/executor.h"
 #include "core/shm/shm_segment.h"
 #include "scheduler/planner/cost_model.h"
@@ -140,6 +141,27 @@ void validateModelBench(const ModelBenchOptions& o) {
   CORTADO_ENFORCE(o.rounds >= 1 && o.rounds <= 1000, ErrorCode::kInvalidArgument,
                   "--rounds {}: must be in [1, 1000]", o.rounds);
   parseSyncSkew(o.syncSkew);
+  const auto deviceEnv = getEnv({"CORTADO_DEVICE"});
+  const std::string device = deviceEnv ? deviceEnv->value : "host";
+  CORTADO_ENFORCE(!o.queuedStreams || device == "host", ErrorCode::kInvalidArgument,
+                  "--queued-streams is a mode of the host device, but CORTADO_DEVICE is '{}': "
+                  "leave one of them out",
+                  device);
+  if (device == "cuda") {
+    CORTADO_ENFORCE(cudaDeviceBuilt(), ErrorCode::kInvalidArgument,
+                    "CORTADO_DEVICE=cuda, but this build has no CUDA device (it needs CUDA and "
+                    "NCCL at configure time); use CORTADO_DEVICE=host, or --queued-streams to "
+                    "run the device path's copies on the host");
+    CORTADO_ENFORCE(cudaDeviceCount() > 0, ErrorCode::kInvalidArgument,
+                    "CORTADO_DEVICE=cuda, but no CUDA device is visible here; run on a GPU "
+                    "machine, or use CORTADO_DEVICE=host (--queued-streams runs the device "
+                    "path's copies on the host)");
+    CORTADO_ENFORCE(std::find(o.strategies.begin(), o.strategies.end(), "gravac") ==
+                        o.strategies.end(),
+                    ErrorCode::kInvalidArgument,
+                    "--strategies gravac runs on host buffers only (GraVAC's messages are made "
+                    "on the CPU): leave it out with CORTADO_DEVICE=cuda");
+  }
   try {
     const std::string dir = planner::resolveDataDir(o.dataDir);
     planner::CodecModel::load(dir + "/costs/codecs.json").resolve(o.codec);
@@ -181,7 +203,25 @@ int runModelBench(const ModelBenchOptions& o) {
   // executor's memory counts against the gradients, from before they start.
   MemoryPeaks memory;
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
-  executor::Executor ex(*worker, &groups);
+  // Where the gradients live and the "gpu" steps run (CORTADO_DEVICE).
+  std::shared_ptr<device::Device> dev;
+  if (o.queuedStreams) {
+    CORTADO_ENFORCE(job.device == "host", ErrorCode::kInvalidArgument,
+                    "--queued-streams is a mode of the host device, but CORTADO_DEVICE is '{}': "
+                    "leave one of them out",
+                    job.device);
+    device::host::Options ho;
+    ho.queued = true;
+    ho.groups = &groups;
+    dev = device::host::create(ho);
+  } else {
+    if (job.device == "cuda") shareGpusAsMachines(mpi.worldRank(), "cortado bench model");
+    dev = makeDevice(job, &groups, nullptr, setup);
+  }
+  // The uncompressed steps run on the device's groups (NCCL on CUDA).
+  const collective::Groups& rawGroups = dev->groups() ? *dev->groups() : groups;
+  const bool direct = dev->hostAddressable();
+  executor::Executor ex(*worker, &groups, nullptr, {}, dev);
   ex.setFusionBytes(job.fusionBytes);  // CORTADO_FUSION_BYTES
   ex.setPhaseBytes(job.phaseBytes);    // CORTADO_PHASE_BYTES
   ex.setCompactSparse(job.compactSparse);  // CORTADO_COMPACT_SPARSE
@@ -229,13 +269,15 @@ int runModelBench(const ModelBenchOptions& o) {
   auto measureAll = [&](Measured& into, int tag) {
     const Deadline d = Deadline::after(Millis(600000));
     if (topo.localSize > 1) {
-      measureGroup(world, *groups.intra, 4 * minElems, 4 * maxElems, maxPayload, d, into.intra,
+      measureGroup(world, *groups.intra, *rawGroups.intra, *dev, 4 * minElems, 4 * maxElems,
+                   maxPayload, d, into.intra,
                    into.intraCompressed, into.intraCurves, into.intraCurvesCompressed, into.probes,
                    "intra");
       into.hasIntra = true;
     }
     if (topo.numMachines > 1) {
-      measureGroup(world, *groups.inter, 4 * minElems, 4 * maxElems, maxPayload, d, into.inter,
+      measureGroup(world, *groups.inter, *rawGroups.inter, *dev, 4 * minElems, 4 * maxElems,
+                   maxPayload, d, into.inter,
                    into.interCompressed, into.interCurves, into.interCurvesCompressed, into.probes,
                    "inter");
       into.hasInter = true;
@@ -247,6 +289,11 @@ int runModelBench(const ModelBenchOptions& o) {
     // costs 2-3x a 1 Mi-element one here (caches), which priced resnet101's
     // 2.4 Mi-element tensors 30-40% high.
     measureCodec(world, o.codec, minElems, groupElems, into, {maxElems});
+    if (!direct) {
+      // The device's own codec and the copies to and from pinned memory.
+      measureDeviceCodec(world, *dev, o.codec, into);
+      measureCopies(world, *dev, 4 * minElems, 4 * groupElems, into);
+    }
     if (const auto set = parseSyncSkew(o.syncSkew)) {
       into.syncSkew = *set;
       into.probes.push_back(
@@ -319,12 +366,13 @@ int runModelBench(const ModelBenchOptions& o) {
   if (lead && !o.json) {
     fmt::print("# cortado bench model: {} ({} tensors, {:.1f} M elements), codec {}, {} workers on "
                "{} machines x {}, {} servers, compute scale {} (forward {:.1f} ms, backward {:.1f} "
-               "ms), {} iterations after {} warm-up, gradients {}, tensor fusion {}, {}{}\n# measured {}\n",
+               "ms), {} iterations after {} warm-up, gradients {} on {}, tensor fusion {}, {}{}\n# measured {}\n",
                profile.model, T, totalElements / 1e6, o.codec, topo.size, topo.numMachines,
                topo.localSize, worker->numServers(), o.computeScale, profile.forwardUs / 1e3,
                profile.backwardUs() / 1e3, o.iterations, o.warmup,
                o.separateBuffers ? "in buffers of their own (--separate-buffers: groups copied)"
                                  : "in one flat buffer (groups in place)",
+               dev->name(),
                job.fusionBytes > 0 ? fmt::format("up to {} bytes (CORTADO_FUSION_BYTES; batch "
                                                  "agreement {:.0f} us)",
                                                  job.fusionBytes, m.agreeUs)
@@ -360,6 +408,47 @@ int runModelBench(const ModelBenchOptions& o) {
     }
     for (uint64_t i = 0; i < uint64_t(t.elements); ++i) pat[j][i] = pattern(j, i, levels);
   }
+  // On a device whose memory is not the host's, the executor's buffers are
+  // the device's (laid out as `buf`), and `buf` stages them on the host:
+  // copied in before each iteration's timing starts, out after it ends.
+  std::vector<float*> gradient(T);
+  device::Buffer deviceFlat(*dev, false);
+  std::vector<device::Buffer> deviceOwn;
+  std::unique_ptr<device::Stream> staging;
+  std::unique_ptr<device::Event> staged;
+  if (direct) {
+    for (size_t j = 0; j < T; ++j) gradient[j] = buf[j].data();
+  } else {
+    staging = dev->createStream();
+    staged = dev->createEvent();
+    if (o.separateBuffers) {
+      deviceOwn.reserve(T);
+      for (size_t j = 0; j < T; ++j) {
+        deviceOwn.emplace_back(*dev, false);
+        gradient[j] = deviceOwn.back().floats(buf[j].size());
+      }
+    } else {
+      float* base = deviceFlat.floats(totalElements);
+      for (size_t j = 0, at = 0; j < T; at += buf[j].size(), ++j) gradient[j] = base + at;
+    }
+  }
+  // kind: to the device (before an iteration) or back (after it).
+  auto stage = [&](device::CopyKind kind) {
+    if (direct) return;
+    const bool in = kind == device::CopyKind::kHostToDevice;
+    auto copy = [&](float* d, float* h, size_t n) {
+      dev->copy(in ? static_cast<void*>(d) : h, in ? static_cast<const void*>(h) : d,
+                n * sizeof(float), kind, *staging);
+    };
+    if (o.separateBuffers) {
+      for (size_t j = 0; j < T; ++j) copy(gradient[j], buf[j].data(), buf[j].size());
+    } else {
+      copy(gradient[0], flat.data(), flat.size());
+    }
+    staged->record(*staging);
+    staged->synchronize(opDeadline, in ? "the gradients' copy to the device"
+                                       : "the results' copy from the device");
+  };
   // Gradient j is ready this long after an iteration starts (forward pass
   // and backward up to j).
   std::vector<double> readyTimes(T);
@@ -559,6 +648,7 @@ int runModelBench(const ModelBenchOptions& o) {
       const float f = factor(topo.rank, it);
       for (size_t j = 0; j < T; ++j)
         for (size_t i = 0; i < buf[j].size(); ++i) buf[j][i] = f * pat[j][i];
+      stage(device::CopyKind::kHostToDevice);
       world.barrier();
       const auto t0 = Clock::now();
       const double traceT0 = Tracer::now();
@@ -586,7 +676,7 @@ int runModelBench(const ModelBenchOptions& o) {
       if (streamed) {
         batch.clear();
         for (size_t k = 0; k < T; ++k)
-          batch.push_back({profile.tensors[k].name, buf[k].data(), buf[k].data(), buf[k].size()});
+          batch.push_back({profile.tensors[k].name, gradient[k], gradient[k], buf[k].size()});
         ex.runBatch(batch, ReduceOp::kSum, opDeadline, [&](size_t k) {
           std::this_thread::sleep_until(readyAt(k));
           const auto& t = profile.tensors[k];
@@ -616,13 +706,14 @@ int runModelBench(const ModelBenchOptions& o) {
           if (tracer->enabled() && t.backwardUs > 0)
             tracer->record("backward", t.name, int64_t(ex.runs(t.name)), "gpu",
                            traceT0 + readyTimes[k] - t.backwardUs, traceT0 + readyTimes[k]);
-          batch.push_back({t.name, buf[k].data(), buf[k].data(), buf[k].size()});
+          batch.push_back({t.name, gradient[k], gradient[k], buf[k].size()});
         }
         ex.runBatch(batch, ReduceOp::kSum, opDeadline);
         ++r.batches;
         j = end;
       }
       const double secs = secondsSince(t0);
+      stage(device::CopyKind::kDeviceToHost);
       if (replan || mergecomp ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) {
         times.push_back(secs);
         if (replan) begins.push_back(beginSecs);
@@ -779,7 +870,7 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"sync_skew_us", m.syncSkew.us}, {"sync_skew_fraction", m.syncSkew.fraction},
                    {"iterations", o.iterations}, {"rounds", o.rounds}, {"round_ms", r.roundMs},
                    {"round_predicted_ms", r.roundPredictedMs}, {"probe_s", probeSeconds},
-                   {"workers", topo.size},
+                   {"workers", topo.size}, {"device", dev->name()},
                    {"machines", topo.numMachines}, {"compute_scale", o.computeScale},
                    {"checked_elements", r.checked}, {"wrong_elements", r.wrong},
                    {"lossy_tensors", r.lossyTensors}, {"options", r.options},

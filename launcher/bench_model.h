@@ -18,6 +18,16 @@
 //     done, and the iteration ends when the last one is. "Compute" is a timed
 //     wait; the gradients are real data (seeded, integer-valued) and every
 //     result of a lossless path is checked against the exact sum.
+//
+// The gradients live on the job's device (CORTADO_DEVICE, core/backends.h's
+// makeDevice): host memory, or with CORTADO_DEVICE=cuda CUDA buffers that
+// the executor runs as it runs a CUDA framework's (NCCL inside and across
+// machines for uncompressed steps, the CUDA codecs where the plan says gpu,
+// the CPU codecs after a copy to pinned memory where it says cpu, push/pull
+// from pinned memory); they are filled and read back through copies outside
+// the timed iteration. On such a device the probes also measure the uncompressed
+// collectives on the device's groups, the device's codec and the copies,
+// and the predictions price "gpu" steps and copies with them.
 #pragma once
 
 #include <optional>
@@ -52,6 +62,11 @@ struct ModelBenchOptions {
   // out): a fused group is then gathered into a buffer and scattered back,
   // and the predictions count those copies (ModelProfile::contiguousGradients).
   bool separateBuffers = false;
+  // With the host device (CORTADO_DEVICE=host): its queued streams
+  // (device::host::Options::queued), so that the replay takes the path a
+  // CUDA device's buffers take (gradients in device buffers, copied in and
+  // out; the device probes) on a machine without a GPU.
+  bool queuedStreams = false;
   bool json = false;
   bool progress = false;  // force the progress bar (default: when stderr is a terminal)
   int cpuCores = 0;       // per machine, for the cost model; 0: this host's cores / machines

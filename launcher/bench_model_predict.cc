@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <string>
+#include <string_view>
 
 #include "core/common/logging.h"
 #include "core/executor/executor.h"
@@ -210,13 +212,17 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                {"machine", "this job's workers"},
                {"threads", 1},
                {"entries", json::array()}};
-  // Buffers are host memory: a "gpu" encode or decode runs the CPU twin, so
-  // both devices get the CPU's fits.
+  // On host memory a "gpu" encode or decode runs the CPU twin, so both
+  // devices get the CPU's fits; on a device with the codec (CUDA), "gpu"
+  // gets the device's (measureDeviceCodec).
   for (const char* dev : {"cpu", "gpu"}) {
+    const bool own = m.hasDeviceCodec && std::string_view(dev) == "gpu";
     fits["entries"].push_back({{"codec", o.codec}, {"device", dev}, {"op", "encode"},
-                               {"alpha", m.encodeAlpha}, {"beta", m.encodeBeta}});
+                               {"alpha", own ? m.gpuEncodeAlpha : m.encodeAlpha},
+                               {"beta", own ? m.gpuEncodeBeta : m.encodeBeta}});
     fits["entries"].push_back({{"codec", o.codec}, {"device", dev}, {"op", "decompress_add"},
-                               {"alpha", m.decodeAlpha}, {"beta", m.decodeBeta}});
+                               {"alpha", own ? m.gpuDecodeAlpha : m.decodeAlpha},
+                               {"beta", own ? m.gpuDecodeBeta : m.decodeBeta}});
   }
   codecs.applyMeasured(fits, "cortado bench model");
   planner::Cluster cl;
@@ -241,10 +247,13 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
     cl.intra.perOp = m.intra, cl.intra.perOpCompressed = m.intraCompressed;
     cl.intra.curves = m.intraCurves, cl.intra.curvesCompressed = m.intraCurvesCompressed;
   }
-  // No copies: the replay's buffers are host memory; a "gpu" step runs the
-  // CPU twin on the executor's thread while the gradients become ready on
-  // the wall clock (the planner's searches then see serialized()'s timeline).
-  cl.d2h = cl.h2d = AlphaBeta{0, 1e9};
+  // On host memory no copies, and a "gpu" step runs the CPU twin on the
+  // executor's thread; on a device, the measured copies between its memory
+  // and pinned host memory. Either way the replay's compute is a wait on
+  // the wall clock, which device codec work does not slow (the planner's
+  // searches then see serialized()'s timeline).
+  cl.d2h = m.hasCopies ? m.d2h : AlphaBeta{0, 1e9};
+  cl.h2d = m.hasCopies ? m.h2d : AlphaBeta{0, 1e9};
   cl.gpuCodecPausesCompute = false;
   cl.cpuCores = cpuCores;
   cl.cpuSumGbps = m.sumGbps;
@@ -260,9 +269,10 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   // --sync-skew): the replay's collectives wait for their last worker.
   cl.syncSkew = m.syncSkew;
   planner::ResolvedCodec codec = codecs.resolve(o.codec);
-  for (int d = 0; d < 2; ++d) {  // both devices run the CPU twin here
-    codec.encodeCurve[d] = m.encodeCurve;
-    codec.decodeCurve[d] = m.decodeCurve;
+  for (int d = 0; d < 2; ++d) {  // the CPU's curves, and the device's where it has the codec
+    const bool own = m.hasDeviceCodec && d == int(plan::Device::kGpu);
+    codec.encodeCurve[d] = own ? m.gpuEncodeCurve : m.encodeCurve;
+    codec.decodeCurve[d] = own ? m.gpuDecodeCurve : m.decodeCurve;
   }
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
@@ -279,13 +289,23 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
         "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
         "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
         "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
-        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU, also used for \"gpu\"); sum {:.1f} Gbit/s; {} CPU cores per machine; "
-        "workers' skew at a step after CPU work {:.0f} us + {:.3f} x the work",
+        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU{}); sum {:.1f} Gbit/s; {} CPU cores per machine; "
+        "workers' skew at a step after CPU work {:.0f} us + {:.3f} x the work{}",
         cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
         cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
         m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
-        m.decodeAlpha * 1e6, m.decodeBeta * 4e9, m.sumGbps, cpuCores, cl.syncSkew.us,
-        cl.syncSkew.fraction);
+        m.decodeAlpha * 1e6, m.decodeBeta * 4e9,
+        m.hasDeviceCodec
+            ? fmt::format("; on the device: encode {:.1f} us + {:.2f} ns/elem, decode {:.1f} us + "
+                          "{:.2f} ns/elem",
+                          m.gpuEncodeAlpha * 1e6, m.gpuEncodeBeta * 4e9, m.gpuDecodeAlpha * 1e6,
+                          m.gpuDecodeBeta * 4e9)
+            : std::string(", also used for \"gpu\""),
+        m.sumGbps, cpuCores, cl.syncSkew.us, cl.syncSkew.fraction,
+        m.hasCopies ? fmt::format("; copies device to host {:.0f} us + {:.2f} Gbit/s, host to "
+                                  "device {:.0f} us + {:.2f} Gbit/s",
+                                  m.d2h.alphaUs, m.d2h.gbps, m.h2d.alphaUs, m.h2d.gbps)
+                    : std::string());
   return std::make_shared<planner::Simulator>(cl, codec, profile, options);
 }
 

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 
 #include "compressor/error_feedback.h"
 #include "compressor/registry.h"
+#include "core/common/error.h"
 #include "core/common/logging.h"
 #include "launcher/bench_model.h"
 
@@ -174,8 +176,8 @@ size_t agreeOnBatch(collective::Collectives& world, size_t readyCount, Deadline 
 // to the planner's formula for it. Compressed steps are probed the way the
 // executor moves payloads (core/executor/steps.cc, allgatherBlob and friends): the sizes
 // first, then the bytes.
-void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_t hi, uint64_t payloadHi,
-                  Deadline d, std::map<plan::CommOp, AlphaBeta>& ops,
+void measureGroup(World& world, collective::Collectives& g, collective::Collectives& raw,
+                  device::Device& dev, uint64_t lo, uint64_t hi, uint64_t payloadHi, Deadline d, std::map<plan::CommOp, AlphaBeta>& ops,
                   std::map<plan::CommOp, AlphaBeta>& compressedOps,
                   std::map<plan::CommOp, planner::MeasuredCurve>& curves,
                   std::map<plan::CommOp, planner::MeasuredCurve>& compressedCurves,
@@ -190,8 +192,28 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
   // payload may exceed the largest tensor's raw bytes).
   const auto payloadSizes =
       probeSizes(64, std::max<uint64_t>(64, std::min(payloadHi, kMaxLinkProbe)));
-  const uint64_t room = std::max(hi, payloadSizes.back());
-  std::vector<float> buf((room + 3) / 4, 1.0f), out((room + 3) / 4 * p);
+  // The uncompressed steps' buffers in the device's memory (filled with
+  // ones: sums of uninitialized floats may meet slow denormals on a CPU);
+  // the payloads' in host memory, the same buffers where the device's
+  // memory is the host's.
+  const bool shared = dev.hostAddressable();
+  const uint64_t room = shared ? std::max(hi, payloadSizes.back()) : hi;
+  device::Buffer rawIn(dev, false), rawOut(dev, false);
+  float* buf = rawIn.floats((room + 3) / 4);
+  float* out = rawOut.floats((room + 3) / 4 * p);
+  {
+    auto s = dev.createStream();
+    auto e = dev.createEvent();
+    dev.fill(buf, 1.0f, (room + 3) / 4, *s);
+    dev.fill(out, 0.0f, (room + 3) / 4 * p, *s);
+    e->record(*s);
+    e->synchronize(d, "the probe buffers' fill");
+  }
+  std::vector<float> hostIn, hostOut;
+  if (!shared) {
+    hostIn.assign((payloadSizes.back() + 3) / 4, 1.0f);
+    hostOut.assign((payloadSizes.back() + 3) / 4 * p, 0.0f);
+  }
   auto note = [&](CommOp op, bool compressed, const std::vector<Sample>& s, const AlphaBeta& ab) {
     std::string pts;
     for (const Sample& x : s) pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
@@ -211,17 +233,17 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
     note(op, compressed, s, ab);
   };
   using DT = DType;
-  fitted(CommOp::kAllreduce, false, [&](uint64_t n) { g.allreduce(buf.data(), out.data(), n, DT::kFloat32, d); });
+  fitted(CommOp::kAllreduce, false, [&](uint64_t n) { raw.allreduce(buf, out, n, DT::kFloat32, d); });
   fitted(CommOp::kReduceScatter, false,
-         [&](uint64_t n) { g.reduceScatter(buf.data(), out.data(), n / p, DT::kFloat32, d); });
-  fitted(CommOp::kAllgather, false, [&](uint64_t n) { g.allgather(buf.data(), n, out.data(), DT::kFloat32, d); });
+         [&](uint64_t n) { raw.reduceScatter(buf, out, n / p, DT::kFloat32, d); });
+  fitted(CommOp::kAllgather, false, [&](uint64_t n) { raw.allgather(buf, n, out, DT::kFloat32, d); });
   fitted(CommOp::kAlltoall, false,
-         [&](uint64_t n) { g.alltoall(buf.data(), out.data(), n / p, DT::kFloat32, d); });
-  fitted(CommOp::kReduce, false, [&](uint64_t n) { g.reduce(buf.data(), out.data(), n, DT::kFloat32, 0, d); });
-  fitted(CommOp::kGather, false, [&](uint64_t n) { g.gather(buf.data(), n, out.data(), DT::kFloat32, 0, d); });
+         [&](uint64_t n) { raw.alltoall(buf, out, n / p, DT::kFloat32, d); });
+  fitted(CommOp::kReduce, false, [&](uint64_t n) { raw.reduce(buf, out, n, DT::kFloat32, 0, d); });
+  fitted(CommOp::kGather, false, [&](uint64_t n) { raw.gather(buf, n, out, DT::kFloat32, 0, d); });
   // Compressed: `n` is bytes here.
-  auto* bytesIn = reinterpret_cast<std::byte*>(buf.data());
-  auto* bytesOut = reinterpret_cast<std::byte*>(out.data());
+  auto* bytesIn = reinterpret_cast<std::byte*>(shared ? buf : hostIn.data());
+  auto* bytesOut = reinterpret_cast<std::byte*>(shared ? out : hostOut.data());
   std::vector<int64_t> sizes64(p), sizes64b(p);
   fitted(CommOp::kAllgather, true, [&](uint64_t n) {
     int64_t my = int64_t(n);
@@ -268,7 +290,7 @@ void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_
     note(CommOp::kBroadcast, compressed, s, ab);
   };
   fenced(false, sizes,
-         [&](uint64_t bytes) { g.broadcast(buf.data(), bytes / 4, DT::kFloat32, 0, d); });
+         [&](uint64_t bytes) { raw.broadcast(buf, bytes / 4, DT::kFloat32, 0, d); });
   // A compressed broadcast closes a gather*: the root sends every member's
   // payloads (the planner charges p payloads), so up to p times the largest.
   const auto gatheredSizes = probeSizes(
@@ -349,6 +371,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end())
       sizes.push_back(a);
   std::sort(sizes.begin(), sizes.end());
+  m.codecSizes = sizes;
   std::vector<float> x(hi), sum(hi);
   const int levels = patternLevels(world.c.size());
   // The replay's own gradients: a codec's cost depends on the values (DGC's
@@ -516,6 +539,147 @@ void measureSkew(World& world, const std::string& spec, Measured& m) {
       "sync skew (the last worker after the mean one, after {} encodes on every worker at once): "
       "{:.0f} us + {:.3f} x the work, from elements:work/skew{}",
       spec, fit.skew.us, fit.skew.fraction, pts));
+}
+
+// The CUDA encode runs on a stream and the host learns it ended from an
+// event, as the executor's does before it copies the payload out (the copy
+// is priced on its own, measureCopies). No cache eviction: the GPU's L2 is
+// not what the CPU probe's eviction is about (the replay refills the
+// gradients in host memory before every iteration).
+void measureDeviceCodec(World& world, device::Device& dev, const std::string& spec, Measured& m) {
+  compressor::Registry cpu;
+  compressor::registerCpuCodecs(cpu);
+  const std::string canonical = cpu.canonical(spec);
+  const std::string name = canonical.substr(0, canonical.find(':'));
+  const compressor::Registry& reg = dev.codecs();
+  const compressor::Device where = dev.codecDevice();
+  // The executor's choice (Executor::setPlan): the device's codec, which a
+  // sparse one needs the device's top-k decoder beside (for merged
+  // payloads); without them its "gpu" steps run on the CPU. The same on
+  // every worker (one build, one kind of device).
+  compressor::CodecPtr codec;
+  if (reg.has(name, where)) {
+    codec = reg.create(canonical, where);
+    if (codec->sparse() && !reg.has("topk", where)) codec.reset();
+  }
+  if (!codec) {
+    m.probes.push_back(fmt::format("codec {} on {}: the device has no such codec, so its \"gpu\" "
+                                   "steps run on the CPU, priced as the CPU's",
+                                   spec, dev.name()));
+    return;
+  }
+  const std::vector<uint64_t>& sizes = m.codecSizes;
+  CORTADO_ENFORCE(!sizes.empty(), ErrorCode::kInternal,
+                  "measureDeviceCodec before measureCodec: no probe sizes");
+  const uint64_t hi = sizes.back();
+  const Deadline d = world.deadline();
+  const int levels = patternLevels(world.c.size());
+  std::vector<float> x(hi);
+  for (uint64_t i = 0; i < hi; ++i) x[i] = factor(world.c.rank(), 0) * pattern(0, i, levels);
+  auto stream = dev.createStream();
+  auto done = dev.createEvent();
+  auto wait = [&](const char* what) {
+    done->record(*stream);
+    done->synchronize(d, what);
+  };
+  device::Buffer grad(dev, false), sum(dev, false), payload(dev, false);
+  float* g = grad.floats(hi);
+  float* acc = sum.floats(hi);
+  dev.copy(g, x.data(), hi * sizeof(float), device::CopyKind::kHostToDevice, *stream);
+  dev.fill(acc, 0.0f, hi, *stream);
+  wait("the codec probe's gradient copy");
+  auto ef = dev.errorFeedback(codec);
+  std::byte* out = payload.bytes(ef->payloadBytes(hi));
+  uint64_t seed = 0;
+  const int reps = 7;
+  std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps);
+  for (int r = -1; r < reps; ++r) {  // pass -1: untimed first touches (allocations, kernels' loads)
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const uint64_t n = sizes[i];
+      const size_t bytes = ef->payloadBytes(n);
+      auto encodeOnce = [&] {
+        compressor::EncodeContext ctx = dev.context(*stream);
+        ctx.seed = ++seed;
+        ef->encode(n, g, n, std::span<std::byte>(out, bytes), ctx, stream.get());
+        wait("the codec probe's encode");
+      };
+      auto decodeOnce = [&] {
+        dev.decompressAdd(*codec, std::span<const std::byte>(out, bytes), acc, n, *stream);
+        wait("the codec probe's decode");
+      };
+      if (r < 0) {
+        encodeOnce();
+        decodeOnce();
+        continue;
+      }
+      world.barrier();
+      enc[i * reps + size_t(r)] = medianSeconds(1, encodeOnce);
+      world.barrier();
+      dec[i * reps + size_t(r)] = medianSeconds(1, decodeOnce);
+    }
+  }
+  auto medians = [&](const std::vector<double>& v) {
+    std::vector<double> res;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<double> one(v.begin() + long(i * reps), v.begin() + long((i + 1) * reps));
+      std::sort(one.begin(), one.end());
+      res.push_back(one[one.size() / 2]);
+    }
+    return res;
+  };
+  std::vector<double> encMed = world.max(medians(enc));
+  std::vector<double> decMed = world.max(medians(dec));
+  smoothCodecProbes(sizes, encMed, decMed);
+  std::vector<std::array<double, 3>> er, dr;
+  m.gpuEncodeCurve = m.gpuDecodeCurve = planner::MeasuredCurve{};
+  std::string pts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    er.push_back({1.0, 4.0 * sizes[i], encMed[i]});
+    dr.push_back({1.0, 4.0 * sizes[i], decMed[i]});
+    m.gpuEncodeCurve.add(double(sizes[i]), encMed[i] * 1e6);
+    m.gpuDecodeCurve.add(double(sizes[i]), decMed[i] * 1e6);
+    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], encMed[i] * 1e6, decMed[i] * 1e6);
+  }
+  std::tie(m.gpuEncodeAlpha, m.gpuEncodeBeta) = fitRelative(er);
+  std::tie(m.gpuDecodeAlpha, m.gpuDecodeBeta) = fitRelative(dr);
+  m.hasDeviceCodec = true;
+  m.probes.push_back(
+      fmt::format("codec {} on {} encode/decode per elements:{}", spec, dev.name(), pts));
+}
+
+void measureCopies(World& world, device::Device& dev, uint64_t lo, uint64_t hi, Measured& m) {
+  lo = std::max<uint64_t>(4, lo);
+  hi = std::max(lo, std::min(hi, kMaxLinkProbe));
+  device::Buffer onDevice(dev, false), pinned(dev, true);
+  void* dp = onDevice.reserve(hi);
+  void* hp = pinned.reserve(hi);
+  auto stream = dev.createStream();
+  auto done = dev.createEvent();
+  const Deadline d = world.deadline();
+  auto fit = [&](device::CopyKind kind, const char* what) {
+    const auto s = probe(world, probeSizes(lo, hi), [&](uint64_t bytes) {
+      if (kind == device::CopyKind::kDeviceToHost)
+        dev.copy(hp, dp, bytes, kind, *stream);
+      else
+        dev.copy(dp, hp, bytes, kind, *stream);
+      done->record(*stream);
+      done->synchronize(d, "a copy probe");
+    });
+    std::vector<std::array<double, 3>> rows;
+    std::string pts;
+    for (const Sample& x : s) {
+      rows.push_back({1.0, x.bytes, x.us});
+      pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+    }
+    const auto [a, b] = fitRelative(rows);
+    const AlphaBeta ab{a, 8.0 / (b * 1000.0)};
+    m.probes.push_back(fmt::format("copy {} (pinned host memory): {:.0f} us + {:.3f} Gbit/s from{}",
+                                   what, ab.alphaUs, ab.gbps, pts));
+    return ab;
+  };
+  m.d2h = fit(device::CopyKind::kDeviceToHost, "device to host");
+  m.h2d = fit(device::CopyKind::kHostToDevice, "host to device");
+  m.hasCopies = true;
 }
 
 }  // namespace replay

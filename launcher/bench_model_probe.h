@@ -16,6 +16,7 @@
 
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
+#include "core/device/device.h"
 #include "core/worker.h"
 #include "scheduler/planner/cost_model.h"
 
@@ -79,6 +80,17 @@ struct Measured {
   bool hasIntra = false, hasInter = false;
   double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
   planner::MeasuredCurve encodeCurve, decodeCurve;  // us per call, by elements (what the planner uses)
+  std::vector<uint64_t> codecSizes;  // the elements measureCodec probed
+  // On a CUDA device (measureDeviceCodec, measureCopies): the codec's CUDA
+  // encode and decode-and-add, as encodeAlpha.. and encodeCurve.. above
+  // (hasDeviceCodec false where the device has no such codec: its "gpu"
+  // steps run on the CPU, priced as the CPU's), and the copies between
+  // device and pinned host memory (hasCopies false on the host device: no
+  // copies).
+  bool hasDeviceCodec = false, hasCopies = false;
+  double gpuEncodeAlpha = 0, gpuEncodeBeta = 0, gpuDecodeAlpha = 0, gpuDecodeBeta = 0;
+  planner::MeasuredCurve gpuEncodeCurve, gpuDecodeCurve;
+  planner::AlphaBeta d2h, h2d;
   double sumGbps = 40;
   // With fusion: the workers' agreement on a batch (one flat allgather of an
   // int64, agreeOnBatch), back to back, mean of the slowest worker's.
@@ -94,12 +106,17 @@ struct Measured {
 // workers' ready counts. A collective over `world`.
 size_t agreeOnBatch(collective::Collectives& world, size_t readyCount, Deadline d);
 
-// Every operation the executor may run on group g (uncompressed from lo to
+// Every operation the executor may run on one scope (uncompressed from lo to
 // hi bytes, compressed from 64 bytes to payloadHi, a compressed broadcast to
 // p times that: it follows a gather*), each fitted to the
 // planner's formula (`ops`, `compressedOps`) and kept as a curve; one line
-// per operation in `log`. `scope` names the group in the log.
-void measureGroup(World& world, collective::Collectives& g, uint64_t lo, uint64_t hi,
+// per operation in `log`. `scope` names the group in the log. As the
+// executor runs them (core/executor/run.h, Run::group and Run::hostGroup):
+// the uncompressed steps on `raw`, the device's group, in memory of `dev`
+// (NCCL on CUDA buffers; on the host device the MPI group, host memory), the
+// compressed ones' payloads on `g`, the MPI group, in host memory.
+void measureGroup(World& world, collective::Collectives& g, collective::Collectives& raw,
+                  device::Device& dev, uint64_t lo, uint64_t hi,
                   uint64_t payloadHi, Deadline d, std::map<plan::CommOp, planner::AlphaBeta>& ops,
                   std::map<plan::CommOp, planner::AlphaBeta>& compressedOps,
                   std::map<plan::CommOp, planner::MeasuredCurve>& curves,
@@ -130,5 +147,20 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
 // m.skewPoints; one line in m.probes. About 0.3 s of work on a quiet
 // machine where the targets are met.
 void measureSkew(World& world, const std::string& spec, Measured& m);
+
+// On a device whose memory is not the host's (CUDA): the codec `spec`'s
+// encode with the device's error feedback and its decode-and-add, on the
+// device's own codecs, at `sizes` elements (measureCodec's), each call on a
+// stream and waited for, every worker at once (they share the device as in
+// the replay), at measureCodec's sizes (m.codecSizes: call it first); per
+// size each worker's median, then the slowest worker's.
+// Into m.gpuEncode*/m.gpuDecode* with m.hasDeviceCodec; nothing (and a line
+// saying so) where the device has no such codec.
+void measureDeviceCodec(World& world, device::Device& dev, const std::string& spec, Measured& m);
+
+// On such a device: copies from device to pinned host memory and back, lo to
+// hi bytes (4x apart), every worker at once; the slowest worker's mean per
+// size fitted to a + bytes / rate into m.d2h and m.h2d, m.hasCopies set.
+void measureCopies(World& world, device::Device& dev, uint64_t lo, uint64_t hi, Measured& m);
 
 }  // namespace cortado::launcher::replay

@@ -236,6 +236,11 @@ int main(int argc, char** argv) try {
                "every gradient in a buffer of its own (default: one flat buffer in gradient-ready "
                "order, where fused groups run in place): groups are gathered into a buffer and "
                "scattered back, and the predictions count those copies");
+  bm->add_flag("--queued-streams", bmo.queuedStreams,
+               "with CORTADO_DEVICE=host: run every stream's work on a thread of its own, as a "
+               "GPU's, so that the gradients live in device buffers apart from the host's and "
+               "the CUDA path's copies, stream waits and device probes run on a machine without "
+               "a GPU (a check of that path, slower than the default host device)");
   bm->add_option("--cpu-cores", bmo.cpuCores,
                  "CPU cores per machine in the cost model (0: this host's cores / machines)");
   bm->add_option("--sync-skew", bmo.syncSkew,

@@ -211,6 +211,36 @@ rc=$?
 echo "$cmp"
 check "trace compare runs" "[ $rc = 0 ] && echo \"\$cmp\" | grep -q '2 iterations, 4 workers'" "rc=$rc"
 
+# The path of a CUDA device's buffers (CORTADO_DEVICE=cuda), on the host
+# device with a thread per stream (--queued-streams): the gradients in device
+# buffers apart from the host's staging, copied in and out around each
+# iteration, the executor's copies through pinned memory, and the device
+# probes (the device's codec, the copies) in the predictions. Every result
+# exact (fp16), in one flat buffer and in buffers of their own.
+for layout in "" --separate-buffers; do
+  out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
+    --profile "$profile" --codec fp16 --strategies none,gpu,cpu,plan --iterations 2 --warmup 1 \
+    --queued-streams $layout --json 2>&1)
+  rc=$?
+  echo "$out"
+  check "queued streams $layout: exits 0" "[ $rc = 0 ]" "rc=$rc"
+  for s in none gpu cpu plan; do
+    line=$(echo "$out" | grep "\"strategy\":\"$s\"")
+    check "queued streams $layout: $s exact on the device, predicted" "echo \"\$line\" | grep -q '\"device\":\"host (queued streams)\"' && echo \"\$line\" | grep -q '\"wrong_elements\":0' && ! echo \"\$line\" | grep -q '\"checked_elements\":0,' && echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
+  done
+  check "queued streams $layout: the device's codec probed" "echo \"\$out\" | grep -q 'measured codec fp16 on host (queued streams) encode/decode per elements: 10:'" "no device codec probe"
+  check "queued streams $layout: the copies probed" "echo \"\$out\" | grep -q 'measured copy device to host (pinned host memory): ' && echo \"\$out\" | grep -q 'measured copy host to device (pinned host memory): '" "no copy probes"
+done
+# A lossy codec there: the uncompressed strategy stays exact after it.
+out=$(CORTADO_FAKE_HOST_SIZE=2 timeout 240 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
+  --profile "$profile" --codec dgc:ratio=0.1 --strategies gpu,none --iterations 2 --warmup 1 \
+  --queued-streams 2>&1)
+rc=$?
+echo "$out"
+check "queued streams, dgc: exits 0" "[ $rc = 0 ]" "rc=$rc"
+check "queued streams, dgc: none exact after gpu" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "none not exact"
+check "queued streams, dgc: the device's dgc probed" "echo \"\$out\" | grep -q 'measured codec dgc:ratio=0.1 on host (queued streams)'" "no device codec probe"
+
 refuse() {  # refuse NAME NEEDLE ARGS...
   local name=$1 needle=$2
   shift 2
@@ -231,6 +261,12 @@ refuse "malformed skew" "--sync-skew 'fast'" --profile "$profile" --sync-skew fa
 refuse "bad gravac epsilon" "epsilon is 2" --profile "$profile" --strategies gravac --gravac epsilon=2
 refuse "unknown gravac setting" "unknown setting 'speed'" --profile "$profile" --strategies gravac --gravac speed=3
 refuse "outside a job" "cortado launch --mpi" --profile "$profile"
+o=$(CORTADO_DEVICE=cuda timeout 60 "$cortado" bench model --profile "$profile" --queued-streams 2>&1)
+r=$?
+check "--queued-streams with CORTADO_DEVICE=cuda refused" "[ $r = 2 ] && echo \"\$o\" | grep -q 'queued-streams is a mode of the host device'" "rc=$r: $o"
+o=$(CORTADO_DEVICE=cuda timeout 60 "$cortado" bench model --profile "$profile" 2>&1)
+r=$?
+check "CORTADO_DEVICE=cuda without a GPU refused" "[ $r = 2 ] && echo \"\$o\" | grep -Eq 'CORTADO_DEVICE=cuda, but (no CUDA device is visible|this build has no CUDA device)'" "rc=$r: $o"
 # Refused inside a job too: every worker exits, the launcher reports it.
 o=$(CORTADO_FAKE_HOST_SIZE=2 timeout 120 "$cortado" launch --mpi -w 4 -s 2 -- "$cortado" bench model \
   --profile "$profile" --compute-scale -1 2>&1)

@@ -448,29 +448,6 @@ using namespace exec_check;
 
 int runCheck(int argc, char** argv);
 
-namespace {
-// NCCL refuses two ranks of one machine on one GPU; where the ranks here
-// outnumber the GPUs (4 ranks on the one GPU of a lent machine), every rank
-// is a machine of its own to NCCL (NCCL_HOSTID), connected over loopback,
-// as the collective suite does (tests/collective/nccl_test.cc). The
-// emulated machines of CORTADO_FAKE_HOST_SIZE stay the executor's topology.
-void shareGpusAsMachines(collective::mpi::Runtime& mpi) {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranksHere = local ? std::atoi(local) : 1;
-  const int gpus = cudaDeviceCount();
-  if (ranksHere > gpus && gpus > 0 && !std::getenv("NCCL_HOSTID")) {
-    const std::string id = "cortado-exec-rank-" + std::to_string(mpi.worldRank());
-    setenv("NCCL_HOSTID", id.c_str(), 1);
-    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-    if (mpi.worldRank() == 0)
-      std::fprintf(stderr,
-                   "exec_check: %d ranks share %d GPU(s): each rank is its own machine to NCCL "
-                   "(NCCL_HOSTID), over loopback sockets\n",
-                   ranksHere, gpus);
-  }
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   installCrashReport("exec_check worker");
   try {
@@ -538,7 +515,7 @@ int runCheck(int argc, char** argv) {
   }
   JobConfig job = readJobConfig(true, base);
   auto worker = startWorker(job, deadline);
-  if (job.device == "cuda" && mpi) shareGpusAsMachines(*mpi);
+  if (job.device == "cuda" && mpi) shareGpusAsMachines(mpi->worldRank(), "exec_check");
   std::shared_ptr<device::Device> dev;
   if (queuedStreams && job.device == "host") {
     device::host::Options o;
