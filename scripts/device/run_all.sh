@@ -11,6 +11,9 @@
 # - gpu_checks.sh: the CUDA codec tests and the NCCL collective suite in
 #   three layouts (and the CUDA codec benchmark when more than 330 s are
 #   left, which the default budget never leaves);
+# - model_replay.sh: resnet50/DGC replayed on CUDA buffers (the planner's
+#   plan against compressing everything on the GPU and on the CPU, each
+#   with its prediction), at most 90 s;
 # - python_checks.sh: the Python binding's CUDA tests, then resnet50's
 #   DistributedOptimizer against DDP with Gloo and with NCCL, with whatever
 #   time is left.
@@ -33,14 +36,19 @@ echo "### python_checks.sh's build, in the background"
 BUILD_ONLY=1 timeout -k 10 "$(atmost 400)" bash "$here/python_checks.sh" >"$OUT/python_build_bg.log" 2>&1 &
 build=$!
 echo "### exec_checks.sh"
-# The Python stages keep 200 s of the budget.
-timeout -k 10 "$(($(left) - 200))" bash "$here/exec_checks.sh" 2>&1 | tee "$OUT/exec_checks.log"
+# The replay and the Python stages keep 290 s of the budget.
+timeout -k 10 "$(($(left) - 290))" bash "$here/exec_checks.sh" 2>&1 | tee "$OUT/exec_checks.log"
 pack
 echo "### gpu_checks.sh ($(left) s left)"
 bench=
 (($(left) > 330)) && bench=1
-BENCH=$bench timeout -k 10 "$(atmost $(($(left) - 160)))" bash "$here/gpu_checks.sh" 2>&1 |
+BENCH=$bench timeout -k 10 "$(atmost $(($(left) - 250)))" bash "$here/gpu_checks.sh" 2>&1 |
   tee "$OUT/gpu_checks.log"
+pack
+echo "### model_replay.sh ($(left) s left)"
+cell=$(atmost $(($(left) - 160)))
+((cell > 90)) && cell=90
+CELL_S=$cell timeout -k 10 "$((cell + 15))" bash "$here/model_replay.sh" 2>&1 | tee "$OUT/model_replay.log"
 pack
 echo "### python_checks.sh ($(left) s left; waiting for its build)"
 wait "$build"
