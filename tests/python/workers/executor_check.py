@@ -334,6 +334,13 @@ def main():
                                           lambda: ct.DistributedOptimizer(
                                               opt, model.named_parameters(),
                                               name_prefix="grad.cuda", executor=True))),
+            # CORTADO_DEVICE=cuda turns the executor on by default.
+            expect_error("CPU parameters with CORTADO_DEVICE=cuda, executor by default",
+                         "CUDA gradients",
+                         lambda: with_env({"CORTADO_DEVICE": "cuda"},
+                                          lambda: ct.DistributedOptimizer(
+                                              opt, model.named_parameters(),
+                                              name_prefix="grad.cuda2"))),
             expect_error("the CUDA device without mpirun", "mpirun",
                          lambda: with_env({"CORTADO_DEVICE": "cuda"},
                                           lambda: _C.Executor(_runtime.require("check")))),

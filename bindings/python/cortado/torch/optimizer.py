@@ -939,7 +939,7 @@ class _CudaSubmitter:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, name_prefix="grad", executor=False,
+                         backward_passes_per_step=1, name_prefix="grad", executor=None,
                          plan=None, fusion_bytes=None, fusion_search=None, *, op=Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=global_process_set,
@@ -969,7 +969,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       gradient in a group keeps its own way, its slot carrying zeros.
       groups= replaces them.
     - executor: run every gradient through the plan executor (float32 CPU
-      parameters): each tensor follows its plan option. The plan is `plan`
+      parameters, or CUDA ones with CORTADO_DEVICE=cuda under `cortado
+      launch --mpi`): each tensor follows its plan option. Default: on
+      where CORTADO_DEVICE=cuda (the gradients stay on the GPU: NCCL inside
+      the machine, the CUDA codecs where the plan says gpu, the servers
+      from pinned memory), off otherwise. The plan is `plan`
       (a plan dict, its JSON text, or a file, as `cortado plan --json`
       writes it; compression then stays none), or CORTADO_PLAN, or else one
       made from `compression` (none, fp16 or an engine codec for every
@@ -1041,8 +1045,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         # backward_passes_per_step, op, gradient_predivide_factor, num_groups,
         # groups, sparse_as_dense).
         horovod = [name_prefix, executor, plan, fusion_bytes, fusion_search]
-        defaults = [Average, False, None, None, None]
-        name_prefix, executor, plan, fusion_bytes, fusion_search = "grad", False, None, None, None
+        defaults = [Average, None, None, None, None]
+        name_prefix, executor, plan, fusion_bytes, fusion_search = "grad", None, None, None, None
         op = horovod[0]
         if horovod[1] is not defaults[1]:
             gradient_predivide_factor = horovod[1]
@@ -1052,6 +1056,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = horovod[3]
         if horovod[4] is not None:
             sparse_as_dense = horovod[4]
+    if executor is None:
+        # CUDA buffers are the executor's (CORTADO_DEVICE=cuda): the job's
+        # gradients stay on the GPUs, NCCL inside the machines.
+        executor = os.environ.get("CORTADO_DEVICE", "host").strip().lower() == "cuda"
     op = resolve_op(op, None, "DistributedOptimizer", allowed=(Average, Sum))
     _check_process_set(process_set, "DistributedOptimizer")
     if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
