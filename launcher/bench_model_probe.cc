@@ -158,6 +158,45 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
   return out;
 }
 
+// A codec probe's timings (enc, dec: seconds, `reps` per size, size-major)
+// into curves by elements and alpha-beta fits (s, s per input byte): per
+// size each worker's median, then the slowest worker's (the step after an
+// encode waits for it; per pass the slowest worker's call, then the median
+// over the passes, was tried: 4 workers on 2 cores, one of them always
+// waits for a core, and the predictions came out 65% above the replay),
+// smoothed (smoothCodecProbes). Returns the points for the log.
+std::string fitCodecProbes(World& world, const std::vector<uint64_t>& sizes, int reps,
+                           const std::vector<double>& enc, const std::vector<double>& dec,
+                           planner::MeasuredCurve& encCurve, planner::MeasuredCurve& decCurve,
+                           double& encAlpha, double& encBeta, double& decAlpha, double& decBeta) {
+  auto medians = [&](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<double> r(v.begin() + long(i * size_t(reps)),
+                            v.begin() + long((i + 1) * size_t(reps)));
+      std::sort(r.begin(), r.end());
+      out.push_back(r[r.size() / 2]);
+    }
+    return out;
+  };
+  std::vector<double> encMed = world.max(medians(enc));
+  std::vector<double> decMed = world.max(medians(dec));
+  smoothCodecProbes(sizes, encMed, decMed);
+  std::vector<std::array<double, 3>> er, dr;
+  encCurve = decCurve = planner::MeasuredCurve{};
+  std::string pts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    er.push_back({1.0, 4.0 * sizes[i], encMed[i]});
+    dr.push_back({1.0, 4.0 * sizes[i], decMed[i]});
+    encCurve.add(double(sizes[i]), encMed[i] * 1e6);
+    decCurve.add(double(sizes[i]), decMed[i] * 1e6);
+    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], encMed[i] * 1e6, decMed[i] * 1e6);
+  }
+  std::tie(encAlpha, encBeta) = fitRelative(er);
+  std::tie(decAlpha, decBeta) = fitRelative(dr);
+  return pts;
+}
+
 }  // namespace
 
 // The replay's batch agreement (fusion on): each worker offers how many
@@ -418,35 +457,9 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
       dec[i * reps + size_t(r)] = medianSeconds(1, decodeOnce);
     }
   }
-  auto medians = [&](const std::vector<double>& v) {
-    std::vector<double> out;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::vector<double> r(v.begin() + long(i * reps), v.begin() + long((i + 1) * reps));
-      std::sort(r.begin(), r.end());
-      out.push_back(r[r.size() / 2]);
-    }
-    return out;
-  };
-  // The slowest worker's: the step after an encode waits for it. (Per pass
-  // the slowest worker's call, then the median over the passes, was tried:
-  // 4 workers on 2 cores, one of them always waits for a core, and the
-  // predictions came out 65% above the replay.)
-  std::vector<double> encMed = world.max(medians(enc));
-  std::vector<double> decMed = world.max(medians(dec));
-  smoothCodecProbes(sizes, encMed, decMed);
-  std::vector<std::array<double, 3>> er, dr;
-  m.encodeCurve = m.decodeCurve = planner::MeasuredCurve{};
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    er.push_back({1.0, 4.0 * sizes[i], encMed[i]});
-    dr.push_back({1.0, 4.0 * sizes[i], decMed[i]});
-    m.encodeCurve.add(double(sizes[i]), encMed[i] * 1e6);
-    m.decodeCurve.add(double(sizes[i]), decMed[i] * 1e6);
-  }
-  std::tie(m.encodeAlpha, m.encodeBeta) = fitRelative(er);
-  std::tie(m.decodeAlpha, m.decodeBeta) = fitRelative(dr);
-  std::string pts;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], er[i][2] * 1e6, dr[i][2] * 1e6);
+  const std::string pts = fitCodecProbes(world, sizes, reps, enc, dec, m.encodeCurve,
+                                         m.decodeCurve, m.encodeAlpha, m.encodeBeta,
+                                         m.decodeAlpha, m.decodeBeta);
   m.probes.push_back(fmt::format("codec {} encode/decode per elements:{}", spec, pts));
   const uint64_t ns = hi;
   const double s = medianSeconds(3, [&] {
@@ -618,30 +631,9 @@ void measureDeviceCodec(World& world, device::Device& dev, const std::string& sp
       dec[i * reps + size_t(r)] = medianSeconds(1, decodeOnce);
     }
   }
-  auto medians = [&](const std::vector<double>& v) {
-    std::vector<double> res;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::vector<double> one(v.begin() + long(i * reps), v.begin() + long((i + 1) * reps));
-      std::sort(one.begin(), one.end());
-      res.push_back(one[one.size() / 2]);
-    }
-    return res;
-  };
-  std::vector<double> encMed = world.max(medians(enc));
-  std::vector<double> decMed = world.max(medians(dec));
-  smoothCodecProbes(sizes, encMed, decMed);
-  std::vector<std::array<double, 3>> er, dr;
-  m.gpuEncodeCurve = m.gpuDecodeCurve = planner::MeasuredCurve{};
-  std::string pts;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    er.push_back({1.0, 4.0 * sizes[i], encMed[i]});
-    dr.push_back({1.0, 4.0 * sizes[i], decMed[i]});
-    m.gpuEncodeCurve.add(double(sizes[i]), encMed[i] * 1e6);
-    m.gpuDecodeCurve.add(double(sizes[i]), decMed[i] * 1e6);
-    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], encMed[i] * 1e6, decMed[i] * 1e6);
-  }
-  std::tie(m.gpuEncodeAlpha, m.gpuEncodeBeta) = fitRelative(er);
-  std::tie(m.gpuDecodeAlpha, m.gpuDecodeBeta) = fitRelative(dr);
+  const std::string pts = fitCodecProbes(world, sizes, reps, enc, dec, m.gpuEncodeCurve,
+                                         m.gpuDecodeCurve, m.gpuEncodeAlpha, m.gpuEncodeBeta,
+                                         m.gpuDecodeAlpha, m.gpuDecodeBeta);
   m.hasDeviceCodec = true;
   m.probes.push_back(
       fmt::format("codec {} on {} encode/decode per elements:{}", spec, dev.name(), pts));
