@@ -49,6 +49,10 @@ class ErrorFeedback {
   std::span<const float> velocity(uint64_t key) const;
   void reset(uint64_t key);
   void clear();
+  // Bytes of state held for every key (residuals, and velocities with
+  // momentum): the memory error feedback costs, 1x (2x with momentum) the
+  // elements it has encoded.
+  uint64_t heldBytes() const;
 
  private:
   struct State {

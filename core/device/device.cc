@@ -41,6 +41,7 @@ class HostErrorFeedback final : public ErrorFeedback {
     auto u = ef_.velocity(key);
     return {u.begin(), u.end()};
   }
+  uint64_t heldBytes() const override { return ef_.heldBytes(); }
 
  private:
   compressor::ErrorFeedback ef_;

@@ -94,6 +94,9 @@ class ErrorFeedback {
   // key's u, empty when m = 0 or the key has no state.
   virtual float momentum() const = 0;
   virtual std::vector<float> velocity(uint64_t key) const = 0;
+  // Bytes of state held for every key (residuals, velocities), in the
+  // device's memory: what error feedback costs here (Executor::memory).
+  virtual uint64_t heldBytes() const = 0;
 };
 
 // Error feedback on host memory (compressor::ErrorFeedback): the host

@@ -366,6 +366,15 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
 void Executor::configure(TensorState& t, const plan::TensorOption& option,
                          const std::string& keyBase, uint64_t gen, Deadline deadline) {
   const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
+  // An option without a codec has no payloads: the old option's payload
+  // buffers go back, after the work that may still read them.
+  if (option.codec.empty() && (t.payloads.capacity() > 0 || t.pinnedBytes.capacity() > 0)) {
+    t.computed->record(*compute_);
+    t.computed->synchronize(deadline, "the old plan's work, before its payload buffers go back");
+    t.copied->synchronize(deadline, "the old plan's copies, before its payload buffers go back");
+    t.payloads.reset();
+    t.pinnedBytes.reset();
+  }
   t.option = option;
   t.pushedTotal = &pushedBytes_;
   t.compactSparse = &compactSparse_;
@@ -453,6 +462,22 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
       t.shardChunks.push_back(std::move(chunks));
     }
   }
+}
+
+Executor::Memory Executor::memory() const {
+  Memory m;
+  auto add = [&](const TensorState& s) {
+    for (const auto& [step, ef] : s.ef)
+      if (ef) m.residuals += ef->heldBytes();
+    m.carry += s.carry.capacity() * sizeof(float);
+    m.buffers += s.staged.capacity() + s.payloads.capacity() + s.pinned.capacity() +
+                 s.pinnedBytes.capacity() + s.buffer.capacity();
+  };
+  for (const auto& [name, t] : tensors_) add(*t);
+  for (const auto& g : groupStates_) add(*g);
+  if (fused_) add(*fused_);
+  m.buffers += padded_.capacity() + block_.capacity() + fusionBuffer_.capacity();
+  return m;
 }
 
 uint64_t Executor::runs(const std::string& name) const {

@@ -227,6 +227,10 @@ struct Lanes {
   }
 };
 
+// The carry is folded: its memory goes back (clear() would keep the
+// capacity, a copy of the tensor, beside the next plan's residuals).
+inline void dropCarry(Executor::TensorState& t) { std::vector<float>().swap(t.carry); }
+
 // Adds the residuals of retired encode points that `t` still owes (carry)
 // to its data at `x` (t.n elements, device memory) and clears them: once, in
 // whichever execution runs the tensor next (alone, in a group, or fused by

@@ -102,6 +102,13 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
   std::vector<float> velocity(uint64_t key) const override {
     return toHost(key, ef_.velocity(key), "velocity");
   }
+  uint64_t heldBytes() const override {
+    // A residual per key, and a velocity with momentum (CudaErrorFeedback's state).
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t elements = 0;
+    for (const auto& [key, n] : sizes_) elements += n;
+    return elements * sizeof(float) * (ef_.momentum() > 0 ? 2 : 1);
+  }
 
  private:
   // A host copy of the key's state at p (device memory), after its encode.

@@ -178,6 +178,7 @@ class HostDeviceErrorFeedback final : public ErrorFeedback {
   std::vector<float> residual(uint64_t key) const override { return ef_->residual(key); }
   float momentum() const override { return ef_->momentum(); }
   std::vector<float> velocity(uint64_t key) const override { return ef_->velocity(key); }
+  uint64_t heldBytes() const override { return ef_->heldBytes(); }
 
  private:
   std::unique_ptr<ErrorFeedback> ef_;
