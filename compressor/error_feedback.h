@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "compressor/codec.h"
+#include "core/common/page_allocator.h"
 
 namespace cortado::compressor {
 
@@ -56,8 +57,10 @@ class ErrorFeedback {
 
  private:
   struct State {
-    std::vector<float> residual;
-    std::vector<float> velocity;  // DGC's u; empty without momentum
+    // Mapped from the kernel and unmapped when freed (PageAllocator): a
+    // retired key's memory goes back at once.
+    std::vector<float, PageAllocator<float>> residual;
+    std::vector<float, PageAllocator<float>> velocity;  // DGC's u; empty without momentum
   };
   State& state(uint64_t key, size_t n);
 
