@@ -144,14 +144,23 @@ uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numE
   // regions taken per send (compressed ones travel as bytes: their payloads
   // are small).
   for (const Chunk& c : entry->chunks)
-    if (pushesThroughShm(*entry, c)) shmChunkBytes_ += c.numElements * dtypeSize(dtype);
+    if (pushesThroughShm(*entry, c))
+      shmChunkBytes_ += shm::RegionPool::classBytes(c.numElements * dtypeSize(dtype));
   updatePushPoolLocked();
   tensors_[name] = std::move(entry);
   return key;
 }
 
 void WorkerImpl::updatePushPoolLocked() {
-  if (pushPool_) pushPool_->setLimit(std::min(shmChunkBytes_, opts_.maxBytesInFlight));
+  // A region per chunk at most (what a tensor's own regions would hold), and
+  // the credits' worth of regions, rounded up to their classes, with the
+  // one chunk that a full window may let past (WorkerOptions::creditStall):
+  // a limit below what is in flight would free and fault in regions every
+  // round.
+  const uint64_t credits = opts_.maxBytesInFlight;
+  const uint64_t window =
+      credits + credits / 8 + shm::RegionPool::classBytes(size_t(opts_.partitionBytes));
+  if (pushPool_) pushPool_->setLimit(std::min(shmChunkBytes_, window));
 }
 
 void WorkerImpl::setUpCodec(TensorEntry& t) {
@@ -354,7 +363,8 @@ void WorkerImpl::release(const std::string& name) {
     t.ef.reset();  // its residuals: nothing pushes it again
     // Its push regions went back to the pool as the servers answered.
     for (const Chunk& c : t.chunks)
-      if (pushesThroughShm(t, c)) shmChunkBytes_ -= c.numElements * dtypeSize(t.dtype);
+      if (pushesThroughShm(t, c))
+        shmChunkBytes_ -= shm::RegionPool::classBytes(c.numElements * dtypeSize(t.dtype));
     updatePushPoolLocked();
     for (const Chunk& c : t.chunks) {
       DataHeader h;

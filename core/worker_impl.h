@@ -289,7 +289,8 @@ class WorkerImpl final : public Worker {
   std::unique_ptr<shm::Arena> arena_;               // our push regions' segments
   std::unique_ptr<shm::RegionPool> pushPool_;       // the push regions, per send
   // The bytes of the declared chunks that may push through shared memory
-  // (raw, same host): the pool holds at most this much, or the credits.
+  // (raw, same host), each rounded up to its region's class: the pool holds
+  // at most this much, or the credits' worth (updatePushPoolLocked).
   uint64_t shmChunkBytes_ = 0;
   std::atomic<bool> shmFullNoted_{false};  // "goes over the socket", logged once
   std::unique_ptr<shm::PeerMappings> peerShm_;      // servers' result regions

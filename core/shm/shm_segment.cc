@@ -177,9 +177,11 @@ size_t RegionPool::classBytes(size_t bytes) {
   return (c + step - 1) / step * step;
 }
 
-void RegionPool::evictLocked(uint64_t need) {
+void RegionPool::evictLocked(uint64_t need, size_t keep) {
+  // Largest class first, `keep` (the class in use now) last.
   while (held_ + need > limit_ && !warm_.empty()) {
     auto it = std::prev(warm_.end());
+    if (it->first == keep && it != warm_.begin()) it = std::prev(it);
     const size_t c = it->first;
     arena_.free(it->second.back(), c);
     it->second.pop_back();
@@ -199,7 +201,7 @@ Region RegionPool::take(size_t bytes) {
     warmBytes_ -= c;
     return r;
   }
-  evictLocked(c);
+  evictLocked(c, c);
   Region r = arena_.allocate(c);  // throws: nothing taken
   held_ += c;
   return r;
@@ -209,6 +211,9 @@ void RegionPool::give(const Region& r, size_t bytes) {
   if (!r.data) return;
   const size_t c = classBytes(bytes);
   std::lock_guard<std::mutex> lk(mu_);
+  // Past the limit: other classes' warm regions go first, so that the
+  // class in use keeps its pages from round to round.
+  evictLocked(0, c);
   if (held_ > limit_) {
     arena_.free(r, c);
     held_ -= c;
@@ -221,7 +226,7 @@ void RegionPool::give(const Region& r, size_t bytes) {
 void RegionPool::setLimit(uint64_t limit) {
   std::lock_guard<std::mutex> lk(mu_);
   limit_ = limit;
-  evictLocked(0);
+  evictLocked(0, 0);
 }
 
 uint64_t RegionPool::heldBytes() const {

@@ -115,8 +115,9 @@ class Arena {
 // up to 64 KiB, then multiples of an eighth of the power of two below (at
 // most 12.5% above the chunk). The regions held, in use and warm, stay
 // within `limit` bytes where the chunks in use allow: a take that would go
-// past it first gives warm regions' pages back (largest class first,
-// Arena::free), and a region given back while past it is freed, not kept.
+// past it first gives warm regions' pages back (Arena::free; other classes
+// than the one taken or given back first, largest first), and a region
+// given back while still past it is freed, not kept.
 // So the pushes cost about the bytes in flight (the worker's credits), not
 // a copy of every tensor (docs/transports.md, "Memory"). Thread-safe.
 class RegionPool {
@@ -133,9 +134,9 @@ class RegionPool {
   uint64_t warmBytes() const;
 
  private:
-  // Under mu_: warm regions freed, largest class first, until `need` more
-  // bytes fit within the limit or none is left.
-  void evictLocked(uint64_t need);
+  // Under mu_: warm regions freed, largest class first and class `keep`
+  // last, until `need` more bytes fit within the limit or none is left.
+  void evictLocked(uint64_t need, size_t keep);
   Arena& arena_;
   mutable std::mutex mu_;
   uint64_t limit_;
