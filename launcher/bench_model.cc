@@ -215,7 +215,6 @@ int runModelBench(const ModelBenchOptions& o) {
     ho.groups = &groups;
     dev = device::host::create(ho);
   } else {
-    if (job.device == "cuda") shareGpusAsMachines(mpi.worldRank(), "cortado bench model");
     dev = makeDevice(job, &groups, nullptr, setup);
   }
   // The uncompressed steps run on the device's groups (NCCL on CUDA).
