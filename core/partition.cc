@@ -44,8 +44,8 @@ std::vector<Chunk> ServerPlacement::place(uint64_t tensorKey, uint64_t numElemen
 }
 
 std::vector<size_t> sendOrder(const std::vector<Chunk>& chunks, int rank, bool stagger) {
-  CORTADO_ENFORCE(rank >= 0, ErrorCode::kInvalidArgument, "send order for rank {}: ranks are 0..N-1",
-                  rank);
+  CORTADO_ENFORCE(rank >= 0, ErrorCode::kInvalidArgument,
+                  "send order for rank {}: ranks are 0..N-1", rank);
   std::vector<size_t> order(chunks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   if (!stagger || chunks.size() < 2) return order;

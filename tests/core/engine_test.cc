@@ -121,7 +121,8 @@ TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
 // step before the dispatcher sends anything after it.
 class WatchedTransport final : public transport::Transport {
  public:
-  explicit WatchedTransport(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  explicit WatchedTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
   NodeId self() const override { return inner_->self(); }
   void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
@@ -197,13 +198,15 @@ TEST(Engine, StaggeredChunkOrderKeepsPrioritiesAcrossTensors) {
       wo.inlineBytes = 0;  // every chunk through the dispatcher
       wo.staggerChunks = stagger;
       std::vector<WatchedTransport*> watched(W);
-      Job job(W, S, wo, /*async=*/false, /*shm=*/false, server::ServerEngineOptions{}.inlineBytes,
-              /*serverCompact=*/true,
-              [&](int w, std::unique_ptr<transport::Transport> t) -> std::unique_ptr<transport::Transport> {
-                auto x = std::make_unique<WatchedTransport>(std::move(t));
-                watched[w] = x.get();
-                return x;
-              });
+      Job job(
+          W, S, wo, /*async=*/false, /*shm=*/false, server::ServerEngineOptions{}.inlineBytes,
+          /*serverCompact=*/true,
+          [&](int w,
+              std::unique_ptr<transport::Transport> t) -> std::unique_ptr<transport::Transport> {
+            auto x = std::make_unique<WatchedTransport>(std::move(t));
+            watched[w] = x.get();
+            return x;
+          });
       std::vector<std::map<uint64_t, std::string>> nameOfKey(W);
       job.onEveryWorker([&](int r) {
         Worker& w = *job.workers[r];
@@ -213,7 +216,8 @@ TEST(Engine, StaggeredChunkOrderKeepsPrioritiesAcrossTensors) {
         std::vector<Handle> hs;
         for (size_t t = 0; t < tensors.size(); ++t) {
           bufs[t].resize(tensors[t].n);
-          for (uint64_t i = 0; i < tensors[t].n; ++i) bufs[t][i] = float((r + 1) * int(i % 13) + int(t));
+          for (uint64_t i = 0; i < tensors[t].n; ++i)
+            bufs[t][i] = float((r + 1) * int(i % 13) + int(t));
           hs.push_back(w.pushPull(tensors[t].name, DType::kFloat32, tensors[t].n, bufs[t].data(),
                                   bufs[t].data(), ReduceOp::kSum, tensors[t].priority));
         }

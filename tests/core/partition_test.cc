@@ -157,15 +157,16 @@ TEST(Partition, StaggeredWorkersPushToDifferentServersAtEveryStep) {
                            return a.second < b.second;
                          })->second;
         // The last step holds the one chunk of the last round.
-        if (k < size_t(3 * S)) EXPECT_EQ(most, (N + S - 1) / S) << "S " << S << ", N " << N << ", step " << k;
+        if (k < size_t(3 * S))
+          EXPECT_EQ(most, (N + S - 1) / S) << "S " << S << ", N " << N << ", step " << k;
         EXPECT_EQ(plainPushers.size(), 1u);
       }
       // The step by which every worker has pushed chunk i: within its round.
       for (size_t i = 0; i < chunks.size(); ++i) {
         size_t done = 0;
         for (int r = 0; r < N; ++r)
-          done = std::max(done, size_t(std::find(orders[r].begin(), orders[r].end(), i) -
-                                       orders[r].begin()));
+          done = std::max(
+              done, size_t(std::find(orders[r].begin(), orders[r].end(), i) - orders[r].begin()));
         EXPECT_LT(done, (i / size_t(S) + 1) * size_t(S)) << "chunk " << i;
       }
     }

@@ -19,7 +19,8 @@ inline std::vector<size_t> staggeredReference(const std::vector<int>& serverOf, 
     std::vector<size_t> round;
     for (const auto& [server, list] : byServer)
       if (list.size() > g) round.push_back(list[g]);
-    for (size_t k = 0; k < round.size(); ++k) out.push_back(round[(size_t(rank) + k) % round.size()]);
+    for (size_t k = 0; k < round.size(); ++k)
+      out.push_back(round[(size_t(rank) + k) % round.size()]);
   }
   return out;
 }
