@@ -57,12 +57,15 @@ class ServerPlacement {
 // to server (r + k) mod S, so at each step of the round the workers (up to
 // S of them) push to different servers and each server's in-link carries
 // one worker's push. Each server still gets its chunks from every worker in
-// index order, and every server's g-th chunk is complete (pushed by every
-// worker) at the end of round g, where plain order completes it in the
-// same round; chunk 0 is no longer complete first, but no server waits
-// for a chunk that the plain order would have completed earlier.
+// index order, and every chunk of round g has been pushed by every worker
+// by the end of round g, as in plain order.
 //
 // Deterministic: every worker can compute every other worker's order.
+// WorkerOptions::staggerChunks chooses it; measured without effect on 4
+// emulated hosts (docs/benchmarks.md, "Chunk order staggered per worker"),
+// because a worker whose credits hold the whole tensor hands every chunk
+// to the transport at once and the order only decides which connection
+// starts first.
 std::vector<size_t> sendOrder(const std::vector<Chunk>& chunks, int rank, bool stagger);
 
 }  // namespace cortado
