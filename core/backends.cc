@@ -59,6 +59,7 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.sharedMemory = job.sharedMemory;
   wo.inlineBytes = job.inlineBytes;
   wo.compactSparse = job.compactSparse;
+  wo.staggerChunks = job.staggerChunks;
   wo.busyPoll = std::chrono::microseconds(job.busyPollUs);
   wo.listenAddress = dataListenAddress(job);
   return wo;
