@@ -11,7 +11,7 @@ time to the target follows those bytes).
 
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
-                          [--model cnn|mlp] [--hidden H] [--lr X] [--eval-every K] [--trace DIR]
+                          [--model cnn|mlp] [--hidden H] [--lr X] [--seed S] [--eval-every K] [--trace DIR]
                           [--fusion-bytes N]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
 
@@ -76,6 +76,9 @@ def parse_args():
     p.add_argument("--lr", type=float,
                    help="train_digits.py --lr (per worker) for every configuration without its own "
                         "@lr=X (default: the script's)")
+    p.add_argument("--seed", type=int,
+                   help="train_digits.py --seed (the train/test split and the initial weights; "
+                        "default: the script's, 0)")
     p.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="test accuracy every K steps (0: at each epoch's end)")
     p.add_argument("--fusion-bytes", type=int, metavar="N",
@@ -127,6 +130,7 @@ def run(args, compression, out, name, index=0):
         (["--eval-every", str(args.eval_every)] if args.eval_every else []) + \
         (["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None else []) + \
         (["--lr", repr(lr)] if lr is not None else []) + \
+        (["--seed", str(args.seed)] if args.seed is not None else []) + \
         (["--executor"] if executor else [])
     trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:
