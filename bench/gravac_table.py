@@ -4,12 +4,14 @@ compression in turn (dense, static top-k and DGC ratios, GraVAC), on H
 emulated hosts (tests/testbed/testbed.sh, 1 worker and 1 server per host,
 links shaped at --rate; needs root) or on this machine (--local), and a
 markdown table of final accuracy, the bytes each worker pushed (and how
-much less than dense), and the time to --target test accuracy (and the
-speedup over each static ratio that reaches it).
+much less than dense), the time to --target test accuracy (and the
+speedup over each static ratio that reaches it), and what one worker had
+pushed by the step that reached it (where the link bounds every step, the
+time to the target follows those bytes).
 
     bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
                           [--target 0.95] [--configs none,topk:ratio=0.1,...]
-                          [--model cnn|mlp] [--hidden H] [--eval-every K] [--trace DIR]
+                          [--model cnn|mlp] [--hidden H] [--lr X] [--seed S] [--eval-every K] [--trace DIR]
                           [--fusion-bytes N]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
 
@@ -29,6 +31,11 @@ A config ending in "@executor" (e.g. "gravac:codec=topk@executor") runs
 train_digits.py --executor: the gradients through the plan executor (with
 MPI's collective groups, as under every `cortado launch` with hosts;
 CORTADO_EXECUTOR_MPI=0 in the environment runs it without them).
+"@lr=X" runs that configuration with train_digits.py --lr X (per worker)
+instead of --lr (or the script's default); both combine as
+"gravac:codec=dgc@executor,lr=0.1". DGC takes the place of SGD's momentum
+(train_digits.py runs SGD without momentum under it), so its rows may
+need a learning rate of their own.
 
 Progress on stderr, the table on stdout. --plot FILE also draws, per
 configuration, the bytes pushed and the time to the target as a PNG
@@ -66,6 +73,12 @@ def parse_args():
                    help="';'-separated compressions (default: %(default)s)")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="train_digits.py --model")
     p.add_argument("--hidden", type=int, help="train_digits.py --hidden (with --model mlp)")
+    p.add_argument("--lr", type=float,
+                   help="train_digits.py --lr (per worker) for every configuration without its own "
+                        "@lr=X (default: the script's)")
+    p.add_argument("--seed", type=int,
+                   help="train_digits.py --seed (the train/test split and the initial weights; "
+                        "default: the script's, 0)")
     p.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="test accuracy every K steps (0: at each epoch's end)")
     p.add_argument("--fusion-bytes", type=int, metavar="N",
@@ -82,20 +95,43 @@ def parse_args():
     return args
 
 
+def split_config(config, default_lr):
+    """"<compression>@executor,lr=X" -> (compression, through the plan executor?,
+    learning rate or default_lr). Exits with a message on an unknown suffix."""
+    compression, _, suffix = config.partition("@")
+    executor, lr = False, default_lr
+    for part in filter(None, suffix.split(",")):
+        if part == "executor":
+            executor = True
+        elif part.startswith("lr="):
+            try:
+                lr = float(part[3:])
+            except ValueError:
+                lr = -1.0
+            if not lr > 0:
+                raise SystemExit(f"gravac_table: '{part}' in config '{config}': the learning "
+                                 f"rate must be a positive number, e.g. lr=0.1")
+        else:
+            raise SystemExit(f"gravac_table: '{part}' in config '{config}' is unknown: use "
+                             f"'executor' or 'lr=X', e.g. dgc:ratio=0.1@lr=0.1")
+    return compression, executor, lr
+
+
 def run(args, compression, out, name, index=0):
     build = pathlib.Path(args.build).resolve()
     env = dict(os.environ, PYTHONPATH=str(build / "bindings" / "python"),
                CORTADO_LOG_LEVEL="warn", OMP_NUM_THREADS="1",
                CORTADO_CONNECT_TIMEOUT_MS="180000")
     cortado = str(build / "launcher" / "cortado")
-    # "<compression>@executor": through the plan executor (executor=True).
-    compression, _, via = compression.partition("@")
+    compression, executor, lr = split_config(compression, args.lr)
     script = [args.python, str(EXAMPLE), "--epochs", str(args.epochs), "--no-progress",
               "--compression", compression, "--json", str(out), "--model", args.model] + \
         (["--hidden", str(args.hidden)] if args.hidden else []) + \
         (["--eval-every", str(args.eval_every)] if args.eval_every else []) + \
         (["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None else []) + \
-        (["--executor"] if via == "executor" else [])
+        (["--lr", repr(lr)] if lr is not None else []) + \
+        (["--seed", str(args.seed)] if args.seed is not None else []) + \
+        (["--executor"] if executor else [])
     trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:
         cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2"] + trace + ["--"] + script
@@ -120,6 +156,8 @@ def run(args, compression, out, name, index=0):
 def main():
     args = parse_args()
     configs = [c for c in args.configs.split(";") if c]
+    for c in configs:
+        split_config(c, args.lr)  # a bad suffix fails before any run
     name = "g" + "".join(random.choice("0123456789abcdef") for _ in range(6))
     records = []
     up = False
@@ -173,14 +211,24 @@ def reach(r, target):
 
 
 def cf_runs(ratios):
-    """'10x 39, 20x 191': the CF sent, run by run (dense: CF 1)."""
+    """'10x 39, 20x 191': the CF sent, run by run (dense: CF 1); past 6 runs, the
+    first 3 and the steps at each CF in all."""
     out = []
     for x in ratios:
         if out and out[-1][0] == x:
             out[-1][1] += 1
         else:
             out.append([x, 1])
-    return ", ".join(("dense" if x == 1.0 else f"{x:g}x") + f" {n}" for x, n in out)
+    def name(x):
+        return "dense" if x == 1.0 else f"{x:g}x"
+    if len(out) <= 6:
+        return ", ".join(f"{name(x)} {n}" for x, n in out)
+    # Many switches: the first runs, then the steps at each CF in all.
+    total = {}
+    for x, n in out:
+        total[x] = total.get(x, 0) + n
+    return (", ".join(f"{name(x)} {n}" for x, n in out[:3]) + f", ... ({len(out)} runs; in all "
+            + ", ".join(f"{name(x)} {n}" for x, n in sorted(total.items())) + ")")
 
 
 def seconds_per_step(r):
@@ -195,6 +243,15 @@ def seconds_per_step(r):
     return total, {cf: sorted(ts)[len(ts) // 2] for cf, ts in by_cf.items()}
 
 
+def pushed_to(r, step):
+    """MB one worker had pushed for the gradients by the end of `step` (1-based):
+    GraVAC's per-step bytes from its history, else the run's mean per step."""
+    if r.get("history"):
+        return sum(h["bytes"] for h in r["history"][:step]) / 1e6
+    steps = len(r.get("step_seconds") or [])
+    return r["epochs"][-1]["pushed"] * step / steps / 1e6 if steps else float("nan")
+
+
 def print_table(records, args):
     dense = next((r for r in records if r["config"] == "none"), None)
     dense_bytes = dense["epochs"][-1]["pushed"] if dense else None
@@ -205,9 +262,9 @@ def print_table(records, args):
 
     static = [r for r in records if not r["config"].startswith(("none", "gravac"))]
     print(f"| compression | CFs sent (steps) | final test acc | pushed per worker (MB) | "
-          f"less than dense | time to {args.target:.0%} (s) | step | s/step (median) | "
-          f"GraVAC's speedup over the static ratios that reach it |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"less than dense | time to {args.target:.0%} (s) | step | pushed by then (MB) | "
+          f"s/step (median) | GraVAC's speedup over the static ratios that reach it |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in records:
         last = r["epochs"][-1]
         hit = reach(r, args.target)
@@ -233,8 +290,9 @@ def print_table(records, args):
                                          for cf, v in sorted(by_cf.items()))
         reached = f"{t:.1f}" if t is not None else "not reached"
         at = str(hit[1]) if hit and hit[1] is not None else ("" if hit is None else "?")
+        by_then = f"{pushed_to(r, hit[1]):.2f}" if hit and hit[1] is not None else ""
         print(f"| {r['config']} | {cfs} | {last['test_acc']:.4f} | {last['pushed'] / 1e6:.2f} | "
-              f"{less} | {reached} | {at} | {per_step} | {vs} |")
+              f"{less} | {reached} | {at} | {by_then} | {per_step} | {vs} |")
 
 if __name__ == "__main__":
     main()

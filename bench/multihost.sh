@@ -41,17 +41,21 @@
 #   --name NAME           testbed name, 1-8 of [a-z0-9] (default: mhb + pid)
 #   --save FILE           keep the raw results (bench/multihost_table.py FILE ... reprints the table)
 #   --plot FILE           also draw each job's bandwidth as a PNG (matplotlib)
+#   --timeline DIR        also write every link's load every 10 ms of each run to
+#                         DIR/JOB-BYTES-REP.tsv (bench/link_timeline.py)
 set -Eeuo pipefail
 
 PROG=multihost.sh
 # shellcheck source=bench/lib_testbed.sh
 source "$(dirname "$0")/lib_testbed.sh"
 MONITOR=$HERE/multihost_monitor.py
+TIMELINE_PY=$HERE/link_timeline.py
 PYTHON=${PYTHON:-/usr/bin/python3}
 
 RATE=1gbit SIZES=64M REPS=3 ITERS=5 WARMUP=1 TRANSPORT=zmq HOSTS=4 SONLY=2 DED=0
 BUILD=$ROOT/build NAME=mhb$(($$ % 100000)) SAVE="" JOBS=mpi,ps,ps_sonly,ps_ded,horovod PLOT=""
 HOROVOD_PYTHON=${HOROVOD_PYTHON:-${CORTADO_VENV:-$ROOT/.venv}/bin/python}
+TIMELINE=""
 
 while (($#)); do
   case $1 in
@@ -69,6 +73,7 @@ while (($#)); do
     --name) need_value "$@"; NAME=$2; shift 2 ;;
     --save) need_value "$@"; SAVE=$2; shift 2 ;;
     --plot) need_value "$@"; PLOT=$(realpath -m "$2"); shift 2 ;;
+    --timeline) need_value "$@"; TIMELINE=$(realpath -m "$2"); shift 2 ;;
     -h | --help) usage 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -114,6 +119,8 @@ done
 CORTADO=$BUILD/launcher/cortado
 MPIBENCH=$BUILD/bench/mpi/mpi_allreduce_bench
 [[ -z $SAVE ]] || touch "$SAVE" 2>/dev/null || die "--save $SAVE: cannot write there"
+[[ -z $TIMELINE ]] || { mkdir -p "$TIMELINE" && [[ -w $TIMELINE ]]; } ||
+  die "--timeline $TIMELINE: cannot make or write that folder"
 [[ -z $PLOT ]] || "$PYTHON" -c 'import matplotlib' 2>/dev/null ||
   die "--plot needs matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 for f in "$CORTADO" "$MPIBENCH"; do
@@ -132,10 +139,11 @@ if want horovod; then
 fi
 
 OUT=$(mktemp -d /tmp/cortado-multihost.XXXXXX)
-MON_PID="" JOB_PID=""
+MON_PID="" JOB_PID="" TL_PID=""
 bench_cleanup() {
   [[ -n $JOB_PID ]] && kill "$JOB_PID" 2>/dev/null  # timeout passes it on to the launcher
   [[ -n $MON_PID ]] && kill "$MON_PID" 2>/dev/null && wait "$MON_PID" 2>/dev/null
+  [[ -n $TL_PID ]] && kill "$TL_PID" 2>/dev/null && wait "$TL_PID" 2>/dev/null
   return 0
 }
 bench_cleanup_after() { rm -rf "$OUT"; }
@@ -187,6 +195,11 @@ run() {
   esac
   "$PYTHON" "$MONITOR" --name "$NAME" --hosts "$NTOTAL" --rate-bps "$RATE_BPS" >"$OUT/mon" &
   MON_PID=$!
+  if [[ -n $TIMELINE ]]; then
+    "$PYTHON" "$TIMELINE_PY" --name "$NAME" --hosts "$NTOTAL" --rate-bps "$RATE_BPS" \
+      --out "$TIMELINE/$job-$bytes-$rep.tsv" &
+    TL_PID=$!
+  fi
   local tc0 rc=0
   tc0=$(tbf_counts)
   # In the background and waited for, so that a signal to this script runs
@@ -201,6 +214,11 @@ run() {
   kill "$MON_PID"
   wait "$MON_PID" || true
   MON_PID=""
+  if [[ -n $TL_PID ]]; then
+    kill "$TL_PID"
+    wait "$TL_PID" || true
+    TL_PID=""
+  fi
   if ((rc != 0)); then
     echo "---- $job ($bytes bytes) output ----" >&2
     tail -40 "$OUT/log" >&2

@@ -59,6 +59,7 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.sharedMemory = job.sharedMemory;
   wo.inlineBytes = job.inlineBytes;
   wo.compactSparse = job.compactSparse;
+  wo.staggerChunks = job.staggerChunks;
   wo.busyPoll = std::chrono::microseconds(job.busyPollUs);
   wo.listenAddress = dataListenAddress(job);
   return wo;
@@ -269,22 +270,6 @@ int cudaDeviceCount() {
 #endif
 }
 
-bool shareGpusAsMachines(int worldRank, const char* who) {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranksHere = local ? std::atoi(local) : 1;
-  const int gpus = cudaDeviceCount();
-  if (ranksHere <= gpus || gpus == 0 || std::getenv("NCCL_HOSTID")) return false;
-  const std::string id = fmt::format("cortado-rank-{}", worldRank);
-  setenv("NCCL_HOSTID", id.c_str(), 1);
-  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  if (worldRank == 0)
-    fmt::print(stderr,
-               "{}: {} ranks share {} GPU(s): each rank is its own machine to NCCL (NCCL_HOSTID), "
-               "over loopback sockets\n",
-               who, ranksHere, gpus);
-  return true;
-}
-
 std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
                                            const collective::Groups* hostGroups,
                                            std::shared_ptr<const compressor::Registry> codecs,
@@ -305,6 +290,33 @@ std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
                   "CORTADO_DEVICE=cuda but no CUDA device is visible (cudaGetDeviceCount() == 0): "
                   "run on a GPU machine or use CORTADO_DEVICE=host");
   collective::Collectives* world = hostGroups->world.get();
+  // This machine's ranks take its GPUs in turn (mpirun's local rank; the
+  // emulated machines' where it is not set).
+  const char* mpiLocal = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int gpu = (mpiLocal ? std::atoi(mpiLocal) : hostGroups->topology.localRank) % gpus;
+  // NCCL refuses two ranks of one host on one GPU. Ranks that share a GPU
+  // (more ranks than GPUs on a machine, or ranks in network namespaces or
+  // containers of one machine, which NCCL takes for one host) become hosts
+  // of their own to NCCL (NCCL_HOSTID) and connect through its sockets.
+  {
+    std::string uuid = device::cuda::deviceUuid(gpu);
+    uuid.resize(16);
+    std::string all(16 * size_t(world->size()), '\0');
+    world->allgather(uuid.data(), uuid.size(), all.data(), DType::kUInt8, deadline);
+    int sharing = 0;
+    for (int r = 0; r < world->size(); ++r) sharing += all.compare(16 * size_t(r), 16, uuid) == 0;
+    if (sharing > 1 && !std::getenv("NCCL_HOSTID")) {
+      setenv("NCCL_HOSTID", fmt::format("cortado-rank-{}", world->rank()).c_str(), 1);
+      // Ranks all on this machine (one mpirun host) reach each other over
+      // loopback; in namespaces of their own NCCL's default interface does.
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+      if (local && std::atoi(local) == world->size()) setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+      if (world->rank() == 0 || hostGroups->topology.localRank == 0)
+        CORTADO_LOG_INFO("rank {}: {} ranks share GPU {}: each is a host of its own to NCCL "
+                         "(NCCL_HOSTID), over sockets",
+                         world->rank(), sharing, gpu);
+    }
+  }
   collective::nccl::UniqueIdExchange exchange = [world](const std::string&,
                                                         const std::string& rootId, Deadline d) {
     std::string id(128, '\0');
@@ -314,7 +326,7 @@ std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
     return id;
   };
   collective::nccl::Options no;
-  no.device = hostGroups->topology.localRank % gpus;
+  no.device = gpu;
   device::cuda::Options o;
   o.device = no.device;
   o.groups = collective::nccl::createGroups(hostGroups->topology, exchange, no, deadline);

@@ -48,10 +48,13 @@ schedulerIdExchange(control::ControlClient& client);
 // CORTADO_DEVICE; core/device/device.h):
 // - "host": host memory, the CPU codecs (`codecs`; nullptr: its own), and
 //   `hostGroups` (the MPI groups; may be null) for the collectives.
-// - "cuda": CUDA device localRank % deviceCount(), the CUDA codecs, and NCCL
-//   groups formed over hostGroups' topology, the ranks agreeing on the NCCL
-//   id through hostGroups' world broadcast (every rank calls this; the
-//   ranks run under mpirun). Error(kUnavailable) when this build has no
+// - "cuda": CUDA device (mpirun's local rank) % deviceCount(), the CUDA
+//   codecs, and NCCL groups formed over hostGroups' topology, the ranks
+//   agreeing on the NCCL id through hostGroups' world broadcast (every rank
+//   calls this; the ranks run under mpirun). Ranks that share a GPU (found
+//   by its UUID, gathered over the world group) are each a host of their
+//   own to NCCL (NCCL_HOSTID, unless set), which refuses two ranks of one
+//   host on one GPU; over loopback where every rank is on this machine. Error(kUnavailable) when this build has no
 //   CUDA or NCCL, or no GPU is visible; kInvalidArgument without hostGroups.
 // bool cudaDeviceBuilt(): whether "cuda" can be asked for in this build.
 std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
@@ -61,15 +64,6 @@ std::shared_ptr<device::Device> makeDevice(const JobConfig& job,
 bool cudaDeviceBuilt();
 // CUDA devices visible to this process; 0 without a GPU or in a build without CUDA.
 int cudaDeviceCount();
-// NCCL refuses two ranks of one machine on one GPU. Where this machine's MPI
-// ranks (OMPI_COMM_WORLD_LOCAL_SIZE) outnumber its GPUs (4 ranks on the one
-// GPU of a test machine), makes this rank a machine of its own to NCCL
-// (NCCL_HOSTID, over loopback sockets unless NCCL_SOCKET_IFNAME is set) and
-// returns true; rank 0 says so on stderr, naming `who`. Call it before
-// makeDevice(); does nothing where NCCL_HOSTID is set or the GPUs suffice.
-// The executor's topology (CORTADO_FAKE_HOST_SIZE's emulated machines
-// included) is not changed.
-bool shareGpusAsMachines(int worldRank, const char* who);
 
 // True when this build has the UCX transport (libucx was found at configure).
 bool ucxBuilt();

@@ -34,6 +34,9 @@ struct JobConfig {
   // go on the wire with their indices as varint gaps where that is smaller
   // (compressor/compact.h).
   bool compactSparse = true;
+  // CORTADO_STAGGER: workers send a tensor's chunks in the staggered order
+  // (WorkerOptions::staggerChunks, core/partition.h sendOrder).
+  bool staggerChunks = false;
   // CORTADO_FUSION_BYTES: the plan executor's tensor fusion threshold
   // (Executor::runBatch, docs/executor.md); 0: off. 64 MiB, as Horovod's.
   uint64_t fusionBytes = 64ull << 20;

@@ -43,4 +43,35 @@ std::vector<Chunk> ServerPlacement::place(uint64_t tensorKey, uint64_t numElemen
   return chunks;
 }
 
+std::vector<size_t> sendOrder(const std::vector<Chunk>& chunks, int rank, bool stagger) {
+  CORTADO_ENFORCE(rank >= 0, ErrorCode::kInvalidArgument,
+                  "send order for rank {}: ranks are 0..N-1", rank);
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (!stagger || chunks.size() < 2) return order;
+  // round[i]: how many chunks of the same server come before chunk i.
+  int maxServer = 0;
+  for (const Chunk& c : chunks) {
+    CORTADO_ENFORCE(c.server >= 0, ErrorCode::kInvalidArgument, "chunk key {} has server {}", c.key,
+                    c.server);
+    maxServer = std::max(maxServer, c.server);
+  }
+  std::vector<uint64_t> seen(size_t(maxServer) + 1, 0), round(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) round[i] = seen[size_t(chunks[i].server)]++;
+  // By round, then by server (a round holds each server at most once).
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (round[a] != round[b]) return round[a] < round[b];
+    return chunks[a].server < chunks[b].server;
+  });
+  for (size_t begin = 0; begin < order.size();) {
+    size_t end = begin;
+    while (end < order.size() && round[order[end]] == round[order[begin]]) ++end;
+    const size_t m = end - begin;
+    std::rotate(order.begin() + begin, order.begin() + begin + size_t(rank) % m,
+                order.begin() + end);
+    begin = end;
+  }
+  return order;
+}
+
 }  // namespace cortado

@@ -1,4 +1,5 @@
-// Splitting tensors into chunks and placing chunks on servers.
+// Splitting tensors into chunks, placing chunks on servers, and the order in
+// which a worker sends a tensor's chunks.
 //
 // A tensor of B bytes becomes ceil(B / partitionBytes) chunks of nearly equal
 // size (element-aligned). Each chunk is placed on the server that has the
@@ -41,5 +42,30 @@ class ServerPlacement {
  private:
   std::vector<uint64_t> load_;
 };
+
+// The order in which worker `rank` sends the chunks of one tensor: indices
+// into `chunks` (as place() made them).
+//
+// Plain (stagger false): 0, 1, 2, ..., the same on every worker, so at the
+// start of a round every worker pushes chunk 0 to the same server.
+//
+// Staggered: the chunks go in rounds; round g holds the g-th chunk (by
+// index) of every server that has more than g of them. Within a round the
+// chunks go in ascending server order rotated by the rank: worker r starts
+// at position r mod m of the round's m servers. With a round per server
+// (the placement's usual case), worker r pushes its k-th chunk of the round
+// to server (r + k) mod S, so at each step of the round the workers (up to
+// S of them) push to different servers and each server's in-link carries
+// one worker's push. Each server still gets its chunks from every worker in
+// index order, and every chunk of round g has been pushed by every worker
+// by the end of round g, as in plain order.
+//
+// Deterministic: every worker can compute every other worker's order.
+// WorkerOptions::staggerChunks chooses it; measured without effect on 4
+// emulated hosts (docs/benchmarks.md, "Chunk order staggered per worker"),
+// because a worker whose credits hold the whole tensor hands every chunk
+// to the transport at once and the order only decides which connection
+// starts first.
+std::vector<size_t> sendOrder(const std::vector<Chunk>& chunks, int rank, bool stagger);
 
 }  // namespace cortado

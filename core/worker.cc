@@ -86,8 +86,9 @@ void WorkerImpl::start(control::ClientOptions copts, Deadline deadline) {
     sameHost_.assign(book_.servers.size(), false);
   }
   dispatcher_ = std::thread([this] { dispatchLoop(); });
-  CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}", self_.rank,
-                   book_.workers.size(), book_.servers.size(), transport_->name());
+  CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}, chunks in {} order",
+                   self_.rank, book_.workers.size(), book_.servers.size(), transport_->name(),
+                   opts_.staggerChunks ? "staggered" : "index");
 }
 
 uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numElements,
@@ -234,10 +235,19 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   task->pushRegions.assign(t.chunks.size(), shm::Region());
   // Credits count the bytes a chunk pushes: a sparse tensor's pairs, not its
   // dense size.
-  for (size_t i = 0; i < t.chunks.size(); ++i)
+  auto queueChunk = [&](size_t i) {
     queue_.push(ChunkOp{task, i, seq_++,
                         task->sparse.empty() ? t.chunks[i].numElements * dtypeSize(t.dtype)
                                              : uint64_t(task->sparse[i].size())});
+  };
+  // The task's chunks take consecutive sequence numbers: the staggered order
+  // (WorkerOptions::staggerChunks) reorders them among themselves only, and
+  // other tasks keep their places by priority and arrival.
+  if (opts_.staggerChunks && t.chunks.size() > 1) {
+    for (size_t i : sendOrder(t.chunks, self_.rank, true)) queueChunk(i);
+  } else {
+    for (size_t i = 0; i < t.chunks.size(); ++i) queueChunk(i);
+  }
 }
 
 Handle WorkerImpl::pushPull(const std::string& name, DType dtype, uint64_t numElements,

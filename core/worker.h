@@ -74,6 +74,13 @@ struct WorkerOptions {
   // (compressor/compact.h, compressor/zen/zen_payload.h;
   // CORTADO_COMPACT_SPARSE). Answers in that form are read either way.
   bool compactSparse = true;
+  // The order of a tensor's chunks (core/partition.h, sendOrder): false,
+  // index order on every worker; true, staggered: worker r starts at
+  // server r's chunk and goes round the servers, so that at the start of a
+  // push_pull each server's in-link is fed by one worker instead of every
+  // worker pushing chunk 0 to one server (CORTADO_STAGGER). Priorities
+  // across tensors are not affected.
+  bool staggerChunks = false;
 };
 
 // How one tensor travels. The default is uncompressed.

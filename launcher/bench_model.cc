@@ -206,17 +206,12 @@ int runModelBench(const ModelBenchOptions& o) {
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   // Where the gradients live and the "gpu" steps run (CORTADO_DEVICE).
   std::shared_ptr<device::Device> dev;
-  if (o.queuedStreams) {
-    CORTADO_ENFORCE(job.device == "host", ErrorCode::kInvalidArgument,
-                    "--queued-streams is a mode of the host device, but CORTADO_DEVICE is '{}': "
-                    "leave one of them out",
-                    job.device);
+  if (o.queuedStreams) {  // with the host device (validateModelBench)
     device::host::Options ho;
     ho.queued = true;
     ho.groups = &groups;
     dev = device::host::create(ho);
   } else {
-    if (job.device == "cuda") shareGpusAsMachines(mpi.worldRank(), "cortado bench model");
     dev = makeDevice(job, &groups, nullptr, setup);
   }
   // The uncompressed steps run on the device's groups (NCCL on CUDA).

@@ -23,6 +23,12 @@
 # (bench/model.sh; arguments go to it; default: the fused-groups table of
 # docs/benchmarks.md, about 10 minutes on 16 cores, a call of its own with
 # timeout_s 600), JSON lines to $OUT/model.jsonl, the log to $OUT/model.err.xz.
+# With CORTADO_DEVICE=cuda in the environment the workers there run on CUDA
+# buffers too (every rank on the one GPU, each a host of its own to NCCL,
+# over the emulated links): Espresso's claim where the links are slow enough
+# for compression to pay, e.g.
+#   CORTADO_DEVICE=cuda MODE=hosts model_replay.sh --models resnet50 \
+#       --codecs dgc:ratio=0.01 --strategies gpu,cpu,plan --iterations 3
 set -u
 source "$(dirname "$0")/../../.devrun/setup.sh"  # sets D, REPO, OUT
 cd "$REPO"

@@ -78,6 +78,28 @@ TEST(Settings, CompactSparseIsOnByDefaultReadPassedOnAndRefused) {
   ::unsetenv("CORTADO_COMPACT_SPARSE");
 }
 
+TEST(Settings, StaggerIsOffByDefaultReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_STAGGER");
+  JobConfig c = readJobConfig(false);
+  EXPECT_FALSE(c.staggerChunks);
+  EXPECT_EQ(valueIn(c, "CORTADO_STAGGER"), "0");
+  ::setenv("CORTADO_STAGGER", "1", 1);
+  c = readJobConfig(false);
+  EXPECT_TRUE(c.staggerChunks);
+  EXPECT_EQ(valueIn(c, "CORTADO_STAGGER"), "1");
+  ::setenv("CORTADO_STAGGER", "rotate", 1);
+  try {
+    readJobConfig(false);
+    ADD_FAILURE() << "CORTADO_STAGGER=rotate was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("CORTADO_STAGGER='rotate' is not a boolean"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("CORTADO_STAGGER");
+}
+
 TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
   ::unsetenv("CORTADO_INLINE_BYTES");
   ::unsetenv("CORTADO_BUSY_POLL_US");

@@ -33,13 +33,18 @@ struct ServerNode {
 // A job of W workers and S servers in this process.
 class Job {
  public:
+  // Given worker w's transport, returns the one it uses (a test's wrapper
+  // that watches what it sends).
+  using WrapTransport = std::function<std::unique_ptr<transport::Transport>(
+      int w, std::unique_ptr<transport::Transport>)>;
+
   // shm: servers serve same-host shared memory (every node here shares the
   // host), so pushes and results travel as descriptors, not bytes.
   // serverInlineBytes: ServerEngineOptions::inlineBytes (keys summed on the
   // transport's thread). serverCompact: ServerEngineOptions::compactSparse.
   Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false,
       uint64_t serverInlineBytes = server::ServerEngineOptions{}.inlineBytes,
-      bool serverCompact = true)
+      bool serverCompact = true, WrapTransport wrapWorker = nullptr)
       : hub_(transport::inproc::createHub()), async_(async) {
     // A token per job: the shared-memory segments are named after it.
     static int jobs = 0;
@@ -84,13 +89,14 @@ class Job {
     }
     std::vector<std::future<std::unique_ptr<Worker>>> up;
     for (int w = 0; w < W; ++w) {
-      up.push_back(std::async(std::launch::async, [this, w, wo] {
+      up.push_back(std::async(std::launch::async, [this, w, wo, wrapWorker] {
         WorkerOptions o = wo;
         o.async = async_;
         o.sharedMemory = true;  // used where a server offers it
         o.listenAddress = fmt::format("inproc://worker-{}", w);
-        return Worker::start(o, clientOptions(Role::kWorker, w),
-                             transport::inproc::create(hub_, NodeId{Role::kWorker, w}),
+        auto t = transport::inproc::create(hub_, NodeId{Role::kWorker, w});
+        if (wrapWorker) t = wrapWorker(w, std::move(t));
+        return Worker::start(o, clientOptions(Role::kWorker, w), std::move(t),
                              Deadline::after(Millis(20000)));
       }));
     }

@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "core/partition.h"
 #include "core/worker.h"
 #include "engine_job.h"
+#include "send_order_reference.h"
 #include "scheduler/scheduler.h"
 #include "server/server_engine.h"
 
@@ -153,6 +155,156 @@ TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
       for (float v : bufs[t]) ASSERT_EQ(v, expect);
     }
   });
+}
+
+// The in-process transport of one worker, watched: it records the server
+// and chunk key of every push the worker sends, in order, and holds the
+// first push until open() so that the test can queue every push_pull of a
+// step before the dispatcher sends anything after it.
+class WatchedTransport final : public transport::Transport {
+ public:
+  explicit WatchedTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  NodeId self() const override { return inner_->self(); }
+  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
+    inner_->setCallbacks(std::move(onRecv), std::move(onError));
+  }
+  std::string listen(const std::string& address) override { return inner_->listen(address); }
+  void connect(const NodeId& peer, const std::string& address) override {
+    inner_->connect(peer, address);
+  }
+  void send(const NodeId& peer, transport::Message msg) override {
+    std::vector<transport::Message> one;
+    one.push_back(std::move(msg));
+    sendAll(peer, std::move(one));
+  }
+  void sendAll(const NodeId& peer, std::vector<transport::Message> msgs) override {
+    for (const transport::Message& m : msgs) {
+      if (m.parts.size() != 2) continue;
+      const wire::DataHeader h = wire::decodeHeader(m.parts[0], m.parts[1].size());
+      if (h.op != wire::Op::kPush) continue;
+      std::unique_lock<std::mutex> lk(mu_);
+      // Only the first push waits; 10 s bound it should the test fail first.
+      cv_.wait_for(lk, std::chrono::seconds(10), [&] { return open_ || !pushes_.empty(); });
+      pushes_.push_back({peer.rank, h.key});
+    }
+    inner_->sendAll(peer, std::move(msgs));
+  }
+  void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
+  void close() override { inner_->close(); }
+
+  void open() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  // (server rank, chunk key) of every push so far, in the order sent.
+  std::vector<std::pair<int, uint64_t>> pushes() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pushes_;
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::vector<std::pair<int, uint64_t>> pushes_;
+};
+
+// WorkerOptions::staggerChunks: with every push_pull of a step queued at
+// once, each worker sends the tensors by priority (FIFO among equals), as
+// without it, and each tensor's chunks in the staggered order of the
+// reference (tests/core/send_order_reference.h), so that the workers' first
+// pushes of a tensor go to different servers; off, in index order, all to
+// one server first. The sums are exact either way.
+TEST(Engine, StaggeredChunkOrderKeepsPrioritiesAcrossTensors) {
+  struct Tensor {
+    std::string name;
+    uint64_t n;
+    int priority;
+  };
+  // Queued in this order; 256 floats a chunk. "gate" is sent first and held
+  // until the rest are queued.
+  const std::vector<Tensor> tensors = {
+      {"gate", 10, 10}, {"a", 7 * 256, 0}, {"b", 5 * 256, 5}, {"c", 4 * 256 - 3, 0}, {"d", 100, 5}};
+  const std::vector<std::string> sendOrderByPriority = {"gate", "b", "d", "a", "c"};
+  for (auto [W, S] : {std::pair{3, 3}, std::pair{4, 3}, std::pair{2, 4}}) {
+    for (bool stagger : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} workers, {} servers, stagger {}", W, S, stagger));
+      WorkerOptions wo;
+      wo.partitionBytes = 1024;
+      wo.inlineBytes = 0;  // every chunk through the dispatcher
+      wo.staggerChunks = stagger;
+      std::vector<WatchedTransport*> watched(W);
+      Job job(
+          W, S, wo, /*async=*/false, /*shm=*/false, server::ServerEngineOptions{}.inlineBytes,
+          /*serverCompact=*/true,
+          [&](int w,
+              std::unique_ptr<transport::Transport> t) -> std::unique_ptr<transport::Transport> {
+            auto x = std::make_unique<WatchedTransport>(std::move(t));
+            watched[w] = x.get();
+            return x;
+          });
+      std::vector<std::map<uint64_t, std::string>> nameOfKey(W);
+      job.onEveryWorker([&](int r) {
+        Worker& w = *job.workers[r];
+        for (const Tensor& t : tensors)
+          nameOfKey[r][w.declare(t.name, DType::kFloat32, t.n, soon())] = t.name;
+        std::vector<std::vector<float>> bufs(tensors.size());
+        std::vector<Handle> hs;
+        for (size_t t = 0; t < tensors.size(); ++t) {
+          bufs[t].resize(tensors[t].n);
+          for (uint64_t i = 0; i < tensors[t].n; ++i)
+            bufs[t][i] = float((r + 1) * int(i % 13) + int(t));
+          hs.push_back(w.pushPull(tensors[t].name, DType::kFloat32, tensors[t].n, bufs[t].data(),
+                                  bufs[t].data(), ReduceOp::kSum, tensors[t].priority));
+        }
+        watched[r]->open();
+        for (auto& h : hs) ASSERT_TRUE(h.wait(soon()).ok());
+        for (size_t t = 0; t < tensors.size(); ++t)
+          for (uint64_t i = 0; i < tensors[t].n; ++i)
+            ASSERT_EQ(bufs[t][i], float(W * (W + 1) / 2 * int(i % 13) + W * int(t)))
+                << tensors[t].name << " element " << i;
+      });
+      std::vector<int> firstServerOfB;
+      for (int r = 0; r < W; ++r) {
+        SCOPED_TRACE(fmt::format("worker {}", r));
+        const auto pushes = watched[r]->pushes();
+        // The tensors in priority order, each one's pushes together.
+        std::vector<std::string> order;
+        std::map<std::string, std::vector<std::pair<int, uint64_t>>> byTensor;
+        for (auto [server, key] : pushes) {
+          const std::string& name = nameOfKey[r].at(tensorKeyOf(key));
+          if (order.empty() || order.back() != name) order.push_back(name);
+          byTensor[name].push_back({server, chunkIndexOf(key)});
+        }
+        EXPECT_EQ(order, sendOrderByPriority);
+        for (const Tensor& t : tensors) {
+          const auto& sent = byTensor[t.name];
+          const size_t chunks = (t.n + 255) / 256;
+          ASSERT_EQ(sent.size(), chunks) << t.name;
+          std::vector<int> serverOf(chunks, -1);
+          for (auto [server, index] : sent) serverOf.at(index) = server;
+          std::vector<size_t> want(chunks);
+          for (size_t i = 0; i < chunks; ++i) want[i] = i;
+          if (stagger) want = test::staggeredReference(serverOf, r);
+          std::vector<size_t> got;
+          for (auto [server, index] : sent) got.push_back(index);
+          EXPECT_EQ(got, want) << t.name;
+        }
+        firstServerOfB.push_back(byTensor["b"].front().first);
+      }
+      // b's 5 chunks start a round on every server: staggered, the first
+      // min(W, S) workers start at different servers; plain, all at one.
+      std::set<int> distinct(firstServerOfB.begin(), firstServerOfB.end());
+      EXPECT_EQ(distinct.size(), stagger ? size_t(std::min(W, S)) : 1u);
+      EXPECT_EQ(job.serverStats().errors, 0u);
+    }
+  }
 }
 
 // A credit window smaller than a step's tensors, filled on each worker by

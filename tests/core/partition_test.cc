@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <random>
 
 #include "core/common/error.h"
 #include "core/partition.h"
+#include "send_order_reference.h"
 
 namespace cortado {
 namespace {
@@ -68,11 +70,115 @@ TEST(Partition, SamePlacementOnEveryWorker) {
   }
 }
 
+std::vector<int> serversOf(const std::vector<Chunk>& chunks) {
+  std::vector<int> s;
+  for (const Chunk& c : chunks) s.push_back(c.server);
+  return s;
+}
+
+TEST(Partition, PlainSendOrderIsIndexOrderOnEveryRank) {
+  ServerPlacement p(3);
+  auto chunks = p.place(0, 10000, 4, 4096);  // 10 chunks
+  std::vector<size_t> want(chunks.size());
+  std::iota(want.begin(), want.end(), size_t(0));
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(sendOrder(chunks, r, false), want) << "rank " << r;
+  // One chunk: nothing to reorder.
+  auto one = p.place(1, 10, 4, 4096);
+  EXPECT_EQ(sendOrder(one, 3, true), std::vector<size_t>{0});
+}
+
+// Placements as the workers make them (after other tensors left the servers
+// unevenly loaded) and arbitrary ones, every rank: sendOrder's staggered
+// order is the reference's, built server by server.
+TEST(Partition, StaggeredSendOrderMatchesTheReference) {
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int servers = 1 + int(rng() % 7);
+    std::vector<Chunk> chunks;
+    if (trial % 2 == 0) {
+      ServerPlacement p(servers);
+      for (int t = 0; t < int(rng() % 4); ++t) p.place(t, 1 + rng() % 30000, 4, 4096);
+      chunks = p.place(99, 1 + rng() % 40000, 4, 4096);
+    } else {
+      chunks.resize(1 + rng() % 25);
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        chunks[i].key = chunkKey(7, i);
+        chunks[i].server = int(rng() % servers);
+      }
+    }
+    for (int r = 0; r < 9; ++r) {
+      auto got = sendOrder(chunks, r, true);
+      ASSERT_EQ(got, test::staggeredReference(serversOf(chunks), r))
+          << "trial " << trial << ", " << chunks.size() << " chunks on " << servers
+          << " servers, rank " << r;
+      // A permutation that keeps each server's chunks in index order.
+      std::vector<size_t> sorted = got;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], i);
+      std::map<int, size_t> last;
+      for (size_t i : got) {
+        auto it = last.find(chunks[i].server);
+        if (it != last.end()) ASSERT_LT(it->second, i) << "server " << chunks[i].server;
+        last[chunks[i].server] = i;
+      }
+    }
+  }
+}
+
+// One tensor on fresh servers (chunk i on server i mod S): worker r's k-th
+// chunk goes to server (r + k) mod S, so at every step the first S workers
+// push to S different servers, where the plain order has them all push to
+// one; and every chunk has been pushed by every worker by the end of its
+// round of S steps, as in the plain order.
+TEST(Partition, StaggeredWorkersPushToDifferentServersAtEveryStep) {
+  for (int S : {2, 3, 4, 6}) {
+    for (int N : {2, 3, 4, 6, 8}) {
+      ServerPlacement p(S);
+      auto chunks = p.place(0, uint64_t(1024) * (3 * S + 1), 4, 4096);  // 3 rounds and one chunk
+      ASSERT_EQ(chunks.size(), size_t(3 * S + 1));
+      std::vector<std::vector<size_t>> orders, plain;
+      for (int r = 0; r < N; ++r) {
+        orders.push_back(sendOrder(chunks, r, true));
+        plain.push_back(sendOrder(chunks, r, false));
+      }
+      for (int r = 0; r < N; ++r) {
+        EXPECT_EQ(chunks[orders[r][0]].server, r % S) << "S " << S << ", rank " << r;
+        for (size_t k = 0; k < size_t(3 * S); ++k)
+          ASSERT_EQ(chunks[orders[r][k]].server, int((size_t(r) + k) % size_t(S)))
+              << "S " << S << ", rank " << r << ", step " << k;
+      }
+      for (size_t k = 0; k < chunks.size(); ++k) {
+        std::map<int, int> pushers, plainPushers;  // server: workers pushing to it at step k
+        for (int r = 0; r < N; ++r) {
+          ++pushers[chunks[orders[r][k]].server];
+          ++plainPushers[chunks[plain[r][k]].server];
+        }
+        const int most = std::max_element(pushers.begin(), pushers.end(), [](auto& a, auto& b) {
+                           return a.second < b.second;
+                         })->second;
+        // The last step holds the one chunk of the last round.
+        if (k < size_t(3 * S))
+          EXPECT_EQ(most, (N + S - 1) / S) << "S " << S << ", N " << N << ", step " << k;
+        EXPECT_EQ(plainPushers.size(), 1u);
+      }
+      // The step by which every worker has pushed chunk i: within its round.
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        size_t done = 0;
+        for (int r = 0; r < N; ++r)
+          done = std::max(
+              done, size_t(std::find(orders[r].begin(), orders[r].end(), i) - orders[r].begin()));
+        EXPECT_LT(done, (i / size_t(S) + 1) * size_t(S)) << "chunk " << i;
+      }
+    }
+  }
+}
+
 TEST(Partition, Errors) {
   ServerPlacement p(2);
   EXPECT_THROW(p.place(0, 10, 8, 4), Error);  // chunk smaller than an element
   EXPECT_THROW(p.place(0, (kMaxChunksPerTensor + 1) * 4, 4, 16), Error);
   EXPECT_THROW(ServerPlacement(0), Error);
+  EXPECT_THROW(sendOrder(p.place(1, 100, 4, 64), -1, true), Error);
 }
 
 }  // namespace

@@ -515,7 +515,6 @@ int runCheck(int argc, char** argv) {
   }
   JobConfig job = readJobConfig(true, base);
   auto worker = startWorker(job, deadline);
-  if (job.device == "cuda" && mpi) shareGpusAsMachines(mpi->worldRank(), "exec_check");
   std::shared_ptr<device::Device> dev;
   if (queuedStreams && job.device == "host") {
     device::host::Options o;

@@ -1,6 +1,8 @@
 """Compression.gravac: workers agree on one ratio per step (a job through
 `cortado launch`, against a replay of the whole job in each worker), and
-bad settings are refused with a message that names them."""
+bad settings are refused with a message that names them; bench/gravac_table.py
+reads each configuration's path and learning rate and counts what was pushed
+by the target."""
 
 import pytest
 
@@ -159,3 +161,42 @@ def test_executor_batches_are_whole_iterations_under_mpirun(run_job):
         assert r["ok"], (rank, r, job.describe())
     assert len({tuple(r["ratios"]) for r in results.values()}) == 1, results
 
+
+
+def _gravac_table():
+    import importlib
+    import pathlib
+    import sys
+    bench = str(pathlib.Path(__file__).resolve().parents[2] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("gravac_table")
+
+
+def test_the_table_tool_reads_each_configs_path_and_learning_rate():
+    t = _gravac_table()
+    assert t.split_config("topk:ratio=0.1", None) == ("topk:ratio=0.1", False, None)
+    assert t.split_config("dgc:ratio=0.1@lr=0.1", 0.025) == ("dgc:ratio=0.1", False, 0.1)
+    assert t.split_config("gravac:codec=dgc,epsilon=0.6@executor,lr=0.2", None) == \
+        ("gravac:codec=dgc,epsilon=0.6", True, 0.2)
+    assert t.split_config("none@executor", 0.05) == ("none", True, 0.05)
+    for bad, needle in (("dgc@foo", "'foo' in config 'dgc@foo' is unknown"),
+                        ("dgc@lr=x", "must be a positive number"),
+                        ("dgc@lr=-1", "must be a positive number")):
+        with pytest.raises(SystemExit, match=needle):
+            t.split_config(bad, None)
+
+
+def test_the_table_tool_counts_what_was_pushed_by_the_target():
+    t = _gravac_table()
+    # GraVAC: its per-step bytes, summed by hand; static: the run's mean per step.
+    gravac = {"history": [{"bytes": b, "ratio": r} for b, r in
+                          ((900, 10.0), (450, 20.0), (7000, 1.0), (450, 20.0))],
+              "step_seconds": [0.1] * 4, "epochs": [{"pushed": 8800}]}
+    assert t.pushed_to(gravac, 3) == pytest.approx((900 + 450 + 7000) / 1e6)
+    static = {"step_seconds": [0.1] * 8, "epochs": [{"pushed": 8000}]}
+    assert t.pushed_to(static, 2) == pytest.approx(2000 / 1e6)
+    assert t.cf_runs([10.0] * 3 + [20.0]) == "10x 3, 20x 1"
+    switching = [10.0, 20.0, 10.0, 1.0, 20.0, 10.0, 20.0, 20.0]
+    assert t.cf_runs(switching) == \
+        "10x 1, 20x 1, 10x 1, ... (7 runs; in all dense 1, 10x 3, 20x 4)"

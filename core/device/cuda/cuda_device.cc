@@ -16,6 +16,16 @@ namespace cortado::device::cuda {
 
 int deviceCount() { return compressor::cuda::deviceCount(); }
 
+std::string deviceUuid(int device) {
+  cudaDeviceProp prop{};
+  const cudaError_t e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess)
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("cuda device {}: cudaGetDeviceProperties: {}", device,
+                            cudaGetErrorString(e)));
+  return std::string(reinterpret_cast<const char*>(prop.uuid.bytes), sizeof(prop.uuid.bytes));
+}
+
 namespace {
 
 void check(cudaError_t e, const std::string& what) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "core/device/device.h"
 
@@ -24,6 +25,11 @@ struct Options {
 
 // CUDA devices visible to this process; 0 without a GPU or a driver.
 int deviceCount();
+
+// The 16 bytes of CUDA device `device`'s UUID (cudaDeviceProp::uuid): the
+// same for every process that sees that GPU, whatever its index there.
+// Error(kUnavailable) when the device cannot be queried.
+std::string deviceUuid(int device);
 
 // Error(kUnavailable) when no CUDA device is visible or `device` is out of range.
 std::shared_ptr<Device> create(Options options);

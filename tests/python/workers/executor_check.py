@@ -336,7 +336,7 @@ def main():
                                               name_prefix="grad.cuda", executor=True))),
             # CORTADO_DEVICE=cuda turns the executor on by default.
             expect_error("CPU parameters with CORTADO_DEVICE=cuda, executor by default",
-                         "CUDA gradients",
+                         "because CORTADO_DEVICE=cuda; pass executor=False",
                          lambda: with_env({"CORTADO_DEVICE": "cuda"},
                                           lambda: ct.DistributedOptimizer(
                                               opt, model.named_parameters(),

@@ -1056,10 +1056,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = horovod[3]
         if horovod[4] is not None:
             sparse_as_dense = horovod[4]
+    implicit_executor = executor is None
     if executor is None:
         # CUDA buffers are the executor's (CORTADO_DEVICE=cuda): the job's
         # gradients stay on the GPUs, NCCL inside the machines.
         executor = os.environ.get("CORTADO_DEVICE", "host").strip().lower() == "cuda"
+    implicit_executor = implicit_executor and executor
     op = resolve_op(op, None, "DistributedOptimizer", allowed=(Average, Sum))
     _check_process_set(process_set, "DistributedOptimizer")
     if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
@@ -1097,10 +1099,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              f"{type(cross_barrier).__name__}: pass cross_barrier=model")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
-               name_prefix, executor, plan, fusion_bytes, fusion_search, op,
-               gradient_predivide_factor, groups, sparse_as_dense, sparse_threshold,
-               cross_barrier)
+    try:
+        return cls(optimizer.param_groups, names, compression, backward_passes_per_step,
+                   name_prefix, executor, plan, fusion_bytes, fusion_search, op,
+                   gradient_predivide_factor, groups, sparse_as_dense, sparse_threshold,
+                   cross_barrier)
+    except _runtime.CortadoError as e:
+        if not implicit_executor or getattr(e, "code", None) != "invalid_argument":
+            raise
+        raise _runtime.error(
+            "invalid_argument",
+            f"{e} (the plan executor runs here because CORTADO_DEVICE=cuda; pass "
+            f"executor=False for the default path, which stages CUDA gradients in host "
+            f"memory)") from e
 
 
 def _scalar_tensor(value):
