@@ -83,4 +83,12 @@ void ErrorFeedback::clear() {
   states_.clear();
 }
 
+uint64_t ErrorFeedback::heldBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t bytes = 0;
+  for (const auto& [key, s] : states_)
+    bytes += (s->residual.capacity() + s->velocity.capacity()) * sizeof(float);
+  return bytes;
+}
+
 }  // namespace cortado::compressor

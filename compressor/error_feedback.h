@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "compressor/codec.h"
+#include "core/common/page_allocator.h"
 
 namespace cortado::compressor {
 
@@ -49,11 +50,17 @@ class ErrorFeedback {
   std::span<const float> velocity(uint64_t key) const;
   void reset(uint64_t key);
   void clear();
+  // Bytes of state held for every key (residuals, and velocities with
+  // momentum): the memory error feedback costs, 1x (2x with momentum) the
+  // elements it has encoded.
+  uint64_t heldBytes() const;
 
  private:
   struct State {
-    std::vector<float> residual;
-    std::vector<float> velocity;  // DGC's u; empty without momentum
+    // Mapped from the kernel and unmapped when freed (PageAllocator): a
+    // retired key's memory goes back at once.
+    std::vector<float, PageAllocator<float>> residual;
+    std::vector<float, PageAllocator<float>> velocity;  // DGC's u; empty without momentum
   };
   State& state(uint64_t key, size_t n);
 

@@ -80,6 +80,7 @@ void WorkerImpl::start(control::ClientOptions copts, Deadline deadline) {
     for (const auto& s : book_.servers)
       sameHost_.push_back(s.sharedMemory && s.hostname == myHost);
     arena_ = std::make_unique<shm::Arena>(prefix, self_);
+    pushPool_ = std::make_unique<shm::RegionPool>(*arena_, 0);  // limit: as tensors are declared
     peerShm_ = std::make_unique<shm::PeerMappings>(prefix);
   } else {
     sameHost_.assign(book_.servers.size(), false);
@@ -140,21 +141,27 @@ uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numE
   }
   // Placement runs in declaration order, the same on every worker.
   entry->chunks = placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes);
-  entry->regions.resize(entry->chunks.size());
-  for (size_t i = 0; i < entry->chunks.size(); ++i) {
-    const Chunk& c = entry->chunks[i];
-    // Compressed chunks travel as bytes: their payloads are small.
-    if (!sameHost_[c.server] || c.numElements == 0 || entry->codec) continue;
-    try {
-      entry->regions[i] = arena_->allocate(c.numElements * dtypeSize(dtype));
-    } catch (const Error& e) {
-      // Out of shared memory: this chunk travels as bytes instead.
-      CORTADO_LOG_WARN("worker {}: tensor '{}' chunk {} goes over the socket: {}", self_.rank,
-                       name, i, e.what());
-    }
-  }
+  // Raw chunks for same-host servers push through shared memory, from
+  // regions taken per send (compressed ones travel as bytes: their payloads
+  // are small).
+  for (const Chunk& c : entry->chunks)
+    if (pushesThroughShm(*entry, c))
+      shmChunkBytes_ += shm::RegionPool::classBytes(c.numElements * dtypeSize(dtype));
+  updatePushPoolLocked();
   tensors_[name] = std::move(entry);
   return key;
+}
+
+void WorkerImpl::updatePushPoolLocked() {
+  // A region per chunk at most (what a tensor's own regions would hold), and
+  // the credits' worth of regions, rounded up to their classes, with the
+  // one chunk that a full window may let past (WorkerOptions::creditStall):
+  // a limit below what is in flight would free and fault in regions every
+  // round.
+  const uint64_t credits = opts_.maxBytesInFlight;
+  const uint64_t window =
+      credits + credits / 8 + shm::RegionPool::classBytes(size_t(opts_.partitionBytes));
+  if (pushPool_) pushPool_->setLimit(std::min(shmChunkBytes_, window));
 }
 
 void WorkerImpl::setUpCodec(TensorEntry& t) {
@@ -225,6 +232,7 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   state->tensorKey = t.key;
   state->round = task->round;
   state->stalls = control_->stallNotes();
+  task->pushRegions.assign(t.chunks.size(), shm::Region());
   // Credits count the bytes a chunk pushes: a sparse tensor's pairs, not its
   // dense size.
   auto queueChunk = [&](size_t i) {
@@ -363,10 +371,11 @@ void WorkerImpl::release(const std::string& name) {
     if (t.released) return;
     t.released = true;
     t.ef.reset();  // its residuals: nothing pushes it again
-    // Its push regions: the servers read them before they answered.
-    for (size_t i = 0; arena_ && i < t.regions.size(); ++i)
-      arena_->free(t.regions[i], t.chunks[i].numElements * dtypeSize(t.dtype));
-    t.regions.assign(t.regions.size(), shm::Region());
+    // Its push regions went back to the pool as the servers answered.
+    for (const Chunk& c : t.chunks)
+      if (pushesThroughShm(t, c))
+        shmChunkBytes_ -= shm::RegionPool::classBytes(c.numElements * dtypeSize(t.dtype));
+    updatePushPoolLocked();
     for (const Chunk& c : t.chunks) {
       DataHeader h;
       h.op = Op::kRelease;

@@ -114,9 +114,21 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
   try {
     h.op = Op::kPush;
     Message push;
-    const shm::Region& region = t.regions[op.chunk];
     const bool compressed =
         c.numElements > 0 && (task.exchange ? !task.payloads.empty() : t.codec != nullptr);
+    // Same host: a region of the pool for this send, ours again once the
+    // server has answered (finishChunk). Out of shared memory: bytes.
+    shm::Region region;
+    if (!compressed && pushesThroughShm(t, c)) {
+      try {
+        region = pushPool_->take(c.numElements * esz);
+        op.task->pushRegions[op.chunk] = region;
+      } catch (const Error& e) {
+        if (!shmFullNoted_.exchange(true))
+          CORTADO_LOG_WARN("worker {}: pushes go over the socket while shared memory is short: {}",
+                           self_.rank, e.what());
+      }
+    }
     if (compressed && task.exchange) {
       const Buffer& payloads = task.payloads[op.chunk];
       Buffer body = compressedBody(
@@ -156,8 +168,7 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
       push.parts.push_back(wire::encodeHeader(h));
       push.parts.push_back(std::move(body));
     } else if (region.data) {
-      // Same host: the server sums straight from our shared memory. The
-      // region is ours again once this round's answer is back.
+      // Same host: the server sums straight from our shared memory.
       std::memcpy(region.data, op.task->input + c.offset * esz, c.numElements * esz);
       countPushed(*op.task, c.numElements * esz);
       shm::Descriptor d{region.segment, 0, region.offset};
@@ -312,6 +323,13 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
   Task& task = *op.task;
   TensorEntry& t = *task.tensor;
   const Chunk& c = t.chunks[op.chunk];
+  // The push region back to the pool once the server has answered the pull
+  // (it read the push before, which precedes the pull on its connection).
+  // Without an answer the server may still read it: it is never reused.
+  if (shm::Region& r = task.pushRegions[op.chunk]; r.data && m) {
+    pushPool_->give(r, c.numElements * dtypeSize(t.dtype));
+    r = shm::Region();
+  }
   Status s = status;
   if (s.ok() && m) {
     const size_t esz = dtypeSize(t.dtype);

@@ -74,7 +74,6 @@ struct TensorEntry {
   uint64_t numElements;
   uint64_t key;
   std::vector<Chunk> chunks;
-  std::vector<shm::Region> regions;  // per chunk; data == nullptr: send bytes
   TensorOptions options;
   // Compression (null codec: none); codecSpec is canonical and travels in
   // every compressed push's preamble (core/wire).
@@ -110,6 +109,10 @@ struct Task {
   std::vector<Buffer> payloads;
   std::shared_ptr<std::vector<ExchangeAnswer>> answers;
   bool flushResidual = false;  // Exchange::flushResidual
+  // Per chunk: the push region its send took from the pool (same-host
+  // shared memory), given back when its server answers; data == nullptr:
+  // none (sent as bytes, or not sent yet).
+  std::vector<shm::Region> pushRegions;
   // pushPullSparse(): each server's COO payload, and its checked answer
   // (each chunk's thread writes its own; the last reads them all); the
   // pairs this worker sent and the non-zeros of the answers so far
@@ -205,6 +208,14 @@ class WorkerImpl final : public Worker {
   // Sends chunks in priority order while the credits allow.
   void dispatchLoop();
 
+  // Whether chunk c of t pushes through shared memory (raw, a same-host
+  // server, elements to send).
+  bool pushesThroughShm(const TensorEntry& t, const Chunk& c) const {
+    return pushPool_ && sameHost_[c.server] && c.numElements > 0 && !t.codec && !t.zen;
+  }
+  // Under mu_: the pool's limit after shmChunkBytes_ changed.
+  void updatePushPoolLocked();
+
   // After enqueueLocked() (mu_ released): the calling thread sends a small
   // task's only chunk itself when the dispatcher would send it now (first in
   // the queue, within the credits), saving the hand-off to the dispatcher
@@ -275,7 +286,13 @@ class WorkerImpl final : public Worker {
   std::unique_ptr<ServerPlacement> placement_;
   std::shared_ptr<const compressor::Registry> codecs_;
   std::vector<bool> sameHost_;                      // per server
-  std::unique_ptr<shm::Arena> arena_;               // our push regions
+  std::unique_ptr<shm::Arena> arena_;               // our push regions' segments
+  std::unique_ptr<shm::RegionPool> pushPool_;       // the push regions, per send
+  // The bytes of the declared chunks that may push through shared memory
+  // (raw, same host), each rounded up to its region's class: the pool holds
+  // at most this much, or the credits' worth (updatePushPoolLocked).
+  uint64_t shmChunkBytes_ = 0;
+  std::atomic<bool> shmFullNoted_{false};  // "goes over the socket", logged once
   std::unique_ptr<shm::PeerMappings> peerShm_;      // servers' result regions
   std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
   std::unordered_map<uint32_t, ChunkOp> pending_;

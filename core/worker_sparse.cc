@@ -61,7 +61,6 @@ void WorkerImpl::sparseChunks(TensorEntry& t) {
     c.server = static_cast<int>(p);
     t.chunks.push_back(c);
   }
-  t.regions.resize(t.chunks.size());  // none: sparse pushes travel as bytes
 }
 
 Handle WorkerImpl::pushPullSparse(const std::string& name, const SparseInput& in, float* output,

@@ -202,6 +202,7 @@ int runModelBench(const ModelBenchOptions& o) {
   // The memory report (CORTADO_REPORT_MEMORY=1): the worker and its
   // executor's memory counts against the gradients, from before they start.
   MemoryPeaks memory;
+  executor::Executor::Memory exPeak;  // the executor's share, at its peaks
   auto worker = startWorker(job, Deadline::after(job.connectTimeout));
   // Where the gradients live and the "gpu" steps run (CORTADO_DEVICE).
   std::shared_ptr<device::Device> dev;
@@ -709,6 +710,15 @@ int runModelBench(const ModelBenchOptions& o) {
       }
       const double secs = secondsSince(t0);
       stage(device::CopyKind::kDeviceToHost);
+      if (job.reportMemory) {
+        // After every iteration: a plan switch's residuals and carry side
+        // by side count too.
+        memory.sample();
+        const executor::Executor::Memory em = ex.memory();
+        exPeak.residuals = std::max(exPeak.residuals, em.residuals);
+        exPeak.carry = std::max(exPeak.carry, em.carry);
+        exPeak.buffers = std::max(exPeak.buffers, em.buffers);
+      }
       if (replan || mergecomp ? settled >= 0 && it >= settled + o.warmup : it >= o.warmup) {
         times.push_back(secs);
         if (replan) begins.push_back(beginSecs);
@@ -759,10 +769,23 @@ int runModelBench(const ModelBenchOptions& o) {
   if (job.reportMemory) {
     // The benchmark's own buffers: the gradients and their input patterns.
     const uint64_t gradientBytes = uint64_t(totalElements) * sizeof(float);
-    printWorkerMemory(job.rank, memory.baseline(), memory.peak(), 2 * gradientBytes, gradientBytes,
-                      job.sharedMemory ? shm::ownedSegmentBytes(shm::jobPrefix(job.token),
-                                                                NodeId{Role::kWorker, job.rank})
-                                       : 0);
+    const uint64_t overhead = printWorkerMemory(
+        job.rank, memory.baseline(), memory.peak(), 2 * gradientBytes, gradientBytes,
+        job.sharedMemory
+            ? shm::ownedSegmentBytes(shm::jobPrefix(job.token), NodeId{Role::kWorker, job.rank})
+            : 0);
+    // What of it the executor holds (peaks over the iterations): the
+    // error-feedback residuals are inherent to error feedback (1x the
+    // compressed tensors; 2x with DGC's momentum).
+    const uint64_t beyond = overhead > exPeak.residuals ? overhead - exPeak.residuals : 0;
+    fmt::print(stderr,
+               "memory: worker {}: of which error-feedback residuals {} ({:.2f}x the gradients), "
+               "retired residuals not yet folded {}, executor buffers {} (peaks); beyond the "
+               "residuals {} ({:.2f}x the gradients)\n",
+               job.rank, mebibytes(exPeak.residuals),
+               double(exPeak.residuals) / double(std::max<uint64_t>(1, gradientBytes)),
+               mebibytes(exPeak.carry), mebibytes(exPeak.buffers), mebibytes(beyond),
+               double(beyond) / double(std::max<uint64_t>(1, gradientBytes)));
   }
   for (size_t si = 0; si < S; ++si) {
     Result& r = results[si];

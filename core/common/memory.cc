@@ -48,7 +48,7 @@ void MemoryPeaks::sample() {
 
 std::string mebibytes(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
-void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
+uint64_t printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
                        uint64_t gradientBytes, uint64_t segmentBytes) {
   const uint64_t privateAbove = now.anon > base.anon + ownBytes ? now.anon - base.anon - ownBytes : 0;
   const uint64_t overhead = privateAbove + segmentBytes;
@@ -60,6 +60,7 @@ void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, ui
              mebibytes(ownBytes), mebibytes(segmentBytes),
              gradientBytes ? double(overhead) / double(gradientBytes) : 0.0, mebibytes(now.rss),
              mebibytes(now.pss));
+  return overhead;
 }
 
 void printServerMemory(int rank, const MemoryPeaks& m, uint64_t keyBytes, uint64_t segmentBytes) {

@@ -47,8 +47,8 @@ std::string mebibytes(uint64_t bytes);
 // beyond the caller's own buffers (`ownBytes`: the gradients and anything
 // else the benchmark itself keeps), plus the shared-memory segments it owns
 // (`segmentBytes`), against `gradientBytes`. `now` is a later reading or a
-// peak (MemoryPeaks::peak).
-void printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
+// peak (MemoryPeaks::peak). Returns the overhead in bytes.
+uint64_t printWorkerMemory(int rank, const MemoryUse& base, const MemoryUse& now, uint64_t ownBytes,
                        uint64_t gradientBytes, uint64_t segmentBytes);
 
 // A server's line of the memory report, on stderr, when the job ends

@@ -32,15 +32,16 @@ class HostErrorFeedback final : public ErrorFeedback {
                     "host error feedback runs on the calling thread: pass no stream");
     ef_.encode(key, grad, n, out, ctx);
   }
-  std::vector<float> residual(uint64_t key) const override {
+  HostFloats residual(uint64_t key) const override {
     auto r = ef_.residual(key);
     return {r.begin(), r.end()};
   }
   float momentum() const override { return ef_.momentum(); }
-  std::vector<float> velocity(uint64_t key) const override {
+  HostFloats velocity(uint64_t key) const override {
     auto u = ef_.velocity(key);
     return {u.begin(), u.end()};
   }
+  uint64_t heldBytes() const override { return ef_.heldBytes(); }
 
  private:
   compressor::ErrorFeedback ef_;

@@ -39,6 +39,7 @@
 #include "compressor/codec.h"
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
+#include "core/common/page_allocator.h"
 
 namespace cortado::compressor {
 class Registry;
@@ -76,6 +77,9 @@ class Event {
 
 // Error feedback at one encode point (compressor/error_feedback.h's algebra)
 // with its state in this device's memory: grad and out are device memory.
+// Host copies of device state (ErrorFeedback::residual, velocity).
+using HostFloats = std::vector<float, PageAllocator<float>>;
+
 class ErrorFeedback {
  public:
   virtual ~ErrorFeedback() = default;
@@ -88,12 +92,16 @@ class ErrorFeedback {
   virtual void encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
                       compressor::EncodeContext ctx, Stream* s) = 0;
   // A host copy of the key's residual (v with momentum); empty when the key
-  // has no state. Waits for the key's pending encode.
-  virtual std::vector<float> residual(uint64_t key) const = 0;
+  // has no state. Waits for the key's pending encode. In memory mapped for
+  // it (PageAllocator), which goes back when the copy is freed.
+  virtual HostFloats residual(uint64_t key) const = 0;
   // The momentum correction m (DGC's; 0 without), and a host copy of the
   // key's u, empty when m = 0 or the key has no state.
   virtual float momentum() const = 0;
-  virtual std::vector<float> velocity(uint64_t key) const = 0;
+  virtual HostFloats velocity(uint64_t key) const = 0;
+  // Bytes of state held for every key (residuals, velocities), in the
+  // device's memory: what error feedback costs here (Executor::memory).
+  virtual uint64_t heldBytes() const = 0;
 };
 
 // Error feedback on host memory (compressor::ErrorFeedback): the host

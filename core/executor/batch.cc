@@ -131,7 +131,7 @@ void Executor::prepare(Unit& u, std::span<const BatchItem> items, Deadline deadl
   auto owed = [&](TensorState& t) {
     if (!s.given || t.carry.empty()) return;
     gravac_->addResidual(t.seedBase, t.carry);
-    t.carry.clear();
+    detail::dropCarry(t);
   };
   if (s.parts.empty()) {
     adopt(s);

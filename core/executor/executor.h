@@ -303,6 +303,21 @@ class Executor {
   // How many tensors were declared.
   size_t declaredCount() const { return tensors_.size(); }
 
+  // The bytes the executor holds now (the memory reports of `cortado bench
+  // model`; docs/executor.md, "Memory"): the error feedback of the current
+  // plan's encode points (residuals, and DGC's velocities: 1x, or 2x, the
+  // elements encoded, inherent to error feedback), the residuals of encode
+  // points that a plan switch retired and that no run has folded into an
+  // input yet (host memory, released once folded), and every buffer besides
+  // (the states' staging, payload and pinned buffers, the groups'
+  // concatenations, the collectives' padded pair, the fusion buffer).
+  struct Memory {
+    uint64_t residuals = 0;
+    uint64_t carry = 0;
+    uint64_t buffers = 0;
+  };
+  Memory memory() const;
+
   // How many times run() has completed for `name` (its iteration count), not
   // counting the flush rounds setPlan runs for tensors that owed the servers
   // a residual: every tensor of an iteration has the same count.

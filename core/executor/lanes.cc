@@ -56,7 +56,7 @@ bool foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
   if (l.direct) {
     l.bind(t);
     l.dev->add(x, t.carry.data(), t.n, *l.compute);
-    t.carry.clear();
+    dropCarry(t);
     return true;
   }
   float* h = l.hostStaging(t, t.n, d);
@@ -69,7 +69,7 @@ bool foldCarry(const Lanes& l, Executor::TensorState& t, float* x, Deadline d) {
   t.copied->record(*l.copy);
   l.dev->wait(*l.compute, *t.copied);
   l.dev->add(x, dev, t.n, *l.compute);
-  t.carry.clear();
+  dropCarry(t);
   return true;
 }
 

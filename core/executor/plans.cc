@@ -245,6 +245,28 @@ void Executor::setPlan(const plan::Plan& p, Deadline deadline) {
               fmt::format("group{}:{}..{}", g, members.front(), members.back()), gen, deadline);
     groupStates_.push_back(std::move(s));
   }
+  // The collectives' padded pair (dense reduce-scatter, reduce, allgather)
+  // and the fusion buffer (fusible options) go back when the new plan has
+  // no step that uses them, after the old plan's work on them.
+  bool padded = false, fusible = false;
+  for (const auto& [name, option] : p.tensors) {
+    fusible = fusible || option.fusible();
+    for (const Step& s : option.steps)
+      padded = padded || (s.kind == StepKind::kComm && !s.compressed &&
+                          (s.op == CommOp::kReduceScatter || s.op == CommOp::kReduce ||
+                           s.op == CommOp::kAllgather));
+  }
+  const bool dropPadded = !padded && (padded_.capacity() > 0 || block_.capacity() > 0);
+  const bool dropFusion = !fusible && fusionBuffer_.capacity() > 0;
+  if (dropPadded || dropFusion) {
+    std::unique_ptr<device::Event> done = device_->createEvent();
+    for (device::Stream* s : {compute_.get(), copy_.get()}) {
+      done->record(*s);
+      done->synchronize(deadline, "the old plan's work, before its buffers go back");
+    }
+    if (dropPadded) padded_.reset(), block_.reset();
+    if (dropFusion) fusionBuffer_.reset();
+  }
   plan_ = p;
 }
 
@@ -334,9 +356,9 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
     const float share = 1.0f / float(std::max<uint64_t>(1, s.efReplicas[step]));
     const float m = it->second->momentum();
     for (const auto& [off, count] : pieces) {
-      std::vector<float> r = it->second->residual(off);
+      device::HostFloats r = it->second->residual(off);
       if (m > 0) {
-        const std::vector<float> u = it->second->velocity(off);
+        const device::HostFloats u = it->second->velocity(off);
         for (size_t i = 0; i < r.size() && i < u.size(); ++i) r[i] += m * u[i];
       }
       for (uint64_t i = 0; i < r.size() && off + i < s.n; ++i) {
@@ -366,6 +388,15 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
 void Executor::configure(TensorState& t, const plan::TensorOption& option,
                          const std::string& keyBase, uint64_t gen, Deadline deadline) {
   const int L = topo_.localSize, M = topo_.numMachines, W = topo_.size;
+  // An option without a codec has no payloads: the old option's payload
+  // buffers go back, after the work that may still read them.
+  if (option.codec.empty() && (t.payloads.capacity() > 0 || t.pinnedBytes.capacity() > 0)) {
+    t.computed->record(*compute_);
+    t.computed->synchronize(deadline, "the old plan's work, before its payload buffers go back");
+    t.copied->synchronize(deadline, "the old plan's copies, before its payload buffers go back");
+    t.payloads.reset();
+    t.pinnedBytes.reset();
+  }
   t.option = option;
   t.pushedTotal = &pushedBytes_;
   t.compactSparse = &compactSparse_;
@@ -453,6 +484,22 @@ void Executor::configure(TensorState& t, const plan::TensorOption& option,
       t.shardChunks.push_back(std::move(chunks));
     }
   }
+}
+
+Executor::Memory Executor::memory() const {
+  Memory m;
+  auto add = [&](const TensorState& s) {
+    for (const auto& [step, ef] : s.ef)
+      if (ef) m.residuals += ef->heldBytes();
+    m.carry += s.carry.capacity() * sizeof(float);
+    m.buffers += s.staged.capacity() + s.payloads.capacity() + s.pinned.capacity() +
+                 s.pinnedBytes.capacity() + s.buffer.capacity();
+  };
+  for (const auto& [name, t] : tensors_) add(*t);
+  for (const auto& g : groupStates_) add(*g);
+  if (fused_) add(*fused_);
+  m.buffers += padded_.capacity() + block_.capacity() + fusionBuffer_.capacity();
+  return m;
 }
 
 uint64_t Executor::runs(const std::string& name) const {

@@ -18,6 +18,7 @@
 
 #include "compressor/error_feedback.h"
 #include "compressor/gravac_compressor.h"
+#include "core/common/page_allocator.h"
 #include "core/device/device.h"
 #include "core/executor/executor.h"
 #include "core/zen_collective.h"
@@ -106,7 +107,7 @@ struct Executor::TensorState {
   std::map<size_t, uint64_t> efReplicas;
   // Residuals of the encode points a plan switch retired, folded into the
   // next input at their element offsets (empty when none).
-  std::vector<float> carry;
+  std::vector<float, PageAllocator<float>> carry;  // unmapped when freed (dropCarry)
   // A group's: its gathered input holds some member's carry (gatherGroup);
   // its next run restarts the momentum of its encodes (Run::restart_).
   bool carried = false;
@@ -226,6 +227,12 @@ struct Lanes {
     if (!direct) toDevice(t, dst, n);
   }
 };
+
+// The carry is folded: its memory goes back (clear() would keep the
+// capacity, a copy of the tensor, beside the next plan's residuals).
+inline void dropCarry(Executor::TensorState& t) {
+  std::vector<float, PageAllocator<float>>().swap(t.carry);
+}
 
 // Adds the residuals of retired encode points that `t` still owes (carry)
 // to its data at `x` (t.n elements, device memory) and clears them: once, in

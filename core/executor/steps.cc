@@ -567,7 +567,11 @@ void Run::encode() {
     total += alignUp(s.bytes.size());
     segs_.push_back(std::move(s));
   }
-  std::byte* payloads = dev ? t_.payloads.bytes(total) : nullptr;
+  // Where the host addresses device memory and streams run inline, the
+  // device's codec writes the pieces themselves: no payload buffer and no
+  // pinned copy per tensor.
+  const bool staged = dev && !lanes_.direct;
+  std::byte* payloads = staged ? t_.payloads.bytes(total) : nullptr;
   for (size_t k = 0; k < segs_.size(); ++k) {
     Seg& s = segs_[k];
     t_.efPieces[step_][s.off] = s.count;
@@ -575,14 +579,16 @@ void Run::encode() {
     compressor::EncodeContext ctx;
     ctx.seed = seed(s.off);
     ctx.restartMomentum = restart_;
-    if (dev) {
+    if (staged) {
       ef->encode(s.off, x_ + s.off, s.count, std::span<std::byte>(payloads + at[k], s.bytes.size()),
                  ctx, lanes_.compute);
+    } else if (dev) {
+      ef->encode(s.off, x_ + s.off, s.count, s.bytes, ctx, lanes_.compute);
     } else {
       ef->encode(s.off, host + (s.off - r_.off), s.count, s.bytes, ctx, nullptr);
     }
   }
-  if (!dev || segs_.empty()) return;
+  if (!staged || segs_.empty()) return;
   // The payloads to pinned memory, then into the pieces (which the
   // collectives and the servers take from host memory).
   lanes_.bind(t_);
@@ -686,7 +692,15 @@ void Run::decode() {
   }
   lanes_.dev->fill(x_ + r_.off, 0.0f, r_.len, *lanes_.compute);
   addDenseOnDevice();
-  if (total > 0) {
+  if (total > 0 && lanes_.direct) {
+    // The device's codec reads the pieces themselves (see encode()).
+    size_t k = 0;
+    for (const Seg& s : segs_) {
+      if (s.dense) continue;
+      lanes_.dev->decompressAdd(*decs[k], s.bytes, x_ + s.off, s.count, *lanes_.compute);
+      ++k;
+    }
+  } else if (total > 0) {
     lanes_.bind(t_);
     t_.copied->synchronize(d_, "the copy from pinned memory");
     std::byte* pinned = t_.pinnedBytes.bytes(total);

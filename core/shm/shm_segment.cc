@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include "core/common/error.h"
 #include "core/common/logging.h"
@@ -165,6 +166,77 @@ Region Arena::allocate(size_t bytes) {
   r.data = segments_.back()->data() + used_;
   used_ += need;
   return r;
+}
+
+size_t RegionPool::classBytes(size_t bytes) {
+  const size_t c = (std::max<size_t>(bytes, 1) + 63) & ~size_t(63);
+  if (c <= (size_t(64) << 10)) return c;
+  size_t p = size_t(64) << 10;
+  while (p <= c / 2) p *= 2;  // the power of two at or below c
+  const size_t step = p / 8;
+  return (c + step - 1) / step * step;
+}
+
+void RegionPool::evictLocked(uint64_t need, size_t keep) {
+  // Largest class first, `keep` (the class in use now) last.
+  while (held_ + need > limit_ && !warm_.empty()) {
+    auto it = std::prev(warm_.end());
+    if (it->first == keep && it != warm_.begin()) it = std::prev(it);
+    const size_t c = it->first;
+    arena_.free(it->second.back(), c);
+    it->second.pop_back();
+    if (it->second.empty()) warm_.erase(it);
+    held_ -= c;
+    warmBytes_ -= c;
+  }
+}
+
+Region RegionPool::take(size_t bytes) {
+  const size_t c = classBytes(bytes);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = warm_.find(c); it != warm_.end()) {
+    Region r = it->second.back();
+    it->second.pop_back();
+    if (it->second.empty()) warm_.erase(it);
+    warmBytes_ -= c;
+    return r;
+  }
+  evictLocked(c, c);
+  Region r = arena_.allocate(c);  // throws: nothing taken
+  held_ += c;
+  return r;
+}
+
+void RegionPool::give(const Region& r, size_t bytes) {
+  if (!r.data) return;
+  const size_t c = classBytes(bytes);
+  std::lock_guard<std::mutex> lk(mu_);
+  // Past the limit: other classes' warm regions go first, so that the
+  // class in use keeps its pages from round to round.
+  evictLocked(0, c);
+  if (held_ > limit_) {
+    arena_.free(r, c);
+    held_ -= c;
+    return;
+  }
+  warm_[c].push_back(r);
+  warmBytes_ += c;
+}
+
+void RegionPool::setLimit(uint64_t limit) {
+  std::lock_guard<std::mutex> lk(mu_);
+  limit_ = limit;
+  evictLocked(0, 0);
+}
+
+uint64_t RegionPool::heldBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return held_;
+}
+
+uint64_t RegionPool::warmBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return warmBytes_;
 }
 
 uint8_t* PeerMappings::resolve(const NodeId& peer, uint32_t index, uint64_t offset, uint64_t len) {

@@ -6,8 +6,9 @@
 // user-space copies per byte instead of four kernel copies through sockets.
 //
 // Lifetimes need no acknowledgements: the sync protocol already orders them.
-// A worker rewrites a chunk's region only for the next round of that tensor,
-// after the server has answered this round (so it has read every push), and
+// A worker takes a push region for one send (RegionPool) and reuses it only
+// after the server has answered that pull (so it has read the push, which
+// came before the pull on the same connection), and
 // a server alternates two result regions per key, so a round's result is
 // overwritten two rounds later, after every worker has pushed the round in
 // between (so it has copied the result out).
@@ -105,6 +106,42 @@ class Arena {
   size_t segmentBytes_;
   std::vector<std::unique_ptr<Segment>> segments_;
   size_t used_ = 0;  // in the last segment
+};
+
+// A worker's push regions: each taken for one chunk's send and given back
+// once its server has answered (so it has read the region), then kept warm
+// (its pages held, so that the next copy into it takes no page faults) for
+// any later chunk of the same size class. Size classes: 64-byte multiples
+// up to 64 KiB, then multiples of an eighth of the power of two below (at
+// most 12.5% above the chunk). The regions held, in use and warm, stay
+// within `limit` bytes where the chunks in use allow: a take that would go
+// past it first gives warm regions' pages back (Arena::free; other classes
+// than the one taken or given back first, largest first), and a region
+// given back while still past it is freed, not kept.
+// So the pushes cost about the bytes in flight (the worker's credits), not
+// a copy of every tensor (docs/transports.md, "Memory"). Thread-safe.
+class RegionPool {
+ public:
+  RegionPool(Arena& arena, uint64_t limit) : arena_(arena), limit_(limit) {}
+  static size_t classBytes(size_t bytes);
+  // A region of classBytes(bytes); throws Error(kUnavailable) as
+  // Arena::allocate does (nothing taken).
+  Region take(size_t bytes);
+  // `r` from take(bytes) is read and written by nobody any more.
+  void give(const Region& r, size_t bytes);
+  void setLimit(uint64_t limit);
+  uint64_t heldBytes() const;  // in use and warm
+  uint64_t warmBytes() const;
+
+ private:
+  // Under mu_: warm regions freed, largest class first and class `keep`
+  // last, until `need` more bytes fit within the limit or none is left.
+  void evictLocked(uint64_t need, size_t keep);
+  Arena& arena_;
+  mutable std::mutex mu_;
+  uint64_t limit_;
+  std::map<size_t, std::vector<Region>> warm_;  // by class
+  uint64_t held_ = 0, warmBytes_ = 0;
 };
 
 // Peers' segments, mapped on first use. Thread-safe.

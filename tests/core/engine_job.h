@@ -172,6 +172,11 @@ class Job {
     return n;
   }
 
+  // The pages the segments of `owner` hold now (shm::ownedSegmentBytes).
+  uint64_t ownedSegmentBytes(const NodeId& owner) const {
+    return shm::ownedSegmentBytes(shm::jobPrefix(token_), owner);
+  }
+
   std::vector<std::unique_ptr<Worker>> workers;
 
  private:

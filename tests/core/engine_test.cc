@@ -92,6 +92,48 @@ TEST_P(EngineSums, EveryDtypeAcrossWorkers) {
 INSTANTIATE_TEST_SUITE_P(Engine, EngineSums, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "SharedMemory" : "Bytes"; });
 
+// A worker's push regions are taken per send and kept for later sends:
+// they hold about the bytes in flight (the credits), not a copy of every
+// tensor declared. 8 tensors of 64 KiB in chunks of 16 KiB, a window of 64
+// KiB, each pushed and pulled in turn twice with exact sums: each worker's
+// segments hold 64 KiB (one tensor's four chunks, reused by every other
+// tensor), where a region per chunk held 512 KiB. With a window larger
+// than what is declared, the declared bytes bound them.
+TEST(Engine, PushRegionsHoldTheBytesInFlightNotEveryTensor) {
+  const int W = 2, kTensors = 8;
+  const uint64_t n = 16384;  // 64 KiB of floats
+  for (uint64_t window : {uint64_t(64) << 10, uint64_t(64) << 20}) {
+    SCOPED_TRACE(fmt::format("credits {} bytes", window));
+    WorkerOptions wo;
+    wo.partitionBytes = 16 << 10;
+    wo.maxBytesInFlight = window;
+    Job job(W, 1, wo, /*async=*/false, /*shm=*/true);
+    job.onEveryWorker([&](int r) {
+      Worker& w = *job.workers[r];
+      for (int t = 0; t < kTensors; ++t) w.declare(fmt::format("g{}", t), DType::kFloat32, n, soon());
+      for (int round = 0; round < 2; ++round) {
+        for (int t = 0; t < kTensors; ++t) {
+          std::vector<float> in(n), out(n, -1.0f);
+          for (uint64_t i = 0; i < n; ++i) in[i] = float((r + 1) * (t + 1) + int(i % 5) + round);
+          ASSERT_TRUE(w.pushPull(fmt::format("g{}", t), DType::kFloat32, n, in.data(), out.data(),
+                                 ReduceOp::kSum, 0)
+                          .wait(soon())
+                          .ok());
+          for (uint64_t i = 0; i < n; ++i)
+            ASSERT_EQ(out[i], float(3 * (t + 1) + W * (int(i % 5) + round))) << t << " " << i;
+        }
+      }
+    });
+    const uint64_t declared = kTensors * n * sizeof(float);
+    const uint64_t bound = std::min(window, declared);
+    for (int r = 0; r < W; ++r) {
+      const uint64_t owned = job.ownedSegmentBytes(NodeId{Role::kWorker, r});
+      EXPECT_GT(owned, 0u) << "worker " << r;  // the pushes went through shared memory
+      EXPECT_LE(owned, bound) << "worker " << r;
+    }
+  }
+}
+
 TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
   const int W = 4;
   Job job(W, 3, {}, /*async=*/false, /*shm=*/true);

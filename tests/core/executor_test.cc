@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <future>
+#include <map>
 #include <numeric>
 
 #include "core/common/half.h"
@@ -157,6 +158,74 @@ TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
           ASSERT_EQ(out[i], expect[iter][i]) << c.name << " iter " << iter << " i " << i;
       }
     }
+  });
+}
+
+// What the executor holds (Executor::memory) against a count by hand: a
+// compressed plan's encode points hold one fp32 residual per element they
+// encoded (fp16 with error feedback, encoded on the device and on the CPU);
+// a switch to an uncompressed plan turns them into carry, and the first run
+// folds the carry into its input and gives its memory back, so only the
+// bytes of the running plan stay. On the host device (inline) nothing else
+// is kept: the codecs write and read the payload pieces themselves. Nothing
+// is lost on the way: every input sent, summed over the iterations.
+TEST(Executor, RetiredResidualsAreFreedOnceFolded) {
+  const int W = 2;
+  test::Job job(W, 1, smallChunks());
+  const std::map<std::string, uint64_t> sizes = {{"a", 300}, {"b", 100}};
+  plan::TensorOption o;
+  o.hierarchical = true;
+  o.codec = "fp16";
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+             Step::encode(plan::Device::kGpu),
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, false),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::Plan compressed, raw;
+  compressed.tensors["a"] = o;
+  o.steps[1] = Step::encode(plan::Device::kCpu);
+  compressed.tensors["b"] = o;
+  for (const auto& [name, n] : sizes) raw.tensors[name] = executor::defaultOption();
+  uint64_t elements = 0;
+  for (const auto& [name, n] : sizes) elements += n;
+  // Values that fp16 cannot hold: every element keeps a residual.
+  auto input = [](int r, int iter, uint64_t i) {
+    return 1.0f + 0.0123f * float(r + 1) + 0.00071f * float(i % 37) + 0.0031f * float(iter);
+  };
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    for (const auto& [name, n] : sizes) ex.declare(name, DType::kFloat32, n);
+    std::map<std::string, std::vector<double>> got, sent;
+    for (const auto& [name, n] : sizes) got[name].assign(n, 0.0), sent[name].assign(n, 0.0);
+    auto iteration = [&](int iter) {
+      for (const auto& [name, n] : sizes) {
+        std::vector<float> in(n), out(n);
+        for (uint64_t i = 0; i < n; ++i) {
+          in[i] = input(r, iter, i);
+          for (int q = 0; q < W; ++q) sent[name][i] += input(q, iter, i);
+        }
+        ex.run(name, in.data(), out.data(), n, ReduceOp::kSum, soon());
+        for (uint64_t i = 0; i < n; ++i) got[name][i] += out[i];
+      }
+    };
+    ex.setPlan(compressed, soon());
+    for (int iter = 0; iter < 3; ++iter) iteration(iter);
+    executor::Executor::Memory m = ex.memory();
+    EXPECT_EQ(m.residuals, elements * sizeof(float));
+    EXPECT_EQ(m.carry, 0u);
+    EXPECT_EQ(m.buffers, 0u);
+    ex.setPlan(raw, soon());
+    m = ex.memory();
+    EXPECT_EQ(m.residuals, 0u);
+    EXPECT_EQ(m.carry, elements * sizeof(float));
+    iteration(3);
+    m = ex.memory();
+    EXPECT_EQ(m.residuals, 0u);
+    EXPECT_EQ(m.carry, 0u);
+    EXPECT_EQ(m.buffers, 0u);
+    for (const auto& [name, n] : sizes)
+      for (uint64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(got[name][i], sent[name][i], 1e-4) << name << " " << i;
   });
 }
 

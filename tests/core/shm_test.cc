@@ -122,6 +122,64 @@ TEST(Shm, OnlyRegionsInUseHoldMemory) {
   EXPECT_LE(shm::ownedSegmentBytes(prefix, owner), uint64_t(2 * 4096));
 }
 
+// Size classes: each at least the bytes asked, a multiple of 64, at most
+// 12.5% above them past 64 KiB, and never below a smaller size's class;
+// checked for every size a step apart against the definition.
+TEST(Shm, PushRegionClassesFitTheirSizes) {
+  size_t last = 0;
+  for (size_t bytes = 1; bytes <= (size_t(9) << 20); bytes += bytes < 70000 ? 1 : 977) {
+    const size_t c = shm::RegionPool::classBytes(bytes);
+    ASSERT_GE(c, bytes);
+    ASSERT_EQ(c % 64, 0u) << bytes;
+    if (bytes <= (64u << 10))
+      ASSERT_LT(c, bytes + 64) << bytes;
+    else
+      ASSERT_LE(double(c), double(bytes) * 1.125 + 64) << bytes;
+    ASSERT_GE(c, last) << bytes;
+    last = c;
+  }
+  EXPECT_EQ(shm::RegionPool::classBytes(4u << 20), 4u << 20);
+  EXPECT_EQ(shm::RegionPool::classBytes((4u << 20) + 1), (4u << 20) + (512u << 10));
+}
+
+// The pool keeps regions given back (their pages held) for later takes of
+// the same class, as long as what it holds stays within its limit: in-use
+// regions may go past it, and then regions given back are freed, and warm
+// ones are freed to make room for a class that has none.
+TEST(Shm, PushRegionsStayWithinTheLimitAndAreReused) {
+  const std::string prefix = testPrefix("pool");
+  const NodeId owner{Role::kWorker, 5};
+  const uint64_t mib = 1 << 20;
+  shm::Arena arena(prefix, owner, /*segmentBytes=*/8 * mib);
+  shm::RegionPool pool(arena, 2 * mib);
+  shm::Region a = pool.take(mib), b = pool.take(mib), c = pool.take(mib);
+  EXPECT_EQ(pool.heldBytes(), 3 * mib);  // in use: past the limit
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), 3 * mib);
+  pool.give(a, mib);  // past the limit: freed
+  EXPECT_EQ(pool.heldBytes(), 2 * mib);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), 2 * mib);
+  pool.give(b, mib);  // within it: kept warm
+  pool.give(c, mib);
+  EXPECT_EQ(pool.heldBytes(), 2 * mib);
+  EXPECT_EQ(pool.warmBytes(), 2 * mib);
+  // A take of the class reuses a warm region: its pages, no new ones.
+  shm::Region d = pool.take(mib - 100);
+  EXPECT_TRUE(d.data == b.data || d.data == c.data);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), 2 * mib);
+  // Another class, with the limit reached: the warm 1 MiB region goes first.
+  shm::Region e = pool.take(mib / 2);
+  EXPECT_EQ(pool.warmBytes(), 0u);
+  EXPECT_EQ(pool.heldBytes(), mib + mib / 2);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), mib + mib / 2);
+  // A lower limit frees warm regions at once.
+  pool.give(d, mib - 100);
+  pool.give(e, mib / 2);
+  EXPECT_EQ(pool.heldBytes(), mib + mib / 2);
+  pool.setLimit(mib / 2);
+  EXPECT_LE(pool.heldBytes(), mib / 2);
+  EXPECT_EQ(shm::ownedSegmentBytes(prefix, owner), pool.heldBytes());
+}
+
 TEST(Shm, DescriptorsAreNeverTrusted) {
   const std::string prefix = testPrefix("bad");
   const NodeId owner{Role::kServer, 0};

@@ -300,7 +300,21 @@ void Check::runErrors() {
     q.version = 2;
     q.tensors["a"] = flat;
     q.tensors["b"] = flat;
+    // The default plan's dense intra reduce-scatter and allgather filled the
+    // collectives' padded pair (at least the tensor, with more than one
+    // worker a machine); a plan without such steps gives it back, and on
+    // the host device with inline streams the executor then holds no
+    // buffer at all (Executor::memory).
+    const bool counted = ex.topology().localSize > 1 && ex.device().hostAddressable();
+    if (counted && ex.memory().buffers < n * sizeof(float))
+      fail(fmt::format("default plan: the executor's buffers hold {} bytes, below the {} of the "
+                       "padded pair",
+                       ex.memory().buffers, n * sizeof(float)));
     ex.setPlan(q, deadline);
+    if (counted && ex.memory().buffers != 0)
+      fail(fmt::format("a plan without padded collectives: the executor still holds {} bytes of "
+                       "buffers",
+                       ex.memory().buffers));
     std::vector<float> keep(n);
     for (uint64_t i = 0; i < n; ++i) keep[i] = in[i] = exactInput(me, 1, 0, i);
     out.assign(n, -1000.0f);

@@ -105,17 +105,24 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
     sizes_[key] = n;
     streams_[key] = static_cast<cudaStream_t>(ctx.stream);
   }
-  std::vector<float> residual(uint64_t key) const override {
+  HostFloats residual(uint64_t key) const override {
     return toHost(key, ef_.residual(key), "residual");
   }
   float momentum() const override { return ef_.momentum(); }
-  std::vector<float> velocity(uint64_t key) const override {
+  HostFloats velocity(uint64_t key) const override {
     return toHost(key, ef_.velocity(key), "velocity");
+  }
+  uint64_t heldBytes() const override {
+    // A residual per key, and a velocity with momentum (CudaErrorFeedback's state).
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t elements = 0;
+    for (const auto& [key, n] : sizes_) elements += n;
+    return elements * sizeof(float) * (ef_.momentum() > 0 ? 2 : 1);
   }
 
  private:
   // A host copy of the key's state at p (device memory), after its encode.
-  std::vector<float> toHost(uint64_t key, const float* p, const char* what) const {
+  HostFloats toHost(uint64_t key, const float* p, const char* what) const {
     size_t n = 0;
     cudaStream_t s = nullptr;
     {
@@ -126,7 +133,7 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
       s = streams_.at(key);
     }
     if (p == nullptr) return {};
-    std::vector<float> out(n);
+    HostFloats out(n);
     check(cudaSetDevice(device_), "cudaSetDevice");
     check(cudaStreamSynchronize(s), fmt::format("{}: synchronize the encode's stream", what));
     check(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost),

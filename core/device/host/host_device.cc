@@ -175,9 +175,10 @@ class HostDeviceErrorFeedback final : public ErrorFeedback {
     if (s) hostStream(*s).drain();
     ef_->encode(key, grad, n, out, ctx, nullptr);
   }
-  std::vector<float> residual(uint64_t key) const override { return ef_->residual(key); }
+  HostFloats residual(uint64_t key) const override { return ef_->residual(key); }
   float momentum() const override { return ef_->momentum(); }
-  std::vector<float> velocity(uint64_t key) const override { return ef_->velocity(key); }
+  HostFloats velocity(uint64_t key) const override { return ef_->velocity(key); }
+  uint64_t heldBytes() const override { return ef_->heldBytes(); }
 
  private:
   std::unique_ptr<ErrorFeedback> ef_;

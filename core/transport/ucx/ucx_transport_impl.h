@@ -7,6 +7,7 @@
 // ucx_messages.cc (send, receive, the message layouts, in-order delivery).
 #pragma once
 
+#include <sys/mman.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <set>
@@ -94,11 +96,16 @@ using StreamKey = std::pair<NodeId, uint64_t>;
 // (a loop thread's arena trims what is freed), and its page faults cost about
 // as much as the copy itself (perf, docs/benchmarks.md "Transports"). A
 // buffer returns here when the last Buffer that shares it goes, from any
-// thread; the pool keeps at most kMaxBytes and outlives the transport while
-// buffers are out.
+// thread; the pool keeps at most kMaxBytes of them free (a server's memory
+// counts them: with 256 MiB a server over UCX held 4.1x its keys' bytes,
+// docs/benchmarks.md "Memory of the roles") and outlives the transport
+// while buffers are out. Buffers of kMappedBytes and more are mapped and
+// unmapped per buffer, so that what the pool lets go leaves the process
+// (through malloc, a heap block freed in the middle of the heap stays).
 class RecvPool : public std::enable_shared_from_this<RecvPool> {
  public:
-  static constexpr size_t kMaxBytes = 256ull << 20;
+  static constexpr size_t kMaxBytes = 32ull << 20;
+  static constexpr size_t kMappedBytes = 64ull << 10;
 
   Buffer take(size_t size) {
     if (size == 0) return Buffer();
@@ -112,18 +119,31 @@ class RecvPool : public std::enable_shared_from_this<RecvPool> {
         bytes_ -= size;
       }
     }
-    if (!p) p = ::operator new(size, std::align_val_t(64));
+    if (!p) p = allocate(size);
     std::shared_ptr<void> owner(p, [pool = shared_from_this(), size](void* q) { pool->give(q, size); });
     return Buffer::wrap(p, size, std::move(owner));
   }
 
   ~RecvPool() {
     for (auto& [size, list] : free_) {
-      for (void* p : list) ::operator delete(p, std::align_val_t(64));
+      for (void* p : list) release(p, size);
     }
   }
 
  private:
+  static void* allocate(size_t size) {
+    if (size < kMappedBytes) return ::operator new(size, std::align_val_t(64));
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return p;
+  }
+  static void release(void* p, size_t size) {
+    if (size < kMappedBytes)
+      ::operator delete(p, std::align_val_t(64));
+    else
+      munmap(p, size);
+  }
+
   void give(void* p, size_t size) {
     {
       std::lock_guard g(mu_);
@@ -133,7 +153,7 @@ class RecvPool : public std::enable_shared_from_this<RecvPool> {
         return;
       }
     }
-    ::operator delete(p, std::align_val_t(64));
+    release(p, size);
   }
 
   std::mutex mu_;
