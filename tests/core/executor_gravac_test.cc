@@ -82,6 +82,19 @@ plan::TensorOption compressedPushPull() {
   return o;
 }
 
+// The same with a compressed pull too: the servers answer the sum
+// re-encoded, decoded on the CPU before the intra allgather.
+plan::TensorOption compressedPushAndPull() {
+  plan::TensorOption o = compressedPushPull();
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+             Step::encode(plan::Device::kCpu),
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, true),
+             Step::decode(plan::Device::kCpu),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  return o;
+}
+
 // The whole job replayed (one piece per tensor: the default chunk size).
 struct Replay {
   struct Iteration {
@@ -288,13 +301,7 @@ TEST(ExecutorGravac, CarriesEachWorkersMessageWholeThroughAGroupAndChunks) {
   WorkerOptions wo;
   wo.partitionBytes = 64;  // 16 floats a chunk
   test::Job job(W, 2, wo);
-  plan::TensorOption option = compressedPushPull();
-  option.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-                  Step::encode(plan::Device::kCpu),
-                  Step::comm(Scope::kInter, CommOp::kPush, true),
-                  Step::comm(Scope::kInter, CommOp::kPull, true),
-                  Step::decode(plan::Device::kCpu),
-                  Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  const plan::TensorOption option = compressedPushAndPull();
   plan::Plan p;
   for (const auto& n : names) p.tensors[n] = option;
   p.groups = {names};
@@ -430,13 +437,8 @@ TEST(ExecutorGravac, TheReplannersPlanRunsFromTheNextIteration) {
   const std::vector<uint64_t> sizes{96, 40};
   const std::vector<std::string> names{"w", "b"};
   test::Job job(W, 1);
-  plan::TensorOption pullRaw = compressedPushPull(), pullCompressed = compressedPushPull();
-  pullCompressed.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-                          Step::encode(plan::Device::kCpu),
-                          Step::comm(Scope::kInter, CommOp::kPush, true),
-                          Step::comm(Scope::kInter, CommOp::kPull, true),
-                          Step::decode(plan::Device::kCpu),
-                          Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  const plan::TensorOption pullRaw = compressedPushPull(),
+                           pullCompressed = compressedPushAndPull();
   plan::Plan p;
   for (const auto& n : names) p.tensors[n] = pullRaw;
   std::vector<std::vector<double>> asked(W);
