@@ -1056,12 +1056,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = horovod[3]
         if horovod[4] is not None:
             sparse_as_dense = horovod[4]
-    implicit_executor = executor is None
+    # CUDA buffers are the executor's (CORTADO_DEVICE=cuda): the job's
+    # gradients stay on the GPUs, NCCL inside the machines.
+    implicit_executor = executor is None and \
+        os.environ.get("CORTADO_DEVICE", "host").strip().lower() == "cuda"
     if executor is None:
-        # CUDA buffers are the executor's (CORTADO_DEVICE=cuda): the job's
-        # gradients stay on the GPUs, NCCL inside the machines.
-        executor = os.environ.get("CORTADO_DEVICE", "host").strip().lower() == "cuda"
-    implicit_executor = implicit_executor and executor
+        executor = implicit_executor
     op = resolve_op(op, None, "DistributedOptimizer", allowed=(Average, Sum))
     _check_process_set(process_set, "DistributedOptimizer")
     if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
