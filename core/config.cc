@@ -32,9 +32,10 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB",
        "chunk size of large tensors. A server answers a chunk once every worker pushed all of it, "
        "so each tensor's exchange starts and ends with links waiting about a chunk's time per "
-       "worker: across hosts at 1 Gbit/s, `1MiB` moved 64 MiB at 75-78% of the link against "
-       "64-65% with 4 MiB, and trained resnet18 1.15-1.2x faster with dedicated servers "
-       "(docs/benchmarks.md); on one host (shared memory) 1 MiB was slower, hence the default"},
+       "worker. `cortado launch` gives a job whose roles span hosts (`--hosts`, Slurm nodes) 1 MiB "
+       "chunks unless this names a size: across hosts at 1 Gbit/s 1 MiB moved 64 MiB at 82% of "
+       "the link against 68% with 4 MiB and trained resnet18 1.15-1.2x faster with dedicated "
+       "servers (docs/benchmarks.md); on one host (shared memory) 4 MiB is faster"},
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
       {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
       {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
@@ -292,7 +293,10 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnv(names("CORTADO_TRANSPORT"))) c.transport = v->value;
   if (auto v = getEnv(names("CORTADO_DATA_HOST"))) c.dataHost = v->value;
   if (auto v = getEnv(names("CORTADO_LOG_LEVEL"))) c.logLevel = normalizeLogLevel(v->value);
-  if (auto v = getEnv(names("CORTADO_PARTITION_BYTES"))) c.partitionBytes = parseBytes(v->value);
+  if (auto v = getEnv(names("CORTADO_PARTITION_BYTES"))) {
+    c.partitionBytes = parseBytes(v->value);
+    c.partitionBytesGiven = true;
+  }
   if (auto v = getEnv(names("CORTADO_MAX_INFLIGHT_BYTES"))) c.maxInflightBytes = parseBytes(v->value);
   if (auto v = getEnvInt(names("CORTADO_SERVER_THREADS"))) c.serverThreads = static_cast<int>(*v);
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;

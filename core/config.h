@@ -13,6 +13,10 @@
 
 namespace cortado {
 
+// The chunk size `cortado launch` gives a job whose roles span hosts when
+// none was named (docs/running.md, CORTADO_PARTITION_BYTES).
+constexpr uint64_t kMultiHostPartitionBytes = 1ull << 20;
+
 struct JobConfig {
   Role role = Role::kWorker;
   int numWorkers = 0;
@@ -25,6 +29,10 @@ struct JobConfig {
   std::string dataHost = "127.0.0.1";     // address this node's data plane listens on
   std::string logLevel = "info";
   uint64_t partitionBytes = 4ull << 20;
+  // Whether CORTADO_PARTITION_BYTES (or --partition-bytes) named the chunk
+  // size: `cortado launch` picks kMultiHostPartitionBytes for jobs across
+  // hosts only where it did not.
+  bool partitionBytesGiven = false;
   uint64_t maxInflightBytes = 64ull << 20;
   int serverThreads = 2;
   bool async = false;

@@ -267,6 +267,15 @@ int runLaunch(const LaunchOptions& opts) {
       CORTADO_LOG_INFO("hosts {} (+ server-only {}): scheduler at {}, MPI TCP on {}",
                        fmt::join(hosts.hosts, ","), fmt::join(hosts.serverHosts, ","),
                        job.schedulerHost, tcpSubnet.empty() ? "(OpenMPI's choice)" : tcpSubnet);
+    // Across hosts every chunk's exchange starts and ends with links waiting
+    // about a chunk's time per worker, so smaller chunks fill the links
+    // better (docs/benchmarks.md, "Hosts"); on one host the larger default
+    // is faster, and a named size always wins.
+    if (!job.partitionBytesGiven) {
+      job.partitionBytes = kMultiHostPartitionBytes;
+      CORTADO_LOG_INFO("roles on several hosts: {} KiB chunks (CORTADO_PARTITION_BYTES names another size)",
+                       job.partitionBytes >> 10);
+    }
   }
   std::unique_ptr<TempDir> tmp;
   std::string agentWrapper;

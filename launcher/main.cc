@@ -47,7 +47,10 @@ struct JobFlags {
   void apply(JobConfig& c) const {
     if (!transport.empty()) c.transport = transport;
     if (!logLevel.empty()) c.logLevel = logLevel;
-    if (!partition.empty()) c.partitionBytes = parseBytes(partition);
+    if (!partition.empty()) {
+      c.partitionBytes = parseBytes(partition);
+      c.partitionBytesGiven = true;
+    }
     if (!inflight.empty()) c.maxInflightBytes = parseBytes(inflight);
     if (!host.empty()) c.schedulerHost = host;
     if (port >= 0) c.schedulerPort = port;

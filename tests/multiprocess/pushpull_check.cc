@@ -182,8 +182,9 @@ int main(int argc, char** argv) try {
   w->shutdown(Deadline::after(job.opTimeout));
   fmt::print(
       "worker {}: {} iterations of {} tensors correct ({} elements checked, "
-      "transport {}, shm {})\n",
-      rank, done, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off");
+      "transport {}, shm {}, chunks of {} bytes)\n",
+      rank, done, specs.size(), checked, transportName, job.sharedMemory ? "on" : "off",
+      job.partitionBytes);
   return 0;
 } catch (const std::exception& e) {  // whatever the steps above throw, setup included
   fmt::print(stderr, "worker: error: {}\n", e.what());

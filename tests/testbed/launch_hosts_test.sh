@@ -9,7 +9,8 @@
 #   pushpull_check (every result against the plain sum of all workers'
 #   inputs); and the bytes that left the last host over its link must be at
 #   least half of what it had to send to servers on other hosts, which shows
-#   that shared memory (chosen by hostname) was not used across hosts.
+#   that shared memory (chosen by hostname) was not used across hosts; then
+#   a job that names no chunk size, whose workers must run 1 MiB chunks.
 # linkdown: 3 hosts x 1 worker; host 3's link is set down mid-run; the
 #   launcher must exit non-zero within 30 s naming host 3, and no process may
 #   be left in any host.
@@ -99,13 +100,23 @@ elif [[ $CASE != linkdown ]]; then
   sent=$(($(tx_bytes "$hosts") - before))
   ((rc == 0)) || fail "the job exited with $rc"
   for ((r = 0; r < W; r++)); do
-    grep -q "^worker $r: 3 iterations of 7 tensors correct" "$OUT/log" || fail "worker $r did not report correct sums"
+    grep -q "^worker $r: 3 iterations of 7 tensors correct.*chunks of 262144 bytes" "$OUT/log" ||
+      fail "worker $r did not report correct sums in the 256 KiB chunks it was told"
   done
   # Workers on the last host push (hosts-1)/hosts of 4 MiB per iteration to
   # servers elsewhere.
   need=$((per * 3 * 4194304 * (hosts - 1) / hosts / 2))
   echo "host $hosts sent $sent bytes over its link (at least $need expected)"
   ((sent >= need)) || fail "host $hosts sent only $sent bytes over its link: did it use shared memory with another host?"
+  # Without a named chunk size, a job across hosts gets 1 MiB chunks.
+  (unset CORTADO_PARTITION_BYTES BYTEPS_PARTITION_BYTES
+    CORTADO_LOG_LEVEL=warn launch --tensors 2 --iters 1 --max-elements 1000 \
+      --big-elements 1048576 >"$OUT/log.default" 2>&1) ||
+    fail "the job without CORTADO_PARTITION_BYTES exited with $?"
+  for ((r = 0; r < W; r++)); do
+    grep -q "^worker $r: 1 iterations of 3 tensors correct.*chunks of 1048576 bytes" "$OUT/log.default" ||
+      fail "worker $r did not run 1 MiB chunks by default across hosts: $(grep "^worker $r" "$OUT/log.default")"
+  done
 else
   progress=$OUT/progress
   CORTADO_LOG_LEVEL=warn launch --tensors 4 --iters 100000 --max-elements 1000 --slow-ms 10 \
