@@ -235,6 +235,7 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
     transport::ucx::UcxOptions o;
     o.connectTimeout = config.connectTimeout;
     o.sameHostDirect = config.ucxDirect;
+    o.peerSends = config.ucxPeerSends;
     o.busyPoll = std::chrono::microseconds(config.busyPollUs);
     try {
       return transport::ucx::create(self, o);

@@ -103,6 +103,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "ucx: same-host peers move data over UCX shared memory (sysv/posix FIFOs, no cma unless "
        "`UCX_TLS` names it); 0: over the connection manager's endpoints (TCP on one host) "
        "(docs/transports.md)"},
+      {"CORTADO_UCX_PEER_SENDS", "", "1",
+       "ucx: at most this many messages of 64 KiB or more in flight to one peer, later ones "
+       "wait their turn (0: no bound). UCX moves all of an endpoint's large messages together, "
+       "so without it a server gets every chunk of a push at its end and answers none before "
+       "(docs/transports.md)"},
       {"CORTADO_INLINE_BYTES", "", "64KiB",
        "latency: a worker sends a tensor of at most this many bytes (one chunk) from the calling"
        " thread, and a server sums a key of at most this size on its transport's thread, instead"
@@ -168,6 +173,9 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "
                     "predicted gain of 5% or more)",
                     replanMinGain));
+  if (ucxPeerSends < 0 || ucxPeerSends > kMaxUcxPeerSends)
+    bad(fmt::format("CORTADO_UCX_PEER_SENDS {} is out of range 0..{}", ucxPeerSends,
+                    kMaxUcxPeerSends));
   if (busyPollUs < 0 || busyPollUs > kMaxBusyPollUs)
     bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
   if (stallCheck.count() < 0)
@@ -212,6 +220,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_REPLAN_MIN_GAIN", fmt::format("{}", replanMinGain)},
       {"CORTADO_REPLAN_CONFIRM", std::to_string(replanConfirm)},
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
+      {"CORTADO_UCX_PEER_SENDS", std::to_string(ucxPeerSends)},
       {"CORTADO_INLINE_BYTES", std::to_string(inlineBytes)},
       {"CORTADO_BUSY_POLL_US", std::to_string(busyPollUs)},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
@@ -366,6 +375,14 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   getDouble("CORTADO_REPLAN_THRESHOLD", c.replanThreshold, "0.25");
   getDouble("CORTADO_REPLAN_MIN_GAIN", c.replanMinGain, "0.05");
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
+  if (auto n = getEnvInt(names("CORTADO_UCX_PEER_SENDS"))) {
+    if (*n < 0 || *n > JobConfig::kMaxUcxPeerSends)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_UCX_PEER_SENDS={} is out of range 0..{} (large messages "
+                              "in flight to one peer; 0: no bound)",
+                              *n, JobConfig::kMaxUcxPeerSends));
+    c.ucxPeerSends = static_cast<int>(*n);
+  }
   sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,
        "give a size in bytes (e.g. 64KiB; 0 hands every tensor and key to the "
        "dispatcher and engine threads)");

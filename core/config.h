@@ -73,6 +73,9 @@ struct JobConfig {
   double replanMinGain = 0.05;            // CORTADO_REPLAN_MIN_GAIN
   int replanConfirm = 2;                  // CORTADO_REPLAN_CONFIRM
   bool ucxDirect = true;                  // ucx: same-host direct endpoints (UcxOptions)
+  // ucx: large messages in flight to one peer (UcxOptions::peerSends; 0: no bound)
+  int ucxPeerSends = 1;
+  static constexpr int kMaxUcxPeerSends = 1024;
   // CORTADO_INLINE_BYTES: a worker sends a tensor of at most this many bytes
   // (one chunk) from the calling thread, and a server sums a key of at most
   // this many bytes on its transport's thread, instead of handing either to

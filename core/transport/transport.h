@@ -37,6 +37,12 @@ namespace cortado::transport {
 struct Message {
   NodeId from;                // filled in on receive
   std::vector<Buffer> parts;  // each part arrives as one Buffer
+
+  size_t totalBytes() const {
+    size_t n = 0;
+    for (const auto& p : parts) n += p.size();
+    return n;
+  }
 };
 
 class Transport {

@@ -146,6 +146,40 @@ TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
   }
 }
 
+TEST(Settings, UcxPeerSendsAreReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_UCX_PEER_SENDS");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.ucxPeerSends, 1);
+  EXPECT_EQ(valueIn(c, "CORTADO_UCX_PEER_SENDS"), "1");
+  ::setenv("CORTADO_UCX_PEER_SENDS", "0", 1);  // no bound
+  c = readJobConfig(false);
+  EXPECT_EQ(c.ucxPeerSends, 0);
+  EXPECT_EQ(valueIn(c, "CORTADO_UCX_PEER_SENDS"), "0");
+  for (const char* bad : {"-1", "1025", "many"}) {
+    ::setenv("CORTADO_UCX_PEER_SENDS", bad, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << "CORTADO_UCX_PEER_SENDS=" << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::string("CORTADO_UCX_PEER_SENDS")),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("CORTADO_UCX_PEER_SENDS");
+  c.numWorkers = c.numServers = 1;
+  c.ucxPeerSends = -3;  // a configuration built in code is checked too
+  try {
+    c.validate();
+    ADD_FAILURE() << "CORTADO_UCX_PEER_SENDS -3 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_UCX_PEER_SENDS -3 is out of range 0..1024"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Settings, HorovodNamesAreReadAsAliases) {
   for (const char* v : {"CORTADO_LOG_LEVEL", "CORTADO_FUSION_BYTES", "CORTADO_STALL_CHECK_MS",
                         "HOROVOD_LOG_LEVEL", "HOROVOD_FUSION_THRESHOLD",

@@ -173,6 +173,37 @@ TEST_P(TransportTest, ManyMessagesFromOneSenderArriveInOrder) {
   EXPECT_EQ(a->errors.size(), 0u);
 }
 
+// Large messages (which UCX holds back behind CORTADO_UCX_PEER_SENDS) among
+// small ones, from two threads, to two receivers: each receiver gets each
+// sender's messages in the order sent, intact.
+TEST_P(TransportTest, LargeAndSmallMessagesKeepTheirOrder) {
+  Fixture fx(GetParam());
+  auto a = fx.node(worker(0));
+  auto b = fx.node(server(0));
+  auto c = fx.node(server(1));
+  a->t->connect(server(0), b->address);
+  a->t->connect(server(1), c->address);
+  constexpr uint64_t kCount = 60;
+  auto sizeOf = [](uint64_t i) -> size_t { return i % 3 == 0 ? (300u << 10) + i : 100 + i; };
+  auto sendTo = [&](NodeId to) {
+    for (uint64_t i = 0; i < kCount; ++i) a->t->send(to, msgOf({u64(i), pattern(sizeOf(i), i)}));
+  };
+  std::thread other([&] { sendTo(server(1)); });
+  sendTo(server(0));
+  other.join();
+  for (auto* n : {b.get(), c.get()}) {
+    ASSERT_TRUE(n->inbox.waitFor(kCount)) << "got " << n->inbox.size() << " of " << kCount;
+    auto got = n->inbox.take();
+    ASSERT_EQ(got.size(), kCount);
+    for (uint64_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(got[i].parts.size(), 2u);
+      ASSERT_EQ(u64(got[i].parts[0]), i) << "message " << i << " out of order";
+      EXPECT_TRUE(samePattern(got[i].parts[1], sizeOf(i), i)) << "message " << i;
+    }
+  }
+  EXPECT_EQ(a->errors.size(), 0u);
+}
+
 TEST_P(TransportTest, MultiPartZeroLengthPartsAndZeroPartMessages) {
   Fixture fx(GetParam());
   auto a = fx.node(worker(1));

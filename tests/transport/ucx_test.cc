@@ -52,7 +52,24 @@ TransportFactory ucxBusyPollFactory() {
           }};
 }
 
+// No bound on the large messages in flight to a peer (UcxOptions::peerSends
+// 0), on connection-manager endpoints: every message starts when sent.
+TransportFactory ucxUnboundedFactory() {
+  return {"ucx_unbounded", [] {
+            ucx::UcxOptions o;
+            o.connectTimeout = Millis(1500);
+            o.sameHostDirect = false;
+            o.peerSends = 0;
+            return TransportEnv{
+                [o](const NodeId& self) { return ucx::create(self, o); },
+                [] { return std::string("ucx://127.0.0.1:0"); },
+                "ucx://127.0.0.1:1",
+            };
+          }};
+}
+
 CORTADO_TRANSPORT_CONFORMANCE(Ucx, ucxFactory());
+CORTADO_TRANSPORT_CONFORMANCE(UcxUnbounded, ucxUnboundedFactory());
 CORTADO_TRANSPORT_CONFORMANCE(UcxBusyPoll, ucxBusyPollFactory());
 CORTADO_TRANSPORT_CONFORMANCE(UcxDirect, ucxDirectFactory());
 

@@ -67,6 +67,13 @@ struct UcxOptions {
   // long (0: it sleeps at once), so that the next message finds it awake.
   // It costs a core while it polls (CORTADO_BUSY_POLL_US).
   std::chrono::microseconds busyPoll{0};
+  // At most this many large data messages (64 KiB or more) in flight to one
+  // peer; later messages to it wait, in order, until one completes (0: no
+  // bound). UCX progresses all of an endpoint's rendezvous sends together,
+  // so without a bound every chunk pushed to a server arrives at the end of
+  // the push, and the server can answer none before then
+  // (CORTADO_UCX_PEER_SENDS).
+  int peerSends = 1;
 };
 
 // Throws Error(kUnavailable) naming the cause and the UCX_* settings in force

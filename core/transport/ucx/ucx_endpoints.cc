@@ -261,6 +261,7 @@ void UcxTransport::welcomed(const Welcome& w) {
 void UcxTransport::fail(const NodeId& peer, Peer& p, ErrorCode code, std::string message) {
   p.reported = true;
   p.up = false;
+  p.waiting.clear();  // never sent, as the sends that come after
   closeEp(p.dataEp, /*force=*/true);
   p.dataEp = nullptr;
   closeEp(p.ep);

@@ -80,17 +80,47 @@ void UcxTransport::sendTo(const NodeId& peer, Message msg) {
     CORTADO_LOG_DEBUG("ucx {}: dropping a message to {}: its endpoint failed", self_, peer);
     return;
   }
+  Peer& p = it->second;
+  if (!p.waiting.empty() || (options_.peerSends > 0 && p.largeInFlight >= options_.peerSends &&
+                             msg.totalBytes() >= kPeerSendBytes)) {
+    p.waiting.push_back(std::move(msg));
+    return;
+  }
+  startData(peer, p, std::move(msg));
+}
+
+void UcxTransport::startData(const NodeId& peer, Peer& p, Message msg) {
+  const bool large = msg.totalBytes() >= kPeerSendBytes;
+  if (large) ++p.largeInFlight;
   // Same stream and numbering on both endpoints: the receiver puts the
   // messages sent before the direct endpoint existed in order with those
   // after.
-  ucp_ep_h ep = it->second.dataEp ? it->second.dataEp : it->second.ep;
-  startSend(peer, ep, kAmData, std::move(msg.parts), it->second.stream, it->second.nextSeq++);
+  ucp_ep_h ep = p.dataEp ? p.dataEp : p.ep;
+  startSend(peer, ep, kAmData, std::move(msg.parts), p.stream, p.nextSeq++, large);
+}
+
+void UcxTransport::startWaiting(const NodeId& peer, Peer& p, bool all) {
+  // A send that completes at once comes back here through sendDone(): the
+  // outer call goes on where it left.
+  if (startingWaiting_) return;
+  startingWaiting_ = true;
+  while (!p.waiting.empty() && !p.reported) {
+    if (!all && options_.peerSends > 0 && p.largeInFlight >= options_.peerSends &&
+        p.waiting.front().totalBytes() >= kPeerSendBytes)
+      break;
+    Message msg = std::move(p.waiting.front());
+    p.waiting.pop_front();
+    startData(peer, p, std::move(msg));
+  }
+  startingWaiting_ = false;
 }
 
 void UcxTransport::startSend(const NodeId& peer, ucp_ep_h ep, unsigned am,
-                             std::vector<Buffer> parts, uint64_t stream, uint64_t seq) {
+                             std::vector<Buffer> parts, uint64_t stream, uint64_t seq,
+                             bool large) {
   auto* ctx = new SendCtx;
   ctx->t = this;
+  ctx->large = large;
   ctx->peer = peer;
   ctx->ep = ep;
   ctx->am = am;
@@ -229,6 +259,10 @@ void UcxTransport::sendDone(SendCtx* ctx, ucs_status_t status) {
   auto it = peers_.find(ctx->peer);
   bool current = it != peers_.end() && ctx->ep &&
                  (it->second.ep == ctx->ep || it->second.dataEp == ctx->ep);
+  if (ctx->large && current && it->second.largeInFlight > 0) {
+    --it->second.largeInFlight;
+    if (!it->second.waiting.empty()) startWaiting(ctx->peer, it->second);
+  }
   if (status == UCS_OK) {
     if (current && ctx->am == kAmHello) it->second.up = true;
   } else if (current && !it->second.reported && status != UCS_ERR_CANCELED) {

@@ -686,6 +686,8 @@ void UcxTransport::shutdown() {
   // that was closing: worker 0 died of SIGSEGV in 24 of 40 runs. Requests
   // that arrive during the close are rejected (accept()); at the end the
   // listener, its worker and context are parked (parkUcp).
+  // What waits behind the peerSends bound goes now, ahead of the goodbyes.
+  for (auto& [peer, p] : peers_) startWaiting(peer, p, /*all=*/true);
   // Tell the peers that connected to us, so they need not wait for a timeout.
   for (auto& [ep, ctx] : eps_) {
     if (ctx->accepted) startSend(NodeId{}, ep, kAmBye, {});

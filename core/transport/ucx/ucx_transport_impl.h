@@ -50,6 +50,9 @@ constexpr uint8_t kLayoutOneBig = 1;
 constexpr size_t kBigPartBytes = 16 << 10;
 // ... when the other parts and the part table fit in this many header bytes.
 constexpr size_t kMaxInlineBytes = 1024;
+// A data message of at least this many bytes counts against its peer's
+// UcxOptions::peerSends: UCX sends it by rendezvous.
+constexpr size_t kPeerSendBytes = 64 << 10;
 constexpr Millis kLoopCallTimeout{10000};
 // Queued operations the loop runs between two rounds of UCX progress.
 constexpr int kOpsPerTurn = 256;
@@ -173,6 +176,7 @@ struct SendCtx {
   std::vector<uint8_t> head;    // kLayoutOneBig: WireHeader, part table, small parts
   std::vector<uint8_t> packed;  // kLayoutPacked: part table and parts
   std::vector<Buffer> parts;    // kLayoutOneBig: kept alive until sent
+  bool large = false;           // counts in its peer's largeInFlight
 };
 
 struct Pending {
@@ -265,6 +269,10 @@ class UcxTransport final : public Transport {
     bool up = false;
     bool reported = false;  // failed and reported; sends are dropped
     Clock::time_point deadline;
+    // Large data messages started and not completed, and the messages that
+    // wait, in order, because UcxOptions::peerSends of them are.
+    int largeInFlight = 0;
+    std::deque<Message> waiting;
   };
 
   struct EpFailure {
@@ -348,10 +356,15 @@ class UcxTransport final : public Transport {
   ucp_ep_h createClientEp(const NodeId& peer, const std::string& address);
   void connectPeer(const NodeId& peer, const std::string& address);
   void sendTo(const NodeId& peer, Message msg);
+  // Starts `peer`'s waiting messages, in order, while the peerSends bound
+  // allows (all of them with `all`, at shutdown).
+  void startWaiting(const NodeId& peer, Peer& p, bool all = false);
+  // Starts a data message on the peer's current endpoint.
+  void startData(const NodeId& peer, Peer& p, Message msg);
 
   // Starts one active message on `ep`; the SendCtx lives until it completes.
   void startSend(const NodeId& peer, ucp_ep_h ep, unsigned am, std::vector<Buffer> parts,
-                 uint64_t stream = 0, uint64_t seq = 0);
+                 uint64_t stream = 0, uint64_t seq = 0, bool large = false);
 
   // Chooses kLayoutOneBig when exactly one part is large and the rest fit in
   // the AM header; then fills ctx->head.
@@ -457,6 +470,7 @@ class UcxTransport final : public Transport {
   ErrorCallback onError_;
   std::unordered_map<NodeId, Peer> peers_;
   HeldSends held_;  // sends to peers that connect() has not named yet
+  bool startingWaiting_ = false;  // startWaiting() runs (a send completed inside it)
   std::unordered_map<ucp_ep_h, std::unique_ptr<EpCtx>> eps_;
   std::vector<std::unique_ptr<EpCtx>> closingCtx_;
   std::vector<void*> closing_;
