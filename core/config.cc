@@ -375,25 +375,22 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   getDouble("CORTADO_REPLAN_THRESHOLD", c.replanThreshold, "0.25");
   getDouble("CORTADO_REPLAN_MIN_GAIN", c.replanMinGain, "0.05");
   if (auto v = getEnvBool(names("CORTADO_UCX_DIRECT"))) c.ucxDirect = *v;
-  if (auto n = getEnvInt(names("CORTADO_UCX_PEER_SENDS"))) {
-    if (*n < 0 || *n > JobConfig::kMaxUcxPeerSends)
+  // An integer setting within 0..max; `what` says what it counts.
+  auto rangeSetting = [&](const char* name, int& out, int max, const char* what) {
+    auto n = getEnvInt(names(name));
+    if (!n) return;
+    if (*n < 0 || *n > max)
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("CORTADO_UCX_PEER_SENDS={} is out of range 0..{} (large messages "
-                              "in flight to one peer; 0: no bound)",
-                              *n, JobConfig::kMaxUcxPeerSends));
-    c.ucxPeerSends = static_cast<int>(*n);
-  }
+                  fmt::format("{}={} is out of range 0..{} ({})", name, *n, max, what));
+    out = static_cast<int>(*n);
+  };
+  rangeSetting("CORTADO_UCX_PEER_SENDS", c.ucxPeerSends, JobConfig::kMaxUcxPeerSends,
+               "large messages in flight to one peer; 0: no bound");
   sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,
        "give a size in bytes (e.g. 64KiB; 0 hands every tensor and key to the "
        "dispatcher and engine threads)");
-  if (auto n = getEnvInt(names("CORTADO_BUSY_POLL_US"))) {
-    if (*n < 0 || *n > JobConfig::kMaxBusyPollUs)
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("CORTADO_BUSY_POLL_US={} is out of range 0..{} (microseconds a "
-                              "thread polls before it sleeps; 0: never poll)",
-                              *n, JobConfig::kMaxBusyPollUs));
-    c.busyPollUs = static_cast<int>(*n);
-  }
+  rangeSetting("CORTADO_BUSY_POLL_US", c.busyPollUs, JobConfig::kMaxBusyPollUs,
+               "microseconds a thread polls before it sleeps; 0: never poll");
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)
