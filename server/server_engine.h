@@ -43,6 +43,20 @@
 // the tensor and the missing workers. The engine threads look every quarter
 // of that time (at most every second) while they wait for messages.
 //
+// Push budget (ServerEngineOptions::pushBudget, CORTADO_SERVER_PUSH_BYTES):
+// without shared memory every push's bytes sit in this server from their
+// arrival until they are summed, and the workers' credits alone would let
+// them pile up to the workers' windows (4 workers x 64 MiB). The server
+// advertises the budget when it registers; each worker keeps its share (the
+// budget over the workers, at least one chunk) of pushes not yet summed here
+// and flags them kFlagAck; the server drops a push's body as soon as it is
+// summed and acknowledges it (PUSH_ACK; the last push of a round is answered
+// by the round's answer instead), which lets the worker send the next. So a
+// server holds at most max(budget, workers x largest chunk) of such pushes,
+// counted from handle() to the sum (ServerStats::unsummedBytes and
+// unsummedPeak). Pushes through shared memory, of at most 64 KiB, and of
+// sparse tensors are not budgeted.
+//
 // Threads: handle() is called on the transport's loop thread; it decodes the
 // header and hands the message to one of `engineThreads` engine threads,
 // chosen by key (a shard). A key of at most `inlineBytes` whose shard is idle
@@ -55,6 +69,7 @@
 // whichever thread processed the message.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -100,6 +115,9 @@ struct ServerEngineOptions {
   // keep it short). Zero or no onStall: no check.
   std::chrono::milliseconds stallAfter{0};
   std::function<void(const StallReport&)> onStall;
+  // The budget of pushes received and not yet summed, in bytes (0: none).
+  // The workers keep to it (above); the role advertises it to them.
+  uint64_t pushBudget = 0;
 };
 
 struct ServerStats {
@@ -111,11 +129,16 @@ struct ServerStats {
   uint64_t keysReleased = 0;  // keys freed by their contributors' releases
   uint64_t keyBytes = 0;      // the tensor bytes of the keys held now (elements x dtype)
   uint64_t inlined = 0;       // messages processed on the transport's thread (inlineBytes)
+  // Budgeted pushes (kFlagAck): their bytes received and not yet summed, now
+  // and at most so far (per server: a sum over servers adds the peaks).
+  uint64_t unsummedBytes = 0;
+  uint64_t unsummedPeak = 0;
 
   ServerStats& operator+=(const ServerStats& o) {
     pushes += o.pushes, pulls += o.pulls, roundsCompleted += o.roundsCompleted;
     errors += o.errors, keys += o.keys, keysReleased += o.keysReleased;
     keyBytes += o.keyBytes, inlined += o.inlined;
+    unsummedBytes += o.unsummedBytes, unsummedPeak += o.unsummedPeak;
     return *this;
   }
 };
@@ -145,6 +168,8 @@ class ServerEngine {
   std::unique_ptr<shm::Arena> arena_;          // results, when shmPrefix is set
   std::unique_ptr<shm::PeerMappings> peers_;   // workers' push regions
   std::shared_ptr<const compressor::Registry> codecs_;
+  // ServerStats::unsummedBytes and unsummedPeak.
+  std::atomic<uint64_t> unsummed_{0}, unsummedPeak_{0};
 };
 
 }  // namespace cortado::server

@@ -78,6 +78,9 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
     }
+    // Summed: the push's bytes go now; its sender hears of it, unless this
+    // push completes the round (the answer to its pull, next, says so).
+    pushSummed(h, msg, k.dtype, (h.flags & wire::kFlagAck) && k.pushes < k.expected);
     if (k.pushes < k.expected) return;
     // Round complete: publish the sum, start the next round. Every worker
     // pushed this round only after it had pulled the previous one, so the old
@@ -183,17 +186,7 @@ void ServerEngine::Shard::processAsync(KeyState& k, const DataHeader& h, Message
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
     }
-    DataHeader a;
-    a.op = Op::kPushAck;
-    a.flags = wire::kFlagAsync;
-    a.requestId = h.requestId;
-    a.key = h.key;
-    a.round = h.round;
-    a.dtype = k.dtype;
-    Message m;
-    m.parts.push_back(wire::encodeHeader(a));
-    m.parts.push_back(Buffer());
-    engine->transport_.send(msg.from, std::move(m));
+    pushSummed(h, msg, k.dtype, true);
     return;
   }
   {
