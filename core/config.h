@@ -29,7 +29,7 @@ struct JobConfig {
   int serverThreads = 2;
   // CORTADO_SERVER_PUSH_BYTES: a server's budget of pushes received and not
   // yet summed (ServerEngineOptions::pushBudget); 0: none.
-  uint64_t serverPushBytes = 16ull << 20;
+  uint64_t serverPushBytes = 32ull << 20;
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
   // CORTADO_COMPACT_SPARSE: top-k and DGC payloads (workers' pushes, the

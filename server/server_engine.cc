@@ -348,6 +348,29 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
     processSync(k, h, msg);
 }
 
+Buffer ServerEngine::takeSpare(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(spareMu_);
+    auto it = spares_.find(bytes);
+    if (it != spares_.end() && !it->second.empty()) {
+      Buffer b = std::move(it->second.back());
+      it->second.pop_back();
+      spareBytes_ -= bytes;
+      return b;
+    }
+  }
+  return Buffer::allocate(bytes);
+}
+
+void ServerEngine::keepSpare(Buffer b) {
+  // Still referred to (a reply in flight): it goes when that does.
+  if (b.empty() || !b.unique()) return;
+  std::lock_guard<std::mutex> lk(spareMu_);
+  if (spareBytes_ + b.size() > std::max(kSpareBytes, opts_.pushBudget)) return;
+  spareBytes_ += b.size();
+  spares_[b.size()].push_back(std::move(b));
+}
+
 void ServerEngine::Shard::pushSummed(const DataHeader& h, Message& msg, DType dtype, bool ack) {
   msg.parts[1] = Buffer();
   settlePush();

@@ -78,6 +78,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "compressor/registry.h"
@@ -170,6 +171,18 @@ class ServerEngine {
   std::shared_ptr<const compressor::Registry> codecs_;
   // ServerStats::unsummedBytes and unsummedPeak.
   std::atomic<uint64_t> unsummed_{0}, unsummedPeak_{0};
+
+  // Spare sum buffers (plain keys whose sum is their answer, without shared
+  // memory): a completed round's previous answer, once nothing refers to it,
+  // kept by size for the next round of any key of that size, so a key holds
+  // no sum between its rounds and a new round's sum costs no page faults.
+  // At most kSpareBytes or the push budget, whichever is more.
+  Buffer takeSpare(size_t bytes);
+  void keepSpare(Buffer b);
+  static constexpr uint64_t kSpareBytes = 32ull << 20;
+  std::mutex spareMu_;
+  std::unordered_map<size_t, std::vector<Buffer>> spares_;
+  uint64_t spareBytes_ = 0;
 };
 
 }  // namespace cortado::server

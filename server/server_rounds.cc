@@ -54,8 +54,13 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       acc = k.regions[k.round % 2].data;
     } else {
       // The published result of the last round may still be pulled: never
-      // write into it. Recycling happens at completion (see below).
-      if (k.acc.size() != accBytes) k.acc = Buffer::allocate(accBytes), k.accZero = false;
+      // write into it. Recycling happens at completion (see below); a plain
+      // key's sum comes from the engine's spares as its round begins.
+      if (k.acc.size() != accBytes) {
+        k.acc = !k.compressed && accT == k.dtype ? engine->takeSpare(accBytes)
+                                                 : Buffer::allocate(accBytes);
+        k.accZero = false;
+      }
       acc = k.acc.data();
     }
     if (k.compressed) {
@@ -112,8 +117,12 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     } else {
       Buffer old = std::move(k.result);
       if (accT == k.dtype) {
+        // The sum is the answer; the last answer becomes a spare for any
+        // key's next round instead of this key's sum between rounds, so an
+        // idle key holds its answer alone (1x its bytes, not 2x).
         k.result = std::move(k.acc);
-        k.acc = takeBuffer(old, accBytes);
+        k.acc = Buffer();  // a moved-from Buffer keeps its size
+        engine->keepSpare(std::move(old));
       } else {
         k.result = takeBuffer(old, outBytes);
         storeAccumulator(k.dtype, k.result.data(), k.acc.data(), k.numElements);
