@@ -38,7 +38,12 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
       {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
       {"CORTADO_SERVER_PUSH_BYTES", "", "32MiB",
-       "a server's budget of pushes received and not yet summed, in bytes; each worker sends a server at most this over the workers (at least one chunk) ahead of its acknowledgements, so that without shared memory (another host, or `CORTADO_SHM=0`) a server holds about 2x its keys' bytes plus this instead of what the workers' credits allow (0: no budget; pushes through shared memory and of at most 64 KiB are not counted; docs/transports.md, \"Memory\")"},
+       "a server's budget of pushes received and not yet summed, in bytes; each worker sends a "
+       "server at most this over the workers (at least one chunk) ahead of the server's "
+       "acknowledgements, so that without shared memory (another host, or `CORTADO_SHM=0`) a "
+       "server holds its keys' answers, the sums of the rounds under way and at most this of "
+       "pushes, instead of what the workers' credits allow (0: no budget; pushes through "
+       "shared memory and of at most 64 KiB are not counted; docs/transports.md, \"Memory\")"},
       {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
       {"CORTADO_SHM", "BYTEPS_ENABLE_IPC", "1",
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},

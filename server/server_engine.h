@@ -57,6 +57,13 @@
 // unsummedPeak). Pushes through shared memory, of at most 64 KiB, and of
 // sparse tensors are not budgeted.
 //
+// Without shared memory a plain key (uncompressed, its sum in its own dtype)
+// holds its sum only while a round is under way: the sum becomes the answer,
+// and the previous answer, once no reply refers to it, goes to the engine's
+// spares by size (at most 32 MiB or the push budget) for the next round of
+// any key of that size. So an idle key costs its answer alone (1x its
+// bytes), and a new round's sum costs no page faults.
+//
 // Threads: handle() is called on the transport's loop thread; it decodes the
 // header and hands the message to one of `engineThreads` engine threads,
 // chosen by key (a shard). A key of at most `inlineBytes` whose shard is idle
