@@ -85,9 +85,11 @@ void WorkerImpl::start(control::ClientOptions copts, Deadline deadline) {
   } else {
     sameHost_.assign(book_.servers.size(), false);
   }
-  for (const auto& s : book_.servers)
-    serverShare_.push_back(s.pushBudget == 0 ? 0
-                                             : std::max<uint64_t>(1, s.pushBudget / book_.workers.size()));
+  // Each server's push budget over the workers: this worker's share of it.
+  for (const auto& s : book_.servers) {
+    const uint64_t share = s.pushBudget / book_.workers.size();
+    serverShare_.push_back(s.pushBudget == 0 ? 0 : std::max<uint64_t>(1, share));
+  }
   serverUnsummed_.assign(book_.servers.size(), 0);
   dispatcher_ = std::thread([this] { dispatchLoop(); });
   CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}, chunks in {} order",
