@@ -38,6 +38,13 @@ const std::vector<SettingInfo>& settingsTable() {
        "servers (docs/benchmarks.md); on one host (shared memory) 4 MiB is faster"},
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
       {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
+      {"CORTADO_SERVER_PUSH_BYTES", "", "32MiB",
+       "a server's budget of pushes received and not yet summed, in bytes; each worker sends a "
+       "server at most this over the workers (at least one chunk) ahead of the server's "
+       "acknowledgements, so that without shared memory (another host, or `CORTADO_SHM=0`) a "
+       "server holds its keys' answers, the sums of the rounds under way and at most this of "
+       "pushes, instead of what the workers' credits allow (0: no budget; pushes through "
+       "shared memory and of at most 64 KiB are not counted; docs/transports.md, \"Memory\")"},
       {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
       {"CORTADO_SHM", "BYTEPS_ENABLE_IPC", "1",
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
@@ -202,6 +209,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_PARTITION_BYTES", std::to_string(partitionBytes)},
       {"CORTADO_MAX_INFLIGHT_BYTES", std::to_string(maxInflightBytes)},
       {"CORTADO_SERVER_THREADS", std::to_string(serverThreads)},
+      {"CORTADO_SERVER_PUSH_BYTES", std::to_string(serverPushBytes)},
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_COMPACT_SPARSE", compactSparse ? "1" : "0"},
@@ -386,6 +394,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   };
   rangeSetting("CORTADO_UCX_PEER_SENDS", c.ucxPeerSends, JobConfig::kMaxUcxPeerSends,
                "large messages in flight to one peer; 0: no bound");
+  sizeSetting("CORTADO_SERVER_PUSH_BYTES", c.serverPushBytes,
+       "give the budget in bytes (e.g. 16MiB; 0: no budget, the workers' credits alone)");
   sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,
        "give a size in bytes (e.g. 64KiB; 0 hands every tensor and key to the "
        "dispatcher and engine threads)");

@@ -35,6 +35,9 @@ struct JobConfig {
   bool partitionBytesGiven = false;
   uint64_t maxInflightBytes = 64ull << 20;
   int serverThreads = 2;
+  // CORTADO_SERVER_PUSH_BYTES: a server's budget of pushes received and not
+  // yet summed (ServerEngineOptions::pushBudget); 0: none.
+  uint64_t serverPushBytes = 32ull << 20;
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
   // CORTADO_COMPACT_SPARSE: top-k and DGC payloads (workers' pushes, the

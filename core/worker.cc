@@ -85,6 +85,12 @@ void WorkerImpl::start(control::ClientOptions copts, Deadline deadline) {
   } else {
     sameHost_.assign(book_.servers.size(), false);
   }
+  // Each server's push budget over the workers: this worker's share of it.
+  for (const auto& s : book_.servers) {
+    const uint64_t share = s.pushBudget / book_.workers.size();
+    serverShare_.push_back(s.pushBudget == 0 ? 0 : std::max<uint64_t>(1, share));
+  }
+  serverUnsummed_.assign(book_.servers.size(), 0);
   dispatcher_ = std::thread([this] { dispatchLoop(); });
   CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}, chunks in {} order",
                    self_.rank, book_.workers.size(), book_.servers.size(), transport_->name(),
@@ -213,6 +219,20 @@ TensorEntry& WorkerImpl::tensorLocked(const std::string& name, const char* what)
   return *it->second;
 }
 
+uint64_t WorkerImpl::budgetedBytesLocked(const TensorEntry& t, const Task& task, size_t chunk,
+                                         uint64_t bytes) const {
+  const Chunk& c = t.chunks[chunk];
+  if (serverShare_[c.server] == 0 || t.zen || c.numElements == 0) return 0;
+  // What the push's body carries (a compressed one at most its codec's
+  // payload size; its preamble is small), as sendChunk() decides.
+  const bool compressed = task.exchange ? !task.payloads.empty() : t.codec != nullptr;
+  if (compressed)
+    bytes = task.exchange ? task.payloads[chunk].size() : t.codec->payloadBytes(c.numElements);
+  else if (pushesThroughShm(t, c))
+    return 0;
+  return bytes > kBudgetMinBytes ? bytes : 0;
+}
+
 void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::State>& state,
                                const std::shared_ptr<Task>& task) {
   CORTADO_ENFORCE(!t.inFlight, ErrorCode::kInvalidArgument,
@@ -236,9 +256,9 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   // Credits count the bytes a chunk pushes: a sparse tensor's pairs, not its
   // dense size.
   auto queueChunk = [&](size_t i) {
-    queue_.push(ChunkOp{task, i, seq_++,
-                        task->sparse.empty() ? t.chunks[i].numElements * dtypeSize(t.dtype)
-                                             : uint64_t(task->sparse[i].size())});
+    const uint64_t bytes = task->sparse.empty() ? t.chunks[i].numElements * dtypeSize(t.dtype)
+                                                : uint64_t(task->sparse[i].size());
+    queue_.push(ChunkOp{task, i, seq_++, bytes, budgetedBytesLocked(t, *task, i, bytes)});
   };
   // The task's chunks take consecutive sequence numbers: the staggered order
   // (WorkerOptions::staggerChunks) reorders them among themselves only, and

@@ -29,7 +29,12 @@ void WorkerImpl::dispatchLoop() {
   const bool mayStall = opts_.creditStall.count() > 0;
   for (;;) {
     if (closed_) return;
-    if (!queue_.empty() && (fits() || (mayStall && Clock::now() >= stallAt()))) {
+    // A chunk whose server has no room in this worker's share of its push
+    // budget waits for that server's acknowledgements (which come as the
+    // server sums, whatever the other workers do), and the chunks behind it
+    // wait too: the priority order holds. The credit stall does not pass it.
+    if (!queue_.empty() && serverRoomLocked(queue_.top()) &&
+        (fits() || (mayStall && Clock::now() >= stallAt()))) {
       if (!fits())
         CORTADO_LOG_DEBUG(
             "worker {}: nothing answered or sent for {} ms with {} bytes in flight: chunk {} of "
@@ -40,6 +45,7 @@ void WorkerImpl::dispatchLoop() {
       queue_.pop();
       if (!failure_.ok()) continue;  // failAll() completed its handle
       inFlightBytes_ += op.bytes;
+      serverUnsummed_[op.task->tensor->chunks[op.chunk].server] += op.budgeted;
       lastProgress_ = Clock::now();
       uint32_t id = nextRequest_++;
       if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
@@ -78,10 +84,12 @@ void WorkerImpl::dispatchOrSend(const std::shared_ptr<Task>& task) {
     // only: first in priority order and within the credits.
     if (opts_.inlineBytes > 0 && !closed_ && failure_.ok() && task->tensor->chunks.size() == 1 &&
         !queue_.empty() && queue_.top().task == task && queue_.top().bytes <= opts_.inlineBytes &&
+        serverRoomLocked(queue_.top()) &&
         (inFlightBytes_ == 0 || inFlightBytes_ + queue_.top().bytes <= opts_.maxBytesInFlight)) {
       mine = queue_.top();
       queue_.pop();
       inFlightBytes_ += mine->bytes;
+      serverUnsummed_[task->tensor->chunks[mine->chunk].server] += mine->budgeted;
       lastProgress_ = Clock::now();
       id = nextRequest_++;
       if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
@@ -111,6 +119,7 @@ void WorkerImpl::sendChunk(const ChunkOp& op, uint32_t id) {
   h.numElements = c.numElements;
   h.contributors = t.options.contributors;
   const Task& task = *op.task;
+  if (op.budgeted > 0) h.flags |= wire::kFlagAck;
   try {
     h.op = Op::kPush;
     Message push;
@@ -269,6 +278,7 @@ void WorkerImpl::onMessage(Message&& m) {
       finishChunk(h.requestId, Status(), &m, &h);
       return;
     case Op::kPushAck:
+      onPushAck(h.requestId);
       return;
     case Op::kError: {
       std::string text(reinterpret_cast<const char*>(m.parts[1].data()), m.parts[1].size());
@@ -283,6 +293,18 @@ void WorkerImpl::onMessage(Message&& m) {
       CORTADO_LOG_WARN("worker {}: unexpected {} from {}", self_.rank, wire::opName(h.op),
                        m.from.toString());
   }
+}
+
+void WorkerImpl::onPushAck(uint32_t id) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // Unknown: answered (or failed) before its acknowledgement came.
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    wake = settleLocked(it->second) && !queue_.empty();
+  }
+  if (wake) cv_.notify_all();
 }
 
 std::string WorkerImpl::tensorOfRequest(uint32_t id) {
@@ -301,6 +323,7 @@ bool WorkerImpl::finishChunk(uint32_t id, const Status& status, Message* m, cons
     op = std::move(it->second);
     pending_.erase(it);
     inFlightBytes_ -= op.bytes;
+    settleLocked(op);
     lastProgress_ = Clock::now();
     ++writing_;  // abort() waits until this answer is written
     queued = !queue_.empty();
@@ -469,6 +492,7 @@ void WorkerImpl::failAll(const Status& s) {
     for (auto& [id, op] : pending_) handles.push_back(op.task->handle);
     pending_.clear();
     inFlightBytes_ = 0;
+    std::fill(serverUnsummed_.begin(), serverUnsummed_.end(), 0);
     while (!queue_.empty()) {
       handles.push_back(queue_.top().task->handle);
       queue_.pop();

@@ -128,6 +128,10 @@ struct ChunkOp {
   size_t chunk;
   uint64_t seq;
   uint64_t bytes;
+  // The bytes this push counts against its server's push budget until the
+  // server acknowledges it (PUSH_ACK) or answers; 0: not budgeted (shared
+  // memory, small, sparse, or a server without a budget).
+  uint64_t budgeted = 0;
 };
 
 struct ByPriority {
@@ -207,6 +211,33 @@ class WorkerImpl final : public Worker {
 
   // Sends chunks in priority order while the credits allow.
   void dispatchLoop();
+
+  // The server's push budget (NodeInfo::pushBudget, server_engine.h): each
+  // worker keeps at most its share (the budget over the workers) of pushes
+  // to that server not yet summed there, counted from the send to the
+  // server's PUSH_ACK or answer. Pushes of at most kBudgetMinBytes (summed
+  // on the server's transport thread as they come: inlineBytes), through
+  // shared memory, or of sparse tensors are not counted. A chunk larger than
+  // the share goes alone.
+  static constexpr uint64_t kBudgetMinBytes = 64ull << 10;
+  uint64_t budgetedBytesLocked(const TensorEntry& t, const Task& task, size_t chunk,
+                               uint64_t bytes) const;
+  // Under mu_: whether op's server has room for it in this worker's share.
+  bool serverRoomLocked(const ChunkOp& op) const {
+    if (op.budgeted == 0) return true;
+    const uint32_t s = op.task->tensor->chunks[op.chunk].server;
+    return serverUnsummed_[s] == 0 || serverUnsummed_[s] + op.budgeted <= serverShare_[s];
+  }
+  // Under mu_: op's bytes no longer count against its server (acknowledged,
+  // answered or failed); returns whether any did.
+  bool settleLocked(ChunkOp& op) {
+    if (op.budgeted == 0) return false;
+    serverUnsummed_[op.task->tensor->chunks[op.chunk].server] -= op.budgeted;
+    op.budgeted = 0;
+    return true;
+  }
+  // A PUSH_ACK: the server summed push `id`.
+  void onPushAck(uint32_t id);
 
   // Whether chunk c of t pushes through shared memory (raw, a same-host
   // server, elements to send).
@@ -297,6 +328,10 @@ class WorkerImpl final : public Worker {
   std::priority_queue<ChunkOp, std::vector<ChunkOp>, ByPriority> queue_;
   std::unordered_map<uint32_t, ChunkOp> pending_;
   uint64_t inFlightBytes_ = 0;
+  // Per server: this worker's share of its push budget (0: no budget), and
+  // the budgeted bytes sent to it and not yet summed there.
+  std::vector<uint64_t> serverShare_;
+  std::vector<uint64_t> serverUnsummed_;
   // The last answer or chunk sent: the credit window stalls creditStall after.
   Clock::time_point lastProgress_ = Clock::now();
   int writing_ = 0;  // answers popped from pending_ and not yet written

@@ -78,6 +78,7 @@ int runServerRole(const JobConfig& job) {
   eo.inlineBytes = job.inlineBytes;
   eo.compactSparse = job.compactSparse;
   eo.async = job.async;
+  eo.pushBudget = job.serverPushBytes;
   eo.self = self;
   if (job.sharedMemory) eo.shmPrefix = shm::jobPrefix(job.token);
   TraceOptions to = TraceOptions::fromEnv(fmt::format("server {}", job.rank));
@@ -106,6 +107,7 @@ int runServerRole(const JobConfig& job) {
   control::ClientOptions co = controlOptions(job, Role::kServer);
   co.dataAddress = transport->listen(dataListenAddress(job));
   co.sharedMemory = !eo.shmPrefix.empty();
+  co.pushBudget = eo.pushBudget;
   auto control = control::ControlClient::create(co);
   struct SinkUnset {  // before the client goes, whatever way this returns
     std::shared_ptr<StallSink> s;

@@ -89,6 +89,8 @@ void SchedulerImpl::onRegister(Session& s, const Json& body) {
   info.pid = static_cast<int32_t>(control::getInt(body, "pid"));
   if (auto it = body.find("sharedMemory"); it != body.end() && it->is_boolean())
     info.sharedMemory = it->get<bool>();
+  if (auto it = body.find("pushBudget"); it != body.end() && it->is_number_unsigned())
+    info.pushBudget = role == Role::kServer ? it->get<uint64_t>() : 0;
   const int total = role == Role::kServer ? opts_.numServers : opts_.numWorkers;
   const char* what = roleName(role);
   std::string who = fmt::format("{} from {} (host {}, pid {})", what, s.conn->remote(),

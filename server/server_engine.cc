@@ -56,6 +56,8 @@ ServerStats ServerEngine::stats() const {
     std::lock_guard<std::mutex> lk(s->mu);
     total += s->stats;
   }
+  total.unsummedBytes = unsummed_.load(std::memory_order_relaxed);
+  total.unsummedPeak = unsummedPeak_.load(std::memory_order_relaxed);
   return total;
 }
 
@@ -95,6 +97,13 @@ void ServerEngine::handle(Message&& msg) {
                fmt::format("{} is not a worker of this job (it has {} workers)", msg.from.toString(),
                            opts_.numWorkers));
     return;
+  }
+  if (h.op == Op::kPush && (h.flags & wire::kFlagAck)) {
+    const uint64_t now =
+        unsummed_.fetch_add(msg.parts[1].size(), std::memory_order_relaxed) + msg.parts[1].size();
+    uint64_t peak = unsummedPeak_.load(std::memory_order_relaxed);
+    while (now > peak && !unsummedPeak_.compare_exchange_weak(peak, now)) {
+    }
   }
   // Mix the key so consecutive chunk keys spread over the engine threads.
   uint64_t mixed = h.key * 0x9E3779B97F4A7C15ull;
@@ -176,9 +185,14 @@ void ServerEngine::Shard::run() {
 }
 
 void ServerEngine::Shard::processOrRefuse(const DataHeader& h, Message& msg) {
+  // handle() counted it; the sum settles it (pushSummed), or, below, the
+  // refusal or a message that summed nothing.
+  unsettled = h.op == Op::kPush && (h.flags & wire::kFlagAck) ? msg.parts[1].size() : 0;
   try {
     process(h, msg);
+    settlePush();
   } catch (const Error& e) {
+    settlePush();
     {
       std::lock_guard<std::mutex> lk(mu);
       ++stats.errors;
@@ -187,6 +201,7 @@ void ServerEngine::Shard::processOrRefuse(const DataHeader& h, Message& msg) {
   } catch (const std::exception& e) {
     // An allocation a push asked for that the machine cannot give: refuse
     // it, keep serving.
+    settlePush();
     {
       std::lock_guard<std::mutex> lk(mu);
       ++stats.errors;
@@ -331,6 +346,53 @@ void ServerEngine::Shard::process(const DataHeader& h, Message& msg) {
     processAsync(k, h, msg);
   else
     processSync(k, h, msg);
+}
+
+Buffer ServerEngine::takeSpare(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(spareMu_);
+    auto it = spares_.find(bytes);
+    if (it != spares_.end() && !it->second.empty()) {
+      Buffer b = std::move(it->second.back());
+      it->second.pop_back();
+      spareBytes_ -= bytes;
+      return b;
+    }
+  }
+  return Buffer::allocate(bytes);
+}
+
+void ServerEngine::keepSpare(Buffer b) {
+  // Still referred to (a reply in flight): it goes when that does.
+  if (b.empty() || !b.unique()) return;
+  std::lock_guard<std::mutex> lk(spareMu_);
+  if (spareBytes_ + b.size() > std::max(kSpareBytes, opts_.pushBudget)) return;
+  spareBytes_ += b.size();
+  spares_[b.size()].push_back(std::move(b));
+}
+
+void ServerEngine::Shard::pushSummed(const DataHeader& h, Message& msg, DType dtype, bool ack) {
+  msg.parts[1] = Buffer();
+  settlePush();
+  if (!ack) return;
+  DataHeader a;
+  a.op = Op::kPushAck;
+  a.flags = h.flags & wire::kFlagAsync;
+  a.requestId = h.requestId;
+  a.key = h.key;
+  a.round = h.round;
+  a.dtype = dtype;
+  Message m;
+  m.parts.push_back(wire::encodeHeader(a));
+  m.parts.push_back(Buffer());
+  // The push is summed either way; a sender that cannot be reached is the
+  // scheduler's to report.
+  try {
+    engine->transport_.send(msg.from, std::move(m));
+  } catch (const Error& e) {
+    CORTADO_LOG_WARN("key {}: could not acknowledge a push of {}: {}", h.key, msg.from.toString(),
+                     e.what());
+  }
 }
 
 Buffer ServerEngine::Shard::takeBuffer(Buffer& recycled, size_t bytes) {

@@ -43,6 +43,27 @@
 // the tensor and the missing workers. The engine threads look every quarter
 // of that time (at most every second) while they wait for messages.
 //
+// Push budget (ServerEngineOptions::pushBudget, CORTADO_SERVER_PUSH_BYTES):
+// without shared memory every push's bytes sit in this server from their
+// arrival until they are summed, and the workers' credits alone would let
+// them pile up to the workers' windows (4 workers x 64 MiB). The server
+// advertises the budget when it registers; each worker keeps its share (the
+// budget over the workers, at least one chunk) of pushes not yet summed here
+// and flags them kFlagAck; the server drops a push's body as soon as it is
+// summed and acknowledges it (PUSH_ACK; the last push of a round is answered
+// by the round's answer instead), which lets the worker send the next. So a
+// server holds at most max(budget, workers x largest chunk) of such pushes,
+// counted from handle() to the sum (ServerStats::unsummedBytes and
+// unsummedPeak). Pushes through shared memory, of at most 64 KiB, and of
+// sparse tensors are not budgeted.
+//
+// Without shared memory a plain key (uncompressed, its sum in its own dtype)
+// holds its sum only while a round is under way: the sum becomes the answer,
+// and the previous answer, once no reply refers to it, goes to the engine's
+// spares by size (at most 32 MiB or the push budget) for the next round of
+// any key of that size. So an idle key costs its answer alone (1x its
+// bytes), and a new round's sum costs no page faults.
+//
 // Threads: handle() is called on the transport's loop thread; it decodes the
 // header and hands the message to one of `engineThreads` engine threads,
 // chosen by key (a shard). A key of at most `inlineBytes` whose shard is idle
@@ -55,6 +76,7 @@
 // whichever thread processed the message.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -63,6 +85,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "compressor/registry.h"
@@ -100,6 +123,9 @@ struct ServerEngineOptions {
   // keep it short). Zero or no onStall: no check.
   std::chrono::milliseconds stallAfter{0};
   std::function<void(const StallReport&)> onStall;
+  // The budget of pushes received and not yet summed, in bytes (0: none).
+  // The workers keep to it (above); the role advertises it to them.
+  uint64_t pushBudget = 0;
 };
 
 struct ServerStats {
@@ -111,11 +137,16 @@ struct ServerStats {
   uint64_t keysReleased = 0;  // keys freed by their contributors' releases
   uint64_t keyBytes = 0;      // the tensor bytes of the keys held now (elements x dtype)
   uint64_t inlined = 0;       // messages processed on the transport's thread (inlineBytes)
+  // Budgeted pushes (kFlagAck): their bytes received and not yet summed, now
+  // and at most so far (per server: a sum over servers adds the peaks).
+  uint64_t unsummedBytes = 0;
+  uint64_t unsummedPeak = 0;
 
   ServerStats& operator+=(const ServerStats& o) {
     pushes += o.pushes, pulls += o.pulls, roundsCompleted += o.roundsCompleted;
     errors += o.errors, keys += o.keys, keysReleased += o.keysReleased;
     keyBytes += o.keyBytes, inlined += o.inlined;
+    unsummedBytes += o.unsummedBytes, unsummedPeak += o.unsummedPeak;
     return *this;
   }
 };
@@ -145,6 +176,20 @@ class ServerEngine {
   std::unique_ptr<shm::Arena> arena_;          // results, when shmPrefix is set
   std::unique_ptr<shm::PeerMappings> peers_;   // workers' push regions
   std::shared_ptr<const compressor::Registry> codecs_;
+  // ServerStats::unsummedBytes and unsummedPeak.
+  std::atomic<uint64_t> unsummed_{0}, unsummedPeak_{0};
+
+  // Spare sum buffers (plain keys whose sum is their answer, without shared
+  // memory): a completed round's previous answer, once nothing refers to it,
+  // kept by size for the next round of any key of that size, so a key holds
+  // no sum between its rounds and a new round's sum costs no page faults.
+  // At most kSpareBytes or the push budget, whichever is more.
+  Buffer takeSpare(size_t bytes);
+  void keepSpare(Buffer b);
+  static constexpr uint64_t kSpareBytes = 32ull << 20;
+  std::mutex spareMu_;
+  std::unordered_map<size_t, std::vector<Buffer>> spares_;
+  uint64_t spareBytes_ = 0;
 };
 
 }  // namespace cortado::server

@@ -54,8 +54,13 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       acc = k.regions[k.round % 2].data;
     } else {
       // The published result of the last round may still be pulled: never
-      // write into it. Recycling happens at completion (see below).
-      if (k.acc.size() != accBytes) k.acc = Buffer::allocate(accBytes), k.accZero = false;
+      // write into it. Recycling happens at completion (see below); a plain
+      // key's sum comes from the engine's spares as its round begins.
+      if (k.acc.size() != accBytes) {
+        k.acc = !k.compressed && accT == k.dtype ? engine->takeSpare(accBytes)
+                                                 : Buffer::allocate(accBytes);
+        k.accZero = false;
+      }
       acc = k.acc.data();
     }
     if (k.compressed) {
@@ -78,6 +83,9 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
     }
+    // Summed: the push's bytes go now; its sender hears of it, unless this
+    // push completes the round (the answer to its pull, next, says so).
+    pushSummed(h, msg, k.dtype, (h.flags & wire::kFlagAck) && k.pushes < k.expected);
     if (k.pushes < k.expected) return;
     // Round complete: publish the sum, start the next round. Every worker
     // pushed this round only after it had pulled the previous one, so the old
@@ -109,8 +117,12 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
     } else {
       Buffer old = std::move(k.result);
       if (accT == k.dtype) {
+        // The sum is the answer; the last answer becomes a spare for any
+        // key's next round instead of this key's sum between rounds, so an
+        // idle key holds its answer alone (1x its bytes, not 2x).
         k.result = std::move(k.acc);
-        k.acc = takeBuffer(old, accBytes);
+        k.acc = Buffer();  // a moved-from Buffer keeps its size
+        engine->keepSpare(std::move(old));
       } else {
         k.result = takeBuffer(old, outBytes);
         storeAccumulator(k.dtype, k.result.data(), k.acc.data(), k.numElements);
@@ -183,17 +195,7 @@ void ServerEngine::Shard::processAsync(KeyState& k, const DataHeader& h, Message
       std::lock_guard<std::mutex> lk(mu);
       ++stats.pushes;
     }
-    DataHeader a;
-    a.op = Op::kPushAck;
-    a.flags = wire::kFlagAsync;
-    a.requestId = h.requestId;
-    a.key = h.key;
-    a.round = h.round;
-    a.dtype = k.dtype;
-    Message m;
-    m.parts.push_back(wire::encodeHeader(a));
-    m.parts.push_back(Buffer());
-    engine->transport_.send(msg.from, std::move(m));
+    pushSummed(h, msg, k.dtype, true);
     return;
   }
   {

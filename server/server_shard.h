@@ -140,8 +140,22 @@ struct ServerEngine::Shard {
   // Compact top-k and DGC pushes expanded, and a sparse answer in its plain
   // form before it is compacted (compressor/compact.h); the token's holder's.
   std::vector<std::byte> scratch;
+  // The bytes of the budgeted push being processed that still count as
+  // unsummed (ServerStats::unsummedBytes); the token's holder's.
+  uint64_t unsettled = 0;
 
   void run();
+  // The push being processed is summed (or refused): its bytes leave the
+  // unsummed count, before its acknowledgement lets its sender send more.
+  void settlePush() {
+    if (unsettled == 0) return;
+    engine->unsummed_.fetch_sub(unsettled, std::memory_order_relaxed);
+    unsettled = 0;
+  }
+  // A push summed: drops its body (the receive buffer goes back now, not
+  // when the message is done with), settles it, and acknowledges it when
+  // its sender asked (kFlagAck) or in async mode (always).
+  void pushSummed(const DataHeader& h, Message& msg, DType dtype, bool ack);
   // process() with its errors answered to the sender.
   void processOrRefuse(const DataHeader& h, Message& msg);
   // The stall check: reports each round waiting longer than stallAfter once.

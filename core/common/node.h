@@ -39,6 +39,10 @@ struct NodeInfo {
   int32_t pid = 0;
   // Reads pushes from, and answers into, same-host shared memory (core/shm).
   bool sharedMemory = false;
+  // A server's budget of pushes received and not yet summed, in bytes, that
+  // the workers keep to (their share each; server/server_engine.h, "Push
+  // budget"); 0: none.
+  uint64_t pushBudget = 0;
   std::string toString() const {
     return fmt::format("{} (host {}, pid {}, {})", id.toString(), hostname, pid, dataAddress);
   }

@@ -603,7 +603,8 @@ class ControlClientImpl final : public ControlClient {
                                          {"dataAddress", opts_.dataAddress},
                                          {"hostname", opts_.hostname},
                                          {"pid", static_cast<int>(getpid())},
-                                         {"sharedMemory", opts_.sharedMemory}});
+                                         {"sharedMemory", opts_.sharedMemory},
+                                         {"pushBudget", opts_.pushBudget}});
     silenceLimit_ = std::max(opts_.schedulerTimeout, 3 * pingInterval_);
     startHeartbeats();
     startWatchdog();

@@ -57,6 +57,7 @@ struct ClientOptions {
   std::string dataAddress;    // what this node's Transport::listen() returned
   std::string hostname;       // defaults to gethostname()
   bool sharedMemory = false;  // advertised: this node serves same-host shared memory
+  uint64_t pushBudget = 0;    // advertised by a server: NodeInfo::pushBudget
   Millis connectTimeout{30000};  // connect() retries until min(its deadline, now + this)
   Millis heartbeatInterval{1000};
   // The scheduler pings every node (every SchedulerOptions::heartbeatTimeout/4);

@@ -127,7 +127,8 @@ Json nodeInfoToJson(const NodeInfo& n) {
               {"dataAddress", n.dataAddress},
               {"hostname", n.hostname},
               {"pid", n.pid},
-              {"sharedMemory", n.sharedMemory}};
+              {"sharedMemory", n.sharedMemory},
+              {"pushBudget", n.pushBudget}};
 }
 
 NodeInfo nodeInfoFromJson(const Json& j) {
@@ -146,6 +147,8 @@ NodeInfo nodeInfoFromJson(const Json& j) {
   n.pid = static_cast<int32_t>(getInt(j, "pid"));
   auto shm = j.find("sharedMemory");
   n.sharedMemory = shm != j.end() && shm->is_boolean() && shm->get<bool>();
+  auto budget = j.find("pushBudget");
+  n.pushBudget = budget != j.end() && budget->is_number_unsigned() ? budget->get<uint64_t>() : 0;
   return n;
 }
 

@@ -93,6 +93,12 @@ DataHeader decodeHeader(const Buffer& header, size_t bodySize) {
       "data message {} for key {}: a sparse message with flags 0x{:02x} (sparse "
       "tensors travel as bytes, uncompressed, in sync mode)",
       opName(h.op), h.key, h.flags);
+  CORTADO_ENFORCE(!(h.flags & kFlagAck) ||
+                      (h.op == Op::kPush && !(h.flags & (kFlagShm | kFlagSparse))),
+                  ErrorCode::kProtocol,
+                  "data message {} for key {} has flags 0x{:02x}: only a PUSH that carries its "
+                  "bytes (not shared memory, not sparse) asks for an acknowledgement (0x{:02x})",
+                  opName(h.op), h.key, h.flags, uint8_t(kFlagAck));
   if (carriesData && (h.flags & kFlagShm)) {
     CORTADO_ENFORCE(h.bodyBytes == kShmDescriptorBytes && h.numElements <= (uint64_t(1) << 40),
                     ErrorCode::kProtocol,

@@ -31,6 +31,13 @@
 // with the round's sum once all have arrived. Async mode: each PUSH is added
 // to the stored value at once and acknowledged with PUSH_ACK; PULL returns the
 // stored value as it is.
+//
+// A server's budget of pushes received and not yet summed (sync and async;
+// server/server_engine.h, "Push budget"): a PUSH that carries its bytes
+// (not kFlagShm) and asks with kFlagAck is acknowledged with PUSH_ACK once
+// the server has summed it, unless that push completed its round (then the
+// PULL's answer, which follows on the same connection, says so). The worker
+// counts the bytes it sent each server until then.
 #pragma once
 
 #include <cstdint>
@@ -81,9 +88,12 @@ enum Flags : uint8_t {
                             // key's sum; PULL_RESPONSE: a Zen answer, bitmap or pairs
                             // (compressor/zen/zen_payload.h). Sync mode only; never with
                             // kFlagShm or kFlagCompressed
+  kFlagAck = 128,           // PUSH: answer with PUSH_ACK once summed, unless this push
+                            // completes its round (the server's push budget, above)
 };
 inline constexpr uint8_t kAllFlags = kFlagAsync | kFlagCompressed | kFlagShm | kFlagDenseAnswer |
-                                     kFlagErrorFeedback | kFlagFlushResidual | kFlagSparse;
+                                     kFlagErrorFeedback | kFlagFlushResidual | kFlagSparse |
+                                     kFlagAck;
 inline constexpr uint64_t kShmDescriptorBytes = 16;
 
 struct DataHeader {

@@ -42,9 +42,12 @@ class Job {
   // host), so pushes and results travel as descriptors, not bytes.
   // serverInlineBytes: ServerEngineOptions::inlineBytes (keys summed on the
   // transport's thread). serverCompact: ServerEngineOptions::compactSparse.
+  // serverPushBudget: ServerEngineOptions::pushBudget, advertised to the
+  // workers as the server role does.
   Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false,
       uint64_t serverInlineBytes = server::ServerEngineOptions{}.inlineBytes,
-      bool serverCompact = true, WrapTransport wrapWorker = nullptr)
+      bool serverCompact = true, WrapTransport wrapWorker = nullptr,
+      uint64_t serverPushBudget = 0)
       : hub_(transport::inproc::createHub()), async_(async) {
     // A token per job: the shared-memory segments are named after it.
     static int jobs = 0;
@@ -70,6 +73,7 @@ class Job {
       eo.inlineBytes = serverInlineBytes;
       eo.compactSparse = serverCompact;
       eo.async = async;
+      eo.pushBudget = serverPushBudget;
       eo.self = id;
       if (shm) eo.shmPrefix = shmPrefix;
       n->engine = std::make_unique<server::ServerEngine>(eo, *n->transport);
@@ -79,6 +83,7 @@ class Job {
       control::ClientOptions co = clientOptions(Role::kServer, s);
       co.dataAddress = n->transport->listen(fmt::format("inproc://server-{}", s));
       co.sharedMemory = shm;
+      co.pushBudget = serverPushBudget;
       n->control = control::ControlClient::create(co);
       auto* raw = n.get();
       serverUp.push_back(std::async(std::launch::async, [raw] {
@@ -144,6 +149,9 @@ class Job {
     for (const auto& s : servers_) t += s->engine->stats();
     return t;
   }
+
+  // Server s's counters.
+  server::ServerStats serverStats(int s) const { return servers_.at(s)->engine->stats(); }
 
   // Polls serverStats() until `done` holds or 10 s passed; returns the last.
   server::ServerStats waitServers(const std::function<bool(const server::ServerStats&)>& done) const {

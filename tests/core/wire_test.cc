@@ -60,7 +60,16 @@ TEST(Wire, RejectsMalformedHeaders) {
   expectRejected(corrupt(4, 9), 2000, "version");
   expectRejected(corrupt(5, 42), 2000, "op");
   expectRejected(corrupt(6, 99), 2000, "dtype");
-  expectRejected(corrupt(7, 0x80), 2000, "flags");
+  // Every flag bit has a meaning; kFlagAck only on a PUSH that carries bytes.
+  DataHeader ack = sample();
+  ack.flags = wire::kFlagAck;
+  EXPECT_EQ(decodeHeader(encodeHeader(ack), 2000).flags, wire::kFlagAck);
+  ack.op = Op::kPullResponse;
+  expectRejected(encodeHeader(ack), 2000, "flags 0x80");
+  ack.op = Op::kPush;
+  ack.flags = wire::kFlagAck | wire::kFlagShm;
+  ack.bodyBytes = kShmDescriptorBytes;
+  expectRejected(encodeHeader(ack), kShmDescriptorBytes, "acknowledgement");
   expectRejected(good, 1999, "promises a 2000-byte body");
   // Element count that does not match the body (and one that would overflow).
   DataHeader h = sample();

@@ -99,15 +99,18 @@ using StreamKey = std::pair<NodeId, uint64_t>;
 // (a loop thread's arena trims what is freed), and its page faults cost about
 // as much as the copy itself (perf, docs/benchmarks.md "Transports"). A
 // buffer returns here when the last Buffer that shares it goes, from any
-// thread; the pool keeps at most kMaxBytes of them free (a server's memory
-// counts them: with 256 MiB a server over UCX held 4.1x its keys' bytes,
-// docs/benchmarks.md "Memory of the roles") and outlives the transport
-// while buffers are out. Buffers of kMappedBytes and more are mapped and
+// thread; the pool keeps one while the buffers it holds, free and out
+// together, stay within kMaxBytes (a server's memory counts them: with 256
+// MiB free a server over UCX held 4.1x its keys' bytes, with 32 MiB free
+// beside the pushes in flight 3.2-3.9x; docs/benchmarks.md "Memory of the
+// roles"), so that a server whose pushes in flight stay within its push
+// budget reuses its buffers and holds no more than that, and outlives the
+// transport while buffers are out. Buffers of kMappedBytes and more are mapped and
 // unmapped per buffer, so that what the pool lets go leaves the process
 // (through malloc, a heap block freed in the middle of the heap stays).
 class RecvPool : public std::enable_shared_from_this<RecvPool> {
  public:
-  static constexpr size_t kMaxBytes = 32ull << 20;
+  static constexpr size_t kMaxBytes = 16ull << 20;
   static constexpr size_t kMappedBytes = 64ull << 10;
 
   Buffer take(size_t size) {
@@ -121,8 +124,17 @@ class RecvPool : public std::enable_shared_from_this<RecvPool> {
         it->second.pop_back();
         bytes_ -= size;
       }
+      out_ += size;
     }
-    if (!p) p = allocate(size);
+    if (!p) {
+      try {
+        p = allocate(size);
+      } catch (...) {
+        std::lock_guard g(mu_);
+        out_ -= size;
+        throw;
+      }
+    }
     std::shared_ptr<void> owner(p, [pool = shared_from_this(), size](void* q) { pool->give(q, size); });
     return Buffer::wrap(p, size, std::move(owner));
   }
@@ -150,7 +162,8 @@ class RecvPool : public std::enable_shared_from_this<RecvPool> {
   void give(void* p, size_t size) {
     {
       std::lock_guard g(mu_);
-      if (bytes_ + size <= kMaxBytes) {
+      out_ -= size;
+      if (out_ + bytes_ + size <= kMaxBytes) {
         free_[size].push_back(p);
         bytes_ += size;
         return;
@@ -161,7 +174,8 @@ class RecvPool : public std::enable_shared_from_this<RecvPool> {
 
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0;  // free
+  size_t out_ = 0;    // taken, not yet given back
 };
 
 class UcxTransport;
