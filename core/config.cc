@@ -112,6 +112,15 @@ const std::vector<SettingInfo>& settingsTable() {
        "the next message before they sleep (0: never poll, the default; at most 10000). Each "
        "polling thread keeps a core busy: only where the roles have cores to spare "
        "(docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_MESSAGES", "", "0",
+       "latency: with `CORTADO_SHM=1`, messages between a worker and a server on the same host "
+       "go through a shared-memory ring and a futex doorbell instead of the transport's sockets "
+       "and threads (small ones: push and pull requests, answers; the rest, and everything "
+       "across hosts, keep the transport; docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_SPIN_US", "", "0",
+       "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread polls this many "
+       "microseconds after its last message before it sleeps (0: sleeps at once; at most "
+       "10000), yielding the core between looks"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
@@ -169,6 +178,8 @@ void JobConfig::validate() const {
                     replanMinGain));
   if (busyPollUs < 0 || busyPollUs > kMaxBusyPollUs)
     bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
+  if (shmSpinUs < 0 || shmSpinUs > kMaxBusyPollUs)
+    bad(fmt::format("CORTADO_SHM_SPIN_US {} is out of range 0..{}", shmSpinUs, kMaxBusyPollUs));
   if (stallCheck.count() < 0)
     bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
                     stallCheck.count()));
@@ -213,6 +224,8 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_UCX_DIRECT", ucxDirect ? "1" : "0"},
       {"CORTADO_INLINE_BYTES", std::to_string(inlineBytes)},
       {"CORTADO_BUSY_POLL_US", std::to_string(busyPollUs)},
+      {"CORTADO_SHM_MESSAGES", shmMessages ? "1" : "0"},
+      {"CORTADO_SHM_SPIN_US", std::to_string(shmSpinUs)},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
@@ -372,6 +385,15 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
                               "thread polls before it sleeps; 0: never poll)",
                               *n, JobConfig::kMaxBusyPollUs));
     c.busyPollUs = static_cast<int>(*n);
+  }
+  if (auto v = getEnvBool(names("CORTADO_SHM_MESSAGES"))) c.shmMessages = *v;
+  if (auto n = getEnvInt(names("CORTADO_SHM_SPIN_US"))) {
+    if (*n < 0 || *n > JobConfig::kMaxBusyPollUs)
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CORTADO_SHM_SPIN_US={} is out of range 0..{} (microseconds a ring "
+                              "thread polls before it sleeps; 0: never poll)",
+                              *n, JobConfig::kMaxBusyPollUs));
+    c.shmSpinUs = static_cast<int>(*n);
   }
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
