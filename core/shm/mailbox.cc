@@ -33,6 +33,7 @@ struct Header {
   alignas(64) std::atomic<uint32_t> doorbell;  // the futex word
   alignas(64) std::atomic<uint32_t> sleeping;  // 1: the consumer waits on the doorbell
   std::atomic<uint32_t> claimed;               // rings claimed, for the consumer's scan
+  std::atomic<uint32_t> open;                  // 0 once the consumer shut it
 };
 
 struct RingHeader {
@@ -111,6 +112,7 @@ std::unique_ptr<Mailbox> Mailbox::create(const std::string& name, const std::str
   h->slotBytes = shape.slotBytes;
   h->consumerPid = static_cast<int32_t>(getpid());
   std::strncpy(h->host, host.c_str(), kHostBytes - 1);
+  h->open.store(1, std::memory_order_relaxed);
   for (uint32_t r = 0; r < shape.rings; ++r) new (ring(*seg, r)) RingHeader{};
   std::atomic_thread_fence(std::memory_order_release);
   return std::unique_ptr<Mailbox>(new Mailbox(std::move(seg)));
@@ -228,6 +230,11 @@ bool Mailbox::wait(std::chrono::microseconds spin, std::chrono::steady_clock::ti
   return changed();
 }
 
+void Mailbox::shut() {
+  header(*seg_)->open.store(0, std::memory_order_release);
+  wake();
+}
+
 void Mailbox::wake() {
   Header* h = header(*seg_);
   h->doorbell.fetch_add(1, std::memory_order_acq_rel);
@@ -251,7 +258,9 @@ std::unique_ptr<MailboxSender> MailboxSender::open(const std::string& name, cons
                      name);
     return nullptr;
   }
-  if (std::strncmp(h->host, host.c_str(), kHostBytes - 1) != 0) return nullptr;
+  if (std::strncmp(h->host, host.c_str(), kHostBytes - 1) != 0 ||
+      h->open.load(std::memory_order_acquire) == 0)
+    return nullptr;
   const int32_t pid = static_cast<int32_t>(getpid());
   const uint32_t role = static_cast<uint32_t>(self.role);
   for (uint32_t r = 0; r < h->rings; ++r) {
@@ -284,12 +293,18 @@ MailboxSender::~MailboxSender() = default;
 
 int32_t MailboxSender::consumerPid() const { return header(*seg_)->consumerPid; }
 
+bool MailboxSender::consumerOpen() const {
+  return header(*seg_)->open.load(std::memory_order_acquire) != 0;
+}
+
 bool MailboxSender::consumerAlive() const { return processAlive(consumerPid()); }
 
 MailboxSender::Result MailboxSender::trySend(const std::vector<Buffer>& parts, uint64_t afterInner) {
   Header* h = header(*seg_);
   RingHeader* rh = ring(*seg_, ring_);
-  if (rh->state.load(std::memory_order_acquire) != kReady) return Result::kRefused;
+  if (rh->state.load(std::memory_order_acquire) != kReady ||
+      h->open.load(std::memory_order_acquire) == 0)
+    return Result::kRefused;
   const size_t bytes = recordBytes(parts, shapeOf(h));
   if (bytes == 0) return Result::kTooBig;
   const uint64_t tail = rh->tail.load(std::memory_order_relaxed);

@@ -82,6 +82,9 @@ class Mailbox {
   // rings it, wake() is called, or `until`. True when there is something.
   bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until);
   void wake();
+  // Producers stop writing (their sends go to the transport) and wait()
+  // returns: the consumer is closing.
+  void shut();
 
   const std::string& name() const;
   // Futex wake-ups this mailbox slept for (a statistic for the logs).
@@ -113,6 +116,8 @@ class MailboxSender {
   Result trySend(const std::vector<Buffer>& parts, uint64_t afterInner);
   // False once the consumer's process is gone (kill(pid, 0)).
   bool consumerAlive() const;
+  // False once the consumer shut its mailbox (it is closing).
+  bool consumerOpen() const;
   int32_t consumerPid() const;
 
  private:

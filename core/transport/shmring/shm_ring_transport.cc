@@ -75,7 +75,7 @@ class RingTransport final : public Transport {
   void close() override {
     if (closed_.exchange(true)) return;
     stop_.store(true, std::memory_order_release);
-    mailbox_->wake();
+    mailbox_->shut();
     if (thread_.joinable()) thread_.join();
     inner_->close();
     CORTADO_LOG_DEBUG("{}: shared-memory ring messages: {} in, ring thread slept {} times",
@@ -125,6 +125,12 @@ class RingTransport final : public Transport {
         }
         return false;
       case shm::MailboxSender::Result::kRefused:
+        if (!o.sender->consumerOpen()) {
+          CORTADO_LOG_DEBUG("{}: {} closed its shared-memory ring", self_.toString(),
+                            peer.toString());
+          o.sender.reset();
+          return false;
+        }
         CORTADO_LOG_WARN("{}: {} refused its shared-memory ring; messages to it go through the {} "
                          "transport",
                          self_.toString(), peer.toString(), inner_->name());
