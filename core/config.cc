@@ -112,11 +112,12 @@ const std::vector<SettingInfo>& settingsTable() {
        "the next message before they sleep (0: never poll, the default; at most 10000). Each "
        "polling thread keeps a core busy: only where the roles have cores to spare "
        "(docs/transports.md, \"Latency\")"},
-      {"CORTADO_SHM_MESSAGES", "", "0",
+      {"CORTADO_SHM_MESSAGES", "", "1",
        "latency: with `CORTADO_SHM=1`, messages between a worker and a server on the same host "
        "go through a shared-memory ring and a futex doorbell instead of the transport's sockets "
        "and threads (small ones: push and pull requests, answers; the rest, and everything "
-       "across hosts, keep the transport; docs/transports.md, \"Latency\")"},
+       "across hosts, keep the transport; 0: everything through the transport; "
+       "docs/transports.md, \"Latency\")"},
       {"CORTADO_SHM_SPIN_US", "", "0",
        "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread polls this many "
        "microseconds after its last message before it sleeps (0: sleeps at once; at most "

@@ -76,7 +76,7 @@ struct JobConfig {
   static constexpr int kMaxBusyPollUs = 10000;
   // CORTADO_SHM_MESSAGES: same-host messages go through shared-memory rings
   // in front of the transport (core/transport/shmring); needs CORTADO_SHM.
-  bool shmMessages = false;
+  bool shmMessages = true;
   // CORTADO_SHM_SPIN_US: how long a ring thread polls its rings after its
   // last message before it sleeps on the doorbell (at most kMaxBusyPollUs).
   int shmSpinUs = 0;

@@ -261,6 +261,9 @@ std::unique_ptr<MailboxSender> MailboxSender::open(const std::string& name, cons
   if (std::strncmp(h->host, host.c_str(), kHostBytes - 1) != 0 ||
       h->open.load(std::memory_order_acquire) == 0)
     return nullptr;
+  // A consumer whose pid this process cannot see (another pid namespace
+  // sharing /dev/shm) could not be told dead: its messages keep the transport.
+  if (!processAlive(h->consumerPid)) return nullptr;
   const int32_t pid = static_cast<int32_t>(getpid());
   const uint32_t role = static_cast<uint32_t>(self.role);
   for (uint32_t r = 0; r < h->rings; ++r) {

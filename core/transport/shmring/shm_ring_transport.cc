@@ -197,6 +197,14 @@ class RingTransport final : public Transport {
       }
       known_.insert(r);
       ringOf_[p] = r;
+      // Its process is alive now, having just claimed the ring: a pid that
+      // this process cannot see (another pid namespace) is never checked.
+      if (!shm::processAlive(mailbox_->producerPid(r))) {
+        CORTADO_LOG_DEBUG("{}: the pid of {} ({}) is not visible here; its end is left to the "
+                          "transport and the scheduler",
+                          self_.toString(), p.toString(), mailbox_->producerPid(r));
+        ins_[p].reportedGone = true;
+      }
     }
   }
 
