@@ -12,6 +12,8 @@
 #include "core/common/logging.h"
 #include "core/common/net.h"
 #include "core/device/host/factory.h"
+#include "core/shm/shm_segment.h"
+#include "core/transport/shmring/factory.h"
 #include "core/transport/zmq/factory.h"
 #include "cortado/config.h"
 #if CORTADO_CUDA && CORTADO_NCCL
@@ -214,7 +216,26 @@ TransportChoice chooseTransport(const JobConfig& config) {
                           kind));
 }
 
+namespace {
+
+std::unique_ptr<transport::Transport> makeInnerTransport(const JobConfig& config,
+                                                         const NodeId& self);
+
+}  // namespace
+
 std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, const NodeId& self) {
+  auto inner = makeInnerTransport(config, self);
+  if (!config.sharedMemory || !config.shmMessages || config.token.empty()) return inner;
+  transport::shmring::RingOptions o;
+  o.prefix = shm::jobPrefix(config.token);
+  o.spin = std::chrono::microseconds(config.shmSpinUs);
+  return transport::shmring::create(std::move(inner), o);
+}
+
+namespace {
+
+std::unique_ptr<transport::Transport> makeInnerTransport(const JobConfig& config,
+                                                         const NodeId& self) {
   std::string kind = config.transport;
   if (kind == "auto") {
     TransportChoice c = chooseTransport(config);
@@ -254,6 +275,8 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
                           "zmq, ucx, auto",
                           kind));
 }
+
+}  // namespace
 
 std::string dataListenAddress(const JobConfig& config) {
   const std::string host = dataHostOf(config);

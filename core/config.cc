@@ -125,6 +125,16 @@ const std::vector<SettingInfo>& settingsTable() {
        "the next message before they sleep (0: never poll, the default; at most 10000). Each "
        "polling thread keeps a core busy: only where the roles have cores to spare "
        "(docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_MESSAGES", "", "1",
+       "latency: with `CORTADO_SHM=1`, messages between a worker and a server on the same host "
+       "go through a shared-memory ring and a futex doorbell instead of the transport's sockets "
+       "and threads (small ones: push and pull requests, answers; the rest, and everything "
+       "across hosts, keep the transport; 0: everything through the transport; "
+       "docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_SPIN_US", "", "0",
+       "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread polls this many "
+       "microseconds after its last message before it sleeps (0: sleeps at once; at most "
+       "10000), yielding the core between looks"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
@@ -185,6 +195,8 @@ void JobConfig::validate() const {
                     kMaxUcxPeerSends));
   if (busyPollUs < 0 || busyPollUs > kMaxBusyPollUs)
     bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
+  if (shmSpinUs < 0 || shmSpinUs > kMaxBusyPollUs)
+    bad(fmt::format("CORTADO_SHM_SPIN_US {} is out of range 0..{}", shmSpinUs, kMaxBusyPollUs));
   if (stallCheck.count() < 0)
     bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
                     stallCheck.count()));
@@ -231,6 +243,8 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_UCX_PEER_SENDS", std::to_string(ucxPeerSends)},
       {"CORTADO_INLINE_BYTES", std::to_string(inlineBytes)},
       {"CORTADO_BUSY_POLL_US", std::to_string(busyPollUs)},
+      {"CORTADO_SHM_MESSAGES", shmMessages ? "1" : "0"},
+      {"CORTADO_SHM_SPIN_US", std::to_string(shmSpinUs)},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
@@ -401,6 +415,9 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
        "dispatcher and engine threads)");
   rangeSetting("CORTADO_BUSY_POLL_US", c.busyPollUs, JobConfig::kMaxBusyPollUs,
                "microseconds a thread polls before it sleeps; 0: never poll");
+  if (auto v = getEnvBool(names("CORTADO_SHM_MESSAGES"))) c.shmMessages = *v;
+  rangeSetting("CORTADO_SHM_SPIN_US", c.shmSpinUs, JobConfig::kMaxBusyPollUs,
+               "microseconds a ring thread polls before it sleeps; 0: never poll");
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)

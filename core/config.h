@@ -88,6 +88,12 @@ struct JobConfig {
   // wait poll before they sleep (0: never poll; at most kMaxBusyPollUs).
   int busyPollUs = 0;
   static constexpr int kMaxBusyPollUs = 10000;
+  // CORTADO_SHM_MESSAGES: same-host messages go through shared-memory rings
+  // in front of the transport (core/transport/shmring); needs CORTADO_SHM.
+  bool shmMessages = true;
+  // CORTADO_SHM_SPIN_US: how long a ring thread polls its rings after its
+  // last message before it sleeps on the doorbell (at most kMaxBusyPollUs).
+  int shmSpinUs = 0;
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end

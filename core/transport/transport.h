@@ -10,7 +10,8 @@
 //   Buffer alive until the bytes have left (zero-copy where the backend can).
 //   A received Message owns its parts; the receiver may keep them.
 // - Threads: all methods are thread-safe. The receive and error callbacks run
-//   on the transport's own loop thread, one at a time, never while the
+//   on the transport's own threads (its loop thread; the shared-memory ring
+//   transport's ring thread too), one at a time, never while the
 //   transport holds a lock that a method takes, so a callback may call send().
 //   A callback must not block for long: it delays every other message.
 // - Errors: listen() throws cortado::Error (kUnavailable, naming the address,

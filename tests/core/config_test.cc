@@ -180,6 +180,51 @@ TEST(Settings, UcxPeerSendsAreReadPassedOnAndRefused) {
   }
 }
 
+TEST(Settings, ShmMessagesAndTheirSpinAreReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_SHM_MESSAGES");
+  ::unsetenv("CORTADO_SHM_SPIN_US");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.shmMessages, JobConfig{}.shmMessages);
+  EXPECT_EQ(c.shmSpinUs, JobConfig{}.shmSpinUs);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_MESSAGES"), c.shmMessages ? "1" : "0");
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_SPIN_US"), std::to_string(c.shmSpinUs));
+  ::setenv("CORTADO_SHM_MESSAGES", "0", 1);
+  ::setenv("CORTADO_SHM_SPIN_US", "75", 1);
+  c = readJobConfig(false);
+  EXPECT_FALSE(c.shmMessages);
+  EXPECT_EQ(c.shmSpinUs, 75);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_MESSAGES"), "0");
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_SPIN_US"), "75");
+  ::setenv("CORTADO_SHM_MESSAGES", "1", 1);
+  EXPECT_TRUE(readJobConfig(false).shmMessages);
+  auto refused = [](const char* var, const char* value, const std::string& says) {
+    ::setenv(var, value, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << var << "=" << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    ::unsetenv(var);
+  };
+  refused("CORTADO_SHM_SPIN_US", "-1", "CORTADO_SHM_SPIN_US=-1 is out of range 0..10000");
+  refused("CORTADO_SHM_SPIN_US", "10001", "CORTADO_SHM_SPIN_US=10001 is out of range 0..10000");
+  refused("CORTADO_SHM_MESSAGES", "ring", "CORTADO_SHM_MESSAGES='ring' is not a boolean");
+  ::unsetenv("CORTADO_SHM_MESSAGES");
+  c = readJobConfig(false);
+  c.numWorkers = c.numServers = 1;
+  c.shmSpinUs = 20000;  // a configuration built in code is checked too
+  try {
+    c.validate();
+    ADD_FAILURE() << "a ring spin of 20000 us was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_SHM_SPIN_US 20000 is out of range 0..10000"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Settings, HorovodNamesAreReadAsAliases) {
   for (const char* v : {"CORTADO_LOG_LEVEL", "CORTADO_FUSION_BYTES", "CORTADO_STALL_CHECK_MS",
                         "HOROVOD_LOG_LEVEL", "HOROVOD_FUSION_THRESHOLD",

@@ -1,0 +1,56 @@
+// Same-host messages through shared-memory rings, in front of another
+// transport (CORTADO_SHM_MESSAGES). The node gets a mailbox
+// (core/shm/mailbox.h) that same-host peers write small messages into; a
+// thread of this transport waits on it and hands them to the receive
+// callback. send() to a peer whose mailbox exists on this host (same
+// hostname) puts a message that fits a slot into that peer's ring and
+// rings its doorbell only if the peer sleeps. Everything else goes to the
+// inner transport as before: peers on other hosts, peers without a mailbox,
+// larger messages, and any message while the ring is full or refused.
+// connect(), listen(), disconnect() and peer failures are the inner
+// transport's.
+//
+// Order: messages from one sender arrive in the order sent, whichever way
+// each went. Every ring record carries how many messages its sender had
+// sent to this peer over the inner transport before it; the receiver hands
+// a record over only once it has received that many from that peer over
+// the inner transport, and before it hands over a later inner message, it
+// hands over the ring records written before that message.
+//
+// Threads: the receive callback runs on the inner transport's loop thread
+// or on the ring thread, one at a time (a mutex), never while a lock that
+// send() takes is held. The error callback also reports a peer whose
+// process is gone while it had a ring here (checked every `checkEvery`
+// while the ring thread sleeps).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/shm/mailbox.h"
+#include "core/transport/transport.h"
+
+namespace cortado::transport::shmring {
+
+struct RingOptions {
+  // shm::jobPrefix(token): the mailboxes are job segments.
+  std::string prefix;
+  // Compared with the peers' (net::localHostname() when empty): only a
+  // peer on the same host is written to.
+  std::string host;
+  // The ring thread polls this long after its last message before it
+  // sleeps on the doorbell (CORTADO_SHM_SPIN_US), yielding the core
+  // between looks.
+  std::chrono::microseconds spin{0};
+  // How often a sleeping ring thread looks for producers whose process
+  // is gone.
+  std::chrono::milliseconds checkEvery{100};
+  shm::MailboxShape shape;
+};
+
+// Takes `inner`; its self() is this transport's. Throws Error(kUnavailable)
+// when the mailbox cannot be created (/dev/shm full).
+std::unique_ptr<Transport> create(std::unique_ptr<Transport> inner, const RingOptions& options);
+
+}  // namespace cortado::transport::shmring
