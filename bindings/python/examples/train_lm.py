@@ -15,9 +15,10 @@ become <unk>.
 The model is a feedforward n-gram language model: the embeddings of the
 --context previous tokens, concatenated, a tanh layer of --hidden units
 and a softmax over the vocabulary. At the defaults it has 2,635,664
-parameters (10.5 MB of gradients a step), most of them in the input
-embedding and the softmax, whose compute per example is small: on a slow
-link a dense step is mostly communication.
+parameters (10.5 MB of gradients a step), nearly all of them in the input
+embedding (no compute but a lookup; its gradient has non-zeros only in the
+rows of the step's context words) and the softmax: with few examples a
+step, the bytes a step moves weigh against its compute on a slow link.
 
 Each worker draws its --batch-size examples a step from its own contiguous
 share of the training text. Rank 0 measures the validation perplexity (on
