@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""GraVAC's Table 2 on scikit-learn's digits: train_digits.py with each
-compression in turn (dense, static top-k and DGC ratios, GraVAC), on H
+"""GraVAC's Table 2 on scikit-learn's digits (train_digits.py) or on a
+word-level language model of the King James Bible (train_lm.py, --workload
+lm): the example with each compression in turn (dense, static top-k and DGC ratios, GraVAC), on H
 emulated hosts (tests/testbed/testbed.sh, 1 worker and 1 server per host,
 links shaped at --rate; needs root) or on this machine (--local), and a
 markdown table of final accuracy, the bytes each worker pushed (and how
@@ -9,11 +10,19 @@ speedup over each static ratio that reaches it), and what one worker had
 pushed by the step that reached it (where the link bounds every step, the
 time to the target follows those bytes).
 
-    bench/gravac_table.py [--hosts 4] [--rate 1gbit] [--local] [--epochs 10]
-                          [--target 0.95] [--configs none,topk:ratio=0.1,...]
+    bench/gravac_table.py [--workload digits|lm] [--hosts 4] [--rate 1gbit] [--local]
+                          [--epochs 10] [--steps N] [--target 0.95] [--configs none;topk:ratio=0.1;...]
                           [--model cnn|mlp] [--hidden H] [--lr X] [--seed S] [--eval-every K] [--trace DIR]
                           [--fusion-bytes N]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
+                          [--example-args "ARGS"]
+
+--workload lm runs bindings/python/examples/train_lm.py for --steps steps
+(default 600): --target is then a validation perplexity (the time to the
+first evaluation at or below it; default 250), --eval-every K its
+evaluation interval (default 50), and "final" the perplexity at the last
+step. --model, --hidden and --epochs are the digits'; --example-args
+passes further options to either example (e.g. "--embed 256 --batch-size 16").
 
 --model mlp --hidden H trains train_digits.py's wide perceptron (64 x H +
 H + H x 10 + 10 parameters) instead of its small CNN.
@@ -47,6 +56,7 @@ import json
 import os
 import pathlib
 import random
+import shlex
 import subprocess
 import sys
 
@@ -56,7 +66,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TB = ROOT / "tests" / "testbed" / "testbed.sh"
-EXAMPLE = ROOT / "bindings" / "python" / "examples" / "train_digits.py"
+EXAMPLES = {"digits": ROOT / "bindings" / "python" / "examples" / "train_digits.py",
+            "lm": ROOT / "bindings" / "python" / "examples" / "train_lm.py"}
 CONFIGS = ["none", "topk:ratio=0.1", "topk:ratio=0.01", "topk:ratio=0.001", "dgc:ratio=0.1",
            "dgc:ratio=0.01", "dgc:ratio=0.001", "gravac:codec=dgc,window=20,epsilon=0.7",
            "gravac:codec=topk,window=20,epsilon=0.5"]
@@ -64,11 +75,17 @@ CONFIGS = ["none", "topk:ratio=0.1", "topk:ratio=0.01", "topk:ratio=0.001", "dgc
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=sorted(EXAMPLES), default="digits",
+                   help="digits: train_digits.py, test accuracy; lm: train_lm.py, validation "
+                        "perplexity")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--local", action="store_true", help="no emulated hosts: --hosts workers here")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--target", type=float, default=0.95)
+    p.add_argument("--epochs", type=int, default=10, help="digits: epochs")
+    p.add_argument("--steps", type=int, default=600, help="lm: training steps")
+    p.add_argument("--target", type=float,
+                   help="digits: test accuracy (default 0.95); lm: validation perplexity "
+                        "(default 250)")
     p.add_argument("--configs", default=";".join(CONFIGS),
                    help="';'-separated compressions (default: %(default)s)")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="train_digits.py --model")
@@ -79,8 +96,11 @@ def parse_args():
     p.add_argument("--seed", type=int,
                    help="train_digits.py --seed (the train/test split and the initial weights; "
                         "default: the script's, 0)")
-    p.add_argument("--eval-every", type=int, default=0, metavar="K",
-                   help="test accuracy every K steps (0: at each epoch's end)")
+    p.add_argument("--eval-every", type=int, metavar="K",
+                   help="digits: test accuracy every K steps (default 0: at each epoch's "
+                        "end); lm: validation perplexity every K steps (default 50)")
+    p.add_argument("--example-args", default="", metavar="ARGS",
+                   help="further options for the example, as one shell-quoted string")
     p.add_argument("--fusion-bytes", type=int, metavar="N",
                    help="train_digits.py --fusion-bytes N for every configuration")
     p.add_argument("--trace", metavar="DIR", help="cortado launch --trace DIR/<n> per config")
@@ -90,6 +110,17 @@ def parse_args():
     p.add_argument("--python", default="/usr/bin/python3", help="the workers' interpreter")
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of traffic and time to the target")
     args = p.parse_args()
+    lm = args.workload == "lm"
+    if args.target is None:
+        args.target = 250.0 if lm else 0.95
+    if args.eval_every is None:
+        args.eval_every = 50 if lm else 0
+    if args.target <= 0 or (not lm and args.target > 1):
+        p.error(f"--target {args.target}: a test accuracy in (0, 1] for the digits, a "
+                f"perplexity above 0 for lm")
+    if lm and (args.model != "cnn" or args.hidden):
+        p.error("--model and --hidden are train_digits.py's; give train_lm.py's sizes with "
+                "--example-args (e.g. \"--hidden 128 --embed 128\")")
     if args.plot:
         plot_figures.require_matplotlib("gravac_table")
     return args
@@ -124,14 +155,21 @@ def run(args, compression, out, name, index=0):
                CORTADO_CONNECT_TIMEOUT_MS="180000")
     cortado = str(build / "launcher" / "cortado")
     compression, executor, lr = split_config(compression, args.lr)
-    script = [args.python, str(EXAMPLE), "--epochs", str(args.epochs), "--no-progress",
-              "--compression", compression, "--json", str(out), "--model", args.model] + \
-        (["--hidden", str(args.hidden)] if args.hidden else []) + \
-        (["--eval-every", str(args.eval_every)] if args.eval_every else []) + \
+    if args.workload == "lm":
+        script = [args.python, str(EXAMPLES["lm"]), "--steps", str(args.steps),
+                  "--compression", compression, "--json", str(out),
+                  "--eval-every", str(args.eval_every)]
+    else:
+        script = [args.python, str(EXAMPLES["digits"]), "--epochs", str(args.epochs),
+                  "--no-progress", "--compression", compression, "--json", str(out),
+                  "--model", args.model] + \
+            (["--hidden", str(args.hidden)] if args.hidden else []) + \
+            (["--eval-every", str(args.eval_every)] if args.eval_every else [])
+    script += \
         (["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None else []) + \
         (["--lr", repr(lr)] if lr is not None else []) + \
         (["--seed", str(args.seed)] if args.seed is not None else []) + \
-        (["--executor"] if executor else [])
+        (["--executor"] if executor else []) + shlex.split(args.example_args)
     trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:
         cmd = [cortado, "launch", "-w", str(args.hosts), "-s", "2"] + trace + ["--"] + script
@@ -189,19 +227,42 @@ def plot(records, args):
     where it was not reached)."""
     import matplotlib
     matplotlib.use("Agg")
-    pushed = [r["epochs"][-1]["pushed"] / 1e6 for r in records]
+    pushed = [final(r)["pushed"] / 1e6 for r in records]
     reached = [(reach(r, args.target) or (float("nan"),))[0] for r in records]
     where = "this machine" if args.local else f"{args.hosts} emulated hosts at {args.rate}"
+    workload = "the KJV language model" if args.workload == "lm" else "the digits"
     plot_figures.draw_table([r["config"] for r in records],
-                            ["pushed per worker (MB)", f"time to {args.target:.0%} test accuracy (s)"],
-                            [pushed, reached], f"GraVAC and static ratios on the digits, {where}", args.plot,
-                            panels=True)
+                            ["pushed per worker (MB)", f"time to {target_name(args)} (s)"],
+                            [pushed, reached], f"GraVAC and static ratios on {workload}, {where}",
+                            args.plot, panels=True)
     print(f"# plot written to {args.plot}", file=sys.stderr)
 
 
+def is_lm(r):
+    return r.get("workload") == "lm"
+
+
+def final(r):
+    """The run's end: {"metric": test accuracy (digits) or validation perplexity (lm),
+    "pushed": bytes one worker pushed for the gradients, "seconds": training time}."""
+    e = r["final"] if is_lm(r) else r["epochs"][-1]
+    return {"metric": e.get("val_ppl" if is_lm(r) else "test_acc"), "pushed": e["pushed"],
+            "seconds": e.get("seconds")}
+
+
+def target_name(args):
+    return (f"val ppl <= {args.target:g}" if args.workload == "lm"
+            else f"{args.target:.0%} test accuracy")
+
+
 def reach(r, target):
-    """(seconds, step) of the first evaluation at or above the target, or None: the
-    evaluations every K steps where the run made them, else each epoch's end."""
+    """(seconds, step) of the first evaluation that reaches the target, or None:
+    for lm the first validation perplexity at or below it; for the digits the
+    first test accuracy at or above it, from the evaluations every K steps
+    where the run made them, else at each epoch's end."""
+    if is_lm(r):
+        return next(((e["seconds"], e["step"]) for e in r["evals"] if e["val_ppl"] <= target),
+                    None)
     if r.get("evals"):
         return next(((e["seconds"], e["step"]) for e in r["evals"] if e["test_acc"] >= target),
                     None)
@@ -235,7 +296,7 @@ def seconds_per_step(r):
     """The run's training time over its steps, and GraVAC's mean step time at each CF
     (the step's own duration on rank 0, from zero_grad to the optimizer's step)."""
     steps = r.get("step_seconds") or []
-    total = r["epochs"][-1]["seconds"] / len(steps) if steps else float("nan")
+    total = final(r)["seconds"] / len(steps) if steps else float("nan")
     by_cf = {}
     if r.get("history") and len(r["history"]) == len(steps):
         for h, t in zip(r["history"], steps):
@@ -249,24 +310,27 @@ def pushed_to(r, step):
     if r.get("history"):
         return sum(h["bytes"] for h in r["history"][:step]) / 1e6
     steps = len(r.get("step_seconds") or [])
-    return r["epochs"][-1]["pushed"] * step / steps / 1e6 if steps else float("nan")
+    return final(r)["pushed"] * step / steps / 1e6 if steps else float("nan")
 
 
 def print_table(records, args):
     dense = next((r for r in records if r["config"] == "none"), None)
-    dense_bytes = dense["epochs"][-1]["pushed"] if dense else None
+    dense_bytes = final(dense)["pushed"] if dense else None
 
     def to_target(r):
         hit = reach(r, args.target)
         return hit[0] if hit else None
 
     static = [r for r in records if not r["config"].startswith(("none", "gravac"))]
-    print(f"| compression | CFs sent (steps) | final test acc | pushed per worker (MB) | "
-          f"less than dense | time to {args.target:.0%} (s) | step | pushed by then (MB) | "
+    lm = args.workload == "lm"
+    metric = "final val ppl" if lm else "final test acc"
+    short = f"ppl <= {args.target:g}" if lm else f"{args.target:.0%}"
+    print(f"| compression | CFs sent (steps) | {metric} | pushed per worker (MB) | "
+          f"less than dense | time to {short} (s) | step | pushed by then (MB) | "
           f"s/step (median) | GraVAC's speedup over the static ratios that reach it |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in records:
-        last = r["epochs"][-1]
+        last = final(r)
         hit = reach(r, args.target)
         t = hit[0] if hit else None
         less = f"{dense_bytes / last['pushed']:.1f}x" if dense_bytes and last["pushed"] else "-"
@@ -291,7 +355,8 @@ def print_table(records, args):
         reached = f"{t:.1f}" if t is not None else "not reached"
         at = str(hit[1]) if hit and hit[1] is not None else ("" if hit is None else "?")
         by_then = f"{pushed_to(r, hit[1]):.2f}" if hit and hit[1] is not None else ""
-        print(f"| {r['config']} | {cfs} | {last['test_acc']:.4f} | {last['pushed'] / 1e6:.2f} | "
+        value = f"{last['metric']:.2f}" if lm else f"{last['metric']:.4f}"
+        print(f"| {r['config']} | {cfs} | {value} | {last['pushed'] / 1e6:.2f} | "
               f"{less} | {reached} | {at} | {by_then} | {per_step} | {vs} |")
 
 if __name__ == "__main__":

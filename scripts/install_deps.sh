@@ -32,6 +32,9 @@ PACKAGES=(
   python3-torch libtorch-dev python3-torchvision python3-sklearn python3-tqdm
   # the benchmarks' plots (bench/plot_figures.py)
   python3-matplotlib
+  # the language model example's corpus (bindings/python/examples/train_lm.py):
+  # the King James Bible, bible-kjv-text, printed by bible-kjv's `bible`
+  bible-kjv
   # emulated hosts for multi-machine tests
   iproute2 procps psmisc util-linux iputils-ping iperf3
   # Slurm (cortado launch inside an allocation; tests/slurm runs its own

@@ -200,3 +200,22 @@ def test_the_table_tool_counts_what_was_pushed_by_the_target():
     switching = [10.0, 20.0, 10.0, 1.0, 20.0, 10.0, 20.0, 20.0]
     assert t.cf_runs(switching) == \
         "10x 1, 20x 1, 10x 1, ... (7 runs; in all dense 1, 10x 3, 20x 4)"
+
+
+def test_the_table_tool_reads_the_language_models_records():
+    # --workload lm: the target is a perplexity, reached at the first
+    # evaluation at or below it; the final row comes from the record's "final".
+    t = _gravac_table()
+    run = {"workload": "lm", "step_seconds": [0.2] * 300,
+           "evals": [{"step": s, "val_ppl": p, "seconds": s * 0.2} for s, p in
+                     ((100, 210.0), (200, 150.0), (300, 139.5))],
+           "final": {"val_ppl": 139.5, "seconds": 61.0, "pushed": 3000}}
+    assert t.reach(run, 150.0) == (40.0, 200)
+    assert t.reach(run, 139.5) == (60.0, 300)
+    assert t.reach(run, 139.0) is None
+    assert t.final(run) == {"metric": 139.5, "pushed": 3000, "seconds": 61.0}
+    assert t.pushed_to(run, 100) == pytest.approx(1000 / 1e6)
+    digits = {"epochs": [{"epoch": 1, "test_acc": 0.9, "pushed": 10, "seconds": 1.0}],
+              "step_seconds": [0.1]}
+    assert t.final(digits) == {"metric": 0.9, "pushed": 10, "seconds": 1.0}
+    assert t.reach(digits, 0.95) is None and t.reach(digits, 0.9) == (1.0, 1)
