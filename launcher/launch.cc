@@ -273,8 +273,9 @@ int runLaunch(const LaunchOptions& opts) {
     // is faster, and a named size always wins.
     if (!job.partitionBytesGiven) {
       job.partitionBytes = kMultiHostPartitionBytes;
-      CORTADO_LOG_INFO("roles on several hosts: {} KiB chunks (CORTADO_PARTITION_BYTES names another size)",
-                       job.partitionBytes >> 10);
+      CORTADO_LOG_INFO(
+          "roles on several hosts: {} KiB chunks (CORTADO_PARTITION_BYTES names another size)",
+          job.partitionBytes >> 10);
     }
   }
   std::unique_ptr<TempDir> tmp;
