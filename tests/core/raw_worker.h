@@ -20,6 +20,19 @@ using transport::Message;
 using wire::DataHeader;
 using wire::Op;
 
+// A hand-built data-plane header (bodyBytes is set by RawWorker::send).
+inline DataHeader rawHeader(Op op, uint64_t key, uint64_t round, uint64_t n, uint32_t req,
+                            uint8_t flags) {
+  DataHeader h;
+  h.op = op;
+  h.flags = flags;
+  h.key = key;
+  h.round = round;
+  h.numElements = n;
+  h.requestId = req;
+  return h;
+}
+
 // A worker that speaks the wire format by hand.
 class RawWorker {
  public:

@@ -24,15 +24,9 @@ using wire::Op;
 
 Buffer floats(const std::vector<float>& v) { return Buffer::copyOf(v.data(), v.size() * 4); }
 
+// Round 0 of `key`: each test here runs one round per key.
 DataHeader rawHeader(Op op, uint64_t key, uint64_t n, uint32_t req, uint8_t flags) {
-  DataHeader h;
-  h.op = op;
-  h.flags = flags;
-  h.key = key;
-  h.round = 0;
-  h.numElements = n;
-  h.requestId = req;
-  return h;
+  return test::rawHeader(op, key, 0, n, req, flags);
 }
 
 // One server with three hand-driven workers.

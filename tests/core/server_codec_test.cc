@@ -69,14 +69,8 @@ class ServerCodec : public ::testing::Test {
     return b;
   }
   static DataHeader header(Op op, uint64_t key, uint64_t round, uint64_t n, uint32_t req) {
-    DataHeader h;
-    h.op = op;
-    h.flags = op == Op::kPush ? wire::kFlagCompressed : wire::kFlagNone;
-    h.key = key;
-    h.round = round;
-    h.numElements = n;
-    h.requestId = req;
-    return h;
+    return test::rawHeader(op, key, round, n, req,
+                           op == Op::kPush ? wire::kFlagCompressed : wire::kFlagNone);
   }
   // Pulls round `round` of key on worker r and decodes the answer (with the
   // codec's own decoder for its payloads, top-k for sparse sums, expanded
