@@ -18,6 +18,32 @@ std::string valueIn(const JobConfig& c, const std::string& name) {
   return "(missing)";
 }
 
+// readJobConfig refuses `var=value` as an invalid argument whose message
+// holds `says`; `var` is unset afterwards.
+void expectRefused(const char* var, const char* value, const std::string& says) {
+  ::setenv(var, value, 1);
+  try {
+    readJobConfig(false);
+    ADD_FAILURE() << var << "=" << value << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+  ::unsetenv(var);
+}
+
+// validate() refuses `c`, a configuration built in code, with a message that
+// holds `says`.
+void expectInvalid(JobConfig c, const std::string& says) {
+  c.numWorkers = c.numServers = 1;
+  try {
+    c.validate();
+    ADD_FAILURE() << "a configuration that should say \"" << says << "\" was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
 TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
   ::unsetenv("CORTADO_STALL_CHECK_MS");
   JobConfig c = readJobConfig(false);
@@ -32,26 +58,9 @@ TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
   c.numWorkers = c.numServers = 1;
   EXPECT_NO_THROW(c.validate());
   ::setenv("CORTADO_STALL_CHECK_MS", "-5", 1);
-  c = readJobConfig(false);
-  c.numWorkers = c.numServers = 1;
-  try {
-    c.validate();
-    ADD_FAILURE() << "a negative stall check was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CORTADO_STALL_CHECK_MS -5 is negative"),
-              std::string::npos)
-        << e.what();
-  }
-  ::setenv("CORTADO_STALL_CHECK_MS", "soon", 1);
-  try {
-    readJobConfig(false);
-    ADD_FAILURE() << "CORTADO_STALL_CHECK_MS=soon accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CORTADO_STALL_CHECK_MS='soon' is not an integer"),
-              std::string::npos)
-        << e.what();
-  }
-  ::unsetenv("CORTADO_STALL_CHECK_MS");
+  expectInvalid(readJobConfig(false), "CORTADO_STALL_CHECK_MS -5 is negative");
+  expectRefused("CORTADO_STALL_CHECK_MS", "soon",
+                "CORTADO_STALL_CHECK_MS='soon' is not an integer");
 }
 
 // The latency settings (docs/transports.md, "Latency"): their defaults, read,
@@ -65,17 +74,8 @@ TEST(Settings, CompactSparseIsOnByDefaultReadPassedOnAndRefused) {
   c = readJobConfig(false);
   EXPECT_FALSE(c.compactSparse);
   EXPECT_EQ(valueIn(c, "CORTADO_COMPACT_SPARSE"), "0");
-  ::setenv("CORTADO_COMPACT_SPARSE", "sometimes", 1);
-  try {
-    readJobConfig(false);
-    ADD_FAILURE() << "CORTADO_COMPACT_SPARSE=sometimes was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("CORTADO_COMPACT_SPARSE='sometimes' is not a boolean"),
-              std::string::npos)
-        << e.what();
-  }
-  ::unsetenv("CORTADO_COMPACT_SPARSE");
+  expectRefused("CORTADO_COMPACT_SPARSE", "sometimes",
+                "CORTADO_COMPACT_SPARSE='sometimes' is not a boolean");
 }
 
 TEST(Settings, StaggerIsOffByDefaultReadPassedOnAndRefused) {
@@ -87,17 +87,7 @@ TEST(Settings, StaggerIsOffByDefaultReadPassedOnAndRefused) {
   c = readJobConfig(false);
   EXPECT_TRUE(c.staggerChunks);
   EXPECT_EQ(valueIn(c, "CORTADO_STAGGER"), "1");
-  ::setenv("CORTADO_STAGGER", "rotate", 1);
-  try {
-    readJobConfig(false);
-    ADD_FAILURE() << "CORTADO_STAGGER=rotate was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("CORTADO_STAGGER='rotate' is not a boolean"),
-              std::string::npos)
-        << e.what();
-  }
-  ::unsetenv("CORTADO_STAGGER");
+  expectRefused("CORTADO_STAGGER", "rotate", "CORTADO_STAGGER='rotate' is not a boolean");
 }
 
 TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
@@ -117,33 +107,16 @@ TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
   EXPECT_EQ(valueIn(c, "CORTADO_BUSY_POLL_US"), "50");
   ::setenv("CORTADO_INLINE_BYTES", "0", 1);  // every tensor and key handed off
   EXPECT_EQ(readJobConfig(false).inlineBytes, 0u);
-  auto refused = [](const char* var, const char* value, const std::string& says) {
-    ::setenv(var, value, 1);
-    try {
-      readJobConfig(false);
-      ADD_FAILURE() << var << "=" << value << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-    ::unsetenv(var);
-  };
-  refused("CORTADO_INLINE_BYTES", "-1", "CORTADO_INLINE_BYTES='-1': a size cannot be negative");
-  refused("CORTADO_INLINE_BYTES", "small", "CORTADO_INLINE_BYTES='small'");
-  refused("CORTADO_BUSY_POLL_US", "-1", "CORTADO_BUSY_POLL_US=-1 is out of range 0..10000");
-  refused("CORTADO_BUSY_POLL_US", "10001", "CORTADO_BUSY_POLL_US=10001 is out of range 0..10000");
-  refused("CORTADO_BUSY_POLL_US", "fast", "CORTADO_BUSY_POLL_US='fast' is not an integer");
+  expectRefused("CORTADO_INLINE_BYTES", "-1",
+                "CORTADO_INLINE_BYTES='-1': a size cannot be negative");
+  expectRefused("CORTADO_INLINE_BYTES", "small", "CORTADO_INLINE_BYTES='small'");
+  expectRefused("CORTADO_BUSY_POLL_US", "-1", "CORTADO_BUSY_POLL_US=-1 is out of range 0..10000");
+  expectRefused("CORTADO_BUSY_POLL_US", "10001",
+                "CORTADO_BUSY_POLL_US=10001 is out of range 0..10000");
+  expectRefused("CORTADO_BUSY_POLL_US", "fast", "CORTADO_BUSY_POLL_US='fast' is not an integer");
   c = readJobConfig(false);
-  c.numWorkers = c.numServers = 1;
   c.busyPollUs = 20000;  // a configuration built in code is checked too
-  try {
-    c.validate();
-    ADD_FAILURE() << "a busy poll of 20000 us was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CORTADO_BUSY_POLL_US 20000 is out of range 0..10000"),
-              std::string::npos)
-        << e.what();
-  }
+  expectInvalid(c, "CORTADO_BUSY_POLL_US 20000 is out of range 0..10000");
 }
 
 TEST(Settings, UcxPeerSendsAreReadPassedOnAndRefused) {
@@ -155,29 +128,14 @@ TEST(Settings, UcxPeerSendsAreReadPassedOnAndRefused) {
   c = readJobConfig(false);
   EXPECT_EQ(c.ucxPeerSends, 0);
   EXPECT_EQ(valueIn(c, "CORTADO_UCX_PEER_SENDS"), "0");
-  for (const char* bad : {"-1", "1025", "many"}) {
-    ::setenv("CORTADO_UCX_PEER_SENDS", bad, 1);
-    try {
-      readJobConfig(false);
-      ADD_FAILURE() << "CORTADO_UCX_PEER_SENDS=" << bad << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(std::string("CORTADO_UCX_PEER_SENDS")),
-                std::string::npos)
-          << e.what();
-    }
-  }
-  ::unsetenv("CORTADO_UCX_PEER_SENDS");
-  c.numWorkers = c.numServers = 1;
+  expectRefused("CORTADO_UCX_PEER_SENDS", "-1",
+                "CORTADO_UCX_PEER_SENDS=-1 is out of range 0..1024");
+  expectRefused("CORTADO_UCX_PEER_SENDS", "1025",
+                "CORTADO_UCX_PEER_SENDS=1025 is out of range 0..1024");
+  expectRefused("CORTADO_UCX_PEER_SENDS", "many",
+                "CORTADO_UCX_PEER_SENDS='many' is not an integer");
   c.ucxPeerSends = -3;  // a configuration built in code is checked too
-  try {
-    c.validate();
-    ADD_FAILURE() << "CORTADO_UCX_PEER_SENDS -3 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CORTADO_UCX_PEER_SENDS -3 is out of range 0..1024"),
-              std::string::npos)
-        << e.what();
-  }
+  expectInvalid(c, "CORTADO_UCX_PEER_SENDS -3 is out of range 0..1024");
 }
 
 TEST(Settings, ShmMessagesAndTheirSpinAreReadPassedOnAndRefused) {
@@ -197,32 +155,14 @@ TEST(Settings, ShmMessagesAndTheirSpinAreReadPassedOnAndRefused) {
   EXPECT_EQ(valueIn(c, "CORTADO_SHM_SPIN_US"), "75");
   ::setenv("CORTADO_SHM_MESSAGES", "1", 1);
   EXPECT_TRUE(readJobConfig(false).shmMessages);
-  auto refused = [](const char* var, const char* value, const std::string& says) {
-    ::setenv(var, value, 1);
-    try {
-      readJobConfig(false);
-      ADD_FAILURE() << var << "=" << value << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
-    ::unsetenv(var);
-  };
-  refused("CORTADO_SHM_SPIN_US", "-1", "CORTADO_SHM_SPIN_US=-1 is out of range 0..10000");
-  refused("CORTADO_SHM_SPIN_US", "10001", "CORTADO_SHM_SPIN_US=10001 is out of range 0..10000");
-  refused("CORTADO_SHM_MESSAGES", "ring", "CORTADO_SHM_MESSAGES='ring' is not a boolean");
+  expectRefused("CORTADO_SHM_SPIN_US", "-1", "CORTADO_SHM_SPIN_US=-1 is out of range 0..10000");
+  expectRefused("CORTADO_SHM_SPIN_US", "10001",
+                "CORTADO_SHM_SPIN_US=10001 is out of range 0..10000");
+  expectRefused("CORTADO_SHM_MESSAGES", "ring", "CORTADO_SHM_MESSAGES='ring' is not a boolean");
   ::unsetenv("CORTADO_SHM_MESSAGES");
   c = readJobConfig(false);
-  c.numWorkers = c.numServers = 1;
   c.shmSpinUs = 20000;  // a configuration built in code is checked too
-  try {
-    c.validate();
-    ADD_FAILURE() << "a ring spin of 20000 us was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CORTADO_SHM_SPIN_US 20000 is out of range 0..10000"),
-              std::string::npos)
-        << e.what();
-  }
+  expectInvalid(c, "CORTADO_SHM_SPIN_US 20000 is out of range 0..10000");
 }
 
 TEST(Settings, HorovodNamesAreReadAsAliases) {
