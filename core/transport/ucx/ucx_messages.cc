@@ -81,16 +81,19 @@ void UcxTransport::sendTo(const NodeId& peer, Message msg) {
     return;
   }
   Peer& p = it->second;
-  if (!p.waiting.empty() || (options_.peerSends > 0 && p.largeInFlight >= options_.peerSends &&
-                             msg.totalBytes() >= kPeerSendBytes)) {
+  const bool large = msg.totalBytes() >= kPeerSendBytes;
+  if (!p.waiting.empty() || mustWait(p, large)) {
     p.waiting.push_back(std::move(msg));
     return;
   }
-  startData(peer, p, std::move(msg));
+  startData(peer, p, std::move(msg), large);
 }
 
-void UcxTransport::startData(const NodeId& peer, Peer& p, Message msg) {
-  const bool large = msg.totalBytes() >= kPeerSendBytes;
+bool UcxTransport::mustWait(const Peer& p, bool large) const {
+  return large && options_.peerSends > 0 && p.largeInFlight >= options_.peerSends;
+}
+
+void UcxTransport::startData(const NodeId& peer, Peer& p, Message msg, bool large) {
   if (large) ++p.largeInFlight;
   // Same stream and numbering on both endpoints: the receiver puts the
   // messages sent before the direct endpoint existed in order with those
@@ -105,12 +108,11 @@ void UcxTransport::startWaiting(const NodeId& peer, Peer& p, bool all) {
   if (startingWaiting_) return;
   startingWaiting_ = true;
   while (!p.waiting.empty() && !p.reported) {
-    if (!all && options_.peerSends > 0 && p.largeInFlight >= options_.peerSends &&
-        p.waiting.front().totalBytes() >= kPeerSendBytes)
-      break;
+    const bool large = p.waiting.front().totalBytes() >= kPeerSendBytes;
+    if (!all && mustWait(p, large)) break;
     Message msg = std::move(p.waiting.front());
     p.waiting.pop_front();
-    startData(peer, p, std::move(msg));
+    startData(peer, p, std::move(msg), large);
   }
   startingWaiting_ = false;
 }

@@ -373,8 +373,11 @@ class UcxTransport final : public Transport {
   // Starts `peer`'s waiting messages, in order, while the peerSends bound
   // allows (all of them with `all`, at shutdown).
   void startWaiting(const NodeId& peer, Peer& p, bool all = false);
+  // Whether a message (`large`: kPeerSendBytes or more) to `p` must wait
+  // behind the UcxOptions::peerSends bound.
+  bool mustWait(const Peer& p, bool large) const;
   // Starts a data message on the peer's current endpoint.
-  void startData(const NodeId& peer, Peer& p, Message msg);
+  void startData(const NodeId& peer, Peer& p, Message msg, bool large);
 
   // Starts one active message on `ep`; the SendCtx lives until it completes.
   void startSend(const NodeId& peer, ucp_ep_h ep, unsigned am, std::vector<Buffer> parts,
