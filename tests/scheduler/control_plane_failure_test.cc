@@ -113,12 +113,14 @@ TEST(ControlPlane, NodeRefusesASchedulerWithAnotherToken) {
 }
 
 TEST(ControlPlane, UnreachableSchedulerTimesOutAtTheDeadline) {
-  int port;
-  {
-    asio::io_context io;
-    tcp::acceptor a(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    port = a.local_endpoint().port();
-  }
+  // A port bound here and not listening: connections to it are refused for
+  // the whole test, and no other test's scheduler can take it meanwhile (a
+  // port closed again before the connect was taken by one under ctest -j2).
+  asio::io_context io;
+  tcp::socket held(io);
+  held.open(tcp::v4());
+  held.bind(tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const int port = held.local_endpoint().port();
   auto c = ControlClient::create(clientOptions(port, Role::kServer));
   std::string msg;
   auto start = Clock::now();
