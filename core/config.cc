@@ -132,7 +132,8 @@ const std::vector<SettingInfo>& settingsTable() {
        "across hosts, keep the transport; 0: everything through the transport; "
        "docs/transports.md, \"Latency\")"},
       {"CORTADO_SHM_SPIN_US", "", "0",
-       "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread polls this many "
+       "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread (or the thread that "
+       "waits on a handle in its place: `CORTADO_SHM_WAITER_RECEIVES`) polls this many "
        "microseconds after its last message before it sleeps (0: sleeps at once; at most "
        "10000), yielding the core between looks"},
       {"CORTADO_SHM_WAITER_RECEIVES", "", "1",
