@@ -76,15 +76,20 @@ size_t compactBytes(std::span<const std::byte> plain) {
   const auto h = plainSparseHeader(plain);
   if (!h) return 0;
   const std::byte* idx = plain.data() + kHeaderBytes;
-  size_t varints = 0;
+  const std::byte* val = idx + 4 * h->count;
+  size_t kept = 0, varints = 0;
   uint64_t next = 0;  // the smallest index the next one may be
+  uint64_t after = 0;  // one past the last index kept
   for (uint64_t i = 0; i < h->count; ++i) {
     const uint32_t j = loadLe<uint32_t>(idx + 4 * i);
     if (j < next || j >= h->numel) return 0;
-    varints += varintBytes(static_cast<uint32_t>(j - next));
     next = uint64_t(j) + 1;
+    if (loadLe<float>(val + 4 * i) == 0.0f) continue;  // adds nothing: not sent
+    ++kept;
+    varints += varintBytes(static_cast<uint32_t>(j - after));
+    after = uint64_t(j) + 1;
   }
-  return kHeaderBytes + 4 * h->count + varints;
+  return kHeaderBytes + 4 * kept + varints;
 }
 
 size_t compactSparsePayload(std::span<const std::byte> plain, std::span<std::byte> out) {
@@ -98,18 +103,27 @@ size_t compactSparsePayload(std::span<const std::byte> plain, std::span<std::byt
                   out.size());
   PayloadHeader h = parseHeader(plain);
   const uint64_t k = h.count;
+  const std::byte* idx = plain.data() + kHeaderBytes;
+  const std::byte* val = idx + 4 * k;
+  // The kept entries: (need - 48) = 4 per entry plus its varint; counted
+  // again here, as compactBytes() did, to fill the header first.
+  uint64_t kept = 0;
+  for (uint64_t i = 0; i < k; ++i) kept += loadLe<float>(val + 4 * i) != 0.0f;
   h.flags = kCompactIndicesFlag;
+  h.count = kept;
   h.bodyBytes = need - kHeaderBytes;
   writeHeader(h, out);
-  const std::byte* idx = plain.data() + kHeaderBytes;
-  std::byte* p = out.data() + kHeaderBytes;
-  if (k > 0) std::memcpy(p, idx + 4 * k, 4 * k);
-  p += 4 * k;
-  uint64_t next = 0;
+  std::byte* v = out.data() + kHeaderBytes;
+  std::byte* p = v + 4 * kept;
+  uint64_t after = 0;
   for (uint64_t i = 0; i < k; ++i) {
+    const float x = loadLe<float>(val + 4 * i);
+    if (x == 0.0f) continue;
     const uint32_t j = loadLe<uint32_t>(idx + 4 * i);
-    p = writeVarint(p, static_cast<uint32_t>(j - next));
-    next = uint64_t(j) + 1;
+    std::memcpy(v, val + 4 * i, 4);  // the value's bits as they are
+    v += 4;
+    p = writeVarint(p, static_cast<uint32_t>(j - after));
+    after = uint64_t(j) + 1;
   }
   return need;
 }
@@ -134,6 +148,12 @@ size_t expandSparsePayload(std::span<const std::byte> compact, std::span<std::by
   CORTADO_ENFORCE(w.stop != GapStop::kLeftOver, ErrorCode::kProtocol,
                   "compact {} payload: {} bytes left over after its {} indices", name, w.bytes,
                   h.count);
+  // Canonical: the compact form leaves zero values out (a sender never
+  // lists one), so that expanding and compacting again gives the same bytes.
+  for (uint64_t i = 0; i < h.count; ++i)
+    CORTADO_ENFORCE(loadLe<float>(vals + 4 * i) != 0.0f, ErrorCode::kProtocol,
+                    "compact {} payload: value #{} is zero (the compact form leaves zeros out)",
+                    name, i);
   const size_t total = expandedBytes(h);
   CORTADO_ENFORCE(out.size() >= total, ErrorCode::kInvalidArgument,
                   "expanding a compact {} payload of {} indices needs {} bytes, the output has {}",

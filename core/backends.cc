@@ -62,6 +62,7 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.inlineBytes = job.inlineBytes;
   wo.compactSparse = job.compactSparse;
   wo.staggerChunks = job.staggerChunks;
+  wo.pushWindow = uint64_t(job.pushWindowChunks) * job.partitionBytes;
   wo.busyPoll = std::chrono::microseconds(job.busyPollUs);
   wo.listenAddress = dataListenAddress(job);
   return wo;

@@ -32,10 +32,11 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB",
        "chunk size of large tensors. A server answers a chunk once every worker pushed all of it, "
        "so each tensor's exchange starts and ends with links waiting about a chunk's time per "
-       "worker. `cortado launch` gives a job whose roles span hosts (`--hosts`, Slurm nodes) 1 MiB "
-       "chunks unless this names a size: across hosts at 1 Gbit/s 1 MiB moved 64 MiB at 82% of "
-       "the link against 68% with 4 MiB and trained resnet18 1.15-1.2x faster with dedicated "
-       "servers (docs/benchmarks.md); on one host (shared memory) 4 MiB is faster"},
+       "worker. `cortado launch` gives a job whose roles span hosts (`--hosts`, Slurm nodes) "
+       "256 KiB chunks unless this names a size: across hosts at 1 Gbit/s, with the push window, "
+       "256 KiB moved 64 MiB at 88-92% of the link against 79-84% with 1 MiB and trained resnet18 "
+       "as fast (docs/benchmarks.md); where the CPU is the limit (10 Gbit/s on 2 cores) 1 MiB "
+       "was faster; on one host (shared memory) 4 MiB is faster"},
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
       {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
       {"CORTADO_SERVER_PUSH_BYTES", "", "32MiB",
@@ -45,6 +46,15 @@ const std::vector<SettingInfo>& settingsTable() {
        "server holds its keys' answers, the sums of the rounds under way and at most this of "
        "pushes, instead of what the workers' credits allow (0: no budget; pushes through "
        "shared memory and of at most 64 KiB are not counted; docs/transports.md, \"Memory\")"},
+      {"CORTADO_PUSH_WINDOW_CHUNKS", "", "8",
+       "a worker's pushes to servers not yet summed there, all servers together, in chunks of "
+       "CORTADO_PARTITION_BYTES (counted as the servers' budgets count them: not through shared "
+       "memory, over 64 KiB, not sparse); the next push waits for a server's acknowledgement. "
+       "Across hosts it keeps each link's queue short, so that the flows into one server "
+       "share its link evenly: at 1 Gbit/s with servers on 4 other hosts and 256 KiB chunks "
+       "88-92% of the link against 77-79% without it (1 MiB: 79-84% against 71-81%). It needs the "
+       "servers' budget (CORTADO_SERVER_PUSH_BYTES), whose acknowledgements it waits for "
+       "(0: no window; docs/transports.md, \"Push window\")"},
       {"CORTADO_ASYNC", "BYTEPS_ENABLE_ASYNC", "0", "servers apply each push at once"},
       {"CORTADO_SHM", "BYTEPS_ENABLE_IPC", "1",
        "same-host workers and servers exchange data through shared memory (/dev/shm)"},
@@ -200,6 +210,9 @@ void JobConfig::validate() const {
   if (ucxPeerSends < 0 || ucxPeerSends > kMaxUcxPeerSends)
     bad(fmt::format("CORTADO_UCX_PEER_SENDS {} is out of range 0..{}", ucxPeerSends,
                     kMaxUcxPeerSends));
+  if (pushWindowChunks < 0 || pushWindowChunks > kMaxPushWindowChunks)
+    bad(fmt::format("CORTADO_PUSH_WINDOW_CHUNKS {} is out of range 0..{}", pushWindowChunks,
+                    kMaxPushWindowChunks));
   if (busyPollUs < 0 || busyPollUs > kMaxBusyPollUs)
     bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
   if (shmSpinUs < 0 || shmSpinUs > kMaxBusyPollUs)
@@ -229,6 +242,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_MAX_INFLIGHT_BYTES", std::to_string(maxInflightBytes)},
       {"CORTADO_SERVER_THREADS", std::to_string(serverThreads)},
       {"CORTADO_SERVER_PUSH_BYTES", std::to_string(serverPushBytes)},
+      {"CORTADO_PUSH_WINDOW_CHUNKS", std::to_string(pushWindowChunks)},
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_COMPACT_SPARSE", compactSparse ? "1" : "0"},
@@ -416,6 +430,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   };
   rangeSetting("CORTADO_UCX_PEER_SENDS", c.ucxPeerSends, JobConfig::kMaxUcxPeerSends,
                "large messages in flight to one peer; 0: no bound");
+  rangeSetting("CORTADO_PUSH_WINDOW_CHUNKS", c.pushWindowChunks, JobConfig::kMaxPushWindowChunks,
+               "chunks of a worker's pushes not yet summed; 0: no window");
   sizeSetting("CORTADO_SERVER_PUSH_BYTES", c.serverPushBytes,
        "give the budget in bytes (e.g. 16MiB; 0: no budget, the workers' credits alone)");
   sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,

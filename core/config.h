@@ -15,7 +15,7 @@ namespace cortado {
 
 // The chunk size `cortado launch` gives a job whose roles span hosts when
 // none was named (docs/running.md, CORTADO_PARTITION_BYTES).
-constexpr uint64_t kMultiHostPartitionBytes = 1ull << 20;
+constexpr uint64_t kMultiHostPartitionBytes = 256ull << 10;
 
 struct JobConfig {
   Role role = Role::kWorker;
@@ -38,6 +38,11 @@ struct JobConfig {
   // CORTADO_SERVER_PUSH_BYTES: a server's budget of pushes received and not
   // yet summed (ServerEngineOptions::pushBudget); 0: none.
   uint64_t serverPushBytes = 32ull << 20;
+  // CORTADO_PUSH_WINDOW_CHUNKS: a worker's pushes counted by the servers'
+  // budgets and not yet summed, all servers together, at most this many
+  // chunks of partitionBytes (WorkerOptions::pushWindow); 0: no window.
+  int pushWindowChunks = 8;
+  static constexpr int kMaxPushWindowChunks = 1024;
   bool async = false;
   bool sharedMemory = true;               // same-host shared-memory data path
   // CORTADO_COMPACT_SPARSE: top-k and DGC payloads (workers' pushes, the

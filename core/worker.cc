@@ -102,9 +102,11 @@ void WorkerImpl::start(control::ClientOptions copts, Deadline deadline) {
   }
   serverUnsummed_.assign(book_.servers.size(), 0);
   dispatcher_ = std::thread([this] { dispatchLoop(); });
-  CORTADO_LOG_INFO("worker {} of {} ready, {} servers, transport {}, chunks in {} order",
-                   self_.rank, book_.workers.size(), book_.servers.size(), transport_->name(),
-                   opts_.staggerChunks ? "staggered" : "index");
+  CORTADO_LOG_INFO(
+      "worker {} of {} ready, {} servers, transport {}, chunks in {} order, push window {}",
+      self_.rank, book_.workers.size(), book_.servers.size(), transport_->name(),
+      opts_.staggerChunks ? "staggered" : "index",
+      opts_.pushWindow == 0 ? std::string("off") : fmt::format("{} KiB", opts_.pushWindow >> 10));
 }
 
 uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numElements,

@@ -84,6 +84,14 @@ struct WorkerOptions {
   // worker pushing chunk 0 to one server (CORTADO_STAGGER). Priorities
   // across tensors are not affected.
   bool staggerChunks = false;
+  // The push window: this worker's pushes that the servers' budgets count
+  // (not through shared memory, over 64 KiB, not sparse) and that are not
+  // yet summed, all servers together, at most this many bytes; a push that
+  // does not fit waits for an acknowledgement, and a larger one goes alone
+  // (0: no window; CORTADO_PUSH_WINDOW_CHUNKS times the chunk size). Across
+  // hosts the short queues it keeps let the flows into one server share its
+  // link evenly (docs/transports.md, "Push window").
+  uint64_t pushWindow = 0;
 };
 
 // How one tensor travels. The default is uncompressed.

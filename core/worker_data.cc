@@ -47,6 +47,7 @@ void WorkerImpl::dispatchLoop() {
       if (!failure_.ok()) continue;  // failAll() completed its handle
       inFlightBytes_ += op.bytes;
       serverUnsummed_[op.task->tensor->chunks[op.chunk].server] += op.budgeted;
+      totalUnsummed_ += op.budgeted;
       lastProgress_ = Clock::now();
       uint32_t id = nextRequest_++;
       if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
@@ -91,6 +92,7 @@ void WorkerImpl::dispatchOrSend(const std::shared_ptr<Task>& task) {
       queue_.pop();
       inFlightBytes_ += mine->bytes;
       serverUnsummed_[task->tensor->chunks[mine->chunk].server] += mine->budgeted;
+      totalUnsummed_ += mine->budgeted;
       lastProgress_ = Clock::now();
       id = nextRequest_++;
       if (nextRequest_ == 0) nextRequest_ = 1;  // 0 means "no request" in replies
@@ -494,6 +496,7 @@ void WorkerImpl::failAll(const Status& s) {
     pending_.clear();
     inFlightBytes_ = 0;
     std::fill(serverUnsummed_.begin(), serverUnsummed_.end(), 0);
+    totalUnsummed_ = 0;
     while (!queue_.empty()) {
       handles.push_back(queue_.top().task->handle);
       queue_.pop();

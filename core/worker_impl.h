@@ -285,6 +285,8 @@ class WorkerImpl final : public Worker {
   bool serverRoomLocked(const ChunkOp& op) const {
     if (op.budgeted == 0) return true;
     const uint32_t s = op.task->tensor->chunks[op.chunk].server;
+    if (opts_.pushWindow > 0 && totalUnsummed_ > 0 && totalUnsummed_ + op.budgeted > opts_.pushWindow)
+      return false;
     return serverUnsummed_[s] == 0 || serverUnsummed_[s] + op.budgeted <= serverShare_[s];
   }
   // Under mu_: op's bytes no longer count against its server (acknowledged,
@@ -292,6 +294,7 @@ class WorkerImpl final : public Worker {
   bool settleLocked(ChunkOp& op) {
     if (op.budgeted == 0) return false;
     serverUnsummed_[op.task->tensor->chunks[op.chunk].server] -= op.budgeted;
+    totalUnsummed_ -= op.budgeted;
     op.budgeted = 0;
     return true;
   }
@@ -392,6 +395,7 @@ class WorkerImpl final : public Worker {
   // the budgeted bytes sent to it and not yet summed there.
   std::vector<uint64_t> serverShare_;
   std::vector<uint64_t> serverUnsummed_;
+  uint64_t totalUnsummed_ = 0;
   // The last answer or chunk sent: the credit window stalls creditStall after.
   Clock::time_point lastProgress_ = Clock::now();
   int writing_ = 0;  // answers popped from pending_ and not yet written

@@ -268,9 +268,10 @@ int runLaunch(const LaunchOptions& opts) {
                        fmt::join(hosts.hosts, ","), fmt::join(hosts.serverHosts, ","),
                        job.schedulerHost, tcpSubnet.empty() ? "(OpenMPI's choice)" : tcpSubnet);
     // Across hosts every chunk's exchange starts and ends with links waiting
-    // about a chunk's time per worker, so smaller chunks fill the links
-    // better (docs/benchmarks.md, "Hosts"); on one host the larger default
-    // is faster, and a named size always wins.
+    // about a chunk's time per worker, and the push window (a number of
+    // chunks) keeps the links' queues shorter with smaller chunks, so they
+    // fill the links better (docs/benchmarks.md, "Hosts"); on one host the
+    // larger default is faster, and a named size always wins.
     if (!job.partitionBytesGiven) {
       job.partitionBytes = kMultiHostPartitionBytes;
       CORTADO_LOG_INFO(

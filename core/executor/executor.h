@@ -399,9 +399,10 @@ class Executor {
   // is then one training iteration and must hold every declared tensor once.
   // In it, on every worker: each gradient is folded into GraVAC's error
   // feedback and encoded at the minimum and the candidate CF; the energies
-  // and the previous iteration's duration (runBatch to runBatch) are summed
-  // over the workers (one allreduce of four float64 over the world group, or
-  // a push_pull without MPI), so every worker's controller takes the same
+  // and the previous iteration's duration (runBatch to runBatch) and pause
+  // mark (excludeGravacPause) are summed over the workers (one allgather of
+  // five float64 over the world group, or a push_pull without MPI), so
+  // every worker's controller takes the same
   // decision; the message chosen is decoded into the item's output and the
   // plan sums those (its compressed steps as top-k at the plan's CF,
   // gravacCarrierPlan), or, on a dense iteration, every g_ef is summed raw
@@ -424,10 +425,18 @@ class Executor {
   const compressor::GravacCompressor* gravac() const { return gravac_.get(); }
   // Every GraVAC iteration's decision, in order (the CF sent: step.ratio),
   // the previous iteration's seconds it was given (agreed: the workers'
-  // mean; 0 for the first) and the bytes this worker pushed in it
+  // mean; 0 for the first and after a pause, excludeGravacPause) and the bytes this worker pushed in it
   // (pushedBytes()).
   const std::vector<compressor::GravacStep>& gravacHistory() const { return gravacHistory_; }
   const std::vector<double>& gravacSeconds() const { return gravacSeconds_; }
+  // The time from now to the next GraVAC iteration is not an iteration's
+  // (the training script evaluates, checkpoints, logs): that iteration
+  // passes the controller no time, so no throughput is recorded for the CF
+  // sent before the pause. The mark travels with the agreed sums: when any
+  // worker marked the pause, every worker leaves the time out (the seconds
+  // recorded are then 0), so all take the same decisions. Without GraVAC
+  // it does nothing.
+  void excludeGravacPause() { gravacPaused_ = true; }
   const std::vector<uint64_t>& gravacBytes() const { return gravacBytes_; }
   // The CF of the carrier plan the next iteration runs (0 before the first
   // sparse iteration; after a re-plan is decided, the new plan's).
@@ -542,7 +551,8 @@ class Executor {
   // Appends the (index, value) pairs of tensor t's message this iteration,
   // each index plus `offset`, strictly ascending.
   void appendPairs(const TensorState& t, uint64_t offset, detail::GivenPayload& out) const;
-  std::array<double, 4> agreedSums(std::array<double, 4> local, Deadline deadline);
+  // The workers' sums of E, E_min, E_c, their seconds and their pause marks.
+  std::array<double, 5> agreedSums(std::array<double, 5> local, Deadline deadline);
   std::unique_ptr<compressor::GravacCompressor> gravac_;
   std::vector<compressor::GravacStep> gravacHistory_;
   std::vector<uint64_t> gravacBytes_;
@@ -559,6 +569,7 @@ class Executor {
   // training iteration.
   Tracer* iterationTracer() const { return forceFlush_ ? nullptr : tracer_.get(); }
   bool gravacTimed_ = false;
+  bool gravacPaused_ = false;  // excludeGravacPause() since the last iteration
   std::chrono::steady_clock::time_point gravacLast_;
   bool gravacKeyDeclared_ = false;
   std::set<std::string> gravacDenseKeys_;

@@ -103,6 +103,7 @@ void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
   gravacPlanGen_ = 0;
   gravacPlanRatio_ = 0;
   gravacTimed_ = false;
+  gravacPaused_ = false;
   if (topo_.rank == 0)
     CORTADO_LOG_INFO(
         "GraVAC on {} workers ({} {}x-{}x): a CF 2x away from the plan's is "
@@ -110,25 +111,25 @@ void Executor::setGravac(const std::optional<compressor::GravacOptions>& o,
         topo_.size, o->codec, o->minRatio, o->maxRatio, gravacReplannerName());
 }
 
-std::array<double, 4> Executor::agreedSums(std::array<double, 4> local, Deadline deadline) {
-  std::array<double, 4> sum{};
+std::array<double, 5> Executor::agreedSums(std::array<double, 5> local, Deadline deadline) {
+  std::array<double, 5> sum{};
   if (groups_) {
     // Every rank sums the same numbers in rank order, so every rank has the
     // same bits (an allreduce may add in another order on each rank).
-    std::vector<double> all(4 * size_t(topo_.size));
-    collective::CallLabel scope(*groups_->world, "GraVAC: an iteration's energies and time");
-    groups_->world->allgather(local.data(), 4, all.data(), DType::kFloat64, deadline);
+    std::vector<double> all(5 * size_t(topo_.size));
+    collective::CallLabel scope(*groups_->world, "GraVAC: an iteration's energies, time and pause marks");
+    groups_->world->allgather(local.data(), 5, all.data(), DType::kFloat64, deadline);
     for (int r = 0; r < topo_.size; ++r)
-      for (size_t k = 0; k < 4; ++k) sum[k] += all[4 * size_t(r) + k];
+      for (size_t k = 0; k < 5; ++k) sum[k] += all[5 * size_t(r) + k];
     return sum;
   }
   // The servers sum once and answer every worker the same bytes.
   const std::string key = "cortado.gravac.sums";
   if (!gravacKeyDeclared_) {
-    worker_.declare(key, DType::kFloat64, 4, deadline);
+    worker_.declare(key, DType::kFloat64, 5, deadline);
     gravacKeyDeclared_ = true;
   }
-  Status st = worker_.pushPull(key, DType::kFloat64, 4, local.data(), sum.data(), ReduceOp::kSum, 0)
+  Status st = worker_.pushPull(key, DType::kFloat64, 5, local.data(), sum.data(), ReduceOp::kSum, 0)
                   .wait(deadline);
   st.check();
   return sum;
@@ -196,12 +197,20 @@ void Executor::appendPairs(const TensorState& t, uint64_t offset, detail::GivenP
     const std::byte* val = idx + 4 * h.count;
     out.index.reserve(first + h.count);
     out.value.reserve(first + h.count);
+    // Zero values are left out: where the compensated tensor has fewer
+    // non-zeros than k (an embedding's rows), the selection filled the
+    // payload up with zeros, which add nothing to the sum; so a worker sends
+    // min(k, non-zeros) pairs (docs/codecs.md, "Compact index lists"). Its
+    // error feedback was committed on the whole payload, whose zeros
+    // subtract nothing.
     for (uint64_t j = 0; j < h.count; ++j) {
       const uint32_t e = compressor::loadLe<uint32_t>(idx + 4 * j);
       CORTADO_ENFORCE(e < t.n, ErrorCode::kInternal,
                       "GraVAC's message for '{}' lists index {} of {} elements", t.name, e, t.n);
+      const float v = compressor::loadLe<float>(val + 4 * j);
+      if (v == 0.0f) continue;
       out.index.push_back(offset + e);
-      out.value.push_back(compressor::loadLe<float>(val + 4 * j));
+      out.value.push_back(v);
     }
   } else {
     // Random-k sends values only (its indices follow from the round seed):
@@ -275,10 +284,14 @@ void Executor::runGravac(std::span<const BatchItem> items, ReduceOp op, Deadline
   // 2. One decision on every worker, from the energies summed over them.
   const double t2 = tracer_ ? Tracer::now() : 0;
   const compressor::GravacSums mine = gravac_->localSums();
-  const std::array<double, 4> agreed =
-      agreedSums({mine.compensated, mine.minimum, mine.candidate, seconds}, deadline);
+  const double paused = gravacPaused_ ? 1.0 : 0.0;
+  gravacPaused_ = false;
+  const std::array<double, 5> agreed =
+      agreedSums({mine.compensated, mine.minimum, mine.candidate, seconds, paused}, deadline);
   span("gravac agree", "network", t2);
-  const double previousSeconds = agreed[3] / double(topo_.size);
+  // A pause marked by any worker (excludeGravacPause) leaves the time out on
+  // every worker: the sum of the marks is the same everywhere.
+  const double previousSeconds = agreed[4] > 0 ? 0.0 : agreed[3] / double(topo_.size);
   const compressor::GravacStep step =
       gravac_->decide({agreed[0], agreed[1], agreed[2]}, previousSeconds);
   const bool changed = gravacHistory_.empty() || gravacHistory_.back().ratio != step.ratio;

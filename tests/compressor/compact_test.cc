@@ -1,6 +1,6 @@
 // The compact wire form of top-k and DGC payloads (compressor/compact.h):
 // compacting and expanding give back the plain payload bit for bit at every
-// density and gap size, the size is what the varint gaps make (counted here
+// density and gap size (less its zero values: sparse_payload_test.cc), the size is what the varint gaps make (counted here
 // by a plain loop, not by the code under test), only well-formed plain
 // payloads compact, and malformed compact payloads are refused with kProtocol
 // naming what is wrong, writing nothing.
@@ -222,6 +222,12 @@ TEST(Compact, MalformedCompactPayloadsAreRefusedNamingTheProblemWritingNothing) 
       {compactWith(n, 2, twoValues({3, 4}), kCompactIndicesFlag, CodecId::kRandomK),
        "not a compact"},
       {compactWith(n, 2, twoValues({3, 4}), 0), "not a compact"},
+      // Zeros are left out of the compact form (+0 and -0 alike): one listed
+      // is no canonical form.
+      {compactWith(n, 2, std::vector<uint8_t>{0, 0, 0x80, 0x3f, 0, 0, 0, 0, 3, 4}),
+       "value #1 is zero"},
+      {compactWith(n, 2, std::vector<uint8_t>{0, 0, 0, 0x80, 0, 0, 0x80, 0x3f, 3, 4}),
+       "value #0 is zero"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.words);

@@ -119,6 +119,25 @@ TEST(Settings, InlineBytesAndBusyPollAreReadPassedOnAndRefused) {
   expectInvalid(c, "CORTADO_BUSY_POLL_US 20000 is out of range 0..10000");
 }
 
+TEST(Settings, PushWindowIsReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_PUSH_WINDOW_CHUNKS");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.pushWindowChunks, 8);
+  EXPECT_EQ(valueIn(c, "CORTADO_PUSH_WINDOW_CHUNKS"), "8");
+  ::setenv("CORTADO_PUSH_WINDOW_CHUNKS", "0", 1);  // no window
+  c = readJobConfig(false);
+  EXPECT_EQ(c.pushWindowChunks, 0);
+  EXPECT_EQ(valueIn(c, "CORTADO_PUSH_WINDOW_CHUNKS"), "0");
+  expectRefused("CORTADO_PUSH_WINDOW_CHUNKS", "-2",
+                "CORTADO_PUSH_WINDOW_CHUNKS=-2 is out of range 0..1024");
+  expectRefused("CORTADO_PUSH_WINDOW_CHUNKS", "4096",
+                "CORTADO_PUSH_WINDOW_CHUNKS=4096 is out of range 0..1024");
+  expectRefused("CORTADO_PUSH_WINDOW_CHUNKS", "2MiB",
+                "CORTADO_PUSH_WINDOW_CHUNKS='2MiB' is not an integer");
+  c.pushWindowChunks = 2000;  // a configuration built in code is checked too
+  expectInvalid(c, "CORTADO_PUSH_WINDOW_CHUNKS 2000 is out of range 0..1024");
+}
+
 TEST(Settings, UcxPeerSendsAreReadPassedOnAndRefused) {
   ::unsetenv("CORTADO_UCX_PEER_SENDS");
   JobConfig c = readJobConfig(false);

@@ -23,6 +23,9 @@ def test_workers_with_different_gradients_take_one_ratio_sequence(run_job):
     for codec in ("topk", "dgc", "randomk"):
         sequences = {rank: tuple(r["report"][codec]["ratios"]) for rank, r in results.items()}
         assert len(set(sequences.values())) == 1, (codec, sequences)
+        # One worker marked a pause: every worker left that step's time out.
+        seconds = {rank: tuple(r["report"][codec]["seconds"]) for rank, r in results.items()}
+        assert len(set(seconds.values())) == 1, (codec, seconds)
         # Compressed levels were used and the ratio moved.
         assert len(set(sequences[0])) >= 2 and max(sequences[0]) > 1, (codec, sequences[0])
     print({c: results[0]["report"][c]["ratios"] for c in ("topk", "dgc", "randomk")})
@@ -112,6 +115,8 @@ def test_plan_executor_runs_gravac_as_a_replay_does(run_job):
         assert r["ok"], (rank, r, job.describe())
     sequences = {rank: tuple(r["ratios"]) for rank, r in results.items()}
     assert len(set(sequences.values())) == 1, sequences
+    assert len({tuple(r["seconds"]) for r in results.values()}) == 1, results
+    assert all(r["untimed"] == results[0]["untimed"] for r in results.values()), results
     assert all(r["refused"] for r in results.values()), results
     print(results[0]["ratios"], results[0]["replans"], results[0]["max_param_diff"])
 

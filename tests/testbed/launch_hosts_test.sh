@@ -10,7 +10,7 @@
 #   inputs); and the bytes that left the last host over its link must be at
 #   least half of what it had to send to servers on other hosts, which shows
 #   that shared memory (chosen by hostname) was not used across hosts; then
-#   a job that names no chunk size, whose workers must run 1 MiB chunks.
+#   a job that names no chunk size, whose workers must run 256 KiB chunks.
 # linkdown: 3 hosts x 1 worker; host 3's link is set down mid-run; the
 #   launcher must exit non-zero within 30 s naming host 3, and no process may
 #   be left in any host.
@@ -108,14 +108,14 @@ elif [[ $CASE != linkdown ]]; then
   need=$((per * 3 * 4194304 * (hosts - 1) / hosts / 2))
   echo "host $hosts sent $sent bytes over its link (at least $need expected)"
   ((sent >= need)) || fail "host $hosts sent only $sent bytes over its link: did it use shared memory with another host?"
-  # Without a named chunk size, a job across hosts gets 1 MiB chunks.
+  # Without a named chunk size, a job across hosts gets 256 KiB chunks.
   (unset CORTADO_PARTITION_BYTES BYTEPS_PARTITION_BYTES
     CORTADO_LOG_LEVEL=warn launch --tensors 2 --iters 1 --max-elements 1000 \
       --big-elements 1048576 >"$OUT/log.default" 2>&1) ||
     fail "the job without CORTADO_PARTITION_BYTES exited with $?"
   for ((r = 0; r < W; r++)); do
-    grep -q "^worker $r: 1 iterations of 3 tensors correct.*chunks of 1048576 bytes" "$OUT/log.default" ||
-      fail "worker $r did not run 1 MiB chunks by default across hosts: $(grep "^worker $r" "$OUT/log.default")"
+    grep -q "^worker $r: 1 iterations of 3 tensors correct.*chunks of 262144 bytes" "$OUT/log.default" ||
+      fail "worker $r did not run 256 KiB chunks by default across hosts: $(grep "^worker $r" "$OUT/log.default")"
   done
 else
   progress=$OUT/progress

@@ -216,7 +216,12 @@ def main():
             schedule.step()
             record["step_seconds"].append(time.monotonic() - step_start)
             done = (epoch - 1) * steps + step + 1
-            if rank == 0 and args.eval_every and done % args.eval_every == 0:
+            evaluating = args.eval_every and done % args.eval_every == 0
+            if evaluating:
+                # Rank 0 evaluates, the others wait for it in their next
+                # push_pull: not a step's time for GraVAC's controller.
+                optimizer.exclude_pause()
+            if rank == 0 and evaluating:
                 record["evals"].append({"step": done, "test_acc": evaluate_all(),
                                         "seconds": clock()})
             totals += torch.tensor([loss.item() * len(idx),
@@ -235,6 +240,7 @@ def main():
         test = ct.push_pull(test, average=False, name="metrics.test")
         metrics_bytes = ct.pushed_bytes() - pushed_at_start - pushed
         paused += time.monotonic() - metrics_start
+        optimizer.exclude_pause()  # the epoch's metrics are not a step for GraVAC either
         if rank == 0:
             print(f"epoch {epoch}/{args.epochs}  loss {totals[0] / totals[2]:.4f}  "
                   f"train-acc {totals[1] / totals[2]:.4f}  test-acc {test[0] / test[1]:.4f}  "

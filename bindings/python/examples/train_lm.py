@@ -23,7 +23,9 @@ step, the bytes a step moves weigh against its compute on a slow link.
 Each worker draws its --batch-size examples a step from its own contiguous
 share of the training text. Rank 0 measures the validation perplexity (on
 the first --val-tokens held-out tokens) every --eval-every steps and at the
-end, off the training clock, and prints a line for each. --json writes the
+end, off the training clock, and prints a line for each; every worker
+marks those pauses with optimizer.exclude_pause(), so that GraVAC's
+controller does not count them as step time. --json writes the
 run's record (as train_digits.py's: step times, evaluations, the bytes
 pushed, GraVAC's history) for bench/gravac_table.py --workload lm.
 
@@ -273,7 +275,13 @@ def main():
         schedule.step()
         record["step_seconds"].append(time.monotonic() - step_start)
         recent.append(loss.item())
-        if rank == 0 and ((args.eval_every and step % args.eval_every == 0) or step == args.steps):
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.steps
+        if evaluating:
+            # Rank 0 evaluates, the others wait for it in their next
+            # push_pull: GraVAC's controller leaves that time out of the next
+            # step's (optimizer.exclude_pause; one worker's mark would do).
+            optimizer.exclude_pause()
+        if rank == 0 and evaluating:
             ppl = validation_ppl()
             train_loss = sum(recent) / len(recent)
             recent = []

@@ -698,10 +698,16 @@ class PyExecutor {
     for (size_t i = 0; i < steps.size(); ++i) {
       py::dict d = gravacStepDict(steps[i]);
       d["bytes"] = i < bytes.size() ? bytes[i] : 0;  // pushed to the servers in that step
-      d["previous_seconds"] = e.gravacSeconds()[i];
+      d["previous_seconds"] = e.gravacSeconds()[i];  // 0: not timed (the first, a pause)
       out.append(d);
     }
     return out;
+  }
+  // Executor::excludeGravacPause: the time up to the next iteration is a pause.
+  void gravacExcludePause() {
+    auto& e = ex();
+    std::lock_guard<std::mutex> lk(exMu_);
+    e.excludeGravacPause();
   }
   // GraVAC's re-plans by the Espresso planner (planner::gravacReplanner) on
   // a profile of the parameters: `machines` one-worker machines with CPU
@@ -1301,6 +1307,10 @@ PYBIND11_MODULE(_C, m) {
            "GraVAC for every tensor (Executor::setGravac): each submitted iteration (every "
            "declared tensor once) runs as one batch; call it at an iteration boundary (every "
            "declared tensor run as often), on every worker alike; GraVAC then starts afresh")
+      .def("gravac_exclude_pause", &PyExecutor::gravacExcludePause,
+           "GraVAC: the time from now to the next iteration is not an iteration's (an "
+           "evaluation): the controller leaves it out, on every worker if any marks it "
+           "(Executor::excludeGravacPause)")
       .def_property_readonly("gravac_history", &PyExecutor::gravacHistory,
                              "GraVAC's decision of each iteration (dicts, as Gravac.decide)")
       .def("set_gravac_planner", &PyExecutor::setGravacPlanner, py::arg("profile"),

@@ -8,8 +8,12 @@ gradient, their sums added in Python and the job's agreed step times, and
 the average of their decoded messages computed here. The distributed run
 must take the reference's decision (level and ratio) at every step, end
 with the reference's parameters, and its ratio sequence (written to the
-result) must be every worker's.
+result) must be every worker's. A pause that one worker marks
+(exclude_pause) is left out of every worker's step time; one unmarked is
+counted.
 """
+
+import time
 
 import torch
 
@@ -19,6 +23,10 @@ from common import parse_args, write_result
 from gravac_common import batches, decompress_add, loss_of, make_model, prepare_cores
 
 STEPS = 14
+# Rank 1 alone marks a pause before step PAUSE (optimizer.exclude_pause) and
+# sleeps; rank 0 sleeps before step UNMARKED without a mark. Every worker
+# must leave the marked pause out (previous_seconds 0) and time the other.
+PAUSE, UNMARKED, SLEEP = 5, 9, 0.3
 SETTINGS = dict(min_ratio=4.0, max_ratio=400.0, window=3, epsilon=0.5, alpha=0.5)
 # Random-k keeps about 1 / CF of the energy: it starts lower (the paper: 1.5x).
 RANDOMK = dict(SETTINGS, min_ratio=1.5, epsilon=0.2)
@@ -34,7 +42,12 @@ def distributed(rank, world, codec):
     compression = ct.Compression.gravac(codec=codec, **settings(codec))
     opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   compression=compression, name_prefix=f"gravac-{codec}")
-    for x, y in batches(world, STEPS):
+    for step, (x, y) in enumerate(batches(world, STEPS)):
+        if step == PAUSE and rank == 1:
+            opt.exclude_pause()
+            time.sleep(SLEEP)
+        if step == UNMARKED and rank == 0:
+            time.sleep(SLEEP)
         opt.zero_grad()
         loss_of(model, x, y, rank).backward()
         opt.step()
@@ -86,11 +99,19 @@ def main():
                    for a, b in zip(model.parameters(), ref.parameters()))
         ratios = [h["ratio"] for h in history]
         levels = sorted({h["level"] for h in history})
-        good = not mismatches and diff < 1e-4 and len(set(ratios)) >= 2
+        paused = [i for i, h in enumerate(history) if h["paused"]]
+        untimed = [i for i, h in enumerate(history) if h["previous_seconds"] == 0]
+        # The step after the marked pause is not timed, the one after the
+        # unmarked pause is, with rank 0's sleep in the workers' mean.
+        timing = paused == [PAUSE] and untimed == [0, PAUSE] and \
+            history[UNMARKED]["previous_seconds"] >= SLEEP / world
+        good = not mismatches and diff < 1e-4 and len(set(ratios)) >= 2 and timing
         ok = ok and good
         report[codec] = {"ratios": ratios, "levels": levels, "max_param_diff": diff,
                          "mismatches": mismatches[:5],
-                         "bytes": sum(h["bytes"] for h in history)}
+                         "bytes": sum(h["bytes"] for h in history),
+                         "paused": paused, "untimed": untimed,
+                         "seconds": [h["previous_seconds"] for h in history]}
     # Refused where it cannot work.
     try:
         ct.push_pull(torch.ones(3), name="gravac.refused", compression=ct.Compression.gravac())

@@ -10,8 +10,12 @@ next step when a step sends at 2x or more, or half or less, of it); each
 worker's message summed as it is (the plan: a compressed push of the
 message, a raw pull: the servers' sum is exact); a dense step's plain sum.
 The job must take the replay's decision at every step and end with its
-parameters (within float rounding: the servers add in arrival order).
+parameters (within float rounding: the servers add in arrival order). A
+pause that one worker marks (exclude_pause) is left out of every worker's
+step time; one unmarked is counted.
 """
+
+import time
 
 import torch
 
@@ -22,6 +26,9 @@ from gravac_common import batches, decompress_add, loss_of, make_model, prepare_
 
 STEPS = 16
 SETTINGS = dict(codec="topk", min_ratio=2.0, max_ratio=400.0, window=3, epsilon=0.5, alpha=0.5)
+# Rank 2 alone marks a pause before step PAUSE (optimizer.exclude_pause)
+# and sleeps; rank 0 sleeps before step UNMARKED without a mark.
+PAUSE, UNMARKED, SLEEP = 6, 11, 0.3
 
 
 def plan_for(names):
@@ -44,7 +51,12 @@ def distributed(rank):
                                   name_prefix="gravac-exec", executor=True, plan=plan_for(names),
                                   fusion_bytes=0)
     world = ct.size()
-    for x, y in batches(world, STEPS):
+    for step, (x, y) in enumerate(batches(world, STEPS)):
+        if step == PAUSE and rank == world - 1:
+            opt.exclude_pause()
+            time.sleep(SLEEP)
+        if step == UNMARKED and rank == 0:
+            time.sleep(SLEEP)
         opt.zero_grad()
         loss_of(model, x, y, rank).backward()
         opt.step()
@@ -98,7 +110,9 @@ def main():
     # replay above follows whatever the job decided, and
     # ExecutorGravac.MatchesAPlainLoopReplayAcrossReplans covers all three
     # levels with fixed times.
-    ok = not mismatches and diff < 1e-4 and replans == ref_replans and replans >= 1
+    untimed = [i for i, h in enumerate(history) if h["previous_seconds"] == 0]
+    timing = untimed == [0, PAUSE] and history[UNMARKED]["previous_seconds"] >= SLEEP / world
+    ok = not mismatches and diff < 1e-4 and replans == ref_replans and replans >= 1 and timing
     # Refused: a fusion search would change the plan under GraVAC.
     try:
         small = torch.nn.Linear(3, 2)
@@ -111,7 +125,8 @@ def main():
     ct.shutdown()
     write_result(args.out, rank, ok=ok and refused, refused=refused, ratios=ratios, levels=levels, max_param_diff=diff,
                  mismatches=mismatches[:5], replans=replans, ref_replans=ref_replans,
-                 plan_cf=plan_cf, bytes=[h["bytes"] for h in history])
+                 plan_cf=plan_cf, bytes=[h["bytes"] for h in history], untimed=untimed,
+                 seconds=[h["previous_seconds"] for h in history])
 
 
 if __name__ == "__main__":

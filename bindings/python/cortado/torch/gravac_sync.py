@@ -3,9 +3,9 @@
 At each synchronize(), for the optimizer's gradients in model order:
 1. every gradient is prepared: folded into its error feedback and encoded at
    the minimum and the candidate ratio (the core, without the GIL);
-2. one push_pull of four float64 numbers sums the workers' energies and step
-   times, so every worker's controller sees the same inputs and takes the
-   same decision (level and ratio) for this step;
+2. one push_pull of five float64 numbers sums the workers' energies, step
+   times and pause marks, so every worker's controller sees the same inputs
+   and takes the same decision (level and ratio) for this step;
 3. every gradient's message goes out: a dense gradient or a random-k
    payload's values are averaged by push_pull (random-k payloads of one
    step and ratio are summable); a top-k or DGC payload (indices differ per
@@ -14,9 +14,18 @@ At each synchronize(), for the optimizer's gradients in model order:
    (the only non-zeros of its decoded tensor): one payload pushed per
    worker, the servers answer the lossless sparse sum. A tensor larger
    than one engine chunk (CORTADO_PARTITION_BYTES) would be encoded per
-   chunk, k each, so its payload's k (index, value) pairs go through Zen
-   instead (docs/zen.md): the servers sum the pairs, as lossless;
+   chunk, k each, so its payload's (index, value) pairs go through Zen
+   instead (docs/zen.md): the servers sum the pairs, as lossless. Either
+   way zero values stay home: the engine's compact form and the pairs
+   given to Zen leave them out, so a worker sends min(k, non-zeros);
 4. the decoded average replaces p.grad.
+
+The step time the controller sees is the time between two synchronize()
+calls, averaged over the workers. pause() (DistributedOptimizer's
+exclude_pause()) marks the time up to the next synchronize() as not a
+step's (an evaluation, a checkpoint): the flag travels in the sums, and
+when any worker set it every worker passes the controller no time for
+that step, so its throughput leaves it out on every worker alike.
 
 A ratio change takes effect at the next step's encode; the error feedback
 keeps what a step did not send, whatever the ratios.
@@ -68,6 +77,11 @@ class GravacSync:
         self.last_sync = None
         self.chunk_bytes = _chunk_bytes()
         self.codecs = {}  # CF -> the engine's top-k Codec that carries a payload of that CF
+        self.paused = False  # pause(): the time up to the next synchronize() is not a step's
+
+    def pause(self):
+        """The time from now to the next synchronize() is not a step's time."""
+        self.paused = True
 
     def _topk_at(self, ratio):
         if ratio not in self.codecs:
@@ -99,12 +113,16 @@ class GravacSync:
             hosts.append(host)
             self.core.prepare(key, host.data_ptr(), host.numel(), seed)
 
-        # One decision for all workers: the sums of their energies and times.
-        sums = torch.tensor(list(self.core.local_sums()) + [previous], dtype=torch.float64)
+        # One decision for all workers: the sums of their energies and times,
+        # and how many of them marked the time since the last step a pause.
+        paused, self.paused = self.paused, False
+        sums = torch.tensor(list(self.core.local_sums()) + [previous, 1.0 if paused else 0.0],
+                            dtype=torch.float64)
         sums = synchronize(push_pull_async(sums, name="gravac.sums", average=False))
         agreed = sums.tolist()
-        step = self.core.decide(agreed[0], agreed[1], agreed[2],
-                                agreed[3] / self.size if previous > 0 else 0.0)
+        timed = previous > 0 and agreed[4] == 0
+        seconds = agreed[3] / self.size if timed else 0.0
+        step = self.core.decide(agreed[0], agreed[1], agreed[2], seconds)
         level = step["level"]
 
         # What this step's messages put on the wire (the engine counts it:
@@ -144,10 +162,14 @@ class GravacSync:
                     raise _runtime.error(
                         "internal", f"DistributedOptimizer: gravac's {level} payload of "
                         f"'{self.names[p]}' is {nbytes} bytes, not a 48-byte header and pairs")
-                indices = np.ascontiguousarray(
-                    msg[HEADER_BYTES:HEADER_BYTES + 4 * k].view(torch.int32).numpy()
-                    .view(np.uint32))
+                indices = msg[HEADER_BYTES:HEADER_BYTES + 4 * k].view(torch.int32)
                 values = msg[HEADER_BYTES + 4 * k:].view(torch.float32)
+                # Zeros add nothing to the sum: where the tensor has fewer
+                # non-zeros than k the payload is filled up with them, and
+                # they stay home (min(k, non-zeros) pairs go out).
+                keep = values != 0
+                indices = np.ascontiguousarray(indices[keep].numpy().view(np.uint32))
+                values = values[keep].contiguous()
                 out = torch.empty(p.numel(), dtype=torch.float32)
                 handle = _runtime.submit_sparse(
                     "DistributedOptimizer", f"gravac.{self.names[p]}.zen", p.numel(), indices,
@@ -174,6 +196,7 @@ class GravacSync:
         record = dict(step)
         record["bytes"] = _runtime.pushed_bytes() - pushed_before
         record["message_bytes"] = message_bytes  # the messages' plain size, headers included
-        record["previous_seconds"] = agreed[3] / self.size if previous > 0 else 0.0
+        record["previous_seconds"] = seconds  # 0: not timed (the first step, or a pause)
+        record["paused"] = agreed[4] > 0
         self.compression.history.append(record)
         return record

@@ -748,6 +748,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return [h["ratio"] for h in self.executor.gravac_history]
         return None if self._gravac is None else self._gravac.compression.ratio_history
 
+    def exclude_pause(self):
+        """compression gravac: the time from now to the next step is not a
+        step's time (an evaluation, a checkpoint, logging). GraVAC's
+        controller compares the compression throughput of its ratios from the
+        time between steps; a pause would count as the next step's time. The
+        mark is summed with the workers' energies, so when any worker marks
+        a pause every worker leaves that step's time out and all take the
+        same decisions. Call it after step() and before the pause (or right
+        after it, before the next backward). Does nothing without GraVAC."""
+        if self._gravac_executor is not None:
+            self.executor.gravac_exclude_pause()
+        elif self._gravac is not None:
+            self._gravac.pause()
+
     @property
     def gravac_history(self):
         if self._gravac_executor is not None:
