@@ -230,6 +230,7 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
   transport::shmring::RingOptions o;
   o.prefix = shm::jobPrefix(config.token);
   o.spin = std::chrono::microseconds(config.shmSpinUs);
+  o.waiterReceives = config.shmWaiterReceives;
   return transport::shmring::create(std::move(inner), o);
 }
 

@@ -142,9 +142,16 @@ const std::vector<SettingInfo>& settingsTable() {
        "across hosts, keep the transport; 0: everything through the transport; "
        "docs/transports.md, \"Latency\")"},
       {"CORTADO_SHM_SPIN_US", "", "0",
-       "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread polls this many "
+       "latency: with `CORTADO_SHM_MESSAGES=1`, each role's ring thread (or the thread that "
+       "waits on a handle in its place: `CORTADO_SHM_WAITER_RECEIVES`) polls this many "
        "microseconds after its last message before it sleeps (0: sleeps at once; at most "
        "10000), yielding the core between looks"},
+      {"CORTADO_SHM_WAITER_RECEIVES", "", "1",
+       "latency: with `CORTADO_SHM_MESSAGES=1`, a thread that waits on a push_pull's handle "
+       "takes the worker's ring messages itself while it waits (the ring thread parks), so "
+       "that the answer wakes it directly instead of the ring thread, which would then wake it; "
+       "the answers are copied and decoded on that thread (0: the ring thread takes every "
+       "message; docs/transports.md, \"Latency\")"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
@@ -259,6 +266,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_BUSY_POLL_US", std::to_string(busyPollUs)},
       {"CORTADO_SHM_MESSAGES", shmMessages ? "1" : "0"},
       {"CORTADO_SHM_SPIN_US", std::to_string(shmSpinUs)},
+      {"CORTADO_SHM_WAITER_RECEIVES", shmWaiterReceives ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
@@ -434,6 +442,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_SHM_MESSAGES"))) c.shmMessages = *v;
   rangeSetting("CORTADO_SHM_SPIN_US", c.shmSpinUs, JobConfig::kMaxBusyPollUs,
                "microseconds a ring thread polls before it sleeps; 0: never poll");
+  if (auto v = getEnvBool(names("CORTADO_SHM_WAITER_RECEIVES"))) c.shmWaiterReceives = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)

@@ -99,6 +99,10 @@ struct JobConfig {
   // CORTADO_SHM_SPIN_US: how long a ring thread polls its rings after its
   // last message before it sleeps on the doorbell (at most kMaxBusyPollUs).
   int shmSpinUs = 0;
+  // CORTADO_SHM_WAITER_RECEIVES: a thread waiting on a push_pull's handle
+  // takes the worker's ring messages itself while it waits
+  // (shmring::RingOptions::waiterReceives).
+  bool shmWaiterReceives = true;
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end

@@ -21,6 +21,15 @@ Status Handle::wait(Deadline deadline) const {
     while (!state_->doneFlag.load(std::memory_order_acquire) && Clock::now() < until)
       std::this_thread::yield();
   }
+  // The answer taken from the transport on this thread, where it can
+  // (WaitReceiver; the shared-memory rings: CORTADO_SHM_WAITER_RECEIVES).
+  if (state_->receiver && !state_->doneFlag.load(std::memory_order_acquire)) {
+    State* s = state_.get();
+    s->receiving.fetch_add(1, std::memory_order_seq_cst);
+    s->receiver->receive([s] { return s->doneFlag.load(std::memory_order_seq_cst); },
+                         deadline.at());
+    s->receiving.fetch_sub(1, std::memory_order_seq_cst);
+  }
   std::unique_lock<std::mutex> lk(state_->mu);
   if (!state_->cv.wait_until(lk, deadline.at(), [&] { return state_->done; })) {
     // The scheduler's word on this tensor's stalled round, when it came.
@@ -53,6 +62,7 @@ uint64_t Handle::pushedBytes() const {
 
 WorkerImpl::WorkerImpl(WorkerOptions opts, std::unique_ptr<transport::Transport> t)
     : opts_(std::move(opts)), transport_(std::move(t)) {
+  receiver_ = std::make_shared<WaitReceiver>(transport_.get());
   codecs_ = opts_.codecs;
   if (!codecs_) {
     auto r = std::make_shared<compressor::Registry>();
@@ -251,6 +261,7 @@ void WorkerImpl::enqueueLocked(TensorEntry& t, const std::shared_ptr<Handle::Sta
   task->round = t.round++;
   state->remaining = t.chunks.size();
   state->busyPoll = opts_.busyPoll;
+  state->receiver = receiver_;
   state->tensorKey = t.key;
   state->round = task->round;
   state->stalls = control_->stallNotes();

@@ -8,15 +8,18 @@
 // -layer index so the layers that the next forward pass needs come first).
 // A dispatcher thread sends chunks while the bytes in flight stay under the
 // credit bound; responses are copied (and averaged) into the output on the
-// transport's thread, and the handle completes when every chunk is back.
+// transport's thread (or, with the shared-memory rings, on a thread waiting
+// in Handle::wait, which takes its worker's incoming messages itself while
+// it waits: Transport::receiveWhileWaiting), and the handle completes when
+// every chunk is back.
 //
 // Compression (docs/codecs.md): a tensor declared with TensorOptions::codec is
 // encoded chunk by chunk before each push (with error feedback, whose residuals
 // stay on this worker, per chunk), the servers decompress every push into an
 // fp32 sum and answer with the sum in the codec's form (or in a lossless
 // sparse form for top-k, DGC and random-k), and the worker decodes the answer
-// into `output`. Encoding runs on the dispatcher thread, decoding on the
-// transport's thread.
+// into `output`. Encoding runs on the dispatcher thread, decoding where the
+// answer is taken (the transport's thread, or a waiting thread, as above).
 //
 // Errors: misuse (undeclared tensor, wrong size or dtype, a second pushPull of
 // a tensor that is still in flight) throws cortado::Error at once. Failures
@@ -169,7 +172,10 @@ class Handle {
   bool valid() const { return state_ != nullptr; }
   // True once the operation completed, successfully or not.
   bool poll() const;
-  // Waits until completion or the deadline. Returns the operation's Status,
+  // Waits until completion or the deadline. Where the worker's transport
+  // lets it (the shared-memory rings), the waiting thread takes the worker's
+  // incoming messages itself meanwhile, running the work that answers need
+  // (any handle's) on this thread. Returns the operation's Status,
   // or kTimeout naming the tensor when the deadline passed first (the
   // operation goes on; wait again to see it finish).
   Status wait(Deadline deadline) const;

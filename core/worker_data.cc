@@ -14,6 +14,7 @@ void WorkerImpl::closeAll() {
   cv_.notify_all();
   if (dispatcher_.joinable()) dispatcher_.join();
   if (transport_) transport_->close();
+  if (receiver_) receiver_->detach();
   if (control_) control_->close();
   failAll(Status(ErrorCode::kClosed, "the worker was shut down"));
 }

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,58 @@
 #include "core/wire/data_message.h"
 
 namespace cortado {
+namespace detail {
+
+// A thread that waits on a handle takes the worker's incoming messages
+// itself while it waits, where the transport can
+// (Transport::receiveWhileWaiting: the shared-memory rings), so that the
+// answer wakes it directly instead of the transport's thread, which would
+// then wake it. Shared by the worker and its handles, which may outlive
+// it: after detach() (the worker closes) receive() does nothing.
+class WaitReceiver {
+ public:
+  explicit WaitReceiver(transport::Transport* t) : t_(t) {}
+
+  // Takes messages on this thread until done() or `until`; false when the
+  // transport does not, or the worker closed.
+  bool receive(const std::function<bool()>& done, Clock::time_point until) {
+    if (!enter()) return false;
+    const bool r = t_->receiveWhileWaiting(done, until);
+    leave();
+    return r;
+  }
+  // After a done() of a thread in receive() turned true.
+  void wake() {
+    if (!enter()) return;
+    t_->wakeWaiting();
+    leave();
+  }
+  // After the transport closed (no thread is inside it then).
+  void detach() {
+    std::unique_lock<std::mutex> lk(mu_);
+    gone_ = true;
+    cv_.wait(lk, [&] { return users_ == 0; });
+  }
+
+ private:
+  bool enter() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (gone_) return false;
+    ++users_;
+    return true;
+  }
+  void leave() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--users_ == 0 && gone_) cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  transport::Transport* t_;
+  int users_ = 0;
+  bool gone_ = false;
+};
+
+}  // namespace detail
 
 struct Handle::State {
   std::string name;
@@ -48,6 +101,9 @@ struct Handle::State {
   std::atomic<bool> doneFlag{false};
   std::chrono::microseconds busyPoll{0};  // WorkerOptions::busyPoll
   std::atomic<uint64_t> pushedBytes{0};   // Handle::pushedBytes
+  // The worker's; null: wait() sleeps on cv alone.
+  std::shared_ptr<detail::WaitReceiver> receiver;
+  std::atomic<int> receiving{0};  // threads in wait() taking messages for it
 
   // Completes once; the first error wins.
   void complete(const Status& s) {
@@ -57,8 +113,11 @@ struct Handle::State {
       done = true;
       status = s;
     }
-    doneFlag.store(true, std::memory_order_release);
+    // Sequentially consistent with wait()'s count of receiving threads and
+    // its look at doneFlag: one of the two sees the other.
+    doneFlag.store(true, std::memory_order_seq_cst);
     cv.notify_all();
+    if (receiving.load(std::memory_order_seq_cst) > 0 && receiver) receiver->wake();
   }
 };
 
@@ -310,6 +369,7 @@ class WorkerImpl final : public Worker {
 
   WorkerOptions opts_;
   std::unique_ptr<transport::Transport> transport_;
+  std::shared_ptr<WaitReceiver> receiver_;  // the handles' way into the transport
   std::unique_ptr<control::ControlClient> control_;
   control::AddressBook book_;
   NodeId self_;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <ctime>
 #include <new>
@@ -73,8 +74,28 @@ uint8_t* slot(Segment& seg, uint32_t r, uint64_t index) {
          (index & (h->slots - 1)) * h->slotBytes;
 }
 
+// Not FUTEX_PRIVATE: the producers are other processes, and a thread moves
+// between the doorbell and the parking word, which must be of one kind.
 long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
+}
+
+// Moves every thread asleep on `from` to `to` without waking it, if `from`
+// still holds `expect`; -1 (EAGAIN) when it does not.
+long requeueAll(std::atomic<uint32_t>* from, std::atomic<uint32_t>* to, uint32_t expect) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(from), FUTEX_CMP_REQUEUE, 0,
+                 reinterpret_cast<void*>(static_cast<uintptr_t>(INT_MAX)),
+                 reinterpret_cast<uint32_t*>(to), expect);
+}
+
+void wakeAll(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE, INT_MAX, nullptr); }
+
+// A relative timeout for FUTEX_WAIT until `until`, or nothing when it passed.
+std::optional<timespec> timeoutUntil(std::chrono::steady_clock::time_point until) {
+  const auto left = until - std::chrono::steady_clock::now();
+  if (left <= std::chrono::steady_clock::duration::zero()) return std::nullopt;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  return timespec{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
 }
 
 }  // namespace
@@ -119,7 +140,9 @@ std::unique_ptr<Mailbox> Mailbox::create(const std::string& name, const std::str
 }
 
 Mailbox::Mailbox(std::unique_ptr<Segment> seg) : seg_(std::move(seg)) {
-  seen_.assign(header(*seg_)->rings, 0);
+  const uint32_t n = header(*seg_)->rings;
+  seen_ = std::make_unique<std::atomic<uint64_t>[]>(n);
+  for (uint32_t r = 0; r < n; ++r) seen_[r].store(0, std::memory_order_relaxed);
 }
 
 Mailbox::~Mailbox() = default;
@@ -129,7 +152,7 @@ const std::string& Mailbox::name() const { return seg_->name(); }
 std::vector<uint32_t> Mailbox::rings() {
   std::vector<uint32_t> out;
   const Header* h = header(*seg_);
-  claimedSeen_ = header(*seg_)->claimed.load(std::memory_order_acquire);
+  claimedSeen_.store(h->claimed.load(std::memory_order_acquire), std::memory_order_relaxed);
   for (uint32_t r = 0; r < h->rings; ++r)
     if (ring(*seg_, r)->state.load(std::memory_order_acquire) == kReady) out.push_back(r);
   return out;
@@ -148,7 +171,7 @@ std::optional<Mailbox::Record> Mailbox::front(uint32_t r) {
   if (rh->state.load(std::memory_order_acquire) != kReady) return std::nullopt;
   const uint64_t head = rh->head.load(std::memory_order_relaxed);
   const uint64_t tail = rh->tail.load(std::memory_order_acquire);
-  seen_[r] = tail;
+  seen_[r].store(tail, std::memory_order_relaxed);
   if (head == tail) return std::nullopt;
   const NodeId who = producer(r);
   auto refuse = [&](const std::string& why) {
@@ -189,56 +212,107 @@ void Mailbox::pop(uint32_t r) {
 
 bool Mailbox::changed() {
   Header* h = header(*seg_);
-  if (h->claimed.load(std::memory_order_acquire) != claimedSeen_) return true;
+  if (h->claimed.load(std::memory_order_acquire) != claimedSeen_.load(std::memory_order_relaxed))
+    return true;
   for (uint32_t r = 0; r < h->rings; ++r) {
     RingHeader* rh = ring(*seg_, r);
     if (rh->state.load(std::memory_order_relaxed) == kReady &&
-        rh->tail.load(std::memory_order_acquire) != seen_[r])
+        rh->tail.load(std::memory_order_acquire) != seen_[r].load(std::memory_order_relaxed))
       return true;
   }
   return false;
 }
 
-bool Mailbox::wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until) {
+bool Mailbox::wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until,
+                   uint64_t turn, const std::function<bool()>& ready) {
   using Clock = std::chrono::steady_clock;
   Header* h = header(*seg_);
-  // wake() between here and the futex makes it return at once.
-  const uint32_t bell = h->doorbell.load(std::memory_order_acquire);
-  if (changed()) return true;
+  // wake(), takeTurn() or shut() between here and the futex makes it
+  // return at once.
+  const uint32_t bell = h->doorbell.load(std::memory_order_seq_cst);
+  // takeTurn() moves the turn before it rings: a thread that read the bell
+  // after that sees the new turn here.
+  auto displaced = [&] { return turn_.load(std::memory_order_seq_cst) != turn; };
+  auto something = [&] {
+    return changed() || h->open.load(std::memory_order_acquire) == 0 || (ready && ready());
+  };
+  if (displaced()) return false;
+  if (something()) return true;
   if (spin.count() > 0) {
     const auto spinUntil = std::min(until, Clock::now() + spin);
     while (Clock::now() < spinUntil) {
       sched_yield();  // a thread that shares the core runs in between
-      if (changed() || h->doorbell.load(std::memory_order_acquire) != bell) return true;
+      if (displaced()) return false;
+      if (something() || h->doorbell.load(std::memory_order_acquire) != bell) return true;
     }
   }
   h->sleeping.store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (changed()) {
+  if (something()) {
     h->sleeping.store(0, std::memory_order_relaxed);
     return true;
   }
-  const auto left = until - Clock::now();
-  if (left > Clock::duration::zero()) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    // Not FUTEX_PRIVATE: the producers are other processes.
-    futex(&h->doorbell, FUTEX_WAIT, bell, &ts);
-    ++sleeps_;
+  if (auto ts = timeoutUntil(until)) {
+    futex(&h->doorbell, FUTEX_WAIT, bell, &*ts);
+    sleeps_.fetch_add(1, std::memory_order_relaxed);
   }
+  // Another thread's turn now: `sleeping` is its to say.
+  if (displaced()) return false;
   h->sleeping.store(0, std::memory_order_relaxed);
-  return changed();
+  return something();
+}
+
+uint64_t Mailbox::takeTurn() {
+  Header* h = header(*seg_);
+  const uint64_t t = turn_.fetch_add(1, std::memory_order_seq_cst) + 1;
+  uint32_t bell = h->doorbell.fetch_add(1, std::memory_order_seq_cst) + 1;
+  for (int tries = 0; tries < 8; ++tries) {
+    if (requeueAll(&h->doorbell, &parking_, bell) >= 0) return t;
+    if (errno != EAGAIN) break;
+    bell = h->doorbell.load(std::memory_order_seq_cst);  // a producer rang meanwhile
+  }
+  // The doorbell kept ringing: wake whoever sleeps on it; a thread of an
+  // earlier turn then parks by itself.
+  wakeAll(&h->doorbell);
+  return t;
+}
+
+void Mailbox::giveBack() {
+  Header* h = header(*seg_);
+  const uint32_t bell = h->doorbell.load(std::memory_order_seq_cst);
+  // Announce the parked thread as asleep before the last look, as wait()
+  // does: a producer that publishes after the look sees `sleeping` and
+  // rings.
+  h->sleeping.store(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // A park() between its ticket and its sleep returns at once.
+  const uint32_t ticket = parking_.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (changed() || requeueAll(&parking_, &h->doorbell, ticket) < 0) {
+    h->sleeping.store(0, std::memory_order_relaxed);
+    wakeAll(&parking_);
+    return;
+  }
+  // A producer that rang before the parked thread was on the doorbell woke
+  // nobody.
+  if (h->doorbell.load(std::memory_order_seq_cst) != bell) wakeAll(&h->doorbell);
+}
+
+void Mailbox::park(uint32_t ticket, std::chrono::steady_clock::time_point until) {
+  if (header(*seg_)->open.load(std::memory_order_acquire) == 0) return;
+  if (auto ts = timeoutUntil(until)) futex(&parking_, FUTEX_WAIT, ticket, &*ts);
 }
 
 void Mailbox::shut() {
   header(*seg_)->open.store(0, std::memory_order_release);
   wake();
+  parking_.fetch_add(1, std::memory_order_seq_cst);
+  wakeAll(&parking_);
 }
 
 void Mailbox::wake() {
   Header* h = header(*seg_);
-  h->doorbell.fetch_add(1, std::memory_order_acq_rel);
-  futex(&h->doorbell, FUTEX_WAKE, 1, nullptr);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  wakeAll(&h->doorbell);
 }
 
 std::unique_ptr<MailboxSender> MailboxSender::open(const std::string& name, const NodeId& self,

@@ -12,6 +12,15 @@
 // (FUTEX_WAKE) only when the consumer announced that it sleeps, so a busy
 // consumer costs its producers no system call.
 //
+// Turns: threads of the consumer's process may take turns as the consumer
+// (a thread that waits for a reply takes its reply from the rings itself:
+// core/transport/shmring). Only the thread whose turn it is sleeps on the
+// doorbell, so a producer's FUTEX_WAKE reaches it; the thread it took the
+// turn from parks on a word of this process instead. Both moves are
+// FUTEX_CMP_REQUEUEs of a sleeping thread from one word to the other:
+// taking a turn wakes nobody, and giving it back leaves the parked thread
+// asleep on the doorbell as if it had gone to sleep there itself.
+//
 // Trust: the producer's name and record lengths in the segment are
 // checked before they are used (front() refuses a malformed record); the
 // consumer's pid and host are in the header, each producer's pid in its
@@ -25,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,8 +60,9 @@ struct MailboxShape {
 // not fit one of `shape`.
 size_t recordBytes(const std::vector<Buffer>& parts, const MailboxShape& shape);
 
-// The consumer's side. One thread calls front/pop/wait; wake() and the
-// queries may be called from any thread.
+// The consumer's side. The thread whose turn it is calls wait(); front()
+// and pop() are serialized by their user; wake(), shut() and the queries
+// may be called from any thread.
 class Mailbox {
  public:
   // Creates the segment and reserves its pages; throws Error(kUnavailable)
@@ -77,26 +88,61 @@ class Mailbox {
   int32_t producerPid(uint32_t r) const;
 
   // Returns at once when a ring holds a record that front() has not yet
-  // shown, or a ring was claimed; otherwise polls for up to `spin` (yielding
-  // the core between looks), then sleeps on the doorbell until a producer
-  // rings it, wake() is called, or `until`. True when there is something.
-  bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until);
+  // shown, a ring was claimed, the mailbox was shut, or `ready()` (given:
+  // something else the caller waits for, looked at after the doorbell was
+  // read, so that a wake() after it turned true ends the sleep); otherwise
+  // polls for up to `spin` (yielding the core between looks), then sleeps
+  // on the doorbell until a producer rings it, wake() is called, or
+  // `until`. True when there is something. `turn` is the caller's (turn()
+  // when it took it): once another thread took a later one, wait() returns
+  // false at once, or as soon as it wakes, leaving the doorbell's state to
+  // that thread.
+  bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until,
+            uint64_t turn, const std::function<bool()>& ready = nullptr);
+  // The same for a mailbox whose only consumer is the calling thread.
+  bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until) {
+    return wait(spin, until, turn());
+  }
+  // Wakes the thread asleep on the doorbell (the one whose turn it is).
   void wake();
   // Producers stop writing (their sends go to the transport) and wait()
-  // returns: the consumer is closing.
+  // and park() return: the consumer is closing.
   void shut();
 
+  // Turns (the file's comment). The current one.
+  uint64_t turn() const { return turn_.load(std::memory_order_seq_cst); }
+  // Starts a new turn, the calling thread's: a thread asleep in wait() of
+  // an earlier turn is moved onto the parking word without being woken,
+  // one about to sleep returns at once. Returns the new turn.
+  uint64_t takeTurn();
+  // Ends the calling thread's turn (it looked at every ring since its last
+  // record): the parked thread, asleep in park() or in a wait() of an
+  // earlier turn, is moved back onto the doorbell without being woken,
+  // announced as sleeping, so that the next record wakes it; woken at
+  // once when a record came since the last look. The parked thread then
+  // takes up its turn (its user says whose turn it is).
+  void giveBack();
+  // A thread whose turn it is not: take a ticket, look whose turn it is
+  // (giveBack() after the ticket makes park() return at once), then park
+  // until giveBack(), shut() or `until`.
+  uint32_t parkTicket() const { return parking_.load(std::memory_order_seq_cst); }
+  void park(uint32_t ticket, std::chrono::steady_clock::time_point until);
+
   const std::string& name() const;
-  // Futex wake-ups this mailbox slept for (a statistic for the logs).
-  uint64_t sleeps() const { return sleeps_; }
+  // Futex waits on the doorbell (a statistic for the logs).
+  uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
 
  private:
   explicit Mailbox(std::unique_ptr<Segment> seg);
   bool changed();
   std::unique_ptr<Segment> seg_;
-  std::vector<uint64_t> seen_;  // per ring: the tail front() last saw
-  uint32_t claimedSeen_ = 0;
-  uint64_t sleeps_ = 0;
+  // Per ring: the tail front() last saw (atomics: wait() of one thread reads
+  // what front() under its user's lock on another wrote).
+  std::unique_ptr<std::atomic<uint64_t>[]> seen_;
+  std::atomic<uint32_t> claimedSeen_{0};
+  std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> turn_{0};
+  std::atomic<uint32_t> parking_{0};  // a futex word of this process
 };
 
 // The producer's side, for one consumer. Not thread-safe: its user

@@ -11,9 +11,10 @@
 //   A received Message owns its parts; the receiver may keep them.
 // - Threads: all methods are thread-safe. The receive and error callbacks run
 //   on the transport's own threads (its loop thread; the shared-memory ring
-//   transport's ring thread too), one at a time, never while the
-//   transport holds a lock that a method takes, so a callback may call send().
-//   A callback must not block for long: it delays every other message.
+//   transport's ring thread too), or on a thread inside
+//   receiveWhileWaiting(), one at a time, never while the transport holds a
+//   lock that a method takes, so a callback may call send(). A callback must
+//   not block for long: it delays every other message.
 // - Errors: listen() throws cortado::Error (kUnavailable, naming the address,
 //   e.g. a port in use). send() never blocks on the network and never throws
 //   for a peer fault: when a message cannot be delivered, or a connected peer
@@ -24,6 +25,7 @@
 //   returns. The destructor calls close().
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,6 +78,29 @@ class Transport {
   virtual void sendAll(const NodeId& peer, std::vector<Message> msgs) {
     for (auto& m : msgs) send(peer, std::move(m));
   }
+
+  // Receiving on a waiting thread (optional; the shared-memory ring
+  // transport does it, the others do not). A thread that waits for a reply
+  // may take incoming messages itself while it waits, so that the reply
+  // wakes it directly instead of waking the transport's thread, which would
+  // then have to wake it. receiveWhileWaiting() runs the receive and error
+  // callbacks on the calling thread until done() returns true, `until`
+  // passes, or the transport closes, and returns true. done() is called
+  // often, from this thread, with no lock held: it must be cheap and must
+  // not block. One thread receives at a time; another one that calls it
+  // meanwhile waits for its turn or for its done(). Returns false at once,
+  // having done nothing, where the backend does not do this, where it is
+  // closed, or when called from one of its callbacks.
+  virtual bool receiveWhileWaiting(const std::function<bool()>& done,
+                                   std::chrono::steady_clock::time_point until) {
+    (void)done;
+    (void)until;
+    return false;
+  }
+  // Makes the threads in receiveWhileWaiting() look at their done() again:
+  // call it after turning one's done() true from another thread. Any
+  // thread; cheap when no thread receives.
+  virtual void wakeWaiting() {}
 
   // Forgets `peer`: pending sends to it are dropped without an error.
   virtual void disconnect(const NodeId& peer) = 0;

@@ -157,7 +157,7 @@ TEST(Settings, UcxPeerSendsAreReadPassedOnAndRefused) {
   expectInvalid(c, "CORTADO_UCX_PEER_SENDS -3 is out of range 0..1024");
 }
 
-TEST(Settings, ShmMessagesAndTheirSpinAreReadPassedOnAndRefused) {
+TEST(Settings, ShmMessagesTheirSpinAndWaiterReceivesAreReadPassedOnAndRefused) {
   ::unsetenv("CORTADO_SHM_MESSAGES");
   ::unsetenv("CORTADO_SHM_SPIN_US");
   JobConfig c = readJobConfig(false);
@@ -179,6 +179,18 @@ TEST(Settings, ShmMessagesAndTheirSpinAreReadPassedOnAndRefused) {
                 "CORTADO_SHM_SPIN_US=10001 is out of range 0..10000");
   expectRefused("CORTADO_SHM_MESSAGES", "ring", "CORTADO_SHM_MESSAGES='ring' is not a boolean");
   ::unsetenv("CORTADO_SHM_MESSAGES");
+  ::unsetenv("CORTADO_SHM_SPIN_US");
+  ::unsetenv("CORTADO_SHM_WAITER_RECEIVES");
+  c = readJobConfig(false);
+  EXPECT_TRUE(c.shmWaiterReceives);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_RECEIVES"), "1");
+  ::setenv("CORTADO_SHM_WAITER_RECEIVES", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_FALSE(c.shmWaiterReceives);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_RECEIVES"), "0");
+  expectRefused("CORTADO_SHM_WAITER_RECEIVES", "caller",
+                "CORTADO_SHM_WAITER_RECEIVES='caller' is not a boolean");
+  ::unsetenv("CORTADO_SHM_WAITER_RECEIVES");
   c = readJobConfig(false);
   c.shmSpinUs = 20000;  // a configuration built in code is checked too
   expectInvalid(c, "CORTADO_SHM_SPIN_US 20000 is out of range 0..10000");

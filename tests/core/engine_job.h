@@ -33,8 +33,8 @@ struct ServerNode {
 // A job of W workers and S servers in this process.
 class Job {
  public:
-  // Given worker w's transport, returns the one it uses (a test's wrapper
-  // that watches what it sends).
+  // Given worker (or server) w's transport, returns the one it uses (a
+  // test's wrapper that watches what it sends, or the shared-memory rings).
   using WrapTransport = std::function<std::unique_ptr<transport::Transport>(
       int w, std::unique_ptr<transport::Transport>)>;
 
@@ -47,7 +47,7 @@ class Job {
   Job(int W, int S, const WorkerOptions& wo = {}, bool async = false, bool shm = false,
       uint64_t serverInlineBytes = server::ServerEngineOptions{}.inlineBytes,
       bool serverCompact = true, WrapTransport wrapWorker = nullptr,
-      uint64_t serverPushBudget = 0)
+      uint64_t serverPushBudget = 0, WrapTransport wrapServer = nullptr)
       : hub_(transport::inproc::createHub()), async_(async) {
     // A token per job: the shared-memory segments are named after it.
     static int jobs = 0;
@@ -67,6 +67,7 @@ class Job {
       auto n = std::make_unique<ServerNode>();
       NodeId id{Role::kServer, s};
       n->transport = transport::inproc::create(hub_, id);
+      if (wrapServer) n->transport = wrapServer(s, std::move(n->transport));
       server::ServerEngineOptions eo;
       eo.numWorkers = W;
       eo.engineThreads = 2;

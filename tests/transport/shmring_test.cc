@@ -6,12 +6,15 @@
 // small messages and ZeroMQ the large ones.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -205,6 +208,111 @@ TEST(Mailbox, MalformedRecordsAreRefusedNamingTheProducer) {
   EXPECT_EQ(tx->trySend({u64(1)}, 0), Result::kRefused) << "the producer kept using a refused ring";
 }
 
+// Whether thread `tid` of this process is blocked (state S in its stat).
+bool blocked(pid_t tid) {
+  FILE* f = std::fopen(fmt::format("/proc/self/task/{}/stat", tid).c_str(), "r");
+  if (!f) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buf, ')');  // the name may hold spaces
+  return n > 0 && paren && paren[1] == ' ' && paren[2] == 'S';
+}
+
+// Waits (up to 5 s) until the thread whose id `tid` holds has blocked.
+bool untilBlocked(const std::atomic<pid_t>& tid) {
+  const auto until = Clock::now() + 5s;
+  while (Clock::now() < until) {
+    if (tid.load() != 0 && blocked(tid.load())) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+// The consumer's turns: the thread whose turn it is gets the producer's
+// wake-up; the thread of an earlier turn (asleep in wait(), or parked) is
+// neither woken by the turn's taking nor by its giving back, and the first
+// record after the giving back wakes it.
+TEST(Mailbox, TheTurnsThreadGetsTheWakeUpAndTheParkedOneSleepsUntilItsTurnComes) {
+  const std::string name = uniqueName("turns");
+  auto mb = Mailbox::create(name, "h", {2, 8, 64});
+  auto tx = MailboxSender::open(name, kWorker, "h");
+  ASSERT_TRUE(tx);
+  const uint32_t r = mb->rings().at(0);
+  // This thread's turn: records 0..9 must wake it, not the other.
+  auto takeRecords = [&](uint64_t turn, uint64_t from) {
+    for (uint64_t i = from; i < from + 10; ++i) {
+      std::thread producer([&] {
+        std::this_thread::sleep_for(5ms);
+        EXPECT_EQ(tx->trySend({u64(i)}, 0), Result::kSent);
+      });
+      const auto start = Clock::now();
+      bool woke = false;
+      while (!woke && Clock::now() - start < 30s) woke = mb->wait(0us, start + 30s, turn);
+      producer.join();
+      ASSERT_TRUE(woke);
+      EXPECT_LT(Clock::now() - start, 10s) << "the doorbell did not wake the turn's thread";
+      auto rec = mb->front(r);
+      ASSERT_TRUE(rec);
+      EXPECT_EQ(u64(rec->parts.at(0)), i);
+      mb->pop(r);
+    }
+  };
+
+  // A thread asleep in wait() of turn t0.
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> back{false}, result{true};
+  const uint64_t t0 = mb->turn();
+  std::thread sleeper([&] {
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    result = mb->wait(0us, Clock::now() + 30s, t0);
+    back = true;
+  });
+  ASSERT_TRUE(untilBlocked(tid)) << "the first consumer never slept";
+  const uint64_t t1 = mb->takeTurn();
+  EXPECT_NE(t1, t0);
+  takeRecords(t1, 0);
+  EXPECT_FALSE(back) << "taking the turn or its records woke the thread of the earlier turn";
+  mb->giveBack();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(back) << "giving the turn back woke the parked thread with the rings empty";
+  ASSERT_EQ(tx->trySend({u64(100)}, 0), Result::kSent);
+  const auto until = Clock::now() + 10s;
+  while (!back && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  sleeper.join();
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(result) << "a wait() of an earlier turn said there was something";
+  auto rec = mb->front(r);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(u64(rec->parts.at(0)), 100u);
+  mb->pop(r);
+
+  // A thread parked while another one has the turn.
+  tid = 0;
+  back = false;
+  const uint64_t t2 = mb->takeTurn();
+  std::thread parked([&] {
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    mb->park(mb->parkTicket(), Clock::now() + 30s);
+    back = true;
+  });
+  ASSERT_TRUE(untilBlocked(tid)) << "the parked thread never slept";
+  takeRecords(t2, 200);
+  EXPECT_FALSE(back) << "a record woke the parked thread instead of the turn's";
+  mb->giveBack();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(back);
+  ASSERT_EQ(tx->trySend({u64(300)}, 0), Result::kSent);
+  const auto until2 = Clock::now() + 10s;
+  while (!back && Clock::now() < until2) std::this_thread::sleep_for(1ms);
+  parked.join();
+  EXPECT_TRUE(back) << "the record after giveBack() did not wake the parked thread";
+  auto last = mb->front(r);  // the record that woke it is still there
+  ASSERT_TRUE(last);
+  EXPECT_EQ(u64(last->parts.at(0)), 300u);
+  mb->pop(r);
+}
+
 // A child process that creates a mailbox (consumer) or writes to ours
 // (producer), then is killed: the other side tells within a deadline.
 pid_t forkChild(const std::function<void()>& body) {
@@ -248,28 +356,61 @@ struct RingNode {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Message> got;
+  std::vector<std::thread::id> gotOn;  // the thread each message was delivered on
   std::vector<std::pair<NodeId, Status>> errors;
+  // For done() of receiveWhileWaiting, which takes no lock.
+  std::atomic<size_t> gotCount{0}, errorCount{0};
+  std::atomic<int> inCallback{0}, mostInCallback{0};  // callbacks at once
+  // Runs in the receive callback first (set before listen()).
+  std::function<void(const Message&)> onMessage;
   std::unique_ptr<Transport> t;
 
   RingNode(std::shared_ptr<inproc::Hub> hub, const NodeId& self, const std::string& prefix,
-           shm::MailboxShape shape = {}) {
+           shm::MailboxShape shape = {}, bool waiterReceives = true) {
     shmring::RingOptions o;
     o.prefix = prefix;
     o.host = "h";
     o.shape = shape;
     o.checkEvery = 50ms;
+    o.waiterReceives = waiterReceives;
     t = shmring::create(inproc::create(std::move(hub), self), o);
     t->setCallbacks(
         [this](Message&& m) {
-          std::lock_guard lk(mu);
-          got.push_back(std::move(m));
-          cv.notify_all();
+          enter();
+          if (onMessage) onMessage(m);
+          {
+            std::lock_guard lk(mu);
+            got.push_back(std::move(m));
+            gotOn.push_back(std::this_thread::get_id());
+            gotCount.store(got.size());
+            cv.notify_all();
+          }
+          leave();
+          t->wakeWaiting();  // a waiting thread's done() may have turned true
         },
         [this](const NodeId& peer, const Status& s) {
-          std::lock_guard lk(mu);
-          errors.emplace_back(peer, s);
-          cv.notify_all();
+          enter();
+          {
+            std::lock_guard lk(mu);
+            errors.emplace_back(peer, s);
+            errorCount.store(errors.size());
+            cv.notify_all();
+          }
+          leave();
+          t->wakeWaiting();
         });
+  }
+  void enter() {
+    const int n = inCallback.fetch_add(1) + 1;
+    int most = mostInCallback.load();
+    while (n > most && !mostInCallback.compare_exchange_weak(most, n)) {
+    }
+  }
+  void leave() { inCallback.fetch_sub(1); }
+  // Messages delivered on thread `id`.
+  size_t deliveredOn(std::thread::id id) {
+    std::lock_guard lk(mu);
+    return std::count(gotOn.begin(), gotOn.end(), id);
   }
   template <typename Pred>
   bool waitUntil(Pred pred, Millis timeout = 20s) {
@@ -363,6 +504,262 @@ TEST(RingTransport, MailboxesAreUnlinkedWhenTheTransportGoes) {
     a.t->close();
   }
   EXPECT_FALSE(segmentExists(name));
+}
+
+// A thread in receiveWhileWaiting() as the consumer: the order across the
+// ring and the fallback holds while it takes the records in turns of a few
+// milliseconds (each turn's end hands the role back to the ring thread, the
+// next takes it again), and it took some of them on its own thread.
+TEST(RingTransport, AWaitingThreadTakesTheRecordsInOrderAcrossRingAndFallback) {
+  const std::string prefix = uniqueName("waitorder");
+  auto hub = inproc::createHub();
+  RingNode a(hub, kWorker, prefix, {2, 4, 128});
+  RingNode b(hub, kServer, prefix, {2, 4, 128});
+  a.t->listen("inproc://a");
+  b.t->listen("inproc://b");
+  a.t->connect(kServer, "inproc://b");
+  constexpr uint64_t kCount = 4000;
+  std::thread sender([&] {
+    for (uint64_t i = 0; i < kCount; ++i) {
+      Message m;
+      m.parts.push_back(u64(i));
+      if (i % 5 == 0) m.parts.push_back(Buffer::allocate(1000));  // too big for a slot
+      a.t->send(kServer, std::move(m));
+      // Pauses: the consumer sleeps on the doorbell, the next record wakes it.
+      if (i % 200 == 0) std::this_thread::sleep_for(2ms);
+    }
+  });
+  const auto end = Clock::now() + 30s;
+  int turns = 0;
+  while (b.gotCount < kCount && Clock::now() < end) {
+    // Turns of 1-4 ms.
+    const auto until = Clock::now() + std::chrono::microseconds(1000 * (1 + turns % 4));
+    EXPECT_TRUE(b.t->receiveWhileWaiting([&] { return b.gotCount >= kCount; }, until));
+    ++turns;
+  }
+  sender.join();
+  ASSERT_TRUE(b.waitUntil([&] { return b.got.size() >= kCount; }))
+      << b.got.size() << " of " << kCount << " arrived";
+  std::lock_guard lk(b.mu);
+  for (uint64_t i = 0; i < kCount; ++i)
+    ASSERT_EQ(u64(b.got[i].parts.at(0)), i) << "message " << i << " out of order";
+  const size_t mine = std::count(b.gotOn.begin(), b.gotOn.end(), std::this_thread::get_id());
+  EXPECT_GT(mine, 0u) << "the waiting thread took no record in " << turns << " turns";
+  EXPECT_EQ(b.mostInCallback.load(), 1) << "two callbacks ran at once";
+  EXPECT_TRUE(b.errors.empty());
+}
+
+// A caller whose deadline passes returns and hands the role back: what comes
+// afterwards reaches the ring thread, nothing is lost; what comes during its
+// turn, it takes itself.
+TEST(RingTransport, ACallerWhoseDeadlinePassesHandsTheRoleBack) {
+  const std::string prefix = uniqueName("waitdeadline");
+  auto hub = inproc::createHub();
+  RingNode a(hub, kWorker, prefix);
+  RingNode b(hub, kServer, prefix);
+  a.t->listen("inproc://a");
+  b.t->listen("inproc://b");
+  a.t->connect(kServer, "inproc://b");
+  auto sendOne = [&](uint64_t v) {
+    Message m;
+    m.parts.push_back(u64(v));
+    a.t->send(kServer, std::move(m));
+  };
+  const auto me = std::this_thread::get_id();
+  // During its turn: it takes them itself.
+  std::thread during([&] {
+    std::this_thread::sleep_for(20ms);
+    for (uint64_t i = 0; i < 5; ++i) sendOne(i);
+  });
+  const auto start = Clock::now();
+  EXPECT_TRUE(b.t->receiveWhileWaiting([&] { return b.gotCount >= 5; }, start + 30s));
+  during.join();
+  EXPECT_LT(Clock::now() - start, 10s) << "its done() did not end the turn";
+  ASSERT_EQ(b.gotCount.load(), 5u);
+  EXPECT_EQ(b.deliveredOn(me), 5u) << "the waiting thread did not take the records of its turn";
+  // A turn that ends at its deadline with nothing come.
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(b.t->receiveWhileWaiting([] { return false; }, t0 + 50ms));
+  EXPECT_GE(Clock::now() - t0, 50ms);
+  EXPECT_LT(Clock::now() - t0, 10s);
+  // Afterwards: the ring thread takes them, in order, none lost.
+  for (uint64_t i = 5; i < 105; ++i) sendOne(i);
+  ASSERT_TRUE(b.waitUntil([&] { return b.got.size() >= 105; }))
+      << b.got.size() << " of 105 arrived after the caller's turn";
+  std::lock_guard lk(b.mu);
+  for (uint64_t i = 0; i < 105; ++i) EXPECT_EQ(u64(b.got[i].parts.at(0)), i);
+  EXPECT_EQ(std::count(b.gotOn.begin(), b.gotOn.end(), me), 5)
+      << "records after the turn went to the thread that had left";
+}
+
+// A producer killed while a caller is the consumer is reported within the
+// ring thread's bound, as when the ring thread consumes.
+TEST(RingTransport, ADeadProducerIsReportedWhileACallerConsumes) {
+  const std::string prefix = uniqueName("waitdead");
+  auto hub = inproc::createHub();
+  RingNode server(hub, kServer, prefix);
+  server.t->listen("inproc://s");
+  // The caller is the consumer (asleep on the doorbell) before the
+  // producer writes, and stays it until the error.
+  std::atomic<pid_t> tid{0};
+  std::thread::id callerId;
+  std::atomic<bool> callerBack{false};
+  std::thread caller([&] {
+    callerId = std::this_thread::get_id();
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    server.t->receiveWhileWaiting([&] { return server.errorCount > 0; }, Clock::now() + 20s);
+    callerBack = true;
+  });
+  ASSERT_TRUE(untilBlocked(tid)) << "the caller never slept";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = forkChild([&] {
+    // No threads here: the producer's side is the mailbox sender alone.
+    auto tx = MailboxSender::open(shm::segmentName(prefix, kServer, shm::kMailboxIndex), kWorker, "h");
+    char c = tx && tx->trySend({u64(42)}, 0) == Result::kSent;
+    (void)!::write(ready[1], &c, 1);
+    (void)tx.release();
+  });
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 1) << "the child could not write into the server's ring";
+  ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 1; }));
+  EXPECT_EQ(server.deliveredOn(callerId), 1u) << "the consumer's record went to another thread";
+  EXPECT_FALSE(callerBack);
+  ASSERT_TRUE(untilBlocked(tid)) << "the caller did not sleep again";
+  const auto killedAt = Clock::now();
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  while (!callerBack && Clock::now() - killedAt < 10s) std::this_thread::sleep_for(1ms);
+  caller.join();
+  ASSERT_EQ(server.errorCount.load(), 1u) << "the killed producer was not reported";
+  EXPECT_LT(Clock::now() - killedAt, 5s) << "the caller's done() did not end its turn in time";
+  EXPECT_EQ(server.errors[0].first, kWorker);
+  EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
+  EXPECT_NE(server.errors[0].second.message().find(kWorker.toString()), std::string::npos);
+  server.t->close();
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+// Several threads wait, each for its own message: one is the consumer, the
+// others wait for the role or for their done(); each returns once its
+// message came (long before the deadline), callbacks never overlap, and the
+// role passes among them.
+TEST(RingTransport, ConcurrentWaitersEachGetTheirMessage) {
+  const std::string prefix = uniqueName("waiters");
+  auto hub = inproc::createHub();
+  constexpr int kWaiters = 4, kRounds = 40;
+  std::vector<std::atomic<bool>> seen(kWaiters * kRounds);
+  for (auto& x : seen) x = false;
+  RingNode a(hub, kWorker, prefix);
+  RingNode b(hub, kServer, prefix);
+  b.onMessage = [&](const Message& m) { seen.at(u64(m.parts.at(0))) = true; };
+  a.t->listen("inproc://a");
+  b.t->listen("inproc://b");
+  a.t->connect(kServer, "inproc://b");
+  std::atomic<int> late{0};
+  std::vector<std::thread> waiters;
+  std::vector<std::thread::id> waiterIds(kWaiters);
+  for (int k = 0; k < kWaiters; ++k) {
+    waiters.emplace_back([&, k] {
+      waiterIds[k] = std::this_thread::get_id();
+      for (int round = 0; round < kRounds; ++round) {
+        const uint64_t id = uint64_t(round) * kWaiters + k;
+        const auto start = Clock::now();
+        b.t->receiveWhileWaiting([&] { return seen[id].load(); }, start + 20s);
+        if (!seen[id] || Clock::now() - start >= 10s) ++late;
+      }
+    });
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    // The waiters' messages in another order each round, one at a time.
+    const int order[kWaiters] = {3, 1, 0, 2};
+    for (int k : order) {
+      std::this_thread::sleep_for(1ms);
+      Message m;
+      m.parts.push_back(u64(uint64_t(round) * kWaiters + (k + round) % kWaiters));
+      a.t->send(kServer, std::move(m));
+    }
+  }
+  for (auto& w : waiters) w.join();
+  EXPECT_EQ(late.load(), 0) << "waiters whose message came did not return";
+  EXPECT_EQ(b.gotCount.load(), size_t(kWaiters * kRounds));
+  EXPECT_EQ(b.mostInCallback.load(), 1) << "two callbacks ran at once";
+  size_t onWaiters = 0;
+  for (const auto& id : waiterIds) onWaiters += b.deliveredOn(id);
+  EXPECT_GT(onWaiters, 0u) << "no waiting thread took a message";
+}
+
+// wakeWaiting() ends the sleep of a consumer (and of a thread that waits for
+// the role) whose done() another thread turned true; close() ends a
+// caller's turn; later calls, calls from a callback and a transport with
+// waiterReceives off return false at once.
+TEST(RingTransport, WakeWaitingCloseAndRefusals) {
+  const std::string prefix = uniqueName("waitwake");
+  auto hub = inproc::createHub();
+  RingNode b(hub, kServer, prefix);
+  b.t->listen("inproc://b");
+  std::atomic<bool> first{false}, second{false};
+  std::atomic<bool> firstBack{false}, secondBack{false};
+  std::thread t1([&] {
+    b.t->receiveWhileWaiting([&] { return first.load(); }, Clock::now() + 30s);
+    firstBack = true;
+  });
+  std::thread t2([&] {
+    b.t->receiveWhileWaiting([&] { return second.load(); }, Clock::now() + 30s);
+    secondBack = true;
+  });
+  std::this_thread::sleep_for(30ms);  // one consumes, the other waits for the role
+  auto start = Clock::now();
+  second = true;
+  b.t->wakeWaiting();
+  while (!secondBack && Clock::now() - start < 10s) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(secondBack) << "wakeWaiting() did not end the second waiter's wait";
+  EXPECT_FALSE(firstBack);
+  start = Clock::now();
+  first = true;
+  b.t->wakeWaiting();
+  while (!firstBack && Clock::now() - start < 10s) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(firstBack) << "wakeWaiting() did not end the first waiter's wait";
+  t1.join();
+  t2.join();
+
+  // From a callback: false, at once.
+  RingNode c(hub, NodeId{Role::kServer, 5}, prefix);
+  std::atomic<int> fromCallback{-1};
+  c.onMessage = [&](const Message&) {
+    fromCallback = c.t->receiveWhileWaiting([] { return false; }, Clock::now() + 30s) ? 1 : 0;
+  };
+  c.t->listen("inproc://c");
+  RingNode a(hub, kWorker, prefix);
+  a.t->listen("inproc://a");
+  a.t->connect(NodeId{Role::kServer, 5}, "inproc://c");
+  Message m;
+  m.parts.push_back(u64(1));
+  a.t->send(NodeId{Role::kServer, 5}, std::move(m));
+  ASSERT_TRUE(c.waitUntil([&] { return c.got.size() == 1; }));
+  EXPECT_EQ(fromCallback.load(), 0) << "receiveWhileWaiting() from a callback did not refuse";
+
+  // close() ends a turn.
+  std::atomic<bool> closedBack{false};
+  std::thread t3([&] {
+    b.t->receiveWhileWaiting([] { return false; }, Clock::now() + 30s);
+    closedBack = true;
+  });
+  std::this_thread::sleep_for(30ms);
+  start = Clock::now();
+  b.t->close();
+  while (!closedBack && Clock::now() - start < 10s) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(closedBack) << "close() did not end the caller's turn";
+  t3.join();
+  EXPECT_FALSE(b.t->receiveWhileWaiting([] { return false; }, Clock::now() + 30s));
+
+  RingNode off(hub, NodeId{Role::kServer, 7}, prefix, {}, /*waiterReceives=*/false);
+  off.t->listen("inproc://off");
+  start = Clock::now();
+  EXPECT_FALSE(off.t->receiveWhileWaiting([] { return false; }, Clock::now() + 30s));
+  EXPECT_LT(Clock::now() - start, 10s);
 }
 
 zmq::ZmqOptions zmqOptions() {

@@ -17,11 +17,23 @@
 // the inner transport, and before it hands over a later inner message, it
 // hands over the ring records written before that message.
 //
-// Threads: the receive callback runs on the inner transport's loop thread
-// or on the ring thread, one at a time (a mutex), never while a lock that
-// send() takes is held. The error callback also reports a peer whose
-// process is gone while it had a ring here (checked every `checkEvery`
-// while the ring thread sleeps).
+// Threads: the receive callback runs on the inner transport's loop thread,
+// on the ring thread, or on a thread in receiveWhileWaiting(), one at a
+// time (a mutex), never while a lock that send() takes is held. The error
+// callback also reports a peer whose process is gone while it had a ring
+// here (checked by the ring thread every `checkEvery`, whoever takes the
+// records meanwhile).
+//
+// A waiting thread as the consumer (receiveWhileWaiting, `waiterReceives`):
+// the ring thread is the mailbox's consumer until a thread that waits for a
+// reply takes the role; that thread then takes the records itself, with
+// the same code and the same order as the ring thread, and sleeps on the
+// doorbell, so that the producer's wake-up reaches it directly, while the
+// ring thread parks (shm::Mailbox's turns: neither move wakes a thread).
+// When its done() turns true, its deadline passes, or the transport
+// closes, it hands the role to a thread that waits for it, or back to the
+// ring thread. One consumer at a time; wakeWaiting() wakes it (and the
+// threads that wait for the role) to look at their done() again.
 #pragma once
 
 #include <chrono>
@@ -46,6 +58,9 @@ struct RingOptions {
   // How often a sleeping ring thread looks for producers whose process
   // is gone.
   std::chrono::milliseconds checkEvery{100};
+  // receiveWhileWaiting() takes the consumer's role (CORTADO_SHM_WAITER_RECEIVES);
+  // false: it returns false, and the ring thread takes every record.
+  bool waiterReceives = true;
   shm::MailboxShape shape;
 };
 

@@ -1,7 +1,10 @@
 // The shared-memory ring transport (factory.h says what it does).
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -33,6 +36,7 @@ class RingTransport final : public Transport {
     onError_ = std::move(onError);
     inner_->setCallbacks([this](Message&& m) { onInnerMessage(std::move(m)); },
                          [this](const NodeId& peer, const Status& s) {
+                           InCallback in(this);
                            if (onError_) onError_(peer, s);
                          });
   }
@@ -72,14 +76,78 @@ class RingTransport final : public Transport {
 
   void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
 
+  bool receiveWhileWaiting(const std::function<bool()>& done, Clock::time_point until) override {
+    if (!opts_.waiterReceives || tlsConsumer_ == this || tlsInCallback_ == this) return false;
+    std::unique_lock<std::mutex> lk(roleMu_);
+    if (stop_.load(std::memory_order_acquire)) return false;
+    ++inside_;
+    // A follower: another caller consumes; wait for the role or for done().
+    bool took = false;
+    while (!stop_.load(std::memory_order_acquire) && !done() && Clock::now() < until) {
+      if (consumer_ != Consumer::kCaller) {
+        took = true;
+        break;
+      }
+      followers_.fetch_add(1, std::memory_order_seq_cst);
+      roleCv_.wait_until(lk, until);
+      followers_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    if (took) {
+      consumer_ = Consumer::kCaller;
+      callerConsumes_.store(true, std::memory_order_seq_cst);
+      const uint64_t turn = mailbox_->takeTurn();
+      lk.unlock();
+      tlsConsumer_ = this;
+      consume(done, until, turn);
+      tlsConsumer_ = nullptr;
+      lk.lock();
+      callerConsumes_.store(false, std::memory_order_seq_cst);
+      ++callerTurns_;
+      consumer_ = Consumer::kVacant;
+    }
+    // A vacant role goes to a follower, or back to the ring thread when
+    // none waits (or the transport closes).
+    if (consumer_ == Consumer::kVacant) {
+      if (followers_.load(std::memory_order_relaxed) > 0 && !stop_.load(std::memory_order_acquire))
+        roleCv_.notify_all();
+      else
+        giveBackLocked();
+    }
+    if (--inside_ == 0 && stop_.load(std::memory_order_acquire)) roleCv_.notify_all();
+    return true;
+  }
+
+  void wakeWaiting() override {
+    // The consumer delivering an answer looks at its done() by itself.
+    if (callerConsumes_.load(std::memory_order_seq_cst) && tlsConsumer_ != this) mailbox_->wake();
+    if (followers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lk(roleMu_);
+      roleCv_.notify_all();
+    }
+  }
+
   void close() override {
     if (closed_.exchange(true)) return;
-    stop_.store(true, std::memory_order_release);
-    mailbox_->shut();
+    {
+      std::lock_guard<std::mutex> lk(roleMu_);
+      stop_.store(true, std::memory_order_release);
+      roleCv_.notify_all();
+    }
+    mailbox_->shut();  // wakes the consumer and the parked ring thread
     if (thread_.joinable()) thread_.join();
+    {
+      // A caller in receiveWhileWaiting() sees stop_ at its next look
+      // (shut() woke it); none runs a callback after this returns.
+      std::unique_lock<std::mutex> lk(roleMu_);
+      while (!roleCv_.wait_for(lk, std::chrono::seconds(10), [&] { return inside_ == 0; }))
+        CORTADO_LOG_WARN("{}: close() waits for {} thread(s) still taking shared-memory ring "
+                         "messages (a receive callback that does not return?)",
+                         self_.toString(), inside_);
+    }
     inner_->close();
-    CORTADO_LOG_DEBUG("{}: shared-memory ring messages: {} in, ring thread slept {} times",
-                      self_.toString(), ringDelivered_, mailbox_->sleeps());
+    CORTADO_LOG_DEBUG("{}: shared-memory ring messages: {} in, {} futex sleeps on the doorbell, "
+                      "{} turns of waiting threads as the consumer",
+                      self_.toString(), ringDelivered_, mailbox_->sleeps(), callerTurns_);
   }
 
  private:
@@ -208,7 +276,36 @@ class RingTransport final : public Transport {
     }
   }
 
+  // Hands over every record that the inner messages so far allow, on the
+  // calling thread (the consumer). Returns how many.
+  size_t deliverAll() {
+    InCallback in(this);
+    std::lock_guard<std::mutex> lk(deliverMu_);
+    refreshRings();
+    size_t n = 0;
+    for (const auto& [peer, r] : ringOf_) n += drain(r, peer);
+    return n;
+  }
+
+  // A caller's turn as the consumer: the ring thread's loop, until done().
+  void consume(const std::function<bool()>& done, Clock::time_point until, uint64_t turn) {
+    auto over = [&] { return stop_.load(std::memory_order_acquire) || done(); };
+    while (!over()) {
+      if (deliverAll() > 0) continue;
+      if (Clock::now() >= until) return;
+      mailbox_->wait(opts_.spin, until, turn, over);
+    }
+  }
+
+  // Under roleMu_: the role goes back to the ring thread, which the mailbox
+  // leaves asleep on the doorbell.
+  void giveBackLocked() {
+    consumer_ = Consumer::kRing;
+    mailbox_->giveBack();
+  }
+
   void onInnerMessage(Message&& m) {
+    InCallback in(this);
     std::lock_guard<std::mutex> lk(deliverMu_);
     refreshRings();  // a ring its sender claimed since the ring thread looked
     // Records written before this message was sent go first.
@@ -222,25 +319,31 @@ class RingTransport final : public Transport {
   void ringLoop() {
     auto lastCheck = Clock::now();
     while (!stop_.load(std::memory_order_acquire)) {
-      size_t n = 0;
+      // The ticket before the look: a giveBack() after it ends the park.
+      const uint32_t ticket = mailbox_->parkTicket();
+      std::optional<uint64_t> turn;
       {
-        std::lock_guard<std::mutex> lk(deliverMu_);
-        refreshRings();
-        for (const auto& [peer, r] : ringOf_) n += drain(r, peer);
+        std::lock_guard<std::mutex> lk(roleMu_);
+        if (consumer_ == Consumer::kRing) turn = mailbox_->turn();
       }
-      if (n) continue;
+      if (turn && deliverAll() > 0) continue;
       const auto now = Clock::now();
+      // Dead producers are looked for whoever consumes.
       if (now - lastCheck >= opts_.checkEvery) {
         lastCheck = now;
         checkProducers();
       }
-      mailbox_->wait(opts_.spin, now + opts_.checkEvery);
+      if (turn)
+        mailbox_->wait(opts_.spin, now + opts_.checkEvery, *turn);
+      else
+        mailbox_->park(ticket, now + opts_.checkEvery);
     }
   }
 
   // A producer whose process is gone is reported once (its records were
   // handed over; the scheduler's heartbeats report it too).
   void checkProducers() {
+    InCallback in(this);
     std::vector<std::pair<NodeId, int32_t>> gone;
     {
       std::lock_guard<std::mutex> lk(deliverMu_);
@@ -278,11 +381,36 @@ class RingTransport final : public Transport {
   std::set<uint32_t> known_;
   uint64_t ringDelivered_ = 0;
 
+  // The mailbox's consumer: the ring thread, a caller in
+  // receiveWhileWaiting(), or vacant while a follower takes it up.
+  enum class Consumer { kRing, kCaller, kVacant };
+  std::mutex roleMu_;
+  std::condition_variable roleCv_;  // followers, and close() waiting for inside_
+  Consumer consumer_ = Consumer::kRing;
+  int inside_ = 0;                 // callers in receiveWhileWaiting()
+  uint64_t callerTurns_ = 0;       // for the log
+  // Read without roleMu_ by wakeWaiting().
+  std::atomic<bool> callerConsumes_{false};
+  std::atomic<int> followers_{0};  // callers waiting for the role
+  // The transport whose caller-consumer this thread is now (it wakes no one
+  // for its own done()), and whose callback it runs now (it may not call
+  // receiveWhileWaiting()).
+  static thread_local const RingTransport* tlsConsumer_;
+  static thread_local const RingTransport* tlsInCallback_;
+  struct InCallback {
+    const RingTransport* outer;
+    explicit InCallback(const RingTransport* t) : outer(tlsInCallback_) { tlsInCallback_ = t; }
+    ~InCallback() { tlsInCallback_ = outer; }
+  };
+
   std::mutex threadMu_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> closed_{false};
 };
+
+thread_local const RingTransport* RingTransport::tlsConsumer_ = nullptr;
+thread_local const RingTransport* RingTransport::tlsInCallback_ = nullptr;
 
 }  // namespace
 

@@ -1,0 +1,249 @@
+// Workers and servers with shared-memory rings in front of the in-process
+// transport (core/transport/shmring), as on one host: a thread that waits on
+// a handle takes the answers from its worker's ring itself
+// (Transport::receiveWhileWaiting, WaitReceiver in core/worker_impl.h).
+// Sums are checked against plain sums; a watching wrapper counts which
+// answers were taken on the test's waiting threads.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include <unistd.h>
+
+#include "core/transport/shmring/factory.h"
+#include "core/worker.h"
+#include "engine_job.h"
+
+namespace cortado {
+namespace {
+
+using test::Job;
+
+Deadline soon() { return Deadline::after(Millis(20000)); }
+
+// Set on the test's threads that wait on handles.
+thread_local bool tlsWaiter = false;
+
+// A worker's transport, watched: counts the messages delivered on a waiting
+// thread of the test and on other threads (the ring thread, the in-process
+// transport's).
+class CountDeliveries final : public transport::Transport {
+ public:
+  explicit CountDeliveries(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  NodeId self() const override { return inner_->self(); }
+  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
+    inner_->setCallbacks(
+        [this, onRecv = std::move(onRecv)](transport::Message&& m) {
+          ++(tlsWaiter ? onWaiter : onOthers);
+          onRecv(std::move(m));
+        },
+        std::move(onError));
+  }
+  std::string listen(const std::string& address) override { return inner_->listen(address); }
+  void connect(const NodeId& peer, const std::string& address) override {
+    inner_->connect(peer, address);
+  }
+  void send(const NodeId& peer, transport::Message msg) override { inner_->send(peer, std::move(msg)); }
+  void sendAll(const NodeId& peer, std::vector<transport::Message> msgs) override {
+    inner_->sendAll(peer, std::move(msgs));
+  }
+  bool receiveWhileWaiting(const std::function<bool()>& done, Clock::time_point until) override {
+    return inner_->receiveWhileWaiting(done, until);
+  }
+  void wakeWaiting() override { inner_->wakeWaiting(); }
+  void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
+  void close() override { inner_->close(); }
+
+  std::atomic<uint64_t> onWaiter{0}, onOthers{0};
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+// A job whose nodes all have rings (one host), each worker's watched.
+struct RingJob {
+  std::string prefix;
+  std::vector<CountDeliveries*> watch;
+  std::unique_ptr<Job> job;
+
+  RingJob(int W, int S, const WorkerOptions& wo, bool waiterReceives) : watch(W, nullptr) {
+    static std::atomic<int> jobs{0};
+    prefix = fmt::format("/cortado-ringwait-{}-{}", ::getpid(), jobs++);
+    auto ring = [this, waiterReceives](std::unique_ptr<transport::Transport> t) {
+      transport::shmring::RingOptions o;
+      o.prefix = prefix;
+      o.host = "ring-wait-test";
+      o.waiterReceives = waiterReceives;
+      return transport::shmring::create(std::move(t), o);
+    };
+    job = std::make_unique<Job>(
+        W, S, wo, /*async=*/false, /*shm=*/true, server::ServerEngineOptions{}.inlineBytes,
+        /*serverCompact=*/true,
+        [this, ring](int w, std::unique_ptr<transport::Transport> t) {
+          auto c = std::make_unique<CountDeliveries>(ring(std::move(t)));
+          watch[w] = c.get();
+          return c;
+        },
+        /*serverPushBudget=*/0, [ring](int, std::unique_ptr<transport::Transport> t) {
+          return ring(std::move(t));
+        });
+  }
+  Job& operator*() { return *job; }
+};
+
+float value(int rank, int round, uint64_t i) {
+  return float((rank * 7 + round * 3 + int(i % 11)) % 9) - 4;
+}
+
+// What every worker's push_pull of `n` elements sums to, by plain addition.
+std::vector<float> plainSum(int W, int round, uint64_t n) {
+  std::vector<float> s(n, 0.0f);
+  for (int r = 0; r < W; ++r)
+    for (uint64_t i = 0; i < n; ++i) s[i] += value(r, round, i);
+  return s;
+}
+
+class RingWait : public ::testing::TestWithParam<bool> {};
+
+// A 4 KiB tensor (one chunk, its messages in the rings), one of several
+// chunks over both servers, and an fp16 one whose pushes and answers are
+// too big for a slot (the fallback transport): every round's sums are the
+// plain sums, and with waiterReceives the waiting threads took answers
+// themselves (without it, none).
+TEST_P(RingWait, PushPullAnswersSumExactly) {
+  const bool waiterReceives = GetParam();
+  const int W = 4;
+  WorkerOptions wo;
+  wo.partitionBytes = 4096;
+  RingJob rj(W, 2, wo, waiterReceives);
+  Job& job = *rj;
+  struct T {
+    const char* name;
+    uint64_t n;
+    const char* codec;
+  };
+  const T tensors[] = {{"small", 1024, ""}, {"chunks", 5000, ""}, {"half", 1024, "fp16"}};
+  constexpr int kRounds = 60;
+  job.onEveryWorker([&](int r) {
+    tlsWaiter = true;
+    Worker& w = *job.workers[r];
+    for (const T& t : tensors)
+      w.declare(t.name, DType::kFloat32, t.n, TensorOptions{.codec = t.codec}, soon());
+    for (int round = 0; round < kRounds; ++round) {
+      for (const T& t : tensors) {
+        std::vector<float> in(t.n), out(t.n, -99.0f);
+        for (uint64_t i = 0; i < t.n; ++i) in[i] = value(r, round, i);
+        Status s = w.pushPull(t.name, DType::kFloat32, t.n, in.data(), out.data(), ReduceOp::kSum, 0)
+                       .wait(soon());
+        ASSERT_TRUE(s.ok()) << t.name << " round " << round << ": " << s.message();
+        const std::vector<float> want = plainSum(W, round, t.n);
+        for (uint64_t i = 0; i < t.n; ++i)
+          ASSERT_EQ(out[i], want[i]) << t.name << " round " << round << " element " << i;
+      }
+    }
+  });
+  for (int r = 0; r < W; ++r) {
+    EXPECT_GT(rj.watch[r]->onWaiter + rj.watch[r]->onOthers, 0u);
+    if (waiterReceives) {
+      EXPECT_GT(rj.watch[r]->onWaiter.load(), 0u)
+          << "worker " << r << ": no answer was taken by the waiting thread";
+    } else {
+      EXPECT_EQ(rj.watch[r]->onWaiter.load(), 0u)
+          << "worker " << r << ": waiterReceives off, yet the waiting thread took answers";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rings, RingWait, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? std::string("WaiterReceives")
+                                          : std::string("RingThreadReceives");
+                         });
+
+// Several threads of each worker wait at once, each on its own handle: one
+// takes the answers, the others wait for the role or their completion; every
+// sum is the plain sum and every wait returns.
+TEST(RingWait, ConcurrentWaitersOnSeveralHandles) {
+  const int W = 4, kTensors = 6, kRounds = 25;
+  RingJob rj(W, 2, WorkerOptions{}, /*waiterReceives=*/true);
+  Job& job = *rj;
+  auto size = [](int t) { return uint64_t(256 + 250 * t); };
+  job.onEveryWorker([&](int r) {
+    Worker& w = *job.workers[r];
+    for (int t = 0; t < kTensors; ++t)
+      w.declare(fmt::format("c{}", t), DType::kFloat32, size(t), soon());
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<std::vector<float>> in(kTensors), out(kTensors);
+      std::vector<Handle> hs;
+      for (int t = 0; t < kTensors; ++t) {
+        in[t].resize(size(t));
+        out[t].assign(size(t), -99.0f);
+        for (uint64_t i = 0; i < size(t); ++i) in[t][i] = value(r + t, round, i);
+        hs.push_back(w.pushPull(fmt::format("c{}", t), DType::kFloat32, size(t), in[t].data(),
+                                out[t].data(), ReduceOp::kSum, t % 3));
+      }
+      std::vector<std::future<Status>> waits;
+      for (int t = 0; t < kTensors; ++t)
+        waits.push_back(std::async(std::launch::async, [h = hs[t]] {
+          tlsWaiter = true;
+          return h.wait(soon());
+        }));
+      for (int t = 0; t < kTensors; ++t) {
+        Status s = waits[t].get();
+        ASSERT_TRUE(s.ok()) << "c" << t << " round " << round << ": " << s.message();
+        for (uint64_t i = 0; i < size(t); ++i) {
+          float want = 0;
+          for (int q = 0; q < W; ++q) want += value(q + t, round, i);
+          ASSERT_EQ(out[t][i], want) << "c" << t << " round " << round << " element " << i;
+        }
+      }
+    }
+  });
+  uint64_t onWaiters = 0;
+  for (int r = 0; r < W; ++r) onWaiters += rj.watch[r]->onWaiter;
+  EXPECT_GT(onWaiters, 0u) << "no waiting thread took an answer";
+}
+
+// A wait whose deadline passes before the answer can come (the other
+// workers have not pushed) returns kTimeout and hands the role back; the
+// answer that comes afterwards, taken by the ring thread, is not lost: the
+// next wait returns the plain sum.
+TEST(RingWait, ATimedOutWaitLosesNothing) {
+  const int W = 3;
+  const uint64_t n = 1024;
+  RingJob rj(W, 1, WorkerOptions{}, /*waiterReceives=*/true);
+  Job& job = *rj;
+  std::promise<void> timedOut;
+  std::shared_future<void> late = timedOut.get_future().share();
+  job.onEveryWorker([&](int r) {
+    tlsWaiter = true;
+    Worker& w = *job.workers[r];
+    w.declare("late", DType::kFloat32, n, soon());
+    std::vector<float> in(n), out(n, -99.0f);
+    for (uint64_t i = 0; i < n; ++i) in[i] = value(r, 0, i);
+    if (r != 0) {
+      ASSERT_EQ(late.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    }
+    Handle h = w.pushPull("late", DType::kFloat32, n, in.data(), out.data(), ReduceOp::kSum, 0);
+    if (r == 0) {
+      const auto start = Clock::now();
+      Status s = h.wait(Deadline::after(Millis(50)));
+      EXPECT_EQ(s.code(), ErrorCode::kTimeout) << s.message();
+      EXPECT_GE(Clock::now() - start, Millis(50));
+      timedOut.set_value();
+      // The others push now; their answer reaches this worker while no
+      // thread of it waits.
+      std::this_thread::sleep_for(Millis(200));
+    }
+    Status s = h.wait(soon());
+    ASSERT_TRUE(s.ok()) << s.message();
+    const std::vector<float> want = plainSum(W, 0, n);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], want[i]) << "element " << i;
+  });
+}
+
+}  // namespace
+}  // namespace cortado
