@@ -93,15 +93,16 @@ if [[ $CASE == exec_* ]]; then
 elif [[ $CASE != linkdown ]]; then
   W=$((hosts * per))
   before=$(tx_bytes "$hosts")
-  # 4 MiB tensor in 256 KiB chunks: each server gets an equal share.
-  CORTADO_LOG_LEVEL=warn CORTADO_PARTITION_BYTES=262144 launch --tensors 6 --iters 3 \
+  # 4 MiB tensor in 512 KiB chunks (a named size, not the launcher's 256 KiB
+  # across hosts): each server gets an equal share.
+  CORTADO_LOG_LEVEL=warn CORTADO_PARTITION_BYTES=524288 launch --tensors 6 --iters 3 \
     --max-elements 20000 --big-elements 1048576 >"$OUT/log" 2>&1
   rc=$?
   sent=$(($(tx_bytes "$hosts") - before))
   ((rc == 0)) || fail "the job exited with $rc"
   for ((r = 0; r < W; r++)); do
-    grep -q "^worker $r: 3 iterations of 7 tensors correct.*chunks of 262144 bytes" "$OUT/log" ||
-      fail "worker $r did not report correct sums in the 256 KiB chunks it was told"
+    grep -q "^worker $r: 3 iterations of 7 tensors correct.*chunks of 524288 bytes" "$OUT/log" ||
+      fail "worker $r did not report correct sums in the 512 KiB chunks it was told"
   done
   # Workers on the last host push (hosts-1)/hosts of 4 MiB per iteration to
   # servers elsewhere.
