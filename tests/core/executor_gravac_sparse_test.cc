@@ -25,6 +25,7 @@
 #include "compressor/payload.h"
 #include "core/executor/executor.h"
 #include "engine_job.h"
+#include "tests/common/topk_reference.h"
 
 namespace cortado {
 namespace {
@@ -58,22 +59,9 @@ std::vector<float> sparseGrad(int r, int it) {
   return g;
 }
 
-// Brute-force top-k: the k largest magnitudes, ties to the lower index.
-std::vector<float> topk(const std::vector<float>& x, size_t k) {
-  std::vector<size_t> idx(x.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](size_t a, size_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-  std::vector<float> out(x.size(), 0.0f);
-  for (size_t j = 0; j < k && j < idx.size(); ++j) out[idx[j]] = x[idx[j]];
-  return out;
-}
-size_t kept(size_t n, double cf) { return std::max<size_t>(1, size_t(double(n) / cf)); }
-double energy(const std::vector<float>& x) {
-  double e = 0;
-  for (float v : x) e += double(v) * v;
-  return e;
-}
+using test::energy;
+using test::kept;
+using test::topk;
 size_t nonzeros(const std::vector<float>& x) {
   return size_t(std::count_if(x.begin(), x.end(), [](float v) { return v != 0.0f; }));
 }

@@ -28,6 +28,7 @@
 #include "scheduler/planner/gravac_plan.h"
 #include "scheduler/planner/report.h"
 #include "tests/common/gravac_test_options.h"
+#include "tests/common/topk_reference.h"
 
 namespace cortado {
 namespace {
@@ -52,22 +53,9 @@ float grad(int r, int t, int it, uint64_t i) {
   return float(k + (k >= 0 ? big : -big)) / 64.0f;
 }
 
-// Brute-force top-k: the k largest magnitudes, ties to the lower index.
-std::vector<float> topk(const std::vector<float>& x, size_t k) {
-  std::vector<size_t> idx(x.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](size_t a, size_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-  std::vector<float> out(x.size(), 0.0f);
-  for (size_t j = 0; j < k && j < idx.size(); ++j) out[idx[j]] = x[idx[j]];
-  return out;
-}
-size_t kept(size_t n, double cf) { return std::max<size_t>(1, size_t(double(n) / cf)); }
-double energy(const std::vector<float>& x) {
-  double e = 0;
-  for (float v : x) e += double(v) * v;
-  return e;
-}
+using test::energy;
+using test::kept;
+using test::topk;
 
 // H: the plan's top-k encode, a compressed push, a raw pull (the servers sum
 // the sparse payloads exactly and answer the dense sum).
