@@ -281,11 +281,13 @@ class WorkerImpl final : public Worker {
   static constexpr uint64_t kBudgetMinBytes = 64ull << 10;
   uint64_t budgetedBytesLocked(const TensorEntry& t, const Task& task, size_t chunk,
                                uint64_t bytes) const;
-  // Under mu_: whether op's server has room for it in this worker's share.
+  // Under mu_: whether op fits this worker's push window (all servers
+  // together, WorkerOptions::pushWindow) and its server's share.
   bool serverRoomLocked(const ChunkOp& op) const {
     if (op.budgeted == 0) return true;
     const uint32_t s = op.task->tensor->chunks[op.chunk].server;
-    if (opts_.pushWindow > 0 && totalUnsummed_ > 0 && totalUnsummed_ + op.budgeted > opts_.pushWindow)
+    if (opts_.pushWindow > 0 && totalUnsummed_ > 0 &&
+        totalUnsummed_ + op.budgeted > opts_.pushWindow)
       return false;
     return serverUnsummed_[s] == 0 || serverUnsummed_[s] + op.budgeted <= serverShare_[s];
   }
@@ -395,7 +397,7 @@ class WorkerImpl final : public Worker {
   // the budgeted bytes sent to it and not yet summed there.
   std::vector<uint64_t> serverShare_;
   std::vector<uint64_t> serverUnsummed_;
-  uint64_t totalUnsummed_ = 0;
+  uint64_t totalUnsummed_ = 0;  // serverUnsummed_ summed: what the push window counts
   // The last answer or chunk sent: the credit window stalls creditStall after.
   Clock::time_point lastProgress_ = Clock::now();
   int writing_ = 0;  // answers popped from pending_ and not yet written
