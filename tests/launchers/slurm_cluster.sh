@@ -9,11 +9,13 @@
 #   HOSTS the number of nodes: 1 runs one slurmd in this namespace; 2..8 one
 #         slurmd per emulated host (network namespace NAME-hI)
 # Defines cluster_up, cluster_down (idempotent, kills only what it started),
-# on_node I CMD... (runs CMD where node I's slurmd runs) and NODES (the node
+# on_node I CMD... (runs CMD where node I's slurmd runs), dead_slurmds and
+# restart_slurmds (a slurmd that died, started again) and NODES (the node
 # names). Client commands need SLURM_CONF=$DIR/slurm.conf, which cluster_up
 # exports.
 
 PIDS=()
+SLURMD_PIDS=()
 
 source "$(dirname "${BASH_SOURCE[0]}")/free_port.sh"
 
@@ -106,31 +108,66 @@ CONF
   slurmctld -D -i -f "$SLURM_CONF" >>"$DIR/log/slurmctld.out" 2>&1 &
   PIDS+=($!)
   local i
-  for ((i = 1; i <= ${#NODES[@]}; i++)); do
-    mkdir -p "$DIR/spool/${NODES[i - 1]}"
-    if ((HOSTS > 1)); then
-      # `ip netns exec` gives the host a mount namespace with a sysfs of its
-      # own, where /sys/fs/cgroup is empty, and slurmd will not start without
-      # its cgroup plugin ("No filesystem mounted on /sys/fs/cgroup"): mount
-      # the cgroup v1 controllers there, in that namespace only (they go
-      # with it). Each command execs the next, so the pid is slurmd's.
-      "$TB" exec "$NAME" "$i" sh -c 'mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup &&
-        for c in cpu cpuacct cpuset memory devices freezer pids; do
-          mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c || exit 1
-        done && mkdir -p /sys/fs/cgroup/systemd &&
-        mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec slurmd -D -f "$1"' sh "$SLURM_CONF" >>"$DIR/log/slurmd.$i.out" 2>&1 &
-    else
-      slurmd -D -f "$SLURM_CONF" >>"$DIR/log/slurmd.$i.out" 2>&1 &
-    fi
-    PIDS+=($!)
-  done
-  # Every node idle: sinfo lists each as idle.
-  if ! wait_for 30 bash -c "[[ \$(sinfo -h -N -t idle -o %N | sort -u | wc -l) -eq ${#NODES[@]} ]]"; then
-    echo "the Slurm nodes did not come up within 30 s:" >&2
+  SLURMD_PIDS=()
+  for ((i = 1; i <= ${#NODES[@]}; i++)); do start_slurmd "$i"; done
+  nodes_idle 30
+}
+
+# Waits up to $1 seconds for every node to be idle (sinfo lists each so).
+nodes_idle() {
+  if ! wait_for "$1" bash -c "[[ \$(sinfo -h -N -t idle -o %N | sort -u | wc -l) -eq ${#NODES[@]} ]]"; then
+    echo "the Slurm nodes were not idle within $1 s:" >&2
     sinfo -N -l >&2 || true
     tail -n 5 "$DIR"/log/* >&2 || true
     return 1
   fi
+}
+
+# Starts node I's slurmd (I from 1) in the background; its pid goes to
+# SLURMD_PIDS[I] and PIDS. It runs in its spool directory, so a core dump
+# (kernel.core_pattern "core") stays in $DIR.
+start_slurmd() {
+  local i=$1 spool="$DIR/spool/${NODES[$1 - 1]}"
+  mkdir -p "$spool"
+  if ((HOSTS > 1)); then
+    # `ip netns exec` gives the host a mount namespace with a sysfs of its
+    # own, where /sys/fs/cgroup is empty, and slurmd will not start without
+    # its cgroup plugin ("No filesystem mounted on /sys/fs/cgroup"): mount
+    # the cgroup v1 controllers there, in that namespace only (they go
+    # with it). Each command execs the next, so the pid is slurmd's.
+    (cd "$spool" && exec "$TB" exec "$NAME" "$i" sh -c 'mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup &&
+      for c in cpu cpuacct cpuset memory devices freezer pids; do
+        mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c || exit 1
+      done && mkdir -p /sys/fs/cgroup/systemd &&
+      mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec slurmd -D -f "$1"' sh "$SLURM_CONF") \
+      >>"$DIR/log/slurmd.$i.out" 2>&1 &
+  else
+    (cd "$spool" && exec slurmd -D -f "$SLURM_CONF") >>"$DIR/log/slurmd.$i.out" 2>&1 &
+  fi
+  SLURMD_PIDS[i]=$!
+  PIDS+=($!)
+}
+
+# Prints the numbers of the nodes whose slurmd is no longer running.
+dead_slurmds() {
+  local i
+  for i in "${!SLURMD_PIDS[@]}"; do
+    kill -0 "${SLURMD_PIDS[i]}" 2>/dev/null || echo "$i"
+  done
+}
+
+# Restarts the slurmd of each node in $@ (numbers from dead_slurmds) and
+# waits up to 30 s for every node to be idle again; prints how each ended.
+restart_slurmds() {
+  local i st
+  for i in "$@"; do
+    wait "${SLURMD_PIDS[i]}" 2>/dev/null
+    st=$?
+    echo "  node $i (${NODES[i - 1]}): slurmd exited with status $st$( ((st > 128)) && echo " (signal $((st - 128)))"); the end of its log:"
+    tail -n 4 "$DIR/log/slurmd.${NODES[i - 1]}.log" 2>/dev/null | sed 's/^/    /'
+    start_slurmd "$i"
+  done
+  nodes_idle 30
 }
 
 cluster_down() {

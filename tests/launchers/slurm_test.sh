@@ -68,10 +68,17 @@ job_pids() {
     grep -qz "^$MARK\$" "$p/environ" 2>/dev/null && echo "${p#/proc/}"
   done
 }
+# Ends whatever is left of the test's jobs: cancels them, waits for the
+# queue to empty and kills their processes.
+end_jobs() {
+  local p
+  timeout 10 scancel --full -u root >/dev/null 2>&1 || true
+  wait_for 10 bash -c '[[ -z $(squeue -h 2>/dev/null) ]]' || true
+  for p in $(job_pids); do kill -KILL "$p" 2>/dev/null || true; done
+}
 cleanup() {
   if [[ -n ${SLURM_CONF:-} && -f $DIR/slurm.conf ]]; then
-    timeout 10 scancel --full -u root >/dev/null 2>&1 || true
-    wait_for 10 bash -c '[[ -z $(squeue -h 2>/dev/null) ]]' || true
+    end_jobs
   fi
   cluster_down
   local p
@@ -162,32 +169,57 @@ show() {
   echo "---- $1: job output ----"
   tail -40 "$DIR/$1.out"
 }
+# run_case NAME CMD...: runs one case (CMD). Debian 12's slurmd (22.05.8)
+# now and then dies of a corrupted heap as a job step launches (SIGSEGV in
+# malloc under nodelist_find, seen about once in 10 runs of this test):
+# the case's failures then say nothing about Cortado. When a slurmd died
+# during the case, the test says so, ends the job, starts that slurmd again
+# and runs the case once more; a second death fails the test.
+run_case() {
+  local name=$1 before=$FAILED dead
+  shift
+  "$@"
+  dead=$(dead_slurmds | tr '\n' ' ')
+  [[ -z $dead ]] && return 0
+  echo "NOTE: $name: slurmd died during the case (the failures above, if any, are Slurm's); starting it again, and the case once more:"
+  FAILED=$before
+  end_jobs
+  # shellcheck disable=SC2086
+  restart_slurmds $dead || { fail "$name: the Slurm nodes did not come back"; return 1; }
+  "$@"
+  dead=$(dead_slurmds | tr '\n' ' ')
+  [[ -z $dead ]] || fail "$name: slurmd died again (node(s) ${dead% }), in both runs of the case"
+}
 export PYTHONPATH=$PYPATH CORTADO_LOG_LEVEL=warn
 
 # 1. Push-pull, every result checked against the plain sum.
-t0=$(date +%s)
-submit pushpull 60 <<JOB
+case_pushpull() {
+  local t0 rc before r hosts_seen
+  t0=$(date +%s)
+  submit pushpull 60 <<JOB
 #!/bin/bash
 CORTADO_LOG_LEVEL=info CORTADO_PARTITION_BYTES=262144 "$CORTADO" launch -s 1 -- \
   "$CHECK" --tensors 6 --iters 3 --max-elements 20000 --big-elements 1048576
 JOB
-rc=$?
-echo "pushpull: sbatch exited $rc after $(($(date +%s) - t0)) s"
-before=$FAILED
-((rc == 0)) || fail "pushpull: the job exited with $rc"
-for ((r = 0; r < W; r++)); do
-  grep -q "^worker $r: 3 iterations of 7 tensors correct" "$DIR/pushpull.out" || fail "pushpull: worker $r did not report correct sums"
-done
-grep -q "inside Slurm job [0-9]*: $PER workers and 1 servers on each of $HOSTS nodes, started with srun" "$DIR/pushpull.out" ||
-  fail "pushpull: the launcher did not start the roles with srun over the $HOSTS nodes"
-hosts_seen=$(grep -o 'registered worker from [^ ]* (host [^,]*' "$DIR/pushpull.out" | awk '{print $NF}' | sort -u | wc -l)
-((hosts_seen == HOSTS)) || fail "pushpull: workers registered from $hosts_seen hosts, not $HOSTS"
-((FAILED == before)) || show pushpull
-left_after pushpull
+  rc=$?
+  echo "pushpull: sbatch exited $rc after $(($(date +%s) - t0)) s"
+  before=$FAILED
+  ((rc == 0)) || fail "pushpull: the job exited with $rc"
+  for ((r = 0; r < W; r++)); do
+    grep -q "^worker $r: 3 iterations of 7 tensors correct" "$DIR/pushpull.out" || fail "pushpull: worker $r did not report correct sums"
+  done
+  grep -q "inside Slurm job [0-9]*: $PER workers and 1 servers on each of $HOSTS nodes, started with srun" "$DIR/pushpull.out" ||
+    fail "pushpull: the launcher did not start the roles with srun over the $HOSTS nodes"
+  hosts_seen=$(grep -o 'registered worker from [^ ]* (host [^,]*' "$DIR/pushpull.out" | awk '{print $NF}' | sort -u | wc -l)
+  ((hosts_seen == HOSTS)) || fail "pushpull: workers registered from $hosts_seen hosts, not $HOSTS"
+  ((FAILED == before)) || show pushpull
+  left_after pushpull
+}
 
 # 1b. The same through salloc: the launcher (and the scheduler) on this
 # machine, outside the nodes, as from a login node.
-if ((HOSTS > 1)); then
+case_salloc() {
+  local t0 rc before r
   t0=$(date +%s)
   CORTADO_LOG_LEVEL=info CORTADO_PARTITION_BYTES=262144 env "$MARK" timeout -s KILL 60 \
     salloc -N "$HOSTS" --ntasks-per-node="$PER" "$CORTADO" launch -s 1 -- \
@@ -203,44 +235,50 @@ if ((HOSTS > 1)); then
     fail "salloc: the launcher did not run the roles over both nodes with the scheduler here"
   ((FAILED == before)) || { echo "---- salloc ----"; tail -40 "$DIR/salloc.out"; }
   left_after salloc
-fi
+}
 
 # 2. A PyTorch job (Debian's torch): allreduce against the plain sum.
-t0=$(date +%s)
-submit python 90 <<JOB
+case_python() {
+  local t0 rc before r
+  t0=$(date +%s)
+  submit python 90 <<JOB
 #!/bin/bash
 CORTADO_LOG_LEVEL=info "$CORTADO" launch -w 1 -s 2 -- /usr/bin/python3 "$HERE/allreduce_sum.py"
 JOB
-rc=$?
-echo "python: sbatch exited $rc after $(($(date +%s) - t0)) s"
-before=$FAILED
-((rc == 0)) || fail "python: the job exited with $rc"
-# -w and -s count per node: HOSTS workers, 2 x HOSTS servers.
-grep -q "inside Slurm job [0-9]*: 1 workers and 2 servers on each of $HOSTS nodes" "$DIR/python.out" ||
-  fail "python: the launcher did not take -w 1 -s 2 per node"
-grep -q "all $HOSTS workers\? and $((2 * HOSTS)) servers registered" "$DIR/python.out" ||
-  fail "python: the scheduler did not see $HOSTS workers and $((2 * HOSTS)) servers"
-for ((r = 0; r < HOSTS; r++)); do
-  grep -q "^rank $r of $HOSTS: allreduce sum correct" "$DIR/python.out" || fail "python: rank $r did not report a correct sum"
-done
-((FAILED == before)) || show python
-left_after python
+  rc=$?
+  echo "python: sbatch exited $rc after $(($(date +%s) - t0)) s"
+  before=$FAILED
+  ((rc == 0)) || fail "python: the job exited with $rc"
+  # -w and -s count per node: HOSTS workers, 2 x HOSTS servers.
+  grep -q "inside Slurm job [0-9]*: 1 workers and 2 servers on each of $HOSTS nodes" "$DIR/python.out" ||
+    fail "python: the launcher did not take -w 1 -s 2 per node"
+  grep -q "all $HOSTS workers\? and $((2 * HOSTS)) servers registered" "$DIR/python.out" ||
+    fail "python: the scheduler did not see $HOSTS workers and $((2 * HOSTS)) servers"
+  for ((r = 0; r < HOSTS; r++)); do
+    grep -q "^rank $r of $HOSTS: allreduce sum correct" "$DIR/python.out" || fail "python: rank $r did not report a correct sum"
+  done
+  ((FAILED == before)) || show python
+  left_after python
+}
 
 # 3. A worker task fails: the job fails, naming the workers' step.
-t0=$(date +%s)
-submit fail 60 <<JOB
+case_fail() {
+  local t0 rc before took
+  t0=$(date +%s)
+  submit fail 60 <<JOB
 #!/bin/bash
 "$CORTADO" launch -- sh -c 'if [ "\$SLURM_PROCID" = 1 ]; then exit 3; fi; exec "$CHECK" --tensors 4 --iters 100000 --max-elements 1000 --slow-ms 10'
 JOB
-rc=$?
-took=$(($(date +%s) - t0))
-echo "fail: sbatch exited $rc after $took s"
-before=$FAILED
-((rc != 0 && rc != 137)) || fail "fail: the job exited with $rc (want a failure, within the deadline)"
-grep -q "cortado launch: job failed: workers (srun) (pid [0-9]*) failed" "$DIR/fail.out" ||
-  fail "fail: the launcher's error does not name the workers' srun step: $(grep 'job failed' "$DIR/fail.out")"
-((FAILED == before)) || show fail
-left_after fail
+  rc=$?
+  took=$(($(date +%s) - t0))
+  echo "fail: sbatch exited $rc after $took s"
+  before=$FAILED
+  ((rc != 0 && rc != 137)) || fail "fail: the job exited with $rc (want a failure, within the deadline)"
+  grep -q "cortado launch: job failed: workers (srun) (pid [0-9]*) failed" "$DIR/fail.out" ||
+    fail "fail: the launcher's error does not name the workers' srun step: $(grep 'job failed' "$DIR/fail.out")"
+  ((FAILED == before)) || show fail
+  left_after fail
+}
 
 # signal_case NAME SIGNAL: a long job whose launcher gets SIGNAL once it
 # made progress; sbatch must end with 128 + the signal's number, and nothing
@@ -248,6 +286,7 @@ left_after fail
 signal_case() {
   local name=$1 sig=$2 t0 sub rc before want
   want=$((128 + $(kill -l "$sig")))
+  rm -rf "$DIR/$name.progress" "$DIR/$name.pids"  # a run before this one's
   t0=$(date +%s)
   submit "$name" 60 <<JOB &
 #!/bin/bash
@@ -276,11 +315,15 @@ JOB
   no_segments_after "$name"
 }
 
+run_case pushpull case_pushpull
+((HOSTS > 1)) && run_case salloc case_salloc
+run_case python case_python
+run_case fail case_fail
 # 4. SIGINT to the launcher (Ctrl-C in an salloc shell).
-signal_case sigint INT
+run_case sigint signal_case sigint INT
 # 5. SIGKILL to the launcher: its sruns die with it, the batch script ends,
 # and Slurm ends the steps with the job: nothing may be left.
-signal_case sigkill KILL
+run_case sigkill signal_case sigkill KILL
 
 ((FAILED)) && exit 1
 echo "cortado launch under Slurm passed on $HOSTS node(s), $(($(date +%s) - start)) s"
