@@ -66,15 +66,17 @@ void checkCompactHeader(const PayloadHeader& h) {
                   name, h.bodyBytes, h.count, 5 * h.count, 9 * h.count);
 }
 
-}  // namespace
+// The compact form of a plain top-k or DGC payload: its bytes (0 when the
+// payload is not one, or its indices are not strictly ascending and in
+// range) and how many entries it keeps (the non-zero ones).
+struct CompactSize {
+  size_t bytes = 0;
+  uint64_t kept = 0;
+};
 
-bool isCompact(const PayloadHeader& h) {
-  return listsIndices(h.codec) && (h.flags & kCompactIndicesFlag);
-}
-
-size_t compactBytes(std::span<const std::byte> plain) {
+CompactSize measureCompact(std::span<const std::byte> plain) {
   const auto h = plainSparseHeader(plain);
-  if (!h) return 0;
+  if (!h) return {};
   const std::byte* idx = plain.data() + kHeaderBytes;
   const std::byte* val = idx + 4 * h->count;
   size_t kept = 0, varints = 0;
@@ -82,18 +84,27 @@ size_t compactBytes(std::span<const std::byte> plain) {
   uint64_t after = 0;  // one past the last index kept
   for (uint64_t i = 0; i < h->count; ++i) {
     const uint32_t j = loadLe<uint32_t>(idx + 4 * i);
-    if (j < next || j >= h->numel) return 0;
+    if (j < next || j >= h->numel) return {};
     next = uint64_t(j) + 1;
     if (loadLe<float>(val + 4 * i) == 0.0f) continue;  // adds nothing: not sent
     ++kept;
     varints += varintBytes(static_cast<uint32_t>(j - after));
     after = uint64_t(j) + 1;
   }
-  return kHeaderBytes + 4 * kept + varints;
+  return {kHeaderBytes + 4 * kept + varints, kept};
 }
 
+}  // namespace
+
+bool isCompact(const PayloadHeader& h) {
+  return listsIndices(h.codec) && (h.flags & kCompactIndicesFlag);
+}
+
+size_t compactBytes(std::span<const std::byte> plain) { return measureCompact(plain).bytes; }
+
 size_t compactSparsePayload(std::span<const std::byte> plain, std::span<std::byte> out) {
-  const size_t need = compactBytes(plain);
+  const CompactSize size = measureCompact(plain);
+  const size_t need = size.bytes;
   CORTADO_ENFORCE(need > 0, ErrorCode::kInvalidArgument,
                   "compactSparsePayload: the {}-byte payload is not a plain top-k or DGC payload "
                   "with strictly ascending indices",
@@ -105,16 +116,12 @@ size_t compactSparsePayload(std::span<const std::byte> plain, std::span<std::byt
   const uint64_t k = h.count;
   const std::byte* idx = plain.data() + kHeaderBytes;
   const std::byte* val = idx + 4 * k;
-  // The kept entries: (need - 48) = 4 per entry plus its varint; counted
-  // again here, as compactBytes() did, to fill the header first.
-  uint64_t kept = 0;
-  for (uint64_t i = 0; i < k; ++i) kept += loadLe<float>(val + 4 * i) != 0.0f;
   h.flags = kCompactIndicesFlag;
-  h.count = kept;
+  h.count = size.kept;
   h.bodyBytes = need - kHeaderBytes;
   writeHeader(h, out);
   std::byte* v = out.data() + kHeaderBytes;
-  std::byte* p = v + 4 * kept;
+  std::byte* p = v + 4 * size.kept;
   uint64_t after = 0;
   for (uint64_t i = 0; i < k; ++i) {
     const float x = loadLe<float>(val + 4 * i);

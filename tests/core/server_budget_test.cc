@@ -175,6 +175,16 @@ class WatchBudget : public transport::Transport {
   uint64_t total_ = 0, totalPeak_ = 0;
 };
 
+// Wraps worker w's transport in a WatchBudget, kept in watch[w] (which
+// must hold a slot for every worker and outlive the job).
+test::Job::WrapTransport watching(std::vector<WatchBudget*>& watch) {
+  return [&watch](int w, std::unique_ptr<transport::Transport> t) {
+    auto x = std::make_unique<WatchBudget>(std::move(t));
+    watch[w] = x.get();
+    return std::unique_ptr<transport::Transport>(std::move(x));
+  };
+}
+
 // Eight workers push tensors of 16 chunks each to two servers whose budget
 // is two chunks per worker: every result exact, no worker ever more than its
 // share ahead of a server's sums, no server ever holding more than its
@@ -187,14 +197,7 @@ TEST(ServerBudget, ManyWorkersKeepEachServersBudgetAndSumExactly) {
   wo.partitionBytes = kChunk;
   wo.maxBytesInFlight = 64ull << 20;
   std::vector<WatchBudget*> watch(W, nullptr);
-  test::Job job(
-      W, S, wo, false, false, /*serverInlineBytes=*/0, true,
-      [&](int w, std::unique_ptr<transport::Transport> t) {
-        auto x = std::make_unique<WatchBudget>(std::move(t));
-        watch[w] = x.get();
-        return x;
-      },
-      kBudget);
+  test::Job job(W, S, wo, false, false, /*serverInlineBytes=*/0, true, watching(watch), kBudget);
   // Two tensors of 16 chunks (8 per server) and one of 64 KiB (not budgeted).
   const std::vector<uint64_t> sizes = {16 * kChunk / 4, 16 * kChunk / 4, (64 << 10) / 4};
   job.onEveryWorker([&](int r) {
@@ -258,14 +261,8 @@ std::vector<uint64_t> windowPeaks(uint64_t window, uint64_t chunk) {
   wo.maxBytesInFlight = 64ull << 20;
   wo.pushWindow = window;
   std::vector<WatchBudget*> watch(W, nullptr);
-  test::Job job(
-      W, S, wo, false, false, /*serverInlineBytes=*/0, true,
-      [&](int w, std::unique_ptr<transport::Transport> t) {
-        auto x = std::make_unique<WatchBudget>(std::move(t));
-        watch[w] = x.get();
-        return x;
-      },
-      /*pushBudget=*/64ull << 20);
+  test::Job job(W, S, wo, false, false, /*serverInlineBytes=*/0, true, watching(watch),
+                /*pushBudget=*/64ull << 20);
   const uint64_t n = 16 * chunk / 4;
   job.onEveryWorker([&](int r) {
     for (int t = 0; t < 2; ++t)
