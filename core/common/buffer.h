@@ -8,12 +8,29 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 namespace cortado {
 
 class Buffer {
  public:
   Buffer() = default;
+  // Copies share the memory. A moved-from Buffer is empty (no data, size
+  // 0), never a view of memory it no longer keeps alive.
+  Buffer(const Buffer&) = default;
+  Buffer& operator=(const Buffer&) = default;
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        owner_(std::move(o.owner_)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      owner_ = std::move(o.owner_);
+    }
+    return *this;
+  }
 
   // A new zero-filled heap buffer of `size` bytes (64-byte aligned).
   static Buffer allocate(size_t size);
