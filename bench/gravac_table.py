@@ -458,10 +458,18 @@ def print_means(records, args):
     dense_bytes = mean([final(r)["pushed"] for r in dense])
     static = [c for c in configs if not c.startswith(("none", "gravac"))]
 
+    def hits(c):
+        """(seed, seconds to the target) of the configuration's runs that reached it."""
+        return [(r["seed"], reach(r, args.target)[0]) for r in by_config[c]
+                if reach(r, args.target) is not None]
+
     def times(c):
-        """{seed: seconds to the target} of the configuration's runs that reached it."""
-        return {r["seed"]: reach(r, args.target)[0] for r in by_config[c]
-                if reach(r, args.target) is not None}
+        """{seed: mean seconds to the target over that seed's runs that reached it}
+        (records of several invocations may hold a seed more than once)."""
+        per_seed = {}
+        for seed, t in hits(c):
+            per_seed.setdefault(seed, []).append(t)
+        return {seed: mean(ts) for seed, ts in per_seed.items()}
 
     metric = "final val ppl" if lm else "final test acc"
     against = "above dense's mean" if lm else "against dense's mean (points)"
@@ -484,6 +492,7 @@ def print_means(records, args):
             vs = f"{(m - dense_metric) * 100:+.2f}"
         less = f"{dense_bytes / 1e6 / mean(pushed):.1f}x" if dense_bytes and mean(pushed) else "-"
         reached = times(c)
+        reached_runs = [t for _, t in hits(c)]
         steps = sorted({reach(r, args.target)[1] for r in runs
                         if reach(r, args.target) is not None and reach(r, args.target)[1]})
         speedups = ""
@@ -495,13 +504,14 @@ def print_means(records, args):
                 if not both:
                     continue
                 ratio = sum(theirs[k] for k in both) / sum(reached[k] for k in both)
-                note = "" if len(both) == len(runs) else f" ({len(both)} of {len(runs)} seeds)"
+                seeds = len({r["seed"] for r in runs})
+                note = "" if len(both) == seeds else f" ({len(both)} of {seeds} seeds)"
                 parts.append(f"{s} {ratio:.2f}x{note}")
             speedups = ", ".join(parts)
         value = ".2f" if lm else ".4f"
         print(f"| {c} | {len(runs)} (seeds {','.join(str(r['seed']) for r in runs)}) | "
               f"{spread(metrics, value)} | {vs} | {spread(pushed, '.2f')} | {less} | "
-              f"{len(reached)} of {len(runs)} | {spread(list(reached.values()), '.1f')} | "
+              f"{len(reached_runs)} of {len(runs)} | {spread(reached_runs, '.1f')} | "
               f"{', '.join(map(str, steps))} | {speedups} |")
 
 

@@ -262,6 +262,16 @@ def test_the_table_tool_takes_means_over_seeds(capsys):
     # the speedup is 20 / 12 over that seed alone.
     assert static[3] == "+7.00%" and static[6] == "1 of 2" and static[7] == "20.0"
     assert gravac[9].rstrip(" |") == "topk:ratio=0.01 1.67x (1 of 2 seeds)"
+    # Records of two invocations (--from-json a.json,b.json): seed 1's static
+    # ratio once more, at 30 s; its time for seed 1 is then the mean, 25 s.
+    capsys.readouterr()
+    t.print_means(records + [run("topk:ratio=0.01", 1, (160.0, 104.0), (15.0, 30.0), 10e6)], args)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    static, gravac = rows["topk:ratio=0.01"], rows["gravac:codec=topk"]
+    assert static[1] == "3 (seeds 1,2,1)" and static[6] == "2 of 3"
+    assert static[7] == "25.0 (20.0-30.0)"
+    assert gravac[9].rstrip(" |") == "topk:ratio=0.01 2.08x (1 of 2 seeds)"
     assert t.spread([1.0, 2.0, 6.0], ".1f") == "3.0 (1.0-6.0)" and t.spread([], ".1f") == ""
     with pytest.raises(argparse.ArgumentTypeError, match="names a seed twice"):
         t.seed_list("1,2,1")
