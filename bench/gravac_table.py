@@ -12,7 +12,8 @@ time to the target follows those bytes).
 
     bench/gravac_table.py [--workload digits|lm] [--hosts 4] [--rate 1gbit] [--local]
                           [--epochs 10] [--steps N] [--target 0.95] [--configs none;topk:ratio=0.1;...]
-                          [--model cnn|mlp] [--hidden H] [--lr X] [--seed S] [--eval-every K] [--trace DIR]
+                          [--model cnn|mlp] [--hidden H] [--lr X] [--seed S | --seeds S1,S2,...]
+                          [--eval-every K] [--trace DIR]
                           [--fusion-bytes N]
                           [--build build] [--json FILE] [--python PY] [--plot FILE]
                           [--example-args "ARGS"]
@@ -23,6 +24,17 @@ first evaluation at or below it; default 250), --eval-every K its
 evaluation interval (default 50), and "final" the perplexity at the last
 step. --model, --hidden and --epochs are the digits'; --example-args
 passes further options to either example (e.g. "--embed 256 --batch-size 16").
+
+--seed S gives the example its seed: train_digits.py's train/test split
+and initial weights, train_lm.py's initial weights and the batches each
+worker draws. --seeds S1,S2,... runs every configuration once per seed,
+seed by seed (all configurations with S1, then all with S2, ..., each
+seed's round starting one configuration further on, so that a
+configuration's runs are spread over the machine's load), prints a row
+per run and then a table of the means over the seeds: the final accuracy
+or perplexity (mean, lowest and highest), the bytes pushed, the time to
+the target over the runs that reached it, and GraVAC's speedup over each
+static ratio from the seeds on which both reached the target.
 
 --model mlp --hidden H trains train_digits.py's wide perceptron (64 x H +
 H + H x 10 + 10 parameters) instead of its small CNN.
@@ -93,9 +105,14 @@ def parse_args():
     p.add_argument("--lr", type=float,
                    help="train_digits.py --lr (per worker) for every configuration without its own "
                         "@lr=X (default: the script's)")
-    p.add_argument("--seed", type=int,
-                   help="train_digits.py --seed (the train/test split and the initial weights; "
-                        "default: the script's, 0)")
+    seeding = p.add_mutually_exclusive_group()
+    seeding.add_argument("--seed", type=int,
+                         help="the example's --seed (digits: the train/test split and the "
+                              "initial weights; lm: the initial weights and the batches drawn; "
+                              "default: the script's, 0)")
+    seeding.add_argument("--seeds", type=seed_list, metavar="S1,S2,...",
+                         help="run every configuration once per seed (seed by seed) and add a "
+                              "table of the means over the seeds")
     p.add_argument("--eval-every", type=int, metavar="K",
                    help="digits: test accuracy every K steps (default 0: at each epoch's "
                         "end); lm: validation perplexity every K steps (default 50)")
@@ -106,6 +123,9 @@ def parse_args():
     p.add_argument("--trace", metavar="DIR", help="cortado launch --trace DIR/<n> per config")
     p.add_argument("--build", default=str(ROOT / "build"))
     p.add_argument("--json", help="also write every run's record here")
+    p.add_argument("--from-json", metavar="FILE,...",
+                   help="run nothing: print the tables of the records that --json wrote "
+                        "(comma-separated files, their runs together)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--python", default="/usr/bin/python3", help="the workers' interpreter")
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of traffic and time to the target")
@@ -124,6 +144,18 @@ def parse_args():
     if args.plot:
         plot_figures.require_matplotlib("gravac_table")
     return args
+
+
+def seed_list(text):
+    """'1,2,3' -> [1, 2, 3]: whole numbers, at least one, none twice."""
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a list of whole numbers: give them comma-separated, e.g. 1,2,3")
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"'{text}' names a seed twice: each seed runs once")
+    return seeds
 
 
 def split_config(config, default_lr):
@@ -148,7 +180,7 @@ def split_config(config, default_lr):
     return compression, executor, lr
 
 
-def run(args, compression, out, name, index=0):
+def run(args, compression, out, name, index=0, seed=None):
     build = pathlib.Path(args.build).resolve()
     env = dict(os.environ, PYTHONPATH=str(build / "bindings" / "python"),
                CORTADO_LOG_LEVEL="warn", OMP_NUM_THREADS="1",
@@ -168,7 +200,7 @@ def run(args, compression, out, name, index=0):
     script += \
         (["--fusion-bytes", str(args.fusion_bytes)] if args.fusion_bytes is not None else []) + \
         (["--lr", repr(lr)] if lr is not None else []) + \
-        (["--seed", str(args.seed)] if args.seed is not None else []) + \
+        (["--seed", str(seed)] if seed is not None else []) + \
         (["--executor"] if executor else []) + shlex.split(args.example_args)
     trace = ["--trace", str(pathlib.Path(args.trace).resolve() / str(index))] if args.trace else []
     if args.local:
@@ -191,11 +223,37 @@ def run(args, compression, out, name, index=0):
     return record
 
 
+def print_tables(records, args):
+    """The table of every run; with runs of several seeds, a table per seed and the means."""
+    seeds = list(dict.fromkeys(r.get("seed") for r in records))
+    if len(seeds) > 1 or args.seeds:
+        for seed in seeds:
+            print(f"\nseed {seed}:\n")
+            print_table([r for r in records if r.get("seed") == seed], args)
+        print(f"\nmeans over seeds {','.join(map(str, seeds))}:\n")
+        print_means(records, args)
+    else:
+        print_table(records, args)
+
+
 def main():
     args = parse_args()
+    if args.from_json:
+        records = []
+        for f in args.from_json.split(","):
+            try:
+                records += json.loads(pathlib.Path(f).read_text())
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"gravac_table: --from-json {f}: {e}: give a file that "
+                                 f"--json wrote")
+        for r in records:
+            r.setdefault("seed", args.seed)
+        print_tables(records, args)
+        return
     configs = [c for c in args.configs.split(";") if c]
     for c in configs:
         split_config(c, args.lr)  # a bad suffix fails before any run
+    seeds = args.seeds or [args.seed]
     name = "g" + "".join(random.choice("0123456789abcdef") for _ in range(6))
     records = []
     up = False
@@ -206,18 +264,30 @@ def main():
             up = True
         with tempfile.TemporaryDirectory(prefix="gravac-table-") as tmp:
             os.chmod(tmp, 0o755)
-            for i, c in enumerate(configs):
-                print(f"# {time.strftime('%H:%M:%S')} {c}", file=sys.stderr, flush=True)
-                r = run(args, c, pathlib.Path(tmp) / f"run{i}.json", name, i)
-                if r is not None:
-                    r["config"] = c
-                    records.append(r)
+            for n, seed in enumerate(seeds):
+                # Each seed starts one configuration further on, so that no
+                # configuration always runs first (or last) in a round.
+                turn = n % len(configs)
+                for i, c in enumerate(configs[turn:] + configs[:turn]):
+                    index = n * len(configs) + i
+                    label = f" (seed {seed})" if args.seeds else ""
+                    began, load = time.strftime("%H:%M:%S", time.gmtime()), os.getloadavg()[0]
+                    print(f"# {began} UTC {c}{label}, load {load:.1f}", file=sys.stderr,
+                          flush=True)
+                    r = run(args, c, pathlib.Path(tmp) / f"run{index}.json", name, index, seed)
+                    if r is not None:
+                        r["config"] = c
+                        r["seed"] = seed
+                        r["began_utc"], r["load"] = began, [load, os.getloadavg()[0]]
+                        records.append(r)
+                        if args.json:  # every run kept as it ends
+                            pathlib.Path(args.json).write_text(json.dumps(records))
     finally:
         if up:
             subprocess.run([str(TB), "down", name], stdout=subprocess.DEVNULL)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(records))
-    print_table(records, args)
+    print_tables(records, args)
     if args.plot:
         plot(records, args)
 
@@ -358,6 +428,92 @@ def print_table(records, args):
         value = f"{last['metric']:.2f}" if lm else f"{last['metric']:.4f}"
         print(f"| {r['config']} | {cfs} | {value} | {last['pushed'] / 1e6:.2f} | "
               f"{less} | {reached} | {at} | {by_then} | {per_step} | {vs} |")
+
+
+def spread(values, fmt):
+    """'mean (lowest-highest)' of the values, each written with fmt."""
+    if not values:
+        return ""
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return format(mean, fmt)
+    return f"{mean:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def print_means(records, args):
+    """One row per configuration over its runs (one per seed): the final metric, the bytes
+    pushed and the time to the target as mean (lowest-highest); the metric against dense's
+    mean, the bytes as dense's mean over this mean; the time over the runs that reached the
+    target; GraVAC's speedup over a static ratio as the ratio of their mean times over the
+    seeds on which both reached it."""
+    lm = args.workload == "lm"
+    configs = list(dict.fromkeys(r["config"] for r in records))
+    by_config = {c: [r for r in records if r["config"] == c] for c in configs}
+
+    def mean(values):
+        return sum(values) / len(values) if values else None
+
+    dense = by_config.get("none", [])
+    dense_metric = mean([final(r)["metric"] for r in dense])
+    dense_bytes = mean([final(r)["pushed"] for r in dense])
+    static = [c for c in configs if not c.startswith(("none", "gravac"))]
+
+    def hits(c):
+        """(seed, seconds to the target) of the configuration's runs that reached it."""
+        return [(r["seed"], reach(r, args.target)[0]) for r in by_config[c]
+                if reach(r, args.target) is not None]
+
+    def times(c):
+        """{seed: mean seconds to the target over that seed's runs that reached it}
+        (records of several invocations may hold a seed more than once)."""
+        per_seed = {}
+        for seed, t in hits(c):
+            per_seed.setdefault(seed, []).append(t)
+        return {seed: mean(ts) for seed, ts in per_seed.items()}
+
+    metric = "final val ppl" if lm else "final test acc"
+    against = "above dense's mean" if lm else "against dense's mean (points)"
+    short = f"ppl <= {args.target:g}" if lm else f"{args.target:.0%}"
+    print(f"| compression | runs | {metric}, mean (lowest-highest) | {against} | pushed per "
+          f"worker (MB) | less than dense (means) | reached {short} | time to it (s), runs "
+          f"that reached it | at step | GraVAC's speedup over the static ratios that reach "
+          f"it (seeds where both did) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for c in configs:
+        runs = by_config[c]
+        metrics = [final(r)["metric"] for r in runs]
+        pushed = [final(r)["pushed"] / 1e6 for r in runs]
+        m = mean(metrics)
+        if dense_metric is None:
+            vs = "-"
+        elif lm:
+            vs = f"{(m - dense_metric) / dense_metric:+.2%}"
+        else:
+            vs = f"{(m - dense_metric) * 100:+.2f}"
+        less = f"{dense_bytes / 1e6 / mean(pushed):.1f}x" if dense_bytes and mean(pushed) else "-"
+        reached = times(c)
+        reached_runs = [t for _, t in hits(c)]
+        steps = sorted({reach(r, args.target)[1] for r in runs
+                        if reach(r, args.target) is not None and reach(r, args.target)[1]})
+        speedups = ""
+        if c.startswith("gravac") and reached:
+            parts = []
+            for s in static:
+                theirs = times(s)
+                both = sorted(set(reached) & set(theirs))
+                if not both:
+                    continue
+                ratio = sum(theirs[k] for k in both) / sum(reached[k] for k in both)
+                seeds = len({r["seed"] for r in runs})
+                note = "" if len(both) == seeds else f" ({len(both)} of {seeds} seeds)"
+                parts.append(f"{s} {ratio:.2f}x{note}")
+            speedups = ", ".join(parts)
+        value = ".2f" if lm else ".4f"
+        print(f"| {c} | {len(runs)} (seeds {','.join(str(r['seed']) for r in runs)}) | "
+              f"{spread(metrics, value)} | {vs} | {spread(pushed, '.2f')} | {less} | "
+              f"{len(reached_runs)} of {len(runs)} | {spread(reached_runs, '.1f')} | "
+              f"{', '.join(map(str, steps))} | {speedups} |")
+
 
 if __name__ == "__main__":
     main()

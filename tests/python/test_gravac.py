@@ -4,6 +4,8 @@ bad settings are refused with a message that names them; bench/gravac_table.py
 reads each configuration's path and learning rate and counts what was pushed
 by the target."""
 
+import argparse
+
 import pytest
 
 import cortado
@@ -224,3 +226,54 @@ def test_the_table_tool_reads_the_language_models_records():
               "step_seconds": [0.1]}
     assert t.final(digits) == {"metric": 0.9, "pushed": 10, "seconds": 1.0}
     assert t.reach(digits, 0.95) is None and t.reach(digits, 0.9) == (1.0, 1)
+
+
+def test_the_table_tool_takes_means_over_seeds(capsys):
+    # Two seeds of dense, a static ratio and GraVAC, with numbers chosen so that
+    # every mean, spread and ratio can be worked out by hand.
+    t = _gravac_table()
+
+    def run(config, seed, ppls, seconds, pushed):
+        return {"workload": "lm", "config": config, "seed": seed, "step_seconds": [0.1] * 100,
+                "evals": [{"step": 50 * (i + 1), "val_ppl": p, "seconds": s}
+                          for i, (p, s) in enumerate(zip(ppls, seconds))],
+                "final": {"val_ppl": ppls[-1], "seconds": seconds[-1], "pushed": pushed}}
+
+    records = [run("none", 1, (150.0, 99.0), (20.0, 40.0), 1000e6),
+               run("topk:ratio=0.01", 1, (160.0, 104.0), (10.0, 20.0), 10e6),
+               run("gravac:codec=topk", 1, (140.0, 100.0), (5.0, 12.0), 80e6),
+               run("none", 2, (150.0, 101.0), (22.0, 44.0), 1000e6),
+               run("topk:ratio=0.01", 2, (160.0, 110.0), (11.0, 22.0), 10e6),
+               run("gravac:codec=topk", 2, (102.0, 102.0), (4.0, 9.0), 120e6)]
+    args = argparse.Namespace(workload="lm", target=105.0, seeds=[1, 2])
+    t.print_means(records, args)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    dense, static, gravac = rows["none"], rows["topk:ratio=0.01"], rows["gravac:codec=topk"]
+    assert dense[1] == "2 (seeds 1,2)" and dense[2] == "100.00 (99.00-101.00)"
+    assert dense[3] == "+0.00%" and dense[5] == "1.0x" and dense[6] == "2 of 2"
+    assert dense[7] == "42.0 (40.0-44.0)" and dense[8] == "100"
+    # GraVAC: ppl 101 (1% above dense's 100), 100 MB (10x less than 1000), the
+    # target at 12 s and 4 s (mean 8, steps 100 and 50).
+    assert gravac[2] == "101.00 (100.00-102.00)" and gravac[3] == "+1.00%"
+    assert gravac[4] == "100.00 (80.00-120.00)" and gravac[5] == "10.0x"
+    assert gravac[7] == "8.0 (4.0-12.0)" and gravac[8] == "50, 100"
+    # The static ratio reached 105 only with seed 1 (at 20 s; 110 with seed 2):
+    # the speedup is 20 / 12 over that seed alone.
+    assert static[3] == "+7.00%" and static[6] == "1 of 2" and static[7] == "20.0"
+    assert gravac[9].rstrip(" |") == "topk:ratio=0.01 1.67x (1 of 2 seeds)"
+    # Records of two invocations (--from-json a.json,b.json): seed 1's static
+    # ratio once more, at 30 s; its time for seed 1 is then the mean, 25 s.
+    capsys.readouterr()
+    t.print_means(records + [run("topk:ratio=0.01", 1, (160.0, 104.0), (15.0, 30.0), 10e6)], args)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    static, gravac = rows["topk:ratio=0.01"], rows["gravac:codec=topk"]
+    assert static[1] == "3 (seeds 1,2,1)" and static[6] == "2 of 3"
+    assert static[7] == "25.0 (20.0-30.0)"
+    assert gravac[9].rstrip(" |") == "topk:ratio=0.01 2.08x (1 of 2 seeds)"
+    assert t.spread([1.0, 2.0, 6.0], ".1f") == "3.0 (1.0-6.0)" and t.spread([], ".1f") == ""
+    with pytest.raises(argparse.ArgumentTypeError, match="names a seed twice"):
+        t.seed_list("1,2,1")
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated, e.g. 1,2,3"):
+        t.seed_list("1;2")

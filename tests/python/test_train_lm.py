@@ -89,6 +89,31 @@ def test_a_short_job_learns_and_writes_the_tables_record(run_job, tmp_path):
     assert len(lines) == 3 and f"val-ppl {last['val_ppl']:.2f}" in lines[-1], job.describe()
 
 
+@needs_corpus
+def test_the_seed_decides_the_initial_weights_and_the_batches(run_job, tmp_path):
+    # bench/gravac_table.py --seeds runs each row once per seed: the same seed
+    # must give the same run, another seed another one. 2 dense workers (a sum
+    # of two is the same in either order), a slice of the corpus, 10 steps.
+    os.chmod(tmp_path, 0o755)
+
+    def perplexities(seed, name):
+        out = tmp_path / f"{name}.json"
+        job = run_job(2, 1, EXAMPLE, "--steps", 10, "--eval-every", 5, "--vocab", 300,
+                      "--context", 2, "--embed", 8, "--hidden", 16,
+                      "--max-train-tokens", 20000, "--val-tokens", 500, "--seed", seed,
+                      "--json", out, timeout=240, out_arg=False)
+        assert job.returncode == 0, job.describe()
+        record = json.loads(out.read_text())
+        return [(e["step"], e["val_ppl"], e["train_loss"]) for e in record["evals"]]
+
+    first, again, other = perplexities(3, "a"), perplexities(3, "b"), perplexities(4, "c")
+    assert [s for s, _, _ in first] == [5, 10]
+    assert first == again
+    # Another seed: other initial weights (the perplexity after 5 steps) and
+    # other batches (the training loss).
+    assert all(a[1] != b[1] and a[2] != b[2] for a, b in zip(first, other)), (first, other)
+
+
 @pytest.mark.parametrize("option, value, needle", [
     ("--steps", "0", "must be at least 1, got 0"),
     ("--vocab", "1", "must be at least 2, got 1"),
