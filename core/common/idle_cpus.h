@@ -1,0 +1,42 @@
+// Whether this machine has a CPU to spare now: the gate of the bounded
+// polls that replace a sleep on the latency path (a server's ring thread
+// while a worker waits for its answer: core/transport/shmring). A poll on a
+// CPU that no other thread wants costs nobody anything, and spares the
+// wake-up of a sleeping thread (on a virtual machine whose idle CPUs halt,
+// an interrupt through the hypervisor); a poll on a CPU that another thread
+// waits for delays that thread, which may be the one whose message the
+// poll waits for. So a poll goes on only while the kernel's count of
+// runnable threads on the whole machine (the fourth field of
+// /proc/loadavg, "runnable/total", the polling thread included) is at most
+// the CPUs online.
+#pragma once
+
+namespace cortado {
+
+class IdleCpus {
+ public:
+  // Opens /proc/loadavg; `cpus` 0: the CPUs online (get_nprocs()).
+  explicit IdleCpus(int cpus = 0);
+  ~IdleCpus();
+  IdleCpus(const IdleCpus&) = delete;
+  IdleCpus& operator=(const IdleCpus&) = delete;
+
+  // True when the runnable threads, the caller included, are at most the
+  // CPUs: no thread waits for one. False as well when /proc/loadavg cannot
+  // be read (no /proc: never poll). One pread() system call.
+  bool spare();
+  // The runnable threads at the last spare() (-1: not read).
+  int lastRunnable() const { return lastRunnable_; }
+  int cpus() const { return cpus_; }
+
+  // The runnable count in a /proc/loadavg line ("0.52 0.58 0.59 3/467
+  // 12345"), or -1 when the line has no such field.
+  static int parseRunnable(const char* line, int len);
+
+ private:
+  int fd_ = -1;
+  int cpus_ = 1;
+  int lastRunnable_ = -1;
+};
+
+}  // namespace cortado
