@@ -6,7 +6,7 @@
 
 namespace cortado {
 
-IdleCpus::IdleCpus(int cpus) {
+IdleCpus::IdleCpus(int cpus, std::chrono::microseconds holdClosed) : holdClosed_(holdClosed) {
   cpus_ = cpus > 0 ? cpus : get_nprocs();
   if (cpus_ < 1) cpus_ = 1;
   fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
@@ -36,10 +36,14 @@ int IdleCpus::parseRunnable(const char* line, int len) {
 
 bool IdleCpus::spare() {
   if (fd_ < 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < closedUntil_) return false;
   char buf[128];
   const ssize_t n = ::pread(fd_, buf, sizeof(buf), 0);
   lastRunnable_ = n > 0 ? parseRunnable(buf, int(n)) : -1;
-  return lastRunnable_ >= 1 && lastRunnable_ <= cpus_;
+  const bool open = lastRunnable_ >= 1 && lastRunnable_ <= cpus_;
+  if (!open) closedUntil_ = now + holdClosed_;
+  return open;
 }
 
 }  // namespace cortado

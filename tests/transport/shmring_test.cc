@@ -288,14 +288,25 @@ TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
       while (!stop.load(std::memory_order_relaxed)) {
       }
     });
-  IdleCpus one(1);
+  IdleCpus one(1, 0us);
   bool closed = false;
   const auto until = Clock::now() + 5s;
   while (!closed && Clock::now() < until) closed = !one.spare();  // the threads have started
+  // Found closed, a gate that holds it so for a while says closed without
+  // a read (its last count stays), even once the machine has room.
+  IdleCpus held(1, 10s);
+  bool heldClosed = false;
+  while (!heldClosed && Clock::now() < until) heldClosed = !held.spare();
+  const int counted = held.lastRunnable();
   stop = true;
   for (auto& t : busy) t.join();
   EXPECT_TRUE(closed) << "runnable " << one.lastRunnable() << " with two busy threads";
   EXPECT_GE(one.lastRunnable(), 3);
+  ASSERT_TRUE(heldClosed);
+  IdleCpus fresh(1 << 20);
+  EXPECT_TRUE(fresh.spare());
+  EXPECT_FALSE(held.spare());
+  EXPECT_EQ(held.lastRunnable(), counted);
 }
 
 TEST(Mailbox, MalformedRecordsAreRefusedNamingTheProducer) {

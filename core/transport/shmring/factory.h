@@ -34,6 +34,14 @@
 // closes, it hands the role to a thread that waits for it, or back to the
 // ring thread. One consumer at a time; wakeWaiting() wakes it (and the
 // threads that wait for the role) to look at their done() again.
+//
+// Polls instead of sleeps, where a message is known to be on its way: the
+// ring thread after a batch while the receiver expects more
+// (Transport::setExpecting: a server whose round waits for pushes), and a
+// waiting thread as the consumer before each sleep. Each is bounded
+// (pollWhileExpecting, waiterPoll) and goes on only while spareCpu() says
+// that no thread of the machine waits for a CPU, so a poll takes no CPU
+// that another thread wants (core/common/idle_cpus.h).
 #pragma once
 
 #include <chrono>
