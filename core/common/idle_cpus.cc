@@ -1,5 +1,7 @@
 #include "core/common/idle_cpus.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
@@ -40,9 +42,15 @@ bool IdleCpus::spare() {
   if (now < closedUntil_) return false;
   char buf[128];
   const ssize_t n = ::pread(fd_, buf, sizeof(buf), 0);
+  ++reads_;
   lastRunnable_ = n > 0 ? parseRunnable(buf, int(n)) : -1;
   const bool open = lastRunnable_ >= 1 && lastRunnable_ <= cpus_;
-  if (!open) closedUntil_ = now + holdClosed_;
+  if (open) {
+    hold_ = std::chrono::microseconds(0);
+  } else {
+    hold_ = std::min(holdClosed_, std::max(hold_ * 2, std::chrono::microseconds(8)));
+    closedUntil_ = now + hold_;
+  }
   return open;
 }
 

@@ -292,20 +292,30 @@ TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
   bool closed = false;
   const auto until = Clock::now() + 5s;
   while (!closed && Clock::now() < until) closed = !one.spare();  // the threads have started
-  // Found closed, a gate that holds it so for a while says closed without
-  // a read (its last count stays), even once the machine has room.
+  // Found closed, a gate says closed without a read for a while, 8 us
+  // after the first closed read and twice as long after each further one
+  // (here up to 10 s): after 18 closed reads (about a second of holds in
+  // all) it holds for over a second, and says closed without a read even
+  // once the machine has room.
   IdleCpus held(1, 10s);
-  bool heldClosed = false;
-  while (!heldClosed && Clock::now() < until) heldClosed = !held.spare();
+  while (held.reads() < 18 && Clock::now() < until + 10s) {
+    const auto n = held.reads();
+    if (held.spare()) break;  // cannot be: the busy threads still run
+    if (held.reads() == n) continue;  // held closed, no read
+  }
+  const auto reads = held.reads();
   const int counted = held.lastRunnable();
   stop = true;
   for (auto& t : busy) t.join();
   EXPECT_TRUE(closed) << "runnable " << one.lastRunnable() << " with two busy threads";
   EXPECT_GE(one.lastRunnable(), 3);
-  ASSERT_TRUE(heldClosed);
+  ASSERT_EQ(reads, 18u) << "the held gate opened with two busy threads (runnable "
+                        << held.lastRunnable() << ")";
   IdleCpus fresh(1 << 20);
   EXPECT_TRUE(fresh.spare());
+  EXPECT_EQ(fresh.reads(), 1u);
   EXPECT_FALSE(held.spare());
+  EXPECT_EQ(held.reads(), reads);
   EXPECT_EQ(held.lastRunnable(), counted);
 }
 
