@@ -146,19 +146,19 @@ const std::vector<SettingInfo>& settingsTable() {
        "waits on a handle in its place: `CORTADO_SHM_WAITER_RECEIVES`) polls this many "
        "microseconds after its last message before it sleeps (0: sleeps at once; at most "
        "10000), yielding the core between looks"},
-      {"CORTADO_SHM_SERVER_POLL_US", "", "50",
+      {"CORTADO_SHM_SERVER_POLL_US", "", "0",
        "latency: with `CORTADO_SHM_MESSAGES=1`, a server's ring thread that has handed "
        "messages over polls its rings this many microseconds for the next one before it "
        "sleeps, but only while a worker waits for one of its rounds' answers and only while "
        "no thread of the machine waits for a CPU (the runnable threads in /proc/loadavg at "
-       "most the CPUs, looked at every 5 us); 0: sleeps at once; at most 10000 "
+       "most the CPUs, looked at every 5 us); 0: sleeps at once, the default; at most 10000 "
        "(docs/transports.md, \"Latency\")"},
-      {"CORTADO_SHM_WAITER_POLL_US", "", "50",
+      {"CORTADO_SHM_WAITER_POLL_US", "", "0",
        "latency: with `CORTADO_SHM_WAITER_RECEIVES=1`, a thread that waits on a push_pull's "
        "handle polls its worker's rings this many microseconds for the answer before it sleeps "
        "(again after each message that did not complete it), but only while no thread of the "
-       "machine waits for a CPU, as `CORTADO_SHM_SERVER_POLL_US`; 0: sleeps at once; at most "
-       "10000"},
+       "machine waits for a CPU, as `CORTADO_SHM_SERVER_POLL_US`; 0: sleeps at once, the "
+       "default; at most 10000"},
       {"CORTADO_SHM_WAITER_RECEIVES", "", "1",
        "latency: with `CORTADO_SHM_MESSAGES=1`, a thread that waits on a push_pull's handle "
        "takes the worker's ring messages itself while it waits (the ring thread parks), so "
