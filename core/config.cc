@@ -153,12 +153,12 @@ const std::vector<SettingInfo>& settingsTable() {
        "no thread of the machine waits for a CPU (the runnable threads in /proc/loadavg at "
        "most the CPUs, looked at every 5 us); 0: sleeps at once, the default; at most 10000 "
        "(docs/transports.md, \"Latency\")"},
-      {"CORTADO_SHM_WAITER_POLL_US", "", "0",
+      {"CORTADO_SHM_WAITER_POLL_US", "", "50",
        "latency: with `CORTADO_SHM_WAITER_RECEIVES=1`, a thread that waits on a push_pull's "
        "handle polls its worker's rings this many microseconds for the answer before it sleeps "
        "(again after each message that did not complete it), but only while no thread of the "
-       "machine waits for a CPU, as `CORTADO_SHM_SERVER_POLL_US`; 0: sleeps at once, the "
-       "default; at most 10000"},
+       "machine waits for a CPU, as `CORTADO_SHM_SERVER_POLL_US`; 0: sleeps at once; at most "
+       "10000"},
       {"CORTADO_SHM_WAITER_RECEIVES", "", "1",
        "latency: with `CORTADO_SHM_MESSAGES=1`, a thread that waits on a push_pull's handle "
        "takes the worker's ring messages itself while it waits (the ring thread parks), so "

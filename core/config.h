@@ -107,7 +107,7 @@ struct JobConfig {
   // CORTADO_SHM_WAITER_POLL_US: how long a thread waiting on a handle, as
   // its worker's ring consumer, polls for the answer before it sleeps, while
   // no thread of the machine waits for a CPU (RingOptions::waiterPoll).
-  int shmWaiterPollUs = 0;
+  int shmWaiterPollUs = 50;
   // CORTADO_SHM_WAITER_RECEIVES: a thread waiting on a push_pull's handle
   // takes the worker's ring messages itself while it waits
   // (shmring::RingOptions::waiterReceives).

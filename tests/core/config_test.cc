@@ -222,12 +222,12 @@ TEST(Settings, ShmServerPollIsReadPassedOnAndRefusedOutOfRange) {
 TEST(Settings, ShmWaiterPollIsReadPassedOnAndRefusedOutOfRange) {
   ::unsetenv("CORTADO_SHM_WAITER_POLL_US");
   JobConfig c = readJobConfig(false);
-  EXPECT_EQ(c.shmWaiterPollUs, 0);
-  EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_POLL_US"), "0");
-  ::setenv("CORTADO_SHM_WAITER_POLL_US", "50", 1);
-  c = readJobConfig(false);
   EXPECT_EQ(c.shmWaiterPollUs, 50);
   EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_POLL_US"), "50");
+  ::setenv("CORTADO_SHM_WAITER_POLL_US", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.shmWaiterPollUs, 0);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_POLL_US"), "0");
   ::setenv("CORTADO_SHM_WAITER_POLL_US", "10000", 1);
   EXPECT_EQ(readJobConfig(false).shmWaiterPollUs, 10000);
   expectRefused("CORTADO_SHM_WAITER_POLL_US", "-1",
