@@ -307,12 +307,27 @@ class RingTransport final : public Transport {
       const auto now = Clock::now();
       if (now >= until) return;
       // The answer is expected: poll for it while a CPU is spare (the
-      // waiting thread is the only consumer, so waiterIdle_ is its own).
-      if (opts_.waiterPoll.count() > 0 &&
-          mailbox_->poll(std::min(opts_.waiterPoll,
-                                  std::chrono::duration_cast<std::chrono::microseconds>(until - now)),
-                         turn, [&] { return !over() && spareCpu(waiterIdle_); }))
-        continue;
+      // waiting thread is the only consumer, so waiterIdle_ and the
+      // back-off are its own). Polls that keep finding nothing (the CPUs
+      // wanted by the other roles of a round, more workers than CPUs) back
+      // off: after the k-th miss in a row the next 2^k - 1 waits (at most
+      // 63) sleep at once; a poll that finds its message starts over.
+      if (opts_.waiterPoll.count() > 0 && waiterSkip_ > 0) {
+        --waiterSkip_;
+      } else if (opts_.waiterPoll.count() > 0) {
+        const uint64_t began = mailbox_->polls();
+        if (mailbox_->poll(
+                std::min(opts_.waiterPoll,
+                         std::chrono::duration_cast<std::chrono::microseconds>(until - now)),
+                turn, [&] { return !over() && spareCpu(waiterIdle_); })) {
+          waiterMisses_ = 0;
+          continue;
+        }
+        if (mailbox_->polls() != began) {
+          waiterMisses_ = std::min(waiterMisses_ + 1, 6);
+          waiterSkip_ = (1 << waiterMisses_) - 1;
+        }
+      }
       mailbox_->wait(opts_.spin, until, turn, over);
     }
   }
@@ -453,6 +468,8 @@ class RingTransport final : public Transport {
   std::shared_ptr<const std::function<bool()>> expecting_;
   IdleCpus idleCpus_;   // the ring thread's
   IdleCpus waiterIdle_; // the waiting thread's whose turn it is
+  int waiterMisses_ = 0;  // its polls in a row that found nothing
+  int waiterSkip_ = 0;    // its waits left that sleep without a poll
 
   std::mutex threadMu_;
   std::thread thread_;
