@@ -230,6 +230,10 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
   transport::shmring::RingOptions o;
   o.prefix = shm::jobPrefix(config.token);
   o.spin = std::chrono::microseconds(config.shmSpinUs);
+  // Only a server expects messages (Transport::setExpecting); a worker's
+  // ring thread is never told to.
+  o.pollWhileExpecting = std::chrono::microseconds(config.shmServerPollUs);
+  o.waiterPoll = std::chrono::microseconds(config.shmWaiterPollUs);
   o.waiterReceives = config.shmWaiterReceives;
   return transport::shmring::create(std::move(inner), o);
 }

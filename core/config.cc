@@ -146,6 +146,19 @@ const std::vector<SettingInfo>& settingsTable() {
        "waits on a handle in its place: `CORTADO_SHM_WAITER_RECEIVES`) polls this many "
        "microseconds after its last message before it sleeps (0: sleeps at once; at most "
        "10000), yielding the core between looks"},
+      {"CORTADO_SHM_SERVER_POLL_US", "", "0",
+       "latency: with `CORTADO_SHM_MESSAGES=1`, a server's ring thread that has handed "
+       "messages over polls its rings this many microseconds for the next one before it "
+       "sleeps, but only while a worker waits for one of its rounds' answers and only while "
+       "no thread of the machine waits for a CPU (the runnable threads in /proc/loadavg at "
+       "most the CPUs, looked at every 5 us); 0: sleeps at once, the default; at most 10000 "
+       "(docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_WAITER_POLL_US", "", "50",
+       "latency: with `CORTADO_SHM_WAITER_RECEIVES=1`, a thread that waits on a push_pull's "
+       "handle polls its worker's rings this many microseconds for the answer before it sleeps "
+       "(again after each message that did not complete it), but only while no thread of the "
+       "machine waits for a CPU, as `CORTADO_SHM_SERVER_POLL_US`; 0: sleeps at once; at most "
+       "10000"},
       {"CORTADO_SHM_WAITER_RECEIVES", "", "1",
        "latency: with `CORTADO_SHM_MESSAGES=1`, a thread that waits on a push_pull's handle "
        "takes the worker's ring messages itself while it waits (the ring thread parks), so "
@@ -217,6 +230,12 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
   if (shmSpinUs < 0 || shmSpinUs > kMaxBusyPollUs)
     bad(fmt::format("CORTADO_SHM_SPIN_US {} is out of range 0..{}", shmSpinUs, kMaxBusyPollUs));
+  if (shmServerPollUs < 0 || shmServerPollUs > kMaxBusyPollUs)
+    bad(fmt::format("CORTADO_SHM_SERVER_POLL_US {} is out of range 0..{}", shmServerPollUs,
+                    kMaxBusyPollUs));
+  if (shmWaiterPollUs < 0 || shmWaiterPollUs > kMaxBusyPollUs)
+    bad(fmt::format("CORTADO_SHM_WAITER_POLL_US {} is out of range 0..{}", shmWaiterPollUs,
+                    kMaxBusyPollUs));
   if (stallCheck.count() < 0)
     bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
                     stallCheck.count()));
@@ -266,6 +285,8 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_BUSY_POLL_US", std::to_string(busyPollUs)},
       {"CORTADO_SHM_MESSAGES", shmMessages ? "1" : "0"},
       {"CORTADO_SHM_SPIN_US", std::to_string(shmSpinUs)},
+      {"CORTADO_SHM_SERVER_POLL_US", std::to_string(shmServerPollUs)},
+      {"CORTADO_SHM_WAITER_POLL_US", std::to_string(shmWaiterPollUs)},
       {"CORTADO_SHM_WAITER_RECEIVES", shmWaiterReceives ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
@@ -442,6 +463,10 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_SHM_MESSAGES"))) c.shmMessages = *v;
   rangeSetting("CORTADO_SHM_SPIN_US", c.shmSpinUs, JobConfig::kMaxBusyPollUs,
                "microseconds a ring thread polls before it sleeps; 0: never poll");
+  rangeSetting("CORTADO_SHM_SERVER_POLL_US", c.shmServerPollUs, JobConfig::kMaxBusyPollUs,
+               "microseconds a server's ring thread polls for the next push; 0: never poll");
+  rangeSetting("CORTADO_SHM_WAITER_POLL_US", c.shmWaiterPollUs, JobConfig::kMaxBusyPollUs,
+               "microseconds a waiting thread polls for its answer; 0: never poll");
   if (auto v = getEnvBool(names("CORTADO_SHM_WAITER_RECEIVES"))) c.shmWaiterReceives = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);

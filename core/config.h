@@ -99,6 +99,15 @@ struct JobConfig {
   // CORTADO_SHM_SPIN_US: how long a ring thread polls its rings after its
   // last message before it sleeps on the doorbell (at most kMaxBusyPollUs).
   int shmSpinUs = 0;
+  // CORTADO_SHM_SERVER_POLL_US: how long a server's ring thread polls for
+  // the next push while a worker waits for a round's answer and no thread
+  // of the machine waits for a CPU (shmring::RingOptions::pollWhileExpecting;
+  // at most kMaxBusyPollUs).
+  int shmServerPollUs = 0;
+  // CORTADO_SHM_WAITER_POLL_US: how long a thread waiting on a handle, as
+  // its worker's ring consumer, polls for the answer before it sleeps, while
+  // no thread of the machine waits for a CPU (RingOptions::waiterPoll).
+  int shmWaiterPollUs = 50;
   // CORTADO_SHM_WAITER_RECEIVES: a thread waiting on a push_pull's handle
   // takes the worker's ring messages itself while it waits
   // (shmring::RingOptions::waiterReceives).

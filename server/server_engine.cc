@@ -31,6 +31,10 @@ ServerEngine::ServerEngine(ServerEngineOptions opts, transport::Transport& trans
     shards_.push_back(std::move(s));
   }
   for (auto& s : shards_) s->thread = std::thread([p = s.get()] { p->run(); });
+  // While a worker waits for a round's answer, the pushes that complete it
+  // are expected: the transport may poll for them instead of sleeping.
+  transport_.setExpecting(
+      [w = pullsWaiting_] { return w->load(std::memory_order_relaxed) > 0; });
 }
 
 ServerEngine::~ServerEngine() { stop(); }
@@ -255,7 +259,7 @@ void ServerEngine::Shard::release(const DataHeader& h, const NodeId& from) {
   if (k.releases < need) return;
   // A pull still waiting for a round that will never complete (a worker
   // that released without finishing it): answered with an error, not left.
-  for (const auto& p : k.waiting)
+  for (const auto& p : takeWaiting(k))
     engine->replyError(p.from, p.requestId, h.key,
                        fmt::format("{} was released by its {} contributors while this pull of "
                                    "round {} waited for pushes that will not come",

@@ -73,7 +73,10 @@
 // costs more than the sum. Either way one thread at a time touches a shard's
 // keys (the shard's `busy` token, taken under its mutex), and a shard's
 // messages are processed in the order they came. Replies are sent from
-// whichever thread processed the message.
+// whichever thread processed the message. While a pull waits for its
+// round's pushes, the engine tells its transport that it expects messages
+// (Transport::setExpecting), which may then poll for them for a bounded
+// time instead of sleeping (the shared-memory rings: CORTADO_SHM_SERVER_POLL_US).
 #pragma once
 
 #include <atomic>
@@ -176,6 +179,10 @@ class ServerEngine {
   std::unique_ptr<shm::Arena> arena_;          // results, when shmPrefix is set
   std::unique_ptr<shm::PeerMappings> peers_;   // workers' push regions
   std::shared_ptr<const compressor::Registry> codecs_;
+  // Pulls waiting for their round's pushes, across the shards: the
+  // transport's expecting() (Transport::setExpecting), which may outlive
+  // the engine.
+  std::shared_ptr<std::atomic<int64_t>> pullsWaiting_ = std::make_shared<std::atomic<int64_t>>(0);
   // ServerStats::unsummedBytes and unsummedPeak.
   std::atomic<uint64_t> unsummed_{0}, unsummedPeak_{0};
 

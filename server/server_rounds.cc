@@ -148,9 +148,7 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
       std::lock_guard<std::mutex> lk(mu);
       ++stats.roundsCompleted;
     }
-    auto waiting = std::move(k.waiting);
-    k.waiting.clear();
-    for (const auto& p : waiting) answerPull(k, h.key, p);
+    for (const auto& p : takeWaiting(k)) answerPull(k, h.key, p);
     return;
   }
   // PULL
@@ -164,7 +162,7 @@ void ServerEngine::Shard::processSync(KeyState& k, const DataHeader& h, Message&
   if (h.round == k.doneRound) {
     answerPull(k, h.key, PendingPull{msg.from, h.requestId, wantsShm, wantsCompressed});
   } else if (h.round == k.round) {
-    k.waiting.push_back({msg.from, h.requestId, wantsShm, wantsCompressed});
+    addWaiting(k, {msg.from, h.requestId, wantsShm, wantsCompressed});
   } else {
     throw Error(ErrorCode::kProtocol,
                 fmt::format("key {}: {} pulled round {}, but the server has completed round {} "

@@ -190,6 +190,20 @@ struct ServerEngine::Shard {
   // A pull with kFlagCompressed on an uncompressed key: fixes or checks the
   // codec it names.
   void answerCodecOf(KeyState& k, const DataHeader& h, const Message& msg);
+  // A pull that waits for its round's pushes, counted in the engine's
+  // pullsWaiting_ (the transport may poll for those pushes meanwhile:
+  // Transport::setExpecting), and the waiting pulls taken off a key to be
+  // answered (or refused), no longer counted.
+  void addWaiting(KeyState& k, PendingPull p) {
+    k.waiting.push_back(p);
+    engine->pullsWaiting_->fetch_add(1, std::memory_order_relaxed);
+  }
+  std::vector<PendingPull> takeWaiting(KeyState& k) {
+    std::vector<PendingPull> w = std::move(k.waiting);
+    k.waiting.clear();
+    engine->pullsWaiting_->fetch_sub(int64_t(w.size()), std::memory_order_relaxed);
+    return w;
+  }
   // Answers one pull of the completed round.
   void answerPull(KeyState& k, uint64_t key, const PendingPull& p);
   // A flushed round's answer: the dense fp32 sum plus the key's residual,

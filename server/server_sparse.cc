@@ -34,7 +34,7 @@ void ServerEngine::Shard::processSparse(KeyState& k, const DataHeader& h, Messag
     if (h.round == k.doneRound) {
       sendResult(msg.from, h.requestId, h.key, k.doneRound, k, k.result, wire::kFlagSparse);
     } else if (h.round == k.round) {
-      k.waiting.push_back({msg.from, h.requestId, false, false});
+      addWaiting(k, {msg.from, h.requestId, false, false});
     } else {
       throw Error(
           ErrorCode::kProtocol,
@@ -130,9 +130,7 @@ void ServerEngine::Shard::processSparse(KeyState& k, const DataHeader& h, Messag
     std::lock_guard<std::mutex> lk(mu);
     ++stats.roundsCompleted;
   }
-  auto waiting = std::move(k.waiting);
-  k.waiting.clear();
-  for (const auto& q : waiting)
+  for (const auto& q : takeWaiting(k))
     sendResult(q.from, q.requestId, h.key, k.doneRound, k, k.result, wire::kFlagSparse);
 }
 

@@ -262,6 +262,49 @@ bool Mailbox::wait(std::chrono::microseconds spin, std::chrono::steady_clock::ti
   return something();
 }
 
+namespace {
+
+// Tells the CPU that this is a polling loop (a hyperthread sibling gets the
+// core's resources meanwhile).
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace
+
+bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
+                   const std::function<bool()>& keepOn) {
+  using Clock = std::chrono::steady_clock;
+  Header* h = header(*seg_);
+  auto something = [&] { return changed() || h->open.load(std::memory_order_acquire) == 0; };
+  if (turn_.load(std::memory_order_seq_cst) != turn) return false;
+  if (something()) return true;
+  if (bound.count() <= 0 || (keepOn && !keepOn())) return false;
+  polls_.fetch_add(1, std::memory_order_relaxed);
+  const auto start = Clock::now();
+  const auto end = start + bound;
+  auto nextCheck = start + kPollCheck;
+  for (;;) {
+    for (int i = 0; i < 16; ++i) {
+      if (something()) {
+        pollHits_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      }
+      cpuRelax();
+    }
+    const auto now = Clock::now();
+    if (now >= end || turn_.load(std::memory_order_seq_cst) != turn) return false;
+    if (now >= nextCheck) {
+      if (keepOn && !keepOn()) return false;
+      nextCheck = now + kPollCheck;
+    }
+  }
+}
+
 uint64_t Mailbox::takeTurn() {
   Header* h = header(*seg_);
   const uint64_t t = turn_.fetch_add(1, std::memory_order_seq_cst) + 1;

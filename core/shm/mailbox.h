@@ -103,6 +103,19 @@ class Mailbox {
   bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until) {
     return wait(spin, until, turn());
   }
+  // A bounded poll instead of a sleep, for a consumer that expects a record
+  // soon (a server whose round waits for pushes): looks at the rings
+  // without sleeping or yielding until a record comes that front() has
+  // not shown, a ring is claimed or the mailbox is shut (true), or
+  // `bound` passes, another thread takes a later turn than `turn`, or
+  // `keepOn()` turns false (false: the caller sleeps in wait()). keepOn
+  // is looked at first and then every kPollCheck: whether the poll is
+  // still worth a CPU (core/common/idle_cpus.h); it may make a system call.
+  bool poll(std::chrono::microseconds bound, uint64_t turn, const std::function<bool()>& keepOn);
+  static constexpr std::chrono::microseconds kPollCheck{5};
+  // Statistics for the logs: polls begun, and those that found a record.
+  uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
+  uint64_t pollHits() const { return pollHits_.load(std::memory_order_relaxed); }
   // Wakes the thread asleep on the doorbell (the one whose turn it is).
   void wake();
   // Producers stop writing (their sends go to the transport) and wait()
@@ -141,6 +154,7 @@ class Mailbox {
   std::unique_ptr<std::atomic<uint64_t>[]> seen_;
   std::atomic<uint32_t> claimedSeen_{0};
   std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> polls_{0}, pollHits_{0};
   std::atomic<uint64_t> turn_{0};
   std::atomic<uint32_t> parking_{0};  // a futex word of this process
 };

@@ -102,6 +102,17 @@ class Transport {
   // thread; cheap when no thread receives.
   virtual void wakeWaiting() {}
 
+  // Says when the receiver expects messages soon (optional; the shared-
+  // memory ring transport uses it, the others ignore it). While
+  // expecting() returns true, the transport's thread that has just handed
+  // a message over may poll for the next one for a bounded time instead of
+  // sleeping at once: a server whose round waits for the other workers'
+  // pushes (CORTADO_SHM_SERVER_POLL_US). expecting() is called on the
+  // transport's thread, often, with no lock of the transport held: it must
+  // be cheap, must not block, and must stay callable until close()
+  // returns. Set it before listen().
+  virtual void setExpecting(std::function<bool()> expecting) { (void)expecting; }
+
   // Forgets `peer`: pending sends to it are dropped without an error.
   virtual void disconnect(const NodeId& peer) = 0;
 

@@ -196,6 +196,50 @@ TEST(Settings, ShmMessagesTheirSpinAndWaiterReceivesAreReadPassedOnAndRefused) {
   expectInvalid(c, "CORTADO_SHM_SPIN_US 20000 is out of range 0..10000");
 }
 
+TEST(Settings, ShmServerPollIsReadPassedOnAndRefusedOutOfRange) {
+  ::unsetenv("CORTADO_SHM_SERVER_POLL_US");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.shmServerPollUs, 0);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_SERVER_POLL_US"), "0");
+  ::setenv("CORTADO_SHM_SERVER_POLL_US", "50", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.shmServerPollUs, 50);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_SERVER_POLL_US"), "50");
+  ::setenv("CORTADO_SHM_SERVER_POLL_US", "10000", 1);
+  EXPECT_EQ(readJobConfig(false).shmServerPollUs, 10000);
+  expectRefused("CORTADO_SHM_SERVER_POLL_US", "-1",
+                "CORTADO_SHM_SERVER_POLL_US=-1 is out of range 0..10000");
+  expectRefused("CORTADO_SHM_SERVER_POLL_US", "10001",
+                "CORTADO_SHM_SERVER_POLL_US=10001 is out of range 0..10000");
+  expectRefused("CORTADO_SHM_SERVER_POLL_US", "often",
+                "CORTADO_SHM_SERVER_POLL_US='often' is not an integer");
+  ::unsetenv("CORTADO_SHM_SERVER_POLL_US");
+  c = readJobConfig(false);
+  c.shmServerPollUs = -5;  // a configuration built in code is checked too
+  expectInvalid(c, "CORTADO_SHM_SERVER_POLL_US -5 is out of range 0..10000");
+}
+
+TEST(Settings, ShmWaiterPollIsReadPassedOnAndRefusedOutOfRange) {
+  ::unsetenv("CORTADO_SHM_WAITER_POLL_US");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.shmWaiterPollUs, 50);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_POLL_US"), "50");
+  ::setenv("CORTADO_SHM_WAITER_POLL_US", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.shmWaiterPollUs, 0);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_WAITER_POLL_US"), "0");
+  ::setenv("CORTADO_SHM_WAITER_POLL_US", "10000", 1);
+  EXPECT_EQ(readJobConfig(false).shmWaiterPollUs, 10000);
+  expectRefused("CORTADO_SHM_WAITER_POLL_US", "-1",
+                "CORTADO_SHM_WAITER_POLL_US=-1 is out of range 0..10000");
+  expectRefused("CORTADO_SHM_WAITER_POLL_US", "10001",
+                "CORTADO_SHM_WAITER_POLL_US=10001 is out of range 0..10000");
+  ::unsetenv("CORTADO_SHM_WAITER_POLL_US");
+  c = readJobConfig(false);
+  c.shmWaiterPollUs = 10001;  // a configuration built in code is checked too
+  expectInvalid(c, "CORTADO_SHM_WAITER_POLL_US 10001 is out of range 0..10000");
+}
+
 TEST(Settings, HorovodNamesAreReadAsAliases) {
   for (const char* v : {"CORTADO_LOG_LEVEL", "CORTADO_FUSION_BYTES", "CORTADO_STALL_CHECK_MS",
                         "HOROVOD_LOG_LEVEL", "HOROVOD_FUSION_THRESHOLD",

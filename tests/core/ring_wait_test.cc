@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <future>
+#include <functional>
 #include <thread>
 
 #include <unistd.h>
@@ -63,32 +64,80 @@ class CountDeliveries final : public transport::Transport {
   std::unique_ptr<transport::Transport> inner_;
 };
 
-// A job whose nodes all have rings (one host), each worker's watched.
+// A server's transport, watched: keeps a copy of the engine's expecting()
+// (Transport::setExpecting) for the test to call.
+class KeepExpecting final : public transport::Transport {
+ public:
+  explicit KeepExpecting(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  NodeId self() const override { return inner_->self(); }
+  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
+    inner_->setCallbacks(std::move(onRecv), std::move(onError));
+  }
+  std::string listen(const std::string& address) override { return inner_->listen(address); }
+  void connect(const NodeId& peer, const std::string& address) override {
+    inner_->connect(peer, address);
+  }
+  void send(const NodeId& peer, transport::Message msg) override { inner_->send(peer, std::move(msg)); }
+  void sendAll(const NodeId& peer, std::vector<transport::Message> msgs) override {
+    inner_->sendAll(peer, std::move(msgs));
+  }
+  void setExpecting(std::function<bool()> e) override {
+    expecting = e;
+    inner_->setExpecting(std::move(e));
+  }
+  void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
+  void close() override { inner_->close(); }
+
+  std::function<bool()> expecting;
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+// The polls: the servers' ring threads' while a worker waits for an answer
+// (RingOptions::pollWhileExpecting) and the workers' waiting threads'
+// (RingOptions::waiterPoll), each with its gate (spareCpu).
+struct Polls {
+  std::chrono::microseconds bound{0};
+  std::function<bool()> serverSpare, waiterSpare;
+};
+
+// A job whose nodes all have rings (one host), each worker's and server's
+// watched.
 struct RingJob {
   std::string prefix;
   std::vector<CountDeliveries*> watch;
+  std::vector<KeepExpecting*> servers;
   std::unique_ptr<Job> job;
 
-  RingJob(int W, int S, const WorkerOptions& wo, bool waiterReceives) : watch(W, nullptr) {
+  RingJob(int W, int S, const WorkerOptions& wo, bool waiterReceives, Polls poll = {})
+      : watch(W, nullptr), servers(S, nullptr) {
     static std::atomic<int> jobs{0};
     prefix = fmt::format("/cortado-ringwait-{}-{}", ::getpid(), jobs++);
-    auto ring = [this, waiterReceives](std::unique_ptr<transport::Transport> t) {
+    auto ring = [this, waiterReceives, poll](std::unique_ptr<transport::Transport> t,
+                                             bool server) {
       transport::shmring::RingOptions o;
       o.prefix = prefix;
       o.host = "ring-wait-test";
       o.waiterReceives = waiterReceives;
+      o.pollWhileExpecting = server ? poll.bound : std::chrono::microseconds(0);
+      o.waiterPoll = server ? std::chrono::microseconds(0) : poll.bound;
+      o.spareCpu = server ? poll.serverSpare : poll.waiterSpare;
       return transport::shmring::create(std::move(t), o);
     };
     job = std::make_unique<Job>(
         W, S, wo, /*async=*/false, /*shm=*/true, server::ServerEngineOptions{}.inlineBytes,
         /*serverCompact=*/true,
         [this, ring](int w, std::unique_ptr<transport::Transport> t) {
-          auto c = std::make_unique<CountDeliveries>(ring(std::move(t)));
+          auto c = std::make_unique<CountDeliveries>(ring(std::move(t), false));
           watch[w] = c.get();
           return c;
         },
-        /*serverPushBudget=*/0, [ring](int, std::unique_ptr<transport::Transport> t) {
-          return ring(std::move(t));
+        /*serverPushBudget=*/0, [this, ring](int s, std::unique_ptr<transport::Transport> t) {
+          auto k = std::make_unique<KeepExpecting>(ring(std::move(t), true));
+          servers[s] = k.get();
+          return k;
         });
   }
   Job& operator*() { return *job; }
@@ -162,6 +211,66 @@ INSTANTIATE_TEST_SUITE_P(Rings, RingWait, ::testing::Bool(),
                            return i.param ? std::string("WaiterReceives")
                                           : std::string("RingThreadReceives");
                          });
+
+// The servers' ring threads poll for the next push while a worker waits
+// for a round's answer (the engine's expecting()), and the workers'
+// waiting threads poll for their answers, here whenever asked (the gates
+// always open) and never (always closed, so every poll gives up at its
+// first look): every round's sums are the plain sums either way, both
+// polls were made, and once every round is answered no server expects
+// anything.
+TEST(RingWait, ServersAndWaitersPollAndTheSumsHold) {
+  for (const bool spare : {true, false}) {
+    SCOPED_TRACE(spare ? "a CPU is spare" : "no CPU is spare");
+    const int W = 4;
+    std::atomic<uint64_t> serverAsked{0}, waiterAsked{0};
+    WorkerOptions wo;
+    wo.partitionBytes = 4096;
+    RingJob rj(W, 2, wo, /*waiterReceives=*/true,
+               Polls{std::chrono::microseconds(300),
+                     [&serverAsked, spare] {
+                       serverAsked.fetch_add(1, std::memory_order_relaxed);
+                       return spare;
+                     },
+                     [&waiterAsked, spare] {
+                       waiterAsked.fetch_add(1, std::memory_order_relaxed);
+                       return spare;
+                     }});
+    Job& job = *rj;
+    const struct {
+      const char* name;
+      uint64_t n;
+    } tensors[] = {{"small", 1024}, {"chunks", 5000}};
+    constexpr int kRounds = 60;
+    job.onEveryWorker([&](int r) {
+      tlsWaiter = true;
+      Worker& w = *job.workers[r];
+      for (const auto& t : tensors) w.declare(t.name, DType::kFloat32, t.n, soon());
+      for (int round = 0; round < kRounds; ++round) {
+        for (const auto& t : tensors) {
+          std::vector<float> in(t.n), out(t.n, -99.0f);
+          for (uint64_t i = 0; i < t.n; ++i) in[i] = value(r, round, i);
+          Status s =
+              w.pushPull(t.name, DType::kFloat32, t.n, in.data(), out.data(), ReduceOp::kSum, 0)
+                  .wait(soon());
+          ASSERT_TRUE(s.ok()) << t.name << " round " << round << ": " << s.message();
+          const std::vector<float> want = plainSum(W, round, t.n);
+          for (uint64_t i = 0; i < t.n; ++i)
+            ASSERT_EQ(out[i], want[i]) << t.name << " round " << round << " element " << i;
+        }
+      }
+    });
+    // A server's gate is asked only while a pull waits (the poll looks at
+    // expecting() first); 4 workers of 60 rounds of 3 keys leave plenty.
+    EXPECT_GT(serverAsked.load(), 0u) << "no server's ring thread polled while a worker waited";
+    EXPECT_GT(waiterAsked.load(), 0u) << "no waiting thread polled for its answer";
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(rj.servers[s]->expecting) << "server " << s << " never said what it expects";
+      EXPECT_FALSE(rj.servers[s]->expecting())
+          << "server " << s << " still expects pushes after every round was answered";
+    }
+  }
+}
 
 // Several threads of each worker wait at once, each on its own handle: one
 // takes the answers, the others wait for the role or their completion; every

@@ -18,8 +18,10 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/common/deadline.h"
+#include "core/common/idle_cpus.h"
 #include "core/shm/mailbox.h"
 #include "core/transport/inproc/factory.h"
 #include "core/transport/shmring/factory.h"
@@ -181,6 +183,140 @@ TEST(Mailbox, ASleepingConsumerIsWokenByTheProducer) {
   mb->wait(0us, start + 30s);
   waker.join();
   EXPECT_LT(Clock::now() - start, 10s);
+}
+
+// The bounded poll (a server's ring thread while a worker waits for an
+// answer): a record written while it polls ends it at once, without a
+// futex sleep; with nothing to find it gives up when its bound passes or,
+// sooner, when keepOn() turns false, and a later turn of another thread
+// ends it too.
+TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
+  const std::string name = uniqueName("poll");
+  auto mb = Mailbox::create(name, "h", {2, 4, 64});
+  auto tx = MailboxSender::open(name, kWorker, "h");
+  ASSERT_TRUE(tx);
+  const uint32_t r = mb->rings().at(0);
+  ASSERT_FALSE(mb->front(r));  // the claim seen
+
+  // Nothing comes: it gives up after its bound, and keepOn was looked at
+  // every few microseconds meanwhile.
+  int looks = 0;
+  auto start = Clock::now();
+  EXPECT_FALSE(mb->poll(2ms, mb->turn(), [&] { return ++looks, true; }));
+  auto took = Clock::now() - start;
+  EXPECT_GE(took, 2ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_GE(looks, 2);
+  EXPECT_EQ(mb->polls(), 1u);
+  EXPECT_EQ(mb->pollHits(), 0u);
+
+  // keepOn false at the first look: no poll at all; false later: it stops
+  // then, long before its bound.
+  looks = 0;
+  EXPECT_FALSE(mb->poll(10s, mb->turn(), [&] { return ++looks, false; }));
+  EXPECT_EQ(looks, 1);
+  EXPECT_EQ(mb->polls(), 1u);
+  looks = 0;
+  start = Clock::now();
+  EXPECT_FALSE(mb->poll(10s, mb->turn(), [&] { return ++looks < 4; }));
+  EXPECT_EQ(looks, 4);
+  EXPECT_LT(Clock::now() - start, 5s);
+  // A zero bound never polls.
+  EXPECT_FALSE(mb->poll(0us, mb->turn(), nullptr));
+  EXPECT_EQ(mb->polls(), 2u);
+
+  // A record written while it polls ends it, and no futex sleep was made.
+  const uint64_t sleeps = mb->sleeps();
+  for (int round = 0; round < 5; ++round) {
+    std::thread producer([&] {
+      std::this_thread::sleep_for(2ms);
+      EXPECT_EQ(tx->trySend({u64(round)}, 0), Result::kSent);
+    });
+    start = Clock::now();
+    const bool got = mb->poll(20s, mb->turn(), [] { return true; });
+    took = Clock::now() - start;
+    producer.join();
+    ASSERT_TRUE(got);
+    EXPECT_LT(took, 10s);
+    auto rec = mb->front(r);
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(u64(rec->parts.at(0)), uint64_t(round));
+    mb->pop(r);
+  }
+  EXPECT_EQ(mb->pollHits(), 5u);
+  EXPECT_EQ(mb->sleeps(), sleeps);
+  // A record already there: true without polling.
+  EXPECT_EQ(tx->trySend({u64(99)}, 0), Result::kSent);
+  EXPECT_TRUE(mb->poll(10s, mb->turn(), [] { return true; }));
+  mb->pop(r);
+  ASSERT_FALSE(mb->front(r));
+
+  // Another thread takes a later turn: the poll of the earlier one ends.
+  const uint64_t mine = mb->turn();
+  std::thread taker([&] {
+    std::this_thread::sleep_for(2ms);
+    mb->takeTurn();
+  });
+  start = Clock::now();
+  EXPECT_FALSE(mb->poll(20s, mine, [] { return true; }));
+  EXPECT_LT(Clock::now() - start, 10s);
+  taker.join();
+  mb->giveBack();
+}
+
+// The gate of the polls: /proc/loadavg's runnable threads against the CPUs.
+TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
+  const char good[] = "0.52 0.58 0.59 3/467 12345\n";
+  EXPECT_EQ(IdleCpus::parseRunnable(good, int(sizeof(good) - 1)), 3);
+  const char wide[] = "12.00  8.10  4.05  17/1024 99\n";
+  EXPECT_EQ(IdleCpus::parseRunnable(wide, int(sizeof(wide) - 1)), 17);
+  for (const char* bad : {"", "0.52 0.58", "0.52 0.58 0.59 x/467 1", "0.52 0.58 0.59 3 467",
+                          "0.52 0.58 0.59 "})
+    EXPECT_EQ(IdleCpus::parseRunnable(bad, int(std::strlen(bad))), -1) << "'" << bad << "'";
+
+  // The caller runs, so it counts itself: a gate of more CPUs than the
+  // machine's threads is open.
+  IdleCpus roomy(1 << 20);
+  EXPECT_TRUE(roomy.spare());
+  EXPECT_GE(roomy.lastRunnable(), 1);
+  // Two threads that never sleep, and the caller: at least three runnable,
+  // more than a gate of one CPU allows, whatever else the machine runs.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i)
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  IdleCpus one(1, 0us);
+  bool closed = false;
+  const auto until = Clock::now() + 5s;
+  while (!closed && Clock::now() < until) closed = !one.spare();  // the threads have started
+  // Found closed, a gate says closed without a read for a while, 8 us
+  // after the first closed read and twice as long after each further one
+  // (here up to 10 s): after 18 closed reads (about a second of holds in
+  // all) it holds for over a second, and says closed without a read even
+  // once the machine has room.
+  IdleCpus held(1, 10s);
+  while (held.reads() < 18 && Clock::now() < until + 10s) {
+    const auto n = held.reads();
+    if (held.spare()) break;  // cannot be: the busy threads still run
+    if (held.reads() == n) continue;  // held closed, no read
+  }
+  const auto reads = held.reads();
+  const int counted = held.lastRunnable();
+  stop = true;
+  for (auto& t : busy) t.join();
+  EXPECT_TRUE(closed) << "runnable " << one.lastRunnable() << " with two busy threads";
+  EXPECT_GE(one.lastRunnable(), 3);
+  ASSERT_EQ(reads, 18u) << "the held gate opened with two busy threads (runnable "
+                        << held.lastRunnable() << ")";
+  IdleCpus fresh(1 << 20);
+  EXPECT_TRUE(fresh.spare());
+  EXPECT_EQ(fresh.reads(), 1u);
+  EXPECT_FALSE(held.spare());
+  EXPECT_EQ(held.reads(), reads);
+  EXPECT_EQ(held.lastRunnable(), counted);
 }
 
 TEST(Mailbox, MalformedRecordsAreRefusedNamingTheProducer) {

@@ -34,9 +34,18 @@
 // closes, it hands the role to a thread that waits for it, or back to the
 // ring thread. One consumer at a time; wakeWaiting() wakes it (and the
 // threads that wait for the role) to look at their done() again.
+//
+// Polls instead of sleeps, where a message is known to be on its way: the
+// ring thread after a batch while the receiver expects more
+// (Transport::setExpecting: a server whose round waits for pushes), and a
+// waiting thread as the consumer before each sleep. Each is bounded
+// (pollWhileExpecting, waiterPoll) and goes on only while spareCpu() says
+// that no thread of the machine waits for a CPU, so a poll takes no CPU
+// that another thread wants (core/common/idle_cpus.h).
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -55,6 +64,21 @@ struct RingOptions {
   // sleeps on the doorbell (CORTADO_SHM_SPIN_US), yielding the core
   // between looks.
   std::chrono::microseconds spin{0};
+  // The ring thread polls its rings for up to this long, instead of
+  // sleeping at once, after it handed messages over while the receiver
+  // expects more (Transport::setExpecting: a server with a worker waiting
+  // for a round's answer) and while `spareCpu()` says that no thread of the
+  // machine waits for a CPU, looked at every few microseconds
+  // (CORTADO_SHM_SERVER_POLL_US; shm::Mailbox::poll). 0: never.
+  std::chrono::microseconds pollWhileExpecting{0};
+  // A thread in receiveWhileWaiting() as the consumer polls for up to this
+  // long for its answer before it sleeps on the doorbell, again after each
+  // message that did not end its wait, while `spareCpu()` says so
+  // (CORTADO_SHM_WAITER_POLL_US). 0: never.
+  std::chrono::microseconds waiterPoll{0};
+  // Whether polling costs nobody a CPU now; nullptr: IdleCpus::spare()
+  // (core/common/idle_cpus.h). Called on the polling thread.
+  std::function<bool()> spareCpu;
   // How often a sleeping ring thread looks for producers whose process
   // is gone.
   std::chrono::milliseconds checkEvery{100};

@@ -1,4 +1,5 @@
 // The shared-memory ring transport (factory.h says what it does).
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -7,8 +8,10 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "core/common/error.h"
+#include "core/common/idle_cpus.h"
 #include "core/common/logging.h"
 #include "core/common/net.h"
 #include "core/transport/shmring/factory.h"
@@ -75,6 +78,13 @@ class RingTransport final : public Transport {
   }
 
   void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
+
+  void setExpecting(std::function<bool()> expecting) override {
+    auto p = expecting ? std::make_shared<const std::function<bool()>>(std::move(expecting))
+                       : nullptr;
+    std::lock_guard<std::mutex> lk(expectMu_);
+    expecting_ = std::move(p);
+  }
 
   bool receiveWhileWaiting(const std::function<bool()>& done, Clock::time_point until) override {
     if (!opts_.waiterReceives || tlsConsumer_ == this || tlsInCallback_ == this) return false;
@@ -146,8 +156,10 @@ class RingTransport final : public Transport {
     }
     inner_->close();
     CORTADO_LOG_DEBUG("{}: shared-memory ring messages: {} in, {} futex sleeps on the doorbell, "
-                      "{} turns of waiting threads as the consumer",
-                      self_.toString(), ringDelivered_, mailbox_->sleeps(), callerTurns_);
+                      "{} turns of waiting threads as the consumer, {} polls while expecting "
+                      "messages ({} found one)",
+                      self_.toString(), ringDelivered_, mailbox_->sleeps(), callerTurns_,
+                      mailbox_->polls(), mailbox_->pollHits());
   }
 
  private:
@@ -292,7 +304,30 @@ class RingTransport final : public Transport {
     auto over = [&] { return stop_.load(std::memory_order_acquire) || done(); };
     while (!over()) {
       if (deliverAll() > 0) continue;
-      if (Clock::now() >= until) return;
+      const auto now = Clock::now();
+      if (now >= until) return;
+      // The answer is expected: poll for it while a CPU is spare (the
+      // waiting thread is the only consumer, so waiterIdle_ and the
+      // back-off are its own). Polls that keep finding nothing (the CPUs
+      // wanted by the other roles of a round, more workers than CPUs) back
+      // off: after the k-th miss in a row the next 2^k - 1 waits (at most
+      // 63) sleep at once; a poll that finds its message starts over.
+      if (opts_.waiterPoll.count() > 0 && waiterSkip_ > 0) {
+        --waiterSkip_;
+      } else if (opts_.waiterPoll.count() > 0) {
+        const uint64_t began = mailbox_->polls();
+        if (mailbox_->poll(
+                std::min(opts_.waiterPoll,
+                         std::chrono::duration_cast<std::chrono::microseconds>(until - now)),
+                turn, [&] { return !over() && spareCpu(waiterIdle_); })) {
+          waiterMisses_ = 0;
+          continue;
+        }
+        if (mailbox_->polls() != began) {
+          waiterMisses_ = std::min(waiterMisses_ + 1, 6);
+          waiterSkip_ = (1 << waiterMisses_) - 1;
+        }
+      }
       mailbox_->wait(opts_.spin, until, turn, over);
     }
   }
@@ -316,8 +351,26 @@ class RingTransport final : public Transport {
     drainPeer(from);  // and those it held back
   }
 
+  bool spareCpu(IdleCpus& probe) { return opts_.spareCpu ? opts_.spareCpu() : probe.spare(); }
+
+  // After the ring thread handed messages over: polls for the next one
+  // while the receiver expects it and a CPU is spare (RingOptions::
+  // pollWhileExpecting). True when one came.
+  bool pollWhileExpecting(uint64_t turn) {
+    if (opts_.pollWhileExpecting.count() <= 0) return false;
+    std::shared_ptr<const std::function<bool()>> expecting;
+    {
+      std::lock_guard<std::mutex> lk(expectMu_);
+      expecting = expecting_;
+    }
+    if (!expecting) return false;
+    auto worthIt = [&] { return (*expecting)() && spareCpu(idleCpus_); };
+    return mailbox_->poll(opts_.pollWhileExpecting, turn, worthIt);
+  }
+
   void ringLoop() {
     auto lastCheck = Clock::now();
+    bool delivered = false;  // the last look handed messages over
     while (!stop_.load(std::memory_order_acquire)) {
       // The ticket before the look: a giveBack() after it ends the park.
       const uint32_t ticket = mailbox_->parkTicket();
@@ -326,7 +379,13 @@ class RingTransport final : public Transport {
         std::lock_guard<std::mutex> lk(roleMu_);
         if (consumer_ == Consumer::kRing) turn = mailbox_->turn();
       }
-      if (turn && deliverAll() > 0) continue;
+      if (turn && deliverAll() > 0) {
+        delivered = true;
+        continue;
+      }
+      // Once per batch handed over: a poll that found nothing is not
+      // repeated until the next message wakes the thread.
+      if (turn && std::exchange(delivered, false) && pollWhileExpecting(*turn)) continue;
       const auto now = Clock::now();
       // Dead producers are looked for whoever consumes.
       if (now - lastCheck >= opts_.checkEvery) {
@@ -402,6 +461,15 @@ class RingTransport final : public Transport {
     explicit InCallback(const RingTransport* t) : outer(tlsInCallback_) { tlsInCallback_ = t; }
     ~InCallback() { tlsInCallback_ = outer; }
   };
+
+  // Transport::setExpecting's predicate (shared: the ring thread calls a
+  // copy without the mutex held).
+  std::mutex expectMu_;
+  std::shared_ptr<const std::function<bool()>> expecting_;
+  IdleCpus idleCpus_;   // the ring thread's
+  IdleCpus waiterIdle_; // the waiting thread's whose turn it is
+  int waiterMisses_ = 0;  // its polls in a row that found nothing
+  int waiterSkip_ = 0;    // its waits left that sleep without a poll
 
   std::mutex threadMu_;
   std::thread thread_;

@@ -1,0 +1,57 @@
+#include "core/common/idle_cpus.h"
+
+#include <algorithm>
+
+#include <fcntl.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+namespace cortado {
+
+IdleCpus::IdleCpus(int cpus, std::chrono::microseconds holdClosed) : holdClosed_(holdClosed) {
+  cpus_ = cpus > 0 ? cpus : get_nprocs();
+  if (cpus_ < 1) cpus_ = 1;
+  fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+}
+
+IdleCpus::~IdleCpus() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int IdleCpus::parseRunnable(const char* line, int len) {
+  // Three load averages, then "runnable/total".
+  int field = 0, i = 0;
+  while (i < len && field < 3) {
+    while (i < len && line[i] != ' ') ++i;
+    while (i < len && line[i] == ' ') ++i;
+    ++field;
+  }
+  if (field < 3 || i >= len || line[i] < '0' || line[i] > '9') return -1;
+  int n = 0;
+  while (i < len && line[i] >= '0' && line[i] <= '9') {
+    if (n > 100000000) return -1;
+    n = n * 10 + (line[i++] - '0');
+  }
+  if (i >= len || line[i] != '/') return -1;
+  return n;
+}
+
+bool IdleCpus::spare() {
+  if (fd_ < 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < closedUntil_) return false;
+  char buf[128];
+  const ssize_t n = ::pread(fd_, buf, sizeof(buf), 0);
+  ++reads_;
+  lastRunnable_ = n > 0 ? parseRunnable(buf, int(n)) : -1;
+  const bool open = lastRunnable_ >= 1 && lastRunnable_ <= cpus_;
+  if (open) {
+    hold_ = std::chrono::microseconds(0);
+  } else {
+    hold_ = std::min(holdClosed_, std::max(hold_ * 2, std::chrono::microseconds(8)));
+    closedUntil_ = now + hold_;
+  }
+  return open;
+}
+
+}  // namespace cortado
