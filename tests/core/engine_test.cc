@@ -22,6 +22,7 @@
 #include "core/partition.h"
 #include "core/worker.h"
 #include "engine_job.h"
+#include "tests/common/forwarding_transport.h"
 #include "send_order_reference.h"
 #include "scheduler/scheduler.h"
 #include "server/server_engine.h"
@@ -161,19 +162,9 @@ TEST(Engine, AverageInPlaceAndManyOutstandingHandles) {
 // and chunk key of every push the worker sends, in order, and holds the
 // first push until open() so that the test can queue every push_pull of a
 // step before the dispatcher sends anything after it.
-class WatchedTransport final : public transport::Transport {
+class WatchedTransport final : public test::ForwardingTransport {
  public:
-  explicit WatchedTransport(std::unique_ptr<transport::Transport> inner)
-      : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  NodeId self() const override { return inner_->self(); }
-  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
-    inner_->setCallbacks(std::move(onRecv), std::move(onError));
-  }
-  std::string listen(const std::string& address) override { return inner_->listen(address); }
-  void connect(const NodeId& peer, const std::string& address) override {
-    inner_->connect(peer, address);
-  }
+  using ForwardingTransport::ForwardingTransport;
   void send(const NodeId& peer, transport::Message msg) override {
     std::vector<transport::Message> one;
     one.push_back(std::move(msg));
@@ -189,10 +180,8 @@ class WatchedTransport final : public transport::Transport {
       cv_.wait_for(lk, std::chrono::seconds(10), [&] { return open_ || !pushes_.empty(); });
       pushes_.push_back({peer.rank, h.key});
     }
-    inner_->sendAll(peer, std::move(msgs));
+    inner().sendAll(peer, std::move(msgs));
   }
-  void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
-  void close() override { inner_->close(); }
 
   void open() {
     {
@@ -208,7 +197,6 @@ class WatchedTransport final : public transport::Transport {
   }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = false;

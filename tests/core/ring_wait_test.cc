@@ -16,6 +16,7 @@
 #include "core/transport/shmring/factory.h"
 #include "core/worker.h"
 #include "engine_job.h"
+#include "tests/common/forwarding_transport.h"
 
 namespace cortado {
 namespace {
@@ -30,69 +31,32 @@ thread_local bool tlsWaiter = false;
 // A worker's transport, watched: counts the messages delivered on a waiting
 // thread of the test and on other threads (the ring thread, the in-process
 // transport's).
-class CountDeliveries final : public transport::Transport {
+class CountDeliveries final : public test::ForwardingTransport {
  public:
-  explicit CountDeliveries(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  NodeId self() const override { return inner_->self(); }
+  using ForwardingTransport::ForwardingTransport;
   void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
-    inner_->setCallbacks(
+    inner().setCallbacks(
         [this, onRecv = std::move(onRecv)](transport::Message&& m) {
           ++(tlsWaiter ? onWaiter : onOthers);
           onRecv(std::move(m));
         },
         std::move(onError));
   }
-  std::string listen(const std::string& address) override { return inner_->listen(address); }
-  void connect(const NodeId& peer, const std::string& address) override {
-    inner_->connect(peer, address);
-  }
-  void send(const NodeId& peer, transport::Message msg) override { inner_->send(peer, std::move(msg)); }
-  void sendAll(const NodeId& peer, std::vector<transport::Message> msgs) override {
-    inner_->sendAll(peer, std::move(msgs));
-  }
-  bool receiveWhileWaiting(const std::function<bool()>& done, Clock::time_point until) override {
-    return inner_->receiveWhileWaiting(done, until);
-  }
-  void wakeWaiting() override { inner_->wakeWaiting(); }
-  void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
-  void close() override { inner_->close(); }
 
   std::atomic<uint64_t> onWaiter{0}, onOthers{0};
-
- private:
-  std::unique_ptr<transport::Transport> inner_;
 };
 
 // A server's transport, watched: keeps a copy of the engine's expecting()
 // (Transport::setExpecting) for the test to call.
-class KeepExpecting final : public transport::Transport {
+class KeepExpecting final : public test::ForwardingTransport {
  public:
-  explicit KeepExpecting(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  NodeId self() const override { return inner_->self(); }
-  void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
-    inner_->setCallbacks(std::move(onRecv), std::move(onError));
-  }
-  std::string listen(const std::string& address) override { return inner_->listen(address); }
-  void connect(const NodeId& peer, const std::string& address) override {
-    inner_->connect(peer, address);
-  }
-  void send(const NodeId& peer, transport::Message msg) override { inner_->send(peer, std::move(msg)); }
-  void sendAll(const NodeId& peer, std::vector<transport::Message> msgs) override {
-    inner_->sendAll(peer, std::move(msgs));
-  }
+  using ForwardingTransport::ForwardingTransport;
   void setExpecting(std::function<bool()> e) override {
     expecting = e;
-    inner_->setExpecting(std::move(e));
+    inner().setExpecting(std::move(e));
   }
-  void disconnect(const NodeId& peer) override { inner_->disconnect(peer); }
-  void close() override { inner_->close(); }
 
   std::function<bool()> expecting;
-
- private:
-  std::unique_ptr<transport::Transport> inner_;
 };
 
 // The polls: the servers' ring threads' while a worker waits for an answer

@@ -11,6 +11,7 @@
 #include "core/transport/inproc/factory.h"
 #include "core/wire/data_message.h"
 #include "engine_job.h"
+#include "tests/common/forwarding_transport.h"
 #include "raw_worker.h"
 #include "server/server_engine.h"
 
@@ -105,13 +106,11 @@ TEST(ServerBudget, AcknowledgesEachSummedPushButNotTheOneThatCompletesItsRound) 
 // that a worker that did not keep its share would send past it meanwhile)
 // and records, per server, the budgeted push bytes (kFlagAck) sent and not
 // yet acknowledged or answered, and their highest value.
-class WatchBudget : public transport::Transport {
+class WatchBudget : public test::ForwardingTransport {
  public:
-  explicit WatchBudget(std::unique_ptr<transport::Transport> t) : t_(std::move(t)) {}
-  std::string name() const override { return t_->name(); }
-  NodeId self() const override { return t_->self(); }
+  using ForwardingTransport::ForwardingTransport;
   void setCallbacks(RecvCallback onRecv, ErrorCallback onError) override {
-    t_->setCallbacks(
+    inner().setCallbacks(
         [this, onRecv](Message&& m) {
           DataHeader h = wire::decodeHeader(m.parts[0], m.parts[1].size());
           if (h.op == Op::kPushAck) std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -130,18 +129,14 @@ class WatchBudget : public transport::Transport {
         },
         std::move(onError));
   }
-  std::string listen(const std::string& a) override { return t_->listen(a); }
-  void connect(const NodeId& p, const std::string& a) override { t_->connect(p, a); }
   void send(const NodeId& peer, Message msg) override {
     note(peer, msg);
-    t_->send(peer, std::move(msg));
+    inner().send(peer, std::move(msg));
   }
   void sendAll(const NodeId& peer, std::vector<Message> msgs) override {
     for (const auto& m : msgs) note(peer, m);
-    t_->sendAll(peer, std::move(msgs));
+    inner().sendAll(peer, std::move(msgs));
   }
-  void disconnect(const NodeId& p) override { t_->disconnect(p); }
-  void close() override { t_->close(); }
 
   struct Seen {
     std::map<NodeId, uint64_t> peak;
@@ -167,7 +162,6 @@ class WatchBudget : public transport::Transport {
     ++budgeted_;
   }
 
-  std::unique_ptr<transport::Transport> t_;
   std::mutex mu_;
   std::map<std::pair<NodeId, uint32_t>, uint64_t> sent_;
   std::map<NodeId, uint64_t> outstanding_, peak_;
