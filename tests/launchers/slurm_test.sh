@@ -171,7 +171,7 @@ show() {
 }
 # run_case NAME CMD...: runs one case (CMD). Debian 12's slurmd (22.05.8)
 # now and then dies of a corrupted heap as a job step launches (SIGSEGV in
-# malloc under nodelist_find, seen about once in 10 runs of this test):
+# malloc under nodelist_find, seen in 1 of 11 runs of this test here):
 # the case's failures then say nothing about Cortado. When a slurmd died
 # during the case, the test says so, ends the job, starts that slurmd again
 # and runs the case once more; a second death fails the test.
