@@ -1,5 +1,6 @@
 // The `cortado` command: launch a job, run a role, plan, benchmark.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -68,6 +69,13 @@ void printSettings() {
     std::cout << "| `" << s.name << "` | " << aliases << " | " << s.fallback << " | " << s.meaning
               << " |\n";
   }
+}
+
+// One write per message: the workers of a job share the launcher's stderr,
+// and a message written in pieces interleaves with theirs.
+int reportError(const char* kind, const std::exception& e, int status) {
+  std::cerr << fmt::format("cortado: {}: {}\n", kind, e.what()) << std::flush;
+  return status;
 }
 
 }  // namespace
@@ -274,11 +282,9 @@ int main(int argc, char** argv) try {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const Error& e) {
-    std::cerr << "cortado: error: " << e.what() << "\n";
-    return 2;
+    return reportError("error", e, 2);
   } catch (const std::exception& e) {
-    std::cerr << "cortado: unexpected error: " << e.what() << "\n";
-    return 3;
+    return reportError("unexpected error", e, 3);
   }
 
   // A fatal signal prints which process died and its stack (roles refine
@@ -414,14 +420,11 @@ int main(int argc, char** argv) try {
       return launcher::runPushPullBench(ppo);
     }
   } catch (const Error& e) {
-    std::cerr << "cortado: error: " << e.what() << "\n";
-    return 2;
+    return reportError("error", e, 2);
   } catch (const std::exception& e) {
-    std::cerr << "cortado: unexpected error: " << e.what() << "\n";
-    return 3;
+    return reportError("unexpected error", e, 3);
   }
   return 0;
 } catch (const std::exception& e) {
-  std::cerr << "cortado: unexpected error: " << e.what() << "\n";
-  return 3;
+  return reportError("unexpected error", e, 3);
 }
