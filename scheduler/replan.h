@@ -208,7 +208,8 @@ class OnlineReplanner {
   // Plans the measured check reverted, with the links' fitted rates they
   // were chosen on: such a plan, or one that compresses the same tensors and differs in
   // options only on tensors holding under 5% of the elements, is not handed
-  // out again while both links stay within (1 + threshold)^2 of those rates (run X, docs/benchmarks.md: bert-base's
+  // out again while both links stay within (1 + threshold)^2 of those rates
+  // (run X, `git show 68cab89:docs/benchmarks.md`: bert-base's
   // 205-of-206-compressed plan was reverted, handed out again after a small
   // link move, and reverted again: two switches each way for nothing).
   struct Reverted {

@@ -380,7 +380,7 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
   // answer is in): the servers free each once all its pushers said so.
   // Without this every switch left a plan's sums, answers and residuals
   // on the servers for the rest of the job (about 2.7x the model's bytes
-  // per switch on resnet101, docs/benchmarks.md run X).
+  // per switch on resnet101, run X in `git show 68cab89:docs/benchmarks.md`).
   for (const std::string& key : s.exchanged) worker_.release(key);
   s.exchanged.clear();
 }
