@@ -165,6 +165,13 @@ const std::vector<SettingInfo>& settingsTable() {
        "that the answer wakes it directly instead of the ring thread, which would then wake it; "
        "the answers are copied and decoded on that thread (0: the ring thread takes every "
        "message; docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_YIELD_POLLS", "", "0",
+       "latency: with `CORTADO_SHM_MESSAGES=1`, the polls of `CORTADO_SHM_SERVER_POLL_US` and "
+       "`CORTADO_SHM_WAITER_POLL_US` also go on while the threads that wait for a CPU are all "
+       "the job's own (its roles on this machine count their awake threads in a shared-memory "
+       "segment), yielding the CPU between looks so that a role of the job with work runs "
+       "first; a runnable thread outside the job still stops them within 5 us (0: they stop "
+       "whenever any thread waits for a CPU; docs/transports.md, \"Latency\")"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
@@ -288,6 +295,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SHM_SERVER_POLL_US", std::to_string(shmServerPollUs)},
       {"CORTADO_SHM_WAITER_POLL_US", std::to_string(shmWaiterPollUs)},
       {"CORTADO_SHM_WAITER_RECEIVES", shmWaiterReceives ? "1" : "0"},
+      {"CORTADO_SHM_YIELD_POLLS", shmYieldPolls ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
@@ -468,6 +476,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   rangeSetting("CORTADO_SHM_WAITER_POLL_US", c.shmWaiterPollUs, JobConfig::kMaxBusyPollUs,
                "microseconds a waiting thread polls for its answer; 0: never poll");
   if (auto v = getEnvBool(names("CORTADO_SHM_WAITER_RECEIVES"))) c.shmWaiterReceives = *v;
+  if (auto v = getEnvBool(names("CORTADO_SHM_YIELD_POLLS"))) c.shmYieldPolls = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)

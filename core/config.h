@@ -112,6 +112,11 @@ struct JobConfig {
   // takes the worker's ring messages itself while it waits
   // (shmring::RingOptions::waiterReceives).
   bool shmWaiterReceives = true;
+  // CORTADO_SHM_YIELD_POLLS: the polls' gate counts the job's own threads on
+  // this machine (core/shm/job_threads.h) and lets the polls go on, yielding
+  // the CPU between looks, while every runnable thread is one of the job's
+  // (shmring::RingOptions::yieldPolls).
+  bool shmYieldPolls = false;
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end
