@@ -8,7 +8,9 @@
 
 namespace cortado {
 
-IdleCpus::IdleCpus(int cpus, std::chrono::microseconds holdClosed) : holdClosed_(holdClosed) {
+IdleCpus::IdleCpus(int cpus, std::chrono::microseconds holdClosed,
+                   std::chrono::microseconds holdJobOnly)
+    : holdClosed_(holdClosed), holdJobOnly_(holdJobOnly) {
   cpus_ = cpus > 0 ? cpus : get_nprocs();
   if (cpus_ < 1) cpus_ = 1;
   fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
@@ -47,6 +49,7 @@ IdleCpus::Verdict IdleCpus::look(const std::function<int()>& jobThreads) {
   if (fd_ < 0) return Verdict::kClosed;
   const auto now = std::chrono::steady_clock::now();
   if (now < closedUntil_) return Verdict::kClosed;
+  if (now < jobOnlyUntil_) return Verdict::kJobOnly;
   char buf[128];
   const ssize_t n = ::pread(fd_, buf, sizeof(buf), 0);
   ++reads_;
@@ -56,6 +59,7 @@ IdleCpus::Verdict IdleCpus::look(const std::function<int()>& jobThreads) {
   lastJob_ = job;
   const Verdict v = judge(lastRunnable_, cpus_, job);
   ++said_[static_cast<int>(v)];
+  if (v == Verdict::kJobOnly) jobOnlyUntil_ = now + holdJobOnly_;
   if (v != Verdict::kClosed) {
     hold_ = std::chrono::microseconds(0);
   } else {

@@ -26,7 +26,12 @@
 // the gate says kJobOnly: no thread outside the job wants a CPU, so the
 // job's waiting threads may go on polling if they yield the CPU between
 // looks, which lets a role of the job that has work run first. As soon as
-// one outside thread is runnable, the gate closes as without it.
+// one outside thread is runnable, the gate closes as without it. A kJobOnly
+// read holds for `holdJobOnly` (100 us) without a read: the polls it lets
+// go on yield at every look, so an outside thread that comes meanwhile gets
+// the CPU at the poller's next look, and the read (a system call) would
+// otherwise cost the job's threads more than the polls (about a
+// microsecond a read, several per round trip).
 #pragma once
 
 #include <chrono>
@@ -38,7 +43,8 @@ class IdleCpus {
  public:
   // Opens /proc/loadavg; `cpus` 0: the CPUs online (get_nprocs()).
   explicit IdleCpus(int cpus = 0,
-                    std::chrono::microseconds holdClosed = std::chrono::microseconds(250));
+                    std::chrono::microseconds holdClosed = std::chrono::microseconds(250),
+                    std::chrono::microseconds holdJobOnly = std::chrono::microseconds(100));
   ~IdleCpus();
   IdleCpus(const IdleCpus&) = delete;
   IdleCpus& operator=(const IdleCpus&) = delete;
@@ -55,7 +61,8 @@ class IdleCpus {
   // are at most the CPUs; kJobOnly when they are more but `jobThreads()`
   // (called only then) says at least as many are the job's; kClosed
   // otherwise, and when /proc/loadavg cannot be read (no /proc: never
-  // poll). One pread() system call, none while a closed one holds (above).
+  // poll). One pread() system call, none while a closed or kJobOnly one
+  // holds (above).
   Verdict look(const std::function<int()>& jobThreads = nullptr);
   // look() == kSpare.
   bool spare() { return look() == Verdict::kSpare; }
@@ -80,8 +87,10 @@ class IdleCpus {
   unsigned long reads_ = 0;
   unsigned long said_[3] = {0, 0, 0};
   std::chrono::microseconds holdClosed_;
+  std::chrono::microseconds holdJobOnly_;
   std::chrono::microseconds hold_{0};  // the next closed read's
   std::chrono::steady_clock::time_point closedUntil_{};
+  std::chrono::steady_clock::time_point jobOnlyUntil_{};
 };
 
 // The back-off of a waiting thread's polls (core/transport/shmring): polls

@@ -308,12 +308,15 @@ bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
   const auto end = start + bound;
   auto nextCheck = start + kPollCheck;
   for (;;) {
-    for (int i = 0; i < 16; ++i) {
+    // Yielding, one look between yields: a look at every ring is not free,
+    // and a thread of the job that has work waits for it.
+    const int looks = mode == PollMode::kYield ? 1 : 16;
+    for (int i = 0; i < looks; ++i) {
       if (something()) {
         pollHits_.fetch_add(1, std::memory_order_relaxed);
         return true;
       }
-      cpuRelax();
+      if (looks > 1) cpuRelax();
     }
     if (mode == PollMode::kYield) {
       if (!std::exchange(yielded, true)) yieldingPolls_.fetch_add(1, std::memory_order_relaxed);
@@ -322,7 +325,10 @@ bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
     const auto now = Clock::now();
     if (now >= end || turn_.load(std::memory_order_seq_cst) != turn) return false;
     if (now >= nextCheck) {
-      if (keepOn && (mode = keepOn()) == PollMode::kStop) return false;
+      if (keepOn && (mode = keepOn()) == PollMode::kStop) {
+        pollsStopped_.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
       nextCheck = now + kPollCheck;
     }
   }

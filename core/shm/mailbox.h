@@ -134,6 +134,8 @@ class Mailbox {
   uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
   uint64_t pollHits() const { return pollHits_.load(std::memory_order_relaxed); }
   uint64_t yieldingPolls() const { return yieldingPolls_.load(std::memory_order_relaxed); }
+  // Polls that ended because keepOn said kStop (the gate closed) after they began.
+  uint64_t pollsStopped() const { return pollsStopped_.load(std::memory_order_relaxed); }
   // Wakes the thread asleep on the doorbell (the one whose turn it is).
   void wake();
   // Producers stop writing (their sends go to the transport) and wait()
@@ -173,7 +175,7 @@ class Mailbox {
   std::unique_ptr<std::atomic<uint64_t>[]> seen_;
   std::atomic<uint32_t> claimedSeen_{0};
   std::atomic<uint64_t> sleeps_{0};
-  std::atomic<uint64_t> polls_{0}, pollHits_{0}, yieldingPolls_{0};
+  std::atomic<uint64_t> polls_{0}, pollHits_{0}, yieldingPolls_{0}, pollsStopped_{0};
   std::atomic<uint64_t> turn_{0};
   std::atomic<uint32_t> parking_{0};  // a futex word of this process
   JobThreads* threads_ = nullptr;

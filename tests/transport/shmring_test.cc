@@ -358,6 +358,21 @@ TEST(IdleCpus, TheJobsOwnThreadsOpenTheGateOnlyWhenNoOtherWantsACpu) {
   const int askedWhenClosed = asked;
   while (job != V::kJobOnly && Clock::now() < until)
     job = one.look([&] { return ++asked, 1 << 20; });
+  // A kJobOnly read holds (here 10 s) without a read, whatever the count
+  // says meanwhile; a gate without the hold reads again.
+  IdleCpus heldForJob(1, 0us, 10s);
+  V first = V::kSpare;
+  while (first != V::kJobOnly && Clock::now() < until)
+    first = heldForJob.look([] { return 1 << 20; });
+  const auto readsThen = heldForJob.reads();
+  const V later = heldForJob.look([] { return 0; });
+  const auto readsLater = heldForJob.reads();
+  IdleCpus unheld(1, 0us, 0us);
+  V unheldFirst = V::kSpare, unheldLater = V::kSpare;
+  while (unheldFirst != V::kJobOnly && Clock::now() < until)
+    unheldFirst = unheld.look([] { return 1 << 20; });
+  while (unheldLater != V::kClosed && Clock::now() < until)
+    unheldLater = unheld.look([] { return 0; });
   stop = true;
   for (auto& t : busy) t.join();
   EXPECT_EQ(closed, V::kClosed) << "runnable " << one.lastRunnable();
@@ -365,6 +380,11 @@ TEST(IdleCpus, TheJobsOwnThreadsOpenTheGateOnlyWhenNoOtherWantsACpu) {
   EXPECT_EQ(job, V::kJobOnly) << "runnable " << one.lastRunnable() << ", job " << one.lastJob();
   EXPECT_GE(one.said(V::kClosed), 1u);
   EXPECT_GE(one.said(V::kJobOnly), 1u);
+  EXPECT_EQ(first, V::kJobOnly);
+  EXPECT_EQ(later, V::kJobOnly) << "a held kJobOnly gate read again";
+  EXPECT_EQ(readsLater, readsThen);
+  EXPECT_EQ(unheldFirst, V::kJobOnly);
+  EXPECT_EQ(unheldLater, V::kClosed) << "without the hold, the job's count of 0 closes the gate";
   // With room, the count is not asked.
   IdleCpus roomy(1 << 20);
   int roomyAsked = 0;

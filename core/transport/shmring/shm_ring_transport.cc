@@ -162,11 +162,12 @@ class RingTransport final : public Transport {
     inner_->close();
     CORTADO_LOG_DEBUG("{}: shared-memory ring messages: {} in, {} futex sleeps on the doorbell, "
                       "{} turns of waiting threads as the consumer, {} polls while expecting "
-                      "messages ({} found one, {} yielded the CPU to the job's threads); the "
-                      "gate's reads: ring thread {} spare, {} the job's only, {} closed; waiting "
-                      "threads {}, {}, {}",
+                      "messages ({} found one, {} stopped by the gate, {} yielded the CPU to the "
+                      "job's threads); the gate's reads: ring thread {} spare, {} the job's only, "
+                      "{} closed; waiting threads {}, {}, {}",
                       self_.toString(), ringDelivered_, mailbox_->sleeps(), callerTurns_,
-                      mailbox_->polls(), mailbox_->pollHits(), mailbox_->yieldingPolls(),
+                      mailbox_->polls(), mailbox_->pollHits(), mailbox_->pollsStopped(),
+                      mailbox_->yieldingPolls(),
                       idleCpus_.said(IdleCpus::Verdict::kSpare),
                       idleCpus_.said(IdleCpus::Verdict::kJobOnly),
                       idleCpus_.said(IdleCpus::Verdict::kClosed),
@@ -328,7 +329,7 @@ class RingTransport final : public Transport {
       // off: after the k-th miss in a row the next 2^k - 1 waits (at most
       // 63) sleep at once; a poll that finds its message starts over.
       if (opts_.waiterPoll.count() > 0 && waiterBackoff_.shouldPoll()) {
-        const uint64_t began = mailbox_->polls();
+        const uint64_t began = mailbox_->polls(), yielding = mailbox_->yieldingPolls();
         if (mailbox_->poll(
                 std::min(opts_.waiterPoll,
                          std::chrono::duration_cast<std::chrono::microseconds>(until - now)),
@@ -336,7 +337,10 @@ class RingTransport final : public Transport {
           waiterBackoff_.hit();
           continue;
         }
-        if (mailbox_->polls() != began) waiterBackoff_.missed();
+        // A poll that yielded the CPU to the job's threads took none that
+        // they wanted: its miss does not count.
+        if (mailbox_->polls() != began && mailbox_->yieldingPolls() == yielding)
+          waiterBackoff_.missed();
       }
       mailbox_->wait(opts_.spin, until, turn, over);  // counts this thread asleep and awake
     }
@@ -399,7 +403,11 @@ class RingTransport final : public Transport {
       expecting = expecting_;
     }
     if (!expecting) return false;
-    auto worthIt = [&] { return (*expecting)() ? gate(idleCpus_) : Poll::kStop; };
+    // With the job's threads counted, after every batch: in a loop of small
+    // push_pulls the next round's pushes come right after the answers.
+    auto worthIt = [&] {
+      return opts_.yieldPolls || (*expecting)() ? gate(idleCpus_) : Poll::kStop;
+    };
     return mailbox_->poll(opts_.pollWhileExpecting, turn, worthIt);
   }
 
