@@ -69,9 +69,11 @@ struct RingOptions {
   // The ring thread polls its rings for up to this long, instead of
   // sleeping at once, after it handed messages over while the receiver
   // expects more (Transport::setExpecting: a server with a worker waiting
-  // for a round's answer) and while `spareCpu()` says that no thread of the
-  // machine waits for a CPU, looked at every few microseconds
-  // (CORTADO_SHM_SERVER_POLL_US; shm::Mailbox::poll). 0: never.
+  // for a round's answer; with `yieldPolls`, after every batch of a
+  // receiver that set a predicate at all) and while the gate (`spareCpu()`)
+  // says that no thread of the machine waits for a CPU, looked at every
+  // few microseconds (CORTADO_SHM_SERVER_POLL_US; shm::Mailbox::poll). 0:
+  // never.
   std::chrono::microseconds pollWhileExpecting{0};
   // A thread in receiveWhileWaiting() as the consumer polls for up to this
   // long for its answer before it sleeps on the doorbell, again after each

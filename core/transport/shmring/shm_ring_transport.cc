@@ -174,7 +174,6 @@ class RingTransport final : public Transport {
                       waiterIdle_.said(IdleCpus::Verdict::kSpare),
                       waiterIdle_.said(IdleCpus::Verdict::kJobOnly),
                       waiterIdle_.said(IdleCpus::Verdict::kClosed));
-    jobThreads_.reset();
   }
 
  private:
@@ -475,8 +474,11 @@ class RingTransport final : public Transport {
   std::unique_ptr<Transport> inner_;
   RingOptions opts_;
   NodeId self_;
+  // yieldPolls. Kept until the transport goes (a send racing with close()
+  // may still stamp a peer's thread through it); declared before the
+  // mailbox, which points at it, so that it outlives it.
+  std::unique_ptr<shm::JobThreads> jobThreads_;
   std::unique_ptr<shm::Mailbox> mailbox_;
-  std::unique_ptr<shm::JobThreads> jobThreads_;  // yieldPolls
   std::atomic<int32_t> ringSlot_{-1};            // the ring thread's slot in it
   RecvCallback onRecv_;
   ErrorCallback onError_;
