@@ -449,6 +449,10 @@ bool MailboxSender::consumerOpen() const {
 
 bool MailboxSender::consumerAlive() const { return processAlive(consumerPid()); }
 
+bool MailboxSender::consumerAsleep() const {
+  return header(*seg_)->sleeping.load(std::memory_order_seq_cst) == 1;
+}
+
 MailboxSender::Result MailboxSender::trySend(const std::vector<Buffer>& parts, uint64_t afterInner,
                                              JobThreads* threads) {
   Header* h = header(*seg_);

@@ -202,6 +202,9 @@ class MailboxSender {
   bool consumerAlive() const;
   // False once the consumer shut its mailbox (it is closing).
   bool consumerOpen() const;
+  // True while the consumer has announced that it sleeps on the doorbell
+  // (the next record rings it).
+  bool consumerAsleep() const;
   int32_t consumerPid() const;
 
  private:

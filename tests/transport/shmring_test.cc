@@ -570,6 +570,73 @@ TEST(JobThreads, AKilledProcessCountsForAtMostTheGraceAndItsSlotsAreTakenOver) {
   ::shm_unlink(name.c_str());
 }
 
+// The producer that rings a sleeping consumer's doorbell stamps the
+// consumer's thread awake in the job's count before its FUTEX_WAKE (the
+// woken thread is runnable from then on, but could stamp itself only once
+// it runs). The consumer is a child process, stopped with SIGSTOP once it
+// sleeps, so that the stamp seen is the producer's.
+TEST(JobThreads, AProducerStampsTheSleepingConsumerItWakes) {
+  const std::string prefix = uniqueName("waker");
+  const std::string name = fmt::format("{}-mb", prefix);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto jt = shm::JobThreads::open(prefix, 30s);
+    auto mb = Mailbox::create(name, "host-a");
+    if (!jt || !mb) ::_exit(2);
+    mb->countThreads(jt.get());
+    jt->awake();
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(3);
+    const auto until = Clock::now() + 60s;
+    while (Clock::now() < until) {
+      for (uint32_t r : mb->rings())  // learns the claimed ring, takes what came
+        while (mb->front(r)) mb->pop(r);
+      mb->wait(0us, until);  // sleeps on the doorbell
+    }
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+  } reap{child};
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child never made its mailbox";
+  ::close(ready[0]);
+  auto jt = shm::JobThreads::open(prefix, 30s);
+  ASSERT_TRUE(jt);
+  auto tx = MailboxSender::open(name, kWorker, "host-a");
+  ASSERT_TRUE(tx);
+  // The claim of the ring may wake the child once; it sleeps again.
+  const auto deadline = Clock::now() + 20s;
+  while (!(tx->consumerAsleep() && jt->count() == 0) && Clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(tx->consumerAsleep()) << "the child never slept on its doorbell";
+  EXPECT_EQ(jt->count(), 0) << "a sleeping consumer still counted awake";
+  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_TRUE(tx->consumerAsleep());
+  ASSERT_EQ(tx->trySend({u64(7)}, 0, jt.get()), Result::kSent);
+  EXPECT_FALSE(tx->consumerAsleep()) << "the record did not ring the doorbell";
+  EXPECT_EQ(jt->count(), 1) << "the waker did not stamp the stopped consumer's thread";
+  ::kill(child, SIGKILL);
+  ::waitpid(child, &status, 0);
+  tx.reset();
+  jt.reset();
+  EXPECT_FALSE(segmentExists(shm::JobThreads::segmentName(prefix)))
+      << "the last live process of the job left its count behind";
+  ::shm_unlink(name.c_str());
+}
+
 TEST(Mailbox, MalformedRecordsAreRefusedNamingTheProducer) {
   const std::string name = uniqueName("bad");
   auto mb = Mailbox::create(name, "h", {2, 4, 128});
