@@ -22,7 +22,8 @@ namespace {
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kBytes = kHeaderBytes + JobThreads::kSlots * sizeof(JobThreads::Slot);
 static_assert(sizeof(JobThreads::Slot) == 16);
-static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free &&
+              std::atomic<int32_t>::is_always_lock_free);
 
 // A process's registration slot (it holds a pid for the unlink's count and
 // is never stamped).
@@ -59,18 +60,18 @@ std::unique_ptr<JobThreads> JobThreads::open(const std::string& prefix,
   const std::string name = segmentName(prefix);
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
-    CORTADO_LOG_WARN("shared memory {}: {}; the polls' gate counts no thread of the job",
-                     name, std::strerror(errno));
+    CORTADO_LOG_WARN("shared memory {}: {}; the polls' gate counts no thread of the job", name,
+                     std::strerror(errno));
     return nullptr;
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 ||
-      (st.st_size != 0 && st.st_size != off_t(kBytes)) ||
+  if (::fstat(fd, &st) != 0 || (st.st_size != 0 && st.st_size != off_t(kBytes)) ||
       (st.st_size == 0 && ::ftruncate(fd, off_t(kBytes)) != 0)) {
-    CORTADO_LOG_WARN("shared memory {}: {}; the polls' gate counts no thread of the job", name,
-                     st.st_size != 0 && st.st_size != off_t(kBytes)
-                         ? fmt::format("{} bytes, not the {} this build lays out", st.st_size, kBytes)
-                         : std::string(std::strerror(errno)));
+    CORTADO_LOG_WARN(
+        "shared memory {}: {}; the polls' gate counts no thread of the job", name,
+        st.st_size != 0 && st.st_size != off_t(kBytes)
+            ? fmt::format("{} bytes, not the {} this build lays out", st.st_size, kBytes)
+            : std::string(std::strerror(errno)));
     ::close(fd);
     return nullptr;
   }

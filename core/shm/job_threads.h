@@ -77,9 +77,9 @@ class JobThreads {
 
   // One slot as laid out in the segment.
   struct Slot {
-    std::atomic<int32_t> pid;   // 0: free
+    std::atomic<int32_t> pid;  // 0: free
     std::atomic<int32_t> tid;
-    std::atomic<int64_t> stamp; // steady-clock ns when last awake; 0: asleep
+    std::atomic<int64_t> stamp;  // steady-clock ns when last awake; 0: asleep
   };
 
  private:
