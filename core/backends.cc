@@ -235,6 +235,7 @@ std::unique_ptr<transport::Transport> makeTransport(const JobConfig& config, con
   o.pollWhileExpecting = std::chrono::microseconds(config.shmServerPollUs);
   o.waiterPoll = std::chrono::microseconds(config.shmWaiterPollUs);
   o.waiterReceives = config.shmWaiterReceives;
+  o.yieldPolls = config.shmYieldPolls;
   return transport::shmring::create(std::move(inner), o);
 }
 

@@ -146,13 +146,14 @@ const std::vector<SettingInfo>& settingsTable() {
        "waits on a handle in its place: `CORTADO_SHM_WAITER_RECEIVES`) polls this many "
        "microseconds after its last message before it sleeps (0: sleeps at once; at most "
        "10000), yielding the core between looks"},
-      {"CORTADO_SHM_SERVER_POLL_US", "", "0",
+      {"CORTADO_SHM_SERVER_POLL_US", "", "50",
        "latency: with `CORTADO_SHM_MESSAGES=1`, a server's ring thread that has handed "
        "messages over polls its rings this many microseconds for the next one before it "
-       "sleeps, but only while a worker waits for one of its rounds' answers and only while "
-       "no thread of the machine waits for a CPU (the runnable threads in /proc/loadavg at "
-       "most the CPUs, looked at every 5 us); 0: sleeps at once, the default; at most 10000 "
-       "(docs/transports.md, \"Latency\")"},
+       "sleeps, but only while a worker waits for one of its rounds' answers (with "
+       "`CORTADO_SHM_YIELD_POLLS=1`: after every batch) and only while no thread of the "
+       "machine waits for a CPU (the runnable threads in /proc/loadavg at most the CPUs, "
+       "looked at every 5 us; with `CORTADO_SHM_YIELD_POLLS=1`, or all of them the job's); 0: "
+       "sleeps at once; at most 10000 (docs/transports.md, \"Latency\")"},
       {"CORTADO_SHM_WAITER_POLL_US", "", "50",
        "latency: with `CORTADO_SHM_WAITER_RECEIVES=1`, a thread that waits on a push_pull's "
        "handle polls its worker's rings this many microseconds for the answer before it sleeps "
@@ -165,6 +166,13 @@ const std::vector<SettingInfo>& settingsTable() {
        "that the answer wakes it directly instead of the ring thread, which would then wake it; "
        "the answers are copied and decoded on that thread (0: the ring thread takes every "
        "message; docs/transports.md, \"Latency\")"},
+      {"CORTADO_SHM_YIELD_POLLS", "", "1",
+       "latency: with `CORTADO_SHM_MESSAGES=1`, the polls of `CORTADO_SHM_SERVER_POLL_US` and "
+       "`CORTADO_SHM_WAITER_POLL_US` also go on while the threads that wait for a CPU are all "
+       "the job's own (its roles on this machine count their awake threads in a shared-memory "
+       "segment), yielding the CPU between looks so that a role of the job with work runs "
+       "first; a runnable thread outside the job still stops them within 5 us (0: they stop "
+       "whenever any thread waits for a CPU; docs/transports.md, \"Latency\")"},
       {"CORTADO_TIMEOUT_MS", "", "120000", "deadline of blocking calls (push_pull waits, declare)"},
       {"CORTADO_STALL_CHECK_MS", "", "60000",
        "a server round that some workers pushed and others have not for this long is reported "
@@ -288,6 +296,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SHM_SERVER_POLL_US", std::to_string(shmServerPollUs)},
       {"CORTADO_SHM_WAITER_POLL_US", std::to_string(shmWaiterPollUs)},
       {"CORTADO_SHM_WAITER_RECEIVES", shmWaiterReceives ? "1" : "0"},
+      {"CORTADO_SHM_YIELD_POLLS", shmYieldPolls ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
@@ -468,6 +477,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   rangeSetting("CORTADO_SHM_WAITER_POLL_US", c.shmWaiterPollUs, JobConfig::kMaxBusyPollUs,
                "microseconds a waiting thread polls for its answer; 0: never poll");
   if (auto v = getEnvBool(names("CORTADO_SHM_WAITER_RECEIVES"))) c.shmWaiterReceives = *v;
+  if (auto v = getEnvBool(names("CORTADO_SHM_YIELD_POLLS"))) c.shmYieldPolls = *v;
   if (auto v = getEnvInt(names("CORTADO_TIMEOUT_MS"))) c.opTimeout = Millis(*v);
   if (auto v = getEnvInt(names("CORTADO_STALL_CHECK_MS"))) c.stallCheck = Millis(*v);
   else if (auto off = getEnvBool({"HOROVOD_STALL_CHECK_DISABLE"}); off && *off)

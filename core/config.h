@@ -103,7 +103,7 @@ struct JobConfig {
   // the next push while a worker waits for a round's answer and no thread
   // of the machine waits for a CPU (shmring::RingOptions::pollWhileExpecting;
   // at most kMaxBusyPollUs).
-  int shmServerPollUs = 0;
+  int shmServerPollUs = 50;
   // CORTADO_SHM_WAITER_POLL_US: how long a thread waiting on a handle, as
   // its worker's ring consumer, polls for the answer before it sleeps, while
   // no thread of the machine waits for a CPU (RingOptions::waiterPoll).
@@ -112,6 +112,11 @@ struct JobConfig {
   // takes the worker's ring messages itself while it waits
   // (shmring::RingOptions::waiterReceives).
   bool shmWaiterReceives = true;
+  // CORTADO_SHM_YIELD_POLLS: the polls' gate counts the job's own threads on
+  // this machine (core/shm/job_threads.h) and lets the polls go on, yielding
+  // the CPU between looks, while every runnable thread is one of the job's
+  // (shmring::RingOptions::yieldPolls).
+  bool shmYieldPolls = true;
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end

@@ -8,7 +8,9 @@
 
 namespace cortado {
 
-IdleCpus::IdleCpus(int cpus, std::chrono::microseconds holdClosed) : holdClosed_(holdClosed) {
+IdleCpus::IdleCpus(int cpus, std::chrono::microseconds holdClosed,
+                   std::chrono::microseconds holdJobOnly)
+    : holdClosed_(holdClosed), holdJobOnly_(holdJobOnly) {
   cpus_ = cpus > 0 ? cpus : get_nprocs();
   if (cpus_ < 1) cpus_ = 1;
   fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
@@ -36,22 +38,35 @@ int IdleCpus::parseRunnable(const char* line, int len) {
   return n;
 }
 
-bool IdleCpus::spare() {
-  if (fd_ < 0) return false;
+IdleCpus::Verdict IdleCpus::judge(int runnable, int cpus, int jobThreads) {
+  if (runnable < 1) return Verdict::kClosed;  // unread or malformed
+  if (runnable <= cpus) return Verdict::kSpare;
+  if (jobThreads >= 0 && runnable <= jobThreads) return Verdict::kJobOnly;
+  return Verdict::kClosed;
+}
+
+IdleCpus::Verdict IdleCpus::look(const std::function<int()>& jobThreads) {
+  if (fd_ < 0) return Verdict::kClosed;
   const auto now = std::chrono::steady_clock::now();
-  if (now < closedUntil_) return false;
+  if (now < closedUntil_) return Verdict::kClosed;
+  if (now < jobOnlyUntil_) return Verdict::kJobOnly;
   char buf[128];
   const ssize_t n = ::pread(fd_, buf, sizeof(buf), 0);
   ++reads_;
   lastRunnable_ = n > 0 ? parseRunnable(buf, int(n)) : -1;
-  const bool open = lastRunnable_ >= 1 && lastRunnable_ <= cpus_;
-  if (open) {
+  int job = -1;
+  if (jobThreads && lastRunnable_ > cpus_) job = jobThreads();
+  lastJob_ = job;
+  const Verdict v = judge(lastRunnable_, cpus_, job);
+  ++said_[static_cast<int>(v)];
+  if (v == Verdict::kJobOnly) jobOnlyUntil_ = now + holdJobOnly_;
+  if (v != Verdict::kClosed) {
     hold_ = std::chrono::microseconds(0);
   } else {
     hold_ = std::min(holdClosed_, std::max(hold_ * 2, std::chrono::microseconds(8)));
     closedUntil_ = now + hold_;
   }
-  return open;
+  return v;
 }
 
 }  // namespace cortado

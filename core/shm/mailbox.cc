@@ -11,15 +11,17 @@
 #include <cstring>
 #include <ctime>
 #include <new>
+#include <utility>
 
 #include "core/common/error.h"
 #include "core/common/logging.h"
+#include "core/shm/job_threads.h"
 
 namespace cortado::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x31584f424c49414dull;  // "MAILBOX1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHostBytes = 64;
 
 // Ring states.
@@ -35,6 +37,7 @@ struct Header {
   alignas(64) std::atomic<uint32_t> sleeping;  // 1: the consumer waits on the doorbell
   std::atomic<uint32_t> claimed;               // rings claimed, for the consumer's scan
   std::atomic<uint32_t> open;                  // 0 once the consumer shut it
+  std::atomic<int32_t> sleeperSlot;            // the sleeping thread's JobThreads slot, or -1
 };
 
 struct RingHeader {
@@ -134,6 +137,7 @@ std::unique_ptr<Mailbox> Mailbox::create(const std::string& name, const std::str
   h->consumerPid = static_cast<int32_t>(getpid());
   std::strncpy(h->host, host.c_str(), kHostBytes - 1);
   h->open.store(1, std::memory_order_relaxed);
+  h->sleeperSlot.store(-1, std::memory_order_relaxed);
   for (uint32_t r = 0; r < shape.rings; ++r) new (ring(*seg, r)) RingHeader{};
   std::atomic_thread_fence(std::memory_order_release);
   return std::unique_ptr<Mailbox>(new Mailbox(std::move(seg)));
@@ -246,16 +250,22 @@ bool Mailbox::wait(std::chrono::microseconds spin, std::chrono::steady_clock::ti
       if (something() || h->doorbell.load(std::memory_order_acquire) != bell) return true;
     }
   }
+  if (threads_) {
+    h->sleeperSlot.store(threads_->slotIndex(), std::memory_order_relaxed);
+    threads_->asleep();
+  }
   h->sleeping.store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (something()) {
     h->sleeping.store(0, std::memory_order_relaxed);
+    if (threads_) threads_->awake();
     return true;
   }
   if (auto ts = timeoutUntil(until)) {
     futex(&h->doorbell, FUTEX_WAIT, bell, &*ts);
     sleeps_.fetch_add(1, std::memory_order_relaxed);
   }
+  if (threads_) threads_->awake();
   // Another thread's turn now: `sleeping` is its to say.
   if (displaced()) return false;
   h->sleeping.store(0, std::memory_order_relaxed);
@@ -278,28 +288,47 @@ inline void cpuRelax() {
 
 bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
                    const std::function<bool()>& keepOn) {
+  if (!keepOn) return poll(bound, turn, std::function<PollMode()>());
+  return poll(bound, turn, [&keepOn] { return keepOn() ? PollMode::kSpin : PollMode::kStop; });
+}
+
+bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
+                   const std::function<PollMode()>& keepOn) {
   using Clock = std::chrono::steady_clock;
   Header* h = header(*seg_);
   auto something = [&] { return changed() || h->open.load(std::memory_order_acquire) == 0; };
   if (turn_.load(std::memory_order_seq_cst) != turn) return false;
   if (something()) return true;
-  if (bound.count() <= 0 || (keepOn && !keepOn())) return false;
+  if (bound.count() <= 0) return false;
+  PollMode mode = keepOn ? keepOn() : PollMode::kSpin;
+  if (mode == PollMode::kStop) return false;
   polls_.fetch_add(1, std::memory_order_relaxed);
+  bool yielded = false;
   const auto start = Clock::now();
   const auto end = start + bound;
   auto nextCheck = start + kPollCheck;
   for (;;) {
-    for (int i = 0; i < 16; ++i) {
+    // Yielding, one look between yields: a look at every ring is not free,
+    // and a thread of the job that has work waits for it.
+    const int looks = mode == PollMode::kYield ? 1 : 16;
+    for (int i = 0; i < looks; ++i) {
       if (something()) {
         pollHits_.fetch_add(1, std::memory_order_relaxed);
         return true;
       }
-      cpuRelax();
+      if (looks > 1) cpuRelax();
+    }
+    if (mode == PollMode::kYield) {
+      if (!std::exchange(yielded, true)) yieldingPolls_.fetch_add(1, std::memory_order_relaxed);
+      sched_yield();  // a thread of the job that shares the CPU runs first
     }
     const auto now = Clock::now();
     if (now >= end || turn_.load(std::memory_order_seq_cst) != turn) return false;
     if (now >= nextCheck) {
-      if (keepOn && !keepOn()) return false;
+      if (keepOn && (mode = keepOn()) == PollMode::kStop) {
+        pollsStopped_.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
       nextCheck = now + kPollCheck;
     }
   }
@@ -320,8 +349,9 @@ uint64_t Mailbox::takeTurn() {
   return t;
 }
 
-void Mailbox::giveBack() {
+void Mailbox::giveBack(int32_t sleeperSlot) {
   Header* h = header(*seg_);
+  if (threads_) h->sleeperSlot.store(sleeperSlot, std::memory_order_relaxed);
   const uint32_t bell = h->doorbell.load(std::memory_order_seq_cst);
   // Announce the parked thread as asleep before the last look, as wait()
   // does: a producer that publishes after the look sees `sleeping` and
@@ -419,7 +449,12 @@ bool MailboxSender::consumerOpen() const {
 
 bool MailboxSender::consumerAlive() const { return processAlive(consumerPid()); }
 
-MailboxSender::Result MailboxSender::trySend(const std::vector<Buffer>& parts, uint64_t afterInner) {
+bool MailboxSender::consumerAsleep() const {
+  return header(*seg_)->sleeping.load(std::memory_order_seq_cst) == 1;
+}
+
+MailboxSender::Result MailboxSender::trySend(const std::vector<Buffer>& parts, uint64_t afterInner,
+                                             JobThreads* threads) {
   Header* h = header(*seg_);
   RingHeader* rh = ring(*seg_, ring_);
   if (rh->state.load(std::memory_order_acquire) != kReady ||
@@ -445,6 +480,8 @@ MailboxSender::Result MailboxSender::trySend(const std::vector<Buffer>& parts, u
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (h->sleeping.load(std::memory_order_relaxed) == 1 &&
       h->sleeping.exchange(0, std::memory_order_acq_rel) == 1) {
+    // Runnable from the wake-up on: counted as the job's from then.
+    if (threads) threads->awake(h->sleeperSlot.load(std::memory_order_relaxed));
     h->doorbell.fetch_add(1, std::memory_order_acq_rel);
     futex(&h->doorbell, FUTEX_WAKE, 1, nullptr);
   }

@@ -46,6 +46,8 @@
 
 namespace cortado::shm {
 
+class JobThreads;
+
 // The segment index that names a node's mailbox (its data segments count
 // up from 0).
 inline constexpr uint32_t kMailboxIndex = 0xFFFFFFFFu;
@@ -99,6 +101,13 @@ class Mailbox {
   // that thread.
   bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until,
             uint64_t turn, const std::function<bool()>& ready = nullptr);
+  // The job's awake threads (core/shm/job_threads.h; nullptr: not counted,
+  // the default): a thread that sleeps in wait() counts itself asleep just
+  // before and awake when it wakes, and leaves its slot in the header so
+  // that the producer that rings the doorbell stamps it awake before the
+  // FUTEX_WAKE (MailboxSender::trySend given the job's JobThreads). Set
+  // before the consumer's threads start.
+  void countThreads(JobThreads* threads) { threads_ = threads; }
   // The same for a mailbox whose only consumer is the calling thread.
   bool wait(std::chrono::microseconds spin, std::chrono::steady_clock::time_point until) {
     return wait(spin, until, turn());
@@ -112,10 +121,21 @@ class Mailbox {
   // is looked at first and then every kPollCheck: whether the poll is
   // still worth a CPU (core/common/idle_cpus.h); it may make a system call.
   bool poll(std::chrono::microseconds bound, uint64_t turn, const std::function<bool()>& keepOn);
+  // The same, with keepOn saying how: kStop ends the poll, kSpin looks
+  // without yielding (no other thread wants the CPU), kYield calls
+  // sched_yield() between looks (threads of the caller's job want the CPU:
+  // one of them that shares it runs first).
+  enum class PollMode { kStop, kSpin, kYield };
+  bool poll(std::chrono::microseconds bound, uint64_t turn,
+            const std::function<PollMode()>& keepOn);
   static constexpr std::chrono::microseconds kPollCheck{5};
-  // Statistics for the logs: polls begun, and those that found a record.
+  // Statistics for the logs: polls begun, those that found a record, and
+  // those that yielded between looks at some point.
   uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
   uint64_t pollHits() const { return pollHits_.load(std::memory_order_relaxed); }
+  uint64_t yieldingPolls() const { return yieldingPolls_.load(std::memory_order_relaxed); }
+  // Polls that ended because keepOn said kStop (the gate closed) after they began.
+  uint64_t pollsStopped() const { return pollsStopped_.load(std::memory_order_relaxed); }
   // Wakes the thread asleep on the doorbell (the one whose turn it is).
   void wake();
   // Producers stop writing (their sends go to the transport) and wait()
@@ -134,7 +154,8 @@ class Mailbox {
   // announced as sleeping, so that the next record wakes it; woken at
   // once when a record came since the last look. The parked thread then
   // takes up its turn (its user says whose turn it is).
-  void giveBack();
+  // `sleeperSlot`: the parked thread's JobThreads slot (-1: none).
+  void giveBack(int32_t sleeperSlot = -1);
   // A thread whose turn it is not: take a ticket, look whose turn it is
   // (giveBack() after the ticket makes park() return at once), then park
   // until giveBack(), shut() or `until`.
@@ -154,9 +175,10 @@ class Mailbox {
   std::unique_ptr<std::atomic<uint64_t>[]> seen_;
   std::atomic<uint32_t> claimedSeen_{0};
   std::atomic<uint64_t> sleeps_{0};
-  std::atomic<uint64_t> polls_{0}, pollHits_{0};
+  std::atomic<uint64_t> polls_{0}, pollHits_{0}, yieldingPolls_{0}, pollsStopped_{0};
   std::atomic<uint64_t> turn_{0};
   std::atomic<uint32_t> parking_{0};  // a futex word of this process
+  JobThreads* threads_ = nullptr;
 };
 
 // The producer's side, for one consumer. Not thread-safe: its user
@@ -172,12 +194,17 @@ class MailboxSender {
 
   enum class Result { kSent, kFull, kTooBig, kRefused };
   // Copies `parts` into the next slot and publishes it; rings the doorbell
-  // when the consumer sleeps. Never blocks.
-  Result trySend(const std::vector<Buffer>& parts, uint64_t afterInner);
+  // when the consumer sleeps, stamping the sleeping thread awake in
+  // `threads` first when given (Mailbox::countThreads). Never blocks.
+  Result trySend(const std::vector<Buffer>& parts, uint64_t afterInner,
+                 JobThreads* threads = nullptr);
   // False once the consumer's process is gone (kill(pid, 0)).
   bool consumerAlive() const;
   // False once the consumer shut its mailbox (it is closing).
   bool consumerOpen() const;
+  // True while the consumer has announced that it sleeps on the doorbell
+  // (the next record rings it).
+  bool consumerAsleep() const;
   int32_t consumerPid() const;
 
  private:

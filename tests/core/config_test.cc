@@ -199,12 +199,12 @@ TEST(Settings, ShmMessagesTheirSpinAndWaiterReceivesAreReadPassedOnAndRefused) {
 TEST(Settings, ShmServerPollIsReadPassedOnAndRefusedOutOfRange) {
   ::unsetenv("CORTADO_SHM_SERVER_POLL_US");
   JobConfig c = readJobConfig(false);
-  EXPECT_EQ(c.shmServerPollUs, 0);
-  EXPECT_EQ(valueIn(c, "CORTADO_SHM_SERVER_POLL_US"), "0");
-  ::setenv("CORTADO_SHM_SERVER_POLL_US", "50", 1);
-  c = readJobConfig(false);
   EXPECT_EQ(c.shmServerPollUs, 50);
   EXPECT_EQ(valueIn(c, "CORTADO_SHM_SERVER_POLL_US"), "50");
+  ::setenv("CORTADO_SHM_SERVER_POLL_US", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.shmServerPollUs, 0);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_SERVER_POLL_US"), "0");
   ::setenv("CORTADO_SHM_SERVER_POLL_US", "10000", 1);
   EXPECT_EQ(readJobConfig(false).shmServerPollUs, 10000);
   expectRefused("CORTADO_SHM_SERVER_POLL_US", "-1",
@@ -217,6 +217,20 @@ TEST(Settings, ShmServerPollIsReadPassedOnAndRefusedOutOfRange) {
   c = readJobConfig(false);
   c.shmServerPollUs = -5;  // a configuration built in code is checked too
   expectInvalid(c, "CORTADO_SHM_SERVER_POLL_US -5 is out of range 0..10000");
+}
+
+TEST(Settings, ShmYieldPollsIsReadPassedOnAndRefusedWhenNotABoolean) {
+  ::unsetenv("CORTADO_SHM_YIELD_POLLS");
+  JobConfig c = readJobConfig(false);
+  EXPECT_TRUE(c.shmYieldPolls);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_YIELD_POLLS"), "1");
+  ::setenv("CORTADO_SHM_YIELD_POLLS", "0", 1);
+  c = readJobConfig(false);
+  EXPECT_FALSE(c.shmYieldPolls);
+  EXPECT_EQ(valueIn(c, "CORTADO_SHM_YIELD_POLLS"), "0");
+  expectRefused("CORTADO_SHM_YIELD_POLLS", "yes please",
+                "CORTADO_SHM_YIELD_POLLS='yes please' is not a boolean");
+  ::unsetenv("CORTADO_SHM_YIELD_POLLS");
 }
 
 TEST(Settings, ShmWaiterPollIsReadPassedOnAndRefusedOutOfRange) {

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "core/shm/job_threads.h"
 #include "core/transport/shmring/factory.h"
 #include "core/worker.h"
 #include "engine_job.h"
@@ -64,7 +65,8 @@ class KeepExpecting final : public test::ForwardingTransport {
 // (RingOptions::waiterPoll), each with its gate (spareCpu).
 struct Polls {
   std::chrono::microseconds bound{0};
-  std::function<bool()> serverSpare, waiterSpare;
+  std::function<bool()> serverSpare, waiterSpare;  // nullptr: the machine's gate
+  bool yieldPolls = false;  // RingOptions::yieldPolls
 };
 
 // A job whose nodes all have rings (one host), each worker's and server's
@@ -88,6 +90,7 @@ struct RingJob {
       o.pollWhileExpecting = server ? poll.bound : std::chrono::microseconds(0);
       o.waiterPoll = server ? std::chrono::microseconds(0) : poll.bound;
       o.spareCpu = server ? poll.serverSpare : poll.waiterSpare;
+      o.yieldPolls = poll.yieldPolls;
       return transport::shmring::create(std::move(t), o);
     };
     job = std::make_unique<Job>(
@@ -234,6 +237,53 @@ TEST(RingWait, ServersAndWaitersPollAndTheSumsHold) {
           << "server " << s << " still expects pushes after every round was answered";
     }
   }
+}
+
+// With the job's threads counted (RingOptions::yieldPolls) and the
+// machine's own gate, servers and waiting threads poll (spinning, yielding
+// to the job's other threads, or not at all, as the machine's load has it):
+// every round's sums are the plain sums; while the job runs, every worker
+// and server has registered in the job's segment and the threads that took
+// messages claimed slots in it; once the job is gone the segment is too.
+TEST(RingWait, WithTheJobsThreadsCountedTheSumsHoldAndNothingStays) {
+  const int W = 4, S = 2;
+  WorkerOptions wo;
+  wo.partitionBytes = 4096;
+  auto rj = std::make_unique<RingJob>(W, S, wo, /*waiterReceives=*/true,
+                                      Polls{std::chrono::microseconds(50), nullptr, nullptr,
+                                            /*yieldPolls=*/true});
+  const std::string segment = shm::JobThreads::segmentName(rj->prefix);
+  Job& job = **rj;
+  constexpr int kRounds = 200;
+  const uint64_t n = 1024;
+  job.onEveryWorker([&](int r) {
+    tlsWaiter = true;
+    Worker& w = *job.workers[r];
+    w.declare("t", DType::kFloat32, n, soon());
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<float> in(n), out(n, -99.0f);
+      for (uint64_t i = 0; i < n; ++i) in[i] = value(r, round, i);
+      Status s = w.pushPull("t", DType::kFloat32, n, in.data(), out.data(), ReduceOp::kSum, 0)
+                     .wait(soon());
+      ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.message();
+      const std::vector<float> want = plainSum(W, round, n);
+      for (uint64_t i = 0; i < n; ++i)
+        ASSERT_EQ(out[i], want[i]) << "round " << round << " element " << i;
+    }
+  });
+  {
+    auto seen = shm::JobThreads::open(rj->prefix);
+    ASSERT_TRUE(seen);
+    // W + S transports registered, this object too, and at least the
+    // servers' ring threads and the workers' waiting threads took slots.
+    EXPECT_GE(seen->claimed(), uint32_t(W + S + 1 + W + 1));
+  }
+  uint64_t onWaiters = 0;
+  for (int r = 0; r < W; ++r) onWaiters += rj->watch[r]->onWaiter;
+  EXPECT_GT(onWaiters, 0u) << "no waiting thread took an answer";
+  rj.reset();
+  EXPECT_NE(::access(("/dev/shm" + segment).c_str(), F_OK), 0)
+      << segment << " stayed after every transport of the job closed";
 }
 
 // Several threads of each worker wait at once, each on its own handle: one

@@ -5,6 +5,7 @@
 // suite on the ring transport in front of ZeroMQ, where the rings carry the
 // small messages and ZeroMQ the large ones.
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -22,6 +23,7 @@
 
 #include "core/common/deadline.h"
 #include "core/common/idle_cpus.h"
+#include "core/shm/job_threads.h"
 #include "core/shm/mailbox.h"
 #include "core/transport/inproc/factory.h"
 #include "core/transport/shmring/factory.h"
@@ -222,7 +224,7 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
   EXPECT_EQ(looks, 4);
   EXPECT_LT(Clock::now() - start, 5s);
   // A zero bound never polls.
-  EXPECT_FALSE(mb->poll(0us, mb->turn(), nullptr));
+  EXPECT_FALSE(mb->poll(0us, mb->turn(), std::function<bool()>()));
   EXPECT_EQ(mb->polls(), 2u);
 
   // A record written while it polls ends it, and no futex sleep was made.
@@ -317,6 +319,322 @@ TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
   EXPECT_FALSE(held.spare());
   EXPECT_EQ(held.reads(), reads);
   EXPECT_EQ(held.lastRunnable(), counted);
+}
+
+// The gate with the job's threads counted (CORTADO_SHM_YIELD_POLLS): open
+// while the runnable threads are at most the CPUs; past that, open for the
+// job only while the job's awake threads are at least the runnable ones.
+TEST(IdleCpus, TheJobsOwnThreadsOpenTheGateOnlyWhenNoOtherWantsACpu) {
+  using V = IdleCpus::Verdict;
+  struct Case {
+    int runnable, cpus, job;
+    V want;
+  } cases[] = {
+      {1, 2, -1, V::kSpare},   {2, 2, -1, V::kSpare},    {3, 2, -1, V::kClosed},
+      {2, 2, 0, V::kSpare},    {5, 2, 5, V::kJobOnly},   {5, 2, 6, V::kJobOnly},
+      {5, 2, 4, V::kClosed},   {5, 2, 0, V::kClosed},    {3, 2, -1, V::kClosed},
+      {0, 2, 5, V::kClosed},   {-1, 2, 5, V::kClosed},   {17, 16, 17, V::kJobOnly},
+  };
+  for (const auto& c : cases)
+    EXPECT_EQ(IdleCpus::judge(c.runnable, c.cpus, c.job), c.want)
+        << c.runnable << " runnable on " << c.cpus << " CPUs, " << c.job << " of the job's";
+
+  // Two threads that never sleep, and the caller, on a gate of one CPU: the
+  // gate is closed, unless the count of the job's threads covers them all;
+  // the count is asked only when the runnable threads are more than the CPUs.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i)
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  IdleCpus one(1, 0us);
+  int asked = 0;
+  V closed = V::kSpare, job = V::kSpare;
+  const auto until = Clock::now() + 5s;
+  while (closed != V::kClosed && Clock::now() < until)
+    closed = one.look([&] { return ++asked, 0; });
+  const int askedWhenClosed = asked;
+  while (job != V::kJobOnly && Clock::now() < until)
+    job = one.look([&] { return ++asked, 1 << 20; });
+  // A kJobOnly read holds (here 10 s) without a read, whatever the count
+  // says meanwhile; a gate without the hold reads again.
+  IdleCpus heldForJob(1, 0us, 10s);
+  V first = V::kSpare;
+  while (first != V::kJobOnly && Clock::now() < until)
+    first = heldForJob.look([] { return 1 << 20; });
+  const auto readsThen = heldForJob.reads();
+  const V later = heldForJob.look([] { return 0; });
+  const auto readsLater = heldForJob.reads();
+  IdleCpus unheld(1, 0us, 0us);
+  V unheldFirst = V::kSpare, unheldLater = V::kSpare;
+  while (unheldFirst != V::kJobOnly && Clock::now() < until)
+    unheldFirst = unheld.look([] { return 1 << 20; });
+  while (unheldLater != V::kClosed && Clock::now() < until)
+    unheldLater = unheld.look([] { return 0; });
+  stop = true;
+  for (auto& t : busy) t.join();
+  EXPECT_EQ(closed, V::kClosed) << "runnable " << one.lastRunnable();
+  EXPECT_GE(askedWhenClosed, 1);
+  EXPECT_EQ(job, V::kJobOnly) << "runnable " << one.lastRunnable() << ", job " << one.lastJob();
+  EXPECT_GE(one.said(V::kClosed), 1u);
+  EXPECT_GE(one.said(V::kJobOnly), 1u);
+  EXPECT_EQ(first, V::kJobOnly);
+  EXPECT_EQ(later, V::kJobOnly) << "a held kJobOnly gate read again";
+  EXPECT_EQ(readsLater, readsThen);
+  EXPECT_EQ(unheldFirst, V::kJobOnly);
+  EXPECT_EQ(unheldLater, V::kClosed) << "without the hold, the job's count of 0 closes the gate";
+  // With room, the count is not asked.
+  IdleCpus roomy(1 << 20);
+  int roomyAsked = 0;
+  EXPECT_EQ(roomy.look([&] { return ++roomyAsked, 0; }), V::kSpare);
+  EXPECT_EQ(roomyAsked, 0);
+  EXPECT_EQ(roomy.lastJob(), -1);
+}
+
+// A waiting thread's polls back off while they miss: after the k-th miss in
+// a row the next 2^k - 1 waits sleep at once, at most 63; a hit starts over.
+TEST(PollBackoff, MissesSkipTwoToTheKMinusOneWaitsUpToSixtyThree) {
+  PollBackoff b;
+  EXPECT_TRUE(b.shouldPoll());
+  EXPECT_TRUE(b.shouldPoll()) << "no miss yet: every wait polls";
+  // Miss k (1..8): the next 2^min(k,6) - 1 waits skip, then one polls.
+  for (int k = 1; k <= 8; ++k) {
+    b.missed();
+    const int want = (1 << std::min(k, 6)) - 1;
+    EXPECT_EQ(b.misses(), std::min(k, 6));
+    int skipped = 0;
+    while (!b.shouldPoll() && skipped <= 100) ++skipped;
+    EXPECT_EQ(skipped, want) << "after miss " << k;
+  }
+  // A hit starts over: the next miss skips one wait.
+  b.hit();
+  EXPECT_EQ(b.misses(), 0);
+  EXPECT_TRUE(b.shouldPoll());
+  b.missed();
+  EXPECT_FALSE(b.shouldPoll());
+  EXPECT_TRUE(b.shouldPoll());
+  // A hit after misses, with skips left, does not cancel those skips (the
+  // thread polls only once they are used), but the next miss counts from 1.
+  b.missed();  // miss 2: 3 skips
+  EXPECT_FALSE(b.shouldPoll());
+  b.hit();
+  EXPECT_EQ(b.skipsLeft(), 2);
+  EXPECT_FALSE(b.shouldPoll());
+  EXPECT_FALSE(b.shouldPoll());
+  EXPECT_TRUE(b.shouldPoll());
+  b.missed();
+  EXPECT_EQ(b.skipsLeft(), 1);
+}
+
+// The job's awake threads in shared memory (core/shm/job_threads.h): each
+// thread counts while stamped and for at most the grace after; two objects
+// on one prefix (two processes) see one count; another thread's slot can
+// be stamped by the thread that wakes it; the last object unlinks.
+TEST(JobThreads, AwakeThreadsCountForTheirGraceAcrossObjects) {
+  const std::string prefix = uniqueName("threads");
+  const std::string name = shm::JobThreads::segmentName(prefix);
+  auto a = shm::JobThreads::open(prefix, 2s);
+  auto b = shm::JobThreads::open(prefix, 2s);
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(segmentExists(name));
+  EXPECT_EQ(a->count(), 0);
+  EXPECT_EQ(a->claimed(), 2u) << "each object registers its process once";
+  a->awake();
+  EXPECT_EQ(a->count(), 1);
+  EXPECT_EQ(b->count(), 1) << "another object of the job sees the same count";
+  b->awake();  // the same thread, its own slot in b
+  EXPECT_EQ(a->count(), 2);
+  a->asleep();
+  EXPECT_EQ(b->count(), 1);
+  b->asleep();
+  EXPECT_EQ(a->count(), 0);
+
+  // Three threads awake at once, then asleep; a fourth is stamped by this
+  // thread, as a waker does, and counts without having run.
+  int32_t sleeperSlot = -1;
+  {
+    std::mutex mu;
+    std::condition_variable cv;
+    int stamped = 0;
+    bool release = false;
+    std::vector<std::thread> ts;
+    for (int i = 0; i < 3; ++i)
+      ts.emplace_back([&] {
+        a->awake();
+        std::unique_lock<std::mutex> lk(mu);
+        ++stamped;
+        cv.notify_all();
+        cv.wait(lk, [&] { return release; });
+        a->asleep();
+      });
+    std::thread sleeper([&] {
+      std::lock_guard<std::mutex> lk(mu);
+      sleeperSlot = a->slotIndex();
+    });
+    sleeper.join();
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return stamped == 3; });
+      EXPECT_EQ(b->count(), 3);
+      release = true;
+      cv.notify_all();
+    }
+    for (auto& t : ts) t.join();
+  }
+  EXPECT_EQ(a->count(), 0);
+  ASSERT_GE(sleeperSlot, 0);
+  b->awake(sleeperSlot);
+  EXPECT_EQ(a->count(), 1) << "the slot its waker stamped";
+  b->awake(-1);
+  b->awake(int32_t(shm::JobThreads::kSlots));  // out of range: ignored
+  EXPECT_EQ(a->count(), 1);
+
+  // A thread that stops refreshing its stamp without clearing it counts for
+  // at most the grace (2 s here).
+  a->awake();
+  EXPECT_EQ(a->count(), 2);
+  const auto deadline = Clock::now() + 10s;
+  while (a->count() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(a->count(), 0) << "stale stamps still counted after the grace";
+
+  a.reset();
+  EXPECT_TRUE(segmentExists(name)) << "unlinked while another object of the job has it";
+  b.reset();
+  EXPECT_FALSE(segmentExists(name)) << "the last object of the job left its segment behind";
+}
+
+// A role killed with kill -9 while counted awake: its stamp stops counting
+// within the grace, its slots are taken over once no free one is left, and
+// the last live object still unlinks the segment. A segment of another
+// size (another build) is refused with a warning, not used.
+TEST(JobThreads, AKilledProcessCountsForAtMostTheGraceAndItsSlotsAreTakenOver) {
+  const std::string prefix = uniqueName("killed");
+  const std::string name = shm::JobThreads::segmentName(prefix);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child: registers, stamps a thread awake for good, says so, waits.
+    auto jt = shm::JobThreads::open(prefix, 2s);
+    if (!jt) ::_exit(2);
+    jt->awake();
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(3);
+    for (;;) {
+      jt->awake();  // refreshes, as a polling thread does
+      ::usleep(1000);
+    }
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child never counted itself";
+  ::close(ready[0]);
+  auto jt = shm::JobThreads::open(prefix, 2s);
+  ASSERT_TRUE(jt);
+  EXPECT_EQ(jt->count(), 1) << "the child's awake thread";
+  EXPECT_EQ(jt->claimed(), 3u) << "the child's registration and thread, and ours";
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const auto killed = Clock::now();
+  while (jt->count() > 0 && Clock::now() - killed < 10s) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(jt->count(), 0) << "a killed process's thread still counted after the grace";
+  // Threads of ours claim every free slot; then one more takes over a slot
+  // of the dead process.
+  const uint32_t free = shm::JobThreads::kSlots - jt->claimed();
+  for (uint32_t i = 0; i < free; ++i) {
+    int32_t got = -2;
+    std::thread([&] { got = jt->slotIndex(); }).join();
+    ASSERT_GE(got, 0) << "slot " << i << " of " << free;
+  }
+  EXPECT_EQ(jt->claimed(), shm::JobThreads::kSlots);
+  int32_t taken = -2;
+  std::thread([&] {
+    taken = jt->slotIndex();
+    jt->awake();
+  }).join();
+  EXPECT_GE(taken, 0) << "no slot taken over from the dead process or dead threads";
+  EXPECT_EQ(jt->count(), 1);
+  jt.reset();
+  EXPECT_FALSE(segmentExists(name)) << "the only live process left the segment behind";
+
+  // A segment of another size is not used.
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 100), 0);
+  ::close(fd);
+  EXPECT_EQ(shm::JobThreads::open(prefix), nullptr);
+  ::shm_unlink(name.c_str());
+}
+
+// The producer that rings a sleeping consumer's doorbell stamps the
+// consumer's thread awake in the job's count before its FUTEX_WAKE (the
+// woken thread is runnable from then on, but could stamp itself only once
+// it runs). The consumer is a child process, stopped with SIGSTOP once it
+// sleeps, so that the stamp seen is the producer's.
+TEST(JobThreads, AProducerStampsTheSleepingConsumerItWakes) {
+  const std::string prefix = uniqueName("waker");
+  const std::string name = fmt::format("{}-mb", prefix);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto jt = shm::JobThreads::open(prefix, 30s);
+    auto mb = Mailbox::create(name, "host-a");
+    if (!jt || !mb) ::_exit(2);
+    mb->countThreads(jt.get());
+    jt->awake();
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(3);
+    const auto until = Clock::now() + 60s;
+    while (Clock::now() < until) {
+      for (uint32_t r : mb->rings())  // learns the claimed ring, takes what came
+        while (mb->front(r)) mb->pop(r);
+      mb->wait(0us, until);  // sleeps on the doorbell
+    }
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+  } reap{child};
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child never made its mailbox";
+  ::close(ready[0]);
+  auto jt = shm::JobThreads::open(prefix, 30s);
+  ASSERT_TRUE(jt);
+  auto tx = MailboxSender::open(name, kWorker, "host-a");
+  ASSERT_TRUE(tx);
+  // The claim of the ring may wake the child once; it sleeps again.
+  const auto deadline = Clock::now() + 20s;
+  while (!(tx->consumerAsleep() && jt->count() == 0) && Clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(tx->consumerAsleep()) << "the child never slept on its doorbell";
+  EXPECT_EQ(jt->count(), 0) << "a sleeping consumer still counted awake";
+  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_TRUE(tx->consumerAsleep());
+  ASSERT_EQ(tx->trySend({u64(7)}, 0, jt.get()), Result::kSent);
+  EXPECT_FALSE(tx->consumerAsleep()) << "the record did not ring the doorbell";
+  EXPECT_EQ(jt->count(), 1) << "the waker did not stamp the stopped consumer's thread";
+  ::kill(child, SIGKILL);
+  ::waitpid(child, &status, 0);
+  tx.reset();
+  jt.reset();
+  EXPECT_FALSE(segmentExists(shm::JobThreads::segmentName(prefix)))
+      << "the last live process of the job left its count behind";
+  ::shm_unlink(name.c_str());
 }
 
 TEST(Mailbox, MalformedRecordsAreRefusedNamingTheProducer) {
@@ -906,14 +1224,22 @@ zmq::ZmqOptions zmqOptions() {
   return o;
 }
 
-TransportFactory ringOverZmq(std::chrono::microseconds spin) {
-  return {spin.count() ? "shmring_zmq_spin" : "shmring_zmq", [spin] {
+// `spin`: RingOptions::spin; `yield`: the polls on (50 us each) with the
+// job's threads counted (RingOptions::yieldPolls).
+TransportFactory ringOverZmq(std::chrono::microseconds spin, bool yield = false) {
+  return {yield ? "shmring_zmq_yield" : spin.count() ? "shmring_zmq_spin" : "shmring_zmq",
+          [spin, yield] {
             const std::string prefix = uniqueName("conformance");
             return TransportEnv{
-                [prefix, spin](const NodeId& self) {
+                [prefix, spin, yield](const NodeId& self) {
                   shmring::RingOptions o;
                   o.prefix = prefix;
                   o.spin = spin;
+                  if (yield) {
+                    o.yieldPolls = true;
+                    o.pollWhileExpecting = 50us;
+                    o.waiterPoll = 50us;
+                  }
                   return shmring::create(zmq::create(self, zmqOptions()), o);
                 },
                 [] { return std::string("tcp://127.0.0.1:0"); },
@@ -922,7 +1248,8 @@ TransportFactory ringOverZmq(std::chrono::microseconds spin) {
           }};
 }
 
-CORTADO_TRANSPORT_CONFORMANCE(ShmRing, ringOverZmq(0us), ringOverZmq(200us));
+CORTADO_TRANSPORT_CONFORMANCE(ShmRing, ringOverZmq(0us), ringOverZmq(200us),
+                              ringOverZmq(0us, /*yield=*/true));
 
 }  // namespace
 }  // namespace cortado::transport::testing

@@ -41,7 +41,9 @@
 // waiting thread as the consumer before each sleep. Each is bounded
 // (pollWhileExpecting, waiterPoll) and goes on only while spareCpu() says
 // that no thread of the machine waits for a CPU, so a poll takes no CPU
-// that another thread wants (core/common/idle_cpus.h).
+// that another thread wants (core/common/idle_cpus.h); with `yieldPolls`,
+// also while the only threads that wait for a CPU are the job's own, and
+// then yielding the CPU between looks (core/shm/job_threads.h).
 #pragma once
 
 #include <chrono>
@@ -67,18 +69,28 @@ struct RingOptions {
   // The ring thread polls its rings for up to this long, instead of
   // sleeping at once, after it handed messages over while the receiver
   // expects more (Transport::setExpecting: a server with a worker waiting
-  // for a round's answer) and while `spareCpu()` says that no thread of the
-  // machine waits for a CPU, looked at every few microseconds
-  // (CORTADO_SHM_SERVER_POLL_US; shm::Mailbox::poll). 0: never.
+  // for a round's answer; with `yieldPolls`, after every batch of a
+  // receiver that set a predicate at all) and while the gate (`spareCpu()`)
+  // says that no thread of the machine waits for a CPU, looked at every
+  // few microseconds (CORTADO_SHM_SERVER_POLL_US; shm::Mailbox::poll). 0:
+  // never.
   std::chrono::microseconds pollWhileExpecting{0};
   // A thread in receiveWhileWaiting() as the consumer polls for up to this
   // long for its answer before it sleeps on the doorbell, again after each
   // message that did not end its wait, while `spareCpu()` says so
   // (CORTADO_SHM_WAITER_POLL_US). 0: never.
   std::chrono::microseconds waiterPoll{0};
-  // Whether polling costs nobody a CPU now; nullptr: IdleCpus::spare()
+  // Whether polling costs nobody a CPU now; nullptr: IdleCpus's gate
   // (core/common/idle_cpus.h). Called on the polling thread.
   std::function<bool()> spareCpu;
+  // The gate tells the job's own threads from others (CORTADO_SHM_YIELD_POLLS):
+  // the threads of this transport that take ring messages count themselves
+  // awake or asleep in the job's shm::JobThreads segment (under `prefix`),
+  // and the gate (without `spareCpu`) lets the polls go on while every
+  // runnable thread of the machine is one of the job's, yielding the CPU
+  // between looks (IdleCpus::Verdict::kJobOnly); a thread outside the job
+  // that wants a CPU closes it as before.
+  bool yieldPolls = false;
   // How often a sleeping ring thread looks for producers whose process
   // is gone.
   std::chrono::milliseconds checkEvery{100};

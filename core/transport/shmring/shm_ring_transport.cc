@@ -14,6 +14,7 @@
 #include "core/common/idle_cpus.h"
 #include "core/common/logging.h"
 #include "core/common/net.h"
+#include "core/shm/job_threads.h"
 #include "core/transport/shmring/factory.h"
 
 namespace cortado::transport::shmring {
@@ -28,6 +29,8 @@ class RingTransport final : public Transport {
     if (opts_.host.empty()) opts_.host = net::localHostname();
     mailbox_ = shm::Mailbox::create(shm::segmentName(opts_.prefix, self_, shm::kMailboxIndex),
                                     opts_.host, opts_.shape);
+    if (opts_.yieldPolls) jobThreads_ = shm::JobThreads::open(opts_.prefix);
+    mailbox_->countThreads(jobThreads_.get());
   }
   ~RingTransport() override { close(); }
 
@@ -99,7 +102,9 @@ class RingTransport final : public Transport {
         break;
       }
       followers_.fetch_add(1, std::memory_order_seq_cst);
+      asleep();
       roleCv_.wait_until(lk, until);
+      awake();
       followers_.fetch_sub(1, std::memory_order_seq_cst);
     }
     if (took) {
@@ -157,9 +162,18 @@ class RingTransport final : public Transport {
     inner_->close();
     CORTADO_LOG_DEBUG("{}: shared-memory ring messages: {} in, {} futex sleeps on the doorbell, "
                       "{} turns of waiting threads as the consumer, {} polls while expecting "
-                      "messages ({} found one)",
+                      "messages ({} found one, {} stopped by the gate, {} yielded the CPU to the "
+                      "job's threads); the gate's reads: ring thread {} spare, {} the job's only, "
+                      "{} closed; waiting threads {}, {}, {}",
                       self_.toString(), ringDelivered_, mailbox_->sleeps(), callerTurns_,
-                      mailbox_->polls(), mailbox_->pollHits());
+                      mailbox_->polls(), mailbox_->pollHits(), mailbox_->pollsStopped(),
+                      mailbox_->yieldingPolls(),
+                      idleCpus_.said(IdleCpus::Verdict::kSpare),
+                      idleCpus_.said(IdleCpus::Verdict::kJobOnly),
+                      idleCpus_.said(IdleCpus::Verdict::kClosed),
+                      waiterIdle_.said(IdleCpus::Verdict::kSpare),
+                      waiterIdle_.said(IdleCpus::Verdict::kJobOnly),
+                      waiterIdle_.said(IdleCpus::Verdict::kClosed));
   }
 
  private:
@@ -191,7 +205,7 @@ class RingTransport final : public Transport {
                           peer.toString());
     }
     if (!o.sender) return false;
-    switch (o.sender->trySend(msg.parts, o.innerSent)) {
+    switch (o.sender->trySend(msg.parts, o.innerSent, jobThreads_.get())) {
       case shm::MailboxSender::Result::kSent:
         return true;
       case shm::MailboxSender::Result::kTooBig:
@@ -302,6 +316,7 @@ class RingTransport final : public Transport {
   // A caller's turn as the consumer: the ring thread's loop, until done().
   void consume(const std::function<bool()>& done, Clock::time_point until, uint64_t turn) {
     auto over = [&] { return stop_.load(std::memory_order_acquire) || done(); };
+    awake();
     while (!over()) {
       if (deliverAll() > 0) continue;
       const auto now = Clock::now();
@@ -312,23 +327,21 @@ class RingTransport final : public Transport {
       // wanted by the other roles of a round, more workers than CPUs) back
       // off: after the k-th miss in a row the next 2^k - 1 waits (at most
       // 63) sleep at once; a poll that finds its message starts over.
-      if (opts_.waiterPoll.count() > 0 && waiterSkip_ > 0) {
-        --waiterSkip_;
-      } else if (opts_.waiterPoll.count() > 0) {
-        const uint64_t began = mailbox_->polls();
+      if (opts_.waiterPoll.count() > 0 && waiterBackoff_.shouldPoll()) {
+        const uint64_t began = mailbox_->polls(), yielding = mailbox_->yieldingPolls();
         if (mailbox_->poll(
                 std::min(opts_.waiterPoll,
                          std::chrono::duration_cast<std::chrono::microseconds>(until - now)),
-                turn, [&] { return !over() && spareCpu(waiterIdle_); })) {
-          waiterMisses_ = 0;
+                turn, [&] { return over() ? Poll::kStop : gate(waiterIdle_); })) {
+          waiterBackoff_.hit();
           continue;
         }
-        if (mailbox_->polls() != began) {
-          waiterMisses_ = std::min(waiterMisses_ + 1, 6);
-          waiterSkip_ = (1 << waiterMisses_) - 1;
-        }
+        // A poll that yielded the CPU to the job's threads took none that
+        // they wanted: its miss does not count.
+        if (mailbox_->polls() != began && mailbox_->yieldingPolls() == yielding)
+          waiterBackoff_.missed();
       }
-      mailbox_->wait(opts_.spin, until, turn, over);
+      mailbox_->wait(opts_.spin, until, turn, over);  // counts this thread asleep and awake
     }
   }
 
@@ -336,7 +349,7 @@ class RingTransport final : public Transport {
   // leaves asleep on the doorbell.
   void giveBackLocked() {
     consumer_ = Consumer::kRing;
-    mailbox_->giveBack();
+    mailbox_->giveBack(ringSlot_.load(std::memory_order_relaxed));
   }
 
   void onInnerMessage(Message&& m) {
@@ -351,7 +364,32 @@ class RingTransport final : public Transport {
     drainPeer(from);  // and those it held back
   }
 
-  bool spareCpu(IdleCpus& probe) { return opts_.spareCpu ? opts_.spareCpu() : probe.spare(); }
+  using Poll = shm::Mailbox::PollMode;
+  // Whether and how a poll goes on now (IdleCpus's gate, or the test's
+  // spareCpu). With the job's threads counted, the polling thread counts
+  // itself awake first.
+  Poll gate(IdleCpus& probe) {
+    if (opts_.spareCpu) return opts_.spareCpu() ? Poll::kSpin : Poll::kStop;
+    if (!jobThreads_) return probe.spare() ? Poll::kSpin : Poll::kStop;
+    jobThreads_->awake();
+    switch (probe.look([this] { return jobThreads_->count(); })) {
+      case IdleCpus::Verdict::kSpare:
+        return Poll::kSpin;
+      case IdleCpus::Verdict::kJobOnly:
+        return Poll::kYield;
+      case IdleCpus::Verdict::kClosed:
+        break;
+    }
+    return Poll::kStop;
+  }
+  // The calling thread, one that takes ring messages, is awake (it woke or
+  // goes on) or about to sleep, for the job's count (yieldPolls).
+  void awake() {
+    if (jobThreads_) jobThreads_->awake();
+  }
+  void asleep() {
+    if (jobThreads_) jobThreads_->asleep();
+  }
 
   // After the ring thread handed messages over: polls for the next one
   // while the receiver expects it and a CPU is spare (RingOptions::
@@ -364,13 +402,19 @@ class RingTransport final : public Transport {
       expecting = expecting_;
     }
     if (!expecting) return false;
-    auto worthIt = [&] { return (*expecting)() && spareCpu(idleCpus_); };
+    // With the job's threads counted, after every batch: in a loop of small
+    // push_pulls the next round's pushes come right after the answers.
+    auto worthIt = [&] {
+      return opts_.yieldPolls || (*expecting)() ? gate(idleCpus_) : Poll::kStop;
+    };
     return mailbox_->poll(opts_.pollWhileExpecting, turn, worthIt);
   }
 
   void ringLoop() {
     auto lastCheck = Clock::now();
     bool delivered = false;  // the last look handed messages over
+    if (jobThreads_) ringSlot_.store(jobThreads_->slotIndex(), std::memory_order_relaxed);
+    awake();
     while (!stop_.load(std::memory_order_acquire)) {
       // The ticket before the look: a giveBack() after it ends the park.
       const uint32_t ticket = mailbox_->parkTicket();
@@ -392,10 +436,13 @@ class RingTransport final : public Transport {
         lastCheck = now;
         checkProducers();
       }
-      if (turn)
-        mailbox_->wait(opts_.spin, now + opts_.checkEvery, *turn);
-      else
+      if (turn) {
+        mailbox_->wait(opts_.spin, now + opts_.checkEvery, *turn);  // counts it asleep, awake
+      } else {
+        asleep();
         mailbox_->park(ticket, now + opts_.checkEvery);
+        awake();
+      }
     }
   }
 
@@ -427,7 +474,12 @@ class RingTransport final : public Transport {
   std::unique_ptr<Transport> inner_;
   RingOptions opts_;
   NodeId self_;
+  // yieldPolls. Kept until the transport goes (a send racing with close()
+  // may still stamp a peer's thread through it); declared before the
+  // mailbox, which points at it, so that it outlives it.
+  std::unique_ptr<shm::JobThreads> jobThreads_;
   std::unique_ptr<shm::Mailbox> mailbox_;
+  std::atomic<int32_t> ringSlot_{-1};            // the ring thread's slot in it
   RecvCallback onRecv_;
   ErrorCallback onError_;
 
@@ -468,8 +520,7 @@ class RingTransport final : public Transport {
   std::shared_ptr<const std::function<bool()>> expecting_;
   IdleCpus idleCpus_;   // the ring thread's
   IdleCpus waiterIdle_; // the waiting thread's whose turn it is
-  int waiterMisses_ = 0;  // its polls in a row that found nothing
-  int waiterSkip_ = 0;    // its waits left that sleep without a poll
+  PollBackoff waiterBackoff_;  // its polls' back-off
 
   std::mutex threadMu_;
   std::thread thread_;
