@@ -267,6 +267,29 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
 }
 
 // The gate of the polls: /proc/loadavg's runnable threads against the CPUs.
+// Threads that never sleep until stop() (or the end of the scope): each is
+// runnable all the time, whatever else the machine runs.
+class BusyThreads {
+ public:
+  explicit BusyThreads(int n) {
+    for (int i = 0; i < n; ++i)
+      threads_.emplace_back([this] {
+        while (!stop_.load(std::memory_order_relaxed)) {
+        }
+      });
+  }
+  ~BusyThreads() { stop(); }
+  void stop() {
+    stop_ = true;
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
 TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
   const char good[] = "0.52 0.58 0.59 3/467 12345\n";
   EXPECT_EQ(IdleCpus::parseRunnable(good, int(sizeof(good) - 1)), 3);
@@ -283,13 +306,7 @@ TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
   EXPECT_GE(roomy.lastRunnable(), 1);
   // Two threads that never sleep, and the caller: at least three runnable,
   // more than a gate of one CPU allows, whatever else the machine runs.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> busy;
-  for (int i = 0; i < 2; ++i)
-    busy.emplace_back([&] {
-      while (!stop.load(std::memory_order_relaxed)) {
-      }
-    });
+  BusyThreads busy(2);
   IdleCpus one(1, 0us);
   bool closed = false;
   const auto until = Clock::now() + 5s;
@@ -307,8 +324,7 @@ TEST(IdleCpus, TheRunnableCountIsParsedAndBusyThreadsCloseTheGate) {
   }
   const auto reads = held.reads();
   const int counted = held.lastRunnable();
-  stop = true;
-  for (auto& t : busy) t.join();
+  busy.stop();
   EXPECT_TRUE(closed) << "runnable " << one.lastRunnable() << " with two busy threads";
   EXPECT_GE(one.lastRunnable(), 3);
   ASSERT_EQ(reads, 18u) << "the held gate opened with two busy threads (runnable "
@@ -342,13 +358,7 @@ TEST(IdleCpus, TheJobsOwnThreadsOpenTheGateOnlyWhenNoOtherWantsACpu) {
   // Two threads that never sleep, and the caller, on a gate of one CPU: the
   // gate is closed, unless the count of the job's threads covers them all;
   // the count is asked only when the runnable threads are more than the CPUs.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> busy;
-  for (int i = 0; i < 2; ++i)
-    busy.emplace_back([&] {
-      while (!stop.load(std::memory_order_relaxed)) {
-      }
-    });
+  BusyThreads busy(2);
   IdleCpus one(1, 0us);
   int asked = 0;
   V closed = V::kSpare, job = V::kSpare;
@@ -373,8 +383,7 @@ TEST(IdleCpus, TheJobsOwnThreadsOpenTheGateOnlyWhenNoOtherWantsACpu) {
     unheldFirst = unheld.look([] { return 1 << 20; });
   while (unheldLater != V::kClosed && Clock::now() < until)
     unheldLater = unheld.look([] { return 0; });
-  stop = true;
-  for (auto& t : busy) t.join();
+  busy.stop();
   EXPECT_EQ(closed, V::kClosed) << "runnable " << one.lastRunnable();
   EXPECT_GE(askedWhenClosed, 1);
   EXPECT_EQ(job, V::kJobOnly) << "runnable " << one.lastRunnable() << ", job " << one.lastJob();
