@@ -17,6 +17,8 @@
 #                  groups take the place of fusion by size, which the group search does not compose with)
 #                  (with replan among the strategies: CORTADO_PROFILE_WINDOW, default 3, and
 #                  CORTADO_REPLAN_CODEC, default the run's codec, are set for the job)
+#                  [--sync-skew auto|off|US,FRACTION]   (the workers' skew in the predictions:
+#                                   cortado bench model --sync-skew; default auto, measured at start-up)
 #                  [--trace DIR]   (per run under DIR/<model>-<codec>/: the stage traces in run/,
 #                                   the predicted timelines predicted.json (plan) and
 #                                   predicted-<strategy>.json; compare with `cortado trace compare`)
@@ -25,7 +27,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
 TB=$here/tests/testbed/testbed.sh
 models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
-iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once="" plot="" gravac=""
+iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once="" plot="" gravac="" skew=""
 while (($#)); do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -42,6 +44,7 @@ while (($#)); do
     --plot) plot=$(realpath -m "$2"); json=--json; shift 2 ;;
     --probe-once) once=--probe-once; shift ;;
     --trace) trace=$(realpath -m "$2"); shift 2 ;;
+    --sync-skew) skew=$2; shift 2 ;;
     *) echo "bench/model.sh: unknown option '$1' (see the header of this file)" >&2; exit 2 ;;
   esac
 done
@@ -78,7 +81,7 @@ for m in "${M[@]}"; do
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
       --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" \
-      ${gravac:+--gravac "$gravac"} $json $once |
+      ${gravac:+--gravac "$gravac"} ${skew:+--sync-skew "$skew"} $json $once |
       tee -a "$lines"
   done
 done
