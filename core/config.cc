@@ -228,22 +228,15 @@ void JobConfig::validate() const {
     bad(fmt::format("CORTADO_REPLAN_MIN_GAIN {} must be in [0, 1) (0.05: switch only for a "
                     "predicted gain of 5% or more)",
                     replanMinGain));
-  if (ucxPeerSends < 0 || ucxPeerSends > kMaxUcxPeerSends)
-    bad(fmt::format("CORTADO_UCX_PEER_SENDS {} is out of range 0..{}", ucxPeerSends,
-                    kMaxUcxPeerSends));
-  if (pushWindowChunks < 0 || pushWindowChunks > kMaxPushWindowChunks)
-    bad(fmt::format("CORTADO_PUSH_WINDOW_CHUNKS {} is out of range 0..{}", pushWindowChunks,
-                    kMaxPushWindowChunks));
-  if (busyPollUs < 0 || busyPollUs > kMaxBusyPollUs)
-    bad(fmt::format("CORTADO_BUSY_POLL_US {} is out of range 0..{}", busyPollUs, kMaxBusyPollUs));
-  if (shmSpinUs < 0 || shmSpinUs > kMaxBusyPollUs)
-    bad(fmt::format("CORTADO_SHM_SPIN_US {} is out of range 0..{}", shmSpinUs, kMaxBusyPollUs));
-  if (shmServerPollUs < 0 || shmServerPollUs > kMaxBusyPollUs)
-    bad(fmt::format("CORTADO_SHM_SERVER_POLL_US {} is out of range 0..{}", shmServerPollUs,
-                    kMaxBusyPollUs));
-  if (shmWaiterPollUs < 0 || shmWaiterPollUs > kMaxBusyPollUs)
-    bad(fmt::format("CORTADO_SHM_WAITER_POLL_US {} is out of range 0..{}", shmWaiterPollUs,
-                    kMaxBusyPollUs));
+  auto upTo = [&](const char* name, int value, int max) {
+    if (value < 0 || value > max) bad(fmt::format("{} {} is out of range 0..{}", name, value, max));
+  };
+  upTo("CORTADO_UCX_PEER_SENDS", ucxPeerSends, kMaxUcxPeerSends);
+  upTo("CORTADO_PUSH_WINDOW_CHUNKS", pushWindowChunks, kMaxPushWindowChunks);
+  upTo("CORTADO_BUSY_POLL_US", busyPollUs, kMaxBusyPollUs);
+  upTo("CORTADO_SHM_SPIN_US", shmSpinUs, kMaxBusyPollUs);
+  upTo("CORTADO_SHM_SERVER_POLL_US", shmServerPollUs, kMaxBusyPollUs);
+  upTo("CORTADO_SHM_WAITER_POLL_US", shmWaiterPollUs, kMaxBusyPollUs);
   if (stallCheck.count() < 0)
     bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
                     stallCheck.count()));
