@@ -264,6 +264,7 @@ int runModelBench(const ModelBenchOptions& o) {
   // their own minutes on a machine whose speed drifts (docs/model_bench.md).
   auto measureAll = [&](Measured& into, int tag) {
     const Deadline d = Deadline::after(Millis(600000));
+    into.efState = worker->errorFeedbackState();
     if (topo.localSize > 1) {
       measureGroup(world, *groups.intra, *rawGroups.intra, *dev, 4 * minElems, 4 * maxElems,
                    maxPayload, d, into.intra,
