@@ -212,6 +212,16 @@ uint64_t ErrorFeedback::heldBytes() const {
   return bytes;
 }
 
+void ErrorFeedback::releaseIdleScratch() {
+  std::vector<std::unique_ptr<Scratch>> idle;
+  {
+    ScratchPool& p = scratchPool();
+    std::lock_guard<std::mutex> lk(p.mu);
+    idle.swap(p.idle);
+    for (const auto& s : idle) p.bytes -= s->bytes();
+  }
+}  // freed here, outside the lock
+
 uint64_t ErrorFeedback::scratchBytes() {
   ScratchPool& p = scratchPool();
   std::lock_guard<std::mutex> lk(p.mu);

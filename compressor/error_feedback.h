@@ -82,6 +82,9 @@ class ErrorFeedback {
   uint64_t heldBytes() const;
   // Bytes of the process's bf16 scratch (every ErrorFeedback's together).
   static uint64_t scratchBytes();
+  // Frees the scratch no encode is using (the next encode makes its own):
+  // after a probe that encoded larger sizes than the job will.
+  static void releaseIdleScratch();
 
  private:
   struct State {

@@ -17,6 +17,7 @@
 #include <span>
 #include <thread>
 
+#include "compressor/error_feedback.h"
 #include "compressor/registry.h"
 #include "core/backends.h"
 #include "core/collective/mpi/factory.h"
@@ -299,6 +300,9 @@ int runModelBench(const ModelBenchOptions& o) {
     } else {
       measureSkew(world, o.codec, into);
     }
+    // The probes encoded up to the largest group the planner may form; a
+    // bf16 state's scratch from them would stay beside the replay's.
+    compressor::ErrorFeedback::releaseIdleScratch();
     if (job.fusionBytes > 0) {
       constexpr int kCalls = 30;
       world.barrier();

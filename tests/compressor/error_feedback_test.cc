@@ -263,6 +263,10 @@ TEST(ErrorFeedback, Bf16StateHoldsHalfTheBytes) {
   EXPECT_EQ(b16.heldBytes(), f32.heldBytes() / 2);
   EXPECT_GE(ErrorFeedback::scratchBytes(), 2 * 10000 * sizeof(float));
   EXPECT_LT(ErrorFeedback::scratchBytes(), 3 * 2 * 10000 * sizeof(float));
+  ErrorFeedback::releaseIdleScratch();
+  EXPECT_EQ(ErrorFeedback::scratchBytes(), 0u);
+  b16.encode(0, g.data(), g.size(), out);  // makes its own again
+  EXPECT_GE(ErrorFeedback::scratchBytes(), 2 * 10000 * sizeof(float));
 }
 
 TEST(ErrorFeedback, StateDTypeNames) {
