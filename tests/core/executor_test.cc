@@ -31,6 +31,19 @@ WorkerOptions smallChunks() {
   return o;
 }
 
+// Hierarchical: an intra reduce-scatter, the encode on `where`, a compressed
+// push with a raw pull, an intra allgather.
+plan::TensorOption compressedPush(const std::string& codec, plan::Device where) {
+  plan::TensorOption o;
+  o.hierarchical = true;
+  o.codec = codec;
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false), Step::encode(where),
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, false),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  return o;
+}
+
 TEST(Executor, DefaultPlanSumsExactlyWithoutMpi) {
   test::Job job(3, 2, smallChunks());
   const uint64_t n = 101;
@@ -172,14 +185,7 @@ TEST(Executor, TopKWithBf16ResidualsMatchesARoundedReplay) {
   wo.errorFeedbackState = compressor::StateDType::kBFloat16;
   test::Job job(W, 2, wo);
   const uint64_t n = 80, k = 20;
-  plan::TensorOption o;
-  o.hierarchical = true;
-  o.codec = "topk:ratio=0.25";
-  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-             Step::encode(plan::Device::kCpu),
-             Step::comm(Scope::kInter, CommOp::kPush, true),
-             Step::comm(Scope::kInter, CommOp::kPull, false),
-             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::TensorOption o = compressedPush("topk:ratio=0.25", plan::Device::kCpu);
   plan::Plan p;
   p.tensors["t"] = o;
   auto input = [](int r, int iter, uint64_t i) {
@@ -363,14 +369,7 @@ TEST(Executor, DgcAcrossChangingGroupBoundariesMatchesAReplay) {
   test::Job job(W, 2);
   const float m = 0.9f;
   const std::vector<uint64_t> lens = {40, 24};
-  plan::TensorOption o;
-  o.hierarchical = true;
-  o.codec = "dgc:ratio=0.25,momentum=0.9";
-  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-             Step::encode(plan::Device::kCpu),
-             Step::comm(Scope::kInter, CommOp::kPush, true),
-             Step::comm(Scope::kInter, CommOp::kPull, false),
-             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::TensorOption o = compressedPush("dgc:ratio=0.25,momentum=0.9", plan::Device::kCpu);
   plan::Plan p;
   p.tensors["a"] = p.tensors["b"] = o;
   p.groups = {{"a", "b"}};
