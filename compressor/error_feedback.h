@@ -12,6 +12,17 @@
 //   u = 0 where the payload sent something (sparse codecs);
 //   u = 0 everywhere with EncodeContext::restartMomentum.
 //
+// The state (e, and u with momentum) is kept in fp32, or in bfloat16
+// (StateDType::kBFloat16, CORTADO_EF_DTYPE=bf16): half the memory, at one
+// bf16 rounding of the state per round. An encode then widens the key's
+// state into fp32 scratch, runs the same algebra there, and stores it back
+// rounded to nearest even, so that
+//   decode(payload) + e_new == g + e_old  up to |e_new| * 2^-8 per element
+// (bf16 keeps 8 significant bits). The scratch is one fp32 buffer (two with
+// momentum) per encode running at once in the process, shared by every
+// ErrorFeedback, as large as the largest key encoded; it is kept for the
+// next encode (scratchBytes()).
+//
 // Threads: encode() for different keys may run concurrently; calls for the
 // same key must not overlap (a tensor's pipeline runs one round at a time).
 // CPU codecs only; compressor/cuda has the device-memory counterpart.
@@ -21,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -29,13 +41,25 @@
 
 namespace cortado::compressor {
 
+// What error feedback keeps its per-element state in.
+enum class StateDType { kFloat32, kBFloat16 };
+// "fp32" | "bf16".
+const char* toString(StateDType t);
+// Parses "fp32" or "bf16" (also "float32", "bfloat16"); throws
+// kInvalidArgument naming `what` and the values it takes otherwise.
+StateDType stateDTypeFromString(const std::string& s, const std::string& what);
+// Bytes per element of state.
+inline size_t stateBytes(StateDType t) { return t == StateDType::kBFloat16 ? 2 : 4; }
+
 class ErrorFeedback {
  public:
   // momentum < 0: take the codec's momentumCorrection() (DGC's m, else 0).
-  explicit ErrorFeedback(CodecPtr codec, float momentum = -1.0f);
+  explicit ErrorFeedback(CodecPtr codec, float momentum = -1.0f,
+                         StateDType state = StateDType::kFloat32);
 
   const Codec& codec() const { return *codec_; }
   float momentum() const { return momentum_; }
+  StateDType stateDType() const { return stateType_; }
   // Bytes the payload of an n-element tensor needs (the codec's payloadBytes).
   size_t payloadBytes(size_t n) const { return codec_->payloadBytes(n); }
 
@@ -44,28 +68,41 @@ class ErrorFeedback {
   size_t encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx = {});
 
-  // The key's residual e (or v with momentum) and momentum u; empty when the
-  // key has no state yet. Valid until the next encode or reset of that key.
-  std::span<const float> residual(uint64_t key) const;
-  std::span<const float> velocity(uint64_t key) const;
+  // Copies of the key's residual e (or v with momentum) and momentum u, in
+  // fp32 whatever the state's type; empty when the key has no state yet.
+  // Mapped from the kernel (PageAllocator), which takes them back when freed.
+  using Floats = std::vector<float, PageAllocator<float>>;
+  Floats residual(uint64_t key) const;
+  Floats velocity(uint64_t key) const;
   void reset(uint64_t key);
   void clear();
   // Bytes of state held for every key (residuals, and velocities with
   // momentum): the memory error feedback costs, 1x (2x with momentum) the
-  // elements it has encoded.
+  // elements it has encoded in fp32, half that in bf16.
   uint64_t heldBytes() const;
+  // Bytes of the process's bf16 scratch (every ErrorFeedback's together).
+  static uint64_t scratchBytes();
+  // Frees the scratch no encode is using (the next encode makes its own):
+  // after a probe that encoded larger sizes than the job will.
+  static void releaseIdleScratch();
 
  private:
   struct State {
+    size_t n = 0;
     // Mapped from the kernel and unmapped when freed (PageAllocator): a
-    // retired key's memory goes back at once.
+    // retired key's memory goes back at once. One pair is used: fp32 or bf16.
     std::vector<float, PageAllocator<float>> residual;
     std::vector<float, PageAllocator<float>> velocity;  // DGC's u; empty without momentum
+    std::vector<uint16_t, PageAllocator<uint16_t>> residual16, velocity16;
   };
   State& state(uint64_t key, size_t n);
+  void update(float* e, float* u, const float* grad, size_t n, const EncodeContext& ctx) const;
+  size_t encodeIn(float* e, float* u, size_t n, std::span<std::byte> out,
+                  const EncodeContext& ctx) const;
 
   CodecPtr codec_;
   float momentum_;
+  StateDType stateType_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::unique_ptr<State>> states_;
 };

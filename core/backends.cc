@@ -61,6 +61,7 @@ WorkerOptions workerOptions(const JobConfig& job) {
   wo.sharedMemory = job.sharedMemory;
   wo.inlineBytes = job.inlineBytes;
   wo.compactSparse = job.compactSparse;
+  wo.errorFeedbackState = compressor::stateDTypeFromString(job.efDType, "CORTADO_EF_DTYPE");
   wo.staggerChunks = job.staggerChunks;
   wo.pushWindow = uint64_t(job.pushWindowChunks) * job.partitionBytes;
   wo.busyPoll = std::chrono::microseconds(job.busyPollUs);

@@ -1,5 +1,7 @@
 #include "core/config.h"
 
+#include "compressor/error_feedback.h"
+
 #include <cctype>
 #include <cmath>
 #include <sstream>
@@ -65,6 +67,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "element instead "
        "of 8, where that is smaller (0: always the plain form; either form is read whatever "
        "this says; docs/codecs.md, \"Compact index lists\"; docs/zen.md)"},
+      {"CORTADO_EF_DTYPE", "", "fp32",
+       "what the workers' error feedback keeps its residuals (and DGC's velocities) in: `fp32`, "
+       "or `bf16` at half the memory, each round's state rounded once to bf16's 8 significant "
+       "bits; the servers' residuals stay fp32 (docs/codecs.md, \"Error feedback in bf16\")"},
       {"CORTADO_STAGGER", "", "0",
        "1: each worker sends a tensor's chunks in a staggered order, worker r starting at server "
        "r's chunk and going round the servers (each server's chunks still in order), so that the "
@@ -266,6 +272,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_ASYNC", async ? "1" : "0"},
       {"CORTADO_SHM", sharedMemory ? "1" : "0"},
       {"CORTADO_COMPACT_SPARSE", compactSparse ? "1" : "0"},
+      {"CORTADO_EF_DTYPE", efDType},
       {"CORTADO_STAGGER", staggerChunks ? "1" : "0"},
       {"CORTADO_PLAN", planFile},
       {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
@@ -378,6 +385,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
   if (auto v = getEnvBool(names("CORTADO_ASYNC"))) c.async = *v;
   if (auto v = getEnvBool(names("CORTADO_SHM"))) c.sharedMemory = *v;
   if (auto v = getEnvBool(names("CORTADO_COMPACT_SPARSE"))) c.compactSparse = *v;
+  if (auto v = getEnv(names("CORTADO_EF_DTYPE")))
+    c.efDType = compressor::toString(compressor::stateDTypeFromString(v->value, v->name));
   if (auto v = getEnvBool(names("CORTADO_STAGGER"))) c.staggerChunks = *v;
   if (auto v = getEnv(names("CORTADO_PLAN"))) c.planFile = v->value;
   // A size in bytes that may be 0; a bad one is refused naming the variable and what to give.

@@ -50,6 +50,9 @@ struct JobConfig {
   // go on the wire with their indices as varint gaps where that is smaller
   // (compressor/compact.h).
   bool compactSparse = true;
+  // CORTADO_EF_DTYPE: what error feedback keeps its per-element state in on
+  // the workers, "fp32" or "bf16" (compressor::StateDType; checked when read).
+  std::string efDType = "fp32";
   // CORTADO_STAGGER: workers send a tensor's chunks in the staggered order
   // (WorkerOptions::staggerChunks, core/partition.h sendOrder).
   bool staggerChunks = false;

@@ -150,7 +150,9 @@ uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numE
   decl.incarnation = entry->incarnation;
   uint64_t key = control_->declare(decl, deadline);
   entry->key = key;
-  if (ef) entry->ef = std::make_unique<compressor::ErrorFeedback>(entry->codec);
+  if (ef)
+    entry->ef = std::make_unique<compressor::ErrorFeedback>(entry->codec, -1.0f,
+                                                            opts_.errorFeedbackState);
   std::lock_guard<std::mutex> lk(mu_);
   if (options.sparse) {
     sparseChunks(*entry);  // one key per server, not placed by bytes

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "compressor/error_feedback.h"
 #include "core/common/buffer.h"
 
 #include "core/common/deadline.h"
@@ -92,6 +93,10 @@ struct WorkerOptions {
   // hosts the short queues it keeps let the flows into one server share its
   // link evenly (docs/transports.md, "Push window").
   uint64_t pushWindow = 0;
+  // What error feedback keeps its residuals (and DGC's velocities) in, for
+  // this worker's pushes and the plan executors that run on it: fp32, or
+  // bf16 at half the memory (compressor/error_feedback.h; CORTADO_EF_DTYPE).
+  compressor::StateDType errorFeedbackState = compressor::StateDType::kFloat32;
 };
 
 // How one tensor travels. The default is uncompressed.
@@ -206,6 +211,9 @@ class Worker {
   // (its key-value rendezvous bootstraps NCCL: core/backends.h).
   virtual const control::AddressBook& addressBook() const = 0;
   virtual control::ControlClient& controlClient() = 0;
+  // WorkerOptions::errorFeedbackState: the plan executor keeps its encode
+  // points' residuals in it too.
+  virtual compressor::StateDType errorFeedbackState() const = 0;
 
   // Declares a tensor (blocks until every worker declared it). Declaring the
   // same name again with the same shape and options returns the same key;

@@ -213,6 +213,7 @@ class WorkerImpl final : public Worker {
   int numServers() const override { return static_cast<int>(book_.servers.size()); }
   const control::AddressBook& addressBook() const override { return book_; }
   control::ControlClient& controlClient() override { return *control_; }
+  compressor::StateDType errorFeedbackState() const override { return opts_.errorFeedbackState; }
 
   uint64_t declare(const std::string& name, DType dtype, uint64_t numElements,
                    const TensorOptions& options, Deadline deadline) override;

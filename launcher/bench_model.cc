@@ -17,6 +17,7 @@
 #include <span>
 #include <thread>
 
+#include "compressor/error_feedback.h"
 #include "compressor/registry.h"
 #include "core/backends.h"
 #include "core/collective/mpi/factory.h"
@@ -264,6 +265,7 @@ int runModelBench(const ModelBenchOptions& o) {
   // their own minutes on a machine whose speed drifts (docs/model_bench.md).
   auto measureAll = [&](Measured& into, int tag) {
     const Deadline d = Deadline::after(Millis(600000));
+    into.efState = worker->errorFeedbackState();
     if (topo.localSize > 1) {
       measureGroup(world, *groups.intra, *rawGroups.intra, *dev, 4 * minElems, 4 * maxElems,
                    maxPayload, d, into.intra,
@@ -298,6 +300,9 @@ int runModelBench(const ModelBenchOptions& o) {
     } else {
       measureSkew(world, o.codec, into);
     }
+    // The probes encoded up to the largest group the planner may form; a
+    // bf16 state's scratch from them would stay beside the replay's.
+    compressor::ErrorFeedback::releaseIdleScratch();
     if (job.fusionBytes > 0) {
       constexpr int kCalls = 30;
       world.barrier();

@@ -431,7 +431,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   std::vector<std::unique_ptr<compressor::ErrorFeedback>> efs;  // a residual per size, as per tensor
   std::vector<std::vector<std::byte>> payloads(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
-    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec));
+    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec, -1.0f, m.efState));
     payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
   }
   std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps);
@@ -502,7 +502,7 @@ void measureSkew(World& world, const std::string& spec, Measured& m) {
     efs[i]->encode(sizes[i], x.data(), sizes[i], payloads[i], ctx);
   };
   for (size_t i = 0; i < sizes.size(); ++i) {
-    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec));
+    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec, -1.0f, m.efState));
     payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
     encode(i);  // untimed: first touches
   }
@@ -601,7 +601,7 @@ void measureDeviceCodec(World& world, device::Device& dev, const std::string& sp
   dev.copy(g, x.data(), hi * sizeof(float), device::CopyKind::kHostToDevice, *stream);
   dev.fill(acc, 0.0f, hi, *stream);
   wait("the codec probe's gradient copy");
-  auto ef = dev.errorFeedback(codec);
+  auto ef = dev.errorFeedback(codec, m.efState);
   std::byte* out = payload.bytes(ef->payloadBytes(hi));
   uint64_t seed = 0;
   const int reps = 7;

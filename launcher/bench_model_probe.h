@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "compressor/error_feedback.h"
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
 #include "core/device/device.h"
@@ -70,6 +71,9 @@ float factor(int rank, int it);
 
 // What the probes found: rank 0 builds the planner's cost models from it.
 struct Measured {
+  // What the job's error feedback keeps its state in (CORTADO_EF_DTYPE): the
+  // codec probes encode with it, as the executor does. Set before probing.
+  compressor::StateDType efState = compressor::StateDType::kFloat32;
   planner::AlphaBeta pushPull;
   planner::MeasuredCurve pushPullCurve;  // one push (or pull), by a machine's bytes times the spread
   // Per operation, on the intra-machine and the inter-machine groups; the

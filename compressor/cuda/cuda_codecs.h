@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "compressor/codec.h"
+#include "compressor/error_feedback.h"
 #include "compressor/registry.h"
 
 namespace cortado::compressor {
@@ -31,35 +32,45 @@ int deviceCount();
 
 // ErrorFeedback for CUDA codecs: the same algebra (error_feedback.h) with the
 // residual and momentum in device memory, allocated at the first encode of a
-// key. The same threading rules apply.
+// key, in fp32 or bf16 (StateDType). A bf16 state is widened into fp32
+// scratch on the encode's stream, updated and encoded there, and stored back
+// rounded to nearest even, as the CPU's; the scratch is one per stream and
+// device in the process, shared by every CudaErrorFeedback. The same
+// threading rules apply.
 class CudaErrorFeedback {
  public:
-  explicit CudaErrorFeedback(CodecPtr codec, float momentum = -1.0f);
+  explicit CudaErrorFeedback(CodecPtr codec, float momentum = -1.0f,
+                             StateDType state = StateDType::kFloat32);
   ~CudaErrorFeedback();
   CudaErrorFeedback(const CudaErrorFeedback&) = delete;
   CudaErrorFeedback& operator=(const CudaErrorFeedback&) = delete;
 
   const Codec& codec() const { return *codec_; }
   float momentum() const { return momentum_; }
+  StateDType stateDType() const { return stateType_; }
   size_t encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx = {});
-  // Device pointer to the key's residual (v with momentum); nullptr when none.
-  const float* residual(uint64_t key) const;
+  // Device pointer to the key's residual (v with momentum), stateDType()'s
+  // elements; nullptr when none.
+  const void* residual(uint64_t key) const;
   // Device pointer to the key's momentum u; nullptr when none (or m = 0).
-  const float* velocity(uint64_t key) const;
+  const void* velocity(uint64_t key) const;
   void reset(uint64_t key);
+  // Bytes of the process's bf16 scratch on every device.
+  static uint64_t scratchBytes();
 
  private:
   struct State {
     size_t n = 0;
-    float* residual = nullptr;
-    float* velocity = nullptr;
+    void* residual = nullptr;
+    void* velocity = nullptr;
   };
   State& state(uint64_t key, size_t n, void* stream);
   static void release(State& s);
 
   CodecPtr codec_;
   float momentum_;
+  StateDType stateType_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::unique_ptr<State>> states_;
 };

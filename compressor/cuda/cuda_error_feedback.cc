@@ -1,5 +1,8 @@
 #include <cuda_runtime.h>
 
+#include <map>
+#include <utility>
+
 #include "compressor/cuda/cuda_codecs.h"
 #include "compressor/cuda/kernels.h"
 #include "core/common/error.h"
@@ -11,11 +14,68 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw Error(ErrorCode::kInternal, fmt::format("CUDA {}: {}", what, cudaGetErrorString(e)));
 }
+// The fp32 working copies of bf16 states: one per (device, stream), shared
+// by every CudaErrorFeedback; work on one stream runs in the order it was
+// enqueued, so a stream's encodes may share its scratch, and its lock is
+// held while one encode enqueues its steps.
+struct Scratch {
+  std::mutex mu;
+  float* e = nullptr;
+  float* u = nullptr;
+  size_t cap = 0;  // elements of each
+};
+
+struct ScratchPool {
+  std::mutex mu;
+  std::map<std::pair<int, cudaStream_t>, std::unique_ptr<Scratch>> byStream;
+  uint64_t bytes = 0;
+};
+
+ScratchPool& scratchPool() {
+  static ScratchPool* p = new ScratchPool;  // never destroyed: streams may still run at exit
+  return *p;
+}
+
+Scratch& scratchFor(cudaStream_t s) {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  ScratchPool& p = scratchPool();
+  std::lock_guard<std::mutex> lk(p.mu);
+  auto& slot = p.byStream[{device, s}];
+  if (!slot) slot = std::make_unique<Scratch>();
+  return *slot;
+}
+
+// Grows the stream's scratch (lock held) to n elements of e, and of u with
+// momentum; the old buffers go once the stream's earlier work is done.
+void grow(Scratch& sc, size_t n, cudaStream_t s) {
+  if (sc.cap >= n) return;
+  check(cudaStreamSynchronize(s), "synchronize before growing the error-feedback scratch");
+  const uint64_t before = 2 * sc.cap * sizeof(float);
+  cudaFree(sc.e);
+  cudaFree(sc.u);
+  sc.e = sc.u = nullptr;
+  sc.cap = 0;
+  check(cudaMalloc(reinterpret_cast<void**>(&sc.e), n * sizeof(float) + 4), "alloc scratch");
+  check(cudaMalloc(reinterpret_cast<void**>(&sc.u), n * sizeof(float) + 4), "alloc scratch");
+  sc.cap = n;
+  ScratchPool& p = scratchPool();
+  std::lock_guard<std::mutex> lk(p.mu);
+  p.bytes += 2 * n * sizeof(float) - before;
+}
+
 }  // namespace
 
-CudaErrorFeedback::CudaErrorFeedback(CodecPtr codec, float momentum)
+uint64_t CudaErrorFeedback::scratchBytes() {
+  ScratchPool& p = scratchPool();
+  std::lock_guard<std::mutex> lk(p.mu);
+  return p.bytes;
+}
+
+CudaErrorFeedback::CudaErrorFeedback(CodecPtr codec, float momentum, StateDType state)
     : codec_(std::move(codec)),
-      momentum_(momentum < 0 ? (codec_ ? codec_->momentumCorrection() : 0.0f) : momentum) {
+      momentum_(momentum < 0 ? (codec_ ? codec_->momentumCorrection() : 0.0f) : momentum),
+      stateType_(state) {
   CORTADO_ENFORCE(codec_ && codec_->device() == Device::kCuda, ErrorCode::kInvalidArgument,
                   "CudaErrorFeedback wraps CUDA codecs");
   CORTADO_ENFORCE(momentum_ == 0.0f || codec_->sparse(), ErrorCode::kInvalidArgument,
@@ -39,11 +99,12 @@ CudaErrorFeedback::State& CudaErrorFeedback::state(uint64_t key, size_t n, void*
     slot = std::make_unique<State>();
     slot->n = n;
     auto s = static_cast<cudaStream_t>(stream);
-    check(cudaMalloc(reinterpret_cast<void**>(&slot->residual), n * sizeof(float) + 4), "alloc");
-    check(cudaMemsetAsync(slot->residual, 0, n * sizeof(float), s), "clear");
+    const size_t bytes = n * stateBytes(stateType_);  // zero bits: +0 in fp32 and bf16
+    check(cudaMalloc(&slot->residual, bytes + 4), "alloc");
+    check(cudaMemsetAsync(slot->residual, 0, bytes, s), "clear");
     if (momentum_ > 0) {
-      check(cudaMalloc(reinterpret_cast<void**>(&slot->velocity), n * sizeof(float) + 4), "alloc");
-      check(cudaMemsetAsync(slot->velocity, 0, n * sizeof(float), s), "clear");
+      check(cudaMalloc(&slot->velocity, bytes + 4), "alloc");
+      check(cudaMemsetAsync(slot->velocity, 0, bytes, s), "clear");
     }
   }
   CORTADO_ENFORCE(slot->n == n, ErrorCode::kInvalidArgument,
@@ -55,28 +116,48 @@ size_t CudaErrorFeedback::encode(uint64_t key, const float* grad, size_t n,
                                  std::span<std::byte> out, const EncodeContext& ctx) {
   State& st = state(key, n, ctx.stream);
   auto s = static_cast<cudaStream_t>(ctx.stream);
-  if (momentum_ > 0)
-    kern::momentumStep(st.velocity, st.residual, grad, momentum_, n, s);
-  else
-    kern::addInto(st.residual, grad, n, s);
-  check(cudaGetLastError(), "error feedback update");
-  size_t bytes = codec_->encode(st.residual, n, out, ctx);
-  auto payload = std::span<const std::byte>(out.data(), bytes);
-  codec_->decompressAdd(payload, st.residual, n, -1.0f, ctx);
-  if (momentum_ > 0 && ctx.restartMomentum)
-    check(cudaMemsetAsync(st.velocity, 0, n * sizeof(float), s), "restart the momentum");
-  else if (momentum_ > 0)
-    codec_->zeroSent(payload, st.velocity, n, ctx);
+  const bool m = momentum_ > 0;
+  // The algebra on fp32 e (and u): the state itself, or a bf16 state's
+  // widened copy in the stream's scratch.
+  auto run = [&](float* e, float* u) {
+    if (m)
+      kern::momentumStep(u, e, grad, momentum_, n, s);
+    else
+      kern::addInto(e, grad, n, s);
+    check(cudaGetLastError(), "error feedback update");
+    size_t bytes = codec_->encode(e, n, out, ctx);
+    auto payload = std::span<const std::byte>(out.data(), bytes);
+    codec_->decompressAdd(payload, e, n, -1.0f, ctx);
+    if (m && ctx.restartMomentum)
+      check(cudaMemsetAsync(u, 0, n * sizeof(float), s), "restart the momentum");
+    else if (m)
+      codec_->zeroSent(payload, u, n, ctx);
+    return bytes;
+  };
+  if (stateType_ == StateDType::kFloat32)
+    return run(static_cast<float*>(st.residual), static_cast<float*>(st.velocity));
+  Scratch& sc = scratchFor(s);
+  std::lock_guard<std::mutex> lk(sc.mu);
+  grow(sc, n, s);
+  auto* e16 = static_cast<uint16_t*>(st.residual);
+  auto* u16 = static_cast<uint16_t*>(st.velocity);
+  kern::castDecode(e16, n, sc.e, 1.0f, false, true, s);
+  if (m) kern::castDecode(u16, n, sc.u, 1.0f, false, true, s);
+  check(cudaGetLastError(), "widen the bf16 state");
+  const size_t bytes = run(sc.e, m ? sc.u : nullptr);
+  kern::castEncode(sc.e, n, e16, true, s);
+  if (m) kern::castEncode(sc.u, n, u16, true, s);
+  check(cudaGetLastError(), "store the bf16 state");
   return bytes;
 }
 
-const float* CudaErrorFeedback::velocity(uint64_t key) const {
+const void* CudaErrorFeedback::velocity(uint64_t key) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = states_.find(key);
   return it == states_.end() ? nullptr : it->second->velocity;
 }
 
-const float* CudaErrorFeedback::residual(uint64_t key) const {
+const void* CudaErrorFeedback::residual(uint64_t key) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = states_.find(key);
   return it == states_.end() ? nullptr : it->second->residual;

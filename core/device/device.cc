@@ -24,7 +24,8 @@ namespace {
 
 class HostErrorFeedback final : public ErrorFeedback {
  public:
-  explicit HostErrorFeedback(compressor::CodecPtr codec) : ef_(std::move(codec)) {}
+  HostErrorFeedback(compressor::CodecPtr codec, compressor::StateDType state)
+      : ef_(std::move(codec), -1.0f, state) {}
   size_t payloadBytes(size_t n) const override { return ef_.payloadBytes(n); }
   void encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
               compressor::EncodeContext ctx, Stream* s) override {
@@ -32,15 +33,9 @@ class HostErrorFeedback final : public ErrorFeedback {
                     "host error feedback runs on the calling thread: pass no stream");
     ef_.encode(key, grad, n, out, ctx);
   }
-  HostFloats residual(uint64_t key) const override {
-    auto r = ef_.residual(key);
-    return {r.begin(), r.end()};
-  }
+  HostFloats residual(uint64_t key) const override { return ef_.residual(key); }
   float momentum() const override { return ef_.momentum(); }
-  HostFloats velocity(uint64_t key) const override {
-    auto u = ef_.velocity(key);
-    return {u.begin(), u.end()};
-  }
+  HostFloats velocity(uint64_t key) const override { return ef_.velocity(key); }
   uint64_t heldBytes() const override { return ef_.heldBytes(); }
 
  private:
@@ -49,11 +44,12 @@ class HostErrorFeedback final : public ErrorFeedback {
 
 }  // namespace
 
-std::unique_ptr<ErrorFeedback> hostErrorFeedback(compressor::CodecPtr codec) {
+std::unique_ptr<ErrorFeedback> hostErrorFeedback(compressor::CodecPtr codec,
+                                                 compressor::StateDType state) {
   CORTADO_ENFORCE(codec && codec->device() == compressor::Device::kCpu, ErrorCode::kInvalidArgument,
                   "host error feedback wraps CPU codecs, not '{}'",
                   codec ? codec->spec() : std::string("(null)"));
-  return std::make_unique<HostErrorFeedback>(std::move(codec));
+  return std::make_unique<HostErrorFeedback>(std::move(codec), state);
 }
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {

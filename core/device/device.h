@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "compressor/codec.h"
+#include "compressor/error_feedback.h"
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
 #include "core/common/page_allocator.h"
@@ -106,7 +107,8 @@ class ErrorFeedback {
 
 // Error feedback on host memory (compressor::ErrorFeedback): the host
 // device's, and every device's for steps placed on the CPU.
-std::unique_ptr<ErrorFeedback> hostErrorFeedback(compressor::CodecPtr codec);
+std::unique_ptr<ErrorFeedback> hostErrorFeedback(
+    compressor::CodecPtr codec, compressor::StateDType state = compressor::StateDType::kFloat32);
 
 class Device {
  public:
@@ -154,8 +156,10 @@ class Device {
   virtual const compressor::Registry& codecs() const = 0;
   // The context a codec call on stream `s` needs (EncodeContext::stream).
   virtual compressor::EncodeContext context(Stream& s) const = 0;
-  // Error feedback around `codec` (one of codecs()), its state in this device's memory.
-  virtual std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec) = 0;
+  // Error feedback around `codec` (one of codecs()), its state in this
+  // device's memory, in fp32 or bf16 (compressor/error_feedback.h).
+  virtual std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec,
+                                                       compressor::StateDType state) = 0;
   // sum[i] += decoded payload[i] (payload and sum in device memory), ordered
   // on `s` like encode(); validates first (kProtocol, sum untouched).
   virtual void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload,

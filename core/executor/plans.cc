@@ -499,6 +499,9 @@ Executor::Memory Executor::memory() const {
   for (const auto& g : groupStates_) add(*g);
   if (fused_) add(*fused_);
   m.buffers += padded_.capacity() + block_.capacity() + fusionBuffer_.capacity();
+  // A bf16 state's fp32 scratch (host memory, shared by the process's error
+  // feedback; 0 with fp32 state).
+  m.residuals += compressor::ErrorFeedback::scratchBytes();
   return m;
 }
 

@@ -547,7 +547,8 @@ void Run::encode() {
   lane_ = dev ? lanes_.dev->lane() : "cpu";
   auto& ef = t_.ef[step_];
   if (!ef)
-    ef = dev ? lanes_.dev->errorFeedback(t_.deviceCodec) : device::hostErrorFeedback(t_.codec);
+    ef = dev ? lanes_.dev->errorFeedback(t_.deviceCodec, worker_.errorFeedbackState())
+             : device::hostErrorFeedback(t_.codec, worker_.errorFeedbackState());
   segs_.clear();
   std::vector<uint64_t> cuts{r_.off};
   for (auto it = t_.cuts.upper_bound(r_.off); it != t_.cuts.end() && *it < r_.end(); ++it)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -16,6 +17,19 @@ namespace {
 
 using testing::cpuRegistry;
 using testing::randomTensor;
+
+// fp32 rounded to bf16's 8 significant bits, to nearest even, as a float
+// (finite inputs): the reference for the bf16 state, by bit arithmetic.
+float roundBf16(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &b, 4);
+  return r;
+}
+
+bool isBf16(float x) { return roundBf16(x) == x; }
 
 // decode(payload) + e_new == g + e_old, element by element, up to the one
 // rounding of e_new = p - decode (exact for sparse codecs).
@@ -64,9 +78,12 @@ TEST(ErrorFeedback, TopKLeavesZeroResidualWhereSent) {
 // v += u; the k largest |v| sent (ties to the lower index), v and u zeroed
 // there; at step `restartAt` (EncodeContext::restartMomentum, an input that
 // carries folded residuals) u zeroed everywhere instead.
-void checkDgcAgainstReplay(size_t n, size_t k, int steps, int restartAt) {
+// With bf16 state, u and v are rounded to bf16 (nearest even) after each step.
+void checkDgcAgainstReplay(size_t n, size_t k, int steps, int restartAt,
+                           StateDType state = StateDType::kFloat32) {
   const float m = 0.9f;
-  ErrorFeedback ef(cpuRegistry().create(fmt::format("dgc:ratio={},momentum=0.9", double(k) / double(n))));
+  ErrorFeedback ef(cpuRegistry().create(fmt::format("dgc:ratio={},momentum=0.9", double(k) / double(n))),
+                   -1.0f, state);
   EXPECT_EQ(ef.momentum(), m);
   std::vector<float> u(n, 0.0f), v(n, 0.0f);
   for (int step = 0; step < steps; ++step) {
@@ -93,6 +110,9 @@ void checkDgcAgainstReplay(size_t n, size_t k, int steps, int restartAt) {
     }
     for (uint32_t i : idx) u[i] = v[i] = 0.0f;
     if (step == restartAt) std::fill(u.begin(), u.end(), 0.0f);
+    if (state == StateDType::kBFloat16) {
+      for (size_t i = 0; i < n; ++i) u[i] = roundBf16(u[i]), v[i] = roundBf16(v[i]);
+    }
     auto ev = ef.residual(3), eu = ef.velocity(3);
     for (size_t i = 0; i < n; ++i) {
       ASSERT_EQ(ev[i], v[i]) << i;
@@ -110,6 +130,11 @@ TEST(ErrorFeedback, DgcMomentumCorrectionMatchesReference) { checkDgcAgainstRepl
 // only where the payload sent something; the next steps start from u = 0.
 TEST(ErrorFeedback, RestartMomentumZeroesAllOfU) { checkDgcAgainstReplay(500, 5, 4, 1); }
 
+TEST(ErrorFeedback, DgcWithBf16StateMatchesTheRoundedReference) {
+  checkDgcAgainstReplay(2000, 20, 6, -1, StateDType::kBFloat16);
+  checkDgcAgainstReplay(500, 5, 4, 1, StateDType::kBFloat16);
+}
+
 TEST(ErrorFeedback, RejectsMomentumOnDenseCodecs) {
   EXPECT_THROW(ErrorFeedback(cpuRegistry().create("fp16"), 0.9f), Error);
 }
@@ -121,12 +146,15 @@ TEST(ErrorFeedback, RejectsMomentumOnDenseCodecs) {
 // sum grows linearly (the gradients have a fixed mean): the relative error
 // falls like 1/T. We check the identity to float accuracy and that the
 // relative error at T = 1500 is under 5% and under a third of that at T = 300.
-TEST(ErrorFeedback, FourWorkersConvergeToTheTrueRunningSum) {
+// With bf16 state the identity loses one rounding of each residual per
+// step, so only the convergence is checked.
+void checkFourWorkers(StateDType state) {
   const size_t n = 4000, workers = 4;
   const int iters = 1500;
   auto codec = cpuRegistry().create("topk:ratio=0.01");
   std::vector<std::unique_ptr<ErrorFeedback>> ef;
-  for (size_t w = 0; w < workers; ++w) ef.push_back(std::make_unique<ErrorFeedback>(codec));
+  for (size_t w = 0; w < workers; ++w)
+    ef.push_back(std::make_unique<ErrorFeedback>(codec, -1.0f, state));
   auto mean = randomTensor(n, 99, 0.1f);
   std::vector<double> trueSum(n, 0.0), pulledSum(n, 0.0);
   std::vector<std::vector<std::byte>> pushes(workers, std::vector<std::byte>(codec->payloadBytes(n)));
@@ -157,15 +185,101 @@ TEST(ErrorFeedback, FourWorkersConvergeToTheTrueRunningSum) {
     if (t == 300) relAt300 = relErr();
   }
   // Identity: true - pulled == sum of residuals.
-  for (size_t i = 0; i < n; ++i) {
-    double res = 0;
-    for (size_t w = 0; w < workers; ++w) res += ef[w]->residual(0)[i];
-    ASSERT_NEAR(trueSum[i] - pulledSum[i], res, 1e-3 * (1 + std::fabs(trueSum[i]))) << i;
+  if (state == StateDType::kFloat32) {
+    std::vector<ErrorFeedback::Floats> res;
+    for (size_t w = 0; w < workers; ++w) res.push_back(ef[w]->residual(0));
+    for (size_t i = 0; i < n; ++i) {
+      double sum = 0;
+      for (size_t w = 0; w < workers; ++w) sum += res[w][i];
+      ASSERT_NEAR(trueSum[i] - pulledSum[i], sum, 1e-3 * (1 + std::fabs(trueSum[i]))) << i;
+    }
   }
   double rel = relErr();
   EXPECT_LT(rel, 0.05);
   EXPECT_LT(rel, relAt300 / 3);
-  RecordProperty("relative_error", std::to_string(rel));
+  ::testing::Test::RecordProperty(fmt::format("relative_error_{}", toString(state)),
+                                  std::to_string(rel));
+}
+
+TEST(ErrorFeedback, FourWorkersConvergeToTheTrueRunningSum) {
+  checkFourWorkers(StateDType::kFloat32);
+}
+
+TEST(ErrorFeedback, FourWorkersConvergeWithBf16State) { checkFourWorkers(StateDType::kBFloat16); }
+
+// bf16 state: every round is the fp32 algebra on the widened state, stored
+// back rounded once: the same payload bytes as a plain replay with the codec
+// on fp32 vectors, and the residual the replay's rounded to bf16 exactly;
+// decode(payload) + e_new == g + e_old within e_new's rounding.
+TEST(ErrorFeedback, Bf16StateIsTheFp32AlgebraRoundedOnce) {
+  for (auto spec : {"topk:ratio=0.05", "efsignsgd", "onebit", "signsgd", "qsgd:levels=3", "fp16",
+                    "randomk:ratio=0.1", "terngrad", "natural"}) {
+    SCOPED_TRACE(spec);
+    auto codec = cpuRegistry().create(spec);
+    ErrorFeedback ef(codec, -1.0f, StateDType::kBFloat16);
+    EXPECT_EQ(ef.stateDType(), StateDType::kBFloat16);
+    const size_t n = 5000;
+    std::vector<float> e(n, 0.0f);  // the replay's state, bf16 values
+    for (int step = 0; step < 4; ++step) {
+      auto g = randomTensor(n, step);
+      EncodeContext ctx;
+      ctx.seed = step;
+      std::vector<float> p(n);
+      for (size_t i = 0; i < n; ++i) p[i] = e[i] + g[i];
+      const std::vector<float> pBefore = p;
+      std::vector<std::byte> want(codec->payloadBytes(n)), got(ef.payloadBytes(n));
+      ASSERT_EQ(codec->encode(p.data(), n, want, ctx), want.size());
+      codec->decompressAdd(want, p.data(), n, -1.0f);
+      ASSERT_EQ(ef.encode(1, g.data(), n, got, ctx), got.size());
+      ASSERT_EQ(got, want) << "step " << step;
+      std::vector<float> sent(n);
+      codec->decode(want, sent.data(), n);
+      auto r = ef.residual(1);
+      ASSERT_EQ(r.size(), n);
+      for (size_t i = 0; i < n; ++i) {
+        e[i] = roundBf16(p[i]);
+        ASSERT_EQ(r[i], e[i]) << "step " << step << ", element " << i;
+        ASSERT_TRUE(isBf16(r[i]));
+        ASSERT_NEAR(sent[i] + r[i], pBefore[i],
+                    std::fabs(r[i]) / 256 + 2e-7f * (std::fabs(pBefore[i]) + std::fabs(sent[i])))
+            << i;
+      }
+    }
+  }
+}
+
+// Half the bytes of fp32 state; the fp32 scratch is the process's, one
+// per encode at once, as large as the largest key.
+TEST(ErrorFeedback, Bf16StateHoldsHalfTheBytes) {
+  auto codec = cpuRegistry().create("dgc:ratio=0.01");
+  ErrorFeedback f32(codec, -1.0f, StateDType::kFloat32), b16(codec, -1.0f, StateDType::kBFloat16);
+  auto g = randomTensor(10000, 3);
+  std::vector<std::byte> out(codec->payloadBytes(g.size()));
+  for (uint64_t key = 0; key < 3; ++key) {
+    f32.encode(key, g.data(), g.size(), out);
+    b16.encode(key, g.data(), g.size(), out);
+  }
+  EXPECT_EQ(f32.heldBytes(), 3 * 2 * 10000 * sizeof(float));  // v and u per key
+  EXPECT_EQ(b16.heldBytes(), f32.heldBytes() / 2);
+  EXPECT_GE(ErrorFeedback::scratchBytes(), 2 * 10000 * sizeof(float));
+  EXPECT_LT(ErrorFeedback::scratchBytes(), 3 * 2 * 10000 * sizeof(float));
+  ErrorFeedback::releaseIdleScratch();
+  EXPECT_EQ(ErrorFeedback::scratchBytes(), 0u);
+  b16.encode(0, g.data(), g.size(), out);  // makes its own again
+  EXPECT_GE(ErrorFeedback::scratchBytes(), 2 * 10000 * sizeof(float));
+}
+
+TEST(ErrorFeedback, StateDTypeNames) {
+  EXPECT_EQ(stateDTypeFromString("fp32", "x"), StateDType::kFloat32);
+  EXPECT_EQ(stateDTypeFromString("bfloat16", "x"), StateDType::kBFloat16);
+  EXPECT_STREQ(toString(StateDType::kBFloat16), "bf16");
+  try {
+    stateDTypeFromString("fp8", "CORTADO_EF_DTYPE");
+    FAIL() << "fp8 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CORTADO_EF_DTYPE='fp8'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

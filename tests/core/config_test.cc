@@ -78,6 +78,19 @@ TEST(Settings, CompactSparseIsOnByDefaultReadPassedOnAndRefused) {
                 "CORTADO_COMPACT_SPARSE='sometimes' is not a boolean");
 }
 
+TEST(Settings, ErrorFeedbackStateIsFp32ByDefaultReadPassedOnAndRefused) {
+  ::unsetenv("CORTADO_EF_DTYPE");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.efDType, "fp32");
+  EXPECT_EQ(valueIn(c, "CORTADO_EF_DTYPE"), "fp32");
+  ::setenv("CORTADO_EF_DTYPE", "bfloat16", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.efDType, "bf16");  // canonical
+  EXPECT_EQ(valueIn(c, "CORTADO_EF_DTYPE"), "bf16");
+  expectRefused("CORTADO_EF_DTYPE", "fp8",
+                "CORTADO_EF_DTYPE='fp8': error feedback keeps its state in fp32");
+}
+
 TEST(Settings, StaggerIsOffByDefaultReadPassedOnAndRefused) {
   ::unsetenv("CORTADO_STAGGER");
   JobConfig c = readJobConfig(false);

@@ -31,6 +31,19 @@ WorkerOptions smallChunks() {
   return o;
 }
 
+// Hierarchical: an intra reduce-scatter, the encode on `where`, a compressed
+// push with a raw pull, an intra allgather.
+plan::TensorOption compressedPush(const std::string& codec, plan::Device where) {
+  plan::TensorOption o;
+  o.hierarchical = true;
+  o.codec = codec;
+  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false), Step::encode(where),
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, false),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  return o;
+}
+
 TEST(Executor, DefaultPlanSumsExactlyWithoutMpi) {
   test::Job job(3, 2, smallChunks());
   const uint64_t n = 101;
@@ -157,6 +170,56 @@ TEST(Executor, CompressedPushWithErrorFeedbackMatchesAReplayedReference) {
         for (uint64_t i = 0; i < n; ++i)
           ASSERT_EQ(out[i], expect[iter][i]) << c.name << " iter " << iter << " i " << i;
       }
+    }
+  });
+}
+
+// Top-k 25% with its residual kept in bf16 (WorkerOptions::errorFeedbackState)
+// against a replay with plain loops that rounds each worker's residual to bf16
+// after every round: the values sent carry the rounded residuals, so the sums
+// tell a bf16 state from an fp32 one (by about 2^-9 of a residual, against
+// fp32's 1e-6 of summation order).
+TEST(Executor, TopKWithBf16ResidualsMatchesARoundedReplay) {
+  const int W = 3;
+  WorkerOptions wo;  // one chunk: top-k selects over the whole tensor
+  wo.errorFeedbackState = compressor::StateDType::kBFloat16;
+  test::Job job(W, 2, wo);
+  const uint64_t n = 80, k = 20;
+  plan::TensorOption o = compressedPush("topk:ratio=0.25", plan::Device::kCpu);
+  plan::Plan p;
+  p.tensors["t"] = o;
+  auto input = [](int r, int iter, uint64_t i) {
+    return 0.3f + 0.7310f * float((r * 37 + iter * 11 + i * 13) % 97) / 97.0f + 1e-3f * float(r);
+  };
+  const int iters = 6;
+  std::vector<std::vector<float>> residual(W, std::vector<float>(n, 0.0f));
+  std::vector<std::vector<double>> expect(iters, std::vector<double>(n, 0.0));
+  for (int iter = 0; iter < iters; ++iter)
+    for (int r = 0; r < W; ++r) {
+      std::vector<float> q(n);
+      for (uint64_t i = 0; i < n; ++i) q[i] = input(r, iter, i) + residual[r][i];
+      std::vector<uint64_t> idx(n);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(),
+                       [&](uint64_t a, uint64_t b) { return std::fabs(q[a]) > std::fabs(q[b]); });
+      std::vector<bool> sent(n, false);
+      for (uint64_t j = 0; j < k; ++j) sent[idx[j]] = true;
+      for (uint64_t i = 0; i < n; ++i) {
+        if (sent[i]) expect[iter][i] += q[i];
+        residual[r][i] = sent[i] ? 0.0f : bf16ToFloat(floatToBf16(q[i]));
+      }
+    }
+  job.onEveryWorker([&](int r) {
+    executor::Executor ex(*job.workers[r], nullptr);
+    ex.declare("t", DType::kFloat32, n);
+    ex.setPlan(p, soon());
+    for (int iter = 0; iter < iters; ++iter) {
+      std::vector<float> in(n), out(n);
+      for (uint64_t i = 0; i < n; ++i) in[i] = input(r, iter, i);
+      ex.run("t", in.data(), out.data(), n, ReduceOp::kSum, soon());
+      for (uint64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(out[i], expect[iter][i], 1e-5 * (1 + std::fabs(expect[iter][i])))
+            << "iter " << iter << " i " << i;
     }
   });
 }
@@ -306,14 +369,7 @@ TEST(Executor, DgcAcrossChangingGroupBoundariesMatchesAReplay) {
   test::Job job(W, 2);
   const float m = 0.9f;
   const std::vector<uint64_t> lens = {40, 24};
-  plan::TensorOption o;
-  o.hierarchical = true;
-  o.codec = "dgc:ratio=0.25,momentum=0.9";
-  o.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
-             Step::encode(plan::Device::kCpu),
-             Step::comm(Scope::kInter, CommOp::kPush, true),
-             Step::comm(Scope::kInter, CommOp::kPull, false),
-             Step::comm(Scope::kIntra, CommOp::kAllgather, false)};
+  plan::TensorOption o = compressedPush("dgc:ratio=0.25,momentum=0.9", plan::Device::kCpu);
   plan::Plan p;
   p.tensors["a"] = p.tensors["b"] = o;
   p.groups = {{"a", "b"}};

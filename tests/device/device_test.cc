@@ -201,7 +201,8 @@ TEST_P(DeviceConformance, BuffersGrowAndKeepTheirMemoryWhenLargeEnough) {
 
 // Each codec of the device encodes the same payload bytes as the CPU codec
 // with error feedback over three rounds, keeps the same residual, and
-// decodes into a sum as the CPU codec does.
+// decodes into a sum as the CPU codec does; with the state in fp32 and in
+// bf16 (the CPU's ErrorFeedback is the CUDA one's twin for both).
 TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
   compressor::Registry cpu;
   compressor::registerCpuCodecs(cpu);
@@ -210,15 +211,17 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
   const Deadline d = Deadline::after(Millis(60000));
   const size_t n = 5003;
   int tested = 0;
-  for (const char* spec : {"fp16", "onebit", "efsignsgd", "topk:ratio=0.25", "randomk:ratio=0.5"}) {
+  for (auto state : {compressor::StateDType::kFloat32, compressor::StateDType::kBFloat16})
+  for (const char* spec : {"fp16", "onebit", "efsignsgd", "topk:ratio=0.25", "randomk:ratio=0.5",
+                           "dgc:ratio=0.25"}) {
     const std::string name = std::string(spec).substr(0, std::string(spec).find(':'));
     if (!dev_->codecs().has(name, dev_->codecDevice())) continue;
     ++tested;
-    SCOPED_TRACE(spec);
+    SCOPED_TRACE(fmt::format("{}, {} state", spec, compressor::toString(state)));
     auto hostCodec = cpu.create(spec);
     auto devCodec = dev_->codecs().create(spec, dev_->codecDevice());
-    compressor::ErrorFeedback ref(hostCodec);
-    auto ef = dev_->errorFeedback(devCodec);
+    compressor::ErrorFeedback ref(hostCodec, -1.0f, state);
+    auto ef = dev_->errorFeedback(devCodec, state);
     const size_t bytes = ef->payloadBytes(n);
     ASSERT_EQ(bytes, hostCodec->payloadBytes(n));
     Buffer x(*dev_, false), pay(*dev_, false), pin(*dev_, true), sum(*dev_, false);
@@ -243,6 +246,10 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
       ASSERT_EQ(r.size(), rr.size());
       for (size_t i = 0; i < r.size(); ++i)
         ASSERT_NEAR(r[i], rr[i], 1e-6f * (1 + std::abs(rr[i]))) << "residual element " << i;
+      auto u = ef->velocity(5), uu = ref.velocity(5);
+      ASSERT_EQ(u.size(), uu.size());
+      for (size_t i = 0; i < u.size(); ++i)
+        ASSERT_NEAR(u[i], uu[i], 1e-6f * (1 + std::abs(uu[i]))) << "velocity element " << i;
       // Decode into a sum of ones on the device and on the host.
       std::vector<float> hsum(n, 1.0f);
       hostCodec->decompressAdd(want, hsum.data(), n);
@@ -256,9 +263,11 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], hsum[i]) << "decoded element " << i;
     }
   }
-  EXPECT_GE(tested, 4) << "the device has too few of the codecs the executor's tests use";
-  EXPECT_TRUE(
-      dev_->errorFeedback(dev_->codecs().create("fp16", dev_->codecDevice()))->residual(3).empty());
+  EXPECT_GE(tested, 8) << "the device has too few of the codecs the executor's tests use";
+  EXPECT_TRUE(dev_->errorFeedback(dev_->codecs().create("fp16", dev_->codecDevice()),
+                                  compressor::StateDType::kFloat32)
+                  ->residual(3)
+                  .empty());
 }
 
 // A payload whose header names another codec is refused before the sum is

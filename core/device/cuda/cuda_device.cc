@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "compressor/cuda/cuda_codecs.h"
+#include "core/common/half.h"
 #include "compressor/registry.h"
 #include "core/common/error.h"
 #include "core/device/cuda/factory.h"
@@ -91,8 +92,8 @@ class CudaEvent final : public Event {
 
 class CudaDeviceErrorFeedback final : public ErrorFeedback {
  public:
-  CudaDeviceErrorFeedback(compressor::CodecPtr codec, int device)
-      : ef_(std::move(codec)), device_(device) {}
+  CudaDeviceErrorFeedback(compressor::CodecPtr codec, int device, compressor::StateDType state)
+      : ef_(std::move(codec), -1.0f, state), device_(device) {}
   size_t payloadBytes(size_t n) const override { return ef_.codec().payloadBytes(n); }
   void encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
               compressor::EncodeContext ctx, Stream* s) override {
@@ -117,12 +118,12 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
     std::lock_guard<std::mutex> lk(mu_);
     uint64_t elements = 0;
     for (const auto& [key, n] : sizes_) elements += n;
-    return elements * sizeof(float) * (ef_.momentum() > 0 ? 2 : 1);
+    return elements * compressor::stateBytes(ef_.stateDType()) * (ef_.momentum() > 0 ? 2 : 1);
   }
 
  private:
   // A host copy of the key's state at p (device memory), after its encode.
-  HostFloats toHost(uint64_t key, const float* p, const char* what) const {
+  HostFloats toHost(uint64_t key, const void* p, const char* what) const {
     size_t n = 0;
     cudaStream_t s = nullptr;
     {
@@ -136,6 +137,13 @@ class CudaDeviceErrorFeedback final : public ErrorFeedback {
     HostFloats out(n);
     check(cudaSetDevice(device_), "cudaSetDevice");
     check(cudaStreamSynchronize(s), fmt::format("{}: synchronize the encode's stream", what));
+    if (ef_.stateDType() == compressor::StateDType::kBFloat16) {
+      std::vector<uint16_t> bits(n);
+      check(cudaMemcpy(bits.data(), p, n * sizeof(uint16_t), cudaMemcpyDeviceToHost),
+            fmt::format("{}: copy", what));
+      bf16ToFloatN(bits.data(), out.data(), n);
+      return out;
+    }
     check(cudaMemcpy(out.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost),
           fmt::format("{}: copy", what));
     return out;
@@ -235,8 +243,9 @@ class CudaDevice final : public Device {
     c.stream = native(s);
     return c;
   }
-  std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec) override {
-    return std::make_unique<CudaDeviceErrorFeedback>(std::move(codec), device_);
+  std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec,
+                                               compressor::StateDType state) override {
+    return std::make_unique<CudaDeviceErrorFeedback>(std::move(codec), device_, state);
   }
   void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
                      size_t n, Stream& s) override {

@@ -165,8 +165,8 @@ void checkPointers(const void* a, const void* b, size_t bytes, const char* op) {
 
 class HostDeviceErrorFeedback final : public ErrorFeedback {
  public:
-  explicit HostDeviceErrorFeedback(compressor::CodecPtr codec)
-      : ef_(hostErrorFeedback(std::move(codec))) {}
+  HostDeviceErrorFeedback(compressor::CodecPtr codec, compressor::StateDType state)
+      : ef_(hostErrorFeedback(std::move(codec), state)) {}
   size_t payloadBytes(size_t n) const override { return ef_->payloadBytes(n); }
   void encode(uint64_t key, const float* grad, size_t n, std::span<std::byte> out,
               compressor::EncodeContext ctx, Stream* s) override {
@@ -263,8 +263,9 @@ class HostDevice final : public Device {
   compressor::Device codecDevice() const override { return compressor::Device::kCpu; }
   const compressor::Registry& codecs() const override { return *codecs_; }
   compressor::EncodeContext context(Stream&) const override { return {}; }
-  std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec) override {
-    return std::make_unique<HostDeviceErrorFeedback>(std::move(codec));
+  std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec,
+                                               compressor::StateDType state) override {
+    return std::make_unique<HostDeviceErrorFeedback>(std::move(codec), state);
   }
   void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
                      size_t n, Stream& s) override {
