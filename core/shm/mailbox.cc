@@ -45,6 +45,7 @@ struct RingHeader {
   int32_t producerPid;
   uint32_t producerRole;
   int32_t producerRank;
+  std::atomic<uint32_t> left;              // 1: the producer left in order (leave())
   alignas(64) std::atomic<uint64_t> tail;  // the producer's: records published
   alignas(64) std::atomic<uint64_t> head;  // the consumer's: records consumed
 };
@@ -168,6 +169,10 @@ NodeId Mailbox::producer(uint32_t r) const {
 }
 
 int32_t Mailbox::producerPid(uint32_t r) const { return ring(*seg_, r)->producerPid; }
+
+bool Mailbox::producerLeft(uint32_t r) const {
+  return ring(*seg_, r)->left.load(std::memory_order_acquire) != 0;
+}
 
 std::optional<Mailbox::Record> Mailbox::front(uint32_t r) {
   const Header* h = header(*seg_);
@@ -417,13 +422,16 @@ std::unique_ptr<MailboxSender> MailboxSender::open(const std::string& name, cons
     RingHeader* rh = ring(*seg, r);
     uint32_t st = rh->state.load(std::memory_order_acquire);
     if (st == kReady && rh->producerPid == pid && rh->producerRole == role &&
-        rh->producerRank == self.rank)
+        rh->producerRank == self.rank) {
+      rh->left.store(0, std::memory_order_release);
       return std::unique_ptr<MailboxSender>(new MailboxSender(std::move(seg), r));
+    }
     if (st != kFree) continue;
     if (!rh->state.compare_exchange_strong(st, kClaiming, std::memory_order_acq_rel)) continue;
     rh->producerPid = pid;
     rh->producerRole = role;
     rh->producerRank = self.rank;
+    rh->left.store(0, std::memory_order_relaxed);
     rh->state.store(kReady, std::memory_order_release);
     h->claimed.fetch_add(1, std::memory_order_acq_rel);
     // A consumer asleep learns of the ring at once.
@@ -439,7 +447,11 @@ std::unique_ptr<MailboxSender> MailboxSender::open(const std::string& name, cons
 MailboxSender::MailboxSender(std::unique_ptr<Segment> seg, uint32_t ring)
     : seg_(std::move(seg)), ring_(ring) {}
 
-MailboxSender::~MailboxSender() = default;
+MailboxSender::~MailboxSender() { leave(); }
+
+void MailboxSender::leave() {
+  if (seg_) ring(*seg_, ring_)->left.store(1, std::memory_order_release);
+}
 
 int32_t MailboxSender::consumerPid() const { return header(*seg_)->consumerPid; }
 

@@ -88,6 +88,9 @@ class Mailbox {
   void pop(uint32_t r);
   NodeId producer(uint32_t r) const;
   int32_t producerPid(uint32_t r) const;
+  // Whether ring r's producer left in order (MailboxSender::leave): its
+  // process may exit without being a dead peer.
+  bool producerLeft(uint32_t r) const;
 
   // Returns at once when a ring holds a record that front() has not yet
   // shown, a ring was claimed, the mailbox was shut, or `ready()` (given:
@@ -190,7 +193,14 @@ class MailboxSender {
   // another host than `host`, or has no free ring.
   static std::unique_ptr<MailboxSender> open(const std::string& name, const NodeId& self,
                                              const std::string& host);
+  // Leaves the ring (leave()).
   ~MailboxSender();
+
+  // Says that this producer leaves in order (its transport closes): the
+  // consumer still takes what it published, but no longer reports the
+  // process as dead once it exits (Mailbox::producerLeft). Taking the ring
+  // back (open() again) clears it.
+  void leave();
 
   enum class Result { kSent, kFull, kTooBig, kRefused };
   // Copies `parts` into the next slot and publishes it; rings the doorbell

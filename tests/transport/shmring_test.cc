@@ -916,6 +916,63 @@ TEST(RingTransport, ADeadProducerIsReportedWithinADeadline) {
   ::close(ready[1]);
 }
 
+// A producer that leaves in order (its transport closes, or its sender goes)
+// and then exits is not a dead peer: what it published is delivered and no
+// error comes (the normal end of a job: workers exit before the servers).
+// One that takes its ring back and is then killed is reported again.
+TEST(RingTransport, AProducerThatLeftInOrderIsNotReportedDead) {
+  const std::string prefix = uniqueName("leftproducer");
+  auto hub = inproc::createHub();
+  RingNode server(hub, kServer, prefix);
+  server.t->listen("inproc://s");
+  pid_t child = forkChild([&] {
+    auto tx = MailboxSender::open(shm::segmentName(prefix, kServer, shm::kMailboxIndex), kWorker, "h");
+    if (!tx || tx->trySend({u64(7)}, 0) != Result::kSent) ::_exit(3);
+    tx.reset();  // leaves the ring in order
+    ::_exit(0);
+  });
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not send";
+  ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 1; }));
+  EXPECT_EQ(u64(server.got[0].parts.at(0)), 7u);
+  // Eight of the consumer's checks (every 50 ms) after the exit: no report.
+  EXPECT_FALSE(server.waitUntil([&] { return !server.errors.empty(); }, 400ms))
+      << "a producer that left in order was reported: " << server.errors[0].second.message();
+  server.t->close();
+}
+
+TEST(RingTransport, AProducerThatTookItsRingBackIsReportedDeadAgain) {
+  const std::string prefix = uniqueName("backproducer");
+  auto hub = inproc::createHub();
+  RingNode server(hub, kServer, prefix);
+  server.t->listen("inproc://s");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = forkChild([&] {
+    const std::string name = shm::segmentName(prefix, kServer, shm::kMailboxIndex);
+    auto tx = MailboxSender::open(name, kWorker, "h");
+    char c = tx && tx->trySend({u64(1)}, 0) == Result::kSent;
+    tx.reset();                                  // left
+    tx = MailboxSender::open(name, kWorker, "h");  // and back: the same ring
+    c = c && tx && tx->trySend({u64(2)}, 0) == Result::kSent;
+    (void)!::write(ready[1], &c, 1);
+    (void)tx.release();  // killed below, without leaving
+  });
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 1) << "the child could not write into the server's ring";
+  ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 2; }));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(server.waitUntil([&] { return !server.errors.empty(); }, 5s))
+      << "the killed producer was not reported";
+  EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
+  server.t->close();
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
 TEST(RingTransport, AFullRingFallsBackToTheTransportAndOrderHolds) {
   const std::string prefix = uniqueName("fallback");
   auto hub = inproc::createHub();

@@ -151,6 +151,15 @@ class RingTransport final : public Transport {
     mailbox_->shut();  // wakes the consumer and the parked ring thread
     if (thread_.joinable()) thread_.join();
     {
+      // This node leaves its peers' rings in order: its exit is not a
+      // dead peer to them (a normal end of the job, workers before servers).
+      std::lock_guard<std::mutex> lk(outMu_);
+      for (auto& [peer, out] : outs_) {
+        std::lock_guard<std::mutex> olk(out->mu);
+        if (out->sender) out->sender->leave();
+      }
+    }
+    {
       // A caller in receiveWhileWaiting() sees stop_ at its next look
       // (shut() woke it); none runs a callback after this returns.
       std::unique_lock<std::mutex> lk(roleMu_);
@@ -447,7 +456,8 @@ class RingTransport final : public Transport {
   }
 
   // A producer whose process is gone is reported once (its records were
-  // handed over; the scheduler's heartbeats report it too).
+  // handed over; the scheduler's heartbeats report it too), unless it left
+  // in order first (MailboxSender::leave, at its transport's close()).
   void checkProducers() {
     InCallback in(this);
     std::vector<std::pair<NodeId, int32_t>> gone;
@@ -456,7 +466,8 @@ class RingTransport final : public Transport {
       for (const auto& [peer, r] : ringOf_) {
         In& in = ins_[peer];
         const int32_t pid = mailbox_->producerPid(r);
-        if (!in.reportedGone && !shm::processAlive(pid)) {
+        // A producer that left in order (closed its transport) may exit.
+        if (!in.reportedGone && !mailbox_->producerLeft(r) && !shm::processAlive(pid)) {
           in.reportedGone = true;
           gone.emplace_back(peer, pid);
         }
