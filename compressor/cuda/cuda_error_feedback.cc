@@ -14,6 +14,7 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw Error(ErrorCode::kInternal, fmt::format("CUDA {}: {}", what, cudaGetErrorString(e)));
 }
+
 // The fp32 working copies of bf16 states: one per (device, stream), shared
 // by every CudaErrorFeedback; work on one stream runs in the order it was
 // enqueued, so a stream's encodes may share its scratch, and its lock is
@@ -22,7 +23,7 @@ struct Scratch {
   std::mutex mu;
   float* e = nullptr;
   float* u = nullptr;
-  size_t cap = 0;  // elements of each
+  size_t capE = 0, capU = 0;  // elements of each
 };
 
 struct ScratchPool {
@@ -46,22 +47,23 @@ Scratch& scratchFor(cudaStream_t s) {
   return *slot;
 }
 
-// Grows the stream's scratch (lock held) to n elements of e, and of u with
-// momentum; the old buffers go once the stream's earlier work is done.
-void grow(Scratch& sc, size_t n, cudaStream_t s) {
-  if (sc.cap >= n) return;
+// Grows one of a stream's scratch buffers (its lock held) to n elements;
+// the old buffer goes once the stream's earlier work is done.
+void grow(float*& buf, size_t& cap, size_t n, cudaStream_t s) {
+  if (cap >= n) return;
   check(cudaStreamSynchronize(s), "synchronize before growing the error-feedback scratch");
-  const uint64_t before = 2 * sc.cap * sizeof(float);
-  cudaFree(sc.e);
-  cudaFree(sc.u);
-  sc.e = sc.u = nullptr;
-  sc.cap = 0;
-  check(cudaMalloc(reinterpret_cast<void**>(&sc.e), n * sizeof(float) + 4), "alloc scratch");
-  check(cudaMalloc(reinterpret_cast<void**>(&sc.u), n * sizeof(float) + 4), "alloc scratch");
-  sc.cap = n;
   ScratchPool& p = scratchPool();
+  cudaFree(buf);
+  buf = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(p.mu);
+    p.bytes -= cap * sizeof(float);
+  }
+  cap = 0;
+  check(cudaMalloc(reinterpret_cast<void**>(&buf), n * sizeof(float) + 4), "alloc scratch");
+  cap = n;
   std::lock_guard<std::mutex> lk(p.mu);
-  p.bytes += 2 * n * sizeof(float) - before;
+  p.bytes += n * sizeof(float);
 }
 
 }  // namespace
@@ -138,7 +140,8 @@ size_t CudaErrorFeedback::encode(uint64_t key, const float* grad, size_t n,
     return run(static_cast<float*>(st.residual), static_cast<float*>(st.velocity));
   Scratch& sc = scratchFor(s);
   std::lock_guard<std::mutex> lk(sc.mu);
-  grow(sc, n, s);
+  grow(sc.e, sc.capE, n, s);
+  if (m) grow(sc.u, sc.capU, n, s);
   auto* e16 = static_cast<uint16_t*>(st.residual);
   auto* u16 = static_cast<uint16_t*>(st.velocity);
   kern::castDecode(e16, n, sc.e, 1.0f, false, true, s);
