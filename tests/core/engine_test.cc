@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
@@ -751,6 +752,38 @@ TEST(Engine, CompressedStochasticCodecsAndErrorFeedback) {
     // The gap is the workers' residuals: bounded, while the sum grew 20 rounds.
     EXPECT_LT(diff / total, 0.5) << "worker " << r;
   });
+}
+
+// A push-pull key's error feedback in bf16 (WorkerOptions::errorFeedbackState,
+// CORTADO_EF_DTYPE=bf16) against a replay with plain loops that rounds the
+// residual to bf16 after every round: one worker, so each answer is exactly
+// the top-k values it pushed, which carry the rounded residuals.
+TEST(Engine, PushPullErrorFeedbackInBf16MatchesARoundedReplay) {
+  WorkerOptions wo;
+  wo.errorFeedbackState = compressor::StateDType::kBFloat16;
+  Job job(1, 1, wo);
+  Worker& w = *job.workers[0];
+  const uint64_t n = 80, k = 20;
+  w.declare("t", DType::kFloat32, n, TensorOptions{.codec = "topk:ratio=0.25"}, soon());
+  std::vector<float> e(n, 0.0f);
+  for (int round = 0; round < 6; ++round) {
+    std::vector<float> in(n), out(n, std::nanf(""));
+    for (uint64_t i = 0; i < n; ++i)
+      in[i] = 0.3f + 0.731f * float((i * 13 + uint64_t(round) * 11) % 97) / 97.0f;
+    ASSERT_TRUE(w.pushPull("t", DType::kFloat32, n, in.data(), out.data(), ReduceOp::kSum, 0)
+                    .wait(soon())
+                    .ok());
+    std::vector<float> q(n);
+    for (uint64_t i = 0; i < n; ++i) q[i] = in[i] + e[i];
+    std::vector<uint64_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](uint64_t a, uint64_t b) { return std::fabs(q[a]) > std::fabs(q[b]); });
+    std::vector<float> expect(n, 0.0f);
+    for (uint64_t j = 0; j < k; ++j) expect[idx[j]] = q[idx[j]];
+    for (uint64_t i = 0; i < n; ++i) e[i] = expect[i] != 0.0f ? 0.0f : bf16ToFloat(floatToBf16(q[i]));
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], expect[i]) << "round " << round << " i " << i;
+  }
 }
 
 TEST(Engine, CompressedAsyncModeAppliesEachPushDensely) {
