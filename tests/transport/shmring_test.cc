@@ -832,7 +832,7 @@ struct RingNode {
            shm::MailboxShape shape = {}, bool waiterReceives = true) {
     shmring::RingOptions o;
     o.prefix = prefix;
-    o.host = "h";
+    o.host.assign(1, 'h');  // not = "h": GCC 12 warns (-Wrestrict) on that assign once inlined
     o.shape = shape;
     o.checkEvery = 50ms;
     o.waiterReceives = waiterReceives;
