@@ -152,15 +152,24 @@ size_t ErrorFeedback::encode(uint64_t key, const float* grad, size_t n, std::spa
     update(s.residual.data(), m ? s.velocity.data() : nullptr, grad, n, ctx);
     return encodeIn(s.residual.data(), m ? s.velocity.data() : nullptr, n, out, ctx);
   }
-  // bf16: widen into scratch, the same algebra in fp32, store back rounded.
+  // bf16: widen into scratch and update there in one pass (widening is
+  // exact: the same fp32 algebra as update()), encode, store back rounded.
   ScratchLease sc(n, m);
   float* e = sc->e.data();
   float* u = m ? sc->u.data() : nullptr;
+  const uint16_t* e16 = s.residual16.data();
+  const uint16_t* u16 = m ? s.velocity16.data() : nullptr;
+  const float mu = momentum_;
   cpu::parallelAligned(ctx.pool, n, 64, [&](size_t b, size_t end) {
-    bf16ToFloatN(s.residual16.data() + b, e + b, end - b);
-    if (m) bf16ToFloatN(s.velocity16.data() + b, u + b, end - b);
+    if (m) {
+      for (size_t i = b; i < end; ++i) {
+        u[i] = mu * bf16ToFloat(u16[i]) + grad[i];
+        e[i] = bf16ToFloat(e16[i]) + u[i];
+      }
+    } else {
+      for (size_t i = b; i < end; ++i) e[i] = bf16ToFloat(e16[i]) + grad[i];
+    }
   });
-  update(e, u, grad, n, ctx);
   const size_t bytes = encodeIn(e, u, n, out, ctx);
   cpu::parallelAligned(ctx.pool, n, 64, [&](size_t b, size_t end) {
     cpu::floatToBf16(e + b, s.residual16.data() + b, end - b);
