@@ -367,7 +367,8 @@ int runModelBench(const ModelBenchOptions& o) {
   if (lead && !o.json) {
     fmt::print("# cortado bench model: {} ({} tensors, {:.1f} M elements), codec {}, {} workers on "
                "{} machines x {}, {} servers, compute scale {} (forward {:.1f} ms, backward {:.1f} "
-               "ms), {} iterations after {} warm-up, gradients {} on {}, tensor fusion {}, {}{}\n# measured {}\n",
+               "ms), {} iterations after {} warm-up, gradients {} on {}, tensor fusion {}, {}{}{}\n"
+               "# measured {}\n",
                profile.model, T, totalElements / 1e6, o.codec, topo.size, topo.numMachines,
                topo.localSize, worker->numServers(), o.computeScale, profile.forwardUs / 1e3,
                profile.backwardUs() / 1e3, o.iterations, o.warmup,
@@ -386,6 +387,9 @@ int runModelBench(const ModelBenchOptions& o) {
                                     : ", encode pipeline on (CORTADO_PIPELINE=1: within each batch; "
                                       "the predictions do not model it with fusion by size)")
                             : "",
+               worker->errorFeedbackState() == compressor::StateDType::kBFloat16
+                   ? ", error feedback in bf16 (CORTADO_EF_DTYPE=bf16)"
+                   : "",
                costNote);
     std::fflush(stdout);
   }
@@ -900,6 +904,7 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"fusion_bytes", job.fusionBytes},
                    {"phase_bytes", job.phaseBytes},
                    {"pipeline", job.pipeline},
+                   {"ef_dtype", compressor::toString(worker->errorFeedbackState())},
                    {"batches_per_iteration", double(r.batches) / double(std::max<uint64_t>(1, r.iterationsRun))},
                    {"iteration_ms", r.timesMs}};
         if (!(r.predictedMs > 0)) {
