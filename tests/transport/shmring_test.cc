@@ -15,8 +15,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -882,23 +884,54 @@ struct RingNode {
   }
 };
 
+// Forks a producer into the server mailbox of `prefix`: `send` opens the
+// sender (given the mailbox's name) and writes (true: all of it went in);
+// the sender is then kept, never leaving the ring, until the child is
+// killed, as a crash. Returns the child's pid once it has sent, or -1 with
+// a failure added when it could not.
+pid_t forkProducer(
+    const std::string& prefix,
+    const std::function<bool(const std::string& mailbox, std::unique_ptr<MailboxSender>& tx)>& send) {
+  int ready[2];
+  if (::pipe(ready) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return -1;
+  }
+  pid_t child = forkChild([&] {
+    // No threads here: the producer's side is the mailbox sender alone.
+    std::unique_ptr<MailboxSender> tx;
+    char c = send(shm::segmentName(prefix, kServer, shm::kMailboxIndex), tx);
+    (void)!::write(ready[1], &c, 1);
+    (void)tx.release();
+  });
+  char c = 0;
+  const bool told = ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+  ::close(ready[1]);
+  if (!told || c != 1) {
+    ADD_FAILURE() << "the child could not write into the server's ring";
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    return -1;
+  }
+  return child;
+}
+
+// One message of `value` from a producer that then stays until killed.
+pid_t forkProducerOf(const std::string& prefix, uint64_t value) {
+  return forkProducer(prefix, [&](const std::string& mailbox, std::unique_ptr<MailboxSender>& tx) {
+    tx = MailboxSender::open(mailbox, kWorker, "h");
+    return tx && tx->trySend({u64(value)}, 0) == Result::kSent;
+  });
+}
+
 TEST(RingTransport, ADeadProducerIsReportedWithinADeadline) {
   const std::string prefix = uniqueName("deadproducer");
   auto hub = inproc::createHub();
   RingNode server(hub, kServer, prefix);
   server.t->listen("inproc://s");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = forkChild([&] {
-    // No threads here: the producer's side is the mailbox sender alone.
-    auto tx = MailboxSender::open(shm::segmentName(prefix, kServer, shm::kMailboxIndex), kWorker, "h");
-    char c = tx && tx->trySend({u64(42)}, 0) == Result::kSent;
-    (void)!::write(ready[1], &c, 1);
-    (void)tx.release();
-  });
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ASSERT_EQ(c, 1) << "the child could not write into the server's ring";
+  const pid_t child = forkProducerOf(prefix, 42);
+  ASSERT_GT(child, 0);
   ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 1; }));
   EXPECT_EQ(server.got[0].from, kWorker);
   EXPECT_EQ(u64(server.got[0].parts.at(0)), 42u);
@@ -912,8 +945,6 @@ TEST(RingTransport, ADeadProducerIsReportedWithinADeadline) {
   EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
   EXPECT_NE(server.errors[0].second.message().find(kWorker.toString()), std::string::npos);
   server.t->close();
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 // A producer that leaves in order (its transport closes, or its sender goes)
@@ -947,21 +978,15 @@ TEST(RingTransport, AProducerThatTookItsRingBackIsReportedDeadAgain) {
   auto hub = inproc::createHub();
   RingNode server(hub, kServer, prefix);
   server.t->listen("inproc://s");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = forkChild([&] {
-    const std::string name = shm::segmentName(prefix, kServer, shm::kMailboxIndex);
-    auto tx = MailboxSender::open(name, kWorker, "h");
-    char c = tx && tx->trySend({u64(1)}, 0) == Result::kSent;
-    tx.reset();                                  // left
-    tx = MailboxSender::open(name, kWorker, "h");  // and back: the same ring
-    c = c && tx && tx->trySend({u64(2)}, 0) == Result::kSent;
-    (void)!::write(ready[1], &c, 1);
-    (void)tx.release();  // killed below, without leaving
-  });
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ASSERT_EQ(c, 1) << "the child could not write into the server's ring";
+  const pid_t child =
+      forkProducer(prefix, [](const std::string& mailbox, std::unique_ptr<MailboxSender>& tx) {
+        tx = MailboxSender::open(mailbox, kWorker, "h");
+        bool sent = tx && tx->trySend({u64(1)}, 0) == Result::kSent;
+        tx.reset();                                     // left
+        tx = MailboxSender::open(mailbox, kWorker, "h");  // and back: the same ring
+        return sent && tx && tx->trySend({u64(2)}, 0) == Result::kSent;
+      });
+  ASSERT_GT(child, 0);
   ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 2; }));
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
@@ -969,8 +994,6 @@ TEST(RingTransport, AProducerThatTookItsRingBackIsReportedDeadAgain) {
       << "the killed producer was not reported";
   EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
   server.t->close();
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST(RingTransport, AFullRingFallsBackToTheTransportAndOrderHolds) {
@@ -1131,18 +1154,8 @@ TEST(RingTransport, ADeadProducerIsReportedWhileACallerConsumes) {
     callerBack = true;
   });
   ASSERT_TRUE(untilBlocked(tid)) << "the caller never slept";
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = forkChild([&] {
-    // No threads here: the producer's side is the mailbox sender alone.
-    auto tx = MailboxSender::open(shm::segmentName(prefix, kServer, shm::kMailboxIndex), kWorker, "h");
-    char c = tx && tx->trySend({u64(42)}, 0) == Result::kSent;
-    (void)!::write(ready[1], &c, 1);
-    (void)tx.release();
-  });
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ASSERT_EQ(c, 1) << "the child could not write into the server's ring";
+  const pid_t child = forkProducerOf(prefix, 42);
+  ASSERT_GT(child, 0);
   ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 1; }));
   EXPECT_EQ(server.deliveredOn(callerId), 1u) << "the consumer's record went to another thread";
   EXPECT_FALSE(callerBack);
@@ -1158,8 +1171,6 @@ TEST(RingTransport, ADeadProducerIsReportedWhileACallerConsumes) {
   EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
   EXPECT_NE(server.errors[0].second.message().find(kWorker.toString()), std::string::npos);
   server.t->close();
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 // Several threads wait, each for its own message: one is the consumer, the
