@@ -56,8 +56,6 @@ class CudaErrorFeedback {
   // Device pointer to the key's momentum u; nullptr when none (or m = 0).
   const void* velocity(uint64_t key) const;
   void reset(uint64_t key);
-  // Bytes of the process's bf16 scratch on every device.
-  static uint64_t scratchBytes();
 
  private:
   struct State {

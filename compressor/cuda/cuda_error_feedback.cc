@@ -29,7 +29,6 @@ struct Scratch {
 struct ScratchPool {
   std::mutex mu;
   std::map<std::pair<int, cudaStream_t>, std::unique_ptr<Scratch>> byStream;
-  uint64_t bytes = 0;
 };
 
 ScratchPool& scratchPool() {
@@ -52,27 +51,14 @@ Scratch& scratchFor(cudaStream_t s) {
 void grow(float*& buf, size_t& cap, size_t n, cudaStream_t s) {
   if (cap >= n) return;
   check(cudaStreamSynchronize(s), "synchronize before growing the error-feedback scratch");
-  ScratchPool& p = scratchPool();
   cudaFree(buf);
   buf = nullptr;
-  {
-    std::lock_guard<std::mutex> lk(p.mu);
-    p.bytes -= cap * sizeof(float);
-  }
   cap = 0;
   check(cudaMalloc(reinterpret_cast<void**>(&buf), n * sizeof(float) + 4), "alloc scratch");
   cap = n;
-  std::lock_guard<std::mutex> lk(p.mu);
-  p.bytes += n * sizeof(float);
 }
 
 }  // namespace
-
-uint64_t CudaErrorFeedback::scratchBytes() {
-  ScratchPool& p = scratchPool();
-  std::lock_guard<std::mutex> lk(p.mu);
-  return p.bytes;
-}
 
 CudaErrorFeedback::CudaErrorFeedback(CodecPtr codec, float momentum, StateDType state)
     : codec_(std::move(codec)),
