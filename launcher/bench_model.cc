@@ -287,6 +287,9 @@ int runModelBench(const ModelBenchOptions& o) {
     // costs 2-3x a 1 Mi-element one here (caches), which priced resnet101's
     // 2.4 Mi-element tensors 30-40% high.
     measureCodec(world, o.codec, minElems, groupElems, into, {maxElems});
+    if (topo.numMachines > 1)
+      measureCompressedExchange(world, *worker, groups, o.codec, minElems, groupElems, into, tag,
+                                {maxElems});
     if (!direct) {
       // The device's own codec and the copies to and from pinned memory.
       measureDeviceCodec(world, *dev, o.codec, into);

@@ -14,6 +14,7 @@
 #include "core/common/logging.h"
 #include "core/executor/executor.h"
 #include "scheduler/planner/decision.h"
+#include "scheduler/replan.h"
 #include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/option_tree.h"
 #include "scheduler/planner/report.h"
@@ -199,6 +200,21 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
 }
 
 
+int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner::Cluster& cl,
+                        const planner::ResolvedCodec& codec) {
+  if (reports.empty()) return 0;
+  planner::LinkCost fitted;
+  scheduler::OnlineReplanner::measuredCurves(reports, false, fitted, &cl, &codec);
+  int n = 0;
+  for (const plan::CommOp op : {plan::CommOp::kPush, plan::CommOp::kPull})
+    if (auto it = fitted.curvesCompressed.find(op);
+        it != fitted.curvesCompressed.end() && it->second.p == cl.machines && !it->second.points.empty()) {
+      cl.inter.curvesCompressed[op] = it->second;
+      ++n;
+    }
+  return n;
+}
+
 std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                                    const planner::ModelProfile& profile,
                                                    const collective::Topology& topo, const Measured& m,
@@ -274,6 +290,11 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
     codec.encodeCurve[d] = own ? m.gpuEncodeCurve : m.encodeCurve;
     codec.decodeCurve[d] = own ? m.gpuDecodeCurve : m.decodeCurve;
   }
+  // Compressed push and pull as the executor's own exchanges took them
+  // (measureCompressedExchange), less the servers' work as the simulator
+  // adds it (the online re-planner's fit of the same timings), instead of
+  // the uncompressed probe's curve at the payloads' sizes.
+  applyExchangeCurves(m.exchangeReports, cl, codec);
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
   int bytepsIdx = -1;

@@ -12,6 +12,7 @@
 
 #include "core/collective/collectives.h"
 #include "core/plan/plan.h"
+#include "core/plan/profile_report.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_model_probe.h"
 #include "scheduler/planner/profile.h"
@@ -44,6 +45,16 @@ std::string predictedTracePath(const std::string& file, const std::string& strat
 std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& base,
                                                      const plan::Plan& p, const std::string& tracePath);
 
+
+// The compressed push and pull curves of `cl.inter` (curvesCompressed) from
+// the executor's own exchanges (Measured::exchangeReports): each entry's
+// round trip less the servers' work as the simulator adds it, half to the
+// push and half to the pull, a top-k or DGC answer's half at the answer's
+// size (scheduler::OnlineReplanner::measuredCurves, the re-planner's fit of
+// the same timings). Only entries over cl.machines servers; nothing without
+// any. Returns the curves set (0 or 2).
+int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner::Cluster& cl,
+                        const planner::ResolvedCodec& codec);
 
 // Rank 0: the cost models from the measurements, as a simulator over the
 // planner's options for this job (BytePS's default among them, at

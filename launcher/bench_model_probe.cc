@@ -15,6 +15,7 @@
 #include "compressor/registry.h"
 #include "core/common/error.h"
 #include "core/common/logging.h"
+#include "core/executor/executor.h"
 #include "launcher/bench_model.h"
 
 namespace cortado::launcher {
@@ -552,6 +553,90 @@ void measureSkew(World& world, const std::string& spec, Measured& m) {
       "sync skew (the last worker after the mean one, after {} encodes on every worker at once): "
       "{:.0f} us + {:.3f} x the work, from elements:work/skew{}",
       spec, fit.skew.us, fit.skew.fraction, pts));
+}
+
+// Why the executor and not Worker::exchange: its payloads, chunks, keys and
+// the servers' answers are those of the replay's plans, and its profiling
+// window (Executor::setOnline without the scheduler) times the round trip
+// as it times the replay's (CommTiming, what the online re-planner fits), so
+// that the curves come out of the same arithmetic (OnlineReplanner::
+// measuredCurves). Passes over the sizes as in measureCodec; the replay's
+// gradients, so that top-k and DGC payloads have the replay's sizes.
+void measureCompressedExchange(World& world, Worker& w, const collective::Groups& groups,
+                               const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
+                               int tag, const std::vector<uint64_t>& also) {
+  using plan::CommOp;
+  using plan::Scope;
+  using plan::Step;
+  hi = std::max<uint64_t>(1, std::min(hi, kMaxCodecProbe));
+  lo = std::max<uint64_t>(1, std::min(lo, hi));
+  std::vector<uint64_t> sizes = probeSizes(lo, hi);
+  for (uint64_t a : also)
+    if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end()) sizes.push_back(a);
+  std::sort(sizes.begin(), sizes.end());
+  const Deadline d = world.deadline();
+  executor::Executor px(w, &groups);  // host memory: the exchange is the same from pinned memory
+  px.setFusionBytes(0);
+  executor::OnlineOptions on;
+  constexpr int kPasses = 5;
+  on.window = kPasses;
+  on.warmup = 1;  // the first pass: the servers' keys, first touches
+  on.exchange = false;
+  px.setOnline(on);
+  plan::TensorOption x;
+  x.hierarchical = true;
+  x.codec = spec;
+  x.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false), Step::encode(plan::Device::kCpu),
+             Step::comm(Scope::kInter, CommOp::kPush, true), Step::comm(Scope::kInter, CommOp::kPull, true),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, true), Step::decode(plan::Device::kCpu)};
+  plan::Plan p;
+  std::vector<std::string> names;
+  for (uint64_t n : sizes) {
+    names.push_back(fmt::format("bench.model.exchange{}.{}", tag, n));
+    px.declare(names.back(), DType::kFloat32, n);
+    p.tensors[names.back()] = x;
+  }
+  px.setPlan(p, d);
+  const int levels = patternLevels(world.c.size());
+  std::vector<float> in(sizes.back()), out(sizes.back());
+  for (int it = 0; it <= kPasses + 1; ++it) {
+    px.beginIteration(uint64_t(it), d);  // closes the window at kPasses + 1
+    if (it > kPasses) break;
+    for (uint64_t i = 0; i < in.size(); ++i) in[i] = factor(world.c.rank(), it) * pattern(2, i, levels);
+    // Each exchange after a barrier: its round trip then waits for the
+    // other workers' encodes of the same size only (the replay's skew is
+    // the simulator's own term, Measured::syncSkew), not for the refill.
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      world.barrier();
+      px.run(names[k], in.data(), out.data(), sizes[k], ReduceOp::kSum, d);
+    }
+  }
+  CORTADO_ENFORCE(px.lastReport().has_value(), ErrorCode::kInternal,
+                  "the compressed exchange probe closed no profiling window");
+  // The probe's keys released: every tensor on a flat allreduce, which
+  // keeps none (setPlan retires the old plan's keys; nothing runs).
+  plan::TensorOption flat;
+  flat.steps = {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)};
+  for (auto& [name, o] : p.tensors) o = flat;
+  p.version += 1;
+  px.setPlan(p, d);
+  m.exchangeReports.clear();
+  for (const std::string& r : world.allgather(plan::toJsonString(*px.lastReport())))
+    m.exchangeReports.push_back(plan::profileFromJsonString(r));
+  // The log: per size, the slowest worker's mean round trip and its bytes.
+  std::map<uint64_t, std::pair<double, double>> bySize;  // elements -> (us, pushed bytes)
+  for (const auto& r : m.exchangeReports)
+    for (const auto& c : r.comms)
+      if (c.op == CommOp::kPush && c.calls > 0) {
+        auto& [us, bytes] = bySize[c.elements];
+        us = std::max(us, c.totalUs / double(c.calls));
+        bytes = std::max(bytes, double(c.bytes));
+      }
+  std::string pts;
+  for (const auto& [n, v] : bySize) pts += fmt::format(" {}:{:.0f}B:{:.0f}us", n, v.second, v.first);
+  m.probes.push_back(fmt::format("compressed exchange ({} x.push* x.pull*, through the servers) by "
+                                 "elements:pushed bytes:round trip{}",
+                                 spec, pts));
 }
 
 // The CUDA encode runs on a stream and the host learns it ended from an

@@ -18,6 +18,7 @@
 #include "core/collective/collectives.h"
 #include "core/common/deadline.h"
 #include "core/device/device.h"
+#include "core/plan/profile_report.h"
 #include "core/worker.h"
 #include "scheduler/planner/cost_model.h"
 
@@ -53,12 +54,18 @@ struct World {
       for (size_t i = 0; i < v.size(); ++i) out[i] = std::max(out[i], all[r * v.size() + i]);
     return out;
   }
-  std::string broadcast(std::string s) {
+  std::string broadcast(std::string s, int root = 0) {
     int64_t n = int64_t(s.size());
-    c.broadcast(&n, 1, DType::kInt64, 0, deadline());
+    c.broadcast(&n, 1, DType::kInt64, root, deadline());
     s.resize(size_t(n));
-    c.broadcast(s.data(), s.size(), DType::kUInt8, 0, deadline());
+    c.broadcast(s.data(), s.size(), DType::kUInt8, root, deadline());
     return s;
+  }
+  // Every worker's `s`, in rank order, on every worker.
+  std::vector<std::string> allgather(const std::string& s) {
+    std::vector<std::string> out;
+    for (int r = 0; r < c.size(); ++r) out.push_back(broadcast(r == c.rank() ? s : std::string(), r));
+    return out;
   }
 };
 
@@ -103,6 +110,11 @@ struct Measured {
   // skew) in us; none when not measured (--sync-skew off or set).
   planner::SyncSkew syncSkew;
   std::vector<std::pair<double, double>> skewPoints;
+  // The executor's own compressed exchanges with the servers
+  // (measureCompressedExchange): every worker's profile of them, from
+  // which the predictions take the compressed push and pull curves
+  // (exchangeCurves); empty when not measured.
+  std::vector<plan::ProfileReport> exchangeReports;
   std::vector<std::string> probes;  // what was measured, for the log
 };
 
@@ -151,6 +163,21 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
 // m.skewPoints; one line in m.probes. About 0.3 s of work on a quiet
 // machine where the targets are met.
 void measureSkew(World& world, const std::string& spec, Measured& m);
+
+// The plan executor's compressed exchange with the servers, as it runs one
+// (`H: i.rs E x.push* x.pull* i.ag* D` with the codec `spec`: the payloads
+// pushed, the servers' decode, sum and answer, the answers pulled), at lo to
+// hi elements (4x apart, and `also`), on an executor of its own over `w`
+// and `groups`, every worker at once, 5 passes over the sizes after an
+// untimed one. Each worker's profile of the exchanges (the executor's
+// profiling window: per payload size, its calls and time) into
+// m.exchangeReports (on every worker), a line in m.probes. Its keys are
+// released before it returns. Where the uncompressed push/pull probe at
+// the payloads' sizes priced bert-base/DGC's compressed exchanges at
+// 0.3-0.4x their traced time (docs/benchmarks.md).
+void measureCompressedExchange(World& world, Worker& w, const collective::Groups& groups,
+                               const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
+                               int tag, const std::vector<uint64_t>& also = {});
 
 // On a device whose memory is not the host's (CUDA): the codec `spec`'s
 // encode with the device's error feedback and its decode-and-add, on the

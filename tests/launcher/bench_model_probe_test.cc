@@ -10,6 +10,7 @@
 
 #include "core/common/error.h"
 #include "launcher/bench_model.h"
+#include "launcher/bench_model_predict.h"
 
 namespace cortado::launcher {
 namespace {
@@ -221,6 +222,68 @@ TEST(SkewProbe, TheSyncSkewOption) {
       EXPECT_NE(std::string(e.what()).find("--sync-skew"), std::string::npos) << e.what();
     }
   }
+}
+
+// The compressed exchange probe's timings into the simulator's links: each
+// round trip less the servers' work, halved, by a machine's bytes times the
+// chunks' spread over the servers (1 chunk on 4 machines: 4x), for the
+// compressed push and pull only. Worked by hand: EFSignSGD with a server's
+// decode of every payload 10 us (4 tasks on 64 cores: one round), its sum
+// free and its re-encode 20 us, so 30 us of each round trip are the servers'.
+TEST(ExchangeProbe, CompressedPushAndPullCurvesAreTheRoundTripsLessTheServers) {
+  planner::Cluster cl;
+  cl.machines = 4;
+  cl.gpusPerMachine = 1;
+  cl.cpuCores = 64;
+  cl.cpuSumGbps = 1e12;
+  cl.oneTensorAtATime = true;
+  cl.chunkBytes = 4 << 20;
+  planner::MeasuredCurve raw;  // the uncompressed probe's, left as it is
+  raw.p = 4;
+  raw.add(100, 7);
+  raw.add(1e6, 70);
+  cl.inter.curves[plan::CommOp::kPush] = raw;
+  planner::ResolvedCodec codec;
+  codec.spec = "efsignsgd";
+  codec.cost.bitsPerElement = 1;
+  for (int d = 0; d < 2; ++d) {
+    codec.encodeCurve[d].p = codec.decodeCurve[d].p = 1;
+    codec.encodeCurve[d].add(1, 20);
+    codec.decodeCurve[d].add(1, 10);
+  }
+  auto entry = [](uint64_t bytes, uint64_t elements, double rtUs) {
+    plan::CommTiming c;
+    c.op = plan::CommOp::kPush;
+    c.scope = plan::Scope::kInter;
+    c.compressed = c.pullCompressed = true;
+    c.groupSize = 4;
+    c.bytes = bytes;
+    c.chunks = 1;
+    c.elements = elements;
+    c.calls = 5;
+    c.totalUs = 5 * rtUs;
+    return c;
+  };
+  plan::ProfileReport r;
+  r.machines = 4;
+  r.comms = {entry(1000, 8000, 1000), entry(4000, 32000, 2000)};
+  plan::ProfileReport other = r;  // a second worker's, the same
+  planner::Cluster before = cl;
+  EXPECT_EQ(replay::applyExchangeCurves({r, other}, cl, codec), 2);
+  for (const plan::CommOp op : {plan::CommOp::kPush, plan::CommOp::kPull}) {
+    EXPECT_NEAR(planner::commTimeUs(cl.inter, op, 4, 4000, true), (1000 - 30) / 2.0, 1e-6);
+    EXPECT_NEAR(planner::commTimeUs(cl.inter, op, 4, 16000, true), (2000 - 30) / 2.0, 1e-6);
+    EXPECT_NEAR(planner::commTimeUs(cl.inter, op, 4, 10000, true), (485 + 985) / 2.0, 1e-6);
+  }
+  EXPECT_DOUBLE_EQ(planner::commTimeUs(cl.inter, plan::CommOp::kPush, 4, 1e6, false), 70);
+
+  // Nothing from reports of another number of machines, or none.
+  planner::Cluster two = before;
+  r.machines = 2;
+  EXPECT_EQ(replay::applyExchangeCurves({r}, two, codec), 0);
+  EXPECT_EQ(replay::applyExchangeCurves({}, two, codec), 0);
+  EXPECT_TRUE(two.inter.curvesCompressed.empty());
+  EXPECT_NEAR(planner::commTimeUs(two.inter, plan::CommOp::kPush, 4, 1e6, true), 70, 1e-6);
 }
 
 }  // namespace
