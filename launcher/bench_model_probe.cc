@@ -118,6 +118,12 @@ constexpr uint64_t kMaxLinkProbe = 64u << 20;
 // Elements: up to the largest fused group's (bench_model.cc), 64 MiB of
 // floats at most.
 constexpr uint64_t kMaxCodecProbe = 16u << 20;
+// Elements: the compressed exchange's largest size (measureCompressedExchange).
+// Its time grows with the payload's bytes from about 1 Mi elements up (DGC
+// 1%: 6.4 ms at 0.5 Mi, 12.5 at 2 Mi, 26.4 at 8 Mi, 54.8 at 16 Mi on the
+// emulated hosts), so the last slope carries it beyond; larger probes only
+// held the servers' keys and the workers' heap (memory report) for nothing.
+constexpr uint64_t kMaxExchangeProbe = 4u << 20;
 
 // Times op(bytes) at each size: one untimed call, then the mean of 9 (5 from
 // 64 KiB, 3 from 1 MiB) calls back to back after a barrier, as the replay
@@ -568,13 +574,14 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   using plan::CommOp;
   using plan::Scope;
   using plan::Step;
-  hi = std::max<uint64_t>(1, std::min(hi, kMaxCodecProbe));
+  hi = std::max<uint64_t>(1, std::min(hi, kMaxExchangeProbe));
   lo = std::max<uint64_t>(1, std::min(lo, hi));
   std::vector<uint64_t> sizes = probeSizes(lo, hi);
   for (uint64_t a : also)
     if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end()) sizes.push_back(a);
   std::sort(sizes.begin(), sizes.end());
   const Deadline d = world.deadline();
+  const auto t0 = Clock::now();
   executor::Executor px(w, &groups);  // host memory: the exchange is the same from pinned memory
   px.setFusionBytes(0);
   executor::OnlineOptions on;
@@ -623,20 +630,24 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   m.exchangeReports.clear();
   for (const std::string& r : world.allgather(plan::toJsonString(*px.lastReport())))
     m.exchangeReports.push_back(plan::profileFromJsonString(r));
-  // The log: per size, the slowest worker's mean round trip and its bytes.
+  // The log: per size, the slowest worker's mean round trip, and the most
+  // bytes a worker pushed (a top-k or DGC payload's size varies by call).
   std::map<uint64_t, std::pair<double, double>> bySize;  // elements -> (us, pushed bytes)
-  for (const auto& r : m.exchangeReports)
+  for (const auto& r : m.exchangeReports) {
+    std::map<uint64_t, std::pair<double, double>> mine;  // elements -> (calls, us)
     for (const auto& c : r.comms)
       if (c.op == CommOp::kPush && c.calls > 0) {
-        auto& [us, bytes] = bySize[c.elements];
-        us = std::max(us, c.totalUs / double(c.calls));
-        bytes = std::max(bytes, double(c.bytes));
+        mine[c.elements].first += double(c.calls);
+        mine[c.elements].second += c.totalUs;
+        bySize[c.elements].second = std::max(bySize[c.elements].second, double(c.bytes));
       }
+    for (const auto& [n, x] : mine) bySize[n].first = std::max(bySize[n].first, x.second / x.first);
+  }
   std::string pts;
   for (const auto& [n, v] : bySize) pts += fmt::format(" {}:{:.0f}B:{:.0f}us", n, v.second, v.first);
-  m.probes.push_back(fmt::format("compressed exchange ({} x.push* x.pull*, through the servers) by "
-                                 "elements:pushed bytes:round trip{}",
-                                 spec, pts));
+  m.probes.push_back(fmt::format("compressed exchange ({} x.push* x.pull*, through the servers; "
+                                 "{:.1f} s) by elements:pushed bytes:round trip{}",
+                                 spec, secondsSince(t0), pts));
 }
 
 // The CUDA encode runs on a stream and the host learns it ended from an

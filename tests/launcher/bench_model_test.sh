@@ -27,7 +27,7 @@ done
 check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line"
 # The executor's compressed exchanges with the servers, probed at the
 # codec probe's sizes (2 machines: the probe runs), each with a round trip.
-check "compressed exchange probed" "echo \"\$out\" | grep -Eq 'measured compressed exchange \(fp16 x.push\* x.pull\*, through the servers\) by elements:pushed bytes:round trip( [0-9]+:[0-9]+B:[0-9]+us)+$'" "$(echo "$out" | grep 'compressed exchange')"
+check "compressed exchange probed" "echo \"\$out\" | grep -Eq 'measured compressed exchange \(fp16 x.push\* x.pull\*, through the servers; [0-9.]+ s\) by elements:pushed bytes:round trip( [0-9]+:[0-9]+B:[0-9]+us)+$'" "$(echo "$out" | grep 'compressed exchange')"
 # The workers' skew, measured at start-up (auto): its probe line, and every
 # strategy's fraction and its prediction without the skew.
 check "skew probed" "echo \"\$out\" | grep -q 'measured sync skew (the last worker after the mean one'" "no skew probe line"
