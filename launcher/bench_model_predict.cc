@@ -14,10 +14,10 @@
 #include "core/common/logging.h"
 #include "core/executor/executor.h"
 #include "scheduler/planner/decision.h"
-#include "scheduler/replan.h"
 #include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/option_tree.h"
 #include "scheduler/planner/report.h"
+#include "scheduler/replan.h"
 
 namespace cortado::launcher::replay {
 namespace {

@@ -167,7 +167,8 @@ void measureSkew(World& world, const std::string& spec, Measured& m);
 // The plan executor's compressed exchange with the servers, as it runs one
 // (`H: i.rs E x.push* x.pull* i.ag* D` with the codec `spec`: the payloads
 // pushed, the servers' decode, sum and answer, the answers pulled), at lo to
-// hi elements (4x apart, and `also`), on an executor of its own over `w`
+// hi elements (4x apart, and `also`; 4 Mi at most: beyond, the curve's last
+// slope), on an executor of its own over `w`
 // and `groups`, every worker at once, 5 passes over the sizes after an
 // untimed one. Each worker's profile of the exchanges (the executor's
 // profiling window: per payload size, its calls and time) into
