@@ -925,6 +925,20 @@ pid_t forkProducerOf(const std::string& prefix, uint64_t value) {
   });
 }
 
+// Kills the producer `child` (kWorker) and expects `server` to report it
+// dead within 5 s, naming it.
+void expectKilledProducerReported(RingNode& server, pid_t child) {
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  const auto start = Clock::now();
+  ASSERT_TRUE(server.waitUntil([&] { return !server.errors.empty(); }, 5s))
+      << "the killed producer was not reported";
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(server.errors[0].first, kWorker);
+  EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
+  EXPECT_NE(server.errors[0].second.message().find(kWorker.toString()), std::string::npos);
+}
+
 TEST(RingTransport, ADeadProducerIsReportedWithinADeadline) {
   const std::string prefix = uniqueName("deadproducer");
   auto hub = inproc::createHub();
@@ -935,15 +949,7 @@ TEST(RingTransport, ADeadProducerIsReportedWithinADeadline) {
   ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 1; }));
   EXPECT_EQ(server.got[0].from, kWorker);
   EXPECT_EQ(u64(server.got[0].parts.at(0)), 42u);
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
-  const auto start = Clock::now();
-  ASSERT_TRUE(server.waitUntil([&] { return !server.errors.empty(); }, 5s))
-      << "the killed producer was not reported";
-  EXPECT_LT(Clock::now() - start, 5s);
-  EXPECT_EQ(server.errors[0].first, kWorker);
-  EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
-  EXPECT_NE(server.errors[0].second.message().find(kWorker.toString()), std::string::npos);
+  expectKilledProducerReported(server, child);
   server.t->close();
 }
 
@@ -988,11 +994,7 @@ TEST(RingTransport, AProducerThatTookItsRingBackIsReportedDeadAgain) {
       });
   ASSERT_GT(child, 0);
   ASSERT_TRUE(server.waitUntil([&] { return server.got.size() == 2; }));
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
-  ASSERT_TRUE(server.waitUntil([&] { return !server.errors.empty(); }, 5s))
-      << "the killed producer was not reported";
-  EXPECT_EQ(server.errors[0].second.code(), ErrorCode::kPeerDead);
+  expectKilledProducerReported(server, child);
   server.t->close();
 }
 
