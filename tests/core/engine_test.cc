@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <future>
 #include <map>
-#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
@@ -24,6 +23,7 @@
 #include "core/worker.h"
 #include "engine_job.h"
 #include "tests/common/forwarding_transport.h"
+#include "tests/common/topk_reference.h"
 #include "send_order_reference.h"
 #include "scheduler/scheduler.h"
 #include "server/server_engine.h"
@@ -775,12 +775,7 @@ TEST(Engine, PushPullErrorFeedbackInBf16MatchesARoundedReplay) {
                     .ok());
     std::vector<float> q(n);
     for (uint64_t i = 0; i < n; ++i) q[i] = in[i] + e[i];
-    std::vector<uint64_t> idx(n);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(),
-                     [&](uint64_t a, uint64_t b) { return std::fabs(q[a]) > std::fabs(q[b]); });
-    std::vector<float> expect(n, 0.0f);
-    for (uint64_t j = 0; j < k; ++j) expect[idx[j]] = q[idx[j]];
+    const std::vector<float> expect = test::topk(q, k);
     for (uint64_t i = 0; i < n; ++i) e[i] = expect[i] != 0.0f ? 0.0f : bf16ToFloat(floatToBf16(q[i]));
     for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], expect[i]) << "round " << round << " i " << i;
   }

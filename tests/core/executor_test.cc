@@ -14,6 +14,7 @@
 #include "core/device/host/factory.h"
 #include "core/executor/executor.h"
 #include "engine_job.h"
+#include "tests/common/topk_reference.h"
 
 namespace cortado {
 namespace {
@@ -198,15 +199,10 @@ TEST(Executor, TopKWithBf16ResidualsMatchesARoundedReplay) {
     for (int r = 0; r < W; ++r) {
       std::vector<float> q(n);
       for (uint64_t i = 0; i < n; ++i) q[i] = input(r, iter, i) + residual[r][i];
-      std::vector<uint64_t> idx(n);
-      std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(),
-                       [&](uint64_t a, uint64_t b) { return std::fabs(q[a]) > std::fabs(q[b]); });
-      std::vector<bool> sent(n, false);
-      for (uint64_t j = 0; j < k; ++j) sent[idx[j]] = true;
+      const std::vector<float> sent = test::topk(q, k);  // zero where not sent
       for (uint64_t i = 0; i < n; ++i) {
-        if (sent[i]) expect[iter][i] += q[i];
-        residual[r][i] = sent[i] ? 0.0f : bf16ToFloat(floatToBf16(q[i]));
+        expect[iter][i] += sent[i];
+        residual[r][i] = sent[i] != 0.0f ? 0.0f : bf16ToFloat(floatToBf16(q[i]));
       }
     }
   job.onEveryWorker([&](int r) {
