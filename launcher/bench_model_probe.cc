@@ -111,6 +111,21 @@ std::vector<uint64_t> probeSizes(uint64_t lo, uint64_t hi) {
   return v;
 }
 
+// Element counts for the codec and exchange probes: lo to hi (at most
+// `cap`, at least 1) 4x apart with both ends, and each of `also` strictly
+// between them, in increasing order.
+std::vector<uint64_t> elementSizes(uint64_t lo, uint64_t hi, uint64_t cap,
+                                   const std::vector<uint64_t>& also) {
+  hi = std::max<uint64_t>(1, std::min(hi, cap));
+  lo = std::max<uint64_t>(1, std::min(lo, hi));
+  std::vector<uint64_t> sizes = probeSizes(lo, hi);
+  for (uint64_t a : also)
+    if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end())
+      sizes.push_back(a);
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
 // Bytes; larger tensors extrapolate the curve's last slope. BERT's word
 // embedding (94 MB) extrapolated from 16 MiB along a slope taken between two
 // noisy points had the push/pull prediction of `none` 31% high.
@@ -410,13 +425,8 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
   compressor::CodecPtr codec = reg.create(reg.canonical(spec));
-  hi = std::max<uint64_t>(1, std::min(hi, kMaxCodecProbe));
-  lo = std::max<uint64_t>(1, std::min(lo, hi));
-  std::vector<uint64_t> sizes = probeSizes(lo, hi);
-  for (uint64_t a : also)
-    if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end())
-      sizes.push_back(a);
-  std::sort(sizes.begin(), sizes.end());
+  const std::vector<uint64_t> sizes = elementSizes(lo, hi, kMaxCodecProbe, also);
+  hi = sizes.back();
   m.codecSizes = sizes;
   std::vector<float> x(hi), sum(hi);
   const int levels = patternLevels(world.c.size());
@@ -574,12 +584,7 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   using plan::CommOp;
   using plan::Scope;
   using plan::Step;
-  hi = std::max<uint64_t>(1, std::min(hi, kMaxExchangeProbe));
-  lo = std::max<uint64_t>(1, std::min(lo, hi));
-  std::vector<uint64_t> sizes = probeSizes(lo, hi);
-  for (uint64_t a : also)
-    if (a > lo && a < hi && std::find(sizes.begin(), sizes.end(), a) == sizes.end()) sizes.push_back(a);
-  std::sort(sizes.begin(), sizes.end());
+  const std::vector<uint64_t> sizes = elementSizes(lo, hi, kMaxExchangeProbe, also);
   const Deadline d = world.deadline();
   const auto t0 = Clock::now();
   executor::Executor px(w, &groups);  // host memory: the exchange is the same from pinned memory
