@@ -304,7 +304,7 @@ int runModelBench(const ModelBenchOptions& o) {
           fmt::format("sync skew: not measured (--sync-skew {}): {:.0f} us + {:.3f} x the work",
                       o.syncSkew, set->us, set->fraction));
     } else {
-      measureSkew(world, o.codec, into);
+      measureSkewChain(world, *worker, groups, o.codec, job.pipeline, into);
     }
     // The probes encoded up to the largest group the planner may form; a
     // bf16 state's scratch from them would stay beside the replay's.
@@ -903,12 +903,15 @@ int runModelBench(const ModelBenchOptions& o) {
                                 : r.lossyTensors == T ? "lossy"
                                 : fmt::format("exact ({} lossy tensors)", r.lossyTensors);
       if (o.json) {
+        // The skew the predictions charged: --sync-skew's, or the chains'.
+        const planner::SyncSkew& skew = simulator ? simulator->cluster().syncSkew : m.syncSkew;
         json jr = {{"model", profile.model}, {"codec", o.codec}, {"strategy", r.strategy},
                    {"measured_ms", r.meanMs}, {"stdev_ms", r.stdMs}, {"min_ms", r.minMs},
                    {"predicted_ms", r.predictedMs}, {"error_pct", errPct},
                    {"overlapped_ms", overlappedMs},
                    {"predicted_noskew_ms", preds[si].noSkewUs / 1e3},
-                   {"sync_skew_us", m.syncSkew.us}, {"sync_skew_fraction", m.syncSkew.fraction},
+                   {"sync_skew_us", skew.us}, {"sync_skew_fraction", skew.fraction},
+                   {"sync_skew_curve", skew.curve.points},
                    {"iterations", o.iterations}, {"rounds", o.rounds}, {"round_ms", r.roundMs},
                    {"round_predicted_ms", r.roundPredictedMs}, {"probe_s", probeSeconds},
                    {"workers", topo.size}, {"device", dev->name()},

@@ -76,8 +76,8 @@ struct ModelBenchOptions {
   // costs) here, in the format of `cortado plan --trace`.
   std::string predictedTrace;
   // The workers' skew at each synchronizing step (planner::SyncSkew):
-  // "auto" measures it at start-up (measureSkew, bench_model_probe.h) and
-  // the predictions model it; "off" leaves it out (the timeline has every
+  // "auto" measures it at start-up (measureSkewChain, bench_model_probe.h)
+  // and the predictions model it; "off" leaves it out (the timeline has every
   // worker alike); "US,FRACTION" (e.g. "0,0.6") sets it.
   std::string syncSkew = "auto";
 };
@@ -85,30 +85,6 @@ struct ModelBenchOptions {
 // --sync-skew: the value it sets ("auto": nothing, measured; "off": 0, 0).
 // Throws Error(kInvalidArgument) naming what is wrong.
 std::optional<planner::SyncSkew> parseSyncSkew(const std::string& arg);
-
-// The skew probe's samples (measureSkew): per call, each worker's time in
-// the same CPU work, started on every worker at once after a barrier, and
-// its wait in the barrier after it. The wait of worker i is the last
-// worker's finish less i's, plus the barrier's own time: its mean over the
-// workers, less the mean of calls with no work (`idle`), is how far the last
-// worker finishes after the mean one.
-struct SkewCall {
-  std::vector<double> workUs, waitUs;  // one per worker
-};
-struct SkewFit {
-  planner::SyncSkew skew;                         // fraction * work (us 0), by least squares
-  std::vector<std::pair<double, double>> points;  // per size: (mean work, skew), us
-};
-// Each size's calls (`bySize`, at least one size of work) give one point:
-// the mean of the calls' mean work and of their mean wait less the idle
-// calls' mean wait (at least 0). The fit is a fraction of the work (least
-// squares through the origin: the largest works decide; no constant, which
-// the collectives' probes carry already), capped at SyncSkew::kMaxFraction.
-// Refuses
-// calls of unequal worker counts, no samples, and values that are not
-// finite or are negative.
-SkewFit fitSyncSkew(const std::vector<SkewCall>& idle,
-                    const std::vector<std::vector<SkewCall>>& bySize);
 
 // The strategies this build can run, in order.
 std::vector<std::string> modelBenchStrategies();

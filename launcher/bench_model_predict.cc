@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <string>
@@ -13,6 +15,7 @@
 
 #include "core/common/logging.h"
 #include "core/executor/executor.h"
+#include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/fusion_search.h"
 #include "scheduler/planner/option_tree.h"
@@ -165,6 +168,15 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
 
 }  // namespace
 
+plan::TensorOption chainOption(const std::string& codec) {
+  plan::TensorOption f;
+  f.codec = codec;
+  f.steps = {plan::Step::encode(plan::Device::kCpu),
+             plan::Step::comm(plan::Scope::kFlat, plan::CommOp::kAllgather, true),
+             plan::Step::decode(plan::Device::kCpu)};
+  return f;
+}
+
 std::string predictedTracePath(const std::string& file, const std::string& strategy) {
   if (strategy == "plan") return file;
   const size_t slash = file.find_last_of('/');
@@ -213,6 +225,71 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
       ++n;
     }
   return n;
+}
+
+std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
+                                                      planner::Cluster& cl,
+                                                      const planner::ResolvedCodec& codec) {
+  planner::Cluster bare = cl;
+  bare.syncSkew = {};
+  const plan::TensorOption f = chainOption(codec.spec);
+  const double cores = std::max(1, bare.cpuCores);
+  std::map<double, std::pair<double, double>> byWork;  // work us -> (sum of excess us, count)
+  for (const Measured::ChainPoint& c : chains) {
+    CORTADO_ENFORCE(c.elements > 0 && c.steps > 0 && std::isfinite(c.stepUs) && c.stepUs >= 0,
+                    ErrorCode::kInvalidArgument,
+                    "skew chain: {} steps of {} elements at {} us per step; give at least one "
+                    "step of at least one element and a time >= 0",
+                    c.steps, c.elements, c.stepUs);
+    planner::ModelProfile chain;
+    chain.model = "skew chain";
+    for (int k = 0; k < c.steps; ++k) {
+      planner::TensorProfile t;
+      t.name = fmt::format("chain.{}", k);
+      t.elements = int64_t(c.elements);
+      chain.tensors.push_back(std::move(t));
+    }
+    planner::Simulator sim(bare, codec, chain, {f});
+    const double priced =
+        serialized(sim, std::vector<int>(size_t(c.steps), 0), {}, nullptr) / double(c.steps);
+    // The work before the allgather as applySyncSkew counts it: the encode,
+    // its tasks in rounds over the cores.
+    double work = 0;
+    for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops)
+      if (op.kind == planner::OpKind::kEncode)
+        work += op.res == planner::Res::kCpu ? op.us * std::ceil(double(op.tasks) / cores) : op.us;
+    if (!(work > 0)) continue;  // no work, no wait (SyncSkew::after)
+    auto& [sum, n] = byWork[work];
+    sum += std::max(0.0, c.stepUs - priced);
+    n += 1;
+  }
+  std::vector<std::array<double, 3>> rows;
+  for (const auto& [work, v] : byWork) rows.push_back({work, v.first / v.second, v.second});
+  cl.syncSkew = {};
+  if (rows.empty()) return {};
+  cl.syncSkew.curve = planner::MeasuredCurve::monotone(rows, 1);
+  // Then concave through (0, 0), the least such curve above the points: a
+  // larger step's wait is no larger a share of its work (traced on
+  // resnet101/DGC, the workers' lateness at a collective grew about as the
+  // square root of the work before it), so a chain's excess that grows
+  // faster is the probe's noise or the codec's pricing at that size, and
+  // the planner's groups should not be steered by it.
+  auto& pts = cl.syncSkew.curve.points;
+  std::vector<std::pair<double, double>> hull = {{0.0, 0.0}};
+  for (const auto& pt : pts) {
+    while (hull.size() >= 2) {
+      const auto& [ax, ay] = hull[hull.size() - 2];
+      const auto& [bx, by] = hull.back();
+      if ((by - ay) * (pt.first - ax) > (pt.second - ay) * (bx - ax)) break;  // b above a -> pt
+      hull.pop_back();
+    }
+    hull.push_back(pt);
+  }
+  planner::MeasuredCurve upper;
+  upper.points = std::move(hull);
+  for (auto& pt : pts) pt.second = upper.us(pt.first);
+  cl.syncSkew.check("the skew chains' curve");
+  return cl.syncSkew.curve.points;
 }
 
 std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
@@ -281,8 +358,9 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   cl.batchAgreeUs = m.agreeUs;
   // The encode pipeline (CORTADO_PIPELINE), modelled without fusion by size.
   cl.pipeline = pipeline;
-  // The workers' skew at each step after CPU work (measureSkew, or
-  // --sync-skew): the replay's collectives wait for their last worker.
+  // The workers' skew at each step after CPU work as --sync-skew sets it
+  // (with auto: from the chains, below): the replay's collectives wait for
+  // their last worker.
   cl.syncSkew = m.syncSkew;
   planner::ResolvedCodec codec = codecs.resolve(o.codec);
   for (int d = 0; d < 2; ++d) {  // the CPU's curves, and the device's where it has the codec
@@ -295,6 +373,9 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   // adds it (the online re-planner's fit of the same timings), instead of
   // the uncompressed probe's curve at the payloads' sizes.
   applyExchangeCurves(m.exchangeReports, cl, codec);
+  // The workers' skew as chains of steps meet it (measureSkewChain): what
+  // a step took beyond its price, by the work before its collective.
+  if (!m.chainPoints.empty()) applyChainSkew(m.chainPoints, cl, codec);
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
   int bytepsIdx = -1;
@@ -311,7 +392,7 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
         "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
         "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
         "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU{}); sum {:.1f} Gbit/s; {} CPU cores per machine; "
-        "workers' skew at a step after CPU work {:.0f} us + {:.3f} x the work{}",
+        "workers' skew at a step after CPU work {}{}",
         cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
         cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
         m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
@@ -322,7 +403,7 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                           m.gpuEncodeAlpha * 1e6, m.gpuEncodeBeta * 4e9, m.gpuDecodeAlpha * 1e6,
                           m.gpuDecodeBeta * 4e9)
             : std::string(", also used for \"gpu\""),
-        m.sumGbps, cpuCores, cl.syncSkew.us, cl.syncSkew.fraction,
+        m.sumGbps, cpuCores, cl.syncSkew.describe(),
         m.hasCopies ? fmt::format("; copies device to host {:.0f} us + {:.2f} Gbit/s, host to "
                                   "device {:.0f} us + {:.2f} Gbit/s",
                                   m.d2h.alphaUs, m.d2h.gbps, m.h2d.alphaUs, m.h2d.gbps)

@@ -56,6 +56,25 @@ std::optional<std::pair<double, double>> predictPlan(const planner::Simulator& b
 int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner::Cluster& cl,
                         const planner::ResolvedCodec& codec);
 
+// The option each step of the skew chains runs (measureSkewChain): `F:
+// E(c) ag* D(c)` with the codec `codec` on the CPU.
+plan::TensorOption chainOption(const std::string& codec);
+
+// The workers' skew as chains of steps meet it, into cl.syncSkew (its curve
+// alone): each chain's measured time per step (Measured::ChainPoint, the
+// slowest worker's) less what `cl` without a skew and `codec` price for one
+// step of chainOption() as the replay's timeline runs a batch of them (one
+// execution after the other, or the encode pipeline where cl.pipeline is
+// set), at least 0, by the work before the step's allgather (its encode, as
+// planner::applySyncSkew counts it); chains of equal work averaged, the
+// curve made non-decreasing (MeasuredCurve::monotone), then concave through
+// no work and no wait (each point raised to the least such curve above
+// them all). No curve (and no skew) without a chain of work. Returns the
+// curve's points.
+std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
+                                                      planner::Cluster& cl,
+                                                      const planner::ResolvedCodec& codec);
+
 // Rank 0: the cost models from the measurements, as a simulator over the
 // planner's options for this job (BytePS's default among them, at
 // *bytepsIndex); *costNote says what they are. Either may be null.

@@ -17,6 +17,7 @@
 #include "core/common/logging.h"
 #include "core/executor/executor.h"
 #include "launcher/bench_model.h"
+#include "launcher/bench_model_predict.h"
 
 namespace cortado::launcher {
 
@@ -485,92 +486,6 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   m.sumGbps = 8.0 * 4.0 * ns / s / 1e9;
 }
 
-// Why the wait in the barrier after the work: the workers' clocks need not
-// agree (on real machines they do not), and worker i's wait there is the
-// last worker's finish less its own, plus the barrier's time, which the
-// calls with no work measure. Its mean over the workers, less that, is how
-// far the last worker finishes after the mean one: the wait a collective
-// after that work adds to the timeline's one worker, whose encode is priced
-// at about a typical worker's (measureCodec: each worker's median, then the
-// slowest's). Traced, resnet50/EFSignSGD's fused plan on 4 emulated hosts
-// sharing 2 cores: the workers reached a group's collective 1-4 ms apart
-// after the smallest encodes, 23-28 ms after the largest (38 ms).
-void measureSkew(World& world, const std::string& spec, Measured& m) {
-  compressor::Registry reg;
-  compressor::registerCpuCodecs(reg);
-  compressor::CodecPtr codec = reg.create(reg.canonical(spec));
-  constexpr uint64_t kMaxSkewProbe = 4u << 20;  // elements: within the curve's range
-  std::vector<uint64_t> sizes;
-  for (const double target : {250.0, 1000.0, 4000.0, 12000.0, 36000.0}) {
-    uint64_t n = 1024;
-    while (n < kMaxSkewProbe && m.encodeCurve.us(double(n)) < target) n *= 2;
-    n = std::min(n, kMaxSkewProbe);
-    if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
-  }
-  const int levels = patternLevels(world.c.size());
-  std::vector<float> x(sizes.back());
-  for (uint64_t i = 0; i < x.size(); ++i) x[i] = factor(world.c.rank(), 1) * pattern(1, i, levels);
-  std::vector<std::unique_ptr<compressor::ErrorFeedback>> efs;
-  std::vector<std::vector<std::byte>> payloads(sizes.size());
-  uint64_t key = 0;
-  auto encode = [&](size_t i) {
-    compressor::EncodeContext ctx;
-    ctx.seed = ++key;
-    efs[i]->encode(sizes[i], x.data(), sizes[i], payloads[i], ctx);
-  };
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec, -1.0f, m.efState));
-    payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
-    encode(i);  // untimed: first touches
-  }
-  std::vector<double> work, wait;
-  auto call = [&](int i) {  // -1: no work
-    world.barrier();
-    const auto t0 = Clock::now();
-    if (i >= 0) encode(size_t(i));
-    const auto t1 = Clock::now();
-    world.barrier();
-    work.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    wait.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t1).count());
-  };
-  constexpr int kIdle = 5, kPasses = 5;
-  for (int k = 0; k < kIdle; ++k) call(-1);
-  // Passes over the sizes, as measureCodec, so that a worker descheduled
-  // for a while meets several sizes once rather than one size every time.
-  for (int r = 0; r < kPasses; ++r)
-    for (size_t i = 0; i < sizes.size(); ++i) call(int(i));
-  std::vector<double> mine = work;
-  mine.insert(mine.end(), wait.begin(), wait.end());
-  const int p = world.c.size();
-  std::vector<double> all(mine.size() * size_t(p));
-  world.c.allgather(mine.data(), mine.size(), all.data(), DType::kFloat64, world.deadline());
-  const size_t calls = work.size();
-  auto at = [&](size_t c) {
-    SkewCall out;
-    for (int r = 0; r < p; ++r) {
-      out.workUs.push_back(all[size_t(r) * mine.size() + c]);
-      out.waitUs.push_back(all[size_t(r) * mine.size() + calls + c]);
-    }
-    return out;
-  };
-  std::vector<SkewCall> idle;
-  for (size_t c = 0; c < size_t(kIdle); ++c) idle.push_back(at(c));
-  std::vector<std::vector<SkewCall>> bySize(sizes.size());
-  for (int r = 0; r < kPasses; ++r)
-    for (size_t i = 0; i < sizes.size(); ++i)
-      bySize[i].push_back(at(size_t(kIdle) + size_t(r) * sizes.size() + i));
-  const SkewFit fit = fitSyncSkew(idle, bySize);
-  m.syncSkew = fit.skew;
-  m.skewPoints = fit.points;
-  std::string pts;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    pts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], fit.points[i].first, fit.points[i].second);
-  m.probes.push_back(fmt::format(
-      "sync skew (the last worker after the mean one, after {} encodes on every worker at once): "
-      "{:.0f} us + {:.3f} x the work, from elements:work/skew{}",
-      spec, fit.skew.us, fit.skew.fraction, pts));
-}
-
 // Why the executor and not Worker::exchange: its payloads, chunks, keys and
 // the servers' answers are those of the replay's plans, and its profiling
 // window (Executor::setOnline without the scheduler) times the round trip
@@ -652,6 +567,104 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   for (const auto& [n, v] : bySize) pts += fmt::format(" {}:{:.0f}B:{:.0f}us", n, v.second, v.first);
   m.probes.push_back(fmt::format("compressed exchange ({} x.push* x.pull*, through the servers; "
                                  "{:.1f} s) by elements:pushed bytes:round trip{}",
+                                 spec, secondsSince(t0), pts));
+}
+
+// Why a chain and not one encode after a barrier: in the replay the workers
+// meet at each collective late by what they were late at the previous one's
+// end plus their own encode's share of the shared cores, and nothing lines
+// them up in between. So the probe runs what the replay runs: a batch of
+// `steps` tensors of one size, each `F: E(c) ag* D(c)`, one after the other
+// on the executor (Executor::runBatch, as the replay hands it a batch),
+// every worker at once after one barrier. The slowest worker's time per
+// step, a median over passes, is what a chain of such steps costs; the
+// predictions take from it what the cost models already price for the step
+// (chainSkew, bench_model_predict.cc) and charge the rest as the skew.
+void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
+                      const std::string& spec, bool pipeline, Measured& m) {
+  using plan::CommOp;
+  using plan::Scope;
+  using plan::Step;
+  // Up to 1 Mi elements: the encode of larger sizes costs more per element
+  // (caches) than the curve between its points prices, and a chain of them
+  // charged that as skew, up to 3.4x the encode (EFSignSGD, 4 Mi elements),
+  // steering the planner away from large groups whose waits the replay did
+  // not show; beyond its last point the curve holds its last wait.
+  constexpr uint64_t kMaxChainProbe = 1u << 20;
+  std::vector<uint64_t> sizes;
+  for (const double target : {30.0, 120.0, 500.0, 2000.0}) {
+    uint64_t n = 1024;
+    while (n < kMaxChainProbe && m.encodeCurve.us(double(n)) < target) n *= 2;
+    n = std::min(n, kMaxChainProbe);
+    if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
+  }
+  const Deadline d = world.deadline();
+  const auto t0 = Clock::now();
+  executor::Executor px(w, &groups);
+  px.setFusionBytes(0);
+  px.setPipeline(pipeline);
+  const plan::TensorOption f = chainOption(spec);
+  plan::Plan p;
+  struct Chain {
+    uint64_t elements;
+    int steps;
+    std::vector<std::string> names;
+  };
+  std::vector<Chain> chains;
+  uint64_t held = 0;
+  for (uint64_t n : sizes) {
+    // About 40 ms of encodes per chain, 4 to 48 steps, 8 Mi elements at
+    // most (the chain's gradients are held at once).
+    const double enc = std::max(1.0, m.encodeCurve.us(double(n)));
+    const double most = std::max(4.0, double(8u << 20) / double(n));
+    const int steps = int(std::clamp(40000.0 / enc, 4.0, std::min(48.0, most)));
+    Chain c{n, steps, {}};
+    for (int k = 0; k < steps; ++k) {
+      c.names.push_back(fmt::format("bench.model.chain.{}.{}", n, k));
+      px.declare(c.names.back(), DType::kFloat32, n);
+      p.tensors[c.names.back()] = f;
+    }
+    held = std::max(held, n * uint64_t(steps));
+    chains.push_back(std::move(c));
+  }
+  px.setPlan(p, d);
+  const int levels = patternLevels(world.c.size());
+  std::vector<float> buf(held);
+  constexpr int kPasses = 5;
+  std::vector<double> mine;  // per pass (after the untimed one) and chain: this worker's us
+  std::vector<executor::BatchItem> batch;
+  for (int pass = 0; pass <= kPasses; ++pass)
+    for (const Chain& c : chains) {
+      batch.clear();
+      for (int k = 0; k < c.steps; ++k) {
+        float* x = buf.data() + size_t(k) * c.elements;
+        for (uint64_t i = 0; i < c.elements; ++i)
+          x[i] = factor(world.c.rank(), pass) * pattern(3 + k, i, levels);
+        batch.push_back({c.names[size_t(k)], x, x, c.elements});
+      }
+      world.barrier();
+      const auto b0 = Clock::now();
+      px.runBatch(batch, ReduceOp::kSum, d);
+      if (pass > 0) mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - b0).count());
+    }
+  plan::TensorOption flat;
+  flat.steps = {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)};
+  for (auto& [name, o] : p.tensors) o = flat;
+  p.version += 1;
+  px.setPlan(p, d);
+  const std::vector<double> slowest = world.max(mine);
+  m.chainPoints.clear();
+  std::string pts;
+  for (size_t i = 0; i < chains.size(); ++i) {
+    std::vector<double> v;
+    for (int pass = 0; pass < kPasses; ++pass) v.push_back(slowest[size_t(pass) * chains.size() + i]);
+    std::sort(v.begin(), v.end());
+    const double stepUs = v[v.size() / 2] / chains[i].steps;
+    m.chainPoints.push_back({chains[i].elements, chains[i].steps, stepUs});
+    pts += fmt::format(" {}x{}:{:.0f}us", chains[i].steps, chains[i].elements, stepUs);
+  }
+  m.probes.push_back(fmt::format("skew chain (F: E({0}) ag* D({0}) back to back, the slowest worker's "
+                                 "time per step; {1:.1f} s) by steps x elements:{2}",
                                  spec, secondsSince(t0), pts));
 }
 
@@ -804,64 +817,6 @@ std::optional<planner::SyncSkew> parseSyncSkew(const std::string& arg) {
   s.fraction = number(arg.substr(comma + 1), "the fraction");
   s.check(fmt::format("--sync-skew '{}'", arg));
   return s;
-}
-
-SkewFit fitSyncSkew(const std::vector<SkewCall>& idle,
-                    const std::vector<std::vector<SkewCall>>& bySize) {
-  CORTADO_ENFORCE(!idle.empty() && !bySize.empty(), ErrorCode::kInvalidArgument,
-                  "skew probe: {} idle calls and {} sizes of work; it needs at least one of each",
-                  idle.size(), bySize.size());
-  const size_t workers = idle.front().workUs.size();
-  // The mean over the workers of each call's work and wait.
-  auto means = [&](const SkewCall& c, const char* what) {
-    CORTADO_ENFORCE(workers > 0 && c.workUs.size() == workers && c.waitUs.size() == workers,
-                    ErrorCode::kInvalidArgument,
-                    "skew probe: a {} call has {} work and {} wait times where the first idle "
-                    "call has {} workers",
-                    what, c.workUs.size(), c.waitUs.size(), workers);
-    double work = 0, wait = 0;
-    for (size_t i = 0; i < workers; ++i) {
-      CORTADO_ENFORCE(std::isfinite(c.workUs[i]) && c.workUs[i] >= 0 &&
-                          std::isfinite(c.waitUs[i]) && c.waitUs[i] >= 0,
-                      ErrorCode::kInvalidArgument,
-                      "skew probe: worker {} of a {} call took {} us of work and waited {} us; "
-                      "both must be finite and >= 0",
-                      i, what, c.workUs[i], c.waitUs[i]);
-      work += c.workUs[i], wait += c.waitUs[i];
-    }
-    return std::make_pair(work / double(workers), wait / double(workers));
-  };
-  double base = 0;
-  for (const SkewCall& c : idle) base += means(c, "idle").second;
-  base /= double(idle.size());
-  SkewFit fit;
-  for (const std::vector<SkewCall>& calls : bySize) {
-    CORTADO_ENFORCE(!calls.empty(), ErrorCode::kInvalidArgument,
-                    "skew probe: a size without calls");
-    double work = 0, skew = 0;
-    for (const SkewCall& c : calls) {
-      const auto [w, wait] = means(c, "timed");
-      work += w, skew += wait - base;
-    }
-    const double n = double(calls.size());
-    fit.points.emplace_back(work / n, std::max(0.0, skew / n));
-  }
-  // A fraction of the work, by least squares through the origin: the
-  // largest works decide, as they do in a fused plan's timeline. No
-  // constant: the collectives' probes are each call's slowest rank, back
-  // to back, so the wait a step pays after little or no work is in them
-  // already. With a constant, two runs on the loaded machine (load 10-12)
-  // fitted 2.1 and 2.4 ms from the smallest sizes' noisy barriers, and the
-  // compress-everything strategies, a wait after each of 161-314 encodes,
-  // were predicted 78-96% above the replay (15% without the skew); a plain
-  // line through one run's points had 3.9 ms + 0.145 x, a relative fit
-  // 2.1 ms + 0.37 x.
-  double sxx = 0, sxy = 0;
-  for (const auto& [x, y] : fit.points) sxx += x * x, sxy += x * y;
-  fit.skew.us = 0;
-  const double b = sxx > 0 ? sxy / sxx : 0;
-  fit.skew.fraction = std::min(b, planner::SyncSkew::kMaxFraction);
-  return fit;
 }
 
 void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encode,

@@ -106,15 +106,23 @@ struct Measured {
   // With fusion: the workers' agreement on a batch (one flat allgather of an
   // int64, agreeOnBatch), back to back, mean of the slowest worker's.
   double agreeUs = 0;
-  // The workers' skew after CPU work (measureSkew), and its points (work,
-  // skew) in us; none when not measured (--sync-skew off or set).
+  // The workers' skew as --sync-skew sets it (off, or US,FRACTION); with
+  // auto, none here: the predictions take it from chainPoints.
   planner::SyncSkew syncSkew;
-  std::vector<std::pair<double, double>> skewPoints;
   // The executor's own compressed exchanges with the servers
   // (measureCompressedExchange): every worker's profile of them, from
   // which the predictions take the compressed push and pull curves
   // (exchangeCurves); empty when not measured.
   std::vector<plan::ProfileReport> exchangeReports;
+  // Chains of compressed collectives back to back (measureSkewChain): per
+  // size, its steps and the slowest worker's time per step; empty when not
+  // measured.
+  struct ChainPoint {
+    uint64_t elements = 0;
+    int steps = 0;
+    double stepUs = 0;
+  };
+  std::vector<ChainPoint> chainPoints;
   std::vector<std::string> probes;  // what was measured, for the log
 };
 
@@ -154,15 +162,17 @@ planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::To
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
                   const std::vector<uint64_t>& also = {});
 
-// The workers' skew after CPU work (planner::SyncSkew): the codec's encode
-// at the sizes that measureCodec's curve (m.encodeCurve, so call it first)
-// prices at about 0.25, 1, 4, 12 and 36 ms (up to its largest size, 4 Mi
-// elements), on every worker at once after a barrier, each worker's time in
-// it and its wait in the barrier after it; 5 passes over the sizes, and 5
-// calls with no work. launcher::fitSyncSkew() of them into m.syncSkew and
-// m.skewPoints; one line in m.probes. About 0.3 s of work on a quiet
-// machine where the targets are met.
-void measureSkew(World& world, const std::string& spec, Measured& m);
+// The workers' skew as chains of steps meet it (planner::SyncSkew's curve):
+// at the sizes that m.encodeCurve prices at about 0.03, 0.12, 0.5 and 2 ms
+// (1 Mi elements at most), a batch of 4 to 48 tensors (about 40 ms of
+// encodes), each run as `F: E(c) ag* D(c)` (chainOption) on an executor of
+// its own over `w` and `groups` (`pipeline`: the replay's encode
+// pipeline), every worker at once after a barrier; an untimed pass and 5
+// timed ones. Into m.chainPoints the slowest worker's time per step
+// (median of the passes); a line in m.probes. Its tensors keep no keys on
+// the servers.
+void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
+                      const std::string& spec, bool pipeline, Measured& m);
 
 // The plan executor's compressed exchange with the servers, as it runs one
 // (`H: i.rs E x.push* x.pull* i.ag* D` with the codec `spec`: the payloads

@@ -173,6 +173,23 @@ void SyncSkew::check(const std::string& what) const {
                   "{}: the skew's fraction of the CPU work is {}; it must be in [0, {}] (0.5: the "
                   "last worker arrives half the work's duration after the timeline's)",
                   what, fraction, kMaxFraction);
+  double last = 0;
+  for (const auto& [work, wait] : curve.points) {
+    CORTADO_ENFORCE(std::isfinite(work) && work > last && std::isfinite(wait) && wait >= 0,
+                    ErrorCode::kInvalidArgument,
+                    "{}: the skew curve's point ({}, {}) is not a work in us above the previous "
+                    "point's ({}) with a wait in us >= 0; give [[work_us, wait_us], ...] by "
+                    "increasing work",
+                    what, work, wait, last);
+    last = work;
+  }
+}
+
+std::string SyncSkew::describe() const {
+  if (curve.points.empty()) return fmt::format("{:.0f} us + {:.3f} x the work", us, fraction);
+  std::string out = "by work:wait";
+  for (const auto& [work, wait] : curve.points) out += fmt::format(" {:.0f}:{:.0f}us", work, wait);
+  return out;
 }
 
 HardwareModel HardwareModel::fromJson(const json& j) {
@@ -204,7 +221,10 @@ HardwareModel HardwareModel::fromJson(const json& j) {
     if (cpu.contains("sync_skew_us")) h.syncSkew.us = cpu.at("sync_skew_us").get<double>();
     if (cpu.contains("sync_skew_fraction"))
       h.syncSkew.fraction = cpu.at("sync_skew_fraction").get<double>();
-    h.syncSkew.check("hardware: cpu.sync_skew_us and cpu.sync_skew_fraction");
+    if (cpu.contains("sync_skew_curve"))
+      for (const auto& pt : cpu.at("sync_skew_curve"))
+        h.syncSkew.curve.points.emplace_back(pt.at(0).get<double>(), pt.at(1).get<double>());
+    h.syncSkew.check("hardware: cpu.sync_skew_us, cpu.sync_skew_fraction and cpu.sync_skew_curve");
     return h;
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed hardware model: {}", e.what()));

@@ -80,17 +80,32 @@ double commTimeUs(const LinkCost& link, plan::CommOp op, int p, double bytes,
 // collective, or a push to the servers, starts for everybody when its last
 // worker arrives, and after CPU work of `w` us the last one arrives
 // `us + fraction * w` after the timeline's one worker does (which has
-// every worker alike). Nothing after no CPU work. Measured by `cortado bench
-// model` (launcher/bench_model_probe.cc, measureSkew); 0 and 0 (the default)
-// leave the timeline as without it.
+// every worker alike). Nothing after no CPU work. Or, where `curve` has
+// points, `curve.us(w)` (below its first point, on the line from no work and
+// no wait to it; beyond its last, its last wait): the wait by the work
+// before the step, measured by
+// `cortado bench model` as chains of steps back to back meet it
+// (launcher/bench_model_probe.cc, measureSkewChain). 0 and 0 and no curve
+// (the default) leave the timeline as without it.
 struct SyncSkew {
   double us = 0;
   double fraction = 0;
-  bool any() const { return us > 0 || fraction > 0; }
-  double after(double workUs) const { return workUs > 0 ? us + fraction * workUs : 0.0; }
+  MeasuredCurve curve;  // (work us, wait us), work increasing
+  bool any() const { return us > 0 || fraction > 0 || !curve.points.empty(); }
+  double after(double workUs) const {
+    if (workUs <= 0) return 0.0;
+    if (curve.points.empty()) return us + fraction * workUs;
+    const auto& [w0, t0] = curve.points.front();
+    if (workUs < w0) return t0 * workUs / w0;
+    return workUs >= curve.points.back().first ? curve.points.back().second : curve.us(workUs);
+  }
   // Refuses a value that is not finite, is negative, or (fraction) above
-  // kMaxFraction, naming `what` (where it came from).
+  // kMaxFraction, and a curve whose work does not increase, naming `what`
+  // (where it came from).
   void check(const std::string& what) const;
+  // "0 us + 0.121 x the work", or the curve's points "by work:wait
+  // 49:186us 622:852us ...", for logs and reports.
+  std::string describe() const;
   static constexpr double kMaxFraction = 10;
 };
 

@@ -161,9 +161,7 @@ std::string summaryText(const PlanRun& run) {
   out += fmt::format("codec costs: {}\n", run.sim->codec().costSource);
   if (const SyncSkew& k = run.sim->cluster().syncSkew; k.any())
     out += fmt::format(
-        "workers' skew at a step after CPU work (hardware cpu.sync_skew_*): {:.0f} us + "
-        "{:.3f} x the work\n",
-        k.us, k.fraction);
+        "workers' skew at a step after CPU work (hardware cpu.sync_skew_*): {}\n", k.describe());
   out += fmt::format("predicted iteration time (forward {:.2f} ms + backward and sync):\n",
                      fwd / 1000.0);
   auto line = [&](const char* what, const Strategy& s) {

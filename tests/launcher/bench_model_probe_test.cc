@@ -11,6 +11,7 @@
 #include "core/common/error.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_model_predict.h"
+#include "scheduler/planner/compile.h"
 
 namespace cortado::launcher {
 namespace {
@@ -101,109 +102,6 @@ TEST(CodecProbes, MismatchedLengthsAreRefused) {
   EXPECT_THROW(smoothCodecProbes({64, 256}, enc, dec), Error);
 }
 
-// The skew probe's calls from finish times on one clock: every worker starts
-// at 0 and finishes at f[i]; the barrier after the work releases everybody
-// `barrierUs` after the last one, so worker i waits max(f) + barrierUs - f[i].
-SkewCall callOf(const std::vector<double>& f, double barrierUs) {
-  SkewCall c;
-  double last = 0;
-  for (double x : f) last = std::max(last, x);
-  for (double x : f) c.workUs.push_back(x), c.waitUs.push_back(last + barrierUs - x);
-  return c;
-}
-
-TEST(SkewProbe, TheFitOfSyntheticFinishTimes) {
-  // Work d: the workers finish at d * (0.7, 0.9, 1.1, 1.3), the last 0.3 d
-  // after the mean (d). The idle calls' waits are the barrier's 100 us.
-  const std::vector<SkewCall> idle = {callOf({0, 0, 0, 0}, 100), callOf({0, 0, 0, 0}, 100)};
-  std::vector<std::vector<SkewCall>> bySize;
-  for (double d : {1000.0, 4000.0, 16000.0})
-    bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d}, 100)});
-  SkewFit fit = fitSyncSkew(idle, bySize);
-  EXPECT_NEAR(fit.skew.us, 0, 1e-9);
-  EXPECT_NEAR(fit.skew.fraction, 0.3, 1e-12);
-  ASSERT_EQ(fit.points.size(), 3u);
-  EXPECT_NEAR(fit.points[1].first, 4000, 1e-9);
-  EXPECT_NEAR(fit.points[1].second, 1200, 1e-9);
-  // One worker 800 us later still: mean finish d + 200, last 1.3 d + 800,
-  // skew 0.3 d + 600 = 0.3 (work - 200) + 600 = 540 + 0.3 work. Two calls
-  // per size whose skews average to it (+-50 us). The fit is a fraction
-  // (through the origin): sum(work * skew) / sum(work^2).
-  bySize.clear();
-  for (double d : {1000.0, 4000.0, 16000.0})
-    bySize.push_back({callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 850}, 100),
-                      callOf({0.7 * d, 0.9 * d, 1.1 * d, 1.3 * d + 750}, 100)});
-  fit = fitSyncSkew(idle, bySize);
-  double sxy = 0, sxx = 0;
-  for (double d : {1000.0, 4000.0, 16000.0}) {
-    const double x = d + 200;
-    sxy += x * (540 + 0.3 * x), sxx += x * x;
-  }
-  EXPECT_EQ(fit.skew.us, 0);
-  EXPECT_NEAR(fit.skew.fraction, sxy / sxx, 1e-12);
-  EXPECT_NEAR(fit.points[2].second, 540 + 0.3 * 16200, 1e-6);
-  // Every worker alike (a dedicated machine): no skew.
-  bySize.clear();
-  for (double d : {1000.0, 4000.0}) bySize.push_back({callOf({d, d, d, d}, 100)});
-  fit = fitSyncSkew(idle, bySize);
-  EXPECT_EQ(fit.skew.us, 0);
-  EXPECT_EQ(fit.skew.fraction, 0);
-}
-
-TEST(SkewProbe, TheFitIsAFractionThatTheLargestWorksDecide) {
-  // Skews 0 at work 1000 (a wait below the idle calls': clamped to 0) and
-  // 1500 at 4000: b = 4000 * 1500 / (1000^2 + 4000^2) = 6/17.
-  const std::vector<SkewCall> idle = {callOf({0, 0}, 200)};
-  const std::vector<std::vector<SkewCall>> bySize = {{callOf({1000, 1000}, 100)},
-                                                     {callOf({2500, 5500}, 200)}};
-  const SkewFit fit = fitSyncSkew(idle, bySize);
-  EXPECT_EQ(fit.points[0].second, 0);
-  EXPECT_NEAR(fit.points[1].second, 1500, 1e-9);
-  EXPECT_EQ(fit.skew.us, 0);
-  EXPECT_NEAR(fit.skew.fraction, 6.0 / 17, 1e-12);
-  // Less skew after more work (1000 after 2000 us, 200 after 4200): still
-  // a fraction, (2000 * 1000 + 4200 * 200) / (2000^2 + 4200^2).
-  const SkewFit flat =
-      fitSyncSkew(idle, {{callOf({1000, 3000}, 200)}, {callOf({4000, 4400}, 200)}});
-  EXPECT_EQ(flat.skew.us, 0);
-  EXPECT_NEAR(flat.skew.fraction, 2.84e6 / 21.64e6, 1e-12);
-  // A loaded run's points (docs/model_bench.md), where a line had 3.9 ms +
-  // 0.145 x: the small works' noisy skews hardly move the fraction.
-  // Four workers: three at work - skew / 3, one at work + skew.
-  const std::vector<SkewCall> idle4 = {callOf({0, 0, 0, 0}, 200)};
-  std::vector<std::vector<SkewCall>> run;
-  for (const auto& [work, skew] : std::vector<std::pair<double, double>>{
-           {237, 0}, {579, 0}, {2454, 2956}, {10859, 15104}, {193401, 31407}})
-    run.push_back({callOf({work - skew / 3, work - skew / 3, work - skew / 3, work + skew}, 200)});
-  const SkewFit r = fitSyncSkew(idle4, run);
-  EXPECT_EQ(r.skew.us, 0);
-  const double want =
-      (2454.0 * 2956 + 10859.0 * 15104 + 193401.0 * 31407) /
-      (237.0 * 237 + 579.0 * 579 + 2454.0 * 2454 + 10859.0 * 10859 + 193401.0 * 193401);
-  EXPECT_NEAR(r.skew.fraction, want, 1e-12);
-}
-
-TEST(SkewProbe, BadSamplesAreRefused) {
-  const std::vector<SkewCall> idle = {callOf({0, 0}, 100)};
-  const std::vector<std::vector<SkewCall>> ok = {{callOf({10, 20}, 100)}};
-  EXPECT_NO_THROW(fitSyncSkew(idle, ok));
-  EXPECT_THROW(fitSyncSkew({}, ok), Error);
-  EXPECT_THROW(fitSyncSkew(idle, {}), Error);
-  EXPECT_THROW(fitSyncSkew(idle, {{}}), Error);
-  EXPECT_THROW(fitSyncSkew(idle, {{callOf({10, 20, 30}, 100)}}), Error);  // 3 workers, not 2
-  SkewCall bad = callOf({10, 20}, 100);
-  bad.waitUs[1] = -5;
-  EXPECT_THROW(fitSyncSkew(idle, {{bad}}), Error);
-  bad = callOf({10, 20}, 100);
-  bad.workUs[0] = std::numeric_limits<double>::quiet_NaN();
-  try {
-    fitSyncSkew(idle, {{bad}});
-    ADD_FAILURE() << "a NaN work time was taken";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("worker 0"), std::string::npos) << e.what();
-  }
-}
-
 TEST(SkewProbe, TheSyncSkewOption) {
   EXPECT_FALSE(parseSyncSkew("auto").has_value());
   const auto off = parseSyncSkew("off");
@@ -284,6 +182,92 @@ TEST(ExchangeProbe, CompressedPushAndPullCurvesAreTheRoundTripsLessTheServers) {
   EXPECT_EQ(replay::applyExchangeCurves({}, two, codec), 0);
   EXPECT_TRUE(two.inter.curvesCompressed.empty());
   EXPECT_NEAR(planner::commTimeUs(two.inter, plan::CommOp::kPush, 4, 1e6, true), 70, 1e-6);
+}
+
+void expectPoints(const std::vector<std::pair<double, double>>& got,
+                  const std::vector<std::pair<double, double>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i].first, want[i].first, 1e-3) << i;
+    EXPECT_NEAR(got[i].second, want[i].second, 1e-3) << i;
+  }
+}
+
+// The skew chains into the simulator's curve: each chain's time per step
+// less the step's price (F: E(c) ag* D(c), one after the other), by the
+// encode before the allgather, non-decreasing and concave through (0, 0). Worked by hand: 4 machines, EFSignSGD whose
+// encode is 20 us at 1000 elements and 80 at 4000 (one task: the partitions
+// are 4 MiB), a compressed flat allgather of 100 us at any size, a decode of
+// 10 us per payload (4 payloads: 40 us). A step is 160 us at 1000 elements,
+// 220 at 4000.
+TEST(SkewChain, TheCurveIsEachChainsTimeLessItsPriceByTheEncode) {
+  planner::Cluster cl;
+  cl.machines = 4;
+  cl.gpusPerMachine = 1;
+  cl.cpuCores = 2;
+  cl.cpuSumGbps = 1e12;
+  cl.oneTensorAtATime = true;
+  cl.chunkBytes = 4 << 20;
+  planner::MeasuredCurve ag;
+  ag.p = 4;
+  ag.add(1, 100);
+  cl.inter.curvesCompressed[plan::CommOp::kAllgather] = ag;
+  cl.intra = cl.inter;
+  cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};  // host memory: no copies
+  planner::ResolvedCodec codec;
+  codec.spec = "efsignsgd";
+  codec.cost.bitsPerElement = 1;
+  for (int d = 0; d < 2; ++d) {
+    codec.encodeCurve[d].p = codec.decodeCurve[d].p = 1;
+    codec.encodeCurve[d].add(1000, 20);
+    codec.encodeCurve[d].add(4000, 80);
+    codec.decodeCurve[d].add(1, 10);
+  }
+  const plan::TensorOption f = replay::chainOption("efsignsgd");
+  ASSERT_NEAR(planner::compileOption(cl, codec, 1000, 4, f).pathUs, 160, 1e-3);
+  ASSERT_NEAR(planner::compileOption(cl, codec, 4000, 4, f).pathUs, 220, 1e-3);
+  cl.syncSkew.us = 7;  // replaced by the chains' curve
+  using Chain = replay::Measured::ChainPoint;
+  // 1000 elements: two chains of equal work, 400 and 360 us per step
+  // (excess 240 and 200: 220); 4000: 820 us per step (excess 600).
+  planner::Cluster a = cl;
+  auto pts = replay::applyChainSkew({{1000, 24, 400}, {1000, 12, 360}, {4000, 4, 820}}, a, codec);
+  expectPoints(pts, {{20, 220}, {80, 600}});
+  EXPECT_EQ(a.syncSkew.curve.points, pts);
+  EXPECT_DOUBLE_EQ(a.syncSkew.us, 0);
+  EXPECT_NEAR(a.syncSkew.after(10), 110, 1e-3);   // below the first point: towards (0, 0)
+  EXPECT_NEAR(a.syncSkew.after(50), 410, 1e-3);   // between the points
+  EXPECT_NEAR(a.syncSkew.after(500), 600, 1e-3);  // beyond the last point: its wait
+  // The timeline now prices a chain's step as measured.
+  EXPECT_NEAR(planner::compileOption(a, codec, 4000, 4, f).pathUs, 820, 1e-3);
+  // A wait that grows faster than the work is raised to the line from
+  // (0, 0) to the point above it (concave): 20 us of work at 80 us of
+  // excess, under the line to (80, 800), takes 200.
+  planner::Cluster b = cl;
+  pts = replay::applyChainSkew({{1000, 8, 240}, {4000, 8, 1020}}, b, codec);
+  expectPoints(pts, {{20, 200}, {80, 800}});
+  // Faster than priced: no wait; a larger work with a smaller excess is
+  // pooled with the one below it (non-decreasing): (240 + 0) / 2.
+  planner::Cluster e = cl;
+  pts = replay::applyChainSkew({{1000, 8, 400}, {4000, 8, 200}}, e, codec);
+  expectPoints(pts, {{20, 120}, {80, 120}});
+  // No chains: no skew at all (--sync-skew's values are not kept either).
+  planner::Cluster c = cl;
+  EXPECT_TRUE(replay::applyChainSkew({}, c, codec).empty());
+  EXPECT_FALSE(c.syncSkew.any());
+  // A malformed chain is refused, naming it.
+  for (const Chain& bad : {Chain{0, 4, 100}, Chain{1000, 0, 100},
+                           Chain{1000, 4, std::numeric_limits<double>::quiet_NaN()},
+                           Chain{1000, 4, -1}}) {
+    planner::Cluster d = cl;
+    try {
+      replay::applyChainSkew({bad}, d, codec);
+      ADD_FAILURE() << "a chain of " << bad.steps << " x " << bad.elements << " at "
+                    << bad.stepUs << " us was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("skew chain:"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -28,15 +28,18 @@ check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line
 # The executor's compressed exchanges with the servers, probed at the
 # codec probe's sizes (2 machines: the probe runs), each with a round trip.
 check "compressed exchange probed" "echo \"\$out\" | grep -Eq 'measured compressed exchange \(fp16 x.push\* x.pull\*, through the servers; [0-9.]+ s\) by elements:pushed bytes:round trip( [0-9]+:[0-9]+B:[0-9]+us)+$'" "$(echo "$out" | grep 'compressed exchange')"
-# The workers' skew, measured at start-up (auto): its probe line, and every
-# strategy's fraction and its prediction without the skew.
-check "skew probed" "echo \"\$out\" | grep -q 'measured sync skew (the last worker after the mean one'" "no skew probe line"
+# The workers' skew, measured at start-up (auto) by chains of steps: its
+# probe line, and every strategy's curve and its prediction without the skew.
+check "skew chains probed" "echo \"\$out\" | grep -Eq 'measured skew chain \(F: E\(fp16\) ag\* D\(fp16\) back to back, the slowest worker.s time per step; [0-9.]+ s\) by steps x elements:( [0-9]+x[0-9]+:[0-9]+us)+$'" "$(echo "$out" | grep 'skew chain')"
 for s in none gpu cpu plan; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "strategy $s: skew and the prediction without it" "echo \"\$line\" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
-assert r[\"sync_skew_us\"] == 0 and 0 <= r[\"sync_skew_fraction\"] <= 10, r
+assert r[\"sync_skew_us\"] == 0 and r[\"sync_skew_fraction\"] == 0, r
+c = r[\"sync_skew_curve\"]
+assert c and all(w > 0 and t >= 0 for w, t in c), r
+assert all(a[0] < b[0] and a[1] <= b[1] for a, b in zip(c, c[1:])), r
 assert 0 < r[\"predicted_noskew_ms\"] <= r[\"predicted_ms\"] * (1 + 1e-9), r
 '" "$line"
 done

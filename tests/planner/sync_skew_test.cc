@@ -36,9 +36,17 @@ const TensorOption kGather{
      Step::decode(Device::kGpu)},
     "test"};
 
+// A skew of `us` plus `fraction` of the work before the step.
+SyncSkew line(double us, double fraction) {
+  SyncSkew s;
+  s.us = us;
+  s.fraction = fraction;
+  return s;
+}
+
 // 2 us plus half the work before the step.
 Cluster skewed(Cluster c) {
-  c.syncSkew = SyncSkew{2, 0.5};
+  c.syncSkew = line(2, 0.5);
   return c;
 }
 
@@ -48,7 +56,7 @@ TEST(SyncSkew, NoSkewGivesTheTimelineWithoutIt) {
   // t1 computes in [13,14] and [15,16], allreduce [16,20]. Every op's wait
   // is 0 and each path is its durations' sum.
   Cluster c = cluster(1, 2, 4);
-  c.syncSkew = SyncSkew{0, 0};
+  c.syncSkew = line(0, 0);
   Simulator sim(c, codec(), model({{1000, 10}, {1000, 2}}), {kAllreduce, kGather});
   std::vector<TensorTiming> t;
   EXPECT_DOUBLE_EQ(sim.simulate({1, 0}, &t), 20.0);
@@ -208,9 +216,9 @@ std::string errorOf(const std::function<void()>& f) {
 
 TEST(SyncSkew, BadValuesAreRefused) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  for (const SyncSkew& s : {SyncSkew{-1, 0}, SyncSkew{nan, 0}, SyncSkew{0, -0.1}, SyncSkew{0, nan},
-                            SyncSkew{0, SyncSkew::kMaxFraction + 1},
-                            SyncSkew{std::numeric_limits<double>::infinity(), 0}}) {
+  for (const SyncSkew& s : {line(-1, 0), line(nan, 0), line(0, -0.1), line(0, nan),
+                            line(0, SyncSkew::kMaxFraction + 1),
+                            line(std::numeric_limits<double>::infinity(), 0)}) {
     const std::string e = errorOf([&] { s.check("test"); });
     EXPECT_NE(e.find("test: the skew's"), std::string::npos) << e;
     Cluster c = cluster(1, 2, 4);
@@ -220,7 +228,7 @@ TEST(SyncSkew, BadValuesAreRefused) {
     });
     EXPECT_NE(se.find("sync skew"), std::string::npos) << se;
   }
-  EXPECT_EQ(errorOf([] { SyncSkew{0, SyncSkew::kMaxFraction}.check("x"); }), "");
+  EXPECT_EQ(errorOf([] { line(0, SyncSkew::kMaxFraction).check("x"); }), "");
   // From a hardware file.
   nlohmann::json hw = {
       {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
@@ -239,6 +247,57 @@ TEST(SyncSkew, BadValuesAreRefused) {
   hw["cpu"].erase("sync_skew_fraction");
   hw["cpu"].erase("sync_skew_us");
   EXPECT_FALSE(HardwareModel::fromJson(hw).syncSkew.any());
+  // A curve: by increasing work, waits >= 0.
+  hw["cpu"]["sync_skew_curve"] = {{100, 50}, {1000, 500}};
+  const HardwareModel hc = HardwareModel::fromJson(hw);
+  EXPECT_EQ(hc.syncSkew.curve.points,
+            (std::vector<std::pair<double, double>>{{100, 50}, {1000, 500}}));
+  EXPECT_DOUBLE_EQ(hc.syncSkew.after(550), 275);
+  for (const nlohmann::json& bad : {nlohmann::json{{100, 50}, {100, 60}},
+                                    nlohmann::json{{100, 50}, {50, 60}},
+                                    nlohmann::json{{100, -1}}, nlohmann::json{{0, 10}}}) {
+    hw["cpu"]["sync_skew_curve"] = bad;
+    const std::string e = errorOf([&] { HardwareModel::fromJson(hw); });
+    EXPECT_NE(e.find("cpu.sync_skew_curve"), std::string::npos) << bad.dump() << ": " << e;
+    EXPECT_NE(e.find("the skew curve's point"), std::string::npos) << e;
+  }
+  hw["cpu"]["sync_skew_curve"] = "steep";
+  EXPECT_NE(errorOf([&] { HardwareModel::fromJson(hw); }).find("malformed hardware model"),
+            std::string::npos);
+}
+
+// A measured curve (cortado bench model's chains): the wait by the work,
+// on the line from (0, 0) below its first point, between points
+// interpolated, beyond the last its last wait; it takes the place of
+// the constant and the fraction, and the timeline charges it before the
+// step after the work.
+TEST(SyncSkew, ACurveIsTheWaitByTheWork) {
+  SyncSkew s = line(1000, 5);  // not used where the curve has points
+  s.curve.points = {{100, 50}, {1000, 500}, {4000, 800}};
+  EXPECT_TRUE(s.any());
+  EXPECT_DOUBLE_EQ(s.after(0), 0);
+  EXPECT_DOUBLE_EQ(s.after(-3), 0);
+  EXPECT_DOUBLE_EQ(s.after(50), 25);
+  EXPECT_DOUBLE_EQ(s.after(100), 50);
+  EXPECT_DOUBLE_EQ(s.after(550), 275);
+  EXPECT_DOUBLE_EQ(s.after(2500), 650);
+  EXPECT_DOUBLE_EQ(s.after(4000), 800);
+  EXPECT_DOUBLE_EQ(s.after(7000), 800);
+  EXPECT_EQ(s.describe(), "by work:wait 100:50us 1000:500us 4000:800us");
+  EXPECT_EQ(line(2, 0.5).describe(), "2 us + 0.500 x the work");
+  SyncSkew curveOnly;
+  curveOnly.curve.points = {{2, 1}, {4, 3}};
+  EXPECT_TRUE(curveOnly.any());
+  // kGather's encode of 1000 elements takes 3 us: a wait of 2 us (between
+  // (2, 1) and (4, 3)) before its allgather, none before the allreduce.
+  Cluster c = cluster(1, 2, 4);
+  c.syncSkew = curveOnly;
+  const CompiledOption g = compileOption(c, codec(), 1000, 4, kGather);
+  ASSERT_EQ(g.ops.size(), 3u);
+  EXPECT_DOUBLE_EQ(g.ops[0].waitUs, 0);
+  EXPECT_DOUBLE_EQ(g.ops[1].waitUs, 2);
+  EXPECT_DOUBLE_EQ(g.pathUs, 3 + 2 + 1 + 1);
+  EXPECT_DOUBLE_EQ(compileOption(c, codec(), 1000, 4, kAllreduce).ops[0].waitUs, 0);
 }
 
 }  // namespace
