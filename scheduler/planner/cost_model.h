@@ -83,10 +83,9 @@ double commTimeUs(const LinkCost& link, plan::CommOp op, int p, double bytes,
 // every worker alike). Nothing after no CPU work. Or, where `curve` has
 // points, `curve.us(w)` (below its first point, on the line from no work and
 // no wait to it; beyond its last, its last wait): the wait by the work
-// before the step, measured by
-// `cortado bench model` as chains of steps back to back meet it
-// (launcher/bench_model_probe.cc, measureSkewChain). 0 and 0 and no curve
-// (the default) leave the timeline as without it.
+// before the step, measured by `cortado bench model` as chains of steps
+// back to back meet it (launcher/bench_model_probe.cc, measureSkewChain).
+// 0 and 0 and no curve (the default) leave the timeline as without it.
 struct SyncSkew {
   double us = 0;
   double fraction = 0;
