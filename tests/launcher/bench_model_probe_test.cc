@@ -122,6 +122,19 @@ TEST(SkewProbe, TheSyncSkewOption) {
   }
 }
 
+// 4 emulated hosts of one GPU each with `cores` cores, summing for free, one
+// tensor at a time, 4 MiB chunks and partitions.
+planner::Cluster fourHosts(int cores) {
+  planner::Cluster cl;
+  cl.machines = 4;
+  cl.gpusPerMachine = 1;
+  cl.cpuCores = cores;
+  cl.cpuSumGbps = 1e12;
+  cl.oneTensorAtATime = true;
+  cl.chunkBytes = 4 << 20;
+  return cl;
+}
+
 // The compressed exchange probe's timings into the simulator's links: each
 // round trip less the servers' work, halved, by a machine's bytes times the
 // chunks' spread over the servers (1 chunk on 4 machines: 4x), for the
@@ -129,13 +142,7 @@ TEST(SkewProbe, TheSyncSkewOption) {
 // decode of every payload 10 us (4 tasks on 64 cores: one round), its sum
 // free and its re-encode 20 us, so 30 us of each round trip are the servers'.
 TEST(ExchangeProbe, CompressedPushAndPullCurvesAreTheRoundTripsLessTheServers) {
-  planner::Cluster cl;
-  cl.machines = 4;
-  cl.gpusPerMachine = 1;
-  cl.cpuCores = 64;
-  cl.cpuSumGbps = 1e12;
-  cl.oneTensorAtATime = true;
-  cl.chunkBytes = 4 << 20;
+  planner::Cluster cl = fourHosts(64);
   planner::MeasuredCurve raw;  // the uncompressed probe's, left as it is
   raw.p = 4;
   raw.add(100, 7);
@@ -195,19 +202,14 @@ void expectPoints(const std::vector<std::pair<double, double>>& got,
 
 // The skew chains into the simulator's curve: each chain's time per step
 // less the step's price (F: E(c) ag* D(c), one after the other), by the
-// encode before the allgather, non-decreasing and concave through (0, 0). Worked by hand: 4 machines, EFSignSGD whose
-// encode is 20 us at 1000 elements and 80 at 4000 (one task: the partitions
-// are 4 MiB), a compressed flat allgather of 100 us at any size, a decode of
-// 10 us per payload (4 payloads: 40 us). A step is 160 us at 1000 elements,
-// 220 at 4000.
+// encode before the allgather, non-decreasing and concave through (0, 0).
+// Worked by hand: 4 machines, EFSignSGD whose encode is 20 us at 1000
+// elements and 80 at 4000 (one task: the partitions are 4 MiB), a
+// compressed flat allgather of 100 us at any size, a decode of 10 us per
+// payload (4 payloads: 40 us). A step is 160 us at 1000 elements, 220 at
+// 4000.
 TEST(SkewChain, TheCurveIsEachChainsTimeLessItsPriceByTheEncode) {
-  planner::Cluster cl;
-  cl.machines = 4;
-  cl.gpusPerMachine = 1;
-  cl.cpuCores = 2;
-  cl.cpuSumGbps = 1e12;
-  cl.oneTensorAtATime = true;
-  cl.chunkBytes = 4 << 20;
+  planner::Cluster cl = fourHosts(2);
   planner::MeasuredCurve ag;
   ag.p = 4;
   ag.add(1, 100);
