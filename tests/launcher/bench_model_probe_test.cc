@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/common/error.h"
@@ -135,6 +136,20 @@ planner::Cluster fourHosts(int cores) {
   return cl;
 }
 
+// EFSignSGD (1 bit per element) on both devices with the encode curve
+// `encode` (elements, us) and a decode of 10 us per payload at any size.
+planner::ResolvedCodec efsignsgd(const std::vector<std::pair<double, double>>& encode) {
+  planner::ResolvedCodec codec;
+  codec.spec = "efsignsgd";
+  codec.cost.bitsPerElement = 1;
+  for (int d = 0; d < 2; ++d) {
+    codec.encodeCurve[d].p = codec.decodeCurve[d].p = 1;
+    for (const auto& [n, us] : encode) codec.encodeCurve[d].add(n, us);
+    codec.decodeCurve[d].add(1, 10);
+  }
+  return codec;
+}
+
 // The compressed exchange probe's timings into the simulator's links: each
 // round trip less the servers' work, halved, by a machine's bytes times the
 // chunks' spread over the servers (1 chunk on 4 machines: 4x), for the
@@ -148,14 +163,7 @@ TEST(ExchangeProbe, CompressedPushAndPullCurvesAreTheRoundTripsLessTheServers) {
   raw.add(100, 7);
   raw.add(1e6, 70);
   cl.inter.curves[plan::CommOp::kPush] = raw;
-  planner::ResolvedCodec codec;
-  codec.spec = "efsignsgd";
-  codec.cost.bitsPerElement = 1;
-  for (int d = 0; d < 2; ++d) {
-    codec.encodeCurve[d].p = codec.decodeCurve[d].p = 1;
-    codec.encodeCurve[d].add(1, 20);
-    codec.decodeCurve[d].add(1, 10);
-  }
+  const planner::ResolvedCodec codec = efsignsgd({{1, 20}});
   auto entry = [](uint64_t bytes, uint64_t elements, double rtUs) {
     plan::CommTiming c;
     c.op = plan::CommOp::kPush;
@@ -216,15 +224,7 @@ TEST(SkewChain, TheCurveIsEachChainsTimeLessItsPriceByTheEncode) {
   cl.inter.curvesCompressed[plan::CommOp::kAllgather] = ag;
   cl.intra = cl.inter;
   cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};  // host memory: no copies
-  planner::ResolvedCodec codec;
-  codec.spec = "efsignsgd";
-  codec.cost.bitsPerElement = 1;
-  for (int d = 0; d < 2; ++d) {
-    codec.encodeCurve[d].p = codec.decodeCurve[d].p = 1;
-    codec.encodeCurve[d].add(1000, 20);
-    codec.encodeCurve[d].add(4000, 80);
-    codec.decodeCurve[d].add(1, 10);
-  }
+  const planner::ResolvedCodec codec = efsignsgd({{1000, 20}, {4000, 80}});
   const plan::TensorOption f = replay::chainOption("efsignsgd");
   ASSERT_NEAR(planner::compileOption(cl, codec, 1000, 4, f).pathUs, 160, 1e-3);
   ASSERT_NEAR(planner::compileOption(cl, codec, 4000, 4, f).pathUs, 220, 1e-3);
