@@ -233,7 +233,6 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
   planner::Cluster bare = cl;
   bare.syncSkew = {};
   const plan::TensorOption f = chainOption(codec.spec);
-  const double cores = std::max(1, bare.cpuCores);
   std::map<double, std::pair<double, double>> byWork;  // work us -> (sum of excess us, count)
   for (const Measured::ChainPoint& c : chains) {
     CORTADO_ENFORCE(c.elements > 0 && c.steps > 0 && std::isfinite(c.stepUs) && c.stepUs >= 0,
@@ -256,8 +255,7 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
     // its tasks in rounds over the cores.
     double work = 0;
     for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops)
-      if (op.kind == planner::OpKind::kEncode)
-        work += op.res == planner::Res::kCpu ? op.us * std::ceil(double(op.tasks) / cores) : op.us;
+      if (op.kind == planner::OpKind::kEncode) work += planner::opDurationUs(bare, op);
     if (!(work > 0)) continue;  // no work, no wait (SyncSkew::after)
     auto& [sum, n] = byWork[work];
     sum += std::max(0.0, c.stepUs - priced);

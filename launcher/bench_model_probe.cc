@@ -579,12 +579,10 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
 // every worker at once after one barrier. The slowest worker's time per
 // step, a median over passes, is what a chain of such steps costs; the
 // predictions take from it what the cost models already price for the step
-// (chainSkew, bench_model_predict.cc) and charge the rest as the skew.
+// (applyChainSkew, bench_model_predict.cc) and charge the rest as the
+// skew.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m) {
-  using plan::CommOp;
-  using plan::Scope;
-  using plan::Step;
   // Up to 1 Mi elements: the encode of larger sizes costs more per element
   // (caches) than the curve between its points prices, and a chain of them
   // charged that as skew, up to 3.4x the encode (EFSignSGD, 4 Mi elements),
@@ -647,11 +645,8 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
       px.runBatch(batch, ReduceOp::kSum, d);
       if (pass > 0) mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - b0).count());
     }
-  plan::TensorOption flat;
-  flat.steps = {Step::comm(Scope::kFlat, CommOp::kAllreduce, false)};
-  for (auto& [name, o] : p.tensors) o = flat;
-  p.version += 1;
-  px.setPlan(p, d);
+  // F keeps no keys on the servers: nothing to release (as
+  // measureCompressedExchange must).
   const std::vector<double> slowest = world.max(mine);
   m.chainPoints.clear();
   std::string pts;

@@ -270,12 +270,13 @@ class Compiler {
 
 }  // namespace
 
-void applySyncSkew(const Cluster& cluster, CompiledOption& c) {
+double opDurationUs(const Cluster& cluster, const SimOp& op) {
   const double cores = std::max(1, cluster.cpuCores);
-  // A CPU op's tasks run in rounds of `cores` (what its caller waits for).
-  auto duration = [&](const SimOp& op) {
-    return op.res == Res::kCpu ? op.us * std::ceil(double(op.tasks) / cores) : op.us;
-  };
+  return op.res == Res::kCpu ? op.us * std::ceil(double(op.tasks) / cores) : op.us;
+}
+
+void applySyncSkew(const Cluster& cluster, CompiledOption& c) {
+  auto duration = [&](const SimOp& op) { return opDurationUs(cluster, op); };
   double work = 0;  // since the previous communication op
   for (SimOp& op : c.ops) {
     c.pathUs -= op.waitUs;

@@ -55,6 +55,10 @@ struct CompiledOption {
 // as a dense tensor). A Zen option runs on host buffers: the copies to and
 // from the host, the scan and placement on one core, the scheme's
 // collectives over all GPUs, then the sums and the decode on one core.
+// How long `op` holds its caller: a CPU op's tasks in rounds over the
+// cluster's cores, any other op its duration.
+double opDurationUs(const Cluster& cluster, const SimOp& op);
+
 // Sets every communication op's SimOp::waitUs to the cluster's skew after
 // the codec and CPU work (encode, decode, group copy, Zen's CPU work; not the
 // servers' work nor PCIe copies) since the previous communication op of
