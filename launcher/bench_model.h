@@ -103,6 +103,22 @@ void validateModelBench(const ModelBenchOptions& opts);
 void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encodeUs,
                        std::vector<double>& decodeUs);
 
+// One link probe size's figure from its calls (us, each the slowest rank's
+// call): their mean, less strays. A stray is a call more than 3x the calls'
+// median and 10 ms beyond it: a stall of the shared machine (a descheduled
+// process through many time slices, a lost segment's retransmission) that
+// the replay's steps do not meet every few calls. In one run a 4096-byte
+// compressed allgather's 9 calls averaged 6.2 ms between 0.6 ms at 1024
+// bytes and 3.1 ms at 16384, which priced every compressed allgather up to
+// 64 KiB at 6.2 ms (docs/benchmarks.md, "Link probes without strays").
+// Throws kInvalidArgument on no calls.
+struct ProbeMean {
+  double us = 0;
+  int calls = 0;   // the calls in the mean
+  int strays = 0;  // the calls left out
+};
+ProbeMean meanLessStrays(std::vector<double> callsUs);
+
 // Runs as a worker of a job started by `cortado launch --mpi|--hosts`.
 // Returns 0, or 1 when a checked result was wrong.
 int runModelBench(const ModelBenchOptions& opts);

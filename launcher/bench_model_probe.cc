@@ -70,7 +70,23 @@ double medianSeconds(int reps, F f) {
 // One probe: `bytes` (what the cost formula takes) and the time it took.
 struct Sample {
   double bytes = 0, us = 0;
+  int calls = 1, strays = 0;  // the calls in `us` and those left out (meanLessStrays)
 };
+
+// A probe's samples as a curve: non-decreasing by size, each size weighted
+// by its calls (MeasuredCurve::monotone; `add` alone would keep the running
+// maximum, and one slow size would floor every larger one).
+planner::MeasuredCurve curveOf(const std::vector<Sample>& s, int p) {
+  std::vector<std::array<double, 3>> rows;
+  for (const Sample& x : s) rows.push_back({x.bytes, x.us, double(x.calls)});
+  return planner::MeasuredCurve::monotone(rows, p);
+}
+
+// A sample for the log: bytes, time and the strays left out.
+std::string describe(const Sample& x) {
+  return x.strays ? fmt::format(" {:.0f}B:{:.0f}us({} left out)", x.bytes, x.us, x.strays)
+                  : fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+}
 
 // Least squares of t = A a + B b over rows (A, B, t), each row's error taken
 // relative to its t, so that the small sizes' latency and the large sizes'
@@ -142,7 +158,8 @@ constexpr uint64_t kMaxCodecProbe = 16u << 20;
 constexpr uint64_t kMaxExchangeProbe = 4u << 20;
 
 // Times op(bytes) at each size: one untimed call, then the mean of 9 (5 from
-// 64 KiB, 3 from 1 MiB) calls back to back after a barrier, as the replay
+// 64 KiB, 3 from 1 MiB) calls back to back after a barrier, less strays
+// (meanLessStrays), as the replay
 // runs its tensors (with pauses between calls, the shaped links' token
 // buckets refill and large steps ran 25-35% faster than in the replay;
 // the mean, not the median: a
@@ -173,10 +190,10 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
   std::vector<Sample> out;
   size_t at = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    double sum = 0;
-    for (int k = 0; k < reps[i]; ++k) sum += all[at + k];
-    at += reps[i];
-    out.push_back({double(sizes[i]), sum / reps[i]});
+    const ProbeMean m = meanLessStrays(std::vector<double>(all.begin() + long(at),
+                                                           all.begin() + long(at) + reps[i]));
+    at += size_t(reps[i]);
+    out.push_back({double(sizes[i]), m.us, m.calls, m.strays});
   }
   return out;
 }
@@ -278,7 +295,7 @@ void measureGroup(World& world, collective::Collectives& g, collective::Collecti
   }
   auto note = [&](CommOp op, bool compressed, const std::vector<Sample>& s, const AlphaBeta& ab) {
     std::string pts;
-    for (const Sample& x : s) pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+    for (const Sample& x : s) pts += describe(x);
     log.push_back(fmt::format("{} {}{}: {:.0f} us + {:.3f} Gbit/s from{}", scope, plan::toString(op),
                               compressed ? "*" : "", ab.alphaUs, ab.gbps, pts));
   };
@@ -289,9 +306,7 @@ void measureGroup(World& world, collective::Collectives& g, collective::Collecti
                                 });
     AlphaBeta ab = fitOp(op, p, s);
     (compressed ? compressedOps : ops)[op] = ab;
-    planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[op];
-    c.p = p;
-    for (const Sample& x : s) c.add(x.bytes, x.us);
+    (compressed ? compressedCurves : curves)[op] = curveOf(s, p);
     note(op, compressed, s, ab);
   };
   using DT = DType;
@@ -346,9 +361,7 @@ void measureGroup(World& world, collective::Collectives& g, collective::Collecti
     });
     AlphaBeta ab = fitOp(CommOp::kBroadcast, p, s);
     (compressed ? compressedOps : ops)[CommOp::kBroadcast] = ab;
-    planner::MeasuredCurve& c = (compressed ? compressedCurves : curves)[CommOp::kBroadcast];
-    c.p = p;
-    for (const Sample& x : s) c.add(x.bytes, x.us);
+    (compressed ? compressedCurves : curves)[CommOp::kBroadcast] = curveOf(s, p);
     note(CommOp::kBroadcast, compressed, s, ab);
   };
   fenced(false, sizes,
@@ -389,21 +402,22 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
   const double L = topo.localSize;
   std::vector<std::array<double, 3>> rows;
   std::string pts;
+  std::vector<Sample> each;  // one push (or pull): by a machine's bytes times the spread
   for (const Sample& x : s) {
     // The probe key's chunks reach only that many servers, as the model's
     // tensors' do (planner::Cluster::oneTensorAtATime): the same spread here.
     const double chunks = std::ceil(x.bytes / double(chunkBytes)) * L;
     const double spread = m * std::ceil(chunks / m) / chunks;
     rows.push_back({2.0, 2.0 * frac * x.bytes * L * spread, x.us});
-    pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+    each.push_back({x.bytes * L * spread, x.us / 2, x.calls, x.strays});
+    pts += describe(x);
   }
   const auto [a, b] = fitRelative(rows);
   AlphaBeta ab{a, 8.0 / (b * 1000.0)};
   log.push_back(fmt::format("push+pull: {:.0f} us + {:.3f} Gbit/s each from{}", ab.alphaUs, ab.gbps, pts));
-  // And as curves: commTimeUs takes a machine's bytes times the spread for
+  // And as a curve: commTimeUs takes a machine's bytes times the spread for
   // push and for pull; each is half of the measured exchange.
-  curve.p = topo.numMachines;
-  for (size_t i = 0; i < s.size(); ++i) curve.add(rows[i][1] / (2.0 * frac), s[i].us / 2);
+  curve = curveOf(each, topo.numMachines);
   return ab;
 }
 
@@ -770,7 +784,7 @@ void measureCopies(World& world, device::Device& dev, uint64_t lo, uint64_t hi, 
     std::string pts;
     for (const Sample& x : s) {
       rows.push_back({1.0, x.bytes, x.us});
-      pts += fmt::format(" {:.0f}B:{:.0f}us", x.bytes, x.us);
+      pts += describe(x);
     }
     const auto [a, b] = fitRelative(rows);
     const AlphaBeta ab{a, 8.0 / (b * 1000.0)};
@@ -812,6 +826,28 @@ std::optional<planner::SyncSkew> parseSyncSkew(const std::string& arg) {
   s.fraction = number(arg.substr(comma + 1), "the fraction");
   s.check(fmt::format("--sync-skew '{}'", arg));
   return s;
+}
+
+ProbeMean meanLessStrays(std::vector<double> calls) {
+  CORTADO_ENFORCE(!calls.empty(), ErrorCode::kInvalidArgument,
+                  "a link probe size with no calls: nothing to take the mean of");
+  std::vector<double> sorted = calls;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                          : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+  const double limit = std::max(3.0 * median, median + 10000.0);
+  ProbeMean m;
+  double sum = 0;
+  for (const double c : calls) {
+    if (c > limit) {
+      ++m.strays;
+      continue;
+    }
+    sum += c;
+    ++m.calls;
+  }
+  m.us = sum / m.calls;  // the median's call is never a stray
+  return m;
 }
 
 void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encode,
