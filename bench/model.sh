@@ -60,6 +60,10 @@ NAME=m$(printf '%07x' $(( (($$ << 15) ^ RANDOM) & 0xfffffff )))
 trap '"$TB" down "$NAME" >/dev/null 2>&1 || true; rm -f "$lines"' EXIT
 "$TB" up "$NAME" "$hosts" --rate "$rate" >/dev/null
 list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
+# Each emulated host sees every core of this machine: its workers' codec
+# threads (CORTADO_CODEC_THREADS, docs/executor.md) are this machine's
+# cores over twice the hosts, at least 1, as a host of its own would get.
+codec_threads=${CORTADO_CODEC_THREADS:-$(( $(nproc) / (2 * hosts) > 0 ? $(nproc) / (2 * hosts) : 1 ))}
 echo "# bench/model.sh: $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg), $hosts hosts at $rate, 1 worker + 1 server each"
 IFS=, read -ra M <<<"$models"
 IFS=, read -ra C <<<"$codecs"
@@ -77,7 +81,7 @@ for m in "${M[@]}"; do
     renv=()
     [[ ,$strategies, == *,replan,* ]] &&
       renv=(CORTADO_PROFILE_WINDOW="${CORTADO_PROFILE_WINDOW:-3}" CORTADO_REPLAN_CODEC="${CORTADO_REPLAN_CODEC:-$c}")
-    env "${renv[@]}" CORTADO_FUSION_BYTES="${CORTADO_FUSION_BYTES:-0}" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
+    env "${renv[@]}" CORTADO_FUSION_BYTES="${CORTADO_FUSION_BYTES:-0}" CORTADO_CODEC_THREADS="$codec_threads" CORTADO_LOG_LEVEL=${CORTADO_LOG_LEVEL:-warn} "$TB" exec "$NAME" 1 timeout -s KILL 3000 \
       "$CORTADO" launch --hosts "$list" -w 1 -s 1 --agent "$TB exec-host {host}" "${targs[@]}" -- \
       "$CORTADO" bench model --profile "$m" --codec "$c" --strategies "$strategies" \
       --iterations "$iterations" --warmup "$warmup" --rounds "$rounds" --compute-scale "$scale" "${pargs[@]}" \

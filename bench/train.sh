@@ -328,11 +328,17 @@ cortado_job() {  # cortado_job LOG BENCH-ARGS...
   local log=$1
   shift
   local launch=("$CORTADO" launch -w "$WORKERS" -s "$SERVERS")
-  [[ -z $LOCAL ]] && launch=("$CORTADO" launch -w 1 -s "$SERVERS" --hosts "$HOST_LIST" --agent "$TB exec-host {host}")
+  local threads=${CORTADO_CODEC_THREADS:-0}
+  if [[ -z $LOCAL ]]; then
+    launch=("$CORTADO" launch -w 1 -s "$SERVERS" --hosts "$HOST_LIST" --agent "$TB exec-host {host}")
+    # Each emulated host sees every core of this machine: its worker's codec
+    # threads are the cores over twice the hosts, at least 1 (docs/executor.md).
+    [[ -z ${CORTADO_CODEC_THREADS:-} ]] && threads=$(( $(nproc) / (2 * HOSTS) > 0 ? $(nproc) / (2 * HOSTS) : 1 ))
+  fi
   ((DED)) && launch+=(--server-hosts "$SERVER_LIST" --dedicated-servers)
   at_host 1  # the launcher runs on host 1, as on a head node
   start_job "$log" "${AT[@]}" env PYTHONPATH="$PYPATH" CORTADO_LOG_LEVEL="${CORTADO_LOG_LEVEL:-warn}" \
-    CORTADO_CONNECT_TIMEOUT_MS="${CORTADO_CONNECT_TIMEOUT_MS:-180000}" \
+    CORTADO_CODEC_THREADS="$threads" CORTADO_CONNECT_TIMEOUT_MS="${CORTADO_CONNECT_TIMEOUT_MS:-180000}" \
     timeout -s TERM -k 10 "$RUN_TIMEOUT" "${launch[@]}" -- "$PY" "$BENCH" --backend cortado "$@" "${COMMON[@]}"
   wait_jobs cortado "$LAST_PID"
 }

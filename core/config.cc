@@ -87,6 +87,10 @@ const std::vector<SettingInfo>& settingsTable() {
        "plan executor: the tensors of a batch that run alone go in phases of up to this many "
        "bytes: every tensor's encode, then every tensor's communication step, then every "
        "decode (0: one tensor after the other; docs/executor.md, \"Phases\")"},
+      {"CORTADO_CODEC_THREADS", "", "0",
+       "plan executor: threads of each worker's CPU encodes and decodes (the calling thread "
+       "and a pool); 0: the machine's cores over twice its workers, at least 1, leaving half "
+       "the cores to the servers and the training (docs/executor.md, \"Codec threads\")"},
       {"CORTADO_PIPELINE", "", "0",
        "plan executor: `1` runs the next execution of a batch (a tensor or a plan group: its wait "
        "for its gradients, gather and encode) on a second thread while this one communicates; the "
@@ -277,6 +281,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_PLAN", planFile},
       {"CORTADO_FUSION_BYTES", std::to_string(fusionBytes)},
       {"CORTADO_PHASE_BYTES", std::to_string(phaseBytes)},
+      {"CORTADO_CODEC_THREADS", std::to_string(codecThreads)},
       {"CORTADO_PIPELINE", pipeline ? "1" : "0"},
       {"CORTADO_DEVICE", device},
       {"CORTADO_TRACE_DIR", traceDir},
@@ -464,6 +469,8 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
                "large messages in flight to one peer; 0: no bound");
   rangeSetting("CORTADO_PUSH_WINDOW_CHUNKS", c.pushWindowChunks, JobConfig::kMaxPushWindowChunks,
                "chunks of a worker's pushes not yet summed; 0: no window");
+  rangeSetting("CORTADO_CODEC_THREADS", c.codecThreads, JobConfig::kMaxCodecThreads,
+               "threads of a worker's CPU encodes and decodes; 0: auto");
   sizeSetting("CORTADO_SERVER_PUSH_BYTES", c.serverPushBytes,
        "give the budget in bytes (e.g. 16MiB; 0: no budget, the workers' credits alone)");
   sizeSetting("CORTADO_INLINE_BYTES", c.inlineBytes,

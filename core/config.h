@@ -64,6 +64,11 @@ struct JobConfig {
   // a phase's tensors in turn (Executor::setPhaseBytes); 0: one tensor after
   // the other.
   uint64_t phaseBytes = 64ull << 20;
+  // CORTADO_CODEC_THREADS: threads of each worker's CPU codec calls in the
+  // plan executor (an encode or a decode split over them, the caller one of
+  // them; Executor::setCodecThreads); 0: auto, codecThreadsFor().
+  int codecThreads = 0;
+  static constexpr int kMaxCodecThreads = 256;
   // CORTADO_PIPELINE: the plan executor runs the next execution's leading
   // steps (its encode) on a second thread while this one communicates
   // (Executor::setPipeline); off by default.

@@ -229,6 +229,7 @@ int runModelBench(const ModelBenchOptions& o) {
   auto tracer = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", job.rank)));
   if (tracer->enabled()) ex.setTracer(tracer);
   const collective::Topology& topo = ex.topology();
+  ex.setCodecThreads(executor::codecThreadsFor(job, topo.localSize));  // CORTADO_CODEC_THREADS
   const bool lead = topo.rank == 0;
   World world{*groups.world};
   const Deadline opDeadline = Deadline::after(Millis(3600000));
@@ -269,6 +270,7 @@ int runModelBench(const ModelBenchOptions& o) {
   auto measureAll = [&](Measured& into, int tag) {
     const Deadline d = Deadline::after(Millis(600000));
     into.efState = worker->errorFeedbackState();
+    into.codecThreads = ex.codecThreads();
     if (topo.localSize > 1) {
       measureGroup(world, *groups.intra, *rawGroups.intra, *dev, 4 * minElems, 4 * maxElems,
                    maxPayload, d, into.intra,
@@ -336,7 +338,14 @@ int runModelBench(const ModelBenchOptions& o) {
   measureAll(m, 0);
   const double probeSeconds = secondsSince(probe0);
   const int hw = std::max(1u, std::thread::hardware_concurrency());
-  const int cpuCores = o.cpuCores > 0 ? o.cpuCores : std::max(1, hw / std::max(1, topo.numMachines));
+  // Each worker runs one codec call at a time (a tensor's pieces one after
+  // the other, each over its codec threads, which the codec probe ran
+  // with), as the online re-planner counts them (scheduler/replan.cc): this
+  // host's cores over the job's machines (emulated machines share them), at
+  // most the machine's workers.
+  const int cpuCores = o.cpuCores > 0 ? o.cpuCores
+                                      : std::max(1, std::min(hw / std::max(1, topo.numMachines),
+                                                             topo.localSize));
 
   // 2. Plans and predictions on rank 0, plans to everybody.
   std::vector<Prediction> preds;

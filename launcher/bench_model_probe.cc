@@ -15,6 +15,7 @@
 #include "compressor/registry.h"
 #include "core/common/error.h"
 #include "core/common/logging.h"
+#include "core/common/thread_pool.h"
 #include "core/executor/executor.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_model_predict.h"
@@ -467,15 +468,21 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
   }
   std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps);
+  // The executor's codec threads: the calling thread and a pool.
+  std::unique_ptr<ThreadPool> pool;
+  if (m.codecThreads > 1) pool = std::make_unique<ThreadPool>(size_t(m.codecThreads - 1));
+  compressor::EncodeContext decodeCtx;
+  decodeCtx.pool = pool.get();
   for (int r = -1; r < reps; ++r) {  // pass -1: untimed first touches
     for (size_t i = 0; i < sizes.size(); ++i) {
       const uint64_t n = sizes[i];
       auto encodeOnce = [&] {
         compressor::EncodeContext ctx;
         ctx.seed = ++key;
+        ctx.pool = pool.get();
         efs[i]->encode(n, x.data(), n, payloads[i], ctx);
       };
-      auto decodeOnce = [&] { codec->decompressAdd(payloads[i], sum.data(), n); };
+      auto decodeOnce = [&] { codec->decompressAdd(payloads[i], sum.data(), n, 1.0f, decodeCtx); };
       if (r < 0) {
         encodeOnce();
         decodeOnce();
@@ -517,6 +524,7 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   const Deadline d = world.deadline();
   const auto t0 = Clock::now();
   executor::Executor px(w, &groups);  // host memory: the exchange is the same from pinned memory
+  px.setCodecThreads(m.codecThreads);
   px.setFusionBytes(0);
   executor::OnlineOptions on;
   constexpr int kPasses = 5;
@@ -615,6 +623,7 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   executor::Executor px(w, &groups);
   px.setFusionBytes(0);
   px.setPipeline(pipeline);
+  px.setCodecThreads(m.codecThreads);
   const plan::TensorOption f = chainOption(spec);
   plan::Plan p;
   struct Chain {

@@ -81,6 +81,9 @@ struct Measured {
   // What the job's error feedback keeps its state in (CORTADO_EF_DTYPE): the
   // codec probes encode with it, as the executor does. Set before probing.
   compressor::StateDType efState = compressor::StateDType::kFloat32;
+  // The executor's codec threads (Executor::setCodecThreads): the codec
+  // probes and the probe executors run their CPU codec calls on as many.
+  int codecThreads = 1;
   planner::AlphaBeta pushPull;
   planner::MeasuredCurve pushPullCurve;  // one push (or pull), by a machine's bytes times the spread
   // Per operation, on the intra-machine and the inter-machine groups; the

@@ -253,7 +253,8 @@ int main(int argc, char** argv) try {
                "the CUDA path's copies, stream waits and device probes run on a machine without "
                "a GPU (a check of that path, slower than the default host device)");
   bm->add_option("--cpu-cores", bmo.cpuCores,
-                 "CPU cores per machine in the cost model (0: this host's cores / machines)");
+                 "CPU cores per machine in the cost model (0: this host's cores / machines, at most the "
+                 "workers per machine: each worker runs one codec call at a time)");
   bm->add_option("--sync-skew", bmo.syncSkew,
                  "the workers' skew at each collective or push after CPU work, in the "
                  "predictions: auto (measured at start-up), off, or US,FRACTION (the last worker "

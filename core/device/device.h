@@ -162,8 +162,10 @@ class Device {
                                                        compressor::StateDType state) = 0;
   // sum[i] += decoded payload[i] (payload and sum in device memory), ordered
   // on `s` like encode(); validates first (kProtocol, sum untouched).
+  // `pool`: helpers for the host device's CPU codec (EncodeContext::pool;
+  // nullptr: the calling thread alone); a CUDA device has no use for it.
   virtual void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload,
-                             float* sum, size_t n, Stream& s) = 0;
+                             float* sum, size_t n, Stream& s, ThreadPool* pool = nullptr) = 0;
 
   // --- collectives ----------------------------------------------------------
   // The groups whose buffers are this device's memory (MPI for host, NCCL

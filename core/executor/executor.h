@@ -61,6 +61,7 @@
 #include "core/worker.h"
 
 namespace cortado {
+class ThreadPool;
 namespace compressor {
 class Registry;
 class GravacCompressor;
@@ -102,6 +103,12 @@ plan::TensorOption defaultOption();
 // The fusion threshold a job gets without CORTADO_FUSION_BYTES: 64 MiB,
 // Horovod's default fusion buffer.
 inline constexpr uint64_t kDefaultFusionBytes = 64ull << 20;
+// The codec threads a job's executor gets (Executor::setCodecThreads):
+// JobConfig::codecThreads (CORTADO_CODEC_THREADS) where set, else the
+// machine's cores over twice its `workersPerMachine`, at least 1 (half the
+// cores stay with the servers and the training's own threads).
+int codecThreadsFor(const JobConfig& job, int workersPerMachine);
+
 // The phase size a job gets without CORTADO_PHASE_BYTES (Executor::setPhaseBytes).
 inline constexpr uint64_t kDefaultPhaseBytes = 64ull << 20;
 
@@ -252,6 +259,17 @@ class Executor {
   // fusion by size (planner::Cluster::pipeline; docs/executor.md).
   void setPipeline(bool on) { pipeline_ = on; }
   bool pipeline() const { return pipeline_; }
+  // Threads of this worker's codec calls on the CPU (the "cpu" steps, and
+  // the "gpu" steps on the host device): 1 runs each encode and decode on
+  // the calling thread; n > 1 splits each over the calling thread and a pool
+  // of n - 1 (JobConfig::codecThreads, codecThreadsFor). The codecs write the
+  // same bytes either way (compressor tests, EveryCodec.ThreadPoolGivesTheSameBytes),
+  // so results do not change. The planner prices it as that many of the
+  // machine's cores per worker (planner::Cluster::cpuCores). Call it
+  // between runs, not during one. Throws kInvalidArgument outside
+  // 1..JobConfig::kMaxCodecThreads.
+  void setCodecThreads(int threads);
+  int codecThreads() const { return codecThreads_; }
   // Top-k and DGC payloads in the gather, broadcast, allgather and alltoall
   // steps travel in their compact wire form where that is smaller
   // (compressor/compact.h; JobConfig::compactSparse, CORTADO_COMPACT_SPARSE;
@@ -480,6 +498,8 @@ class Executor {
   uint64_t generation_ = 0;  // plans set so far; every worker sets the same ones
   uint64_t fusionBytes_ = kDefaultFusionBytes;
   bool pipeline_ = false;
+  int codecThreads_ = 1;
+  std::unique_ptr<ThreadPool> codecPool_;  // codecThreads_ - 1 threads; none at 1
   bool compactSparse_ = true;
   uint64_t pipelinedStarts_ = 0;
   uint64_t groupRuns_ = 0;

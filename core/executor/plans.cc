@@ -6,9 +6,11 @@
 #include <future>
 #include <sstream>
 #include <system_error>
+#include <thread>
 
 #include "compressor/registry.h"
 #include "core/common/logging.h"
+#include "core/common/thread_pool.h"
 #include "core/device/host/factory.h"
 #include "core/executor/run.h"
 
@@ -109,7 +111,25 @@ Executor::~Executor() = default;
 
 detail::Lanes Executor::lanes() const {
   return detail::Lanes{device_.get(), compute_.get(), copy_.get(),
-                       device_->hostAddressable(), &padded_, &block_};
+                       device_->hostAddressable(), &padded_, &block_, codecPool_.get()};
+}
+
+int codecThreadsFor(const JobConfig& job, int workersPerMachine) {
+  if (job.codecThreads > 0) return job.codecThreads;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / (2 * std::max(1, workersPerMachine)));
+}
+
+void Executor::setCodecThreads(int threads) {
+  CORTADO_ENFORCE(threads >= 1 && threads <= JobConfig::kMaxCodecThreads,
+                  ErrorCode::kInvalidArgument,
+                  "codec threads {} out of range 1..{} (CORTADO_CODEC_THREADS; 0 there picks "
+                  "the machine's cores over twice its workers)",
+                  threads, JobConfig::kMaxCodecThreads);
+  if (threads == codecThreads_) return;
+  codecPool_.reset();
+  if (threads > 1) codecPool_ = std::make_unique<ThreadPool>(size_t(threads - 1));
+  codecThreads_ = threads;
 }
 
 void Executor::declare(const std::string& name, DType dtype, uint64_t numElements) {

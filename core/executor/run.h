@@ -201,6 +201,9 @@ struct Lanes {
   // pipeline starts the next unit's local steps alone).
   device::Buffer* whole = nullptr;  // n blocks
   device::Buffer* block = nullptr;  // one block
+  // The CPU codec calls' helpers (Executor::setCodecThreads); nullptr: the
+  // calling thread alone.
+  ThreadPool* codecPool = nullptr;
 
   // The state's buffers and events on this device, made at the first use.
   void bind(Executor::TensorState& t) const;

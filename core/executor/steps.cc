@@ -580,6 +580,7 @@ void Run::encode() {
     compressor::EncodeContext ctx;
     ctx.seed = seed(s.off);
     ctx.restartMomentum = restart_;
+    if (!dev || lanes_.direct) ctx.pool = lanes_.codecPool;  // a CPU codec
     if (staged) {
       ef->encode(s.off, x_ + s.off, s.count, std::span<std::byte>(payloads + at[k], s.bytes.size()),
                  ctx, lanes_.compute);
@@ -639,7 +640,9 @@ void Run::decodeOnHost() {
       for (uint64_t i = 0; i < s.count; ++i) dst[i] += src[i];
       continue;
     }
-    decoderOf(s, t_.codec, t_.sparseDecoder, t_.codecSpec).decompressAdd(s.bytes, dst, s.count);
+    compressor::EncodeContext ctx;
+    ctx.pool = lanes_.codecPool;
+    decoderOf(s, t_.codec, t_.sparseDecoder, t_.codecSpec).decompressAdd(s.bytes, dst, s.count, 1.0f, ctx);
   }
   lanes_.fromStaging(t_, x_ + r_.off, r_.len);
 }
@@ -698,7 +701,8 @@ void Run::decode() {
     size_t k = 0;
     for (const Seg& s : segs_) {
       if (s.dense) continue;
-      lanes_.dev->decompressAdd(*decs[k], s.bytes, x_ + s.off, s.count, *lanes_.compute);
+      lanes_.dev->decompressAdd(*decs[k], s.bytes, x_ + s.off, s.count, *lanes_.compute,
+                                lanes_.codecPool);
       ++k;
     }
   } else if (total > 0) {

@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "core/common/half.h"
 #include "core/device/host/factory.h"
@@ -635,6 +636,34 @@ TEST(Executor, PipelineFromTheJobConfig) {
   bool found = false;
   for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_PIPELINE" && v == "1";
   EXPECT_TRUE(found);
+}
+
+TEST(Executor, CodecThreadsFromTheJobConfig) {
+  unsetenv("CORTADO_CODEC_THREADS");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.codecThreads, 0);
+  // Auto: the machine's cores over twice its workers, at least 1.
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(executor::codecThreadsFor(c, 1), std::max(1, cores / 2));
+  EXPECT_EQ(executor::codecThreadsFor(c, 4), std::max(1, cores / 8));
+  EXPECT_EQ(executor::codecThreadsFor(c, 100000), 1);
+  setenv("CORTADO_CODEC_THREADS", "3", 1);
+  c = readJobConfig(false);
+  EXPECT_EQ(c.codecThreads, 3);
+  EXPECT_EQ(executor::codecThreadsFor(c, 8), 3);
+  bool found = false;
+  for (const auto& [k, v] : c.toEnv()) found |= k == "CORTADO_CODEC_THREADS" && v == "3";
+  EXPECT_TRUE(found);
+  for (const char* bad : {"-1", "257", "many"}) {
+    setenv("CORTADO_CODEC_THREADS", bad, 1);
+    try {
+      readJobConfig(false);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CORTADO_CODEC_THREADS"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("CORTADO_CODEC_THREADS");
 }
 
 }  // namespace

@@ -486,7 +486,7 @@ int runCheck(int argc, char** argv) {
                "mirror the buffers in device memory also on the host device (as on CUDA)");
   app.add_option("--mode", mode)
       ->check(CLI::IsMember({"all", "lossy", "errors", "switch", "replan", "fusion", "pipeline",
-                             "phased", "groups", "search", "gravac", "zen"}));
+                             "threads", "phased", "groups", "search", "gravac", "zen"}));
   int switchAt = 4, switchAt2 = 8;
   app.add_option("--switch-at", switchAt);
   app.add_option("--switch-at2", switchAt2);
@@ -550,6 +550,7 @@ int runCheck(int argc, char** argv) {
           maxSeconds, stopFile, progressFile, batch, directSwitch,
           deadline, groups,  job,      worker.get(), ex,           topo,     W,
           me};
+  c.dev = dev;
   if (mode == "replan") {
     c.runReplan();
   } else if (mode == "switch") {
@@ -558,6 +559,8 @@ int runCheck(int argc, char** argv) {
     c.runErrors();
   } else if (mode == "pipeline") {
     c.runPipeline();
+  } else if (mode == "threads") {
+    c.runThreads();
   } else if (mode == "phased") {
     c.runPhased();
   } else if (mode == "fusion") {

@@ -168,6 +168,7 @@ struct Check {
   void runSwitch();
   void runErrors();
   void runPipeline();
+  void runThreads();
   void runPhased();
   void runFusion();
   void runGroups();
@@ -175,6 +176,9 @@ struct Check {
   void runGravac();
   void runZen();
   void runSweep();
+
+  // The check's device (the second executor of the threads mode shares it).
+  std::shared_ptr<device::Device> dev = nullptr;
 };
 
 }  // namespace exec_check

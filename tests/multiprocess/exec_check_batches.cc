@@ -1,6 +1,8 @@
 // The plan executor's check, modes fusion, pipeline and phased (exec_check.cc
 // describes them): batches, fused or run in phases, and the encode pipeline.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -177,6 +179,89 @@ void Check::runPipeline() {
       fail(fmt::format("pipeline, iteration {}: {}", iter, m));
   }
   if (me == 0) std::printf("pipeline: %s\n", failures ? "FAILED" : "exact");
+}
+
+void Check::runThreads() {
+  // Codec threads (Executor::setCodecThreads): every stride-th compressed
+  // option of the tree without a push, on this check's executor with one codec thread and
+  // on a second executor (the same worker and device, its own tensors) with
+  // three, the same lossy inputs for `iters` iterations. The codecs split
+  // an encode or decode of 512 Ki elements or more over the threads and
+  // write the same bytes, so every output must be bit for bit the same,
+  // error feedback's residuals carried from one iteration to the next
+  // included; and it must have been compressed (not the plain sum).
+  ex.setCodecThreads(1);
+  executor::Executor three(*worker, noMpi ? nullptr : &groups, nullptr, "", dev);
+  three.setCompactSparse(job.compactSparse);
+  three.setCodecThreads(3);
+  if (three.codecThreads() != 3) fail("setCodecThreads(3) did not take");
+  expectThrow("setCodecThreads(0)", "out of range", [&] { three.setCodecThreads(0); });
+  // Options without a push: the servers sum the machines' payloads in the
+  // order they arrive, so two runs of an option with a push may round
+  // differently (one codec thread against one differed in the last bit at
+  // times); the lossy and groups modes check those against their bounds.
+  const auto options = treeOptions();
+  auto pushes = [](const plan::TensorOption& o) {
+    return std::any_of(o.steps.begin(), o.steps.end(), [](const plan::Step& s) {
+      return s.kind == plan::StepKind::kComm && s.op == plan::CommOp::kPush;
+    });
+  };
+  std::vector<size_t> picked;
+  size_t seen = 0;
+  for (size_t i = 0; i < options.size(); ++i)
+    if (options[i].compressed() && !pushes(options[i]) && seen++ % size_t(stride) == 0)
+      picked.push_back(i);
+  if (picked.empty()) throw Error(ErrorCode::kInternal, "no compressed option picked");
+  plan::Plan one, other;
+  one.version = other.version = 1;
+  for (size_t k = 0; k < picked.size(); ++k) {
+    one.tensors[fmt::format("a{}", k)] = options[picked[k]];
+    other.tensors[fmt::format("b{}", k)] = options[picked[k]];
+    ex.declare(fmt::format("a{}", k), DType::kFloat32, n);
+    three.declare(fmt::format("b{}", k), DType::kFloat32, n);
+  }
+  ex.setPlan(one, opDeadline());
+  three.setPlan(other, opDeadline());
+  if (me == 0)
+    std::printf("threads: %zu compressed options of %llu elements, codec %s, 1 and 3 codec threads, "
+                "%d ranks on %d machines\n",
+                picked.size(), (unsigned long long)n, codec.c_str(), W, topo.numMachines);
+  std::vector<float> in(n), a(n), b(n);
+  for (int iter = 0; iter < iters; ++iter) {
+    for (size_t k = 0; k < picked.size(); ++k) {
+      for (uint64_t i = 0; i < n; ++i) in[i] = lossyInput(me, picked[k], iter, i);
+      try {
+        runOn(ex, fmt::format("a{}", k), in.data(), a.data(), n, ReduceOp::kSum, opDeadline());
+        runOn(three, fmt::format("b{}", k), in.data(), b.data(), n, ReduceOp::kSum, opDeadline());
+      } catch (const Error& e) {
+        fail(fmt::format("threads, option {} ({}), iteration {}: {}", picked[k],
+                         options[picked[k]].describe(), iter, e.what()));
+        continue;
+      }
+      uint64_t differ = 0, first = n;
+      for (uint64_t i = 0; i < n; ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+          if (first == n) first = i;
+          ++differ;
+        }
+      if (differ)
+        fail(fmt::format("threads, option {} ({}), iteration {}: {} elements differ between 1 and 3 "
+                         "codec threads, the first at {}: {} != {}",
+                         picked[k], options[picked[k]].describe(), iter, differ, first, a[first],
+                         b[first]));
+      // A plain sum of the inputs would mean nothing was compressed.
+      double off = 0;
+      for (uint64_t i = 0; i < n; i += 97) {
+        double sum = 0;
+        for (int r = 0; r < W; ++r) sum += lossyInput(r, picked[k], iter, i);
+        off = std::max(off, std::abs(double(a[i]) - sum));
+      }
+      if (off == 0 && codec != "fp16")
+        fail(fmt::format("threads, option {} ({}): the output is the plain sum, nothing lossy ran",
+                         picked[k], options[picked[k]].describe()));
+    }
+  }
+  if (me == 0) std::printf("threads: %s\n", failures ? "FAILED" : "bit for bit");
 }
 
 void Check::runPhased() {

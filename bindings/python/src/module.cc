@@ -483,6 +483,7 @@ class PyExecutor {
     ex_->setFusionBytes(job_.fusionBytes);  // CORTADO_FUSION_BYTES
     ex_->setPhaseBytes(job_.phaseBytes);    // CORTADO_PHASE_BYTES
     ex_->setCompactSparse(job_.compactSparse);  // CORTADO_COMPACT_SPARSE
+    ex_->setCodecThreads(executor::codecThreadsFor(job_, ex_->topology().localSize));  // CORTADO_CODEC_THREADS
     // CORTADO_TRACE_DIR (cortado launch --trace): the executor's stages,
     // GraVAC's among them, as a bench model worker records them.
     tracer_ = std::make_shared<Tracer>(TraceOptions::fromEnv(fmt::format("worker {}", rt.rank())));

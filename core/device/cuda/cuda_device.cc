@@ -248,7 +248,7 @@ class CudaDevice final : public Device {
     return std::make_unique<CudaDeviceErrorFeedback>(std::move(codec), device_, state);
   }
   void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
-                     size_t n, Stream& s) override {
+                     size_t n, Stream& s, ThreadPool* /*pool: CUDA codecs run on the device*/ = nullptr) override {
     bindThread();
     codec.decompressAdd(payload, sum, n, 1.0f, context(s));
   }

@@ -268,9 +268,11 @@ class HostDevice final : public Device {
     return std::make_unique<HostDeviceErrorFeedback>(std::move(codec), state);
   }
   void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
-                     size_t n, Stream& s) override {
+                     size_t n, Stream& s, ThreadPool* pool = nullptr) override {
     hostStream(s).drain();
-    codec.decompressAdd(payload, sum, n);
+    compressor::EncodeContext ctx;
+    ctx.pool = pool;
+    codec.decompressAdd(payload, sum, n, 1.0f, ctx);
   }
 
   const collective::Groups* groups() const override { return groups_; }
