@@ -390,7 +390,8 @@ int runModelBench(const ModelBenchOptions& o) {
   if (lead && !o.json) {
     fmt::print("# cortado bench model: {} ({} tensors, {:.1f} M elements), codec {}, {} workers on "
                "{} machines x {}, {} servers, compute scale {} (forward {:.1f} ms, backward {:.1f} "
-               "ms), {} iterations after {} warm-up, gradients {} on {}, tensor fusion {}, {}{}{}\n"
+               "ms), {} iterations after {} warm-up, gradients {} on {}, tensor fusion {}, {}, {} codec "
+               "thread(s) a worker (CORTADO_CODEC_THREADS){}{}\n"
                "# measured {}\n",
                profile.model, T, totalElements / 1e6, o.codec, topo.size, topo.numMachines,
                topo.localSize, worker->numServers(), o.computeScale, profile.forwardUs / 1e3,
@@ -404,6 +405,7 @@ int runModelBench(const ModelBenchOptions& o) {
                                    : std::string("off (CORTADO_FUSION_BYTES=0)"),
                job.phaseBytes > 0 ? fmt::format("phases of up to {} bytes (CORTADO_PHASE_BYTES)", job.phaseBytes)
                                   : std::string("one tensor after the other (CORTADO_PHASE_BYTES=0)"),
+               ex.codecThreads(),
                job.pipeline ? (job.fusionBytes == 0
                                     ? ", encode pipeline on (CORTADO_PIPELINE=1: one batch an "
                                       "iteration, its items awaited; modelled)"
@@ -930,6 +932,7 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"fusion_bytes", job.fusionBytes},
                    {"phase_bytes", job.phaseBytes},
                    {"pipeline", job.pipeline},
+                   {"codec_threads", ex.codecThreads()},
                    {"ef_dtype", compressor::toString(worker->errorFeedbackState())},
                    {"batches_per_iteration", double(r.batches) / double(std::max<uint64_t>(1, r.iterationsRun))},
                    {"iteration_ms", r.timesMs}};
