@@ -103,32 +103,30 @@ TEST(CodecProbes, MismatchedLengthsAreRefused) {
   EXPECT_THROW(smoothCodecProbes({64, 256}, enc, dec), Error);
 }
 
+// meanLessStrays(calls) is `us` over `kept` calls, `strays` left out.
+void expectMean(const std::vector<double>& calls, double us, int kept, int strays) {
+  SCOPED_TRACE(::testing::PrintToString(calls));
+  const ProbeMean m = meanLessStrays(calls);
+  EXPECT_DOUBLE_EQ(m.us, us);
+  EXPECT_EQ(m.calls, kept);
+  EXPECT_EQ(m.strays, strays);
+}
+
 TEST(LinkProbes, AStrayCallIsLeftOutOfTheMean) {
   // One call of nine stalled 50 ms: the other eight's mean.
-  ProbeMean m = meanLessStrays({600, 620, 610, 50000, 640, 600, 590, 605, 615});
-  EXPECT_DOUBLE_EQ(m.us, (600 + 620 + 610 + 640 + 600 + 590 + 605 + 615) / 8.0);
-  EXPECT_EQ(m.calls, 8);
-  EXPECT_EQ(m.strays, 1);
+  expectMean({600, 620, 610, 50000, 640, 600, 590, 605, 615},
+             (600 + 620 + 610 + 640 + 600 + 590 + 605 + 615) / 8.0, 8, 1);
   // Slow calls alike are the size's time, not strays.
-  m = meanLessStrays({6000, 6100, 5900});
-  EXPECT_DOUBLE_EQ(m.us, 6000);
-  EXPECT_EQ(m.strays, 0);
+  expectMean({6000, 6100, 5900}, 6000, 3, 0);
   // A wait of a few time slices (under 10 ms beyond the median) is kept: the
   // replay's steps meet those.
-  m = meanLessStrays({500, 500, 4500});
-  EXPECT_DOUBLE_EQ(m.us, 5500 / 3.0);
-  EXPECT_EQ(m.calls, 3);
+  expectMean({500, 500, 4500}, 5500 / 3.0, 3, 0);
   // At large sizes a stray is over 3x the median: 60 ms against 18 ms goes,
   // 50 ms stays.
-  m = meanLessStrays({17000, 18000, 60000});
-  EXPECT_DOUBLE_EQ(m.us, 17500);
-  EXPECT_EQ(m.strays, 1);
-  m = meanLessStrays({17000, 18000, 50000});
-  EXPECT_DOUBLE_EQ(m.us, 85000 / 3.0);
-  EXPECT_EQ(m.strays, 0);
+  expectMean({17000, 18000, 60000}, 17500, 2, 1);
+  expectMean({17000, 18000, 50000}, 85000 / 3.0, 3, 0);
   // Two calls: their median is their mean, and neither is over 3x it.
-  m = meanLessStrays({100, 20000});
-  EXPECT_EQ(m.strays, 0);
+  expectMean({100, 20000}, 10050, 2, 0);
   EXPECT_THROW(meanLessStrays({}), Error);
 }
 
