@@ -264,9 +264,9 @@ class Executor {
   // the calling thread; n > 1 splits each over the calling thread and a pool
   // of n - 1 (JobConfig::codecThreads, codecThreadsFor). The codecs write the
   // same bytes either way (compressor tests, EveryCodec.ThreadPoolGivesTheSameBytes),
-  // so results do not change. The planner prices it as that many of the
-  // machine's cores per worker (planner::Cluster::cpuCores). Call it
-  // between runs, not during one. Throws kInvalidArgument outside
+  // so results do not change. `cortado bench model` probes the codecs with
+  // as many threads, so that its curves price a call as it runs here. Call
+  // it between runs, not during one. Throws kInvalidArgument outside
   // 1..JobConfig::kMaxCodecThreads.
   void setCodecThreads(int threads);
   int codecThreads() const { return codecThreads_; }
