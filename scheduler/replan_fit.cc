@@ -191,8 +191,7 @@ double OnlineReplanner::serverUs(const plan::CommTiming& c, const planner::Clust
   z.gpusPerMachine = std::max(1, int(std::lround(double(std::max<uint64_t>(1, c.chunks)) / perKey)));
   double us = 0;
   for (const planner::SimOp& op : planner::compileOption(z, codec, int64_t(c.elements), 4, o).ops)
-    if (op.kind == planner::OpKind::kServer)
-      us += op.us * std::ceil(double(op.tasks) / double(std::max(1, z.cpuCores)));
+    if (op.kind == planner::OpKind::kServer) us += planner::opDurationUs(z, op);
   return us;
 }
 

@@ -276,7 +276,6 @@ double opDurationUs(const Cluster& cluster, const SimOp& op) {
 }
 
 void applySyncSkew(const Cluster& cluster, CompiledOption& c) {
-  auto duration = [&](const SimOp& op) { return opDurationUs(cluster, op); };
   double work = 0;  // since the previous communication op
   for (SimOp& op : c.ops) {
     c.pathUs -= op.waitUs;
@@ -289,9 +288,9 @@ void applySyncSkew(const Cluster& cluster, CompiledOption& c) {
         break;
       case OpKind::kEncode:
       case OpKind::kDecode:
-      case OpKind::kSparse: work += duration(op); break;
+      case OpKind::kSparse: work += opDurationUs(cluster, op); break;
       case OpKind::kCopy:
-        if (op.res == Res::kCpu) work += duration(op);  // a group's gather, not a PCIe copy
+        if (op.res == Res::kCpu) work += opDurationUs(cluster, op);  // a group's gather, not a PCIe copy
         break;
       case OpKind::kServer: break;  // the servers', not the workers'
     }
