@@ -26,6 +26,24 @@ def assert_all_ok(job, workers):
     return results
 
 
+def test_the_module_exports_none_of_its_static_libraries():
+    # Cortado's libraries (and libstdc++, where a toolchain links it
+    # statically) are linked into _C from static archives. Were their symbols
+    # exported, other libraries in the process would bind to them: libzmq's
+    # I/O thread called the module's copy of std::ostream and crashed on the
+    # lent GPU machine, whose GCC links libstdc++ statically.
+    import shutil
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no `nm` (binutils) to read the module's dynamic symbols")
+    out = subprocess.run([nm, "-D", "-C", "--defined-only", cortado._C.__file__],
+                         capture_output=True, text=True, check=True).stdout
+    names = [line.split(" ", 2)[-1] for line in out.splitlines() if line.strip()]
+    assert "PyInit__C" in names
+    leaked = [n for n in names if n.startswith(("cortado::", "std::basic_ostream"))]
+    assert not leaked, f"{len(leaked)} symbols of the static archives exported, e.g. {leaked[:5]}"
+
+
 # -- jobs that must succeed ---------------------------------------------------
 
 def test_numpy_push_pull_async_broadcast(run_job):
