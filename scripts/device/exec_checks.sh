@@ -11,16 +11,18 @@
 # steps run on the CPU), fused groups, tensor fusion, the encode pipeline and
 # the refusals. Logs to $OUT, one file a check, and a summary line per check
 # here. Four ranks on one GPU are slow at NCCL (each collective kernel
-# waits for its peers' processes to get the GPU; no MPS there): about 7 ms
-# per option and iteration on an H200 (2026-11-28), which puts the whole
-# suite at about 20 minutes. By default the checks are sized to about 4
-# minutes (the limits add up to 395 s; most checks end well inside theirs):
-# every option once, split between the two layouts, the lossy sweeps on
-# every 64th to 256th compressed option, the groups on a 16th of the tree,
-# no pipeline check; FULL=1 runs everything.
+# waits for its peers' processes to get the GPU; no MPS there): 7 ms per
+# option and iteration on an H200 on 2026-11-28, 13-20 ms on 2026-11-30,
+# which puts the whole suite at 20-40 minutes. By default the checks are
+# sized to about 4 minutes at the slower rate (the limits add up to 400 s;
+# most checks end well inside theirs): half the tree's options, a quarter
+# in each layout, the lossy sweeps on every 64th to 256th compressed
+# option, the groups on a 32nd of the tree, no pipeline check; FULL=1 runs
+# everything.
 #
 #   scripts/device/exec_checks.sh            # sized to about 4 minutes
-#   FULL=1 scripts/device/exec_checks.sh     # everything, about 20 minutes
+#   SHARDS='2 3' scripts/device/exec_checks.sh  # the other half of the options
+#   FULL=1 scripts/device/exec_checks.sh     # everything, 20-40 minutes
 #   ONLY='all_2x2 lossy_topk_2x2' scripts/device/exec_checks.sh
 set -u
 source "$(dirname "$0")/../../.devrun/setup.sh"  # sets D, REPO, OUT
@@ -65,13 +67,15 @@ if [[ -n ${FULL:-} ]]; then
   exec_run groups_2x2 2 400 --mode groups --elements 300 --iters 6
   exec_run pipeline_2x2 2 200 --mode pipeline --elements 300 --iters 2
 else
-  # Every option once: the even-numbered ones on 2x2, the odd ones on 4x1.
-  exec_run all_2x2 2 70 --mode all --shards 2 --shard 0
-  exec_run all_4x1 1 70 --mode all --shards 2 --shard 1
+  # Half the options: those numbered 0 mod 4 on 2x2 (about 48 s), 1 mod 4
+  # on 4x1 (about 33 s); the other half is the next run's (SHARDS='2 3').
+  read -r s22 s41 <<<"${SHARDS:-0 1}"
+  exec_run all_2x2 2 70 --mode all --shards 4 --shard "$s22"
+  exec_run all_4x1 1 55 --mode all --shards 4 --shard "$s41"
   exec_run lossy_topk_2x2 2 30 --mode lossy --codec topk:ratio=0.25 --stride 128 --iters 30 --bound 40
-  exec_run lossy_efsignsgd_4x1 1 30 --mode lossy --codec efsignsgd --stride 256 --iters 90
+  exec_run lossy_efsignsgd_4x1 1 40 --mode lossy --codec efsignsgd --stride 256 --iters 90
   exec_run lossy_terngrad_2x2 2 30 --mode lossy --codec terngrad --stride 64 --iters 30
-  exec_run groups_2x2 2 30 --mode groups --elements 300 --iters 6 --shards 16
+  exec_run groups_2x2 2 40 --mode groups --elements 300 --iters 6 --shards 32
 fi
 exec_run fusion_4x1 1 30 --mode fusion --elements 300
 # Plans set directly: setPlan's flush round (zeroed device input, its sums
