@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Shared by the benchmarks that run on emulated hosts (bench/multihost.sh,
-# zen_multihost.sh, zen_train_multihost.sh, train.sh): option checks, the
+# zen_multihost.sh, zen_train_multihost.sh, train.sh, model.sh): option checks, the
 # testbed's start (tests/testbed/testbed.sh) and its tear-down on exit or a
 # signal. Sourced after the script set
 #   PROG  its name in messages ("multihost.sh")
@@ -38,6 +38,15 @@ to_bytes() {
     K) n=$((n << 10)) ;; M) n=$((n << 20)) ;; G) n=$((n << 30)) ;;
   esac
   echo "$n"
+}
+
+# codec_threads_per_host HOSTS: an emulated host's codec threads
+# (CORTADO_CODEC_THREADS, docs/executor.md) where each host sees every core
+# of this machine: the cores over twice the hosts, at least 1, as a host of
+# its own with a worker and a server would get.
+codec_threads_per_host() {
+  local n=$(($(nproc) / (2 * $1)))
+  echo $((n > 0 ? n : 1))
 }
 
 # tb_up HOSTS RATE: brings testbed NAME up with HOSTS hosts whose links run

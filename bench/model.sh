@@ -26,6 +26,9 @@ set -Eeuo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 CORTADO=${CORTADO:-$here/build/launcher/cortado}
 TB=$here/tests/testbed/testbed.sh
+PROG=model.sh
+# shellcheck source=bench/lib_testbed.sh
+source "$here/bench/lib_testbed.sh"  # codec_threads_per_host
 models=resnet101,bert-base codecs=dgc:ratio=0.01,efsignsgd hosts=4 rate=1gbit
 iterations=5 warmup=1 rounds=1 scale=1 strategies=none,gpu,cpu,pertensor,plan json="" trace="" once="" plot="" gravac="" skew=""
 while (($#)); do
@@ -60,10 +63,7 @@ NAME=m$(printf '%07x' $(( (($$ << 15) ^ RANDOM) & 0xfffffff )))
 trap '"$TB" down "$NAME" >/dev/null 2>&1 || true; rm -f "$lines"' EXIT
 "$TB" up "$NAME" "$hosts" --rate "$rate" >/dev/null
 list=$(seq -s, -f "$NAME-h%g" 1 "$hosts")
-# Each emulated host sees every core of this machine: its workers' codec
-# threads (CORTADO_CODEC_THREADS, docs/executor.md) are this machine's
-# cores over twice the hosts, at least 1, as a host of its own would get.
-codec_threads=${CORTADO_CODEC_THREADS:-$(( $(nproc) / (2 * hosts) > 0 ? $(nproc) / (2 * hosts) : 1 ))}
+codec_threads=${CORTADO_CODEC_THREADS:-$(codec_threads_per_host "$hosts")}
 echo "# bench/model.sh: $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg), $hosts hosts at $rate, 1 worker + 1 server each"
 IFS=, read -ra M <<<"$models"
 IFS=, read -ra C <<<"$codecs"

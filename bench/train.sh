@@ -331,9 +331,7 @@ cortado_job() {  # cortado_job LOG BENCH-ARGS...
   local threads=${CORTADO_CODEC_THREADS:-0}
   if [[ -z $LOCAL ]]; then
     launch=("$CORTADO" launch -w 1 -s "$SERVERS" --hosts "$HOST_LIST" --agent "$TB exec-host {host}")
-    # Each emulated host sees every core of this machine: its worker's codec
-    # threads are the cores over twice the hosts, at least 1 (docs/executor.md).
-    [[ -z ${CORTADO_CODEC_THREADS:-} ]] && threads=$(( $(nproc) / (2 * HOSTS) > 0 ? $(nproc) / (2 * HOSTS) : 1 ))
+    [[ -z ${CORTADO_CODEC_THREADS:-} ]] && threads=$(codec_threads_per_host "$HOSTS")
   fi
   ((DED)) && launch+=(--server-hosts "$SERVER_LIST" --dedicated-servers)
   at_host 1  # the launcher runs on host 1, as on a head node
