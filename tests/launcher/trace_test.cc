@@ -206,6 +206,50 @@ TEST(TraceCompare, IterationTimesAndStageGapsMatchAHandCount) {
   EXPECT_NE(msg.find("FIRST:LAST"), std::string::npos) << msg;
 }
 
+TEST(TraceCompare, ARangeTakesTheServerSpansInsideItsIterations) {
+  // A server numbers each key's rounds from 0: a probe's key before the
+  // timed iterations and a key made for a later plan carry round numbers
+  // that say nothing of the workers' iterations. A range takes the server
+  // spans by time, those whose middle lies inside a kept iteration.
+  TempDir d;
+  writePredicted(d.path / "pred.json");
+  const fs::path run = d.path / "run";
+  for (int w = 0; w < 2; ++w) {
+    Tracer t({.dir = run.string(), .process = fmt::format("worker {}", w)});
+    for (int it = 5; it < 7; ++it) {  // iterations 5 and 6 at 5000 and 6000
+      const double base = 1000.0 * it;
+      t.record("backward", "b", it, "gpu", base, base + 100);
+      t.record("inter push+pull*", "b", it, "network", base + 100, base + 400);
+    }
+    t.flush();
+  }
+  {
+    Tracer s({.dir = run.string(), .process = "server 0"});
+    s.record("server", "key 1", 5, "cpu", 100, 300);     // a probe's round 5, long before
+    s.record("server", "key 2", 6, "cpu", 2000, 2100);   // a probe's round 6
+    s.record("server", "plan1", 0, "cpu", 5200, 5260);   // the plan's key, round 0: iteration 5
+    s.record("server", "plan1", 1, "cpu", 6200, 6240);   // round 1: iteration 6
+    s.record("server", "plan1", 2, "cpu", 6500, 6700);   // after the workers' iteration 6 ended
+    s.flush();
+  }
+  auto five = compareTraces((d.path / "pred.json").string(), run.string(), 5, 5);
+  std::map<std::string, StageGap> by;
+  for (const auto& g : five.stages) by[g.stage] = g;
+  EXPECT_EQ(five.iterations, 1);
+  EXPECT_DOUBLE_EQ(by["server"].measuredUs, 30);  // 60 over 2 workers x 1 iteration
+  auto both = compareTraces((d.path / "pred.json").string(), run.string(), 5, 6);
+  by.clear();
+  for (const auto& g : both.stages) by[g.stage] = g;
+  EXPECT_EQ(both.iterations, 2);
+  EXPECT_DOUBLE_EQ(by["server"].measuredUs, 25);  // (60 + 40) over 2 workers x 2 iterations
+  EXPECT_DOUBLE_EQ(by["inter push+pull*"].measuredUs, 300);
+  // Without a range every event counts: 200 + 100 + 60 + 40 + 200 over 4.
+  auto all = compareTraces((d.path / "pred.json").string(), run.string());
+  by.clear();
+  for (const auto& g : all.stages) by[g.stage] = g;
+  EXPECT_DOUBLE_EQ(by["server"].measuredUs, 150);
+}
+
 TEST(TraceCompare, BadInputsAreNamed) {
   TempDir d;
   writePredicted(d.path / "pred.json");
