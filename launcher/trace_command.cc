@@ -112,42 +112,48 @@ TraceComparison compareTraces(const std::string& predicted, const std::string& m
   for (size_t i = 0; i < files.size(); ++i) collect(readTrace(files[i]), static_cast<int>(i) * 1000000, meas, procs);
   CORTADO_ENFORCE(!meas.empty(), ErrorCode::kInvalidArgument,
                   "the measured trace {} holds no events (did the traced iterations run?)", measured);
+  // The workers' spans by their iteration: those of the range.
+  int64_t lowest = std::numeric_limits<int64_t>::max(), highest = -1;  // what the trace holds
   if (ranged) {
-    int64_t lowest = std::numeric_limits<int64_t>::max(), highest = -1;
     for (const Span& s : meas)
       if (s.iteration >= 0 && !isServer(procs[s.pid]))
         lowest = std::min(lowest, s.iteration), highest = std::max(highest, s.iteration);
-    // The workers' spans by their iteration. A server numbers the rounds of
-    // each key from 0 (a key made for a later plan, or a probe's, starts
-    // over), so its spans are kept by time instead: those whose middle
-    // falls inside a kept worker iteration, on the one clock the processes
-    // of a machine share (Tracer::now).
-    std::map<std::pair<int, int64_t>, std::pair<double, double>> windows;
-    for (const Span& s : meas) {
-      if (isServer(procs[s.pid]) || s.iteration < first || s.iteration > last) continue;
-      auto [it, added] = windows.emplace(std::make_pair(s.pid, s.iteration), std::make_pair(s.start, s.end));
-      if (!added) {
-        it->second.first = std::min(it->second.first, s.start);
-        it->second.second = std::max(it->second.second, s.end);
-      }
-    }
-    auto inWindow = [&](const Span& s) {
-      const double mid = (s.start + s.end) / 2;
-      for (const auto& [key, w] : windows)
-        if (mid >= w.first && mid <= w.second) return true;
-      return false;
-    };
     std::erase_if(meas, [&](const Span& s) {
-      return isServer(procs[s.pid]) ? !inWindow(s) : s.iteration < first || s.iteration > last;
+      return !isServer(procs[s.pid]) && (s.iteration < first || s.iteration > last);
     });
-    CORTADO_ENFORCE(!windows.empty(), ErrorCode::kInvalidArgument,
+  }
+
+  // Iteration spans per (worker, iteration).
+  std::map<std::pair<int, int64_t>, std::pair<double, double>> span;
+  for (const Span& s : meas) {
+    if (isServer(procs[s.pid])) continue;
+    auto [it, added] = span.emplace(std::make_pair(s.pid, s.iteration), std::make_pair(s.start, s.end));
+    if (!added) {
+      it->second.first = std::min(it->second.first, s.start);
+      it->second.second = std::max(it->second.second, s.end);
+    }
+  }
+  if (ranged) {
+    CORTADO_ENFORCE(!span.empty(), ErrorCode::kInvalidArgument,
                     "the measured trace {} holds no worker events of iterations {}..{} (it holds {})", measured,
                     first, last == std::numeric_limits<int64_t>::max() ? std::string() : std::to_string(last),
                     highest < 0 ? std::string("none numbered") : fmt::format("{}..{}", lowest, highest));
+    // A server numbers the rounds of each key from 0 (a key made for a later
+    // plan, or a probe's, starts over), so its spans are kept by time
+    // instead: those whose middle falls inside a kept worker iteration, on
+    // the one clock the processes of a machine share (Tracer::now).
+    std::erase_if(meas, [&](const Span& s) {
+      if (!isServer(procs[s.pid])) return false;
+      const double mid = (s.start + s.end) / 2;
+      for (const auto& [key, w] : span)
+        if (mid >= w.first && mid <= w.second) return false;
+      return true;
+    });
   }
+  CORTADO_ENFORCE(!span.empty(), ErrorCode::kInvalidArgument,
+                  "the measured trace {} has no worker events (only servers')", measured);
 
-  // Iteration spans per (worker, iteration); stage sums over every process.
-  std::map<std::pair<int, int64_t>, std::pair<double, double>> span;
+  // Stage sums over every process.
   std::map<int64_t, bool> iterations;
   std::map<int, bool> workers;
   std::map<std::string, double> measStage;
@@ -156,14 +162,7 @@ TraceComparison compareTraces(const std::string& predicted, const std::string& m
     if (isServer(procs[s.pid])) continue;
     iterations[s.iteration] = true;
     workers[s.pid] = true;
-    auto [it, added] = span.emplace(std::make_pair(s.pid, s.iteration), std::make_pair(s.start, s.end));
-    if (!added) {
-      it->second.first = std::min(it->second.first, s.start);
-      it->second.second = std::max(it->second.second, s.end);
-    }
   }
-  CORTADO_ENFORCE(!workers.empty(), ErrorCode::kInvalidArgument,
-                  "the measured trace {} has no worker events (only servers')", measured);
   double total = 0;
   for (const auto& [key, se] : span) total += se.second - se.first;
   out.measuredIterationUs = total / static_cast<double>(span.size());
