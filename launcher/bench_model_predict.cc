@@ -348,6 +348,10 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   cl.gpuCodecPausesCompute = false;
   cl.cpuCores = cpuCores;
   cl.cpuSumGbps = m.sumGbps;
+  // The decode's zeroing pass over its region, which the decode curves leave
+  // out; a "gpu" decode runs the CPU twin unless the device has the codec.
+  cl.cpuFillGbps = m.fillGbps;
+  cl.gpuFillGbps = m.hasDeviceCodec ? 0 : m.fillGbps;
   cl.parameterServer = true;
   cl.chunkBytes = double(chunkBytes);
   cl.oneTensorAtATime = true;  // Executor::runBatch: one tensor (or fused group) at a time
@@ -389,7 +393,8 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
         "links (per operation; every probe point on stderr): intra allreduce {:.0f} us + {:.2f} "
         "Gbit/s{}, inter allreduce {:.0f} us + {:.2f} Gbit/s{}, push/pull {:.0f} us + {:.2f} Gbit/s; "
         "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
-        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU{}); sum {:.1f} Gbit/s; {} CPU cores per machine; "
+        "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU{}); sum {:.1f} Gbit/s, a decode's zeroing "
+        "pass {:.1f} Gbit/s; {} CPU cores per machine; "
         "workers' skew at a step after CPU work {}{}",
         cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
         cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
@@ -401,7 +406,7 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                           m.gpuEncodeAlpha * 1e6, m.gpuEncodeBeta * 4e9, m.gpuDecodeAlpha * 1e6,
                           m.gpuDecodeBeta * 4e9)
             : std::string(", also used for \"gpu\""),
-        m.sumGbps, cpuCores, cl.syncSkew.describe(),
+        m.sumGbps, m.fillGbps, cpuCores, cl.syncSkew.describe(),
         m.hasCopies ? fmt::format("; copies device to host {:.0f} us + {:.2f} Gbit/s, host to "
                                   "device {:.0f} us + {:.2f} Gbit/s",
                                   m.d2h.alphaUs, m.d2h.gbps, m.h2d.alphaUs, m.h2d.gbps)

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "compressor/cpu/kernels.h"
 #include "compressor/error_feedback.h"
 #include "compressor/registry.h"
 #include "core/common/error.h"
@@ -468,6 +469,8 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
   }
   std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps);
+  std::vector<double> fills(static_cast<size_t>(reps));  // the zeroing pass at the largest size
+  const int contributions = world.c.size();
   // The executor's codec threads: the calling thread and a pool.
   std::unique_ptr<ThreadPool> pool;
   if (m.codecThreads > 1) pool = std::make_unique<ThreadPool>(size_t(m.codecThreads - 1));
@@ -483,6 +486,11 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
         efs[i]->encode(n, x.data(), n, payloads[i], ctx);
       };
       auto decodeOnce = [&] { codec->decompressAdd(payloads[i], sum.data(), n, 1.0f, decodeCtx); };
+      auto zero = [&] {
+        compressor::cpu::parallelAligned(pool.get(), n, 16, [&](size_t b, size_t e) {
+          std::fill(sum.data() + b, sum.data() + e, 0.0f);
+        });
+      };
       if (r < 0) {
         encodeOnce();
         decodeOnce();
@@ -491,9 +499,21 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
       evict();
       world.barrier();
       enc[i * reps + size_t(r)] = medianSeconds(1, encodeOnce);
+      // The decode as the executor runs it (Run::decodeOnHost): the region
+      // zeroed, then a payload of every worker added into it in turn (a flat
+      // allgather*'s; the replay's workers' gradients share one pattern, so
+      // their payloads list the same indices). The zeroing pass is timed on
+      // its own (the planner prices it by the region's bytes, Cluster::
+      // cpuFillGbps), the adds per payload.
       evict();
       world.barrier();
-      dec[i * reps + size_t(r)] = medianSeconds(1, decodeOnce);
+      const auto z0 = Clock::now();
+      zero();
+      const double zeroS = secondsSince(z0);
+      const auto d0 = Clock::now();
+      for (int k = 0; k < contributions; ++k) decodeOnce();
+      dec[i * reps + size_t(r)] = secondsSince(d0) / contributions;
+      if (i + 1 == sizes.size()) fills[size_t(r)] = zeroS;
     }
   }
   const std::string pts = fitCodecProbes(world, sizes, reps, enc, dec, m.encodeCurve,
@@ -505,6 +525,13 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     for (uint64_t i = 0; i < ns; ++i) sum[i] += x[i];
   });
   m.sumGbps = 8.0 * 4.0 * ns / s / 1e9;
+  // The decode's zeroing pass at the largest size, cold and every worker at
+  // once as above: the slowest worker's median.
+  std::sort(fills.begin(), fills.end());
+  const double fillS = world.max({fills[fills.size() / 2]})[0];
+  m.fillGbps = 8.0 * 4.0 * double(ns) / fillS / 1e9;
+  m.probes.push_back(fmt::format("decode's zeroing pass: {} elements in {:.0f} us ({:.1f} Gbit/s)",
+                                 ns, fillS * 1e6, m.fillGbps));
 }
 
 // Why the executor and not Worker::exchange: its payloads, chunks, keys and

@@ -106,6 +106,10 @@ struct Measured {
   planner::MeasuredCurve gpuEncodeCurve, gpuDecodeCurve;
   planner::AlphaBeta d2h, h2d;
   double sumGbps = 40;
+  // The executor's decode zeroes its region first: that pass, on data not in
+  // the caches, every worker at once (measureCodec; planner::Cluster::
+  // cpuFillGbps).
+  double fillGbps = 0;
   // With fusion: the workers' agreement on a batch (one flat allgather of an
   // int64, agreeOnBatch), back to back, mean of the slowest worker's.
   double agreeUs = 0;
@@ -161,7 +165,8 @@ planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::To
 
 // The codec `spec`'s encode (with error feedback) and decode-and-add from lo
 // to hi elements (sizes 4x apart, and each of `also` within them), into m's
-// encode and decode curves and fits, and the CPU's sum rate into m.sumGbps.
+// encode and decode curves and fits, the CPU's sum rate into m.sumGbps and its
+// rate zeroing a region (the decode's first pass) into m.fillGbps.
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
                   const std::vector<uint64_t>& also = {});
 

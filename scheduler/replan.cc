@@ -374,6 +374,8 @@ std::optional<control::PlanUpdate> OnlineReplanner::onWindow(const std::vector<p
   // Each worker runs its codec calls on its own thread (Executor::run).
   cl.cpuCores = std::max(1, std::min(opts_.cpuCores, r0.localSize));
   cl.cpuSumGbps = hw_.cpuSumGbps;
+  // cpuFillGbps stays 0: the decode curves below are the executor's calls,
+  // whose time includes the pass that zeroes the region.
   cl.parameterServer = true;
   cl.chunkBytes = opts_.chunkBytes;
   cl.oneTensorAtATime = true;  // Executor::run: one tensor at a time

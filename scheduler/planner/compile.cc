@@ -108,6 +108,12 @@ class Compiler {
       op.us = kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / parts)
                                       : codec_.decodeUs(d, e_ / parts, m_);
     }
+    // A decode first zeroes the region its payloads are decoded into: every
+    // element this rank covers (e_, also where each payload covers a block of
+    // it), once, in fp32.
+    const double fill = d == Device::kCpu ? c_.cpuFillGbps : c_.gpuFillGbps;
+    if (kind == OpKind::kDecode && fill > 0)
+      op.us += (d == Device::kCpu ? e_ / partitions(e_) : e_) * 4 * 8.0 / (fill * 1000.0);
     if (d == Device::kGpu) out_.gpuCodec = true;
     add(op);
   }

@@ -218,6 +218,14 @@ HardwareModel HardwareModel::fromJson(const json& j) {
                       h.zenNsPerPair);
     }
     const json& cpu = j.at("cpu");
+    if (cpu.contains("fill_gbps")) {
+      h.cpuFillGbps = cpu.at("fill_gbps").get<double>();
+      CORTADO_ENFORCE(std::isfinite(h.cpuFillGbps) && h.cpuFillGbps >= 0,
+                      ErrorCode::kInvalidArgument,
+                      "hardware: cpu.fill_gbps is {}, it must be a rate in Gbit/s >= 0 (0: the "
+                      "decode's pass over its region is not priced)",
+                      h.cpuFillGbps);
+    }
     if (cpu.contains("sync_skew_us")) h.syncSkew.us = cpu.at("sync_skew_us").get<double>();
     if (cpu.contains("sync_skew_fraction"))
       h.syncSkew.fraction = cpu.at("sync_skew_fraction").get<double>();

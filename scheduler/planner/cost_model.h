@@ -112,6 +112,7 @@ struct HardwareModel {
   std::map<std::string, LinkCost> links;
   AlphaBeta d2h, h2d;          // per GPU
   double cpuSumGbps = 40;      // one core summing float32 buffers
+  double cpuFillGbps = 0;      // cpu.fill_gbps: one core zeroing a decode's region (Cluster::cpuFillGbps)
   double zenNsPerPair = kDefaultZenNsPerPair;  // cpu.zen_ns_per_pair (Cluster::zenNsPerPair)
   SyncSkew syncSkew;           // cpu.sync_skew_us, cpu.sync_skew_fraction (Cluster::syncSkew)
   std::string source;          // where the numbers come from
@@ -129,6 +130,15 @@ struct Cluster {
   AlphaBeta d2h, h2d;
   int cpuCores = 8;  // per machine, shared by CPU codecs and the server
   double cpuSumGbps = 40;
+  // A decode's first pass: the executor zeroes the region the payloads are
+  // decoded into (Run::decodeOnHost), a pass over region elements x 4 bytes
+  // before the decode-and-add calls that the codec costs price. One core at
+  // this rate for a CPU decode, and for a "gpu" decode at gpuFillGbps (where
+  // a "gpu" step runs the CPU twin on host buffers: `cortado bench model` on
+  // the host device). 0: not priced (the default; the online re-planner's
+  // decode curves are the executor's calls, which include the pass).
+  double cpuFillGbps = 0;
+  double gpuFillGbps = 0;
   // Zen (zen_cost.h): one core's time per (index, value) pair placed,
   // summed, merged or decoded; hardware JSON cpu.zen_ns_per_pair.
   double zenNsPerPair = kDefaultZenNsPerPair;

@@ -49,6 +49,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   cluster.h2d = hw.h2d;
   cluster.cpuCores = cfg.cpuCores;
   cluster.cpuSumGbps = hw.cpuSumGbps;
+  cluster.cpuFillGbps = hw.cpuFillGbps;
   cluster.zenNsPerPair = hw.zenNsPerPair;
   cluster.syncSkew = hw.syncSkew;
   cluster.parameterServer = cfg.parameterServer;

@@ -152,6 +152,7 @@ void addScaleBenchCommand(CLI::App& benchApp) {
         c.d2h = hw.d2h;
         c.h2d = hw.h2d;
         c.cpuSumGbps = hw.cpuSumGbps;
+        c.cpuFillGbps = hw.cpuFillGbps;
         c.cpuCores = 16;
         c.parameterServer = true;
         Simulator sim(c, codec, profile, options);

@@ -11,6 +11,7 @@
 #include "scheduler/planner/compile.h"
 #include "scheduler/planner/decision.h"
 #include "scheduler/planner/simulator.h"
+#include "tests/common/error_of.h"
 #include "tests/planner/hand_timeline.h"
 
 namespace cortado::planner {
@@ -136,6 +137,58 @@ TEST(Simulator, CpuCodecQueuesOnCoresAndCopies) {
   // side by side: 40 - 5 - 2 = 33.
   Simulator two(cluster(1, 2, 2), codec(), model({{1000, 10}}), {gatherCompressed(Device::kCpu, Device::kCpu)});
   EXPECT_DOUBLE_EQ(two.simulate({0}), 33.0);
+}
+
+TEST(Simulator, ADecodeZeroesItsRegionFirst) {
+  // 4 machines x 1 GPU, one tensor of 1000 floats, one CPU core, the codec's
+  // fixed costs (decode 2 us whatever the payloads), no copies. At
+  // cpuFillGbps 8 (1000 bytes per us) a decode first zeroes the elements its
+  // rank covers, 4 bytes each, however many payloads it adds:
+  Cluster c = cluster(4, 1, 1);
+  c.d2h = c.h2d = AlphaBeta{0, 1e9};
+  const ResolvedCodec k = codec();
+  const TensorOption cpuGather = gatherCompressed(Device::kCpu, Device::kCpu);
+  // alltoall*, decode, re-encode the block, allgather*, decode: the first
+  // decode covers the rank's block (250 elements), the second every block.
+  const TensorOption blocks{false,
+                            {Step::encode(Device::kCpu),
+                             Step::comm(Scope::kFlat, CommOp::kAlltoall, true),
+                             Step::decode(Device::kCpu), Step::encode(Device::kCpu),
+                             Step::comm(Scope::kFlat, CommOp::kAllgather, true),
+                             Step::decode(Device::kCpu)},
+                            "test"};
+  const double gatherUs = compileOption(c, k, 1000, 4, cpuGather).pathUs;
+  const double blocksUs = compileOption(c, k, 1000, 4, blocks).pathUs;
+  c.cpuFillGbps = 8;
+  // allgather*: 4 payloads into the whole tensor: 4000 B, 4 us.
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, cpuGather).pathUs, gatherUs + 4);
+  // 1000 B for the block, then 4000 B.
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, blocks).pathUs, blocksUs + 1 + 4);
+  // A "gpu" decode is priced at gpuFillGbps (0: not at all).
+  const TensorOption gpuGather = gatherCompressed(Device::kGpu, Device::kGpu);
+  const double gpuUs = compileOption(c, k, 1000, 4, gpuGather).pathUs;
+  c.gpuFillGbps = 16;
+  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, gpuGather).pathUs, gpuUs + 2);
+  // Split into partitions of 2000 B, one task each on the one core: the same
+  // 4 us of zeroing in all on the timeline (2 us per task).
+  c.chunkBytes = 2000;
+  Cluster none = c;
+  none.cpuFillGbps = 0;
+  Simulator filled(c, k, model({{1000, 10}}), {cpuGather});
+  Simulator unfilled(none, k, model({{1000, 10}}), {cpuGather});
+  EXPECT_DOUBLE_EQ(filled.simulate({0}), unfilled.simulate({0}) + 4);
+  // From a hardware file: cpu.fill_gbps, optional, a rate >= 0.
+  nlohmann::json hw = {
+      {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
+      {"copies",
+       {{"d2h", {{"alpha_us", 1}, {"gbps", 8}}}, {"h2d", {{"alpha_us", 1}, {"gbps", 8}}}}},
+      {"cpu", {{"sum_gbps", 8}}}};
+  EXPECT_DOUBLE_EQ(HardwareModel::fromJson(hw).cpuFillGbps, 0);
+  hw["cpu"]["fill_gbps"] = 80;
+  EXPECT_DOUBLE_EQ(HardwareModel::fromJson(hw).cpuFillGbps, 80);
+  hw["cpu"]["fill_gbps"] = -1;
+  EXPECT_NE(test::errorOf([&] { HardwareModel::fromJson(hw); }).find("cpu.fill_gbps is -1"),
+            std::string::npos);
 }
 
 TEST(Simulator, CpuCodecDoesNotDelayComputationButQueues) {
