@@ -102,6 +102,10 @@ void validateModelBench(const ModelBenchOptions& opts);
 // decode size dearer than a larger one is capped at it.
 void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encodeUs,
                        std::vector<double>& decodeUs);
+// The decode rules above for one pass's times (a decode-and-add, the zeroing
+// of a decode's region): a size more than 3x the size below it scaled is
+// taken at the scaled time, and a size dearer than a larger one is capped.
+void smoothPassProbes(const std::vector<uint64_t>& elements, std::vector<double>& us);
 
 // One link probe size's figure from its calls (us, each the slowest rank's
 // call): their mean, less strays. A stray is a call more than 3x the calls'

@@ -350,8 +350,8 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   cl.cpuSumGbps = m.sumGbps;
   // The decode's zeroing pass over its region, which the decode curves leave
   // out; a "gpu" decode runs the CPU twin unless the device has the codec.
-  cl.cpuFillGbps = m.fillGbps;
-  cl.gpuFillGbps = m.hasDeviceCodec ? 0 : m.fillGbps;
+  cl.cpuFillCurve = m.fillCurve;
+  if (!m.hasDeviceCodec) cl.gpuFillCurve = m.fillCurve;
   cl.parameterServer = true;
   cl.chunkBytes = double(chunkBytes);
   cl.oneTensorAtATime = true;  // Executor::runBatch: one tensor (or fused group) at a time

@@ -468,14 +468,17 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     efs.push_back(std::make_unique<compressor::ErrorFeedback>(codec, -1.0f, m.efState));
     payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
   }
-  std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps);
-  std::vector<double> fills(static_cast<size_t>(reps));  // the zeroing pass at the largest size
+  std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps),
+      zeros(sizes.size() * reps);
   const int contributions = world.c.size();
   // The executor's codec threads: the calling thread and a pool.
   std::unique_ptr<ThreadPool> pool;
   if (m.codecThreads > 1) pool = std::make_unique<ThreadPool>(size_t(m.codecThreads - 1));
   compressor::EncodeContext decodeCtx;
   decodeCtx.pool = pool.get();
+  auto gradients = [&](uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) x[i] = factor(world.c.rank(), 0) * pattern(0, i, levels);
+  };
   for (int r = -1; r < reps; ++r) {  // pass -1: untimed first touches
     for (size_t i = 0; i < sizes.size(); ++i) {
       const uint64_t n = sizes[i];
@@ -485,53 +488,68 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
         ctx.pool = pool.get();
         efs[i]->encode(n, x.data(), n, payloads[i], ctx);
       };
-      auto decodeOnce = [&] { codec->decompressAdd(payloads[i], sum.data(), n, 1.0f, decodeCtx); };
+      auto decodeOnce = [&] { codec->decompressAdd(payloads[i], x.data(), n, 1.0f, decodeCtx); };
       auto zero = [&] {
         compressor::cpu::parallelAligned(pool.get(), n, 16, [&](size_t b, size_t e) {
-          std::fill(sum.data() + b, sum.data() + e, 0.0f);
+          std::fill(x.data() + b, x.data() + e, 0.0f);
         });
       };
       if (r < 0) {
         encodeOnce();
+        zero();
         decodeOnce();
+        gradients(n);
         continue;
       }
       evict();
       world.barrier();
       enc[i * reps + size_t(r)] = medianSeconds(1, encodeOnce);
-      // The decode as the executor runs it (Run::decodeOnHost): the region
-      // zeroed, then a payload of every worker added into it in turn (a flat
-      // allgather*'s; the replay's workers' gradients share one pattern, so
-      // their payloads list the same indices). The zeroing pass is timed on
-      // its own (the planner prices it by the region's bytes, Cluster::
-      // cpuFillGbps), the adds per payload.
-      evict();
+      // The decode as the executor runs it (Run::decodeOnHost), after the
+      // collective that every worker leaves at once: the tensor's own region,
+      // which the encode has just read, zeroed, then a payload of every worker
+      // added into it in turn (a flat allgather*'s; the replay's workers'
+      // gradients share one pattern, so their payloads list the same
+      // indices). The zeroing pass is timed on its own (Cluster::
+      // cpuFillCurve), the adds per payload. Then the gradients again.
       world.barrier();
       const auto z0 = Clock::now();
       zero();
-      const double zeroS = secondsSince(z0);
+      zeros[i * reps + size_t(r)] = secondsSince(z0);
       const auto d0 = Clock::now();
       for (int k = 0; k < contributions; ++k) decodeOnce();
       dec[i * reps + size_t(r)] = secondsSince(d0) / contributions;
-      if (i + 1 == sizes.size()) fills[size_t(r)] = zeroS;
+      gradients(n);
     }
   }
   const std::string pts = fitCodecProbes(world, sizes, reps, enc, dec, m.encodeCurve,
                                          m.decodeCurve, m.encodeAlpha, m.encodeBeta,
                                          m.decodeAlpha, m.decodeBeta);
   m.probes.push_back(fmt::format("codec {} encode/decode per elements:{}", spec, pts));
+  // The zeroing pass per size, every worker at once: each worker's median,
+  // then the slowest worker's, smoothed as the decodes are (a pass costs no
+  // less for more elements; one run had 1 Mi elements at 2206 us between 92
+  // us for 256 Ki and 964 us for 2.25 Mi).
+  std::vector<double> zeroMed;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<double> v(zeros.begin() + long(i * size_t(reps)),
+                          zeros.begin() + long((i + 1) * size_t(reps)));
+    std::sort(v.begin(), v.end());
+    zeroMed.push_back(v[v.size() / 2]);
+  }
+  zeroMed = world.max(zeroMed);
+  std::string zpts;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    zpts += fmt::format(" {}:{:.0f}us", sizes[i], zeroMed[i] * 1e6);
+  smoothPassProbes(sizes, zeroMed);
+  m.fillCurve = planner::MeasuredCurve{};
+  for (size_t i = 0; i < sizes.size(); ++i) m.fillCurve.add(double(sizes[i]), zeroMed[i] * 1e6);
+  m.fillGbps = 8.0 * 4.0 * double(sizes.back()) / zeroMed.back() / 1e9;
+  m.probes.push_back(fmt::format("decode's zeroing pass per elements (after the encode):{}", zpts));
   const uint64_t ns = hi;
   const double s = medianSeconds(3, [&] {
     for (uint64_t i = 0; i < ns; ++i) sum[i] += x[i];
   });
   m.sumGbps = 8.0 * 4.0 * ns / s / 1e9;
-  // The decode's zeroing pass at the largest size, cold and every worker at
-  // once as above: the slowest worker's median.
-  std::sort(fills.begin(), fills.end());
-  const double fillS = world.max({fills[fills.size() / 2]})[0];
-  m.fillGbps = 8.0 * 4.0 * double(ns) / fillS / 1e9;
-  m.probes.push_back(fmt::format("decode's zeroing pass: {} elements in {:.0f} us ({:.1f} Gbit/s)",
-                                 ns, fillS * 1e6, m.fillGbps));
 }
 
 // Why the executor and not Worker::exchange: its payloads, chunks, keys and
@@ -886,6 +904,18 @@ ProbeMean meanLessStrays(std::vector<double> calls) {
   return m;
 }
 
+namespace {
+// A size measured more than 3x the size below it scaled by their elements
+// is taken at that scaled time (smoothCodecProbes says why).
+void scaledSpikes(const std::vector<uint64_t>& elements, std::vector<double>& v) {
+  for (size_t i = 1; i < elements.size(); ++i) {
+    const double ratio = double(elements[i]) / double(std::max<uint64_t>(1, elements[i - 1]));
+    const double scaled = v[i - 1] * ratio;
+    if (v[i] > 3 * scaled) v[i] = scaled;
+  }
+}
+}  // namespace
+
 void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double>& encode,
                        std::vector<double>& decode) {
   CORTADO_ENFORCE(elements.size() == encode.size() && elements.size() == decode.size(),
@@ -913,19 +943,21 @@ void smoothCodecProbes(const std::vector<uint64_t>& elements, std::vector<double
   // three other runs; the compress-everything strategies were predicted
   // 56-70% over), and the encode of 262144 at 2914 us between 160 and 3247
   // (433-618 us in four other runs).
-  for (std::vector<double>* v : {&encode, &decode})
-    for (size_t i = 1; i < elements.size(); ++i) {
-      const double ratio = double(elements[i]) / double(std::max<uint64_t>(1, elements[i - 1]));
-      const double scaled = (*v)[i - 1] * ratio;
-      if ((*v)[i] > 3 * scaled) (*v)[i] = scaled;
-    }
+  scaledSpikes(elements, encode);
   // A decode-and-add costs no less for more elements (it scatters or
   // streams in proportion), so a size measured dearer than a larger one is
   // capped at it: one run had 1048576 elements of DGC at 2373 us between 497
   // us below and 406 us above (a worker's medians there all slow), and the
   // compress-everything strategies were predicted 28-33% above the replay
   // (flat allgather: 4 decodes per tensor).
-  for (size_t i = decode.size(); i-- > 1;) decode[i - 1] = std::min(decode[i - 1], decode[i]);
+  smoothPassProbes(elements, decode);
+}
+
+void smoothPassProbes(const std::vector<uint64_t>& elements, std::vector<double>& us) {
+  CORTADO_ENFORCE(elements.size() == us.size(), ErrorCode::kInvalidArgument,
+                  "probe smoothing: {} sizes but {} times", elements.size(), us.size());
+  scaledSpikes(elements, us);
+  for (size_t i = us.size(); i-- > 1;) us[i - 1] = std::min(us[i - 1], us[i]);
 }
 
 }  // namespace cortado::launcher

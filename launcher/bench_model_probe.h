@@ -106,9 +106,11 @@ struct Measured {
   planner::MeasuredCurve gpuEncodeCurve, gpuDecodeCurve;
   planner::AlphaBeta d2h, h2d;
   double sumGbps = 40;
-  // The executor's decode zeroes its region first: that pass, on data not in
-  // the caches, every worker at once (measureCodec; planner::Cluster::
-  // cpuFillGbps).
+  // The executor's decode zeroes its region first: that pass by elements,
+  // right after the region's encode, every worker at once (measureCodec;
+  // planner::Cluster::cpuFillCurve), and its rate at the largest size (for
+  // the log).
+  planner::MeasuredCurve fillCurve;
   double fillGbps = 0;
   // With fusion: the workers' agreement on a batch (one flat allgather of an
   // int64, agreeOnBatch), back to back, mean of the slowest worker's.
@@ -166,7 +168,7 @@ planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::To
 // The codec `spec`'s encode (with error feedback) and decode-and-add from lo
 // to hi elements (sizes 4x apart, and each of `also` within them), into m's
 // encode and decode curves and fits, the CPU's sum rate into m.sumGbps and its
-// rate zeroing a region (the decode's first pass) into m.fillGbps.
+// time zeroing a region (the decode's first pass) into m.fillCurve.
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
                   const std::vector<uint64_t>& also = {});
 

@@ -110,10 +110,11 @@ class Compiler {
     }
     // A decode first zeroes the region its payloads are decoded into: every
     // element this rank covers (e_, also where each payload covers a block of
-    // it), once, in fp32.
-    const double fill = d == Device::kCpu ? c_.cpuFillGbps : c_.gpuFillGbps;
-    if (kind == OpKind::kDecode && fill > 0)
-      op.us += (d == Device::kCpu ? e_ / partitions(e_) : e_) * 4 * 8.0 / (fill * 1000.0);
+    // it), once, in fp32; priced at the region's size (a measured curve's
+    // cost per element grows once the region outgrows the caches), shared
+    // by the partitions' tasks.
+    if (kind == OpKind::kDecode)
+      op.us += c_.fillUs(d, e_) / (d == Device::kCpu ? partitions(e_) : 1.0);
     if (d == Device::kGpu) out_.gpuCodec = true;
     add(op);
   }

@@ -266,6 +266,14 @@ double ResolvedCodec::encodeUs(plan::Device d, double elements) const {
   return cost.encode[int(d)].us(elements, elements * selectedFraction);
 }
 
+double Cluster::fillUs(plan::Device d, double elements) const {
+  const bool cpu = d == plan::Device::kCpu;
+  const MeasuredCurve& curve = cpu ? cpuFillCurve : gpuFillCurve;
+  if (!curve.points.empty()) return curve.us(elements);
+  const double gbps = cpu ? cpuFillGbps : gpuFillGbps;
+  return gbps > 0 ? elements * 4 * 8.0 / (gbps * 1000.0) : 0;
+}
+
 double ResolvedCodec::decodeUs(plan::Device d, double elements, double contributions) const {
   if (!decodeCurve[int(d)].points.empty()) return contributions * decodeCurve[int(d)].us(elements);
   const LinearCost& c = cost.decode[int(d)];

@@ -136,9 +136,13 @@ struct Cluster {
   // this rate for a CPU decode, and for a "gpu" decode at gpuFillGbps (where
   // a "gpu" step runs the CPU twin on host buffers: `cortado bench model` on
   // the host device). 0: not priced (the default; the online re-planner's
-  // decode curves are the executor's calls, which include the pass).
+  // decode curves are the executor's calls, which include the pass). Where
+  // the device's curve has points (us by elements, measured), it is used
+  // instead of the rate: the pass costs less per element where the region
+  // is still in the caches from the encode.
   double cpuFillGbps = 0;
   double gpuFillGbps = 0;
+  MeasuredCurve cpuFillCurve, gpuFillCurve;
   // Zen (zen_cost.h): one core's time per (index, value) pair placed,
   // summed, merged or decoded; hardware JSON cpu.zen_ns_per_pair.
   double zenNsPerPair = kDefaultZenNsPerPair;
@@ -197,6 +201,8 @@ struct Cluster {
   SyncSkew syncSkew;
 
   int gpus() const { return machines * gpusPerMachine; }
+  // The zeroing pass of a decode on `d` over `elements` (above), us.
+  double fillUs(plan::Device d, double elements) const;
 };
 
 struct LinearCost {

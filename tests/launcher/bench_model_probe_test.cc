@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/common/error.h"
+#include "tests/common/error_of.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_model_predict.h"
 #include "scheduler/planner/compile.h"
@@ -43,6 +44,23 @@ TEST(CodecProbes, AnEncodeSpikeIsTakenAtItsLargerNeighbour) {
   const std::vector<double> want = enc;
   smoothCodecProbes(sizes(16, 10), enc, dec);
   EXPECT_EQ(enc, want);
+}
+
+TEST(CodecProbes, TheZeroingPassIsSmoothedAsTheDecodes) {
+  // One run's zeroing pass (resnet50's sizes, us): 1048576 elements at 2206
+  // between 92 and 964; capped at the larger size.
+  const std::vector<uint64_t> at = {64, 256, 1024, 4096, 16384, 65536, 262144, 1048576,
+                                    2359296, 4194304, 6822912};
+  std::vector<double> z = {2, 1, 2, 3, 8, 24, 92, 2206, 964, 1598, 2927};
+  smoothPassProbes(at, z);
+  EXPECT_EQ(z, (std::vector<double>{1, 1, 2, 3, 8, 24, 92, 368, 964, 1598, 2927}));
+  // The same times through the decode's rules give the same.
+  std::vector<double> dec = {2, 1, 2, 3, 8, 24, 92, 2206, 964, 1598, 2927};
+  std::vector<double> enc(dec.size(), 1.0);
+  smoothCodecProbes(at, enc, dec);
+  EXPECT_EQ(dec, z);
+  EXPECT_NE(test::errorOf([&] { smoothPassProbes(at, enc = {1, 2}); }).find("11 sizes but 2 times"),
+            std::string::npos);
 }
 
 TEST(CodecProbes, ADecodeDearerThanALargerSizeIsCappedAtIt) {

@@ -169,6 +169,18 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
   const double gpuUs = compileOption(c, k, 1000, 4, gpuGather).pathUs;
   c.gpuFillGbps = 16;
   EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, gpuGather).pathUs, gpuUs + 2);
+  // A measured curve (us by elements) replaces the device's rate: 10 us at
+  // 250 elements, 40 at 1000.
+  {
+    Cluster measured = c;
+    measured.cpuFillCurve.add(250, 10);
+    measured.cpuFillCurve.add(1000, 40);
+    EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, cpuGather).pathUs, gatherUs + 40);
+    EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, blocks).pathUs, blocksUs + 10 + 40);
+    EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, gpuGather).pathUs, gpuUs + 2);
+    measured.gpuFillCurve = measured.cpuFillCurve;
+    EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, gpuGather).pathUs, gpuUs + 40);
+  }
   // Split into partitions of 2000 B, one task each on the one core: the same
   // 4 us of zeroing in all on the timeline (2 us per task).
   c.chunkBytes = 2000;
@@ -177,6 +189,14 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
   Simulator filled(c, k, model({{1000, 10}}), {cpuGather});
   Simulator unfilled(none, k, model({{1000, 10}}), {cpuGather});
   EXPECT_DOUBLE_EQ(filled.simulate({0}), unfilled.simulate({0}) + 4);
+  // With a curve, the pass is priced at the region's size and shared by the
+  // tasks: 40 us at 1000 elements, not twice the 5 us of 500 (the executor
+  // zeroes the region in one pass; past the caches it costs more per element).
+  Cluster curved = c;
+  curved.cpuFillCurve.add(500, 5);
+  curved.cpuFillCurve.add(1000, 40);
+  Simulator curvedSim(curved, k, model({{1000, 10}}), {cpuGather});
+  EXPECT_DOUBLE_EQ(curvedSim.simulate({0}), unfilled.simulate({0}) + 40);
   // From a hardware file: cpu.fill_gbps, optional, a rate >= 0.
   nlohmann::json hw = {
       {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
