@@ -207,22 +207,26 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
 // over the passes, was tried: 4 workers on 2 cores, one of them always
 // waits for a core, and the predictions came out 65% above the replay),
 // smoothed (smoothCodecProbes). Returns the points for the log.
+// Per size (`sizes` of them, `reps` times each in `v`, size-major) this
+// worker's median, then the slowest worker's.
+std::vector<double> slowestMedians(World& world, size_t sizes, int reps,
+                                   const std::vector<double>& v) {
+  std::vector<double> out;
+  for (size_t i = 0; i < sizes; ++i) {
+    std::vector<double> r(v.begin() + long(i * size_t(reps)),
+                          v.begin() + long((i + 1) * size_t(reps)));
+    std::sort(r.begin(), r.end());
+    out.push_back(r[r.size() / 2]);
+  }
+  return world.max(out);
+}
+
 std::string fitCodecProbes(World& world, const std::vector<uint64_t>& sizes, int reps,
                            const std::vector<double>& enc, const std::vector<double>& dec,
                            planner::MeasuredCurve& encCurve, planner::MeasuredCurve& decCurve,
                            double& encAlpha, double& encBeta, double& decAlpha, double& decBeta) {
-  auto medians = [&](const std::vector<double>& v) {
-    std::vector<double> out;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      std::vector<double> r(v.begin() + long(i * size_t(reps)),
-                            v.begin() + long((i + 1) * size_t(reps)));
-      std::sort(r.begin(), r.end());
-      out.push_back(r[r.size() / 2]);
-    }
-    return out;
-  };
-  std::vector<double> encMed = world.max(medians(enc));
-  std::vector<double> decMed = world.max(medians(dec));
+  std::vector<double> encMed = slowestMedians(world, sizes.size(), reps, enc);
+  std::vector<double> decMed = slowestMedians(world, sizes.size(), reps, dec);
   smoothCodecProbes(sizes, encMed, decMed);
   std::vector<std::array<double, 3>> er, dr;
   encCurve = decCurve = planner::MeasuredCurve{};
@@ -529,14 +533,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   // then the slowest worker's, smoothed as the decodes are (a pass costs no
   // less for more elements; one run had 1 Mi elements at 2206 us between 92
   // us for 256 Ki and 964 us for 2.25 Mi).
-  std::vector<double> zeroMed;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    std::vector<double> v(zeros.begin() + long(i * size_t(reps)),
-                          zeros.begin() + long((i + 1) * size_t(reps)));
-    std::sort(v.begin(), v.end());
-    zeroMed.push_back(v[v.size() / 2]);
-  }
-  zeroMed = world.max(zeroMed);
+  std::vector<double> zeroMed = slowestMedians(world, sizes.size(), reps, zeros);
   std::string zpts;
   for (size_t i = 0; i < sizes.size(); ++i)
     zpts += fmt::format(" {}:{:.0f}us", sizes[i], zeroMed[i] * 1e6);
