@@ -200,13 +200,6 @@ std::vector<Sample> probe(World& world, const std::vector<uint64_t>& sizes, Op o
   return out;
 }
 
-// A codec probe's timings (enc, dec: seconds, `reps` per size, size-major)
-// into curves by elements and alpha-beta fits (s, s per input byte): per
-// size each worker's median, then the slowest worker's (the step after an
-// encode waits for it; per pass the slowest worker's call, then the median
-// over the passes, was tried: 4 workers on 2 cores, one of them always
-// waits for a core, and the predictions came out 65% above the replay),
-// smoothed (smoothCodecProbes). Returns the points for the log.
 // Per size (`sizes` of them, `reps` times each in `v`, size-major) this
 // worker's median, then the slowest worker's.
 std::vector<double> slowestMedians(World& world, size_t sizes, int reps,
@@ -221,6 +214,13 @@ std::vector<double> slowestMedians(World& world, size_t sizes, int reps,
   return world.max(out);
 }
 
+// A codec probe's timings (enc, dec: seconds, `reps` per size, size-major)
+// into curves by elements and alpha-beta fits (s, s per input byte): per
+// size each worker's median, then the slowest worker's (the step after an
+// encode waits for it; per pass the slowest worker's call, then the median
+// over the passes, was tried: 4 workers on 2 cores, one of them always
+// waits for a core, and the predictions came out 65% above the replay),
+// smoothed (smoothCodecProbes). Returns the points for the log.
 std::string fitCodecProbes(World& world, const std::vector<uint64_t>& sizes, int reps,
                            const std::vector<double>& enc, const std::vector<double>& dec,
                            planner::MeasuredCurve& encCurve, planner::MeasuredCurve& decCurve,
@@ -540,7 +540,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   smoothPassProbes(sizes, zeroMed);
   m.fillCurve = planner::MeasuredCurve{};
   for (size_t i = 0; i < sizes.size(); ++i) m.fillCurve.add(double(sizes[i]), zeroMed[i] * 1e6);
-  m.fillGbps = 8.0 * 4.0 * double(sizes.back()) / zeroMed.back() / 1e9;
+  m.fillGbps = 8.0 * 4.0 * double(sizes.back()) / std::max(zeroMed.back(), 1e-9) / 1e9;
   m.probes.push_back(fmt::format("decode's zeroing pass per elements (after the encode):{}", zpts));
   const uint64_t ns = hi;
   const double s = medianSeconds(3, [&] {
