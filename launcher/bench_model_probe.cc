@@ -493,11 +493,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
         efs[i]->encode(n, x.data(), n, payloads[i], ctx);
       };
       auto decodeOnce = [&] { codec->decompressAdd(payloads[i], x.data(), n, 1.0f, decodeCtx); };
-      auto zero = [&] {
-        compressor::cpu::parallelAligned(pool.get(), n, 16, [&](size_t b, size_t e) {
-          std::fill(x.data() + b, x.data() + e, 0.0f);
-        });
-      };
+      auto zero = [&] { compressor::cpu::zeroFloats(pool.get(), x.data(), n); };
       if (r < 0) {
         encodeOnce();
         zero();

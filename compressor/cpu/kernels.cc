@@ -285,6 +285,10 @@ void parallelAligned(ThreadPool* pool, size_t n, size_t align,
                     [&](size_t b, size_t e) { fn(b * align, std::min(n, e * align)); });
 }
 
+void zeroFloats(ThreadPool* pool, float* x, size_t n) {
+  parallelAligned(pool, n, 16, [x](size_t b, size_t e) { std::fill(x + b, x + e, 0.0f); });
+}
+
 // ---- random-k gather -----------------------------------------------------
 
 namespace {

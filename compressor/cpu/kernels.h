@@ -56,4 +56,9 @@ bool setRandomKAvx512(bool use);
 void parallelAligned(ThreadPool* pool, size_t n, size_t align,
                      const std::function<void(size_t, size_t)>& fn);
 
+// x[0, n) = 0, split over the pool as parallelAligned splits work: the
+// executor's decode zeroes its region so before it adds the payloads, and
+// `cortado bench model`'s codec probe times the same pass.
+void zeroFloats(ThreadPool* pool, float* x, size_t n);
+
 }  // namespace cortado::compressor::cpu

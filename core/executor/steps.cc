@@ -634,9 +634,7 @@ void Run::decodeOnHost() {
   float* h = lanes_.stagingFor(t_, x_ + r_.off, r_.len, d_);
   // Zeroed on the codec threads too: a pass over the region (a fused group's
   // can be 100 MB, 10-20 ms on one core of the development VM).
-  compressor::cpu::parallelAligned(lanes_.codecPool, r_.len, 16, [h](size_t b, size_t e) {
-    std::fill(h + b, h + e, 0.0f);
-  });
+  compressor::cpu::zeroFloats(lanes_.codecPool, h, r_.len);
   for (const Seg& s : segs_) {
     checkInside(s, r_);
     float* dst = h + (s.off - r_.off);

@@ -270,8 +270,7 @@ double Cluster::fillUs(plan::Device d, double elements) const {
   const bool cpu = d == plan::Device::kCpu;
   const MeasuredCurve& curve = cpu ? cpuFillCurve : gpuFillCurve;
   if (!curve.points.empty()) return curve.us(elements);
-  const double gbps = cpu ? cpuFillGbps : gpuFillGbps;
-  return gbps > 0 ? elements * 4 * 8.0 / (gbps * 1000.0) : 0;
+  return cpu && cpuFillGbps > 0 ? elements * 4 * 8.0 / (cpuFillGbps * 1000.0) : 0;
 }
 
 double ResolvedCodec::decodeUs(plan::Device d, double elements, double contributions) const {

@@ -132,16 +132,15 @@ struct Cluster {
   double cpuSumGbps = 40;
   // A decode's first pass: the executor zeroes the region the payloads are
   // decoded into (Run::decodeOnHost), a pass over region elements x 4 bytes
-  // before the decode-and-add calls that the codec costs price. One core at
-  // this rate for a CPU decode, and for a "gpu" decode at gpuFillGbps (where
-  // a "gpu" step runs the CPU twin on host buffers: `cortado bench model` on
-  // the host device). 0: not priced (the default; the online re-planner's
-  // decode curves are the executor's calls, which include the pass). Where
-  // the device's curve has points (us by elements, measured), it is used
-  // instead of the rate: the pass costs less per element where the region
-  // is still in the caches from the encode.
+  // before the decode-and-add calls that the codec costs price. A CPU
+  // decode's at this rate on one core; 0: not priced (the default; the
+  // online re-planner's decode curves are the executor's calls, which
+  // include the pass). Where a device's curve has points (us by elements,
+  // measured), it is used instead: the pass costs less per element where
+  // the region is still in the caches from the encode. A "gpu" decode's is
+  // priced by its curve alone (`cortado bench model` sets it where a "gpu"
+  // step runs the CPU twin on host buffers), else not at all.
   double cpuFillGbps = 0;
-  double gpuFillGbps = 0;
   MeasuredCurve cpuFillCurve, gpuFillCurve;
   // Zen (zen_cost.h): one core's time per (index, value) pair placed,
   // summed, merged or decoded; hardware JSON cpu.zen_ns_per_pair.

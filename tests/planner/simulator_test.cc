@@ -164,11 +164,14 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
   EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, cpuGather).pathUs, gatherUs + 4);
   // 1000 B for the block, then 4000 B.
   EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, blocks).pathUs, blocksUs + 1 + 4);
-  // A "gpu" decode is priced at gpuFillGbps (0: not at all).
+  // A "gpu" decode is not priced at the CPU's rate.
   const TensorOption gpuGather = gatherCompressed(Device::kGpu, Device::kGpu);
   const double gpuUs = compileOption(c, k, 1000, 4, gpuGather).pathUs;
-  c.gpuFillGbps = 16;
-  EXPECT_DOUBLE_EQ(compileOption(c, k, 1000, 4, gpuGather).pathUs, gpuUs + 2);
+  {
+    Cluster none = c;
+    none.cpuFillGbps = 0;
+    EXPECT_DOUBLE_EQ(compileOption(none, k, 1000, 4, gpuGather).pathUs, gpuUs);
+  }
   // A measured curve (us by elements) replaces the device's rate: 10 us at
   // 250 elements, 40 at 1000.
   {
@@ -177,7 +180,7 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
     measured.cpuFillCurve.add(1000, 40);
     EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, cpuGather).pathUs, gatherUs + 40);
     EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, blocks).pathUs, blocksUs + 10 + 40);
-    EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, gpuGather).pathUs, gpuUs + 2);
+    EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, gpuGather).pathUs, gpuUs);
     measured.gpuFillCurve = measured.cpuFillCurve;
     EXPECT_DOUBLE_EQ(compileOption(measured, k, 1000, 4, gpuGather).pathUs, gpuUs + 40);
   }
