@@ -145,13 +145,16 @@ std::vector<uint64_t> elementSizes(uint64_t lo, uint64_t hi, uint64_t cap,
   return sizes;
 }
 
+// Elements: up to the largest fused group's (bench_model.cc), 64 MiB of
+// floats at most, or the largest tensor's own size where that is larger:
+// BERT's word embedding (23 Mi elements) priced by the slope from 4 to 16 Mi
+// had its zeroing pass at 16 ms against 34 traced (2026-12-01).
+constexpr uint64_t kMaxCodecProbe = 16u << 20;
+
 // Bytes; larger tensors extrapolate the curve's last slope. BERT's word
 // embedding (94 MB) extrapolated from 16 MiB along a slope taken between two
 // noisy points had the push/pull prediction of `none` 31% high.
 constexpr uint64_t kMaxLinkProbe = 64u << 20;
-// Elements: up to the largest fused group's (bench_model.cc), 64 MiB of
-// floats at most.
-constexpr uint64_t kMaxCodecProbe = 16u << 20;
 // Elements: the compressed exchange's largest size (measureCompressedExchange).
 // Its time grows with the payload's bytes from about 1 Mi elements up (DGC
 // 1%: 6.4 ms at 0.5 Mi, 12.5 at 2 Mi, 26.4 at 8 Mi, 54.8 at 16 Mi on the
@@ -244,6 +247,13 @@ std::string fitCodecProbes(World& world, const std::vector<uint64_t>& sizes, int
 }
 
 }  // namespace
+
+std::vector<uint64_t> codecProbeSizes(uint64_t lo, uint64_t hi, const std::vector<uint64_t>& also) {
+  uint64_t cap = kMaxCodecProbe;
+  for (uint64_t a : also)
+    if (a <= hi) cap = std::max(cap, a);
+  return elementSizes(lo, hi, cap, also);
+}
 
 // The replay's batch agreement (fusion on): each worker offers how many
 // gradients it has ready, and the batch is the largest count (every worker
@@ -428,8 +438,8 @@ AlphaBeta measurePushPull(World& world, Worker& w, const collective::Topology& t
 }
 
 // The executor's encode (with error feedback, as it runs it) and decode-and-
-// add, at the model's tensor sizes (lo to hi elements, capped at
-// kMaxCodecProbe), on data that is not in the caches (the replay fills every
+// add, at the model's tensor sizes (codecProbeSizes of lo to hi elements),
+// on data that is not in the caches (the replay fills every
 // gradient before an iteration, so each encode reads memory), every worker at
 // once (they share this machine's cores as in the replay). Per size: each
 // worker's median call, then the slowest worker's. The planner uses these
@@ -446,7 +456,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
   compressor::Registry reg;
   compressor::registerCpuCodecs(reg);
   compressor::CodecPtr codec = reg.create(reg.canonical(spec));
-  const std::vector<uint64_t> sizes = elementSizes(lo, hi, kMaxCodecProbe, also);
+  const std::vector<uint64_t> sizes = codecProbeSizes(lo, hi, also);
   hi = sizes.back();
   m.codecSizes = sizes;
   std::vector<float> x(hi), sum(hi);

@@ -165,6 +165,13 @@ planner::AlphaBeta measurePushPull(World& world, Worker& w, const collective::To
                                    planner::MeasuredCurve& curve, std::vector<std::string>& log,
                                    int tag);
 
+// The codec probe's element counts: lo to hi 4x apart with both ends, and
+// each of `also` (the largest tensor's size) strictly between them; hi at
+// most 16 Mi elements, unless one of `also` up to hi is larger, which then
+// is the last size (a tensor of the model is probed at its own size; a
+// larger fused group takes the last slope).
+std::vector<uint64_t> codecProbeSizes(uint64_t lo, uint64_t hi, const std::vector<uint64_t>& also);
+
 // The codec `spec`'s encode (with error feedback) and decode-and-add from lo
 // to hi elements (sizes 4x apart, and each of `also` within them), into m's
 // encode and decode curves and fits, the CPU's sum rate into m.sumGbps and its

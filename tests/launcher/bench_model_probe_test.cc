@@ -12,6 +12,7 @@
 #include "core/common/error.h"
 #include "tests/common/error_of.h"
 #include "launcher/bench_model.h"
+#include "launcher/bench_model_probe.h"
 #include "launcher/bench_model_predict.h"
 #include "scheduler/planner/compile.h"
 
@@ -27,6 +28,24 @@ std::vector<uint64_t> sizes(uint64_t lo, size_t count, uint64_t last = 0) {
 }
 // DGC's sizes in the model bench's runs on resnet101 and bert-base.
 const std::vector<uint64_t> kDgc = sizes(64, 9, 2359296);
+
+TEST(CodecProbes, TheLargestTensorIsProbedAtItsOwnSize) {
+  constexpr uint64_t Mi = 1u << 20;
+  using V = std::vector<uint64_t>;
+  // resnet101: the largest tensor (2.25 Mi) between the 4x steps, up to the
+  // largest group (8 Mi here).
+  EXPECT_EQ(replay::codecProbeSizes(64, 8 * Mi, {2359296}),
+            (V{64, 256, 1024, 4096, 16384, 65536, 262144, Mi, 2359296, 4 * Mi, 8 * Mi}));
+  // Groups beyond 16 Mi elements stop there...
+  EXPECT_EQ(replay::codecProbeSizes(Mi, 40 * Mi, {2 * Mi}), (V{Mi, 2 * Mi, 4 * Mi, 16 * Mi}));
+  // ...but a tensor beyond it (BERT's word embedding, 23 Mi elements) is its
+  // last size, and the groups beyond it take the slope to it.
+  const uint64_t emb = 30522u * 768u;
+  EXPECT_EQ(replay::codecProbeSizes(Mi, 26 * Mi, {emb}), (V{Mi, 4 * Mi, 16 * Mi, emb}));
+  EXPECT_EQ(replay::codecProbeSizes(Mi, emb, {emb}), (V{Mi, 4 * Mi, 16 * Mi, emb}));
+  // A size of `also` above hi is not probed.
+  EXPECT_EQ(replay::codecProbeSizes(Mi, 4 * Mi, {emb}), (V{Mi, 4 * Mi}));
+}
 
 TEST(CodecProbes, AnEncodeSpikeIsTakenAtItsLargerNeighbour) {
   // Measured in one run (DGC, us, sizes 64 .. 2359296): 65536 elements at
