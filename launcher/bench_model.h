@@ -114,7 +114,7 @@ void smoothPassProbes(const std::vector<uint64_t>& elements, std::vector<double>
 // the replay's steps do not meet every few calls. In one run a 4096-byte
 // compressed allgather's 9 calls averaged 6.2 ms between 0.6 ms at 1024
 // bytes and 3.1 ms at 16384, which priced every compressed allgather up to
-// 64 KiB at 6.2 ms (docs/benchmarks.md, "Link probes without strays").
+// 64 KiB at 6.2 ms (run Z, `git show bb48d3c:docs/benchmarks.md`).
 // Throws kInvalidArgument on no calls.
 struct ProbeMean {
   double us = 0;
