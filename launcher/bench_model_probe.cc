@@ -653,17 +653,27 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
 // skew.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m) {
-  // Up to 1 Mi elements: the encode of larger sizes costs more per element
-  // (caches) than the curve between its points prices, and a chain of them
-  // charged that as skew, up to 3.4x the encode (EFSignSGD, 4 Mi elements),
-  // steering the planner away from large groups whose waits the replay did
-  // not show; beyond its last point the curve holds its last wait.
-  constexpr uint64_t kMaxChainProbe = 1u << 20;
+  // Up to 4 Mi elements (encodes of about 8 ms), where the fused plans' large
+  // groups wait for their last worker: capped at 1 Mi, the curve held its
+  // last wait beyond, and the plans' collectives after large encodes were
+  // priced at a fraction of their traced waits (the plans 13-26% low, 4 of
+  // 5 cells within 7% with 4 Mi; 2026-12-01). That cap dated from when the
+  // codec probe priced large encodes by the line between points 4x apart,
+  // which the chains then charged as skew; the codec probe now times the
+  // tensors' and groups' own sizes. Beyond the last point the curve holds
+  // its last wait. Nor beyond the codec probe's largest size (the model's
+  // largest tensor or group): the links' probes stop there too, and a
+  // chain's step priced by their extrapolation charged its error as skew
+  // (a small model's fp16 chains at 7.5x their encode).
+  constexpr uint64_t kMaxChainProbe = 4u << 20;
+  const uint64_t cap =
+      std::max<uint64_t>(1024, std::min(kMaxChainProbe, m.codecSizes.empty() ? kMaxChainProbe
+                                                                              : m.codecSizes.back()));
   std::vector<uint64_t> sizes;
-  for (const double target : {30.0, 120.0, 500.0, 2000.0}) {
+  for (const double target : {30.0, 120.0, 500.0, 2000.0, 8000.0}) {
     uint64_t n = 1024;
-    while (n < kMaxChainProbe && m.encodeCurve.us(double(n)) < target) n *= 2;
-    n = std::min(n, kMaxChainProbe);
+    while (n < cap && m.encodeCurve.us(double(n)) < target) n *= 2;
+    n = std::min(n, cap);
     if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
   }
   const Deadline d = world.deadline();
@@ -683,7 +693,8 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   uint64_t held = 0;
   for (uint64_t n : sizes) {
     // About 40 ms of encodes per chain, 4 to 48 steps, 8 Mi elements at
-    // most (the chain's gradients are held at once).
+    // most but for the 4 steps of a 4 Mi-element chain (the chain's
+    // gradients are held at once: 64 MiB).
     const double enc = std::max(1.0, m.encodeCurve.us(double(n)));
     const double most = std::max(4.0, double(8u << 20) / double(n));
     const int steps = int(std::clamp(40000.0 / enc, 4.0, std::min(48.0, most)));
