@@ -438,7 +438,8 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   };
   std::vector<Prediction> out;
   for (const std::string& name : o.strategies) {
-    planner::Strategy s, mergecompOther;
+    planner::Strategy s;
+    std::vector<planner::Strategy> mergecompAlts;
     if (name == "none") {
       s = uniform(bytepsIdx);
     } else if (name == "gpu") {
@@ -455,13 +456,15 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     } else if (name == "mergecomp") {
       // MergeComp's setting: one codec for every tensor, no model of the
       // system; the replay searches the groups by timing iterations (the
-      // groups it ends on are predicted after the run). Every
-      // compress-everything option is searched in turn (alternatives), the
-      // fastest timed stays; the better predicted runs first.
-      s = pl.compressAllGpu();
-      planner::Strategy c = pl.compressAllCpu();
-      if (!c.choice.empty() && (s.choice.empty() || c.iterUs < s.iterUs)) std::swap(s, c);
-      mergecompOther = std::move(c);
+      // groups it ends on are predicted after the run). The alternatives are
+      // the best compress-everything option of each codec device and path
+      // (the start-up probes can price the wrong path best: run AD had
+      // compress-everything through the servers where the flat path ran
+      // 1.4x faster in other runs); the search times each one's layer-wise
+      // window and searches the groups of the fastest two, the better
+      // predicted first.
+      mergecompAlts = pl.compressAllByPath();
+      s = mergecompAlts.empty() ? pl.compressAllGpu() : mergecompAlts.front();
     } else if (name == "plan") {
       // The planner's plan: Espresso's decision with Cupcake's fused groups
       // where they are predicted to pay.
@@ -482,8 +485,8 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
     p.plan = planner::toPlan(sim, s, 1);
     if (name == "mergecomp") {
       p.alternatives.push_back(p.plan);
-      if (!mergecompOther.choice.empty() && mergecompOther.choice != s.choice)
-        p.alternatives.push_back(planner::toPlan(sim, mergecompOther, 1));
+      for (size_t a = 1; a < mergecompAlts.size(); ++a)
+        p.alternatives.push_back(planner::toPlan(sim, mergecompAlts[a], 1));
     }
     p.predictedUs = profile.forwardUs + serialized(sim, s.choice, s.groups, nullptr);
     p.noSkewUs = sim.cluster().syncSkew.any()

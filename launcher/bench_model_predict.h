@@ -27,8 +27,10 @@ struct Prediction {
   double overlappedUs = 0;  // forward + the simulator's overlapped timeline (the planner's model)
   double noSkewUs = 0;      // predictedUs without the workers' skew (Cluster::syncSkew), same plan
   std::string options;     // the one option everybody runs, or a summary
-  // mergecomp: every compress-everything plan, the better predicted first;
-  // the search times each (Executor::setFusionSearch's alternatives).
+  // mergecomp: the best compress-everything plan of each codec device and
+  // path (Planner::compressAllByPath), the better predicted first; the search
+  // screens them and searches the fastest (Executor::setFusionSearch's
+  // alternatives).
   std::vector<plan::Plan> alternatives;
 };
 

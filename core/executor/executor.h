@@ -392,14 +392,17 @@ class Executor {
   // search of its own over the groups (their groups are ignored), and the
   // fastest pair of options and grouping timed stays; MergeComp's setting
   // where one codec may travel on several paths (the servers or an
-  // allgather), none known to be faster without a model. Each is checked
-  // as setPlan() checks a plan (kInvalidArgument naming the tensor). Empty:
-  // the current plan's options only.
+  // allgather), none known to be faster without a model. With more of them
+  // than `o.searched`, each one's first candidate (every tensor on its own)
+  // is timed first and only the `o.searched` fastest are searched on. Each
+  // is checked as setPlan() checks a plan (kInvalidArgument naming the
+  // tensor). Empty: the current plan's options only.
   void setFusionSearch(std::optional<FusionSearchOptions> o,
                        std::vector<plan::Plan> alternatives = {});
   // The search under way, or the last one (nullptr before its order is
-  // known or when off). With alternatives, one search per alternative in
-  // turn: fusionSearchDone() says when all have ended.
+  // known, while alternatives are screened, or when off). With alternatives,
+  // one search per alternative searched on, in turn: fusionSearchDone() says
+  // when all have ended.
   const FusionSearch* fusionSearch() const { return search_.get(); }
   // Every alternative's search has ended and the kept grouping is set (or
   // scheduled for the next iteration).
@@ -607,7 +610,14 @@ class Executor {
   void startFinalRound();
   // Ends the search on alternative `alt`'s grouping `cuts`.
   void keepCandidate(size_t alt, const FusionSearch::Cuts& cuts);
-  void startSearch();  // search_ for alternative searchAlt_, its first candidate scheduled
+  // search_ for alternative searchAlt_ (its screened search where it has
+  // one), its next candidate scheduled.
+  void startSearch();
+  // The search of alternative `alt`, from its options (forced cuts).
+  std::unique_ptr<FusionSearch> makeSearch(size_t alt) const;
+  // search_ has ended: its result kept, then the next alternative in
+  // searchQueue_ or the final round.
+  void finishAlternative();
   const plan::Plan* searchBase(size_t alt) const;  // alternative alt's plan, or nullptr
   double agreedMean(double seconds, Deadline deadline);
   // Checks `p` against the declared tensors and the topology (setPlan's
@@ -616,7 +626,14 @@ class Executor {
   std::optional<FusionSearchOptions> searchOptions_;
   std::unique_ptr<FusionSearch> search_;
   std::vector<plan::Plan> searchAlternatives_;
-  size_t searchAlt_ = 0;  // the alternative search_ runs on
+  size_t searchAlt_ = 0;  // the alternative search_ runs on (or being screened)
+  // Screening (more alternatives than FusionSearchOptions::searched): each
+  // alternative's search, timed at its first candidate, until it is searched
+  // on (moved into search_) or left out.
+  bool screening_ = false;
+  std::vector<std::unique_ptr<FusionSearch>> screened_;
+  std::vector<size_t> searchQueue_;  // the alternatives searched on, in turn
+  size_t searchPos_ = 0;             // searchAlt_'s place in searchQueue_
   // Each ended alternative's best cuts, their time and its summary.
   struct SearchedAlternative {
     FusionSearch::Cuts cuts;
@@ -625,7 +642,7 @@ class Executor {
     std::string times;                                     // FusionSearch::timesLine()
     std::vector<std::pair<FusionSearch::Cuts, double>> top;  // its finalists (ranked())
   };
-  std::vector<SearchedAlternative> searched_;
+  std::map<size_t, SearchedAlternative> searched_;  // by alternative
   std::optional<size_t> searchKept_;      // set once every alternative has ended
   FusionSearch::Cuts searchKeptCuts_;     // and the final round (if any)
   // The final round's finalists (alternative, cuts) and its state.

@@ -43,6 +43,12 @@ struct FusionSearchOptions {
   // round (the fastest time measured stays); it runs when there are two
   // finalists or more in all.
   uint64_t finalists = 2;
+  // With more alternatives than this (Executor::setFusionSearch), each
+  // alternative's first candidate (every tensor on its own) is timed first,
+  // one window each, and only this many of the fastest are searched on
+  // (their first time kept); the others are left out. 0: every alternative
+  // is searched.
+  uint64_t searched = 2;
 };
 
 // A window's time from its iterations' times: their median (the mean of the

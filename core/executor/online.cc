@@ -215,6 +215,10 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
   searchOptions_ = o;
   searchAlternatives_ = std::move(alternatives);
   searchAlt_ = 0;
+  screening_ = false;
+  screened_.clear();
+  searchQueue_.clear();
+  searchPos_ = 0;
   searched_.clear();
   searchKept_.reset();
   searchKeptCuts_.clear();
@@ -258,10 +262,10 @@ void Executor::scheduleFor(size_t alt, const FusionSearch::Cuts& cuts) {
   lastCandidate_ = {alt, cuts};
 }
 
-void Executor::startSearch() {
+std::unique_ptr<FusionSearch> Executor::makeSearch(size_t alt) const {
   // Consecutive tensors on different options (or on PowerSGD) never share a
   // group: forced cuts, from the options this search runs on.
-  const plan::Plan* base = searchBase(searchAlt_);
+  const plan::Plan* base = searchBase(alt);
   auto optionOf = [&](const std::string& name) -> const plan::TensorOption& {
     return base ? base->tensors.at(name) : tensors_.at(name)->option;
   };
@@ -273,8 +277,38 @@ void Executor::startSearch() {
     const bool apart = opt.codec.rfind("powersgd", 0) == 0;
     if (k > 0 && (apart || !(opt == optionOf(searchOrder_[k - 1])))) forced.insert(k);
   }
-  search_ = std::make_unique<FusionSearch>(std::move(bytes), std::move(forced), *searchOptions_);
-  scheduleFor(searchAlt_, *search_->next());
+  return std::make_unique<FusionSearch>(std::move(bytes), std::move(forced), *searchOptions_);
+}
+
+void Executor::startSearch() {
+  search_ = searchAlt_ < screened_.size() && screened_[searchAlt_] ? std::move(screened_[searchAlt_])
+                                                                     : makeSearch(searchAlt_);
+  if (const auto& next = search_->next()) {
+    scheduleFor(searchAlt_, *next);
+    return;
+  }
+  finishAlternative();  // its screening window was all it needed (one tensor, say)
+}
+
+void Executor::finishAlternative() {
+  // This alternative's search has ended: its fastest grouping is its time.
+  SearchedAlternative done;
+  done.cuts = search_->best();
+  for (const auto& [cuts, secs] : search_->history())
+    if (cuts == done.cuts) {
+      done.seconds = secs;
+      break;
+    }
+  done.summary = search_->summary();
+  done.times = search_->timesLine();
+  done.top = search_->ranked(searchOptions_->finalists);
+  searched_[searchAlt_] = std::move(done);
+  if (++searchPos_ < searchQueue_.size()) {
+    searchAlt_ = searchQueue_[searchPos_];
+    startSearch();
+    return;
+  }
+  startFinalRound();
 }
 
 // At beginIteration(iteration_): the iteration before it just ended.
@@ -283,7 +317,7 @@ void Executor::stepFusionSearch(Deadline deadline) {
   const double last = std::chrono::duration<double>(now - lastBegin_).count();
   lastBegin_ = now;
   const FusionSearchOptions& o = *searchOptions_;
-  if (!search_) {
+  if (!search_ && !screening_) {
     // Warm-up; then one iteration whose batches give the order.
     const uint64_t orderAt = searchFrom_ + std::max<uint64_t>(o.warmup, 1);
     if (iteration_ == orderAt) {
@@ -296,6 +330,17 @@ void Executor::stepFusionSearch(Deadline deadline) {
                     "worker {}: the fusion search saw no tensor run in iteration {}: run the "
                     "training's tensors between beginIteration() calls",
                     topo_.rank, orderAt);
+    const size_t alts = std::max<size_t>(1, searchAlternatives_.size());
+    searchAlt_ = 0;
+    searchPos_ = 0;
+    if (o.searched > 0 && alts > o.searched) {
+      // Screening: every alternative's first candidate, one window each.
+      screening_ = true;
+      for (size_t a = 0; a < alts; ++a) screened_.push_back(makeSearch(a));
+      scheduleFor(0, *screened_[0]->next());
+      return;
+    }
+    for (size_t a = 0; a < alts; ++a) searchQueue_.push_back(a);
     startSearch();
     return;
   }
@@ -322,35 +367,39 @@ void Executor::stepFusionSearch(Deadline deadline) {
     keepCandidate(keptAlt, keptCuts);
     return;
   }
+  if (screening_) {
+    screened_[searchAlt_]->measured(time);
+    if (searchAlt_ + 1 < screened_.size()) {
+      ++searchAlt_;
+      scheduleFor(searchAlt_, *screened_[searchAlt_]->next());
+      return;
+    }
+    // The `searched` fastest (the first among equal times), searched on in
+    // the alternatives' order.
+    screening_ = false;
+    std::vector<size_t> order(screened_.size());
+    for (size_t a = 0; a < order.size(); ++a) order[a] = a;
+    auto first = [&](size_t a) { return screened_[a]->history().front().second; };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first(a) < first(b); });
+    order.resize(size_t(o.searched));
+    std::sort(order.begin(), order.end());
+    searchQueue_ = std::move(order);
+    searchAlt_ = searchQueue_.front();
+    startSearch();
+    return;
+  }
   search_->measured(time);
   if (const auto& next = search_->next()) {
     scheduleFor(searchAlt_, *next);
     return;
   }
-  // This alternative's search has ended: its fastest grouping is its time.
-  SearchedAlternative done;
-  done.cuts = search_->best();
-  for (const auto& [cuts, secs] : search_->history())
-    if (cuts == done.cuts) {
-      done.seconds = secs;
-      break;
-    }
-  done.summary = search_->summary();
-  done.times = search_->timesLine();
-  done.top = search_->ranked(o.finalists);
-  searched_.push_back(std::move(done));
-  if (searchAlt_ + 1 < searchAlternatives_.size()) {
-    ++searchAlt_;
-    startSearch();
-    return;
-  }
-  startFinalRound();
+  finishAlternative();
 }
 
 void Executor::startFinalRound() {
   finalists_.clear();
-  for (size_t a = 0; a < searched_.size(); ++a)
-    for (const auto& [cuts, secs] : searched_[a].top) finalists_.emplace_back(a, cuts);
+  for (const auto& [a, done] : searched_)
+    for (const auto& [cuts, secs] : done.top) finalists_.emplace_back(a, cuts);
   if (finalists_.size() >= 2) {
     // Each finalist timed twice more, the second pass in reverse order.
     final_ = std::make_unique<FinalRound>(finalists_.size());
@@ -358,10 +407,10 @@ void Executor::startFinalRound() {
     return;
   }
   // No final round: the fastest timed (the first among equal times) stays.
-  size_t kept = 0;
-  for (size_t a = 1; a < searched_.size(); ++a)
-    if (searched_[a].seconds < searched_[kept].seconds) kept = a;
-  keepCandidate(kept, searched_[kept].cuts);
+  auto kept = searched_.begin();
+  for (auto it = searched_.begin(); it != searched_.end(); ++it)
+    if (it->second.seconds < kept->second.seconds) kept = it;
+  keepCandidate(kept->first, kept->second.cuts);
 }
 
 void Executor::keepCandidate(size_t alt, const FusionSearch::Cuts& cuts) {
@@ -403,10 +452,20 @@ std::string Executor::fusionSearchSummary() const {
     return line.rfind(head, 0) == 0 ? line.substr(head.size()) : ": " + line;
   };
   std::string out = fmt::format("fusion search over {} option sets", searchAlternatives_.size());
+  if (!screened_.empty())
+    out += fmt::format(" (each tensor on its own timed first, the {} fastest searched)",
+                       searchOptions_->searched);
+  // Left out after screening: its search object stays in screened_.
+  const bool screenedAll = !screening_ && !screened_.empty();
   for (size_t a = 0; a < searchAlternatives_.size(); ++a) {
-    const std::string line = a < searched_.size()         ? body(searched_[a].summary)
-                             : a == searchAlt_ && search_ ? body(search_->summary())
-                                                          : std::string(": not searched yet");
+    const bool leftOut = screenedAll && a < screened_.size() && screened_[a] &&
+                         std::find(searchQueue_.begin(), searchQueue_.end(), a) == searchQueue_.end();
+    const std::string line =
+        searched_.count(a)         ? body(searched_.at(a).summary)
+        : a == searchAlt_ && search_ ? body(search_->summary())
+        : leftOut ? fmt::format(": left out, each tensor on its own {:.1f} ms",
+                                screened_[a]->history().front().second * 1e3)
+                  : std::string(": not searched yet");
     out += fmt::format("{} {} ({}){}", a ? ";" : ":", a + 1,
                        searchAlternatives_[a].tensors.begin()->second.describe(), line);
   }
@@ -420,9 +479,11 @@ std::string Executor::fusionSearchTimes() const {
   std::string out;
   const size_t alts = std::max<size_t>(1, searchAlternatives_.size());
   for (size_t a = 0; a < alts; ++a) {
-    const std::string line = a < searched_.size()         ? searched_[a].times
+    const std::string line = searched_.count(a)           ? searched_.at(a).times
                              : a == searchAlt_ && search_ ? search_->timesLine()
-                                                          : std::string();
+                             : a < screened_.size() && screened_[a] && !screened_[a]->history().empty()
+                                 ? screened_[a]->timesLine()
+                                 : std::string();
     if (line.empty()) continue;
     out += fmt::format("{}{}", out.empty() ? "" : "; ",
                        alts > 1 ? fmt::format("{}: {}", a + 1, line) : line);

@@ -211,6 +211,27 @@ Strategy Planner::compressAllCpu() {
   return best;
 }
 
+std::vector<Strategy> Planner::compressAllByPath() {
+  // (CPU codec, hierarchical) -> the best of that kind.
+  std::map<std::pair<bool, bool>, Strategy> best;
+  for (int o = 0; o < sim_.optionCount(); ++o) {
+    const plan::TensorOption& opt = sim_.options()[size_t(o)];
+    if (!compressed_[o]) continue;
+    const bool gpu = gpuOnly_[o], cpu = !usesGpuCodec(opt);
+    if (gpu == cpu) continue;  // a codec step on each device (or none)
+    std::vector<int> choice(sim_.tensors(), o);
+    const double f = sim_.simulate(choice);
+    ++stats_.evaluations;
+    auto [it, fresh] = best.try_emplace({cpu, opt.hierarchical}, Strategy{choice, f});
+    if (!fresh && f < it->second.iterUs - kEps) it->second = Strategy{std::move(choice), f};
+  }
+  std::vector<Strategy> out;
+  for (auto& [kind, s] : best) out.push_back(std::move(s));
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Strategy& a, const Strategy& b) { return a.iterUs < b.iterUs; });
+  return out;
+}
+
 Strategy Planner::gpuPass(const Strategy& start) { return sweep(start, false); }
 
 Strategy Planner::refinePass(const Strategy& from) {

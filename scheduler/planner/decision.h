@@ -55,6 +55,14 @@ class Planner {
   // The best single compressed option whose codec steps all run on the CPU,
   // used by every tensor; an empty choice (iterUs kInf) when there is none.
   Strategy compressAllCpu();
+  // The best single compressed option of each codec device (GPU codec steps
+  // only, as compressAllGpu; CPU codec steps only, as compressAllCpu) and
+  // path (flat, hierarchical), used by every tensor: up to four, the fastest
+  // predicted first (among equal times GPU codecs, then the flat path, then
+  // the first option). MergeComp's
+  // alternatives in `cortado bench model`: its search times them instead of
+  // trusting the predictions' choice of path.
+  std::vector<Strategy> compressAllByPath();
   // GPU pass from `start`; never worse than `start`.
   Strategy gpuPass(const Strategy& start);
   // Moves, per (size, option) group of GPU-compressed tensors, the best number

@@ -83,9 +83,11 @@ for s in pertensor plan mergecomp; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "groups: $s exact and predicted" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
 done
-# Its search runs on gpu's and on cpu's compress-everything option (here
-# E(g) and E(c), two option sets) and names the one it kept.
-check "mergecomp reports its search over both options" "echo \"\$out\" | grep '\"strategy\":\"mergecomp\"' | grep -Eq '\"search\":\"fusion search over 2 option sets: 1 \\(.*; 2 \\(.*; kept [12]'" "no search summary over 2 option sets"
+# Its alternatives are the best compress-everything option of each codec
+# device and path (here E(g) and E(c), flat and through the servers: four);
+# each is timed with every tensor on its own, the two fastest are searched
+# on, the other two left out, and the summary names the one it kept.
+check "mergecomp screens its four alternatives and searches two" "echo \"\$out\" | grep '\"strategy\":\"mergecomp\"' | grep -Eq '\"search\":\"fusion search over 4 option sets \\(each tensor on its own timed first, the 2 fastest searched\\): 1 \\(.*; 2 \\(.*; 3 \\(.*; 4 \\(.*left out.*; kept [1-4]'" "no search summary over 4 option sets, two left out"
 check "groups summary" "echo \"\$out\" | grep -q plan_speedup_vs_pertensor && echo \"\$out\" | grep -q mergecomp_speed_vs_plan" "no summary"
 
 # The encode pipeline without fusion by size: each iteration is one batch

@@ -93,7 +93,9 @@
 //                  end every rank on the same cuts and the same plan, with
 //                  the other option's tensors kept apart; then the search
 //                  over two alternatives (the second made slower): the
-//                  first kept on every rank, exact throughout.
+//                  first kept on every rank, exact throughout; then three
+//                  alternatives screened, only the fastest (the last)
+//                  searched on: it is kept, the other two left out.
 //   --mode gravac  GraVAC (Executor::setGravac, top-k) over the compressed
 //                  options (every --stride-th) and one default tensor, the
 //                  ranks' gradients differing: one CF sequence on every rank,

@@ -440,6 +440,68 @@ void Check::runSearch() {
     std::printf("search with alternatives: %s after %d iterations; %s\n",
                 failures ? "FAILED" : "alternative 1 kept on every rank", iter - from,
                 ex.fusionSearchSummary().c_str());
+  if (failures) return;
+
+  // Screening: three alternatives, only the fastest searched on
+  // (FusionSearchOptions::searched = 1). B (30 ms slower an iteration), C
+  // (a third option, 60 ms slower), then A: every tensor on its own is timed
+  // on each, and A, the last, must be the one searched and kept, the others
+  // left out after their one window.
+  size_t third = options.size();
+  for (size_t i = 0; i < options.size() && third == options.size(); ++i)
+    if (i != compressed && i != other && options[i].compressed() &&
+        !(options[i] == options[compressed]) && !(options[i] == options[other]))
+      third = i;
+  if (third == options.size()) throw Error(ErrorCode::kInternal, "no third compressed option");
+  plan::Plan c = b;
+  for (size_t k = 0; k < names.size(); ++k)
+    if (k % 4 != 3) c.tensors[names[k]] = options[third];
+  executor::FusionSearchOptions one = so;
+  one.searched = 1;
+  ex.setFusionSearch(one, {b, c, a});
+  const int from3 = ++iter;
+  for (; iter < from3 + 800; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+    const plan::TensorOption& now = ex.currentPlan().tensors.at(names[0]);
+    if (now == options[other]) ::usleep(30000);
+    if (now == options[third]) ::usleep(60000);
+    if (!runChecked("screened search", iter)) return;
+  }
+  const auto kept3 = ex.fusionSearchResult();
+  const std::string sum3 = ex.fusionSearchSummary();
+  if (!kept3) {
+    fail(fmt::format("screened search: not done after {} iterations ({})", iter - from3, sum3));
+    return;
+  }
+  if (kept3->first != 2)
+    fail(fmt::format("screened search: kept alternative {}, not 3, the fastest ({})",
+                     kept3->first + 1, sum3));
+  for (size_t k = 0; k < names.size(); ++k)
+    if (!(ex.currentPlan().tensors.at(names[k]) == a.tensors.at(names[k])))
+      fail(fmt::format("screened search: tensor {} does not run alternative 3's option", names[k]));
+  // Left out after one window each: B and C timed once, A searched on.
+  const std::string times3 = ex.fusionSearchTimes();
+  if (sum3.find("the 1 fastest searched") == std::string::npos ||
+      sum3.find("1 (" + b.tensors.begin()->second.describe() + "): left out") == std::string::npos ||
+      sum3.find("2 (" + c.tensors.begin()->second.describe() + "): left out") == std::string::npos ||
+      sum3.find("kept 3") == std::string::npos)
+    fail("screened search: the summary does not say which alternatives were left out and which "
+         "was kept (" + sum3 + ")");
+  if (times3.rfind("1: ", 0) != 0 || times3.find("; 2: ") == std::string::npos ||
+      times3.find("; 3: ") == std::string::npos)
+    fail("screened search: the times do not give each alternative's (" + times3 + ")");
+  const std::string k3 = fmt::format("{}", fmt::join(kept3->second, ","));
+  const uint64_t h3[2] = {std::hash<std::string>{}(k3),
+                          std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
+  groups.world->allgather(h3, 2, all.data(), DType::kInt64, opDeadline());
+  for (int w = 0; w < W; ++w)
+    if (all[2 * size_t(w)] != h3[0] || all[2 * size_t(w) + 1] != h3[1])
+      fail(fmt::format("screened search: rank {} ended on other cuts or another plan than rank {} ({})",
+                       w, me, k3));
+  if (me == 0)
+    std::printf("screened search: %s after %d iterations; %s\n",
+                failures ? "FAILED" : "alternative 3 kept on every rank", iter - from3, sum3.c_str());
 }
 
 }  // namespace exec_check
