@@ -653,24 +653,22 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
 // skew.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m) {
-  // Up to 4 Mi elements (encodes of about 8 ms), where the fused plans' large
-  // groups wait for their last worker: capped at 1 Mi, the curve held its
-  // last wait beyond, and the plans' collectives after large encodes were
-  // priced at a fraction of their traced waits (the plans 13-26% low, 4 of
-  // 5 cells within 7% with 4 Mi; 2026-12-01). That cap dated from when the
-  // codec probe priced large encodes by the line between points 4x apart,
-  // which the chains then charged as skew; the codec probe now times the
-  // tensors' and groups' own sizes. Beyond the last point the curve holds
-  // its last wait. Nor beyond the codec probe's largest size (the model's
-  // largest tensor or group): the links' probes stop there too, and a
-  // chain's step priced by their extrapolation charged its error as skew
-  // (a small model's fp16 chains at 7.5x their encode).
-  constexpr uint64_t kMaxChainProbe = 4u << 20;
+  // Up to 1 Mi elements, beyond which the curve holds its last wait. Chains
+  // of 4 Mi (encodes of about 8 ms) priced the DGC plans' large groups
+  // closer (the plans -2% to -16% against -13% to -26% in alternating runs),
+  // but EFSignSGD's chains ran 4-5x their encode beyond their price at every
+  // size, a wait of 22 ms at 4 Mi elements, and the full run of 2026-12-01
+  // (run AE) priced compress-everything with "gpu" codec steps +74% and +92%
+  // there. Nor beyond the codec probe's largest size (the model's largest
+  // tensor or group): the links' probes stop there too, and a chain's step
+  // priced by their extrapolation charged its error as skew (a small
+  // model's fp16 chains at 7.5x their encode).
+  constexpr uint64_t kMaxChainProbe = 1u << 20;
   const uint64_t cap =
       std::max<uint64_t>(1024, std::min(kMaxChainProbe, m.codecSizes.empty() ? kMaxChainProbe
                                                                               : m.codecSizes.back()));
   std::vector<uint64_t> sizes;
-  for (const double target : {30.0, 120.0, 500.0, 2000.0, 8000.0}) {
+  for (const double target : {30.0, 120.0, 500.0, 2000.0}) {
     uint64_t n = 1024;
     while (n < cap && m.encodeCurve.us(double(n)) < target) n *= 2;
     n = std::min(n, cap);
@@ -693,8 +691,7 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   uint64_t held = 0;
   for (uint64_t n : sizes) {
     // About 40 ms of encodes per chain, 4 to 48 steps, 8 Mi elements at
-    // most but for the 4 steps of a 4 Mi-element chain (the chain's
-    // gradients are held at once: 64 MiB).
+    // most (the chain's gradients are held at once).
     const double enc = std::max(1.0, m.encodeCurve.us(double(n)));
     const double most = std::max(4.0, double(8u << 20) / double(n));
     const int steps = int(std::clamp(40000.0 / enc, 4.0, std::min(48.0, most)));

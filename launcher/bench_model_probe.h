@@ -180,9 +180,9 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
                   const std::vector<uint64_t>& also = {});
 
 // The workers' skew as chains of steps meet it (planner::SyncSkew's curve):
-// at the sizes that m.encodeCurve prices at about 0.03, 0.12, 0.5, 2 and 8
-// ms (4 Mi elements at most), a batch of 4 to 48 tensors (about 40 ms of
-// encodes), each run as `F: E(c) ag* D(c)` (chainOption) on an executor of
+// at the sizes that m.encodeCurve prices at about 0.03, 0.12, 0.5 and 2 ms
+// (1 Mi elements, or the codec probe's largest size, at most), a batch of 4
+// to 48 tensors (about 40 ms of encodes), each run as `F: E(c) ag* D(c)` (chainOption) on an executor of
 // its own over `w` and `groups` (`pipeline`: the replay's encode
 // pipeline), every worker at once after a barrier; an untimed pass and 5
 // timed ones. Into m.chainPoints the slowest worker's time per step

@@ -59,9 +59,9 @@ class Planner {
   // only, as compressAllGpu; CPU codec steps only, as compressAllCpu) and
   // path (flat, hierarchical), used by every tensor: up to four, the fastest
   // predicted first (among equal times GPU codecs, then the flat path, then
-  // the first option). MergeComp's
-  // alternatives in `cortado bench model`: its search times them instead of
-  // trusting the predictions' choice of path.
+  // the first option). MergeComp's alternatives in `cortado bench model`:
+  // its search times them instead of trusting the predictions' choice of
+  // path.
   std::vector<Strategy> compressAllByPath();
   // GPU pass from `start`; never worse than `start`.
   Strategy gpuPass(const Strategy& start);
