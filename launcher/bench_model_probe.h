@@ -182,12 +182,12 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
 // The workers' skew as chains of steps meet it (planner::SyncSkew's curve):
 // at the sizes that m.encodeCurve prices at about 0.03, 0.12, 0.5 and 2 ms
 // (1 Mi elements, or the codec probe's largest size, at most), a batch of 4
-// to 48 tensors (about 40 ms of encodes), each run as `F: E(c) ag* D(c)` (chainOption) on an executor of
-// its own over `w` and `groups` (`pipeline`: the replay's encode
-// pipeline), every worker at once after a barrier; an untimed pass and 5
-// timed ones. Into m.chainPoints the slowest worker's time per step
-// (median of the passes); a line in m.probes. Its tensors keep no keys on
-// the servers.
+// to 48 tensors (about 40 ms of encodes), each run as `F: E(c) ag* D(c)`
+// (chainOption) on an executor of its own over `w` and `groups`
+// (`pipeline`: the replay's encode pipeline), every worker at once after a
+// barrier; an untimed pass and 5 timed ones. Into m.chainPoints the slowest
+// worker's time per step (median of the passes); a line in m.probes. Its
+// tensors keep no keys on the servers.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m);
 
