@@ -640,6 +640,31 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
                                  spec, secondsSince(t0), pts));
 }
 
+std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
+                                     const std::vector<uint64_t>& codecSizes) {
+  // Up to 1 Mi elements, beyond which the curve holds its last wait. Chains
+  // of 4 Mi (encodes of about 8 ms) priced the DGC plans' large groups
+  // closer (the plans -2% to -16% against -13% to -26% in alternating runs),
+  // but EFSignSGD's chains ran 4-5x their encode beyond their price at every
+  // size, a wait of 22 ms at 4 Mi elements, and the full run of 2026-12-01
+  // (run AE) priced compress-everything with "gpu" codec steps +74% and +92%
+  // there. Nor beyond the codec probe's largest size (the model's largest
+  // tensor or group): the links' probes stop there too, and a chain's step
+  // priced by their extrapolation charged its error as skew (a small
+  // model's fp16 chains at 7.5x their encode).
+  constexpr uint64_t kMaxChainProbe = 1u << 20;
+  const uint64_t largest = codecSizes.empty() ? kMaxChainProbe : codecSizes.back();
+  const uint64_t cap = std::max<uint64_t>(1024, std::min(kMaxChainProbe, largest));
+  std::vector<uint64_t> sizes;
+  for (const double target : {30.0, 120.0, 500.0, 2000.0}) {
+    uint64_t n = 1024;
+    while (n < cap && encode.us(double(n)) < target) n *= 2;
+    n = std::min(n, cap);
+    if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
+  }
+  return sizes;
+}
+
 // Why a chain and not one encode after a barrier: in the replay the workers
 // meet at each collective late by what they were late at the previous one's
 // end plus their own encode's share of the shared cores, and nothing lines
@@ -653,27 +678,7 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
 // skew.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m) {
-  // Up to 1 Mi elements, beyond which the curve holds its last wait. Chains
-  // of 4 Mi (encodes of about 8 ms) priced the DGC plans' large groups
-  // closer (the plans -2% to -16% against -13% to -26% in alternating runs),
-  // but EFSignSGD's chains ran 4-5x their encode beyond their price at every
-  // size, a wait of 22 ms at 4 Mi elements, and the full run of 2026-12-01
-  // (run AE) priced compress-everything with "gpu" codec steps +74% and +92%
-  // there. Nor beyond the codec probe's largest size (the model's largest
-  // tensor or group): the links' probes stop there too, and a chain's step
-  // priced by their extrapolation charged its error as skew (a small
-  // model's fp16 chains at 7.5x their encode).
-  constexpr uint64_t kMaxChainProbe = 1u << 20;
-  const uint64_t cap =
-      std::max<uint64_t>(1024, std::min(kMaxChainProbe, m.codecSizes.empty() ? kMaxChainProbe
-                                                                              : m.codecSizes.back()));
-  std::vector<uint64_t> sizes;
-  for (const double target : {30.0, 120.0, 500.0, 2000.0}) {
-    uint64_t n = 1024;
-    while (n < cap && m.encodeCurve.us(double(n)) < target) n *= 2;
-    n = std::min(n, cap);
-    if (sizes.empty() || n > sizes.back()) sizes.push_back(n);
-  }
+  const std::vector<uint64_t> sizes = skewChainSizes(m.encodeCurve, m.codecSizes);
   const Deadline d = world.deadline();
   const auto t0 = Clock::now();
   executor::Executor px(w, &groups);

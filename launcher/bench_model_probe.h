@@ -179,6 +179,13 @@ std::vector<uint64_t> codecProbeSizes(uint64_t lo, uint64_t hi, const std::vecto
 void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t hi, Measured& m,
                   const std::vector<uint64_t>& also = {});
 
+// The skew chains' element counts: the sizes that `encode` prices at about
+// 0.03, 0.12, 0.5 and 2 ms (powers of 2 from 1024, the first at or above
+// each), at most 1 Mi elements and at most the codec probe's largest size
+// (codecSizes' last, at least 1024), each once.
+std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
+                                     const std::vector<uint64_t>& codecSizes);
+
 // The workers' skew as chains of steps meet it (planner::SyncSkew's curve):
 // at the sizes that m.encodeCurve prices at about 0.03, 0.12, 0.5 and 2 ms
 // (1 Mi elements, or the codec probe's largest size, at most), a batch of 4

@@ -47,6 +47,27 @@ TEST(CodecProbes, TheLargestTensorIsProbedAtItsOwnSize) {
   EXPECT_EQ(replay::codecProbeSizes(Mi, 4 * Mi, {emb}), (V{Mi, 4 * Mi}));
 }
 
+TEST(SkewChains, SizesByTheEncodeUpTo1MiAndTheCodecProbesLargest) {
+  constexpr uint64_t Mi = 1u << 20;
+  using V = std::vector<uint64_t>;
+  // 1 ns an element: 30 us at 30000 elements, so 32768; 120 us -> 131072;
+  // 500 us -> 524288; 2 ms -> 2 Mi, held to 1 Mi.
+  planner::MeasuredCurve ns;
+  ns.add(1024, 1.024);
+  ns.add(64 * Mi, 64 * Mi / 1000.0);
+  EXPECT_EQ(replay::skewChainSizes(ns, {64, 16 * Mi}), (V{32768, 131072, 524288, Mi}));
+  // A model whose largest probed size is 100000 elements: no chain beyond it.
+  EXPECT_EQ(replay::skewChainSizes(ns, {64, 100000}), (V{32768, 100000}));
+  // Smaller than the first chain's 1024 elements: one chain of 1024.
+  EXPECT_EQ(replay::skewChainSizes(ns, {64, 500}), (V{1024}));
+  // A slow codec (1 us an element): 1024 elements already take 1 ms, past
+  // the first three targets (one chain for them), and 2 ms takes 2048.
+  planner::MeasuredCurve us;
+  us.add(1024, 1024);
+  us.add(Mi, Mi);
+  EXPECT_EQ(replay::skewChainSizes(us, {}), (V{1024, 2048}));
+}
+
 TEST(CodecProbes, AnEncodeSpikeIsTakenAtItsLargerNeighbour) {
   // Measured in one run (DGC, us, sizes 64 .. 2359296): 65536 elements at
   // 2637 between 197 and 551.
