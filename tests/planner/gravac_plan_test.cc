@@ -115,7 +115,9 @@ TEST(GravacPlan, PlacementMovesWithTheCf) {
   EXPECT_GT(compressedTensors(at1000), 0) << plan::toJsonString(at1000);
   EXPECT_TRUE(at1000.tensors.at("t6").compressed());
   for (const auto& [name, o] : at1000.tensors)
-    if (o.compressed()) EXPECT_EQ(o.codec, "topk:ratio=0.001") << name;
+    if (o.compressed()) {
+      EXPECT_EQ(o.codec, "topk:ratio=0.001") << name;
+    }
 }
 
 // pushPullOnly (a job without MPI collectives): every option of the plan
@@ -132,9 +134,10 @@ TEST(GravacPlan, PushPullOnlyPlansHaveNoCollectivesAcrossMachines) {
       for (const plan::Step& s : o.steps) {
         if (s.kind != plan::StepKind::kComm) continue;
         EXPECT_NE(s.scope, plan::Scope::kFlat) << name << " at CF " << cf;
-        if (s.scope == plan::Scope::kInter)
+        if (s.scope == plan::Scope::kInter) {
           EXPECT_TRUE(s.op == plan::CommOp::kPush || s.op == plan::CommOp::kPull)
               << name << " at CF " << cf;
+        }
       }
     }
   }

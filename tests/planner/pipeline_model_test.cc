@@ -75,8 +75,9 @@ TEST(PipelineModel, HandComputedTimeline) {
   // The "gpu" codec steps run the CPU twin off the computation: with the
   // pipeline they take a core (Simulator::twinOnCpu), here one of 4.
   for (const TraceEvent& e : trace)
-    if (e.name.rfind("encode", 0) == 0 || e.name.rfind("decode", 0) == 0)
+    if (e.name.rfind("encode", 0) == 0 || e.name.rfind("decode", 0) == 0) {
       EXPECT_EQ(pipe.laneName(e.lane).rfind("CPU core", 0), 0u) << e.name;
+    }
   EXPECT_EQ(gathers, (std::vector<std::pair<double, double>>{{13, 17}, {18, 22}, {23, 27}}));
 
   // The planner's other paths place executions the same way: the estimate
