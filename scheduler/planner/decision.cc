@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include <map>
 #include <numeric>
@@ -188,45 +189,44 @@ Strategy Planner::noCompression() {
   return best;
 }
 
-Strategy Planner::compressAllGpu() {
+Strategy Planner::bestUniform(const std::function<bool(int)>& keep, bool count) {
   Strategy best{{}, Simulator::kInf};
   for (int o = 0; o < sim_.optionCount(); ++o) {
-    if (!compressed_[o] || !gpuOnly_[o]) continue;
+    if (!keep(o)) continue;
     std::vector<int> choice(sim_.tensors(), o);
-    double f = sim_.simulate(choice);
-    if (f < best.iterUs - kEps) best = Strategy{std::move(choice), f};
-  }
-  return best.choice.empty() ? noCompression() : best;
-}
-
-Strategy Planner::compressAllCpu() {
-  Strategy best{{}, Simulator::kInf};
-  for (int o = 0; o < sim_.optionCount(); ++o) {
-    if (!compressed_[o] || usesGpuCodec(sim_.options()[size_t(o)])) continue;
-    std::vector<int> choice(sim_.tensors(), o);
-    double f = sim_.simulate(choice);
-    ++stats_.evaluations;
+    const double f = sim_.simulate(choice);
+    if (count) ++stats_.evaluations;
     if (f < best.iterUs - kEps) best = Strategy{std::move(choice), f};
   }
   return best;
 }
 
+Strategy Planner::compressAllGpu() {
+  Strategy best = bestUniform([&](int o) { return compressed_[o] && gpuOnly_[o]; }, false);
+  return best.choice.empty() ? noCompression() : best;
+}
+
+Strategy Planner::compressAllCpu() {
+  return bestUniform(
+      [&](int o) { return compressed_[o] && !usesGpuCodec(sim_.options()[size_t(o)]); }, true);
+}
+
 std::vector<Strategy> Planner::compressAllByPath() {
-  // (CPU codec, hierarchical) -> the best of that kind.
-  std::map<std::pair<bool, bool>, Strategy> best;
-  for (int o = 0; o < sim_.optionCount(); ++o) {
-    const plan::TensorOption& opt = sim_.options()[size_t(o)];
-    if (!compressed_[o]) continue;
-    const bool gpu = gpuOnly_[o], cpu = !usesGpuCodec(opt);
-    if (gpu == cpu) continue;  // a codec step on each device (or none)
-    std::vector<int> choice(sim_.tensors(), o);
-    const double f = sim_.simulate(choice);
-    ++stats_.evaluations;
-    auto [it, fresh] = best.try_emplace({cpu, opt.hierarchical}, Strategy{choice, f});
-    if (!fresh && f < it->second.iterUs - kEps) it->second = Strategy{std::move(choice), f};
-  }
   std::vector<Strategy> out;
-  for (auto& [kind, s] : best) out.push_back(std::move(s));
+  for (const bool cpu : {false, true})
+    for (const bool hierarchical : {false, true}) {
+      Strategy best = bestUniform(
+          [&](int o) {
+            const plan::TensorOption& opt = sim_.options()[size_t(o)];
+            // Codec steps on the GPU only or on the CPU only (not on both),
+            // on the path of this kind.
+            const bool onGpu = gpuOnly_[o], onCpu = !usesGpuCodec(opt);
+            return compressed_[o] && opt.hierarchical == hierarchical && onGpu != onCpu &&
+                   onCpu == cpu;
+          },
+          true);
+      if (!best.choice.empty()) out.push_back(std::move(best));
+    }
   std::stable_sort(out.begin(), out.end(),
                    [](const Strategy& a, const Strategy& b) { return a.iterUs < b.iterUs; });
   return out;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +111,10 @@ class Planner {
     int gpuOption;
     int cpuOption;
   };
+  // The best of the options `keep` accepts, used by every tensor (the first
+  // among times within kEps); an empty choice (iterUs kInf) when it accepts
+  // none. `count`: each simulation counts in stats_.evaluations.
+  Strategy bestUniform(const std::function<bool(int)>& keep, bool count);
   std::vector<Group> offloadGroups(const Strategy& s) const;
   std::vector<std::pair<int, int>> overridesFor(const std::vector<Group>& groups,
                                                 const std::vector<int>& counts) const;

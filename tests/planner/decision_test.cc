@@ -485,7 +485,9 @@ TEST(Planner, CompressAllByPathIsTheBestOfEachDeviceAndPath) {
       EXPECT_TRUE(kinds.insert(kind).second) << spec << ": " << opt.describe() << " twice a kind";
       EXPECT_NEAR(got[k].iterUs, best.at(kind), 1e-6) << spec << ": " << opt.describe();
       EXPECT_NEAR(sim.simulate(got[k].choice), got[k].iterUs, 1e-6) << spec;
-      if (k > 0) EXPECT_LE(got[k - 1].iterUs, got[k].iterUs) << spec << ": fastest first";
+      if (k > 0) {
+        EXPECT_LE(got[k - 1].iterUs, got[k].iterUs) << spec << ": fastest first";
+      }
     }
     // The fastest of them is compress-everything's best, GPU or CPU.
     EXPECT_NEAR(got.front().iterUs,
