@@ -629,9 +629,10 @@ class Executor {
   size_t searchAlt_ = 0;  // the alternative search_ runs on (or being screened)
   // Screening (more alternatives than FusionSearchOptions::searched): each
   // alternative's search, timed at its first candidate, until it is searched
-  // on (moved into search_) or left out.
-  bool screening_ = false;
+  // on (moved into search_) or left out. Under way while the queue of those
+  // to search on is not yet chosen.
   std::vector<std::unique_ptr<FusionSearch>> screened_;
+  bool screening() const { return !screened_.empty() && searchQueue_.empty(); }
   std::vector<size_t> searchQueue_;  // the alternatives searched on, in turn
   size_t searchPos_ = 0;             // searchAlt_'s place in searchQueue_
   // Each ended alternative's best cuts, their time and its summary.

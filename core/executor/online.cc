@@ -215,7 +215,6 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
   searchOptions_ = o;
   searchAlternatives_ = std::move(alternatives);
   searchAlt_ = 0;
-  screening_ = false;
   screened_.clear();
   searchQueue_.clear();
   searchPos_ = 0;
@@ -317,7 +316,7 @@ void Executor::stepFusionSearch(Deadline deadline) {
   const double last = std::chrono::duration<double>(now - lastBegin_).count();
   lastBegin_ = now;
   const FusionSearchOptions& o = *searchOptions_;
-  if (!search_ && !screening_) {
+  if (!search_ && !screening()) {
     // Warm-up; then one iteration whose batches give the order.
     const uint64_t orderAt = searchFrom_ + std::max<uint64_t>(o.warmup, 1);
     if (iteration_ == orderAt) {
@@ -335,7 +334,6 @@ void Executor::stepFusionSearch(Deadline deadline) {
     searchPos_ = 0;
     if (o.searched > 0 && alts > o.searched) {
       // Screening: every alternative's first candidate, one window each.
-      screening_ = true;
       for (size_t a = 0; a < alts; ++a) screened_.push_back(makeSearch(a));
       scheduleFor(0, *screened_[0]->next());
       return;
@@ -367,7 +365,7 @@ void Executor::stepFusionSearch(Deadline deadline) {
     keepCandidate(keptAlt, keptCuts);
     return;
   }
-  if (screening_) {
+  if (screening()) {
     screened_[searchAlt_]->measured(time);
     if (searchAlt_ + 1 < screened_.size()) {
       ++searchAlt_;
@@ -376,11 +374,11 @@ void Executor::stepFusionSearch(Deadline deadline) {
     }
     // The `searched` fastest (the first among equal times), searched on in
     // the alternatives' order.
-    screening_ = false;
     std::vector<size_t> order(screened_.size());
     for (size_t a = 0; a < order.size(); ++a) order[a] = a;
     auto first = [&](size_t a) { return screened_[a]->history().front().second; };
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first(a) < first(b); });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return first(a) < first(b); });
     order.resize(size_t(o.searched));
     std::sort(order.begin(), order.end());
     searchQueue_ = std::move(order);
@@ -456,7 +454,7 @@ std::string Executor::fusionSearchSummary() const {
     out += fmt::format(" (each tensor on its own timed first, the {} fastest searched)",
                        searchOptions_->searched);
   // Left out after screening: its search object stays in screened_.
-  const bool screenedAll = !screening_ && !screened_.empty();
+  const bool screenedAll = !screened_.empty() && !searchQueue_.empty();
   for (size_t a = 0; a < searchAlternatives_.size(); ++a) {
     const bool leftOut = screenedAll && a < screened_.size() && screened_[a] &&
                          std::find(searchQueue_.begin(), searchQueue_.end(), a) == searchQueue_.end();
