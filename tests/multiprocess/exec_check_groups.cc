@@ -342,6 +342,19 @@ void Check::runSearch() {
       }
     return true;
   };
+  // Every rank ends on the same cuts and the same plan: `what` names the
+  // search in the failure, with the first rank that differs.
+  auto sameOnEveryRank = [&](const char* what, const executor::FusionSearch::Cuts& cuts) {
+    const std::string mine = fmt::format("{}", fmt::join(cuts, ","));
+    const uint64_t h[2] = {std::hash<std::string>{}(mine),
+                           std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
+    std::vector<uint64_t> all(2 * size_t(W));
+    groups.world->allgather(h, 2, all.data(), DType::kInt64, opDeadline());
+    for (int w = 0; w < W; ++w)
+      if (all[2 * size_t(w)] != h[0] || all[2 * size_t(w) + 1] != h[1])
+        fail(fmt::format("{}: rank {} ended on other cuts or another plan than rank {} ({})", what,
+                         w, me, mine));
+  };
   int iter = 0;
   for (; iter < 400; ++iter) {
     ex.beginIteration(uint64_t(iter), opDeadline());
@@ -360,15 +373,8 @@ void Check::runSearch() {
   const executor::FusionSearch::Cuts best = result->second;
   if (ex.fusionSearchSummary().find("final round over 2") == std::string::npos)
     fail("search: the summary gives no final round over the search's 2 fastest candidates");
+  sameOnEveryRank("search", best);
   const std::string mine = fmt::format("{}", fmt::join(best, ","));
-  const uint64_t h[2] = {std::hash<std::string>{}(mine),
-                         std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
-  std::vector<uint64_t> all(2 * size_t(W));
-  groups.world->allgather(h, 2, all.data(), DType::kInt64, opDeadline());
-  for (int w = 0; w < W; ++w)
-    if (all[2 * size_t(w)] != h[0] || all[2 * size_t(w) + 1] != h[1])
-      fail(fmt::format("search: rank {} ended on other cuts or another plan than rank {} ({})", w,
-                       me, mine));
   if (s->history().size() < 3)
     fail(fmt::format("search: only {} candidates timed", s->history().size()));
   for (uint64_t c = 3; c < names.size(); c += 4) {  // the default tensors stay apart
@@ -423,16 +429,7 @@ void Check::runSearch() {
     if (!(ex.currentPlan().tensors.at(names[k]) == a.tensors.at(names[k])))
       fail(fmt::format("search with alternatives: tensor {} does not run alternative 1's option",
                        names[k]));
-  const std::string kmine = fmt::format("{}", fmt::join(kept->second, ","));
-  const uint64_t kh[2] = {std::hash<std::string>{}(kmine),
-                          std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
-  groups.world->allgather(kh, 2, all.data(), DType::kInt64, opDeadline());
-  for (int w = 0; w < W; ++w)
-    if (all[2 * size_t(w)] != kh[0] || all[2 * size_t(w) + 1] != kh[1])
-      fail(
-          fmt::format("search with alternatives: rank {} ended on other cuts or another plan "
-                      "than rank {} ({})",
-                      w, me, kmine));
+  sameOnEveryRank("search with alternatives", kept->second);
   if (ex.fusionSearchSummary().find("; 2 (") == std::string::npos ||
       ex.fusionSearchSummary().find("kept 1") == std::string::npos)
     fail("search with alternatives: the summary does not give both alternatives and the kept one");
@@ -491,14 +488,7 @@ void Check::runSearch() {
   if (times3.rfind("1: ", 0) != 0 || times3.find("; 2: ") == std::string::npos ||
       times3.find("; 3: ") == std::string::npos)
     fail("screened search: the times do not give each alternative's (" + times3 + ")");
-  const std::string k3 = fmt::format("{}", fmt::join(kept3->second, ","));
-  const uint64_t h3[2] = {std::hash<std::string>{}(k3),
-                          std::hash<std::string>{}(plan::toJsonString(ex.currentPlan(), -1))};
-  groups.world->allgather(h3, 2, all.data(), DType::kInt64, opDeadline());
-  for (int w = 0; w < W; ++w)
-    if (all[2 * size_t(w)] != h3[0] || all[2 * size_t(w) + 1] != h3[1])
-      fail(fmt::format("screened search: rank {} ended on other cuts or another plan than rank {} ({})",
-                       w, me, k3));
+  sameOnEveryRank("screened search", kept3->second);
   if (me == 0)
     std::printf("screened search: %s after %d iterations; %s\n",
                 failures ? "FAILED" : "alternative 3 kept on every rank", iter - from3, sum3.c_str());
