@@ -146,11 +146,21 @@ def test_executor_under_mpirun_runs_collective_plans(run_job):
     # push/pull between the machines and fp16 allgathers, exact against a
     # plain sum while each worker's thread cuts its batches differently;
     # DistributedOptimizer with such a plan against one process; tensors
-    # submitted in different orders refused naming both.
+    # submitted in different orders refused naming both; MergeComp's search
+    # over the codec's devices ending the same on every worker.
     job = run_job(4, 2, "executor_mpi_check.py", timeout=300, launch_args=("--mpi",),
                   env={"CORTADO_FAKE_HOST_SIZE": "2"})
     results = assert_all_ok(job, 4)
+    _same_search_everywhere(results)
     print({rank: r["report"] for rank, r in results.items()})
+
+
+def _same_search_everywhere(results):
+    """executor_mpi_check.py's fusion search over the codec's devices: the
+    same alternative, groups and parameters on every worker."""
+    searches = [r["report"]["search"] for r in results.values()]
+    for key in ("alternative", "cuts", "groups", "steps", "checksum"):
+        assert len({json.dumps(s[key]) for s in searches}) == 1, (key, searches)
 
 
 @pytest.mark.skipif(not cortado._C.built_with_mpi, reason="this build has no MPI")
@@ -168,6 +178,7 @@ def test_executor_on_cuda_tensors_under_mpirun(run_job):
                   launch_args=("--mpi",),
                   env={"CORTADO_FAKE_HOST_SIZE": "2", "CORTADO_DEVICE": "cuda"})
     results = assert_all_ok(job, 4)
+    _same_search_everywhere(results)
     print({rank: r["report"] for rank, r in results.items()})
 
 
@@ -218,6 +229,25 @@ def test_fusion_search_ends_with_the_same_groups_on_every_worker(run_job):
         assert len({json.dumps(r[key]) for r in reports.values()}) == 1, (key, reports)
     assert reports[0]["timed"] >= 3, reports[0]
     print(reports[0]["summary"])
+
+
+def test_fusion_search_over_codec_devices(run_job):
+    # codec_devices: one alternative per device where the codec runs (on host
+    # memory "gpu" runs the CPU codec too), screened with searched=1: each
+    # one's every-gradient-on-its-own grouping is timed, the faster searched
+    # on, the other left out. Every worker keeps the same alternative and
+    # groups, and the plan in force encodes on the kept one's device.
+    job = run_job(3, 1, "executor_check.py", "--mode", "search-devices", timeout=240)
+    results = assert_all_ok(job, 3)
+    reports = {rank: r["report"] for rank, r in results.items()}
+    for key in ("cuts", "groups", "alternative", "devices", "checksum", "summary"):
+        assert len({json.dumps(r[key]) for r in reports.values()}) == 1, (key, reports)
+    summary = reports[0]["summary"]
+    assert summary.startswith("fusion search over 2 option sets (each tensor on its own timed "
+                              "first, the 1 fastest searched): 1 (H: "), summary
+    assert summary.count("left out, each tensor on its own") == 1, summary
+    assert f"; kept {reports[0]['alternative'] + 1} (" in summary, summary
+    print(summary)
 
 
 def test_shutdown_with_runs_still_submitted(run_job):

@@ -748,9 +748,12 @@ class PyExecutor {
     return {e.gravacPlanRatio(), e.gravacReplans()};
   }
 
-  // MergeComp's fusion search (Executor::setFusionSearch).
+  // MergeComp's fusion search (Executor::setFusionSearch), over the
+  // current plan's options or over `alternatives` (plan JSON texts, each
+  // searched in turn; more than `searched` of them are screened first).
   void enableFusionSearch(uint64_t warmup, uint64_t window, uint64_t settle, uint64_t step,
-                          double minGain, int maxGroups, uint64_t finalists) {
+                          double minGain, int maxGroups, uint64_t finalists, uint64_t searched,
+                          const std::vector<std::string>& alternatives) {
     executor::FusionSearchOptions o;
     o.warmup = warmup;
     o.window = window;
@@ -759,9 +762,19 @@ class PyExecutor {
     o.minGain = minGain;
     o.maxGroups = maxGroups;
     o.finalists = finalists;
+    o.searched = searched;
+    std::vector<plan::Plan> plans;
+    for (size_t a = 0; a < alternatives.size(); ++a) {
+      try {
+        plans.push_back(plan::planFromJsonString(alternatives[a]));
+      } catch (const Error& err) {
+        throw Error(err.code(), fmt::format("fusion search, alternative {} of {}: {}", a + 1,
+                                            alternatives.size(), err.what()));
+      }
+    }
     auto& e = ex();
     std::lock_guard<std::mutex> lk(exMu_);
-    e.setFusionSearch(o);
+    e.setFusionSearch(o, std::move(plans));
   }
   // None while the search has not started (or is off), else its summary.
   std::optional<py::dict> fusionSearch() {
@@ -775,6 +788,7 @@ class PyExecutor {
     d["timed"] = s->history().size();
     if (const auto kept = e.fusionSearchResult()) {
       d["cuts"] = std::vector<uint64_t>(kept->second.begin(), kept->second.end());
+      d["alternative"] = kept->first;  // index into the alternatives (0 without)
     } else if (!s->history().empty()) {
       const auto best = s->best();
       d["cuts"] = std::vector<uint64_t>(best.begin(), best.end());
@@ -1286,13 +1300,19 @@ PYBIND11_MODULE(_C, m) {
       .def("enable_fusion_search", &PyExecutor::enableFusionSearch, py::arg("warmup") = 3,
            py::arg("window") = 5, py::arg("settle") = 1, py::arg("step") = 1,
            py::arg("min_gain") = 0.02, py::arg("max_groups") = 0, py::arg("finalists") = 2,
+           py::arg("searched") = 2, py::arg("alternatives") = std::vector<std::string>{},
            "MergeComp's search for the plan's groups by timing real iterations "
            "(Executor::setFusionSearch: the number of byte-balanced groups doubles while "
            "that gains min_gain, then a binary search between; max_groups 0: a quarter of "
            "the tensors; the finalists fastest timed again in two mirrored passes at the end, "
-           "0: none); needs begin_iteration() every iteration")
+           "0: none); needs begin_iteration() every iteration. alternatives: plan JSON texts "
+           "whose options are searched in turn instead of the current plan's (their groups "
+           "ignored), the fastest pair of options and groups kept; with more than `searched`, "
+           "each one's every-tensor-on-its-own grouping is timed first and only the "
+           "`searched` fastest are searched on")
       .def_property_readonly("fusion_search", &PyExecutor::fusionSearch,
-                             "None, or the fusion search's state: done, summary, timed, cuts")
+                             "None, or the fusion search's state: done, summary, timed, cuts "
+                             "and, once done, alternative (the index of the one kept)")
       .def_property_readonly("group_runs", &PyExecutor::groupRuns,
                              "executions of the plan's fused groups so far (each: one encode, "
                              "one server key, one decode for all its tensors)")

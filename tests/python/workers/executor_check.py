@@ -176,17 +176,22 @@ def held_groups(rank, world):
     return ex.group_runs
 
 
-def search(rank, world):
+def search(rank, world, devices=None):
     """MergeComp's search (fusion_search) from Python: the workers time real
     steps (rank 1 slower by 30 ms a step), agree on each candidate's time, and
-    end with the same groups; their parameters stay identical throughout."""
+    end with the same groups; their parameters stay identical throughout.
+    With `devices` (codec_devices), one alternative per device, screened
+    (searched 1: each one's every-gradient-on-its-own grouping timed, the
+    faster searched on)."""
     import time
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    settings = {"warmup": 1, "window": 2, "settle": 0, "step": 1}
+    if devices:
+        settings.update(codec_devices=devices, searched=1)
     opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   name_prefix="grad.search", executor=True, compression="fp16",
-                                  fusion_search={"warmup": 1, "window": 2, "settle": 0,
-                                                 "step": 1})
+                                  fusion_search=settings)
     ct.broadcast_parameters(model.state_dict(), root_rank=0, prefix="grad.search.init")
     loss_fn = torch.nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(7 + rank)
@@ -207,7 +212,13 @@ def search(rank, world):
     assert state is not None and state["done"], (steps, state)
     plan = json.loads(opt.executor.plan_json)
     checksum = float(sum(p.double().sum() for p in model.parameters()))
+    # The plan in force is the kept alternative's: its codec on that device.
+    used = sorted({s["device"] for o in plan["tensors"].values() for s in o["steps"]
+                   if s["op"] in ("encode", "decode")})
+    if devices:
+        assert used == [devices[state["alternative"]]], (used, state)
     return {"steps": steps, "cuts": state["cuts"], "timed": state["timed"],
+            "alternative": state["alternative"], "devices": used,
             "groups": plan.get("groups", []), "summary": state["summary"], "checksum": checksum}
 
 
@@ -238,7 +249,7 @@ def expect_error(label, needle, fn):
 def main():
     args = parse_args(lambda p: p.add_argument("--mode",
                                                choices=["plans", "online", "file", "shutdown",
-                                                        "search"],
+                                                        "search", "search-devices"],
                                                required=True))
     torch.set_num_threads(1)
     ct.init()
@@ -267,8 +278,8 @@ def main():
         write_result(args.out, rank, ok=True, report=report)
         print(f"worker {rank}: {report}", flush=True)
         return 0
-    if args.mode == "search":
-        report = search(rank, world)
+    if args.mode in ("search", "search-devices"):
+        report = search(rank, world, ["gpu", "cpu"] if args.mode == "search-devices" else None)
         write_result(args.out, rank, ok=True, report=report)
         ct.shutdown()
         print(f"worker {rank}: {report}", flush=True)
@@ -316,6 +327,26 @@ def main():
                          lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
                                                          name_prefix="grad.bad2", executor=True,
                                                          fusion_bytes="big")),
+            expect_error("codec_devices without a codec", "needs compression naming a codec",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         name_prefix="grad.bad3", executor=True,
+                                                         fusion_search={"codec_devices": ["gpu"]})),
+            expect_error("codec_devices not a list of devices", "distinct values from ['gpu', 'cpu']",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         name_prefix="grad.bad4", executor=True,
+                                                         compression="fp16",
+                                                         fusion_search={"codec_devices": "gpu"})),
+            expect_error("codec_devices twice the same", "got ['cpu', 'cpu']",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         name_prefix="grad.bad5", executor=True,
+                                                         compression="fp16",
+                                                         fusion_search={"codec_devices":
+                                                                        ["cpu", "cpu"]})),
+            expect_error("an unknown fusion_search setting", "fusion_search has no setting 'alternatives'",
+                         lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
+                                                         name_prefix="grad.bad6", executor=True,
+                                                         compression="fp16",
+                                                         fusion_search={"alternatives": []})),
             expect_error("plan without executor", "executor=True",
                          lambda: ct.DistributedOptimizer(opt, model.named_parameters(),
                                                          plan={"tensors": {}})),

@@ -15,7 +15,9 @@ Covered:
 - DistributedOptimizer(executor=True) with such a plan trains as one process
   does on the whole batch (optimizer_check's reference);
 - tensors submitted in different orders on different workers fail with an
-  error that names both, instead of summing one into the other.
+  error that names both, instead of summing one into the other;
+- MergeComp's search with the codec on each device as an alternative
+  ("gpu", "cpu"), screened: every worker keeps the same one and groups.
 
 With --device cuda (and CORTADO_DEVICE=cuda for the job; a GPU machine) the
 same runs on CUDA tensors: the executor's CUDA device, NCCL inside and
@@ -134,6 +136,50 @@ def optimizer(rank, world):
     return max_diff(reference(world, 1), model.cpu())
 
 
+def search_devices(rank, world):
+    """MergeComp's search (fusion_search) with the codec on each device as
+    an alternative: on CUDA gradients by default ("gpu": the CUDA codec,
+    "cpu": the CPU codec on a host copy), on host memory as codec_devices
+    asks. searched=1: each one's every-gradient-on-its-own grouping is timed
+    and the faster searched on. Every worker ends on the same alternative
+    and groups, the plan in force encodes on the kept device, and the
+    parameters stay the same on every worker (checked by the test)."""
+    model = make_model().to(DEV)
+    settings = {"warmup": 1, "window": 2, "settle": 0, "step": 1, "searched": 1}
+    if DEV.type == "cpu":
+        settings["codec_devices"] = ["gpu", "cpu"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  name_prefix="grad.mpisearch", executor=True,
+                                  compression="fp16", fusion_search=settings)
+    ct.broadcast_parameters(model.state_dict(), root_rank=0, prefix="grad.mpisearch.init")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(11 + rank)
+    steps = 0
+    while steps < 300:
+        state = opt.executor.fusion_search
+        if state is not None and state["done"]:
+            break
+        opt.zero_grad()
+        x = torch.randn(PER_WORKER, 1, 8, 8, generator=g).to(DEV)
+        y = torch.randint(0, 10, (PER_WORKER,), generator=g).to(DEV)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        steps += 1
+    state = opt.executor.fusion_search
+    assert state is not None and state["done"], (steps, state)
+    summary = state["summary"]
+    assert summary.startswith("fusion search over 2 option sets") and \
+        summary.count("left out, each tensor on its own") == 1, summary
+    plan = json.loads(opt.executor.plan_json)
+    used = sorted({s["device"] for o in plan["tensors"].values() for s in o["steps"]
+                   if s["op"] in ("encode", "decode")})
+    assert used == [["gpu", "cpu"][state["alternative"]]], (used, state)
+    return {"alternative": state["alternative"], "cuts": state["cuts"],
+            "groups": plan.get("groups", []), "steps": steps,
+            "checksum": float(sum(p.double().sum() for p in model.cpu().parameters()))}
+
+
 def mismatch(ex, rank):
     """Two tensors of one size and option submitted in different orders on
     the two machines: the first collective stops with an error naming both,
@@ -166,6 +212,7 @@ def main():
         ex, out["raw_checked"] = raw_runs(rank, world)
         out["optimizer_max_diff"] = optimizer(rank, world)
         assert out["optimizer_max_diff"] <= 1e-5, out
+        out["search"] = search_devices(rank, world)
         if DEV.type == "cpu":  # the MPI groups' call labels; NCCL's are not checked so
             out["mismatch"] = mismatch(ex, rank)
         ok = True

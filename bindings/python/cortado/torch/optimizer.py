@@ -46,18 +46,31 @@ def _check_fusion_bytes(fusion_bytes):
                              f"(0: no groups), got {fusion_bytes!r}")
     return fusion_bytes
 
-def push_pull_option(codec=None):
+CODEC_DEVICES = ("gpu", "cpu")
+# What DistributedOptimizer's fusion_search dict may hold (executor.md,
+# "Fusion search"; codec_devices: the devices whose codec is tried).
+FUSION_SEARCH_SETTINGS = ("warmup", "window", "settle", "step", "min_gain", "max_groups",
+                          "finalists", "searched", "codec_devices")
+
+
+def push_pull_option(codec=None, device="cpu"):
     """BytePS's path as a plan option (JSON dict): push/pull through the
-    servers, with the gradient encoded on this worker's CPU and the servers'
-    answer decoded there when `codec` (a codec spec) is given. The intra
-    steps do nothing for a worker that is its machine's only one (Python
-    workers have no MPI groups)."""
+    servers, with the gradient encoded on this worker and the servers'
+    answer decoded there when `codec` (a codec spec) is given, by `device`:
+    "cpu" (the CPU codec, on a host copy of a CUDA gradient) or "gpu" (the
+    codec on the device that holds the gradient, its payload copied; on
+    host memory the CPU codec). The intra steps do nothing for a worker
+    that is its machine's only one (Python workers have no MPI groups)."""
+    if device not in CODEC_DEVICES:
+        raise _runtime.error("invalid_argument",
+                             f"push_pull_option: device must be one of {CODEC_DEVICES}, "
+                             f"got {device!r}")
     steps = [{"op": "reduce_scatter", "scope": "intra", "compressed": False}]
     if codec:
-        steps += [{"op": "encode", "device": "cpu"},
+        steps += [{"op": "encode", "device": device},
                   {"op": "push", "scope": "inter", "compressed": True},
                   {"op": "pull", "scope": "inter", "compressed": True},
-                  {"op": "decode", "device": "cpu"}]
+                  {"op": "decode", "device": device}]
     else:
         steps += [{"op": "push", "scope": "inter", "compressed": False},
                   {"op": "pull", "scope": "inter", "compressed": False}]
@@ -68,13 +81,14 @@ def push_pull_option(codec=None):
     return option
 
 
-def fused_plan(tensors, codec=None, fusion_bytes=DEFAULT_FUSION_BYTES, groups=None):
+def fused_plan(tensors, codec=None, fusion_bytes=DEFAULT_FUSION_BYTES, groups=None,
+               device="cpu"):
     """A plan (dict) for `tensors`, (name, bytes) in gradient-ready order:
-    every tensor on push_pull_option(codec), cut into groups of consecutive
-    tensors, each closed once it holds `fusion_bytes` or more (0: no
-    groups), or into `groups` (lists of names) when given. A group of one is
-    no group."""
-    option = push_pull_option(codec)
+    every tensor on push_pull_option(codec, device), cut into groups of
+    consecutive tensors, each closed once it holds `fusion_bytes` or more
+    (0: no groups), or into `groups` (lists of names) when given. A group of
+    one is no group."""
+    option = push_pull_option(codec, device)
     if groups is None:
         groups, cur, size = [], [], 0
         for name, nbytes in tensors:
@@ -290,7 +304,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # The plan's compressed steps carry GraVAC's messages as top-k at
             # its CF (the executor sets the ratio); fusion search and online
             # re-planning would change the plan under it.
-            if fusion_search:
+            if fusion_search is True or isinstance(fusion_search, dict):
                 raise _runtime.error("invalid_argument",
                                      "DistributedOptimizer: compression gravac re-plans when its "
                                      "ratio moves; it takes no fusion_search")
@@ -337,13 +351,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise _runtime.error("invalid_argument",
                                  f"DistributedOptimizer: fusion_search must be True, False or a "
                                  f"dict of its settings (warmup, window, settle, step, min_gain, "
-                                 f"max_groups, finalists), got {fusion_search!r}")
+                                 f"max_groups, finalists, searched, codec_devices), got "
+                                 f"{fusion_search!r}")
+        # A dict of settings turns the search on, an empty one with defaults.
+        search_on = fusion_search is True or isinstance(fusion_search, dict)
+        search_settings = dict(fusion_search) if isinstance(fusion_search, dict) else {}
+        unknown = sorted(set(search_settings) - set(FUSION_SEARCH_SETTINGS))
+        if unknown:
+            raise _runtime.error("invalid_argument",
+                                 f"DistributedOptimizer: fusion_search has no setting "
+                                 f"{', '.join(map(repr, unknown))}; it takes "
+                                 f"{', '.join(FUSION_SEARCH_SETTINGS)}")
+        # The search's alternatives: the codec on each of codec_devices (by
+        # default "gpu" and "cpu" for CUDA gradients, where the two differ),
+        # each searched over the groups, the fastest kept.
+        devices = search_settings.pop("codec_devices", None)
+        if devices is not None and not (own_plan and codec):
+            raise _runtime.error("invalid_argument",
+                                 "DistributedOptimizer: fusion_search codec_devices chooses where "
+                                 "the codec runs; it needs compression naming a codec and no plan")
+        if devices is None and search_on and own_plan and codec and cuda:
+            devices = list(CODEC_DEVICES)
+        if devices is not None:
+            if isinstance(devices, str) or not isinstance(devices, (list, tuple)) or not devices \
+                    or any(d not in CODEC_DEVICES for d in devices) or len(set(devices)) < len(devices):
+                raise _runtime.error("invalid_argument",
+                                     f"DistributedOptimizer: fusion_search codec_devices must be "
+                                     f"a list of distinct values from {list(CODEC_DEVICES)}, got "
+                                     f"{devices!r}")
         if own_plan:
             explicit = None if not self._groups else \
                 [[self._names[q] for q in members] for members in self._groups]
-            plan = fused_plan([(self._names[p], p.numel() * p.element_size())
-                               for _, p in reversed(self._ordered)], codec, fusion_bytes,
-                              explicit)
+            tensors = [(self._names[p], p.numel() * p.element_size())
+                       for _, p in reversed(self._ordered)]
+            plan = fused_plan(tensors, codec, fusion_bytes, explicit,
+                              device=devices[0] if devices else "cpu")
+            if search_on and devices:
+                search_settings["alternatives"] = [
+                    json.dumps(fused_plan(tensors, codec, fusion_bytes, explicit, device=d))
+                    for d in devices]
         elif self._groups:
             raise _runtime.error("invalid_argument",
                                  "DistributedOptimizer: groups= with a plan (plan= or "
@@ -374,9 +420,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if rt.rank == 0:
                 logging.getLogger("cortado.gravac").info(
                     "GraVAC in the plan executor: re-plans by %s", ex.gravac_replanner)
-        if fusion_search:
+        if search_on:
             try:
-                ex.enable_fusion_search(**(fusion_search if isinstance(fusion_search, dict) else {}))
+                ex.enable_fusion_search(**search_settings)
             except TypeError as e:
                 raise _runtime.error("invalid_argument",
                                      f"DistributedOptimizer: fusion_search settings: {e}") from None
@@ -1003,7 +1049,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       `optimizer.executor.fusion_search` tells where it stands); on by
       default where `compression` names a codec and no plan is given
       (and CORTADO_PROFILE_WINDOW is not set); True, False, or a dict of its
-      settings (warmup, window, settle, step, min_gain, max_groups, finalists). With CORTADO_PROFILE_WINDOW set
+      settings (warmup, window, settle, step, min_gain, max_groups,
+      finalists, searched, codec_devices: where the codec runs, each of
+      "gpu" and "cpu" searched in turn and the fastest kept; by default
+      both for CUDA gradients, "cpu" on host memory). With CORTADO_PROFILE_WINDOW set
       for the job, the workers profile each window and switch to the
       scheduler's plans at the same iteration (online re-planning); each
       step() begins the next iteration. Python workers have no MPI groups, so
