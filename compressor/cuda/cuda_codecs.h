@@ -56,6 +56,9 @@ class CudaErrorFeedback {
   // Device pointer to the key's momentum u; nullptr when none (or m = 0).
   const void* velocity(uint64_t key) const;
   void reset(uint64_t key);
+  // Bytes of device memory held as the bf16 states' fp32 scratch, every
+  // device and stream of the process together (0 with fp32 state).
+  static uint64_t scratchBytes();
 
  private:
   struct State {

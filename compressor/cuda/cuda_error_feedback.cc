@@ -60,6 +60,17 @@ void grow(float*& buf, size_t& cap, size_t n, cudaStream_t s) {
 
 }  // namespace
 
+uint64_t CudaErrorFeedback::scratchBytes() {
+  ScratchPool& p = scratchPool();
+  std::lock_guard<std::mutex> lk(p.mu);
+  uint64_t bytes = 0;
+  for (const auto& [where, s] : p.byStream) {
+    std::lock_guard<std::mutex> sl(s->mu);
+    bytes += (s->capE ? s->capE * sizeof(float) + 4 : 0) + (s->capU ? s->capU * sizeof(float) + 4 : 0);
+  }
+  return bytes;
+}
+
 CudaErrorFeedback::CudaErrorFeedback(CodecPtr codec, float momentum, StateDType state)
     : codec_(std::move(codec)),
       momentum_(momentum < 0 ? (codec_ ? codec_->momentumCorrection() : 0.0f) : momentum),

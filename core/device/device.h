@@ -160,6 +160,11 @@ class Device {
   // device's memory, in fp32 or bf16 (compressor/error_feedback.h).
   virtual std::unique_ptr<ErrorFeedback> errorFeedback(compressor::CodecPtr codec,
                                                        compressor::StateDType state) = 0;
+  // Bytes of this device's memory that its error feedback keeps as scratch
+  // for bf16 states (the fp32 working copies, kept for the next encode),
+  // every ErrorFeedback of the process together: 0 on the host device,
+  // whose scratch is host memory (compressor::ErrorFeedback::scratchBytes).
+  virtual uint64_t errorFeedbackScratchBytes() const { return 0; }
   // sum[i] += decoded payload[i] (payload and sum in device memory), ordered
   // on `s` like encode(); validates first (kProtocol, sum untouched).
   // `pool`: helpers for the host device's CPU codec (EncodeContext::pool;

@@ -325,7 +325,7 @@ class Executor {
   // model`; docs/executor.md, "Memory"): the error feedback of the current
   // plan's encode points (residuals, and DGC's velocities: 1x, or 2x, the
   // elements encoded, inherent to error feedback; half that with bf16 state,
-  // plus its fp32 scratch on the host), the residuals of encode
+  // plus its fp32 scratch, on the host and on a CUDA device), the residuals of encode
   // points that a plan switch retired and that no run has folded into an
   // input yet (host memory, released once folded), and every buffer besides
   // (the states' staging, payload and pinned buffers, the groups'

@@ -519,9 +519,10 @@ Executor::Memory Executor::memory() const {
   for (const auto& g : groupStates_) add(*g);
   if (fused_) add(*fused_);
   m.buffers += padded_.capacity() + block_.capacity() + fusionBuffer_.capacity();
-  // A bf16 state's fp32 scratch (host memory, shared by the process's error
-  // feedback; 0 with fp32 state).
-  m.residuals += compressor::ErrorFeedback::scratchBytes();
+  // A bf16 state's fp32 scratch (shared by the process's error feedback; 0
+  // with fp32 state): in host memory for the CPU's encodes, in the device's
+  // for its own (CUDA).
+  m.residuals += compressor::ErrorFeedback::scratchBytes() + device_->errorFeedbackScratchBytes();
   return m;
 }
 

@@ -262,6 +262,14 @@ TEST_P(DeviceConformance, CodecsMatchTheCpuCodecs) {
       e->synchronize(d, "decode");
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], hsum[i]) << "decoded element " << i;
     }
+    // A bf16 state's fp32 scratch: in the device's memory on CUDA (the
+    // residual's widened copy, and the velocity's with DGC), counted by the
+    // device; the host device's is host memory, counted by ErrorFeedback.
+    if (state == compressor::StateDType::kBFloat16 && dev_->kind() == Kind::kCuda) {
+      EXPECT_GE(dev_->errorFeedbackScratchBytes(), n * sizeof(float));
+    } else if (dev_->kind() != Kind::kCuda) {
+      EXPECT_EQ(dev_->errorFeedbackScratchBytes(), 0u);
+    }
   }
   EXPECT_GE(tested, 8) << "the device has too few of the codecs the executor's tests use";
   EXPECT_TRUE(dev_->errorFeedback(dev_->codecs().create("fp16", dev_->codecDevice()),

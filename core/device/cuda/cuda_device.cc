@@ -247,6 +247,9 @@ class CudaDevice final : public Device {
                                                compressor::StateDType state) override {
     return std::make_unique<CudaDeviceErrorFeedback>(std::move(codec), device_, state);
   }
+  uint64_t errorFeedbackScratchBytes() const override {
+    return compressor::cuda::CudaErrorFeedback::scratchBytes();
+  }
   void decompressAdd(const compressor::Codec& codec, std::span<const std::byte> payload, float* sum,
                      size_t n, Stream& s, ThreadPool* /*pool: CUDA codecs run on the device*/ = nullptr) override {
     bindThread();
