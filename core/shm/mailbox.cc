@@ -292,12 +292,6 @@ inline void cpuRelax() {
 }  // namespace
 
 bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
-                   const std::function<bool()>& keepOn) {
-  if (!keepOn) return poll(bound, turn, std::function<PollMode()>());
-  return poll(bound, turn, [&keepOn] { return keepOn() ? PollMode::kSpin : PollMode::kStop; });
-}
-
-bool Mailbox::poll(std::chrono::microseconds bound, uint64_t turn,
                    const std::function<PollMode()>& keepOn) {
   using Clock = std::chrono::steady_clock;
   Header* h = header(*seg_);

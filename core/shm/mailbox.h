@@ -116,18 +116,16 @@ class Mailbox {
     return wait(spin, until, turn());
   }
   // A bounded poll instead of a sleep, for a consumer that expects a record
-  // soon (a server whose round waits for pushes): looks at the rings
-  // without sleeping or yielding until a record comes that front() has
-  // not shown, a ring is claimed or the mailbox is shut (true), or
-  // `bound` passes, another thread takes a later turn than `turn`, or
-  // `keepOn()` turns false (false: the caller sleeps in wait()). keepOn
-  // is looked at first and then every kPollCheck: whether the poll is
-  // still worth a CPU (core/common/idle_cpus.h); it may make a system call.
-  bool poll(std::chrono::microseconds bound, uint64_t turn, const std::function<bool()>& keepOn);
-  // The same, with keepOn saying how: kStop ends the poll, kSpin looks
-  // without yielding (no other thread wants the CPU), kYield calls
-  // sched_yield() between looks (threads of the caller's job want the CPU:
-  // one of them that shares it runs first).
+  // soon (a server whose round waits for pushes): looks at the rings until
+  // a record comes that front() has not shown, a ring is claimed or the
+  // mailbox is shut (true), or `bound` passes, another thread takes a
+  // later turn than `turn`, or `keepOn()` says kStop (false: the caller
+  // sleeps in wait()). keepOn (none: kSpin throughout) is looked at first
+  // and then every kPollCheck: whether the poll is still worth a CPU
+  // (core/common/idle_cpus.h), and how: kSpin looks without yielding (no
+  // other thread wants the CPU), kYield calls sched_yield() between looks
+  // (threads of the caller's job want the CPU: one of them that shares it
+  // runs first). It may make a system call.
   enum class PollMode { kStop, kSpin, kYield };
   bool poll(std::chrono::microseconds bound, uint64_t turn,
             const std::function<PollMode()>& keepOn);

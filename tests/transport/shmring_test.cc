@@ -195,6 +195,7 @@ TEST(Mailbox, ASleepingConsumerIsWokenByTheProducer) {
 // sooner, when keepOn() turns false, and a later turn of another thread
 // ends it too.
 TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
+  constexpr auto kSpin = Mailbox::PollMode::kSpin, kStop = Mailbox::PollMode::kStop;
   const std::string name = uniqueName("poll");
   auto mb = Mailbox::create(name, "h", {2, 4, 64});
   auto tx = MailboxSender::open(name, kWorker, "h");
@@ -206,7 +207,7 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
   // every few microseconds meanwhile.
   int looks = 0;
   auto start = Clock::now();
-  EXPECT_FALSE(mb->poll(2ms, mb->turn(), [&] { return ++looks, true; }));
+  EXPECT_FALSE(mb->poll(2ms, mb->turn(), [&] { return ++looks, kSpin; }));
   auto took = Clock::now() - start;
   EXPECT_GE(took, 2ms);
   EXPECT_LT(took, 5s);
@@ -217,16 +218,16 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
   // keepOn false at the first look: no poll at all; false later: it stops
   // then, long before its bound.
   looks = 0;
-  EXPECT_FALSE(mb->poll(10s, mb->turn(), [&] { return ++looks, false; }));
+  EXPECT_FALSE(mb->poll(10s, mb->turn(), [&] { return ++looks, kStop; }));
   EXPECT_EQ(looks, 1);
   EXPECT_EQ(mb->polls(), 1u);
   looks = 0;
   start = Clock::now();
-  EXPECT_FALSE(mb->poll(10s, mb->turn(), [&] { return ++looks < 4; }));
+  EXPECT_FALSE(mb->poll(10s, mb->turn(), [&] { return ++looks < 4 ? kSpin : kStop; }));
   EXPECT_EQ(looks, 4);
   EXPECT_LT(Clock::now() - start, 5s);
   // A zero bound never polls.
-  EXPECT_FALSE(mb->poll(0us, mb->turn(), std::function<bool()>()));
+  EXPECT_FALSE(mb->poll(0us, mb->turn(), std::function<Mailbox::PollMode()>()));
   EXPECT_EQ(mb->polls(), 2u);
 
   // A record written while it polls ends it, and no futex sleep was made.
@@ -237,7 +238,7 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
       EXPECT_EQ(tx->trySend({u64(round)}, 0), Result::kSent);
     });
     start = Clock::now();
-    const bool got = mb->poll(20s, mb->turn(), [] { return true; });
+    const bool got = mb->poll(20s, mb->turn(), [] { return kSpin; });
     took = Clock::now() - start;
     producer.join();
     ASSERT_TRUE(got);
@@ -251,7 +252,7 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
   EXPECT_EQ(mb->sleeps(), sleeps);
   // A record already there: true without polling.
   EXPECT_EQ(tx->trySend({u64(99)}, 0), Result::kSent);
-  EXPECT_TRUE(mb->poll(10s, mb->turn(), [] { return true; }));
+  EXPECT_TRUE(mb->poll(10s, mb->turn(), [] { return kSpin; }));
   mb->pop(r);
   ASSERT_FALSE(mb->front(r));
 
@@ -262,7 +263,7 @@ TEST(Mailbox, ABoundedPollFindsARecordOrGivesUp) {
     mb->takeTurn();
   });
   start = Clock::now();
-  EXPECT_FALSE(mb->poll(20s, mine, [] { return true; }));
+  EXPECT_FALSE(mb->poll(20s, mine, [] { return kSpin; }));
   EXPECT_LT(Clock::now() - start, 10s);
   taker.join();
   mb->giveBack();
