@@ -229,7 +229,8 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
 
 std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
                                                       planner::Cluster& cl,
-                                                      const planner::ResolvedCodec& codec) {
+                                                      const planner::ResolvedCodec& codec,
+                                                      std::string* breakdown) {
   planner::Cluster bare = cl;
   bare.syncSkew = {};
   const plan::TensorOption f = chainOption(codec.spec);
@@ -252,10 +253,21 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
     const double priced =
         serialized(sim, std::vector<int>(size_t(c.steps), 0), {}, nullptr) / double(c.steps);
     // The work before the allgather as applySyncSkew counts it: the encode,
-    // its tasks in rounds over the cores.
-    double work = 0;
-    for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops)
+    // its tasks in rounds over the cores; and the step's other stages as
+    // priced, for the breakdown.
+    double work = 0, comm = 0, decode = 0;
+    for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops) {
       if (op.kind == planner::OpKind::kEncode) work += planner::opDurationUs(bare, op);
+      if (op.kind == planner::OpKind::kDecode) decode += planner::opDurationUs(bare, op);
+      if (op.kind == planner::OpKind::kComm) comm += planner::opDurationUs(bare, op);
+    }
+    if (breakdown && c.encodeUs + c.collectiveUs + c.decodeUs > 0)
+      *breakdown += fmt::format(
+          "{}{}x{}: {:.0f} ({:.0f}): E {:.0f} ({:.0f}), ag* {:.0f} ({:.0f}), D {:.0f} ({:.0f}), "
+          "the rest {:.0f}",
+          breakdown->empty() ? "" : "; ", c.steps, c.elements, c.stepUs, priced, c.encodeUs, work,
+          c.collectiveUs, comm, c.decodeUs, decode,
+          c.stepUs - c.encodeUs - c.collectiveUs - c.decodeUs);
     if (!(work > 0)) continue;  // no work, no wait (SyncSkew::after)
     auto& [sum, n] = byWork[work];
     sum += std::max(0.0, c.stepUs - priced);
@@ -377,7 +389,8 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   applyExchangeCurves(m.exchangeReports, cl, codec);
   // The workers' skew as chains of steps meet it (measureSkewChain): what
   // a step took beyond its price, by the work before its collective.
-  if (!m.chainPoints.empty()) applyChainSkew(m.chainPoints, cl, codec);
+  std::string chainBreakdown;
+  if (!m.chainPoints.empty()) applyChainSkew(m.chainPoints, cl, codec, &chainBreakdown);
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
   int bytepsIdx = -1;
@@ -411,6 +424,9 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                   "device {:.0f} us + {:.2f} Gbit/s",
                                   m.d2h.alphaUs, m.d2h.gbps, m.h2d.alphaUs, m.h2d.gbps)
                     : std::string());
+  if (costNote && !chainBreakdown.empty())
+    *costNote += "; the skew chains' steps traced against their prices (us per step, priced in "
+                 "brackets; ag* the fastest worker's): " + chainBreakdown;
   return std::make_shared<planner::Simulator>(cl, codec, profile, options);
 }
 

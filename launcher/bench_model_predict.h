@@ -72,10 +72,14 @@ plan::TensorOption chainOption(const std::string& codec);
 // curve made non-decreasing (MeasuredCurve::monotone), then concave through
 // no work and no wait (each point raised to the least such curve above
 // them all). No curve (and no skew) without a chain of work. Returns the
-// curve's points.
+// curve's points. `breakdown` (optional): for each chain whose stages were
+// traced, "STEPSxELEMENTS: step (priced): E traced (priced), ag* ..., D ...,
+// the rest" in us per step, the rest being the step less its traced stages
+// (the wait for the last worker, and the executor's own time).
 std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
                                                       planner::Cluster& cl,
-                                                      const planner::ResolvedCodec& codec);
+                                                      const planner::ResolvedCodec& codec,
+                                                      std::string* breakdown = nullptr);
 
 // Rank 0: the cost models from the measurements, as a simulator over the
 // planner's options for this job (BytePS's default among them, at

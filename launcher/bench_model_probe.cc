@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -17,6 +18,7 @@
 #include "core/common/error.h"
 #include "core/common/logging.h"
 #include "core/common/thread_pool.h"
+#include "core/common/trace.h"
 #include "core/executor/executor.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_model_predict.h"
@@ -685,6 +687,14 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   px.setFusionBytes(0);
   px.setPipeline(pipeline);
   px.setCodecThreads(m.codecThreads);
+  // Its stages, traced in memory: what of a step's excess over its price
+  // is the encode's, the collective's or the decode's own time, and what is
+  // the wait for the last worker.
+  TraceOptions to;
+  to.inMemory = true;
+  to.first = 1;  // the timed passes (a tensor's runs count from 0)
+  auto tracer = std::make_shared<Tracer>(to);
+  px.setTracer(tracer);
   const plan::TensorOption f = chainOption(spec);
   plan::Plan p;
   struct Chain {
@@ -732,6 +742,26 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   // F keeps no keys on the servers: nothing to release (as
   // measureCompressedExchange must).
   const std::vector<double> slowest = world.max(mine);
+  // This worker's stages per step of each chain over the timed passes:
+  // encode, collective, decode (3 per chain).
+  std::map<std::string, size_t> chainOf;
+  for (size_t i = 0; i < chains.size(); ++i)
+    for (const std::string& name : chains[i].names) chainOf[name] = i;
+  std::vector<double> stages(3 * chains.size(), 0.0);
+  for (const Tracer::Event& e : tracer->recorded()) {
+    const auto it = chainOf.find(e.tensor);
+    if (it == chainOf.end()) continue;
+    const size_t k = e.stage == "encode"                             ? 0
+                     : e.stage == "decode"                           ? 2
+                     : e.stage.find("allgather") != std::string::npos ? 1
+                                                                       : 3;
+    if (k == 3) continue;
+    stages[3 * it->second + k] += e.dur / (double(kPasses) * chains[it->second].steps);
+  }
+  const std::vector<double> meanStages = world.mean(stages);
+  std::vector<double> negated(stages);
+  for (double& x : negated) x = -x;
+  const std::vector<double> leastStages = world.max(negated);  // -(the least)
   m.chainPoints.clear();
   std::string pts;
   for (size_t i = 0; i < chains.size(); ++i) {
@@ -739,11 +769,17 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
     for (int pass = 0; pass < kPasses; ++pass) v.push_back(slowest[size_t(pass) * chains.size() + i]);
     std::sort(v.begin(), v.end());
     const double stepUs = v[v.size() / 2] / chains[i].steps;
-    m.chainPoints.push_back({chains[i].elements, chains[i].steps, stepUs});
-    pts += fmt::format(" {}x{}:{:.0f}us", chains[i].steps, chains[i].elements, stepUs);
+    Measured::ChainPoint c{chains[i].elements, chains[i].steps, stepUs};
+    c.encodeUs = meanStages[3 * i];
+    c.collectiveUs = -leastStages[3 * i + 1];
+    c.decodeUs = meanStages[3 * i + 2];
+    m.chainPoints.push_back(c);
+    pts += fmt::format(" {}x{}:{:.0f}us(E {:.0f} ag* {:.0f} D {:.0f})", chains[i].steps,
+                       chains[i].elements, stepUs, c.encodeUs, c.collectiveUs, c.decodeUs);
   }
   m.probes.push_back(fmt::format("skew chain (F: E({0}) ag* D({0}) back to back, the slowest worker's "
-                                 "time per step; {1:.1f} s) by steps x elements:{2}",
+                                 "time per step, and its stages: the workers' mean encode and decode, "
+                                 "the fastest worker's allgather; {1:.1f} s) by steps x elements:{2}",
                                  spec, secondsSince(t0), pts));
 }
 

@@ -130,6 +130,10 @@ struct Measured {
     uint64_t elements = 0;
     int steps = 0;
     double stepUs = 0;
+    // Its stages per step as traced: the workers' mean encode and decode,
+    // and the collective on the worker that spent least in it (the last to
+    // arrive, whose wait is the least); 0: not traced.
+    double encodeUs = 0, collectiveUs = 0, decodeUs = 0;
   };
   std::vector<ChainPoint> chainPoints;
   std::vector<std::string> probes;  // what was measured, for the log
@@ -193,8 +197,9 @@ std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
 // (chainOption) on an executor of its own over `w` and `groups`
 // (`pipeline`: the replay's encode pipeline), every worker at once after a
 // barrier; an untimed pass and 5 timed ones. Into m.chainPoints the slowest
-// worker's time per step (median of the passes); a line in m.probes. Its
-// tensors keep no keys on the servers.
+// worker's time per step (median of the passes) and its stages as traced
+// (the workers' encodes and decodes, the fastest worker's collective); a
+// line in m.probes. Its tensors keep no keys on the servers.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m);
 

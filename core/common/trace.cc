@@ -67,7 +67,7 @@ Tracer::~Tracer() {
     std::lock_guard<std::mutex> lk(mu_);
     dirty = dirty_;
   }
-  if (!enabled() || !dirty) return;
+  if (opts_.dir.empty() || !dirty) return;
   try {
     flush();
   } catch (const std::exception& e) {  // a destructor must not throw
@@ -102,8 +102,14 @@ size_t Tracer::dropped() const {
   return dropped_;
 }
 
+std::vector<Tracer::Event> Tracer::recorded() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return events_;
+}
+
 std::string Tracer::flush() {
-  CORTADO_ENFORCE(enabled(), ErrorCode::kInvalidArgument, "flush(): tracing is off (no trace directory)");
+  CORTADO_ENFORCE(!opts_.dir.empty(), ErrorCode::kInvalidArgument,
+                  "flush(): no trace directory (tracing is off, or kept in memory only)");
   std::string file = opts_.process.empty() ? "process" : opts_.process;
   for (char& c : file)
     if (c == ' ' || c == '/') c = '-';

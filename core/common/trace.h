@@ -39,7 +39,10 @@ std::optional<std::pair<int64_t, int64_t>> parseIterationRange(const std::string
                                                                const std::string& name);
 
 struct TraceOptions {
-  std::string dir;       // empty: tracing off
+  std::string dir;       // empty: no file (tracing off unless inMemory)
+  // Keep the events in memory only (recorded()), for a process that reads
+  // its own stages back; nothing is written.
+  bool inMemory = false;
   std::string process;   // e.g. "worker 3": the process name shown, and the file name (worker-3.json)
   int64_t first = 0;     // first iteration kept
   int64_t last = -1;     // last iteration kept; < first: every iteration
@@ -54,11 +57,11 @@ struct TraceOptions {
 class Tracer {
  public:
   explicit Tracer(TraceOptions opts);
-  ~Tracer();  // flushes if anything was recorded since the last flush
+  ~Tracer();  // flushes if anything was recorded since the last flush (with a dir)
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  bool enabled() const { return !opts_.dir.empty(); }
+  bool enabled() const { return !opts_.dir.empty() || opts_.inMemory; }
   bool wants(int64_t iteration) const {
     return enabled() && iteration >= opts_.first && (opts_.last < opts_.first || iteration <= opts_.last);
   }
@@ -74,12 +77,15 @@ class Tracer {
   size_t events() const;
   size_t dropped() const;
 
- private:
   struct Event {
     std::string stage, tensor, lane;
     int64_t iteration;
-    double start, dur;
+    double start, dur;  // microseconds (now()'s clock)
   };
+  // A copy of the events kept so far, in the order recorded.
+  std::vector<Event> recorded() const;
+
+ private:
   TraceOptions opts_;
   mutable std::mutex mu_;
   std::vector<Event> events_;

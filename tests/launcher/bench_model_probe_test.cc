@@ -338,6 +338,18 @@ TEST(SkewChain, TheCurveIsEachChainsTimeLessItsPriceByTheEncode) {
   planner::Cluster e = cl;
   pts = replay::applyChainSkew({{1000, 8, 400}, {4000, 8, 200}}, e, codec);
   expectPoints(pts, {{20, 120}, {80, 120}});
+  // The breakdown: a traced chain's stages beside their prices (encode 20,
+  // allgather 100, decode 4 x 10 at 1000 elements), the rest being the step
+  // less its traced stages; a chain whose stages were not traced is left out.
+  planner::Cluster g = cl;
+  std::string breakdown;
+  Chain traced{1000, 8, 400};
+  traced.encodeUs = 30;
+  traced.collectiveUs = 110;
+  traced.decodeUs = 45;
+  pts = replay::applyChainSkew({traced, {4000, 4, 820}}, g, codec, &breakdown);
+  expectPoints(pts, {{20, 240}, {80, 600}});  // the curve as without it
+  EXPECT_EQ(breakdown, "8x1000: 400 (160): E 30 (20), ag* 110 (100), D 45 (40), the rest 215");
   // No chains: no skew at all (--sync-skew's values are not kept either).
   planner::Cluster c = cl;
   EXPECT_TRUE(replay::applyChainSkew({}, c, codec).empty());

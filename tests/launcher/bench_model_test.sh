@@ -29,8 +29,9 @@ check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line
 # codec probe's sizes (2 machines: the probe runs), each with a round trip.
 check "compressed exchange probed" "echo \"\$out\" | grep -Eq 'measured compressed exchange \(fp16 x.push\* x.pull\*, through the servers; [0-9.]+ s\) by elements:pushed bytes:round trip( [0-9]+:[0-9]+B:[0-9]+us)+$'" "$(echo "$out" | grep 'compressed exchange')"
 # The workers' skew, measured at start-up (auto) by chains of steps: its
-# probe line, and every strategy's curve and its prediction without the skew.
-check "skew chains probed" "echo \"\$out\" | grep -Eq 'measured skew chain \(F: E\(fp16\) ag\* D\(fp16\) back to back, the slowest worker.s time per step; [0-9.]+ s\) by steps x elements:( [0-9]+x[0-9]+:[0-9]+us)+$'" "$(echo "$out" | grep 'skew chain')"
+# probe line with each chain's traced stages, and every strategy's curve and
+# its prediction without the skew.
+check "skew chains probed" "echo \"\$out\" | grep -Eq 'measured skew chain \(F: E\(fp16\) ag\* D\(fp16\) back to back, the slowest worker.s time per step, and its stages: the workers. mean encode and decode, the fastest worker.s allgather; [0-9.]+ s\) by steps x elements:( [0-9]+x[0-9]+:[0-9]+us\(E [0-9]+ ag\* [0-9]+ D [0-9]+\))+$'" "$(echo "$out" | grep 'skew chain')"
 for s in none gpu cpu plan; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "strategy $s: skew and the prediction without it" "echo \"\$line\" | python3 -c '
@@ -131,6 +132,9 @@ check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
 check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
 check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [0-9]* \\(first switch at iteration|kept by the scheduler)'" "no replan row"
+# The cost line (without --json) sets the chains' traced stages beside their
+# prices.
+check "skew chains against their prices" "echo \"\$out\" | grep -Eq 'the skew chains. steps traced against their prices \(us per step, priced in brackets; ag\* the fastest worker.s\): [0-9]+x[0-9]+: [0-9]+ \([0-9]+\): E [0-9]+ \([0-9]+\), ag\* [0-9]+ \([0-9]+\), D [0-9]+ \([0-9]+\), the rest -?[0-9]+'" "$(echo "$out" | grep -o 'the skew chains.*' | head -1)"
 
 # Between strategies too: `none` after a lossy compress-everything strategy
 # gets that strategy's unsent residuals in its first iteration (setPlan()
