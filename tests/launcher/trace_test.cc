@@ -92,6 +92,37 @@ TEST(Tracer, KeepsTheIterationRangeAndWritesChromeEvents) {
   EXPECT_EQ(small.dropped(), 3u);
 }
 
+// In memory only: the range applies, recorded() gives the events back in
+// order, and nothing is written, by flush() (refused, saying why) or at the
+// end.
+TEST(Tracer, InMemoryKeepsTheEventsAndWritesNothing) {
+  TempDir d;
+  const fs::path cwd = fs::current_path();
+  fs::current_path(d.path);
+  {
+    Tracer t({.inMemory = true, .process = "worker 1", .first = 1});
+    EXPECT_TRUE(t.enabled());
+    EXPECT_FALSE(t.wants(0));
+    t.record("encode", "a", 0, "cpu", 0, 5);
+    t.record("encode", "a", 1, "cpu", 10, 15);
+    t.record("flat allgather*", "a", 1, "network", 15, 45);
+    const auto ev = t.recorded();
+    ASSERT_EQ(ev.size(), 2u);
+    EXPECT_EQ(ev[0].stage, "encode");
+    EXPECT_EQ(ev[0].iteration, 1);
+    EXPECT_DOUBLE_EQ(ev[0].start, 10);
+    EXPECT_DOUBLE_EQ(ev[0].dur, 5);
+    EXPECT_EQ(ev[1].stage, "flat allgather*");
+    EXPECT_EQ(ev[1].lane, "network");
+    EXPECT_DOUBLE_EQ(ev[1].dur, 30);
+    std::string msg;
+    EXPECT_EQ(codeOf([&] { t.flush(); }, &msg), ErrorCode::kInvalidArgument);
+    EXPECT_NE(msg.find("kept in memory only"), std::string::npos) << msg;
+  }
+  fs::current_path(cwd);
+  EXPECT_TRUE(fs::is_empty(d.path));
+}
+
 TEST(Tracer, RangeFromTheEnvironment) {
   setenv("CORTADO_TRACE_DIR", "/tmp/x", 1);
   setenv("CORTADO_TRACE_ITERATIONS", "10:19", 1);
