@@ -46,6 +46,7 @@ def _check_fusion_bytes(fusion_bytes):
                              f"(0: no groups), got {fusion_bytes!r}")
     return fusion_bytes
 
+
 CODEC_DEVICES = ("gpu", "cpu")
 # What DistributedOptimizer's fusion_search dict may hold (executor.md,
 # "Fusion search"; codec_devices: the devices whose codec is tried).
