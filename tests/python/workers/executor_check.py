@@ -21,7 +21,8 @@ import cortado
 import cortado.torch as ct
 from cortado import _C, _runtime
 from common import FP16_PUSH_PULL, parse_args, plan_of, write_result
-from optimizer_check import STEPS, batches, make_model, max_diff, reference
+from optimizer_check import (STEPS, batches, make_model, max_diff, reference,
+                             train_until_searched)
 
 PER_WORKER = 8
 
@@ -183,38 +184,13 @@ def search(rank, world, devices=None):
     With `devices` (codec_devices), one alternative per device, screened
     (searched 1: each one's every-gradient-on-its-own grouping timed, the
     faster searched on)."""
-    import time
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     settings = {"warmup": 1, "window": 2, "settle": 0, "step": 1}
     if devices:
         settings.update(codec_devices=devices, searched=1)
-    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                  name_prefix="grad.search", executor=True, compression="fp16",
-                                  fusion_search=settings)
-    ct.broadcast_parameters(model.state_dict(), root_rank=0, prefix="grad.search.init")
-    loss_fn = torch.nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(7 + rank)
-    steps = 0
-    while steps < 300:
-        state = opt.executor.fusion_search
-        if state is not None and state["done"]:
-            break
-        opt.zero_grad()
-        x = torch.randn(PER_WORKER, 1, 8, 8, generator=g)
-        y = torch.randint(0, 10, (PER_WORKER,), generator=g)
-        loss_fn(model(x), y).backward()
-        if rank == 1:
-            time.sleep(0.03)
-        opt.step()
-        steps += 1
-    state = opt.executor.fusion_search
-    assert state is not None and state["done"], (steps, state)
-    plan = json.loads(opt.executor.plan_json)
+    model, opt, state, steps, plan, used = train_until_searched(
+        rank, "grad.search", settings, 7 + rank, slow=0.03 if rank == 1 else 0.0)
     checksum = float(sum(p.double().sum() for p in model.parameters()))
     # The plan in force is the kept alternative's: its codec on that device.
-    used = sorted({s["device"] for o in plan["tensors"].values() for s in o["steps"]
-                   if s["op"] in ("encode", "decode")})
     if devices:
         assert used == [devices[state["alternative"]]], (used, state)
     return {"steps": steps, "cuts": state["cuts"], "timed": state["timed"],

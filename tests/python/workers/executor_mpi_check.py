@@ -35,7 +35,7 @@ import torch
 import cortado
 import cortado.torch as ct
 from common import parse_args, plan_of, write_result
-from optimizer_check import batches, make_model, max_diff, reference
+from optimizer_check import batches, make_model, max_diff, reference, train_until_searched
 
 PER_WORKER = 8
 
@@ -144,36 +144,14 @@ def search_devices(rank, world):
     and the faster searched on. Every worker ends on the same alternative
     and groups, the plan in force encodes on the kept device, and the
     parameters stay the same on every worker (checked by the test)."""
-    model = make_model().to(DEV)
     settings = {"warmup": 1, "window": 2, "settle": 0, "step": 1, "searched": 1}
     if DEV.type == "cpu":
         settings["codec_devices"] = ["gpu", "cpu"]
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                  name_prefix="grad.mpisearch", executor=True,
-                                  compression="fp16", fusion_search=settings)
-    ct.broadcast_parameters(model.state_dict(), root_rank=0, prefix="grad.mpisearch.init")
-    loss_fn = torch.nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(11 + rank)
-    steps = 0
-    while steps < 300:
-        state = opt.executor.fusion_search
-        if state is not None and state["done"]:
-            break
-        opt.zero_grad()
-        x = torch.randn(PER_WORKER, 1, 8, 8, generator=g).to(DEV)
-        y = torch.randint(0, 10, (PER_WORKER,), generator=g).to(DEV)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        steps += 1
-    state = opt.executor.fusion_search
-    assert state is not None and state["done"], (steps, state)
+    model, _, state, steps, plan, used = train_until_searched(
+        rank, "grad.mpisearch", settings, 11 + rank, device=DEV)
     summary = state["summary"]
     assert summary.startswith("fusion search over 2 option sets") and \
         summary.count("left out, each tensor on its own") == 1, summary
-    plan = json.loads(opt.executor.plan_json)
-    used = sorted({s["device"] for o in plan["tensors"].values() for s in o["steps"]
-                   if s["op"] in ("encode", "decode")})
     assert used == [["gpu", "cpu"][state["alternative"]]], (used, state)
     return {"alternative": state["alternative"], "cuts": state["cuts"],
             "groups": plan.get("groups", []), "steps": steps,

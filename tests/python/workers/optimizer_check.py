@@ -71,6 +71,45 @@ def distributed(rank, world, micro, compression, prefix):
     return model
 
 
+def train_until_searched(rank, prefix, settings, seed, device=None, slow=0.0):
+    """DistributedOptimizer(executor=True, compression="fp16") with MergeComp's
+    search (fusion_search=settings), training make_model() on random
+    batches until the search is done (300 steps at most; this worker sleeps
+    `slow` seconds a step). Returns the model, the optimizer, the search's
+    state, the steps taken, the plan in force and the devices its encodes
+    and decodes name."""
+    import json
+    import time
+    device = device or torch.device("cpu")
+    model = make_model().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = ct.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  name_prefix=prefix, executor=True, compression="fp16",
+                                  fusion_search=settings)
+    ct.broadcast_parameters(model.state_dict(), root_rank=0, prefix=f"{prefix}.init")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(seed)
+    steps = 0
+    while steps < 300:
+        state = opt.executor.fusion_search
+        if state is not None and state["done"]:
+            break
+        opt.zero_grad()
+        x = torch.randn(PER_WORKER, 1, 8, 8, generator=g).to(device)
+        y = torch.randint(0, 10, (PER_WORKER,), generator=g).to(device)
+        loss_fn(model(x), y).backward()
+        if slow:
+            time.sleep(slow)
+        opt.step()
+        steps += 1
+    state = opt.executor.fusion_search
+    assert state is not None and state["done"], (steps, state)
+    plan = json.loads(opt.executor.plan_json)
+    used = sorted({s["device"] for o in plan["tensors"].values() for s in o["steps"]
+                   if s["op"] in ("encode", "decode")})
+    return model, opt, state, steps, plan, used
+
+
 def max_diff(a, b):
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
