@@ -454,7 +454,7 @@ std::string Executor::fusionSearchSummary() const {
     out += fmt::format(" (each tensor on its own timed first, the {} fastest searched)",
                        searchOptions_->searched);
   // Left out after screening: its search object stays in screened_.
-  const bool screenedAll = !screened_.empty() && !searchQueue_.empty();
+  const bool screenedAll = !screened_.empty() && !screening();
   for (size_t a = 0; a < searchAlternatives_.size(); ++a) {
     const bool leftOut = screenedAll && a < screened_.size() && screened_[a] &&
                          std::find(searchQueue_.begin(), searchQueue_.end(), a) == searchQueue_.end();
