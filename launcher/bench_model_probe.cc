@@ -751,11 +751,16 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   for (const Tracer::Event& e : tracer->recorded()) {
     const auto it = chainOf.find(e.tensor);
     if (it == chainOf.end()) continue;
-    const size_t k = e.stage == "encode"                             ? 0
-                     : e.stage == "decode"                           ? 2
-                     : e.stage.find("allgather") != std::string::npos ? 1
-                                                                       : 3;
-    if (k == 3) continue;
+    size_t k = 0;  // the stage's place among the chain's three
+    if (e.stage == "encode") {
+      k = 0;
+    } else if (e.stage.find("allgather") != std::string::npos) {
+      k = 1;
+    } else if (e.stage == "decode") {
+      k = 2;
+    } else {
+      continue;
+    }
     stages[3 * it->second + k] += e.dur / (double(kPasses) * chains[it->second].steps);
   }
   const std::vector<double> meanStages = world.mean(stages);
