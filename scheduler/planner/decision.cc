@@ -212,17 +212,29 @@ Strategy Planner::compressAllCpu() {
 }
 
 std::vector<Strategy> Planner::compressAllByPath() {
+  // The path an option takes between machines: the servers (a push), or
+  // collectives, flat or hierarchical. With one GPU per machine a
+  // hierarchical option's intra-machine steps have nothing to do, and its
+  // collectives are the flat path's: that kind is left out rather than
+  // timed twice.
+  enum class Path { kFlat, kHierarchical, kServers };
+  auto pathOf = [](const plan::TensorOption& opt) {
+    for (const plan::Step& s : opt.steps)
+      if (s.kind == plan::StepKind::kComm && s.op == plan::CommOp::kPush) return Path::kServers;
+    return opt.hierarchical ? Path::kHierarchical : Path::kFlat;
+  };
+  const bool oneGpu = sim_.cluster().gpusPerMachine <= 1;
   std::vector<Strategy> out;
   for (const bool cpu : {false, true})
-    for (const bool hierarchical : {false, true}) {
+    for (const Path path : {Path::kFlat, Path::kHierarchical, Path::kServers}) {
+      if (path == Path::kHierarchical && oneGpu) continue;
       Strategy best = bestUniform(
           [&](int o) {
             const plan::TensorOption& opt = sim_.options()[size_t(o)];
             // Codec steps on the GPU only or on the CPU only (not on both),
             // on the path of this kind.
             const bool onGpu = gpuOnly_[o], onCpu = !usesGpuCodec(opt);
-            return compressed_[o] && opt.hierarchical == hierarchical && onGpu != onCpu &&
-                   onCpu == cpu;
+            return compressed_[o] && pathOf(opt) == path && onGpu != onCpu && onCpu == cpu;
           },
           true);
       if (!best.choice.empty()) out.push_back(std::move(best));

@@ -58,11 +58,14 @@ class Planner {
   Strategy compressAllCpu();
   // The best single compressed option of each codec device (GPU codec steps
   // only, as compressAllGpu; CPU codec steps only, as compressAllCpu) and
-  // path (flat, hierarchical), used by every tensor: up to four, the fastest
-  // predicted first (among equal times GPU codecs, then the flat path, then
-  // the first option). MergeComp's alternatives in `cortado bench model`:
-  // its search times them instead of trusting the predictions' choice of
-  // path.
+  // path between machines (flat collectives, hierarchical collectives, the
+  // servers' push and pull), used by every tensor: up to six, the fastest
+  // predicted first (among equal times GPU codecs, then flat, hierarchical,
+  // servers, then the first option). With one GPU per machine the
+  // hierarchical collectives are the flat ones (their intra-machine steps
+  // have nothing to do) and are left out: up to four. MergeComp's
+  // alternatives in `cortado bench model`: its search times them instead of
+  // trusting the predictions' choice of path.
   std::vector<Strategy> compressAllByPath();
   // GPU pass from `start`; never worse than `start`.
   Strategy gpuPass(const Strategy& start);

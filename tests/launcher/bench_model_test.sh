@@ -85,22 +85,22 @@ for s in pertensor plan mergecomp; do
   check "groups: $s exact and predicted" "echo \"\$line\" | grep -q '\"wrong_elements\":0' && echo \"\$line\" | grep -Eq '\"predicted_ms\":[0-9]*[1-9]'" "$line"
 done
 # Its alternatives are the best compress-everything option of each codec
-# device and path (here E(g) and E(c), flat and through the servers: four, in
-# the order of their predicted times); each is timed with every tensor on its
-# own, the two fastest are searched on and the other two left out, whichever
-# they are (the times decide), and the summary names the one it kept, one of
-# the two searched.
+# device and path (here E(g) and E(c), each on the flat collectives, the
+# hierarchical ones and the servers: six, in the order of their predicted
+# times); each is timed with every tensor on its own, the two fastest are
+# searched on and the other four left out, whichever they are (the times
+# decide), and the summary names the one it kept, one of the two searched.
 line=$(echo "$out" | grep '"strategy":"mergecomp"')
-check "mergecomp screens its four alternatives and searches two" "echo \"\$line\" | python3 -c '
+check "mergecomp screens its six alternatives and searches two" "echo \"\$line\" | python3 -c '
 import json, re, sys
 s = json.loads(sys.stdin.read())[\"search\"]
-head = \"fusion search over 4 option sets (each tensor on its own timed first, the 2 fastest searched): \"
+head = \"fusion search over 6 option sets (each tensor on its own timed first, the 2 fastest searched): \"
 assert s.startswith(head), s
-parts = re.split(r\"; (?=[1-4] \\()\", s[len(head):])
-assert [p[:3] for p in parts] == [\"1 (\", \"2 (\", \"3 (\", \"4 (\"], parts
+parts = re.split(r\"; (?=[1-6] \\()\", s[len(head):])
+assert [p[:3] for p in parts] == [\"%d (\" % i for i in range(1, 7)], parts
 out = [i + 1 for i, p in enumerate(parts) if \"): left out, each tensor on its own \" in p]
-assert len(out) == 2, (out, s)
-kept = re.search(r\"; kept ([1-4]) \\(\", parts[3])
+assert len(out) == 4, (out, s)
+kept = re.search(r\"; kept ([1-6]) \\(\", parts[5])
 assert kept and int(kept.group(1)) not in out, s
 '" "$line"
 check "groups summary" "echo \"\$out\" | grep -q plan_speedup_vs_pertensor && echo \"\$out\" | grep -q mergecomp_speed_vs_plan" "no summary"
