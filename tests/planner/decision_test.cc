@@ -483,10 +483,12 @@ TEST(Planner, CompressAllByPathIsTheBestOfEachDeviceAndPath) {
         if (!fresh) it->second = std::min(it->second, t);
       }
       ASSERT_EQ(best.size(), 6u) << at << ": the tree has every device and path";
-      if (gpus == 1)
-        for (const bool cpu : {false, true})
+      if (gpus == 1) {
+        for (const bool cpu : {false, true}) {
           EXPECT_NEAR(best.at({cpu, 1}), best.at({cpu, 0}), 1e-6 * best.at({cpu, 0}))
               << at << ": hierarchical collectives are the flat ones";
+        }
+      }
       Planner planner(sim);
       const std::vector<Strategy> got = planner.compressAllByPath();
       ASSERT_EQ(got.size(), gpus == 1 ? 4u : 6u) << at;
