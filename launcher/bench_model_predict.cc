@@ -227,6 +227,50 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
   return n;
 }
 
+std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measured::ChainPoint>& chains,
+                                                        planner::Cluster& cl,
+                                                        planner::ResolvedCodec& codec, bool hostTwin) {
+  const plan::TensorOption f = chainOption(codec.spec);
+  planner::Cluster bare = cl;
+  bare.syncSkew = {};
+  std::map<double, std::array<double, 3>> byElements;  // elements -> (sums of E and D stretch, count)
+  for (const Measured::ChainPoint& c : chains) {
+    if (!(c.elements > 0 && c.encodeUs > 0 && c.decodeUs > 0)) continue;  // not traced
+    double encode = 0, decode = 0;
+    for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops) {
+      if (op.kind == planner::OpKind::kEncode) encode += planner::opDurationUs(bare, op);
+      if (op.kind == planner::OpKind::kDecode) decode += planner::opDurationUs(bare, op);
+    }
+    if (!(encode > 0 && decode > 0)) continue;
+    auto& [e, d, n] = byElements[double(c.elements)];
+    e += c.encodeUs / encode, d += c.decodeUs / decode, n += 1;
+  }
+  std::vector<std::array<double, 3>> rows;
+  for (const auto& [elements, v] : byElements) rows.push_back({elements, v[0] / v[2], v[1] / v[2]});
+  if (rows.empty()) return rows;
+  auto stretch = [&](double elements, int which) {
+    if (elements <= rows.front()[0]) return rows.front()[which];
+    if (elements >= rows.back()[0]) return rows.back()[which];
+    size_t k = 1;
+    while (rows[k][0] < elements) ++k;
+    const auto& a = rows[k - 1];
+    const auto& b = rows[k];
+    const double t = std::log(elements / a[0]) / std::log(b[0] / a[0]);
+    return a[which] + t * (b[which] - a[which]);
+  };
+  auto scale = [&](planner::MeasuredCurve& curve, int which) {
+    for (auto& [x, us] : curve.points) us *= stretch(x, which);
+  };
+  for (const int d : {int(plan::Device::kCpu), int(plan::Device::kGpu)}) {
+    if (d == int(plan::Device::kGpu) && !hostTwin) continue;
+    scale(codec.encodeCurve[d], 1);
+    scale(codec.decodeCurve[d], 2);
+  }
+  scale(cl.cpuFillCurve, 2);
+  if (hostTwin) scale(cl.gpuFillCurve, 2);
+  return rows;
+}
+
 std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
                                                       planner::Cluster& cl,
                                                       const planner::ResolvedCodec& codec,
@@ -387,9 +431,15 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   // adds it (the online re-planner's fit of the same timings), instead of
   // the uncompressed probe's curve at the payloads' sizes.
   applyExchangeCurves(m.exchangeReports, cl, codec);
-  // The workers' skew as chains of steps meet it (measureSkewChain): what
-  // a step took beyond its price, by the work before its collective.
-  std::string chainBreakdown;
+  // The CPU codec priced as the executor calls it, at the rate of workers
+  // that code at once as the skew chains meet them; then the workers' skew
+  // as the chains meet it (measureSkewChain): what a step took beyond its
+  // price, by the work before its collective.
+  std::string chainBreakdown, contention;
+  cl.cpuCodecByCall = true;
+  for (const auto& [elements, e, d] : applyChainContention(m.chainPoints, cl, codec, !m.hasDeviceCodec))
+    contention += fmt::format("{}{:.0f}: E {:.2f}x, D {:.2f}x", contention.empty() ? "" : "; ",
+                              elements, e, d);
   if (!m.chainPoints.empty()) applyChainSkew(m.chainPoints, cl, codec, &chainBreakdown);
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
@@ -424,6 +474,10 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                                   "device {:.0f} us + {:.2f} Gbit/s",
                                   m.d2h.alphaUs, m.d2h.gbps, m.h2d.alphaUs, m.h2d.gbps)
                     : std::string());
+  if (costNote && !contention.empty())
+    *costNote += "; CPU codec calls priced as the executor makes them, stretched as the skew chains' "
+                 "calls of workers coding at once ran against that price (by elements): " +
+                 contention;
   if (costNote && !chainBreakdown.empty())
     *costNote += "; the skew chains' steps traced against their prices (us per step, priced in "
                  "brackets; ag* the fastest worker's): " + chainBreakdown;

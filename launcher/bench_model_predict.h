@@ -4,6 +4,7 @@
 // handed out during the run. Rank 0 runs these. Internal to the launcher.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,23 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
 // The option each step of the skew chains runs (measureSkewChain): `F:
 // E(c) ag* D(c)` with the codec `codec` on the CPU.
 plan::TensorOption chainOption(const std::string& codec);
+
+// The CPU codec calls of workers that code at the same time, as the skew
+// chains meet them (the emulated hosts share this machine's cores, and a
+// call longer than the scheduler's slice shares a core with the other
+// workers' calls): for each chain whose stages were traced, its workers'
+// mean encode and decode over what `cl` and `codec` price for one step of
+// chainOption() (the decode with its zeroing pass), by elements. Each point
+// of codec's CPU curves (the encode's, the decode's and cl's CPU zeroing
+// pass) is multiplied by that stretch at its size: interpolated in the
+// logarithm of the elements between the chains' sizes, the nearest chain's
+// beyond them. The "gpu" curves too where they are the CPU's (`hostTwin`:
+// a "gpu" step runs the CPU twin). Returns (elements, encode stretch,
+// decode stretch) per traced chain, in increasing size; none (and nothing
+// changed) without a traced chain.
+std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measured::ChainPoint>& chains,
+                                                        planner::Cluster& cl,
+                                                        planner::ResolvedCodec& codec, bool hostTwin);
 
 // The workers' skew as chains of steps meet it, into cl.syncSkew (its curve
 // alone): each chain's measured time per step (Measured::ChainPoint, the

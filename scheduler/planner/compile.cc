@@ -33,11 +33,13 @@ class Compiler {
       const Step& s = steps[i];
       if (s.kind == StepKind::kEncode) {
         moveTo(s.device == Device::kGpu);
+        calls_ = callsFrom(o, i);
         codecOp(OpKind::kEncode, s.device, codec_.encodeUs(s.device, e_));
         compressed_ = true;
         m_ = 1;
       } else if (s.kind == StepKind::kDecode) {
         moveTo(s.device == Device::kGpu);
+        calls_ = callsFrom(o, i);
         codecOp(OpKind::kDecode, s.device, codec_.decodeUs(s.device, e_, m_));
         compressed_ = false;
         m_ = 1;
@@ -58,6 +60,26 @@ class Compiler {
   }
 
  private:
+  // The codec calls the executor makes for the region a codec step at
+  // steps[i] covers (Cluster::cpuCodecByCall): its cuts are the servers'
+  // chunks where the option pushes (ExecutorCore's shard keys), and the
+  // blocks of every alltoall still ahead (the region is one block of those
+  // behind it).
+  double callsFrom(const plan::TensorOption& o, size_t i) const {
+    double blocks = 1;
+    bool push = false;
+    for (size_t k = 0; k < o.steps.size(); ++k) {
+      const Step& s = o.steps[k];
+      if (s.kind != StepKind::kComm) continue;
+      push |= s.op == CommOp::kPush;
+      if (k > i && s.op == CommOp::kAlltoall)
+        blocks *= s.scope == Scope::kFlat    ? c_.machines * c_.gpusPerMachine
+                  : s.scope == Scope::kIntra ? c_.gpusPerMachine
+                                             : c_.machines;
+    }
+    return std::min(std::max(blocks, push ? partitions(e_) : 1.0), std::max(1.0, e_));
+  }
+
   // Partitions of `elements` raw elements (at least one, at most 4096).
   double partitions(double elements) const {
     return std::clamp(std::ceil(elements * dtype_ / c_.chunkBytes), 1.0, 4096.0);
@@ -102,7 +124,14 @@ class Compiler {
     // separate devices, on the CPU they share the machine's cores, one task
     // per partition.
     op.us = us;
-    if (d == Device::kCpu) {
+    const bool byCall = d == Device::kCpu && c_.cpuCodecByCall;
+    if (byCall) {
+      // One task per GPU that holds data: its calls one after another.
+      const double calls = calls_;
+      op.tasks = uint16_t(active_);
+      op.us = calls * (kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / calls)
+                                               : codec_.decodeUs(d, e_ / calls, m_));
+    } else if (d == Device::kCpu) {
       const double parts = partitions(e_);
       op.tasks = uint16_t(active_ * parts);
       op.us = kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / parts)
@@ -114,7 +143,7 @@ class Compiler {
     // cost per element grows once the region outgrows the caches), shared
     // by the partitions' tasks.
     if (kind == OpKind::kDecode)
-      op.us += c_.fillUs(d, e_) / (d == Device::kCpu ? partitions(e_) : 1.0);
+      op.us += c_.fillUs(d, e_) / (d == Device::kCpu && !byCall ? partitions(e_) : 1.0);
     if (d == Device::kGpu) out_.gpuCodec = true;
     add(op);
   }
@@ -268,6 +297,7 @@ class Compiler {
   int dtype_;
   int active_;     // GPUs per machine that hold data
   double m_ = 1;   // compressed contributions per element not yet summed
+  double calls_ = 1;  // the codec calls of the step being compiled (callsFrom)
   bool compressed_ = false;
   bool onDevice_ = true;
   bool pendingFirst_[3] = {false, false, false};

@@ -149,6 +149,16 @@ struct Cluster {
   // CPU codec calls and the servers' work are split into partitions of this
   // size (the worker's partitioner), each a task for one core.
   double chunkBytes = 4 << 20;
+  // How a CPU encode or decode is priced. false (the default): as the
+  // partitions above, each a task at the codec's cost for a partition,
+  // spread over the cores (the model of a codec pool). true: as the plan
+  // executor calls the codec (Run::encode): one call per piece of the
+  // tensor it cuts, in turn on the worker's thread, each at the codec's
+  // cost for the piece's size: the partitions where the option pushes to
+  // the servers, the blocks of the alltoall steps still ahead, otherwise
+  // one call for the whole region. `cortado bench model` sets it: its codec
+  // curves are the executor's calls, with its codec threads.
+  bool cpuCodecByCall = false;
   // true: a runtime that synchronizes one tensor at a time (the plan
   // executor: Executor::run is synchronous). The simulator starts a tensor's
   // first step when the previous tensor's last one has ended (instead of

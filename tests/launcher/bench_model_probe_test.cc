@@ -293,6 +293,87 @@ void expectPoints(const std::vector<std::pair<double, double>>& got,
   }
 }
 
+// The skew chains' traced codec calls into the CPU curves: each traced
+// chain's encode and decode over their price, by elements, multiply the
+// curves' points (interpolated in the logarithm of the elements between
+// the chains, the nearest chain's beyond them). Worked by hand: encode 20 us
+// at 1000 elements, 80 at 4000; a decode of 10 us a payload (4 payloads)
+// and a zeroing pass of 4 us at 1000 elements, 16 at 4000.
+TEST(SkewChain, TracedCodecCallsStretchTheCpuCurves) {
+  planner::Cluster cl = fourHosts(2);
+  cl.cpuCodecByCall = true;
+  cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};
+  cl.cpuFillCurve.add(1000, 4);
+  cl.cpuFillCurve.add(4000, 16);
+  cl.gpuFillCurve = cl.cpuFillCurve;
+  planner::ResolvedCodec codec = efsignsgd({{1000, 20}, {4000, 80}});
+  for (auto& curve : codec.decodeCurve) {
+    curve.points.clear();
+    curve.add(1000, 10);
+    curve.add(4000, 10);
+  }
+  using Chain = replay::Measured::ChainPoint;
+  auto traced = [](uint64_t elements, double encodeUs, double decodeUs) {
+    Chain c{elements, 8, 1000};
+    c.encodeUs = encodeUs, c.collectiveUs = 100, c.decodeUs = decodeUs;
+    return c;
+  };
+  // 1000 elements: two chains, encodes 1.4x and 1.6x their 20 us (1.5x),
+  // decodes 66 us against 40 + 4 (1.5x); 4000: encode 240 against 80 (3x),
+  // decode 56 against 40 + 16 (1x). A chain without traced stages is left
+  // out.
+  const std::vector<Chain> chains = {traced(1000, 28, 66), traced(4000, 240, 56),
+                                     traced(1000, 32, 66), Chain{2000, 8, 5000}};
+  planner::Cluster a = cl;
+  planner::ResolvedCodec ka = codec;
+  const auto rows = replay::applyChainContention(chains, a, ka, false);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_NEAR(rows[0][0], 1000, 1e-9);
+  EXPECT_NEAR(rows[0][1], 1.5, 1e-9);
+  EXPECT_NEAR(rows[0][2], 1.5, 1e-9);
+  EXPECT_NEAR(rows[1][0], 4000, 1e-9);
+  EXPECT_NEAR(rows[1][1], 3.0, 1e-9);
+  EXPECT_NEAR(rows[1][2], 1.0, 1e-9);
+  const int cpu = int(plan::Device::kCpu), gpu = int(plan::Device::kGpu);
+  expectPoints(ka.encodeCurve[cpu].points, {{1000, 30}, {4000, 240}});
+  expectPoints(ka.decodeCurve[cpu].points, {{1000, 15}, {4000, 10}});
+  expectPoints(a.cpuFillCurve.points, {{1000, 6}, {4000, 16}});
+  // The device has the codec: its curves and its zeroing pass stay.
+  EXPECT_EQ(ka.encodeCurve[gpu].points, codec.encodeCurve[gpu].points);
+  EXPECT_EQ(a.gpuFillCurve.points, cl.gpuFillCurve.points);
+  // The chains' step now priced at its traced encode and decode.
+  const plan::TensorOption f = replay::chainOption("efsignsgd");
+  auto stages = [&](const planner::Cluster& x, const planner::ResolvedCodec& k, int64_t n) {
+    std::pair<double, double> ed{0, 0};
+    for (const planner::SimOp& op : planner::compileOption(x, k, n, 4, f).ops) {
+      if (op.kind == planner::OpKind::kEncode) ed.first += planner::opDurationUs(x, op);
+      if (op.kind == planner::OpKind::kDecode) ed.second += planner::opDurationUs(x, op);
+    }
+    return ed;
+  };
+  expectPoints({stages(a, ka, 1000), stages(a, ka, 4000)}, {{30, 66}, {240, 56}});
+  // Between the chains, halfway in the logarithm (2000 elements: 2.25x), on
+  // a curve point; beyond them, the nearest chain's.
+  planner::ResolvedCodec mid = codec;
+  mid.encodeCurve[cpu].points = {{500, 10}, {2000, 40}, {8000, 160}};
+  planner::Cluster b = cl;
+  replay::applyChainContention(chains, b, mid, false);
+  expectPoints(mid.encodeCurve[cpu].points, {{500, 15}, {2000, 90}, {8000, 480}});
+  // A "gpu" step that runs the CPU twin is stretched alike.
+  planner::Cluster c = cl;
+  planner::ResolvedCodec kc = codec;
+  replay::applyChainContention(chains, c, kc, true);
+  EXPECT_EQ(kc.encodeCurve[gpu].points, kc.encodeCurve[cpu].points);
+  EXPECT_EQ(kc.decodeCurve[gpu].points, kc.decodeCurve[cpu].points);
+  EXPECT_EQ(c.gpuFillCurve.points, c.cpuFillCurve.points);
+  // No traced chain: nothing changes.
+  planner::Cluster d = cl;
+  planner::ResolvedCodec kd = codec;
+  EXPECT_TRUE(replay::applyChainContention({Chain{1000, 8, 400}}, d, kd, true).empty());
+  EXPECT_EQ(kd.encodeCurve[cpu].points, codec.encodeCurve[cpu].points);
+  EXPECT_EQ(d.cpuFillCurve.points, cl.cpuFillCurve.points);
+}
+
 // The skew chains into the simulator's curve: each chain's time per step
 // less the step's price (F: E(c) ag* D(c), one after the other), by the
 // encode before the allgather, non-decreasing and concave through (0, 0).

@@ -132,8 +132,10 @@ check "dgc run exits 0" "[ $rc = 0 ]" "rc=$rc"
 check "dgc none exact" "echo \"\$out\" | grep -q '^| none .*| exact (0 lossy tensors)'" "no exact row for none"
 check "dgc plan row" "echo \"\$out\" | grep -q '^| plan '" "no plan row"
 check "dgc replan row" "echo \"\$out\" | grep -Eq '^\\| replan .*(then version [0-9]* \\(first switch at iteration|kept by the scheduler)'" "no replan row"
-# The cost line (without --json) sets the chains' traced stages beside their
-# prices.
+# The cost line (without --json) says how the chains' traced codec calls
+# stretch the CPU codec's price, by elements, and sets the chains' traced
+# stages beside their prices.
+check "codec calls stretched by the chains" "echo \"\$out\" | grep -Eq 'CPU codec calls priced as the executor makes them, stretched as the skew chains. calls of workers coding at once ran against that price \(by elements\): [0-9]+: E [0-9.]+x, D [0-9.]+x'" "$(echo "$out" | grep -o 'CPU codec calls priced.*' | head -1)"
 check "skew chains against their prices" "echo \"\$out\" | grep -Eq 'the skew chains. steps traced against their prices \(us per step, priced in brackets; ag\* the fastest worker.s\): [0-9]+x[0-9]+: [0-9]+ \([0-9]+\): E [0-9]+ \([0-9]+\), ag\* [0-9]+ \([0-9]+\), D [0-9]+ \([0-9]+\), the rest -?[0-9]+'" "$(echo "$out" | grep -o 'the skew chains.*' | head -1)"
 
 # Between strategies too: `none` after a lossy compress-everything strategy

@@ -214,6 +214,63 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
             std::string::npos);
 }
 
+// Cluster::cpuCodecByCall: a CPU encode or decode priced as the executor
+// calls the codec (Run::encode), one call per piece it cuts the region into,
+// in turn on the worker's thread, against the partitions spread over the
+// cores. 4 machines x 1 GPU, one core, partitions of 1000 bytes, no copies;
+// a CPU encode of 5 us + 2 ns an element, a decode of 2 us + 4 ns an
+// element per payload; one tensor of 1000 floats (4 partitions).
+TEST(Simulator, CpuCodecByCallIsOneCallPerPieceTheExecutorCuts) {
+  Cluster c = cluster(4, 1, 1);
+  c.d2h = c.h2d = AlphaBeta{0, 1e9};
+  c.chunkBytes = 1000;
+  ResolvedCodec k = codecWithPerElementEncode();
+  k.cost.decode[int(Device::kCpu)].nsPerElement = 4;
+  // The CPU encode and decode operations' (us, tasks), in order.
+  auto codecOps = [&](const Cluster& cl, const TensorOption& o) {
+    std::vector<std::pair<double, int>> out;
+    for (const SimOp& op : compileOption(cl, k, 1000, 4, o).ops)
+      if (op.kind == OpKind::kEncode || op.kind == OpKind::kDecode) out.emplace_back(op.us, op.tasks);
+    return out;
+  };
+  using Ops = std::vector<std::pair<double, int>>;
+  const TensorOption gather = gatherCompressed(Device::kCpu, Device::kCpu);
+  const TensorOption blocks{false,
+                            {Step::encode(Device::kCpu),
+                             Step::comm(Scope::kFlat, CommOp::kAlltoall, true),
+                             Step::decode(Device::kCpu), Step::encode(Device::kCpu),
+                             Step::comm(Scope::kFlat, CommOp::kAllgather, true),
+                             Step::decode(Device::kCpu)},
+                            "test"};
+  const TensorOption servers{true,
+                             {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+                              Step::encode(Device::kCpu), Step::comm(Scope::kInter, CommOp::kPush, true),
+                              Step::comm(Scope::kInter, CommOp::kPull, true), Step::decode(Device::kCpu),
+                              Step::comm(Scope::kIntra, CommOp::kAllgather, false)},
+                             "test"};
+  // By partitions (the default): 4 tasks of 250 elements each, the decode's
+  // 4 payloads of a partition per task.
+  EXPECT_EQ(codecOps(c, gather), (Ops{{5.5, 4}, {2 + 4 * 1.0, 4}}));
+  c.cpuCodecByCall = true;
+  // The allgather: one call for the whole tensor, then one decode of its 4
+  // payloads (7 us; 2 + 4 x 4 us).
+  EXPECT_EQ(codecOps(c, gather), (Ops{{7, 1}, {18, 1}}));
+  // The alltoall ahead cuts the first encode into its 4 blocks (4 x 5.5 us);
+  // behind it the region is one block of 250: a decode of 4 payloads
+  // (2 + 4 x 1), an encode (5.5), then the whole tensor's decode of one
+  // payload a block (the allgather makes the blocks whole: 2 + 4).
+  EXPECT_EQ(codecOps(c, blocks), (Ops{{22, 1}, {6, 1}, {5.5, 1}, {6, 1}}));
+  // Through the servers: the chunks of the shard key (its 4 partitions), an
+  // encode and a decode (of the pulled sum) each; the zeroing pass over the
+  // whole region (4000 bytes at 8 Gbit/s: 4 us) once, not a share per task.
+  c.cpuFillGbps = 8;
+  EXPECT_EQ(codecOps(c, servers), (Ops{{22, 1}, {4 * 3.0 + 4, 1}}));
+  // Two GPUs a machine: one task per GPU that holds data.
+  Cluster two = c;
+  two.gpusPerMachine = 2;
+  EXPECT_EQ(codecOps(two, gather)[0], (std::pair<double, int>{7, 2}));
+}
+
 TEST(Simulator, CpuCodecDoesNotDelayComputationButQueues) {
   // Two tensors, 2 GPUs, 1 core, both CPU-compressed; t0 as above (finish
   // 40, core busy [15,25] encoding and [31,35] decoding). t1 is ready at 12
