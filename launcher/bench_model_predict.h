@@ -70,9 +70,12 @@ plan::TensorOption chainOption(const std::string& codec);
 // mean encode and decode over what `cl` and `codec` price for one step of
 // chainOption() (the decode with its zeroing pass), by elements. Each point
 // of codec's CPU curves (the encode's, the decode's and cl's CPU zeroing
-// pass) is multiplied by that stretch at its size: interpolated in the
-// logarithm of the elements between the chains' sizes, the nearest chain's
-// beyond them. The "gpu" curves too where they are the CPU's (`hostTwin`:
+// pass) up to the largest chain's size is multiplied by that stretch at its
+// size: interpolated in the logarithm of the elements between the chains'
+// sizes, the smallest chain's below them. Beyond the largest chain a point
+// is the larger of its own value and the curve's value at that chain,
+// stretched, times the ratio of the sizes (the probe's long calls meet the
+// other workers' already). The "gpu" curves too where they are the CPU's (`hostTwin`:
 // a "gpu" step runs the CPU twin). Returns (elements, encode stretch,
 // decode stretch) per traced chain, in increasing size; none (and nothing
 // changed) without a traced chain.

@@ -353,12 +353,16 @@ TEST(SkewChain, TracedCodecCallsStretchTheCpuCurves) {
   };
   expectPoints({stages(a, ka, 1000), stages(a, ka, 4000)}, {{30, 66}, {240, 56}});
   // Between the chains, halfway in the logarithm (2000 elements: 2.25x), on
-  // a curve point; beyond them, the nearest chain's.
+  // a curve point; below them, the smallest chain's (1.5x). Beyond the
+  // largest chain (4000 elements, 80 us stretched to 240), the larger of
+  // the point and 240 us grown in proportion to the size: 400 us at 8000
+  // elements becomes 480, 2000 at 16000 stays (above 960).
   planner::ResolvedCodec mid = codec;
-  mid.encodeCurve[cpu].points = {{500, 10}, {2000, 40}, {8000, 160}};
+  mid.encodeCurve[cpu].points = {{500, 10}, {2000, 40}, {4000, 80}, {8000, 400}, {16000, 2000}};
   planner::Cluster b = cl;
   replay::applyChainContention(chains, b, mid, false);
-  expectPoints(mid.encodeCurve[cpu].points, {{500, 15}, {2000, 90}, {8000, 480}});
+  expectPoints(mid.encodeCurve[cpu].points,
+               {{500, 15}, {2000, 90}, {4000, 240}, {8000, 480}, {16000, 2000}});
   // A "gpu" step that runs the CPU twin is stretched alike.
   planner::Cluster c = cl;
   planner::ResolvedCodec kc = codec;
