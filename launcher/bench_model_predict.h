@@ -75,10 +75,10 @@ plan::TensorOption chainOption(const std::string& codec);
 // sizes, the smallest chain's below them. Beyond the largest chain a point
 // is the larger of its own value and the curve's value at that chain,
 // stretched, times the ratio of the sizes (the probe's long calls meet the
-// other workers' already). The "gpu" curves too where they are the CPU's (`hostTwin`:
-// a "gpu" step runs the CPU twin). Returns (elements, encode stretch,
-// decode stretch) per traced chain, in increasing size; none (and nothing
-// changed) without a traced chain.
+// other workers' already). The "gpu" curves too where they are the CPU's
+// (`hostTwin`: a "gpu" step runs the CPU twin). Returns (elements, encode
+// stretch, decode stretch) per traced chain, in increasing size; none (and
+// nothing changed) without a traced chain.
 std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measured::ChainPoint>& chains,
                                                         planner::Cluster& cl,
                                                         planner::ResolvedCodec& codec, bool hostTwin);

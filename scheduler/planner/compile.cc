@@ -62,9 +62,9 @@ class Compiler {
  private:
   // The codec calls the executor makes for the region a codec step at
   // steps[i] covers (Cluster::cpuCodecByCall): its cuts are the servers'
-  // chunks where the option pushes (ExecutorCore's shard keys), and the
-  // blocks of every alltoall still ahead (the region is one block of those
-  // behind it).
+  // chunks where the option pushes (the shard keys, core/executor/plans.cc),
+  // and the blocks of every alltoall still ahead (the region is one block of
+  // those behind it).
   double callsFrom(const plan::TensorOption& o, size_t i) const {
     double blocks = 1;
     bool push = false;
@@ -122,7 +122,7 @@ class Compiler {
     op.res = d == Device::kGpu ? Res::kGpu : Res::kCpu;
     // One call per GPU that holds data; on the GPU they run in parallel on
     // separate devices, on the CPU they share the machine's cores, one task
-    // per partition.
+    // per partition (or per GPU, its calls in turn: Cluster::cpuCodecByCall).
     op.us = us;
     const bool byCall = d == Device::kCpu && c_.cpuCodecByCall;
     if (byCall) {

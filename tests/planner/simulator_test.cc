@@ -123,6 +123,16 @@ TEST(Simulator, GpuCodecOffTheTrainingThreadDoesNotDelayComputation) {
   EXPECT_DOUBLE_EQ(both.estimate(0, 1, {}), 20.0);
 }
 
+// F: E(c) a2a* D(c) E(c) ag* D(c): the alltoall*, decode, re-encode the
+// block, the allgather*, decode.
+TensorOption alltoallThenAllgather() {
+  return TensorOption{false,
+                      {Step::encode(Device::kCpu), Step::comm(Scope::kFlat, CommOp::kAlltoall, true),
+                       Step::decode(Device::kCpu), Step::encode(Device::kCpu),
+                       Step::comm(Scope::kFlat, CommOp::kAllgather, true), Step::decode(Device::kCpu)},
+                      "test"};
+}
+
 TEST(Simulator, CpuCodecQueuesOnCoresAndCopies) {
   // One tensor of 1000 floats on 2 GPUs and 1 CPU core; CPU encode and decode.
   //   ready 10; copy d2h of 4000 B: 1 + 4 = 5 -> [10,15]
@@ -150,13 +160,7 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
   const TensorOption cpuGather = gatherCompressed(Device::kCpu, Device::kCpu);
   // alltoall*, decode, re-encode the block, allgather*, decode: the first
   // decode covers the rank's block (250 elements), the second every block.
-  const TensorOption blocks{false,
-                            {Step::encode(Device::kCpu),
-                             Step::comm(Scope::kFlat, CommOp::kAlltoall, true),
-                             Step::decode(Device::kCpu), Step::encode(Device::kCpu),
-                             Step::comm(Scope::kFlat, CommOp::kAllgather, true),
-                             Step::decode(Device::kCpu)},
-                            "test"};
+  const TensorOption blocks = alltoallThenAllgather();
   const double gatherUs = compileOption(c, k, 1000, 4, cpuGather).pathUs;
   const double blocksUs = compileOption(c, k, 1000, 4, blocks).pathUs;
   c.cpuFillGbps = 8;
@@ -235,13 +239,7 @@ TEST(Simulator, CpuCodecByCallIsOneCallPerPieceTheExecutorCuts) {
   };
   using Ops = std::vector<std::pair<double, int>>;
   const TensorOption gather = gatherCompressed(Device::kCpu, Device::kCpu);
-  const TensorOption blocks{false,
-                            {Step::encode(Device::kCpu),
-                             Step::comm(Scope::kFlat, CommOp::kAlltoall, true),
-                             Step::decode(Device::kCpu), Step::encode(Device::kCpu),
-                             Step::comm(Scope::kFlat, CommOp::kAllgather, true),
-                             Step::decode(Device::kCpu)},
-                            "test"};
+  const TensorOption blocks = alltoallThenAllgather();
   const TensorOption servers{true,
                              {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
                               Step::encode(Device::kCpu), Step::comm(Scope::kInter, CommOp::kPush, true),
