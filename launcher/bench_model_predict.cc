@@ -227,23 +227,41 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
   return n;
 }
 
+namespace {
+
+// What `bare` (a cluster without a skew) and `codec` price for the stages
+// of one chain step of `elements` (chainOption()): its encode, its
+// communication and its decode (with the zeroing pass), us on the timeline.
+struct ChainStagePrices {
+  double encode = 0, comm = 0, decode = 0;
+};
+ChainStagePrices chainStagePrices(const planner::Cluster& bare, const planner::ResolvedCodec& codec,
+                                  uint64_t elements) {
+  ChainStagePrices p;
+  const plan::TensorOption f = chainOption(codec.spec);
+  for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(elements), 4, f).ops) {
+    const double us = planner::opDurationUs(bare, op);
+    if (op.kind == planner::OpKind::kEncode) p.encode += us;
+    if (op.kind == planner::OpKind::kDecode) p.decode += us;
+    if (op.kind == planner::OpKind::kComm) p.comm += us;
+  }
+  return p;
+}
+
+}  // namespace
+
 std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measured::ChainPoint>& chains,
                                                         planner::Cluster& cl,
                                                         planner::ResolvedCodec& codec, bool hostTwin) {
-  const plan::TensorOption f = chainOption(codec.spec);
   planner::Cluster bare = cl;
   bare.syncSkew = {};
   std::map<double, std::array<double, 3>> byElements;  // elements -> (sums of E and D stretch, count)
   for (const Measured::ChainPoint& c : chains) {
     if (!(c.elements > 0 && c.encodeUs > 0 && c.decodeUs > 0)) continue;  // not traced
-    double encode = 0, decode = 0;
-    for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops) {
-      if (op.kind == planner::OpKind::kEncode) encode += planner::opDurationUs(bare, op);
-      if (op.kind == planner::OpKind::kDecode) decode += planner::opDurationUs(bare, op);
-    }
-    if (!(encode > 0 && decode > 0)) continue;
+    const ChainStagePrices priced = chainStagePrices(bare, codec, c.elements);
+    if (!(priced.encode > 0 && priced.decode > 0)) continue;
     auto& [e, d, n] = byElements[double(c.elements)];
-    e += c.encodeUs / encode, d += c.decodeUs / decode, n += 1;
+    e += c.encodeUs / priced.encode, d += c.decodeUs / priced.decode, n += 1;
   }
   std::vector<std::array<double, 3>> rows;
   for (const auto& [elements, v] : byElements) rows.push_back({elements, v[0] / v[2], v[1] / v[2]});
@@ -309,12 +327,8 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
     // The work before the allgather as applySyncSkew counts it: the encode,
     // its tasks in rounds over the cores; and the step's other stages as
     // priced, for the breakdown.
-    double work = 0, comm = 0, decode = 0;
-    for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(c.elements), 4, f).ops) {
-      if (op.kind == planner::OpKind::kEncode) work += planner::opDurationUs(bare, op);
-      if (op.kind == planner::OpKind::kDecode) decode += planner::opDurationUs(bare, op);
-      if (op.kind == planner::OpKind::kComm) comm += planner::opDurationUs(bare, op);
-    }
+    const ChainStagePrices stage = chainStagePrices(bare, codec, c.elements);
+    const double work = stage.encode, comm = stage.comm, decode = stage.decode;
     if (breakdown && c.encodeUs + c.collectiveUs + c.decodeUs > 0)
       *breakdown += fmt::format(
           "{}{}x{}: {:.0f} ({:.0f}): E {:.0f} ({:.0f}), ag* {:.0f} ({:.0f}), D {:.0f} ({:.0f}), "

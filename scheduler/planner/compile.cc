@@ -33,14 +33,12 @@ class Compiler {
       const Step& s = steps[i];
       if (s.kind == StepKind::kEncode) {
         moveTo(s.device == Device::kGpu);
-        calls_ = callsFrom(o, i);
-        codecOp(OpKind::kEncode, s.device, codec_.encodeUs(s.device, e_));
+        codecOp(OpKind::kEncode, s.device, codec_.encodeUs(s.device, e_), o, i);
         compressed_ = true;
         m_ = 1;
       } else if (s.kind == StepKind::kDecode) {
         moveTo(s.device == Device::kGpu);
-        calls_ = callsFrom(o, i);
-        codecOp(OpKind::kDecode, s.device, codec_.decodeUs(s.device, e_, m_));
+        codecOp(OpKind::kDecode, s.device, codec_.decodeUs(s.device, e_, m_), o, i);
         compressed_ = false;
         m_ = 1;
       } else if (plan::isZen(s.op)) {
@@ -116,7 +114,8 @@ class Compiler {
     onDevice_ = device;
   }
 
-  void codecOp(OpKind kind, Device d, double us) {
+  // The codec step at o.steps[i].
+  void codecOp(OpKind kind, Device d, double us, const plan::TensorOption& o, size_t i) {
     SimOp op;
     op.kind = kind;
     op.res = d == Device::kGpu ? Res::kGpu : Res::kCpu;
@@ -127,7 +126,7 @@ class Compiler {
     const bool byCall = d == Device::kCpu && c_.cpuCodecByCall;
     if (byCall) {
       // One task per GPU that holds data: its calls one after another.
-      const double calls = calls_;
+      const double calls = callsFrom(o, i);
       op.tasks = uint16_t(active_);
       op.us = calls * (kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / calls)
                                                : codec_.decodeUs(d, e_ / calls, m_));
@@ -297,7 +296,6 @@ class Compiler {
   int dtype_;
   int active_;     // GPUs per machine that hold data
   double m_ = 1;   // compressed contributions per element not yet summed
-  double calls_ = 1;  // the codec calls of the step being compiled (callsFrom)
   bool compressed_ = false;
   bool onDevice_ = true;
   bool pendingFirst_[3] = {false, false, false};

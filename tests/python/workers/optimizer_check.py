@@ -9,7 +9,9 @@ accumulation), fp16 compression (looser tolerance), and that the gradients'
 push_pulls start during backward (the hooks), before step().
 """
 
+import json
 import sys
+import time
 
 import torch
 
@@ -78,8 +80,6 @@ def train_until_searched(rank, prefix, settings, seed, device=None, slow=0.0):
     `slow` seconds a step). Returns the model, the optimizer, the search's
     state, the steps taken, the plan in force and the devices its encodes
     and decodes name."""
-    import json
-    import time
     device = device or torch.device("cpu")
     model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
