@@ -508,6 +508,30 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   return std::make_shared<planner::Simulator>(cl, codec, profile, options);
 }
 
+planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim) {
+  std::vector<uint64_t> bytes;
+  for (const auto& t : sim.profile().tensors) bytes.push_back(uint64_t(t.bytes()));
+  const uint64_t cap = executor::maxGroupsFor(executor::FusionSearchOptions{}, bytes.size());
+  return [&sim, bytes, cap](const std::vector<int>& choice) {
+    double best = sim.simulate(choice);
+    // PowerSGD's tensors never share a group (the search's forced cuts).
+    if (choice.empty() || sim.options()[size_t(choice.front())].codec.rfind("powersgd", 0) == 0)
+      return best;
+    for (uint64_t k = 1; k <= cap; k *= 2) {
+      std::vector<std::pair<int, int>> groups;
+      uint64_t start = 0;
+      executor::FusionSearch::Cuts cuts = executor::FusionSearch::balanced(bytes, {}, k);
+      cuts.insert(bytes.size());
+      for (uint64_t c : cuts) {
+        if (c - start >= 2) groups.emplace_back(int(start), int(c - 1));
+        start = c;
+      }
+      best = std::min(best, groups.empty() ? sim.simulate(choice) : sim.simulateGroups(choice, groups));
+    }
+    return best;
+  };
+}
+
 std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::ModelProfile& profile,
                                 const collective::Topology& topo, const Measured& m,
                                 int cpuCores, uint64_t chunkBytes, uint64_t fusionBytes,
@@ -554,10 +578,11 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
       // the best compress-everything option of each codec device and path
       // (the start-up probes can price the wrong path best: run AD had
       // compress-everything through the servers where the flat path ran
-      // 1.4x faster in other runs); the search times each one's layer-wise
-      // window and searches the groups of the fastest two, the better
-      // predicted first.
-      mergecompAlts = pl.compressAllByPath();
+      // 1.4x faster in other runs), each option priced in the groups the
+      // search will run it in (mergecompPrice); the search times each one's
+      // layer-wise window and searches the groups of the fastest two, the
+      // better predicted first.
+      mergecompAlts = pl.compressAllByPath(mergecompPrice(sim));
       s = mergecompAlts.empty() ? pl.compressAllGpu() : mergecompAlts.front();
     } else if (name == "plan") {
       // The planner's plan: Espresso's decision with Cupcake's fused groups

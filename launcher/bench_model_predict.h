@@ -16,6 +16,7 @@
 #include "core/plan/profile_report.h"
 #include "launcher/bench_model.h"
 #include "launcher/bench_model_probe.h"
+#include "scheduler/planner/decision.h"
 #include "scheduler/planner/profile.h"
 #include "scheduler/planner/simulator.h"
 
@@ -29,11 +30,19 @@ struct Prediction {
   double noSkewUs = 0;      // predictedUs without the workers' skew (Cluster::syncSkew), same plan
   std::string options;     // the one option everybody runs, or a summary
   // mergecomp: the best compress-everything plan of each codec device and
-  // path (Planner::compressAllByPath), the better predicted first; the search
+  // path (Planner::compressAllByPath, priced by mergecompPrice), the better
+  // predicted first; the search
   // screens them and searches the fastest (Executor::setFusionSearch's
   // alternatives).
   std::vector<plan::Plan> alternatives;
 };
+
+// MergeComp's alternatives' price (Planner::compressAllByPath): an option
+// used by every tensor, priced in the byte-balanced groups MergeComp's search
+// runs it in (executor::FusionSearch::balanced with 1, 2, 4, ... groups up to
+// the search's default cap, and every tensor on its own), the least of those
+// simulated times. `sim` must outlive the function.
+planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim);
 
 // --predicted-trace FILE: the plan strategy's timeline goes to FILE, every
 // other strategy's beside it with the strategy's name before the extension

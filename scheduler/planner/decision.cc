@@ -189,12 +189,13 @@ Strategy Planner::noCompression() {
   return best;
 }
 
-Strategy Planner::bestUniform(const std::function<bool(int)>& keep, bool count) {
+Strategy Planner::bestUniform(const std::function<bool(int)>& keep, bool count,
+                               const UniformPrice& price) {
   Strategy best{{}, Simulator::kInf};
   for (int o = 0; o < sim_.optionCount(); ++o) {
     if (!keep(o)) continue;
     std::vector<int> choice(sim_.tensors(), o);
-    const double f = sim_.simulate(choice);
+    const double f = price ? price(choice) : sim_.simulate(choice);
     if (count) ++stats_.evaluations;
     if (f < best.iterUs - kEps) best = Strategy{std::move(choice), f};
   }
@@ -211,7 +212,7 @@ Strategy Planner::compressAllCpu() {
       [&](int o) { return compressed_[o] && !usesGpuCodec(sim_.options()[size_t(o)]); }, true);
 }
 
-std::vector<Strategy> Planner::compressAllByPath() {
+std::vector<Strategy> Planner::compressAllByPath(const UniformPrice& price) {
   // The path an option takes between machines: the servers (a push), or
   // collectives, flat or hierarchical. With one GPU per machine a
   // hierarchical option's intra-machine steps have nothing to do, and its
@@ -236,7 +237,7 @@ std::vector<Strategy> Planner::compressAllByPath() {
             const bool onGpu = gpuOnly_[o], onCpu = !usesGpuCodec(opt);
             return compressed_[o] && pathOf(opt) == path && onGpu != onCpu && onCpu == cpu;
           },
-          true);
+          true, price);
       if (!best.choice.empty()) out.push_back(std::move(best));
     }
   std::stable_sort(out.begin(), out.end(),

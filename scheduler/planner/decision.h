@@ -65,8 +65,15 @@ class Planner {
   // hierarchical collectives are the flat ones (their intra-machine steps
   // have nothing to do) and are left out: up to four. MergeComp's
   // alternatives in `cortado bench model`: its search times them instead of
-  // trusting the predictions' choice of path.
-  std::vector<Strategy> compressAllByPath();
+  // trusting the predictions' choice of path. `price` (default: the
+  // simulated time with every tensor on its own) prices an option used by
+  // every tensor: the bench prices each in the byte-balanced groups that
+  // MergeComp's search will run it in, where another collective than
+  // layer-wise's can be the kind's best (compressed reduce-scatter and
+  // allgather rather than one allgather, for large groups). Each Strategy's
+  // iterUs is its price.
+  using UniformPrice = std::function<double(const std::vector<int>& choice)>;
+  std::vector<Strategy> compressAllByPath(const UniformPrice& price = {});
   // GPU pass from `start`; never worse than `start`.
   Strategy gpuPass(const Strategy& start);
   // Moves, per (size, option) group of GPU-compressed tensors, the best number
@@ -116,8 +123,10 @@ class Planner {
   };
   // The best of the options `keep` accepts, used by every tensor (the first
   // among times within kEps); an empty choice (iterUs kInf) when it accepts
-  // none. `count`: each simulation counts in stats_.evaluations.
-  Strategy bestUniform(const std::function<bool(int)>& keep, bool count);
+  // none. `count`: each simulation counts in stats_.evaluations. `price`:
+  // as compressAllByPath's (default: the simulated time).
+  Strategy bestUniform(const std::function<bool(int)>& keep, bool count,
+                       const UniformPrice& price = {});
   std::vector<Group> offloadGroups(const Strategy& s) const;
   std::vector<std::pair<int, int>> overridesFor(const std::vector<Group>& groups,
                                                 const std::vector<int>& counts) const;

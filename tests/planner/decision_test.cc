@@ -439,8 +439,10 @@ TEST(Decision, OneTensorAtATimeNeverSlowerThanAnyUniformOption) {
 // option of each codec device and path, against every option simulated on
 // every tensor and sorted into the kinds by hand. With one GPU per machine
 // the hierarchical collectives are left out: the simulator times them as the
-// flat ones.
+// flat ones. With a price of its own (the bench's: in groups), each kind's
+// pick is the option of least price.
 TEST(Planner, CompressAllByPathIsTheBestOfEachDeviceAndPath) {
+  int pricedOtherwise = 0;  // cases where the halves' price picked another option
   for (const int gpus : {2, 1}) {
     Cluster c;
     c.machines = 4;
@@ -511,8 +513,43 @@ TEST(Planner, CompressAllByPathIsTheBestOfEachDeviceAndPath) {
       EXPECT_NEAR(got.front().iterUs,
                   std::min(planner.compressAllGpu().iterUs, planner.compressAllCpu().iterUs), 1e-6)
           << at;
+      // Priced otherwise (here: in two fused halves, as MergeComp's search
+      // would run them), each kind's pick is the option of least price,
+      // found by trying every option by hand, and its iterUs that price.
+      const int T = sim.tensors();
+      const std::vector<std::pair<int, int>> halves{{0, T / 2 - 1}, {T / 2, T - 1}};
+      auto halvesPrice = [&](const std::vector<int>& choice) {
+        return sim.simulateGroups(choice, halves);
+      };
+      std::map<Kind, std::pair<double, int>> cheapest;  // kind -> (price, option)
+      for (int o = 0; o < sim.optionCount(); ++o) {
+        const auto& opt = sim.options()[size_t(o)];
+        const auto kind = kindOf(opt);
+        if (!opt.compressed() || !kind || (gpus == 1 && kind->second == 1)) continue;
+        const double t = halvesPrice(std::vector<int>(size_t(T), o));
+        auto [it, fresh] = cheapest.try_emplace(*kind, t, o);
+        if (!fresh && t < it->second.first - 1e-9) it->second = {t, o};
+      }
+      Planner priced(sim);
+      const std::vector<Strategy> inHalves = priced.compressAllByPath(halvesPrice);
+      ASSERT_EQ(inHalves.size(), cheapest.size()) << at;
+      bool differs = false;
+      for (const Strategy& s : inHalves) {
+        const Kind kind = kindOf(sim.options()[size_t(s.choice.front())]).value();
+        EXPECT_NEAR(s.iterUs, cheapest.at(kind).first, 1e-6) << at;
+        EXPECT_NEAR(s.iterUs, halvesPrice(s.choice), 1e-6) << at;
+        for (const Strategy& d : got)
+          if (kindOf(sim.options()[size_t(d.choice.front())]) == kind)
+            differs |= d.choice.front() != s.choice.front();
+      }
+      for (size_t k = 1; k < inHalves.size(); ++k)
+        EXPECT_LE(inHalves[k - 1].iterUs, inHalves[k].iterUs) << at << ": cheapest first";
+      if (differs) ++pricedOtherwise;
     }
   }
+  // Without a case where the price changes a pick, the checks above would
+  // pass with the price ignored.
+  EXPECT_GT(pricedOtherwise, 0) << "the halves' price picked layer-wise's options everywhere";
 }
 
 }  // namespace
