@@ -510,9 +510,14 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
 
 planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim) {
   std::vector<uint64_t> bytes;
-  for (const auto& t : sim.profile().tensors) bytes.push_back(uint64_t(t.bytes()));
+  executor::FusionSearch::Cuts forced;  // a group is one buffer: one dtype
+  const auto& ts = sim.profile().tensors;
+  for (size_t j = 0; j < ts.size(); ++j) {
+    bytes.push_back(uint64_t(ts[j].bytes()));
+    if (j > 0 && ts[j].dtypeBytes != ts[j - 1].dtypeBytes) forced.insert(j);
+  }
   const uint64_t cap = executor::maxGroupsFor(executor::FusionSearchOptions{}, bytes.size());
-  return [&sim, bytes, cap](const std::vector<int>& choice) {
+  return [&sim, bytes, forced, cap](const std::vector<int>& choice) {
     double best = sim.simulate(choice);
     // PowerSGD's tensors never share a group (the search's forced cuts).
     if (choice.empty() || sim.options()[size_t(choice.front())].codec.rfind("powersgd", 0) == 0)
@@ -520,7 +525,7 @@ planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim) {
     for (uint64_t k = 1; k <= cap; k *= 2) {
       std::vector<std::pair<int, int>> groups;
       uint64_t start = 0;
-      executor::FusionSearch::Cuts cuts = executor::FusionSearch::balanced(bytes, {}, k);
+      executor::FusionSearch::Cuts cuts = executor::FusionSearch::balanced(bytes, forced, k);
       cuts.insert(bytes.size());
       for (uint64_t c : cuts) {
         if (c - start >= 2) groups.emplace_back(int(start), int(c - 1));

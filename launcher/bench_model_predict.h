@@ -31,17 +31,17 @@ struct Prediction {
   std::string options;     // the one option everybody runs, or a summary
   // mergecomp: the best compress-everything plan of each codec device and
   // path (Planner::compressAllByPath, priced by mergecompPrice), the better
-  // predicted first; the search
-  // screens them and searches the fastest (Executor::setFusionSearch's
-  // alternatives).
+  // predicted first; the search screens them and searches the fastest
+  // (Executor::setFusionSearch's alternatives).
   std::vector<plan::Plan> alternatives;
 };
 
 // MergeComp's alternatives' price (Planner::compressAllByPath): an option
 // used by every tensor, priced in the byte-balanced groups MergeComp's search
 // runs it in (executor::FusionSearch::balanced with 1, 2, 4, ... groups up to
-// the search's default cap, and every tensor on its own), the least of those
-// simulated times. `sim` must outlive the function.
+// the search's default cap, and every tensor on its own; cut where the dtype
+// changes, as a group is one buffer), the least of those simulated times.
+// `sim` must outlive the function.
 planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim);
 
 // --predicted-trace FILE: the plan strategy's timeline goes to FILE, every

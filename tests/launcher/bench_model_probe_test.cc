@@ -454,5 +454,43 @@ TEST(SkewChain, TheCurveIsEachChainsTimeLessItsPriceByTheEncode) {
   }
 }
 
+// MergeComp's alternatives are priced in the byte-balanced groupings its
+// search times: the least of every tensor on its own and 1, 2, 4, ... groups
+// up to the search's cap (a quarter of the tensors, at least 2), cut where
+// the dtype changes. Eight tensors, the last two fp16 (cap 2), 64000 bytes:
+// one group is [0, 5] and [6, 7] (the dtype's cut); two groups cut where the
+// running sum reaches 32000, after tensor 3: [0, 3], [4, 5], [6, 7].
+TEST(MergeCompPrice, TheLeastOverTheGroupingsTheSearchTimes) {
+  planner::Cluster cl = fourHosts(2);
+  cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};
+  planner::ResolvedCodec codec = efsignsgd({{1000, 20}, {100000, 400}});
+  planner::ModelProfile prof;
+  prof.model = "eight";
+  const std::vector<std::pair<int64_t, int>> shapes = {{1000, 4}, {3000, 4}, {1000, 4}, {3000, 4},
+                                                       {2000, 4}, {2000, 4}, {4000, 2}, {4000, 2}};
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    planner::TensorProfile t;
+    t.name = "t" + std::to_string(j);
+    t.elements = shapes[j].first;
+    t.dtypeBytes = shapes[j].second;
+    t.backwardUs = 50;
+    prof.tensors.push_back(t);
+  }
+  planner::Simulator sim(cl, codec, prof, planner::plannerOptions(cl, codec.spec));
+  const auto price = replay::mergecompPrice(sim);
+  const std::vector<std::pair<int, int>> one = {{0, 5}, {6, 7}}, two = {{0, 3}, {4, 5}, {6, 7}};
+  int grouped = 0;  // options whose price is a grouping's, below layer-wise
+  for (int o = 0; o < sim.optionCount(); ++o) {
+    if (!sim.options()[size_t(o)].compressed()) continue;
+    const std::vector<int> choice(prof.tensors.size(), o);
+    const double layerWise = sim.simulate(choice);
+    const double want =
+        std::min({layerWise, sim.simulateGroups(choice, one), sim.simulateGroups(choice, two)});
+    EXPECT_NEAR(price(choice), want, 1e-6) << sim.options()[size_t(o)].describe();
+    grouped += want < layerWise - 1e-6;
+  }
+  EXPECT_GT(grouped, 0) << "no option is priced below layer-wise: the groups were not priced";
+}
+
 }  // namespace
 }  // namespace cortado::launcher
