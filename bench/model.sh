@@ -14,8 +14,9 @@
 #                  (strategies: docs/model_bench.md; plan is the planner's plan with Cupcake's fused
 #                  groups, pertensor the same without groups, mergecomp the options and groups MergeComp's
 #                  search finds by timing iterations (the best compress-everything option of each codec
-#                  device and path between machines, priced in groups). CORTADO_FUSION_BYTES defaults to 0 here: the plan's
-#                  groups take the place of fusion by size, which the group search does not compose with)
+#                  device and path between machines, priced in groups). CORTADO_FUSION_BYTES defaults to 0
+#                  here: the plan's groups take the place of fusion by size, which the group search does not
+#                  compose with)
 #                  (with replan among the strategies: CORTADO_PROFILE_WINDOW, default 3, and
 #                  CORTADO_REPLAN_CODEC, default the run's codec, are set for the job)
 #                  [--sync-skew auto|off|US,FRACTION]   (the workers' skew in the predictions:
