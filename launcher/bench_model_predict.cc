@@ -531,7 +531,8 @@ planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim) {
         if (c - start >= 2) groups.emplace_back(int(start), int(c - 1));
         start = c;
       }
-      best = std::min(best, groups.empty() ? sim.simulate(choice) : sim.simulateGroups(choice, groups));
+      // No group of two: layer-wise again, already priced.
+      if (!groups.empty()) best = std::min(best, sim.simulateGroups(choice, groups));
     }
     return best;
   };
