@@ -83,6 +83,17 @@ struct EncodeContext {
   bool restartMomentum = false;
 };
 
+// Error feedback's per-element update (error_feedback.h), for a codec that
+// folds it into its own pass over the input (Codec::encodeUpdated): with u,
+// u[i] = m u[i] + g[i] then e[i] += u[i] (DGC's momentum correction);
+// without (u null), e[i] += g[i]. Every pointer covers n elements.
+struct FeedbackUpdate {
+  float* e;
+  float* u;
+  const float* g;
+  float m;
+};
+
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -109,6 +120,16 @@ class Codec {
 
   virtual size_t encode(const float* in, size_t n, std::span<std::byte> out,
                         const EncodeContext& ctx) const = 0;
+  // Applies `up` to every element and encodes up.e: the same state and the
+  // same payload, bit for bit, as running the update and then encode(up.e),
+  // in fewer passes over memory. Returns the payload's bytes, or 0 where the
+  // codec has no such pass (the default): the caller then runs the two.
+  // top-k and DGC fold the update into their selection's scan, the sign
+  // codecs (onebit, signSGD, EFSignSGD) into their pass a sum chunk at a time.
+  virtual size_t encodeUpdated(const FeedbackUpdate& up, size_t n, std::span<std::byte> out,
+                               const EncodeContext& ctx) const {
+    return 0;
+  }
   // out[0..n) = decoded tensor; n must equal the header's element count.
   virtual void decode(std::span<const std::byte> payload, float* out, size_t n,
                       const EncodeContext& ctx = {}) const = 0;

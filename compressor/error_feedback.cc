@@ -117,24 +117,13 @@ ErrorFeedback::State& ErrorFeedback::state(uint64_t key, size_t n) {
 
 void ErrorFeedback::update(float* e, float* u, const float* grad, size_t n,
                            const EncodeContext& ctx) const {
-  if (momentum_ > 0) {
-    const float m = momentum_;
-    cpu::parallelAligned(ctx.pool, n, 64, [&](size_t b, size_t end) {
-      for (size_t i = b; i < end; ++i) {
-        u[i] = m * u[i] + grad[i];
-        e[i] += u[i];
-      }
-    });
-  } else {
-    cpu::parallelAligned(ctx.pool, n, 64, [&](size_t b, size_t end) {
-      for (size_t i = b; i < end; ++i) e[i] += grad[i];
-    });
-  }
+  const FeedbackUpdate up{e, momentum_ > 0 ? u : nullptr, grad, momentum_};
+  cpu::parallelAligned(ctx.pool, n, 64,
+                       [&up](size_t b, size_t end) { cpu::applyUpdate(up, b, end); });
 }
 
-size_t ErrorFeedback::encodeIn(float* e, float* u, size_t n, std::span<std::byte> out,
-                               const EncodeContext& ctx) const {
-  size_t bytes = codec_->encode(e, n, out, ctx);
+size_t ErrorFeedback::afterEncode(float* e, float* u, size_t n, std::span<std::byte> out,
+                                  size_t bytes, const EncodeContext& ctx) const {
   auto payload = std::span<const std::byte>(out.data(), bytes);
   codec_->decompressAdd(payload, e, n, -1.0f, ctx);
   if (momentum_ > 0 && ctx.restartMomentum)
@@ -149,8 +138,15 @@ size_t ErrorFeedback::encode(uint64_t key, const float* grad, size_t n, std::spa
   State& s = state(key, n);
   const bool m = momentum_ > 0;
   if (stateType_ == StateDType::kFloat32) {
-    update(s.residual.data(), m ? s.velocity.data() : nullptr, grad, n, ctx);
-    return encodeIn(s.residual.data(), m ? s.velocity.data() : nullptr, n, out, ctx);
+    float* e = s.residual.data();
+    float* u = m ? s.velocity.data() : nullptr;
+    // The codec's own pass applies the update where it has one (top-k, DGC).
+    size_t bytes = codec_->encodeUpdated({e, u, grad, momentum_}, n, out, ctx);
+    if (bytes == 0) {
+      update(e, u, grad, n, ctx);
+      bytes = codec_->encode(e, n, out, ctx);
+    }
+    return afterEncode(e, u, n, out, bytes, ctx);
   }
   // bf16: widen into scratch and update there in one pass (widening is
   // exact: the same fp32 algebra as update()), encode, store back rounded.
@@ -170,7 +166,7 @@ size_t ErrorFeedback::encode(uint64_t key, const float* grad, size_t n, std::spa
       for (size_t i = b; i < end; ++i) e[i] = bf16ToFloat(e16[i]) + grad[i];
     }
   });
-  const size_t bytes = encodeIn(e, u, n, out, ctx);
+  const size_t bytes = afterEncode(e, u, n, out, codec_->encode(e, n, out, ctx), ctx);
   cpu::parallelAligned(ctx.pool, n, 64, [&](size_t b, size_t end) {
     cpu::floatToBf16(e + b, s.residual16.data() + b, end - b);
     if (m) cpu::floatToBf16(u + b, s.velocity16.data() + b, end - b);

@@ -11,6 +11,10 @@
 //   u = m u + g;  v = v + u;  payload = encode(v);  v = v - decode(payload);
 //   u = 0 where the payload sent something (sparse codecs);
 //   u = 0 everywhere with EncodeContext::restartMomentum.
+// With fp32 state, a codec that folds the update into its own pass over the
+// input (Codec::encodeUpdated: top-k and DGC in the selection's scan, the
+// sign codecs in their one pass) is given the update to apply, one pass over
+// the state fewer; the state and the payload are the same bit for bit.
 //
 // The state (e, and u with momentum) is kept in fp32, or in bfloat16
 // (StateDType::kBFloat16, CORTADO_EF_DTYPE=bf16): half the memory, at one
@@ -97,8 +101,11 @@ class ErrorFeedback {
   };
   State& state(uint64_t key, size_t n);
   void update(float* e, float* u, const float* grad, size_t n, const EncodeContext& ctx) const;
-  size_t encodeIn(float* e, float* u, size_t n, std::span<std::byte> out,
-                  const EncodeContext& ctx) const;
+  // After the encode of e into out (bytes): e -= what was sent, and u's
+  // reset (zeroed where sent, or everywhere with restartMomentum). Returns
+  // bytes.
+  size_t afterEncode(float* e, float* u, size_t n, std::span<std::byte> out, size_t bytes,
+                     const EncodeContext& ctx) const;
 
   CodecPtr codec_;
   float momentum_;

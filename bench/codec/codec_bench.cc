@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "compressor/cpu/kernels.h"
 #include "compressor/error_feedback.h"
 #include "compressor/payload.h"
 #include "compressor/registry.h"
@@ -110,7 +111,8 @@ void registerAll(Context& c) {
       if (threads == 1 && c.threads == 1) break;
     }
   }
-  // The worker's full error-feedback step (three passes over the residual).
+  // The worker's full error-feedback step (the update in the codec's pass, then
+  // the sent part taken off the residual).
   {
     auto ef = std::make_shared<compressor::ErrorFeedback>(c.registry.create("efsignsgd"));
     auto out = std::make_shared<std::vector<std::byte>>(ef->payloadBytes(c.x64.size()));
@@ -118,6 +120,33 @@ void registerAll(Context& c) {
     ctx.pool = c.pool.get();
     addThroughput(c, "ef_encode/efsignsgd/64MiB/threads:" + std::to_string(c.threads), bytes64,
                   [&c, ef, out, ctx] { ef->encode(0, c.x64.data(), c.x64.size(), *out, ctx); });
+  }
+  // Error feedback's update folded into the encode (Codec::encodeUpdated)
+  // against its own pass followed by the encode, the same work otherwise;
+  // DGC with its momentum. The state grows each call, as in training.
+  for (std::string spec : {"efsignsgd", "dgc:ratio=0.01"}) {
+    auto codec = c.registry.create(spec);
+    const size_t n = c.x64.size();
+    struct State {
+      std::vector<float> e, u;
+      std::vector<std::byte> out;
+    };
+    auto st = std::make_shared<State>(
+        State{std::vector<float>(n, 0.0f), std::vector<float>(codec->sparse() ? n : 0, 0.0f),
+              std::vector<std::byte>(codec->payloadBytes(n))});
+    const float m = codec->momentumCorrection();
+    auto update = [&c, st, m] {
+      return compressor::FeedbackUpdate{st->e.data(), st->u.empty() ? nullptr : st->u.data(),
+                                        c.x64.data(), m};
+    };
+    addThroughput(c, "ef_update_encode/" + spec + "/64MiB/fused", bytes64, [codec, st, update, n] {
+      codec->encodeUpdated(update(), n, st->out, {});
+    });
+    addThroughput(c, "ef_update_encode/" + spec + "/64MiB/update-then-encode", bytes64,
+                  [codec, st, update, n] {
+                    compressor::cpu::applyUpdate(update(), 0, n);
+                    codec->encode(st->e.data(), n, st->out, {});
+                  });
   }
   // The server's side: decompress-add a push into the fp32 sum.
   for (std::string spec : {"fp16", "onebit", "efsignsgd", "topk:ratio=0.01"}) {

@@ -272,6 +272,17 @@ void floatToBf16(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = cortado::floatToBf16(in[i]);
 }
 
+void applyUpdate(const FeedbackUpdate& up, size_t b, size_t e) {
+  if (up.u) {
+    for (size_t i = b; i < e; ++i) {
+      up.u[i] = up.m * up.u[i] + up.g[i];
+      up.e[i] += up.u[i];
+    }
+  } else {
+    for (size_t i = b; i < e; ++i) up.e[i] += up.g[i];
+  }
+}
+
 void parallelAligned(ThreadPool* pool, size_t n, size_t align,
                      const std::function<void(size_t, size_t)>& fn) {
   // Below ~256K elements a thread hand-off costs more than it saves.

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "compressor/codec.h"
+
 namespace cortado {
 class ThreadPool;
 }
@@ -50,6 +52,12 @@ void randomKGather(const std::byte* in, uint64_t n, uint64_t k, uint64_t seed, u
 // Whether randomKGather uses AVX-512 (set false to test the portable walk;
 // process-wide). Returns what is used.
 bool setRandomKAvx512(bool use);
+
+// Error feedback's update of elements [b, e) (codec.h, FeedbackUpdate):
+// u[i] = m u[i] + g[i], e[i] += u[i]; without u, e[i] += g[i]. Each product
+// and sum rounded on its own (no fused multiply-add), as every fused pass
+// that applies it must round them.
+void applyUpdate(const FeedbackUpdate& up, size_t b, size_t e);
 
 // Runs fn(begin, end) over [0, n) in pieces whose starts are multiples of
 // `align`, on the pool when there is one and the work is big enough.

@@ -26,13 +26,38 @@ class SignCodec final : public OnePassCodec<SignCodec> {
 
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx) const override {
+    return encodeAny(in, nullptr, n, out, ctx);
+  }
+  // Error feedback's update a sum chunk at a time, each chunk encoded while
+  // it is still in the cache.
+  size_t encodeUpdated(const FeedbackUpdate& up, size_t n, std::span<std::byte> out,
+                       const EncodeContext& ctx) const override {
+    return encodeAny(up.e, &up, n, out, ctx);
+  }
+
+ private:
+  friend class OnePassCodec<SignCodec>;
+
+  // in is up->e when up is not null.
+  size_t encodeAny(const float* in, const FeedbackUpdate* up, size_t n, std::span<std::byte> out,
+                   const EncodeContext& ctx) const {
+    // kernel(b, e) over [b, e), after the update where there is one, a sum
+    // chunk at a time (the chunks' sums are the same either way).
+    auto run = [up](size_t b, size_t e, auto&& kernel) {
+      if (!up) return kernel(b, e);
+      for (size_t c = b; c < e; c += kSumChunk) {
+        const size_t ce = std::min(e, c + kSumChunk);
+        applyUpdate(*up, c, ce);
+        kernel(c, ce);
+      }
+    };
     size_t total = payloadBytes(n);
     std::byte* body = beginPayload(out, n, total, ctx);
     size_t prefix = id() == CodecId::kOneBit ? 8 : id() == CodecId::kEfSignSgd ? 4 : 0;
     auto* bits = reinterpret_cast<uint8_t*>(body + prefix);
     if (id() == CodecId::kSignSgd) {
       parallelAligned(ctx.pool, n, 256, [&](size_t b, size_t e) {
-        signBits(in + b, e - b, bits + b / 8);
+        run(b, e, [&](size_t c, size_t ce) { signBits(in + c, ce - c, bits + c / 8); });
       });
       return total;
     }
@@ -40,10 +65,14 @@ class SignCodec final : public OnePassCodec<SignCodec> {
     if (id() == CodecId::kOneBit) {
       std::atomic<uint64_t> negCount{0};
       parallelAligned(ctx.pool, n, kSumChunk, [&](size_t b, size_t e) {
-        uint64_t c = 0;
-        oneBitScan(in + b, e - b, bits + b / 8, chunksA.data() + b / kSumChunk,
-                   chunksB.data() + b / kSumChunk, &c);
-        negCount += c;
+        uint64_t neg = 0;
+        run(b, e, [&](size_t c, size_t ce) {
+          uint64_t part = 0;  // oneBitScan stores its count, not adds it
+          oneBitScan(in + c, ce - c, bits + c / 8, chunksA.data() + c / kSumChunk,
+                     chunksB.data() + c / kSumChunk, &part);
+          neg += part;
+        });
+        negCount += neg;
       });
       uint64_t neg = negCount.load(), pos = n - neg;
       double negSum = combineChunks(chunksA.data(), chunksA.size());
@@ -52,16 +81,15 @@ class SignCodec final : public OnePassCodec<SignCodec> {
       storeLe<float>(body + 4, pos ? static_cast<float>(posSum / static_cast<double>(pos)) : 0.0f);
     } else {
       parallelAligned(ctx.pool, n, kSumChunk, [&](size_t b, size_t e) {
-        absSumBits(in + b, e - b, bits + b / 8, chunksA.data() + b / kSumChunk);
+        run(b, e, [&](size_t c, size_t ce) {
+          absSumBits(in + c, ce - c, bits + c / 8, chunksA.data() + c / kSumChunk);
+        });
       });
       double absSum = combineChunks(chunksA.data(), chunksA.size());
       storeLe<float>(body, n ? static_cast<float>(absSum / static_cast<double>(n)) : 0.0f);
     }
     return total;
   }
-
- private:
-  friend class OnePassCodec<SignCodec>;
 
   size_t bodyFor(size_t n) const {
     switch (id()) {

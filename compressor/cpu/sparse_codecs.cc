@@ -39,15 +39,12 @@ class TopKCodec final : public CodecBase {
 
   size_t encode(const float* in, size_t n, std::span<std::byte> out,
                 const EncodeContext& ctx) const override {
-    checkSparseNumel(id(), n);
-    size_t k = format::kFromRatio(n, ratio_);
-    size_t total = payloadBytes(n);
-    std::byte* body = beginPayload(out, n, total, ctx, 0, 0, k);
-    // The selection writes the indices and their values into the payload.
-    size_t sample = sampleFraction_ > 0 ? static_cast<size_t>(sampleFraction_ * n) : 65536;
-    selectTopK(reinterpret_cast<const std::byte*>(in), n, k, std::max<size_t>(sample, 1024),
-               ctx.pool, body, body + 4 * k);
-    return total;
+    return encodeAny(in, nullptr, n, out, ctx);
+  }
+  // Error feedback's update in the selection's first scan.
+  size_t encodeUpdated(const FeedbackUpdate& up, size_t n, std::span<std::byte> out,
+                       const EncodeContext& ctx) const override {
+    return encodeAny(up.e, &up, n, out, ctx);
   }
 
   void decode(std::span<const std::byte> payload, float* out, size_t n,
@@ -70,6 +67,24 @@ class TopKCodec final : public CodecBase {
   }
 
  private:
+  // in is up->e when up is not null.
+  size_t encodeAny(const float* in, const FeedbackUpdate* up, size_t n, std::span<std::byte> out,
+                   const EncodeContext& ctx) const {
+    checkSparseNumel(id(), n);
+    size_t k = format::kFromRatio(n, ratio_);
+    size_t total = payloadBytes(n);
+    std::byte* body = beginPayload(out, n, total, ctx, 0, 0, k);
+    // The selection writes the indices and their values into the payload.
+    size_t sample = std::max<size_t>(
+        sampleFraction_ > 0 ? static_cast<size_t>(sampleFraction_ * n) : 65536, 1024);
+    if (up)
+      selectTopKUpdating(*up, n, k, sample, ctx.pool, body, body + 4 * k);
+    else
+      selectTopK(reinterpret_cast<const std::byte*>(in), n, k, sample, ctx.pool, body,
+                 body + 4 * k);
+    return total;
+  }
+
   // Validates everything, indices included, before anything is written.
   size_t check(std::span<const std::byte> payload, size_t n) const {
     PayloadHeader h = checkPayload(payload, n, [](const PayloadHeader& h) {

@@ -94,11 +94,22 @@ std::atomic<SelectIsa>& isaSlot() {
 // Slack that a scan may write past its count: a whole group of 32.
 constexpr size_t kSlack = 32;
 
-void scanScalar(const std::byte* x, size_t begin, size_t end, uint32_t thr, uint32_t hi,
-                Part& out) {
+// The updated value of element i, nothing stored (the sample's).
+uint32_t updatedBits(const FeedbackUpdate& up, size_t i) {
+  float v = up.u ? up.e[i] + (up.m * up.u[i] + up.g[i]) : up.e[i] + up.g[i];
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return bits;
+}
+
+// `up` (when not null) is applied to each group of elements before the
+// group is read: x is up.e.
+void scanScalar(const std::byte* x, size_t begin, size_t end, uint32_t thr, uint32_t hi, Part& out,
+                const FeedbackUpdate* up) {
   for (size_t i = begin; i < end; i += kSlack) {
     out.reserve(out.size + kSlack, out.bandSize + kSlack);
     size_t e = std::min(end, i + kSlack), s = out.size, nb = out.bandSize, sure = out.sure;
+    if (up) applyUpdate(*up, i, e);
     for (size_t j = i; j < e; ++j) {
       uint32_t v = load32(x + 4 * j), key = v & kAbs;
       bool in = key >= thr, above = key > hi;
@@ -134,8 +145,23 @@ __attribute__((target("avx2,popcnt"))) inline __m256i packPerm(uint32_t mask) {
   return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kPack[mask])));
 }
 
+// applyUpdate over the 32 elements from i: the same products and sums,
+// rounded the same way (no fused multiply-add), eight lanes at a time.
+__attribute__((target("avx2,popcnt"))) inline void updateAvx2(const FeedbackUpdate& up, size_t i) {
+  const __m256 m = _mm256_set1_ps(up.m);
+  for (size_t j = i; j < i + 32; j += 8) {
+    __m256 add = _mm256_loadu_ps(up.g + j);
+    if (up.u) {
+      add = _mm256_add_ps(_mm256_mul_ps(m, _mm256_loadu_ps(up.u + j)), add);
+      _mm256_storeu_ps(up.u + j, add);
+    }
+    _mm256_storeu_ps(up.e + j, _mm256_add_ps(_mm256_loadu_ps(up.e + j), add));
+  }
+}
+
 __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t begin, size_t end,
-                                                     uint32_t thr, uint32_t hi, Part& out) {
+                                                     uint32_t thr, uint32_t hi, Part& out,
+                                                     const FeedbackUpdate* up) {
   // Keys are < 2^31, so a signed compare against thr - 1 is key >= thr.
   const __m256i t = _mm256_set1_epi32(static_cast<int32_t>(thr) - 1);
   const __m256i h = _mm256_set1_epi32(static_cast<int32_t>(hi));
@@ -143,6 +169,7 @@ __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t 
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   size_t i = begin;
   for (; i + 32 <= end; i += 32) {
+    if (up) updateAvx2(*up, i);  // the group is in L1 for the test below
     // Masks only here (keeping the vectors across the test spilled them to
     // the stack); the packing below reloads the group from L1.
     uint32_t m[4], any = 0;
@@ -181,14 +208,15 @@ __attribute__((target("avx2,popcnt"))) void scanAvx2(const std::byte* x, size_t 
     out.bandSize = nb;
     out.sure = sure;
   }
-  scanScalar(x, i, end, thr, hi, out);
+  scanScalar(x, i, end, thr, hi, out, up);
 }
 
 // Candidates with key >= thr into scratch().parts[0..numParts), each in index
 // order, the parts in tensor order, with their band (key <= hi); scanned in
-// parallel. Returns numParts.
+// parallel, each part applying `up` (if not null) to its range first.
+// Returns numParts.
 size_t collect(const std::byte* x, size_t n, uint32_t thr, uint32_t hi, size_t expected,
-               ThreadPool* pool) {
+               ThreadPool* pool, const FeedbackUpdate* up) {
   auto& parts = scratch().parts;
   size_t numParts = pool && n >= (1 << 19) ? pool->size() + 1 : 1;
   if (parts.size() < numParts) parts.resize(numParts);
@@ -201,9 +229,9 @@ size_t collect(const std::byte* x, size_t n, uint32_t thr, uint32_t hi, size_t e
     part.size = part.bandSize = part.sure = 0;
     part.reserve(want, want / 8 + kSlack);
     if (isa == SelectIsa::kAvx2)
-      scanAvx2(x, b, e, thr, hi, part);
+      scanAvx2(x, b, e, thr, hi, part, up);
     else
-      scanScalar(x, b, e, thr, hi, part);
+      scanScalar(x, b, e, thr, hi, part, up);
   };
   if (numParts == 1)
     work(0);
@@ -311,8 +339,16 @@ uint32_t selectRank(uint32_t* a, size_t n, size_t r, uint32_t lo, uint32_t hi, s
   }
 }
 
+// x is up->e when up is not null: the first scan applies the update.
 void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
-            std::byte* idxOut, std::byte* valOut) {
+            std::byte* idxOut, std::byte* valOut, const FeedbackUpdate* up) {
+  constexpr size_t kRun = 16;
+  const bool sampled = n > 4 * std::max<size_t>(sampleCount, 1) && n >= 1 << 16;
+  if (up && (k == 0 || k >= n || !sampled)) {
+    // No sample to take the bars from before the scan: update on its own.
+    parallelAligned(pool, n, 64, [up](size_t b, size_t e) { applyUpdate(*up, b, e); });
+    up = nullptr;
+  }
   if (k == 0) return;
   if (k >= n) {
     for (size_t i = 0; i < n; ++i) store32(idxOut + 4 * i, static_cast<uint32_t>(i));
@@ -321,9 +357,7 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
   }
   // Sample whole cache lines (16 floats) at hashed places: cheaper than
   // scattered single elements, and hashing avoids aliasing with strides.
-  constexpr size_t kRun = 16;
   std::vector<uint32_t> sample;
-  bool sampled = n > 4 * std::max<size_t>(sampleCount, 1) && n >= 1 << 16;
   if (sampled) {
     size_t runs = std::max<size_t>(1, sampleCount / kRun);
     sample.reserve(runs * kRun);
@@ -331,15 +365,23 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
     // The lines miss the cache: ask for them a few runs ahead.
     constexpr size_t kAhead = 8;
     auto startOf = [&](size_t r) { return (format::hash2(0x5eed70b, r) % lines) * kRun; };
-    for (size_t r = 0; r < std::min(runs, kAhead); ++r) __builtin_prefetch(x + 4 * startOf(r));
+    auto fetch = [&](size_t at) {
+      __builtin_prefetch(x + 4 * at);
+      if (up) {
+        __builtin_prefetch(up->g + at);
+        if (up->u) __builtin_prefetch(up->u + at);
+      }
+    };
+    for (size_t r = 0; r < std::min(runs, kAhead); ++r) fetch(startOf(r));
     for (size_t r = 0; r < runs; ++r) {
       if (r + kAhead < runs) {
         size_t ahead = startOf(r + kAhead);
-        __builtin_prefetch(x + 4 * ahead);
-        __builtin_prefetch(x + 4 * (ahead + kRun - 1));
+        fetch(ahead);
+        fetch(ahead + kRun - 1);
       }
       size_t start = startOf(r);
-      for (size_t j = 0; j < kRun; ++j) sample.push_back(load32(x + 4 * (start + j)) & kAbs);
+      for (size_t j = 0; j < kRun; ++j)
+        sample.push_back((up ? updatedBits(*up, start + j) : load32(x + 4 * (start + j))) & kAbs);
     }
   }
   const size_t s = sample.size();
@@ -375,7 +417,8 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       // cent non-zero). Collect the non-zeros only; if fewer than k, the rest
       // are the lowest-index zeros.
       thr = 1;
-      numParts = collect(x, n, thr, hi, expected, pool);
+      numParts = collect(x, n, thr, hi, expected, pool, up);
+      up = nullptr;  // applied by that scan
       total = 0;
       for (size_t p = 0; p < numParts; ++p) total += sc.parts[p].size;
       if (total < k) {
@@ -396,7 +439,8 @@ void select(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPo
       }
       break;
     }
-    numParts = collect(x, n, thr, hi, expected, pool);
+    numParts = collect(x, n, thr, hi, expected, pool, up);
+    up = nullptr;  // applied by that scan; a rescan reads the updated values
     total = 0;
     for (size_t p = 0; p < numParts; ++p) total += sc.parts[p].size;
     if (total >= k) break;
@@ -464,12 +508,17 @@ SelectIsa setSelectTopKIsa(SelectIsa isa) {
 void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 uint32_t* indices) {
   select(reinterpret_cast<const std::byte*>(x), n, k, sampleCount, pool,
-         reinterpret_cast<std::byte*>(indices), nullptr);
+         reinterpret_cast<std::byte*>(indices), nullptr, nullptr);
 }
 
 void selectTopK(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 std::byte* indices, std::byte* values) {
-  select(x, n, k, sampleCount, pool, indices, values);
+  select(x, n, k, sampleCount, pool, indices, values, nullptr);
+}
+
+void selectTopKUpdating(const FeedbackUpdate& up, size_t n, size_t k, size_t sampleCount,
+                        ThreadPool* pool, std::byte* indices, std::byte* values) {
+  select(reinterpret_cast<const std::byte*>(up.e), n, k, sampleCount, pool, indices, values, &up);
 }
 
 }  // namespace cortado::compressor::cpu

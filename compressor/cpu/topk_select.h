@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "compressor/codec.h"
+
 namespace cortado {
 class ThreadPool;
 }
@@ -39,6 +41,15 @@ void selectTopK(const float* x, size_t n, size_t k, size_t sampleCount, ThreadPo
 // payload's body, without a gather pass of its own.
 void selectTopK(const std::byte* x, size_t n, size_t k, size_t sampleCount, ThreadPool* pool,
                 std::byte* indices, std::byte* values);
+
+// The same selection over up.e after error feedback's update (codec.h,
+// FeedbackUpdate), which the first scan applies as it reads each element
+// (the sample computes its elements' updated values without storing them):
+// up.e, up.u and the output are bit for bit those of the update's own pass
+// followed by selectTopK over up.e, one pass over the state fewer. Where no
+// sample is taken (small tensors, k >= n) the update runs on its own first.
+void selectTopKUpdating(const FeedbackUpdate& up, size_t n, size_t k, size_t sampleCount,
+                        ThreadPool* pool, std::byte* indices, std::byte* values);
 
 // The vector code of the scan and the output pass: AVX2 where the CPU has
 // it, unless set to the portable loops, which the tests do to check both

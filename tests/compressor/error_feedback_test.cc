@@ -36,28 +36,82 @@ bool isBf16(float x) { return roundBf16(x) == x; }
 TEST(ErrorFeedback, IdentityHoldsForEveryCodecFamily) {
   for (auto spec : {"topk:ratio=0.05", "efsignsgd", "onebit", "signsgd", "qsgd:levels=3", "fp16",
                     "randomk:ratio=0.1", "terngrad", "natural"}) {
-    SCOPED_TRACE(spec);
-    ErrorFeedback ef(cpuRegistry().create(spec));
-    size_t n = 5000;
-    for (int step = 0; step < 4; ++step) {
-      auto g = randomTensor(n, step);
-      auto old = ef.residual(1);
-      std::vector<float> before(old.begin(), old.end());
-      if (before.empty()) before.assign(n, 0.0f);
-      std::vector<std::byte> out(ef.payloadBytes(n));
-      EncodeContext ctx;
-      ctx.seed = step;
-      size_t bytes = ef.encode(1, g.data(), n, out, ctx);
-      ASSERT_EQ(bytes, out.size());
-      std::vector<float> sent(n);
-      ef.codec().decode(out, sent.data(), n);
-      auto e = ef.residual(1);
-      for (size_t i = 0; i < n; ++i) {
-        float p = g[i] + before[i];
-        ASSERT_NEAR(sent[i] + e[i], p, 2e-7f * (std::fabs(p) + std::fabs(sent[i]))) << i;
+    // 100000: large enough for top-k's sampled selection, whose scan applies
+    // the update (Codec::encodeUpdated).
+    for (size_t n : {size_t{5000}, size_t{100000}}) {
+      SCOPED_TRACE(fmt::format("{} n={}", spec, n));
+      ErrorFeedback ef(cpuRegistry().create(spec));
+      for (int step = 0; step < 4; ++step) {
+        auto g = randomTensor(n, step);
+        auto old = ef.residual(1);
+        std::vector<float> before(old.begin(), old.end());
+        if (before.empty()) before.assign(n, 0.0f);
+        std::vector<std::byte> out(ef.payloadBytes(n));
+        EncodeContext ctx;
+        ctx.seed = step;
+        size_t bytes = ef.encode(1, g.data(), n, out, ctx);
+        ASSERT_EQ(bytes, out.size());
+        std::vector<float> sent(n);
+        ef.codec().decode(out, sent.data(), n);
+        auto e = ef.residual(1);
+        for (size_t i = 0; i < n; ++i) {
+          float p = g[i] + before[i];
+          ASSERT_NEAR(sent[i] + e[i], p, 2e-7f * (std::fabs(p) + std::fabs(sent[i]))) << i;
+        }
       }
     }
   }
+}
+
+// Codec::encodeUpdated, for every CPU codec: either it declines (returns 0,
+// state untouched), or the state and the payload are bit for bit those of
+// the update's plain loops followed by encode(). Sizes below and above a
+// top-k sample, one that ends inside a sum chunk, one split over a pool;
+// momentum with the sparse codecs.
+TEST(ErrorFeedback, EncodeUpdatedIsThePlainUpdateThenTheEncode) {
+  ThreadPool pool(2);
+  size_t fused = 0;
+  for (auto spec : {"topk:ratio=0.01", "dgc:ratio=0.01", "randomk:ratio=0.1", "efsignsgd", "onebit",
+                    "signsgd", "qsgd:levels=3", "terngrad", "fp16", "bf16", "natural"}) {
+    auto codec = cpuRegistry().create(spec);
+    for (size_t n : {size_t{1000}, size_t{2048 * 3 + 5}, size_t{100000}, size_t{1200007}}) {
+      for (bool momentum : {false, true}) {
+        if (momentum && !codec->sparse()) continue;
+        SCOPED_TRACE(fmt::format("{} n={} momentum={}", spec, n, momentum));
+        const float m = momentum ? 0.9f : 0.0f;
+        const auto g = randomTensor(n, 1), e0 = randomTensor(n, 2, 3.0f);
+        const auto u0 = momentum ? randomTensor(n, 3) : std::vector<float>{};
+        std::vector<float> e = e0, u = u0;
+        for (size_t i = 0; i < n; ++i) {
+          if (momentum) {
+            u[i] = m * u[i] + g[i];
+            e[i] += u[i];
+          } else {
+            e[i] += g[i];
+          }
+        }
+        EncodeContext ctx;
+        ctx.seed = 5;
+        ctx.pool = n > 1000000 ? &pool : nullptr;
+        std::vector<std::byte> want(codec->payloadBytes(n)), got(want.size());
+        ASSERT_EQ(codec->encode(e.data(), n, want, ctx), want.size());
+        std::vector<float> ge = e0, gu = u0;
+        size_t bytes = codec->encodeUpdated(
+            {ge.data(), momentum ? gu.data() : nullptr, g.data(), m}, n, got, ctx);
+        if (bytes == 0) {
+          ASSERT_EQ(ge, e0);
+          ASSERT_EQ(gu, u0);
+          continue;
+        }
+        ++fused;
+        ASSERT_EQ(bytes, want.size());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << "the payload";
+        ASSERT_EQ(std::memcmp(ge.data(), e.data(), 4 * n), 0) << "the residual";
+        if (momentum) ASSERT_EQ(std::memcmp(gu.data(), u.data(), 4 * n), 0) << "u";
+      }
+    }
+  }
+  EXPECT_GE(fused, 5u * 4u);  // top-k, DGC (both with and without momentum), the sign codecs
 }
 
 TEST(ErrorFeedback, TopKLeavesZeroResidualWhereSent) {
@@ -125,6 +179,11 @@ void checkDgcAgainstReplay(size_t n, size_t k, int steps, int restartAt,
 }
 
 TEST(ErrorFeedback, DgcMomentumCorrectionMatchesReference) { checkDgcAgainstReplay(2000, 20, 6, -1); }
+
+// Sampled (n > 4 x DGC's 1% sample): the update runs in the selection's scan.
+TEST(ErrorFeedback, DgcMatchesReferenceWithTheUpdateInTheScan) {
+  checkDgcAgainstReplay(100000, 1000, 4, 2);
+}
 
 // The same v as a plain step, and u zero everywhere after the restart, not
 // only where the payload sent something; the next steps start from u = 0.

@@ -201,5 +201,71 @@ TEST(SelectTopK, ParallelScanMatchesAFullSort) {
   }
 }
 
+// selectTopKUpdating: error feedback's update applied by the selection's
+// first scan. The state after it is the update's plain loops (reference
+// below), bit for bit, and the selection is that of the updated residual, on
+// every input kind as the residual with a zero gradient (the kinds keep
+// their shape: overshooting and undershooting samples, ties, zeros), and
+// with normal gradients with and without momentum; both vector codes, the
+// scan alone and split over a pool, tensors too small for a sample.
+TEST(SelectTopK, UpdatingScanEqualsThePlainUpdateThenAFullSort) {
+  struct Restore {
+    cpu::SelectIsa isa;
+    ~Restore() { cpu::setSelectTopKIsa(isa); }
+  } restore{cpu::selectTopKIsa()};
+  ThreadPool pool(2);
+  const float m = 0.9f;
+  for (size_t n : {size_t{1000}, size_t{70000}, (size_t{1} << 20) + 13}) {
+    for (int kind = 0; kind < kNumKinds; ++kind) {
+      for (int variant = 0; variant < 3; ++variant) {  // g = 0; g; g and momentum
+        SCOPED_TRACE(::testing::Message()
+                     << "n=" << n << " kind=" << kind << " variant=" << variant);
+        const bool momentum = variant == 2;
+        const auto e0 = makeInput(static_cast<Kind>(kind), n, 65536);
+        std::mt19937 rng(static_cast<uint32_t>(n + kind));
+        std::normal_distribution<float> normal;
+        std::vector<float> g(n, 0.0f), u0(momentum ? n : 0);
+        if (variant > 0)
+          for (auto& v : g) v = normal(rng);
+        for (auto& v : u0) v = normal(rng);
+        std::vector<float> e = e0, u = u0;
+        for (size_t i = 0; i < n; ++i) {
+          if (momentum) {
+            u[i] = m * u[i] + g[i];
+            e[i] += u[i];
+          } else {
+            e[i] += g[i];
+          }
+        }
+        const auto order = fullOrder(e);
+        for (size_t k : {size_t{1}, n / 100, n - 1}) {
+          std::vector<uint32_t> want(order.begin(), order.begin() + k);
+          std::sort(want.begin(), want.end());
+          for (auto isa : {cpu::SelectIsa::kScalar, cpu::SelectIsa::kAvx2}) {
+            if (cpu::setSelectTopKIsa(isa) != isa) continue;  // not on this CPU
+            for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+              SCOPED_TRACE(::testing::Message() << "k=" << k << " isa=" << static_cast<int>(isa)
+                                                << " pool=" << (p != nullptr));
+              std::vector<float> ge = e0, gu = u0;
+              FeedbackUpdate up{ge.data(), momentum ? gu.data() : nullptr, g.data(), m};
+              std::vector<std::byte> idx(4 * k), val(4 * k);
+              cpu::selectTopKUpdating(up, n, k, 65536, p, idx.data(), val.data());
+              ASSERT_EQ(std::memcmp(ge.data(), e.data(), 4 * n), 0) << "the residual";
+              if (momentum) ASSERT_EQ(std::memcmp(gu.data(), u.data(), 4 * n), 0) << "u";
+              for (size_t i = 0; i < k; ++i) {
+                uint32_t j, v;
+                std::memcpy(&j, idx.data() + 4 * i, 4);
+                std::memcpy(&v, val.data() + 4 * i, 4);
+                ASSERT_EQ(j, want[i]) << "position " << i;
+                ASSERT_EQ(v, bitsOf(e[j])) << "position " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cortado::compressor
