@@ -82,14 +82,7 @@ TEST(ErrorFeedback, EncodeUpdatedIsThePlainUpdateThenTheEncode) {
         const auto g = randomTensor(n, 1), e0 = randomTensor(n, 2, 3.0f);
         const auto u0 = momentum ? randomTensor(n, 3) : std::vector<float>{};
         std::vector<float> e = e0, u = u0;
-        for (size_t i = 0; i < n; ++i) {
-          if (momentum) {
-            u[i] = m * u[i] + g[i];
-            e[i] += u[i];
-          } else {
-            e[i] += g[i];
-          }
-        }
+        testing::referenceUpdate(e, u, g, m, momentum);
         EncodeContext ctx;
         ctx.seed = 5;
         ctx.pool = n > 1000000 ? &pool : nullptr;

@@ -1,5 +1,5 @@
 // Helpers shared by the codec tests: a registry with the CPU codecs, random
-// tensors, and encode-to-vector.
+// tensors, error feedback's update by plain loops, and encode-to-vector.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,20 @@ inline std::vector<float> randomTensor(size_t n, uint64_t seed, float scale = 1.
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// Error feedback's update by plain loops, the reference for the passes that
+// fold it into an encode: with momentum u = m u + g, e += u; else e += g.
+inline void referenceUpdate(std::vector<float>& e, std::vector<float>& u,
+                            const std::vector<float>& g, float m, bool momentum) {
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (momentum) {
+      u[i] = m * u[i] + g[i];
+      e[i] += u[i];
+    } else {
+      e[i] += g[i];
+    }
+  }
 }
 
 inline std::vector<std::byte> encodeToVector(const Codec& c, const std::vector<float>& x,

@@ -19,6 +19,7 @@
 #include "compressor/cpu/topk_select.h"
 #include "compressor/format.h"
 #include "core/common/thread_pool.h"
+#include "test_util.h"
 
 namespace cortado::compressor {
 namespace {
@@ -229,14 +230,7 @@ TEST(SelectTopK, UpdatingScanEqualsThePlainUpdateThenAFullSort) {
           for (auto& v : g) v = normal(rng);
         for (auto& v : u0) v = normal(rng);
         std::vector<float> e = e0, u = u0;
-        for (size_t i = 0; i < n; ++i) {
-          if (momentum) {
-            u[i] = m * u[i] + g[i];
-            e[i] += u[i];
-          } else {
-            e[i] += g[i];
-          }
-        }
+        testing::referenceUpdate(e, u, g, m, momentum);
         const auto order = fullOrder(e);
         for (size_t k : {size_t{1}, n / 100, n - 1}) {
           std::vector<uint32_t> want(order.begin(), order.begin() + k);
