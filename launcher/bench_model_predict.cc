@@ -523,14 +523,10 @@ planner::Planner::UniformPrice mergecompPrice(planner::Simulator& sim) {
     if (choice.empty() || sim.options()[size_t(choice.front())].codec.rfind("powersgd", 0) == 0)
       return best;
     for (uint64_t k = 1; k <= cap; k *= 2) {
-      std::vector<std::pair<int, int>> groups;
-      uint64_t start = 0;
-      executor::FusionSearch::Cuts cuts = executor::FusionSearch::balanced(bytes, forced, k);
-      cuts.insert(bytes.size());
-      for (uint64_t c : cuts) {
-        if (c - start >= 2) groups.emplace_back(int(start), int(c - 1));
-        start = c;
-      }
+      std::vector<std::pair<int, int>> groups;  // [first, last], as simulateGroups takes them
+      for (auto [begin, end] : executor::FusionSearch::groupsOf(
+               executor::FusionSearch::balanced(bytes, forced, k), bytes.size()))
+        groups.emplace_back(int(begin), int(end - 1));
       // No group of two: layer-wise again, already priced.
       if (!groups.empty()) best = std::min(best, sim.simulateGroups(choice, groups));
     }

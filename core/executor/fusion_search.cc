@@ -65,6 +65,17 @@ uint64_t maxGroupsFor(const FusionSearchOptions& o, uint64_t tensors) {
   return std::max<uint64_t>(1, std::min(cap, tensors));
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> FusionSearch::groupsOf(const Cuts& cuts, uint64_t n) {
+  std::vector<std::pair<uint64_t, uint64_t>> groups;
+  uint64_t start = 0;
+  for (uint64_t c = 1; c <= n; ++c) {
+    if (c < n && !cuts.count(c)) continue;
+    if (c - start >= 2) groups.emplace_back(start, c);
+    start = c;
+  }
+  return groups;
+}
+
 FusionSearch::Cuts FusionSearch::balanced(const std::vector<uint64_t>& bytes, const Cuts& forced,
                                           uint64_t groups) {
   Cuts c = forced;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cortado::executor {
@@ -100,6 +101,10 @@ class FusionSearch {
   // together count once, so a tensor larger than total / groups is a group
   // of its own), with the forced cuts added. groups <= 1: the forced cuts.
   static Cuts balanced(const std::vector<uint64_t>& bytes, const Cuts& forced, uint64_t groups);
+  // The fused groups that `cuts` make of n tensors: [begin, end) of every run
+  // of two or more tensors between cuts, in order (a tensor alone is no
+  // group; cuts at 0 or at n and beyond change nothing).
+  static std::vector<std::pair<uint64_t, uint64_t>> groupsOf(const Cuts& cuts, uint64_t n);
 
   // The candidate to time next; nullopt when the search is done.
   const std::optional<Cuts>& next() const { return next_; }

@@ -242,15 +242,9 @@ void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Pla
                         scheduled_ ? scheduled_->first.version : 0}) +
               1;
   p.groups.clear();
-  const uint64_t n = searchOrder_.size();
-  uint64_t start = 0;
-  for (uint64_t c = 1; c <= n; ++c) {
-    if (c < n && !cuts.count(c)) continue;
-    if (c - start >= 2)
-      p.groups.emplace_back(searchOrder_.begin() + int64_t(start),
-                            searchOrder_.begin() + int64_t(c));
-    start = c;
-  }
+  for (auto [begin, end] : FusionSearch::groupsOf(cuts, searchOrder_.size()))
+    p.groups.emplace_back(searchOrder_.begin() + int64_t(begin),
+                          searchOrder_.begin() + int64_t(end));
   scheduled_ = std::make_pair(std::move(p), iteration_ + 1);
   candidateAt_ = iteration_ + 1;
   searchTimes_.clear();

@@ -136,10 +136,7 @@ void checkDgcAgainstReplay(size_t n, size_t k, int steps, int restartAt,
   for (int step = 0; step < steps; ++step) {
     SCOPED_TRACE(fmt::format("step {}", step));
     auto g = randomTensor(n, 100 + step);
-    for (size_t i = 0; i < n; ++i) {
-      u[i] = m * u[i] + g[i];
-      v[i] += u[i];
-    }
+    testing::referenceUpdate(v, u, g, m, true);
     // Reference selection: stable sort by |v|.
     std::vector<uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0);

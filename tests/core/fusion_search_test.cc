@@ -91,6 +91,18 @@ TEST(FusionSearch, BalancedCutsAreTheNearestToEachShareOfTheBytes) {
 // group bytes (which, for a given number of groups, balanced groups make
 // least). With minGain 0 the search ends at the exhaustive optimum over all
 // 2^(n-1) partitions, whatever the cost per group moves it to.
+// Runs of two or more tensors between cuts, by hand; lone tensors, a cut at
+// 0 and cuts at n or beyond make no group.
+TEST(FusionSearch, GroupsOfCutsAreTheRunsOfTwoOrMore) {
+  using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(FusionSearch::groupsOf({}, 5), (Ranges{{0, 5}}));
+  EXPECT_EQ(FusionSearch::groupsOf({2, 3}, 7), (Ranges{{0, 2}, {3, 7}}));  // [2, 3) alone
+  EXPECT_EQ(FusionSearch::groupsOf({0, 1, 2, 3}, 4), Ranges{});            // every tensor alone
+  EXPECT_EQ(FusionSearch::groupsOf({0, 4, 6, 9}, 6), (Ranges{{0, 4}, {4, 6}}));  // 0, 6, 9: no cut
+  EXPECT_EQ(FusionSearch::groupsOf({}, 1), Ranges{});
+  EXPECT_EQ(FusionSearch::groupsOf({}, 0), Ranges{});
+}
+
 TEST(FusionSearch, EndsAtTheExhaustiveOptimumOfAConvexCost) {
   const uint64_t n = 12;
   const std::vector<uint64_t> bytes(n, 1);
