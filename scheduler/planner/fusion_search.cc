@@ -127,6 +127,7 @@ void FusionSearch::candidates(int first, int last, int64_t elements,
   }
   for (int o : members)
     if (!multi || groupable(o)) out.push_back(o);
+  if (membersOnly_) return;
   for (int o : treeBest(elements, sim_.profile().tensors[size_t(first)].dtypeBytes))
     if (std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
 }
@@ -260,15 +261,51 @@ Strategy FusionSearch::search(const Strategy& from) {
   const int N = sim_.tensors();
   CORTADO_ENFORCE_EQ(int(from.choice.size()), N, ErrorCode::kInvalidArgument,
                      "fusion search: the starting strategy needs one option per tensor");
-  Strategy seed{from.choice, sim_.simulate(from.choice)};
-  auto done = [&](Strategy s) {
-    stats_.groups = int(s.groups.size());
-    for (const auto& [a, b] : s.groups) stats_.fusedTensors += b - a + 1;
-    stats_.cpuMs = threadCpuMs() - c0;
-    stats_.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    return s;
-  };
-  if (sim_.fusion() || N < 2) return done(std::move(seed));
+  CORTADO_ENFORCE(std::isfinite(config_.oneOptionMargin) && config_.oneOptionMargin >= 0,
+                  ErrorCode::kInvalidArgument,
+                  "fusion search: oneOptionMargin must be a fraction >= 0 (0.05: one option "
+                  "wherever it is predicted within 5% of the mixed plan), got {}",
+                  config_.oneOptionMargin);
+  const double startUs = sim_.simulate(from.choice);  // its groups ignored
+  Strategy best = searchFrom(Strategy{from.choice, startUs}, false);
+  stats_.mixedUs = best.iterUs;
+  // One option in groups, for each option of the mixed plan that a group
+  // can take, kept where it is predicted within the margin (FusionConfig::
+  // oneOptionMargin) and no slower than the start. The exact and exhaustive
+  // settings keep the optimum.
+  std::vector<int> options;
+  for (int o : best.choice)
+    if (groupable(o) && std::find(options.begin(), options.end(), o) == options.end())
+      options.push_back(o);
+  if (config_.oneOptionMargin > 0 && !config_.exact && !config_.allOptions && options.size() > 1 &&
+      !sim_.fusion() && N >= 2) {
+    Strategy one;
+    for (int o : options) {
+      Strategy u{std::vector<int>(size_t(N), o), 0};
+      u.iterUs = sim_.simulate(u.choice);
+      Strategy g = searchFrom(u, true);
+      if (one.choice.empty() || g.iterUs < one.iterUs) one = std::move(g);
+    }
+    stats_.oneOptionUs = one.iterUs;
+    // Never predicted slower than the start, as the mixed search.
+    if (one.iterUs <= best.iterUs * (1 + config_.oneOptionMargin) && one.iterUs <= startUs) {
+      stats_.oneOption = one.choice.front();
+      best = std::move(one);
+    }
+    sim_.setBase(from.choice);  // as the mixed search left it
+  }
+  stats_.groups = int(best.groups.size());
+  for (const auto& [a, b] : best.groups) stats_.fusedTensors += b - a + 1;
+  stats_.cpuMs = threadCpuMs() - c0;
+  stats_.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  return best;
+}
+
+Strategy FusionSearch::searchFrom(const Strategy& from, bool membersOnly) {
+  const int N = sim_.tensors();
+  Strategy seed{from.choice, from.iterUs > 0 ? from.iterUs : sim_.simulate(from.choice)};
+  if (sim_.fusion() || N < 2) return seed;
+  membersOnly_ = membersOnly;
   prepare(from);
   bestUs_ = seed.iterUs;
   int bestNode = -1;  // -1: the seed
@@ -353,8 +390,8 @@ Strategy FusionSearch::search(const Strategy& from) {
     }
     std::vector<Label>().swap(F);
   }
-  if (bestNode < 0) return done(std::move(seed));
-  return done(strategyOf(bestNode, bestUs_));
+  if (bestNode < 0) return seed;
+  return strategyOf(bestNode, bestUs_);
 }
 
 Strategy FusionSearch::exhaustive() {

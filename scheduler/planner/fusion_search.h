@@ -43,6 +43,18 @@ struct FusionConfig {
   // States kept per position in the heuristic search, the best by the
   // simulator's tail estimate of the rest of the iteration.
   int beam = 3;
+  // After the search: for each option of the result that a group can take,
+  // every tensor on that option alone, its groups searched the same way; the
+  // fastest of those replaces a result that mixes options unless the mix is
+  // predicted faster by more than this fraction (or the one option slower
+  // than the search's start). The choice that is fastest
+  // under a cost model is, on average, slower than predicted (the more
+  // options it picks among per tensor, the more it gains from the model's
+  // errors); one option carries fewer of them. Over the model-replay runs of
+  // 2026-12-01 (AL and AM, docs/benchmarks.md) the mixed plans ran 7.7%
+  // slower than predicted on average, MergeComp's one-option plans 1.8%
+  // faster. 0: the mixed optimum (kept also with `exact` and `allOptions`).
+  double oneOptionMargin = 0.05;
 };
 
 struct FusionStats {
@@ -59,6 +71,11 @@ struct FusionStats {
   int groups = 0;            // fused groups (two or more members) in the result
   int fusedTensors = 0;      // tensors in them
   double ms = 0, cpuMs = 0;  // wall clock and the searching thread's CPU time
+  // FusionConfig::oneOptionMargin: the mixed search's simulated time, the
+  // best one-option grouping's (0: none searched), and that option where it
+  // was kept (-1: the mixed plan was).
+  double mixedUs = 0, oneOptionUs = 0;
+  int oneOption = -1;
 };
 
 class FusionSearch {
@@ -70,7 +87,8 @@ class FusionSearch {
   // (its groups ignored). Returns `from` with its simulated time and no
   // groups when no grouping is predicted faster, or when the simulator runs
   // the runtime's own tensor fusion (Cluster::fusionBytes), which the group
-  // model does not compose with.
+  // model does not compose with. A result that mixes options gives way to
+  // one option in groups predicted within FusionConfig::oneOptionMargin.
   Strategy search(const Strategy& from);
 
   // The oracle: every consecutive partition of the tensors and every option
@@ -118,6 +136,9 @@ class FusionSearch {
   // beam).
   void admit(std::vector<Label>& into, int next, const Node& node);
   Strategy strategyOf(int node, double iterUs) const;
+  // The dynamic program from `from` (its iterUs: its simulated time, or 0 to
+  // simulate it); `membersOnly`: a group takes only its members' options.
+  Strategy searchFrom(const Strategy& from, bool membersOnly);
   void prepare(const Strategy& from);
 
   Simulator& sim_;
@@ -130,6 +151,7 @@ class FusionSearch {
   std::vector<Node> nodes_;
   std::vector<std::pair<int, std::vector<int>>> treeBuckets_;  // (bucket, best options), by bucket
   double bestUs_ = 0;
+  bool membersOnly_ = false;
   SimState scratch_;  // the state being placed (its buffers reused)
 };
 

@@ -220,6 +220,13 @@ std::string summaryText(const PlanRun& run) {
         f.groups, f.fusedTensors, 100.0 * (1.0 - iter(r.espresso) / iter(r.perTensor)), f.ms,
         f.cpuMs, f.groupSimulations, f.statesKept, f.maxFrontier,
         f.finishOnly ? " (exact: one state per position)" : "");
+    if (f.oneOptionUs > 0)
+      out += fmt::format(
+          "one option in groups (margin {:.0f}%): {:.2f} ms against the mixed plan's {:.2f} ms; "
+          "{}\n",
+          100.0 * FusionConfig{}.oneOptionMargin, f.oneOptionUs / 1e3, f.mixedUs / 1e3,
+          f.oneOption >= 0 ? "kept, " + run.sim->options()[size_t(f.oneOption)].describe()
+                           : std::string("the mixed plan kept"));
     for (size_t g = 0; g < r.espresso.groups.size(); ++g) {
       const auto [first, last] = r.espresso.groups[g];
       const auto& ts = run.sim->profile().tensors;

@@ -297,6 +297,94 @@ TEST(FusionSearch, ExactEqualsExhaustiveOnRandomInstances) {
   EXPECT_GE(heuristicExact, instances * 9 / 10);
 }
 
+// FusionConfig::oneOptionMargin against enumeration: where the timeline is
+// one execution at a time with the codec off the computation, the search is
+// exact (FusionStats::finishOnly), so the result is the mixed optimum unless
+// the best grouping of one of its options, found by trying every consecutive
+// partition, is within the margin of it and no slower than the start; then
+// it is that grouping.
+TEST(FusionSearch, OneOptionWithinTheMarginReplacesAMixedPlan) {
+  std::mt19937_64 rng(20261202);
+  constexpr double kMargin = 0.05;
+  int replaced = 0, kept = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    Instance in = randomInstance(rng, 3, 10);
+    in.cluster.oneTensorAtATime = true;
+    in.cluster.gpuCodecPausesCompute = false;
+    in.cluster.pipeline = false;
+    const int N = int(in.profile.tensors.size());
+    Simulator sim(in.cluster, in.codec, in.profile, someOptions(in.codec.spec, 3));
+    std::vector<int> start(static_cast<size_t>(N));
+    for (int& c : start) c = int(rng() % 3);
+    FusionConfig cfg;
+    cfg.maxGroupTensors = N;
+    cfg.oneOptionMargin = 0;
+    FusionSearch plain(sim, cfg);
+    const Strategy mixed = plain.search(Strategy{start, 0});
+    ASSERT_TRUE(plain.stats().finishOnly);
+    EXPECT_EQ(plain.stats().oneOption, -1);
+    cfg.oneOptionMargin = kMargin;
+    FusionSearch search(sim, cfg);
+    const Strategy got = search.search(Strategy{start, 0});
+    ASSERT_NEAR(sim.simulateGroups(got.choice, got.groups), got.iterUs, 1e-6 * got.iterUs);
+
+    // The reference: every consecutive partition (a bit per gap: cut or not)
+    // of each option of the mixed plan, as a uniform choice.
+    std::set<int> options(mixed.choice.begin(), mixed.choice.end());
+    double one = std::numeric_limits<double>::infinity();
+    for (int o : options) {
+      if (options.size() < 2) break;
+      const std::vector<int> choice(size_t(N), o);
+      for (uint32_t cuts = 0; cuts < (1u << (N - 1)); ++cuts) {
+        std::vector<std::pair<int, int>> groups;
+        for (int first = 0, j = 0; j < N; ++j)
+          if (j == N - 1 || (cuts >> j & 1u)) {
+            if (j > first) groups.emplace_back(first, j);
+            first = j + 1;
+          }
+        one = std::min(one, sim.simulateGroups(choice, groups));
+      }
+    }
+    const double limit = std::min(mixed.iterUs * (1 + kMargin), sim.simulate(start));
+    if (std::abs(one - limit) < 1e-6 * limit) continue;  // on the edge: float noise decides
+    if (one < limit) {
+      ++replaced;
+      EXPECT_NEAR(got.iterUs, one, 1e-6 * one) << "trial " << trial;
+      EXPECT_EQ(std::set<int>(got.choice.begin(), got.choice.end()).size(), 1u)
+          << "trial " << trial;
+      EXPECT_EQ(search.stats().oneOption, got.choice.front()) << "trial " << trial;
+      EXPECT_NEAR(search.stats().oneOptionUs, one, 1e-6 * one) << "trial " << trial;
+    } else {
+      ++kept;
+      EXPECT_EQ(got.choice, mixed.choice) << "trial " << trial;
+      EXPECT_EQ(got.groups, mixed.groups) << "trial " << trial;
+      EXPECT_EQ(search.stats().oneOption, -1) << "trial " << trial;
+    }
+    EXPECT_NEAR(search.stats().mixedUs, mixed.iterUs, 1e-9 * mixed.iterUs) << "trial " << trial;
+  }
+  std::printf(
+      "one option within %.0f%% of the mixed plan: replaced it in %d instances, kept it in %d\n",
+      100 * kMargin, replaced, kept);
+  EXPECT_GT(replaced, 10);
+  EXPECT_GT(kept, 10);
+}
+
+// A margin that is not a fraction >= 0 is refused, naming the setting.
+TEST(FusionSearch, RefusesANegativeOneOptionMargin) {
+  std::mt19937_64 rng(7);
+  Instance in = randomInstance(rng, 3, 5);
+  Simulator sim(in.cluster, in.codec, in.profile, someOptions(in.codec.spec, 2));
+  FusionConfig cfg;
+  cfg.oneOptionMargin = -0.1;
+  FusionSearch search(sim, cfg);
+  try {
+    search.search(Strategy{std::vector<int>(in.profile.tensors.size(), 0), 0});
+    FAIL() << "a negative margin was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("oneOptionMargin"), std::string::npos) << e.what();
+  }
+}
+
 // The planner's plan carries the groups (runPlanner, Plan::groups), valid and
 // consistent with the strategy; off, it carries none.
 TEST(FusionSearch, PlanCarriesGroups) {
