@@ -268,6 +268,7 @@ Strategy FusionSearch::search(const Strategy& from) {
                   config_.oneOptionMargin);
   const double startUs = sim_.simulate(from.choice);  // its groups ignored
   Strategy best = searchFrom(Strategy{from.choice, startUs}, false);
+  stats_.margin = config_.oneOptionMargin;
   stats_.mixedUs = best.iterUs;
   // One option in groups, for each option of the mixed plan that a group
   // can take, kept where it is predicted within the margin (FusionConfig::

@@ -47,13 +47,13 @@ struct FusionConfig {
   // every tensor on that option alone, its groups searched the same way; the
   // fastest of those replaces a result that mixes options unless the mix is
   // predicted faster by more than this fraction (or the one option slower
-  // than the search's start). The choice that is fastest
-  // under a cost model is, on average, slower than predicted (the more
-  // options it picks among per tensor, the more it gains from the model's
-  // errors); one option carries fewer of them. Over the model-replay runs of
-  // 2026-12-01 (AL and AM, docs/benchmarks.md) the mixed plans ran 7.7%
-  // slower than predicted on average, MergeComp's one-option plans 1.8%
-  // faster. 0: the mixed optimum (kept also with `exact` and `allOptions`).
+  // than the search's start). The choice that is fastest under a cost model
+  // is, on average, slower than predicted (the more options it picks among
+  // per tensor, the more it gains from the model's errors); one option
+  // carries fewer of them. In the model-replay runs AL and AM of 2026-12-01
+  // (docs/benchmarks.md) the mixed plans ran 7.7% slower than predicted on
+  // average, MergeComp's one-option plans 1.8% faster than predicted.
+  // 0: the mixed optimum (kept also with `exact` and `allOptions`).
   double oneOptionMargin = 0.05;
 };
 
@@ -71,10 +71,10 @@ struct FusionStats {
   int groups = 0;            // fused groups (two or more members) in the result
   int fusedTensors = 0;      // tensors in them
   double ms = 0, cpuMs = 0;  // wall clock and the searching thread's CPU time
-  // FusionConfig::oneOptionMargin: the mixed search's simulated time, the
-  // best one-option grouping's (0: none searched), and that option where it
-  // was kept (-1: the mixed plan was).
-  double mixedUs = 0, oneOptionUs = 0;
+  // FusionConfig::oneOptionMargin as searched with, the mixed search's
+  // simulated time, the best one-option grouping's (0: none searched), and
+  // that option where it was kept (-1: the mixed plan was).
+  double margin = 0, mixedUs = 0, oneOptionUs = 0;
   int oneOption = -1;
 };
 

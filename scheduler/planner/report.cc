@@ -224,7 +224,7 @@ std::string summaryText(const PlanRun& run) {
       out += fmt::format(
           "one option in groups (margin {:.0f}%): {:.2f} ms against the mixed plan's {:.2f} ms; "
           "{}\n",
-          100.0 * FusionConfig{}.oneOptionMargin, f.oneOptionUs / 1e3, f.mixedUs / 1e3,
+          100.0 * f.margin, f.oneOptionUs / 1e3, f.mixedUs / 1e3,
           f.oneOption >= 0 ? "kept, " + run.sim->options()[size_t(f.oneOption)].describe()
                            : std::string("the mixed plan kept"));
     for (size_t g = 0; g < r.espresso.groups.size(); ++g) {

@@ -361,6 +361,7 @@ TEST(FusionSearch, OneOptionWithinTheMarginReplacesAMixedPlan) {
       EXPECT_EQ(search.stats().oneOption, -1) << "trial " << trial;
     }
     EXPECT_NEAR(search.stats().mixedUs, mixed.iterUs, 1e-9 * mixed.iterUs) << "trial " << trial;
+    EXPECT_EQ(search.stats().margin, kMargin);
   }
   std::printf(
       "one option within %.0f%% of the mixed plan: replaced it in %d instances, kept it in %d\n",
