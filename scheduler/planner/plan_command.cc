@@ -49,6 +49,11 @@ void addClusterOptions(CLI::App* sub, PlanConfig& c) {
       "--fuse,!--no-fuse", c.fuse,
       "after the decision, Cupcake's fusion search: consecutive tensors fused into groups that run "
       "their option once, where that is predicted faster (default: on)");
+  sub->add_option("--one-option-margin", c.oneOptionMargin,
+                  "with --fuse: one option for every tensor, in groups, wherever it is predicted "
+                  "within this fraction of the plan that mixes options (0: the mixed plan)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   sub->add_option("--data-dir", c.dataDir,
                   "folder with profiles/ and costs/ (default: built in, "
                   "or $CORTADO_PLANNER_DATA)");

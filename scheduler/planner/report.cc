@@ -84,7 +84,9 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   run.report.stats = planner.stats();
   run.report.perTensor = run.report.espresso;
   if (cfg.fuse) {
-    FusionSearch fusion(*run.sim);
+    FusionConfig fc;
+    fc.oneOptionMargin = cfg.oneOptionMargin;
+    FusionSearch fusion(*run.sim, fc);
     run.report.espresso = fusion.search(run.report.perTensor);
     run.fusion = fusion.stats();
     run.report.fusionMs = run.fusion.ms;
@@ -101,7 +103,11 @@ PlanRun runPlanner(const PlanConfig& cfg) {
     Planner fp(free);
     fp.setExact(cfg.exact);
     Strategy a = fp.decide(), b = fp.compressAllGpu();
-    if (cfg.fuse) a = FusionSearch(free).search(a);
+    if (cfg.fuse) {
+      FusionConfig fc;
+      fc.oneOptionMargin = 0;  // the optimum over the groupings: a bound
+      a = FusionSearch(free, fc).search(a);
+    }
     run.report.upperBound = a.iterUs <= b.iterUs ? a : b;
   }
   run.plan = toPlan(*run.sim, run.report.espresso, cfg.planVersion);

@@ -36,6 +36,10 @@ struct PlanConfig {
   // carries fused groups where they are predicted faster. The upper bound
   // is searched the same way, so that it stays a bound.
   bool fuse = true;
+  // The fusion search's FusionConfig::oneOptionMargin (the plan's search
+  // only: the upper bound's keeps the mixed optimum, so that it stays a
+  // bound).
+  double oneOptionMargin = FusionConfig{}.oneOptionMargin;
   // Only the options a job without MPI collectives runs (the Python
   // binding's executor): no flat collectives, push/pull across machines
   // (pushPullOptions).

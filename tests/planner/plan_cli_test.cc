@@ -251,26 +251,38 @@ TEST_P(PlanCommandErrors, ClearErrorListingValidValues) {
 INSTANTIATE_TEST_SUITE_P(
     Inputs, PlanCommandErrors,
     ::testing::Values(
-        BadInput{"UnknownModel", "--model alexnet",
+        BadInput{"UnknownModel",
+                 "--model alexnet",
                  {"--model: unknown model 'alexnet'",
                   "valid: vgg16, resnet50, resnet101, bert-base, gpt2, lstm"}},
-        BadInput{"MissingProfile", "--model /nonexistent/profile.json",
+        BadInput{"MissingProfile",
+                 "--model /nonexistent/profile.json",
                  {"cannot open profile '/nonexistent/profile.json'"}},
-        BadInput{"UnknownCodec", "--model vgg16 --codec zip",
+        BadInput{"UnknownCodec",
+                 "--model vgg16 --codec zip",
                  {"--codec: unknown codec 'zip'", "dgc", "efsignsgd", "topk"}},
-        BadInput{"UnknownCodecParameter", "--model vgg16 --codec dgc:k=5",
+        BadInput{"UnknownCodecParameter",
+                 "--model vgg16 --codec dgc:k=5",
                  {"codec 'dgc' has no parameter 'k' (valid: ratio)"}},
-        BadInput{"RatioOutOfRange", "--model vgg16 --codec dgc:ratio=2", {"ratio must be in (0, 1]"}},
-        BadInput{"UnknownIntraLink", "--model vgg16 --intra infiniband",
+        BadInput{
+            "RatioOutOfRange", "--model vgg16 --codec dgc:ratio=2", {"ratio must be in (0, 1]"}},
+        BadInput{"UnknownIntraLink",
+                 "--model vgg16 --intra infiniband",
                  {"--intra: unknown link 'infiniband'", "nvlink", "pcie", "--hardware"}},
-        BadInput{"UnknownInterLink", "--model vgg16 --inter 3gbit",
+        BadInput{"UnknownInterLink",
+                 "--model vgg16 --inter 3gbit",
                  {"--inter: unknown link '3gbit'", "25gbit", "100gbit"}},
         BadInput{"ZeroMachines", "--model vgg16 --machines 0", {"--machines"}},
         BadInput{"MissingModel", "--machines 2", {"--model is required"}},
-        BadInput{"UnwritableTrace", "--model vgg16 --machines 2 --trace /nonexistent/dir/t.json",
+        BadInput{"UnwritableTrace",
+                 "--model vgg16 --machines 2 --trace /nonexistent/dir/t.json",
                  {"--trace: cannot write '/nonexistent/dir/t.json'"}},
-        BadInput{"MissingHardwareFile", "--model vgg16 --hardware /nonexistent/hw.json",
-                 {"cannot open hardware model file '/nonexistent/hw.json'"}}),
+        BadInput{"MissingHardwareFile",
+                 "--model vgg16 --hardware /nonexistent/hw.json",
+                 {"cannot open hardware model file '/nonexistent/hw.json'"}},
+        BadInput{"NegativeOneOptionMargin",
+                 "--model vgg16 --one-option-margin -0.1",
+                 {"--one-option-margin", "not in range"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(PlanCommand, ExactSearchOnRequest) {
@@ -282,6 +294,19 @@ TEST(PlanCommand, ExactSearchOnRequest) {
   EXPECT_TRUE(contains(est.output, "decision (estimated search):")) << est.output;
   EXPECT_TRUE(contains(est.output, " estimates, ")) << est.output;
   EXPECT_TRUE(contains(exact.output, "decision (exact search):")) << exact.output;
+}
+
+// The one-option step's line names the margin it ran with; margin 0 runs no
+// such step (bert-base/DGC at 8 x 8 on 10 Gbit/s mixes options).
+TEST(PlanCommand, OneOptionMarginOnRequest) {
+  const std::string base = "--model bert-base --codec dgc:ratio=0.01 --inter 10gbit --no-table";
+  auto byDefault = plan(base);
+  auto wide = plan(base + " --one-option-margin 0.5");
+  auto off = plan(base + " --one-option-margin 0");
+  for (const auto* r : {&byDefault, &wide, &off}) ASSERT_EQ(r->exitCode, 0) << r->output;
+  EXPECT_TRUE(contains(byDefault.output, "one option in groups (margin 5%): ")) << byDefault.output;
+  EXPECT_TRUE(contains(wide.output, "one option in groups (margin 50%): ")) << wide.output;
+  EXPECT_FALSE(contains(off.output, "one option in groups")) << off.output;
 }
 
 TEST(PlanCommand, ErrorsExitWithTwo) {
