@@ -304,7 +304,7 @@ Strategy FusionSearch::search(const Strategy& from) {
 
 Strategy FusionSearch::searchFrom(const Strategy& from, bool membersOnly) {
   const int N = sim_.tensors();
-  Strategy seed{from.choice, from.iterUs > 0 ? from.iterUs : sim_.simulate(from.choice)};
+  const Strategy seed{from.choice, from.iterUs};
   if (sim_.fusion() || N < 2) return seed;
   membersOnly_ = membersOnly;
   prepare(from);

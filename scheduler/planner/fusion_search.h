@@ -136,8 +136,8 @@ class FusionSearch {
   // beam).
   void admit(std::vector<Label>& into, int next, const Node& node);
   Strategy strategyOf(int node, double iterUs) const;
-  // The dynamic program from `from` (its iterUs: its simulated time, or 0 to
-  // simulate it); `membersOnly`: a group takes only its members' options.
+  // The dynamic program from `from`, whose iterUs is its simulated time (the
+  // bound to beat); `membersOnly`: a group takes only its members' options.
   Strategy searchFrom(const Strategy& from, bool membersOnly);
   void prepare(const Strategy& from);
 

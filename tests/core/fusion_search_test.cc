@@ -87,10 +87,6 @@ TEST(FusionSearch, BalancedCutsAreTheNearestToEachShareOfTheBytes) {
   }
 }
 
-// A convex cost over cuts: a fixed cost per group plus the sum of squared
-// group bytes (which, for a given number of groups, balanced groups make
-// least). With minGain 0 the search ends at the exhaustive optimum over all
-// 2^(n-1) partitions, whatever the cost per group moves it to.
 // Runs of two or more tensors between cuts, by hand; lone tensors, a cut at
 // 0 and cuts at n or beyond make no group.
 TEST(FusionSearch, GroupsOfCutsAreTheRunsOfTwoOrMore) {
@@ -103,6 +99,10 @@ TEST(FusionSearch, GroupsOfCutsAreTheRunsOfTwoOrMore) {
   EXPECT_EQ(FusionSearch::groupsOf({}, 0), Ranges{});
 }
 
+// A convex cost over cuts: a fixed cost per group plus the sum of squared
+// group bytes (which, for a given number of groups, balanced groups make
+// least). With minGain 0 the search ends at the exhaustive optimum over all
+// 2^(n-1) partitions, whatever the cost per group moves it to.
 TEST(FusionSearch, EndsAtTheExhaustiveOptimumOfAConvexCost) {
   const uint64_t n = 12;
   const std::vector<uint64_t> bytes(n, 1);
