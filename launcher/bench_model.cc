@@ -307,6 +307,9 @@ int runModelBench(const ModelBenchOptions& o) {
                       o.syncSkew, set->us, set->fraction));
     } else {
       measureSkewChain(world, *worker, groups, o.codec, job.pipeline, into);
+      if (topo.numMachines > 1)
+        measureSkewChain(world, *worker, groups, o.codec, job.pipeline, into, /*servers=*/true,
+                         tag);
     }
     // The probes encoded up to the largest group the planner may form; a
     // bf16 state's scratch from them would stay beside the replay's.
@@ -923,6 +926,8 @@ int runModelBench(const ModelBenchOptions& o) {
                    {"predicted_noskew_ms", preds[si].noSkewUs / 1e3},
                    {"sync_skew_us", skew.us}, {"sync_skew_fraction", skew.fraction},
                    {"sync_skew_curve", skew.curve.points},
+                   {"push_skew_curve", simulator ? simulator->cluster().pushSkew.curve.points
+                                                 : std::vector<std::pair<double, double>>{}},
                    {"iterations", o.iterations}, {"rounds", o.rounds}, {"round_ms", r.roundMs},
                    {"round_predicted_ms", r.roundPredictedMs}, {"probe_s", probeSeconds},
                    {"workers", topo.size}, {"device", dev->name()},

@@ -177,6 +177,22 @@ plan::TensorOption chainOption(const std::string& codec) {
   return f;
 }
 
+plan::TensorOption serverChainOption(const std::string& codec) {
+  using plan::CommOp;
+  using plan::Scope;
+  using plan::Step;
+  plan::TensorOption x;
+  x.hierarchical = true;
+  x.codec = codec;
+  x.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
+             Step::encode(plan::Device::kCpu),
+             Step::comm(Scope::kInter, CommOp::kPush, true),
+             Step::comm(Scope::kInter, CommOp::kPull, true),
+             Step::comm(Scope::kIntra, CommOp::kAllgather, true),
+             Step::decode(plan::Device::kCpu)};
+  return x;
+}
+
 std::string predictedTracePath(const std::string& file, const std::string& strategy) {
   if (strategy == "plan") return file;
   const size_t slash = file.find_last_of('/');
@@ -236,9 +252,9 @@ struct ChainStagePrices {
   double encode = 0, comm = 0, decode = 0;
 };
 ChainStagePrices chainStagePrices(const planner::Cluster& bare, const planner::ResolvedCodec& codec,
-                                  uint64_t elements) {
+                                  uint64_t elements, bool servers = false) {
   ChainStagePrices p;
-  const plan::TensorOption f = chainOption(codec.spec);
+  const plan::TensorOption f = servers ? serverChainOption(codec.spec) : chainOption(codec.spec);
   for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(elements), 4, f).ops) {
     const double us = planner::opDurationUs(bare, op);
     if (op.kind == planner::OpKind::kEncode) p.encode += us;
@@ -255,6 +271,7 @@ std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measur
                                                         planner::ResolvedCodec& codec, bool hostTwin) {
   planner::Cluster bare = cl;
   bare.syncSkew = {};
+  bare.pushSkew = {};
   std::map<double, std::array<double, 3>> byElements;  // elements -> (sums of E and D stretch, count)
   for (const Measured::ChainPoint& c : chains) {
     if (!(c.elements > 0 && c.encodeUs > 0 && c.decodeUs > 0)) continue;  // not traced
@@ -302,10 +319,12 @@ std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measur
 std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
                                                       planner::Cluster& cl,
                                                       const planner::ResolvedCodec& codec,
-                                                      std::string* breakdown) {
+                                                      std::string* breakdown, bool servers) {
   planner::Cluster bare = cl;
   bare.syncSkew = {};
-  const plan::TensorOption f = chainOption(codec.spec);
+  bare.pushSkew = {};
+  const plan::TensorOption f = servers ? serverChainOption(codec.spec) : chainOption(codec.spec);
+  planner::SyncSkew& skew = servers ? cl.pushSkew : cl.syncSkew;
   std::map<double, std::pair<double, double>> byWork;  // work us -> (sum of excess us, count)
   for (const Measured::ChainPoint& c : chains) {
     CORTADO_ENFORCE(c.elements > 0 && c.steps > 0 && std::isfinite(c.stepUs) && c.stepUs >= 0,
@@ -327,14 +346,14 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
     // The work before the allgather as applySyncSkew counts it: the encode,
     // its tasks in rounds over the cores; and the step's other stages as
     // priced, for the breakdown.
-    const ChainStagePrices stage = chainStagePrices(bare, codec, c.elements);
+    const ChainStagePrices stage = chainStagePrices(bare, codec, c.elements, servers);
     const double work = stage.encode, comm = stage.comm, decode = stage.decode;
     if (breakdown && c.encodeUs + c.collectiveUs + c.decodeUs > 0)
       *breakdown += fmt::format(
-          "{}{}x{}: {:.0f} ({:.0f}): E {:.0f} ({:.0f}), ag* {:.0f} ({:.0f}), D {:.0f} ({:.0f}), "
+          "{}{}x{}: {:.0f} ({:.0f}): E {:.0f} ({:.0f}), {} {:.0f} ({:.0f}), D {:.0f} ({:.0f}), "
           "the rest {:.0f}",
           breakdown->empty() ? "" : "; ", c.steps, c.elements, c.stepUs, priced, c.encodeUs, work,
-          c.collectiveUs, comm, c.decodeUs, decode,
+          servers ? "x.push*+pull*" : "ag*", c.collectiveUs, comm, c.decodeUs, decode,
           c.stepUs - c.encodeUs - c.collectiveUs - c.decodeUs);
     if (!(work > 0)) continue;  // no work, no wait (SyncSkew::after)
     auto& [sum, n] = byWork[work];
@@ -343,16 +362,16 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
   }
   std::vector<std::array<double, 3>> rows;
   for (const auto& [work, v] : byWork) rows.push_back({work, v.first / v.second, v.second});
-  cl.syncSkew = {};
+  skew = {};
   if (rows.empty()) return {};
-  cl.syncSkew.curve = planner::MeasuredCurve::monotone(rows, 1);
+  skew.curve = planner::MeasuredCurve::monotone(rows, 1);
   // Then concave through (0, 0), the least such curve above the points: a
   // larger step's wait is no larger a share of its work (traced on
   // resnet101/DGC, the workers' lateness at a collective grew about as the
   // square root of the work before it), so a chain's excess that grows
   // faster is the probe's noise or the codec's pricing at that size, and
   // the planner's groups should not be steered by it.
-  auto& pts = cl.syncSkew.curve.points;
+  auto& pts = skew.curve.points;
   std::vector<std::pair<double, double>> hull = {{0.0, 0.0}};
   for (const auto& pt : pts) {
     while (hull.size() >= 2) {
@@ -366,8 +385,8 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
   planner::MeasuredCurve upper;
   upper.points = std::move(hull);
   for (auto& pt : pts) pt.second = upper.us(pt.first);
-  cl.syncSkew.check("the skew chains' curve");
-  return cl.syncSkew.curve.points;
+  skew.check(servers ? "the skew chains' curve through the servers" : "the skew chains' curve");
+  return skew.curve.points;
 }
 
 std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
@@ -465,6 +484,10 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
     contention += fmt::format("{}{:.0f}: E {:.2f}x, D {:.2f}x", contention.empty() ? "" : "; ",
                               elements, e, d);
   if (!m.chainPoints.empty()) applyChainSkew(m.chainPoints, cl, codec, &chainBreakdown);
+  // And before a push, as the chains through the servers meet it.
+  std::string serverBreakdown;
+  if (!m.serverChainPoints.empty())
+    applyChainSkew(m.serverChainPoints, cl, codec, &serverBreakdown, /*servers=*/true);
   auto options = planner::plannerOptions(cl, codec.spec);
   const plan::TensorOption byteps = executor::defaultOption();
   int bytepsIdx = -1;
@@ -482,7 +505,7 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
         "codec {} per-size medians (the planner's curves), as a line: encode {:.1f} us + {:.2f} "
         "ns/elem, decode {:.1f} us + {:.2f} ns/elem (CPU{}); sum {:.1f} Gbit/s, a decode's zeroing "
         "pass {:.1f} Gbit/s; {} CPU cores per machine; "
-        "workers' skew at a step after CPU work {}{}",
+        "workers' skew at a step after CPU work {}{}{}",
         cl.intra.base.alphaUs, cl.intra.base.gbps, m.hasIntra ? "" : " (not measured)",
         cl.inter.base.alphaUs, cl.inter.base.gbps, m.hasInter ? "" : " (not measured)",
         m.pushPull.alphaUs, m.pushPull.gbps, o.codec, m.encodeAlpha * 1e6, m.encodeBeta * 4e9,
@@ -494,6 +517,7 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
                           m.gpuDecodeBeta * 4e9)
             : std::string(", also used for \"gpu\""),
         m.sumGbps, m.fillGbps, cpuCores, cl.syncSkew.describe(),
+        cl.pushSkew.any() ? ", before a push " + cl.pushSkew.describe() : std::string(),
         m.hasCopies ? fmt::format("; copies device to host {:.0f} us + {:.2f} Gbit/s, host to "
                                   "device {:.0f} us + {:.2f} Gbit/s",
                                   m.d2h.alphaUs, m.d2h.gbps, m.h2d.alphaUs, m.h2d.gbps)
@@ -505,6 +529,8 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
   if (costNote && !chainBreakdown.empty())
     *costNote += "; the skew chains' steps traced against their prices (us per step, priced in "
                  "brackets; ag* the fastest worker's): " + chainBreakdown;
+  if (costNote && !serverBreakdown.empty())
+    *costNote += "; through the servers (x.push*+pull* the fastest worker's): " + serverBreakdown;
   return std::make_shared<planner::Simulator>(cl, codec, profile, options);
 }
 
@@ -549,6 +575,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
   // The same cost models without the workers' skew, for predicted_noskew_ms.
   planner::Cluster noSkew = sim.cluster();
   noSkew.syncSkew = {};
+  noSkew.pushSkew = {};
   planner::Simulator simNoSkew(noSkew, sim.codec(), sim.profile(), options);
   auto uniform = [&](int option) {
     planner::Strategy s;
@@ -610,7 +637,7 @@ std::vector<Prediction> predict(const ModelBenchOptions& o, const planner::Model
         p.alternatives.push_back(planner::toPlan(sim, mergecompAlts[a], 1));
     }
     p.predictedUs = profile.forwardUs + serialized(sim, s.choice, s.groups, nullptr);
-    p.noSkewUs = sim.cluster().syncSkew.any()
+    p.noSkewUs = sim.cluster().syncSkew.any() || sim.cluster().pushSkew.any()
                      ? profile.forwardUs + serialized(simNoSkew, s.choice, s.groups, nullptr)
                      : p.predictedUs;
     p.overlappedUs = profile.forwardUs + (s.groups.empty() ? s.iterUs : sim.simulateGroups(s.choice, s.groups));

@@ -71,6 +71,10 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
 // The option each step of the skew chains runs (measureSkewChain): `F:
 // E(c) ag* D(c)` with the codec `codec` on the CPU.
 plan::TensorOption chainOption(const std::string& codec);
+// The option of the chains through the servers and of the compressed
+// exchange probe (measureSkewChain with `servers`,
+// measureCompressedExchange): `H: i.rs E(c) x.push* x.pull* i.ag* D(c)`.
+plan::TensorOption serverChainOption(const std::string& codec);
 
 // The CPU codec calls of workers that code at the same time, as the skew
 // chains meet them (the emulated hosts share this machine's cores, and a
@@ -105,11 +109,15 @@ std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measur
 // curve's points. `breakdown` (optional): for each chain whose stages were
 // traced, "STEPSxELEMENTS: step (priced): E traced (priced), ag* ..., D ...,
 // the rest" in us per step, the rest being the step less its traced stages
-// (the wait for the last worker, and the executor's own time).
+// (the wait for the last worker, and the executor's own time). `servers`:
+// the chains through the servers (Measured::serverChainPoints), each step
+// serverChainOption()'s, its work the encode before the push, into
+// cl.pushSkew instead.
 std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
                                                       planner::Cluster& cl,
                                                       const planner::ResolvedCodec& codec,
-                                                      std::string* breakdown = nullptr);
+                                                      std::string* breakdown = nullptr,
+                                                      bool servers = false);
 
 // Rank 0: the cost models from the measurements, as a simulator over the
 // planner's options for this job (BytePS's default among them, at

@@ -582,12 +582,7 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   on.warmup = 1;  // the first pass: the servers' keys, first touches
   on.exchange = false;
   px.setOnline(on);
-  plan::TensorOption x;
-  x.hierarchical = true;
-  x.codec = spec;
-  x.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false), Step::encode(plan::Device::kCpu),
-             Step::comm(Scope::kInter, CommOp::kPush, true), Step::comm(Scope::kInter, CommOp::kPull, true),
-             Step::comm(Scope::kIntra, CommOp::kAllgather, true), Step::decode(plan::Device::kCpu)};
+  const plan::TensorOption x = serverChainOption(spec);
   plan::Plan p;
   std::vector<std::string> names;
   for (uint64_t n : sizes) {
@@ -679,7 +674,7 @@ std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
 // (applyChainSkew, bench_model_predict.cc) and charge the rest as the
 // skew.
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
-                      const std::string& spec, bool pipeline, Measured& m) {
+                      const std::string& spec, bool pipeline, Measured& m, bool servers, int tag) {
   const std::vector<uint64_t> sizes = skewChainSizes(m.encodeCurve, m.codecSizes);
   const Deadline d = world.deadline();
   const auto t0 = Clock::now();
@@ -695,7 +690,7 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   to.first = 1;  // the timed passes (a tensor's runs count from 0)
   auto tracer = std::make_shared<Tracer>(to);
   px.setTracer(tracer);
-  const plan::TensorOption f = chainOption(spec);
+  const plan::TensorOption f = servers ? serverChainOption(spec) : chainOption(spec);
   plan::Plan p;
   struct Chain {
     uint64_t elements;
@@ -712,7 +707,8 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
     const int steps = int(std::clamp(40000.0 / enc, 4.0, std::min(48.0, most)));
     Chain c{n, steps, {}};
     for (int k = 0; k < steps; ++k) {
-      c.names.push_back(fmt::format("bench.model.chain.{}.{}", n, k));
+      c.names.push_back(servers ? fmt::format("bench.model.serverchain{}.{}.{}", tag, n, k)
+                                : fmt::format("bench.model.chain.{}.{}", n, k));
       px.declare(c.names.back(), DType::kFloat32, n);
       p.tensors[c.names.back()] = f;
     }
@@ -739,8 +735,15 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
       px.runBatch(batch, ReduceOp::kSum, d);
       if (pass > 0) mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - b0).count());
     }
-  // F keeps no keys on the servers: nothing to release (as
-  // measureCompressedExchange must).
+  // F keeps no keys on the servers; H's released: every tensor on a flat
+  // allreduce, which keeps none (as measureCompressedExchange does).
+  if (servers) {
+    plan::TensorOption flat;
+    flat.steps = {plan::Step::comm(plan::Scope::kFlat, plan::CommOp::kAllreduce, false)};
+    for (auto& [name, o] : p.tensors) o = flat;
+    p.version += 1;
+    px.setPlan(p, d);
+  }
   const std::vector<double> slowest = world.max(mine);
   // This worker's stages per step of each chain over the timed passes:
   // encode, collective, decode (3 per chain).
@@ -754,7 +757,7 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
     size_t k = 0;  // the stage's place among the chain's three
     if (e.stage == "encode") {
       k = 0;
-    } else if (e.stage.find("allgather") != std::string::npos) {
+    } else if (e.stage.find(servers ? "push" : "allgather") != std::string::npos) {
       k = 1;
     } else if (e.stage == "decode") {
       k = 2;
@@ -767,7 +770,8 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   std::vector<double> negated(stages);
   for (double& x : negated) x = -x;
   const std::vector<double> leastStages = world.max(negated);  // -(the least)
-  m.chainPoints.clear();
+  std::vector<Measured::ChainPoint>& points = servers ? m.serverChainPoints : m.chainPoints;
+  points.clear();
   std::string pts;
   for (size_t i = 0; i < chains.size(); ++i) {
     std::vector<double> v;
@@ -778,14 +782,18 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
     c.encodeUs = meanStages[3 * i];
     c.collectiveUs = -leastStages[3 * i + 1];
     c.decodeUs = meanStages[3 * i + 2];
-    m.chainPoints.push_back(c);
-    pts += fmt::format(" {}x{}:{:.0f}us(E {:.0f} ag* {:.0f} D {:.0f})", chains[i].steps,
-                       chains[i].elements, stepUs, c.encodeUs, c.collectiveUs, c.decodeUs);
+    points.push_back(c);
+    pts += fmt::format(" {}x{}:{:.0f}us(E {:.0f} {} {:.0f} D {:.0f})", chains[i].steps,
+                       chains[i].elements, stepUs, c.encodeUs, servers ? "x.push*+pull*" : "ag*",
+                       c.collectiveUs, c.decodeUs);
   }
-  m.probes.push_back(fmt::format("skew chain (F: E({0}) ag* D({0}) back to back, the slowest worker's "
-                                 "time per step, and its stages: the workers' mean encode and decode, "
-                                 "the fastest worker's allgather; {1:.1f} s) by steps x elements:{2}",
-                                 spec, secondsSince(t0), pts));
+  m.probes.push_back(fmt::format(
+      "skew chain ({0} back to back, the slowest worker's time per step, and its stages: the "
+      "workers' mean encode and decode, the fastest worker's {1}; {2:.1f} s) by steps x "
+      "elements:{3}",
+      servers ? fmt::format("H: i.rs E({0}) x.push* x.pull* i.ag* D({0})", spec)
+              : fmt::format("F: E({0}) ag* D({0})", spec),
+      servers ? "push and pull" : "allgather", secondsSince(t0), pts));
 }
 
 // The CUDA encode runs on a stream and the host learns it ended from an

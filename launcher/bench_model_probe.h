@@ -136,6 +136,10 @@ struct Measured {
     double encodeUs = 0, collectiveUs = 0, decodeUs = 0;
   };
   std::vector<ChainPoint> chainPoints;
+  // The same chains with each step through the servers (serverChainOption;
+  // measureSkewChain with `servers`): the skew before a push
+  // (planner::Cluster::pushSkew). Empty when not measured (one machine).
+  std::vector<ChainPoint> serverChainPoints;
   std::vector<std::string> probes;  // what was measured, for the log
 };
 
@@ -199,9 +203,15 @@ std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
 // barrier; an untimed pass and 5 timed ones. Into m.chainPoints the slowest
 // worker's time per step (median of the passes) and its stages as traced
 // (the workers' encodes and decodes, the fastest worker's collective); a
-// line in m.probes. Its tensors keep no keys on the servers.
+// line in m.probes. Its tensors keep no keys on the servers. `servers`:
+// each step `H: i.rs E(c) x.push* x.pull* i.ag* D(c)` (serverChainOption)
+// instead, into m.serverChainPoints (its collective traced as the push and
+// pull); the servers' keys released after, and `tag` in their names keeps
+// them apart from an earlier probe's (a name once declared with the
+// scheduler stays its key).
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
-                      const std::string& spec, bool pipeline, Measured& m);
+                      const std::string& spec, bool pipeline, Measured& m, bool servers = false,
+                      int tag = 0);
 
 // The plan executor's compressed exchange with the servers, as it runs one
 // (`H: i.rs E x.push* x.pull* i.ag* D` with the codec `spec`: the payloads

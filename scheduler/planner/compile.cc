@@ -317,7 +317,7 @@ void applySyncSkew(const Cluster& cluster, CompiledOption& c) {
     op.waitUs = 0;
     switch (op.kind) {
       case OpKind::kComm:
-        op.waitUs = cluster.syncSkew.after(work);
+        op.waitUs = cluster.skewBefore(op.comm, work);
         c.pathUs += op.waitUs;
         work = 0;
         break;

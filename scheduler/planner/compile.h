@@ -35,7 +35,7 @@ struct SimOp {
   bool compressed = false;
   uint16_t tasks = 1;  // kCpu: parallel tasks, one core each
   double us = 0;
-  // kComm: the workers' skew before it starts (Cluster::syncSkew after the
+  // kComm: the workers' skew before it starts (Cluster::skewBefore after the
   // CPU work since the tensor's previous step of communication; no lane).
   double waitUs = 0;
 };

@@ -226,13 +226,18 @@ HardwareModel HardwareModel::fromJson(const json& j) {
                       "decode's pass over its region is not priced)",
                       h.cpuFillGbps);
     }
-    if (cpu.contains("sync_skew_us")) h.syncSkew.us = cpu.at("sync_skew_us").get<double>();
-    if (cpu.contains("sync_skew_fraction"))
-      h.syncSkew.fraction = cpu.at("sync_skew_fraction").get<double>();
-    if (cpu.contains("sync_skew_curve"))
-      for (const auto& pt : cpu.at("sync_skew_curve"))
-        h.syncSkew.curve.points.emplace_back(pt.at(0).get<double>(), pt.at(1).get<double>());
-    h.syncSkew.check("hardware: cpu.sync_skew_us, cpu.sync_skew_fraction and cpu.sync_skew_curve");
+    // cpu.<prefix>_us, _fraction and _curve into `s`.
+    auto skew = [&](const std::string& prefix, SyncSkew& s) {
+      if (cpu.contains(prefix + "_us")) s.us = cpu.at(prefix + "_us").get<double>();
+      if (cpu.contains(prefix + "_fraction"))
+        s.fraction = cpu.at(prefix + "_fraction").get<double>();
+      if (cpu.contains(prefix + "_curve"))
+        for (const auto& pt : cpu.at(prefix + "_curve"))
+          s.curve.points.emplace_back(pt.at(0).get<double>(), pt.at(1).get<double>());
+      s.check(fmt::format("hardware: cpu.{0}_us, cpu.{0}_fraction and cpu.{0}_curve", prefix));
+    };
+    skew("sync_skew", h.syncSkew);
+    skew("push_skew", h.pushSkew);
     return h;
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("malformed hardware model: {}", e.what()));

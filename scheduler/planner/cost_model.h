@@ -115,6 +115,7 @@ struct HardwareModel {
   double cpuFillGbps = 0;      // cpu.fill_gbps: one core zeroing a decode's region (Cluster::cpuFillGbps)
   double zenNsPerPair = kDefaultZenNsPerPair;  // cpu.zen_ns_per_pair (Cluster::zenNsPerPair)
   SyncSkew syncSkew;           // cpu.sync_skew_us, cpu.sync_skew_fraction (Cluster::syncSkew)
+  SyncSkew pushSkew;           // cpu.push_skew_us, _fraction, _curve (Cluster::pushSkew)
   std::string source;          // where the numbers come from
 
   static HardwareModel fromJson(const nlohmann::json& j);
@@ -208,6 +209,15 @@ struct Cluster {
   // step, which delays it and everything after it in that tensor's
   // execution, and occupies no lane.
   SyncSkew syncSkew;
+  // The same before a push to the servers, where it is set (any()); else
+  // syncSkew there too. A round trip through the servers waits for the last
+  // worker's push and then answers the workers one by one, so it can meet a
+  // skew of its own (`cortado bench model` measures both, measureSkewChain).
+  SyncSkew pushSkew;
+  // The skew before a step of `op` after `workUs` of CPU work.
+  double skewBefore(plan::CommOp op, double workUs) const {
+    return (op == plan::CommOp::kPush && pushSkew.any() ? pushSkew : syncSkew).after(workUs);
+  }
 
   int gpus() const { return machines * gpusPerMachine; }
   // The zeroing pass of a decode on `d` over `elements` (above), us.

@@ -52,6 +52,7 @@ PlanRun runPlanner(const PlanConfig& cfg) {
   cluster.cpuFillGbps = hw.cpuFillGbps;
   cluster.zenNsPerPair = hw.zenNsPerPair;
   cluster.syncSkew = hw.syncSkew;
+  cluster.pushSkew = hw.pushSkew;
   cluster.parameterServer = cfg.parameterServer;
   ResolvedCodec codec;
   try {
@@ -169,6 +170,9 @@ std::string summaryText(const PlanRun& run) {
   if (const SyncSkew& k = run.sim->cluster().syncSkew; k.any())
     out += fmt::format(
         "workers' skew at a step after CPU work (hardware cpu.sync_skew_*): {}\n", k.describe());
+  if (const SyncSkew& k = run.sim->cluster().pushSkew; k.any())
+    out += fmt::format("workers' skew at a push to the servers (hardware cpu.push_skew_*): {}\n",
+                       k.describe());
   out += fmt::format("predicted iteration time (forward {:.2f} ms + backward and sync):\n",
                      fwd / 1000.0);
   auto line = [&](const char* what, const Strategy& s) {

@@ -26,6 +26,7 @@ Simulator::Simulator(Cluster cluster, ResolvedCodec codec, ModelProfile profile,
   CORTADO_ENFORCE(cluster_.cpuCores >= 1 && cluster_.cpuCores <= 1024, ErrorCode::kInvalidArgument,
                   "cpu cores must be in [1, 1024], got {}", cluster_.cpuCores);
   cluster_.syncSkew.check("cluster sync skew");
+  cluster_.pushSkew.check("cluster sync skew before a push");
   CORTADO_ENFORCE(!profile_.tensors.empty(), ErrorCode::kInvalidArgument, "model has no tensors");
   CORTADO_ENFORCE(!options_.empty(), ErrorCode::kInvalidArgument, "no options to simulate");
   std::map<std::tuple<int64_t, int, Sparsity>, int> classes;

@@ -454,6 +454,54 @@ TEST(SkewChain, TheCurveIsEachChainsTimeLessItsPriceByTheEncode) {
   }
 }
 
+// The chains through the servers give the skew before a push
+// (Cluster::pushSkew) by the same arithmetic, and leave the collectives'
+// (syncSkew) as it was: a compressed push and pull of 100 us each, the
+// servers' decode (10 us a payload) and re-encode (the encode curve).
+TEST(SkewChain, TheChainsThroughTheServersGiveTheSkewBeforeAPush) {
+  planner::Cluster cl = fourHosts(64);
+  planner::MeasuredCurve rt;
+  rt.p = 4;
+  rt.add(1, 100);
+  cl.inter.curvesCompressed[plan::CommOp::kPush] = rt;
+  cl.inter.curvesCompressed[plan::CommOp::kPull] = rt;
+  cl.intra = cl.inter;
+  cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};
+  const planner::ResolvedCodec codec = efsignsgd({{1000, 20}, {4000, 80}});
+  const plan::TensorOption h = replay::serverChainOption("efsignsgd");
+  // Worker: encode, push 100, pull 100, decode 10; the servers' decode of
+  // 4 payloads (one round on 64 cores) 10 and re-encode 20 or 80 between.
+  ASSERT_NEAR(planner::compileOption(cl, codec, 1000, 4, h).pathUs, 20 + 100 + 10 + 20 + 100 + 10,
+              1e-3);
+  ASSERT_NEAR(planner::compileOption(cl, codec, 4000, 4, h).pathUs, 80 + 100 + 10 + 80 + 100 + 10,
+              1e-3);
+  cl.syncSkew.us = 7;  // the collectives': kept
+  planner::Cluster a = cl;
+  std::string breakdown;
+  replay::Measured::ChainPoint traced{1000, 8, 560};
+  traced.encodeUs = 25;
+  traced.collectiveUs = 400;
+  traced.decodeUs = 12;
+  const auto pts =
+      replay::applyChainSkew({traced, {4000, 4, 980}}, a, codec, &breakdown, /*servers=*/true);
+  expectPoints(pts, {{20, 300}, {80, 600}});
+  EXPECT_EQ(a.pushSkew.curve.points, pts);
+  EXPECT_DOUBLE_EQ(a.syncSkew.us, 7);
+  EXPECT_TRUE(a.syncSkew.curve.points.empty());
+  EXPECT_EQ(breakdown,
+            "8x1000: 560 (260): E 25 (20), x.push*+pull* 400 (200), D 12 (10), the rest 123");
+  // The timeline prices a step through the servers as the chain measured
+  // it, and a flat step as before (the collectives' 7 us).
+  EXPECT_NEAR(planner::compileOption(a, codec, 4000, 4, h).pathUs, 980, 1e-3);
+  const plan::TensorOption f = replay::chainOption("efsignsgd");
+  EXPECT_NEAR(planner::compileOption(a, codec, 4000, 4, f).pathUs,
+              planner::compileOption(cl, codec, 4000, 4, f).pathUs, 1e-9);
+  // No chains through the servers: no skew before a push.
+  planner::Cluster b = cl;
+  EXPECT_TRUE(replay::applyChainSkew({}, b, codec, nullptr, true).empty());
+  EXPECT_FALSE(b.pushSkew.any());
+}
+
 // MergeComp's alternatives are priced in the byte-balanced groupings its
 // search times: the least of every tensor on its own and 1, 2, 4, ... groups
 // up to the search's cap (a quarter of the tensors, at least 2), cut where

@@ -32,15 +32,19 @@ check "compressed exchange probed" "echo \"\$out\" | grep -Eq 'measured compress
 # probe line with each chain's traced stages, and every strategy's curve and
 # its prediction without the skew.
 check "skew chains probed" "echo \"\$out\" | grep -Eq 'measured skew chain \(F: E\(fp16\) ag\* D\(fp16\) back to back, the slowest worker.s time per step, and its stages: the workers. mean encode and decode, the fastest worker.s allgather; [0-9.]+ s\) by steps x elements:( [0-9]+x[0-9]+:[0-9]+us\(E [0-9]+ ag\* [0-9]+ D [0-9]+\))+$'" "$(echo "$out" | grep 'skew chain')"
+# And the same chains through the servers (2 machines), for the skew before
+# a push: its own line, its own curve.
+check "skew chains through the servers probed" "echo \"\$out\" | grep -Eq 'measured skew chain \(H: i.rs E\(fp16\) x.push\* x.pull\* i.ag\* D\(fp16\) back to back, the slowest worker.s time per step, and its stages: the workers. mean encode and decode, the fastest worker.s push and pull; [0-9.]+ s\) by steps x elements:( [0-9]+x[0-9]+:[0-9]+us\(E [0-9]+ x.push\*\+pull\* [0-9]+ D [0-9]+\))+$'" "$(echo "$out" | grep 'skew chain')"
 for s in none gpu cpu plan; do
   line=$(echo "$out" | grep "\"strategy\":\"$s\"")
   check "strategy $s: skew and the prediction without it" "echo \"\$line\" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
 assert r[\"sync_skew_us\"] == 0 and r[\"sync_skew_fraction\"] == 0, r
-c = r[\"sync_skew_curve\"]
-assert c and all(w > 0 and t >= 0 for w, t in c), r
-assert all(a[0] < b[0] and a[1] <= b[1] for a, b in zip(c, c[1:])), r
+for k in (\"sync_skew_curve\", \"push_skew_curve\"):
+    c = r[k]
+    assert c and all(w > 0 and t >= 0 for w, t in c), (k, r)
+    assert all(a[0] < b[0] and a[1] <= b[1] for a, b in zip(c, c[1:])), (k, r)
 assert 0 < r[\"predicted_noskew_ms\"] <= r[\"predicted_ms\"] * (1 + 1e-9), r
 '" "$line"
 done

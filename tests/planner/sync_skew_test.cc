@@ -266,6 +266,54 @@ TEST(SyncSkew, BadValuesAreRefused) {
             std::string::npos);
 }
 
+TEST(SyncSkew, APushWaitsForThePushSkewWhereItIsSet) {
+  // The same option with a skew of its own before a push (10 us + the
+  // work's 5 us) and the collectives' (2 us + half the work): the push
+  // waits 15, the pull nothing; a flat allgather after its 3 us encode the
+  // collectives' 3.5. Without the push's, the push takes the collectives'.
+  const TensorOption ps{
+      true,
+      {Step::encode(Device::kCpu), Step::comm(Scope::kInter, CommOp::kPush, true),
+       Step::comm(Scope::kInter, CommOp::kPull, true), Step::decode(Device::kCpu)},
+      "test"};
+  Cluster c = skewed(cluster(2, 1, 4));
+  c.pushSkew = line(10, 1);
+  auto waits = [&](const Cluster& cl, const TensorOption& o, CommOp op) {
+    double w = 0;
+    for (const SimOp& x : compileOption(cl, codec(), 1000, 4, o).ops)
+      if (x.kind == OpKind::kComm && x.comm == op) w += x.waitUs;
+    return w;
+  };
+  EXPECT_DOUBLE_EQ(waits(c, ps, CommOp::kPush), 15.0);
+  EXPECT_DOUBLE_EQ(waits(c, ps, CommOp::kPull), 0.0);
+  EXPECT_DOUBLE_EQ(waits(c, kGather, CommOp::kAllgather), 3.5);
+  EXPECT_DOUBLE_EQ(c.skewBefore(CommOp::kPush, 5), 15.0);
+  EXPECT_DOUBLE_EQ(c.skewBefore(CommOp::kAllreduce, 5), 4.5);
+  EXPECT_DOUBLE_EQ(c.skewBefore(CommOp::kPush, 0), 0.0);  // no work, no wait
+  c.pushSkew = {};
+  EXPECT_DOUBLE_EQ(waits(c, ps, CommOp::kPush), 4.5);
+  // A bad one is refused by the simulator as the collectives' is.
+  c.pushSkew = line(-1, 0);
+  const std::string e = errorOf([&] { Simulator(c, codec(), model({{1000, 1}}), {ps}); });
+  EXPECT_NE(e.find("sync skew before a push"), std::string::npos) << e;
+  // From a hardware file: cpu.push_skew_us, _fraction and _curve, checked
+  // as the collectives' are; absent, none.
+  nlohmann::json hw = {
+      {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
+      {"copies",
+       {{"d2h", {{"alpha_us", 1}, {"gbps", 8}}}, {"h2d", {{"alpha_us", 1}, {"gbps", 8}}}}},
+      {"cpu", {{"sum_gbps", 8}, {"sync_skew_us", 5}}}};
+  EXPECT_FALSE(HardwareModel::fromJson(hw).pushSkew.any());
+  hw["cpu"]["push_skew_curve"] = {{100, 300}, {1000, 900}};
+  const HardwareModel h = HardwareModel::fromJson(hw);
+  EXPECT_EQ(h.pushSkew.curve.points,
+            (std::vector<std::pair<double, double>>{{100, 300}, {1000, 900}}));
+  EXPECT_DOUBLE_EQ(h.syncSkew.us, 5);
+  hw["cpu"]["push_skew_fraction"] = -1;
+  const std::string he = errorOf([&] { HardwareModel::fromJson(hw); });
+  EXPECT_NE(he.find("cpu.push_skew_fraction"), std::string::npos) << he;
+}
+
 // A measured curve (cortado bench model's chains): the wait by the work,
 // on the line from (0, 0) below its first point, between points
 // interpolated, beyond the last its last wait; it takes the place of
