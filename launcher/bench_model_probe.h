@@ -207,8 +207,8 @@ std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
 // each step `H: i.rs E(c) x.push* x.pull* i.ag* D(c)` (serverChainOption)
 // instead, into m.serverChainPoints (its collective traced as the push and
 // pull); the servers' keys released after, and `tag` in their names keeps
-// them apart from an earlier probe's (a name once declared with the
-// scheduler stays its key).
+// them apart from an earlier probe round's (as measurePushPull's and
+// measureCompressedExchange's tags do).
 void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
                       const std::string& spec, bool pipeline, Measured& m, bool servers = false,
                       int tag = 0);
