@@ -393,7 +393,7 @@ Handle WorkerImpl::exchange(const std::string& name, Exchange ex, int priority) 
   return Handle(state);
 }
 
-void WorkerImpl::release(const std::string& name) {
+void WorkerImpl::release(const std::string& name, bool tellServers) {
   std::vector<std::pair<NodeId, Message>> out;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -411,19 +411,22 @@ void WorkerImpl::release(const std::string& name) {
       if (pushesThroughShm(t, c))
         shmChunkBytes_ -= shm::RegionPool::classBytes(c.numElements * dtypeSize(t.dtype));
     updatePushPoolLocked();
-    for (const Chunk& c : t.chunks) {
-      DataHeader h;
-      h.op = Op::kRelease;
-      h.dtype = t.dtype;
-      h.flags = opts_.async ? wire::kFlagAsync : wire::kFlagNone;
-      h.key = c.key;
-      h.round = t.round;
-      h.numElements = c.numElements;
-      h.contributors = t.options.contributors;
-      Message m;
-      m.parts.push_back(wire::encodeHeader(h));
-      m.parts.push_back(Buffer());
-      out.emplace_back(book_.servers[c.server].id, std::move(m));
+    // Not a pusher (releaseHere): its servers count only their pushers'.
+    if (tellServers) {
+      for (const Chunk& c : t.chunks) {
+        DataHeader h;
+        h.op = Op::kRelease;
+        h.dtype = t.dtype;
+        h.flags = opts_.async ? wire::kFlagAsync : wire::kFlagNone;
+        h.key = c.key;
+        h.round = t.round;
+        h.numElements = c.numElements;
+        h.contributors = t.options.contributors;
+        Message m;
+        m.parts.push_back(wire::encodeHeader(h));
+        m.parts.push_back(Buffer());
+        out.emplace_back(book_.servers[c.server].id, std::move(m));
+      }
     }
   }
   for (auto& [to, m] : out) {

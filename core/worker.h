@@ -273,6 +273,14 @@ class Worker {
   // new key: every worker that pushes it must release and declare it again,
   // in the same order as its other declarations.
   virtual void release(const std::string& name) = 0;
+  // release() for a tensor that this worker declared but does not push (a
+  // key of TensorOptions::contributors that other workers push, such as the
+  // plan executor's shard key of another local rank): released on this
+  // worker alone, nothing sent, since its servers count only its pushers'
+  // releases. Every worker that declared a name must release it one way or
+  // the other before any declares it again: a worker that did not would
+  // take the old key while the others wait for it to agree on a new one.
+  virtual void releaseHere(const std::string& name) = 0;
 
   virtual void barrier(Deadline deadline) = 0;
 

@@ -251,7 +251,10 @@ class WorkerImpl final : public Worker {
 
   Handle exchange(const std::string& name, Exchange ex, int priority) override;
 
-  void release(const std::string& name) override;
+  void release(const std::string& name) override { release(name, true); }
+  void releaseHere(const std::string& name) override { release(name, false); }
+  // Both: `tellServers` sends each chunk's server its release.
+  void release(const std::string& name, bool tellServers);
 
   void barrier(Deadline deadline) override;
 

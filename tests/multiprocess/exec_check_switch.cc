@@ -208,6 +208,37 @@ void Check::runSwitch() {
                        "expected [{}, {}): the window open when it was turned off was kept",
                        again->firstIteration, again->endIteration, resume, resume + 3));
   }
+  // A second executor over the same worker declaring the same tensor names:
+  // its first plan's shard keys have the names of this one's plan A, which
+  // the switch released. Every worker must agree on new keys, also with 2
+  // ranks per machine, where each pushes only its own shard key of a
+  // hierarchical option (there the declarations waited for one another
+  // until the executor released the other ranks' shard keys too,
+  // Worker::releaseHere), and the sums must be exact on them.
+  if (exact) {
+    executor::Executor second(*worker, noMpi ? nullptr : &groups, nullptr, "", dev);
+    for (int j = 0; j < T; ++j) second.declare(fmt::format("t{}", j), DType::kFloat32, n + j);
+    try {
+      second.setPlan(a, opDeadline(T));
+    } catch (const Error& e) {
+      fail(fmt::format("a second executor with the same tensor names: {}", e.what()));
+      return;
+    }
+    for (int j = 0; j < T; ++j) {
+      const uint64_t len = n + j;
+      std::vector<float> in(len), out(len);
+      for (uint64_t i = 0; i < len; ++i) in[i] = exactInput(me, j, iters + 1, i);
+      runOn(second, fmt::format("t{}", j), in.data(), out.data(), len, ReduceOp::kSum, deadline);
+      for (uint64_t i = 0; i < len; ++i) {
+        double r = 0;
+        for (int w = 0; w < W; ++w) r += exactInput(w, j, iters + 1, i);
+        if (out[i] != float(r)) {
+          fail(fmt::format("second executor, t{} element {}: {} != reference {}", j, i, out[i], r));
+          break;
+        }
+      }
+    }
+  }
 }
 
 void Check::runReplan() {
