@@ -253,8 +253,6 @@ class WorkerImpl final : public Worker {
 
   void release(const std::string& name) override { release(name, true); }
   void releaseHere(const std::string& name) override { release(name, false); }
-  // Both: `tellServers` sends each chunk's server its release.
-  void release(const std::string& name, bool tellServers);
 
   void barrier(Deadline deadline) override;
 
@@ -268,6 +266,10 @@ class WorkerImpl final : public Worker {
   void shutdown(Deadline deadline) override;
 
  private:
+  // release() and releaseHere(): `tellServers` sends each chunk's server its
+  // release.
+  void release(const std::string& name, bool tellServers);
+
   void checkFailedLocked() const;
 
   void closeAll();

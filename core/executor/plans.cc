@@ -401,21 +401,18 @@ void Executor::retire(TensorState& s, bool releaseKeys) {
   // Without this every switch left a plan's sums, answers and residuals
   // on the servers for the rest of the job (about 2.7x the model's bytes
   // per switch on resnet101, run X in `git show 68cab89:docs/benchmarks.md`).
-  // The other local ranks' shard keys, which every worker declared but only
-  // they push, are released here alone, so that every worker has released
-  // every key it declared (a second executor declaring the same tensor
-  // names then agrees on new keys everywhere, where it hung before), and
-  // the own shard's even if it never ran (its servers may hold the other
-  // machines' pushes of it).
-  const size_t own = s.shardKeys.size() > 1 ? size_t(topo_.localRank) : 0;
+  // Its own shard's key is released to the servers (also where it never
+  // ran: they may hold the other machines' pushes of it); the other local
+  // ranks', which it declared but does not push, on this worker alone. So
+  // every worker has released every key it declared, and an executor that
+  // declares the same tensor names later agrees on new keys everywhere.
+  const size_t own = s.ownShard(topo_.localRank);
   for (size_t k = 0; k < s.shardKeys.size(); ++k) {
-    if (k == own || s.exchanged.count(s.shardKeys[k]))
+    if (k == own)
       worker_.release(s.shardKeys[k]);
     else
       worker_.releaseHere(s.shardKeys[k]);
   }
-  for (const std::string& key : s.exchanged) worker_.release(key);
-  s.exchanged.clear();
 }
 
 void Executor::configure(TensorState& t, const plan::TensorOption& option,

@@ -117,9 +117,9 @@ struct Executor::TensorState {
   // payloads in their compact wire form where smaller.
   const bool* compactSparse = nullptr;
   std::vector<std::string> shardKeys;  // push/pull keys, by shard
-  // The shard keys this worker pushed and pulled under the current plan:
-  // setPlan releases them (Worker::release), after their last round.
-  std::set<std::string> exchanged;
+  // The shard this worker pushes and pulls: its local rank's block after an
+  // intra split, else the only one. Every worker declares every shard key.
+  size_t ownShard(int localRank) const { return shardKeys.size() > 1 ? size_t(localRank) : 0; }
   // Its option pulls compressed (the servers re-encode the sum and keep a
   // residual) and its last run was not a flushed round: setPlan runs a flush
   // round for it before retiring its keys. Set by Executor::complete on

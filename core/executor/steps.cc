@@ -740,8 +740,7 @@ void Run::decode() {
 
 void Run::pushPull(const Step& push, const Step& pull) {
   // The shard: this rank's intra block after a split, else the whole tensor.
-  size_t shard = 0;
-  if (t_.shardKeys.size() > 1) shard = static_cast<size_t>(topo_.localRank);
+  const size_t shard = t_.ownShard(topo_.localRank);
   CORTADO_ENFORCE(shard < t_.shardKeys.size() && t_.shardRegions[shard] == r_,
                   ErrorCode::kInternal, "push of [{}, +{}) matches no shard key", r_.off, r_.len);
   const std::string& key = t_.shardKeys[shard];
@@ -777,7 +776,6 @@ void Run::pushPull(const Step& push, const Step& pull) {
   }
   ex.flushResidual = flushResidual_;
   Handle h = worker_.exchange(key, std::move(ex), 0);
-  t_.exchanged.insert(key);
   Status st = h.wait(d_);
   if (st.code() == ErrorCode::kTimeout) {
     // The round is half done and its answers would still land in the

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/common/error.h"
@@ -205,6 +206,15 @@ TEST(SyncSkew, ACpuStepsRoundsOverTheCoresAreItsWork) {
   EXPECT_DOUBLE_EQ(wait, 7.0);
 }
 
+// A hardware file of one link and the copies (1 us + 8 Gbit/s each) with
+// `cpu` as its cpu section.
+nlohmann::json hardware(nlohmann::json cpu) {
+  return {{"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
+          {"copies",
+           {{"d2h", {{"alpha_us", 1}, {"gbps", 8}}}, {"h2d", {{"alpha_us", 1}, {"gbps", 8}}}}},
+          {"cpu", std::move(cpu)}};
+}
+
 std::string errorOf(const std::function<void()>& f) {
   try {
     f();
@@ -230,11 +240,8 @@ TEST(SyncSkew, BadValuesAreRefused) {
   }
   EXPECT_EQ(errorOf([] { line(0, SyncSkew::kMaxFraction).check("x"); }), "");
   // From a hardware file.
-  nlohmann::json hw = {
-      {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
-      {"copies",
-       {{"d2h", {{"alpha_us", 1}, {"gbps", 8}}}, {"h2d", {{"alpha_us", 1}, {"gbps", 8}}}}},
-      {"cpu", {{"sum_gbps", 8}, {"sync_skew_us", 500}, {"sync_skew_fraction", 0.6}}}};
+  nlohmann::json hw =
+      hardware({{"sum_gbps", 8}, {"sync_skew_us", 500}, {"sync_skew_fraction", 0.6}});
   const HardwareModel h = HardwareModel::fromJson(hw);
   EXPECT_DOUBLE_EQ(h.syncSkew.us, 500);
   EXPECT_DOUBLE_EQ(h.syncSkew.fraction, 0.6);
@@ -298,11 +305,7 @@ TEST(SyncSkew, APushWaitsForThePushSkewWhereItIsSet) {
   EXPECT_NE(e.find("sync skew before a push"), std::string::npos) << e;
   // From a hardware file: cpu.push_skew_us, _fraction and _curve, checked
   // as the collectives' are; absent, none.
-  nlohmann::json hw = {
-      {"links", {{"l", {{"alpha_us", 1}, {"gbps", 8}}}}},
-      {"copies",
-       {{"d2h", {{"alpha_us", 1}, {"gbps", 8}}}, {"h2d", {{"alpha_us", 1}, {"gbps", 8}}}}},
-      {"cpu", {{"sum_gbps", 8}, {"sync_skew_us", 5}}}};
+  nlohmann::json hw = hardware({{"sum_gbps", 8}, {"sync_skew_us", 5}});
   EXPECT_FALSE(HardwareModel::fromJson(hw).pushSkew.any());
   hw["cpu"]["push_skew_curve"] = {{100, 300}, {1000, 900}};
   const HardwareModel h = HardwareModel::fromJson(hw);
