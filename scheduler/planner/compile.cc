@@ -123,18 +123,28 @@ class Compiler {
     // separate devices, on the CPU they share the machine's cores, one task
     // per partition (or per GPU, its calls in turn: Cluster::cpuCodecByCall).
     op.us = us;
+    // A decode's calls on pieces of its region cost no less than one decode
+    // of all of it (`us`): it runs after the exchange, on a region the
+    // encode left long before, and once that outgrows the caches every piece
+    // is read from memory, where the curve, probed right after an encode of
+    // the same size, prices a piece at the rate of data the caches still
+    // hold. (The encode curve is probed on evicted caches: its pieces are
+    // priced cold already.)
     const bool byCall = d == Device::kCpu && c_.cpuCodecByCall;
+    auto piece = [&](double elements) {
+      return kind == OpKind::kEncode ? codec_.encodeUs(d, elements)
+                                     : codec_.decodeUs(d, elements, m_);
+    };
+    const double whole = kind == OpKind::kDecode ? us : 0;
     if (byCall) {
       // One task per GPU that holds data: its calls one after another.
       const double calls = callsFrom(o, i);
       op.tasks = uint16_t(active_);
-      op.us = calls * (kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / calls)
-                                               : codec_.decodeUs(d, e_ / calls, m_));
+      op.us = std::max(calls * piece(e_ / calls), whole);
     } else if (d == Device::kCpu) {
       const double parts = partitions(e_);
       op.tasks = uint16_t(active_ * parts);
-      op.us = kind == OpKind::kEncode ? codec_.encodeUs(d, e_ / parts)
-                                      : codec_.decodeUs(d, e_ / parts, m_);
+      op.us = std::max(piece(e_ / parts), whole / parts);
     }
     // A decode first zeroes the region its payloads are decoded into: every
     // element this rank covers (e_, also where each payload covers a block of
