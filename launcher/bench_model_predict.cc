@@ -168,20 +168,17 @@ double serialized(planner::Simulator& sim, const std::vector<int>& choice,
 
 }  // namespace
 
-plan::TensorOption chainOption(const std::string& codec) {
-  plan::TensorOption f;
-  f.codec = codec;
-  f.steps = {plan::Step::encode(plan::Device::kCpu),
-             plan::Step::comm(plan::Scope::kFlat, plan::CommOp::kAllgather, true),
-             plan::Step::decode(plan::Device::kCpu)};
-  return f;
-}
-
-plan::TensorOption serverChainOption(const std::string& codec) {
+plan::TensorOption chainOption(const std::string& codec, bool servers) {
   using plan::CommOp;
   using plan::Scope;
   using plan::Step;
   plan::TensorOption x;
+  if (!servers) {
+    x.codec = codec;
+    x.steps = {Step::encode(plan::Device::kCpu), Step::comm(Scope::kFlat, CommOp::kAllgather, true),
+               Step::decode(plan::Device::kCpu)};
+    return x;
+  }
   x.hierarchical = true;
   x.codec = codec;
   x.steps = {Step::comm(Scope::kIntra, CommOp::kReduceScatter, false),
@@ -254,7 +251,7 @@ struct ChainStagePrices {
 ChainStagePrices chainStagePrices(const planner::Cluster& bare, const planner::ResolvedCodec& codec,
                                   uint64_t elements, bool servers = false) {
   ChainStagePrices p;
-  const plan::TensorOption f = servers ? serverChainOption(codec.spec) : chainOption(codec.spec);
+  const plan::TensorOption f = chainOption(codec.spec, servers);
   for (const planner::SimOp& op : planner::compileOption(bare, codec, int64_t(elements), 4, f).ops) {
     const double us = planner::opDurationUs(bare, op);
     if (op.kind == planner::OpKind::kEncode) p.encode += us;
@@ -323,7 +320,7 @@ std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured
   planner::Cluster bare = cl;
   bare.syncSkew = {};
   bare.pushSkew = {};
-  const plan::TensorOption f = servers ? serverChainOption(codec.spec) : chainOption(codec.spec);
+  const plan::TensorOption f = chainOption(codec.spec, servers);
   planner::SyncSkew& skew = servers ? cl.pushSkew : cl.syncSkew;
   std::map<double, std::pair<double, double>> byWork;  // work us -> (sum of excess us, count)
   for (const Measured::ChainPoint& c : chains) {

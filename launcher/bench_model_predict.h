@@ -69,12 +69,10 @@ int applyExchangeCurves(const std::vector<plan::ProfileReport>& reports, planner
                         const planner::ResolvedCodec& codec);
 
 // The option each step of the skew chains runs (measureSkewChain): `F:
-// E(c) ag* D(c)` with the codec `codec` on the CPU.
-plan::TensorOption chainOption(const std::string& codec);
-// The option of the chains through the servers and of the compressed
-// exchange probe (measureSkewChain with `servers`,
-// measureCompressedExchange): `H: i.rs E(c) x.push* x.pull* i.ag* D(c)`.
-plan::TensorOption serverChainOption(const std::string& codec);
+// E(c) ag* D(c)` with the codec `codec` on the CPU; with `servers`, the
+// option of the chains through the servers and of the compressed exchange
+// probe (measureCompressedExchange): `H: i.rs E(c) x.push* x.pull* i.ag* D(c)`.
+plan::TensorOption chainOption(const std::string& codec, bool servers = false);
 
 // The CPU codec calls of workers that code at the same time, as the skew
 // chains meet them (the emulated hosts share this machine's cores, and a
@@ -111,7 +109,7 @@ std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measur
 // the rest" in us per step, the rest being the step less its traced stages
 // (the wait for the last worker, and the executor's own time). `servers`:
 // the chains through the servers (Measured::serverChainPoints), each step
-// serverChainOption()'s, its work the encode before the push, into
+// chainOption(codec, true)'s, its work the encode before the push, into
 // cl.pushSkew instead.
 std::vector<std::pair<double, double>> applyChainSkew(const std::vector<Measured::ChainPoint>& chains,
                                                       planner::Cluster& cl,

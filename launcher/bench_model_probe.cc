@@ -582,7 +582,7 @@ void measureCompressedExchange(World& world, Worker& w, const collective::Groups
   on.warmup = 1;  // the first pass: the servers' keys, first touches
   on.exchange = false;
   px.setOnline(on);
-  const plan::TensorOption x = serverChainOption(spec);
+  const plan::TensorOption x = chainOption(spec, /*servers=*/true);
   plan::Plan p;
   std::vector<std::string> names;
   for (uint64_t n : sizes) {
@@ -690,7 +690,7 @@ void measureSkewChain(World& world, Worker& w, const collective::Groups& groups,
   to.first = 1;  // the timed passes (a tensor's runs count from 0)
   auto tracer = std::make_shared<Tracer>(to);
   px.setTracer(tracer);
-  const plan::TensorOption f = servers ? serverChainOption(spec) : chainOption(spec);
+  const plan::TensorOption f = chainOption(spec, servers);
   plan::Plan p;
   struct Chain {
     uint64_t elements;

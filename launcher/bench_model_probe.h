@@ -136,7 +136,7 @@ struct Measured {
     double encodeUs = 0, collectiveUs = 0, decodeUs = 0;
   };
   std::vector<ChainPoint> chainPoints;
-  // The same chains with each step through the servers (serverChainOption;
+  // The same chains with each step through the servers (chainOption with servers;
   // measureSkewChain with `servers`): the skew before a push
   // (planner::Cluster::pushSkew). Empty when not measured (one machine).
   std::vector<ChainPoint> serverChainPoints;
@@ -204,7 +204,7 @@ std::vector<uint64_t> skewChainSizes(const planner::MeasuredCurve& encode,
 // worker's time per step (median of the passes) and its stages as traced
 // (the workers' encodes and decodes, the fastest worker's collective); a
 // line in m.probes. Its tensors keep no keys on the servers. `servers`:
-// each step `H: i.rs E(c) x.push* x.pull* i.ag* D(c)` (serverChainOption)
+// each step `H: i.rs E(c) x.push* x.pull* i.ag* D(c)` (chainOption with servers)
 // instead, into m.serverChainPoints (its collective traced as the push and
 // pull); the servers' keys released after, and `tag` in their names keeps
 // them apart from an earlier probe round's (as measurePushPull's and

@@ -468,7 +468,7 @@ TEST(SkewChain, TheChainsThroughTheServersGiveTheSkewBeforeAPush) {
   cl.intra = cl.inter;
   cl.d2h = cl.h2d = planner::AlphaBeta{0, 1e9};
   const planner::ResolvedCodec codec = efsignsgd({{1000, 20}, {4000, 80}});
-  const plan::TensorOption h = replay::serverChainOption("efsignsgd");
+  const plan::TensorOption h = replay::chainOption("efsignsgd", /*servers=*/true);
   // Worker: encode, push 100, pull 100, decode 10; the servers' decode of
   // 4 payloads (one round on 64 cores) 10 and re-encode 20 or 80 between.
   ASSERT_NEAR(planner::compileOption(cl, codec, 1000, 4, h).pathUs, 20 + 100 + 10 + 20 + 100 + 10,
