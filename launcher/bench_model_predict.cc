@@ -307,6 +307,7 @@ std::vector<std::array<double, 3>> applyChainContention(const std::vector<Measur
     if (d == int(plan::Device::kGpu) && !hostTwin) continue;
     scale(codec.encodeCurve[d], 1);
     scale(codec.decodeCurve[d], 2);
+    scale(codec.decodeFirstCurve[d], 2);
   }
   scale(cl.cpuFillCurve, 2);
   if (hostTwin) scale(cl.gpuFillCurve, 2);
@@ -465,6 +466,11 @@ std::shared_ptr<planner::Simulator> buildSimulator(const ModelBenchOptions& o,
     const bool own = m.hasDeviceCodec && d == int(plan::Device::kGpu);
     codec.encodeCurve[d] = own ? m.gpuEncodeCurve : m.encodeCurve;
     codec.decodeCurve[d] = own ? m.gpuDecodeCurve : m.decodeCurve;
+    // The CPU's decode: the first payload's add apart from the others'.
+    if (!own && !m.decodeFirstCurve.points.empty() && !m.decodeFurtherCurve.points.empty()) {
+      codec.decodeFirstCurve[d] = m.decodeFirstCurve;
+      codec.decodeCurve[d] = m.decodeFurtherCurve;
+    }
   }
   // Compressed push and pull as the executor's own exchanges took them
   // (measureCompressedExchange), less the servers' work as the simulator

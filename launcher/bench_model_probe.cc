@@ -485,7 +485,7 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
     payloads[i].resize(efs[i]->payloadBytes(sizes[i]));
   }
   std::vector<double> enc(sizes.size() * reps), dec(sizes.size() * reps),
-      zeros(sizes.size() * reps);
+      zeros(sizes.size() * reps), first(sizes.size() * reps), further(sizes.size() * reps);
   const int contributions = world.c.size();
   // The executor's codec threads: the calling thread and a pool.
   std::unique_ptr<ThreadPool> pool;
@@ -522,14 +522,21 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
       // added into it in turn (a flat allgather*'s; the replay's workers'
       // gradients share one pattern, so their payloads list the same
       // indices). The zeroing pass is timed on its own (Cluster::
-      // cpuFillCurve), the adds per payload. Then the gradients again.
+      // cpuFillCurve), the adds per payload, the first apart from the others
+      // (it reads the region from memory: ResolvedCodec::decodeFirstCurve).
+      // Then the gradients again.
       world.barrier();
       const auto z0 = Clock::now();
       zero();
       zeros[i * reps + size_t(r)] = secondsSince(z0);
       const auto d0 = Clock::now();
-      for (int k = 0; k < contributions; ++k) decodeOnce();
-      dec[i * reps + size_t(r)] = secondsSince(d0) / contributions;
+      decodeOnce();
+      const double once = secondsSince(d0);
+      for (int k = 1; k < contributions; ++k) decodeOnce();
+      const double all = secondsSince(d0);
+      dec[i * reps + size_t(r)] = all / contributions;
+      first[i * reps + size_t(r)] = once;
+      further[i * reps + size_t(r)] = contributions > 1 ? (all - once) / (contributions - 1) : once;
       gradients(n);
     }
   }
@@ -537,6 +544,22 @@ void measureCodec(World& world, const std::string& spec, uint64_t lo, uint64_t h
                                          m.decodeCurve, m.encodeAlpha, m.encodeBeta,
                                          m.decodeAlpha, m.decodeBeta);
   m.probes.push_back(fmt::format("codec {} encode/decode per elements:{}", spec, pts));
+  // The first payload's add and each further one's, per size as the
+  // others (each worker's median, the slowest worker's), smoothed as the
+  // zeroing pass below.
+  std::vector<double> firstMed = slowestMedians(world, sizes.size(), reps, first);
+  std::vector<double> furtherMed = slowestMedians(world, sizes.size(), reps, further);
+  smoothPassProbes(sizes, firstMed);
+  smoothPassProbes(sizes, furtherMed);
+  m.decodeFirstCurve = m.decodeFurtherCurve = planner::MeasuredCurve{};
+  std::string fpts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    m.decodeFirstCurve.add(double(sizes[i]), firstMed[i] * 1e6);
+    m.decodeFurtherCurve.add(double(sizes[i]), furtherMed[i] * 1e6);
+    fpts += fmt::format(" {}:{:.0f}/{:.0f}us", sizes[i], firstMed[i] * 1e6, furtherMed[i] * 1e6);
+  }
+  m.probes.push_back(
+      fmt::format("codec {} decode's first payload/each further one per elements:{}", spec, fpts));
   // The zeroing pass per size, every worker at once: each worker's median,
   // then the slowest worker's, smoothed as the decodes are (a pass costs no
   // less for more elements; one run had 1 Mi elements at 2206 us between 92

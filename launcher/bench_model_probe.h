@@ -94,6 +94,11 @@ struct Measured {
   bool hasIntra = false, hasInter = false;
   double encodeAlpha = 0, encodeBeta = 0, decodeAlpha = 0, decodeBeta = 0;  // s, s per input byte
   planner::MeasuredCurve encodeCurve, decodeCurve;  // us per call, by elements (what the planner uses)
+  // The decode's adds apart: the first payload's, into the region just
+  // zeroed, and each further one's (planner::ResolvedCodec::decodeFirstCurve;
+  // decodeCurve is their mean over the workers' payloads). Empty where not
+  // measured.
+  planner::MeasuredCurve decodeFirstCurve, decodeFurtherCurve;
   std::vector<uint64_t> codecSizes;  // the elements measureCodec probed
   // On a CUDA device (measureDeviceCodec, measureCopies): the codec's CUDA
   // encode and decode-and-add, as encodeAlpha.. and encodeCurve.. above

@@ -279,7 +279,13 @@ double Cluster::fillUs(plan::Device d, double elements) const {
 }
 
 double ResolvedCodec::decodeUs(plan::Device d, double elements, double contributions) const {
-  if (!decodeCurve[int(d)].points.empty()) return contributions * decodeCurve[int(d)].us(elements);
+  if (!decodeCurve[int(d)].points.empty()) {
+    const double each = decodeCurve[int(d)].us(elements);
+    const MeasuredCurve& first = decodeFirstCurve[int(d)];
+    if (first.points.empty()) return contributions * each;
+    const double once = first.us(elements);
+    return contributions <= 1 ? contributions * once : once + (contributions - 1) * each;
+  }
   const LinearCost& c = cost.decode[int(d)];
   return c.fixedUs + contributions * (c.us(elements, elements * selectedFraction) - c.fixedUs);
 }
@@ -293,7 +299,7 @@ ResolvedCodec ResolvedCodec::zeroCost() const {
   ResolvedCodec z = *this;
   for (int d = 0; d < 2; ++d) {
     z.cost.encode[d] = z.cost.decode[d] = LinearCost{};
-    z.encodeCurve[d] = z.decodeCurve[d] = MeasuredCurve{};
+    z.encodeCurve[d] = z.decodeCurve[d] = z.decodeFirstCurve[d] = MeasuredCurve{};
   }
   return z;
 }

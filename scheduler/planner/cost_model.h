@@ -256,10 +256,18 @@ struct ResolvedCodec {
   // bench model`), where one line fitted through every size lets the noisy
   // mid sizes pull the large ones. decodeUs charges `contributions` calls.
   MeasuredCurve encodeCurve[2], decodeCurve[2];
+  // Where set, the first payload's decode-and-add into a region just zeroed
+  // (decodeCurve then prices each further one): the first reads the region
+  // from memory, the others find it in the caches (a probe of bert-base's
+  // sizes: DGC's first of 2 Mi elements 177 us against 59 for each further
+  // one, EFSignSGD's 904 against 402), so a decode of one payload (the
+  // servers' sum after a pull) costs more than a share of four.
+  MeasuredCurve decodeFirstCurve[2];
 
   double payloadBytes(double elements) const;
   double encodeUs(plan::Device d, double elements) const;
-  // Decoding `contributions` payloads of `elements` each and summing them.
+  // Decoding `contributions` payloads of `elements` each and summing them
+  // (with decodeFirstCurve: the first at its price, the rest at decodeCurve's).
   double decodeUs(plan::Device d, double elements, double contributions) const;
   ResolvedCodec zeroCost() const;  // for the upper bound
   // Top-k and DGC: payloads list their indices, so a server builds a round's

@@ -370,6 +370,13 @@ TEST(SkewChain, TracedCodecCallsStretchTheCpuCurves) {
   EXPECT_EQ(kc.encodeCurve[gpu].points, kc.encodeCurve[cpu].points);
   EXPECT_EQ(kc.decodeCurve[gpu].points, kc.decodeCurve[cpu].points);
   EXPECT_EQ(c.gpuFillCurve.points, c.cpuFillCurve.points);
+  // The first payload's decode curve, where priced apart, is stretched as
+  // the others (here at the same price as each further one: the same rows).
+  planner::Cluster e = cl;
+  planner::ResolvedCodec ke = codec;
+  ke.decodeFirstCurve[cpu] = codec.decodeCurve[cpu];
+  EXPECT_EQ(replay::applyChainContention(chains, e, ke, false), rows);
+  expectPoints(ke.decodeFirstCurve[cpu].points, {{1000, 15}, {4000, 10}});
   // No traced chain: nothing changes.
   planner::Cluster d = cl;
   planner::ResolvedCodec kd = codec;

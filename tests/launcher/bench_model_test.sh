@@ -28,6 +28,9 @@ check "summary" "echo \"\$out\" | grep -q plan_speedup_vs_none" "no summary line
 # The executor's compressed exchanges with the servers, probed at the
 # codec probe's sizes (2 machines: the probe runs), each with a round trip.
 check "compressed exchange probed" "echo \"\$out\" | grep -Eq 'measured compressed exchange \(fp16 x.push\* x.pull\*, through the servers; [0-9.]+ s\) by elements:pushed bytes:round trip( [0-9]+:[0-9]+B:[0-9]+us)+$'" "$(echo "$out" | grep 'compressed exchange')"
+# The codec probe's decode: the first payload's add apart from each further
+# one's, at every size probed.
+check "decode's first payload probed" "echo \"\$out\" | grep -Eq \"measured codec fp16 decode's first payload/each further one per elements:( [0-9]+:[0-9]+/[0-9]+us)+\$\"" "$(echo "$out" | grep 'first payload')"
 # The workers' skew, measured at start-up (auto) by chains of steps: its
 # probe line with each chain's traced stages, and every strategy's curve and
 # its prediction without the skew.

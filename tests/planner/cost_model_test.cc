@@ -146,6 +146,19 @@ TEST(CostModel, MeasuredCodecCurvesReplaceTheLinearCostsPerDevice) {
   EXPECT_NE(lineEnc, 40.0);
   EXPECT_DOUBLE_EQ(c.zeroCost().encodeUs(plan::Device::kCpu, 3000), 0.0);
   EXPECT_DOUBLE_EQ(c.zeroCost().decodeUs(plan::Device::kCpu, 3000, 4), 0.0);
+  // The first payload priced apart (decodeFirstCurve, here 3x the further
+  // ones): 120 us for the first, 40 for each further one; a share of one
+  // payload at the first's rate.
+  MeasuredCurve first;
+  first.add(1000, 60);
+  first.add(5000, 180);
+  c.decodeFirstCurve[int(plan::Device::kCpu)] = first;
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kCpu, 3000, 1), 120.0);
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kCpu, 3000, 4), 120.0 + 3 * 40.0);
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kCpu, 3000, 2.5), 120.0 + 1.5 * 40.0);
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kCpu, 3000, 0.5), 60.0);
+  EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kGpu, 3000, 4), lineDec);  // the other device's own
+  EXPECT_DOUBLE_EQ(c.zeroCost().decodeUs(plan::Device::kCpu, 3000, 1), 0.0);
 }
 
 TEST(CostModel, DefaultFilesLoad) {

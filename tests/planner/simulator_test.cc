@@ -285,6 +285,30 @@ TEST(Simulator, CpuCodecByCallIsOneCallPerPieceTheExecutorCuts) {
   curve.add(250, 2);
   curve.add(1000, 6);
   EXPECT_EQ(codecOps(c, servers), (Ops{{22, 1}, {4 * 2 + 4, 1}}));
+  // The first payload's add priced apart (ResolvedCodec::decodeFirstCurve):
+  // 3 us at 250 elements, 24 at 1000, each further payload 1 and 6. The
+  // allgather's decode of 4 payloads: 24 + 3 x 6 (+ 4 zeroing); the
+  // servers' pieces of one payload each: 4 x 3, at least the whole's 24.
+  curve = {};
+  curve.add(250, 1);
+  curve.add(1000, 6);
+  auto& once = k.decodeFirstCurve[int(Device::kCpu)];
+  once.add(250, 3);
+  once.add(1000, 24);
+  EXPECT_EQ(codecOps(c, gather), (Ops{{7, 1}, {24 + 3 * 6 + 4, 1}}));
+  EXPECT_EQ(codecOps(c, servers), (Ops{{22, 1}, {24 + 4, 1}}));
+  // The servers' decodes (the busiest server's 250 elements, one partition):
+  // a task per machine's payload, each a share of the partition's four,
+  // (3 + 3 x 1) / 4 us; without the first priced apart, one payload at 1 us.
+  auto serverDecode = [&](const ResolvedCodec& kk) {
+    for (const SimOp& op : compileOption(c, kk, 1000, 4, servers).ops)
+      if (op.kind == OpKind::kServer) return std::pair<double, int>{op.us, op.tasks};
+    return std::pair<double, int>{0, 0};
+  };
+  EXPECT_EQ(serverDecode(k), (std::pair<double, int>{1.5, 4}));
+  ResolvedCodec plain = k;
+  plain.decodeFirstCurve[int(Device::kCpu)] = {};
+  EXPECT_EQ(serverDecode(plain), (std::pair<double, int>{1, 4}));
 }
 
 TEST(Simulator, CpuCodecDoesNotDelayComputationButQueues) {
