@@ -125,11 +125,11 @@ class Compiler {
     op.us = us;
     // A decode's calls on pieces of its region cost no less than one decode
     // of all of it (`us`): it runs after the exchange, on a region the
-    // encode left long before, and once that outgrows the caches every piece
-    // is read from memory, where the curve, probed right after an encode of
-    // the same size, prices a piece at the rate of data the caches still
-    // hold. (The encode curve is probed on evicted caches: its pieces are
-    // priced cold already.)
+    // encode left long before, so once the region outgrows the caches every
+    // piece is read from memory, while the decode curve prices a piece by a
+    // probe on a region of the piece's own size, which the caches may hold.
+    // (The encode curve is probed on evicted caches: its pieces are priced
+    // cold already.)
     const bool byCall = d == Device::kCpu && c_.cpuCodecByCall;
     auto piece = [&](double elements) {
       return kind == OpKind::kEncode ? codec_.encodeUs(d, elements)
