@@ -18,7 +18,13 @@ namespace cortado::launcher {
 struct StageGap {
   std::string stage;  // "encode", "inter allgather*", "server", ...
   double predictedUs = 0;
+  // The workers' skew the prediction charges just before the stage's steps
+  // (communication steps; the planner's "skew_wait_us"). It holds no lane in
+  // the prediction, while a measured step's span holds the worker's wait for
+  // the slowest one, so the step compares with predictedUs + predictedWaitUs.
+  double predictedWaitUs = 0;
   double measuredUs = 0;
+  double predictedWithWaitUs() const { return predictedUs + predictedWaitUs; }
 };
 
 struct TraceComparison {
@@ -26,7 +32,7 @@ struct TraceComparison {
   double measuredIterationUs = 0;  // mean over the measured iterations
   int iterations = 0;              // measured iterations found
   int workers = 0;                 // worker traces read
-  std::vector<StageGap> stages;    // every stage, largest |measured - predicted| first
+  std::vector<StageGap> stages;  // every stage, largest |measured - predicted with the wait| first
 };
 
 // Reads a predicted trace (a file from `cortado plan --trace`) and a measured
@@ -36,7 +42,9 @@ struct TraceComparison {
 //   each worker, then the mean);
 // - per stage: the summed duration of the stage's events in one iteration,
 //   per worker (measured: summed over every process, divided by the number
-//   of workers and iterations; the servers' "server" events count too).
+//   of workers and iterations; the servers' "server" events count too;
+//   predicted: a step drawn on two lanes counts once, and the skew charged
+//   before each step is summed apart, StageGap::predictedWaitUs).
 // A stage is an event's "cat", or for the planner's events its name without
 // the tensor name. Throws Error(kInvalidArgument) naming the file when a
 // trace is missing, not JSON, or holds no events.

@@ -174,7 +174,8 @@ void Simulator::traceOp(std::vector<TraceEvent>* trace, const SimOp& op, int lan
       break;
   }
   trace->push_back(TraceEvent{fmt::format("{} {}", what, name), lane, tensor, s, op.us,
-                              label ? *label : std::string()});
+                              label ? *label : std::string(),
+                              op.kind == OpKind::kComm ? op.waitUs : 0.0});
 }
 
 double Simulator::scheduleOps(SimState& st, const CompiledOption& c, int j, double t,
@@ -600,10 +601,17 @@ std::string chromeTrace(const Simulator& sim, const std::vector<TraceEvent>& eve
   for (int lane = -1; lane < sim.lanes(); ++lane)
     out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", lane + 1},
                    {"args", {{"name", sim.laneName(lane)}}}});
-  for (const TraceEvent& e : events)
-    out.push_back({{"name", e.name}, {"ph", "X"}, {"pid", 1}, {"tid", e.lane + 1},
-                   {"ts", e.start}, {"dur", e.dur},
-                   {"args", {{"tensor", e.label.empty() ? sim.profile().tensors[e.tensor].name : e.label}}}});
+  for (const TraceEvent& e : events) {
+    json args = {{"tensor", e.label.empty() ? sim.profile().tensors[e.tensor].name : e.label}};
+    if (e.waitUs > 0) args["skew_wait_us"] = e.waitUs;
+    out.push_back({{"name", e.name},
+                   {"ph", "X"},
+                   {"pid", 1},
+                   {"tid", e.lane + 1},
+                   {"ts", e.start},
+                   {"dur", e.dur},
+                   {"args", std::move(args)}});
+  }
   return json{{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}}.dump();
 }
 

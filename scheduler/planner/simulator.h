@@ -78,6 +78,10 @@ struct TraceEvent {
   // The tensor as the trace names it when not the profile's: a fused
   // group's "fused<N>:<first>..<last>" (the name ends with it).
   std::string label = {};
+  // A communication step's SimOp::waitUs: the workers' skew the timeline
+  // charges just before it, holding no lane (chromeTrace writes it as the
+  // event's "skew_wait_us"; a measured step's span holds that wait).
+  double waitUs = 0;
 };
 
 struct TensorTiming {

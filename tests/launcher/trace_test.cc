@@ -237,6 +237,50 @@ TEST(TraceCompare, IterationTimesAndStageGapsMatchAHandCount) {
   EXPECT_NE(msg.find("FIRST:LAST"), std::string::npos) << msg;
 }
 
+TEST(TraceCompare, AStepOnTwoLanesCountsOnceAndItsSkewIsComparedWithIt) {
+  // The planner draws a flat collective on the intra- and the inter-machine
+  // lane, with the skew it charges before it (no lane) as "skew_wait_us".
+  TempDir d;
+  json ev = json::array();
+  auto x = [&](const std::string& stage, int tid, double ts, double dur, double wait) {
+    json args = {{"tensor", "b"}};
+    if (wait > 0) args["skew_wait_us"] = wait;
+    ev.push_back({{"name", stage + " b"},
+                  {"ph", "X"},
+                  {"pid", 1},
+                  {"tid", tid},
+                  {"ts", ts},
+                  {"dur", dur},
+                  {"args", args}});
+  };
+  x("encode", 7, 0, 100, 0);
+  x("flat allgather*", 3, 160, 200, 60);  // after 60 us of skew
+  x("flat allgather*", 4, 160, 200, 60);  // the same step, on the other lane
+  x("decode", 7, 360, 40, 0);             // iteration: 0 .. 400
+  std::ofstream(d.path / "pred.json") << json{{"traceEvents", ev}}.dump();
+  const fs::path run = d.path / "run";
+  {
+    Tracer t({.dir = run.string(), .process = "worker 0"});
+    t.record("encode", "b", 0, "cpu", 0, 110);                 // 110 vs 100
+    t.record("flat allgather*", "b", 0, "network", 110, 390);  // 280: its wait inside, vs 200 + 60
+    t.record("decode", "b", 0, "cpu", 390, 425);               // 35 vs 40
+    t.flush();
+  }
+  auto c = compareTraces((d.path / "pred.json").string(), run.string());
+  EXPECT_DOUBLE_EQ(c.predictedIterationUs, 400);
+  std::map<std::string, StageGap> by;
+  for (const auto& s : c.stages) by[s.stage] = s;
+  EXPECT_DOUBLE_EQ(by["flat allgather*"].predictedUs, 200);  // once, not 400
+  EXPECT_DOUBLE_EQ(by["flat allgather*"].predictedWaitUs, 60);
+  EXPECT_DOUBLE_EQ(by["flat allgather*"].predictedWithWaitUs(), 260);
+  EXPECT_DOUBLE_EQ(by["flat allgather*"].measuredUs, 280);
+  EXPECT_EQ(by["encode"].predictedWaitUs, 0.0);
+  // Ordered by the gap with the skew: allgather (+20), encode (+10), decode (-5).
+  ASSERT_EQ(c.stages.size(), 3u);
+  EXPECT_EQ(c.stages[0].stage, "flat allgather*");
+  EXPECT_EQ(c.stages[1].stage, "encode");
+}
+
 TEST(TraceCompare, ARangeTakesTheServerSpansInsideItsIterations) {
   // A server numbers each key's rounds from 0: a probe's key before the
   // timed iterations and a key made for a later plan carry round numbers

@@ -85,11 +85,26 @@ TEST(SyncSkew, WaitsBeforeACollectiveAfterAnEncodeAndNotAfterNoWork) {
   for (const TraceEvent& e : trace) {
     if (e.name.rfind("flat allgather*", 0) == 0) {
       EXPECT_DOUBLE_EQ(e.start, 16.5);
+      EXPECT_DOUBLE_EQ(e.waitUs, 3.5);  // the trace carries the wait before it
     }
     if (e.name.rfind("flat allreduce", 0) == 0) {
       EXPECT_DOUBLE_EQ(e.start, 12.0);
+      EXPECT_EQ(e.waitUs, 0.0);
+    }
+    if (e.name.rfind("encode", 0) == 0 || e.name.rfind("decode", 0) == 0) {
+      EXPECT_EQ(e.waitUs, 0.0);
     }
   }
+  // ... and so does the Chrome trace, as "skew_wait_us" on those events only.
+  int waits = 0;
+  const auto doc = nlohmann::json::parse(chromeTrace(sim, trace));
+  for (const auto& e : doc["traceEvents"]) {
+    if (!e.contains("args") || !e["args"].contains("skew_wait_us")) continue;
+    ++waits;
+    EXPECT_EQ(e["name"].get<std::string>().rfind("flat allgather*", 0), 0u) << e.dump();
+    EXPECT_DOUBLE_EQ(e["args"]["skew_wait_us"].get<double>(), 3.5);
+  }
+  EXPECT_GE(waits, 1);
   // The wait is on the collective and in the tensor's path.
   const CompiledOption& g = sim.compiled(0, 1);
   ASSERT_EQ(g.ops.size(), 3u);
