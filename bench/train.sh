@@ -371,6 +371,11 @@ run() {
   if ((rc != 0)) || [[ -z $line ]]; then
     echo "---- $config: output (exit $rc) ----" >&2
     tail -30 "$log"* >&2 || true
+    # A worker's Python traceback comes before the other roles' reports of
+    # its death, and 30 lines may not reach back to it: its first one.
+    local tb
+    tb=$(awk '/^Traceback \(most recent call last\)/ {on = 1} on {print} on && /^[A-Za-z_.]*(Error|Exception|Interrupt)/ {exit}' "$log"* 2>/dev/null || true)
+    [[ -z $tb ]] || printf -- '---- %s: the first Python traceback ----\n%s\n' "$config" "$tb" >&2
     ((rc == 124 || rc == 137)) && die "$config did not finish within --run-timeout $RUN_TIMEOUT s"
     die "$config failed (exit $rc); its output is above"
   fi
