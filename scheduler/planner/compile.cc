@@ -274,12 +274,9 @@ class Compiler {
     const double pushed = m_;
     if (compressed_) {
       work.tasks = uint16_t(M * parts);  // every machine's payload of every partition
-      // Where the first payload's decode is priced apart
-      // (ResolvedCodec::decodeFirstCurve), each a share of its partition's M
-      // decodes, of which one is the first into the key's sum.
-      const bool apart = !codec_.decodeFirstCurve[int(Device::kCpu)].points.empty();
-      work.us = apart ? codec_.decodeUs(Device::kCpu, part, M * pushed) / M
-                      : codec_.decodeUs(Device::kCpu, part, pushed);
+      // Each a share of its partition's M decodes, of which one is the
+      // first into the key's sum.
+      work.us = codec_.decodeShareUs(Device::kCpu, part, pushed, M);
       add(work);
     }
     // Top-k and DGC pushes answered in their sparse form: the answer is read

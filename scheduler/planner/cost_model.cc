@@ -290,6 +290,14 @@ double ResolvedCodec::decodeUs(plan::Device d, double elements, double contribut
   return c.fixedUs + contributions * (c.us(elements, elements * selectedFraction) - c.fixedUs);
 }
 
+double ResolvedCodec::decodeShareUs(plan::Device d, double elements, double contributions,
+                                    double calls) const {
+  const bool apart =
+      !decodeCurve[int(d)].points.empty() && !decodeFirstCurve[int(d)].points.empty();
+  return apart ? decodeUs(d, elements, calls * contributions) / calls
+               : decodeUs(d, elements, contributions);
+}
+
 bool ResolvedCodec::listsIndices() const {
   const std::string name = spec.substr(0, spec.find(':'));
   return name == "topk" || name == "dgc";

@@ -269,6 +269,13 @@ struct ResolvedCodec {
   // Decoding `contributions` payloads of `elements` each and summing them
   // (with decodeFirstCurve: the first at its price, the rest at decodeCurve's).
   double decodeUs(plan::Device d, double elements, double contributions) const;
+  // One of `calls` decode calls that each add `contributions` payloads into
+  // the same region (a server's decodes of the M machines' pushes into a
+  // key's sum). With the first payload priced apart, a 1/calls share of the
+  // region's calls x contributions decodes, only one of which is the first;
+  // with linear costs or one curve, one call's decodeUs (each call keeps its
+  // own fixed cost).
+  double decodeShareUs(plan::Device d, double elements, double contributions, double calls) const;
   ResolvedCodec zeroCost() const;  // for the upper bound
   // Top-k and DGC: payloads list their indices, so a server builds a round's
   // answer from them (compressor::IndexUnion) without a pass over the sum.

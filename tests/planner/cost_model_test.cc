@@ -159,6 +159,18 @@ TEST(CostModel, MeasuredCodecCurvesReplaceTheLinearCostsPerDevice) {
   EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kCpu, 3000, 0.5), 60.0);
   EXPECT_DOUBLE_EQ(c.decodeUs(plan::Device::kGpu, 3000, 4), lineDec);  // the other device's own
   EXPECT_DOUBLE_EQ(c.zeroCost().decodeUs(plan::Device::kCpu, 3000, 1), 0.0);
+  // One of 4 calls of one payload each into one region: a quarter of
+  // (120 + 3 x 40); of 2 payloads each: a quarter of (120 + 7 x 40).
+  EXPECT_DOUBLE_EQ(c.decodeShareUs(plan::Device::kCpu, 3000, 1, 4), 60.0);
+  EXPECT_DOUBLE_EQ(c.decodeShareUs(plan::Device::kCpu, 3000, 2, 4), 100.0);
+  // Without the first payload's curve each call is priced whole: with the
+  // one curve, 40 per payload; with linear costs, one call's fixed cost each.
+  ResolvedCodec one = c;
+  one.decodeFirstCurve[int(plan::Device::kCpu)] = {};
+  EXPECT_DOUBLE_EQ(one.decodeShareUs(plan::Device::kCpu, 3000, 1, 4), 40.0);
+  EXPECT_DOUBLE_EQ(one.decodeShareUs(plan::Device::kCpu, 3000, 2, 4), 80.0);
+  EXPECT_DOUBLE_EQ(c.decodeShareUs(plan::Device::kGpu, 3000, 1, 4),
+                   c.decodeUs(plan::Device::kGpu, 3000, 1));
 }
 
 TEST(CostModel, DefaultFilesLoad) {
