@@ -271,10 +271,8 @@ void addTraceCommand(CLI::App& app) {
                              "measured/predicted {:.2f}x, error {:+.1f}%\n",
                              c.predictedIterationUs / 1000, c.measuredIterationUs / 1000, c.iterations, c.workers,
                              ratio, (ratio - 1) * 100);
-    std::cout << fmt::format(
-        "\n| stage | predicted ms | the skew predicted before it ms | measured ms | measured - "
-        "predicted (with the "
-        "skew) ms |\n|---|---|---|---|---|\n");
+    std::cout << "\n| stage | predicted ms | the skew predicted before it ms | measured ms | "
+                 "measured - predicted (with the skew) ms |\n|---|---|---|---|---|\n";
     for (size_t i = 0; i < c.stages.size() && i < static_cast<size_t>(top); ++i) {
       const auto& s = c.stages[i];
       std::cout << fmt::format("| {} | {:.3f} | {:.3f} | {:.3f} | {:+.3f} |\n", s.stage,
