@@ -278,12 +278,15 @@ double Cluster::fillUs(plan::Device d, double elements) const {
   return cpu && cpuFillGbps > 0 ? elements * 4 * 8.0 / (cpuFillGbps * 1000.0) : 0;
 }
 
+bool ResolvedCodec::decodesFirstApart(plan::Device d) const {
+  return !decodeCurve[int(d)].points.empty() && !decodeFirstCurve[int(d)].points.empty();
+}
+
 double ResolvedCodec::decodeUs(plan::Device d, double elements, double contributions) const {
   if (!decodeCurve[int(d)].points.empty()) {
     const double each = decodeCurve[int(d)].us(elements);
-    const MeasuredCurve& first = decodeFirstCurve[int(d)];
-    if (first.points.empty()) return contributions * each;
-    const double once = first.us(elements);
+    if (!decodesFirstApart(d)) return contributions * each;
+    const double once = decodeFirstCurve[int(d)].us(elements);
     return contributions <= 1 ? contributions * once : once + (contributions - 1) * each;
   }
   const LinearCost& c = cost.decode[int(d)];
@@ -292,10 +295,8 @@ double ResolvedCodec::decodeUs(plan::Device d, double elements, double contribut
 
 double ResolvedCodec::decodeShareUs(plan::Device d, double elements, double contributions,
                                     double calls) const {
-  const bool apart =
-      !decodeCurve[int(d)].points.empty() && !decodeFirstCurve[int(d)].points.empty();
-  return apart ? decodeUs(d, elements, calls * contributions) / calls
-               : decodeUs(d, elements, contributions);
+  return decodesFirstApart(d) ? decodeUs(d, elements, calls * contributions) / calls
+                              : decodeUs(d, elements, contributions);
 }
 
 bool ResolvedCodec::listsIndices() const {

@@ -269,6 +269,8 @@ struct ResolvedCodec {
   // Decoding `contributions` payloads of `elements` each and summing them
   // (with decodeFirstCurve: the first at its price, the rest at decodeCurve's).
   double decodeUs(plan::Device d, double elements, double contributions) const;
+  // Whether decodeUs prices the first payload apart (both curves set).
+  bool decodesFirstApart(plan::Device d) const;
   // One of `calls` decode calls that each add `contributions` payloads into
   // the same region (a server's decodes of the M machines' pushes into a
   // key's sum). With the first payload priced apart, a 1/calls share of the
