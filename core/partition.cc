@@ -13,12 +13,13 @@ ServerPlacement::ServerPlacement(int numServers) {
 }
 
 std::vector<Chunk> ServerPlacement::place(uint64_t tensorKey, uint64_t numElements,
-                                          size_t elementBytes, uint64_t partitionBytes) {
+                                          size_t elementBytes, uint64_t partitionBytes,
+                                          uint64_t payloadBytes) {
   CORTADO_ENFORCE(partitionBytes >= elementBytes && elementBytes > 0, ErrorCode::kInvalidArgument,
                   "partition size {} bytes is smaller than one element ({} bytes)", partitionBytes,
                   elementBytes);
-  const uint64_t perChunkMax = partitionBytes / elementBytes;
-  const uint64_t n = numElements == 0 ? 1 : (numElements + perChunkMax - 1) / perChunkMax;
+  const uint64_t n =
+      chunkCount(numElements, elementBytes, partitionBytes, payloadBytes, int(load_.size()));
   CORTADO_ENFORCE(n <= kMaxChunksPerTensor, ErrorCode::kInvalidArgument,
                   "tensor key {} needs {} chunks of {} bytes, more than the {} allowed: raise "
                   "CORTADO_PARTITION_BYTES",

@@ -1,13 +1,14 @@
 // Splitting tensors into chunks, placing chunks on servers, and the order in
 // which a worker sends a tensor's chunks.
 //
-// A tensor of B bytes becomes ceil(B / partitionBytes) chunks of nearly equal
-// size (element-aligned). Each chunk is placed on the server that has the
-// fewest bytes so far (ties: the lower rank), tensors taken in key order.
-// Every worker runs the same placement over the same declarations in the same
-// order, so all agree on where each chunk lives without talking.
+// A tensor becomes chunks of nearly equal size (element-aligned), one for
+// every partitionBytes of what its pushes carry (chunkCount()). Each chunk is placed on the server
+// that has the fewest bytes so far (ties: the lower rank), tensors taken in key order. Every worker
+// runs the same placement over the same declarations in the same order, so all agree on where each
+// chunk lives without talking.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -28,14 +29,39 @@ inline constexpr uint64_t kMaxChunksPerTensor = uint64_t(1) << 20;
 inline uint64_t tensorKeyOf(uint64_t chunkKey) { return chunkKey >> 20; }
 inline uint64_t chunkIndexOf(uint64_t chunkKey) { return chunkKey & (kMaxChunksPerTensor - 1); }
 
+// How many chunks place() cuts a tensor into. Without a codec, one for
+// every partitionBytes of its raw bytes. With one (payloadBytes > 0: the
+// codec's payload for the whole tensor), by what its pushes carry: one for
+// every partitionBytes of payload, and as many as the servers (up to
+// `servers`) where each still carries kSpreadPayloadBytes; never more than
+// the raw bytes would make, at least one. A compressed chunk costs its own
+// encode, push, servers' decode and re-encode, pull and decode, so cutting
+// one by its raw size multiplied those calls by the compression ratio (a 4
+// MiB group of DGC at 1%: sixteen 256 KiB chunks of 2.6 KiB payloads across
+// hosts, docs/benchmarks.md, "Compressed chunks"); a large payload still
+// spreads over the servers' links. The planner prices push options with the
+// same rule (scheduler/planner/compile.cc, keyPartitions).
+inline constexpr uint64_t kSpreadPayloadBytes = 64 << 10;
+inline uint64_t chunkCount(uint64_t numElements, size_t elementBytes, uint64_t partitionBytes,
+                           uint64_t payloadBytes = 0, int servers = 1) {
+  const uint64_t perChunkMax = partitionBytes / elementBytes;
+  const uint64_t raw = numElements == 0 ? 1 : (numElements + perChunkMax - 1) / perChunkMax;
+  if (payloadBytes == 0) return raw;
+  const uint64_t byPayload = (payloadBytes + partitionBytes - 1) / partitionBytes;
+  const uint64_t spread =
+      std::min<uint64_t>(uint64_t(std::max(servers, 1)), payloadBytes / kSpreadPayloadBytes);
+  return std::min(raw, std::max<uint64_t>({1, byPayload, spread}));
+}
+
 class ServerPlacement {
  public:
   explicit ServerPlacement(int numServers);
 
-  // Splits a tensor and places its chunks. Throws Error(kInvalidArgument)
-  // when the tensor needs more than kMaxChunksPerTensor chunks.
+  // Splits a tensor into chunkCount() chunks and places them. Throws
+  // Error(kInvalidArgument) when the tensor needs more than
+  // kMaxChunksPerTensor chunks.
   std::vector<Chunk> place(uint64_t tensorKey, uint64_t numElements, size_t elementBytes,
-                           uint64_t partitionBytes);
+                           uint64_t partitionBytes, uint64_t payloadBytes = 0);
 
   const std::vector<uint64_t>& bytesPerServer() const { return load_; }
 

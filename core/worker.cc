@@ -159,8 +159,11 @@ uint64_t WorkerImpl::declare(const std::string& name, DType dtype, uint64_t numE
     tensors_[name] = std::move(entry);
     return key;
   }
-  // Placement runs in declaration order, the same on every worker.
-  entry->chunks = placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes);
+  // Placement runs in declaration order, the same on every worker; a
+  // compressed tensor's chunks are counted by its payload (chunkCount()).
+  entry->chunks =
+      placement_->place(key, numElements, dtypeSize(dtype), opts_.partitionBytes,
+                        entry->codec ? entry->codec->payloadBytes(size_t(numElements)) : 0);
   // Raw chunks for same-host servers push through shared memory, from
   // regions taken per send (compressed ones travel as bytes: their payloads
   // are small).

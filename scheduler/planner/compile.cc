@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/common/error.h"
+#include "core/partition.h"
 
 namespace cortado::planner {
 namespace {
@@ -65,17 +66,31 @@ class Compiler {
   // those behind it).
   double callsFrom(const plan::TensorOption& o, size_t i) const {
     double blocks = 1;
-    bool push = false;
+    bool push = false, withCodec = false;
     for (size_t k = 0; k < o.steps.size(); ++k) {
       const Step& s = o.steps[k];
       if (s.kind != StepKind::kComm) continue;
       push |= s.op == CommOp::kPush;
+      withCodec |= (s.op == CommOp::kPush || s.op == CommOp::kPull) && s.compressed;
       if (k > i && s.op == CommOp::kAlltoall)
         blocks *= s.scope == Scope::kFlat    ? c_.machines * c_.gpusPerMachine
                   : s.scope == Scope::kIntra ? c_.gpusPerMachine
                                              : c_.machines;
     }
-    return std::min(std::max(blocks, push ? partitions(e_) : 1.0), std::max(1.0, e_));
+    return std::min(std::max(blocks, push ? keyPartitions(e_, withCodec) : 1.0), std::max(1.0, e_));
+  }
+
+  // The chunks the workers cut a server key of `elements` into: by its raw
+  // bytes, or with a codec (the executor declares a shard key with one when
+  // its push or its pull is compressed) by its payload's, spread over the
+  // machines' servers where each chunk still carries kSpreadPayloadBytes,
+  // never more than the raw bytes make (core/partition.h, chunkCount).
+  double keyPartitions(double elements, bool withCodec) const {
+    const double raw = partitions(elements);
+    if (!withCodec) return raw;
+    const double payload = codec_.payloadBytes(elements);
+    const double spread = std::min(double(c_.machines), std::floor(payload / kSpreadPayloadBytes));
+    return std::min(raw, std::max({1.0, std::ceil(payload / c_.chunkBytes), spread}));
   }
 
   // Partitions of `elements` raw elements (at least one, at most 4096).
@@ -257,16 +272,18 @@ class Compiler {
     moveTo(false);
     const int M = c_.machines;
     // The busiest server's share relative to an even one (Cluster::oneTensorAtATime).
+    const bool withCodec = push.compressed || pull.compressed;
     double spread = 1;
     if (c_.oneTensorAtATime) {
-      const double chunks = partitions(e_) * active_;  // every active rank pushes its own shard key
+      // Every active rank pushes its own shard key.
+      const double chunks = keyPartitions(e_, withCodec) * active_;
       spread = M * std::ceil(chunks / M) / chunks;
     }
     const double machineBytes = heldBytes() * active_ * spread;
     add(commOp(push, Res::kInter, commTimeUs(c_.inter, CommOp::kPush, M, machineBytes, push.compressed)));
 
     const double share = std::min(e_ * active_, e_ * active_ / M * spread);  // elements the busiest server owns
-    const double parts = partitions(share);
+    const double parts = keyPartitions(share, withCodec);
     const double part = share / parts;
     SimOp work;
     work.kind = OpKind::kServer;

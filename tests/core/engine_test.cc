@@ -575,7 +575,7 @@ TEST(Engine, DeclarationMismatchFailsEveryWorker) {
 // directly, on the whole chunk.
 TEST(Engine, CompressedRoundTripThroughTheServerPerCodec) {
   WorkerOptions wo;
-  wo.partitionBytes = 8192;  // tensors span chunks
+  wo.partitionBytes = 256;  // every codec's tensor spans chunks
   Job job(1, 2, wo);
   Worker& w = *job.workers[0];
   compressor::Registry reg;
@@ -596,9 +596,11 @@ TEST(Engine, CompressedRoundTripThroughTheServerPerCodec) {
                     .ok());
     auto codec = reg.create(spec);
     std::vector<float> expect(n);
-    // Per chunk, as the partitioner cuts them (3 of about 1667 elements).
-    auto chunks = ServerPlacement(2).place(0, n, 4, wo.partitionBytes);
-    ASSERT_EQ(chunks.size(), 3u);
+    // Per chunk, as the partitioner cuts them: by the payload's size (fp16 40
+    // chunks, the signs 3, top-k and DGC 2).
+    auto chunks = ServerPlacement(2).place(0, n, 4, wo.partitionBytes, codec->payloadBytes(n));
+    ASSERT_GE(chunks.size(), 2u);
+    ASSERT_EQ(w.chunks(spec).size(), chunks.size());
     for (const Chunk& c : chunks) {
       std::vector<std::byte> p(codec->payloadBytes(c.numElements));
       codec->encode(x.data() + c.offset, c.numElements, p, {});
@@ -639,14 +641,21 @@ TEST(Engine, CompactSparsePayloadsSumExactlyAsPlainOnesAndCountTheirBytes) {
     return float(int64_t((i * 7919 + uint64_t(r) * 104729 + uint64_t(round) * 1299709) % 200003) -
                  100001);
   };
-  const auto chunks = ServerPlacement(2).place(0, n, 4, 65536);
-  ASSERT_GT(chunks.size(), 4u);
+  // Cut by the payloads' size: top-k and DGC at 5% in 5 chunks, top-k at
+  // 0.05% in one.
+  const uint64_t partition = 8192;
+  std::map<std::string, std::vector<Chunk>> chunksOf;
+  for (const auto& spec : specs)
+    chunksOf[spec] =
+        ServerPlacement(2).place(0, n, 4, partition, reg.create(spec)->payloadBytes(n));
+  ASSERT_EQ(chunksOf.at(specs[0]).size(), 5u);
   // The reference: per round and codec, the plain sum, and each worker's
   // payload bytes plain and compact.
   std::map<std::pair<int, std::string>, std::vector<float>> sums;
   std::map<std::string, std::vector<uint64_t>> plainBytes, compactBytes;  // per worker
   for (const auto& spec : specs) {
     auto codec = reg.create(spec);
+    const auto& chunks = chunksOf.at(spec);
     plainBytes[spec].assign(W, 0);
     compactBytes[spec].assign(W, 0);
     for (int round = 0; round < 3; ++round) {
@@ -675,7 +684,7 @@ TEST(Engine, CompactSparsePayloadsSumExactlyAsPlainOnesAndCountTheirBytes) {
       SCOPED_TRACE(::testing::Message() << "workers compact " << workerCompact << ", servers "
                                         << serverCompact);
       WorkerOptions wo;
-      wo.partitionBytes = 65536;
+      wo.partitionBytes = partition;
       wo.compactSparse = workerCompact;
       Job job(W, 2, wo, false, false, server::ServerEngineOptions{}.inlineBytes, serverCompact);
       std::vector<uint64_t> pulled(W);

@@ -39,6 +39,49 @@ TEST(Partition, ChunksCoverTheTensorExactlyAndAreNearlyEqual) {
   }
 }
 
+// A compressed tensor's chunks are counted by its payload: the fewest whose
+// payloads, shared evenly, fit the partition size, or the most servers it
+// reaches with at least 64 KiB of payload each, whichever is more, and never
+// more than its raw bytes would make (brute force over the counts).
+TEST(Partition, CompressedTensorsAreCutByTheirPayload) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int servers = 1 + trial % 6;
+    ServerPlacement p(servers);
+    const uint64_t n = rng() % 3000000;
+    const uint64_t part = trial % 3 == 0 ? 16 + rng() % 4096 : 16 + rng() % (1 << 22);
+    // From a few bytes up to more than the raw bytes (a codec that adds a
+    // header to a tiny tensor).
+    const uint64_t payload = 1 + rng() % (n * 4 + 200);
+    const uint64_t raw = n == 0 ? 1 : (n + part / 4 - 1) / (part / 4);
+    uint64_t fewest = 1;
+    while (fewest * part < payload) ++fewest;
+    uint64_t spread = 0;
+    for (uint64_t s = 1; s <= uint64_t(servers); ++s)
+      if (s * 65536 <= payload) spread = s;
+    auto chunks = p.place(trial, n, 4, part, payload);
+    EXPECT_EQ(chunks.size(), std::min(raw, std::max(fewest, spread)))
+        << n << " elements, " << payload << " bytes, " << servers << " servers";
+    uint64_t off = 0, mn = ~0ull, mx = 0;
+    for (const Chunk& c : chunks) {
+      EXPECT_EQ(c.offset, off);
+      off += c.numElements;
+      mn = std::min(mn, c.numElements);
+      mx = std::max(mx, c.numElements);
+    }
+    EXPECT_EQ(off, n);
+    EXPECT_LE(mx - mn, 1u);
+    // Without a payload, the raw count.
+    EXPECT_EQ(chunkCount(n, 4, part), raw);
+  }
+  // A 4 MiB group of DGC at 1% (about 84 KB of payload) across hosts (256
+  // KiB partitions, 4 servers): one chunk, not sixteen; a 64 MiB one (1.3
+  // MB) six, by the partition size; 300 KB of payload, four, one a server.
+  EXPECT_EQ(ServerPlacement(4).place(0, 1 << 20, 4, 256 << 10, 84000).size(), 1u);
+  EXPECT_EQ(ServerPlacement(4).place(0, 16 << 20, 4, 256 << 10, 1340000).size(), 6u);
+  EXPECT_EQ(ServerPlacement(4).place(0, 4 << 20, 4, 4 << 20, 300000).size(), 4u);
+}
+
 TEST(Partition, PlacementBalancesBytes) {
   // Many tensors of mixed sizes: the greedy placement keeps every server
   // within one chunk of the mean.

@@ -25,7 +25,6 @@
 #include "core/common/crash.h"
 #include "core/common/half.h"
 #include "core/common/logging.h"
-#include "core/partition.h"
 #include "core/worker.h"
 
 using namespace cortado;
@@ -112,14 +111,15 @@ int main(int argc, char** argv) try {
   std::vector<uint64_t> sizes;
   for (int t = 0; t < tensors; ++t)
     sizes.push_back(1 + uint64_t(unit(seed, 999, t, 0, 0) * double(maxElements)));
-  std::vector<std::vector<Chunk>> chunks;
+  std::vector<std::vector<ChunkSpan>> chunks;
   for (int t = 0; t < tensors; ++t) {
     TensorOptions o = topts;
     if (t == 0 && rank == mismatchRank) o.codec = fmt::format("topk:ratio={}", ratio * 2);
     w->declare(fmt::format("g{}", t), DType::kFloat32, sizes[t], o,
                Deadline::after(job.opTimeout));
-    // Chunk boundaries depend only on the size and the partition bytes.
-    chunks.push_back(ServerPlacement(1).place(0, sizes[t], 4, job.partitionBytes));
+    // The chunks top-k selects in: the worker's (the partition size counts
+    // the codec's payload, core/partition.h; its tests check the cut).
+    chunks.push_back(w->chunks(fmt::format("g{}", t)));
   }
 
   // Top-k state: every worker's residual (replayed), the running sums.
@@ -171,7 +171,7 @@ int main(int argc, char** argv) try {
       // top-k of p; e = p elsewhere, 0 where sent.
       for (int r = 0; r < W; ++r) {
         std::vector<float>& e = residual[t][r];
-        for (const Chunk& c : chunks[t]) {
+        for (const ChunkSpan& c : chunks[t]) {
           std::vector<float> p(c.numElements);
           for (uint64_t j = 0; j < c.numElements; ++j) {
             float g = gradient(seed, r, t, it, c.offset + j);
@@ -193,7 +193,7 @@ int main(int argc, char** argv) try {
       // largest ||g||_1 of a round. It does not depend on t.
       {
         double b = 0;
-        for (const Chunk& c : chunks[t]) {
+        for (const ChunkSpan& c : chunks[t]) {
           const uint64_t k = kOf(c.numElements, ratio);
           // |g| <= 1.5 element-wise by construction: G <= 1.5 n.
           b += (double(c.numElements) / double(k) - 1) * 1.5 * double(c.numElements);

@@ -223,13 +223,16 @@ TEST(Simulator, ADecodeZeroesItsRegionFirst) {
 // in turn on the worker's thread, against the partitions spread over the
 // cores. 4 machines x 1 GPU, one core, partitions of 1000 bytes, no copies;
 // a CPU encode of 5 us + 2 ns an element, a decode of 2 us + 4 ns an
-// element per payload; one tensor of 1000 floats (4 partitions).
+// element per payload; one tensor of 1000 floats (4 partitions), payloads
+// as large as the raw data (the servers' key is cut by its payload: 4
+// chunks too).
 TEST(Simulator, CpuCodecByCallIsOneCallPerPieceTheExecutorCuts) {
   Cluster c = cluster(4, 1, 1);
   c.d2h = c.h2d = AlphaBeta{0, 1e9};
   c.chunkBytes = 1000;
   ResolvedCodec k = codecWithPerElementEncode();
   k.cost.decode[int(Device::kCpu)].nsPerElement = 4;
+  k.selectedFraction = 1;
   // The CPU encode and decode operations' (us, tasks), in order.
   auto codecOps = [&](const Cluster& cl, const TensorOption& o) {
     std::vector<std::pair<double, int>> out;
@@ -263,6 +266,11 @@ TEST(Simulator, CpuCodecByCallIsOneCallPerPieceTheExecutorCuts) {
   // whole region (4000 bytes at 8 Gbit/s: 4 us) once, not a share per task.
   c.cpuFillGbps = 8;
   EXPECT_EQ(codecOps(c, servers), (Ops{{22, 1}, {4 * 3.0 + 4, 1}}));
+  // Payloads a quarter of the raw size (1000 bytes): the shard key is one
+  // chunk, one encode (5 + 2 us) and one decode (2 + 4, and the pass).
+  k.selectedFraction = 0.25;
+  EXPECT_EQ(codecOps(c, servers), (Ops{{7, 1}, {6 + 4, 1}}));
+  k.selectedFraction = 1;
   // Two GPUs a machine: one task per GPU that holds data.
   Cluster two = c;
   two.gpusPerMachine = 2;

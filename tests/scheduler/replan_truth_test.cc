@@ -142,7 +142,14 @@ std::vector<plan::ProfileReport> windowOf(const World& w, const plan::Plan& p, u
         } else if (s.op == CommOp::kPush) {
           const bool pullCompressed = o.steps.at(i + 1).compressed;
           auto bytesOf = [&](bool compressed) { return compressed ? w.codec.payloadBytes(e) : e * 4; };
-          const double chunks = std::ceil(e * 4 / w.cl.chunkBytes);
+          // A key with a codec is cut by its payload (core/partition.h).
+          const double chunks = std::min(
+              std::ceil(e * 4 / w.cl.chunkBytes),
+              s.compressed || pullCompressed
+                  ? std::max(
+                        {1.0, std::ceil(w.codec.payloadBytes(e) / w.cl.chunkBytes),
+                         std::min(double(M), std::floor(w.codec.payloadBytes(e) / (64 << 10)))})
+                  : 1e18);
           const double spread = M * std::ceil(chunks / M) / chunks;
           // A top-k or DGC answer: the sum of every machine's payload, dense
           // where that is smaller.
