@@ -388,6 +388,24 @@ def test_train_digits_refuses_a_bad_hidden_size(hidden):
         ("must be a whole number, got 'wide'" in proc.stderr), proc.stderr
 
 
+@pytest.mark.parametrize("size, code, needle", [
+    ("0", 2, "--batch-size: must be at least 1, got 0"),
+    ("two", 2, "--batch-size: must be a whole number, got 'two'"),
+    ("1", 1, "resnet18 has BatchNorm layers, which need at least 2 images per worker to train: "
+             "--batch-size 1 is too small")])
+def test_benchmark_refuses_a_batch_its_model_cannot_train_on(size, code, needle):
+    # Before any job or communication (--backend none: one process alone),
+    # with a message that names the option and what to give instead.
+    pytest.importorskip("torchvision")
+    example = REPO / "bindings" / "python" / "examples" / "benchmark_synthetic.py"
+    proc = subprocess.run([PYTHON, str(example), "--backend", "none", "--model", "resnet18",
+                           "--image-size", "16", "--num-classes", "4", "--batch-size", size],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == code, proc
+    assert needle in proc.stderr, proc.stderr
+
+
 # -- errors that need a job ---------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["count", "dtype"])

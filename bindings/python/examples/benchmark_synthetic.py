@@ -83,7 +83,8 @@ def parse_args(argv=None):
                         "until WORLD_SIZE processes did before the warmup, so that they "
                         "run together")
     p.add_argument("--model", default="resnet50", help="a torchvision.models name")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="per worker (models with BatchNorm need 2 or more)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--num-warmup-batches", type=int, default=10)
@@ -143,6 +144,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def peer_list(text):
     peers = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in peers if p not in DDP_BACKENDS]
@@ -170,6 +181,14 @@ def benchmark(args, rank, size, local_size, wrap_model, wrap_optimizer, local_ra
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     model = getattr(models, args.model)(num_classes=args.num_classes).to(device)
+    # BatchNorm refuses to train on one image (PyTorch raises in the first
+    # forward pass, after the job started): refused here, before any
+    # communication, on every worker alike.
+    if args.batch_size < 2 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                                   for m in model.modules()):
+        raise SystemExit(f"benchmark_synthetic: {args.model} has BatchNorm layers, which need "
+                         f"at least 2 images per worker to train: --batch-size "
+                         f"{args.batch_size} is too small (give 2 or more)")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size)
     model = wrap_model(model)
     optimizer = wrap_optimizer(model, optimizer)
