@@ -33,14 +33,14 @@ const std::vector<SettingInfo>& settingsTable() {
        "and error)"},
       {"CORTADO_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", "4MiB",
        "chunk size of large tensors; a compressed tensor is cut by its payload's size (one chunk "
-       "per this many payload bytes, or one per server while each carries 64 KiB; "
-       "docs/codecs.md, \"Push\"). A server answers a chunk once every worker pushed all of it, "
-       "so each tensor's exchange starts and ends with links waiting about a chunk's time per "
-       "worker. `cortado launch` gives a job whose roles span hosts (`--hosts`, Slurm nodes) "
-       "256 KiB chunks unless this names a size: across hosts at 1 Gbit/s, with the push window, "
-       "256 KiB moved 64 MiB at 88-92% of the link against 79-84% with 1 MiB "
-       "(docs/benchmarks.md); where the CPU is the limit (10 Gbit/s on 2 cores) 1 MiB was "
-       "faster; on one host (shared memory) 4 MiB is faster"},
+       "per this many payload bytes or per server while each carries 64 KiB, each at most "
+       "4 MiB of the tensor; docs/codecs.md, \"Push\"). A server answers a chunk once every "
+       "worker pushed all of it, so each tensor's exchange starts and ends with links waiting "
+       "about a chunk's time per worker. `cortado launch` gives a job whose roles span hosts "
+       "(`--hosts`, Slurm nodes) 256 KiB chunks unless this names a size: across hosts at 1 "
+       "Gbit/s, with the push window, 256 KiB moved 64 MiB at 88-92% of the link against 79-84% "
+       "with 1 MiB (docs/benchmarks.md); where the CPU is the limit (10 Gbit/s on 2 cores) 1 MiB "
+       "was faster; on one host (shared memory) 4 MiB is faster"},
       {"CORTADO_MAX_INFLIGHT_BYTES", "", "64MiB", "credit bound on a worker's bytes in flight"},
       {"CORTADO_SERVER_THREADS", "BYTEPS_SERVER_ENGINE_THREAD", "2", "engine threads per server"},
       {"CORTADO_SERVER_PUSH_BYTES", "", "32MiB",

@@ -32,25 +32,35 @@ inline uint64_t chunkIndexOf(uint64_t chunkKey) { return chunkKey & (kMaxChunksP
 // How many chunks place() cuts a tensor into. Without a codec, one for
 // every partitionBytes of its raw bytes. With one (payloadBytes > 0: the
 // codec's payload for the whole tensor), by what its pushes carry: one for
-// every partitionBytes of payload, and as many as the servers (up to
-// `servers`) where each still carries kSpreadPayloadBytes; never more than
-// the raw bytes would make, at least one. A compressed chunk costs its own
-// encode, push, servers' decode and re-encode, pull and decode, so cutting
-// one by its raw size multiplied those calls by the compression ratio (a 4
-// MiB group of DGC at 1%: sixteen 256 KiB chunks of 2.6 KiB payloads across
-// hosts, docs/benchmarks.md, "Compressed chunks"); a large payload still
-// spreads over the servers' links. The planner prices push options with the
-// same rule (scheduler/planner/compile.cc, keyPartitions).
+// every partitionBytes of payload, as many as the servers (up to `servers`)
+// where each still carries kSpreadPayloadBytes, and one for every
+// kMaxCompressedChunkBytes of raw data (or partitionBytes, if larger),
+// whichever is most; never more than the raw bytes would make, at least
+// one. A compressed chunk costs its own encode, push, servers' decode and
+// re-encode, pull and decode, so cutting one by its raw size multiplied
+// those calls by the compression ratio (a 4 MiB group of DGC at 1%: sixteen
+// 256 KiB chunks of 2.6 KiB payloads across hosts, docs/benchmarks.md,
+// "Compressed chunks"); a large payload still spreads over the servers'
+// links; and a codec's statistics (top-k's selection, a sign's scale) stay
+// per 4 MiB of gradients at most, as BytePS's partitions before compression
+// keep them (DGC over 6 MiB chunks of 25 MiB groups trained resnet18 worse
+// in 10 steps). The planner prices push options with the same rule
+// (scheduler/planner/compile.cc, keyPartitions).
 inline constexpr uint64_t kSpreadPayloadBytes = 64 << 10;
+inline constexpr uint64_t kMaxCompressedChunkBytes = 4 << 20;
 inline uint64_t chunkCount(uint64_t numElements, size_t elementBytes, uint64_t partitionBytes,
                            uint64_t payloadBytes = 0, int servers = 1) {
-  const uint64_t perChunkMax = partitionBytes / elementBytes;
-  const uint64_t raw = numElements == 0 ? 1 : (numElements + perChunkMax - 1) / perChunkMax;
+  auto cut = [&](uint64_t bytes) {
+    const uint64_t perChunk = bytes / elementBytes;
+    return numElements == 0 ? uint64_t(1) : (numElements + perChunk - 1) / perChunk;
+  };
+  const uint64_t raw = cut(partitionBytes);
   if (payloadBytes == 0) return raw;
   const uint64_t byPayload = (payloadBytes + partitionBytes - 1) / partitionBytes;
   const uint64_t spread =
       std::min<uint64_t>(uint64_t(std::max(servers, 1)), payloadBytes / kSpreadPayloadBytes);
-  return std::min(raw, std::max<uint64_t>({1, byPayload, spread}));
+  const uint64_t byRegion = cut(std::max(partitionBytes, kMaxCompressedChunkBytes));
+  return std::min(raw, std::max<uint64_t>({1, byPayload, spread, byRegion}));
 }
 
 class ServerPlacement {

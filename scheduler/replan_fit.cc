@@ -193,10 +193,12 @@ double OnlineReplanner::serverUs(const plan::CommTiming& c, const planner::Clust
   double perKey = std::max(1.0, std::ceil(double(c.elements) * 4 / cl.chunkBytes));
   if (c.compressed || c.pullCompressed) {
     const double payload = codec.payloadBytes(double(c.elements));
+    const double region = std::ceil(double(c.elements) * 4 /
+                                    std::max(cl.chunkBytes, double(kMaxCompressedChunkBytes)));
     perKey = std::min(
-        perKey,
-        std::max({1.0, std::ceil(payload / cl.chunkBytes),
-                  std::min(double(cl.machines), std::floor(payload / kSpreadPayloadBytes))}));
+        perKey, std::max({1.0, std::ceil(payload / cl.chunkBytes),
+                          std::min(double(cl.machines), std::floor(payload / kSpreadPayloadBytes)),
+                          region}));
   }
   z.gpusPerMachine = std::max(1, int(std::lround(double(std::max<uint64_t>(1, c.chunks)) / perKey)));
   double us = 0;

@@ -84,13 +84,16 @@ class Compiler {
   // bytes, or with a codec (the executor declares a shard key with one when
   // its push or its pull is compressed) by its payload's, spread over the
   // machines' servers where each chunk still carries kSpreadPayloadBytes,
-  // never more than the raw bytes make (core/partition.h, chunkCount).
+  // and at most kMaxCompressedChunkBytes of raw data a chunk; never more
+  // than the raw bytes make (core/partition.h, chunkCount).
   double keyPartitions(double elements, bool withCodec) const {
     const double raw = partitions(elements);
     if (!withCodec) return raw;
     const double payload = codec_.payloadBytes(elements);
     const double spread = std::min(double(c_.machines), std::floor(payload / kSpreadPayloadBytes));
-    return std::min(raw, std::max({1.0, std::ceil(payload / c_.chunkBytes), spread}));
+    const double region =
+        std::ceil(elements * dtype_ / std::max(c_.chunkBytes, double(kMaxCompressedChunkBytes)));
+    return std::min(raw, std::max({1.0, std::ceil(payload / c_.chunkBytes), spread, region}));
   }
 
   // Partitions of `elements` raw elements (at least one, at most 4096).

@@ -40,9 +40,11 @@ TEST(Partition, ChunksCoverTheTensorExactlyAndAreNearlyEqual) {
 }
 
 // A compressed tensor's chunks are counted by its payload: the fewest whose
-// payloads, shared evenly, fit the partition size, or the most servers it
-// reaches with at least 64 KiB of payload each, whichever is more, and never
-// more than its raw bytes would make (brute force over the counts).
+// payloads, shared evenly, fit the partition size, the most servers it
+// reaches with at least 64 KiB of payload each, or the fewest that hold at
+// most 4 MiB of raw data (or the partition size, if larger) each, whichever
+// is most, and never more than its raw bytes would make (brute force over
+// the counts).
 TEST(Partition, CompressedTensorsAreCutByTheirPayload) {
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 2000; ++trial) {
@@ -59,8 +61,11 @@ TEST(Partition, CompressedTensorsAreCutByTheirPayload) {
     uint64_t spread = 0;
     for (uint64_t s = 1; s <= uint64_t(servers); ++s)
       if (s * 65536 <= payload) spread = s;
+    const uint64_t region = std::max<uint64_t>(part, 4 << 20) / 4;  // elements
+    uint64_t regions = 1;
+    while (regions * region < n) ++regions;
     auto chunks = p.place(trial, n, 4, part, payload);
-    EXPECT_EQ(chunks.size(), std::min(raw, std::max(fewest, spread)))
+    EXPECT_EQ(chunks.size(), std::min(raw, std::max({fewest, spread, regions})))
         << n << " elements, " << payload << " bytes, " << servers << " servers";
     uint64_t off = 0, mn = ~0ull, mx = 0;
     for (const Chunk& c : chunks) {
@@ -76,10 +81,11 @@ TEST(Partition, CompressedTensorsAreCutByTheirPayload) {
   }
   // A 4 MiB group of DGC at 1% (about 84 KB of payload) across hosts (256
   // KiB partitions, 4 servers): one chunk, not sixteen; a 64 MiB one (1.3
-  // MB) six, by the partition size; 300 KB of payload, four, one a server.
+  // MB) sixteen, one per 4 MiB of gradients; 3 MiB with 300 KB of payload
+  // (256 KiB partitions), four, one a server.
   EXPECT_EQ(ServerPlacement(4).place(0, 1 << 20, 4, 256 << 10, 84000).size(), 1u);
-  EXPECT_EQ(ServerPlacement(4).place(0, 16 << 20, 4, 256 << 10, 1340000).size(), 6u);
-  EXPECT_EQ(ServerPlacement(4).place(0, 4 << 20, 4, 4 << 20, 300000).size(), 4u);
+  EXPECT_EQ(ServerPlacement(4).place(0, 16 << 20, 4, 256 << 10, 1340000).size(), 16u);
+  EXPECT_EQ(ServerPlacement(4).place(0, 3 << 18, 4, 256 << 10, 300000).size(), 4u);
 }
 
 TEST(Partition, PlacementBalancesBytes) {

@@ -146,9 +146,9 @@ std::vector<plan::ProfileReport> windowOf(const World& w, const plan::Plan& p, u
           const double chunks = std::min(
               std::ceil(e * 4 / w.cl.chunkBytes),
               s.compressed || pullCompressed
-                  ? std::max(
-                        {1.0, std::ceil(w.codec.payloadBytes(e) / w.cl.chunkBytes),
-                         std::min(double(M), std::floor(w.codec.payloadBytes(e) / (64 << 10)))})
+                  ? std::max({1.0, std::ceil(w.codec.payloadBytes(e) / w.cl.chunkBytes),
+                              std::min(double(M), std::floor(w.codec.payloadBytes(e) / (64 << 10))),
+                              std::ceil(e * 4 / std::max(w.cl.chunkBytes, double(4 << 20)))})
                   : 1e18);
           const double spread = M * std::ceil(chunks / M) / chunks;
           // A top-k or DGC answer: the sum of every machine's payload, dense
