@@ -1,11 +1,12 @@
 // Splitting tensors into chunks, placing chunks on servers, and the order in
 // which a worker sends a tensor's chunks.
 //
-// A tensor becomes chunks of nearly equal size (element-aligned), one for
-// every partitionBytes of what its pushes carry (chunkCount()). Each chunk is placed on the server
-// that has the fewest bytes so far (ties: the lower rank), tensors taken in key order. Every worker
-// runs the same placement over the same declarations in the same order, so all agree on where each
-// chunk lives without talking.
+// A tensor becomes chunks of nearly equal size (element-aligned): one for
+// every partitionBytes of its raw bytes, or of what its pushes carry when
+// it has a codec (chunkCount()). Each chunk is placed on the server that has
+// the fewest bytes so far (ties: the lower rank), tensors taken in key
+// order. Every worker runs the same placement over the same declarations in
+// the same order, so all agree on where each chunk lives without talking.
 #pragma once
 
 #include <algorithm>
@@ -45,7 +46,7 @@ inline uint64_t chunkIndexOf(uint64_t chunkKey) { return chunkKey & (kMaxChunksP
 // per 4 MiB of gradients at most, as BytePS's partitions before compression
 // keep them (DGC over 6 MiB chunks of 25 MiB groups trained resnet18 worse
 // in 10 steps). The planner prices push options with the same rule
-// (scheduler/planner/compile.cc, keyPartitions).
+// (scheduler/planner/compile.h, serverKeyChunks).
 inline constexpr uint64_t kSpreadPayloadBytes = 64 << 10;
 inline constexpr uint64_t kMaxCompressedChunkBytes = 4 << 20;
 inline uint64_t chunkCount(uint64_t numElements, size_t elementBytes, uint64_t partitionBytes,

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "core/common/error.h"
-#include "core/partition.h"
 #include "scheduler/planner/compile.h"
 #include "scheduler/replan_fit.h"
 
@@ -188,18 +187,9 @@ double OnlineReplanner::serverUs(const plan::CommTiming& c, const planner::Clust
   if (c.pullCompressed) o.steps.push_back(plan::Step::decode(plan::Device::kCpu));
   // Every worker of the machine that pushed its own shard key.
   planner::Cluster z = cl;
-  // Chunks per key as the workers cut it: a key with a codec by its payload
-  // (core/partition.h, chunkCount).
-  double perKey = std::max(1.0, std::ceil(double(c.elements) * 4 / cl.chunkBytes));
-  if (c.compressed || c.pullCompressed) {
-    const double payload = codec.payloadBytes(double(c.elements));
-    const double region = std::ceil(double(c.elements) * 4 /
-                                    std::max(cl.chunkBytes, double(kMaxCompressedChunkBytes)));
-    perKey = std::min(
-        perKey, std::max({1.0, std::ceil(payload / cl.chunkBytes),
-                          std::min(double(cl.machines), std::floor(payload / kSpreadPayloadBytes)),
-                          region}));
-  }
+  // Chunks per key as the workers cut it.
+  const double perKey =
+      planner::serverKeyChunks(cl, codec, double(c.elements), 4, c.compressed || c.pullCompressed);
   z.gpusPerMachine = std::max(1, int(std::lround(double(std::max<uint64_t>(1, c.chunks)) / perKey)));
   double us = 0;
   for (const planner::SimOp& op : planner::compileOption(z, codec, int64_t(c.elements), 4, o).ops)

@@ -80,20 +80,9 @@ class Compiler {
     return std::min(std::max(blocks, push ? keyPartitions(e_, withCodec) : 1.0), std::max(1.0, e_));
   }
 
-  // The chunks the workers cut a server key of `elements` into: by its raw
-  // bytes, or with a codec (the executor declares a shard key with one when
-  // its push or its pull is compressed) by its payload's, spread over the
-  // machines' servers where each chunk still carries kSpreadPayloadBytes,
-  // and at most kMaxCompressedChunkBytes of raw data a chunk; never more
-  // than the raw bytes make (core/partition.h, chunkCount).
+  // The chunks the workers cut a server key into (serverKeyChunks).
   double keyPartitions(double elements, bool withCodec) const {
-    const double raw = partitions(elements);
-    if (!withCodec) return raw;
-    const double payload = codec_.payloadBytes(elements);
-    const double spread = std::min(double(c_.machines), std::floor(payload / kSpreadPayloadBytes));
-    const double region =
-        std::ceil(elements * dtype_ / std::max(c_.chunkBytes, double(kMaxCompressedChunkBytes)));
-    return std::min(raw, std::max({1.0, std::ceil(payload / c_.chunkBytes), spread, region}));
+    return serverKeyChunks(c_, codec_, elements, dtype_, withCodec);
   }
 
   // Partitions of `elements` raw elements (at least one, at most 4096).
@@ -336,6 +325,20 @@ class Compiler {
 };
 
 }  // namespace
+
+double serverKeyChunks(const Cluster& cluster, const ResolvedCodec& codec, double elements,
+                       double elementBytes, bool withCodec) {
+  auto cut = [&](double bytes) {
+    return std::clamp(std::ceil(elements * elementBytes / bytes), 1.0, 4096.0);
+  };
+  const double raw = cut(cluster.chunkBytes);
+  if (!withCodec) return raw;
+  const double payload = codec.payloadBytes(elements);
+  const double spread =
+      std::min(double(cluster.machines), std::floor(payload / double(kSpreadPayloadBytes)));
+  const double region = cut(std::max(cluster.chunkBytes, double(kMaxCompressedChunkBytes)));
+  return std::min(raw, std::max({1.0, std::ceil(payload / cluster.chunkBytes), spread, region}));
+}
 
 double opDurationUs(const Cluster& cluster, const SimOp& op) {
   const double cores = std::max(1, cluster.cpuCores);

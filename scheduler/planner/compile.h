@@ -59,6 +59,16 @@ struct CompiledOption {
 // cluster's cores, any other op its duration.
 double opDurationUs(const Cluster& cluster, const SimOp& op);
 
+// The chunks the workers cut a server key of `elements` into
+// (core/partition.h, chunkCount), at least 1, at most 4096: every
+// Cluster::chunkBytes of its raw bytes, or for a key with a codec (the
+// executor declares a shard key with one when its push or its pull is
+// compressed) by its payload's size, spread over the machines' servers
+// where each chunk still carries kSpreadPayloadBytes, and at most
+// kMaxCompressedChunkBytes of the key a chunk.
+double serverKeyChunks(const Cluster& cluster, const ResolvedCodec& codec, double elements,
+                       double elementBytes, bool withCodec);
+
 // Sets every communication op's SimOp::waitUs to the cluster's skew after
 // the codec and CPU work (encode, decode, group copy, Zen's CPU work; not the
 // servers' work nor PCIe copies) since the previous communication op of
