@@ -375,10 +375,14 @@ run() {
     # its death, and 30 lines may not reach back to it: its first one.
     local tb
     tb=$(awk '/^Traceback \(most recent call last\)/ {on = 1} on {print} on && /^[A-Za-z_.]*(Error|Exception|Interrupt)/ {exit}' "$log"* 2>/dev/null || true)
-    [[ -z $tb ]] || printf -- '---- %s: the first Python traceback ----\n%s\n' "$config" "$tb" >&2
-    # Or the benchmark's own refusal (a worker's SystemExit), its first one.
-    [[ -n $tb ]] || tb=$(grep -h -m1 '^benchmark_synthetic: ' "$log"* 2>/dev/null | head -1 || true)
-    [[ -z $tb ]] || [[ $tb == Traceback* ]] || printf -- '---- %s: %s\n' "$config" "$tb" >&2
+    if [[ -n $tb ]]; then
+      printf -- '---- %s: the first Python traceback ----\n%s\n' "$config" "$tb" >&2
+    else
+      # Or the benchmark's own refusal (a worker's SystemExit), its first one.
+      local refusal
+      refusal=$(grep -h -m1 '^benchmark_synthetic: ' "$log"* 2>/dev/null | head -1 || true)
+      [[ -z $refusal ]] || printf -- '---- %s: %s\n' "$config" "$refusal" >&2
+    fi
     ((rc == 124 || rc == 137)) && die "$config did not finish within --run-timeout $RUN_TIMEOUT s"
     die "$config failed (exit $rc); its output is above"
   fi

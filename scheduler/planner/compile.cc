@@ -86,9 +86,7 @@ class Compiler {
   }
 
   // Partitions of `elements` raw elements (at least one, at most 4096).
-  double partitions(double elements) const {
-    return std::clamp(std::ceil(elements * dtype_ / c_.chunkBytes), 1.0, 4096.0);
-  }
+  double partitions(double elements) const { return keyPartitions(elements, false); }
 
   double heldBytes() const {
     return compressed_ ? m_ * codec_.payloadBytes(e_) : e_ * dtype_;
