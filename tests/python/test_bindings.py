@@ -145,6 +145,8 @@ def test_executor_under_mpirun_runs_collective_plans(run_job):
     # 2 emulated machines of 2 workers; flat and hierarchical collectives,
     # push/pull between the machines and fp16 allgathers, exact against a
     # plain sum while each worker's thread cuts its batches differently;
+    # fused groups run whole when one worker waits before the others have
+    # submitted them;
     # DistributedOptimizer with such a plan against one process; tensors
     # submitted in different orders refused naming both; MergeComp's search
     # over the codec's devices ending the same on every worker.

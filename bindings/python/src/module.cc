@@ -934,7 +934,11 @@ class PyExecutor {
   // wait. So the tensors of a group not yet complete are held back (held_)
   // until its last one is submitted, and the group then runs whole on every
   // worker, whatever the timing. A drain (wait(), begin_iteration(), run(),
-  // set_plan(), shutdown) runs what is held as it is.
+  // set_plan(), shutdown) runs what is held as it is: without MPI groups
+  // this worker's drain; with them, only once every worker drains (a worker
+  // that drains first waits for the others' submissions to complete its
+  // groups, as DistributedOptimizer's synchronize() submits every gradient
+  // before it drains).
   void serve() {
     std::unique_lock<std::mutex> lk(qmu_);
     bool gravacGaveUp = false;  // no whole GraVAC iteration came within the timeout
@@ -1018,7 +1022,10 @@ class PyExecutor {
   // the submitted runs queued. So the workers agree first (one allgather of
   // two int64 over the world group): the batch is the first n of `take`, n
   // the fewest any worker holds, and it is drained as is (incomplete plan
-  // groups run as they are) when any worker is draining. The submission
+  // groups run as they are) only when every worker is draining. While some
+  // worker still submits, the groups its batch does not hold whole wait on
+  // every worker (held_), as they would without a drain: the slower
+  // workers' next submissions complete them. The submission
   // order is the same on every worker (the gradients' hooks fire in the
   // same order); where it is not, the executor's call labels stop the first
   // collective of a mismatched tensor with an error naming both (kMismatch)
@@ -1052,10 +1059,10 @@ class PyExecutor {
       return false;
     }
     size_t n = take.size();
-    draining = false;
+    draining = true;
     for (size_t r = 0; r < all.size(); r += 2) {
       n = std::min(n, size_t(all[r]));
-      draining = draining || all[r + 1] != 0;
+      draining = draining && all[r + 1] != 0;
     }
     std::deque<Queued> rest(std::make_move_iterator(take.begin() + ptrdiff_t(n)),
                             std::make_move_iterator(take.end()));

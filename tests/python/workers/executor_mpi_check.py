@@ -12,6 +12,9 @@ Covered:
 - the workers' threads find different parts of the submitted runs queued
   (each worker sleeps a different, random time between its submissions),
   and still run the same batches: the sums stay exact;
+- a worker that submits a plan's fused groups at once and drains (wait())
+  while the others still submit theirs: each group still runs whole, once a
+  round on every worker (group_runs), and sums exactly;
 - DistributedOptimizer(executor=True) with such a plan trains as one process
   does on the whole batch (optimizer_check's reference);
 - tensors submitted in different orders on different workers fail with an
@@ -113,6 +116,41 @@ def raw_runs(rank, world):
     return ex, checked
 
 
+DRAIN_SIZES = [5, 300, 4096, 17, 1000, 64]
+
+
+def early_drain(ex, rank, world):
+    """Two fused groups (a flat allreduce and push/pull between the machines)
+    whose tensors worker 0 submits at once and then waits for, while the
+    other workers sleep 20 ms before each submission: worker 0's drain must
+    not cut the groups where the others' submissions stand (each would run
+    tensor by tensor, every worker alike, slower), so each group runs whole
+    once a round. Returns the group executions counted."""
+    names = [f"drain.{i}" for i in range(len(DRAIN_SIZES))]
+    plan = json.loads(ex.plan_json)
+    for i, (name, n) in enumerate(zip(names, DRAIN_SIZES)):
+        ex.declare(name, n)
+        plan["tensors"][name] = FLAT_ALLREDUCE if i < 3 else HIER_PUSH_PULL
+    plan["groups"] = [names[:3], names[3:]]
+    plan["version"] += 1
+    ex.set_plan(json.dumps(plan))
+    before = ex.group_runs
+    for rnd in range(ROUNDS):
+        bufs = []
+        for i, (name, n) in enumerate(zip(names, DRAIN_SIZES)):
+            if rank != 0:
+                time.sleep(0.02)
+            bufs.append(values(rank, i, n, rnd).to(DEV))
+            ex.submit(name, n, bufs[-1].data_ptr(), bufs[-1].data_ptr(), False)
+        ex.wait(timeout=120)
+        for i, n in enumerate(DRAIN_SIZES):
+            want = sum(values(r, i, n, rnd) for r in range(world))
+            assert torch.equal(bufs[i].cpu(), want), (names[i], rnd)
+    runs = ex.group_runs - before
+    assert runs == 2 * ROUNDS, f"{runs} group executions in {ROUNDS} rounds of 2 groups"
+    return runs
+
+
 def optimizer(rank, world):
     """executor=True with a plan of collectives and push/pull, against one
     process on the whole batch."""
@@ -188,6 +226,7 @@ def main():
     out = {}
     try:
         ex, out["raw_checked"] = raw_runs(rank, world)
+        out["early_drain_group_runs"] = early_drain(ex, rank, world)
         out["optimizer_max_diff"] = optimizer(rank, world)
         assert out["optimizer_max_diff"] <= 1e-5, out
         out["search"] = search_devices(rank, world)
