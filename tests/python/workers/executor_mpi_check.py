@@ -14,7 +14,8 @@ Covered:
   and still run the same batches: the sums stay exact;
 - a worker that submits a plan's fused groups at once and drains (wait())
   while the others still submit theirs: each group still runs whole, once a
-  round on every worker (group_runs), and sums exactly;
+  round on every worker (group_runs), and sums exactly; a group that no
+  worker submits whole runs its tensors on their own once every worker waits;
 - DistributedOptimizer(executor=True) with such a plan trains as one process
   does on the whole batch (optimizer_check's reference);
 - tensors submitted in different orders on different workers fail with an
@@ -148,6 +149,19 @@ def early_drain(ex, rank, world):
             assert torch.equal(bufs[i].cpu(), want), (names[i], rnd)
     runs = ex.group_runs - before
     assert runs == 2 * ROUNDS, f"{runs} group executions in {ROUNDS} rounds of 2 groups"
+    # A group whose last tensor no worker submits: once every worker waits,
+    # its other tensors run on their own (no wait for the missing one until
+    # the deadline), the whole group beside it once.
+    bufs = [values(rank, i, n, ROUNDS).to(DEV) for i, n in enumerate(DRAIN_SIZES[:-1])]
+    for i, (name, n) in enumerate(zip(names[:-1], DRAIN_SIZES[:-1])):
+        if rank != 0:
+            time.sleep(0.02)
+        ex.submit(name, n, bufs[i].data_ptr(), bufs[i].data_ptr(), False)
+    ex.wait(timeout=120)
+    for i, n in enumerate(DRAIN_SIZES[:-1]):
+        want = sum(values(r, i, n, ROUNDS) for r in range(world))
+        assert torch.equal(bufs[i].cpu(), want), (names[i], "incomplete group")
+    assert ex.group_runs - before == runs + 1, (ex.group_runs - before, runs)
     return runs
 
 
