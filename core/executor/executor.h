@@ -652,13 +652,29 @@ class Executor {
   std::string finalTimes_;  // "alternative/groups:ms ..." as measured
   // The candidate scheduled last (alternative, cuts): what runs once it switched.
   std::pair<size_t, FusionSearch::Cuts> lastCandidate_;
+  // The groups the plan had when the search began (alternative, cuts), where
+  // they are consecutive in searchOrder_ and the plan's options are one
+  // alternative's (startingGrouping()): a finalist of the final round, so
+  // that the search keeps them unless it times something faster.
+  std::optional<std::pair<size_t, FusionSearch::Cuts>> searchStart_;
+  std::optional<std::pair<size_t, FusionSearch::Cuts>> startingGrouping() const;
   std::vector<std::string> searchOrder_;  // gradient-ready order, recorded
+  // Each recorded tensor's output buffer, and whether every worker's
+  // buffers lie in the same order (searchAgreedLayout()): then a
+  // candidate's group lists its tensors in that order, so that a group of
+  // gradients laid out in one buffer in another order than they become
+  // ready (a BatchNorm's weight and bias: ready bias first, laid out weight
+  // first) runs in place instead of being copied into a group buffer.
+  std::map<std::string, std::uintptr_t> searchAddress_;
+  bool searchByAddress_ = false;
+  bool searchAgreedLayout(Deadline deadline);
   bool searchRecording_ = false;
   uint64_t searchFrom_ = 0;          // the iteration the search was turned on at
   uint64_t candidateAt_ = 0;         // the iteration the current candidate took effect
   std::vector<double> searchTimes_;  // the current candidate's timed iterations
   std::chrono::steady_clock::time_point lastBegin_;
   bool searchKeyDeclared_ = false;
+  bool searchLayoutKeyDeclared_ = false;
 };
 
 }  // namespace executor

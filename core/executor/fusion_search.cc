@@ -76,6 +76,28 @@ std::vector<std::pair<uint64_t, uint64_t>> FusionSearch::groupsOf(const Cuts& cu
   return groups;
 }
 
+std::optional<FusionSearch::Cuts> FusionSearch::cutsOf(
+    const std::vector<std::string>& order, const std::vector<std::vector<std::string>>& groups) {
+  std::map<std::string, uint64_t> at;
+  for (uint64_t k = 0; k < order.size(); ++k) at.emplace(order[k], k);
+  Cuts cuts;
+  for (uint64_t c = 1; c < order.size(); ++c) cuts.insert(c);
+  std::set<uint64_t> taken;
+  for (const auto& g : groups) {
+    std::vector<uint64_t> pos;
+    for (const auto& name : g) {
+      const auto it = at.find(name);
+      if (it == at.end() || !taken.insert(it->second).second) return std::nullopt;
+      pos.push_back(it->second);
+    }
+    if (pos.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(pos.begin(), pos.end());
+    if (*hi - *lo + 1 != pos.size()) return std::nullopt;
+    for (uint64_t c = *lo + 1; c <= *hi; ++c) cuts.erase(c);
+  }
+  return cuts;
+}
+
 FusionSearch::Cuts FusionSearch::balanced(const std::vector<uint64_t>& bytes, const Cuts& forced,
                                           uint64_t groups) {
   Cuts c = forced;

@@ -40,9 +40,11 @@ struct FusionSearchOptions {
   // The final round: each search's (each alternative's) this many fastest
   // candidates are timed again, in two passes in mirrored order (A B C,
   // C B A), and the least sum of those two times stays, so that a load that
-  // drifted while the search ran weighs on every finalist alike. 0: no final
-  // round (the fastest time measured stays); it runs when there are two
-  // finalists or more in all.
+  // drifted while the search ran weighs on every finalist alike. The groups
+  // the plan had when the search began join them (Executor: where the
+  // search can express them), so that a search that timed nothing faster
+  // keeps them. 0: no final round (the fastest time measured stays); it
+  // runs when there are two finalists or more in all.
   uint64_t finalists = 2;
   // With more alternatives than this (Executor::setFusionSearch), each
   // alternative's first candidate (every tensor on its own) is timed first,
@@ -105,6 +107,13 @@ class FusionSearch {
   // of two or more tensors between cuts, in order (a tensor alone is no
   // group; cuts at 0 or at n and beyond change nothing).
   static std::vector<std::pair<uint64_t, uint64_t>> groupsOf(const Cuts& cuts, uint64_t n);
+  // The cuts that make `groups` (each a group's tensor names) of the tensors
+  // in `order`: every position but those inside a group (groupsOf's
+  // inverse). nullopt where a group's tensors are not consecutive in
+  // `order`, a name is not in it or is in two groups: a grouping that cuts
+  // cannot express.
+  static std::optional<Cuts> cutsOf(const std::vector<std::string>& order,
+                                    const std::vector<std::vector<std::string>>& groups);
 
   // The candidate to time next; nullopt when the search is done.
   const std::optional<Cuts>& next() const { return next_; }

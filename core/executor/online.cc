@@ -11,8 +11,10 @@ namespace cortado::executor {
 
 void Executor::noteReady(TensorState& t, const BatchItem& item) {
   if (searchRecording_ &&
-      std::find(searchOrder_.begin(), searchOrder_.end(), t.name) == searchOrder_.end())
+      std::find(searchOrder_.begin(), searchOrder_.end(), t.name) == searchOrder_.end()) {
     searchOrder_.push_back(t.name);
+    searchAddress_[t.name] = reinterpret_cast<std::uintptr_t>(item.output);
+  }
   Profiler* prof = prof_ && prof_->active ? prof_.get() : nullptr;
   if (prof && prof->readyThisIter.insert(t.name).second) {
     // Ready time: compute time since the iteration began; given by a caller
@@ -225,8 +227,11 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
   final_.reset();
   finalTimes_.clear();
   lastCandidate_ = {};
+  searchStart_.reset();
   search_.reset();
   searchOrder_.clear();
+  searchAddress_.clear();
+  searchByAddress_ = false;
   searchRecording_ = false;
   searchTimes_.clear();
   searchFrom_ = begun_ ? iteration_ + 1 : 0;
@@ -242,9 +247,15 @@ void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Pla
                         scheduled_ ? scheduled_->first.version : 0}) +
               1;
   p.groups.clear();
-  for (auto [begin, end] : FusionSearch::groupsOf(cuts, searchOrder_.size()))
-    p.groups.emplace_back(searchOrder_.begin() + int64_t(begin),
-                          searchOrder_.begin() + int64_t(end));
+  for (auto [begin, end] : FusionSearch::groupsOf(cuts, searchOrder_.size())) {
+    std::vector<std::string> g(searchOrder_.begin() + int64_t(begin),
+                               searchOrder_.begin() + int64_t(end));
+    if (searchByAddress_)
+      std::stable_sort(g.begin(), g.end(), [&](const std::string& a, const std::string& b) {
+        return searchAddress_.at(a) < searchAddress_.at(b);
+      });
+    p.groups.push_back(std::move(g));
+  }
   scheduled_ = std::make_pair(std::move(p), iteration_ + 1);
   candidateAt_ = iteration_ + 1;
   searchTimes_.clear();
@@ -323,6 +334,8 @@ void Executor::stepFusionSearch(Deadline deadline) {
                     "worker {}: the fusion search saw no tensor run in iteration {}: run the "
                     "training's tensors between beginIteration() calls",
                     topo_.rank, orderAt);
+    searchByAddress_ = searchAgreedLayout(deadline);
+    searchStart_ = startingGrouping();
     const size_t alts = std::max<size_t>(1, searchAlternatives_.size());
     searchAlt_ = 0;
     searchPos_ = 0;
@@ -388,10 +401,35 @@ void Executor::stepFusionSearch(Deadline deadline) {
   finishAlternative();
 }
 
+std::optional<std::pair<size_t, FusionSearch::Cuts>> Executor::startingGrouping() const {
+  const plan::Plan& p = currentPlan();
+  if (p.groups.empty()) return std::nullopt;
+  const auto cuts = FusionSearch::cutsOf(searchOrder_, p.groups);
+  if (!cuts) return std::nullopt;
+  if (searchAlternatives_.empty()) return std::make_pair(size_t(0), *cuts);
+  // With alternatives, the one whose options the plan runs (for every
+  // tensor of the search), if any.
+  for (size_t a = 0; a < searchAlternatives_.size(); ++a) {
+    const auto& alt = searchAlternatives_[a].tensors;
+    const bool same = std::all_of(searchOrder_.begin(), searchOrder_.end(), [&](const auto& name) {
+      const auto i = alt.find(name), j = p.tensors.find(name);
+      return i != alt.end() && j != p.tensors.end() && i->second == j->second;
+    });
+    if (same) return std::make_pair(a, *cuts);
+  }
+  return std::nullopt;
+}
+
 void Executor::startFinalRound() {
   finalists_.clear();
   for (const auto& [a, done] : searched_)
     for (const auto& [cuts, secs] : done.top) finalists_.emplace_back(a, cuts);
+  // The groups the job started with are timed beside them (unless the
+  // search found them too): the search keeps them unless something it
+  // timed runs faster in the same round.
+  if (searchStart_ && searchOptions_->finalists > 0 &&
+      std::find(finalists_.begin(), finalists_.end(), *searchStart_) == finalists_.end())
+    finalists_.push_back(*searchStart_);
   if (finalists_.size() >= 2) {
     // Each finalist timed twice more, the second pass in reverse order.
     final_ = std::make_unique<FinalRound>(finalists_.size());
@@ -427,9 +465,12 @@ std::string Executor::fusionSearchSummary() const {
     fin = fmt::format("; final round over {} (two passes, summed{}):", finalists_.size(),
                       final_->done() ? "" : ", so far");
     for (size_t f = 0; f < finalists_.size(); ++f)
-      fin += fmt::format("{} {}{} groups {:.1f} ms", f ? "," : "",
-                         several ? fmt::format("{}/", finalists_[f].first + 1) : std::string(),
-                         finalists_[f].second.size() + 1, final_->sums()[f] * 1e3);
+      fin +=
+          fmt::format("{} {}{} groups{} {:.1f} ms", f ? "," : "",
+                      several ? fmt::format("{}/", finalists_[f].first + 1) : std::string(),
+                      finalists_[f].second.size() + 1,
+                      searchStart_ && finalists_[f] == *searchStart_ ? " (the starting ones)" : "",
+                      final_->sums()[f] * 1e3);
   }
   if (!several) {
     std::string out = search_ ? search_->summary() : "fusion search: not started";
@@ -482,6 +523,50 @@ std::string Executor::fusionSearchTimes() const {
   }
   if (!finalTimes_.empty()) out += fmt::format("{}final: {}", out.empty() ? "" : "; ", finalTimes_);
   return out;
+}
+
+bool Executor::searchAgreedLayout(Deadline deadline) {
+  // The recorded tensors' positions sorted by their buffers' addresses (ties
+  // in ready order), hashed (FNV-1a): equal on every worker when their
+  // buffers lie in the same order.
+  std::vector<size_t> byAddress(searchOrder_.size());
+  for (size_t k = 0; k < byAddress.size(); ++k) byAddress[k] = k;
+  std::stable_sort(byAddress.begin(), byAddress.end(), [&](size_t a, size_t b) {
+    return searchAddress_.at(searchOrder_[a]) < searchAddress_.at(searchOrder_[b]);
+  });
+  uint64_t h = 1469598103934665603ull;
+  for (size_t k : byAddress) h = (h ^ uint64_t(k)) * 1099511628211ull;
+  if (groups_) {
+    std::vector<int64_t> all(size_t(topo_.size));
+    const int64_t mine = int64_t(h);
+    collective::CallLabel scope(*groups_->world, "fusion search: the gradients' buffer order");
+    groups_->world->allgather(&mine, 1, all.data(), DType::kInt64, deadline);
+    return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == mine; });
+  }
+  // Through the servers (a sum): the hash's 8 bytes and their squares; for
+  // each, W times the sum of the squares equals the square of the sum only
+  // when every worker sent the same byte (exact in doubles up to 2^18
+  // workers).
+  std::array<double, 16> local{}, sum{};
+  for (size_t b = 0; b < 8; ++b) {
+    const double x = double((h >> (8 * b)) & 0xff);
+    local[2 * b] = x;
+    local[2 * b + 1] = x * x;
+  }
+  const std::string key = "cortado.fusion_search.layout";
+  if (!searchLayoutKeyDeclared_) {
+    worker_.declare(key, DType::kFloat64, local.size(), deadline);
+    searchLayoutKeyDeclared_ = true;
+  }
+  Status st =
+      worker_
+          .pushPull(key, DType::kFloat64, local.size(), local.data(), sum.data(), ReduceOp::kSum, 0)
+          .wait(deadline);
+  st.check();
+  const double w = double(topo_.size);
+  for (size_t b = 0; b < 8; ++b)
+    if (w * sum[2 * b + 1] != sum[2 * b] * sum[2 * b]) return false;
+  return true;
 }
 
 double Executor::agreedMean(double seconds, Deadline deadline) {

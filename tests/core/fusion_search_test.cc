@@ -7,6 +7,8 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "core/common/error.h"
@@ -103,6 +105,35 @@ TEST(FusionSearch, GroupsOfCutsAreTheRunsOfTwoOrMore) {
 // group bytes (which, for a given number of groups, balanced groups make
 // least). With minGain 0 the search ends at the exhaustive optimum over all
 // 2^(n-1) partitions, whatever the cost per group moves it to.
+// cutsOf is groupsOf's inverse: random cuts over n named tensors, their
+// groups as names (members shuffled), back to the same cuts; and the
+// groupings cuts cannot express are refused.
+TEST(FusionSearch, CutsOfNamedGroupsInvertGroupsOf) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 500; ++trial) {
+    const uint64_t n = 1 + rng() % 20;
+    std::vector<std::string> order;
+    for (uint64_t k = 0; k < n; ++k) order.push_back(fmt::format("t{}", k));
+    Cuts cuts;
+    for (uint64_t c = 1; c < n; ++c)
+      if (rng() % 2) cuts.insert(c);
+    std::vector<std::vector<std::string>> groups;
+    for (auto [b, e] : FusionSearch::groupsOf(cuts, n)) {
+      groups.emplace_back(order.begin() + int64_t(b), order.begin() + int64_t(e));
+      std::shuffle(groups.back().begin(), groups.back().end(), rng);
+    }
+    const auto back = FusionSearch::cutsOf(order, groups);
+    ASSERT_TRUE(back.has_value()) << "trial " << trial;
+    EXPECT_EQ(*back, cuts) << "trial " << trial;
+  }
+  const std::vector<std::string> order = {"a", "b", "c", "d"};
+  EXPECT_EQ(FusionSearch::cutsOf(order, {}), everyCut(4));
+  EXPECT_EQ(FusionSearch::cutsOf(order, {{"b", "c"}}), (Cuts{1, 3}));
+  EXPECT_FALSE(FusionSearch::cutsOf(order, {{"a", "c"}}));              // not consecutive
+  EXPECT_FALSE(FusionSearch::cutsOf(order, {{"a", "x"}}));              // not in the order
+  EXPECT_FALSE(FusionSearch::cutsOf(order, {{"a", "b"}, {"b", "c"}}));  // in two groups
+}
+
 TEST(FusionSearch, EndsAtTheExhaustiveOptimumOfAConvexCost) {
   const uint64_t n = 12;
   const std::vector<uint64_t> bytes(n, 1);

@@ -95,7 +95,13 @@
 //                  over two alternatives (the second made slower): the
 //                  first kept on every rank, exact throughout; then three
 //                  alternatives screened, only the fastest (the last)
-//                  searched on: it is kept, the other two left out.
+//                  searched on: it is kept, the other two left out; then
+//                  a search from groups that every other grouping is slower
+//                  than: they join the final round and are kept; then one
+//                  flat buffer laid out in another order than the tensors
+//                  run: the kept groups list their tensors in the buffer's
+//                  order and run in place, and where the ranks' layouts
+//                  differ they keep the ready order, exact throughout.
 //   --mode gravac  GraVAC (Executor::setGravac, top-k) over the compressed
 //                  options (every --stride-th) and one default tensor, the
 //                  ranks' gradients differing: one CF sequence on every rank,

@@ -492,6 +492,158 @@ void Check::runSearch() {
   if (me == 0)
     std::printf("screened search: %s after %d iterations; %s\n",
                 failures ? "FAILED" : "alternative 3 kept on every rank", iter - from3, sum3.c_str());
+  if (failures) return;
+
+  // The groups the job starts with join the final round: a grouping the
+  // search's candidates would not make ({s00, s01} and {s04, s05, s06}),
+  // and every other grouping 30 ms slower an iteration, so the search must
+  // end on the starting groups, on every rank.
+  plan::Plan start = a;
+  start.groups = {{names[0], names[1]}, {names[4], names[5], names[6]}};
+  start.version = ex.currentPlan().version + 1;
+  ex.setPlan(start, opDeadline(names.size()));
+  const auto startCuts = executor::FusionSearch::cutsOf(names, start.groups);
+  ex.setFusionSearch(so);
+  const int from4 = ++iter;
+  for (; iter < from4 + 800; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+    if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != startCuts)
+      ::usleep(30000);
+    if (!runChecked("search from groups", iter)) return;
+  }
+  const auto kept4 = ex.fusionSearchResult();
+  const std::string sum4 = ex.fusionSearchSummary();
+  if (!kept4) {
+    fail(fmt::format("search from groups: not done after {} iterations ({})", iter - from4, sum4));
+    return;
+  }
+  if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != startCuts ||
+      kept4->second != *startCuts)
+    fail(fmt::format("search from groups: the starting groups, the fastest, were not kept ({})",
+                     sum4));
+  if (sum4.find("(the starting ones)") == std::string::npos)
+    fail("search from groups: the final round does not name the starting groups (" + sum4 + ")");
+  sameOnEveryRank("search from groups", kept4->second);
+  if (me == 0)
+    std::printf("search from groups: %s after %d iterations; %s\n",
+                failures ? "FAILED" : "the starting groups kept on every rank", iter - from4,
+                sum4.c_str());
+  if (failures) return;
+
+  // One flat buffer laid out in another order than the tensors run (the
+  // first two of each run of compressed tensors swapped, as a BatchNorm's
+  // weight and bias lie weight first and become ready bias first), starting
+  // from groups listed in ready order ({s00, s01, s02}, {s04, s05}), which
+  // therefore run copied into a group buffer; every other grouping is 30 ms
+  // slower. The search keeps those groups and lists their tensors in the
+  // buffer's order (the same on every rank), so they then run in place.
+  plan::Plan flatPlan = a;
+  flatPlan.groups = {{names[0], names[1], names[2]}, {names[4], names[5]}};
+  flatPlan.version = ex.currentPlan().version + 1;
+  ex.setPlan(flatPlan, opDeadline(names.size()));
+  const auto flatCuts = executor::FusionSearch::cutsOf(names, flatPlan.groups);
+  std::vector<size_t> layout;  // the tensors' indices in the buffer's order
+  for (size_t k = 0; k < names.size(); ++k)
+    layout.push_back(k % 4 == 0 ? k + 1 : k % 4 == 1 ? k - 1 : k);
+  std::vector<uint64_t> offset(names.size());
+  uint64_t total = 0;
+  for (size_t j : layout) {
+    offset[j] = total;
+    total += lens[j];
+  }
+  std::vector<float> flat(total);
+  auto runFlat = [&](int it) {
+    std::vector<executor::BatchItem> batch;
+    for (size_t k = 0; k < names.size(); ++k) {
+      float* at = flat.data() + offset[k];
+      for (uint64_t i = 0; i < lens[k]; ++i) at[i] = exactInput(me, k, it, i);
+      batch.push_back({names[k], at, at, lens[k]});
+    }
+    try {
+      runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
+    } catch (const Error& e) {
+      fail(fmt::format("search over a flat buffer, iteration {}: {}", it, e.what()));
+      return false;
+    }
+    for (size_t k = 0; k < names.size(); ++k)
+      for (uint64_t i = 0; i < lens[k]; ++i) {
+        float ref = 0;
+        for (int w = 0; w < W; ++w) ref += exactInput(w, k, it, i);
+        if (flat[offset[k] + i] != ref) {
+          fail(
+              fmt::format("search over a flat buffer, iteration {}: tensor {}, element {}: {} != "
+                          "reference {}",
+                          it, names[k], i, flat[offset[k] + i], ref));
+          return false;
+        }
+      }
+    return true;
+  };
+  ex.setFusionSearch(so);
+  const int from5 = ++iter;
+  const uint64_t inPlaceAtStart = ex.inPlaceGroupRuns();
+  for (; iter < from5 + 800; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+    if (iter == from5 + 1 && ex.inPlaceGroupRuns() != inPlaceAtStart)
+      fail("search over a flat buffer: the starting groups, listed in ready order, ran in place");
+    if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != flatCuts) ::usleep(30000);
+    if (!runFlat(iter)) return;
+  }
+  const auto kept5 = ex.fusionSearchResult();
+  if (!kept5 || kept5->second != *flatCuts) {
+    fail(
+        fmt::format("search over a flat buffer: the starting groups, the fastest, were not kept "
+                    "({})",
+                    ex.fusionSearchSummary()));
+    return;
+  }
+  const uint64_t groupsBefore = ex.groupRuns(), inPlaceBefore = ex.inPlaceGroupRuns();
+  for (int more = 0; more < 3; ++more) {
+    ex.beginIteration(uint64_t(++iter), opDeadline());
+    if (!runFlat(iter)) return;
+  }
+  const uint64_t ran = ex.groupRuns() - groupsBefore,
+                 inPlace = ex.inPlaceGroupRuns() - inPlaceBefore;
+  if (ran != 6 || inPlace != ran)
+    fail(
+        fmt::format("search over a flat buffer: {} of {} executions of the kept groups in place, "
+                    "want 6 of 6 (groups {})",
+                    inPlace, ran, plan::toJsonString(ex.currentPlan(), -1)));
+  if (me == 0)
+    std::printf("search over a flat buffer: %s after %d iterations\n",
+                failures ? "FAILED" : "the kept groups in place", iter - from5);
+  if (failures) return;
+
+  // The same with the buffer laid out in ready order on every rank but rank
+  // 0: the ranks' layouts differ, so the groups keep the ready order on
+  // every rank (a group's order is the order its tensors are summed in) and
+  // the sums stay exact.
+  if (me != 0) {
+    total = 0;
+    for (size_t k = 0; k < names.size(); ++k) {
+      offset[k] = total;
+      total += lens[k];
+    }
+  }
+  flatPlan.version = ex.currentPlan().version + 1;
+  ex.setPlan(flatPlan, opDeadline(names.size()));
+  ex.setFusionSearch(so);
+  const int from6 = ++iter;
+  for (; iter < from6 + 800; ++iter) {
+    ex.beginIteration(uint64_t(iter), opDeadline());
+    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+    if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != flatCuts) ::usleep(30000);
+    if (!runFlat(iter)) return;
+  }
+  if (!ex.fusionSearchResult() || ex.currentPlan().groups != flatPlan.groups)
+    fail(fmt::format("search over layouts that differ: not the starting groups in ready order ({})",
+                     plan::toJsonString(ex.currentPlan(), -1)));
+  sameOnEveryRank("search over layouts that differ", ex.fusionSearchResult()->second);
+  if (me == 0)
+    std::printf("search over layouts that differ: %s after %d iterations\n",
+                failures ? "FAILED" : "ready order kept, sums exact", iter - from6);
 }
 
 }  // namespace exec_check
