@@ -659,15 +659,19 @@ class Executor {
   std::optional<std::pair<size_t, FusionSearch::Cuts>> searchStart_;
   std::optional<std::pair<size_t, FusionSearch::Cuts>> startingGrouping() const;
   std::vector<std::string> searchOrder_;  // gradient-ready order, recorded
-  // Each recorded tensor's output buffer, and whether every worker's
-  // buffers lie in the same order (searchAgreedLayout()): then a
-  // candidate's group lists its tensors in that order, so that a group of
-  // gradients laid out in one buffer in another order than they become
-  // ready (a BatchNorm's weight and bias: ready bias first, laid out weight
-  // first) runs in place instead of being copied into a group buffer.
+  // Each recorded tensor's output buffer; its place in the buffers' order
+  // and whether the next one there starts where it ends, kept where every
+  // worker's buffers lie alike (searchAgreedLayout()). A candidate's group
+  // whose tensors then lie back to back lists them in the buffers' order
+  // (inBufferOrder()), so that gradients laid out in one buffer in another
+  // order than they become ready (a BatchNorm's weight and bias: ready bias
+  // first, laid out weight first) run in place instead of being copied into
+  // a group buffer; any other group keeps the ready order.
   std::map<std::string, std::uintptr_t> searchAddress_;
-  bool searchByAddress_ = false;
-  bool searchAgreedLayout(Deadline deadline);
+  std::map<std::string, size_t> searchPlace_;  // empty: the workers' layouts differ
+  std::vector<bool> searchAdjacent_;           // by place: the next buffer follows at once
+  void searchAgreedLayout(Deadline deadline);
+  void inBufferOrder(std::vector<std::string>& group) const;
   bool searchRecording_ = false;
   uint64_t searchFrom_ = 0;          // the iteration the search was turned on at
   uint64_t candidateAt_ = 0;         // the iteration the current candidate took effect

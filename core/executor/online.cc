@@ -231,7 +231,8 @@ void Executor::setFusionSearch(std::optional<FusionSearchOptions> o,
   search_.reset();
   searchOrder_.clear();
   searchAddress_.clear();
-  searchByAddress_ = false;
+  searchPlace_.clear();
+  searchAdjacent_.clear();
   searchRecording_ = false;
   searchTimes_.clear();
   searchFrom_ = begun_ ? iteration_ + 1 : 0;
@@ -250,10 +251,7 @@ void Executor::scheduleCandidate(const FusionSearch::Cuts& cuts, const plan::Pla
   for (auto [begin, end] : FusionSearch::groupsOf(cuts, searchOrder_.size())) {
     std::vector<std::string> g(searchOrder_.begin() + int64_t(begin),
                                searchOrder_.begin() + int64_t(end));
-    if (searchByAddress_)
-      std::stable_sort(g.begin(), g.end(), [&](const std::string& a, const std::string& b) {
-        return searchAddress_.at(a) < searchAddress_.at(b);
-      });
+    inBufferOrder(g);
     p.groups.push_back(std::move(g));
   }
   scheduled_ = std::make_pair(std::move(p), iteration_ + 1);
@@ -334,7 +332,7 @@ void Executor::stepFusionSearch(Deadline deadline) {
                     "worker {}: the fusion search saw no tensor run in iteration {}: run the "
                     "training's tensors between beginIteration() calls",
                     topo_.rank, orderAt);
-    searchByAddress_ = searchAgreedLayout(deadline);
+    searchAgreedLayout(deadline);
     searchStart_ = startingGrouping();
     const size_t alts = std::max<size_t>(1, searchAlternatives_.size());
     searchAlt_ = 0;
@@ -525,48 +523,72 @@ std::string Executor::fusionSearchTimes() const {
   return out;
 }
 
-bool Executor::searchAgreedLayout(Deadline deadline) {
-  // The recorded tensors' positions sorted by their buffers' addresses (ties
-  // in ready order), hashed (FNV-1a): equal on every worker when their
-  // buffers lie in the same order.
+void Executor::searchAgreedLayout(Deadline deadline) {
+  // The recorded tensors in their buffers' order (ties in ready order), and
+  // for each whether the next one starts where it ends; both hashed
+  // (FNV-1a): equal on every worker when their buffers lie alike.
   std::vector<size_t> byAddress(searchOrder_.size());
   for (size_t k = 0; k < byAddress.size(); ++k) byAddress[k] = k;
-  std::stable_sort(byAddress.begin(), byAddress.end(), [&](size_t a, size_t b) {
-    return searchAddress_.at(searchOrder_[a]) < searchAddress_.at(searchOrder_[b]);
-  });
+  auto addressOf = [&](size_t k) { return searchAddress_.at(searchOrder_[k]); };
+  std::stable_sort(byAddress.begin(), byAddress.end(),
+                   [&](size_t a, size_t b) { return addressOf(a) < addressOf(b); });
+  std::vector<bool> adjacent(byAddress.size(), false);
   uint64_t h = 1469598103934665603ull;
-  for (size_t k : byAddress) h = (h ^ uint64_t(k)) * 1099511628211ull;
+  for (size_t p = 0; p < byAddress.size(); ++p) {
+    const size_t k = byAddress[p];
+    if (p + 1 < byAddress.size())
+      adjacent[p] =
+          addressOf(k) != 0 && addressOf(k) + tensors_.at(searchOrder_[k])->n * sizeof(float) ==
+                                   addressOf(byAddress[p + 1]);
+    h = (h ^ (uint64_t(k) << 1 | uint64_t(adjacent[p]))) * 1099511628211ull;
+  }
+  bool same = true;
   if (groups_) {
     std::vector<int64_t> all(size_t(topo_.size));
     const int64_t mine = int64_t(h);
     collective::CallLabel scope(*groups_->world, "fusion search: the gradients' buffer order");
     groups_->world->allgather(&mine, 1, all.data(), DType::kInt64, deadline);
-    return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == mine; });
+    same = std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == mine; });
+  } else {
+    // Through the servers (a sum): the hash's 8 bytes and their squares;
+    // for each, W times the sum of the squares equals the square of the sum
+    // only when every worker sent the same byte (exact in doubles up to
+    // 2^18 workers).
+    std::array<double, 16> local{}, sum{};
+    for (size_t b = 0; b < 8; ++b) {
+      const double x = double((h >> (8 * b)) & 0xff);
+      local[2 * b] = x;
+      local[2 * b + 1] = x * x;
+    }
+    const std::string key = "cortado.fusion_search.layout";
+    if (!searchLayoutKeyDeclared_) {
+      worker_.declare(key, DType::kFloat64, local.size(), deadline);
+      searchLayoutKeyDeclared_ = true;
+    }
+    Status st = worker_
+                    .pushPull(key, DType::kFloat64, local.size(), local.data(), sum.data(),
+                              ReduceOp::kSum, 0)
+                    .wait(deadline);
+    st.check();
+    const double w = double(topo_.size);
+    for (size_t b = 0; b < 8 && same; ++b) same = w * sum[2 * b + 1] == sum[2 * b] * sum[2 * b];
   }
-  // Through the servers (a sum): the hash's 8 bytes and their squares; for
-  // each, W times the sum of the squares equals the square of the sum only
-  // when every worker sent the same byte (exact in doubles up to 2^18
-  // workers).
-  std::array<double, 16> local{}, sum{};
-  for (size_t b = 0; b < 8; ++b) {
-    const double x = double((h >> (8 * b)) & 0xff);
-    local[2 * b] = x;
-    local[2 * b + 1] = x * x;
+  if (!same) return;
+  for (size_t p = 0; p < byAddress.size(); ++p) searchPlace_[searchOrder_[byAddress[p]]] = p;
+  searchAdjacent_ = std::move(adjacent);
+}
+
+void Executor::inBufferOrder(std::vector<std::string>& group) const {
+  if (searchPlace_.empty() || group.size() < 2) return;
+  std::vector<std::string> sorted = group;
+  std::sort(sorted.begin(), sorted.end(), [&](const std::string& a, const std::string& b) {
+    return searchPlace_.at(a) < searchPlace_.at(b);
+  });
+  for (size_t i = 0; i + 1 < sorted.size(); ++i) {
+    const size_t p = searchPlace_.at(sorted[i]);
+    if (searchPlace_.at(sorted[i + 1]) != p + 1 || !searchAdjacent_[p]) return;
   }
-  const std::string key = "cortado.fusion_search.layout";
-  if (!searchLayoutKeyDeclared_) {
-    worker_.declare(key, DType::kFloat64, local.size(), deadline);
-    searchLayoutKeyDeclared_ = true;
-  }
-  Status st =
-      worker_
-          .pushPull(key, DType::kFloat64, local.size(), local.data(), sum.data(), ReduceOp::kSum, 0)
-          .wait(deadline);
-  st.check();
-  const double w = double(topo_.size);
-  for (size_t b = 0; b < 8; ++b)
-    if (w * sum[2 * b + 1] != sum[2 * b] * sum[2 * b]) return false;
-  return true;
+  group = std::move(sorted);
 }
 
 double Executor::agreedMean(double seconds, Deadline deadline) {
