@@ -595,7 +595,6 @@ class Executor {
   bool gravacTimed_ = false;
   bool gravacPaused_ = false;  // excludeGravacPause() since the last iteration
   std::chrono::steady_clock::time_point gravacLast_;
-  bool gravacKeyDeclared_ = false;
   std::set<std::string> gravacDenseKeys_;
 
   // The fusion search's driver (online.cc).
@@ -620,6 +619,12 @@ class Executor {
   void finishAlternative();
   const plan::Plan* searchBase(size_t alt) const;  // alternative alt's plan, or nullptr
   double agreedMean(double seconds, Deadline deadline);
+  // Without MPI groups: the sum over the workers of `n` float64 through the
+  // servers (one push_pull of `key`, declared on first use; every worker
+  // gets the same bytes), for the agreements above.
+  void sumThroughServers(const std::string& key, const double* in, double* out, size_t n,
+                         Deadline deadline);
+  std::set<std::string> serverSumKeys_;  // declared by sumThroughServers
   // Checks `p` against the declared tensors and the topology (setPlan's
   // checks, nothing declared).
   void checkPlan(const plan::Plan& p) const;
@@ -677,8 +682,6 @@ class Executor {
   uint64_t candidateAt_ = 0;         // the iteration the current candidate took effect
   std::vector<double> searchTimes_;  // the current candidate's timed iterations
   std::chrono::steady_clock::time_point lastBegin_;
-  bool searchKeyDeclared_ = false;
-  bool searchLayoutKeyDeclared_ = false;
 };
 
 }  // namespace executor

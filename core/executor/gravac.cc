@@ -124,14 +124,7 @@ std::array<double, 5> Executor::agreedSums(std::array<double, 5> local, Deadline
     return sum;
   }
   // The servers sum once and answer every worker the same bytes.
-  const std::string key = "cortado.gravac.sums";
-  if (!gravacKeyDeclared_) {
-    worker_.declare(key, DType::kFloat64, 5, deadline);
-    gravacKeyDeclared_ = true;
-  }
-  Status st = worker_.pushPull(key, DType::kFloat64, 5, local.data(), sum.data(), ReduceOp::kSum, 0)
-                  .wait(deadline);
-  st.check();
+  sumThroughServers("cortado.gravac.sums", local.data(), sum.data(), local.size(), deadline);
   return sum;
 }
 

@@ -560,16 +560,8 @@ void Executor::searchAgreedLayout(Deadline deadline) {
       local[2 * b] = x;
       local[2 * b + 1] = x * x;
     }
-    const std::string key = "cortado.fusion_search.layout";
-    if (!searchLayoutKeyDeclared_) {
-      worker_.declare(key, DType::kFloat64, local.size(), deadline);
-      searchLayoutKeyDeclared_ = true;
-    }
-    Status st = worker_
-                    .pushPull(key, DType::kFloat64, local.size(), local.data(), sum.data(),
-                              ReduceOp::kSum, 0)
-                    .wait(deadline);
-    st.check();
+    sumThroughServers("cortado.fusion_search.layout", local.data(), sum.data(), local.size(),
+                      deadline);
     const double w = double(topo_.size);
     for (size_t b = 0; b < 8 && same; ++b) same = w * sum[2 * b + 1] == sum[2 * b] * sum[2 * b];
   }
@@ -597,16 +589,19 @@ double Executor::agreedMean(double seconds, Deadline deadline) {
     collective::CallLabel scope(*groups_->world, "fusion search: an iteration's time");
     groups_->world->allreduce(&seconds, &sum, 1, DType::kFloat64, deadline);
   } else {
-    const std::string key = "cortado.fusion_search.time";
-    if (!searchKeyDeclared_) {
-      worker_.declare(key, DType::kFloat64, 1, deadline);
-      searchKeyDeclared_ = true;
-    }
-    Status st =
-        worker_.pushPull(key, DType::kFloat64, 1, &seconds, &sum, ReduceOp::kSum, 0).wait(deadline);
-    st.check();
+    sumThroughServers("cortado.fusion_search.time", &seconds, &sum, 1, deadline);
   }
   return sum / double(topo_.size);
+}
+
+void Executor::sumThroughServers(const std::string& key, const double* in, double* out, size_t n,
+                                 Deadline deadline) {
+  if (!serverSumKeys_.count(key)) {
+    worker_.declare(key, DType::kFloat64, n, deadline);
+    serverSumKeys_.insert(key);
+  }
+  Status st = worker_.pushPull(key, DType::kFloat64, n, in, out, ReduceOp::kSum, 0).wait(deadline);
+  st.check();
 }
 
 }  // namespace cortado::executor
