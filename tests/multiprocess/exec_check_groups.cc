@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -317,12 +318,17 @@ void Check::runSearch() {
   std::vector<std::vector<float>> in(names.size());
   // One iteration of every tensor, checked against the plain sum; false
   // (after fail()) when the run throws.
-  auto runChecked = [&](const char* what, int iter) {
+  // `bufs[k]` holds tensor k (lens[k] floats); none given: a vector each (in).
+  auto runChecked = [&](const char* what, int iter, std::vector<float*> bufs = {}) {
+    if (bufs.empty())
+      for (size_t k = 0; k < names.size(); ++k) {
+        in[k].resize(lens[k]);
+        bufs.push_back(in[k].data());
+      }
     std::vector<executor::BatchItem> batch;
     for (size_t k = 0; k < names.size(); ++k) {
-      in[k].resize(lens[k]);
-      for (uint64_t i = 0; i < lens[k]; ++i) in[k][i] = exactInput(me, k, iter, i);
-      batch.push_back({names[k], in[k].data(), in[k].data(), lens[k]});
+      for (uint64_t i = 0; i < lens[k]; ++i) bufs[k][i] = exactInput(me, k, iter, i);
+      batch.push_back({names[k], bufs[k], bufs[k], lens[k]});
     }
     try {
       runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
@@ -334,9 +340,9 @@ void Check::runSearch() {
       for (uint64_t i = 0; i < lens[k]; ++i) {
         float ref = 0;
         for (int w = 0; w < W; ++w) ref += exactInput(w, k, iter, i);
-        if (in[k][i] != ref) {
+        if (bufs[k][i] != ref) {
           fail(fmt::format("{}, iteration {}: tensor {}, element {}: {} != reference {}", what,
-                           iter, names[k], i, in[k][i], ref));
+                           iter, names[k], i, bufs[k][i], ref));
           break;
         }
       }
@@ -356,15 +362,32 @@ void Check::runSearch() {
                          w, me, mine));
   };
   int iter = 0;
-  for (; iter < 400; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+  // Iterations from `from` on, at most `limit`, until the search has ended
+  // and the plan it kept is in force; `each` runs one (false: it failed,
+  // stop the check). Returns what the search kept, or nullopt after fail()
+  // (`what` names the search) where it had not ended or `each` failed. iter
+  // is the last iteration begun.
+  using Kept = std::optional<std::pair<size_t, executor::FusionSearch::Cuts>>;
+  auto searchUntilDone = [&](const char* what, int from, int limit,
+                             const std::function<bool(int)>& each) -> Kept {
+    for (iter = from; iter < from + limit; ++iter) {
+      ex.beginIteration(uint64_t(iter), opDeadline());
+      if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+      if (!each(iter)) return std::nullopt;
+    }
+    const Kept kept = ex.fusionSearchResult();
+    if (!kept)
+      fail(fmt::format("{}: not done after {} iterations ({})", what, iter - from,
+                       ex.fusionSearchSummary()));
+    return kept;
+  };
+  const auto result = searchUntilDone("search", 0, 400, [&](int it) {
     if (me == 1) ::usleep(20000);  // a slower worker: its own times differ
-    if (!runChecked("search", iter)) return;
-  }
+    return runChecked("search", it);
+  });
+  if (!result) return;
   const executor::FusionSearch* s = ex.fusionSearch();
-  const auto result = ex.fusionSearchResult();
-  if (!s || !s->done() || !result) {
+  if (!s || !s->done()) {
     fail(fmt::format("search: not done after {} iterations", iter));
     return;
   }
@@ -410,18 +433,11 @@ void Check::runSearch() {
   });
   ex.setFusionSearch(so, {a, b});
   const int from = ++iter;  // the first search's last beginIteration was iter
-  for (; iter < from + 800; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+  const auto kept = searchUntilDone("search with alternatives", from, 800, [&](int it) {
     if (ex.currentPlan().tensors.at(names[0]) == options[other]) ::usleep(30000);
-    if (!runChecked("search with alternatives", iter)) return;
-  }
-  const auto kept = ex.fusionSearchResult();
-  if (!kept) {
-    fail(fmt::format("search with alternatives: not done after {} iterations ({})", iter - from,
-                     ex.fusionSearchSummary()));
-    return;
-  }
+    return runChecked("search with alternatives", it);
+  });
+  if (!kept) return;
   if (kept->first != 0)
     fail(fmt::format("search with alternatives: kept alternative {}, the slower one ({})",
                      kept->first + 1, ex.fusionSearchSummary()));
@@ -457,20 +473,14 @@ void Check::runSearch() {
   one.searched = 1;
   ex.setFusionSearch(one, {b, c, a});
   const int from3 = ++iter;
-  for (; iter < from3 + 800; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+  const auto kept3 = searchUntilDone("screened search", from3, 800, [&](int it) {
     const plan::TensorOption& now = ex.currentPlan().tensors.at(names[0]);
     if (now == options[other]) ::usleep(30000);
     if (now == options[third]) ::usleep(60000);
-    if (!runChecked("screened search", iter)) return;
-  }
-  const auto kept3 = ex.fusionSearchResult();
+    return runChecked("screened search", it);
+  });
+  if (!kept3) return;
   const std::string sum3 = ex.fusionSearchSummary();
-  if (!kept3) {
-    fail(fmt::format("screened search: not done after {} iterations ({})", iter - from3, sum3));
-    return;
-  }
   if (kept3->first != 2)
     fail(fmt::format("screened search: kept alternative {}, not 3, the fastest ({})",
                      kept3->first + 1, sum3));
@@ -505,19 +515,13 @@ void Check::runSearch() {
   const auto startCuts = executor::FusionSearch::cutsOf(names, start.groups);
   ex.setFusionSearch(so);
   const int from4 = ++iter;
-  for (; iter < from4 + 800; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+  const auto kept4 = searchUntilDone("search from groups", from4, 800, [&](int it) {
     if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != startCuts)
       ::usleep(30000);
-    if (!runChecked("search from groups", iter)) return;
-  }
-  const auto kept4 = ex.fusionSearchResult();
+    return runChecked("search from groups", it);
+  });
+  if (!kept4) return;
   const std::string sum4 = ex.fusionSearchSummary();
-  if (!kept4) {
-    fail(fmt::format("search from groups: not done after {} iterations ({})", iter - from4, sum4));
-    return;
-  }
   if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != startCuts ||
       kept4->second != *startCuts)
     fail(fmt::format("search from groups: the starting groups, the fastest, were not kept ({})",
@@ -554,45 +558,21 @@ void Check::runSearch() {
   }
   std::vector<float> flat(total);
   auto runFlat = [&](int it) {
-    std::vector<executor::BatchItem> batch;
-    for (size_t k = 0; k < names.size(); ++k) {
-      float* at = flat.data() + offset[k];
-      for (uint64_t i = 0; i < lens[k]; ++i) at[i] = exactInput(me, k, it, i);
-      batch.push_back({names[k], at, at, lens[k]});
-    }
-    try {
-      runBatchOn(ex, batch, ReduceOp::kSum, opDeadline(batch.size()));
-    } catch (const Error& e) {
-      fail(fmt::format("search over a flat buffer, iteration {}: {}", it, e.what()));
-      return false;
-    }
-    for (size_t k = 0; k < names.size(); ++k)
-      for (uint64_t i = 0; i < lens[k]; ++i) {
-        float ref = 0;
-        for (int w = 0; w < W; ++w) ref += exactInput(w, k, it, i);
-        if (flat[offset[k] + i] != ref) {
-          fail(
-              fmt::format("search over a flat buffer, iteration {}: tensor {}, element {}: {} != "
-                          "reference {}",
-                          it, names[k], i, flat[offset[k] + i], ref));
-          return false;
-        }
-      }
-    return true;
+    std::vector<float*> bufs;
+    for (size_t k = 0; k < names.size(); ++k) bufs.push_back(flat.data() + offset[k]);
+    return runChecked("search over a flat buffer", it, bufs);
   };
   ex.setFusionSearch(so);
   const int from5 = ++iter;
   const uint64_t inPlaceAtStart = ex.inPlaceGroupRuns();
-  for (; iter < from5 + 800; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
-    if (iter == from5 + 1 && ex.inPlaceGroupRuns() != inPlaceAtStart)
+  const auto kept5 = searchUntilDone("search over a flat buffer", from5, 800, [&](int it) {
+    if (it == from5 + 1 && ex.inPlaceGroupRuns() != inPlaceAtStart)
       fail("search over a flat buffer: the starting groups, listed in ready order, ran in place");
     if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != flatCuts) ::usleep(30000);
-    if (!runFlat(iter)) return;
-  }
-  const auto kept5 = ex.fusionSearchResult();
-  if (!kept5 || kept5->second != *flatCuts) {
+    return runFlat(it);
+  });
+  if (!kept5) return;
+  if (kept5->second != *flatCuts) {
     fail(
         fmt::format("search over a flat buffer: the starting groups, the fastest, were not kept "
                     "({})",
@@ -631,16 +611,15 @@ void Check::runSearch() {
   ex.setPlan(flatPlan, opDeadline(names.size()));
   ex.setFusionSearch(so);
   const int from6 = ++iter;
-  for (; iter < from6 + 800; ++iter) {
-    ex.beginIteration(uint64_t(iter), opDeadline());
-    if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+  const auto kept6 = searchUntilDone("search over layouts that differ", from6, 800, [&](int it) {
     if (executor::FusionSearch::cutsOf(names, ex.currentPlan().groups) != flatCuts) ::usleep(30000);
-    if (!runFlat(iter)) return;
-  }
-  if (!ex.fusionSearchResult() || ex.currentPlan().groups != flatPlan.groups)
+    return runFlat(it);
+  });
+  if (!kept6) return;
+  if (ex.currentPlan().groups != flatPlan.groups)
     fail(fmt::format("search over layouts that differ: not the starting groups in ready order ({})",
                      plan::toJsonString(ex.currentPlan(), -1)));
-  sameOnEveryRank("search over layouts that differ", ex.fusionSearchResult()->second);
+  sameOnEveryRank("search over layouts that differ", kept6->second);
   if (me == 0)
     std::printf("search over layouts that differ: %s after %d iterations\n",
                 failures ? "FAILED" : "ready order kept, sums exact", iter - from6);
