@@ -636,7 +636,7 @@ int runModelBench(const ModelBenchOptions& o) {
           for (size_t j = 0; j < T; ++j) folding[j] = !before[j];
           times.clear();
         }
-        if (settled < 0 && ex.fusionSearchDone() && !ex.hasScheduledPlan()) {
+        if (settled < 0 && ex.fusionSearchInForce()) {
           settled = it;  // the search's answer runs from here
           r.switchedAt = it;
         }

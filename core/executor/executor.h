@@ -407,6 +407,11 @@ class Executor {
   // Every alternative's search has ended and the kept grouping is set (or
   // scheduled for the next iteration).
   bool fusionSearchDone() const { return searchKept_.has_value(); }
+  // Done, and the kept grouping is the plan in force: it switches in at the
+  // iteration boundary after fusionSearchDone() where another candidate ran
+  // last (the search excludes online re-planning and GraVAC, so no other
+  // plan is scheduled then).
+  bool fusionSearchInForce() const { return searchKept_.has_value() && !scheduled_; }
   // The alternative kept (0 without alternatives) and its cuts, once done.
   std::optional<std::pair<size_t, FusionSearch::Cuts>> fusionSearchResult() const;
   // One line per alternative searched so far (FusionSearch::summary()),

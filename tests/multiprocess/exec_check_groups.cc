@@ -372,7 +372,7 @@ void Check::runSearch() {
                              const std::function<bool(int)>& each) -> Kept {
     for (iter = from; iter < from + limit; ++iter) {
       ex.beginIteration(uint64_t(iter), opDeadline());
-      if (ex.fusionSearchDone() && !ex.hasScheduledPlan()) break;
+      if (ex.fusionSearchInForce()) break;
       if (!each(iter)) return std::nullopt;
     }
     const Kept kept = ex.fusionSearchResult();

@@ -784,6 +784,7 @@ class PyExecutor {
     if (!s) return std::nullopt;
     py::dict d;
     d["done"] = e.fusionSearchDone();
+    d["in_force"] = e.fusionSearchInForce();
     d["summary"] = e.fusionSearchSummary();
     d["timed"] = s->history().size();
     if (const auto kept = e.fusionSearchResult()) {

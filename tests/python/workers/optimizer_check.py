@@ -109,10 +109,19 @@ def train_until_searched(rank, prefix, settings, seed, device=None, slow=0.0):
     state = opt.executor.fusion_search
     assert state is not None and state["done"], (steps, state)
     # The kept grouping (and alternative) switches in at the next iteration
-    # boundary where another candidate ran last: one step more.
-    step()
-    steps += 1
+    # boundary where another candidate ran last: at most one step more.
+    if not state["in_force"]:
+        step()
+        steps += 1
+        state = opt.executor.fusion_search
+    assert state["in_force"], (steps, state)
     plan = json.loads(opt.executor.plan_json)
+    # The plan in force has the kept cuts' groups (those of two tensors or
+    # more, FusionSearch::groupsOf) over the model's gradients.
+    n = sum(1 for _ in model.parameters())
+    bounds = [0] + sorted(state["cuts"]) + [n]
+    sizes = sorted(b - a for a, b in zip(bounds, bounds[1:]) if b - a >= 2)
+    assert sorted(len(g) for g in plan.get("groups", [])) == sizes, (state, plan.get("groups"))
     used = sorted({s["device"] for o in plan["tensors"].values() for s in o["steps"]
                    if s["op"] in ("encode", "decode")})
     return model, opt, state, steps, plan, used
