@@ -9,6 +9,10 @@
 # number of steps, so the loss after the last step compares them too.
 # Prints a markdown table on stdout (images/sec, the loss, the ratios against
 # DDP with Gloo and against one gradient at a time), progress on stderr.
+# With --framework tensorflow the same for the TensorFlow binding: a
+# keras.applications model (bindings/python/examples/benchmark_synthetic_keras.py)
+# through cortado.tensorflow's DistributedGradientTape, against TensorFlow's
+# own MultiWorkerMirroredStrategy (ring all-reduce over gRPC).
 # As root for the emulated hosts.
 #
 #   bench/train.sh [options]
@@ -23,8 +27,11 @@
 #                        launch --dedicated-servers`); DDP and Horovod use the H worker
 #                        hosts only (default 0: the servers beside the workers)
 #   --rate R             link rate, tc syntax (default 1gbit)
+#   --framework F        torch (default) or tensorflow: which binding and peers
 #   --configs LIST       what to run, in this order (default
-#                        cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16):
+#                        cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16;
+#                        with --framework tensorflow cortado-engine,cortado-engine-single,tf-mwms,
+#                        and only those three and compute are known there):
 #                          cortado-fused   executor, --codec, gradients fused into groups of
 #                                          --fusion-bytes (Cupcake's fused compression), no search
 #                          cortado-single  executor, --codec, one gradient at a time (fusion_bytes 0)
@@ -44,13 +51,16 @@
 #                                          training on these cores can be faster)
 #                          horovod         Horovod's DistributedOptimizer over Gloo
 #                          horovod-fp16    the same with hvd.Compression.fp16
+#                          tf-mwms         tensorflow: tf.distribute.MultiWorkerMirroredStrategy
+#                                          (ring all-reduce over gRPC), the same custom loop
 #                        (Horovod runs are skipped, with a line saying so, where
 #                        horovod.torch does not import: bench/install_horovod.sh)
 #   --codec C            Cortado's codec (default dgc:ratio=0.01)
 #   --fusion-bytes B     group size for cortado-fused and cortado-none (default 25M; K/M suffixes)
 #   --engine-fusion-bytes B  group size for cortado-engine (default: the binding's,
 #                        DEFAULT_ENGINE_FUSION_BYTES, 4 MiB; K/M suffixes)
-#   --model M            torchvision model (default resnet18)
+#   --model M            torchvision model (default resnet18), or with --framework
+#                        tensorflow a keras.applications model (default ResNet50)
 #   --image-size P       (default 32)    --batch-size B  per worker (default 16)
 #   --num-classes K      (default 10)    --data-batches D  per worker, in turn (default 4)
 #   --warmup N           untimed steps (default 2)
@@ -77,7 +87,8 @@ VENV=${CORTADO_VENV:-$ROOT/.venv}
 
 HOSTS=4 LOCAL="" WORKERS=4 SERVERS="" RATE=1gbit DED=0
 CONFIGS=cortado-fused,cortado-single,cortado-none,ddp,horovod,horovod-fp16
-CODEC=dgc:ratio=0.01 FUSION=25M ENGINE_FUSION="" MODEL=resnet18 IMAGE=32 BATCH=16 CLASSES=10 DATA=4
+CODEC=dgc:ratio=0.01 FUSION=25M ENGINE_FUSION="" MODEL="" IMAGE=32 BATCH=16 CLASSES=10 DATA=4
+FRAMEWORK=torch CONFIGS_GIVEN=""
 WARMUP=2 ITERS=5 PER_ITER=2 THREADS=1 LR=0.01 SEED=0 ROUNDS=1 RUN_TIMEOUT=900
 JSON="" PLOT="" LOGS="" BUILD=$ROOT/build PY="" NAME=t$(printf '%07x' $(((($$ << 15) ^ RANDOM) & 0xfffffff)))
 
@@ -90,7 +101,8 @@ while (($#)); do
     --servers) need_value "$@"; SERVERS=$2; shift 2 ;;
     --dedicated-hosts) need_value "$@"; DED=$2; shift 2 ;;
     --rate) need_value "$@"; RATE=$2; shift 2 ;;
-    --configs) need_value "$@"; CONFIGS=$2; shift 2 ;;
+    --framework) need_value "$@"; FRAMEWORK=$2; shift 2 ;;
+    --configs) need_value "$@"; CONFIGS=$2; CONFIGS_GIVEN=1; shift 2 ;;
     --codec) need_value "$@"; CODEC=$2; shift 2 ;;
     --fusion-bytes) need_value "$@"; FUSION=$2; shift 2 ;;
     --engine-fusion-bytes) need_value "$@"; ENGINE_FUSION=$2; shift 2 ;;
@@ -134,10 +146,27 @@ FUSION_BYTES=$(to_bytes "$FUSION")
 ENGINE_FUSION_ARGS=()
 [[ -n $ENGINE_FUSION ]] && ENGINE_FUSION_ARGS=(--fusion-bytes "$(to_bytes "$ENGINE_FUSION")")
 check_name
+case $FRAMEWORK in
+  torch) MODEL=${MODEL:-resnet18} ;;
+  tensorflow)
+    MODEL=${MODEL:-ResNet50}
+    BENCH=$ROOT/bindings/python/examples/benchmark_synthetic_keras.py
+    [[ -n $CONFIGS_GIVEN ]] || CONFIGS=cortado-engine,cortado-engine-single,tf-mwms
+    ;;
+  *) die "--framework must be torch or tensorflow (got '$FRAMEWORK')" ;;
+esac
 IFS=, read -r -a CONFIG_LIST <<<"$CONFIGS"
 for c in "${CONFIG_LIST[@]}"; do
+  if [[ $FRAMEWORK == tensorflow ]]; then
+    case $c in
+      cortado-engine | cortado-engine-single | compute | tf-mwms) ;;
+      *) die "configuration '$c' in --configs is not one for --framework tensorflow (cortado-engine, cortado-engine-single, compute, tf-mwms)" ;;
+    esac
+    continue
+  fi
   case $c in
     cortado-fused | cortado-single | cortado-search | cortado-none | cortado-engine | cortado-engine-single | cortado-engine-cb | ddp | compute | horovod | horovod-fp16) ;;
+    tf-mwms) die "configuration 'tf-mwms' is TensorFlow's: add --framework tensorflow" ;;
     *) die "unknown configuration '$c' in --configs (see --help)" ;;
   esac
 done
@@ -150,7 +179,11 @@ CORTADO=$BUILD/launcher/cortado
 PYPATH=$BUILD/bindings/python
 [[ -x $CORTADO ]] || die "$CORTADO is missing: build it first (ninja -C $BUILD cortado cortado_python) or pass --build DIR"
 [[ -d $PYPATH/cortado ]] || die "$PYPATH/cortado is missing: configure with -DCORTADO_WITH_PYTHON=ON and build cortado_python"
-"$PY" -c 'import torch, torchvision' 2>/dev/null || die "$PY cannot import torch and torchvision (Debian: python3-torch python3-torchvision)"
+if [[ $FRAMEWORK == tensorflow ]]; then
+  "$PY" -c 'import tensorflow, keras' 2>/dev/null || die "$PY cannot import tensorflow and keras (scripts/install_deps.sh installs them into \$CORTADO_VENV, default .venv; or pass --python)"
+else
+  "$PY" -c 'import torch, torchvision' 2>/dev/null || die "$PY cannot import torch and torchvision (Debian: python3-torch python3-torchvision)"
+fi
 [[ -z $PLOT ]] || "$PY" -c 'import matplotlib' 2>/dev/null ||
   die "--plot: $PY cannot import matplotlib (scripts/install_deps.sh installs Debian's python3-matplotlib)"
 HAVE_HOROVOD=""
@@ -288,6 +321,32 @@ compute_job() {  # compute_job LOG: the workers' processes with no communication
   return "$rc"
 }
 
+mwms_job() {  # mwms_job LOG: TensorFlow's MultiWorkerMirroredStrategy, one process per worker
+  local log=$1 i port=$((20000 + RANDOM % 20000)) pids=() addrs=()
+  for ((i = 1; i <= NW; i++)); do
+    if [[ -n $LOCAL ]]; then
+      addrs+=("127.0.0.1:$((port + i - 1))")
+    else
+      addrs+=("$(awk -v h="$i" '$1 == h { print $3 }' "$OUT/hosts"):$port")
+    fi
+  done
+  local list
+  list=$(IFS=,; echo "${addrs[*]}")
+  for ((i = 1; i <= NW; i++)); do
+    local h=$i
+    [[ -n $LOCAL ]] && h=1
+    at_host "$h"
+    start_job "$log.$((i - 1))" "${AT[@]}" env RANK=$((i - 1)) WORLD_SIZE="$NW" WORKER_ADDRS="$list" \
+      timeout -s TERM -k 10 "$RUN_TIMEOUT" "$PY" "$BENCH" --backend mwms --run-timeout "$RUN_TIMEOUT" \
+      --label tf-mwms "${COMMON[@]}"
+    pids+=("$LAST_PID")
+  done
+  local rc=0
+  wait_jobs tf-mwms "${pids[@]}" || rc=$?
+  cat "$log.0" >"$log"
+  return "$rc"
+}
+
 horovod_job() {  # horovod_job LOG COMPRESSION
   local log=$1 compression=$2 i slots
   if [[ -n $LOCAL ]]; then slots="localhost:$NW"; else slots=$(seq -s, -f "$NAME-h%g:1" 1 "$HOSTS"); fi
@@ -365,6 +424,7 @@ run() {
     compute) compute_job "$log" || rc=$? ;;
     horovod) horovod_job "$log" none || rc=$? ;;
     horovod-fp16) horovod_job "$log" fp16 || rc=$? ;;
+    tf-mwms) mwms_job "$log" || rc=$? ;;
   esac
   local line
   line=$(grep '^{"backend"' "$log" | tail -1 || true)
@@ -380,7 +440,7 @@ run() {
     else
       # Or the benchmark's own refusal (a worker's SystemExit), its first one.
       local refusal
-      refusal=$(grep -h -m1 '^benchmark_synthetic: ' "$log"* 2>/dev/null | head -1 || true)
+      refusal=$(grep -h -m1 -E '^benchmark_synthetic(_keras)?: ' "$log"* 2>/dev/null | head -1 || true)
       [[ -z $refusal ]] || printf -- '---- %s: %s\n' "$config" "$refusal" >&2
     fi
     ((rc == 124 || rc == 137)) && die "$config did not finish within --run-timeout $RUN_TIMEOUT s"
@@ -404,7 +464,7 @@ where="$HOSTS emulated hosts at $RATE, 1 worker and $SERVERS server(s) each"
 ((DED)) && where="$HOSTS emulated hosts at $RATE with 1 worker each, Cortado's servers on $DED more ($SERVERS each)"
 [[ -n $LOCAL ]] && where="this machine, $WORKERS workers, $SERVERS Cortado server(s)"
 "$PY" "$HERE/train_table.py" "$OUT/results" \
-  --title "bench/train.sh $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg): $where; $MODEL ${IMAGE}x$IMAGE, batch $BATCH per worker, $THREADS thread(s) per worker; codec $CODEC; fusion $FUSION_BYTES bytes${HAVE_HOROVOD:+; horovod $HAVE_HOROVOD}" \
+  --title "bench/train.sh $(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg): $where; $FRAMEWORK $MODEL ${IMAGE}x$IMAGE, batch $BATCH per worker, $THREADS thread(s) per worker; codec $CODEC; fusion $FUSION_BYTES bytes${HAVE_HOROVOD:+; horovod $HAVE_HOROVOD}" \
   --command "bench/train.sh ${ARGS[*]}" --configs "$CONFIGS" \
   ${HOROVOD_WHY:+--skipped "horovod,horovod-fp16=$HOROVOD_WHY"} --json "${JSON:-$OUT/table.json}"
 if [[ -n $PLOT ]]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The table of bench/train.sh: one row per configuration (the median round
 by total images/sec), with the loss after the run's steps and the ratios
-against DDP with Gloo, against Horovod with Gloo (where it ran), against
+against DDP with Gloo (with --framework tensorflow: against TensorFlow's
+MultiWorkerMirroredStrategy), against Horovod with Gloo (where it ran), against
 Cortado one gradient at a time, and as a share of the compute bound (the
 `compute` configuration: the workers training alone, no communication)
 where it ran.
@@ -29,6 +30,7 @@ NAMES = {
     "compute": "No communication (each worker alone: the compute bound)",
     "horovod": "Horovod with Gloo",
     "horovod-fp16": "Horovod with Gloo, fp16 compression",
+    "tf-mwms": "TensorFlow's MultiWorkerMirroredStrategy (ring all-reduce over gRPC)",
 }
 
 
@@ -73,7 +75,11 @@ def main():
         return med[c]["result"]["img_sec_total"] if c in med else None
 
     # "One at a time": the executor's where it ran, else the default path's.
-    base, single = total("ddp"), total("cortado-single") or total("cortado-engine-single")
+    # The peer: DDP with Gloo, or TensorFlow's own strategy for the
+    # TensorFlow binding's runs.
+    peer = "ddp" if "ddp" in med or "tf-mwms" not in med else "tf-mwms"
+    peer_name = {"ddp": "DDP + Gloo", "tf-mwms": "TF MWMS"}[peer]
+    base, single = total(peer), total("cortado-single") or total("cortado-engine-single")
     horovod, bound = total("horovod"), total("compute")
     rows = []
     for c in order:
@@ -89,7 +95,8 @@ def main():
             "img_sec_per_worker": r["img_sec_per_worker"], "steps": r["steps"],
             "loss_first": r["loss_first"], "loss_last": r["loss_last"],
             "loss_last_mean": r["loss_last_mean"],
-            "vs_ddp": r["img_sec_total"] / base if base else None,
+            "vs_ddp": r["img_sec_total"] / base if base and peer == "ddp" else None,
+            "vs_mwms": r["img_sec_total"] / base if base and peer == "tf-mwms" else None,
             "vs_horovod": r["img_sec_total"] / horovod if horovod else None,
             "vs_single": r["img_sec_total"] / single if single else None,
             "of_bound": r["img_sec_total"] / bound if bound else None,
@@ -111,7 +118,7 @@ def main():
     steps = sorted({r["steps"] for r in rows if "steps" in r})
     step_text = "/".join(str(s) for s in steps) or "?"
     print(f"| configuration | img/sec total | img/sec per worker | loss after {step_text} steps "
-          f"(mean over workers; first step) | vs DDP + Gloo | vs Horovod + Gloo | vs one at a time "
+          f"(mean over workers; first step) | vs {peer_name} | vs Horovod + Gloo | vs one at a time "
           f"| of the compute bound | rounds (total img/sec) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
@@ -122,7 +129,8 @@ def main():
         every = ", ".join(f"{x:.1f}" for x in r["all_rounds"])
         print(f"| {r['name']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {r['loss_last_mean']:.4f} ({r['loss_first']:.4f}) "
-              f"| {ratio(r['vs_ddp'])} | {ratio(r['vs_horovod'])} | {ratio(r['vs_single'])} "
+              f"| {ratio(r['vs_' + ('ddp' if peer == 'ddp' else 'mwms')])} "
+              f"| {ratio(r['vs_horovod'])} | {ratio(r['vs_single'])} "
               f"| {share(r['of_bound'])} "
               f"| {every} |")
     if args.json:

@@ -10,6 +10,9 @@
 #      one-at-a-time and the compute bound;
 #   2. a run that fails (an unknown model) exits non-zero;
 #   3. a run stopped by SIGINT mid-run exits within 30 s;
+#   4. --framework tensorflow (the TensorFlow binding, with the virtual
+#      environment's Python): fused, one at a time and TensorFlow's
+#      MultiWorkerMirroredStrategy, the table's ratios against the strategy;
 # and after each, nothing is left: no testbed, no process of the runs.
 #   bench_train_test.sh BUILD_DIR
 # Skips (exit 77) where it cannot run: not root, no network namespaces, no
@@ -59,7 +62,7 @@ check_clean() {
   else
     fail "$what: left behind: $left"
   fi
-  left=$(pgrep -f "benchmark_synthetic.py.*--num-classes 4 --data-batches 2 " | grep -v "^$$\$" || true)
+  left=$(pgrep -f "benchmark_synthetic(_keras)?.py.*--num-classes 4 --data-batches 2 " | grep -v "^$$\$" || true)
   [[ -z $left ]] && ok "$what: no benchmark process left" || fail "$what: benchmark processes left: $(ps -o pid,args -p "${left//$'\n'/,}" 2>/dev/null)"
 }
 
@@ -143,6 +146,54 @@ else
   job=""
 fi
 check_clean "the interrupted run"
+
+# 4. The TensorFlow binding (--framework tensorflow) with the Python of the
+# project's virtual environment, where scripts/install_deps.sh installs
+# TensorFlow: Cortado's default path fused and one push_pull per gradient
+# against TensorFlow's MultiWorkerMirroredStrategy, the same first loss and
+# the ratios against the strategy and one at a time.
+VENV=${CORTADO_VENV:-$ROOT/.venv}
+TFPY=$VENV/bin/python
+if [[ -x $TFPY ]] && "$TFPY" -c 'import tensorflow, keras' 2>/dev/null; then
+  timeout -s INT 600 bash "$TRAIN" --framework tensorflow --hosts 2 --name "$NAME" --build "$BUILD" \
+    --python "$TFPY" --model MobileNetV2 --image-size 32 --batch-size 2 --num-classes 4 \
+    --data-batches 2 --warmup 1 --iters 1 --steps-per-iter 2 --run-timeout 300 \
+    --json "$OUT/tf.json" >"$OUT/out" 2>"$OUT/err"
+  rc=$?
+  cat "$OUT/out"
+  if ((rc != 0)); then
+    fail "the TensorFlow run exited $rc"
+    tail -40 "$OUT/err" >&2
+  else
+    ok "the TensorFlow run exits 0"
+  fi
+  if "$PY" - "$OUT/tf.json" <<'EOF'; then ok "TensorFlow JSON rows: fused, one at a time, MWMS"; else fail "TensorFlow JSON rows (above)"; fi
+import json, math, sys
+t = json.load(open(sys.argv[1]))
+rows = t["rows"]
+assert [r["config"] for r in rows] == ["cortado-engine", "cortado-engine-single", "tf-mwms"], rows
+assert rows[0]["name"].endswith("(gradients fused by size, 4 MiB)"), rows[0]["name"]
+assert len({round(r["loss_first"], 4) for r in rows}) == 1, [r["loss_first"] for r in rows]
+for r in rows:
+    assert r["steps"] == 3 and r["workers"] == 2, r
+    assert r["img_sec_total"] > 0 and math.isfinite(r["loss_last_mean"]), r
+    assert r["vs_ddp"] is None, r
+    assert abs(r["vs_mwms"] - r["img_sec_total"] / rows[2]["img_sec_total"]) < 1e-9, r
+    assert abs(r["vs_single"] - r["img_sec_total"] / rows[1]["img_sec_total"]) < 1e-9, r
+EOF
+  grep -q "^| configuration .*| vs TF MWMS |" "$OUT/out" && ok "the table's peer column: TF MWMS" ||
+    fail "no 'vs TF MWMS' column in the table"
+  check_clean "the TensorFlow run"
+  bash "$TRAIN" --framework tensorflow --configs ddp --hosts 2 --python "$TFPY" >"$OUT/out" 2>&1
+  rc=$?
+  ((rc != 0)) && grep -q "not one for --framework tensorflow" "$OUT/out" &&
+    ok "a torch configuration with --framework tensorflow is refused" ||
+    fail "ddp with --framework tensorflow: exit $rc, $(tail -2 "$OUT/out")"
+elif [[ -e $VENV/cortado-requirements.txt ]]; then
+  fail "$TFPY cannot import tensorflow and keras, although scripts/install_deps.sh installed them there"
+else
+  echo "part 4 skipped: $TFPY cannot import tensorflow (scripts/install_deps.sh installs it into $VENV)"
+fi
 
 ((FAILED)) && { echo "bench_train: FAILED"; exit 1; }
 echo "bench_train: all passed"

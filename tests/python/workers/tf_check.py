@@ -5,7 +5,9 @@ computed here without Cortado.
 NumPy sums of every worker's inputs (each worker makes all of them from
 seeds); broadcast and broadcast_variables of variables that start different
 on every worker; DistributedGradientTape against a plain tape on the batch
-of every worker together, eager and traced, over a few SGD steps; the XLA
+of every worker together, eager and traced, over a few SGD steps, its
+gradients fused into groups in three ways (the same gradients bit for bit);
+the XLA
 refusal (tf.function(jit_compile=True)).
 
 --mode fit: model.fit with DistributedOptimizer, BroadcastGlobalVariablesCallback
@@ -157,44 +159,77 @@ def batch(rank, it):
             rng.normal(size=(12, 4)).astype(np.float32))
 
 
+# The fused groups of make_model()'s gradients, as indices into
+# trainable_variables (kernel 8x16: 512 bytes, bias 64, kernel 16x4: 256,
+# bias 16) in backward order, for each fusion_bytes the tape checks: the
+# default (4 MiB) fuses all four; 300 closes a group at the first kernel's
+# bias (16 + 256 + 64 = 336 bytes) and leaves the first kernel on its own;
+# 0 fuses none.
+FUSION_CASES = ((None, [[3, 2, 1, 0]]), (300, [[3, 2, 1]]), (0, []))
+
+
 def check_tape(rank, world, report):
-    loss_fn = keras.losses.MeanSquaredError()
+    """DistributedGradientTape against a plain tape on every worker's batch
+    together, eager and traced, fused in each of FUSION_CASES' ways; the
+    fused and unfused runs' gradients equal bit for bit (2 workers: each
+    element's sum is one addition, whichever engine tensor carries it)."""
+    grads_of = {}
     for mode in ("eager", "graph"):
-        model = make_model(11)       # the same weights on every worker
-        ref = make_model(11)         # the one-process reference
-        opt, ref_opt = keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1)
+        for fusion_bytes, groups in FUSION_CASES:
+            label = f"{mode}.{fusion_bytes}"
+            grads_of[label] = _check_tape_once(rank, world, report, mode, fusion_bytes, groups)
+        for label in (f"{mode}.None", f"{mode}.300"):
+            for a, b in zip(grads_of[label], grads_of[f"{mode}.0"]):
+                np.testing.assert_array_equal(a, b)
+    report["tape_fusion_cases"] = len(FUSION_CASES)
 
-        def dist_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x))
-            tape = ct.DistributedGradientTape(tape, name_prefix=f"tape.{mode}")
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return grads
 
-        def ref_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, ref(x))
-            grads = tape.gradient(loss, ref.trainable_variables)
-            ref_opt.apply_gradients(zip(grads, ref.trainable_variables))
-            return grads
+def _check_tape_once(rank, world, report, mode, fusion_bytes, groups):
+    loss_fn = keras.losses.MeanSquaredError()
+    model = make_model(11)       # the same weights on every worker
+    ref = make_model(11)         # the one-process reference
+    opt, ref_opt = keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1)
+    reducers = []
 
-        if mode == "graph":
-            dist_step, ref_step = tf.function(dist_step), tf.function(ref_step)
-        worst = 0.0
-        for it in range(3):
-            x, y = batch(rank, it)
-            grads = dist_step(tf.constant(x), tf.constant(y))
-            every = [batch(r, it) for r in range(world)]
-            xs = np.concatenate([b[0] for b in every])
-            ys = np.concatenate([b[1] for b in every])
-            ref_grads = ref_step(tf.constant(xs), tf.constant(ys))
-            for g, rg in zip(grads, ref_grads):
-                np.testing.assert_allclose(g.numpy(), rg.numpy(), rtol=1e-4, atol=1e-6)
-                worst = max(worst, float(np.max(np.abs(g.numpy() - rg.numpy()))))
-        for w, rw in zip(model.get_weights(), ref.get_weights()):
-            np.testing.assert_allclose(w, rw, rtol=1e-4, atol=1e-6)
-        report[f"tape_{mode}_max_diff"] = worst
+    def dist_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        tape = ct.DistributedGradientTape(tape, name_prefix=f"tape.{mode}.{fusion_bytes}",
+                                          fusion_bytes=fusion_bytes)
+        reducers.append(tape._cortado_reducer)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return grads
+
+    def ref_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, ref(x))
+        grads = tape.gradient(loss, ref.trainable_variables)
+        ref_opt.apply_gradients(zip(grads, ref.trainable_variables))
+        return grads
+
+    if mode == "graph":
+        dist_step, ref_step = tf.function(dist_step), tf.function(ref_step)
+    worst = 0.0
+    every_grad = []
+    for it in range(3):
+        x, y = batch(rank, it)
+        grads = dist_step(tf.constant(x), tf.constant(y))
+        every_grad += [g.numpy() for g in grads]
+        every = [batch(r, it) for r in range(world)]
+        xs = np.concatenate([b[0] for b in every])
+        ys = np.concatenate([b[1] for b in every])
+        ref_grads = ref_step(tf.constant(xs), tf.constant(ys))
+        for g, rg in zip(grads, ref_grads):
+            np.testing.assert_allclose(g.numpy(), rg.numpy(), rtol=1e-4, atol=1e-6)
+            worst = max(worst, float(np.max(np.abs(g.numpy() - rg.numpy()))))
+    for w, rw in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(w, rw, rtol=1e-4, atol=1e-6)
+    # The groups it pushed, one engine tensor each.
+    made = reducers[-1].last_reduction.groups
+    assert made == groups, (mode, fusion_bytes, made, groups)
+    report[f"tape_{mode}_{fusion_bytes}_max_diff"] = worst
+    return every_grad
 
 
 def check_xla(rank, world, report):
@@ -303,17 +338,21 @@ def run_fit(rank, world, report, args_out):
 
     # The other ways in, one short run each, every worker ending on the same
     # weights: model.fit run eagerly; compression (top-k with error feedback,
-    # an engine codec; fp16, cast in the binding) through DistributedOptimizer
-    # in model.fit; a custom loop calling DistributedOptimizer.apply_gradients
-    # eagerly. (Adam: every variable moves, whatever the gradient's scale.)
+    # an engine codec, over the fused group of the four gradients and over
+    # each on its own; fp16, cast in the binding) through
+    # DistributedOptimizer in model.fit; a custom loop calling
+    # DistributedOptimizer.apply_gradients eagerly. (Adam: every variable
+    # moves, whatever the gradient's scale.)
     same = {}
-    for label, run_eagerly, compression in (("eager", True, ct.Compression.none),
-                                            ("topk", False, ct.Compression.topk(0.25)),
-                                            ("fp16", False, ct.Compression.fp16)):
+    for label, run_eagerly, compression, fusion in (
+            ("eager", True, ct.Compression.none, None),
+            ("topk", False, ct.Compression.topk(0.25), None),
+            ("topk_unfused", False, ct.Compression.topk(0.25), 0),
+            ("fp16", False, ct.Compression.fp16, None)):
         model = make_model(200 + rank)
         model.compile(optimizer=ct.DistributedOptimizer(keras.optimizers.Adam(0.01),
                                                         compression=compression,
-                                                        name_prefix=label),
+                                                        name_prefix=label, fusion_bytes=fusion),
                       loss="mse", jit_compile=False, run_eagerly=run_eagerly)
         model.fit(xs[shard][:32], ys[shard][:32], epochs=1, batch_size=8, verbose=0,
                   callbacks=[ct.BroadcastGlobalVariablesCallback(0)])
@@ -360,10 +399,16 @@ def check_accumulation(rank, world, report, xs, ys):
                     for a, b in zip(model.get_weights(), make_model(400).get_weights()))
         report[f"{label}_max_diff"] = diff
         report[f"{label}_moved"] = moved
-    # Refused: a bad count, and accumulation asked twice.
+    # Refused: a bad count, accumulation asked twice, a bad fusion size.
     for bad, needle in ((lambda: ct.DistributedOptimizer(keras.optimizers.SGD(0.1),
                                                          backward_passes_per_step=0),
                          "backward_passes_per_step must be an integer of at least 1"),
+                        (lambda: ct.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                         fusion_bytes="4MB"),
+                         "fusion_bytes must be a number of bytes (0: every gradient on its own), "
+                         "got '4MB'"),
+                        (lambda: ct.DistributedGradientTape(tf.GradientTape(), fusion_bytes=-1),
+                         "fusion_bytes must be a number of bytes"),
                         (lambda: ct.DistributedOptimizer(
                             keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
                             backward_passes_per_step=3), "not both")):
@@ -373,7 +418,7 @@ def check_accumulation(rank, world, report, xs, ys):
             assert needle in str(e), str(e)
         else:
             raise AssertionError(f"not refused: {needle}")
-    report["accumulation_refusals"] = 2
+    report["accumulation_refusals"] = 4
     # DGC's momentum correction and SGD's momentum: warned, only when both are on.
     for momentum, comp, warns in ((0.9, "dgc:ratio=0.01", True), (0.0, "dgc:ratio=0.01", False),
                                   (0.9, "dgc:ratio=0.01,momentum=0", False),

@@ -29,7 +29,8 @@ if not _keras.__version__.startswith("3."):
 from .._runtime import (CortadoError, barrier, init, is_initialized, local_rank, local_size,
                         num_servers, pulled_bytes, pushed_bytes, rank, shutdown, size)
 from ..compression import Compression, Compressor
-from .ops import (Average, Sum, allreduce, broadcast, broadcast_variables, push_pull)
+from .ops import (DEFAULT_FUSION_BYTES, Average, Sum, allreduce, broadcast, broadcast_variables,
+                  push_pull)
 from .tape import DistributedGradientTape
 from .keras import (BroadcastGlobalVariablesCallback, DistributedOptimizer,
                     MetricAverageCallback, load_model)
@@ -38,7 +39,7 @@ from . import keras
 __all__ = [
     "CortadoError", "Compression", "Compressor", "init", "shutdown", "is_initialized", "rank",
     "size", "local_rank", "local_size", "num_servers", "barrier", "pushed_bytes", "pulled_bytes",
-    "Average", "Sum", "push_pull",
+    "Average", "Sum", "DEFAULT_FUSION_BYTES", "push_pull",
     "allreduce", "broadcast", "broadcast_variables", "DistributedGradientTape",
     "DistributedOptimizer", "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
     "load_model", "keras",

@@ -7,12 +7,23 @@ so in `model.fit`, whose train step Keras traces into one) they become
 `tf.py_function` ops, which TensorFlow's executor runs on its inter-op
 threads as soon as their inputs are ready; the engine releases the GIL while
 it waits. A step's gradients are reduced by two kinds of op: one start op per
-gradient, which hands it to the engine and returns at once (a token), and one
-wait op that takes every token and returns the reduced gradients. In a graph
-a start op runs as soon as backward produced its gradient, so the engine
-sends it while the rest of the backward pass runs; in eager mode the tape has
-computed every gradient before the first is sent, and the engine still
-overlaps them with one another (chunks over every server, in priority order).
+fused group of gradients (or per gradient on its own), which hands the
+group's concatenation to the engine as one tensor and returns at once (a
+token), and one wait op that takes every token and returns the reduced
+gradients, each group's result split back into its gradients. In a graph a
+start op runs as soon as backward produced the last gradient of its group,
+so the engine sends it while the rest of the backward pass runs; in eager
+mode the tape has computed every gradient before the first is sent, and the
+engine still overlaps them with one another (chunks over every server, in
+priority order).
+
+Fused groups (fusion_groups) are consecutive gradients in backward order of
+one dtype and compression, each closed at the gradient that brings it to
+`fusion_bytes` or more (default DEFAULT_FUSION_BYTES, 4 MiB, as
+cortado.torch's default path): one push_pull, one encode and one residual
+per group instead of per gradient, as Horovod's fusion buffer. The groups
+are a pure function of the gradients' names, dtypes, sizes and compression,
+so every worker makes the same ones without exchanging them.
 
 Every worker declares all of a step's gradients, in variable order, in the
 first start op that runs (under a lock), so that start ops that run in
@@ -25,6 +36,7 @@ this process (py_function ops are not serialized).
 """
 
 import functools
+import hashlib
 import itertools
 import threading
 
@@ -38,6 +50,11 @@ from ..compression import AutoCompression, Compression
 # What the engine sums, by NumPy dtype name (TensorFlow's bfloat16 arrives
 # in NumPy as ml_dtypes' bfloat16, whose name is "bfloat16").
 ENGINE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
+
+# The default size at which a fused group of gradients closes (as
+# cortado.torch's DEFAULT_ENGINE_FUSION_BYTES: about one server partition,
+# so that the first group of the backward pass leaves early).
+DEFAULT_FUSION_BYTES = 4 << 20
 
 # Reduction ops, as Horovod names them (allreduce's op=).
 Average = "average"
@@ -150,6 +167,85 @@ def make_specs(api, names, dtypes, shapes, average, compression, priorities=None
     return specs
 
 
+def check_fusion_bytes(api, fusion_bytes):
+    """fusion_bytes as given (None: DEFAULT_FUSION_BYTES), or CortadoError."""
+    if fusion_bytes is None:
+        return DEFAULT_FUSION_BYTES
+    if isinstance(fusion_bytes, bool) or not isinstance(fusion_bytes, int) or fusion_bytes < 0:
+        raise _error(api, f"fusion_bytes must be a number of bytes (0: every gradient on its "
+                          f"own), got {fusion_bytes!r}")
+    return fusion_bytes
+
+
+def fusion_groups(specs, order, fusion_bytes):
+    """The fused groups of one reduction: consecutive specs in `order` (the
+    backward order) of one dtype, compression and averaging whose element
+    counts are known, each group closed at the spec that brings it to
+    `fusion_bytes` or more. A group of one is no group; fusion_bytes 0 makes
+    none. A list of groups, each a list of indices into `specs` in `order`."""
+    out, cur, size, kind = [], [], 0, None
+    if not fusion_bytes:
+        return out
+
+    def close():
+        if len(cur) > 1:
+            out.append(list(cur))
+
+    for i in order:
+        s = specs[i]
+        if not s.count:  # a size unknown when traced, or empty: on its own
+            close()
+            cur, size, kind = [], 0, None
+            continue
+        k = (s.dtype, s.compressor, s.average)
+        if kind is None or k != kind:
+            close()
+            cur, size, kind = [], 0, k
+        cur.append(i)
+        size += s.count * s.dtype.size
+        if size >= fusion_bytes:
+            close()
+            cur, size, kind = [], 0, None
+    close()
+    return out
+
+
+def _group_spec(specs, members):
+    """The engine tensor of a fused group: named after its first gradient,
+    its size and a digest of its members (so that two reductions that group
+    other gradients under one prefix never share a name), with their dtype,
+    compression and the highest of their priorities."""
+    first = specs[members[0]]
+    digest = hashlib.sha1("\n".join(f"{specs[i].name}:{specs[i].count}"
+                                     for i in members).encode()).hexdigest()[:12]
+    return _Spec(f"{first.name}.group{len(members)}.{digest}", first.dtype,
+                 sum(specs[i].count for i in members), first.average,
+                 max(specs[i].priority for i in members), first.compressor)
+
+
+class Reduction:
+    """What one reduction pushes: `units`, in start order, each (spec,
+    members) for a fused group (its engine tensor and its gradients'
+    indices, in the order they are concatenated) or a gradient on its own
+    (its spec and [its index]); `declared`, the units' specs in the order
+    every worker declares them (by their first gradient's index)."""
+
+    def __init__(self, specs, order=None, fusion_bytes=0):
+        order = list(range(len(specs))) if order is None else list(order)
+        groups = fusion_groups(specs, order, fusion_bytes)
+        group_of = {m[0]: m for m in groups}
+        grouped = {i for m in groups for i in m}
+        self.units = []
+        for i in order:
+            if i in group_of:
+                self.units.append((_group_spec(specs, group_of[i]), group_of[i]))
+            elif i not in grouped:
+                self.units.append((specs[i], [i]))
+        self.specs = [u[0] for u in self.units]
+        self.declared = [u[0] for u in sorted(self.units, key=lambda u: min(u[1]))]
+        self.groups = groups
+
+
 _declare_lock = threading.Lock()
 
 
@@ -192,6 +288,37 @@ def _submit(api, spec, array):
                            (inp, out, array, output), finish, compressor.engine_codec)
 
 
+class _Started:
+    """A unit's push_pull in flight: its handle, and for a fused group the
+    shapes of its gradients, into which results() splits the sum."""
+
+    __slots__ = ("handle", "shapes")
+
+    def __init__(self, handle, shapes=None):
+        self.handle = handle
+        self.shapes = shapes
+
+    def results(self):
+        out = synchronize(self.handle)
+        if self.shapes is None:
+            return [out]
+        parts, at = [], 0
+        for shape in self.shapes:
+            n = int(np.prod(shape))
+            parts.append(out[at:at + n].reshape(shape))
+            at += n
+        return parts
+
+
+def _start_unit(api, spec, arrays):
+    """Starts the push_pull of one unit: a gradient's array, or the
+    concatenation of a fused group's."""
+    if len(arrays) == 1:
+        return _Started(_submit(api, spec, arrays[0]))
+    flat = np.concatenate([np.ascontiguousarray(a).reshape(-1) for a in arrays])
+    return _Started(_submit(api, spec, flat), [a.shape for a in arrays])
+
+
 class _Inflight:
     """Handles of started push_pulls by token, from a start op to its wait op."""
 
@@ -218,40 +345,50 @@ class _Inflight:
 _inflight = _Inflight()
 
 
-def _start_op(api, specs, index, tensor):
-    declare_all(specs)
-    return np.int64(_inflight.put(_submit(api, specs[index], _as_array(tensor))))
+def _start_op(api, reduction, unit, *tensors):
+    declare_all(reduction.declared)
+    spec = reduction.specs[unit]
+    return np.int64(_inflight.put(_start_unit(api, spec, [_as_array(t) for t in tensors])))
 
 
 def _wait_op(*tokens):
-    handles = [_inflight.take(t) for t in tokens]
-    return [synchronize(h) for h in handles]
+    started = [_inflight.take(t) for t in tokens]
+    return [r for s in started for r in s.results()]
 
 
-def reduce_tensors(api, tensors, specs, order=None):
+def reduce_tensors(api, tensors, specs, order=None, reduction=None):
     """push_pulls `tensors` (dense tf.Tensors, one per spec) and returns the
     results, in the same order. `order` is the order in which to start them
-    (indices; default: as given): the gradient-ready order for gradients."""
+    (indices; default: as given): the gradient-ready order for gradients.
+    `reduction` (a Reduction of these specs) fuses groups of them; default
+    none, each tensor on its own."""
     if not tensors:
         return []
-    order = list(range(len(tensors))) if order is None else list(order)
+    if reduction is None:
+        reduction = Reduction(specs, order)
     if tf.executing_eagerly():
-        declare_all(specs)
-        handles = {i: _submit(api, specs[i], _as_array(tensors[i])) for i in order}
-        return [tf.convert_to_tensor(synchronize(handles[i]), dtype=specs[i].dtype)
-                for i in range(len(tensors))]
+        declare_all(reduction.declared)
+        started = [_start_unit(api, spec, [_as_array(tensors[i]) for i in members])
+                   for spec, members in reduction.units]
+        out = [None] * len(tensors)
+        for (_, members), s in zip(reduction.units, started):
+            for i, r in zip(members, s.results()):
+                out[i] = tf.convert_to_tensor(r, dtype=specs[i].dtype)
+        return out
     check_not_xla(api)
-    tokens = {}
-    for i in order:
-        tokens[i] = tf.py_function(functools.partial(_start_op, api, specs, i), [tensors[i]],
-                                   Tout=tf.int64, name="CortadoStart")
-    outputs = tf.py_function(_wait_op, [tokens[i] for i in range(len(tensors))],
-                             Tout=[s.dtype for s in specs], name="CortadoWait")
+    tokens = [tf.py_function(functools.partial(_start_op, api, reduction, u),
+                             [tensors[i] for i in members], Tout=tf.int64, name="CortadoStart")
+              for u, (_, members) in enumerate(reduction.units)]
+    flat = [i for _, members in reduction.units for i in members]
+    outputs = tf.py_function(_wait_op, tokens, Tout=[specs[i].dtype for i in flat],
+                             name="CortadoWait")
     if not isinstance(outputs, (list, tuple)):
         outputs = [outputs]
-    for out, t in zip(outputs, tensors):
-        out.set_shape(t.shape)
-    return list(outputs)
+    out = [None] * len(tensors)
+    for i, o in zip(flat, outputs):
+        o.set_shape(tensors[i].shape)
+        out[i] = o
+    return out
 
 
 def _single(api, tensor, name, average, priority, compression):
@@ -403,16 +540,22 @@ class GradientReducer:
     gradients (tf.IndexedSlices, from embeddings) are made dense first.
     Priorities follow the variables' order (the first highest: the next
     forward pass needs it first), and the start ops are made in the reverse
-    order, in which backward produces the gradients.
+    order, in which backward produces the gradients. Consecutive gradients
+    in that order travel in fused groups of about `fusion_bytes` (None:
+    DEFAULT_FUSION_BYTES; 0: each on its own), one engine tensor each.
     """
 
-    def __init__(self, api, compression=None, average=True, prefix="grad"):
+    def __init__(self, api, compression=None, average=True, prefix="grad", fusion_bytes=None):
         self.api = api
         Compression.lookup(compression)  # a bad name fails here, before any step
         self.compression = compression
         self.average = bool(average)
         self.prefix = prefix
-        self._specs = {}  # (names, dtypes, shapes) -> specs, so that "auto" plans once
+        self.fusion_bytes = check_fusion_bytes(api, fusion_bytes)
+        # (names, dtypes, shapes) -> (specs, Reduction), so that "auto" plans
+        # once and the groups are made once.
+        self._specs = {}
+        self.last_reduction = None  # the Reduction of the last reduce() (its groups)
 
     def reduce(self, grads, variables):
         grads = list(grads)
@@ -432,12 +575,15 @@ class GradientReducer:
         dtypes = [g.dtype for g in dense]
         shapes = [g.shape for g in dense]
         key = (tuple(names), tuple(d.name for d in dtypes), tuple(str(s) for s in shapes))
-        specs = self._specs.get(key)
-        if specs is None:
+        cached = self._specs.get(key)
+        if cached is None:
             specs = make_specs(self.api, names, dtypes, shapes, self.average, self.compression,
                                [-i for i in present])
-            self._specs[key] = specs
-        reduced = reduce_tensors(self.api, dense, specs, order=reversed(range(len(dense))))
+            cached = (specs, Reduction(specs, reversed(range(len(dense))), self.fusion_bytes))
+            self._specs[key] = cached
+        specs, reduction = cached
+        self.last_reduction = reduction
+        reduced = reduce_tensors(self.api, dense, specs, reduction=reduction)
         out = list(grads)
         for i, r in zip(present, reduced):
             out[i] = r

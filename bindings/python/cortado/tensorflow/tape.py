@@ -32,7 +32,7 @@ class _DistributedGradientTape(tf.GradientTape):
 
 
 def DistributedGradientTape(gradtape, compression=Compression.none, average=True,
-                            name_prefix="tape", sparse_as_dense=False):
+                            name_prefix="tape", sparse_as_dense=False, fusion_bytes=None):
     """Wraps `gradtape` so that gradient() returns gradients averaged (or, with
     average=False, summed) over all workers.
 
@@ -44,9 +44,14 @@ def DistributedGradientTape(gradtape, compression=Compression.none, average=True
       prefixes.
     - sparse_as_dense: accepted for Horovod's scripts; sparse gradients
       (tf.IndexedSlices) are always made dense before they are reduced.
+    - fusion_bytes: consecutive gradients in backward order of one dtype
+      travel in fused groups that close at this many bytes or more, one
+      push_pull each; None: 4 MiB (DEFAULT_FUSION_BYTES); 0: every
+      gradient on its own.
     Every worker must take the gradients of the same sources.
     """
-    reducer = GradientReducer("DistributedGradientTape", compression, average, name_prefix)
+    reducer = GradientReducer("DistributedGradientTape", compression, average, name_prefix,
+                              fusion_bytes)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     tape = cls.__new__(cls)

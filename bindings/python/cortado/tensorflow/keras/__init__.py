@@ -9,7 +9,8 @@ horovod.tensorflow.keras:
                                ck.callbacks.MetricAverageCallback()])
 """
 
-from .. import (Average, Compression, Compressor, CortadoError, Sum, allreduce, barrier,
+from .. import (DEFAULT_FUSION_BYTES, Average, Compression, Compressor, CortadoError, Sum,
+                allreduce, barrier,
                 broadcast, broadcast_variables, init, is_initialized, local_rank, local_size,
                 num_servers, pulled_bytes, push_pull, pushed_bytes, rank, shutdown, size)
 from . import callbacks
@@ -17,8 +18,8 @@ from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
 from .optimizer import DistributedOptimizer, load_model
 
 __all__ = [
-    "Average", "Compression", "Compressor", "CortadoError", "Sum", "allreduce", "barrier",
-    "broadcast", "broadcast_variables", "init", "is_initialized", "local_rank", "local_size",
+    "DEFAULT_FUSION_BYTES", "Average", "Compression", "Compressor", "CortadoError", "Sum",
+    "allreduce", "barrier", "broadcast", "broadcast_variables", "init", "is_initialized", "local_rank", "local_size",
     "num_servers", "pulled_bytes", "push_pull", "pushed_bytes", "rank", "shutdown", "size",
     "callbacks", "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback", "DistributedOptimizer", "load_model",

@@ -68,7 +68,8 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, compression=Compression.none, average=True,
                          name_prefix="grad", backward_passes_per_step=1,
-                         average_aggregated_gradients=False, sparse_as_dense=False):
+                         average_aggregated_gradients=False, sparse_as_dense=False,
+                         fusion_bytes=None):
     """Wraps a Keras 3 optimizer so that its updates use gradients averaged
     (average=False: summed) over all workers; use it in model.compile() or
     in a custom loop's apply_gradients().
@@ -87,6 +88,11 @@ def DistributedOptimizer(optimizer, compression=Compression.none, average=True,
       gradient_accumulation_steps itself.
     - sparse_as_dense: accepted for Horovod's scripts; sparse gradients
       (tf.IndexedSlices) are always made dense before they are reduced.
+    - fusion_bytes: consecutive gradients in backward order of one dtype
+      travel in fused groups that close at this many bytes or more, one
+      push_pull (one encode, with compression) each; None: 4 MiB
+      (cortado.tensorflow.DEFAULT_FUSION_BYTES); 0: every gradient on its
+      own.
     Compile the model with jit_compile=False: XLA cannot compile the op (a
     train step traced with jit_compile=True raises CortadoError). Call
     cortado.tensorflow.init() first. Wrap a freshly made optimizer: its state
@@ -114,7 +120,8 @@ def DistributedOptimizer(optimizer, compression=Compression.none, average=True,
                                  f"{config['gradient_accumulation_steps']}); use either it or "
                                  f"backward_passes_per_step={backward_passes_per_step}, not both")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    reducer = GradientReducer("DistributedOptimizer", compression, average, name_prefix)
+    reducer = GradientReducer("DistributedOptimizer", compression, average, name_prefix,
+                              fusion_bytes)
     # DGC's momentum correction and the optimizer's own (SGD's momentum).
     warn_momentum_twice("cortado.tensorflow.keras.DistributedOptimizer",
                         dgc_momentum(compression), float(config.get("momentum") or 0),
@@ -133,11 +140,13 @@ class _Loader:
     """What keras.models.load_model finds for an optimizer class's name:
     from_config() makes the optimizer and wraps it in DistributedOptimizer."""
 
-    def __init__(self, cls, compression, average, name_prefix, passes, average_aggregated):
+    def __init__(self, cls, compression, average, name_prefix, passes, average_aggregated,
+                 fusion_bytes):
         self._cls = cls
         self._args = (compression, average, name_prefix)
         self._passes = passes
         self._average_aggregated = average_aggregated
+        self._fusion_bytes = fusion_bytes
 
     def from_config(self, config):
         config = dict(config)
@@ -145,12 +154,13 @@ class _Loader:
         passes = self._passes if self._passes is not None else saved
         return DistributedOptimizer(self._cls.from_config(config), *self._args,
                                     backward_passes_per_step=passes,
-                                    average_aggregated_gradients=self._average_aggregated)
+                                    average_aggregated_gradients=self._average_aggregated,
+                                    fusion_bytes=self._fusion_bytes)
 
 
 def load_model(filepath, compression=Compression.none, average=True, name_prefix="grad",
                custom_objects=None, backward_passes_per_step=None,
-               average_aggregated_gradients=False, **kwargs):
+               average_aggregated_gradients=False, fusion_bytes=None, **kwargs):
     """keras.models.load_model for a model saved with a DistributedOptimizer
     (whose class Keras cannot find by itself): every Keras optimizer comes back
     wrapped in DistributedOptimizer (with these settings), its state restored.
@@ -167,6 +177,6 @@ def load_model(filepath, compression=Compression.none, average=True, name_prefix
                 and cls is not keras.optimizers.Optimizer:
             objects[cls.__name__] = _Loader(cls, compression, average, name_prefix,
                                             backward_passes_per_step,
-                                            average_aggregated_gradients)
+                                            average_aggregated_gradients, fusion_bytes)
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects, **kwargs)
