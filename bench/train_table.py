@@ -74,11 +74,11 @@ def main():
     def total(c):
         return med[c]["result"]["img_sec_total"] if c in med else None
 
-    # "One at a time": the executor's where it ran, else the default path's.
     # The peer: DDP with Gloo, or TensorFlow's own strategy for the
-    # TensorFlow binding's runs.
+    # TensorFlow binding's runs (its ratio under peer_key, the other None).
     peer = "ddp" if "ddp" in med or "tf-mwms" not in med else "tf-mwms"
-    peer_name = {"ddp": "DDP + Gloo", "tf-mwms": "TF MWMS"}[peer]
+    peer_name, peer_key = {"ddp": ("DDP + Gloo", "vs_ddp"), "tf-mwms": ("TF MWMS", "vs_mwms")}[peer]
+    # "One at a time": the executor's where it ran, else the default path's.
     base, single = total(peer), total("cortado-single") or total("cortado-engine-single")
     horovod, bound = total("horovod"), total("compute")
     rows = []
@@ -95,8 +95,8 @@ def main():
             "img_sec_per_worker": r["img_sec_per_worker"], "steps": r["steps"],
             "loss_first": r["loss_first"], "loss_last": r["loss_last"],
             "loss_last_mean": r["loss_last_mean"],
-            "vs_ddp": r["img_sec_total"] / base if base and peer == "ddp" else None,
-            "vs_mwms": r["img_sec_total"] / base if base and peer == "tf-mwms" else None,
+            "vs_ddp": None, "vs_mwms": None,
+            peer_key: r["img_sec_total"] / base if base else None,
             "vs_horovod": r["img_sec_total"] / horovod if horovod else None,
             "vs_single": r["img_sec_total"] / single if single else None,
             "of_bound": r["img_sec_total"] / bound if bound else None,
@@ -129,8 +129,7 @@ def main():
         every = ", ".join(f"{x:.1f}" for x in r["all_rounds"])
         print(f"| {r['name']} | {r['img_sec_total']:.1f} +-{r['conf95_total']:.1f} "
               f"| {r['img_sec_per_worker']:.1f} | {r['loss_last_mean']:.4f} ({r['loss_first']:.4f}) "
-              f"| {ratio(r['vs_' + ('ddp' if peer == 'ddp' else 'mwms')])} "
-              f"| {ratio(r['vs_horovod'])} | {ratio(r['vs_single'])} "
+              f"| {ratio(r[peer_key])} | {ratio(r['vs_horovod'])} | {ratio(r['vs_single'])} "
               f"| {share(r['of_bound'])} "
               f"| {every} |")
     if args.json:

@@ -364,7 +364,6 @@ class Executor {
   // Throws kMismatch when iteration `switchAt` has already begun, and
   // kInvalidArgument when `p.version` is not newer than the current plan's.
   void schedulePlan(const plan::Plan& p, uint64_t switchAt);
-  bool hasScheduledPlan() const { return scheduled_.has_value(); }
   // The last complete window's report, if any.
   const std::optional<plan::ProfileReport>& lastReport() const { return lastReport_; }
 

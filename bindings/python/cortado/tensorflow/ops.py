@@ -241,7 +241,6 @@ class Reduction:
                 self.units.append((_group_spec(specs, group_of[i]), group_of[i]))
             elif i not in grouped:
                 self.units.append((specs[i], [i]))
-        self.specs = [u[0] for u in self.units]
         self.declared = [u[0] for u in sorted(self.units, key=lambda u: min(u[1]))]
         self.groups = groups
 
@@ -347,7 +346,7 @@ _inflight = _Inflight()
 
 def _start_op(api, reduction, unit, *tensors):
     declare_all(reduction.declared)
-    spec = reduction.specs[unit]
+    spec = reduction.units[unit][0]
     return np.int64(_inflight.put(_start_unit(api, spec, [_as_array(t) for t in tensors])))
 
 
