@@ -284,45 +284,44 @@ wait_jobs() {
   return "$first"
 }
 
-ddp_job() {  # ddp_job LOG
-  local log=$1 i port=$((20000 + RANDOM % 20000)) pids=()
+# workers_job NAME LOG [VAR=VALUE...] CMD...: one process per worker, worker
+# i on emulated host i (every one on this machine with --local), each CMD
+# with RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and the VARs set, under the run's
+# deadline, its output in LOG.RANK; waits for all (stopping the others when
+# one fails), then LOG holds rank 0's output.
+workers_job() {
+  local name=$1 log=$2 i pids=()
+  shift 2
   for ((i = 1; i <= NW; i++)); do
     local h=$i
     [[ -n $LOCAL ]] && h=1
     at_host "$h"
-    start_job "$log.$((i - 1))" "${AT[@]}" env RANK=$((i - 1)) WORLD_SIZE="$NW" \
-      LOCAL_WORLD_SIZE="$([[ -n $LOCAL ]] && echo "$NW" || echo 1)" MASTER_ADDR="$ADDR1" MASTER_PORT="$port" \
-      GLOO_SOCKET_IFNAME="$IFACE" timeout -s TERM -k 10 "$RUN_TIMEOUT" "$PY" "$BENCH" --backend gloo "${COMMON[@]}"
+    start_job "$log.$((i - 1))" "${AT[@]}" timeout -s TERM -k 10 "$RUN_TIMEOUT" \
+      env RANK=$((i - 1)) WORLD_SIZE="$NW" LOCAL_WORLD_SIZE="$([[ -n $LOCAL ]] && echo "$NW" || echo 1)" "$@"
     pids+=("$LAST_PID")
   done
   local rc=0
-  wait_jobs ddp "${pids[@]}" || rc=$?
+  wait_jobs "$name" "${pids[@]}" || rc=$?
   cat "$log.0" >"$log"
   return "$rc"
 }
 
+ddp_job() {  # ddp_job LOG
+  workers_job ddp "$1" MASTER_ADDR="$ADDR1" MASTER_PORT=$((20000 + RANDOM % 20000)) \
+    GLOO_SOCKET_IFNAME="$IFACE" "$PY" "$BENCH" --backend gloo "${COMMON[@]}"
+}
+
 compute_job() {  # compute_job LOG: the workers' processes with no communication
-  local log=$1 i pids=() barrier=$1.barrier
+  local barrier=$1.barrier rc=0
   mkdir -p "$barrier"
-  for ((i = 1; i <= NW; i++)); do
-    local h=$i
-    [[ -n $LOCAL ]] && h=1
-    at_host "$h"
-    start_job "$log.$((i - 1))" "${AT[@]}" env RANK=$((i - 1)) WORLD_SIZE="$NW" \
-      LOCAL_WORLD_SIZE="$([[ -n $LOCAL ]] && echo "$NW" || echo 1)" \
-      timeout -s TERM -k 10 "$RUN_TIMEOUT" "$PY" "$BENCH" --backend none --start-barrier "$barrier" \
-      --run-timeout "$RUN_TIMEOUT" "${COMMON[@]}"
-    pids+=("$LAST_PID")
-  done
-  local rc=0
-  wait_jobs compute "${pids[@]}" || rc=$?
+  workers_job compute "$1" "$PY" "$BENCH" --backend none --start-barrier "$barrier" \
+    --run-timeout "$RUN_TIMEOUT" "${COMMON[@]}" || rc=$?
   rm -rf "$barrier"
-  cat "$log.0" >"$log"
   return "$rc"
 }
 
 mwms_job() {  # mwms_job LOG: TensorFlow's MultiWorkerMirroredStrategy, one process per worker
-  local log=$1 i port=$((20000 + RANDOM % 20000)) pids=() addrs=()
+  local i port=$((20000 + RANDOM % 20000)) addrs=()
   for ((i = 1; i <= NW; i++)); do
     if [[ -n $LOCAL ]]; then
       addrs+=("127.0.0.1:$((port + i - 1))")
@@ -330,21 +329,8 @@ mwms_job() {  # mwms_job LOG: TensorFlow's MultiWorkerMirroredStrategy, one proc
       addrs+=("$(awk -v h="$i" '$1 == h { print $3 }' "$OUT/hosts"):$port")
     fi
   done
-  local list
-  list=$(IFS=,; echo "${addrs[*]}")
-  for ((i = 1; i <= NW; i++)); do
-    local h=$i
-    [[ -n $LOCAL ]] && h=1
-    at_host "$h"
-    start_job "$log.$((i - 1))" "${AT[@]}" env RANK=$((i - 1)) WORLD_SIZE="$NW" WORKER_ADDRS="$list" \
-      timeout -s TERM -k 10 "$RUN_TIMEOUT" "$PY" "$BENCH" --backend mwms --run-timeout "$RUN_TIMEOUT" \
-      --label tf-mwms "${COMMON[@]}"
-    pids+=("$LAST_PID")
-  done
-  local rc=0
-  wait_jobs tf-mwms "${pids[@]}" || rc=$?
-  cat "$log.0" >"$log"
-  return "$rc"
+  workers_job tf-mwms "$1" WORKER_ADDRS="$(IFS=,; echo "${addrs[*]}")" "$PY" "$BENCH" \
+    --backend mwms --run-timeout "$RUN_TIMEOUT" --label tf-mwms "${COMMON[@]}"
 }
 
 horovod_job() {  # horovod_job LOG COMPRESSION

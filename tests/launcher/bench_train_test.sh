@@ -71,17 +71,25 @@ SIZES=(--model mobilenet_v3_small --image-size 16 --batch-size 2 --num-classes 4
 configs=cortado-fused,cortado-single,ddp,horovod,cortado-engine-cb,compute
 export CORTADO_LOG_LEVEL=warn
 
+# run_ok WHAT ARG...: bench/train.sh ARG... on testbed NAME within 10
+# minutes, its table printed; exit 0 expected (else its stderr's end).
+run_ok() {
+  local what=$1 rc
+  shift
+  timeout -s INT 600 bash "$TRAIN" --hosts 2 --name "$NAME" --build "$BUILD" "$@" \
+    >"$OUT/out" 2>"$OUT/err"
+  rc=$?
+  cat "$OUT/out"
+  if ((rc != 0)); then
+    fail "$what exited $rc"
+    tail -40 "$OUT/err" >&2
+  else
+    ok "$what exits 0"
+  fi
+}
+
 # 1. A full tiny run.
-timeout -s INT 600 bash "$TRAIN" --hosts 2 --name "$NAME" --build "$BUILD" --python "$PY" \
-  --configs "$configs" "${SIZES[@]}" --json "$OUT/table.json" >"$OUT/out" 2>"$OUT/err"
-rc=$?
-cat "$OUT/out"
-if ((rc != 0)); then
-  fail "the tiny run exited $rc"
-  tail -40 "$OUT/err" >&2
-else
-  ok "the tiny run exits 0"
-fi
+run_ok "the tiny run" --python "$PY" --configs "$configs" "${SIZES[@]}" --json "$OUT/table.json"
 for row in "fused groups of 25 MiB" "one gradient at a time" "DDP with Gloo" "Horovod with Gloo" \
     "cross-barrier" "the compute bound"; do
   grep -q "^| .*$row" "$OUT/out" && ok "table row: $row" || fail "no table row '$row'"
@@ -155,18 +163,9 @@ check_clean "the interrupted run"
 VENV=${CORTADO_VENV:-$ROOT/.venv}
 TFPY=$VENV/bin/python
 if [[ -x $TFPY ]] && "$TFPY" -c 'import tensorflow, keras' 2>/dev/null; then
-  timeout -s INT 600 bash "$TRAIN" --framework tensorflow --hosts 2 --name "$NAME" --build "$BUILD" \
-    --python "$TFPY" --model MobileNetV2 --image-size 32 --batch-size 2 --num-classes 4 \
-    --data-batches 2 --warmup 1 --iters 1 --steps-per-iter 2 --run-timeout 300 \
-    --json "$OUT/tf.json" >"$OUT/out" 2>"$OUT/err"
-  rc=$?
-  cat "$OUT/out"
-  if ((rc != 0)); then
-    fail "the TensorFlow run exited $rc"
-    tail -40 "$OUT/err" >&2
-  else
-    ok "the TensorFlow run exits 0"
-  fi
+  run_ok "the TensorFlow run" --framework tensorflow --python "$TFPY" --model MobileNetV2 \
+    --image-size 32 --batch-size 2 --num-classes 4 --data-batches 2 --warmup 1 --iters 1 \
+    --steps-per-iter 2 --run-timeout 300 --json "$OUT/tf.json"
   if "$PY" - "$OUT/tf.json" <<'EOF'; then ok "TensorFlow JSON rows: fused, one at a time, MWMS"; else fail "TensorFlow JSON rows (above)"; fi
 import json, math, sys
 t = json.load(open(sys.argv[1]))
