@@ -115,7 +115,10 @@ def test_distributed_gradient_tape_matches_one_process_on_the_summed_batch(jobs)
     # 3 SGD steps, eagerly and traced: the averaged gradients and the weights
     # against a plain tape on both workers' batches together, with the
     # gradients fused into groups in three ways (the groups made checked, and
-    # the fused runs' gradients equal to the unfused one's bit for bit).
+    # the fused runs' gradients equal to the unfused one's bit for bit). Every
+    # step wrote into the same result arrays (eagerly, a tape wrapped anew
+    # each step found the same reduction), and each step's gradients, checked
+    # again after the last step, still held that step's sums.
     reports = jobs.get("ops")
     for r in reports.values():
         assert r["tape_fusion_cases"] == 3, r

@@ -212,6 +212,8 @@ def _check_tape_once(rank, world, report, mode, fusion_bytes, groups):
         dist_step, ref_step = tf.function(dist_step), tf.function(ref_step)
     worst = 0.0
     every_grad = []
+    steps = []
+    arrays = []
     for it in range(3):
         x, y = batch(rank, it)
         grads = dist_step(tf.constant(x), tf.constant(y))
@@ -223,10 +225,19 @@ def _check_tape_once(rank, world, report, mode, fusion_bytes, groups):
         for g, rg in zip(grads, ref_grads):
             np.testing.assert_allclose(g.numpy(), rg.numpy(), rtol=1e-4, atol=1e-6)
             worst = max(worst, float(np.max(np.abs(g.numpy() - rg.numpy()))))
+        steps.append((grads, ref_grads))
+        reduction = reducers[-1].last_reduction
+        arrays.append(sorted((u, b.ctypes.data) for u, b in reduction._buffers.items()))
+    # Every step's push_pulls wrote into the same arrays (one per unit), and
+    # the gradients an earlier step returned still hold that step's sums.
+    assert len(arrays[0]) == len(reduction.units) and arrays[1:] == arrays[:-1], arrays
+    for grads, ref_grads in steps:
+        for g, rg in zip(grads, ref_grads):
+            np.testing.assert_allclose(g.numpy(), rg.numpy(), rtol=1e-4, atol=1e-6)
     for w, rw in zip(model.get_weights(), ref.get_weights()):
         np.testing.assert_allclose(w, rw, rtol=1e-4, atol=1e-6)
     # The groups it pushed, one engine tensor each.
-    made = reducers[-1].last_reduction.groups
+    made = reduction.groups
     assert made == groups, (mode, fusion_bytes, made, groups)
     report[f"tape_{mode}_{fusion_bytes}_max_diff"] = worst
     return every_grad

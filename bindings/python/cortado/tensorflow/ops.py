@@ -23,7 +23,10 @@ one dtype and compression, each closed at the gradient that brings it to
 cortado.torch's default path): one push_pull, one encode and one residual
 per group instead of per gradient, as Horovod's fusion buffer. The groups
 are a pure function of the gradients' names, dtypes, sizes and compression,
-so every worker makes the same ones without exchanging them.
+so every worker makes the same ones without exchanging them. A group's
+push_pull runs in place in an array that the group keeps from step to step
+(as a lone gradient keeps its result array), since TensorFlow copies the
+results into its tensors (Reduction.result_array).
 
 Every worker declares all of a step's gradients, in variable order, in the
 first start op that runs (under a lock), so that start ops that run in
@@ -35,6 +38,7 @@ A graph holding these ops cannot be saved as a SavedModel that runs without
 this process (py_function ops are not serialized).
 """
 
+import collections
 import functools
 import hashlib
 import itertools
@@ -115,6 +119,21 @@ def _engine_dtype(tf_dtype):
 def _as_array(tensor):
     """A C-contiguous NumPy array holding `tensor` (a view of a CPU tensor)."""
     return np.ascontiguousarray(tensor.numpy() if hasattr(tensor, "numpy") else tensor)
+
+
+@functools.lru_cache(maxsize=None)
+def _tf_copies_arrays():
+    """Whether tf.convert_to_tensor copies a NumPy array into the tensor it
+    makes (TensorFlow 2.17 does, aligned or not, as py_function does with
+    the arrays its function returns) rather than sharing its memory: only
+    then may a reduction's results be views into arrays that the next step
+    writes again (Reduction.result_array)."""
+    raw = np.zeros(4096 + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    array = raw[start:start + 4096].view(np.float32)
+    tensor = tf.convert_to_tensor(array)
+    array[:] = 1.0
+    return not tensor.numpy().any()
 
 
 class _Spec:
@@ -243,6 +262,39 @@ class Reduction:
                 self.units.append((specs[i], [i]))
         self.declared = [u[0] for u in sorted(self.units, key=lambda u: min(u[1]))]
         self.groups = groups
+        self._buffers = {}  # unit index -> its result array, reused from step to step
+        self._busy = set()  # units whose array a push_pull in flight is using
+        self._lock = threading.Lock()
+
+    def result_array(self, unit, count, dtype):
+        """A flat array of `count` elements of `dtype` into which unit's
+        push_pull writes its result (a fused group's also starts in it: the
+        group's push_pull runs in place). The unit's own array, kept from
+        step to step, so that a step writes into memory the last one
+        already touched instead of a new model-sized allocation whose pages
+        the kernel must fault in and zero; a new array where TensorFlow
+        would share the results' memory instead of copying them
+        (_tf_copies_arrays), or while the unit's array is still in use (a
+        second call of the same reduction before the first one's results
+        were taken)."""
+        if not _tf_copies_arrays():
+            return np.empty(count, dtype)
+        with self._lock:
+            buf = self._buffers.get(unit)
+            if unit in self._busy:
+                return np.empty(count, dtype)
+            if buf is None or buf.size != count or buf.dtype != dtype:
+                buf = self._buffers[unit] = np.empty(count, dtype)
+            self._busy.add(unit)
+            return buf
+
+    def results_taken(self, unit):
+        """Unit's results were copied out of its array (into tf.Tensors):
+        the next step may write into it. (A step whose push_pull failed
+        never says so: its array stays in use, and later steps take new
+        ones, as a push_pull still in flight may write into it.)"""
+        with self._lock:
+            self._busy.discard(unit)
 
 
 _declare_lock = threading.Lock()
@@ -261,11 +313,12 @@ def declare_all(specs):
             _runtime.declare(rt, s.name, sent.dtype.name, s.count, s.compressor.engine_codec)
 
 
-def _submit(api, spec, array):
+def _submit(api, spec, array, output=None):
     """Starts the push_pull of `array` (NumPy) as `spec` says; a Handle whose
-    result is a new array of the same shape and dtype."""
+    result is `output` (an array of the same shape and dtype, `array` itself
+    to run in place; None: a new one)."""
     array = np.ascontiguousarray(array)
-    output = np.empty_like(array)
+    output = np.empty_like(array) if output is None else output
     compressor = spec.compressor
     sent, ctx = compressor.compress(array)
     if sent is array:
@@ -288,16 +341,21 @@ def _submit(api, spec, array):
 
 
 class _Started:
-    """A unit's push_pull in flight: its handle, and for a fused group the
-    shapes of its gradients, into which results() splits the sum."""
+    """A unit's push_pull in flight: its handle, the Reduction and unit
+    whose result array it writes, and for a fused group the shapes of its
+    gradients, into which results() splits the sum."""
 
-    __slots__ = ("handle", "shapes")
+    __slots__ = ("handle", "reduction", "unit", "shapes")
 
-    def __init__(self, handle, shapes=None):
+    def __init__(self, handle, reduction, unit, shapes=None):
         self.handle = handle
+        self.reduction = reduction
+        self.unit = unit
         self.shapes = shapes
 
     def results(self):
+        """The unit's results: views into its result array, valid until
+        taken() (the caller copies them into tf.Tensors first)."""
         out = synchronize(self.handle)
         if self.shapes is None:
             return [out]
@@ -308,14 +366,23 @@ class _Started:
             at += n
         return parts
 
+    def taken(self):
+        self.reduction.results_taken(self.unit)
 
-def _start_unit(api, spec, arrays):
-    """Starts the push_pull of one unit: a gradient's array, or the
-    concatenation of a fused group's."""
+
+def _start_unit(api, reduction, unit, arrays):
+    """Starts the push_pull of one unit of `reduction`: a gradient's array
+    into the unit's result array, or a fused group's arrays concatenated
+    into the unit's result array and reduced there, in place."""
+    spec = reduction.units[unit][0]
     if len(arrays) == 1:
-        return _Started(_submit(api, spec, arrays[0]))
-    flat = np.concatenate([np.ascontiguousarray(a).reshape(-1) for a in arrays])
-    return _Started(_submit(api, spec, flat), [a.shape for a in arrays])
+        array = np.ascontiguousarray(arrays[0])
+        output = reduction.result_array(unit, array.size, array.dtype).reshape(array.shape)
+        return _Started(_submit(api, spec, array, output), reduction, unit)
+    flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    buf = reduction.result_array(unit, sum(f.size for f in flats), flats[0].dtype)
+    np.concatenate(flats, out=buf)
+    return _Started(_submit(api, spec, buf, buf), reduction, unit, [a.shape for a in arrays])
 
 
 class _Inflight:
@@ -346,13 +413,19 @@ _inflight = _Inflight()
 
 def _start_op(api, reduction, unit, *tensors):
     declare_all(reduction.declared)
-    spec = reduction.units[unit][0]
-    return np.int64(_inflight.put(_start_unit(api, spec, [_as_array(t) for t in tensors])))
+    return np.int64(_inflight.put(_start_unit(api, reduction, unit,
+                                              [_as_array(t) for t in tensors])))
 
 
 def _wait_op(*tokens):
+    # TensorFlow copies the arrays returned into its tensors when this
+    # returns (_tf_copies_arrays); the next step's start ops, which write
+    # into the same arrays, depend on those tensors through the update.
     started = [_inflight.take(t) for t in tokens]
-    return [r for s in started for r in s.results()]
+    results = [r for s in started for r in s.results()]
+    for s in started:
+        s.taken()
+    return results
 
 
 def reduce_tensors(api, tensors, specs, order=None, reduction=None):
@@ -367,12 +440,13 @@ def reduce_tensors(api, tensors, specs, order=None, reduction=None):
         reduction = Reduction(specs, order)
     if tf.executing_eagerly():
         declare_all(reduction.declared)
-        started = [_start_unit(api, spec, [_as_array(tensors[i]) for i in members])
-                   for spec, members in reduction.units]
+        started = [_start_unit(api, reduction, u, [_as_array(tensors[i]) for i in members])
+                   for u, (_, members) in enumerate(reduction.units)]
         out = [None] * len(tensors)
         for (_, members), s in zip(reduction.units, started):
             for i, r in zip(members, s.results()):
                 out[i] = tf.convert_to_tensor(r, dtype=specs[i].dtype)
+            s.taken()
         return out
     check_not_xla(api)
     tokens = [tf.py_function(functools.partial(_start_op, api, reduction, u),
@@ -530,6 +604,17 @@ def broadcast_variables(variables, root_rank, prefix="broadcast.variables"):
 
 # -- gradients ---------------------------------------------------------------
 
+# The reductions that GradientReducers made, by everything that decides
+# them, the most recently used last: a script that wraps a new tape every
+# step (as Horovod's eager examples do) gets the same Reduction, its groups
+# planned once ("auto" included) and its result arrays reused. A traced
+# function keeps its own reference, so that dropping one from here loses
+# nothing but the reuse.
+_reductions = collections.OrderedDict()
+_reductions_lock = threading.Lock()
+_REDUCTIONS_KEPT = 16
+
+
 class GradientReducer:
     """Averages (or sums) a list of gradients over all workers: the common
     part of DistributedGradientTape and DistributedOptimizer.
@@ -551,9 +636,6 @@ class GradientReducer:
         self.average = bool(average)
         self.prefix = prefix
         self.fusion_bytes = check_fusion_bytes(api, fusion_bytes)
-        # (names, dtypes, shapes) -> (specs, Reduction), so that "auto" plans
-        # once and the groups are made once.
-        self._specs = {}
         self.last_reduction = None  # the Reduction of the last reduce() (its groups)
 
     def reduce(self, grads, variables):
@@ -573,13 +655,19 @@ class GradientReducer:
         names = [f"{self.prefix}.{variable_name(variables[i], i)}" for i in present]
         dtypes = [g.dtype for g in dense]
         shapes = [g.shape for g in dense]
-        key = (tuple(names), tuple(d.name for d in dtypes), tuple(str(s) for s in shapes))
-        cached = self._specs.get(key)
-        if cached is None:
-            specs = make_specs(self.api, names, dtypes, shapes, self.average, self.compression,
-                               [-i for i in present])
-            cached = (specs, Reduction(specs, reversed(range(len(dense))), self.fusion_bytes))
-            self._specs[key] = cached
+        key = (self.api, Compression.lookup(self.compression), self.average, self.fusion_bytes,
+               _runtime.require(f"tensorflow.{self.api}").size, tuple(names),
+               tuple(d.name for d in dtypes), tuple(str(s) for s in shapes))
+        with _reductions_lock:
+            cached = _reductions.pop(key, None)
+            if cached is None:
+                specs = make_specs(self.api, names, dtypes, shapes, self.average,
+                                   self.compression, [-i for i in present])
+                cached = (specs, Reduction(specs, reversed(range(len(dense))),
+                                           self.fusion_bytes))
+            _reductions[key] = cached
+            while len(_reductions) > _REDUCTIONS_KEPT:
+                _reductions.popitem(last=False)
         specs, reduction = cached
         self.last_reduction = reduction
         reduced = reduce_tensors(self.api, dense, specs, reduction=reduction)
