@@ -114,7 +114,8 @@ const std::vector<SettingInfo>& settingsTable() {
       {"CORTADO_PROFILE_WINDOW", "", "0",
        "online re-planning: iterations per profiling window (0: off); workers that call "
        "beginIteration report each window and the scheduler re-plans (docs/planner.md)"},
-      {"CORTADO_REPLAN_CODEC", "", "dgc:ratio=0.01", "online re-planning: the codec the planner may compress with"},
+      {"CORTADO_REPLAN_CODEC", "", "dgc:ratio=0.01",
+       "online re-planning: the codec the planner may compress with"},
       {"CORTADO_REPLAN_AHEAD", "", "10",
        "online re-planning: a new plan takes effect this many iterations after its window"},
       {"CORTADO_REPLAN_THRESHOLD", "", "0.25",
@@ -191,6 +192,11 @@ const std::vector<SettingInfo>& settingsTable() {
        "in the scheduler's log, naming the tensor and the workers (0: never); when unset, "
        "Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS (seconds) and HOROVOD_STALL_CHECK_DISABLE=1 "
        "are read"},
+      {"CORTADO_DECLARE_CHECK_MS", "", "10000",
+       "when every worker has waited this long in a declaration that some other worker has not "
+       "made (workers that declare different tensors: another model, name prefix or fusion "
+       "setting), the job fails naming each worker's declaration, instead of the declarations "
+       "failing at `CORTADO_TIMEOUT_MS` (0: never)"},
       {"CORTADO_REPORT_MEMORY", "", "0",
        "1: each server prints the memory it owns against the bytes of its keys when the job "
        "ends, and `cortado bench pushpull`'s workers theirs against the gradients' bytes (the "
@@ -200,7 +206,8 @@ const std::vector<SettingInfo>& settingsTable() {
        " heap and keep up to this many freed bytes there, so that fresh tensors every step reuse"
        " memory instead of faulting in new pages (0: leave malloc alone; also left alone where "
        "`MALLOC_*_` or `GLIBC_TUNABLES` configure it; docs/python.md, \"Fresh tensors\")"},
-      {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000", "deadline to reach the scheduler and for every node to register"},
+      {"CORTADO_CONNECT_TIMEOUT_MS", "", "60000",
+       "deadline to reach the scheduler and for every node to register"},
       {"CORTADO_HEARTBEAT_INTERVAL_MS", "", "1000", "heartbeat period"},
       {"CORTADO_HEARTBEAT_TIMEOUT_MS", "", "10000", "silence after which a node is declared dead"},
   };
@@ -252,6 +259,9 @@ void JobConfig::validate() const {
   if (stallCheck.count() < 0)
     bad(fmt::format("CORTADO_STALL_CHECK_MS {} is negative (0 turns the stall check off)",
                     stallCheck.count()));
+  if (declareCheck.count() < 0)
+    bad(fmt::format("CORTADO_DECLARE_CHECK_MS {} is negative (0 turns the check off)",
+                    declareCheck.count()));
   if (opTimeout.count() <= 0 || connectTimeout.count() <= 0 || heartbeatInterval.count() <= 0 ||
       heartbeatTimeout <= heartbeatInterval)
     bad("timeouts must be positive, and CORTADO_HEARTBEAT_TIMEOUT_MS must exceed "
@@ -306,6 +316,7 @@ std::vector<std::pair<std::string, std::string>> JobConfig::toEnv() const {
       {"CORTADO_SHM_YIELD_POLLS", shmYieldPolls ? "1" : "0"},
       {"CORTADO_TIMEOUT_MS", std::to_string(opTimeout.count())},
       {"CORTADO_STALL_CHECK_MS", std::to_string(stallCheck.count())},
+      {"CORTADO_DECLARE_CHECK_MS", std::to_string(declareCheck.count())},
       {"CORTADO_REPORT_MEMORY", reportMemory ? "1" : "0"},
       {"CORTADO_MALLOC_KEEP_BYTES", std::to_string(mallocKeepBytes)},
       {"CORTADO_CONNECT_TIMEOUT_MS", std::to_string(connectTimeout.count())},
@@ -495,6 +506,7 @@ JobConfig readJobConfig(bool requireJob, JobConfig c) {
     c.stallCheck = Millis(0);
   else if (auto s = getEnvInt({"HOROVOD_STALL_CHECK_TIME_SECONDS"}))
     c.stallCheck = Millis(*s * 1000);
+  if (auto v = getEnvInt(names("CORTADO_DECLARE_CHECK_MS"))) c.declareCheck = Millis(*v);
   if (auto v = getEnvBool(names("CORTADO_REPORT_MEMORY"))) c.reportMemory = *v;
   sizeSetting("CORTADO_MALLOC_KEEP_BYTES", c.mallocKeepBytes,
        "give a size in bytes (e.g. 1GiB; 0 leaves malloc as the process has it)");

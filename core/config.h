@@ -127,6 +127,10 @@ struct JobConfig {
   bool shmYieldPolls = true;
   Millis opTimeout{120000};               // default deadline of blocking calls
   Millis stallCheck{60000};               // CORTADO_STALL_CHECK_MS: report rounds waiting this long
+  // CORTADO_DECLARE_CHECK_MS: the job fails when every worker has waited
+  // this long in declarations that other workers do not make
+  // (scheduler::SchedulerOptions::declareCheck); 0: never.
+  Millis declareCheck{10000};
   bool reportMemory = false;              // CORTADO_REPORT_MEMORY: roles print their memory at the end
   // CORTADO_MALLOC_KEEP_BYTES: a Python worker's glibc malloc serves blocks
   // up to 32 MiB from its heap and keeps up to this many freed bytes there

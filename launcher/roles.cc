@@ -48,6 +48,7 @@ scheduler::SchedulerOptions schedulerOptions(const JobConfig& job, const std::st
   so.numWorkers = job.numWorkers;
   so.numServers = job.numServers;
   so.heartbeatTimeout = job.heartbeatTimeout;
+  so.declareCheck = job.declareCheck;
   so.registrationTimeout = job.connectTimeout * 2;
   so.replanner = replannerFor(job);
   so.replanAhead = job.replanAhead;

@@ -72,6 +72,20 @@ DeclarationTable::Outcome DeclarationTable::declare(int worker, const control::T
   return out;
 }
 
+std::string DeclarationTable::describePending(const std::string& name, uint32_t incarnation,
+                                              int worker) const {
+  auto it = entries_.find({name, incarnation});
+  if (it == entries_.end() || worker < 0 || worker >= numWorkers_ || !it->second.byWorker[worker])
+    return {};
+  std::vector<int> missing;
+  for (int w = 0; w < numWorkers_; ++w)
+    if (!it->second.byWorker[w]) missing.push_back(w);
+  const auto& d = *it->second.byWorker[worker];
+  return fmt::format("{} ({}), which {} {} {} not declared", label(d), describe(d),
+                     missing.size() == 1 ? "worker" : "workers", fmt::join(missing, ", "),
+                     missing.size() == 1 ? "has" : "have");
+}
+
 Status DeclarationTable::mismatch(const control::TensorDecl& latest, const Entry& e) const {
   // Group the workers by what they declared, in order of first appearance.
   std::vector<std::pair<control::TensorDecl, std::vector<int>>> groups;

@@ -41,6 +41,12 @@ class DeclarationTable {
 
   size_t numAgreed() const { return numAgreed_; }
 
+  // A declaration that some workers made and others have not, for the
+  // scheduler's check of workers that all wait in declarations no one else
+  // makes: "'a' (float32 x 336, codec none), which worker 1 has not
+  // declared". Empty for a name and incarnation no worker declared.
+  std::string describePending(const std::string& name, uint32_t incarnation, int worker) const;
+
   // The label (as label() writes it) of the tensor that has `key`, once
   // worker 0 declared it; nullopt for a key never handed out.
   std::optional<std::string> labelOfKey(uint64_t key) const;

@@ -11,6 +11,7 @@ SchedulerImpl::SchedulerImpl(SchedulerOptions opts)
       registrationTimer_(io_),
       heartbeatTimer_(io_),
       lingerTimer_(io_),
+      declareTimer_(io_),
       decls_(std::max(opts_.numWorkers, 1)) {
   CORTADO_ENFORCE(!opts_.token.empty(), ErrorCode::kInvalidArgument,
                   "scheduler: the job token is empty (set CORTADO_JOB_TOKEN)");
@@ -224,6 +225,7 @@ void SchedulerImpl::endJob(const Status& st, uint64_t deadSid) {
   acceptor_.close(ec);
   registrationTimer_.cancel();
   heartbeatTimer_.cancel();
+  declareTimer_.cancel();
   Json deadNode;
   if (Session* dead = find(deadSid)) deadNode = control::nodeInfoToJson(dead->info);
   std::vector<uint64_t> toDrop;

@@ -39,6 +39,12 @@ struct SchedulerOptions {
   Millis registrationTimeout{60000};  // every node must register within this
   // A connection must prove the job token and register within this.
   Millis handshakeTimeout{10000};
+  // When every worker waits in a declaration that some other worker has not
+  // made (each waits for the others, none can go on: workers that declare
+  // different tensors) and no declaration is agreed for this long, the job
+  // fails naming what each worker waits for (CORTADO_DECLARE_CHECK_MS;
+  // 0: never, the workers' declarations then fail at their deadline).
+  Millis declareCheck{10000};
   // Empty: profile reports are acknowledged and dropped (no re-planning).
   Replanner replanner;
   // A plan made from a window that ends at iteration e takes effect at

@@ -145,6 +145,16 @@ class SchedulerImpl final : public Scheduler {
 
   void onDeclare(Session& s, const Json& body);
 
+  // The workers each of which waits in a declaration (declWaiters_), by rank.
+  std::set<int> workersInDeclarations();
+
+  // Called when a declaration is left pending: when every worker now waits
+  // in one, arms declareTimer_ (SchedulerOptions::declareCheck), which
+  // fails the job if they all still wait and none was agreed meanwhile.
+  void checkDeclarations();
+
+  void onDeclareCheck(size_t agreedWhenArmed);
+
   // --- online re-planning (ControlClient::sendProfile, PlanUpdate) -------------
 
   // A malformed report is refused to its sender (kProtocol naming the field);
@@ -203,6 +213,8 @@ class SchedulerImpl final : public Scheduler {
   asio::steady_timer registrationTimer_;
   asio::steady_timer heartbeatTimer_;
   asio::steady_timer lingerTimer_;
+  asio::steady_timer declareTimer_;
+  bool declareTimerArmed_ = false;
   int port_ = 0;
   std::string listenAddress_;
   std::atomic<bool> started_{false};

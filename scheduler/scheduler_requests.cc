@@ -264,6 +264,7 @@ void SchedulerImpl::onDeclare(Session& s, const Json& body) {
   switch (out.kind) {
     case Kind::kPending:
       declWaiters_[waitKey].push_back({s.id, req});
+      checkDeclarations();
       return;
     case Kind::kAgreed: {
       declWaiters_[waitKey].push_back({s.id, req});
@@ -282,6 +283,61 @@ void SchedulerImpl::onDeclare(Session& s, const Json& body) {
     case Kind::kMismatch:
       return endJob(out.status, 0);
   }
+}
+
+std::set<int> SchedulerImpl::workersInDeclarations() {
+  std::set<int> ranks;
+  for (const auto& [key, waiters] : declWaiters_) {
+    for (const auto& w : waiters)
+      if (Session* ws = find(w.session)) ranks.insert(ws->info.id.rank);
+  }
+  return ranks;
+}
+
+void SchedulerImpl::checkDeclarations() {
+  if (opts_.declareCheck.count() <= 0 || declareTimerArmed_ || phase_ == Phase::kEnding) return;
+  if (static_cast<int>(workersInDeclarations().size()) < opts_.numWorkers) return;
+  declareTimerArmed_ = true;
+  declareTimer_.expires_after(opts_.declareCheck);
+  declareTimer_.async_wait(
+      [this, agreed = decls_.numAgreed()](const boost::system::error_code& ec) {
+        declareTimerArmed_ = false;
+        if (!ec) onDeclareCheck(agreed);
+      });
+}
+
+void SchedulerImpl::onDeclareCheck(size_t agreedWhenArmed) {
+  if (phase_ == Phase::kEnding) return;
+  if (static_cast<int>(workersInDeclarations().size()) < opts_.numWorkers) return;
+  if (decls_.numAgreed() != agreedWhenArmed) return checkDeclarations();  // they moved on
+  // Every worker waits in a declaration that another worker has not made,
+  // and has for declareCheck: none can go on. Name each worker's wait.
+  std::map<int, std::string> waits;
+  for (const auto& [key, waiters] : declWaiters_) {
+    for (const auto& w : waiters) {
+      Session* ws = find(w.session);
+      if (!ws || waits.count(ws->info.id.rank)) continue;
+      waits[ws->info.id.rank] = decls_.describePending(key.first, key.second, ws->info.id.rank);
+    }
+  }
+  std::vector<std::string> lines;
+  for (const auto& [rank, what] : waits) {
+    if (lines.size() == 8) {
+      lines.push_back(
+          fmt::format("and {} more", plural(static_cast<int>(waits.size()) - 8, "worker")));
+      break;
+    }
+    lines.push_back(fmt::format("worker {} waits in its declaration of {}", rank, what));
+  }
+  endJob(Status(ErrorCode::kMismatch,
+                fmt::format("the workers declare different tensors: {} (for {:.1f} s, every "
+                            "worker waiting in a declaration that another has not made). Every "
+                            "worker must declare the same tensors, under the same names: the "
+                            "same model and name prefixes, and the same fusion settings "
+                            "(fusion_bytes, CORTADO_FUSION_BYTES), which decide the fused "
+                            "groups' names",
+                            fmt::join(lines, "; "), opts_.declareCheck.count() / 1000.0)),
+         0);
 }
 
 void SchedulerImpl::onProfile(Session& s, const Json& body) {

@@ -63,6 +63,23 @@ TEST(Settings, StallCheckIsReadPassedOnAndCheckedWithItsName) {
                 "CORTADO_STALL_CHECK_MS='soon' is not an integer");
 }
 
+TEST(Settings, DeclareCheckIsReadPassedOnAndCheckedWithItsName) {
+  ::unsetenv("CORTADO_DECLARE_CHECK_MS");
+  JobConfig c = readJobConfig(false);
+  EXPECT_EQ(c.declareCheck, Millis(10000));  // the default, as docs/running.md's table says
+  EXPECT_EQ(valueIn(c, "CORTADO_DECLARE_CHECK_MS"), "10000");
+  ::setenv("CORTADO_DECLARE_CHECK_MS", "0", 1);  // off
+  c = readJobConfig(false);
+  EXPECT_EQ(c.declareCheck, Millis(0));
+  EXPECT_EQ(valueIn(c, "CORTADO_DECLARE_CHECK_MS"), "0");
+  c.numWorkers = c.numServers = 1;
+  EXPECT_NO_THROW(c.validate());
+  ::setenv("CORTADO_DECLARE_CHECK_MS", "-1", 1);
+  expectInvalid(readJobConfig(false), "CORTADO_DECLARE_CHECK_MS -1 is negative");
+  expectRefused("CORTADO_DECLARE_CHECK_MS", "later",
+                "CORTADO_DECLARE_CHECK_MS='later' is not an integer");
+}
+
 // The latency settings (docs/transports.md, "Latency"): their defaults, read,
 // handed to children, and refused with their names and ranges.
 TEST(Settings, CompactSparseIsOnByDefaultReadPassedOnAndRefused) {

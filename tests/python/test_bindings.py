@@ -410,14 +410,22 @@ def test_benchmark_refuses_a_batch_its_model_cannot_train_on(size, code, needle)
 
 # -- errors that need a job ---------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["count", "dtype"])
+@pytest.mark.parametrize("kind", ["count", "dtype", "fusion"])
 def test_mismatched_declarations_fail_every_worker(run_job, kind):
     job = run_job(2, 1, "mismatch.py", "--kind", kind, timeout=90)
     results = job.results()
     assert sorted(results) == [0, 1], job.describe()
     for rank, r in results.items():
         assert r["raised"], (rank, r, job.describe())
-        assert "weights" in r["message"], r["message"]
+        if kind == "fusion":
+            # Each worker waits in a declaration the other never makes: the
+            # scheduler's check (CORTADO_DECLARE_CHECK_MS, 10 s) names both.
+            assert "the workers declare different tensors: worker 0 waits in its " \
+                   "declaration of 'grad." in r["message"], r["message"]
+            assert "which worker 0 has not declared" in r["message"], r["message"]
+            assert "fusion_bytes" in r["message"], r["message"]
+        else:
+            assert "weights" in r["message"], r["message"]
         assert r["seconds"] < 30, r
     assert job.returncode != 0
     print(results[0]["message"])

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -485,6 +486,81 @@ TEST(ControlPlane, MismatchedDeclarationsFailEveryWorker) {
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->code(), ErrorCode::kMismatch);
   EXPECT_NE(st->message().find("'fc.weight'"), std::string::npos) << st->message();
+}
+
+// Workers that declare different tensors (another model, another name
+// prefix, other fusion settings and so other group names) each wait for the
+// others in a declaration that no other worker makes: the scheduler fails the
+// job after SchedulerOptions::declareCheck, naming every worker's wait,
+// instead of each declaration failing at its own deadline.
+TEST(ControlPlane, WorkersWaitingInDeclarationsNoOtherMakesFailNamingEachWait) {
+  LogCapture log;
+  auto so = schedulerOptions(2, 1);
+  so.declareCheck = Millis(300);
+  SchedulerRunner sched(so);
+  auto nodes = connectAll(jobOptions(sched.port(), 2, 1));
+  std::vector<std::string> msgs(nodes.size());
+  std::vector<ErrorCode> codes(nodes.size(), ErrorCode::kOk);
+  auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (size_t i = 1; i < nodes.size(); ++i) {
+    ts.emplace_back([&, i] {
+      int rank = nodes[i].client->self().rank;
+      TensorDecl d{rank == 0 ? "grad.0.group3.ab" : "grad.0.w", DType::kFloat32,
+                   rank == 0 ? 336u : 128u, ""};
+      codes[i] = codeOf([&] { nodes[i].client->declare(d, Deadline::after(20s)); }, &msgs[i]);
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_LT(Clock::now() - t0, 10s);  // the check's 0.3 s, not the 20 s deadline
+  for (size_t i = 1; i < nodes.size(); ++i) {
+    EXPECT_EQ(codes[i], ErrorCode::kMismatch) << msgs[i];
+    EXPECT_NE(msgs[i].find("the workers declare different tensors: worker 0 waits in its "
+                           "declaration of 'grad.0.group3.ab' (float32 x 336, codec none), "
+                           "which worker 1 has not declared; worker 1 waits in its declaration "
+                           "of 'grad.0.w' (float32 x 128, codec none), which worker 0 has not "
+                           "declared"),
+              std::string::npos)
+        << msgs[i];
+    EXPECT_NE(msgs[i].find("fusion"), std::string::npos) << msgs[i];
+  }
+  auto st = sched.result(5s);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->code(), ErrorCode::kMismatch);
+}
+
+// A worker may declare from several threads at once, in another order than
+// the others: every worker then waits for a while, each in a declaration the
+// others make later. The check waits declareCheck with no declaration agreed
+// before it fails the job, so these agree.
+TEST(ControlPlane, DeclarationsFromSeveralThreadsInAnotherOrderStillAgree) {
+  LogCapture log;
+  auto so = schedulerOptions(2, 1);
+  so.declareCheck = Millis(2000);
+  SchedulerRunner sched(so);
+  auto nodes = connectAll(jobOptions(sched.port(), 2, 1));
+  std::vector<std::map<std::string, uint64_t>> keys(nodes.size());
+  std::mutex mu;
+  std::vector<std::thread> ts;
+  for (size_t i = 1; i < nodes.size(); ++i) {
+    int rank = nodes[i].client->self().rank;
+    // Worker 0 declares 'a' at once and 'b' 200 ms later; worker 1 the other way.
+    for (int second = 0; second < 2; ++second) {
+      std::string name = (rank == 0) == (second == 0) ? "a" : "b";
+      ts.emplace_back([&, i, name, second] {
+        if (second) std::this_thread::sleep_for(200ms);
+        uint64_t key =
+            nodes[i].client->declare({name, DType::kFloat32, 64, ""}, Deadline::after(10s));
+        std::lock_guard<std::mutex> lk(mu);
+        keys[i][name] = key;
+      });
+    }
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(keys[1].size(), 2u);
+  EXPECT_EQ(keys[1], keys[2]);
+  for (auto& n : nodes) EXPECT_TRUE(n.client->failure().ok()) << n.client->failure().message();
+  finishJob(nodes, sched);
 }
 
 }  // namespace
