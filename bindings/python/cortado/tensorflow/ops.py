@@ -117,8 +117,10 @@ def _engine_dtype(tf_dtype):
 
 
 def _as_array(tensor):
-    """A C-contiguous NumPy array holding `tensor` (a view of a CPU tensor)."""
-    return np.ascontiguousarray(tensor.numpy() if hasattr(tensor, "numpy") else tensor)
+    """A C-contiguous NumPy array holding `tensor`, to be read only: for a
+    CPU tensor a view of its memory (np.asarray; the array keeps that memory
+    alive), where Tensor.numpy() would copy it."""
+    return np.ascontiguousarray(np.asarray(tensor))
 
 
 @functools.lru_cache(maxsize=None)
