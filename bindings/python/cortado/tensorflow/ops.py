@@ -50,6 +50,7 @@ import tensorflow as tf
 from .. import _runtime
 from .._runtime import synchronize
 from ..compression import AutoCompression, Compression
+from ..fusion import consecutive_groups
 
 # What the engine sums, by NumPy dtype name (TensorFlow's bfloat16 arrives
 # in NumPy as ml_dtypes' bfloat16, whose name is "bfloat16").
@@ -202,33 +203,14 @@ def fusion_groups(specs, order, fusion_bytes):
     """The fused groups of one reduction: consecutive specs in `order` (the
     backward order) of one dtype, compression and averaging whose element
     counts are known, each group closed at the spec that brings it to
-    `fusion_bytes` or more. A group of one is no group; fusion_bytes 0 makes
-    none. A list of groups, each a list of indices into `specs` in `order`."""
-    out, cur, size, kind = [], [], 0, None
-    if not fusion_bytes:
-        return out
-
-    def close():
-        if len(cur) > 1:
-            out.append(list(cur))
-
-    for i in order:
-        s = specs[i]
-        if not s.count:  # a size unknown when traced, or empty: on its own
-            close()
-            cur, size, kind = [], 0, None
-            continue
-        k = (s.dtype, s.compressor, s.average)
-        if kind is None or k != kind:
-            close()
-            cur, size, kind = [], 0, k
-        cur.append(i)
-        size += s.count * s.dtype.size
-        if size >= fusion_bytes:
-            close()
-            cur, size, kind = [], 0, None
-    close()
-    return out
+    `fusion_bytes` or more (cortado.fusion.consecutive_groups). A group of
+    one is no group; fusion_bytes 0 makes none. A list of groups, each a
+    list of indices into `specs` in `order`."""
+    return consecutive_groups(
+        order, fusion_bytes,
+        lambda i: (specs[i].dtype, specs[i].compressor, specs[i].average),
+        lambda i: specs[i].count * specs[i].dtype.size,
+        lambda i: not specs[i].count)  # a size unknown when traced, or empty: on its own
 
 
 def _group_spec(specs, members):
