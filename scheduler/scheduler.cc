@@ -12,7 +12,8 @@ SchedulerImpl::SchedulerImpl(SchedulerOptions opts)
       heartbeatTimer_(io_),
       lingerTimer_(io_),
       declareTimer_(io_),
-      decls_(std::max(opts_.numWorkers, 1)) {
+      decls_(std::max(opts_.numWorkers, 1)),
+      declarationsWaited_(std::max(opts_.numWorkers, 1), 0) {
   CORTADO_ENFORCE(!opts_.token.empty(), ErrorCode::kInvalidArgument,
                   "scheduler: the job token is empty (set CORTADO_JOB_TOKEN)");
   CORTADO_ENFORCE(opts_.numWorkers >= 1, ErrorCode::kInvalidArgument,

@@ -145,9 +145,6 @@ class SchedulerImpl final : public Scheduler {
 
   void onDeclare(Session& s, const Json& body);
 
-  // The workers each of which waits in a declaration (declWaiters_), by rank.
-  std::set<int> workersInDeclarations();
-
   // Called when a declaration is left pending: when every worker now waits
   // in one, arms declareTimer_ (SchedulerOptions::declareCheck), which
   // fails the job if they all still wait and none was agreed meanwhile.
@@ -236,6 +233,10 @@ class SchedulerImpl final : public Scheduler {
   std::set<std::pair<uint64_t, uint64_t>> stallsLogged_;
   bool stallExplained_ = false;
   std::map<std::pair<std::string, uint32_t>, std::vector<Waiter>> declWaiters_;  // (name, incarnation)
+  // How many of declWaiters_ each worker has (by rank), and how many workers
+  // have any: checkDeclarations' test, kept as declarations wait and agree.
+  std::vector<int> declarationsWaited_;
+  int workersWaiting_ = 0;
   std::map<std::pair<int, std::string>, BarrierState> barriers_;
   static constexpr size_t kMaxPendingGets = 65536;
   std::map<std::string, std::string> kv_;  // key -> value as hex

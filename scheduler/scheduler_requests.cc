@@ -264,16 +264,19 @@ void SchedulerImpl::onDeclare(Session& s, const Json& body) {
   switch (out.kind) {
     case Kind::kPending:
       declWaiters_[waitKey].push_back({s.id, req});
+      if (declarationsWaited_[s.info.id.rank]++ == 0) ++workersWaiting_;
       checkDeclarations();
       return;
     case Kind::kAgreed: {
-      declWaiters_[waitKey].push_back({s.id, req});
       auto waiters = std::move(declWaiters_[waitKey]);
       declWaiters_.erase(waitKey);
       for (const auto& w : waiters) {
-        if (Session* ws = find(w.session))
-          ws->conn->send(MsgType::kDeclared, Json{{"req", w.req}, {"key", out.key}});
+        Session* ws = find(w.session);
+        if (!ws) continue;  // a closed session: the job is ending
+        if (--declarationsWaited_[ws->info.id.rank] == 0) --workersWaiting_;
+        ws->conn->send(MsgType::kDeclared, Json{{"req", w.req}, {"key", out.key}});
       }
+      s.conn->send(MsgType::kDeclared, Json{{"req", req}, {"key", out.key}});
       CORTADO_LOG_DEBUG("[scheduler] tensor {} ({}) has key {}", DeclarationTable::label(d),
                         DeclarationTable::describe(d), out.key);
       return;
@@ -285,18 +288,9 @@ void SchedulerImpl::onDeclare(Session& s, const Json& body) {
   }
 }
 
-std::set<int> SchedulerImpl::workersInDeclarations() {
-  std::set<int> ranks;
-  for (const auto& [key, waiters] : declWaiters_) {
-    for (const auto& w : waiters)
-      if (Session* ws = find(w.session)) ranks.insert(ws->info.id.rank);
-  }
-  return ranks;
-}
-
 void SchedulerImpl::checkDeclarations() {
   if (opts_.declareCheck.count() <= 0 || declareTimerArmed_ || phase_ == Phase::kEnding) return;
-  if (static_cast<int>(workersInDeclarations().size()) < opts_.numWorkers) return;
+  if (workersWaiting_ < opts_.numWorkers) return;
   declareTimerArmed_ = true;
   declareTimer_.expires_after(opts_.declareCheck);
   declareTimer_.async_wait(
@@ -308,7 +302,7 @@ void SchedulerImpl::checkDeclarations() {
 
 void SchedulerImpl::onDeclareCheck(size_t agreedWhenArmed) {
   if (phase_ == Phase::kEnding) return;
-  if (static_cast<int>(workersInDeclarations().size()) < opts_.numWorkers) return;
+  if (workersWaiting_ < opts_.numWorkers) return;
   if (decls_.numAgreed() != agreedWhenArmed) return checkDeclarations();  // they moved on
   // Every worker waits in a declaration that another worker has not made,
   // and has for declareCheck: none can go on. Name each worker's wait.
