@@ -19,7 +19,8 @@ from .optimizer import DistributedOptimizer, load_model
 
 __all__ = [
     "DEFAULT_FUSION_BYTES", "Average", "Compression", "Compressor", "CortadoError", "Sum",
-    "allreduce", "barrier", "broadcast", "broadcast_variables", "init", "is_initialized", "local_rank", "local_size",
+    "allreduce", "barrier", "broadcast", "broadcast_variables", "init", "is_initialized",
+    "local_rank", "local_size",
     "num_servers", "pulled_bytes", "push_pull", "pushed_bytes", "rank", "shutdown", "size",
     "callbacks", "BroadcastGlobalVariablesCallback",
     "MetricAverageCallback", "DistributedOptimizer", "load_model",
